@@ -1,0 +1,19 @@
+"""Pick the reader for a dataset entry: `hf://` repos through `datasets`, everything else through fsspec."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from streamprep.sources.base import BadRecord, Source
+
+__all__ = ["BadRecord", "Source", "open_source"]
+
+
+def open_source(dataset_cfg: dict[str, Any], hf_cache: Path, max_concurrent_downloads: int = 8) -> Source:
+    if dataset_cfg["path"].startswith("hf://"):
+        from streamprep.sources.hf import HFSource
+
+        return HFSource(dataset_cfg, hf_cache, max_concurrent_downloads)
+    from streamprep.sources.local import LocalSource
+
+    return LocalSource(dataset_cfg)

@@ -1,0 +1,3 @@
+from streamprep.cli import main
+import sys
+sys.exit(main())

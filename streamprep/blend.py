@@ -1,0 +1,44 @@
+"""blend.json for Megatron-LM (formats.md §2): per-split lists of `weight, absolute prefix` pairs.
+
+A dataset weight `w` means its share of the samples, so each of its shards gets
+`w × shard_tokens / dataset_tokens`. Only shards holding ≥ 1 sequence are listed; an empty split is
+`null`. With the list form of `datasets` and `output.valid_fraction > 0`, the file instead holds
+`{"data_paths": [...], "split": "train,valid,0"}` (Megatron-Bridge / Nemotron layout B).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from streamprep import atomic
+
+SPLITS = ("train", "valid", "test")
+
+
+def _weight(x: float) -> str:
+    return f"{x:.12g}"
+
+
+def build(shards: list[dict[str, Any]], datasets: list[dict[str, Any]], valid_fraction: float,
+          per_split: bool) -> dict[str, Any]:
+    """`shards`: [{dataset, split, prefix (absolute), num_tokens}] in a fixed order."""
+    weights = {d["name"]: d["weight"] for d in datasets}
+    tokens: dict[str, int] = {}
+    for s in shards:
+        tokens[s["dataset"]] = tokens.get(s["dataset"], 0) + s["num_tokens"]
+    lists: dict[str, list[str]] = {k: [] for k in SPLITS}
+    for s in shards:
+        if s["num_tokens"] <= 0:
+            continue
+        w = weights[s["dataset"]] * s["num_tokens"] / tokens[s["dataset"]]
+        lists[s["split"]] += [_weight(w), str(s["prefix"])]
+    if not per_split and valid_fraction > 0:
+        train_pct = round((1 - valid_fraction) * 100, 6)
+        return {"data_paths": lists["train"], "split": f"{train_pct:g},{round(valid_fraction * 100, 6):g},0"}
+    return {k: (v or None) for k, v in lists.items()}
+
+
+def write(run_dir: Path, blend: dict[str, Any]) -> Path:
+    path = run_dir / "blend.json"
+    atomic.write_json(path, blend)
+    return path

@@ -1,0 +1,263 @@
+"""Asyncio ingest: per dataset, a reader task feeds QC batches; one writer applies dedup in order and
+appends kept records to deterministic parts, then checkpoints.
+
+    reader (executor thread) --batch--> QC (thread, or process pool on all cores) --verdicts, in order-->
+    writer: dedup authority, part rolling, rejects sample, fsync, checkpoint
+
+Outputs depend only on the input order and the config, never on the worker count or on where a
+previous attempt was interrupted: the writer consumes batches strictly in source order.
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import time
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any, Iterator
+
+import aiofiles
+import orjson
+
+from quality import DedupIndex, QualityControl, Verdict
+from streamprep import logs, stats
+from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
+from streamprep.sources import BadRecord, open_source
+
+log = logs.get("ingest")
+REJECT_EXCERPT = 2000
+SOURCE_KEYS = ("id", "url", "license", "licence")
+
+# ---- QC in worker processes ------------------------------------------------------------------
+_WORKER_CFG: dict[str, Any] = {}
+_WORKER_QC: dict[str, QualityControl] = {}
+
+
+def _init_worker(quality_cfg: dict[str, Any]) -> None:
+    _WORKER_CFG.clear()
+    _WORKER_CFG.update(quality_cfg)
+    _WORKER_QC.clear()
+
+
+def _evaluate(text_field: str, records: list[Any]) -> list[Verdict]:
+    qc = _WORKER_QC.get(text_field)
+    if qc is None:
+        qc = _WORKER_QC[text_field] = QualityControl(_WORKER_CFG, text_field=text_field)
+    return qc.evaluate_batch(records)
+
+
+class QCRunner:
+    """Runs `QualityControl.evaluate` on batches: in one thread for 1 worker, else in a process pool."""
+
+    def __init__(self, quality_cfg: dict[str, Any], workers: int):
+        self.workers = max(1, workers)
+        self.pool: Executor
+        if self.workers == 1:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="qc")
+            self.pool.submit(_init_worker, quality_cfg).result()
+        else:
+            ctx = multiprocessing.get_context("forkserver")
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
+                                            initargs=(quality_cfg,))
+
+    def submit(self, text_field: str, records: list[Any]) -> asyncio.Future:
+        return asyncio.wrap_future(self.pool.submit(_evaluate, text_field, records))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+# ---- per-dataset ingest ----------------------------------------------------------------------
+@dataclass
+class IngestContext:
+    cfg: dict[str, Any]
+    run_dir: Path
+    checkpoint_dir: Path
+    stop: asyncio.Event
+    progress: dict[str, IngestState] = field(default_factory=dict)
+
+    @property
+    def hf_cache(self) -> Path:
+        return self.run_dir / "cache" / "hf"
+
+
+def _take(it: Iterator, n: int) -> list:
+    return list(islice(it, n))
+
+
+class DatasetIngest:
+    """Ingest of one dataset entry, resumable from its checkpoint."""
+
+    def __init__(self, ds: dict[str, Any], ctx: IngestContext, qc: QCRunner, reader_pool: Executor):
+        self.ds, self.ctx, self.qc, self.reader_pool = ds, ctx, qc, reader_pool
+        self.files = DatasetFiles(ctx.run_dir, ctx.checkpoint_dir, ds["name"])
+        out = ctx.cfg["output"]
+        self.shard_records = out["shard_records"] or 100_000
+        self.max_rejects = out["max_rejects_per_check"]
+        self.batch = ctx.cfg["execution"]["batch_records"]
+        self.dedup_on = ctx.cfg["quality"].get("dedup", "exact") != "none"
+        self.size_cap = int(ds["size_mb"] * 1024 * 1024) if ds["size_mb"] else None
+        self.depth = 2 * qc.workers + 1  # batches in flight between reader and writer: bounded memory
+
+    async def run(self) -> IngestState:
+        name = self.ds["name"]
+        state = await asyncio.to_thread(load_and_repair, self.files)
+        self.ctx.progress[name] = state
+        if state.done:
+            log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
+            return state
+        dedup = DedupIndex.from_bytes(self.files.dedup.read_bytes()) if self.files.dedup.exists() else DedupIndex()
+        source = open_source(self.ds, self.ctx.hf_cache, self.ctx.cfg["execution"]["max_concurrent_downloads"])
+        if hasattr(source, "prefetch"):
+            await asyncio.to_thread(source.prefetch)
+        for d in (self.files.ingest_dir, self.files.rejects.parent):
+            d.mkdir(parents=True, exist_ok=True)
+        it = source.iter_records(state.position)
+        queue: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
+        reader = asyncio.create_task(self._read(it, state.consumed, queue))
+        try:
+            await self._write(state, dedup, queue)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            while not queue.empty():  # drop batches read ahead; the checkpoint does not include them
+                item = queue.get_nowait()
+                if item is not None:
+                    item[1].cancel()
+        log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
+                 consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
+        return state
+
+    async def _read(self, it: Iterator, consumed: int, queue: asyncio.Queue) -> None:
+        loop = asyncio.get_running_loop()
+        cap = self.ds["max_records"]
+        while not self.ctx.stop.is_set():
+            n = self.batch if cap is None else min(self.batch, cap - consumed)
+            items = await loop.run_in_executor(self.reader_pool, _take, it, n) if n > 0 else []
+            if not items:
+                await queue.put(None)
+                return
+            consumed += len(items)
+            records = [rec for rec, _ in items if not isinstance(rec, BadRecord)]
+            await queue.put((items, self.qc.submit(self.ds["text_field"], records)))
+
+    async def _write(self, state: IngestState, dedup: DedupIndex, queue: asyncio.Queue) -> None:
+        while not self.ctx.stop.is_set():
+            got = await queue.get()
+            if got is None:
+                state.done = True
+                await asyncio.to_thread(save, self.files, state)
+                return
+            items, fut = got
+            verdicts = iter(await fut)
+            if await self._apply(state, dedup, items, verdicts):
+                state.done = True
+                await asyncio.to_thread(save, self.files, state)
+                return
+
+    async def _apply(self, state: IngestState, dedup: DedupIndex, items: list, verdicts: Iterator[Verdict]) -> bool:
+        """Decide, write and checkpoint one batch. Returns True when a size cap ended the dataset."""
+        name = self.ds["name"]
+        parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
+        rejects: list[bytes] = []
+        digests: list[bytes] = []
+        capped = False
+        for rec, pos in items:
+            ordinal = state.consumed
+            state.consumed += 1
+            state.position = pos
+            source = {"dataset": name, "index": ordinal}
+            if isinstance(rec, BadRecord):
+                keep, text, meta, digest = False, None, {"failed_check": "parse", "reason": rec.reason}, None
+                excerpt = rec.raw
+            else:
+                v = next(verdicts)
+                keep, text, meta, digest = v.keep, v.text, v.meta, v.digest
+                if self.dedup_on and digest is not None and digest in dedup:
+                    keep, meta = False, {**meta, "failed_check": "duplicate", "reason": "exact duplicate of a kept record"}
+                excerpt = _excerpt(rec, self.ds["text_field"])
+                if isinstance(rec, dict):
+                    source.update({k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))})
+            chars = len(text) if keep else len(excerpt)
+            stats.add_record(state.stats, keep, meta, chars)
+            if keep:
+                if self.dedup_on:
+                    dedup.add(digest)
+                    digests.append(digest)
+                    state.dedup_count += 1
+                line = orjson.dumps({"text": text, "meta": {**meta, "source": source}}) + b"\n"
+                parts[-1][1].append(line)
+                state.kept += 1
+                state.part_lines += 1
+                state.part_bytes += len(line)
+                state.kept_text_bytes += len(text.encode("utf-8"))
+                if state.part_lines == self.shard_records:  # roll: the next part starts after this record
+                    state.part_index += 1
+                    state.part_lines = state.part_bytes = 0
+                    state.part_start = state.snapshot()
+                    parts.append((state.part_index, []))
+                if self.size_cap is not None and state.kept_text_bytes >= self.size_cap:
+                    capped = True
+                    log.info("size_mb cap reached", dataset=name, kept_text_bytes=state.kept_text_bytes)
+                    break
+            else:
+                state.rejected += 1
+                check = meta.get("failed_check", "unknown")
+                if self.max_rejects is None or state.rejects_sampled.get(check, 0) < self.max_rejects:
+                    state.rejects_sampled[check] = state.rejects_sampled.get(check, 0) + 1
+                    line = orjson.dumps({"failed_check": check, "reason": meta.get("reason"), "meta": meta,
+                                         "source": source, "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n"
+                    rejects.append(line)
+                    state.rejects_bytes += len(line)
+        await self._flush(parts, rejects, digests)
+        await asyncio.to_thread(save, self.files, state)
+        return capped
+
+    async def _flush(self, parts: list[tuple[int, list[bytes]]], rejects: list[bytes], digests: list[bytes]) -> None:
+        """Append and fsync everything the next checkpoint will describe."""
+        for index, lines in parts:
+            if lines:
+                await _append(self.files.part(index), b"".join(lines))
+        if rejects:
+            await _append(self.files.rejects, b"".join(rejects))
+        if digests:
+            await _append(self.files.dedup, b"".join(digests))
+
+
+async def _append(path: Path, data: bytes) -> None:
+    async with aiofiles.open(path, "ab") as fh:
+        await fh.write(data)
+        await fh.flush()
+        await asyncio.to_thread(os.fsync, fh.fileno())
+
+
+def _excerpt(rec: Any, text_field: str) -> str:
+    text = rec.get(text_field) if isinstance(rec, dict) else rec
+    if not isinstance(text, str):
+        text = repr(text)
+    return text[:REJECT_EXCERPT]
+
+
+async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
+    """Ingest every dataset concurrently (one producer task each); returns their final states."""
+    workers = ctx.cfg["execution"]["workers"] or os.cpu_count() or 1
+    qc = QCRunner(ctx.cfg["quality"], workers)
+    reader_pool = ThreadPoolExecutor(max(1, len(ctx.cfg["datasets"])), thread_name_prefix="reader")
+    t0 = time.monotonic()
+    try:
+        jobs = [DatasetIngest(ds, ctx, qc, reader_pool).run() for ds in ctx.cfg["datasets"]]
+        results = await asyncio.gather(*jobs)
+    finally:
+        reader_pool.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(qc.close)
+    log.info("ingest done", seconds=round(time.monotonic() - t0, 3), stopped=ctx.stop.is_set())
+    return {s.dataset: s for s in results}
+
+
+def completed_parts(files: DatasetFiles, state: IngestState) -> list[Path]:
+    """The ingest parts of a finished dataset, in order (the last one may be short; never an empty one)."""
+    n = state.part_index + (1 if state.part_lines else 0)
+    return [files.part(i) for i in range(n)]

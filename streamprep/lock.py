@@ -1,0 +1,76 @@
+"""One writer per run dir: an flock on RUN_DIR/.lock, released by the kernel if the holder dies."""
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+LOCK_NAME = ".lock"
+
+
+class RunLocked(RuntimeError):
+    """Another live process holds the run dir."""
+
+
+class RunLock:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = read_holder(self.path)
+            raise RunLocked(f"run dir {self.path.parent} is in use by pid {holder.get('pid', '?')} "
+                            f"on {holder.get('host', '?')} (started {holder.get('started', '?')})") from None
+        previous = read_holder(self.path)
+        if previous.get("pid"):
+            self.taken_over = previous  # a stale lock left by a killed process
+        os.ftruncate(fd, 0)
+        os.write(fd, orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+        os.fsync(fd)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    taken_over: dict[str, Any] | None = None
+
+
+def read_holder(path: Path) -> dict[str, Any]:
+    try:
+        return orjson.loads(Path(path).read_bytes() or b"{}")
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+
+
+def holder_if_running(run_dir: Path) -> dict[str, Any] | None:
+    """The lock holder's record if a live process holds the lock, else None (does not take the lock)."""
+    path = Path(run_dir) / LOCK_NAME
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_holder(path) or {"pid": None}
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

@@ -1,0 +1,157 @@
+"""Tokenization shards: the plan (one task per completed ingest part), the pure shard core, receipts.
+
+The core (`tokenize_part`) reads one ingest part, encodes it in batches with the Rust tokenizer and
+writes `.bin/.idx`; it returns stats and writes no receipt. The executing stage owns receipts: a
+receipt is written (atomically) only after both files are in place, and a shard is skipped on re-run
+only when its receipt names the same plan hash and input hash and its files still match.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from streamprep import atomic, binidx, stats
+
+ENCODE_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One unit of tokenization work; plain data so it pickles cheaply to Ray workers."""
+
+    dataset: str
+    split: str
+    part: str            # "part-00000"
+    input_path: str      # RUN_DIR/ingest/<ds>/part-00000.jsonl
+    prefix: str          # RUN_DIR/binidx/<ds>/part-00000_text_document
+    receipt_path: str    # RUN_DIR/receipts/<ds>/part-00000.json
+    run_dir: str
+    plan_hash: str
+    input_sha256: str
+    tokenizer_path: str
+    tokenizer_fingerprint: str
+    eod_id: int | None   # appended to every document when not None
+    dtype: str           # "uint16" | "int32"
+
+
+def token_dtype(output_dtype: str, vocab_size: int) -> str:
+    return str(binidx.optimal_dtype(vocab_size)) if output_dtype == "auto" else output_dtype
+
+
+def plan_hash(dataset: str, part: str, tokenizer_fingerprint: str, eod_id: int | None, dtype: str) -> str:
+    """What decides a shard's bytes besides its input; library versions deliberately left out."""
+    key = {"dataset": dataset, "part": part, "tokenizer": tokenizer_fingerprint, "eod_id": eod_id, "dtype": dtype}
+    return hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def make_task(run_dir: Path, dataset: str, split: str, part_path: Path, tokenizer_path: Path,
+              tokenizer_fingerprint: str, eod_id: int | None, dtype: str) -> ShardTask:
+    part = part_path.stem
+    return ShardTask(
+        dataset=dataset, split=split, part=part, input_path=str(part_path),
+        prefix=str(run_dir / "binidx" / dataset / f"{part}_text_document"),
+        receipt_path=str(run_dir / "receipts" / dataset / f"{part}.json"), run_dir=str(run_dir),
+        plan_hash=plan_hash(dataset, part, tokenizer_fingerprint, eod_id, dtype),
+        input_sha256=atomic.sha256_file(part_path), tokenizer_path=str(tokenizer_path),
+        tokenizer_fingerprint=tokenizer_fingerprint, eod_id=eod_id, dtype=dtype)
+
+
+def read_receipt(task: ShardTask) -> dict[str, Any] | None:
+    try:
+        return atomic.read_json(task.receipt_path)
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def receipt_problem(task: ShardTask, receipt: dict[str, Any] | None, check_hashes: bool = True) -> str | None:
+    """Why this shard must be (re)done, or None when its receipt and files are complete and current."""
+    if receipt is None:
+        return "no receipt"
+    if receipt.get("status") != "completed":
+        return f"receipt status {receipt.get('status')!r}"
+    if receipt.get("plan_hash") != task.plan_hash or receipt.get("input_sha256") != task.input_sha256:
+        return "plan or input changed"
+    for entry in receipt.get("files", {}).values():
+        path = Path(task.run_dir) / entry["path"]
+        if not path.is_file() or path.stat().st_size != entry["bytes"]:
+            return f"{entry['path']} missing or wrong size"
+        if check_hashes and atomic.sha256_file(path) != entry["sha256"]:
+            return f"{entry['path']} checksum mismatch"
+    return None
+
+
+def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
+    """Encode one ingest part into `.bin/.idx`. Records that encode to nothing are dropped and listed."""
+    dtype = np.dtype(task.dtype)
+    limit = np.iinfo(dtype).max
+    writer = binidx.IndexedDatasetWriter(task.prefix, dtype)
+    dropped: list[int] = []
+    n_tokens = 0
+    hist: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    try:
+        with open(task.input_path, "rb") as fh:
+            line_no = 0
+            while True:
+                lines = fh.readlines(1 << 22)  # ~4 MB of text per encode_batch call
+                if not lines:
+                    break
+                texts = [orjson.loads(line)["text"] for line in lines]
+                arrays = []
+                for i, enc in enumerate(tokenizer.encode_batch_fast(texts, add_special_tokens=False)):
+                    ids = enc.ids
+                    if not ids:
+                        dropped.append(line_no + i)
+                        continue
+                    if task.eod_id is not None:
+                        ids.append(task.eod_id)
+                    arr = np.array(ids, dtype=np.int64)
+                    if arr.max() > limit:
+                        raise ValueError(f"token id {int(arr.max())} does not fit {task.dtype}")
+                    arrays.append(arr.astype(dtype))
+                    n_tokens += len(ids)
+                    stats.add_tokens(hist, "kept", len(ids))
+                writer.add_documents(arrays)
+                line_no += len(lines)
+        num_docs = writer.num_documents
+        if num_docs:
+            writer.close()
+        else:
+            writer.abort()
+    except BaseException:
+        writer.abort()
+        raise
+    return {"num_documents": num_docs, "num_tokens": n_tokens, "num_input_records": line_no,
+            "dropped_empty": dropped, "tokens_hist": hist.get("tokens_hist_kept", {}),
+            "seconds": round(time.perf_counter() - t0, 4)}
+
+
+def write_receipt(task: ShardTask, shard_stats: dict[str, Any]) -> dict[str, Any]:
+    """Record a completed shard (after its files are durable). 0 documents: no files, listed as empty."""
+    run_dir = Path(task.run_dir)
+    files = {}
+    if shard_stats["num_documents"]:
+        for kind, path in zip(("bin", "idx"), binidx.prefix_paths(task.prefix)):
+            files[kind] = {"path": str(path.relative_to(run_dir)), "bytes": path.stat().st_size,
+                           "sha256": atomic.sha256_file(path)}
+    receipt = {"status": "completed", "dataset": task.dataset, "split": task.split, "part": task.part,
+               "plan_hash": task.plan_hash, "input_sha256": task.input_sha256,
+               "tokenizer_fingerprint": task.tokenizer_fingerprint, "eod_id": task.eod_id, "dtype": task.dtype,
+               "stats": {k: v for k, v in shard_stats.items() if k != "seconds"}, "files": files}
+    atomic.write_json(task.receipt_path, receipt)
+    return receipt
+
+
+def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
+    """The whole unit of work a stage runs: skip if current, else tokenize and write the receipt."""
+    if receipt_problem(task, read_receipt(task)) is None:
+        return {"task": asdict(task), "skipped": True}
+    shard_stats = tokenize_part(task, tokenizer)
+    write_receipt(task, shard_stats)
+    return {"task": asdict(task), "skipped": False, "seconds": shard_stats["seconds"]}
