@@ -60,6 +60,7 @@ class QCRunner:
             self.pool.submit(_init_worker, quality_cfg).result()
         else:
             ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["streamprep.ingest"])  # workers fork with quality already imported
             self.pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
                                             initargs=(quality_cfg,))
 

@@ -65,4 +65,4 @@ def configure(run_dir: Path | None = None, level: str = "INFO", console: bool = 
 
 def get(component: str) -> structlog.stdlib.BoundLogger:
     """Logger for one component; the component name is on every line it writes."""
-    return structlog.get_logger(f"streamprep.{component}").bind(component=component)
+    return structlog.get_logger(f"streamprep.{component}", component=component)  # lazy: binds after configure()

@@ -102,10 +102,9 @@ def run_xenna(tasks: list[ShardTask], tokenizer_path: str, workers: int, ray_add
     try:
         results = xenna.run_pipeline(spec) or []
     finally:
-        leaked = reap_leaked_ray_workers()
-        if leaked:
-            log.info("reaped leaked xenna processes", count=leaked)
-        if started:
+        if started:  # our own cluster: shutting it down takes Xenna's leftovers with it
             shutdown_ray()
             os.environ.pop("RAY_ADDRESS", None)
+        elif leaked := reap_leaked_ray_workers():
+            log.info("reaped leaked xenna processes", count=leaked)
     return results
