@@ -23,7 +23,8 @@ NUM = (int, float)
 DATASET_SPEC: dict[str, tuple] = {
     "name": ((str,), None),
     "path": ((str,), None),
-    "format": ((str, None), None),          # jsonl | parquet | txt; inferred from the extension by default
+    "format": ((str, None), None),          # jsonl | parquet | txt | document; inferred from the extension by default
+    "optional": ((bool,), False),           # skip (with a log line) instead of failing when no file matches
     "split": ((str, None), None),           # HF split (required for hf://)
     "subset": ((str, None), None),
     "revision": ((str, None), None),
@@ -41,6 +42,7 @@ SPEC: dict[str, Any] = {
     },
     "tokenizer": {
         "path": ((str, None), None),
+        "if_missing": ((str,), "error"),    # error | train: train a BPE when `path` does not exist
         "train": {"vocab_size": ((int,), 32000), "min_frequency": ((int,), 2)},
         "append_eod": ((bool,), True),
         "eod_token": ((str, None), None),
@@ -148,7 +150,7 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
         raise ConfigError(f"config: 'datasets' must be a list or a train/valid/test mapping, got {type(raw).__name__}")
     if not entries:
         raise ConfigError("config: 'datasets' is empty")
-    out, names = [], set()
+    out, names, skipped = [], set(), []
     for split, i, entry in entries:
         key = where(split, i)
         ds = _fill(DATASET_SPEC, entry, key)
@@ -162,17 +164,25 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
         names.add(ds["name"])
         if ds["weight"] <= 0:
             raise ConfigError(f"config: '{key}.weight' must be > 0, got {ds['weight']}")
-        if ds["format"] not in (None, "jsonl", "parquet", "txt"):
-            raise ConfigError(f"config: '{key}.format' must be jsonl, parquet or txt, got {ds['format']!r}")
+        if ds["format"] not in (None, "jsonl", "parquet", "txt", "document"):
+            raise ConfigError(f"config: '{key}.format' must be jsonl, parquet, txt or document, got {ds['format']!r}")
         if ds["path"].startswith("hf://") and not ds["split"]:
             raise ConfigError(f"config: '{key}.split' is required for hf:// sources")
         for cap in ("size_mb", "max_records"):
             if ds[cap] is not None and ds[cap] <= 0:
                 raise ConfigError(f"config: '{key}.{cap}' must be > 0, got {ds[cap]}")
         ds["path"] = _resolve_path(ds["path"], base)
-        _check_local_path(f"{key}.path", ds["path"])
+        try:
+            _check_local_path(f"{key}.path", ds["path"])
+        except ConfigError:
+            if not ds["optional"]:
+                raise
+            skipped.append(ds["name"])
+            continue
         ds["blend_split"] = split
         out.append(ds)
+    if not out:
+        raise ConfigError(f"config: 'datasets': no optional dataset has input files ({', '.join(skipped)})")
     return out
 
 
@@ -196,9 +206,14 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
         raise ConfigError(f"config: 'quality.{exc.key}': {exc}") from None
 
     tok = cfg["tokenizer"]
+    if tok["if_missing"] not in ("error", "train"):
+        raise ConfigError(f"config: 'tokenizer.if_missing' must be error or train, got {tok['if_missing']!r}")
     if tok["path"] is not None:
         tok["path"] = _resolve_path(tok["path"], base)
-        _check_local_path("tokenizer.path", tok["path"])
+        if tok["if_missing"] == "train" and not Path(tok["path"]).exists():
+            tok["path"] = None
+        else:
+            _check_local_path("tokenizer.path", tok["path"])
     if tok["train"]["vocab_size"] < 300:
         raise ConfigError("config: 'tokenizer.train.vocab_size' must be >= 300 (256 bytes + special tokens)")
     out = cfg["output"]

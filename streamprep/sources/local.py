@@ -40,8 +40,8 @@ def expand(path: str) -> list[str]:
             return sorted(p for p in globmod.glob(path, recursive=True) if Path(p).is_file())
         p = Path(path)
         return sorted(str(x) for x in p.rglob("*") if x.is_file() and not x.name.startswith(".")) if p.is_dir() else [path]
-    fs, _, paths = fsspec.get_fs_token_paths(path)
-    files = sorted(p for p in (fs.glob(paths[0]) if globmod.has_magic(path) else paths) if fs.isfile(p))
+    fs, stripped = fsspec.core.url_to_fs(path)
+    files = sorted(p for p in (fs.glob(stripped) if globmod.has_magic(path) else [stripped]) if fs.isfile(p))
     return [fs.unstrip_protocol(p) for p in files]
 
 
@@ -73,7 +73,7 @@ class LocalSource:
             path = self.files[i]
             here = start if i == start["file"] else {"file": i, "record": 0}
             fmt = self.format or detect_format(path)
-            reader = self._parquet if fmt == "parquet" else self._lines
+            reader = {"parquet": self._parquet, "document": self._document}.get(fmt, self._lines)
             yield from reader(i, path, fmt, here)
 
     def _lines(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -120,6 +120,17 @@ class LocalSource:
             return BadRecord(f"undecodable bytes at line {n} of {path}: {exc.reason} at byte {exc.start}",
                              line[:EXCERPT].decode("utf-8", "replace"))
         return {"text": text.rstrip("\r\n")}
+
+    @staticmethod
+    def _document(i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """The whole file is one record (for small prose files such as docs)."""
+        with fsspec.open(path, "rb", compression=_compression(path)) as fh:
+            raw = fh.read()
+        nxt = {"file": i + 1, "record": 0}
+        try:
+            yield {"text": raw.decode("utf-8"), "path": Path(path).name}, nxt
+        except UnicodeDecodeError as exc:
+            yield BadRecord(f"undecodable bytes in {path}: {exc.reason} at byte {exc.start}", ""), nxt
 
     @staticmethod
     def _parquet(i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
