@@ -231,6 +231,7 @@ class Job:
         from streamprep.exports import write_exports
         from streamprep.exports.shards import ShardRef
 
+        log.info("writing exports", shards=len(tasks))
         refs, shards = [], []
         for t in tasks:
             receipt = read_receipt(t)

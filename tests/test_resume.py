@@ -1,0 +1,211 @@
+"""Crash safety: checkpoint repair cases, and real kills (SIGKILL / SIGINT) of `streamprep ingest` at random
+moments in every phase, each followed by a resume; outputs must equal an uninterrupted run's, byte for byte."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import base_config, english_docs, tree_hashes
+from streamprep import run_from_dict
+from streamprep.checkpoints import DatasetFiles, load_and_repair
+
+COMPARED = ("ingest", "rejects", "binidx", "receipts", "parquet", "tokenizer")
+TOP_FILES = ("manifest.json", "mixtures.json")
+
+
+def _corpus(tmp: Path, n: int) -> list[dict]:
+    docs = english_docs(n, seed=3)
+    a, b = tmp / "a.jsonl", tmp / "b.jsonl.gz"
+    lines = [json.dumps({"text": t, "id": i}) for i, t in enumerate(docs[: n // 2])]
+    lines[10:10] = ["{not json", json.dumps({"text": docs[0], "id": "dup"})]
+    a.write_text("\n".join(lines) + "\n")
+    import gzip
+
+    b.write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in docs[n // 2:]).encode(), mtime=0))
+    return [{"name": "alpha", "path": str(a)}, {"name": "beta", "path": str(b)}]
+
+
+def _config(tmp: Path, n: int) -> dict:
+    cfg = base_config(_corpus(tmp, n), None, output={"shard_records": 250})
+    cfg["execution"].update(batch_records=32)
+    return cfg
+
+
+def _compare(a: Path, b: Path) -> None:
+    ha, hb = tree_hashes(a, *COMPARED, names=TOP_FILES), tree_hashes(b, *COMPARED, names=TOP_FILES)
+    assert sorted(ha) == sorted(hb)
+    assert {k for k in ha if ha[k] != hb[k]} == set()
+    ba = (a / "blend.json").read_text().replace(str(a), "RUN")
+    assert ba == (b / "blend.json").read_text().replace(str(b), "RUN")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    tmp = tmp_path_factory.mktemp("ref")
+    cfg = _config(tmp, 4000)
+    run_from_dict(cfg, run_dir=tmp / "run", console_log=False)
+    return cfg, tmp / "run"
+
+
+# ---- repair cases, driven through the real pipeline ------------------------------------------
+def _ingest_only_then(cfg: dict, run_dir: Path, damage) -> None:
+    """Run fully, damage the ingest outputs as a crash would have left them, then resume."""
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    files = DatasetFiles(run_dir, run_dir / "checkpoints", "alpha")
+    damage(files)
+    (run_dir / "run.json").write_text((run_dir / "run.json").read_text().replace('"complete"', '"interrupted"'))
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+
+
+def _rewind(files: DatasetFiles, lines_back: int) -> None:
+    """Make the checkpoint say the current part has `lines_back` fewer lines (as if the crash came earlier)."""
+    ck = json.loads(files.checkpoint.read_text())
+    part = files.part(ck["part_index"])
+    kept = part.read_bytes().splitlines(keepends=True)
+    ck["part_bytes"] = sum(len(x) for x in kept[: len(kept) - lines_back])
+    ck["part_lines"] = len(kept) - lines_back
+    ck["done"] = False
+    files.checkpoint.write_text(json.dumps(ck))
+
+
+@pytest.mark.parametrize("case", ["part_longer", "torn_tail", "part_shorter", "part_missing", "checkpoint_truncated",
+                                  "extra_part", "rejects_longer"])
+def test_repair_cases_resume_to_identical_outputs(reference: tuple[dict, Path], tmp_path: Path, case: str) -> None:
+    cfg, ref = reference
+
+    def damage(files: DatasetFiles) -> None:
+        ck = json.loads(files.checkpoint.read_text())
+        part = files.part(ck["part_index"] if ck["part_lines"] else ck["part_index"] - 1)
+        if case == "part_longer":  # data written after the last checkpoint: truncated back, then re-read
+            _rewind(files, 3)
+        elif case == "torn_tail":
+            _rewind(files, 2)
+            with open(files.part(json.loads(files.checkpoint.read_text())["part_index"]), "ab") as fh:
+                fh.write(b'{"text": "half a li')
+        elif case == "part_shorter":  # checkpoint ahead of the part: rebuild the part from its start
+            data = part.read_bytes()
+            part.write_bytes(data[: len(data) // 2])
+        elif case == "part_missing":
+            part.unlink()
+        elif case == "checkpoint_truncated":
+            files.checkpoint.write_bytes(files.checkpoint.read_bytes()[:40])
+        elif case == "extra_part":
+            _rewind(files, 0)
+            files.part(99).write_text('{"text": "ghost"}\n')
+        elif case == "rejects_longer":
+            _rewind(files, 1)
+            with open(files.rejects, "ab") as fh:
+                fh.write(b'{"failed_check": "ghost"}\n')
+
+    _ingest_only_then(cfg, tmp_path / "run", damage)
+    _compare(ref, tmp_path / "run")
+
+
+def test_unreadable_checkpoint_restarts_dataset(tmp_path: Path) -> None:
+    files = DatasetFiles(tmp_path, tmp_path / "ck", "d")
+    files.ingest_dir.mkdir(parents=True)
+    files.part(0).write_text("{}\n")
+    (tmp_path / "ck").mkdir()
+    files.checkpoint.write_text('{"version": 1, "datas')
+    state = load_and_repair(files)
+    assert state.consumed == 0 and not files.part(0).exists() and not files.checkpoint.exists()
+
+
+# ---- real processes, real signals ------------------------------------------------------------
+def _start(cfg_path: Path, run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
+                             "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+
+
+def _wait_for(run_dir: Path, marker: str, proc: subprocess.Popen, timeout: float = 60) -> bool:
+    log = run_dir / "logs" / "streamprep.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if marker == "start" and (run_dir / "checkpoints").exists():
+            return True
+        if log.exists() and marker in log.read_text(errors="replace"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# (phase marker in the run log, max extra delay): kills land in ingest, tokenization and export
+PHASES = [("start", 0.6), ("start", 1.5), ("tokenization plan", 0.3), ("shard done", 0.2), ("writing exports", 0.05),
+          ("start", 0.1)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "sigint"])
+def test_kill_anywhere_then_resume_gives_identical_outputs(reference: tuple[dict, Path], tmp_path: Path,
+                                                           sig: signal.Signals) -> None:
+    cfg, ref = reference
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "run"
+    rng = random.Random(1000 + int(sig))
+    killed_in = []
+    for marker, delay in PHASES:
+        proc = _start(cfg_path, run_dir)
+        if _wait_for(run_dir, marker, proc):
+            time.sleep(rng.uniform(0, delay))
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            killed_in.append(marker)
+        out, err = proc.communicate(timeout=120)
+        if sig == signal.SIGINT and proc.returncode != 0:
+            assert proc.returncode == 1, err
+            assert "re-run the same command to resume" in err, err
+        if proc.returncode == 0:
+            break
+    assert len(killed_in) >= 5, killed_in
+    proc = _start(cfg_path, run_dir)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    _compare(ref, run_dir)
+    assert not (run_dir / ".lock").read_bytes()  # released
+
+
+def test_second_run_on_a_locked_run_dir_exits_2(reference: tuple[dict, Path], tmp_path: Path) -> None:
+    cfg, _ = reference
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "run"
+    first = _start(cfg_path, run_dir)
+    try:
+        assert _wait_for(run_dir, "start", first)
+        second = _start(cfg_path, run_dir)
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2 and "is in use by pid" in err and f"pid {first.pid}" in err
+    finally:
+        first.kill()
+        first.communicate()
+    # the killed holder leaves a stale lock file: the next run takes it over and finishes
+    proc = _start(cfg_path, run_dir)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "took over a stale lock" in (run_dir / "logs/streamprep.log").read_text()
+
+
+def test_config_drift_is_refused_naming_keys(reference: tuple[dict, Path], tmp_path: Path) -> None:
+    cfg, ref = reference
+    changed = json.loads(json.dumps(cfg))
+    changed["quality"]["min_chars"] = 50
+    changed["tokenizer"]["train"]["vocab_size"] = 700
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(changed))
+    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(ref)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "quality.min_chars" in proc.stderr and "tokenizer.train.vocab_size" in proc.stderr
+    fresh = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(ref),
+                            "--fresh"], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 2 and "not empty" in fresh.stderr
