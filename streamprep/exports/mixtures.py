@@ -1,0 +1,93 @@
+"""mixtures.json (formats.md §4): sources with their shards, and phases of normalised source weights.
+
+`output.mixtures.phases` maps phase name → {dataset name → weight}; phases keep their config order.
+Without phases there is one phase `default` holding the train-split datasets with their config weights
+(all datasets when none is train). A source with no records is left out of a phase (listed under
+`empty_sources`) and the other weights are normalised without it.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from streamprep import atomic
+
+FORMAT = "streamprep-mixtures"
+VERSION = 1
+DEFAULT_PHASE = "default"
+
+
+class MixtureConfigError(ValueError):
+    """A bad `output.mixtures.phases` entry; `key` is the dotted config key, the message one line."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"'{key}': {message}")
+        self.key = key
+
+
+def validate_mixtures(phases: Any, dataset_names: Iterable[str]) -> None:
+    """Check phases before any work: known datasets only, weights finite numbers > 0, no empty phase."""
+    known = list(dataset_names)
+    base = "output.mixtures.phases"
+    if phases is None:
+        return
+    if not isinstance(phases, Mapping):
+        raise MixtureConfigError(base, f"must be a mapping of phase name to {{dataset: weight}}, got {type(phases).__name__}")
+    for phase, weights in phases.items():
+        key = f"{base}.{phase}"
+        if not isinstance(phase, str) or not phase:
+            raise MixtureConfigError(key, "phase names must be non-empty strings")
+        if not isinstance(weights, Mapping) or not weights:
+            raise MixtureConfigError(key, "must be a non-empty mapping of dataset name to weight")
+        for name, w in weights.items():
+            wkey = f"{key}.{name}"
+            if name not in known:
+                raise MixtureConfigError(wkey, f"unknown dataset {name!r} (known: {', '.join(known) or 'none'})")
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+                raise MixtureConfigError(wkey, f"weight must be a finite number > 0, got {w!r}")
+
+
+def _normalise(weights: Mapping[str, float]) -> dict[str, float]:
+    total = math.fsum(float(w) for w in weights.values())
+    return {k: float(w) / total for k, w in weights.items()} if total > 0 else {}
+
+
+def build(shards: list[dict[str, Any]], datasets: list[dict[str, Any]], phases: Mapping[str, Mapping[str, float]] | None,
+          split_of: Mapping[str, str]) -> dict[str, Any]:
+    """`shards`: manifest entries (parquet and binidx). `datasets`: config entries in config order."""
+    names = [d["name"] for d in datasets]
+    validate_mixtures(phases or {}, names)
+    sources: dict[str, dict[str, Any]] = {
+        n: {"split": split_of[n], "shards": [], "binidx": [], "num_records": 0, "num_tokens": 0} for n in names}
+    for s in sorted(shards, key=lambda s: s["shard_id"]):
+        src = sources[s["source"]]
+        if s["kind"] == "parquet":
+            src["shards"].append(s["shard_id"])
+            src["num_records"] += s["num_records"]
+            src["num_tokens"] += s["num_tokens"]
+        else:
+            src["binidx"].append(s["shard_id"])
+    if phases:
+        wanted = [(name, dict(w)) for name, w in phases.items()]
+    else:
+        train = [d for d in datasets if split_of[d["name"]] == "train"] or list(datasets)
+        wanted = [(DEFAULT_PHASE, {d["name"]: d.get("weight", 1.0) for d in train})]
+    out_phases = []
+    for name, weights in wanted:
+        present = {k: w for k, w in weights.items() if sources[k]["num_records"] > 0}
+        norm = _normalise(present)
+        out_phases.append({
+            "name": name,
+            "weights": norm,
+            "config_weights": {k: float(w) for k, w in weights.items()},
+            "empty_sources": sorted(k for k in weights if k not in present),
+            "sources": {k: {"weight": norm[k], "shards": sources[k]["shards"]} for k in norm},
+        })
+    return {"format": FORMAT, "version": VERSION, "sources": sources, "phases": out_phases}
+
+
+def write(run_dir: Path, mixtures: dict[str, Any]) -> Path:
+    path = run_dir / "mixtures.json"
+    atomic.write_json(path, mixtures)
+    return path

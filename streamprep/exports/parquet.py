@@ -1,0 +1,304 @@
+"""Parquet shards bucketed by token count, shuffled, packed by size (rules in docs/exports.md).
+
+Plan first (numbers only), then write. For each dataset, in config order:
+
+1. bucket every record by its token count (EOD included): bucket b holds
+   `bounds[b-1] < n_tokens <= bounds[b]`, bucket 0 starts at 1, bucket `len(bounds)` is the overflow;
+2. for each bucket b, the dataset's record ids in that bucket (in ingest order) are shuffled with a
+   fresh `random.Random(seed + b)`; the dataset thus enters through its own id list, and the same
+   seed shuffles every dataset's bucket b with the same generator stream;
+3. the shuffled list is cut greedily into shards of estimated size <= `shard_size_bytes`
+   (estimate per record: 4 bytes/token + the bytes of its JSON line in the ingest part); a record
+   larger than the limit gets a shard of its own; a last shard estimated below 25% of the limit is
+   merged into the one before it (which may then reach 1.25 × the limit) unless that one is a lone
+   oversized record.
+
+Then `num_shards_multiple_of: H`: within each split, while the shard count is not a multiple of H,
+the shard with the largest estimate (first in order on ties, at least 2 records) is cut in two at
+its estimated-byte midpoint. Fewer records in a split than the next multiple needs → `ShardCountError`.
+
+Names: `parquet/shard_b{bucket:02d}_s{index:05d}.parquet`; `index` counts the shards of one bucket
+across all datasets in config order (so names are unique, and a dataset's shards in a bucket are
+consecutive). Rows keep the shuffled order.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from streamprep import atomic
+from streamprep.exports.shards import DatasetIndex, ExportError, RecordReader
+
+DEFAULT_BUCKETS = [128, 256, 512, 1024, 2048, 4096, 8192]
+DEFAULT_SHARD_SIZE = 64 * 1024 * 1024
+DEFAULT_ROW_GROUP = 10_000
+BYTES_PER_TOKEN = 4
+TAIL_FRACTION = 0.25
+COMPRESSIONS = ("snappy", "gzip", "brotli", "zstd", "lz4", "none")
+SHARD_FILE = re.compile(r"^shard_b\d{2,}_s\d{5,}\.(parquet|tsv)$")
+TSV_HEADER = "row\tn_tokens\ttoken_sum\ttext_sha256\n"
+SCHEMA = pa.schema([("text", pa.string()), ("tokens", pa.list_(pa.int32())),
+                    ("n_tokens", pa.int32()), ("meta", pa.string())])
+
+
+class ShardCountError(ExportError):
+    """`output.num_shards_multiple_of` cannot be met without empty shards."""
+
+
+@dataclass(frozen=True)
+class ParquetOptions:
+    length_buckets: tuple[int, ...] = tuple(DEFAULT_BUCKETS)
+    shard_size_bytes: int = DEFAULT_SHARD_SIZE
+    compression: str = "snappy"
+    row_group_size: int = DEFAULT_ROW_GROUP
+    num_shards_multiple_of: int = 1
+
+    @classmethod
+    def from_output_cfg(cls, output_cfg: dict[str, Any]) -> "ParquetOptions":
+        pq_cfg = output_cfg.get("parquet") or {}
+        opts = cls(
+            length_buckets=tuple(pq_cfg.get("length_buckets") or DEFAULT_BUCKETS),
+            shard_size_bytes=int(pq_cfg.get("shard_size_bytes") or DEFAULT_SHARD_SIZE),
+            compression=str(pq_cfg.get("compression") or "snappy").lower(),
+            row_group_size=int(pq_cfg.get("row_group_size") or DEFAULT_ROW_GROUP),
+            num_shards_multiple_of=int(output_cfg.get("num_shards_multiple_of") or 1))
+        opts.validate()
+        return opts
+
+    def validate(self) -> None:
+        b = list(self.length_buckets)
+        if not b or any(not isinstance(x, int) or isinstance(x, bool) or x <= 0 for x in b) or b != sorted(set(b)):
+            raise ExportError("'output.parquet.length_buckets' must be increasing positive integers")
+        if self.shard_size_bytes <= 0:
+            raise ExportError("'output.parquet.shard_size_bytes' must be > 0")
+        if self.row_group_size <= 0:
+            raise ExportError("'output.parquet.row_group_size' must be > 0")
+        if self.compression not in COMPRESSIONS:
+            raise ExportError(f"'output.parquet.compression' must be one of {', '.join(COMPRESSIONS)}, "
+                              f"got {self.compression!r}")
+        if self.num_shards_multiple_of < 1:
+            raise ExportError("'output.num_shards_multiple_of' must be >= 1")
+
+
+def bucket_table(bounds: Sequence[int]) -> list[dict[str, Any]]:
+    """[{id, min_tokens, max_tokens}] including the overflow bucket (max_tokens null)."""
+    out, lo = [], 1
+    for i, hi in enumerate(bounds):
+        out.append({"id": i, "min_tokens": lo, "max_tokens": int(hi)})
+        lo = int(hi) + 1
+    out.append({"id": len(bounds), "min_tokens": lo, "max_tokens": None})
+    return out
+
+
+def bucket_of(n_tokens: np.ndarray, bounds: Sequence[int]) -> np.ndarray:
+    """Bucket index per record: b with bounds[b-1] < n <= bounds[b]; len(bounds) for the overflow."""
+    return np.searchsorted(np.asarray(bounds, dtype=np.int64), np.asarray(n_tokens, dtype=np.int64), side="left")
+
+
+def shuffled(ids: np.ndarray, seed: int) -> np.ndarray:
+    """`ids` permuted by `random.Random(seed).shuffle` (8 bytes per id, no Python list)."""
+    buf = array("q", np.ascontiguousarray(ids, dtype=np.int64).tobytes())
+    random.Random(seed).shuffle(buf)
+    return np.frombuffer(buf, dtype=np.int64).copy()
+
+
+def pack(est: np.ndarray, limit: int, tail_fraction: float = TAIL_FRACTION) -> list[tuple[int, int]]:
+    """Greedy [start, end) cuts of `est` (record sizes, in order) into runs of total <= limit.
+
+    A record bigger than `limit` alone makes a run. A last run below `tail_fraction × limit` joins
+    the run before it, unless that run is a lone record bigger than `limit`.
+    """
+    n = len(est)
+    if n == 0:
+        return []
+    cs = np.cumsum(np.asarray(est, dtype=np.int64))
+    cuts, start, base = [], 0, 0
+    while start < n:
+        end = max(int(np.searchsorted(cs, base + limit, side="right")), start + 1)
+        cuts.append((start, end))
+        base, start = int(cs[end - 1]), end
+    if len(cuts) >= 2:
+        (ps, pe), (s, e) = cuts[-2], cuts[-1]
+        tail = int(cs[e - 1] - cs[s - 1])
+        prev = int(cs[pe - 1] - (cs[ps - 1] if ps else 0))
+        if tail < tail_fraction * limit and prev <= limit:  # never grow a lone oversized record's shard
+            cuts[-2:] = [(ps, e)]
+    return cuts
+
+
+@dataclass
+class ShardPlan:
+    """One Parquet shard to write: its records (ids into the dataset index, in row order)."""
+
+    dataset: str
+    split: str
+    bucket: int
+    records: np.ndarray
+    est_bytes: int
+    index: int = -1
+    entry: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shard_id(self) -> str:
+        return f"b{self.bucket:02d}_s{self.index:05d}"
+
+    @property
+    def rel_path(self) -> str:
+        return f"parquet/shard_{self.shard_id}.parquet"
+
+
+def _split_in_two(plan: ShardPlan, est: np.ndarray) -> tuple[ShardPlan, ShardPlan]:
+    sizes = est[plan.records]
+    cs = np.cumsum(sizes)
+    k = int(np.searchsorted(cs, cs[-1] / 2, side="left")) + 1
+    k = min(max(k, 1), len(plan.records) - 1)
+    a = ShardPlan(plan.dataset, plan.split, plan.bucket, plan.records[:k], int(cs[k - 1]))
+    b = ShardPlan(plan.dataset, plan.split, plan.bucket, plan.records[k:], int(cs[-1] - cs[k - 1]))
+    return a, b
+
+
+def _make_multiple(plans: list[ShardPlan], split: str, multiple: int, est_of: dict[str, np.ndarray]) -> list[ShardPlan]:
+    """Split shards of one split (deterministically) until their count is a multiple of `multiple`."""
+    count = len(plans)
+    if multiple <= 1 or count % multiple == 0:
+        return plans
+    target = -(-count // multiple) * multiple
+    records = sum(len(p.records) for p in plans)
+    if records < target:
+        raise ShardCountError(
+            f"'output.num_shards_multiple_of' = {multiple}: split {split!r} has {records} record(s) in "
+            f"{count} Parquet shard(s); {target} non-empty shards would be needed (one source and one length "
+            f"bucket per shard). Lower it (1 disables it) or add data.")
+    plans = list(plans)
+    while len(plans) < target:
+        best = max((i for i, p in enumerate(plans) if len(p.records) >= 2),
+                   key=lambda i: (plans[i].est_bytes, -i))
+        plans[best:best + 1] = _split_in_two(plans[best], est_of[plans[best].dataset])
+    return plans
+
+
+def plan_shards(indexes: list[DatasetIndex], opts: ParquetOptions, seed: int) -> list[ShardPlan]:
+    """All Parquet shards, numbered, in write order (bucket-major numbering; see the module doc)."""
+    groups: list[list[ShardPlan]] = []  # per dataset (config order): its shards, bucket by bucket
+    est_of: dict[str, np.ndarray] = {}
+    for idx in indexes:
+        est = idx.est_bytes(BYTES_PER_TOKEN)
+        est_of[idx.name] = est
+        buckets = bucket_of(idx.n_tokens, opts.length_buckets)
+        plans = []
+        for b in range(len(opts.length_buckets) + 1):
+            ids = shuffled(np.flatnonzero(buckets == b), seed + b)
+            sizes = est[ids]
+            for s, e in pack(sizes, opts.shard_size_bytes):
+                plans.append(ShardPlan(idx.name, idx.split, b, ids[s:e], int(sizes[s:e].sum())))
+        groups.append(plans)
+
+    by_split: dict[str, list[ShardPlan]] = {}
+    for plans in groups:
+        for p in plans:
+            by_split.setdefault(p.split, []).append(p)
+    adjusted = [p for split in sorted(by_split)
+                for p in _make_multiple(by_split[split], split, opts.num_shards_multiple_of, est_of)]
+    # Order: dataset (config order), then bucket, then position; halves of a split shard stay adjacent.
+    order = {name: i for i, name in enumerate(idx.name for idx in indexes)}
+    adjusted.sort(key=lambda p: (order[p.dataset], p.bucket))  # stable: keeps positions within a group
+    counters: dict[int, int] = {}
+    for p in adjusted:
+        p.index = counters.get(p.bucket, 0)
+        counters[p.bucket] = p.index + 1
+    return adjusted
+
+
+def _write_one(run_dir: Path, plan: ShardPlan, reader: RecordReader, opts: ParquetOptions) -> dict[str, Any]:
+    final = run_dir / plan.rel_path
+    tsv_final = final.with_suffix(".tsv")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp, tsv_tmp = atomic.tmp_path(final), atomic.tmp_path(tsv_final)
+    compression = None if opts.compression == "none" else opts.compression
+    n_tokens_total = 0
+    writer = pq.ParquetWriter(str(tmp), SCHEMA, compression=compression)
+    try:
+        with open(tsv_tmp, "wb") as tsv:
+            tsv.write(TSV_HEADER.encode())
+            row = 0
+            for start in range(0, len(plan.records), opts.row_group_size):
+                ids = plan.records[start:start + opts.row_group_size]
+                recs = reader.records(ids)
+                toks = reader.tokens(ids)
+                lengths = np.fromiter((len(t) for t in toks), dtype=np.int32, count=len(toks))
+                offsets = np.zeros(len(toks) + 1, dtype=np.int32)
+                np.cumsum(lengths, out=offsets[1:])
+                values = np.concatenate(toks).astype(np.int32) if toks else np.zeros(0, np.int32)
+                texts = [t for t, _ in recs]
+                table = pa.Table.from_arrays([
+                    pa.array(texts, type=pa.string()),
+                    pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
+                    pa.array(lengths, type=pa.int32()),
+                    pa.array([m.decode() for _, m in recs], type=pa.string()),
+                ], schema=SCHEMA)
+                writer.write_table(table, row_group_size=opts.row_group_size)
+                lines = []
+                for i, (text, tk) in enumerate(zip(texts, toks)):
+                    sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+                    lines.append(f"{row + i}\t{len(tk)}\t{int(tk.sum(dtype=np.int64))}\t{sha}\n")
+                tsv.write("".join(lines).encode())
+                row += len(ids)
+                n_tokens_total += int(lengths.sum(dtype=np.int64))
+            tsv.flush()
+        writer.close()
+        writer = None
+        atomic.commit(tmp, final)
+        atomic.commit(tsv_tmp, tsv_final)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        tmp.unlink(missing_ok=True)
+        tsv_tmp.unlink(missing_ok=True)
+        raise
+    return {
+        "kind": "parquet", "shard_id": plan.shard_id, "path": plan.rel_path, "bucket": plan.bucket,
+        "source": plan.dataset, "split": plan.split, "num_records": int(len(plan.records)),
+        "num_tokens": n_tokens_total, "est_bytes": plan.est_bytes,
+        "file_sha256": atomic.sha256_file(final), "size_bytes": final.stat().st_size,
+        "tsv": {"path": str(tsv_final.relative_to(run_dir)), "file_sha256": atomic.sha256_file(tsv_final),
+                "size_bytes": tsv_final.stat().st_size},
+    }
+
+
+def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPlan], opts: ParquetOptions,
+                 seed: int) -> list[dict[str, Any]]:
+    """Write every planned shard (+ TSV) atomically; return their manifest entries in plan order."""
+    by_name = {idx.name: idx for idx in indexes}
+    entries = []
+    for name in dict.fromkeys(p.dataset for p in plans):
+        with RecordReader(by_name[name]) as reader:
+            for plan in (p for p in plans if p.dataset == name):
+                plan.entry = {**_write_one(run_dir, plan, reader, opts), "seed": seed}
+                entries.append(plan.entry)
+    return entries
+
+
+def remove_stale(run_dir: Path, keep: set[str]) -> list[str]:
+    """Delete shard files in parquet/ not in `keep` (relative paths) and leftover temporaries."""
+    folder = run_dir / "parquet"
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for p in sorted(folder.iterdir()):
+        rel = f"parquet/{p.name}"
+        stale_tmp = p.name.startswith(".shard_b") and ".tmp." in p.name
+        if p.is_file() and (stale_tmp or (SHARD_FILE.match(p.name) and rel not in keep)):
+            p.unlink()
+            removed.append(rel)
+    if removed:
+        atomic.fsync_dir(folder)
+    return removed

@@ -1,0 +1,411 @@
+"""Exports: Parquet shards + TSV, manifest.json, mixtures.json, built from small real run dirs.
+
+The run dirs hold real text (../shared/data), tokenized with the real phi-2 tokenizer into
+`.bin/.idx` exactly as the tokenize stage lays them out (one sequence per kept record, EOD appended,
+empty records dropped and listed in the receipt).
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from streamprep import atomic
+from streamprep.binidx import IndexedDataset, IndexedDatasetWriter
+from streamprep.exports import ExportError, ShardRef, write_exports
+from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
+from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, bucket_of, pack, shuffled
+
+EOD = 50256  # phi-2 <|endoftext|>
+BUCKETS = [32, 64, 128, 256, 512, 1024]
+SHARD_SIZE = 16_384
+DATASETS = [  # name, split, weight, source file, records, records per part
+    ("c4", "train", 2.0, "web/c4_en_train00000_first1000.jsonl", 300, 100),
+    ("lingua", "train", 1.0, "multilingual/lingua_sentences_75langs.jsonl", 240, 120),
+    ("dclm", "valid", 1.0, "web/dclm_quality_agreement_data.jsonl", 60, 60),
+]
+EMPTY_AT = {("c4", 1): [0, 17]}   # (dataset, part) -> lines whose text is empty (tokenize to nothing)
+ALL_EMPTY_PART = ("lingua", 2)    # an extra part whose every record is empty: no .bin/.idx, receipt only
+
+
+def _texts(shared: Path, rel: str, n: int) -> list[str]:
+    out = []
+    with open(shared / rel, "rb") as fh:
+        for line in fh:
+            text = orjson.loads(line).get("text")
+            if isinstance(text, str) and text.strip():
+                out.append(text)
+            if len(out) == n:
+                break
+    return out
+
+
+def _write_part(run: Path, tok: Tokenizer, name: str, split: str, part_no: int, texts: list[str],
+                first_index: int) -> ShardRef:
+    part = f"part-{part_no:05d}"
+    ingest = run / "ingest" / name / f"{part}.jsonl"
+    lines = [orjson.dumps({"text": t, "meta": {"lang": "x", "source": {"dataset": name, "index": first_index + i}}})
+             + b"\n" for i, t in enumerate(texts)]
+    atomic.write_bytes(ingest, b"".join(lines))
+    arrays, dropped = [], []
+    for i, enc in enumerate(tok.encode_batch(texts, add_special_tokens=False)):
+        if not enc.ids:
+            dropped.append(i)
+            continue
+        arrays.append(np.array(enc.ids + [EOD], dtype=np.uint16))
+    prefix = run / "binidx" / name / f"{part}_text_document"
+    files = {}
+    if arrays:
+        w = IndexedDatasetWriter(prefix, np.uint16)
+        w.add_documents(arrays)
+        w.close()
+        for kind in ("bin", "idx"):
+            p = Path(f"{prefix}.{kind}")
+            files[kind] = {"path": str(p.relative_to(run)), "bytes": p.stat().st_size, "sha256": atomic.sha256_file(p)}
+    receipt = {"status": "completed", "dataset": name, "split": split, "part": part, "plan_hash": "test",
+               "input_sha256": atomic.sha256_file(ingest), "tokenizer_fingerprint": "sha256:phi2", "eod_id": EOD,
+               "dtype": "uint16", "files": files,
+               "stats": {"num_documents": len(arrays), "num_tokens": int(sum(len(a) for a in arrays)),
+                         "dropped_empty": dropped}}
+    atomic.write_json(run / "receipts" / name / f"{part}.json", receipt)
+    return ShardRef(name, split, part, ingest, prefix if arrays else None, receipt)
+
+
+def build_run(run: Path, shared: Path) -> list[ShardRef]:
+    tok = Tokenizer.from_file(str(shared / "tokenizers" / "phi-2" / "tokenizer.json"))
+    refs = []
+    for name, split, _w, rel, n, per_part in DATASETS:
+        texts = _texts(shared, rel, n)
+        index = 0
+        for part_no, start in enumerate(range(0, n, per_part)):
+            chunk = list(texts[start:start + per_part])
+            for line in EMPTY_AT.get((name, part_no), []):
+                chunk[line] = ""
+            refs.append(_write_part(run, tok, name, split, part_no, chunk, index))
+            index += len(chunk)
+        if name == ALL_EMPTY_PART[0]:
+            refs.append(_write_part(run, tok, name, split, ALL_EMPTY_PART[1], ["", ""], index))
+    return refs
+
+
+def datasets_cfg() -> list[dict]:
+    return [{"name": n, "split": s, "weight": w} for n, s, w, *_ in DATASETS]
+
+
+def output_cfg(**over) -> dict:
+    cfg = {"parquet": {"length_buckets": BUCKETS, "shard_size_bytes": SHARD_SIZE, "compression": "snappy",
+                       "row_group_size": 7},
+           "mixtures": {"phases": {}}, "num_shards_multiple_of": 1}
+    for k, v in over.items():
+        if k in cfg["parquet"]:
+            cfg["parquet"][k] = v
+        else:
+            cfg[k] = v
+    return cfg
+
+
+TOKENIZER_INFO = {"fingerprint": "sha256:phi2", "vocab_size": 50295, "eod_id": EOD}
+
+
+def export(run: Path, refs: list[ShardRef], seed: int = 1234, **over) -> dict:
+    return write_exports(run, refs, output_cfg(**over), datasets_cfg(), seed, TOKENIZER_INFO, "cfghash0123")
+
+
+def relocate(refs: list[ShardRef], old: Path, new: Path) -> list[ShardRef]:
+    def move(p: Path | None) -> Path | None:
+        return None if p is None else new / p.relative_to(old)
+    return [ShardRef(r.dataset, r.split, r.part, move(r.ingest_path), move(r.prefix), r.receipt) for r in refs]
+
+
+@pytest.fixture(scope="session")
+def base_run(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[ShardRef]]:
+    run = tmp_path_factory.mktemp("base") / "run"
+    return run, build_run(run, shared_data)
+
+
+@pytest.fixture()
+def run(base_run: tuple[Path, list[ShardRef]], tmp_path: Path) -> tuple[Path, list[ShardRef]]:
+    """A private copy of the tokenized run dir (no exports yet)."""
+    src, refs = base_run
+    dst = tmp_path / "run"
+    shutil.copytree(src, dst)
+    return dst, relocate(refs, src, dst)
+
+
+# -- helpers reading the outputs --------------------------------------------------------------
+def expected_records(run: Path, refs: list[ShardRef]) -> dict[tuple[str, int], tuple[str, list[int], int]]:
+    """(dataset, source index) -> (text, tokens from .bin, ingest line bytes) for every kept record."""
+    out = {}
+    for ref in refs:
+        lines = ref.ingest_path.read_bytes().splitlines(keepends=True)
+        kept = [i for i in range(len(lines)) if i not in set(ref.receipt["stats"]["dropped_empty"])]
+        if ref.prefix is None:
+            assert not kept
+            continue
+        ds = IndexedDataset.open(ref.prefix)
+        assert len(ds) == len(kept)
+        for seq, line_no in enumerate(kept):
+            rec = orjson.loads(lines[line_no])
+            out[(ref.dataset, rec["meta"]["source"]["index"])] = (rec["text"], ds[seq].tolist(), len(lines[line_no]))
+    return out
+
+
+def parquet_entries(run: Path) -> list[dict]:
+    return [s for s in atomic.read_json(run / "manifest.json")["shards"] if s["kind"] == "parquet"]
+
+
+def rows(run: Path, entry: dict) -> list[dict]:
+    return pq.read_table(run / entry["path"]).to_pylist()
+
+
+def file_hashes(run: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(run.rglob("*")):
+        rel = p.relative_to(run)
+        if p.is_file() and (rel.parts[0] == "parquet" or p.name in ("manifest.json", "mixtures.json")):
+            out[str(p.relative_to(run))] = atomic.sha256_file(p)
+    return out
+
+
+# -- tests ------------------------------------------------------------------------------------
+def test_every_record_once_with_its_tokens_and_text(run):
+    run_dir, refs = run
+    summary = export(run_dir, refs)
+    want = expected_records(run_dir, refs)
+    seen: dict[tuple[str, int], int] = {}
+    for entry in parquet_entries(run_dir):
+        table = pq.read_table(run_dir / entry["path"])
+        assert table.schema.names == ["text", "tokens", "n_tokens", "meta"]
+        assert str(table.schema.field("tokens").type.value_type) == "int32"
+        assert str(table.schema.field("n_tokens").type) == "int32"
+        assert table.num_rows == entry["num_records"] > 0
+        for r in table.to_pylist():
+            meta = orjson.loads(r["meta"])
+            key = (meta["source"]["dataset"], meta["source"]["index"])
+            assert key[0] == entry["source"], "one source per shard"
+            seen[key] = seen.get(key, 0) + 1
+            text, tokens, _ = want[key]
+            assert r["text"] == text
+            assert r["tokens"] == tokens and tokens[-1] == EOD
+            assert r["n_tokens"] == len(tokens)
+    assert seen.keys() == want.keys()
+    assert set(seen.values()) == {1}
+    assert ("c4", 100) not in seen and ("c4", 117) not in seen  # the empty records, dropped
+    assert summary["records"] == {"c4": 298, "lingua": 240, "dclm": 60}
+    assert summary["tokens"]["c4"] == sum(len(v[1]) for k, v in want.items() if k[0] == "c4")
+
+
+def test_buckets_packing_and_tail_merge(run):
+    run_dir, refs = run
+    export(run_dir, refs)
+    want = expected_records(run_dir, refs)
+    man = atomic.read_json(run_dir / "manifest.json")
+    assert [b["max_tokens"] for b in man["buckets"]] == BUCKETS + [None]
+    assert man["buckets"][0]["min_tokens"] == 1 and man["buckets"][3]["min_tokens"] == 129
+    groups: dict[tuple[str, int], list[tuple[int, list[int]]]] = {}
+    for entry in parquet_entries(run_dir):
+        b = entry["bucket"]
+        lo = 1 if b == 0 else BUCKETS[b - 1] + 1
+        hi = BUCKETS[b] if b < len(BUCKETS) else 10**12
+        est = []
+        for r in rows(run_dir, entry):
+            assert lo <= r["n_tokens"] <= hi, (entry["shard_id"], r["n_tokens"])
+            meta = orjson.loads(r["meta"])
+            _, tokens, line_bytes = want[(meta["source"]["dataset"], meta["source"]["index"])]
+            est.append(BYTES_PER_TOKEN * len(tokens) + line_bytes)
+        assert sum(est) == entry["est_bytes"]
+        assert entry["path"] == f"parquet/shard_b{b:02d}_s{int(entry['shard_id'][-5:]):05d}.parquet"
+        groups.setdefault((entry["source"], b), []).append((int(entry["shard_id"][-5:]), est))
+    merged = 0
+    for (_src, _b), shards in groups.items():
+        shards.sort()
+        indices = [i for i, _ in shards]
+        assert indices == list(range(indices[0], indices[0] + len(indices))), "a source's shards are consecutive"
+        for k, (_, est) in enumerate(shards):
+            total = sum(est)
+            last = k == len(shards) - 1
+            if len(est) > 1:
+                assert total <= (1.25 * SHARD_SIZE if last else SHARD_SIZE)
+            if not last:  # greedy: the next record did not fit
+                assert total + shards[k + 1][1][0] > SHARD_SIZE
+            if last and len(shards) > 1:
+                prev = shards[k - 1][1]
+                assert total >= 0.25 * SHARD_SIZE or (len(prev) == 1 and prev[0] > SHARD_SIZE), "small tail merged"
+            merged += last and total > SHARD_SIZE and len(est) > 1
+    assert len(groups) >= 6 and sum(len(s) for s in groups.values()) >= 15
+    assert merged >= 1, "the data should exercise at least one merged tail"
+
+
+def test_pack_rule_units():
+    assert pack(np.array([50, 50, 50, 50, 10]), 100) == [(0, 2), (2, 5)]    # tail 10 < 25 merged
+    assert pack(np.array([50, 50, 50, 50, 30]), 100) == [(0, 2), (2, 4), (4, 5)]
+    assert pack(np.array([250, 10, 10]), 100) == [(0, 1), (1, 3)]          # oversized record alone
+    assert pack(np.array([10, 250, 10]), 100) == [(0, 1), (1, 2), (2, 3)]  # ... and no tail joins it
+    assert pack(np.array([90, 20, 30]), 100) == [(0, 1), (1, 3)]
+    assert pack(np.array([10]), 100) == [(0, 1)] and pack(np.array([], dtype=np.int64), 100) == []
+    assert bucket_of(np.array([1, 32, 33, 64, 1024, 1025]), BUCKETS).tolist() == [0, 0, 1, 1, 5, 6]
+    ids = np.arange(10, 30)
+    assert shuffled(ids, 7).tolist() == shuffled(ids, 7).tolist() != shuffled(ids, 8).tolist()
+    import random
+    ref = list(range(10, 30))
+    random.Random(7).shuffle(ref)
+    assert shuffled(ids, 7).tolist() == ref
+
+
+def test_same_seed_byte_identical_other_seed_differs(run, tmp_path):
+    run_dir, refs = run
+    export(run_dir, refs, seed=1)
+    first = file_hashes(run_dir)
+    assert len([k for k in first if k.endswith(".parquet")]) >= 15
+    export(run_dir, refs, seed=1)  # re-run in place: same bytes
+    assert file_hashes(run_dir) == first
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    shutil.rmtree(other / "parquet")
+    (other / "manifest.json").unlink()
+    export(other, relocate(refs, run_dir, other), seed=1)  # another run dir: same bytes too
+    assert file_hashes(other) == first
+    export(other, relocate(refs, run_dir, other), seed=2)
+    order1 = [(run_dir / e["tsv"]["path"]).read_text() for e in parquet_entries(run_dir)]
+    order2 = [(other / e["tsv"]["path"]).read_text() for e in parquet_entries(other)]
+    assert order1 != order2
+    shas1 = sorted(ln.split("\t")[3] for t in order1 for ln in t.splitlines()[1:])
+    shas2 = sorted(ln.split("\t")[3] for t in order2 for ln in t.splitlines()[1:])
+    assert shas1 == shas2  # same records, other order / shard membership
+
+
+def test_tsv_beside_each_shard(run):
+    run_dir, refs = run
+    export(run_dir, refs)
+    for entry in parquet_entries(run_dir):
+        lines = (run_dir / entry["tsv"]["path"]).read_text().splitlines()
+        assert lines[0] == "row\tn_tokens\ttoken_sum\ttext_sha256"
+        for i, (line, r) in enumerate(zip(lines[1:], rows(run_dir, entry), strict=True)):
+            assert line.split("\t") == [str(i), str(r["n_tokens"]), str(sum(r["tokens"])),
+                                        hashlib.sha256(r["text"].encode()).hexdigest()]
+
+
+def test_manifest_lists_parquet_and_binidx(run):
+    run_dir, refs = run
+    summary = export(run_dir, refs)
+    man = atomic.read_json(run_dir / "manifest.json")
+    assert man["format"] == "streamprep-manifest" and man["version"] == 1 and man["seed"] == 1234
+    assert man["tokenizer"] == TOKENIZER_INFO and man["config_hash"] == "cfghash0123"
+    assert set(man["writer"]) == {"streamprep", "pyarrow"}
+    ids = [s["shard_id"] for s in man["shards"]]
+    assert ids == sorted(ids) and len(ids) == len(set(ids))
+    binidx = [s for s in man["shards"] if s["kind"] == "binidx"]
+    assert len(binidx) == summary["binidx_shards"] == sum(r.prefix is not None for r in refs) == 6
+    for s in binidx:
+        assert s["bucket"] is None and set(s["files"]) == {"bin", "idx"}
+        for f in s["files"].values():
+            assert atomic.sha256_file(run_dir / f["path"]) == f["file_sha256"]
+            assert (run_dir / f["path"]).stat().st_size == f["size_bytes"]
+        assert (run_dir / (s["path"] + ".bin")).is_file()
+    assert "binidx/lingua/part-00002" not in ids  # the shard with 0 documents is not listed
+    for s in parquet_entries(run_dir):
+        assert {"shard_id", "path", "num_records", "num_tokens", "bucket", "source", "split", "file_sha256",
+                "size_bytes", "seed", "tsv"} <= set(s)
+        assert atomic.sha256_file(run_dir / s["path"]) == s["file_sha256"]
+        assert s["split"] == {"c4": "train", "lingua": "train", "dclm": "valid"}[s["source"]]
+    for name in ("c4", "lingua", "dclm"):
+        pq_tokens = sum(s["num_tokens"] for s in man["shards"] if s["source"] == name and s["kind"] == "parquet")
+        bin_tokens = sum(s["num_tokens"] for s in binidx if s["source"] == name)
+        assert pq_tokens == bin_tokens == summary["tokens"][name]
+    assert b"time" not in (run_dir / "manifest.json").read_bytes()
+
+
+def test_num_shards_multiple_of(run):
+    run_dir, refs = run
+    export(run_dir, refs)
+    base = {split: sum(1 for e in parquet_entries(run_dir) if e["split"] == split) for split in ("train", "valid")}
+    summary = export(run_dir, refs, num_shards_multiple_of=4)
+    entries = parquet_entries(run_dir)
+    for split in ("train", "valid"):
+        n = sum(1 for e in entries if e["split"] == split)
+        assert n % 4 == 0 and n >= base[split]
+    assert summary["parquet_shards_by_split"]["train"] % 4 == 0
+    assert all(e["num_records"] > 0 and e["num_tokens"] > 0 for e in entries)
+    seen = [orjson.loads(r["meta"])["source"]["index"] for e in entries if e["source"] == "dclm" for r in rows(run_dir, e)]
+    assert sorted(seen) == list(range(60))
+    # old shard names that the new layout does not use were removed
+    listed = {e["path"] for e in entries} | {e["tsv"]["path"] for e in entries}
+    assert {f"parquet/{p.name}" for p in (run_dir / "parquet").iterdir()} == listed
+
+
+def test_num_shards_multiple_of_too_few_records(run):
+    run_dir, refs = run
+    with pytest.raises(ShardCountError, match=r"num_shards_multiple_of.*'valid' has 60 record"):
+        export(run_dir, refs, num_shards_multiple_of=64)
+
+
+def test_restart_removes_stale_shards(run):
+    run_dir, refs = run
+    export(run_dir, refs, shard_size_bytes=4096)
+    many = len(parquet_entries(run_dir))
+    (run_dir / "parquet" / ".shard_b00_s00000.parquet.tmp.999").write_bytes(b"partial")
+    summary = export(run_dir, refs)
+    entries = parquet_entries(run_dir)
+    assert len(entries) < many and summary["stale_removed"] > 0
+    listed = {e["path"] for e in entries} | {e["tsv"]["path"] for e in entries}
+    assert {f"parquet/{p.name}" for p in (run_dir / "parquet").iterdir()} == listed
+
+
+def test_mixtures_default_and_phases(run):
+    run_dir, refs = run
+    export(run_dir, refs)
+    mix = atomic.read_json(run_dir / "mixtures.json")
+    assert mix["format"] == "streamprep-mixtures"
+    assert [p["name"] for p in mix["phases"]] == ["default"]
+    assert mix["phases"][0]["weights"] == pytest.approx({"c4": 2 / 3, "lingua": 1 / 3})  # train datasets
+    man_ids = {e["shard_id"]: e["source"] for e in parquet_entries(run_dir)}
+    for name, src in mix["sources"].items():
+        assert sorted(src["shards"]) == sorted(i for i, s in man_ids.items() if s == name)
+    phases = {"warmup": {"c4": 3, "lingua": 1}, "final": {"c4": 1, "lingua": 1, "dclm": 2}}
+    export(run_dir, refs, mixtures={"phases": phases})
+    mix = atomic.read_json(run_dir / "mixtures.json")
+    assert [p["name"] for p in mix["phases"]] == ["warmup", "final"]
+    assert mix["phases"][0]["weights"] == {"c4": 0.75, "lingua": 0.25}
+    assert mix["phases"][1]["weights"] == {"c4": 0.25, "lingua": 0.25, "dclm": 0.5}
+    assert mix["phases"][1]["sources"]["dclm"]["shards"] == mix["sources"]["dclm"]["shards"]
+    for p in mix["phases"]:
+        assert sum(p["weights"].values()) == pytest.approx(1.0)
+
+
+def test_mixtures_unknown_dataset_named():
+    with pytest.raises(MixtureConfigError) as exc:
+        validate_mixtures({"p1": {"c4": 1.0, "nope": 2.0}}, ["c4", "wiki"])
+    msg = str(exc.value)
+    assert "output.mixtures.phases.p1.nope" in msg and "\n" not in msg
+    assert isinstance(exc.value, ValueError) and exc.value.key == "output.mixtures.phases.p1.nope"
+    for bad in (0, -1.0, float("nan"), float("inf"), "1", True, None):
+        with pytest.raises(MixtureConfigError, match=r"phases\.p\.c4"):
+            validate_mixtures({"p": {"c4": bad}}, ["c4"])
+    with pytest.raises(MixtureConfigError, match=r"phases\.empty"):
+        validate_mixtures({"empty": {}}, ["c4"])
+    validate_mixtures({}, ["c4"])
+    validate_mixtures({"a": {"c4": 1}, "b": {"c4": 0.5}}, ["c4"])
+
+
+def test_write_exports_rejects_unknown_phase_dataset_before_writing(run):
+    run_dir, refs = run
+    with pytest.raises(MixtureConfigError, match=r"output\.mixtures\.phases\.x\.wiki"):
+        export(run_dir, refs, mixtures={"phases": {"x": {"wiki": 1}}})
+    assert not (run_dir / "parquet").exists() and not (run_dir / "manifest.json").exists()
+    with pytest.raises(ExportError, match="compression"):
+        export(run_dir, refs, compression="lzma")
+
+
+def test_compression_and_row_groups(run):
+    run_dir, refs = run
+    export(run_dir, refs, compression="zstd", row_group_size=3)
+    entry = max(parquet_entries(run_dir), key=lambda e: e["num_records"])
+    md = pq.ParquetFile(run_dir / entry["path"]).metadata
+    assert md.num_row_groups == -(-entry["num_records"] // 3)
+    assert md.row_group(0).column(0).compression == "ZSTD"
