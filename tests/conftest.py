@@ -19,3 +19,29 @@ def shared_data() -> Path:
             pytest.fail(msg)
         pytest.skip(msg)
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One Ray cluster for every `ray`-marked test (xenna-notes.md §7); everything it started is reaped."""
+    import psutil
+    import ray
+
+    from streamprep.xenna.runner import RAY_ENV
+
+    os.environ.update(RAY_ENV)
+    ctx = ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, object_store_memory=256 * 1024 * 1024)
+    os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
+    try:
+        yield ctx
+    finally:
+        children = psutil.Process().children(recursive=True)
+        ray.shutdown()
+        os.environ.pop("RAY_ADDRESS", None)
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=3)

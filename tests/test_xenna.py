@@ -1,0 +1,91 @@
+"""The real cosmos-xenna pipeline on Ray: same bytes as the local engine, and nothing left running."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from cosmos_xenna.pipelines import v1 as xenna
+
+from helpers import base_config, english_docs, tree_hashes
+from streamprep import run_from_dict
+from streamprep.shards import make_task, read_receipt, run_task
+from streamprep.tokenizer import train_bpe
+from streamprep.xenna.stage import TokenizeStage
+
+OUTPUTS = ("ingest", "binidx", "receipts", "parquet", "tokenizer")
+
+
+def _source(tmp: Path, n: int = 1200) -> dict:
+    path = tmp / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(n, seed=11)))
+    return {"name": "gen", "path": str(path)}
+
+
+def test_stage_without_ray(tmp_path: Path) -> None:
+    """The stage contract (setup once, process_data per task) tested directly, no Ray (notes §7)."""
+    part = tmp_path / "ingest/gen/part-00000.jsonl"
+    part.parent.mkdir(parents=True)
+    docs = english_docs(50)
+    part.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    tok_path = tmp_path / "tok.json"
+    tok_path.write_text(train_bpe(iter(docs), 400, 2).to_str())
+    task = make_task(tmp_path, "gen", "train", part, tok_path, "sha256:x", 1, "uint16")
+    stage = TokenizeStage(str(tok_path))
+    stage.setup(xenna.WorkerMetadata.make_dummy())
+    first = stage.process_data([task])
+    again = stage.process_data([task])
+    assert first[0]["skipped"] is False and again[0]["skipped"] is True
+    assert read_receipt(task)["stats"]["num_documents"] == 50
+    assert run_task(task, stage.tokenizer)["skipped"] is True
+
+
+@pytest.mark.ray
+def test_xenna_engine_matches_local_engine(ray_cluster, tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    hashes = {}
+    for engine, workers in (("local", 1), ("xenna", 2)):
+        cfg = base_config([source], None, output={"shard_records": 300})
+        cfg["execution"].update(engine=engine, workers=workers)
+        run_from_dict(cfg, run_dir=tmp_path / engine, console_log=False)
+        hashes[engine] = tree_hashes(tmp_path / engine, *OUTPUTS, names=("manifest.json",))
+    assert len(hashes["xenna"]) > 8 and hashes["xenna"] == hashes["local"]
+
+
+def _ray_processes_since(t0: float) -> list[str]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "create_time"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if p.info["create_time"] >= t0 and ("ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd
+                                           or "ray/dashboard" in cmd):
+            found.append(f"{p.pid} {cmd[:80]}")
+    return found
+
+
+@pytest.mark.ray
+def test_cli_run_on_xenna_leaves_no_ray_process(tmp_path: Path) -> None:
+    cfg = base_config([_source(tmp_path, 600)], None, output={"shard_records": 200})
+    cfg["execution"].update(engine="xenna", workers=2)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="ray") as ray_tmp:
+        env = {**__import__("os").environ, "RAY_TMPDIR": ray_tmp}
+        env.pop("RAY_ADDRESS", None)  # its own cluster, not the session fixture's
+        proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
+                               "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=240,
+                              env=env, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        time.sleep(1.0)
+        assert _ray_processes_since(t0) == []
+    receipts = sorted((tmp_path / "run/receipts/gen").glob("*.json"))
+    assert len(receipts) == 3
