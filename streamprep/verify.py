@@ -1,0 +1,298 @@
+"""`streamprep verify`: re-check every output file against manifest.json and the receipts.
+
+`verify_run(run_dir)` returns a list of problems (one line each, naming the file); empty means sound.
+Checked: SHA-256 and size of every file listed in manifest.json and in receipts/; each `.idx` against
+its `.bin` (header, size, dtype, pointers, document indices, record/token counts); every Parquet shard
+against the manifest (rows, tokens, length bucket) and against its TSV (per row: n_tokens, token sum,
+text SHA-256); that Parquet and `.bin/.idx` hold the same records per source; that mixtures.json names
+only listed shards; and that no unlisted shard file lies in parquet/ or binidx/. Megatron's index cache
+(`PREFIX/cache/...`, written beside the data by GPTDataset) and hidden temporaries are ignored.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from streamprep import atomic, binidx
+
+TSV_HEADER = ["row", "n_tokens", "token_sum", "text_sha256"]
+
+
+class _Checker:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.problems: list[str] = []
+        self._hashes: dict[Path, str] = {}
+        self._checked: set[tuple[str, int | None, str | None]] = set()
+
+    def add(self, msg: str) -> None:
+        if msg not in self.problems:  # a file checked via both a receipt and the manifest is named once
+            self.problems.append(msg)
+
+    def sha(self, path: Path) -> str:
+        if path not in self._hashes:
+            self._hashes[path] = atomic.sha256_file(path)
+        return self._hashes[path]
+
+    def file(self, rel: str, size: int | None, sha: str | None, what: str) -> bool:
+        """Existence, size and hash of one listed file; True when it exists.
+
+        A file listed twice with the same size and hash (receipt and manifest) is reported once.
+        """
+        path = self.run_dir / rel
+        if (rel, size, sha) in self._checked:
+            return path.is_file()
+        self._checked.add((rel, size, sha))
+        if not path.is_file():
+            self.add(f"{rel}: missing (listed in {what})")
+            return False
+        actual = path.stat().st_size
+        if size is not None and actual != size:
+            self.add(f"{rel}: {actual} bytes, {what} says {size}")
+        if sha is not None and self.sha(path) != sha:
+            self.add(f"{rel}: SHA-256 mismatch ({what} says {sha[:12]}…, file is {self.sha(path)[:12]}…)")
+        return True
+
+    def guarded(self, rel: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - every unreadable file is a problem to report, not a crash
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            first = first.replace(f"{self.run_dir}/", "")
+            self.add(f"{rel}: cannot read: {type(exc).__name__}: {first[:200]}")
+            return None
+
+
+def _rel(run_dir: Path, path: Path) -> str:
+    try:
+        return str(path.relative_to(run_dir))
+    except ValueError:
+        return str(path)
+
+
+def _check_binidx(c: _Checker, prefix_rel: str, num_records: int | None, num_tokens: int | None,
+                  dtype: str | None, what: str) -> None:
+    ds = c.guarded(prefix_rel + ".idx", lambda: binidx.IndexedDataset.open(c.run_dir / prefix_rel))
+    if ds is None:
+        return
+    if not ds.bin_path.is_file():
+        c.add(f"{prefix_rel}.bin: missing beside its .idx")
+        return
+    for p in ds.check():
+        c.add(p.replace(str(c.run_dir) + "/", "", 1) if p.startswith(str(c.run_dir)) else p)
+    if dtype is not None and str(ds.dtype) != dtype:
+        c.add(f"{prefix_rel}.idx: token dtype {ds.dtype}, {what} says {dtype}")
+    if num_records is not None and len(ds) != num_records:
+        c.add(f"{prefix_rel}.idx: {len(ds)} sequences, {what} says {num_records} records")
+    if num_tokens is not None and int(ds.lengths.astype(np.int64).sum()) != num_tokens:
+        c.add(f"{prefix_rel}.idx: {int(ds.lengths.astype(np.int64).sum())} tokens, {what} says {num_tokens}")
+
+
+def _check_receipts(c: _Checker, fingerprint: str | None) -> set[str]:
+    """Every receipt's files; returns the relative paths of the .bin/.idx they list."""
+    listed: set[str] = set()
+    folder = c.run_dir / "receipts"
+    for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
+        rel = _rel(c.run_dir, path)
+        rec = c.guarded(rel, lambda: atomic.read_json(path))
+        if not isinstance(rec, dict):
+            if rec is not None:
+                c.add(f"{rel}: not a JSON object")
+            continue
+        if rec.get("status") != "completed":
+            c.add(f"{rel}: status {rec.get('status')!r}, not completed")
+            continue
+        if fingerprint and rec.get("tokenizer_fingerprint") not in (None, fingerprint):
+            c.add(f"{rel}: tokenizer fingerprint {rec.get('tokenizer_fingerprint')} differs from the manifest's")
+        files = rec.get("files") or {}
+        stats = rec.get("stats") or {}
+        for f in files.values():
+            listed.add(f["path"])
+            c.file(f["path"], f.get("bytes"), f.get("sha256"), rel)
+        if set(files) == {"bin", "idx"}:
+            prefix = files["idx"]["path"][:-len(".idx")]
+            if files["bin"]["path"] != prefix + ".bin":
+                c.add(f"{rel}: bin and idx paths do not share a prefix")
+            elif (c.run_dir / files["idx"]["path"]).is_file():
+                _check_binidx(c, prefix, stats.get("num_documents"), stats.get("num_tokens"), rec.get("dtype"), rel)
+        elif files:
+            c.add(f"{rel}: lists files {sorted(files)}, expected bin and idx")
+        elif stats.get("num_documents", 0):
+            c.add(f"{rel}: {stats['num_documents']} documents but no files")
+    return listed
+
+
+def _read_tsv(c: _Checker, rel: str) -> list[list[str]] | None:
+    path = c.run_dir / rel
+    if not path.is_file():
+        return None
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines or lines[0].split("\t") != TSV_HEADER:
+        c.add(f"{rel}: header is not {chr(9).join(TSV_HEADER)!r}")
+        return None
+    rows = [ln.split("\t") for ln in lines[1:]]
+    for i, r in enumerate(rows):
+        if len(r) != 4 or r[0] != str(i):
+            c.add(f"{rel}: line {i + 2} is not row {i} with 4 fields")
+            return None
+    return rows
+
+
+def _bucket_range(buckets: list[dict[str, Any]], b: int) -> tuple[int, float]:
+    for entry in buckets:
+        if entry.get("id") == b:
+            hi = entry.get("max_tokens")
+            return int(entry.get("min_tokens", 1)), (math.inf if hi is None else int(hi))
+    return 1, math.inf
+
+
+def _check_parquet(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, Any]]) -> tuple[int, int] | None:
+    import pyarrow.parquet as pq
+
+    rel = entry["path"]
+    ok = c.file(rel, entry.get("size_bytes"), entry.get("file_sha256"), "manifest.json")
+    tsv_entry = entry.get("tsv") or {}
+    tsv_rows = None
+    if tsv_entry.get("path"):
+        if c.file(tsv_entry["path"], tsv_entry.get("size_bytes"), tsv_entry.get("file_sha256"), "manifest.json"):
+            tsv_rows = _read_tsv(c, tsv_entry["path"])
+            if tsv_rows is not None and len(tsv_rows) != entry.get("num_records"):
+                c.add(f"{tsv_entry['path']}: {len(tsv_rows)} rows, manifest.json says {entry.get('num_records')}")
+    else:
+        c.add(f"{rel}: manifest.json lists no TSV beside it")
+    if not ok:
+        return None
+    pf = c.guarded(rel, lambda: pq.ParquetFile(c.run_dir / rel))
+    if pf is None:
+        return None
+    if pf.metadata.num_rows != entry.get("num_records"):
+        c.add(f"{rel}: {pf.metadata.num_rows} rows, manifest.json says {entry.get('num_records')}")
+    lo, hi = _bucket_range(buckets, entry.get("bucket"))
+
+    def scan() -> tuple[int, int]:
+        row, tokens, bad_bucket, bad_tsv = 0, 0, 0, None
+        for batch in pf.iter_batches(batch_size=4096, columns=["text", "tokens", "n_tokens"]):
+            texts = batch.column(0).to_pylist()
+            lists = batch.column(1)
+            offs = lists.offsets.to_numpy()
+            values = lists.values.to_numpy(zero_copy_only=False).astype(np.int64)
+            n_tok = batch.column(2).to_numpy(zero_copy_only=False)
+            lengths = np.diff(offs)
+            if (lengths != n_tok).any():
+                c.add(f"{rel}: n_tokens disagrees with the tokens list near row {row}")
+            bad_bucket += int(((n_tok < lo) | (n_tok > hi)).sum())
+            sums = np.add.reduceat(values, offs[:-1]) if len(values) else np.zeros(len(texts), np.int64)
+            sums = np.where(lengths > 0, sums, 0)
+            if tsv_rows is not None and bad_tsv is None:
+                for i, text in enumerate(texts):
+                    r = row + i
+                    if r >= len(tsv_rows):
+                        bad_tsv = r
+                        break
+                    sha = hashlib.sha256((text or "").encode("utf-8")).hexdigest()
+                    if tsv_rows[r][1:] != [str(int(n_tok[i])), str(int(sums[i])), sha]:
+                        bad_tsv = r
+                        break
+            row += len(texts)
+            tokens += int(n_tok.sum(dtype=np.int64))
+        if bad_bucket:
+            c.add(f"{rel}: {bad_bucket} row(s) outside bucket {entry.get('bucket')} ({lo}..{hi} tokens)")
+        if bad_tsv is not None:
+            c.add(f"{tsv_entry['path']}: row {bad_tsv} does not match {rel}")
+        if tokens != entry.get("num_tokens"):
+            c.add(f"{rel}: {tokens} tokens, manifest.json says {entry.get('num_tokens')}")
+        return row, tokens
+
+    return c.guarded(rel, scan)
+
+
+def _check_unlisted(c: _Checker, listed: set[str]) -> None:
+    for top, suffixes in (("parquet", (".parquet", ".tsv")), ("binidx", (".bin", ".idx"))):
+        folder = c.run_dir / top
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.rglob("*")):
+            rel = _rel(c.run_dir, path)
+            parts = Path(rel).parts
+            if not path.is_file() or path.name.startswith(".") or "cache" in parts[:-1]:
+                continue  # temporaries, and Megatron's PREFIX/cache/ index folders
+            if path.suffix in suffixes and rel not in listed:
+                c.add(f"{rel}: not listed in manifest.json or any receipt (stale file?)")
+
+
+def _check_mixtures(c: _Checker, shard_ids: set[str]) -> None:
+    path = c.run_dir / "mixtures.json"
+    if not path.is_file():
+        c.add("mixtures.json: missing")
+        return
+    mix = c.guarded("mixtures.json", lambda: atomic.read_json(path))
+    if not isinstance(mix, dict):
+        return
+    for name, src in (mix.get("sources") or {}).items():
+        for sid in list(src.get("shards", [])) + list(src.get("binidx", [])):
+            if sid not in shard_ids:
+                c.add(f"mixtures.json: source {name!r} names shard {sid!r}, which manifest.json does not list")
+    for phase in mix.get("phases") or []:
+        weights = phase.get("weights") or {}
+        if weights and abs(math.fsum(weights.values()) - 1.0) > 1e-9:
+            c.add(f"mixtures.json: phase {phase.get('name')!r} weights do not sum to 1")
+
+
+def verify_run(run_dir: str | Path) -> list[str]:
+    """All problems found in the run directory's outputs; an empty list means every check passed."""
+    c = _Checker(Path(run_dir))
+    man_path = c.run_dir / "manifest.json"
+    man: dict[str, Any] | None = None
+    if not man_path.is_file():
+        c.add("manifest.json: missing (exports not written yet?)")
+    else:
+        man = c.guarded("manifest.json", lambda: atomic.read_json(man_path))
+        if man is not None and (not isinstance(man, dict) or man.get("format") != "streamprep-manifest"):
+            c.add("manifest.json: not a streamprep manifest")
+            man = None
+    fingerprint = ((man or {}).get("tokenizer") or {}).get("fingerprint")
+    listed = _check_receipts(c, fingerprint)
+
+    if man is not None:
+        buckets = man.get("buckets") or []
+        per_source: dict[str, dict[str, list[int]]] = {}
+        shard_ids: set[str] = set()
+        for entry in man.get("shards") or []:
+            shard_ids.add(entry.get("shard_id"))
+            agg = per_source.setdefault(entry.get("source"), {"parquet": [0, 0], "binidx": [0, 0]})
+            if entry.get("kind") == "parquet":
+                listed.add(entry["path"])
+                listed.add((entry.get("tsv") or {}).get("path", ""))
+                _check_parquet(c, entry, buckets)
+                agg["parquet"][0] += entry.get("num_records", 0)
+                agg["parquet"][1] += entry.get("num_tokens", 0)
+            elif entry.get("kind") == "binidx":
+                files = entry.get("files") or {}
+                for kind in ("bin", "idx"):
+                    f = files.get(kind)
+                    if f is None:
+                        c.add(f"manifest.json: {entry.get('shard_id')} lists no .{kind} file")
+                        continue
+                    listed.add(f["path"])
+                    c.file(f["path"], f.get("size_bytes"), f.get("file_sha256"), "manifest.json")
+                if (c.run_dir / (entry["path"] + ".idx")).is_file():
+                    _check_binidx(c, entry["path"], entry.get("num_records"), entry.get("num_tokens"),
+                                  entry.get("dtype"), "manifest.json")
+                agg["binidx"][0] += entry.get("num_records", 0)
+                agg["binidx"][1] += entry.get("num_tokens", 0)
+            else:
+                c.add(f"manifest.json: shard {entry.get('shard_id')!r} has unknown kind {entry.get('kind')!r}")
+        for source, agg in sorted(per_source.items(), key=lambda kv: str(kv[0])):
+            if agg["parquet"] != agg["binidx"]:
+                c.add(f"manifest.json: source {source!r} has {agg['parquet'][0]} records / {agg['parquet'][1]} tokens "
+                      f"in Parquet but {agg['binidx'][0]} / {agg['binidx'][1]} in .bin/.idx")
+        _check_mixtures(c, shard_ids)
+    _check_unlisted(c, listed)
+    return c.problems
+
