@@ -409,3 +409,13 @@ def test_compression_and_row_groups(run):
     md = pq.ParquetFile(run_dir / entry["path"]).metadata
     assert md.num_row_groups == -(-entry["num_records"] // 3)
     assert md.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_mixtures_leave_out_empty_sources():
+    from streamprep.exports import mixtures
+
+    shards = [{"kind": "parquet", "shard_id": "b00_s00000", "source": "a", "num_records": 3, "num_tokens": 9}]
+    ds = [{"name": "a", "weight": 1}, {"name": "b", "weight": 3}]
+    mix = mixtures.build(shards, ds, {}, {"a": "train", "b": "train"})
+    assert mix["phases"][0]["weights"] == {"a": 1.0} and mix["phases"][0]["empty_sources"] == ["b"]
+    assert mix["sources"]["b"] == {"split": "train", "shards": [], "binidx": [], "num_records": 0, "num_tokens": 0}
