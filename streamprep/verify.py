@@ -92,6 +92,29 @@ def _check_binidx(c: _Checker, prefix_rel: str, num_records: int | None, num_tok
         c.add(f"{prefix_rel}.idx: {int(ds.lengths.astype(np.int64).sum())} tokens, {what} says {num_tokens}")
 
 
+def _check_receipt(c: _Checker, rel: str, rec: dict[str, Any], fingerprint: str | None, listed: set[str]) -> None:
+    if rec.get("status") != "completed":
+        c.add(f"{rel}: status {rec.get('status')!r}, not completed")
+        return
+    if fingerprint and rec.get("tokenizer_fingerprint") not in (None, fingerprint):
+        c.add(f"{rel}: tokenizer fingerprint {rec.get('tokenizer_fingerprint')} differs from the manifest's")
+    files = rec.get("files") or {}
+    stats = rec.get("stats") or {}
+    for f in files.values():
+        listed.add(f["path"])
+        c.file(f["path"], f.get("bytes"), f.get("sha256"), rel)
+    if set(files) == {"bin", "idx"}:
+        prefix = files["idx"]["path"][:-len(".idx")]
+        if files["bin"]["path"] != prefix + ".bin":
+            c.add(f"{rel}: bin and idx paths do not share a prefix")
+        elif (c.run_dir / files["idx"]["path"]).is_file():
+            _check_binidx(c, prefix, stats.get("num_documents"), stats.get("num_tokens"), rec.get("dtype"), rel)
+    elif files:
+        c.add(f"{rel}: lists files {sorted(files)}, expected bin and idx")
+    elif stats.get("num_documents", 0):
+        c.add(f"{rel}: {stats['num_documents']} documents but no files")
+
+
 def _check_receipts(c: _Checker, fingerprint: str | None) -> set[str]:
     """Every receipt's files; returns the relative paths of the .bin/.idx they list."""
     listed: set[str] = set()
@@ -99,30 +122,15 @@ def _check_receipts(c: _Checker, fingerprint: str | None) -> set[str]:
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
         rel = _rel(c.run_dir, path)
         rec = c.guarded(rel, lambda: atomic.read_json(path))
+        if rec is None:
+            continue
         if not isinstance(rec, dict):
-            if rec is not None:
-                c.add(f"{rel}: not a JSON object")
+            c.add(f"{rel}: not a JSON object")
             continue
-        if rec.get("status") != "completed":
-            c.add(f"{rel}: status {rec.get('status')!r}, not completed")
-            continue
-        if fingerprint and rec.get("tokenizer_fingerprint") not in (None, fingerprint):
-            c.add(f"{rel}: tokenizer fingerprint {rec.get('tokenizer_fingerprint')} differs from the manifest's")
-        files = rec.get("files") or {}
-        stats = rec.get("stats") or {}
-        for f in files.values():
-            listed.add(f["path"])
-            c.file(f["path"], f.get("bytes"), f.get("sha256"), rel)
-        if set(files) == {"bin", "idx"}:
-            prefix = files["idx"]["path"][:-len(".idx")]
-            if files["bin"]["path"] != prefix + ".bin":
-                c.add(f"{rel}: bin and idx paths do not share a prefix")
-            elif (c.run_dir / files["idx"]["path"]).is_file():
-                _check_binidx(c, prefix, stats.get("num_documents"), stats.get("num_tokens"), rec.get("dtype"), rel)
-        elif files:
-            c.add(f"{rel}: lists files {sorted(files)}, expected bin and idx")
-        elif stats.get("num_documents", 0):
-            c.add(f"{rel}: {stats['num_documents']} documents but no files")
+        try:
+            _check_receipt(c, rel, rec, fingerprint, listed)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            c.add(f"{rel}: malformed receipt ({type(exc).__name__}: {exc})")
     return listed
 
 
@@ -213,15 +221,16 @@ def _check_parquet(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, A
 
 
 def _check_unlisted(c: _Checker, listed: set[str]) -> None:
-    for top, suffixes in (("parquet", (".parquet", ".tsv")), ("binidx", (".bin", ".idx"))):
+    # Our files sit at parquet/<file> and binidx/<dataset>/<file>; anything deeper is not ours
+    # (Megatron's PREFIX/cache/GPTDataset_indices/...), hidden names are temporaries.
+    for top, pattern, suffixes in (("parquet", "*", (".parquet", ".tsv")), ("binidx", "*/*", (".bin", ".idx"))):
         folder = c.run_dir / top
         if not folder.is_dir():
             continue
-        for path in sorted(folder.rglob("*")):
+        for path in sorted(folder.glob(pattern)):
             rel = _rel(c.run_dir, path)
-            parts = Path(rel).parts
-            if not path.is_file() or path.name.startswith(".") or "cache" in parts[:-1]:
-                continue  # temporaries, and Megatron's PREFIX/cache/ index folders
+            if not path.is_file() or path.name.startswith("."):
+                continue
             if path.suffix in suffixes and rel not in listed:
                 c.add(f"{rel}: not listed in manifest.json or any receipt (stale file?)")
 
@@ -244,6 +253,34 @@ def _check_mixtures(c: _Checker, shard_ids: set[str]) -> None:
             c.add(f"mixtures.json: phase {phase.get('name')!r} weights do not sum to 1")
 
 
+def _check_entry(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, Any]], listed: set[str],
+                 shard_ids: set[str], per_source: dict[str, dict[str, list[int]]]) -> None:
+    shard_ids.add(entry.get("shard_id"))
+    agg = per_source.setdefault(entry.get("source"), {"parquet": [0, 0], "binidx": [0, 0]})
+    if entry.get("kind") == "parquet":
+        listed.add(entry["path"])
+        listed.add((entry.get("tsv") or {}).get("path", ""))
+        _check_parquet(c, entry, buckets)
+        agg["parquet"][0] += entry.get("num_records", 0)
+        agg["parquet"][1] += entry.get("num_tokens", 0)
+    elif entry.get("kind") == "binidx":
+        files = entry.get("files") or {}
+        for kind in ("bin", "idx"):
+            f = files.get(kind)
+            if f is None:
+                c.add(f"manifest.json: {entry.get('shard_id')} lists no .{kind} file")
+                continue
+            listed.add(f["path"])
+            c.file(f["path"], f.get("size_bytes"), f.get("file_sha256"), "manifest.json")
+        if (c.run_dir / (entry["path"] + ".idx")).is_file():
+            _check_binidx(c, entry["path"], entry.get("num_records"), entry.get("num_tokens"),
+                          entry.get("dtype"), "manifest.json")
+        agg["binidx"][0] += entry.get("num_records", 0)
+        agg["binidx"][1] += entry.get("num_tokens", 0)
+    else:
+        c.add(f"manifest.json: shard {entry.get('shard_id')!r} has unknown kind {entry.get('kind')!r}")
+
+
 def verify_run(run_dir: str | Path) -> list[str]:
     """All problems found in the run directory's outputs; an empty list means every check passed."""
     c = _Checker(Path(run_dir))
@@ -263,31 +300,11 @@ def verify_run(run_dir: str | Path) -> list[str]:
         buckets = man.get("buckets") or []
         per_source: dict[str, dict[str, list[int]]] = {}
         shard_ids: set[str] = set()
-        for entry in man.get("shards") or []:
-            shard_ids.add(entry.get("shard_id"))
-            agg = per_source.setdefault(entry.get("source"), {"parquet": [0, 0], "binidx": [0, 0]})
-            if entry.get("kind") == "parquet":
-                listed.add(entry["path"])
-                listed.add((entry.get("tsv") or {}).get("path", ""))
-                _check_parquet(c, entry, buckets)
-                agg["parquet"][0] += entry.get("num_records", 0)
-                agg["parquet"][1] += entry.get("num_tokens", 0)
-            elif entry.get("kind") == "binidx":
-                files = entry.get("files") or {}
-                for kind in ("bin", "idx"):
-                    f = files.get(kind)
-                    if f is None:
-                        c.add(f"manifest.json: {entry.get('shard_id')} lists no .{kind} file")
-                        continue
-                    listed.add(f["path"])
-                    c.file(f["path"], f.get("size_bytes"), f.get("file_sha256"), "manifest.json")
-                if (c.run_dir / (entry["path"] + ".idx")).is_file():
-                    _check_binidx(c, entry["path"], entry.get("num_records"), entry.get("num_tokens"),
-                                  entry.get("dtype"), "manifest.json")
-                agg["binidx"][0] += entry.get("num_records", 0)
-                agg["binidx"][1] += entry.get("num_tokens", 0)
-            else:
-                c.add(f"manifest.json: shard {entry.get('shard_id')!r} has unknown kind {entry.get('kind')!r}")
+        for n, entry in enumerate(man.get("shards") or []):
+            try:
+                _check_entry(c, entry, buckets, listed, shard_ids, per_source)
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                c.add(f"manifest.json: shards[{n}] is malformed ({type(exc).__name__}: {exc})")
         for source, agg in sorted(per_source.items(), key=lambda kv: str(kv[0])):
             if agg["parquet"] != agg["binidx"]:
                 c.add(f"manifest.json: source {source!r} has {agg['parquet'][0]} records / {agg['parquet'][1]} tokens "

@@ -107,3 +107,16 @@ def test_stale_file_and_receipt_mismatch(exported):
 
 def test_missing_manifest(tmp_path):
     assert verify_run(tmp_path) == ["manifest.json: missing (exports not written yet?)"]
+
+
+def test_malformed_receipt_and_manifest_entry_reported_not_raised(exported):
+    receipt = exported / "receipts" / "dclm" / "part-00000.json"
+    rec = atomic.read_json(receipt)
+    del rec["files"]["bin"]["path"]
+    atomic.write_json(receipt, rec)
+    man = atomic.read_json(exported / "manifest.json")
+    del man["shards"][0]["path"]
+    atomic.write_json(exported / "manifest.json", man)
+    problems = verify_run(exported)
+    assert any(p.startswith("receipts/dclm/part-00000.json: malformed receipt") for p in problems), problems
+    assert any(p.startswith("manifest.json: shards[0] is malformed") for p in problems), problems
