@@ -1,0 +1,227 @@
+"""A loopback stand-in for the Hugging Face Hub: just the endpoints `huggingface_hub` 2.x calls to list and download
+the files of a dataset repo.
+
+- `GET  /api/datasets/{org}/{name}/revision/{rev}` repo info: `id`, `sha`, `siblings` (with sizes when `?blobs=true`)
+- `GET  /api/datasets/{org}/{name}/tree/{rev}[/{path}]` tree listing (used by `snapshot_download`)
+- `HEAD /datasets/{org}/{name}/resolve/{rev}/{path}` metadata: `X-Repo-Commit`, `ETag`, `Content-Length`
+  (no `X-Xet-*` headers, so the client takes the plain HTTP download path)
+- `GET  /datasets/{org}/{name}/resolve/{rev}/{path}` the bytes (honours a simple `Range: bytes=N-`)
+
+Errors carry the Hub's `X-Error-Code` header (`RepoNotFound`, `RevisionNotFound`, `EntryNotFound`), which
+`huggingface_hub` turns into its typed exceptions. Every other path is a loud 404, recorded in `unknown`.
+The server counts requests per (method, path) and the most requests it ever had in flight at once; `delay`
+makes each file transfer (HEAD and GET on `/resolve/`) sleep, so parallel downloads overlap visibly.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlsplit
+
+API_RE = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/(?P<kind>revision|tree)/(?P<rest>.+)$")
+RESOLVE_RE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+
+
+@dataclass
+class Repo:
+    commits: dict[str, dict[str, bytes]] = field(default_factory=dict)  # sha -> {path: bytes}
+    refs: dict[str, str] = field(default_factory=dict)                   # branch -> sha
+
+    def resolve(self, rev: str) -> str | None:
+        rev = unquote(rev)
+        if rev in self.refs:
+            return self.refs[rev]
+        return rev if rev in self.commits else None
+
+
+def git_blob_sha(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class FakeHub:
+    """Serves dataset repos added with `add_dataset` on 127.0.0.1 (random port) until `stop()`."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self.repos: dict[str, Repo] = {}
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.unknown: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- content ---------------------------------------------------------------------------------
+    def add_dataset(self, repo_id: str, files: dict[str, bytes], branch: str = "main") -> str:
+        """Commit `files` (the whole tree) to `branch` of `repo_id`; returns the new commit sha."""
+        repo = self.repos.setdefault(repo_id, Repo())
+        h = hashlib.sha1(repo_id.encode())
+        for path in sorted(files):
+            h.update(path.encode() + b"\0" + git_blob_sha(files[path]).encode())
+        h.update(str(len(repo.commits)).encode())
+        sha = h.hexdigest()
+        repo.commits[sha] = dict(files)
+        repo.refs[branch] = sha
+        return sha
+
+    def file_requests(self, method: str = "GET") -> Counter[str]:
+        """Requests per repo file path for `method` on `/resolve/` URLs."""
+        out: Counter[str] = Counter()
+        for (m, path), n in self.requests.items():
+            match = RESOLVE_RE.match(path)
+            if m == method and match:
+                out[unquote(match["path"])] += n
+        return out
+
+    def api_requests(self) -> int:
+        return sum(n for (_, path), n in self.requests.items() if path.startswith("/api/"))
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self.max_in_flight = 0
+
+    # ---- life cycle ------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> "FakeHub":
+        hub = self
+
+        class Handler(_Handler):
+            server_hub = hub
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        name="fake-hub", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_hub: FakeHub
+    protocol_version = "HTTP/1.0"  # one request per connection: nothing lingers after stop()
+
+    def log_message(self, fmt: str, *args) -> None:  # quiet; unknown paths are reported in do_*
+        pass
+
+    def do_GET(self) -> None:
+        self._dispatch(head=False)
+
+    def do_HEAD(self) -> None:
+        self._dispatch(head=True)
+
+    def _dispatch(self, head: bool) -> None:
+        hub = self.server_hub
+        url = urlsplit(self.path)
+        with hub._lock:
+            hub.requests[(self.command, url.path)] += 1
+            hub.in_flight += 1
+            hub.max_in_flight = max(hub.max_in_flight, hub.in_flight)
+        try:
+            if match := RESOLVE_RE.match(url.path):
+                if hub.delay:
+                    time.sleep(hub.delay)
+                self._resolve(match["repo"], match["rev"], unquote(match["path"]), head)
+            elif (match := API_RE.match(url.path)) and not head:
+                self._api(match["repo"], match["kind"], match["rest"], parse_qs(url.query))
+            else:
+                hub.unknown.append(f"{self.command} {self.path}")
+                print(f"fake hub: unknown request {self.command} {self.path}", file=sys.stderr)
+                self._send(404, b'{"error": "unknown endpoint in the fake hub"}', {"Content-Type": "application/json"})
+        finally:
+            with hub._lock:
+                hub.in_flight -= 1
+
+    # ---- endpoints -------------------------------------------------------------------------------
+    def _repo(self, repo_id: str) -> Repo | None:
+        repo = self.server_hub.repos.get(repo_id)
+        if repo is None:
+            self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
+        return repo
+
+    def _api(self, repo_id: str, kind: str, rest: str, query: dict) -> None:
+        repo = self._repo(repo_id)
+        if repo is None:
+            return
+        rev, _, sub = rest.partition("/") if kind == "tree" else (rest, "", "")
+        sha = repo.resolve(rev)
+        if sha is None:
+            self._error(404, "RevisionNotFound", f"Invalid rev id: {unquote(rev)}")
+            return
+        files = repo.commits[sha]
+        if kind == "revision":
+            with_sizes = query.get("blobs", ["false"])[0].lower() in ("1", "true")
+            siblings = [{"rfilename": p, **({"size": len(files[p]), "blobId": git_blob_sha(files[p])} if with_sizes else {})}
+                        for p in sorted(files)]
+            body = {"id": repo_id, "sha": sha, "private": False, "disabled": False, "gated": False,
+                    "lastModified": "2024-01-01T00:00:00.000Z", "tags": [], "siblings": siblings}
+        else:
+            prefix = unquote(sub).strip("/")
+            recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
+            body = []
+            for p in sorted(files):
+                if prefix and not p.startswith(prefix + "/"):
+                    continue
+                rel = p[len(prefix) + 1:] if prefix else p
+                if not recursive and "/" in rel:
+                    continue
+                body.append({"type": "file", "oid": git_blob_sha(files[p]), "size": len(files[p]), "path": p})
+        self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+    def _resolve(self, repo_id: str, rev: str, path: str, head: bool) -> None:
+        repo = self._repo(repo_id)
+        if repo is None:
+            return
+        sha = repo.resolve(rev)
+        if sha is None:
+            self._error(404, "RevisionNotFound", f"Invalid rev id: {unquote(rev)}")
+            return
+        data = repo.commits[sha].get(path)
+        if data is None:
+            self._error(404, "EntryNotFound", f"{path} does not exist at {sha}", {"X-Repo-Commit": sha})
+            return
+        headers = {"X-Repo-Commit": sha, "ETag": f'"{git_blob_sha(data)}"', "Accept-Ranges": "bytes",
+                   "Content-Type": "application/octet-stream"}
+        status, body = 200, data
+        rng = self.headers.get("Range")
+        if rng and (m := re.fullmatch(r"bytes=(\d+)-", rng.strip())) and not head:
+            start = int(m[1])
+            status, body = 206, data[start:]
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        self._send(status, b"" if head else body, headers, length=len(data) if head else len(body))
+
+    # ---- plumbing --------------------------------------------------------------------------------
+    def _error(self, status: int, code: str, message: str, extra: dict | None = None) -> None:
+        body = json.dumps({"error": message}).encode()
+        self._send(status, body, {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message,
+                                  **(extra or {})})
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str], length: int | None = None) -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body) if length is None else length))
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)

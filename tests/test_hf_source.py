@@ -1,0 +1,387 @@
+"""HFSource against a loopback Hub stand-in (tests/hub_server.py): real huggingface_hub downloads, real datasets
+streaming, no internet (a socket guard refuses every non-loopback connection)."""
+from __future__ import annotations
+
+import io
+import json
+import socket
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hub_server import FakeHub
+from streamprep.config import ConfigError
+from streamprep.sources import open_source
+from streamprep.sources.base import BadRecord
+from streamprep.sources.hf import HFSource, HFSourceError, HFSourceUnavailable, stream_local_with_datasets
+
+REPO = "org/corpus"
+README = b"""---
+license: cc-by-4.0
+configs:
+- config_name: default
+  default: true
+  data_files:
+  - split: train
+    path: data/train-*.jsonl
+  - split: validation
+    path: data/validation-*.parquet
+- config_name: fr
+  data_files:
+  - split: train
+    path: fr/*.parquet
+---
+# corpus
+A test corpus.
+"""
+
+
+def jsonl(rows: list[dict]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def parquet(rows: list[dict]) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf, row_group_size=2)
+    return buf.getvalue()
+
+
+def train_rows(f: int) -> list[dict]:
+    return [{"id": f * 5 + i, "text": f"train doc {f * 5 + i}", "lang": "en" if (f * 5 + i) % 3 else "fr"} for i in range(5)]
+
+
+TRAIN = [r for f in range(4) for r in train_rows(f)]
+VALID = [{"id": 100 + i, "text": f"valid doc {i}", "lang": "en"} for i in range(5)]
+FR = [{"id": 200 + i, "text": f"doc fr {i}", "lang": "fr"} for i in range(3)]
+CORPUS = {
+    "README.md": README,
+    ".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n",
+    **{f"data/train-{f:05d}.jsonl": jsonl(train_rows(f)) for f in range(4)},
+    "data/validation-00000.parquet": parquet(VALID),
+    "fr/part-0.parquet": parquet(FR),
+}
+TRAIN_FILES = [f"data/train-{f:05d}.jsonl" for f in range(4)]
+
+
+# ---- no internet, ever; and "no network at all" on demand -----------------------------------------------------
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+_real_getaddrinfo = socket.getaddrinfo
+_deny_all = threading.local()
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+blocked: list[str] = []  # every refused attempt, even ones a library swallowed
+
+
+def _refuse(what: str):
+    blocked.append(what)
+    raise ConnectionRefusedError(f"test socket guard: {what} refused")
+
+
+def _check(sock_family, host) -> None:
+    if sock_family == getattr(socket, "AF_UNIX", None):
+        return
+    if getattr(_deny_all, "on", False):
+        _refuse(f"connection to {host} while the network is off")
+    if host not in LOOPBACK:
+        _refuse(f"connection to {host}")
+
+
+def _guarded_connect(self, address):
+    _check(self.family, address[0] if isinstance(address, tuple) else address)
+    return _real_connect(self, address)
+
+
+def _guarded_connect_ex(self, address):
+    _check(self.family, address[0] if isinstance(address, tuple) else address)
+    return _real_connect_ex(self, address)
+
+
+def _guarded_getaddrinfo(host, *args, **kwargs):
+    if host not in LOOPBACK and host is not None:
+        blocked.append(f"DNS lookup of {host}")
+        raise socket.gaierror(socket.EAI_NONAME, f"test socket guard: no DNS for {host}")
+    return _real_getaddrinfo(host, *args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def no_internet(monkeypatch):
+    blocked.clear()
+    monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
+    monkeypatch.setattr(socket, "getaddrinfo", _guarded_getaddrinfo)
+    yield
+    assert not blocked, f"network use that should not happen: {blocked}"
+
+
+@contextmanager
+def no_network():
+    """Refuse every connection made from this thread (where the stream is consumed), loopback included."""
+    _deny_all.on = True
+    try:
+        yield
+    finally:
+        _deny_all.on = False
+    assert not blocked, f"network use while processing: {blocked}"
+
+
+# ---- the Hub stand-in -----------------------------------------------------------------------------------------
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    server = FakeHub().start()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    # huggingface_hub reads HF_ENDPOINT once, at import: point its constants at the stand-in too
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    server.sha = server.add_dataset(REPO, CORPUS)
+    yield server
+    server.stop()
+    assert not server.unknown, f"the client called endpoints the stand-in does not serve: {server.unknown}"
+
+
+def cfg(**kw) -> dict:
+    return {"name": "corpus", "path": f"hf://{REPO}", "split": "train", "subset": None, "text_field": "text",
+            "filter": None, "size_mb": None, "max_records": None, "revision": None, **kw}
+
+
+def records(items) -> list:
+    return [rec for rec, _ in items]
+
+
+def roundtrip(pos: dict) -> dict:
+    """What a checkpoint gives back."""
+    return json.loads(json.dumps(pos))
+
+
+# ---- downloads ------------------------------------------------------------------------------------------------
+def test_prefetch_downloads_each_file_once_in_parallel(hub, tmp_path):
+    hub.delay = 0.1  # each transfer takes a while, so parallel ones overlap at the server
+    src = HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=4)
+    paths = src.prefetch()
+    assert [p.read_bytes() for p in paths] == [CORPUS[f] for f in TRAIN_FILES]
+    assert all(str(p).startswith(str(tmp_path / "cache")) and hub.sha in str(p) for p in paths)  # pinned to the sha
+    assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}
+    assert hub.max_in_flight >= 3, "downloads were not concurrent"
+    # the revision was resolved once, and files were fetched at the commit sha, never at "main"
+    assert [p for (m, p) in hub.requests if "/resolve/main/" in p] == []
+    assert hub.requests[("GET", f"/api/datasets/{REPO}/revision/main")] == 1
+
+    hub.reset_counts()
+    again = HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=4)
+    assert again.prefetch() == paths
+    assert hub.file_requests("GET") == {} and hub.file_requests("HEAD") == {}  # cached: only the revision lookup
+
+
+def test_max_concurrent_downloads_is_a_limit(hub, tmp_path):
+    hub.delay = 0.05
+    HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=1).prefetch()
+    assert hub.max_in_flight == 1
+
+
+# ---- streaming ------------------------------------------------------------------------------------------------
+def test_records_in_order_and_fingerprint(hub, tmp_path):
+    src = HFSource(cfg(), tmp_path / "cache")
+    src.prefetch()
+    items = list(src.iter_records())
+    assert records(items) == TRAIN
+    assert [pos["consumed"] for _, pos in items] == list(range(1, len(TRAIN) + 1))
+    assert {pos["revision"] for _, pos in items} == {hub.sha}
+    assert all(json.loads(json.dumps(pos)) == pos for _, pos in items)  # JSON-able checkpoints
+    fp = src.fingerprint()
+    assert fp == {"hf_repo": REPO, "revision": hub.sha, "requested_revision": "main", "split": "train",
+                  "subset": None, "builder": "json",
+                  "files": [{"path": f, "size": len(CORPUS[f])} for f in TRAIN_FILES]}
+
+
+def test_processing_is_network_free(hub, tmp_path):
+    src = HFSource(cfg(), tmp_path / "cache")
+    src.prefetch()
+    fp = src.fingerprint()
+    with no_network():  # the stream itself opens no connection, not even to the stand-in
+        assert records(src.iter_records()) == TRAIN
+
+    hub.reset_counts()
+    hub.stop()  # a second run, with the Hub gone: resolution falls back to the cache
+    again = HFSource(cfg(), tmp_path / "cache")
+    assert again.prefetch() == src.prefetch()
+    assert again.fingerprint() == fp
+    assert records(again.iter_records()) == TRAIN
+    # and a source pinned to the commit sha does not even try the Hub
+    with no_network():
+        pinned = HFSource(cfg(revision=hub.sha), tmp_path / "cache")
+        pinned.prefetch()
+        assert records(pinned.iter_records()) == TRAIN
+    assert hub.requests == {}
+
+
+def test_iter_records_without_prefetch_downloads_first(hub, tmp_path):
+    assert records(HFSource(cfg(), tmp_path / "cache").iter_records()) == TRAIN
+    assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}
+
+
+def test_filter_and_max_records(hub, tmp_path):
+    cache = tmp_path / "cache"
+    en = [r for r in TRAIN if r["lang"] == "en"]
+    assert records(HFSource(cfg(filter={"lang": "en"}), cache).iter_records()) == en
+    assert records(HFSource(cfg(max_records=7), cache).iter_records()) == TRAIN[:7]
+    assert records(HFSource(cfg(filter={"lang": "en"}, max_records=4), cache).iter_records()) == en[:4]
+    assert records(HFSource(cfg(filter={"lang": "xx"}), cache).iter_records()) == []
+    assert records(HFSource(cfg(max_records=0), cache).iter_records()) == []
+    # the cap counts across a resume: the position carries the total consumed
+    capped = HFSource(cfg(max_records=7), cache)
+    first = list(capped.iter_records())
+    assert records(capped.iter_records(roundtrip(first[2][1]))) == TRAIN[3:7]
+    assert records(capped.iter_records(roundtrip(first[-1][1]))) == []
+
+
+@pytest.mark.parametrize("how", ["state_dict", "count"])
+@pytest.mark.parametrize("flt", [None, {"lang": "en"}])
+def test_resume_from_middle_yields_exactly_the_rest(hub, tmp_path, how, flt):
+    src = HFSource(cfg(filter=flt), tmp_path / "cache")
+    full = list(src.iter_records())
+    assert len(full) > 6
+    for k in [1, 3, 5, 6, len(full) - 1, len(full)]:  # mid-file, file boundaries, the end
+        pos = roundtrip(full[k - 1][1])
+        if how == "count":
+            pos["state"] = None  # what a datasets without state_dict support gives: re-read and skip
+        else:
+            assert pos["state"] is not None
+        rest = list(src.iter_records(pos))
+        assert records(rest) == records(full[k:]), f"resume after item {k}"
+        assert [p["consumed"] for _, p in rest] == [p["consumed"] for _, p in full[k:]]
+
+
+def test_unusable_state_falls_back_to_skipping(hub, tmp_path):
+    src = HFSource(cfg(), tmp_path / "cache")
+    full = list(src.iter_records())
+    pos = roundtrip(full[7][1])
+    pos["state"] = {"something": "else"}
+    assert records(src.iter_records(pos)) == records(full[8:])
+
+
+def test_resume_pins_the_checkpoint_commit(hub, tmp_path):
+    src = HFSource(cfg(), tmp_path / "cache")
+    src.prefetch()
+    full = list(src.iter_records())
+    checkpoint = roundtrip(full[8][1])
+    old = hub.sha
+    changed = dict(CORPUS)
+    changed["data/train-00000.jsonl"] = jsonl([{"id": -1, "text": "new", "lang": "en"}])
+    new = hub.add_dataset(REPO, changed)  # main moves on while the run is stopped
+    resumed = HFSource(cfg(), tmp_path / "cache")
+    assert resumed.fingerprint()["revision"] == new
+    rest = list(resumed.iter_records(checkpoint))
+    assert records(rest) == TRAIN[9:]  # finished on the commit it started on
+    assert {p["revision"] for _, p in rest} == {old}
+    assert resumed.fingerprint()["revision"] == old
+    fresh = HFSource(cfg(), tmp_path / "cache")
+    assert records(fresh.iter_records())[0] == {"id": -1, "text": "new", "lang": "en"}
+
+
+# ---- data-file selection ----------------------------------------------------------------------------------------
+def test_readme_configs_pick_split_and_subset(hub, tmp_path):
+    cache = tmp_path / "cache"
+    valid = HFSource(cfg(split="validation"), cache)
+    assert records(valid.iter_records()) == VALID
+    assert valid.fingerprint()["builder"] == "parquet"
+    assert records(HFSource(cfg(subset="fr"), cache).iter_records()) == FR
+    assert records(HFSource(cfg(subset="default"), cache).iter_records()) == TRAIN
+    # only the split's files were downloaded
+    assert set(hub.file_requests("GET")) == {"README.md", *TRAIN_FILES, "data/validation-00000.parquet",
+                                             "fr/part-0.parquet"}
+
+
+def test_default_patterns_without_readme(hub, tmp_path):
+    train = [{"text": f"t{i}"} for i in range(3)]
+    test = [{"text": f"x{i}"} for i in range(2)]
+    hub.add_dataset("org/plain", {"train.jsonl": jsonl(train), "test.parquet": parquet(test), "LICENSE": b"MIT\n",
+                                  "notes/.hidden.jsonl": jsonl([{"text": "hidden"}])})
+    cache = tmp_path / "cache"
+    assert records(HFSource(cfg(path="hf://org/plain"), cache).iter_records()) == train
+    assert records(HFSource(cfg(path="hf://datasets/org/plain", split="test"), cache).iter_records()) == test
+    with pytest.raises(HFSourceError, match=r"hf://org/plain: unknown split 'validation' \(available: train, test\)"):
+        HFSource(cfg(path="hf://org/plain", split="validation"), cache).prefetch()
+
+
+def test_sharded_split_pattern_and_format_override(hub, tmp_path):
+    rows = [{"text": f"s{i}"} for i in range(4)]
+    hub.add_dataset("org/sharded", {"data/train-00000-of-00002.data": jsonl(rows[:2]),
+                                    "data/train-00001-of-00002.data": jsonl(rows[2:])})
+    src = HFSource(cfg(path="hf://org/sharded", format="jsonl"), tmp_path / "cache")
+    assert records(src.iter_records()) == rows
+    assert src.fingerprint()["builder"] == "json"
+
+
+# ---- bad input ----------------------------------------------------------------------------------------------------
+def test_malformed_jsonl_file_is_one_bad_record(hub, tmp_path):
+    good0, good2 = [{"text": "a"}, {"text": "b"}], [{"text": "c"}]
+    hub.add_dataset("org/broken", {"data/train-0.jsonl": jsonl(good0),
+                                   "data/train-1.jsonl": b'{"text": "x"}\n{"text": broken\n{"text": "y"}\n',
+                                   "data/train-2.jsonl": jsonl(good2)})
+    src = HFSource(cfg(path="hf://org/broken"), tmp_path / "cache")
+    items = list(src.iter_records())
+    assert records(items)[:2] == good0 and records(items)[3:] == good2
+    bad, pos = items[2]
+    assert isinstance(bad, BadRecord)
+    assert "data/train-1.jsonl" in bad.reason and "\n" not in bad.reason
+    assert pos["file"] == 2 and pos["record"] == 0
+    # resuming right after the bad file goes on with the next file
+    assert records(src.iter_records(roundtrip(pos))) == good2
+
+
+@pytest.mark.parametrize("entry, message", [
+    (dict(path="hf://org/missing"), r"hf://org/missing: dataset repo not found"),
+    (dict(revision="v9"), r"hf://org/corpus: revision 'v9' not found"),
+    (dict(split="dev"), r"hf://org/corpus: unknown split 'dev' \(available: train, validation\)"),
+    (dict(subset="de"), r"hf://org/corpus: unknown subset 'de' \(available: default, fr\)"),
+    (dict(split=None), r"hf://org/corpus: 'split' is required"),
+    (dict(path="hf://a/b/c"), r"hf://a/b/c: expected hf://<org>/<name>"),
+])
+def test_errors_are_one_line_and_name_the_repo(hub, tmp_path, entry, message):
+    with pytest.raises(HFSourceError, match=message) as err:
+        HFSource(cfg(**entry), tmp_path / "cache").prefetch()
+    assert isinstance(err.value, ConfigError)  # the CLI's exit 2
+    assert "\n" not in str(err.value)
+
+
+def test_hub_down_and_nothing_cached_is_resumable_error(hub, tmp_path):
+    hub.stop()
+    with pytest.raises(HFSourceUnavailable, match=r"hf://org/corpus@main: Hub unreachable and no cached copy"):
+        HFSource(cfg(), tmp_path / "cache").fingerprint()
+
+
+def test_open_source_routes_hf_paths(hub, tmp_path):
+    src = open_source(cfg(max_records=2), tmp_path / "cache", 3)
+    assert isinstance(src, HFSource) and src.workers == 3
+    assert records(src.iter_records()) == TRAIN[:2]
+
+
+# ---- local files through the same datasets path -------------------------------------------------------------------
+def test_stream_local_with_datasets(tmp_path):
+    d = tmp_path / "local"
+    d.mkdir()
+    (d / "a.jsonl").write_bytes(jsonl(TRAIN[:5]))
+    (d / "b.jsonl").write_bytes(jsonl(TRAIN[5:12]))
+    files = sorted(d.glob("*.jsonl"))
+    cache = tmp_path / "ds_cache"
+    with no_network():
+        full = list(stream_local_with_datasets(files, "jsonl", cache_dir=cache))
+        assert records(full) == TRAIN[:12]
+        assert records(stream_local_with_datasets(files, "json", filter={"lang": "fr"}, cache_dir=cache)) == \
+            [r for r in TRAIN[:12] if r["lang"] == "fr"]
+        assert records(stream_local_with_datasets(files, "json", start=roundtrip(full[6][1]), cache_dir=cache)) == TRAIN[7:12]
+        assert records(stream_local_with_datasets(files, "json", max_records=3, cache_dir=cache)) == TRAIN[:3]
+        (d / "c.parquet").write_bytes(parquet(VALID))
+        assert records(stream_local_with_datasets([d / "c.parquet"], "parquet", cache_dir=cache)) == VALID
