@@ -1,0 +1,124 @@
+"""QualityControl: runs the gates on records, keeps per-gate stats and timings, and owns exact dedup.
+
+`evaluate` is stateless apart from stats (safe to run in worker processes); `clean_record` adds the
+dedup gate on top, exactly as ingest replicates it around a process pool:
+
+    v = evaluate(record)
+    if v.digest is not None and v.digest in dedup: reject "duplicate"  (dedup is the first gate)
+    elif v.keep: dedup.add(v.digest); keep
+    else: reject with v's reason
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from time import perf_counter
+from typing import Any, NamedTuple
+
+from quality.dedup import DedupIndex
+from quality.gates import Doc, build_gates
+from quality.settings import validate_quality_config
+
+DUPLICATE_REASON = "exact duplicate of a kept record"
+
+
+class Verdict(NamedTuple):
+    keep: bool
+    text: str | None      # the kept text (normalised when config normalize=True); None when rejected
+    meta: dict[str, Any]  # signals; on reject also failed_check and reason
+    digest: bytes | None  # SHA-256 of the normalised text; None when the record has no usable text
+
+
+def _counters() -> dict[str, Any]:
+    return {"seen": 0, "kept": 0, "rejected": 0, "seconds": 0.0}
+
+
+class QualityControl:
+    """The quality chain for one dataset's records.
+
+    `stats` is a plain dict: {"records": {seen, kept, rejected}, "rejected_by_check": {check: n},
+    "gates": {gate: {seen, kept, rejected, seconds}}} with gates in the order they run.
+    """
+
+    def __init__(self, config: Mapping[str, Any] | None = None, text_field: str = "text",
+                 dedup: DedupIndex | None = None):
+        if not isinstance(text_field, str) or not text_field:
+            raise ValueError(f"text_field must be a non-empty string, got {text_field!r}")
+        self.config = validate_quality_config(config)
+        self.text_field = text_field
+        self.dedup = dedup if dedup is not None else DedupIndex()
+        self.dedup_on = self.config["dedup"] == "exact"
+        self.gates = build_gates(self.config, text_field)
+        gate_names = (["duplicate"] if self.dedup_on else []) + [g.name for g in self.gates]
+        self.stats: dict[str, Any] = {
+            "records": {"seen": 0, "kept": 0, "rejected": 0},
+            "rejected_by_check": {},
+            "gates": {name: _counters() for name in gate_names},
+        }
+
+    def _run(self, record: Any) -> Verdict:
+        """Every gate but dedup, cheapest first, stopping at the first failure."""
+        doc = Doc(record)
+        meta = doc.meta
+        meta["domain"] = self.config["domain"]
+        gate_stats = self.stats["gates"]
+        for gate in self.gates:
+            t0 = perf_counter()
+            try:
+                reason, check = gate.check(doc), gate.failed_check
+            except Exception as exc:  # a gate bug must cost one record, not the run
+                reason, check = f"{gate.name}: internal error {type(exc).__name__}: {exc}"[:300], "error"
+            counters = gate_stats[gate.name]
+            counters["seconds"] += perf_counter() - t0
+            counters["seen"] += 1
+            if reason is not None:
+                counters["rejected"] += 1
+                meta["failed_check"], meta["reason"] = check, reason
+                return Verdict(False, None, meta, doc.digest)
+            counters["kept"] += 1
+        return Verdict(True, doc.text if self.config["normalize"] else doc.raw, meta, doc.digest)
+
+    def _count(self, keep: bool, meta: dict[str, Any]) -> None:
+        records = self.stats["records"]
+        records["seen"] += 1
+        if keep:
+            records["kept"] += 1
+        else:
+            records["rejected"] += 1
+            by_check = self.stats["rejected_by_check"]
+            by_check[meta["failed_check"]] = by_check.get(meta["failed_check"], 0) + 1
+
+    def evaluate(self, record: Any) -> Verdict:
+        """Every gate except the dedup membership test. Never raises; deterministic."""
+        verdict = self._run(record)
+        self._count(verdict.keep, verdict.meta)
+        return verdict
+
+    def evaluate_batch(self, records: list[Any]) -> list[Verdict]:
+        return [self.evaluate(r) for r in records]
+
+    def clean_record(self, record: Any) -> tuple[bool, dict[str, Any]]:
+        """The full chain including dedup. A kept record's text field is replaced by the kept
+        (normalised) text, when the record is a mutable mapping. Never raises."""
+        keep, meta = self._clean(record)
+        self._count(keep, meta)
+        return keep, meta
+
+    def _clean(self, record: Any) -> tuple[bool, dict[str, Any]]:
+        v = self._run(record)
+        if self.dedup_on and v.digest is not None:
+            counters = self.stats["gates"]["duplicate"]
+            t0 = perf_counter()
+            duplicate = v.digest in self.dedup
+            counters["seconds"] += perf_counter() - t0
+            counters["seen"] += 1
+            if duplicate:
+                counters["rejected"] += 1
+                return False, {**v.meta, "failed_check": "duplicate", "reason": DUPLICATE_REASON}
+            counters["kept"] += 1
+        if not v.keep:
+            return False, v.meta
+        if self.dedup_on:
+            self.dedup.add(v.digest)
+        if isinstance(record, MutableMapping):
+            record[self.text_field] = v.text
+        return True, v.meta

@@ -1,0 +1,45 @@
+"""What every gate shares: the per-record working state and the one-method gate interface.
+
+A gate answers "keep? and if not, why" (datatrove's filter shape); the runner in `quality.control`
+does the counting, timing and reject bookkeeping for all of them, so a gate is only its test.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(slots=True)
+class Doc:
+    """One record on its way through the gates; gates read `text` and add signals to `meta`."""
+
+    record: Any
+    raw: str = ""                 # the record's text as given (set by the schema gate)
+    text: str = ""                # the normalised text every content gate looks at
+    digest: bytes | None = None   # SHA-256 of `text`, set by the normalise step
+    meta: dict[str, Any] = field(default_factory=dict)
+    _lower: str | None = None
+
+    @property
+    def lower(self) -> str:
+        """`text.lower()`, computed once for the gates that match case-insensitively."""
+        if self._lower is None:
+            self._lower = self.text.lower()
+        return self._lower
+
+
+class Gate(ABC):
+    """One quality check. `name` keys its stats; `failed_check` is what a reject reports."""
+
+    name: ClassVar[str]
+    failed_check: ClassVar[str]
+
+    @abstractmethod
+    def check(self, doc: Doc) -> str | None:
+        """Return None to keep the record, else a short reason carrying the figure that failed."""
+
+
+def ratio(x: float) -> float:
+    """Signals go into meta rounded to 4 decimals: small, JSON-friendly and stable."""
+    return round(float(x), 4)

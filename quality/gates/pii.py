@@ -1,0 +1,115 @@
+"""Personal data: e-mail addresses, phone numbers, IP addresses and card numbers, as a share of the text.
+
+Each kind is searched only in bounded windows where it can occur: e-mails around each "@", the
+numeric kinds (one alternation: card | IPv4 | phone) inside runs of digits and separators, IPv6
+only in texts with enough colons. Matches are validated (Luhn for cards, digit counts for phones)
+and counted by length; the scan stops as soon as the matched length certainly exceeds the allowed
+density, so a PII-heavy text costs only the prefix needed to reject it.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from quality.gates.base import Doc, Gate, ratio
+
+EMAIL_RE = re.compile(r"(?<![\w.+-])[\w.+-]{1,64}@[\w-]{1,63}(?:\.[\w-]{1,63})*\.[a-z]{2,24}(?![\w-])", re.IGNORECASE)
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+NUMBER_RE = re.compile(
+    rf"""
+    (?P<card>(?<![\w.-])\d(?:[ -]?\d){{12,18}}(?![\w-]))
+  | (?P<ip>(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\w.]))
+  | (?P<phone>(?<![\w+(])
+        (?:\+\d{{1,3}}[ .-]?(?:\(\d{{1,4}}\)[ .-]?)?\d{{1,4}}(?:[ .-]\d{{2,4}}){{1,4}}    # +44 20 7946 0958
+        |(?:1[ .-])?(?:\(\d{{3}}\)[ .-]?|\d{{3}}[ .-])\d{{3}}[ .-]\d{{4}})                 # (555) 123-4567
+        (?![\w-]))
+    """,
+    re.VERBOSE,
+)
+IPV6_RE = re.compile(r"(?<![\w:])(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}(?![\w:])", re.IGNORECASE)
+_NUMBER_RUN = re.compile(r"[\d+(][\d .()+-]{5,}\d")  # the only places a card, IPv4 or phone can be
+_EMAIL_REACH = (64, 320)  # chars before / after an "@" an address can span
+
+
+def luhn_valid(digits: str) -> bool:
+    """The card-number checksum: rules out most digit runs that merely look like cards."""
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _emails(text: str) -> Iterator[tuple[str, int]]:
+    before, after = _EMAIL_REACH
+    pos = 0
+    at = text.find("@")
+    while at != -1:
+        m = EMAIL_RE.search(text, max(pos, at - before), at + after)
+        if m is None:
+            at = text.find("@", at + 1)
+        else:
+            yield "email", m.end() - m.start()
+            pos = m.end()
+            at = text.find("@", pos)
+
+
+def _numbers(text: str) -> Iterator[tuple[str, int]]:
+    for run in _NUMBER_RUN.finditer(text):
+        for m in NUMBER_RE.finditer(text, run.start(), run.end() + 1):  # +1: let the lookahead see the next char
+            kind, span = m.lastgroup or "", m.group()
+            if kind == "card":
+                digits = "".join(c for c in span if c.isdigit())
+                if not luhn_valid(digits) or not digits.strip("0"):
+                    continue
+            elif kind == "phone" and not 10 <= sum(c.isdigit() for c in span) <= 15:
+                continue
+            yield kind, len(span)
+
+
+def _ipv6(text: str) -> Iterator[tuple[str, int]]:
+    if text.count(":") >= 7:
+        for m in IPV6_RE.finditer(text):
+            yield "ip", m.end() - m.start()
+
+
+def find_pii(text: str) -> Iterator[tuple[str, int]]:
+    """(kind, matched length) for each validated PII match: e-mails, then numbers, then IPv6."""
+    yield from _emails(text)
+    yield from _numbers(text)
+    yield from _ipv6(text)
+
+
+class PiiGate(Gate):
+    """Rejects when matched PII chars / text chars exceeds `pii_max_density`.
+
+    `pii_density` is exact for kept texts; for rejected ones it is the density found when the scan
+    stopped, which already exceeds the limit (a lower bound).
+    """
+
+    name = failed_check = "pii"
+
+    def __init__(self, max_density: float):
+        self.max_density = max_density
+
+    def check(self, doc: Doc) -> str | None:
+        text = doc.text
+        limit = self.max_density * len(text)
+        matched = 0
+        kinds: dict[str, int] = {}
+        for kind, length in find_pii(text):
+            matched += length
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if matched > limit:
+                break
+        density = matched / len(text) if text else 0.0
+        doc.meta["pii_density"] = ratio(density)
+        if not kinds:
+            return None
+        found = dict(sorted(kinds.items()))
+        doc.meta["pii"] = found
+        if matched > limit:
+            return f"pii density {ratio(density):g} > {self.max_density:g} ({', '.join(f'{k} {n}' for k, n in found.items())})"
+        return None

@@ -1,0 +1,103 @@
+"""Structural gates: is there a usable text at all, and does the record carry the metadata the run requires."""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from quality.gates.base import Doc, Gate
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a str holding one cannot be encoded, hashed or written as JSON
+_MISSING = object()
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+class SchemaGate(Gate):
+    """Record is a mapping with a valid `str` text no longer than `max_chars`, and the required fields.
+
+    Runs before normalisation, so `max_chars` also bounds the work done on absurd inputs.
+    """
+
+    name = failed_check = "schema"
+
+    def __init__(self, text_field: str, required_fields: list[str], max_chars: int):
+        self.text_field = text_field
+        self.required = [f for f in required_fields if f not in ("text", text_field)]  # "text" means text_field
+        self.max_chars = max_chars
+
+    def check(self, doc: Doc) -> str | None:
+        record = doc.record
+        if not isinstance(record, Mapping):
+            return f"schema: record is {_kind(record)}, not a mapping"
+        text = record.get(self.text_field, _MISSING)
+        if text is _MISSING:
+            return f"schema: no '{self.text_field}' field"
+        if not isinstance(text, str):
+            return f"schema: {self.text_field} is {_kind(text)}"
+        for key in self.required:
+            if record.get(key) is None:
+                return f"schema: required field '{key}' missing"
+        if len(text) > self.max_chars:
+            return f"schema: {len(text)} chars > max_chars {self.max_chars}"
+        bad = _SURROGATE.search(text)
+        if bad:
+            return f"schema: {self.text_field} has an unpaired surrogate at char {bad.start()}"
+        doc.raw = text
+        return None
+
+
+class LengthGate(Gate):
+    """`min_chars` / `max_chars` on the normalised text; an empty text is never kept."""
+
+    name = "length"
+    failed_check = "schema"
+
+    def __init__(self, min_chars: int, max_chars: int):
+        self.min_chars, self.max_chars = min_chars, max_chars
+
+    def check(self, doc: Doc) -> str | None:
+        n = len(doc.text)
+        if n == 0:
+            return "schema: text is empty after normalisation"
+        if n < self.min_chars:
+            return f"schema: {n} chars < min_chars {self.min_chars}"
+        if n > self.max_chars:
+            return f"schema: {n} chars > max_chars {self.max_chars}"
+        return None
+
+
+def _lookup(record: Mapping, key: str) -> Any:
+    """`record["metadata"][key]`, else `record["meta"][key]`, else `record[key]`."""
+    for holder in ("metadata", "meta"):
+        inner = record.get(holder)
+        if isinstance(inner, Mapping) and inner.get(key) is not None:
+            return inner[key]
+    return record.get(key)
+
+
+class MetadataGate(Gate):
+    """`required_metadata` keys present; the licence, when `allowed_licenses` is set, in that list."""
+
+    name = failed_check = "metadata"
+
+    def __init__(self, required: list[str], allowed_licenses: list[str] | None):
+        self.required = required
+        self.allowed = None if allowed_licenses is None else {x.strip().lower() for x in allowed_licenses}
+
+    def check(self, doc: Doc) -> str | None:
+        for key in self.required:
+            if _lookup(doc.record, key) is None:
+                return f"metadata: missing '{key}'"
+        if self.allowed is not None:
+            lic = _lookup(doc.record, "license")
+            if lic is None:
+                lic = _lookup(doc.record, "licence")
+            if lic is None:
+                return "metadata: no license"
+            if not isinstance(lic, str) or lic.strip().lower() not in self.allowed:
+                return f"metadata: license {str(lic)[:60]!r} not in allowed_licenses"
+            doc.meta["license"] = lic.strip()
+        return None

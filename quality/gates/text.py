@@ -1,0 +1,28 @@
+"""The normalise step: fixes the text every later gate sees and the digest dedup compares."""
+from __future__ import annotations
+
+import hashlib
+
+from quality.gates.base import Doc, Gate
+from quality.normalize import normalize_text
+
+
+class NormalizeStep(Gate):
+    """Never rejects; sets `doc.text`, `doc.digest` and the `chars` / `sha256` signals.
+
+    The digest is always taken from the normalised text, whether or not the kept text is normalised.
+    """
+
+    name = failed_check = "normalize"
+
+    def __init__(self, code: bool):
+        self.code = code
+
+    def check(self, doc: Doc) -> str | None:
+        doc.text = normalize_text(doc.raw, code=self.code)
+        doc.meta["chars"] = len(doc.text)
+        if doc.text:
+            digest = hashlib.sha256(doc.text.encode("utf-8")).digest()
+            doc.digest = digest
+            doc.meta["sha256"] = digest.hex()
+        return None

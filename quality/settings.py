@@ -1,0 +1,133 @@
+"""The `quality:` config section: defaults and validation, so a bad value fails at load time naming its key."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+DOMAINS = ("general", "medical", "code")
+DETECTORS = ("langdetect", "cld2", "cascade")
+DEDUP_MODES = ("exact", "none")
+
+QUALITY_DEFAULTS: dict[str, Any] = {
+    "domain": "general",
+    "expected_language": "en",
+    "min_language_prob": 0.9,
+    "language_detector": "cascade",
+    "language_sample_chars": 1500,
+    "min_chars": 100,
+    "max_chars": 2_000_000,
+    "required_fields": ["text"],
+    "required_metadata": [],
+    "allowed_licenses": None,
+    "pii_max_density": 0.01,
+    "profanity_max_density": 0.01,
+    "reject_copyright": True,
+    "dedup": "exact",
+    "normalize": True,
+    "domain_sample_chars": 4000,
+    "medical_min_hits": 8,
+    "medical_min_density": 0.04,
+    "medical_min_categories": 2,
+    "code_min_score": 0.43,
+}
+
+
+class QualityConfigError(ValueError):
+    """A bad `quality:` value; `.key` names the offending key, str(e) is one line."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(key: str, v: Any, lo: float, hi: float) -> float:
+    if not (_is_int(v) or isinstance(v, float)) or not lo <= v <= hi:
+        raise QualityConfigError(key, f"must be a number in [{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
+
+
+def _count(key: str, v: Any, lo: int) -> int:
+    if not _is_int(v) or v < lo:
+        raise QualityConfigError(key, f"must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _choice(key: str, v: Any, choices: tuple[str, ...]) -> str:
+    if v not in choices:
+        raise QualityConfigError(key, f"must be one of {', '.join(choices)}, got {v!r}")
+    return v
+
+
+def _flag(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise QualityConfigError(key, f"must be true or false, got {v!r}")
+    return v
+
+
+def _names(key: str, v: Any, nullable: bool = False) -> list[str] | None:
+    if v is None and nullable:
+        return None
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x for x in v):
+        what = "a list of non-empty strings" + (" or null" if nullable else "")
+        raise QualityConfigError(key, f"must be {what}, got {v!r}")
+    return list(v)
+
+
+def _language(key: str, v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v.strip():
+        raise QualityConfigError(key, f"must be a language code such as 'en', or null, got {v!r}")
+    from quality.language import normalize_code
+
+    return normalize_code(v)
+
+
+_CHECKS = {
+    "domain": lambda k, v: _choice(k, v, DOMAINS),
+    "expected_language": _language,
+    "min_language_prob": lambda k, v: _number(k, v, 0.0, 1.0),
+    "language_detector": lambda k, v: _choice(k, v, DETECTORS),
+    "language_sample_chars": lambda k, v: _count(k, v, 20),
+    "min_chars": lambda k, v: _count(k, v, 0),
+    "max_chars": lambda k, v: _count(k, v, 1),
+    "required_fields": _names,
+    "required_metadata": _names,
+    "allowed_licenses": lambda k, v: _names(k, v, nullable=True),
+    "pii_max_density": lambda k, v: _number(k, v, 0.0, 1.0),
+    "profanity_max_density": lambda k, v: _number(k, v, 0.0, 1.0),
+    "reject_copyright": _flag,
+    "dedup": lambda k, v: _choice(k, v, DEDUP_MODES),
+    "normalize": _flag,
+    "domain_sample_chars": lambda k, v: _count(k, v, 100),
+    "medical_min_hits": lambda k, v: _count(k, v, 0),
+    "medical_min_density": lambda k, v: _number(k, v, 0.0, 1.0),
+    "medical_min_categories": lambda k, v: _count(k, v, 0),
+    "code_min_score": lambda k, v: _number(k, v, 0.0, 1.0),
+}
+assert _CHECKS.keys() == QUALITY_DEFAULTS.keys()
+
+
+def validate_quality_config(section: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return a new dict with every key filled, or raise QualityConfigError naming the first bad key.
+
+    Idempotent: validating an already validated section returns an equal dict.
+    """
+    if section is None:
+        section = {}
+    if not isinstance(section, Mapping):
+        raise QualityConfigError("quality", f"section must be a mapping, got {type(section).__name__}")
+    for key in section:
+        if key not in QUALITY_DEFAULTS:
+            raise QualityConfigError(str(key), "unknown key")
+    out: dict[str, Any] = {}
+    for key, default in QUALITY_DEFAULTS.items():
+        value = section.get(key, default)
+        out[key] = _CHECKS[key](key, value)
+    if out["max_chars"] < out["min_chars"]:
+        raise QualityConfigError("max_chars", f"must be >= min_chars ({out['min_chars']}), got {out['max_chars']}")
+    return out
