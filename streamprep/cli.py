@@ -13,6 +13,21 @@ EPILOG_INGEST = """examples:
   re-run the same command to resume an interrupted run"""
 EPILOG_VERIFY = """examples:
   streamprep verify runs/demo      exit 0 when every file matches manifest.json and the receipts"""
+EPILOG_STATUS = """examples:
+  streamprep status runs/demo                 per dataset: read/kept/rejected, shards done/planned, state
+  streamprep status runs/demo --json | jq .state
+  watch -n 5 streamprep status runs/demo      safe while the run is going: reads only, never locks it
+state is one of: running (lock held; shows the pid), complete, resumable (interrupted | failed |
+crashed | partial) — resume by re-running the same `streamprep ingest` command."""
+EPILOG_LOGS = """examples:
+  streamprep logs runs/demo                   the last 20 lines of logs/streamprep.log (JSON lines)
+  streamprep logs runs/demo -n 200
+  streamprep logs runs/demo --follow          keep printing new lines across log rotation; Ctrl-C to stop
+  streamprep logs runs/demo -f | jq -c 'select(.level == "warning")'"""
+EPILOG_AUDIT = """examples:
+  streamprep audit runs/demo                  (re)write audit/audit.json + audit/audit.html, print the summary
+  xdg-open runs/demo/audit/audit.html         one self-contained page: no network needed
+works on a finished run and on a partial one (figures then cover what has been processed so far)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,11 +43,40 @@ def _parser() -> argparse.ArgumentParser:
     ing.add_argument("--fresh", action="store_true", help="refuse to reuse a non-empty run dir")
     ing.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
+    st = sub.add_parser("status", help="where a run stands: per dataset and stage; complete/resumable/running",
+                        epilog=EPILOG_STATUS, formatter_class=fmt)
+    st.add_argument("run_dir", metavar="RUN_DIR")
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
+    st.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    lg = sub.add_parser("logs", help="print the run log; --follow keeps tailing across rotation",
+                        epilog=EPILOG_LOGS, formatter_class=fmt)
+    lg.add_argument("run_dir", metavar="RUN_DIR")
+    lg.add_argument("-n", "--lines", type=_count, default=20, metavar="N", help="how many last lines (default 20)")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
+    lg.add_argument("--poll-interval", type=float, default=0.2, help=argparse.SUPPRESS)
+    lg.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    au = sub.add_parser("audit", help="(re)write audit/audit.json + audit.html and print the summary",
+                        epilog=EPILOG_AUDIT, formatter_class=fmt)
+    au.add_argument("run_dir", metavar="RUN_DIR")
+    au.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
     ver = sub.add_parser("verify", help="re-check every file against manifest.json and receipts",
                          epilog=EPILOG_VERIFY, formatter_class=fmt)
     ver.add_argument("run_dir", metavar="RUN_DIR")
     ver.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
 
 
 def _require_run_dir(path: str) -> Path:
@@ -48,7 +92,48 @@ def _ingest(args: argparse.Namespace) -> int:
     from streamprep.pipeline import run_config_file
 
     result = run_config_file(args.config, args.run_dir, args.fresh)
+    summary = _audit_summary(Path(result.run_dir)) if result.status == "complete" else None
+    if summary:
+        print(summary)
     print(f"streamprep: run {result.status}: {result.run_dir}")
+    return 0
+
+
+def _audit_summary(run_dir: Path) -> str | None:
+    """The audit summary the run wrote (audit/audit.json); written here if the run did not write one."""
+    from streamprep import audit
+
+    try:
+        return audit.summary_from_file(run_dir) or audit.write_audit(run_dir)
+    except Exception as exc:  # the run itself succeeded; a report problem must not turn it into a failure
+        print(f"streamprep: warning: audit summary unavailable: {type(exc).__name__}: {exc}".splitlines()[0],
+              file=sys.stderr)
+        return None
+
+
+def _status(args: argparse.Namespace) -> int:
+    import orjson
+
+    from streamprep.status import format_status, run_status
+
+    st = run_status(_require_run_dir(args.run_dir))
+    if args.json:
+        sys.stdout.write(orjson.dumps(st, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(format_status(st))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from streamprep.logtail import tail
+
+    return tail(_require_run_dir(args.run_dir), args.lines, args.follow, poll_s=max(args.poll_interval, 0.01))
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from streamprep.audit import write_audit
+
+    print(write_audit(_require_run_dir(args.run_dir)))
     return 0
 
 
@@ -62,25 +147,35 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-COMMANDS = {"ingest": _ingest, "verify": _verify}
+COMMANDS = {"ingest": _ingest, "status": _status, "logs": _logs, "audit": _audit, "verify": _verify}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from streamprep.config import ConfigError
-    from streamprep.pipeline import Interrupted
+    from streamprep.status import NotARunDir
 
+    interrupted: tuple[type[BaseException], ...] = ()
+    if args.command == "ingest":  # only ingest needs the pipeline (and, through it, the quality package)
+        from streamprep.pipeline import Interrupted
+
+        interrupted = (Interrupted,)
     try:
         return COMMANDS[args.command](args)
-    except ConfigError as exc:
+    except (ConfigError, NotARunDir) as exc:
         print(f"streamprep: error: {exc}", file=sys.stderr)
         return 2
-    except Interrupted as exc:
+    except interrupted as exc:
         print(f"streamprep: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("streamprep: interrupted", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # e.g. `streamprep logs RUN -f | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # keep the final flush quiet
+        return 0
     except Exception as exc:  # one line unless --debug; the run log has the details
         if args.debug:
             traceback.print_exc()

@@ -2,12 +2,23 @@
 
 Histograms use fixed power-of-two bins (lengths) and fixed linear bins (densities), so merging is
 addition and percentiles can be read back without keeping per-record values.
+
+Keys a dataset's `stats` dict may hold (all plain JSON; absent = zero):
+    chars_hist_kept / chars_hist_rejected        log2 bins of text length in characters
+    tokens_hist_kept                             log2 bins of token counts (receipts: `tokens_hist`)
+    rejects_by_check                             failed_check -> count (every rejected record once)
+    languages_kept / languages_rejected          language code -> count (records with a detected language)
+    pii_density_hist / profanity_density_hist    linear density bins over all records (kept + rejected)
+    *_density_hist_kept / *_density_hist_rejected  the same split by decision (added later; may be absent)
+    *_density_zero                               how many of the records in bin 0 were exactly 0.0
+Log2 bin b holds lengths [2^(b-1), 2^b); bin "0" holds 0.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 DENSITY_BINS = 100  # densities in [0, 1] at 0.01 resolution; the last bin holds >= 0.99
+DENSITY_KEYS = ("pii_density", "profanity_density")
 
 
 def _log2_bin(n: int) -> str:
@@ -27,11 +38,14 @@ def add_record(stats: dict[str, Any], keep: bool, meta: dict[str, Any], chars: i
     lang = meta.get("language")
     if lang:
         _bump(stats.setdefault(f"languages_{side}", {}), str(lang))
-    for key in ("pii_density", "profanity_density"):
+    for key in DENSITY_KEYS:
         value = meta.get(key)
-        if isinstance(value, (int, float)):
-            b = min(int(float(value) * DENSITY_BINS), DENSITY_BINS - 1)
-            _bump(stats.setdefault(f"{key}_hist", {}), str(b))
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            b = str(min(max(int(float(value) * DENSITY_BINS), 0), DENSITY_BINS - 1))
+            _bump(stats.setdefault(f"{key}_hist", {}), b)
+            _bump(stats.setdefault(f"{key}_hist_{side}", {}), b)
+            if value == 0:
+                _bump(stats.setdefault(f"{key}_zero", {}), side)
 
 
 def add_tokens(stats: dict[str, Any], side: str, n_tokens: int) -> None:
@@ -49,3 +63,98 @@ def percentile_from_hist(hist: dict[str, int], q: float, bins: int = DENSITY_BIN
         if run >= need:
             return round((int(b) + 1) / bins, 4)
     return 1.0
+
+
+# ---- reading aggregates back (audit, status) ----------------------------------------------------
+def merge_hists(hists: Iterable[dict[str, int] | None]) -> dict[str, int]:
+    """Sum histograms bin by bin (bins are fixed, so this is exact)."""
+    out: dict[str, int] = {}
+    for h in hists:
+        for k, v in (h or {}).items():
+            _bump(out, k, int(v))
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def merge_counts(counts: Iterable[dict[str, int] | None]) -> dict[str, int]:
+    """Sum name -> count dicts; the result is sorted by count (descending), then name."""
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in (c or {}).items():
+            _bump(out, k, int(v))
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def hist_total(hist: dict[str, int] | None) -> int:
+    return sum((hist or {}).values())
+
+
+def log2_bin_range(b: str | int) -> tuple[int, int]:
+    """[lo, hi) of log2 bin `b`: "0" -> (0, 1), "1" -> (1, 2), "4" -> (8, 16)."""
+    b = int(b)
+    return (0, 1) if b == 0 else (1 << (b - 1), 1 << b)
+
+
+def log2_hist_rows(hist: dict[str, int] | None) -> list[dict[str, int]]:
+    """A log2 histogram as sorted rows {"lo", "hi", "count"} (hi exclusive), for reports."""
+    rows = []
+    for b, n in sorted((hist or {}).items(), key=lambda kv: int(kv[0])):
+        lo, hi = log2_bin_range(b)
+        rows.append({"lo": lo, "hi": hi, "count": int(n)})
+    return rows
+
+
+def log2_percentile(hist: dict[str, int] | None, q: float) -> int | None:
+    """Upper (exclusive) edge of the log2 bin holding quantile `q`: the value is below it."""
+    hist = hist or {}
+    total = hist_total(hist)
+    if not total:
+        return None
+    need, run = q * total, 0
+    for b in sorted(hist, key=int):
+        run += hist[b]
+        if run >= need:
+            return log2_bin_range(b)[1]
+    return log2_bin_range(max(hist, key=int))[1]
+
+
+def density_percentile(hist: dict[str, int] | None, q: float, zeros: int = 0) -> float | None:
+    """Like `percentile_from_hist`, but 0.0 when quantile `q` falls among the `zeros` exact zeros of bin 0."""
+    hist = hist or {}
+    total = hist_total(hist)
+    if not total:
+        return None
+    if zeros and q * total <= min(zeros, hist.get("0", 0)):
+        return 0.0
+    return percentile_from_hist(hist, q)
+
+
+def density_summary(stats: dict[str, Any], key: str, side: str | None = None,
+                    quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)) -> dict[str, Any]:
+    """{"records", "p50", "p90", "p99"} for `key` (pii_density | profanity_density) over all records,
+    or one `side` (kept | rejected) when that split was recorded. Percentiles are upper bin edges
+    (0.01 resolution), or 0.0 when the quantile falls among exact zeros."""
+    zero = stats.get(f"{key}_zero") or {}
+    if side is None:
+        hist = stats.get(f"{key}_hist") or {}
+        zeros = sum(zero.values())
+    else:
+        hist = stats.get(f"{key}_hist_{side}") or {}
+        zeros = zero.get(side, 0)
+    out: dict[str, Any] = {"records": hist_total(hist)}
+    for q in quantiles:
+        out[f"p{round(q * 100):d}"] = density_percentile(hist, q, zeros)
+    return out
+
+
+def merge_stats(all_stats: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Merge several datasets' `stats` dicts into one (histograms and counts add up)."""
+    all_stats = list(all_stats)
+    keys = {k for s in all_stats for k in s}
+    out: dict[str, Any] = {}
+    for k in sorted(keys):
+        parts = [s.get(k) for s in all_stats]
+        if "_hist" in k:
+            out[k] = merge_hists(parts)
+        else:
+            out[k] = merge_counts(parts)
+    return out

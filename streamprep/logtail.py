@@ -1,0 +1,228 @@
+"""`streamprep logs RUN_DIR [-n N] [--follow]`: the run log, followed across rotation like `tail -F`.
+
+The run log is written by a RotatingFileHandler: on rollover it closes streamprep.log, renames
+.4 -> .5, … , .1 -> .2, streamprep.log -> .1 and opens a new streamprep.log. The follower keeps its
+file open, so after a rename it can still read the rest of the old file. When the name points at a
+different inode (or disappears) it drains the open file, then moves to that file's successor in the
+chain — the file now one number lower (or streamprep.log itself) — checking that the chain did not
+shift while it opened it. Several rollovers between two polls are therefore followed file by file and
+every line is printed exactly once, in order, as long as a file is not deleted (rotated past the last
+backup) before it is read. A file truncated in place (same inode, smaller size) is read from the start.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Callable, Iterator
+
+from streamprep.logs import LOG_NAME
+
+POLL_S = 0.2
+READ_CHUNK = 1 << 16
+
+
+def log_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "logs" / LOG_NAME
+
+
+def _backup(path: Path, i: int) -> Path:
+    return path if i == 0 else path.with_name(f"{path.name}.{i}")
+
+
+def _backups(path: Path) -> list[int]:
+    """Numbers of existing rotated files, ascending (1 = newest backup)."""
+    out = []
+    for p in path.parent.glob(path.name + ".*"):
+        suffix = p.name[len(path.name) + 1:]
+        if suffix.isdigit():
+            out.append(int(suffix))
+    return sorted(out)
+
+
+def _ino(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def last_lines(run_dir: str | Path, n: int) -> list[str]:
+    """The last `n` lines of the log, reaching into rotated files when the current one is shorter."""
+    path = log_path(run_dir)
+    if n <= 0:
+        return []
+    out: list[str] = []
+    for i in [0, *_backups(path)]:
+        try:
+            data = _backup(path, i).read_bytes()
+        except OSError:
+            continue
+        lines = data.decode("utf-8", "replace").splitlines()
+        out = lines[-(n - len(out)):] + out
+        if len(out) >= n:
+            break
+    return out[-n:]
+
+
+class Follower:
+    """Yields complete lines appended to the log, across rotations, until `stop()` returns True."""
+
+    def __init__(self, path: Path, start_at_end: bool = True, poll_s: float = POLL_S,
+                 warn: Callable[[str], None] | None = None):
+        self.path, self.poll_s = path, poll_s
+        self.warn = warn or (lambda msg: print(f"streamprep: {msg}", file=sys.stderr))
+        self.fh: IO[bytes] | None = None
+        self.ino: int | None = None
+        self.buf = b""
+        self.head = b""  # with start_at_end: the bytes before the start point (complete lines)
+        if self._open(path) and start_at_end:
+            assert self.fh is not None
+            end = os.fstat(self.fh.fileno()).st_size
+            data = os.pread(self.fh.fileno(), end, 0)
+            cut = data.rfind(b"\n") + 1  # start after the last complete line, never mid-line
+            self.head = data[:cut]
+            self.fh.seek(cut)
+
+    def _open(self, path: Path) -> bool:
+        try:
+            fh = open(path, "rb")
+        except OSError:
+            return False
+        self._set(fh)
+        return True
+
+    def _set(self, fh: IO[bytes]) -> None:
+        if self.fh is not None:
+            self.fh.close()
+        self.fh, self.ino = fh, os.fstat(fh.fileno()).st_ino
+
+    def _read(self) -> list[bytes]:
+        """Complete lines now available in the open file (a trailing partial line is kept for later)."""
+        if self.fh is None:
+            return []
+        chunks = [self.buf]
+        while block := self.fh.read(READ_CHUNK):
+            chunks.append(block)
+        data = b"".join(chunks)
+        cut = data.rfind(b"\n") + 1
+        self.buf = data[cut:]
+        return data[:cut].splitlines() if cut else []
+
+    def _where(self) -> int | None:
+        """Where our open file sits in the chain now: 0 = streamprep.log, k = .k; None if not found."""
+        for i in [0, *_backups(self.path)]:
+            if _ino(_backup(self.path, i)) == self.ino:
+                return i
+        return None
+
+    def _successor(self) -> bool:
+        """Switch to the file written after the one open now; False if it does not exist yet."""
+        assert self.fh is not None
+        for _ in range(100):  # retries only while the chain shifts under us
+            k = self._where()
+            if k is None:
+                if os.fstat(self.fh.fileno()).st_nlink > 0:
+                    time.sleep(0.005)  # still linked: renamed while we looked; look again
+                    continue
+                # ours was rotated past the last backup and deleted: go on with the oldest file left
+                olds = _backups(self.path)
+                target = _backup(self.path, olds[-1]) if olds else self.path
+            elif k == 0:
+                return False  # ours is (again) the current file: nothing to switch to
+            else:
+                target = _backup(self.path, k - 1)
+            try:
+                fh = open(target, "rb")
+            except OSError:
+                return False  # rollover in progress: the new streamprep.log is not there yet
+            # valid only if ours was still at .k after the open (names only ever move to higher numbers)
+            if k is not None and _ino(_backup(self.path, k)) != self.ino:
+                fh.close()
+                continue
+            if k is None:
+                self.warn(f"log rotated faster than it was read; lines may be missing before {target.name}")
+            self._set(fh)
+            return True
+        return False
+
+    def poll(self) -> list[bytes]:
+        """One pass: all complete lines available now, following rotations and truncation."""
+        out: list[bytes] = []
+        if self.fh is None and not self._open(self.path):
+            return out
+        while True:
+            out.extend(self._read())
+            cur = _ino(self.path)
+            if cur == self.ino:
+                assert self.fh is not None
+                size = os.fstat(self.fh.fileno()).st_size
+                if size < self.fh.tell():
+                    self.warn("log truncated; reading it from the start")
+                    self.fh.seek(0)
+                    self.buf = b""
+                    continue
+                return out
+            # rotated (another inode, or the name is gone for a moment): finish ours, then move on.
+            # The handler closes a file before renaming it, so what we read now is all it will ever hold.
+            out.extend(self._read())
+            if not self._successor():
+                return out
+            if self.buf:  # a file ending mid-line (writer died mid-write): emit the fragment on its own
+                out.append(self.buf)
+                self.buf = b""
+
+    def lines(self, stop: Callable[[], bool] = lambda: False) -> Iterator[bytes]:
+        while not stop():
+            got = self.poll()
+            yield from got
+            if not got:
+                time.sleep(self.poll_s)
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+
+def tail(run_dir: str | Path, n: int = 20, follow: bool = False, out: IO[str] | None = None,
+         poll_s: float = POLL_S, stop: Callable[[], bool] = lambda: False) -> int:
+    """Print the last `n` lines; with `follow`, keep printing new ones until KeyboardInterrupt/`stop()`."""
+    out = out or sys.stdout
+    path = log_path(run_dir)
+    if not follow:
+        for line in last_lines(run_dir, n):
+            out.write(line + "\n")
+        out.flush()
+        return 0
+    # open first, so nothing written between printing the tail and following is lost or repeated
+    follower = Follower(path, start_at_end=True, poll_s=poll_s)
+    try:
+        if n > 0:
+            for line in _tail_of(path, follower.head, n):
+                out.write(line + "\n")
+            out.flush()
+        for line in follower.lines(stop):
+            out.write(line.decode("utf-8", "replace") + "\n")
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        follower.close()
+    return 0
+
+
+def _tail_of(path: Path, head: bytes, n: int) -> list[str]:
+    """Last `n` lines of `head` (the current file up to where following starts), + rotated files if short."""
+    lines = head.decode("utf-8", "replace").splitlines()
+    if len(lines) < n:
+        for i in _backups(path):
+            try:
+                older = _backup(path, i).read_bytes().decode("utf-8", "replace").splitlines()
+            except OSError:
+                continue
+            lines = older[-(n - len(lines)):] + lines
+            if len(lines) >= n:
+                break
+    return lines[-n:]

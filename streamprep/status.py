@@ -1,0 +1,250 @@
+"""`streamprep status RUN_DIR`: where a run stands, read-only and safe while the run is in progress.
+
+Reads run.json, the checkpoints and the receipts (all replaced atomically by the run, so a read sees a
+whole old or a whole new file) and finds whether a process holds the run lock without taking it:
+through /proc/locks where available; only when that cannot tell (no /proc, or a lock file left with a
+holder record) does it fall back to a brief non-blocking *shared* flock test. Nothing is written.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamprep.lock import LOCK_NAME, holder_if_running, read_holder
+
+RESUMABLE = ("interrupted", "failed", "crashed", "partial")
+
+
+class NotARunDir(ValueError):
+    """The path is not a streamprep run directory (the CLI maps it to exit 2)."""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def _proc_locks_holder(lock_path: Path) -> tuple[bool, int | None]:
+    """(could_tell, pid) from /proc/locks: a FLOCK entry on the lock file's device:inode."""
+    try:
+        st = lock_path.stat()
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return False, None
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in text.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 18552 fe:00:2152208 0 EOF" (blocked waiters carry "->" first)
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want and fields[3] == "WRITE":
+            try:
+                return True, int(fields[4])
+            except ValueError:
+                return True, None
+    return True, None
+
+
+def lock_holder(run_dir: Path) -> dict[str, Any] | None:
+    """The live lock holder's {pid, host, started} or None; never blocks nor disturbs the holder."""
+    path = Path(run_dir) / LOCK_NAME
+    if not path.exists():
+        return None
+    could_tell, pid = _proc_locks_holder(path)
+    record = read_holder(path)
+    if could_tell and pid is not None:
+        return {**record, "pid": record.get("pid") or pid}
+    if could_tell and not record:
+        return None  # released cleanly (the holder record is cleared on release) and nobody holds it
+    # No /proc/locks, or a holder record left behind (killed run, or a filesystem /proc/locks does not
+    # match): a non-blocking shared-lock probe decides; it is released at once.
+    return holder_if_running(Path(run_dir))
+
+
+def _dataset_names(record: dict[str, Any], ckpt_dir: Path, run_dir: Path) -> list[str]:
+    names = [d["name"] for d in (record.get("config") or {}).get("datasets", []) if isinstance(d, dict)]
+    if not names:
+        found = {p.stem for p in ckpt_dir.glob("*.json")} if ckpt_dir.is_dir() else set()
+        found |= {p.name for p in (run_dir / "receipts").iterdir()} if (run_dir / "receipts").is_dir() else set()
+        names = sorted(found)
+    return names
+
+
+def checkpoint_dir(run_dir: Path, record: dict[str, Any]) -> Path:
+    """run.json's `checkpoint_dir`, or RUN_DIR/checkpoints when that path is gone (a moved run dir)."""
+    local = run_dir / "checkpoints"
+    given = record.get("checkpoint_dir")
+    if given:
+        p = Path(given)
+        p = p if p.is_absolute() else run_dir / p
+        if p.is_dir() or not local.is_dir():
+            return p
+    return local
+
+
+def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str) -> dict[str, Any]:
+    ck = _read_json(ckpt_dir / f"{name}.json") or {}
+    started = bool(ck)
+    done = bool(ck.get("done"))
+    part_index, part_lines = int(ck.get("part_index", 0)), int(ck.get("part_lines", 0))
+    # parts ready for tokenization: the closed ones, plus the last one once ingest is done (if non-empty)
+    planned = part_index + (1 if done and part_lines else 0)
+    ingest_dir = run_dir / "ingest" / name
+    ingest_bytes = 0
+    for i in range(part_index + 1):
+        p = ingest_dir / f"part-{i:05d}.jsonl"
+        try:
+            ingest_bytes += p.stat().st_size
+        except OSError:
+            pass
+    shards_done = tokens = docs = empty = 0
+    receipts_dir = run_dir / "receipts" / name
+    for i in range(planned):
+        rec = _read_json(receipts_dir / f"part-{i:05d}.json")
+        if isinstance(rec, dict) and rec.get("status") == "completed":
+            st = rec.get("stats") or {}
+            shards_done += 1
+            tokens += int(st.get("num_tokens", 0))
+            docs += int(st.get("num_documents", 0))
+            empty += len(st.get("dropped_empty") or [])
+    rejected = int(ck.get("rejected", 0))
+    if not started:
+        stage = "pending"
+    elif not done:
+        stage = "ingest"
+    elif shards_done < planned:
+        stage = "tokenize"
+    else:
+        stage = "tokenized"
+    return {
+        "stage": stage,
+        "ingest": {"started": started, "done": done, "read": int(ck.get("consumed", 0)), "kept": int(ck.get("kept", 0)),
+                   "rejected": rejected, "rejects_by_check": dict((ck.get("stats") or {}).get("rejects_by_check") or {}),
+                   "parts": part_index + (1 if part_lines else 0), "bytes": ingest_bytes,
+                   "updated_at": ck.get("updated_at") or None},
+        "tokenize": {"shards_planned": planned, "planned_final": done, "shards_done": shards_done, "tokens": tokens,
+                     "documents": docs, "empty_tokens": empty},
+    }
+
+
+def run_status(run_dir: str | Path) -> dict[str, Any]:
+    """Where the run in `run_dir` stands; see docs/operations.md for the fields. Read-only."""
+    run_dir = Path(run_dir)
+    record = _read_json(run_dir / "run.json")
+    if not isinstance(record, dict):
+        raise NotARunDir(f"{run_dir}: not a streamprep run directory (no readable run.json)")
+    ckpt_dir = checkpoint_dir(run_dir, record)
+    names = _dataset_names(record, ckpt_dir, run_dir)
+    datasets = {n: _dataset_status(run_dir, ckpt_dir, n) for n in names}
+    holder = lock_holder(run_dir)
+    recorded = record.get("status") or "unknown"
+
+    all_ingested = bool(datasets) and all(d["ingest"]["done"] for d in datasets.values())
+    all_tokenized = all_ingested and all(d["tokenize"]["shards_done"] == d["tokenize"]["shards_planned"]
+                                         for d in datasets.values())
+    exports = {"manifest": (run_dir / "manifest.json").is_file(), "blend": (run_dir / "blend.json").is_file(),
+               "mixtures": (run_dir / "mixtures.json").is_file(), "audit": (run_dir / "audit" / "audit.json").is_file()}
+    if not all_ingested:
+        stage = "ingest"
+    elif not all_tokenized:
+        stage = "tokenize"
+    elif not (exports["manifest"] and exports["blend"]):
+        stage = "exports"
+    else:
+        stage = "done"
+
+    if holder is not None:
+        state, reason = "running", None
+    elif recorded == "complete":
+        state, reason = "complete", None
+    else:
+        state = "resumable"
+        reason = {"interrupted": "interrupted", "failed": "failed", "running": "crashed"}.get(recorded, "partial")
+
+    totals = {k: sum(d["ingest"][k] for d in datasets.values()) for k in ("read", "kept", "rejected", "bytes")}
+    totals.update({k: sum(d["tokenize"][k] for d in datasets.values())
+                   for k in ("shards_planned", "shards_done", "tokens", "empty_tokens")})
+    cfg = record.get("config") or {}
+    return {
+        "run_dir": str(run_dir.resolve()),
+        "name": (cfg.get("run") or {}).get("name"),
+        "run_id": record.get("run_id"),
+        "config_hash": record.get("config_hash"),
+        "state": state,                      # running | complete | resumable
+        "resumable_reason": reason,          # interrupted | failed | crashed | partial | None
+        "recorded_status": recorded,         # run.json status as last written by the run
+        "error": record.get("error"),
+        "lock": holder,                      # {pid, host, started} while a process holds the run
+        "stage": stage,                      # ingest | tokenize | exports | done (first unfinished stage)
+        "created_at": record.get("created_at"),
+        "started_at": record.get("started_at"),
+        "updated_at": record.get("updated_at"),
+        "finished_at": record.get("finished_at"),
+        "timings": record.get("timings") or {},
+        "checkpoint_dir": str(ckpt_dir),
+        "datasets": datasets,
+        "totals": totals,
+        "outputs": exports,
+    }
+
+
+# ---- human output ---------------------------------------------------------------------------------
+def _n(v: int) -> str:
+    return f"{v:,}"
+
+
+def _mb(b: int) -> str:
+    return f"{b / 1e6:.1f}"
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, (int, float)):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def format_status(st: dict[str, Any]) -> str:
+    """A compact table of `run_status` output."""
+    head = f"run {st['run_dir']}"
+    if st.get("name"):
+        head += f"  (name {st['name']}, id {st.get('run_id') or '?'})"
+    state = st["state"].upper()
+    if st["state"] == "running":
+        lock = st.get("lock") or {}
+        state += f" (pid {lock.get('pid', '?')} on {lock.get('host', '?')}, since {lock.get('started', '?')})"
+    elif st["state"] == "resumable":
+        state += f" ({st['resumable_reason']})"
+    lines = [head, f"state: {state}   stage: {st['stage']}   updated: {_when(st.get('updated_at'))}"]
+    if st.get("error") and st["state"] != "complete":
+        lines.append(f"last error: {st['error']}")
+    cols = ("dataset", "stage", "read", "kept", "rejected", "ingest MB", "shards", "tokens")
+    rows = []
+    for name, d in st["datasets"].items():
+        ing, tok = d["ingest"], d["tokenize"]
+        shards = f"{tok['shards_done']}/{tok['shards_planned']}" + ("" if tok["planned_final"] else "+")
+        rows.append((name, d["stage"], _n(ing["read"]), _n(ing["kept"]), _n(ing["rejected"]), _mb(ing["bytes"]),
+                     shards, _n(tok["tokens"])))
+    t = st["totals"]
+    all_final = all(d["tokenize"]["planned_final"] for d in st["datasets"].values())
+    rows.append(("total", st["stage"], _n(t["read"]), _n(t["kept"]), _n(t["rejected"]), _mb(t["bytes"]),
+                 f"{t['shards_done']}/{t['shards_planned']}" + ("" if all_final else "+"), _n(t["tokens"])))
+    widths = [max(len(str(r[i])) for r in (cols, *rows)) for i in range(len(cols))]
+    fmt = lambda r: "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    lines.append(fmt(cols))
+    lines.extend(fmt(r) for r in rows[:-1])
+    if len(rows) > 2:
+        lines.append("  ".join("-" * w for w in widths))
+        lines.append(fmt(rows[-1]))
+    if not all_final:
+        lines.append("(+ = more shards follow when ingest of that dataset finishes)")
+    out = st["outputs"]
+    lines.append("outputs: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in out.items()))
+    if st["state"] == "resumable":
+        lines.append("to resume: re-run the same `streamprep ingest --config ... --run-dir ...` command")
+    elif st["state"] == "running":
+        lines.append("follow it with: streamprep logs " + st["run_dir"] + " --follow")
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""`streamprep logs`: tail -n, and --follow across many real RotatingFileHandler rollovers."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from streamprep import logs
+from streamprep.logtail import Follower, last_lines, log_path, tail
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"status": "running", "config": {"datasets": []}}))
+    return run_dir
+
+
+def _seqs(lines) -> list[int]:
+    out = []
+    for line in lines:
+        line = line.decode() if isinstance(line, bytes) else line
+        if line.strip():
+            out.append(json.loads(line)["seq"])
+    return out
+
+
+def _rotated_files(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "logs").iterdir())
+
+
+@pytest.fixture
+def log_writer():
+    """Configure the run log with tiny rotation limits; restore a handler-free set-up afterwards."""
+    def configure(run_dir: Path, max_bytes: int, backups: int):
+        logs.configure(run_dir, console=False, max_bytes=max_bytes, backups=backups)
+        return logs.get("writer")
+
+    yield configure
+    logs.configure(None, console=False)
+
+
+def test_last_lines_reaches_into_rotated_files(tmp_path, log_writer, capsys):
+    run_dir = _run_dir(tmp_path)
+    log = log_writer(run_dir, max_bytes=1500, backups=3)
+    for i in range(40):
+        log.info("line", seq=i)
+    assert (run_dir / "logs" / "streamprep.log.1").exists()
+    assert _seqs(last_lines(run_dir, 5)) == list(range(35, 40))
+    current = len(log_path(run_dir).read_text().splitlines())
+    n = current + 3  # more than the current file holds: the rest comes from .1
+    assert _seqs(last_lines(run_dir, n)) == list(range(40 - n, 40))
+    assert tail(run_dir, 3) == 0
+    assert _seqs(capsys.readouterr().out.splitlines()) == [37, 38, 39]
+
+
+def test_follow_in_process_burst_of_rotations_between_polls(tmp_path, log_writer):
+    """Dozens of rollovers between two polls: followed file by file, every line once, in order."""
+    run_dir = _run_dir(tmp_path)
+    log = log_writer(run_dir, max_bytes=1200, backups=200)
+    log.info("line", seq=0)
+    warnings: list[str] = []
+    f = Follower(log_path(run_dir), start_at_end=True, warn=warnings.append)
+    got = list(f.head.splitlines())
+    for i in range(1, 400):
+        log.info("line", seq=i)
+    got += f.poll()
+    f.close()
+    assert len(_rotated_files(run_dir)) > 30
+    assert _seqs(got) == list(range(400))
+    assert not warnings
+
+
+def test_follow_when_files_are_deleted_before_read_warns_and_never_repeats(tmp_path, log_writer):
+    run_dir = _run_dir(tmp_path)
+    log = log_writer(run_dir, max_bytes=1200, backups=2)
+    log.info("line", seq=0)
+    warnings: list[str] = []
+    f = Follower(log_path(run_dir), start_at_end=True, warn=warnings.append)
+    got = _seqs(f.head.splitlines())
+    for i in range(1, 200):
+        log.info("line", seq=i)
+    got += _seqs(f.poll())
+    f.close()
+    assert warnings and "missing" in warnings[0]
+    assert got == sorted(set(got)) and got[-1] == 199  # in order, no repeats, reaches the end
+
+
+def test_follow_truncated_in_place_restarts_from_top(tmp_path):
+    run_dir = _run_dir(tmp_path)
+    path = log_path(run_dir)
+    path.write_text('{"seq": 0}\n{"seq": 1}\n')
+    warnings: list[str] = []
+    f = Follower(path, start_at_end=True, warn=warnings.append)
+    with open(path, "r+") as fh:
+        fh.truncate(0)
+    with open(path, "a") as fh:
+        fh.write('{"seq": 2}\n{"seq"')
+    assert _seqs(f.poll()) == [2]  # the partial line waits for its end
+    with open(path, "a") as fh:
+        fh.write(': 3}\n')
+    assert _seqs(f.poll()) == [3]
+    f.close()
+    assert warnings
+
+
+def test_follow_cli_across_rotations_exactly_once_and_ctrl_c_exits_0(tmp_path, log_writer):
+    """A real `streamprep logs --follow` process while this process writes and rotates the log."""
+    run_dir = _run_dir(tmp_path)
+    log = log_writer(run_dir, max_bytes=4000, backups=5)
+    log.info("line", seq=0)
+    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "logs", str(run_dir), "--follow", "-n", "1",
+                             "--poll-interval", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    seen = threading.Event()
+    last = 700
+
+    def reader():
+        for line in proc.stdout:
+            lines.append(line)
+            if '"seq": %d' % last in line or f'"seq":{last}' in line:
+                seen.set()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not lines and time.monotonic() < deadline:  # the follower is up once it printed the -n 1 tail
+        time.sleep(0.02)
+    assert lines, "follower printed nothing"
+    rotations, ino = 0, os.stat(log_path(run_dir)).st_ino
+    for i in range(1, last + 1):
+        log.info("line", seq=i, pad="x" * 40)
+        now = os.stat(log_path(run_dir)).st_ino
+        rotations, ino = rotations + (now != ino), now
+        time.sleep(0.002)
+    assert seen.wait(20), f"follower stopped at {lines[-1:]}"
+    proc.send_signal(signal.SIGINT)
+    rc = proc.wait(10)
+    t.join(5)
+    err = proc.stderr.read()
+    assert rc == 0, err
+    assert rotations >= 15, f"only {rotations} rotations; the test needs many"
+    assert _seqs(lines) == list(range(last + 1)), err
+    assert "Traceback" not in err
+
+
+def test_logs_command_without_a_log_yet(tmp_path, capsys):
+    from streamprep.cli import main
+
+    run_dir = _run_dir(tmp_path)
+    assert main(["logs", str(run_dir)]) == 0
+    assert capsys.readouterr().out == ""
