@@ -6,6 +6,8 @@ the files of a dataset repo.
 - `HEAD /datasets/{org}/{name}/resolve/{rev}/{path}` metadata: `X-Repo-Commit`, `ETag`, `Content-Length`
   (no `X-Xet-*` headers, so the client takes the plain HTTP download path)
 - `GET  /datasets/{org}/{name}/resolve/{rev}/{path}` the bytes (honours a simple `Range: bytes=N-`)
+- `GET  /api/agent-harnesses` an empty registry (huggingface_hub fetches it for its user agent unless
+  telemetry is disabled)
 
 Errors carry the Hub's `X-Error-Code` header (`RepoNotFound`, `RevisionNotFound`, `EntryNotFound`), which
 `huggingface_hub` turns into its typed exceptions. Every other path is a loud 404, recorded in `unknown`.
@@ -143,6 +145,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if hub.delay:
                     time.sleep(hub.delay)
                 self._resolve(match["repo"], match["rev"], unquote(match["path"]), head)
+            elif url.path == "/api/agent-harnesses" and not head:
+                self._send(200, b'{"standardEnvVars": [], "harnesses": {}}', {"Content-Type": "application/json"})
             elif (match := API_RE.match(url.path)) and not head:
                 self._api(match["repo"], match["kind"], match["rest"], parse_qs(url.query))
             else:

@@ -226,6 +226,21 @@ def test_processing_is_network_free(hub, tmp_path):
     assert hub.requests == {}
 
 
+def test_hf_hub_offline_uses_the_cache(hub, tmp_path, monkeypatch):
+    HFSource(cfg(), tmp_path / "cache").prefetch()
+    hub.reset_counts()
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    src = HFSource(cfg(), tmp_path / "cache")
+    src.prefetch()
+    assert src.fingerprint()["revision"] == hub.sha
+    assert records(src.iter_records()) == TRAIN
+    assert hub.requests == {}
+    with pytest.raises(HFSourceUnavailable, match="no cached copy"):
+        HFSource(cfg(split="validation"), tmp_path / "cache").prefetch()
+
+
 def test_iter_records_without_prefetch_downloads_first(hub, tmp_path):
     assert records(HFSource(cfg(), tmp_path / "cache").iter_records()) == TRAIN
     assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}
