@@ -190,6 +190,22 @@ def test_max_concurrent_downloads_is_a_limit(hub, tmp_path):
     assert hub.max_in_flight == 1
 
 
+def test_max_concurrent_downloads_is_shared_by_sources_prefetching_together(hub, tmp_path):
+    hub.delay = 0.05
+    hub.add_dataset("org/other", {f"data/train-{i}.jsonl": jsonl([{"text": f"o{i}"}]) for i in range(4)})
+    sources = [HFSource(cfg(), tmp_path / "cache", 2), HFSource(cfg(path="hf://org/other"), tmp_path / "cache", 2)]
+    for s in sources:
+        s.fingerprint()  # resolve first (README included): only the data transfers are measured
+    hub.reset_counts()
+    threads = [threading.Thread(target=s.prefetch) for s in sources]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(hub.file_requests("GET").values()) == 8
+    assert hub.max_in_flight == 2
+
+
 # ---- streaming ------------------------------------------------------------------------------------------------
 def test_records_in_order_and_fingerprint(hub, tmp_path):
     src = HFSource(cfg(), tmp_path / "cache")

@@ -6,7 +6,8 @@
    (`data/{split}-00000-of-00001.*`, `train*`/`*-train-*`, `train/**`, ...), then the builder is inferred from the
    file extensions (or given by the entry's `format`). The selection is written to a manifest in the cache.
 2. **Prefetch** (network): missing data files are downloaded with `hf_hub_download`, pinned to the commit sha,
-   `max_concurrent_downloads` at a time, into `cache_dir` (the standard HF cache layout).
+   at most `max_concurrent_downloads` at a time in the whole process (sources prefetching together share the
+   limit), into `cache_dir` (the standard HF cache layout).
 3. **Stream** (no network): each cached file, in repo-path order, through
    `datasets.load_dataset(<builder>, data_files=[file], streaming=True)` with the entry's `filter`.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,15 @@ SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 FORMAT_TO_BUILDER = {"jsonl": "json", "json": "json", "parquet": "parquet", "txt": "text", "text": "text",
                      "csv": "csv", "arrow": "arrow"}
 MANIFEST_VERSION = 1
+
+# `execution.max_concurrent_downloads` is a run-level limit: sources prefetching at the same time share it
+_SLOTS: dict[int, threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def _download_slots(limit: int) -> threading.BoundedSemaphore:
+    with _SLOTS_LOCK:
+        return _SLOTS.setdefault(limit, threading.BoundedSemaphore(limit))
 
 
 class HFSourceError(ConfigError):
@@ -378,8 +389,9 @@ class HFSource:
             if isinstance(hit, str):
                 return Path(hit)
             try:
-                return Path(hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
-                                            cache_dir=self.cache_dir, endpoint=self.endpoint, token=self.token))
+                with _download_slots(self.workers):
+                    return Path(hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
+                                                cache_dir=self.cache_dir, endpoint=self.endpoint, token=self.token))
             except Exception as exc:
                 raise HFSourceUnavailable(f"hf://{self.repo_id}@{sha}: download of {path} failed "
                                           f"({_one_line(exc)})") from None
