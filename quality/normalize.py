@@ -4,8 +4,8 @@ Two texts differing only in Unicode composition, line endings, stray control byt
 spacing are the same document for training, so they must hash alike. Code keeps its indentation
 and its quotes (they may sit inside string literals); prose is collapsed and trimmed.
 
-Every step is a C-level regex pass that returns the input unchanged when nothing matches, so the
-common already-clean text costs a few scans.
+Every step is a C-level regex pass, and passes whose regex would stop at every space run only after
+a plain substring test says there is something to change, so already-clean text costs a few scans.
 """
 from __future__ import annotations
 
@@ -24,9 +24,12 @@ _PUNCT = {
     **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),
 }
 _PUNCT_RE = re.compile("[" + "".join(_PUNCT) + "]")
-_SPACES = re.compile("[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]+")  # runs of spaces, Unicode ones too
-_LINE_EDGES = re.compile("[ \t]*\n[ \t]*")
+_UNICODE_SPACES = re.compile("[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
+_MULTI_SPACE = re.compile(" {2,}")
+_LINE_EDGES = re.compile("[ \t]+\n[ \t]*|\n[ \t]+")
+_EDGE_CUES = (" \n", "\t\n", "\n ", "\n\t")
 _TRAILING = re.compile("[ \t]+(?=\n)|[ \t]+$")
+_TRAILING_CUES = (" \n", "\t\n")
 
 
 def _controls(text: str) -> str:
@@ -42,7 +45,13 @@ def normalize_text(text: str, code: bool = False) -> str:
         text = unicodedata.normalize("NFC", text)
     text = _controls(_NEWLINES.sub("\n", text))
     if code:
-        return _TRAILING.sub("", text).rstrip("\n")
+        if text.endswith((" ", "\t")) or any(cue in text for cue in _TRAILING_CUES):
+            text = _TRAILING.sub("", text)
+        return text.rstrip("\n")
     text = _PUNCT_RE.sub(lambda m: _PUNCT[m.group()], text)
-    text = _SPACES.sub(" ", text)
-    return _LINE_EDGES.sub("\n", text).strip(" \t\n")
+    text = _UNICODE_SPACES.sub(" ", text)
+    if "  " in text:
+        text = _MULTI_SPACE.sub(" ", text)
+    if any(cue in text for cue in _EDGE_CUES):
+        text = _LINE_EDGES.sub("\n", text)
+    return text.strip(" \t\n")

@@ -42,7 +42,7 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _emails(text: str) -> Iterator[tuple[str, int]]:
+def _emails(text: str) -> Iterator[tuple[str, int, int]]:
     before, after = _EMAIL_REACH
     pos = 0
     at = text.find("@")
@@ -51,12 +51,12 @@ def _emails(text: str) -> Iterator[tuple[str, int]]:
         if m is None:
             at = text.find("@", at + 1)
         else:
-            yield "email", m.end() - m.start()
+            yield "email", m.start(), m.end()
             pos = m.end()
             at = text.find("@", pos)
 
 
-def _numbers(text: str) -> Iterator[tuple[str, int]]:
+def _numbers(text: str) -> Iterator[tuple[str, int, int]]:
     for run in _NUMBER_RUN.finditer(text):
         for m in NUMBER_RE.finditer(text, run.start(), run.end() + 1):  # +1: let the lookahead see the next char
             kind, span = m.lastgroup or "", m.group()
@@ -66,17 +66,17 @@ def _numbers(text: str) -> Iterator[tuple[str, int]]:
                     continue
             elif kind == "phone" and not 10 <= sum(c.isdigit() for c in span) <= 15:
                 continue
-            yield kind, len(span)
+            yield kind, m.start(), m.end()
 
 
-def _ipv6(text: str) -> Iterator[tuple[str, int]]:
+def _ipv6(text: str) -> Iterator[tuple[str, int, int]]:
     if text.count(":") >= 7:
         for m in IPV6_RE.finditer(text):
-            yield "ip", m.end() - m.start()
+            yield "ip", m.start(), m.end()
 
 
-def find_pii(text: str) -> Iterator[tuple[str, int]]:
-    """(kind, matched length) for each validated PII match: e-mails, then numbers, then IPv6."""
+def find_pii(text: str) -> Iterator[tuple[str, int, int]]:
+    """(kind, start, end) of each validated PII match: e-mails, then numbers, then IPv6."""
     yield from _emails(text)
     yield from _numbers(text)
     yield from _ipv6(text)
@@ -99,8 +99,8 @@ class PiiGate(Gate):
         limit = self.max_density * len(text)
         matched = 0
         kinds: dict[str, int] = {}
-        for kind, length in find_pii(text):
-            matched += length
+        for kind, start, end in find_pii(text):
+            matched += end - start
             kinds[kind] = kinds.get(kind, 0) + 1
             if matched > limit:
                 break

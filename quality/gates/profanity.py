@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from itertools import filterfalse
 from importlib import resources
 
 from quality.gates.base import Doc, Gate, ratio
@@ -66,12 +67,11 @@ class ProfanityGate(Gate):
             doc.meta["profanity_density"] = 0.0
             return None
         limit = self.max_density * len(tokens)
-        hits = 0
-        for token in tokens:
-            if self.is_profane(token):
-                hits += 1
-                if hits > limit:
-                    break
+        hits = sum(map(self.words.__contains__, tokens))  # plain words, at C speed
+        for token in filterfalse(str.isalpha, tokens):   # then only tokens with digits or symbols
+            if hits > limit:
+                break
+            hits += self.is_profane(token)
         density = hits / len(tokens)
         doc.meta["profanity_density"] = ratio(density)
         if hits > limit:

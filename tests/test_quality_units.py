@@ -1,0 +1,306 @@
+"""Unit tests of the quality package with exact expected outputs (no shared corpora needed)."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from quality import (QUALITY_DEFAULTS, DedupIndex, QualityConfigError, QualityControl, Verdict,
+                     validate_quality_config)
+from quality.gates.base import Doc
+from quality.gates.code import code_score
+from quality.gates.pii import PiiGate, find_pii, luhn_valid
+from quality.gates.profanity import ProfanityGate
+from quality.language import bounded_sample, normalize_code
+from quality.normalize import normalize_text
+
+# Gates that would reject the short synthetic texts below for unrelated reasons are relaxed here.
+OPEN = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
+        "reject_copyright": False}
+PROSE = ("The committee met on Tuesday to review the annual budget and agreed to fund the new library wing, "
+         "the park renovation and two additional bus routes serving the northern districts of the city. ")
+
+
+def open_qc(**overrides) -> QualityControl:
+    return QualityControl({**OPEN, **overrides})
+
+
+# ---- normalisation -----------------------------------------------------------------------------
+@pytest.mark.parametrize("raw, expected", [
+    ("Cafe\u0301 cre\u0300me", "Caf\u00e9 cr\u00e8me"),                                   # NFC
+    ("\u201cHi,\u201d she said \u2014 it\u2019s \u2018fine\u2019 \u2013 ok", "\"Hi,\" she said - it's 'fine' - ok"),
+    ("a\x00b\x07c\td\ne\x1b", "abc\td\ne"),                                                  # controls out, \t \n kept
+    ("l\x92Ecole co\x96op", "l'Ecole co-op"),                                                # C1 = Windows-1252
+    ("  a  b\u00a0\u00a0c \n\t d  \n\n e  ", "a b c\nd\n\ne"),                               # spaces, line edges
+    ("one\r\ntwo\rthree", "one\ntwo\nthree"),
+    ("\ufeffBOM", "BOM"),
+])
+def test_normalize_prose(raw: str, expected: str) -> None:
+    assert normalize_text(raw) == expected
+
+
+def test_normalize_code_keeps_indentation_and_quotes() -> None:
+    raw = "def f(x):\r\n    if x:  \r\n\treturn \u201cq\u201d  # two  spaces\r\n\x00\r\n\r\n   \r\n"
+    assert normalize_text(raw, code=True) == "def f(x):\n    if x:\n\treturn \u201cq\u201d  # two  spaces"
+
+
+def test_code_domain_keeps_code_layout_in_kept_text() -> None:
+    qc = QualityControl({**OPEN, "domain": "code", "code_min_score": 0.0})
+    v = qc.evaluate({"text": "int main() {\r\n    return 0;\r\n}\r\n\r\n"})
+    assert v.keep and v.text == "int main() {\n    return 0;\n}"
+
+
+def test_normalize_false_keeps_raw_text_but_hashes_normalised() -> None:
+    raw = "  \u201cSame\u201d   text  "
+    kept = open_qc(normalize=False).evaluate({"text": raw})
+    assert kept.text == raw
+    assert kept.digest == hashlib.sha256(b'"Same" text').digest()
+    assert open_qc().evaluate({"text": '"Same" text'}).digest == kept.digest
+
+
+# ---- PII -----------------------------------------------------------------------------------------
+def test_luhn() -> None:
+    assert luhn_valid("4111111111111111") and luhn_valid("4539148803436467") and luhn_valid("378282246310005")
+    assert not luhn_valid("4111111111111112") and not luhn_valid("4539148803436466")
+
+
+@pytest.mark.parametrize("text, found", [
+    ("write to jane.doe+news@example.co.uk today", [("email", "jane.doe+news@example.co.uk")]),
+    ("card 4111 1111 1111 1111 ok", [("card", "4111 1111 1111 1111")]),
+    ("card 4111-1111-1111-1112 fails Luhn", []),
+    ("server 192.168.0.254 and 256.1.1.1", [("ip", "192.168.0.254")]),
+    ("v6 2001:0db8:85a3:0000:0000:8a2e:0370:7334 end", [("ip", "2001:0db8:85a3:0000:0000:8a2e:0370:7334")]),
+    ("call (555) 123-4567 or +44 20 7946 0958.", [("phone", "(555) 123-4567"), ("phone", "+44 20 7946 0958")]),
+    ("in 1990-2000 we sold 1,234,567 units at 3.5 each", []),
+    ("an email-like a@b without a domain", []),
+])
+def test_find_pii(text: str, found: list) -> None:
+    assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
+
+
+def test_pii_density_threshold() -> None:
+    email = "jane.doe@example.com"  # 20 chars
+    gate = PiiGate(0.01)
+    kept = Doc(None, text=email + " " + "x" * 1979)  # 20 / 2000 = 0.01, not above the limit
+    assert gate.check(kept) is None and kept.meta == {"pii_density": 0.01, "pii": {"email": 1}}
+    rejected = Doc(None, text=email + " " + "x" * 979)
+    assert gate.check(rejected) == "pii density 0.02 > 0.01 (email 1)"
+    assert rejected.meta["pii_density"] == 0.02
+
+
+def test_pii_reject_through_control() -> None:
+    v = QualityControl({**OPEN, "pii_max_density": 0.01}).evaluate({"text": "Call 555-123-4567 now."})
+    assert not v.keep and v.meta["failed_check"] == "pii" and v.meta["reason"] == "pii density 0.5455 > 0.01 (phone 1)"
+
+
+# ---- profanity -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("token", ["fuck", "f*ck", "f**k", "fu*k", "sh1t", "sh!t", "$h!t", "a$$", "@$$h0le",
+                                   "b!tch", "b1tch", "sh*t", "f#ck", "fuck!", "motherf*cker", "5hit"])
+def test_profanity_obfuscations(token: str) -> None:
+    assert ProfanityGate(0.01).is_profane(token)
+
+
+@pytest.mark.parametrize("token", ["assess", "class", "scunthorpe", "hello", "2019", "mp3", "***", "a*", "!", "hell"])
+def test_profanity_innocent(token: str) -> None:
+    assert not ProfanityGate(0.01).is_profane(token)
+
+
+def test_profanity_density() -> None:
+    gate = ProfanityGate(0.01)
+    words = ["word"] * 198
+    one = Doc(None, text=" ".join(words + ["F*CK", "ok"]))  # 1 / 200 = 0.005
+    assert gate.check(one) is None and one.meta["profanity_density"] == 0.005
+    three = Doc(None, text=" ".join(words[:97] + ["sh1t!", "what", "a$$"]))  # 2 / 100
+    assert gate.check(three) == "profanity density 0.02 > 0.01 (2 of 100 tokens)"
+
+
+# ---- copyright -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("notice", ["Copyright 2021 Acme Inc.", "\u00a9 Acme", "(C) 2019 Acme", "(c)2005 Foo",
+                                    "ALL RIGHTS  RESERVED.", "&copy; Foo"])
+def test_copyright_rejects(notice: str) -> None:
+    v = QualityControl({**OPEN, "reject_copyright": True}).evaluate({"text": PROSE + notice})
+    assert not v.keep and v.meta["failed_check"] == "copyright"
+    assert v.meta["reason"].startswith("copyright notice ") and f"at char {len(PROSE.strip()) + 1}" in v.meta["reason"]
+
+
+def test_copyright_keeps_lookalikes_and_can_be_off() -> None:
+    qc = QualityControl({**OPEN, "reject_copyright": True})
+    assert qc.evaluate({"text": PROSE + "Options: (a) red, (b) green, (c) blue. Rights of way apply."}).keep
+    assert open_qc().evaluate({"text": PROSE + "Copyright 2021 Acme."}).keep
+
+
+# ---- schema, metadata and bad input ---------------------------------------------------------------------
+BAD_INPUTS = [
+    (None, "schema: record is None, not a mapping"),
+    (b'{"text": "x"}', "schema: record is bytes, not a mapping"),
+    (42, "schema: record is int, not a mapping"),
+    (["text", "x"], "schema: record is list, not a mapping"),
+    ({"body": "x"}, "schema: no 'text' field"),
+    ({"text": b"bytes"}, "schema: text is bytes"),
+    ({"text": 7}, "schema: text is int"),
+    ({"text": None}, "schema: text is None"),
+    ({"text": ""}, "schema: text is empty after normalisation"),
+    ({"text": " \n\t\x00 "}, "schema: text is empty after normalisation"),
+    ({"text": "a" * 3_000_000}, "schema: 3000000 chars > max_chars 2000000"),
+    ({"text": PROSE + "\ud83d"}, f"schema: text has an unpaired surrogate at char {len(PROSE)}"),
+]
+
+
+@pytest.mark.parametrize("record, reason", BAD_INPUTS)
+def test_bad_input_is_a_clean_reject(record, reason: str) -> None:
+    qc = QualityControl()
+    v = qc.evaluate(record)
+    assert isinstance(v, Verdict) and v.keep is False and v.text is None
+    assert v.meta["failed_check"] == "schema" and v.meta["reason"] == reason
+    keep, meta = qc.clean_record(record)
+    assert keep is False and meta["failed_check"] == "schema"
+    json.dumps(meta)
+
+
+def test_no_usable_text_means_no_digest() -> None:
+    qc = QualityControl()
+    assert qc.evaluate({"text": b"x"}).digest is None
+    short = qc.evaluate({"text": "short text"})
+    assert short.meta["reason"] == "schema: 10 chars < min_chars 100"
+    assert short.digest == hashlib.sha256(b"short text").digest()  # usable, just too short
+
+
+def test_required_fields_and_metadata() -> None:
+    qc = QualityControl({**OPEN, "required_fields": ["text", "url"], "required_metadata": ["source"],
+                         "allowed_licenses": ["CC-BY-4.0", "MIT"]})
+    reasons = [qc.evaluate(r).meta.get("reason") for r in [
+        {"text": PROSE},
+        {"text": PROSE, "url": "u"},
+        {"text": PROSE, "url": "u", "metadata": {"source": "s"}},
+        {"text": PROSE, "url": "u", "meta": {"source": "s", "license": "GPL-3.0"}},
+        {"text": PROSE, "url": "u", "source": "s", "licence": " cc-by-4.0 "},
+    ]]
+    assert reasons == ["schema: required field 'url' missing", "metadata: missing 'source'", "metadata: no license",
+                       "metadata: license 'GPL-3.0' not in allowed_licenses", None]
+
+
+def test_text_field_and_length_bounds() -> None:
+    qc = QualityControl({**OPEN, "min_chars": 5, "max_chars": 10}, text_field="body")
+    assert qc.evaluate({"body": "  abcd  "}).meta["reason"] == "schema: 4 chars < min_chars 5"
+    assert qc.evaluate({"body": "abcdefghijk"}).meta["reason"] == "schema: 11 chars > max_chars 10"
+    assert qc.evaluate({"body": "abcde", "text": 1}).keep
+
+
+# ---- config -------------------------------------------------------------------------------------------
+def test_config_defaults_and_idempotence() -> None:
+    cfg = validate_quality_config(None)
+    assert cfg == QUALITY_DEFAULTS and cfg is not QUALITY_DEFAULTS
+    assert validate_quality_config(cfg) == cfg
+    assert validate_quality_config({"expected_language": "zh-CN"})["expected_language"] == "zh"
+
+
+@pytest.mark.parametrize("section, key", [
+    ({"pii_max_densty": 0.1}, "pii_max_densty"),
+    ({"pii_max_density": "0.01"}, "pii_max_density"),
+    ({"pii_max_density": 1.5}, "pii_max_density"),
+    ({"min_chars": True}, "min_chars"),
+    ({"min_chars": -1}, "min_chars"),
+    ({"max_chars": 10, "min_chars": 20}, "max_chars"),
+    ({"domain": "legal"}, "domain"),
+    ({"language_detector": "fasttext"}, "language_detector"),
+    ({"dedup": "fuzzy"}, "dedup"),
+    ({"normalize": "yes"}, "normalize"),
+    ({"required_fields": "text"}, "required_fields"),
+    ({"allowed_licenses": [1]}, "allowed_licenses"),
+    ({"expected_language": 5}, "expected_language"),
+    ([1, 2], "quality"),
+])
+def test_config_errors_name_the_key(section, key: str) -> None:
+    with pytest.raises(QualityConfigError) as info:
+        validate_quality_config(section)
+    assert info.value.key == key
+    assert str(info.value).startswith(f"{key}: ") and "\n" not in str(info.value)
+    with pytest.raises(QualityConfigError):
+        QualityControl(section)
+
+
+# ---- dedup ----------------------------------------------------------------------------------------------
+def test_dedup_index_round_trip() -> None:
+    digests = [hashlib.sha256(str(i).encode()).digest() for i in range(5)]
+    index = DedupIndex()
+    for d in digests + digests[:2]:
+        index.add(d)
+    assert len(index) == 5 and digests[3] in index and b"\0" * 32 not in index
+    assert index.to_bytes() == b"".join(digests)
+    again = DedupIndex.from_bytes(index.to_bytes())
+    assert len(again) == 5 and again.to_bytes() == index.to_bytes()
+    with pytest.raises(ValueError):
+        index.add(b"short")
+    with pytest.raises(ValueError):
+        DedupIndex.from_bytes(index.to_bytes()[:-1])
+
+
+def test_clean_record_dedup_semantics() -> None:
+    index = DedupIndex()
+    qc = QualityControl({**OPEN, "required_metadata": ["source"]}, dedup=index)
+    first = {"text": "  Hello \u201cworld\u201d  ", "source": "a"}
+    assert qc.clean_record(first) == (True, {"domain": "general", "chars": 13,
+                                             "sha256": hashlib.sha256(b'Hello "world"').hexdigest()})
+    assert first["text"] == 'Hello "world"'  # normalised text written back
+    assert len(index) == 1
+    # the same normalised text again is a duplicate, even though it would fail the metadata gate
+    keep, meta = qc.clean_record({"text": 'Hello "world"'})
+    assert not keep and meta["failed_check"] == "duplicate" and meta["reason"] == "exact duplicate of a kept record"
+    # a rejected record never enters the index, so its twin is judged on its own
+    assert qc.clean_record({"text": "other"})[1]["failed_check"] == "metadata"
+    assert qc.clean_record({"text": "other", "source": "b"})[0]
+    assert len(index) == 2
+    stats = qc.stats
+    assert stats["records"] == {"seen": 4, "kept": 2, "rejected": 2}
+    assert stats["rejected_by_check"] == {"duplicate": 1, "metadata": 1}
+    # per gate: what each gate decided (the duplicate also failed metadata, since evaluate runs first);
+    # rejected_by_check: the final outcome, where dedup takes precedence
+    assert {k: v["rejected"] for k, v in stats["gates"].items()} == {
+        "duplicate": 1, "schema": 0, "normalize": 0, "length": 0, "metadata": 2}
+    assert all(v["seconds"] >= 0 for v in stats["gates"].values())
+
+
+def test_dedup_none_keeps_duplicates() -> None:
+    qc = open_qc(dedup="none")
+    assert qc.clean_record({"text": "same"})[0] and qc.clean_record({"text": "same"})[0]
+    assert len(qc.dedup) == 0 and "duplicate" not in qc.stats["gates"]
+
+
+# ---- language and code helpers ----------------------------------------------------------------------------
+def test_language_helpers() -> None:
+    assert [normalize_code(c) for c in ["zh-cn", "zh-Hant", "iw", "nb", "EN", "pt_BR"]] == ["zh", "zh", "he", "no", "en", "pt"]
+    assert bounded_sample("alpha beta gamma", 12) == "alpha beta"
+    assert bounded_sample("alpha beta", 12) == "alpha beta"
+    assert bounded_sample("x" * 30, 12) == "x" * 12
+
+
+@pytest.mark.parametrize("detector", ["cld2", "langdetect", "cascade"])
+def test_language_gate_outcomes(detector: str) -> None:
+    qc = QualityControl({**OPEN, "expected_language": "en", "language_detector": detector})
+    en = qc.evaluate({"text": PROSE * 3})
+    assert en.keep and en.meta["language"] == "en" and en.meta["language_prob"] >= 0.9
+    de = qc.evaluate({"text": "Der Ausschuss trat am Dienstag zusammen, um den Jahreshaushalt zu prüfen, und "
+                              "beschloss, den neuen Bibliotheksflügel und zwei zusätzliche Buslinien zu finanzieren."})
+    assert not de.keep and de.meta["failed_check"] == "language" and de.meta["language"] == "de"
+    for junk in ["12345 67890 ---- 555", "\u2603\u2603\u2603", "x"]:
+        v = qc.evaluate({"text": junk})
+        assert not v.keep and v.meta["failed_check"] == "language" and v.meta["reason"]
+
+
+def test_code_score_early_exit() -> None:
+    score, parts = code_score("Plain prose with no structure at all\nand a second line", 0.43)
+    assert score == 0.25 and "keywords" not in parts
+    v = QualityControl({**OPEN, "domain": "code"}).evaluate({"text": "Plain prose, nothing else to see here."})
+    assert v.meta["reason"] == "code score <= 0.25 < 0.43 (indentation 0, punctuation 0)"
+
+
+# ---- determinism and meta ------------------------------------------------------------------------------------
+def test_same_input_same_verdict_and_json_meta() -> None:
+    records = [{"text": PROSE * 2}, {"text": "Das ist ein kurzer deutscher Satz über das Wetter. " * 3}, None,
+               {"text": "mail jane@example.com " + PROSE}]
+    a = [QualityControl().evaluate(r) for r in records]
+    b = [QualityControl().evaluate(r) for r in records]
+    assert a == b
+    for v in a:
+        assert json.loads(json.dumps(v.meta)) == v.meta
