@@ -19,11 +19,8 @@ from quality.language import bounded_sample
 WEIGHTS = (0.45, 0.30, 0.25)
 PUNCT_FULL = 0.08
 KEYWORD_FULL = 0.25
-_STRUCTURAL = re.compile(r"[{}()\[\];=<>]")
+STRUCTURAL = "{}()[];=<>"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_INDENTED = re.compile(r"^(?:\t|  )", re.MULTILINE)
-_NONBLANK = re.compile(r"^[ \t]*\S", re.MULTILINE)
-_NONSPACE = re.compile(r"\S")
 KEYWORDS = frozenset("""
     def elif lambda yield self None True False import from return print range len isinstance kwargs args
     assert pass raise except finally nonlocal global async await with
@@ -41,11 +38,11 @@ KEYWORDS = frozenset("""
 
 def code_score(sample: str, min_score: float = 0.0) -> tuple[float, dict[str, float]]:
     """(score, parts). Stops early, returning an upper bound, once `min_score` is out of reach."""
-    nonblank = len(_NONBLANK.findall(sample))
-    indent = len(_INDENTED.findall(sample)) / nonblank if nonblank else 0.0
-    structural = len(_STRUCTURAL.findall(sample))
-    chars = len(_NONSPACE.findall(sample)) if structural else 1
-    punct = min(1.0, structural / chars / PUNCT_FULL)
+    lines = [line for line in sample.split("\n") if line and not line.isspace()]
+    indent = sum(line.startswith(("\t", "  ")) for line in lines) / len(lines) if lines else 0.0
+    structural = sum(map(sample.count, STRUCTURAL))
+    chars = len(sample) - sample.count(" ") - sample.count("\n") - sample.count("\t")
+    punct = min(1.0, structural / chars / PUNCT_FULL) if chars else 0.0
     w_indent, w_punct, w_kw = WEIGHTS
     partial = w_indent * indent + w_punct * punct
     parts = {"indent": ratio(indent), "punct": ratio(punct)}

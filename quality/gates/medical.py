@@ -21,20 +21,25 @@ _SPLIT = re.compile(r"[\s/-]+")
 
 
 class Vocabulary:
-    """Terms as word tuples -> category; multi-word terms are matched as consecutive words."""
+    """Single words and multi-word terms (as word tuples) -> category."""
 
     def __init__(self, by_category: dict[str, list[str]]):
-        self.terms: dict[tuple[str, ...], str] = {}
+        self.single: dict[str, str] = {}
+        self.multi: dict[tuple[str, ...], str] = {}
         for category, terms in by_category.items():
             for term in terms:
-                self.terms[tuple(_SPLIT.split(term.lower().strip()))] = category
-        self.longest = max(len(t) for t in self.terms)
-        self.starts = {t[0] for t in self.terms if len(t) > 1}  # words that may open a multi-word term
+                words = tuple(_SPLIT.split(term.lower().strip()))
+                if len(words) == 1:
+                    self.single[words[0]] = category
+                else:
+                    self.multi[words] = category
+        self.longest = max(map(len, self.multi), default=1)
+        self.starts = {t[0] for t in self.multi}  # words that may open a multi-word term
 
     def _single(self, word: str) -> str | None:
-        cat = self.terms.get((word,))
-        if cat is None and len(word) > 3 and word.endswith("s"):  # plurals: "arteries", "stents"
-            cat = self.terms.get((word[:-3] + "y",)) if word.endswith("ies") else self.terms.get((word[:-1],))
+        cat = self.single.get(word)
+        if cat is None and len(word) > 3 and word[-1] == "s":  # plurals: "arteries", "stents"
+            cat = self.single.get(word[:-3] + "y") if word.endswith("ies") else self.single.get(word[:-1])
         return cat
 
     def hits(self, words: list[str]) -> tuple[int, dict[str, int]]:
@@ -46,7 +51,7 @@ class Vocabulary:
             word, size, cat = words[i], 1, None
             if word in self.starts:
                 for k in range(min(self.longest, n - i), 1, -1):
-                    cat = self.terms.get(tuple(words[i:i + k]))
+                    cat = self.multi.get(tuple(words[i:i + k]))
                     if cat is not None:
                         size = k
                         break
