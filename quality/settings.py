@@ -12,7 +12,7 @@ QUALITY_DEFAULTS: dict[str, Any] = {
     "domain": "general",
     "expected_language": "en",
     "min_language_prob": 0.9,
-    "language_detector": "cascade",
+    "language_detector": "cld2",
     "language_sample_chars": 1500,
     "min_chars": 100,
     "max_chars": 2_000_000,

@@ -6,8 +6,9 @@ score = 0.45 × indentation + 0.30 × punctuation + 0.25 × keywords, each part 
   `PUNCT_FULL` (typical code sits at 0.08-0.20, prose below 0.01);
 - keywords: share of identifier tokens that are keywords, builtins or common library names of
   Python, C/C++, Java, JavaScript, Go and Rust, saturating at `KEYWORD_FULL`.
-Computed on a bounded prefix. A text with no indentation and no structural punctuation cannot reach
-the threshold from keywords alone, so it is rejected without tokenising it.
+Computed on a bounded prefix. Indentation and punctuation are cheap counts; when they leave the
+threshold out of reach even if every token were a keyword (prose: no indentation, hardly any
+structural punctuation), the text is rejected without tokenising it.
 """
 from __future__ import annotations
 
