@@ -1,0 +1,267 @@
+"""Quality audit on a real (local-engine) run: counts add up against independent sources, the HTML is
+self-contained and escapes record text, and it renders in a real headless Chromium."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from helpers import base_config, english_docs
+from streamprep import run_from_dict
+from streamprep.audit import build_audit, render_html, summary_from_file, write_audit
+
+SCRIPT_TEXT = "<script>alert(\"pwn\")</script> & 'q' </pre><b>x"
+N_A, DUP_EVERY, BAD_EVERY, EMPTY_EVERY = 100, 10, 30, 25
+
+
+def make_tokenizer(path: Path, texts: list[str]) -> None:
+    """A small byte-level BPE whose normaliser deletes 'x' and whitespace: 'xxx xxx' encodes to nothing."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.normalizer = normalizers.Replace(Regex(r"[xX\s]"), "")
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=2, special_tokens=["</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+
+
+def make_inputs(root: Path) -> dict:
+    """Two datasets with known defects; returns the config dict and what the audit must find."""
+    root.mkdir(parents=True, exist_ok=True)
+    docs = english_docs(150)
+    make_tokenizer(root / "tok.json", docs)
+    expect = {"duplicate": 0, "parse": 0, "schema": 0, "empty_tokens": 0}
+    with open(root / "a.jsonl", "w") as fh:
+        for i, d in enumerate(docs[:N_A]):
+            fh.write(json.dumps({"text": d, "id": f"a{i}"}) + "\n")
+            if i % DUP_EVERY == 0:
+                fh.write(json.dumps({"text": d}) + "\n")
+                expect["duplicate"] += 1
+            if i % BAD_EVERY == 0:
+                fh.write('{"text": "broken\n')
+                expect["parse"] += 1
+            if i % EMPTY_EVERY == 0:  # kept by QC once, then exact duplicates of itself
+                fh.write(json.dumps({"text": "x" * 30 + " " + "x" * 40}) + "\n")
+                if i:
+                    expect["duplicate"] += 1
+                else:
+                    expect["empty_tokens"] += 1
+        fh.write(json.dumps({"text": SCRIPT_TEXT}) + "\n")   # too short: schema
+        fh.write(json.dumps({"body": "no text field"}) + "\n")  # schema
+        expect["schema"] += 2
+    with open(root / "b.jsonl", "w") as fh:
+        for d in docs[N_A:]:
+            fh.write(json.dumps({"text": d}) + "\n")
+    cfg = base_config([{"name": "a", "path": str(root / "a.jsonl")}, {"name": "b", "path": str(root / "b.jsonl")}],
+                      str(root / "tok.json"), output={"shard_records": 30})
+    cfg["quality"]["min_chars"] = 60
+    return {"config": cfg, "expect": expect}
+
+
+@pytest.fixture(scope="module")
+def e2e_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("audit")
+    inputs = make_inputs(root / "data")
+    result = run_from_dict(inputs["config"], root / "run", console_log=False)
+    assert result.status == "complete"
+    return {"run_dir": root / "run", **inputs, "summary": result.summary}
+
+
+def _lines(path: Path) -> list[dict]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def test_counts_add_up_against_independent_sources(e2e_run):
+    run_dir = e2e_run["run_dir"]
+    text = write_audit(run_dir)
+    audit = json.loads((run_dir / "audit" / "audit.json").read_text())
+    assert audit["checks"] == {"ok": True, "failed": []}
+    assert audit["complete"] is True
+    for name, d in audit["datasets"].items():
+        r = d["records"]
+        assert r["read"] == r["kept"] + r["rejected"]
+        qc = {k: v for k, v in d["rejects_by_check"].items() if k not in d["rejects_after_qc"]}
+        assert sum(qc.values()) == r["rejected"]
+        assert sum(d["rejects_by_check"].values()) == r["rejected"] + r["empty_tokens"]
+        assert r["tokenized_documents"] == r["kept"] - r["empty_tokens"]
+        # independent sources: ingest parts, rejects file, receipts, .idx-level counts
+        parts = sorted((run_dir / "ingest" / name).glob("part-*.jsonl"))
+        assert sum(len(p.read_bytes().splitlines()) for p in parts) == r["kept"]
+        assert len(_lines(run_dir / "rejects" / f"{name}.jsonl")) == r["rejected"]  # sample not capped here
+        receipts = [json.loads(p.read_text()) for p in sorted((run_dir / "receipts" / name).glob("*.json"))]
+        assert sum(x["stats"]["num_documents"] for x in receipts) == r["tokenized_documents"]
+        assert sum(x["stats"]["num_tokens"] for x in receipts) == d["tokens"]
+        assert sum(row["count"] for row in d["lengths"]["chars"]["kept"]) == r["kept"]
+        assert sum(row["count"] for row in d["lengths"]["chars"]["rejected"]) == r["rejected"]
+        assert sum(row["count"] for row in d["lengths"]["tokens"]["kept"]) == r["tokenized_documents"]
+        assert d["shards"]["done"] == d["shards"]["planned"] == len(parts)
+    a = audit["datasets"]["a"]
+    expect = e2e_run["expect"]
+    read_a = N_A + expect["duplicate"] + expect["parse"] + expect["schema"] + expect["empty_tokens"]
+    assert a["records"]["read"] == read_a
+    for check, n in expect.items():
+        assert a["rejects_by_check"].get(check, 0) == n, check
+    assert a["rejects_after_qc"] == ["empty_tokens"]
+    assert a["duplicates"]["rejected_as_duplicate"] == expect["duplicate"]
+    assert audit["datasets"]["b"]["records"] == {**audit["datasets"]["b"]["records"], "read": 50, "kept": 50,
+                                                 "rejected": 0, "empty_tokens": 0}
+    # the run's own summary agrees
+    s = e2e_run["summary"]
+    for name, d in audit["datasets"].items():
+        assert (s["kept"][name], s["rejected"][name], s["empty_tokens"][name]) == \
+               (d["records"]["kept"], d["records"]["rejected"], d["records"]["empty_tokens"])
+    t = audit["totals"]
+    assert t["read"] == t["kept"] + t["rejected"] and t["tokens"] == sum(d["tokens"] for d in audit["datasets"].values())
+    assert sum(v for v in audit["tokens_share"].values()) == pytest.approx(1.0, abs=1e-3)
+    for key in ("pii", "profanity"):
+        dens = a["density"][key]["all"]
+        assert set(dens) == {"records", "p50", "p90", "p99"} and dens["p50"] <= dens["p90"] <= dens["p99"]
+    assert set(audit["timings"]) >= {"ingest", "tokenize"}
+    assert audit["throughput"]["ingest_records_per_s"] > 0
+    # the text summary
+    assert "counts add up" in text and "empty_tokens 1" in text and "audit.html" in text
+    assert summary_from_file(run_dir) == text
+
+
+def test_html_is_self_contained_and_escapes_record_text(e2e_run):
+    run_dir = e2e_run["run_dir"]
+    write_audit(run_dir)
+    page = (run_dir / "audit" / "audit.html").read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<script" not in page.lower()                     # no scripts, and the record's tag is escaped
+    assert "&lt;script&gt;alert(&quot;pwn&quot;)&lt;/script&gt; &amp; &#x27;q&#x27; &lt;/pre&gt;&lt;b&gt;x" in page
+    for external in ("src=", "href=", "<link", "@import", "url(", "http://", "https://", "<iframe", "<object"):
+        assert external not in page.lower(), external
+    assert page.count("<svg") >= 6
+    for reason in ("duplicate", "parse", "schema", "empty_tokens"):
+        assert f"<summary>{reason} — " in page  # examples per reason, incl. a record dropped at tokenization
+
+
+def test_audit_of_a_partial_run_marks_it_and_still_adds_up(e2e_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(e2e_run["run_dir"], run_dir, ignore=shutil.ignore_patterns(".lock", "audit"))
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec["status"], rec["checkpoint_dir"] = "interrupted", str(run_dir / "checkpoints")
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    (run_dir / "receipts" / "a" / "part-00001.json").unlink()
+    audit, examples = build_audit(run_dir)
+    a = audit["datasets"]["a"]
+    assert audit["complete"] is False and a["tokenization_complete"] is False
+    assert a["checks"]["tokenized_eq_kept_minus_empty"] is None and audit["checks"]["ok"] is True
+    assert a["records"]["read"] == a["records"]["kept"] + a["records"]["rejected"]
+    assert "partial run" in write_audit(run_dir)
+    assert "partial run" in render_html(audit, examples)
+
+
+# ---- a real browser ---------------------------------------------------------------------------------------
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--host-resolver-rules=MAP * ~NOTFOUND"]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium: installed here when missing and we are root; skip (fail under CI) otherwise."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    why = "chromium not installed"
+    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        try:
+            subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True, timeout=600, env=env)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, capture_output=True,
+                           timeout=1200, env=env)
+        except (subprocess.SubprocessError, OSError) as exc:
+            why = f"chromium could not be installed: {str(exc)[:200]}"
+        found = shutil.which("chromium")
+    if not found:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(why)
+        pytest.skip(why + " (needs root + apt-get, or install chromium)")
+    return found
+
+
+def read_png(path: Path) -> np.ndarray:
+    """A tiny PNG decoder (8-bit gray/RGB/RGBA, not interlaced): (height, width, channels) uint8."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, ihdr = 8, [], None
+    while pos < len(data):
+        ln, typ = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + ln]
+        pos += 12 + ln
+        if typ == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", body)
+        elif typ == b"IDAT":
+            idat.append(body)
+        elif typ == b"IEND":
+            break
+    w, h, depth, ctype, _, _, interlace = ihdr
+    assert depth == 8 and interlace == 0 and ctype in (0, 2, 6), ihdr
+    bpp = {0: 1, 2: 3, 6: 4}[ctype]
+    stride = w * bpp
+    rows = np.frombuffer(zlib.decompress(b"".join(idat)), dtype=np.uint8).reshape(h, stride + 1)
+    out = np.zeros((h, stride), dtype=np.uint8)
+    prev = np.zeros(stride, dtype=np.int64)
+    for y in range(h):
+        f, line = rows[y, 0], rows[y, 1:].astype(np.int64)
+        if f == 0:
+            cur = line
+        elif f == 1:  # Sub: a running sum per channel
+            cur = np.cumsum(line.reshape(w, bpp), axis=0).reshape(-1) & 0xFF
+        elif f == 2:  # Up
+            cur = (line + prev) & 0xFF
+        else:  # Average / Paeth: sequential within the row
+            lb, pb, c_ = line.tolist(), prev.tolist(), bytearray(stride)
+            for i in range(stride):
+                a = c_[i - bpp] if i >= bpp else 0
+                b = pb[i]
+                if f == 3:
+                    c_[i] = (lb[i] + ((a + b) >> 1)) & 0xFF
+                else:
+                    c = pb[i - bpp] if i >= bpp else 0
+                    p = a + b - c
+                    pa, pb_, pc = abs(p - a), abs(p - b), abs(p - c)
+                    c_[i] = (lb[i] + (a if pa <= pb_ and pa <= pc else b if pb_ <= pc else c)) & 0xFF
+            cur = np.frombuffer(bytes(c_), dtype=np.uint8).astype(np.int64)
+        out[y] = cur
+        prev = cur
+    return out.reshape(h, w, bpp)
+
+
+def test_html_renders_in_headless_chromium(e2e_run, chromium, tmp_path):
+    run_dir = e2e_run["run_dir"]
+    write_audit(run_dir)
+    url = (run_dir / "audit" / "audit.html").resolve().as_uri()
+    png = tmp_path / "audit.png"
+    shot = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile1'}",
+                           "--enable-logging=stderr", "--v=0", f"--screenshot={png}", "--window-size=1200,1600", url],
+                          capture_output=True, text=True, timeout=90)
+    assert png.is_file(), shot.stderr[-2000:]
+    dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}",
+                          "--enable-logging=stderr", "--v=0", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=90)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    for err in (shot.stderr, dom.stderr):  # no console output at all: no JS, no blocked (external) loads
+        bad = [ln for ln in err.splitlines() if "CONSOLE" in ln or "Uncaught" in ln or "Refused to" in ln]
+        assert not bad, bad
+    html_dom = dom.stdout
+    assert "<script" not in html_dom.lower()                          # the record's <script> stayed text
+    assert "&lt;script&gt;alert(\"pwn\")&lt;/script&gt;" in html_dom
+    assert html_dom.count("<svg") >= 6 and "<rect" in html_dom
+    img = read_png(png)
+    assert img.shape[:2] == (1600, 1200)
+    pixels = img.reshape(-1, img.shape[2])[:, :3]
+    assert len(np.unique(pixels, axis=0)) > 100, "screenshot is blank"
+    for colour in ((0x2E, 0x86, 0xDE), (0xE5, 0x50, 0x39)):  # kept / rejected histogram bars were painted
+        assert int((pixels == colour).all(axis=1).sum()) > 500, colour
