@@ -7,7 +7,6 @@ import json
 import socket
 import threading
 from contextlib import contextmanager
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
