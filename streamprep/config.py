@@ -77,6 +77,8 @@ OUTPUT_SECTIONS = ("run.seed", "datasets", "quality", "tokenizer", "output")
 def _type_name(types: tuple) -> str:
     names = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "a list",
              dict: "a mapping", None: "null"}
+    if int in types and float in types:
+        types = tuple(t for t in types if t is not int)  # "a number" already covers integers
     return " or ".join(dict.fromkeys(names[t] for t in types))
 
 
@@ -203,7 +205,7 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
     try:
         cfg["quality"] = validate_quality_config(raw.get("quality"))
     except QualityConfigError as exc:
-        raise ConfigError(f"config: 'quality.{exc.key}': {exc}") from None
+        raise ConfigError(f"config: 'quality.{exc.key}': {str(exc).removeprefix(f'{exc.key}: ')}") from None
 
     tok = cfg["tokenizer"]
     if tok["if_missing"] not in ("error", "train"):
