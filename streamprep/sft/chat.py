@@ -1,0 +1,239 @@
+"""Tokenizer + chat template, and the token-level loss mask of each unit.
+
+Masks are computed on characters and mapped to tokens through the encoder's offsets:
+
+- A `TextUnit` is encoded once; its pieces give the character labels.
+- A `TemplateUnit` is rendered once (text T) and encoded once. Each message's span in T is found by
+  rendering prefixes: the end of message k is the longest common prefix of T with renderings of
+  messages[:k] followed by something else (nothing, a dummy user turn, a dummy assistant turn); the
+  smallest such prefix is taken (it can only overshoot), then moved back to the start of the token it
+  falls in. The content start is where a sentinel content appears when message k is rendered last
+  with the sentinel in place of its content. Before the content: the role header (always masked);
+  from the content to the end of the span: content + the template's end-of-turn text (labelled by
+  role). Text after the last message (e.g. phi-3's final `<|endoftext|>`, or the generation prompt)
+  is masked.
+- Verified per record: every message's content sits at its content start inside its span (else the
+  record is dropped as `template_unverified`), and encoding the message spans separately and
+  concatenating gives the full rendering's tokens (else it is counted as `template_split_mismatch`;
+  the mask still comes from the single full encoding).
+
+A token is trained only when every character it covers is trained, so a token that straddles a
+train/mask boundary is masked. Zero-width tokens (special tokens added by the post-processor) take
+the label of the token before them (or after, at the start).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamprep.sft.records import RecordError, TemplateUnit, TextUnit
+
+SENTINEL = "\ue000\ue001"   # private-use characters: never produced by a template, never in real text
+TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+@dataclass
+class ChatTokenizer:
+    """A `transformers.PreTrainedTokenizerFast` built from tokenizer.json exactly as written (so the run's
+    tokenizer fingerprint, the file's SHA-256, describes the encoding) plus its chat template."""
+
+    hf: Any
+    backend: Any               # tokenizers.Tokenizer (encodes with offsets)
+    chat_template: str | None
+    vocab_size: int
+    path: str
+
+    def render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+        if self.chat_template is None:
+            raise ValueError(f"{self.path}: the tokenizer has no chat_template (tokenizer_config.json or "
+                             "chat_template.jinja); sections with template: true need one")
+        try:
+            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        except Exception as exc:  # jinja2 errors, raise_exception() in templates
+            raise RecordError("template_error", f"{type(exc).__name__}: {exc}"[:300]) from None
+
+    def encode(self, text: str, add_special_tokens: bool) -> tuple[list[int], np.ndarray]:
+        enc = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        return enc.ids, np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+
+def _token_value(v: Any) -> Any:
+    return v.get("content") if isinstance(v, dict) else v
+
+
+def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
+    """Load once per process from a directory (tokenizer.json [+ tokenizer_config.json, chat_template.jinja])
+    or a tokenizer.json path; local files only. Reuse the object across parts."""
+    from transformers import PreTrainedTokenizerFast
+
+    p = Path(path)
+    tok_file = p / "tokenizer.json" if p.is_dir() else p
+    if not tok_file.is_file():
+        raise FileNotFoundError(f"no tokenizer.json at {p}")
+    cfg_file = tok_file.parent / "tokenizer_config.json"
+    tcfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+    template = tcfg.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    jinja_file = tok_file.parent / "chat_template.jinja"
+    if template is None and jinja_file.is_file():
+        template = jinja_file.read_text(encoding="utf-8")
+    kwargs = {k: _token_value(tcfg[k]) for k in TOKEN_KEYS if isinstance(_token_value(tcfg.get(k)), str)}
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_file), chat_template=template,
+                                 clean_up_tokenization_spaces=False, **kwargs)
+    backend = hf.backend_tokenizer
+    return ChatTokenizer(hf, backend, template, backend.get_vocab_size(with_added_tokens=True), str(tok_file))
+
+
+def _lcp(a: str, b: str) -> int:
+    """Length of the longest common prefix (slice comparisons in C, binary search)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def token_labels(offsets: np.ndarray, char_train: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per-token 0/1 from per-character 0/1: trained iff every covered character is. Returns (labels,
+    number of tokens that straddle a train/mask boundary, which are masked)."""
+    n = len(offsets)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint8), 0
+    cs = np.concatenate(([0], np.cumsum(char_train, dtype=np.int64)))
+    s, e = offsets[:, 0], offsets[:, 1]
+    width = e - s
+    covered = cs[e] - cs[s]
+    labels = ((width > 0) & (covered == width)).astype(np.uint8)
+    straddles = int(((covered > 0) & (covered < width)).sum())
+    zero = np.flatnonzero(width <= 0)
+    if len(zero):
+        nz = np.flatnonzero(width > 0)
+        for i in zero:
+            j = nz[np.searchsorted(nz, i) - 1] if len(nz) and nz[0] < i else (nz[0] if len(nz) else None)
+            labels[i] = labels[j] if j is not None else 0
+    return labels, straddles
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    mask: np.ndarray                   # uint8 per token
+    diag: dict[str, int] = field(default_factory=dict)
+
+
+def _bump(diag: dict[str, int], key: str, n: int = 1) -> None:
+    if n:
+        diag[key] = diag.get(key, 0) + n
+
+
+def encode_text_unit(tok: ChatTokenizer, unit: TextUnit) -> Encoded:
+    text = unit.text
+    char_train = np.zeros(len(text), dtype=np.uint8)
+    pos = 0
+    for piece, train in unit.pieces:
+        if train:
+            char_train[pos:pos + len(piece)] = 1
+        pos += len(piece)
+    ids, offsets = tok.encode(text, unit.add_special_tokens)
+    labels, straddles = token_labels(offsets, char_train)
+    diag: dict[str, int] = {}
+    _bump(diag, "straddling_tokens_masked", straddles)
+    return Encoded(ids, labels, diag)
+
+
+def _snap_down(c: int, offsets: np.ndarray) -> int:
+    """Move a character boundary that falls inside a token back to that token's start."""
+    inside = np.flatnonzero((offsets[:, 0] < c) & (offsets[:, 1] > c))
+    return int(offsets[inside[0], 0]) if len(inside) else c
+
+
+def message_spans(tok: ChatTokenizer, unit: TemplateUnit) -> tuple[str, list[int], list[int | None], list[int], np.ndarray, dict[str, int]]:
+    """Render the conversation; return (text, ends, content starts (None = not rendered), ids, offsets, diag).
+    ends[k] is the end of message k (ends[-1] is where the tail after the last message begins)."""
+    msgs = [{"role": m.rendered_role, "content": m.content} for m in unit.messages]
+    gen = unit.generation_prompt
+    text = tok.render(msgs, gen)
+    ids, offsets = tok.encode(text, unit.add_special_tokens)
+    diag: dict[str, int] = {}
+    n = len(msgs)
+    ends: list[int] = []
+    starts: list[int | None] = []
+    prev_end = 0
+    for k in range(1, n + 1):
+        head = msgs[:k]
+        variants: list[tuple[list[dict[str, str]], bool]] = [(head, gen if k < n else not gen)]
+        variants += [(head + [{"role": r, "content": SENTINEL}], False) for r in ("user", "assistant")]
+        cands = []
+        for v_msgs, v_gen in variants:
+            try:
+                cands.append(_lcp(text, tok.render(v_msgs, v_gen)))
+            except RecordError:
+                continue  # e.g. a template that insists on alternating roles
+        if not cands:
+            raise RecordError("template_error", f"cannot render the conversation up to message {k}")
+        end = max(prev_end, _snap_down(min(cands), offsets))
+        # content start: render message k last, with a sentinel for its content
+        probe = tok.render(msgs[:k - 1] + [{"role": msgs[k - 1]["role"], "content": SENTINEL}], False)
+        at = probe.find(SENTINEL)
+        if at < 0:
+            starts.append(None)   # the template does not render this role (e.g. phi-3 and 'tool')
+            _bump(diag, "messages_not_rendered")
+        else:
+            content = msgs[k - 1]["content"]
+            shown = content if text.startswith(content, at) else content.strip()
+            if _lcp(text, probe) < at or not text.startswith(shown, at) or not prev_end <= at \
+                    or at + len(shown) > end:
+                raise RecordError("template_unverified",
+                                  f"message {k} ({msgs[k - 1]['role']}) is not where the template puts it")
+            starts.append(at)
+        ends.append(end)
+        prev_end = end
+    return text, ends, starts, ids, offsets, diag
+
+
+def encode_template_unit(tok: ChatTokenizer, unit: TemplateUnit) -> Encoded:
+    text, ends, starts, ids, offsets, diag = message_spans(tok, unit)
+    char_train = np.zeros(len(text), dtype=np.uint8)
+    for m, start, end in zip(unit.messages, starts, ends):
+        if m.train and start is not None:
+            char_train[start:end] = 1
+    labels, straddles = token_labels(offsets, char_train)
+    _bump(diag, "straddling_tokens_masked", straddles)
+    _bump(diag, "conversations")
+    _bump(diag, "messages", len(unit.messages))
+    if not unit.add_special_tokens:   # self-check: the spans tokenise independently to the same ids
+        bounds = [0] + ends + [len(text)]
+        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+        joined = [i for enc in tok.backend.encode_batch(pieces, add_special_tokens=False) for i in enc.ids]
+        if joined != list(ids):
+            _bump(diag, "template_split_mismatch")
+    return Encoded(list(ids), labels, diag)
+
+
+def encode_units(tok: ChatTokenizer, units: list[TemplateUnit | TextUnit]) -> Encoded:
+    ids: list[int] = []
+    masks: list[np.ndarray] = []
+    diag: dict[str, int] = {}
+    for unit in units:
+        enc = encode_template_unit(tok, unit) if isinstance(unit, TemplateUnit) else encode_text_unit(tok, unit)
+        ids += enc.ids
+        masks.append(enc.mask)
+        for k, v in enc.diag.items():
+            _bump(diag, k, v)
+    mask = np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8)
+    return Encoded(ids, mask, diag)

@@ -1,0 +1,206 @@
+"""`prepare_part`: one ingest part (JSONL `{"text", "meta", "record"}`) → SFT/DPO/GRPO shards + stats.
+
+Pure and deterministic: the files depend only on the part's lines, the tokenizer and the config.
+A record is written to every output key or to none (keys stay aligned by document index).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import orjson
+
+from streamprep import binidx
+from streamprep.sft.chat import ChatTokenizer, encode_units, load_chat_tokenizer
+from streamprep.sft.config import layout, validate_sft_config
+from streamprep.sft.output import Shard, domain_dir
+from streamprep.sft.records import RecordError, build_record, get_path, record_text
+
+MAX_DROPPED_LISTED = 1000
+_TOKENIZERS: dict[str, ChatTokenizer] = {}
+
+
+def tokenizer_for(tokenizer: ChatTokenizer | str | Path) -> ChatTokenizer:
+    """The given ChatTokenizer, or one loaded from a path once per process and cached."""
+    if isinstance(tokenizer, ChatTokenizer):
+        return tokenizer
+    key = str(Path(tokenizer).resolve())
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = load_chat_tokenizer(key)
+    return _TOKENIZERS[key]
+
+
+def config_digest(sft_cfg: Mapping[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(orjson.dumps(sft_cfg, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _plan(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {key: {**layout(cfg, key), "list": src["list_field"]}
+            for key, src in cfg["input"]["sources"].items()}
+
+
+def _dtypes(cfg: Mapping[str, Any], vocab_size: int) -> dict[str, np.dtype]:
+    out = cfg["output"]
+    seq = binidx.optimal_dtype(vocab_size) if out["dtype"] == "auto" else np.dtype(out["dtype"])
+    if vocab_size - 1 > np.iinfo(seq).max:
+        raise ValueError(f"sft.output.dtype {seq} cannot hold token ids up to {vocab_size - 1}")
+    return {"sequence": seq, "mask": np.dtype(np.uint8), "value": np.dtype(out["value_dtype"])}
+
+
+class _Stats:
+    def __init__(self, plan: dict[str, dict[str, Any]]):
+        self.records = 0
+        self.documents = 0
+        self.dropped: dict[str, int] = {}
+        self.dropped_records: list[dict[str, Any]] = []
+        self.keys = {k: {"documents": 0, "sequences": 0, "tokens": 0, "trained_tokens": 0, "values": 0} for k in plan}
+        self.diag: dict[str, int] = {}
+
+    def drop(self, line: int, reason: str, detail: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        if len(self.dropped_records) < MAX_DROPPED_LISTED:
+            self.dropped_records.append({"line": line, "reason": reason, "detail": detail[:300]})
+
+    def bump(self, key: str, n: int = 1) -> None:
+        if n:
+            self.diag[key] = self.diag.get(key, 0) + n
+
+
+def encode_record(cfg: Mapping[str, Any], tok: ChatTokenizer, record: Any, plan: dict[str, dict[str, Any]],
+                  dtypes: dict[str, np.dtype]) -> tuple[dict[str, dict[str, list[np.ndarray]]], dict[str, int]]:
+    """One record → per key {"sequence": [...], "mask": [...], "value": [...]} arrays, or RecordError."""
+    pre = cfg["preprocessing"]
+    data = build_record(cfg, record)
+    chars = len(record_text(data))
+    if chars < pre["min_chars"]:
+        raise RecordError("min_chars", f"{chars} characters < {pre['min_chars']}")
+    if pre["max_chars"] is not None and chars > pre["max_chars"]:
+        raise RecordError("max_chars", f"{chars} characters > {pre['max_chars']}")
+    diag: dict[str, int] = {}
+    out: dict[str, dict[str, list[np.ndarray]]] = {}
+    limit = pre["max_seq_len"]
+    for key, sd in data.items():
+        lay = plan[key]
+        diag["items_truncated"] = diag.get("items_truncated", 0) + sd.truncated_items
+        seqs, masks, vals = [], [], []
+        for item in sd.items:
+            if lay["value"]:
+                vals.append(np.asarray(item.values, dtype=dtypes["value"]))
+            if not lay["sequence"]:
+                continue
+            enc = encode_units(tok, item.units)
+            for k, v in enc.diag.items():
+                diag[k] = diag.get(k, 0) + v
+            ids, mask = enc.ids, enc.mask
+            if not ids:
+                raise RecordError("empty", f"{key}: encodes to no tokens")
+            if limit is not None and len(ids) > limit:
+                if pre["overlong"] == "drop":
+                    raise RecordError("overlong", f"{key}: {len(ids)} tokens > max_seq_len {limit}")
+                ids, mask = ids[:limit], mask[:limit]
+                diag["sequences_truncated"] = diag.get("sequences_truncated", 0) + 1
+            if lay["mask"] and lay["can_train"] and not mask.any():
+                raise RecordError("no_trained_tokens", f"{key}: no trained token"
+                                  + (" left after truncation" if limit is not None and len(enc.ids) > limit else ""))
+            seqs.append(np.asarray(ids, dtype=dtypes["sequence"]))
+            masks.append(np.asarray(mask, dtype=np.uint8))
+        out[key] = {"sequence": seqs, "mask": masks, "value": vals}
+    return out, diag
+
+
+def prepare_part(input_path: str | Path, out_prefix: str | Path, tokenizer_dir: ChatTokenizer | str | Path,
+                 sft_cfg: Mapping[str, Any], fingerprint: str) -> dict[str, Any]:
+    """Prepare one ingest part. Files go to `out_prefix.parent[/<domain>]/<out_prefix.name>_sNNNN_*`.
+
+    `tokenizer_dir`: a directory / tokenizer.json path (loaded once per process and cached) or a
+    ChatTokenizer from `load_chat_tokenizer`. `sft_cfg`: the `sft:` section (validated here; idempotent).
+    `fingerprint` is recorded in every meta.json. Returns stats; `files` are relative to out_prefix.parent.
+    """
+    t0 = time.perf_counter()
+    cfg = validate_sft_config(sft_cfg)
+    tok = tokenizer_for(tokenizer_dir)
+    plan = _plan(cfg)
+    dtypes = _dtypes(cfg, tok.vocab_size)
+    out_prefix = Path(out_prefix)
+    base, name = out_prefix.parent, out_prefix.name
+    domain_key = cfg["output"]["domain_key"]
+    max_tokens = cfg["output"]["max_tokens_per_shard"]
+    header = {"source_part": Path(input_path).name, "tokenizer_fingerprint": fingerprint,
+              "vocab_size": tok.vocab_size, "sft_config": config_digest(cfg)}
+    stats = _Stats(plan)
+    open_shards: dict[str | None, Shard] = {}
+    next_index: dict[str | None, int] = {}
+    closed: list[tuple[Shard, dict[str, Any]]] = []
+
+    def close(shard: Shard) -> None:
+        closed.append((shard, shard.close()))
+
+    try:
+        with open(input_path, "rb") as fh:
+            for line_no, line in enumerate(fh):
+                if not line.strip():
+                    continue
+                stats.records += 1
+                try:
+                    obj = orjson.loads(line)
+                    record = obj.get("record") if isinstance(obj, dict) else None
+                    if record is None:
+                        raise RecordError("no_record", "ingest line has no 'record' (the original record)")
+                    arrays, diag = encode_record(cfg, tok, record, plan, dtypes)
+                except orjson.JSONDecodeError as exc:
+                    stats.drop(line_no, "bad_json", str(exc))
+                    continue
+                except RecordError as exc:
+                    stats.drop(line_no, exc.reason, exc.detail)
+                    continue
+                for k, v in diag.items():
+                    stats.bump(k, v)
+                domain = None
+                if domain_key is not None:
+                    try:
+                        domain = domain_dir(get_path(record, domain_key))
+                    except RecordError:
+                        domain = domain_dir(None)
+                n_tokens = sum(len(s) for parts in arrays.values() for s in parts["sequence"])
+                shard = open_shards.get(domain)
+                if shard is not None and max_tokens is not None and shard.documents \
+                        and shard.tokens + n_tokens > max_tokens:
+                    close(shard)
+                    shard = None
+                if shard is None:
+                    idx = next_index.get(domain, 0)
+                    next_index[domain] = idx + 1
+                    shard = open_shards[domain] = Shard(base / domain if domain else base, name, idx, domain,
+                                                        plan, dtypes, header)
+                shard.add(arrays)
+                stats.documents += 1
+                for key, parts in arrays.items():
+                    ks = stats.keys[key]
+                    ks["documents"] += 1
+                    ks["sequences"] += len(parts["sequence"])
+                    ks["tokens"] += sum(len(s) for s in parts["sequence"])
+                    if plan[key]["mask"]:
+                        ks["trained_tokens"] += int(sum(int(m.sum()) for m in parts["mask"]))
+                    ks["values"] += sum(len(v) for v in parts["value"])
+        for domain in sorted(open_shards, key=lambda d: (d is not None, d or "")):
+            close(open_shards.pop(domain))
+    except BaseException:
+        for shard in open_shards.values():
+            shard.abort()
+        raise
+    closed.sort(key=lambda sm: (sm[0].domain or "", sm[0].index))
+    files = sorted(str(p.relative_to(base)) for shard, _ in closed for p in shard.files())
+    shards = [{"domain": s.domain, "shard": s.index, "meta": str(s.meta_path.relative_to(base)),
+               "documents": m["documents"], "tokens": m["tokens"], "trained_tokens": m["trained_tokens"]}
+              for s, m in closed]
+    for key, lay in plan.items():
+        if not lay["mask"]:
+            stats.keys[key]["trained_tokens"] = None   # no mask written: every token is trained
+    return {"records": stats.records, "documents": stats.documents,
+            "dropped": dict(sorted(stats.dropped.items())), "dropped_records": stats.dropped_records,
+            "keys": stats.keys, "layout": {k: {kk: vv for kk, vv in v.items()} for k, v in plan.items()},
+            "dtypes": {k: str(v) for k, v in dtypes.items()}, "diagnostics": dict(sorted(stats.diag.items())),
+            "shards": shards, "files": files, "seconds": round(time.perf_counter() - t0, 4)}

@@ -1,0 +1,264 @@
+"""From one input record to what gets tokenised, without a tokenizer: fields, transcripts, labels, values.
+
+A record becomes, per output key, a list of *items* (one, or one per element of `list_field`). An item
+is a list of *units*, each encoded on its own and concatenated:
+
+- `TemplateUnit`: a conversation rendered through the chat template; consecutive template sections
+  with the same `add_special_tokens` join one conversation (the template places BOS/EOS once);
+- `TextUnit`: plain text pieces, each labelled train/mask; consecutive non-template sections with the
+  same `add_special_tokens` are joined into one text, so tokens merge across them exactly as in the
+  joined string (no spurious SentencePiece word-start markers at section starts);
+
+plus the raw numbers of `action: value` sections. Labels are decided here; token positions in chat.py.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamprep.sft.config import label_of_role, section_mode
+
+HH_MARKER = re.compile(r"\n\n(Human|Assistant):")
+HH_ROLES = {"Human": "user", "Assistant": "assistant"}
+
+
+class RecordError(ValueError):
+    """A record that cannot be prepared; `.reason` is the short drop reason counted in the stats."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class Message:
+    role: str            # as in the record (mask lookup uses this first)
+    rendered_role: str   # after role_map: what the chat template sees
+    content: str
+    train: bool
+
+
+@dataclass
+class TemplateUnit:
+    messages: list[Message]
+    add_special_tokens: bool
+    generation_prompt: bool = False
+
+
+@dataclass
+class TextUnit:
+    pieces: list[tuple[str, bool]]   # (text, trained)
+    add_special_tokens: bool
+
+    @property
+    def text(self) -> str:
+        return "".join(t for t, _ in self.pieces)
+
+
+@dataclass
+class Item:
+    units: list[TemplateUnit | TextUnit] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)   # contents, for quality control
+
+
+def get_path(obj: Any, path: str) -> Any:
+    """`a.b.0` into nested mappings / lists; RecordError('schema') when something is missing."""
+    cur = obj
+    for part in path.split("."):
+        if isinstance(cur, Mapping) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        else:
+            raise RecordError("schema", f"field {path!r} is missing")
+    return cur
+
+
+def parse_hh(text: str) -> list[tuple[str, str, str]]:
+    """HH-RLHF transcript `"\\n\\nHuman: …\\n\\nAssistant: …"` → [(role, header, content)], roles user/assistant.
+
+    Headers are the markers (`"\\n\\nHuman:"`); contents keep their leading space, so the turns
+    concatenate back to the input exactly.
+    """
+    marks = list(HH_MARKER.finditer(text))
+    if not marks or marks[0].start() != 0:
+        raise RecordError("schema", "not an HH transcript (must start with '\\n\\nHuman:' or '\\n\\nAssistant:')")
+    turns = []
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        turns.append((HH_ROLES[m.group(1)], m.group(0), text[m.end():end]))
+    return turns
+
+
+def _numbers(value: Any, where: str) -> list[float]:
+    vals = value if isinstance(value, list) else [value]
+    out = []
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RecordError("schema", f"{where}: expected a number or a list of numbers, got {type(v).__name__}")
+        if not math.isfinite(v):
+            raise RecordError("bad_value", f"{where}: {v!r} is not finite")
+        out.append(float(v))
+    if not out:
+        raise RecordError("empty", f"{where}: empty list of values")
+    return out
+
+
+def _messages(value: Any, s: Mapping[str, Any], where: str) -> list[tuple[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise RecordError("schema", f"{where}: expected a non-empty list of messages")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, Mapping):
+            raise RecordError("schema", f"{where}[{i}]: a message must be a mapping")
+        role, content = m.get(s["role_key"]), m.get(s["content_key"])
+        if content is None:
+            content = ""
+        if not isinstance(role, str) or not role or not isinstance(content, str):
+            raise RecordError("schema", f"{where}[{i}]: needs a string {s['role_key']!r} and {s['content_key']!r}")
+        out.append((role, content))
+    return out
+
+
+def _label(cfg: Mapping[str, Any], s: Mapping[str, Any], role: str, rendered: str) -> bool:
+    if s["action"] in ("train", "mask"):
+        return s["action"] == "train"
+    return label_of_role(cfg, role, rendered) == "train"
+
+
+def _last_only(flags: list[bool]) -> list[bool]:
+    last = max((i for i, f in enumerate(flags) if f), default=None)
+    return [i == last for i in range(len(flags))]
+
+
+def build_item(cfg: Mapping[str, Any], sections: list[dict[str, Any]], obj: Any) -> Item:
+    """RecordError('no_trained_text') when something is meant to be trained but all of it is blank."""
+    item = Item()
+    trained: list[str] = []
+    for idx, s in enumerate(sections):
+        where = s["field"] or f"section[{idx}]"
+        value = obj if s["field"] is None else get_path(obj, s["field"])
+        mode = section_mode(s)
+        if mode == "value":
+            item.values.extend(_numbers(value, where))
+            continue
+        if mode == "text":
+            if not isinstance(value, str):
+                raise RecordError("schema", f"{where}: expected a string, got {type(value).__name__}")
+            action = s["action"] or "train"
+            train = action == "train" if action in ("train", "mask") else label_of_role(cfg, action) == "train"
+            item.texts.append(value)
+            if train:
+                trained.append(value)
+            _add_text(item, [(value, train)], s["add_special_tokens"])
+            continue
+        # messages: a chat template conversation and/or a parsed transcript
+        headers: list[str] | None = None
+        if s["parse"] == "hh":
+            if not isinstance(value, str):
+                raise RecordError("schema", f"{where}: expected a transcript string, got {type(value).__name__}")
+            turns = parse_hh(value)
+            pairs = [(r, c) for r, _, c in turns]
+            headers = [h for _, h, _ in turns]
+        elif isinstance(value, str):
+            if s["action"] in (None, "train", "mask"):
+                raise RecordError("schema", f"{where}: a string in a template section needs action: <role>")
+            pairs = [(s["action"], value)]
+        else:
+            if s["action"] not in (None, "train", "mask"):
+                raise RecordError("schema", f"{where}: action {s['action']!r} needs a string field, got a list")
+            pairs = _messages(value, s, where)
+        rendered = [s["role_map"].get(r, r) for r, _ in pairs]
+        if isinstance(value, str) and s["parse"] is None:
+            flags = [label_of_role(cfg, s["action"]) == "train"]
+        else:
+            flags = [_label(cfg, s, r, rr) for (r, _), rr in zip(pairs, rendered)]
+        if s["train_turns"] == "last":
+            flags = _last_only(flags)
+        item.texts.extend(c.strip() if headers is not None else c for _, c in pairs)
+        trained += [c for (_, c), f in zip(pairs, flags) if f]
+        if s["template"]:
+            msgs = [Message(r, rr, c.strip() if headers is not None else c, f)
+                    for (r, c), rr, f in zip(pairs, rendered, flags)]
+            prev = item.units[-1] if item.units else None
+            if isinstance(prev, TemplateUnit) and prev.add_special_tokens == s["add_special_tokens"] \
+                    and not prev.generation_prompt:
+                prev.messages.extend(msgs)
+                prev.generation_prompt = s["generation_prompt"]
+            else:
+                item.units.append(TemplateUnit(msgs, s["add_special_tokens"], s["generation_prompt"]))
+        else:  # raw transcript: the text exactly as given; headers masked, contents by role
+            pieces: list[tuple[str, bool]] = []
+            for h, (_, c), f in zip(headers or [], pairs, flags):
+                pieces += [(h, False), (c, f)]
+            _add_text(item, pieces, s["add_special_tokens"])
+    if trained and not any(t.strip() for t in trained):
+        raise RecordError("no_trained_text", "every part to be trained is empty or blank")
+    return item
+
+
+def _add_text(item: Item, pieces: list[tuple[str, bool]], add_special: bool) -> None:
+    prev = item.units[-1] if item.units else None
+    if isinstance(prev, TextUnit) and prev.add_special_tokens == add_special:
+        prev.pieces.extend(pieces)
+    else:
+        item.units.append(TextUnit(list(pieces), add_special))
+
+
+@dataclass
+class SourceData:
+    items: list[Item]
+    truncated_items: int   # list elements dropped by preprocessing.max_items
+
+
+def build_record(cfg: Mapping[str, Any], record: Any) -> dict[str, SourceData]:
+    """Every output key's items for one record; RecordError when the record does not fit the schema."""
+    if not isinstance(record, Mapping):
+        raise RecordError("schema", f"record must be a JSON object, got {type(record).__name__}")
+    max_items = cfg["preprocessing"]["max_items"]
+    out: dict[str, SourceData] = {}
+    list_lengths: dict[str, int] = {}
+    for key, src in cfg["input"]["sources"].items():
+        if src["list_field"] is None:
+            out[key] = SourceData([build_item(cfg, src["sections"], record)], 0)
+            continue
+        elements = get_path(record, src["list_field"])
+        if not isinstance(elements, list):
+            raise RecordError("schema", f"{src['list_field']!r}: expected a list, got {type(elements).__name__}")
+        if not elements:
+            raise RecordError("empty", f"{src['list_field']!r}: empty list")
+        list_lengths[key] = len(elements)
+        cut = len(elements) - max_items if max_items and len(elements) > max_items else 0
+        kept = elements[:len(elements) - cut]
+        out[key] = SourceData([build_item(cfg, src["sections"], e) for e in kept], cut)
+    if len(set(list_lengths.values())) > 1:
+        raise RecordError("list_length_mismatch", "list fields are parallel and must have equal lengths: "
+                          + ", ".join(f"{k}={n}" for k, n in list_lengths.items()))
+    return out
+
+
+def record_text(data: dict[str, SourceData]) -> str:
+    """The text quality control judges: every content, in source/section order, joined by blank lines."""
+    return "\n\n".join(t for sd in data.values() for item in sd.items for t in item.texts if t)
+
+
+def qc_text(record: Any, sft_cfg: Mapping[str, Any]) -> str | None:
+    """Text for quality control, or None when the record does not fit the `sft.input` schema (a reject).
+
+    `sft_cfg` must be validated (validate_sft_config); pass the same dict for every record.
+    """
+    return qc_check(record, sft_cfg)[0]
+
+
+def qc_check(record: Any, sft_cfg: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(text, None), or (None, "<reason>: <detail>") for a reject message; reasons as in prepare's stats
+    (schema, empty, bad_value, list_length_mismatch, no_trained_text)."""
+    try:
+        return record_text(build_record(sft_cfg, record)), None
+    except RecordError as exc:
+        return None, str(exc)

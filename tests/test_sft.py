@@ -1,0 +1,478 @@
+"""SFT / DPO / GRPO preparation (streamprep.sft) on the real chat samples: masks checked against the
+rendered template, DPO pairs from HH-RLHF, GRPO groups with rewards, config errors, determinism."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+import yaml
+
+from streamprep.binidx import IndexedDataset
+from streamprep.sft import (SftConfigError, layout, load_chat_tokenizer, prepare_part, qc_check, qc_text,
+                            validate_sft_config)
+from streamprep.sft.records import parse_hh
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+PHI3 = "tokenizers/phi-3-mini"
+PHI2 = "tokenizers/phi-2/tokenizer.json"
+GLAIVE = "chat/glaive_toolcall_en_demo300.messages.jsonl"
+HH = "chat/hh_rlhf_harmless_base_test.jsonl.gz"
+FP = "sha256:test-fingerprint"
+
+
+# ---- helpers --------------------------------------------------------------------------------------
+def sft_section(name: str) -> dict[str, Any]:
+    return yaml.safe_load((CONFIGS / f"{name}.yaml").read_text(encoding="utf-8"))["sft"]
+
+
+def write_part(path: Path, records: list[Any], cfg: dict[str, Any]) -> Path:
+    """An ingest part as the pipeline writes it: {"text", "meta", "record"} per line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        for r in records:
+            fh.write(orjson.dumps({"text": qc_text(r, cfg) or "", "meta": {}, "record": r}) + b"\n")
+    return path
+
+
+def opened(out_dir: Path, prefix: str) -> IndexedDataset:
+    ds = IndexedDataset.open(out_dir / prefix)
+    assert ds.check() == []
+    return ds
+
+
+def trained_runs(ids: np.ndarray, mask: np.ndarray) -> list[list[int]]:
+    """Maximal runs of consecutive trained tokens."""
+    runs, cur = [], []
+    for t, m in zip(ids.tolist(), mask.tolist()):
+        if m:
+            cur.append(t)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return runs
+
+
+def read_glaive(shared: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in (shared / GLAIVE).read_bytes().splitlines()]
+
+
+def read_hh(shared: Path) -> list[dict[str, Any]]:
+    with gzip.open(shared / HH, "rb") as fh:
+        return [orjson.loads(line) for line in fh]
+
+
+@pytest.fixture(scope="module")
+def phi3(shared_data: Path):
+    return load_chat_tokenizer(shared_data / PHI3)
+
+
+# ---- SFT chat: glaive with phi-3-mini's chat template ----------------------------------------------
+@pytest.fixture(scope="module")
+def glaive(tmp_path_factory, shared_data: Path, phi3) -> dict[str, Any]:
+    raw = sft_section("sft_chat")
+    raw["preprocessing"]["max_seq_len"] = None   # every record, untruncated (one has a 6,000-char user turn)
+    cfg = validate_sft_config(raw)
+    records = read_glaive(shared_data)
+    root = tmp_path_factory.mktemp("glaive")
+    part = write_part(root / "ingest" / "part-00000.jsonl", records, cfg)
+    stats = prepare_part(part, root / "sft" / "part-00000", phi3, cfg, FP)
+    return {"cfg": cfg, "records": records, "stats": stats, "out": root / "sft"}
+
+
+def test_glaive_masks_match_the_rendered_template(glaive: dict[str, Any], phi3) -> None:
+    stats, out, records = glaive["stats"], glaive["out"], glaive["records"]
+    assert stats["records"] == stats["documents"] == 300 and stats["dropped"] == {}
+    assert stats["diagnostics"] == {"conversations": 300, "messages": 2214}  # no split mismatch, all rendered
+    seq = opened(out, "part-00000_s0000_text_sequence")
+    mask = opened(out, "part-00000_s0000_text_loss_mask")
+    assert seq.dtype == np.int32 and mask.dtype == np.uint8
+    assert np.array_equal(seq.lengths, mask.lengths) and len(seq) == 300
+    role_map = {"function_call": "assistant", "tool": "user"}
+    trained = total = 0
+    for i, rec in enumerate(records):
+        msgs = [{"role": role_map.get(m["role"], m["role"]), "content": m["content"]} for m in rec["messages"]]
+        rendered = phi3.hf.apply_chat_template(msgs, tokenize=False)
+        ids, m = seq[i], mask[i]
+        # the sequence is exactly the full rendering, encoded without extra special tokens
+        assert ids.tolist() == phi3.backend.encode(rendered, add_special_tokens=False).ids
+        assert set(np.unique(m).tolist()) <= {0, 1}
+        # trained tokens, run by run, are exactly the assistant turns' contents + phi-3's end-of-turn token
+        expected = [m_["content"] + "<|end|>" for m_ in rec["messages"] if m_["role"] in ("assistant", "function_call")]
+        assert [phi3.decode(r) for r in trained_runs(ids, m)] == expected, rec["id"]
+        # role headers, system/user/tool turns and the final <|endoftext|> are masked
+        assert m[0] == 0 and ids[-1] == phi3.backend.token_to_id("<|endoftext|>") and m[-1] == 0
+        assert not m[ids == phi3.backend.token_to_id("<|assistant|>")].any()
+        trained += int(m.sum())
+        total += len(ids)
+    assert stats["keys"]["text"] == {"documents": 300, "sequences": 300, "tokens": total, "trained_tokens": trained,
+                                     "values": 0}
+    assert 0.5 < trained / total < 0.75   # 62% on this sample: long assistant answers and JSON calls
+
+
+def test_glaive_meta_and_files(glaive: dict[str, Any]) -> None:
+    stats, out = glaive["stats"], glaive["out"]
+    assert stats["files"] == ["part-00000_s0000.meta.json",
+                              "part-00000_s0000_text_loss_mask.bin", "part-00000_s0000_text_loss_mask.idx",
+                              "part-00000_s0000_text_sequence.bin", "part-00000_s0000_text_sequence.idx"]
+    meta = json.loads((out / "part-00000_s0000.meta.json").read_text())
+    assert meta["documents"] == 300 and meta["tokenizer_fingerprint"] == FP and meta["vocab_size"] == 32011
+    assert meta["keys"]["text"]["sequence"] == {"prefix": "part-00000_s0000_text_sequence", "dtype": "int32",
+                                                "sequences": 300, "tokens": stats["keys"]["text"]["tokens"]}
+    assert meta["keys"]["text"]["loss_mask"]["trained_tokens"] == meta["trained_tokens"] \
+        == stats["keys"]["text"]["trained_tokens"]
+    assert not list(out.glob(".*tmp*"))   # no temporary file left behind
+
+
+def test_template_drops_unknown_roles_without_role_map(tmp_path: Path, glaive: dict[str, Any], phi3) -> None:
+    """Without role_map phi-3's template renders no function_call/tool turn: counted, and only the
+    assistant turns are trained."""
+    cfg = validate_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
+    records = glaive["records"][:40]
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", records, cfg), tmp_path / "o" / "p", phi3, cfg, FP)
+    n_hidden = sum(m["role"] in ("function_call", "tool") for r in records for m in r["messages"])
+    assert stats["diagnostics"]["messages_not_rendered"] == n_hidden > 0
+    seq, mask = opened(tmp_path / "o", "p_s0000_text_sequence"), opened(tmp_path / "o", "p_s0000_text_loss_mask")
+    for i, rec in enumerate(records):
+        expected = [m["content"] + "<|end|>" for m in rec["messages"] if m["role"] == "assistant"]
+        assert [phi3.decode(r) for r in trained_runs(seq[i], mask[i])] == expected
+
+
+def test_qc_text_and_schema_rejects(glaive: dict[str, Any]) -> None:
+    cfg, rec = glaive["cfg"], glaive["records"][0]
+    text = qc_text(rec, cfg)
+    assert text == "\n\n".join(m["content"] for m in rec["messages"])
+    assert qc_text({"id": 1}, cfg) is None
+    assert qc_check({"messages": "hello"}, cfg) == (None, "schema: messages: a string in a template section needs action: <role>")
+    assert qc_check({"messages": []}, cfg) == (None, "schema: messages: expected a non-empty list of messages")
+    assert qc_text({"messages": [{"role": "user"}]}, cfg) == ""   # missing content reads as "" (QC min_chars judges)
+    assert qc_check({"messages": [{"role": "user", "content": 3}]}, cfg)[1].startswith("schema:")
+    dpo = validate_sft_config(sft_section("dpo"))
+    assert qc_text({"chosen": "no transcript", "rejected": "\n\nHuman: hi\n\nAssistant: yo"}, dpo) is None
+
+
+# ---- DPO: HH-RLHF harmless-base ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hh(tmp_path_factory, shared_data: Path, phi3) -> dict[str, Any]:
+    cfg = validate_sft_config(sft_section("dpo"))
+    records = read_hh(shared_data)
+    root = tmp_path_factory.mktemp("hh")
+    stats = prepare_part(write_part(root / "part-00000.jsonl", records, cfg), root / "dpo" / "part-00000", phi3, cfg, FP)
+    return {"cfg": cfg, "records": records, "stats": stats, "out": root / "dpo"}
+
+
+def test_hh_dpo_pairs_train_only_the_final_assistant_turn(hh: dict[str, Any], phi3) -> None:
+    stats, out, records = hh["stats"], hh["out"], hh["records"]
+    # four 'chosen' transcripts end with a blank assistant turn: nothing to train, the pair is dropped
+    assert stats["dropped"] == {"no_trained_text": 4}
+    dropped = [d["line"] for d in stats["dropped_records"]]
+    assert dropped == [86, 516, 925, 1103]
+    kept = [r for i, r in enumerate(records) if i not in set(dropped)]
+    assert stats["documents"] == len(kept) == 2308
+    limit = hh["cfg"]["preprocessing"]["max_seq_len"]
+    files = {}
+    for key in ("chosen", "rejected"):
+        seq, mask = opened(out, f"part-00000_s0000_{key}_sequence"), opened(out, f"part-00000_s0000_{key}_loss_mask")
+        assert len(seq) == len(mask) == len(kept) and np.array_equal(seq.lengths, mask.lengths)
+        files[key] = (seq, mask)
+        for j, rec in enumerate(kept):
+            ids, m = seq[j], mask[j].astype(bool)
+            final = parse_hh(rec[key])[-1][2]
+            idx = np.flatnonzero(m)
+            assert idx.size and (np.diff(idx) == 1).all(), "one contiguous trained run"
+            if len(ids) < limit:
+                assert idx[-1] == len(ids) - 1, "the run is the end of the transcript"
+                assert phi3.decode(ids[m].tolist()).strip() == final.strip()
+                assert phi3.decode(ids.tolist()) == rec[key]   # the transcript verbatim, no added BOS/EOS
+            else:
+                assert final.strip().startswith(phi3.decode(ids[m].tolist()).strip())
+    # chosen and rejected share the masked prompt (all turns before the final answer), token for token
+    same_prompt = 0
+    for j, rec in enumerate(kept):
+        pc = rec["chosen"][:rec["chosen"].rindex("\n\nAssistant:")]
+        pr = rec["rejected"][:rec["rejected"].rindex("\n\nAssistant:")]
+        if pc != pr:
+            continue
+        same_prompt += 1
+        (cs, cm), (rs, rm) = files["chosen"], files["rejected"]
+        first_c, first_r = int(np.argmax(cm[j])), int(np.argmax(rm[j]))
+        assert cs[j][:first_c].tolist() == rs[j][:first_r].tolist()
+    assert same_prompt > 0.95 * len(kept)
+
+
+# ---- GRPO: prompt, list of responses, rewards ------------------------------------------------------
+def grpo_records() -> list[dict[str, Any]]:
+    recs = []
+    for i in range(8):
+        a, b = 13 + 7 * i, 29 + 3 * i
+        good = f"{a} + {b} = {a + b}.\nAnswer: {a + b}"
+        responses = [good, f"Answer: {a + b + 1}", f"I think it is {a + b - 10}.", good + " (checked)"][: 2 + i % 3]
+        recs.append({"id": f"g{i}", "domain": "add" if i % 2 else "add/hard", "prompt": f"What is {a} + {b}?",
+                     "responses": responses, "rewards": [1.0 if str(a + b) in r.split("Answer: ")[-1] else 0.0
+                                                         for r in responses]})
+    recs.append({"id": "bad", "domain": "add", "prompt": "x?", "responses": ["1", "2"], "rewards": [1.0]})
+    recs.append({"id": "big", "prompt": "Count.", "responses": [str(k) for k in range(6)],
+                 "rewards": [0.5 * k for k in range(6)]})
+    return recs
+
+
+def test_grpo_groups_with_rewards(tmp_path: Path, phi3) -> None:
+    raw = sft_section("grpo")
+    raw["preprocessing"]["max_items"] = 4
+    cfg = validate_sft_config(raw)
+    assert layout(cfg, "prompt")["mask"] is None and layout(cfg, "responses")["mask"] is None
+    recs = grpo_records()
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "grpo" / "part-00003", phi3, cfg, FP)
+    assert stats["dropped"] == {"list_length_mismatch": 1}
+    assert stats["diagnostics"]["items_truncated"] == 4    # 'big' keeps 4 of its 6 responses and rewards
+    by_domain: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        if r["id"] != "bad":
+            by_domain.setdefault(r.get("domain"), []).append(r)
+    dirs = {"add": "add", "add/hard": f"add_hard-{__import__('hashlib').sha256(b'add/hard').hexdigest()[:8]}",
+            None: "_none"}
+    assert sorted(s["domain"] for s in stats["shards"]) == sorted(dirs.values())
+    assert not any("loss_mask" in f for f in stats["files"])
+    for domain, group in by_domain.items():
+        out = tmp_path / "grpo" / dirs[domain]
+        prompt = opened(out, "part-00003_s0000_prompt_sequence")
+        resp = opened(out, "part-00003_s0000_responses_sequence")
+        rew = opened(out, "part-00003_s0000_rewards_value")
+        assert rew.dtype == np.float32 and resp.dtype == np.int32
+        n_items = [min(len(r["responses"]), 4) for r in group]
+        assert resp.doc_indices.tolist() == rew.doc_indices.tolist() == np.concatenate(([0], np.cumsum(n_items))).tolist()
+        seq_i = 0
+        for j, rec in enumerate(group):
+            rendered = phi3.hf.apply_chat_template([{"role": "user", "content": rec["prompt"]}], tokenize=False,
+                                                   add_generation_prompt=True)
+            assert rendered.endswith("<|assistant|>\n")
+            assert prompt[j].tolist() == phi3.backend.encode(rendered, add_special_tokens=False).ids
+            for k in range(n_items[j]):
+                assert resp[seq_i].tolist() == phi3.backend.encode(rec["responses"][k], add_special_tokens=False).ids
+                assert rew[seq_i].tolist() == [rec["rewards"][k]]
+                seq_i += 1
+        meta = json.loads((out / "part-00003_s0000.meta.json").read_text())
+        assert meta["documents"] == len(group) and meta["trained_tokens"] is None
+        assert meta["keys"]["responses"]["list_field"] == "responses" and meta["keys"]["prompt"]["list_field"] is None
+        assert meta["keys"]["rewards"]["value"]["values"] == sum(n_items)
+
+
+def test_megatron_core_reads_grouped_documents(tmp_path: Path, phi3) -> None:
+    indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    cfg = validate_sft_config(sft_section("grpo"))
+    recs = [r for r in grpo_records() if r["id"] != "bad" and r.get("domain") == "add"]
+    prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", phi3, cfg, FP)
+    ours = IndexedDataset.open(tmp_path / "o" / "add" / "p_s0000_responses_sequence")
+    theirs = indexed.IndexedDataset(str(tmp_path / "o" / "add" / "p_s0000_responses_sequence"))
+    assert theirs.document_indices.tolist() == ours.doc_indices.tolist()
+    assert all(theirs[i].tolist() == ours[i].tolist() for i in range(len(ours)))
+    rewards = indexed.IndexedDataset(str(tmp_path / "o" / "add" / "p_s0000_rewards_value"))
+    assert rewards[0].dtype == np.float32 and rewards[0].tolist() == [recs[0]["rewards"][0]]
+
+
+# ---- pretraining-style text, truncation, special tokens, determinism -------------------------------
+def test_no_mask_when_every_section_trains_without_template(tmp_path: Path, shared_data: Path) -> None:
+    cfg = validate_sft_config({"input": {"sections": [{"field": "text"}]}})
+    assert layout(cfg, "text")["mask"] is None
+    docs = [orjson.loads(line) for line in (shared_data / "web/c4_en_llamafactory_demo300.jsonl").read_bytes().splitlines()[:30]]
+    tok = load_chat_tokenizer(shared_data / PHI2)   # no chat template: not needed here
+    assert tok.chat_template is None
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", docs, cfg), tmp_path / "o" / "p", tok, cfg, FP)
+    assert stats["files"] == ["p_s0000.meta.json", "p_s0000_text_sequence.bin", "p_s0000_text_sequence.idx"]
+    assert stats["keys"]["text"]["trained_tokens"] is None
+    seq = opened(tmp_path / "o", "p_s0000_text_sequence")
+    for i, d in enumerate(docs):
+        assert seq[i].tolist() == tok.backend.encode(d["text"], add_special_tokens=False).ids
+
+
+def test_max_seq_len_truncates_or_drops(tmp_path: Path, glaive: dict[str, Any], phi3) -> None:
+    records = glaive["records"][:30]
+    raw = sft_section("sft_chat")
+    raw["preprocessing"]["max_seq_len"] = 300
+    cfg = validate_sft_config(raw)
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", records, cfg), tmp_path / "t" / "p", phi3, cfg, FP)
+    full_seq = opened(glaive["out"], "part-00000_s0000_text_sequence")
+    full_mask = opened(glaive["out"], "part-00000_s0000_text_loss_mask")
+    seq, mask = opened(tmp_path / "t", "p_s0000_text_sequence"), opened(tmp_path / "t", "p_s0000_text_loss_mask")
+    long = [i for i in range(30) if full_seq.lengths[i] > 300]
+    no_train = [i for i in long if not full_mask[i][:300].any()]
+    assert long and stats["diagnostics"]["sequences_truncated"] == len(long) - len(no_train)
+    assert stats["dropped"] == ({"no_trained_tokens": len(no_train)} if no_train else {})
+    kept = [i for i in range(30) if i not in no_train]
+    assert len(seq) == len(kept) and seq.lengths.max() == 300 and np.array_equal(seq.lengths, mask.lengths)
+    for j, i in enumerate(kept):
+        n = min(300, int(full_seq.lengths[i]))
+        assert seq[j].tolist() == full_seq[i][:n].tolist() and mask[j].tolist() == full_mask[i][:n].tolist()
+    raw["preprocessing"]["overlong"] = "drop"
+    cfg = validate_sft_config(raw)
+    stats = prepare_part(write_part(tmp_path / "q.jsonl", records, cfg), tmp_path / "d" / "q", phi3, cfg, FP)
+    assert stats["dropped"] == {"overlong": len(long)} and stats["documents"] == 30 - len(long)
+
+
+def test_special_tokens_only_where_configured(tmp_path: Path, shared_data: Path) -> None:
+    """A tokenizer whose post-processor adds BOS: added only for sections with add_special_tokens: true."""
+    from tokenizers import Tokenizer, processors
+
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    base = Tokenizer.from_file(str(shared_data / PHI3 / "tokenizer.json"))
+    base.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    base.save(str(tok_dir / "tokenizer.json"))
+    shutil.copy(shared_data / PHI3 / "tokenizer_config.json", tok_dir)
+    tok = load_chat_tokenizer(tok_dir)
+    recs = [{"q": "What is two plus two?", "a": "Four."}]
+    for flag in (False, True):
+        cfg = validate_sft_config({"input": {"sections": [{"field": "q", "action": "mask", "add_special_tokens": flag},
+                                                          {"field": "a", "action": "train"}]}})
+        name = f"p{int(flag)}"
+        prepare_part(write_part(tmp_path / f"{name}.jsonl", recs, cfg), tmp_path / "o" / name, tok, cfg, FP)
+        ids = opened(tmp_path / "o", f"{name}_s0000_text_sequence")[0].tolist()
+        m = opened(tmp_path / "o", f"{name}_s0000_text_loss_mask")[0].tolist()
+        assert (ids[0] == 1) is flag and ids.count(1) == int(flag)
+        assert tok.decode([t for t, k in zip(ids, m) if k]).strip() == "Four."
+    # template sections: BOS/EOS only as the template writes them (phi-3: a final <|endoftext|>, no BOS)
+    cfg = validate_sft_config({"input": {"sections": [{"field": "q", "action": "user", "template": True},
+                                                      {"field": "a", "action": "assistant", "template": True}]}})
+    prepare_part(write_part(tmp_path / "t.jsonl", recs, cfg), tmp_path / "o" / "t", tok, cfg, FP)
+    ids = opened(tmp_path / "o", "t_s0000_text_sequence")[0].tolist()
+    m = opened(tmp_path / "o", "t_s0000_text_loss_mask")[0].tolist()
+    assert 1 not in ids and ids[-1] == 32000
+    assert tok.decode([t for t, k in zip(ids, m) if k]) == "Four.<|end|>"
+
+
+def test_template_that_rewrites_content_is_refused(tmp_path: Path, shared_data: Path) -> None:
+    """A template that does not show the content as given cannot be masked safely: the record is dropped."""
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    shutil.copy(shared_data / PHI3 / "tokenizer.json", tok_dir)
+    tcfg = json.loads((shared_data / PHI3 / "tokenizer_config.json").read_text())
+    tcfg["chat_template"] = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}\n{% endfor %}"
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    tok = load_chat_tokenizer(tok_dir)
+    cfg = validate_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
+    recs = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]},
+            {"messages": [{"role": "user", "content": "A"}, {"role": "assistant", "content": "OK 1"}]}]
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", tok, cfg, FP)
+    assert stats["dropped"] == {"template_unverified": 1} and stats["documents"] == 1   # upper() of 'OK 1' is itself
+    assert stats["files"] and stats["keys"]["text"]["trained_tokens"] > 0
+
+
+def test_plain_text_template_headers(tmp_path: Path, shared_data: Path) -> None:
+    """A template without special tokens ('### role:' headers): masks still follow the messages."""
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    shutil.copy(shared_data / PHI3 / "tokenizer.json", tok_dir)
+    tcfg = {"eos_token": "<|endoftext|>", "chat_template":
+            "{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n\n{% endfor %}"
+            "{% if add_generation_prompt %}### assistant:\n{% endif %}"}
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    tok = load_chat_tokenizer(tok_dir)
+    cfg = validate_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
+    recs = [{"messages": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "Seven is prime."},
+                          {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Eleven."}]}]
+    prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", tok, cfg, FP)
+    seq, mask = opened(tmp_path / "o", "p_s0000_text_sequence"), opened(tmp_path / "o", "p_s0000_text_loss_mask")
+    runs = [tok.decode(r) for r in trained_runs(seq[0], mask[0])]
+    assert [r.strip() for r in runs] == ["Seven is prime.", "Eleven."]
+
+
+def test_outputs_are_byte_identical_and_shards_split_at_max_tokens(tmp_path: Path, shared_data: Path, phi3) -> None:
+    raw = sft_section("dpo")
+    raw["output"]["max_tokens_per_shard"] = 20_000
+    cfg = validate_sft_config(raw)
+    part = write_part(tmp_path / "in" / "part-00007.jsonl", read_hh(shared_data)[:200], cfg)
+    runs = []
+    for name in ("a", "b"):
+        stats = prepare_part(part, tmp_path / name / "part-00007", shared_data / PHI3, cfg, FP)  # path: cached load
+        files = {f: (tmp_path / name / f).read_bytes() for f in stats["files"]}
+        runs.append((stats, files))
+    (sa, fa), (sb, fb) = runs
+    assert sa["files"] == sb["files"] and fa == fb
+    assert len(sa["shards"]) > 1
+    for s in sa["shards"]:
+        assert s["tokens"] <= 20_000 or s["documents"] == 1
+    # the shards together hold every document once, in input order
+    docs = []
+    for s in sa["shards"]:
+        ds = opened(tmp_path / "a", f"part-00007_s{s['shard']:04d}_chosen_sequence")
+        docs += [ds[i].tolist() for i in range(len(ds))]
+    assert len(docs) == sa["documents"] == 199 and sa["dropped"] == {"no_trained_text": 1}   # line 86
+    assert docs[0] == phi3.backend.encode(read_hh(shared_data)[0]["chosen"], add_special_tokens=False).ids
+
+
+# ---- config --------------------------------------------------------------------------------------
+OK_SECTION = {"field": "messages", "template": True}
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"input": {"sections": [OK_SECTION, {"field": "b", "action": 3}]}}, "sft.input.sections[1].action"),
+    ({"input": {"sections": [OK_SECTION, {"field": "b", "action": "two words"}]}}, "sft.input.sections[1].action"),
+    ({"input": {"sections": []}}, "sft.input.sections"),
+    ({"input": {"sections": [OK_SECTION], "sources": {}}}, "sft.input"),
+    ({"input": {"sources": {"chosen": {"sections": [{"field": "c", "tempalte": True}]}}}},
+     "sft.input.sources.chosen.sections[0].tempalte"),
+    ({"input": {"sources": {"a b": {"sections": [OK_SECTION]}}}}, "sft.input.sources.a b"),
+    ({"input": {"sources": {"x": {"sections": [OK_SECTION], "mask_key": "sequence"}}}}, "sft.input.sources.x.mask_key"),
+    ({"input": {"sections": [{"action": "train"}]}}, "sft.input.sections[0].field"),
+    ({"input": {"sections": [{"field": "r", "action": "value", "template": True}]}}, "sft.input.sections[0].template"),
+    ({"input": {"sections": [{"field": "p", "generation_prompt": True}]}}, "sft.input.sections[0].generation_prompt"),
+    ({"input": {"sections": [{"field": "p", "parse": "sharegpt"}]}}, "sft.input.sections[0].parse"),
+    ({"input": {"sections": [{"field": "p", "parse": "hh", "action": "user"}]}}, "sft.input.sections[0].action"),
+    ({"input": {"sections": [{"field": "p", "train_turns": "first"}]}}, "sft.input.sections[0].train_turns"),
+    ({"input": {"sections": [{"field": "p", "role_map": {"gpt": "assistant"}}]}}, "sft.input.sections[0].role_map"),
+    ({"input": {"sections": [OK_SECTION]}, "mask": {"assistant": "yes"}}, "sft.mask.assistant"),
+    ({"input": {"sections": [OK_SECTION]}, "mask_default": "maybe"}, "sft.mask_default"),
+    ({"input": {"sections": [OK_SECTION]}, "preprocessing": {"max_seq_len": 0}}, "sft.preprocessing.max_seq_len"),
+    ({"input": {"sections": [OK_SECTION]}, "preprocessing": {"min_chars": 10, "max_chars": 5}},
+     "sft.preprocessing.max_chars"),
+    ({"input": {"sections": [OK_SECTION]}, "output": {"dtype": "float16"}}, "sft.output.dtype"),
+    ({"input": {"sections": [OK_SECTION]}, "output": {"mask_dtype": "int32"}}, "sft.output.mask_dtype"),
+    ({"input": {"sections": [OK_SECTION]}, "output": {"max_tokens_per_shard": -1}}, "sft.output.max_tokens_per_shard"),
+    ({"input": {"sections": [OK_SECTION]}, "bogus": 1}, "sft.bogus"),
+    (None, "sft"),
+])
+def test_config_errors_name_the_key(raw: Any, key: str) -> None:
+    with pytest.raises(SftConfigError) as exc:
+        validate_sft_config(raw)
+    assert exc.value.key == key
+    assert str(exc.value).startswith(key + ": ") and "\n" not in str(exc.value)
+    assert isinstance(exc.value, ValueError)
+
+
+@pytest.mark.parametrize("name", ["sft_chat", "sft_instruction", "dpo", "grpo"])
+def test_example_configs_are_valid(name: str) -> None:
+    from streamprep.config import validate
+
+    raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text(encoding="utf-8"))
+    cfg = validate_sft_config(raw.pop("sft"))
+    assert validate_sft_config(cfg) == cfg   # idempotent
+    if (REPO.parent / "shared" / "data" / "SOURCES.md").is_file():
+        validate(raw, CONFIGS)               # the rest is a valid streamprep config (paths exist)
+
+
+def test_instruction_config_masks_the_prompt(tmp_path: Path, shared_data: Path) -> None:
+    cfg = validate_sft_config(sft_section("sft_instruction"))
+    with gzip.open(shared_data / "code/humaneval-x/humaneval_python.jsonl.gz", "rb") as fh:
+        recs = [orjson.loads(line) for line in fh]
+    tok = load_chat_tokenizer(shared_data / PHI2)
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", tok, cfg, FP)
+    assert stats["documents"] == 164 and stats["dtypes"]["sequence"] == "uint16"
+    seq, mask = opened(tmp_path / "o", "p_s0000_text_sequence"), opened(tmp_path / "o", "p_s0000_text_loss_mask")
+    assert seq.dtype == np.uint16
+    exact = 0
+    for i, r in enumerate(recs):
+        ids, m = seq[i], mask[i].astype(bool)
+        assert tok.decode(ids.tolist()) == r["prompt"] + r["canonical_solution"]   # joined, encoded once
+        got = tok.decode(ids[m].tolist())
+        assert r["canonical_solution"].endswith(got) and len(r["canonical_solution"]) - len(got) <= 2
+        exact += got == r["canonical_solution"]
+    # a token merging the prompt's last newline with the solution's first is masked (never trained on prompt text)
+    assert exact == 164 - stats["diagnostics"].get("straddling_tokens_masked", 0) >= 160
