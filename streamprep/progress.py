@@ -82,7 +82,9 @@ class ProgressReporter:
 
     # ---- inputs --------------------------------------------------------------------------------------
     def set_shards(self, done: int, planned: int) -> None:
-        """Tokenize phase: `done` of `planned` shards (thread-safe; call as often as you like)."""
+        """Tokenize phase: `done` of `planned` shards (thread-safe; call as often as you like).
+        Replaces a `watch_receipts` in force."""
+        self._receipts = []
         self._shards = (int(done), int(planned))
 
     def watch_receipts(self, receipt_paths: Iterable[str | Path], already_done: int = 0) -> None:
@@ -90,7 +92,7 @@ class ProgressReporter:
         (`receipt_paths`) written since this call; `already_done` shards (skipped, current) count as done."""
         self._receipts = [Path(p) for p in receipt_paths]
         self._receipts_since, self._receipts_before = time.time() - 1.0, int(already_done)
-        self.set_shards(self._receipts_before, len(self._receipts) + self._receipts_before)
+        self._shards = (self._receipts_before, len(self._receipts) + self._receipts_before)
 
     def _count_receipts(self) -> int:
         n = 0

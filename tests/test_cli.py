@@ -1,0 +1,95 @@
+"""CLI surface: every command's --help shows an example; a non-run dir is exit 2 with one line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamprep.cli import main
+
+COMMANDS = ("ingest", "status", "logs", "audit", "verify")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_shows_examples(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and f"streamprep {command} " in out
+
+
+def test_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command in out
+
+
+@pytest.mark.parametrize("command", ("status", "logs", "audit", "verify"))
+def test_not_a_run_dir_is_exit_2_one_line(command, tmp_path, capsys):
+    assert main([command, str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("streamprep: error:") and "not a streamprep run directory" in lines[0]
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_missing_dir_and_bad_arguments(tmp_path, capsys):
+    assert main(["status", str(tmp_path / "nope")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exc:
+        main(["logs", str(tmp_path), "-n", "-3"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["status"])
+    assert exc.value.code == 2
+
+
+def test_unreadable_run_json_is_exit_2(tmp_path, capsys):
+    (tmp_path / "run.json").write_text("{not json")
+    assert main(["status", str(tmp_path)]) == 2
+    assert "not a streamprep run directory" in capsys.readouterr().err
+
+
+def test_status_logs_audit_on_a_real_run(tmp_path, capsys):
+    """`ingest` through the CLI prints the audit summary; then status / logs / audit on its run dir."""
+    from test_audit import make_inputs
+    import yaml
+
+    inputs = make_inputs(tmp_path / "data")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(inputs["config"]))
+    run_dir = tmp_path / "run"
+    assert main(["ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "audit:" in out and "counts add up" in out and "run complete" in out
+
+    assert main(["status", str(run_dir), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["state"] == "complete" and st["totals"]["read"] == st["totals"]["kept"] + st["totals"]["rejected"]
+
+    assert main(["logs", str(run_dir), "-n", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and all("event" in json.loads(x) for x in lines)
+
+    (run_dir / "audit" / "audit.html").unlink()
+    assert main(["audit", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("audit: 2 dataset(s)") and (run_dir / "audit" / "audit.html").is_file()
+
+
+def test_console_script_entry_point(tmp_path):
+    """The installed module entry runs without importing the pipeline for read-only commands."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from streamprep.cli import main; "
+                           "rc = main(['status', sys.argv[1]]); "
+                           "print('pipeline' if 'streamprep.pipeline' in sys.modules else 'light'); sys.exit(rc)",
+                           str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and proc.stdout.strip() == "light"

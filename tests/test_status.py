@@ -1,0 +1,255 @@
+"""`streamprep status` (read-only, correct while a real run is going) and the live ProgressReporter."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import base_config, english_docs
+from streamprep import logs, run_from_dict
+from streamprep.checkpoints import IngestState
+from streamprep.progress import ProgressReporter
+from streamprep.status import format_status, run_status
+from test_audit import make_inputs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("status")
+    inputs = make_inputs(root / "data")
+    assert run_from_dict(inputs["config"], root / "run", console_log=False).status == "complete"
+    return root / "run"
+
+
+def _snapshot(run_dir: Path) -> dict[str, tuple]:
+    out = {}
+    for p in sorted(run_dir.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(run_dir))] = (st.st_mtime_ns, st.st_size,
+                                            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None)
+    return out
+
+
+def test_status_of_a_complete_run_and_it_writes_nothing(done_run, capsys):
+    from streamprep.cli import main
+
+    before = _snapshot(done_run)
+    st = run_status(done_run)
+    assert main(["status", str(done_run)]) == 0
+    human = capsys.readouterr().out
+    assert main(["status", str(done_run), "--json"]) == 0
+    as_json = json.loads(capsys.readouterr().out)
+    assert _snapshot(done_run) == before  # read-only: no file created, changed or even touched
+    assert st["state"] == "complete" and st["stage"] == "done" and st["lock"] is None
+    assert as_json["state"] == "complete" and set(as_json["datasets"]) == {"a", "b"}
+    for d in st["datasets"].values():
+        ing, tok = d["ingest"], d["tokenize"]
+        assert ing["done"] and ing["read"] == ing["kept"] + ing["rejected"]
+        assert tok["planned_final"] and tok["shards_done"] == tok["shards_planned"] == ing["parts"] > 0
+        assert tok["documents"] == ing["kept"] - tok["empty_tokens"]
+    assert st["totals"]["tokens"] == sum(d["tokenize"]["tokens"] for d in st["datasets"].values()) > 0
+    assert "COMPLETE" in human and "dataset" in human and "total" in human
+    a = st["datasets"]["a"]["ingest"]
+    assert f"{a['read']:,}" in human and f"{st['datasets']['a']['tokenize']['shards_done']}/" in human
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock"))
+    rec = json.loads((dst / "run.json").read_text())
+    rec["checkpoint_dir"] = str(dst / "checkpoints")
+    (dst / "run.json").write_text(json.dumps(rec))
+    return dst
+
+
+@pytest.mark.parametrize("recorded,reason", [("interrupted", "interrupted"), ("failed", "failed"),
+                                             ("running", "crashed")])
+def test_resumable_states(done_run, tmp_path, recorded, reason):
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec["status"], rec["error"] = recorded, "RuntimeError: boom" if recorded == "failed" else None
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    (run_dir / "receipts" / "a" / "part-00001.json").unlink()
+    st = run_status(run_dir)
+    assert (st["state"], st["resumable_reason"], st["stage"]) == ("resumable", reason, "tokenize")
+    assert st["datasets"]["a"]["stage"] == "tokenize"
+    tok = st["datasets"]["a"]["tokenize"]
+    assert tok["shards_done"] == tok["shards_planned"] - 1
+    text = format_status(st)
+    assert f"RESUMABLE ({reason})" in text and "to resume" in text
+    if recorded == "failed":
+        assert "boom" in text
+
+
+def test_mid_ingest_checkpoint_counts_planned_shards_so_far(done_run, tmp_path):
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    ck_path = run_dir / "checkpoints" / "a.json"
+    ck = json.loads(ck_path.read_text())
+    ck.update(done=False, part_index=2, part_lines=5)
+    ck_path.write_text(json.dumps(ck))
+    st = run_status(run_dir)
+    tok = st["datasets"]["a"]["tokenize"]
+    assert st["stage"] == "ingest" and st["datasets"]["a"]["stage"] == "ingest"
+    assert tok["shards_planned"] == 2 and not tok["planned_final"]
+    assert "2/2+" in format_status(st)
+
+
+HOLD = """
+import sys, time
+from streamprep.lock import RunLock
+RunLock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_lock_held_by_another_process_then_killed(done_run, tmp_path):
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec["status"] = "running"
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        st = run_status(run_dir)
+        assert st["state"] == "running" and st["lock"]["pid"] == proc.pid
+        assert f"pid {proc.pid}" in format_status(st)
+        from streamprep.lock import RunLock, RunLocked
+        with pytest.raises(RunLocked):  # status left the holder's exclusive lock alone
+            RunLock(run_dir).acquire()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    st = run_status(run_dir)  # the holder record is still in .lock, but nobody holds it
+    assert (st["state"], st["resumable_reason"], st["lock"]) == ("resumable", "crashed", None)
+
+
+def test_status_while_a_real_run_is_in_progress(tmp_path):
+    """Poll status during a real `streamprep ingest`: it sees the run (pid), consistent counts, no disturbance."""
+    data = tmp_path / "s.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(1000, seed=5)))
+    cfg = base_config([{"name": "s", "path": str(data)}], None, output={"shard_records": 400})
+    cfg["execution"]["batch_records"] = 8
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
+                             "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    seen = []
+    try:
+        while proc.poll() is None:
+            if (run_dir / "run.json").is_file():
+                try:
+                    seen.append(run_status(run_dir))
+                except Exception as exc:  # noqa: BLE001 - any failure here is the test failing
+                    pytest.fail(f"status failed during the run: {exc!r}")
+            time.sleep(0.03)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    running = [s for s in seen if s["state"] == "running"]
+    assert running, f"never saw the run in progress ({len(seen)} polls)"
+    assert all(s["lock"]["pid"] == proc.pid for s in running)
+    reads = [s["datasets"]["s"]["ingest"]["read"] for s in seen]
+    assert reads == sorted(reads)
+    for s in seen:
+        ing = s["datasets"]["s"]["ingest"]
+        assert ing["read"] == ing["kept"] + ing["rejected"]
+    assert any(0 < r < 1000 for r in reads) or any(s["stage"] == "tokenize" for s in running)
+    final = run_status(run_dir)
+    assert final["state"] == "complete" and final["datasets"]["s"]["ingest"]["read"] == 1000
+    assert "counts add up" in out  # `ingest` ends with the audit summary
+
+
+# ---- ProgressReporter --------------------------------------------------------------------------------------
+async def _simulate(prog: dict, path: Path, size: int, steps: int = 12, dt: float = 0.05) -> None:
+    st = IngestState("web")
+    prog["web"] = st
+    for i in range(1, steps + 1):
+        st.consumed += 50
+        st.kept += 40
+        st.rejected += 10
+        st.part_bytes += 20_000
+        st.position = {"file": 0, "record": st.consumed, "offset": size * i // (steps + 2)}
+        await asyncio.sleep(dt)
+    st.done = True
+    await asyncio.sleep(dt)
+
+
+def _source(tmp_path: Path) -> tuple[list[dict], Path, int]:
+    path = tmp_path / "web.jsonl"
+    path.write_bytes(b"x" * 100_000)
+    return [{"name": "web", "path": str(path), "max_records": None, "size_mb": None},
+            {"name": "later", "path": str(path), "max_records": None, "size_mb": None}], path, 100_000
+
+
+async def test_progress_plain_lines_every_interval(tmp_path):
+    datasets, path, size = _source(tmp_path)
+    logs.configure(tmp_path, console=False)
+    try:
+        prog: dict = {}
+        rep = ProgressReporter(prog, 0.1, tty=False, datasets=datasets, run_dir=tmp_path)
+        task = asyncio.create_task(rep.run())
+        await _simulate(prog, path, size)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    finally:
+        logs.configure(None, console=False)
+    lines = [json.loads(x) for x in (tmp_path / "logs" / "streamprep.log").read_text().splitlines()]
+    lines = [x for x in lines if x["event"] == "progress"]
+    assert len(lines) >= 4 and all(x["component"] == "progress" for x in lines)
+    reads = [x["read"] for x in lines]
+    assert reads == sorted(reads) and all(x["read"] == x["kept"] + x["rejected"] for x in lines)
+    web = [x["datasets"]["web"] for x in lines]
+    assert any(w["eta_s"] is not None and w["eta_s"] > 0 for w in web), web  # byte-based ETA from the file size
+    assert any(w["rec_s"] for w in web) and web[-1]["mb"] > 0
+    assert lines[-1]["datasets"]["later"].get("read") == 0  # configured but not started yet
+    line = rep.final_line()
+    assert "read 600" in line and "kept 480" in line and "rejected 120" in line and "MB written" in line
+
+
+async def test_progress_tty_display_and_shards(tmp_path):
+    from rich.console import Console
+
+    datasets, path, size = _source(tmp_path)
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120, color_system=None)
+    prog: dict = {}
+    rep = ProgressReporter(prog, 10, datasets=datasets, console=console, refresh_s=0.05)
+    assert rep.tty is True
+    task = asyncio.create_task(rep.run())
+    await _simulate(prog, path, size)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    out = buf.getvalue()
+    for word in ("dataset", "read", "kept", "rejected", "MB out", "rec/s", "ETA", "web", "waiting", "done", "%"):
+        assert word in out, word
+    # tokenize phase from a thread: receipts of pending shards appear while a synchronous phase runs
+    receipts = [tmp_path / f"r{i}.json" for i in range(3)]
+    with rep.in_thread():
+        rep.watch_receipts(receipts, already_done=1)
+        for r in receipts:
+            time.sleep(0.08)
+            r.write_text("{}")
+        time.sleep(0.15)
+    snap = rep.snapshot()
+    assert snap["phase"] == "tokenize" and snap["shards"]["done"] == 4 and snap["shards"]["planned"] == 4
+    assert "4/4 shards" in buf.getvalue()
+    rep.set_shards(2, 5)
+    assert "tokenize: 2/5 shards" in rep.final_line()
