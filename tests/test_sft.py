@@ -3,6 +3,7 @@ rendered template, DPO pairs from HH-RLHF, GRPO groups with rewards, config erro
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -159,6 +160,26 @@ def test_qc_text_and_schema_rejects(glaive: dict[str, Any]) -> None:
     assert qc_text({"chosen": "no transcript", "rejected": "\n\nHuman: hi\n\nAssistant: yo"}, dpo) is None
 
 
+def test_sharegpt_keys_give_the_same_trained_tokens(tmp_path: Path, shared_data: Path, glaive: dict[str, Any],
+                                                     phi3) -> None:
+    """The original ShareGPT file (from/value, human/gpt/function_call/observation) via role_key/content_key
+    and role_map: the trained runs equal those of the derived role/content file (only the system turn,
+    holding the tools there, differs)."""
+    convs = json.loads((shared_data / "chat/glaive_toolcall_en_demo300.sharegpt.json").read_text())[:60]
+    cfg = validate_sft_config({
+        "input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
+                                "role_map": {"human": "user", "gpt": "assistant", "function_call": "assistant",
+                                             "observation": "user"}}]},
+        "mask": {"gpt": "train", "function_call": "train"}})
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", convs, cfg), tmp_path / "o" / "p", phi3, cfg, FP)
+    assert stats["documents"] == 60 and stats["diagnostics"]["messages"] == sum(len(c["conversations"]) for c in convs)
+    seq, mask = opened(tmp_path / "o", "p_s0000_text_sequence"), opened(tmp_path / "o", "p_s0000_text_loss_mask")
+    ref_seq = opened(glaive["out"], "part-00000_s0000_text_sequence")
+    ref_mask = opened(glaive["out"], "part-00000_s0000_text_loss_mask")
+    for i in range(60):
+        assert trained_runs(seq[i], mask[i]) == trained_runs(ref_seq[i], ref_mask[i])
+
+
 # ---- DPO: HH-RLHF harmless-base ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hh(tmp_path_factory, shared_data: Path, phi3) -> dict[str, Any]:
@@ -208,6 +229,20 @@ def test_hh_dpo_pairs_train_only_the_final_assistant_turn(hh: dict[str, Any], ph
     assert same_prompt > 0.95 * len(kept)
 
 
+def test_hh_through_the_chat_template(tmp_path: Path, shared_data: Path, phi3) -> None:
+    """parse: hh + template: true renders the turns as phi-3 user/assistant messages (contents stripped)."""
+    cfg = validate_sft_config({"input": {"sections": [{"field": "chosen", "parse": "hh", "template": True,
+                                                       "train_turns": "last"}]}})
+    recs = [r for r in read_hh(shared_data)[:60] if parse_hh(r["chosen"])[-1][2].strip()]
+    prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", phi3, cfg, FP)
+    seq, mask = opened(tmp_path / "o", "p_s0000_text_sequence"), opened(tmp_path / "o", "p_s0000_text_loss_mask")
+    for i, rec in enumerate(recs):
+        turns = parse_hh(rec["chosen"])
+        rendered = phi3.hf.apply_chat_template([{"role": r, "content": c.strip()} for r, _, c in turns], tokenize=False)
+        assert seq[i].tolist() == phi3.backend.encode(rendered, add_special_tokens=False).ids
+        assert [phi3.decode(r) for r in trained_runs(seq[i], mask[i])] == [turns[-1][2].strip() + "<|end|>"]
+
+
 # ---- GRPO: prompt, list of responses, rewards ------------------------------------------------------
 def grpo_records() -> list[dict[str, Any]]:
     recs = []
@@ -237,7 +272,7 @@ def test_grpo_groups_with_rewards(tmp_path: Path, phi3) -> None:
     for r in recs:
         if r["id"] != "bad":
             by_domain.setdefault(r.get("domain"), []).append(r)
-    dirs = {"add": "add", "add/hard": f"add_hard-{__import__('hashlib').sha256(b'add/hard').hexdigest()[:8]}",
+    dirs = {"add": "add", "add/hard": f"add_hard-{hashlib.sha256(b'add/hard').hexdigest()[:8]}",
             None: "_none"}
     assert sorted(s["domain"] for s in stats["shards"]) == sorted(dirs.values())
     assert not any("loss_mask" in f for f in stats["files"])

@@ -24,12 +24,15 @@ _TOKENIZERS: dict[str, ChatTokenizer] = {}
 
 
 def tokenizer_for(tokenizer: ChatTokenizer | str | Path) -> ChatTokenizer:
-    """The given ChatTokenizer, or one loaded from a path once per process and cached."""
+    """The given ChatTokenizer, or one loaded from a path once per process and cached (keyed by the
+    path and its tokenizer.json's size and mtime, so a replaced file is reloaded)."""
     if isinstance(tokenizer, ChatTokenizer):
         return tokenizer
-    key = str(Path(tokenizer).resolve())
+    path = Path(tokenizer).resolve()
+    st = (path / "tokenizer.json" if path.is_dir() else path).stat()
+    key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
     if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = load_chat_tokenizer(key)
+        _TOKENIZERS[key] = load_chat_tokenizer(path)
     return _TOKENIZERS[key]
 
 

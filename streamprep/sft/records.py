@@ -175,7 +175,7 @@ def build_item(cfg: Mapping[str, Any], sections: list[dict[str, Any]], obj: Any)
             pairs = _messages(value, s, where)
         rendered = [s["role_map"].get(r, r) for r, _ in pairs]
         if isinstance(value, str) and s["parse"] is None:
-            flags = [label_of_role(cfg, s["action"]) == "train"]
+            flags = [label_of_role(cfg, s["action"], rendered[0]) == "train"]
         else:
             flags = [_label(cfg, s, r, rr) for (r, _), rr in zip(pairs, rendered)]
         if s["train_turns"] == "last":
