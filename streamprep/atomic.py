@@ -24,6 +24,16 @@ def tmp_path(path: str | os.PathLike) -> Path:
     return p.with_name(f".{p.name}.tmp.{os.getpid()}")
 
 
+def sweep_tmp(root: str | os.PathLike) -> list[Path]:
+    """Remove temporary files left by killed writers (call only while holding the run lock)."""
+    removed = []
+    for p in Path(root).rglob(".*.tmp.*"):
+        if p.is_file() and p.name.rsplit(".tmp.", 1)[-1].isdigit():
+            p.unlink()
+            removed.append(p)
+    return removed
+
+
 def commit(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     """fsync `tmp`, rename it over `final`, fsync the directory."""
     with open(tmp, "rb+") as fh:

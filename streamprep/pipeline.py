@@ -151,6 +151,11 @@ class Job:
         if self.record.get("status") == "complete" and self._still_complete():
             log.info("run already complete; nothing to do", run_dir=str(self.run_dir))
             return RunResult(self.run_dir, "complete", self.record.get("summary", {}))
+        orphans = atomic.sweep_tmp(self.run_dir)
+        if self.checkpoint_dir.exists() and not self.checkpoint_dir.is_relative_to(self.run_dir):
+            orphans += atomic.sweep_tmp(self.checkpoint_dir)
+        if orphans:
+            log.info("removed temporary files of an interrupted run", count=len(orphans))
         self._save_record("running", started_at=time.time())
         self.signals.install()
         try:

@@ -35,7 +35,7 @@ def _corpus(tmp: Path, n: int) -> list[dict]:
 
 
 def _config(tmp: Path, n: int) -> dict:
-    cfg = base_config(_corpus(tmp, n), None, output={"shard_records": 250})
+    cfg = base_config(_corpus(tmp, n), None, output={"shard_records": 300})
     cfg["execution"].update(batch_records=32)
     return cfg
 
@@ -66,45 +66,37 @@ def _ingest_only_then(cfg: dict, run_dir: Path, damage) -> None:
     run_from_dict(cfg, run_dir=run_dir, console_log=False)
 
 
-def _rewind(files: DatasetFiles, lines_back: int) -> None:
-    """Make the checkpoint say the current part has `lines_back` fewer lines (as if the crash came earlier)."""
-    ck = json.loads(files.checkpoint.read_text())
-    part = files.part(ck["part_index"])
-    kept = part.read_bytes().splitlines(keepends=True)
-    ck["part_bytes"] = sum(len(x) for x in kept[: len(kept) - lines_back])
-    ck["part_lines"] = len(kept) - lines_back
-    ck["done"] = False
-    files.checkpoint.write_text(json.dumps(ck))
-
-
 @pytest.mark.parametrize("case", ["part_longer", "torn_tail", "part_shorter", "part_missing", "checkpoint_truncated",
-                                  "extra_part", "rejects_longer"])
+                                  "extra_part", "rejects_longer", "dedup_longer"])
 def test_repair_cases_resume_to_identical_outputs(reference: tuple[dict, Path], tmp_path: Path, case: str) -> None:
+    """Each case is a state a crash (or power loss) can leave; the resumed run must end byte-identical."""
     cfg, ref = reference
 
     def damage(files: DatasetFiles) -> None:
         ck = json.loads(files.checkpoint.read_text())
-        part = files.part(ck["part_index"] if ck["part_lines"] else ck["part_index"] - 1)
-        if case == "part_longer":  # data written after the last checkpoint: truncated back, then re-read
-            _rewind(files, 3)
+        assert ck["part_lines"] > 0  # the corpus does not end on a part boundary
+        part = files.part(ck["part_index"])
+        if case == "part_longer":  # a batch written after the last checkpoint: truncated back
+            with open(part, "ab") as fh:
+                fh.write(part.read_bytes().splitlines(keepends=True)[0] * 3)
         elif case == "torn_tail":
-            _rewind(files, 2)
-            with open(files.part(json.loads(files.checkpoint.read_text())["part_index"]), "ab") as fh:
+            with open(part, "ab") as fh:
                 fh.write(b'{"text": "half a li')
-        elif case == "part_shorter":  # checkpoint ahead of the part: rebuild the part from its start
+        elif case == "part_shorter":  # the checkpoint is ahead of the part: rebuilt from the part's start
             data = part.read_bytes()
             part.write_bytes(data[: len(data) // 2])
         elif case == "part_missing":
             part.unlink()
-        elif case == "checkpoint_truncated":
+        elif case == "checkpoint_truncated":  # unreadable: the dataset starts over
             files.checkpoint.write_bytes(files.checkpoint.read_bytes()[:40])
-        elif case == "extra_part":
-            _rewind(files, 0)
-            files.part(99).write_text('{"text": "ghost"}\n')
+        elif case == "extra_part":  # a part begun after the last checkpoint
+            files.part(ck["part_index"] + 1).write_text('{"text": "ghost"}\n')
         elif case == "rejects_longer":
-            _rewind(files, 1)
             with open(files.rejects, "ab") as fh:
                 fh.write(b'{"failed_check": "ghost"}\n')
+        elif case == "dedup_longer":
+            with open(files.dedup, "ab") as fh:
+                fh.write(b"x" * 32)
 
     _ingest_only_then(cfg, tmp_path / "run", damage)
     _compare(ref, tmp_path / "run")
@@ -127,16 +119,24 @@ def _start(cfg_path: Path, run_dir: Path) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, text=True)
 
 
-def _wait_for(run_dir: Path, marker: str, proc: subprocess.Popen, timeout: float = 60) -> bool:
+def _wait_for(run_dir: Path, marker: str, proc: subprocess.Popen, log_from: int, timeout: float = 60) -> bool:
+    """Wait until this process has written `marker` to the run log (any line for "start")."""
     log = run_dir / "logs" / "streamprep.log"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        if marker == "start" and (run_dir / "checkpoints").exists():
-            return True
-        if log.exists() and marker in log.read_text(errors="replace"):
-            return True
+        if log.exists():
+            with open(log, "rb") as fh:
+                fh.seek(log_from)
+                new = fh.read().decode(errors="replace")
+            if new and (marker == "start" or marker in new):
+                return True
         time.sleep(0.02)
     return False
+
+
+def _log_size(run_dir: Path) -> int:
+    log = run_dir / "logs" / "streamprep.log"
+    return log.stat().st_size if log.exists() else 0
 
 
 # (phase marker in the run log, max extra delay): kills land in ingest, tokenization and export
@@ -154,12 +154,14 @@ def test_kill_anywhere_then_resume_gives_identical_outputs(reference: tuple[dict
     rng = random.Random(1000 + int(sig))
     killed_in = []
     for marker, delay in PHASES:
+        log_from = _log_size(run_dir)
         proc = _start(cfg_path, run_dir)
-        if _wait_for(run_dir, marker, proc):
+        reached = _wait_for(run_dir, marker, proc, log_from)
+        if reached:
             time.sleep(rng.uniform(0, delay))
         if proc.poll() is None:
             proc.send_signal(sig)
-            killed_in.append(marker)
+            killed_in.append(marker if reached else "before " + marker)
         out, err = proc.communicate(timeout=120)
         if sig == signal.SIGINT and proc.returncode != 0:
             assert proc.returncode == 1, err
@@ -167,6 +169,7 @@ def test_kill_anywhere_then_resume_gives_identical_outputs(reference: tuple[dict
         if proc.returncode == 0:
             break
     assert len(killed_in) >= 5, killed_in
+    assert {"start", "tokenization plan", "shard done", "writing exports"} <= set(killed_in), killed_in
     proc = _start(cfg_path, run_dir)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -181,7 +184,7 @@ def test_second_run_on_a_locked_run_dir_exits_2(reference: tuple[dict, Path], tm
     run_dir = tmp_path / "run"
     first = _start(cfg_path, run_dir)
     try:
-        assert _wait_for(run_dir, "start", first)
+        assert _wait_for(run_dir, "start", first, 0)
         second = _start(cfg_path, run_dir)
         _, err = second.communicate(timeout=60)
         assert second.returncode == 2 and "is in use by pid" in err and f"pid {first.pid}" in err
