@@ -70,7 +70,8 @@ def chain_table(docs: list[dict[str, Any]], config: dict[str, Any], runs: int, t
 def language_gate_costs(docs: list[dict[str, Any]], runs: int) -> None:
     texts = [normalize_text(d["text"]) for d in docs]
     sample_chars = QUALITY_DEFAULTS["language_sample_chars"]
-    print(f"\n### Language gate per detector on the C4 docs ({sample_chars}-char bounded samples; median of {runs} runs)\n")
+    print(f"\n### Language gate per detector on the C4 docs ({sample_chars}-char bounded samples; "
+          f"median of {runs} runs)\n")
     print("| detector | µs/doc | docs kept as en | decided by langdetect |")
     print("|---|---:|---:|---:|")
     for name in DETECTORS:

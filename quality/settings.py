@@ -4,8 +4,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from quality.language import DETECTORS as DETECTOR_CLASSES
+from quality.language import normalize_code
+
 DOMAINS = ("general", "medical", "code")
-DETECTORS = ("langdetect", "cld2", "cascade")
+DETECTORS = tuple(DETECTOR_CLASSES)
 DEDUP_MODES = ("exact", "none")
 
 QUALITY_DEFAULTS: dict[str, Any] = {
@@ -82,8 +85,6 @@ def _language(key: str, v: Any) -> str | None:
         return None
     if not isinstance(v, str) or not v.strip():
         raise QualityConfigError(key, f"must be a language code such as 'en', or null, got {v!r}")
-    from quality.language import normalize_code
-
     return normalize_code(v)
 
 

@@ -269,7 +269,8 @@ def test_dedup_none_keeps_duplicates() -> None:
 
 # ---- language and code helpers ----------------------------------------------------------------------------
 def test_language_helpers() -> None:
-    assert [normalize_code(c) for c in ["zh-cn", "zh-Hant", "iw", "nb", "EN", "pt_BR"]] == ["zh", "zh", "he", "no", "en", "pt"]
+    codes = ["zh-cn", "zh-Hant", "iw", "nb", "EN", "pt_BR"]
+    assert [normalize_code(c) for c in codes] == ["zh", "zh", "he", "no", "en", "pt"]
     assert bounded_sample("alpha beta gamma", 12) == "alpha beta"
     assert bounded_sample("alpha beta", 12) == "alpha beta"
     assert bounded_sample("x" * 30, 12) == "x" * 12

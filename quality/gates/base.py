@@ -19,7 +19,7 @@ class Doc:
     text: str = ""                # the normalised text every content gate looks at
     digest: bytes | None = None   # SHA-256 of `text`, set by the normalise step
     meta: dict[str, Any] = field(default_factory=dict)
-    _lower: str | None = None
+    _lower: str | None = field(default=None, init=False, repr=False)
 
     @property
     def lower(self) -> str:

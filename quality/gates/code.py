@@ -67,5 +67,6 @@ class CodeGate(Gate):
         if score >= self.min_score:
             return None
         if "keywords" not in parts:
-            return f"code score <= {ratio(score):g} < {self.min_score:g} (indentation {parts['indent']:g}, punctuation {parts['punct']:g})"
+            return (f"code score <= {ratio(score):g} < {self.min_score:g} "
+                    f"(indentation {parts['indent']:g}, punctuation {parts['punct']:g})")
         return f"code score {ratio(score):g} < {self.min_score:g}"

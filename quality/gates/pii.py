@@ -111,5 +111,6 @@ class PiiGate(Gate):
         found = dict(sorted(kinds.items()))
         doc.meta["pii"] = found
         if matched > limit:
-            return f"pii density {ratio(density):g} > {self.max_density:g} ({', '.join(f'{k} {n}' for k, n in found.items())})"
+            kinds_found = ", ".join(f"{k} {n}" for k, n in found.items())
+            return f"pii density {ratio(density):g} > {self.max_density:g} ({kinds_found})"
         return None
