@@ -300,6 +300,30 @@ def test_grpo_groups_with_rewards(tmp_path: Path, phi3) -> None:
         assert meta["keys"]["rewards"]["value"]["values"] == sum(n_items)
 
 
+def test_drop_reasons_are_counted_and_keys_stay_aligned(tmp_path: Path, phi3) -> None:
+    raw = sft_section("grpo")
+    raw["preprocessing"].update(min_chars=40, max_chars=400)
+    cfg = validate_sft_config(raw)
+    good = grpo_records()[0]
+    lines = [orjson.dumps({"text": "", "meta": {}, "record": r}) for r in (
+        good,
+        {**good, "responses": [], "rewards": []},                      # empty
+        {**good, "responses": ["ok", " "], "rewards": [1.0, 0.0]},     # a blank response: nothing to train
+        {**good, "prompt": 7},                                          # schema
+        {**good, "responses": ["x"], "rewards": [1.0], "prompt": "?"},  # min_chars
+        {**good, "responses": ["y" * 500], "rewards": [0.0]},          # max_chars
+    )] + [orjson.dumps({"text": "no record"}), b"{not json", b""]
+    part = tmp_path / "p.jsonl"
+    part.write_bytes(b"\n".join(lines) + b"\n")
+    stats = prepare_part(part, tmp_path / "o" / "p", phi3, cfg, FP)
+    assert stats["records"] == 8 and stats["documents"] == 1     # the blank last line is not a record
+    assert stats["dropped"] == {"bad_json": 1, "empty": 1, "max_chars": 1, "min_chars": 1, "no_record": 1,
+                                "no_trained_text": 1, "schema": 1}
+    assert [d["line"] for d in stats["dropped_records"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert {k: v["documents"] for k, v in stats["keys"].items()} == {"prompt": 1, "responses": 1, "rewards": 1}
+    assert qc_check({**good, "responses": ["a"], "rewards": [1.0, 2.0]}, cfg)[1].startswith("list_length_mismatch:")
+
+
 def test_megatron_core_reads_grouped_documents(tmp_path: Path, phi3) -> None:
     indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
     cfg = validate_sft_config(sft_section("grpo"))

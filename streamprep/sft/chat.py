@@ -176,7 +176,8 @@ def message_spans(tok: ChatTokenizer, unit: TemplateUnit) -> tuple[str, list[int
     prev_end = 0
     for k in range(1, n + 1):
         head = msgs[:k]
-        variants: list[tuple[list[dict[str, str]], bool]] = [(head, gen if k < n else not gen)]
+        # k < n: messages[:k] alone (then the template's tail); k = n: the other generation-prompt setting
+        variants: list[tuple[list[dict[str, str]], bool]] = [(head, False if k < n else not gen)]
         variants += [(head + [{"role": r, "content": SENTINEL}], False) for r in ("user", "assistant")]
         cands = []
         for v_msgs, v_gen in variants:
