@@ -5,7 +5,6 @@ import asyncio
 import hashlib
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
