@@ -1,6 +1,6 @@
 """Language detectors behind one interface, with language codes normalised across them.
 
-- `cld2`: pycld2 (model compiled in, offline, ~10 µs per sentence). Its figure is the share of the
+- `cld2`: pycld2 (model compiled in, offline, ~20 µs per sentence). Its figure is the share of the
   text's bytes in each language, so a half-English page scores ~0.5 for English.
 - `langdetect`: the n-gram Bayesian detector, seeded so that results are deterministic. Its figure
   is a posterior probability that saturates (a 70 %-English page often scores > 0.99).
@@ -30,7 +30,7 @@ _CLD2_UNSAFE = re.compile(
 
 
 def normalize_code(code: str) -> str:
-    """"zh-cn", "zh-Hant", "ZH" → "zh"; "iw" → "he"; "nb" → "no": one code per language."""
+    """One code per language: "zh-cn", "zh-Hant", "ZH" -> "zh"; "iw" -> "he"; "nb" -> "no"."""
     base = code.strip().lower().replace("_", "-").split("-", 1)[0]
     return _ALIASES.get(base, base)
 
