@@ -89,3 +89,41 @@ def test_cli_run_on_xenna_leaves_no_ray_process(tmp_path: Path) -> None:
         assert _ray_processes_since(t0) == []
     receipts = sorted((tmp_path / "run/receipts/gen").glob("*.json"))
     assert len(receipts) == 3
+
+
+@pytest.mark.ray
+def test_sigint_during_xenna_stage_shuts_ray_down_and_resumes(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    cfg = base_config([_source(tmp_path, 3000)], None, output={"shard_records": 100})
+    cfg["execution"].update(engine="xenna", workers=2)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.DEVNULL)
+    log = run_dir / "logs/streamprep.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and "starting xenna pipeline" in log.read_text():
+            break
+        time.sleep(0.1)
+    time.sleep(2.0)  # inside run_pipeline
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    assert "re-run the same command to resume" in err
+    time.sleep(1.0)
+    assert _ray_processes_since(t0) == []
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    done_before = len(list((run_dir / "receipts").rglob("*.json")))
+    resumed = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert len(list((run_dir / "receipts/gen").glob("*.json"))) == 30
+    plans = [json.loads(line) for line in (run_dir / "logs/streamprep.log").read_text().splitlines()
+             if '"tokenization plan"' in line]
+    assert plans[-1]["skipped"] == done_before and plans[-1]["pending"] == 30 - done_before  # finished shards kept
