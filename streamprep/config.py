@@ -71,7 +71,7 @@ SPEC: dict[str, Any] = {
     },
 }
 # Keys whose change alters outputs; a resume with any of them changed is refused (see drift_keys).
-OUTPUT_SECTIONS = ("run.seed", "datasets", "quality", "tokenizer", "output")
+OUTPUT_SECTIONS = ("run.seed", "datasets", "quality", "tokenizer", "output", "sft")
 
 
 def _type_name(types: tuple) -> str:
@@ -196,7 +196,7 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
     base = Path(base_dir).resolve()
-    known = set(SPEC) | {"datasets", "quality"}
+    known = set(SPEC) | {"datasets", "quality", "sft"}
     for key in raw:
         if key not in known:
             raise ConfigError(f"config: unknown key '{key}'")
@@ -207,6 +207,13 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
     except QualityConfigError as exc:
         raise ConfigError(f"config: 'quality.{exc.key}': {str(exc).removeprefix(f'{exc.key}: ')}") from None
 
+    if raw.get("sft") is not None:
+        from streamprep.sft import SftConfigError, validate_sft_config
+
+        try:
+            cfg["sft"] = validate_sft_config(raw["sft"])
+        except SftConfigError as exc:
+            raise ConfigError(f"config: '{exc.key}': {exc.reason}") from None
     tok = cfg["tokenizer"]
     if tok["if_missing"] not in ("error", "train"):
         raise ConfigError(f"config: 'tokenizer.if_missing' must be error or train, got {tok['if_missing']!r}")
@@ -261,7 +268,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
 
 def output_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The part of the config that determines the outputs (execution settings excluded)."""
-    return {"run.seed": cfg["run"]["seed"], **{k: cfg[k] for k in OUTPUT_SECTIONS if k != "run.seed"}}
+    return {"run.seed": cfg["run"]["seed"], **{k: cfg.get(k) for k in OUTPUT_SECTIONS if k != "run.seed"}}
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:

@@ -102,6 +102,7 @@ class DatasetIngest:
         self.dedup_on = ctx.cfg["quality"].get("dedup", "exact") != "none"
         self.size_cap = int(ds["size_mb"] * 1024 * 1024) if ds["size_mb"] else None
         self.depth = 2 * qc.workers + 1  # batches in flight between reader and writer: bounded memory
+        self.sft = ctx.cfg.get("sft")  # SFT: QC judges qc_text(record); kept lines carry the original record
 
     async def run(self) -> IngestState:
         name = self.ds["name"]
@@ -142,8 +143,23 @@ class DatasetIngest:
                 await queue.put(None)
                 return
             consumed += len(items)
-            records = [rec for rec, _ in items if not isinstance(rec, BadRecord)]
+            if self.sft:
+                items = [(self._sft_item(rec), pos) for rec, pos in items]
+                records = [qc_in for (_, qc_in), _ in items if qc_in is not None]
+            else:
+                records = [rec for rec, _ in items if not isinstance(rec, BadRecord)]
             await queue.put((items, self.qc.submit(self.ds["text_field"], records)))
+
+    def _sft_item(self, rec: Any) -> tuple[Any, Any]:
+        """(original record, what QC judges) — or (BadRecord, None) when the record does not fit `sft:`."""
+        from streamprep.sft import qc_check
+
+        if isinstance(rec, BadRecord):
+            return rec, None
+        text, why = qc_check(rec, self.sft)
+        if text is None:
+            return BadRecord(f"sft: {why}", _excerpt(rec, self.ds["text_field"]), check="schema"), None
+        return rec, {**rec, self.ds["text_field"]: text}
 
     async def _write(self, state: IngestState, dedup: DedupIndex, queue: asyncio.Queue) -> None:
         while not self.ctx.stop.is_set():
@@ -167,12 +183,14 @@ class DatasetIngest:
         digests: list[bytes] = []
         capped = False
         for rec, pos in items:
+            if self.sft:
+                rec = rec[0]
             ordinal = state.consumed
             state.consumed += 1
             state.position = pos
             source = {"dataset": name, "index": ordinal}
             if isinstance(rec, BadRecord):
-                keep, text, meta, digest = False, None, {"failed_check": "parse", "reason": rec.reason}, None
+                keep, text, meta, digest = False, None, {"failed_check": rec.check, "reason": rec.reason}, None
                 excerpt = rec.raw
             else:
                 v = next(verdicts)
@@ -189,7 +207,10 @@ class DatasetIngest:
                     dedup.add(digest)
                     digests.append(digest)
                     state.dedup_count += 1
-                line = orjson.dumps({"text": text, "meta": {**meta, "source": source}}) + b"\n"
+                out = {"text": text, "meta": {**meta, "source": source}}
+                if self.sft:
+                    out["record"] = rec
+                line = orjson.dumps(out) + b"\n"
                 parts[-1][1].append(line)
                 state.kept += 1
                 state.part_lines += 1

@@ -209,9 +209,10 @@ class Job:
 
     def _plan(self, states: dict[str, Any], info: Any) -> list:
         dtype = token_dtype(self.cfg["output"]["dtype"], info.vocab_size)
-        eod = info.eod_id if self.cfg["tokenizer"]["append_eod"] else None
+        sft = self.cfg.get("sft")
+        eod = info.eod_id if self.cfg["tokenizer"]["append_eod"] and not sft else None
         split_of = {d["name"]: d["blend_split"] for d in self.cfg["datasets"]}
-        return [make_task(self.run_dir, name, split_of[name], p, info.path, info.fingerprint, eod, dtype)
+        return [make_task(self.run_dir, name, split_of[name], p, info.path, info.fingerprint, eod, dtype, sft)
                 for name, parts in self._parts(states).items() for p in parts]
 
     def _tokenize(self, tasks: list) -> dict[str, Any]:
@@ -220,12 +221,14 @@ class Job:
         pending = [t for t in tasks if receipt_problem(t, read_receipt(t)) is not None]
         log.info("tokenization plan", shards=len(tasks), pending=len(pending), skipped=len(tasks) - len(pending))
         ex = self.cfg["execution"]
+        chat = bool(self.cfg.get("sft"))
+        tokenizer = str(self.run_dir / "tokenizer") if chat else str(self.run_dir / "tokenizer" / "tokenizer.json")
         if pending:
             if ex["engine"] == "local":
-                runner.run_local(pending, str(pending[0].tokenizer_path))
+                runner.run_local(pending, tokenizer, chat)
             else:
                 workers = min(ex["workers"] or os.cpu_count() or 1, len(pending))
-                runner.run_xenna(pending, str(pending[0].tokenizer_path), workers, ex["ray_address"])
+                runner.run_xenna(pending, tokenizer, workers, ex["ray_address"], chat)
         missing = [f"{t.dataset}/{t.part}: {p}" for t in tasks if (p := receipt_problem(t, read_receipt(t), False))]
         if missing:
             raise RuntimeError(f"tokenization left {len(missing)} shard(s) incomplete: {'; '.join(missing[:5])}")
@@ -241,12 +244,15 @@ class Job:
         for t in tasks:
             receipt = read_receipt(t)
             has_docs = receipt["stats"]["num_documents"] > 0
+            if t.sft:  # SFT shards are listed by their receipts; Parquet/blend are for pretraining text
+                continue
             refs.append(ShardRef(dataset=t.dataset, split=t.split, part=t.part, ingest_path=Path(t.input_path),
                                  prefix=Path(t.prefix) if has_docs else None, receipt=receipt))
             shards.append({"dataset": t.dataset, "split": t.split, "prefix": t.prefix,
                            "num_tokens": receipt["stats"]["num_tokens"]})
         per_split = any(d["blend_split"] != "train" for d in self.cfg["datasets"])
-        blend.write(self.run_dir, blend.build(shards, self.cfg["datasets"], self.cfg["output"]["valid_fraction"], per_split))
+        if not self.cfg.get("sft"):
+            blend.write(self.run_dir, blend.build(shards, self.cfg["datasets"], self.cfg["output"]["valid_fraction"], per_split))
         summary = write_exports(self.run_dir, refs, self.cfg["output"], self.cfg["datasets"], self.cfg["run"]["seed"],
                                 info.to_json(), configmod.config_hash(self.cfg))
         kept = {n: s.kept for n, s in states.items()}
@@ -264,4 +270,5 @@ class Job:
                 if not p.is_file() or p.stat().st_size != entry["bytes"]:
                     log.warning("finished run has a missing or changed shard; redoing what is needed", file=entry["path"])
                     return False
-        return (self.run_dir / "manifest.json").is_file() and (self.run_dir / "blend.json").is_file()
+        return (self.run_dir / "manifest.json").is_file() and (
+            bool(self.cfg.get("sft")) or (self.run_dir / "blend.json").is_file())

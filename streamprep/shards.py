@@ -38,28 +38,35 @@ class ShardTask:
     tokenizer_fingerprint: str
     eod_id: int | None   # appended to every document when not None
     dtype: str           # "uint16" | "int32"
+    sft: dict[str, Any] | None = None  # the validated `sft:` section: masks/sequences instead of plain text
 
 
 def token_dtype(output_dtype: str, vocab_size: int) -> str:
     return str(binidx.optimal_dtype(vocab_size)) if output_dtype == "auto" else output_dtype
 
 
-def plan_hash(dataset: str, part: str, tokenizer_fingerprint: str, eod_id: int | None, dtype: str) -> str:
+def plan_hash(dataset: str, part: str, tokenizer_fingerprint: str, eod_id: int | None, dtype: str,
+              sft: dict[str, Any] | None = None) -> str:
     """What decides a shard's bytes besides its input; library versions deliberately left out."""
     key = {"dataset": dataset, "part": part, "tokenizer": tokenizer_fingerprint, "eod_id": eod_id, "dtype": dtype}
+    if sft is not None:
+        from streamprep.sft.prepare import config_digest
+
+        key["sft"] = config_digest(sft)
     return hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
 def make_task(run_dir: Path, dataset: str, split: str, part_path: Path, tokenizer_path: Path,
-              tokenizer_fingerprint: str, eod_id: int | None, dtype: str) -> ShardTask:
+              tokenizer_fingerprint: str, eod_id: int | None, dtype: str,
+              sft: dict[str, Any] | None = None) -> ShardTask:
     part = part_path.stem
+    prefix = run_dir / "sft" / dataset / part if sft else run_dir / "binidx" / dataset / f"{part}_text_document"
     return ShardTask(
-        dataset=dataset, split=split, part=part, input_path=str(part_path),
-        prefix=str(run_dir / "binidx" / dataset / f"{part}_text_document"),
+        dataset=dataset, split=split, part=part, input_path=str(part_path), prefix=str(prefix),
         receipt_path=str(run_dir / "receipts" / dataset / f"{part}.json"), run_dir=str(run_dir),
-        plan_hash=plan_hash(dataset, part, tokenizer_fingerprint, eod_id, dtype),
+        plan_hash=plan_hash(dataset, part, tokenizer_fingerprint, eod_id, dtype, sft),
         input_sha256=atomic.sha256_file(part_path), tokenizer_path=str(tokenizer_path),
-        tokenizer_fingerprint=tokenizer_fingerprint, eod_id=eod_id, dtype=dtype)
+        tokenizer_fingerprint=tokenizer_fingerprint, eod_id=eod_id, dtype=dtype, sft=sft)
 
 
 def read_receipt(task: ShardTask) -> dict[str, Any] | None:
@@ -132,14 +139,11 @@ def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 4)}
 
 
-def write_receipt(task: ShardTask, shard_stats: dict[str, Any]) -> dict[str, Any]:
+def write_receipt(task: ShardTask, shard_stats: dict[str, Any], outputs: dict[str, Path]) -> dict[str, Any]:
     """Record a completed shard (after its files are durable). 0 documents: no files, listed as empty."""
     run_dir = Path(task.run_dir)
-    files = {}
-    if shard_stats["num_documents"]:
-        for kind, path in zip(("bin", "idx"), binidx.prefix_paths(task.prefix)):
-            files[kind] = {"path": str(path.relative_to(run_dir)), "bytes": path.stat().st_size,
-                           "sha256": atomic.sha256_file(path)}
+    files = {kind: {"path": str(path.relative_to(run_dir)), "bytes": path.stat().st_size,
+                    "sha256": atomic.sha256_file(path)} for kind, path in outputs.items()}
     receipt = {"status": "completed", "dataset": task.dataset, "split": task.split, "part": task.part,
                "plan_hash": task.plan_hash, "input_sha256": task.input_sha256,
                "tokenizer_fingerprint": task.tokenizer_fingerprint, "eod_id": task.eod_id, "dtype": task.dtype,
@@ -152,6 +156,25 @@ def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     """The whole unit of work a stage runs: skip if current, else tokenize and write the receipt."""
     if receipt_problem(task, read_receipt(task)) is None:
         return {"task": asdict(task), "skipped": True}
-    shard_stats = tokenize_part(task, tokenizer)
-    write_receipt(task, shard_stats)
+    if task.sft:
+        shard_stats, outputs = _prepare_sft(task, tokenizer)
+    else:
+        shard_stats = tokenize_part(task, tokenizer)
+        paths = binidx.prefix_paths(task.prefix) if shard_stats["num_documents"] else ()
+        outputs = dict(zip(("bin", "idx"), paths))
+    write_receipt(task, shard_stats, outputs)
     return {"task": asdict(task), "skipped": False, "seconds": shard_stats["seconds"]}
+
+
+def _prepare_sft(task: ShardTask, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
+    """SFT/DPO/GRPO part: sequences + loss masks per output key (streamprep.sft); receipt lists every file."""
+    from streamprep.sft import prepare_part
+
+    prefix = Path(task.prefix)
+    st = prepare_part(task.input_path, prefix, tokenizer, task.sft, task.tokenizer_fingerprint)
+    keys = st.get("keys", {})
+    shard_stats = {"num_documents": st["documents"], "num_tokens": sum(k["tokens"] for k in keys.values()),
+                   "num_input_records": st["records"], "dropped_empty": [], "tokens_hist": {},
+                   "sft": {k: v for k, v in st.items() if k not in ("files", "seconds")},
+                   "seconds": st.get("seconds", 0.0)}
+    return shard_stats, {f: prefix.parent / f for f in st["files"]}

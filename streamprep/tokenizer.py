@@ -19,7 +19,7 @@ from streamprep.config import ConfigError
 log = logs.get("tokenizer")
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<unk>", "<mask>"]
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
-SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 @dataclass(frozen=True)

@@ -109,10 +109,29 @@ def _check_receipt(c: _Checker, rel: str, rec: dict[str, Any], fingerprint: str 
             c.add(f"{rel}: bin and idx paths do not share a prefix")
         elif (c.run_dir / files["idx"]["path"]).is_file():
             _check_binidx(c, prefix, stats.get("num_documents"), stats.get("num_tokens"), rec.get("dtype"), rel)
+    elif rec.get("stats", {}).get("sft") is not None:
+        _check_sft(c, rel, {f["path"] for f in files.values()})
     elif files:
         c.add(f"{rel}: lists files {sorted(files)}, expected bin and idx")
+
     elif stats.get("num_documents", 0):
         c.add(f"{rel}: {stats['num_documents']} documents but no files")
+
+
+
+def _check_sft(c: _Checker, rel: str, paths: set[str]) -> None:
+    """SFT shards: every .idx sound against its .bin; each loss mask aligned with its sequence."""
+    for idx in sorted(p for p in paths if p.endswith(".idx")):
+        prefix = idx[:-len(".idx")]
+        if prefix + ".bin" not in paths:
+            c.add(f"{rel}: lists {idx} without its .bin")
+            continue
+        _check_binidx(c, prefix, None, None, None, rel)
+        if prefix.endswith("_sequence") and prefix[:-len("_sequence")] + "_loss_mask.idx" in paths:
+            seq, mask = (c.guarded(p + ".idx", lambda p=p: binidx.IndexedDataset.open(c.run_dir / p))
+                         for p in (prefix, prefix[:-len("_sequence")] + "_loss_mask"))
+            if seq is not None and mask is not None and not np.array_equal(seq.lengths, mask.lengths):
+                c.add(f"{prefix}: loss mask lengths differ from the sequence lengths")
 
 
 def _check_receipts(c: _Checker, fingerprint: str | None) -> set[str]:

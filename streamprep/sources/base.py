@@ -14,6 +14,7 @@ class BadRecord:
 
     reason: str
     raw: str  # a bounded excerpt of what was read, for the rejects file
+    check: str = "parse"  # the failed_check it is counted under
 
 
 class Source(Protocol):

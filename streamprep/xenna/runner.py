@@ -25,13 +25,13 @@ RAY_ENV = {
 }
 
 
-def run_local(tasks: list[ShardTask], tokenizer_path: str) -> list[dict[str, Any]]:
+def run_local(tasks: list[ShardTask], tokenizer_path: str, chat: bool = False) -> list[dict[str, Any]]:
     """Same stage logic, in this process, one task after another (the Rust tokenizer still uses all cores)."""
     from cosmos_xenna.pipelines import v1 as xenna
 
     from streamprep.xenna.stage import TokenizeStage
 
-    stage = TokenizeStage(tokenizer_path)
+    stage = TokenizeStage(tokenizer_path, chat=chat)
     stage.setup(xenna.WorkerMetadata.make_dummy())
     out = []
     for task in tasks:
@@ -72,7 +72,8 @@ def shutdown_ray() -> None:
     psutil.wait_procs(alive, timeout=3)
 
 
-def run_xenna(tasks: list[ShardTask], tokenizer_path: str, workers: int, ray_address: str | None) -> list[dict[str, Any]]:
+def run_xenna(tasks: list[ShardTask], tokenizer_path: str, workers: int, ray_address: str | None,
+              chat: bool = False) -> list[dict[str, Any]]:
     """Run the stage through cosmos-xenna; returns one result per task (order not guaranteed)."""
     os.environ.update(RAY_ENV)
     import ray
@@ -93,7 +94,7 @@ def run_xenna(tasks: list[ShardTask], tokenizer_path: str, workers: int, ray_add
     per_worker = max(min(cpus / max(workers, 1), 1.0), 0.1)
     spec = xenna.PipelineSpec(
         input_data=tasks,
-        stages=[xenna.StageSpec(TokenizeStage(tokenizer_path, cpus=per_worker), num_workers=workers)],
+        stages=[xenna.StageSpec(TokenizeStage(tokenizer_path, cpus=per_worker, chat=chat), num_workers=workers)],
         config=xenna.PipelineConfig(return_last_stage_outputs=True, cpu_allocation_percentage=1.0,
                                     logging_interval_s=60, num_run_attempts_python=1),
     )

@@ -11,8 +11,9 @@ from streamprep.shards import ShardTask, run_task
 class TokenizeStage(xenna.Stage):
     """One ShardTask in, one result dict out. The tokenizer is loaded once per worker in `setup()`."""
 
-    def __init__(self, tokenizer_path: str, cpus: float = 1.0):
+    def __init__(self, tokenizer_path: str, cpus: float = 1.0, chat: bool = False):
         self.tokenizer_path = tokenizer_path
+        self.chat = chat  # SFT: load the chat tokenizer (tokenizer.json + chat template) instead
         self.cpus = cpus
         self.tokenizer: Any = None
 
@@ -25,6 +26,11 @@ class TokenizeStage(xenna.Stage):
         return 1
 
     def setup(self, worker_metadata: xenna.WorkerMetadata) -> None:
+        if self.chat:
+            from streamprep.sft import load_chat_tokenizer
+
+            self.tokenizer = load_chat_tokenizer(self.tokenizer_path)
+            return
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(self.tokenizer_path)

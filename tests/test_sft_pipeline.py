@@ -1,0 +1,50 @@
+"""SFT through the whole pipeline: ingest keeps the original record, the stage writes sequence + loss mask."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from streamprep import run_from_dict
+from streamprep.binidx import IndexedDataset
+from streamprep.verify import verify_run
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_sft_chat_config_end_to_end(shared_data: Path, tmp_path: Path) -> None:
+    raw = yaml.safe_load((REPO / "configs/sft_chat.yaml").read_text())
+    raw["datasets"][0]["path"] = str(shared_data / "chat/glaive_toolcall_en_demo300.messages.jsonl")
+    raw["tokenizer"]["path"] = str(shared_data / "tokenizers/phi-3-mini")
+    raw["execution"] = {"engine": "local"}
+    result = run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
+    kept = result.summary["kept"]["glaive_toolcall"]
+    assert kept + result.summary["rejected"]["glaive_toolcall"] == 300 and kept > 200
+    line = json.loads((tmp_path / "run/ingest/glaive_toolcall/part-00000.jsonl").open().readline())
+    assert isinstance(line["record"]["messages"], list)  # the original record travels to the stage
+    receipt = json.loads((tmp_path / "run/receipts/glaive_toolcall/part-00000.json").read_text())
+    paths = sorted(e["path"] for e in receipt["files"].values())
+    seq = [p for p in paths if p.endswith("_sequence.idx")]
+    assert len(seq) == 1
+    seqs = IndexedDataset.open(tmp_path / "run" / seq[0][:-4])
+    mask = IndexedDataset.open(tmp_path / "run" / seq[0].replace("_sequence.idx", "_loss_mask"))
+    assert len(seqs) == len(mask) == receipt["stats"]["num_documents"] <= kept
+    assert np.array_equal(seqs.lengths, mask.lengths) and seqs.check() == [] and mask.check() == []
+    trained = sum(int(mask[i].sum()) for i in range(len(mask)))
+    assert 0.4 < trained / int(seqs.lengths.sum()) < 0.8  # assistant turns trained, the rest masked
+    assert verify_run(tmp_path / "run") == []
+    again = run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
+    assert again.status == "complete"
+
+
+def test_sft_section_errors_name_the_key(tmp_path: Path) -> None:
+    from streamprep.config import ConfigError, validate
+
+    data = tmp_path / "a.jsonl"
+    data.write_text('{"messages": []}\n')
+    with pytest.raises(ConfigError, match=r"'sft\.input\.sections\[0\]\.field'"):
+        validate({"datasets": [{"name": "a", "path": str(data)}],
+                  "sft": {"input": {"sections": [{"field": 3, "action": "train"}]}}})
