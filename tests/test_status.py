@@ -198,6 +198,7 @@ def _source(tmp_path: Path) -> tuple[list[dict], Path, int]:
             {"name": "later", "path": str(path), "max_records": None, "size_mb": None}], path, 100_000
 
 
+@pytest.mark.asyncio
 async def test_progress_plain_lines_every_interval(tmp_path):
     datasets, path, size = _source(tmp_path)
     logs.configure(tmp_path, console=False)
@@ -223,6 +224,7 @@ async def test_progress_plain_lines_every_interval(tmp_path):
     assert "read 600" in line and "kept 480" in line and "rejected 120" in line and "MB written" in line
 
 
+@pytest.mark.asyncio
 async def test_progress_tty_display_and_shards(tmp_path):
     from rich.console import Console
 
