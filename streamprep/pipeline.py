@@ -121,13 +121,13 @@ def run(cfg: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = Fa
         logs.configure(run_dir, console=console_log)
         if lock.taken_over:
             log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
-        return Job(cfg, run_dir, previous).run()
+        return Job(cfg, run_dir, previous, console_log).run()
     finally:
         lock.release()
 
 
 class Job:
-    def __init__(self, cfg: dict[str, Any], run_dir: Path, previous: dict[str, Any] | None):
+    def __init__(self, cfg: dict[str, Any], run_dir: Path, previous: dict[str, Any] | None, console_log: bool = True):
         self.cfg, self.run_dir = cfg, run_dir
         self.checkpoint_dir = Path(cfg["run"]["checkpoint_dir"] or run_dir / "checkpoints")
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
@@ -135,6 +135,11 @@ class Job:
                             "checkpoint_dir": str(self.checkpoint_dir)})
         self.timings: dict[str, float] = {}
         self.signals = Signals()
+        self.progress: dict[str, Any] = {}  # dataset -> live IngestState, read by the progress reporter
+        from streamprep.progress import ProgressReporter
+
+        self.reporter = ProgressReporter(self.progress, cfg["execution"]["progress_interval_s"],
+                                         tty=None if console_log else False, datasets=cfg["datasets"], run_dir=run_dir)
 
     def _save_record(self, status: str, **extra: Any) -> None:
         self.record.update(status=status, updated_at=time.time(), timings=self.timings, **extra)
@@ -159,10 +164,11 @@ class Job:
         self._save_record("running", started_at=time.time())
         self.signals.install()
         try:
-            states = self._timed("ingest", self._ingest)
-            info = self._timed("tokenizer", lambda: self._tokenizer(states))
-            tasks = self._plan(states, info)
-            results = self._timed("tokenize", lambda: self._tokenize(tasks))
+            with self.reporter.in_thread():
+                states = self._timed("ingest", self._ingest)
+                info = self._timed("tokenizer", lambda: self._tokenizer(states))
+                tasks = self._plan(states, info)
+                results = self._timed("tokenize", lambda: self._tokenize(tasks))
             summary = self._timed("exports", lambda: self._exports(tasks, states, info))
             summary["tokenize"] = results
         except (KeyboardInterrupt, Interrupted):
@@ -174,13 +180,16 @@ class Job:
         finally:
             self.signals.restore()
         self._save_record("complete", finished_at=time.time(), summary=summary)
+        from streamprep.audit import write_audit
+
+        write_audit(self.run_dir)  # after run.json is final: the audit reports its timings
         log.info("run complete", run_dir=str(self.run_dir), **{k: v for k, v in summary.items() if k != "tokenize"})
         return RunResult(self.run_dir, "complete", summary)
 
     # -- stages ------------------------------------------------------------------------------
     def _ingest(self) -> dict[str, Any]:
         async def main() -> dict[str, Any]:
-            ctx = IngestContext(self.cfg, self.run_dir, self.checkpoint_dir, asyncio.Event())
+            ctx = IngestContext(self.cfg, self.run_dir, self.checkpoint_dir, asyncio.Event(), self.progress)
             loop = asyncio.get_running_loop()
             self.signals.on_first = lambda: loop.call_soon_threadsafe(ctx.stop.set)
             try:
@@ -220,6 +229,7 @@ class Job:
 
         pending = [t for t in tasks if receipt_problem(t, read_receipt(t)) is not None]
         log.info("tokenization plan", shards=len(tasks), pending=len(pending), skipped=len(tasks) - len(pending))
+        self.reporter.watch_receipts([t.receipt_path for t in pending], already_done=len(tasks) - len(pending))
         ex = self.cfg["execution"]
         chat = bool(self.cfg.get("sft"))
         tokenizer = str(self.run_dir / "tokenizer") if chat else str(self.run_dir / "tokenizer" / "tokenizer.json")
