@@ -133,7 +133,7 @@ class Job:
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
         self.record.update({"config": cfg, "config_hash": configmod.config_hash(cfg), "versions": _versions(),
                             "checkpoint_dir": str(self.checkpoint_dir)})
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self.signals = Signals()
         self.progress: dict[str, Any] = {}  # dataset -> live IngestState, read by the progress reporter
         from streamprep.progress import ProgressReporter
