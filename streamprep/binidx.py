@@ -77,28 +77,43 @@ class IndexedDatasetWriter:
         self._idx_tmp = tmp_path(self.idx_path)
         self._bin = open(self._bin_tmp, "wb")
         self._lengths: list[np.ndarray] = []
+        self._doc_ends: list[np.ndarray] = []  # cumulative sequence count after each document
+        self._sequences = 0
 
-    def add_documents(self, token_arrays: list[np.ndarray]) -> None:
-        """Append one sequence (= one document) per array, in one write."""
-        if not token_arrays:
-            return
+    def _write(self, token_arrays: list[np.ndarray]) -> int:
         arrays = [np.asarray(a, dtype=self.dtype) for a in token_arrays]
         if any(a.size == 0 for a in arrays):
             raise ValueError("zero-length sequences are not written (drop empty documents upstream)")
         self._bin.write(np.concatenate(arrays).tobytes())
         self._lengths.append(np.fromiter((a.size for a in arrays), dtype=np.int32, count=len(arrays)))
+        self._sequences += len(arrays)
+        return len(arrays)
+
+    def add_documents(self, token_arrays: list[np.ndarray]) -> None:
+        """Append one sequence (= one document) per array, in one write (GPT pretraining)."""
+        if token_arrays:
+            n = self._write(token_arrays)
+            self._doc_ends.append(np.arange(self._sequences - n + 1, self._sequences + 1, dtype=np.int64))
+
+    def add_document(self, sequences: list[np.ndarray]) -> None:
+        """Append one document made of several sequences (e.g. GRPO responses of one prompt)."""
+        if not sequences:
+            raise ValueError("a document needs at least one sequence")
+        self._write(sequences)
+        self._doc_ends.append(np.array([self._sequences], dtype=np.int64))
 
     @property
     def num_documents(self) -> int:
-        return int(sum(len(x) for x in self._lengths))
+        return int(sum(len(x) for x in self._doc_ends))
 
     def close(self) -> None:
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int32)
+        doc_indices = np.concatenate([np.zeros(1, dtype=np.int64), *self._doc_ends])
         self._bin.flush()
         os.fsync(self._bin.fileno())
         self._bin.close()
         with open(self._idx_tmp, "wb") as fh:
-            fh.write(index_bytes(lengths, self.dtype))
+            fh.write(index_bytes(lengths, self.dtype, doc_indices))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(self._bin_tmp, self.bin_path)

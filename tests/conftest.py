@@ -24,10 +24,9 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One Ray cluster for every `ray`-marked test (xenna-notes.md §7); everything it started is reaped."""
-    import psutil
     import ray
 
-    from streamprep.xenna.runner import RAY_ENV
+    from streamprep.xenna.runner import RAY_ENV, shutdown_ray
 
     os.environ.update(RAY_ENV)
     ctx = ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, object_store_memory=256 * 1024 * 1024)
@@ -35,13 +34,5 @@ def ray_cluster():
     try:
         yield ctx
     finally:
-        children = psutil.Process().children(recursive=True)
-        ray.shutdown()
+        shutdown_ray()
         os.environ.pop("RAY_ADDRESS", None)
-        _, alive = psutil.wait_procs(children, timeout=5)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=3)

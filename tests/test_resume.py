@@ -3,7 +3,6 @@ moments in every phase, each followed by a resume; outputs must equal an uninter
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess

@@ -11,7 +11,6 @@ per list element for `list_field` keys (Megatron document indices group them).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -23,36 +22,6 @@ from streamprep import atomic, binidx
 FORMAT = "streamprep.sft/1"
 MISSING_DOMAIN = "_none"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-class GroupedIndexedDatasetWriter(binidx.IndexedDatasetWriter):
-    """IndexedDatasetWriter whose documents may hold several sequences (Megatron document indices).
-    With one sequence per document the bytes equal the base writer's."""
-
-    def __init__(self, prefix: str | os.PathLike, dtype: np.dtype):
-        super().__init__(prefix, dtype)
-        self._doc_ends: list[int] = [0]
-        self._seqs = 0
-
-    def add_document(self, sequences: list[np.ndarray]) -> None:
-        if not sequences:
-            raise ValueError("a document needs at least one sequence")
-        self.add_documents(sequences)
-        self._seqs += len(sequences)
-        self._doc_ends.append(self._seqs)
-
-    def close(self) -> None:
-        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int32)
-        self._bin.flush()
-        os.fsync(self._bin.fileno())
-        self._bin.close()
-        with open(self._idx_tmp, "wb") as fh:
-            fh.write(binidx.index_bytes(lengths, self.dtype, np.asarray(self._doc_ends, dtype=np.int64)))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(self._bin_tmp, self.bin_path)
-        os.replace(self._idx_tmp, self.idx_path)
-        atomic.fsync_dir(self.bin_path.parent)
 
 
 def domain_dir(value: Any) -> str:
@@ -73,7 +42,7 @@ class Shard:
                  dtypes: dict[str, np.dtype], header: dict[str, Any]):
         self.dir, self.index, self.domain, self.plan, self.dtypes, self.header = out_dir, index, domain, plan, dtypes, header
         self.stem = f"{name}_s{index:04d}"
-        self.writers: dict[tuple[str, str], GroupedIndexedDatasetWriter] = {}
+        self.writers: dict[tuple[str, str], binidx.IndexedDatasetWriter] = {}
         self.documents = 0
         self.tokens = 0
         self.counts: dict[str, dict[str, int]] = {k: {"sequences": 0, "tokens": 0, "trained_tokens": 0, "values": 0}
@@ -82,10 +51,10 @@ class Shard:
     def prefix(self, key: str, kind: str) -> str:
         return f"{self.stem}_{key}_{kind}"
 
-    def _writer(self, key: str, kind: str, dtype: np.dtype) -> GroupedIndexedDatasetWriter:
+    def _writer(self, key: str, kind: str, dtype: np.dtype) -> binidx.IndexedDatasetWriter:
         w = self.writers.get((key, kind))
         if w is None:
-            w = self.writers[(key, kind)] = GroupedIndexedDatasetWriter(self.dir / self.prefix(key, kind), dtype)
+            w = self.writers[(key, kind)] = binidx.IndexedDatasetWriter(self.dir / self.prefix(key, kind), dtype)
         return w
 
     def add(self, record: dict[str, dict[str, list[np.ndarray]]]) -> None:
