@@ -1,0 +1,168 @@
+"""Throughput of streamprep against the tokenizer's own limit, measured in one run on the same data.
+
+    python benchmarks/bench_pipeline.py [--mb 100] [--repeats 3] [--engine local|xenna] [--workers N]
+
+(a) raw limit: `Tokenizer.encode_batch_fast` over the texts already in memory, all cores (Rust threads);
+(b) streamprep's tokenization stage alone, over the ingest parts of run (c);
+(c) the whole `streamprep ingest` (ingest + tokenize + exports) with the quality gates off;
+(d) the same with the default quality gates.
+Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tree, and b/a, c/a, d/a.
+Each of (b)-(d) runs as its own process; medians over --repeats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corpus import SHARED, build  # noqa: E402
+
+PHI2 = SHARED / "tokenizers/phi-2/tokenizer.json"
+GATES_OFF = {"dedup": "none", "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
+             "reject_copyright": False, "min_chars": 0, "normalize": False}
+
+
+class PeakRSS:
+    """Samples the summed RSS of a process and its descendants every 50 ms."""
+
+    def __init__(self, pid: int):
+        self.proc, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                procs = [self.proc, *self.proc.children(recursive=True)]
+                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+            except psutil.Error:
+                pass
+            self._stop.wait(0.05)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return self.peak
+
+
+def raw_limit(corpus: Path) -> dict:
+    from tokenizers import Tokenizer
+
+    texts = [orjson.loads(line)["text"] for line in corpus.read_bytes().splitlines()]
+    tok = Tokenizer.from_file(str(PHI2))
+    mb = sum(len(t.encode()) for t in texts) / 1e6
+    t0 = time.perf_counter()
+    n_tokens = 0
+    for i in range(0, len(texts), 1024):
+        n_tokens += sum(len(e.ids) for e in tok.encode_batch_fast(texts[i:i + 1024], add_special_tokens=False))
+    secs = time.perf_counter() - t0
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the corpus is held in memory here
+    return {"seconds": secs, "mb": mb, "docs": len(texts), "tokens": n_tokens, "peak": peak}
+
+
+def run_cli(cfg: dict, run_dir: Path) -> tuple[float, int]:
+    cfg_path = run_dir.with_suffix(".yaml")
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
+                             "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    rss = PeakRSS(proc.pid)
+    _, err = proc.communicate()
+    peak = rss.stop()
+    if proc.returncode:
+        raise SystemExit(f"ingest failed: {err.decode()[-2000:]}")
+    return time.perf_counter() - t0, peak
+
+
+STAGE_SCRIPT = """
+import sys, json, time
+from pathlib import Path
+from streamprep.shards import make_task, tokenize_part
+from tokenizers import Tokenizer
+run = Path(sys.argv[1]); tok_path = run / "tokenizer/tokenizer.json"
+tok = Tokenizer.from_file(str(tok_path))
+parts = sorted((run / "ingest").rglob("part-*.jsonl"))
+t0 = time.perf_counter(); n = 0
+for p in parts:
+    task = make_task(run, p.parent.name, "train", p, tok_path, "x", 50256, "uint16")
+    task = task.__class__(**{**task.__dict__, "prefix": str(run / "bench_stage" / p.stem)})
+    n += tokenize_part(task, tok)["num_tokens"]
+print(json.dumps({"seconds": time.perf_counter() - t0, "tokens": n}))
+"""
+
+
+def stage_alone(run_dir: Path) -> tuple[dict, int]:
+    proc = subprocess.Popen([sys.executable, "-c", STAGE_SCRIPT, str(run_dir)], stdout=subprocess.PIPE)
+    rss = PeakRSS(proc.pid)
+    out, _ = proc.communicate()
+    return json.loads(out), rss.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine", default="local")
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-bench"))
+    ap.add_argument("--only", default="abcd", help="which measurements, e.g. 'ac'")
+    a = ap.parse_args()
+    corpus = build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
+    base = {"run": {"name": "bench"}, "datasets": [{"name": "web", "path": str(corpus)}],
+            "tokenizer": {"path": str(PHI2)}, "output": {"shard_records": 5000},
+            "execution": {"engine": a.engine, "workers": a.workers}}
+    results: dict[str, list] = {k: [] for k in "abcd"}
+    rss: dict[str, int] = {}
+    for r in range(a.repeats):
+        if "a" in a.only:
+            results["a"].append(raw_limit(corpus))
+        for key, quality in (("c", GATES_OFF), ("d", {})):
+            if key not in a.only and not (key == "c" and "b" in a.only):
+                continue
+            run_dir = a.work / f"run_{key}_{r}"
+            subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+            secs, peak = run_cli({**base, "quality": quality}, run_dir)
+            phases = json.loads((run_dir / "run.json").read_text())["timings"]
+            results[key].append({"seconds": secs, "phases": phases})
+            rss[key] = max(rss.get(key, 0), peak)
+            if key == "c" and "b" in a.only:
+                stage, peak_b = stage_alone(run_dir)
+                results["b"].append(stage)
+                rss["b"] = max(rss.get("b", 0), peak_b)
+    ref = results["a"][0] if results["a"] else raw_limit(corpus)
+    mb, docs, tokens = ref["mb"], ref["docs"], ref["tokens"]
+    med = {k: statistics.median(x["seconds"] for x in v) for k, v in results.items() if v}
+    names = {"a": "raw encode_batch (limit)", "b": "tokenization stage", "c": "ingest, gates off",
+             "d": "ingest, default gates"}
+    print(f"corpus: {corpus} ({mb:.1f} MB, {docs} docs, {tokens} tokens); engine={a.engine} workers={a.workers}; "
+          f"median of {a.repeats}")
+    print(f"{'measurement':28} {'s':>8} {'MB/s':>7} {'docs/s':>8} {'tokens/s':>10} {'peak RSS MB':>11} {'ratio':>6}")
+    if results["a"]:
+        rss["a"] = max(x["peak"] for x in results["a"])
+    for k, secs in med.items():
+        ratio = med["a"] / secs if "a" in med else float("nan")
+        peak = rss.get(k, 0) / 1e6
+        print(f"{names[k]:28} {secs:8.2f} {mb / secs:7.2f} {docs / secs:8.0f} {tokens / secs:10.0f} "
+              f"{peak:11.0f} {ratio:6.2f}")
+
+    for k in "cd":
+        if results[k]:
+            phases = {p: statistics.median(x["phases"].get(p, 0.0) for x in results[k]) for p in results[k][0]["phases"]}
+            print(f"{names[k]} phases (s, median): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Build a benchmark corpus of N MB of real web text from ../shared/data, distinct per record.
+
+Sources: the C4, DCLM and dolma samples and the Wikipedia demo file (≈ 6 MB, ≈ 1 900 documents).
+Copy k of a document rotates its sentences by k, so every record is distinct text (exact dedup keeps
+it) while language, length and character statistics stay those of real web text. Deterministic.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+WEB_FILES = ["web/c4_en_train00000_first1000.jsonl", "web/c4_en_llamafactory_demo300.jsonl",
+             "web/dclm_quality_majority_data.jsonl", "web/dolma_cc_en_head-0091.jsonl",
+             "web/dolma_cc_en_head-0174.jsonl"]
+SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def base_documents(shared: Path = SHARED) -> list[str]:
+    docs: list[str] = []
+    for rel in WEB_FILES:
+        for line in (shared / rel).read_bytes().splitlines():
+            docs.append(orjson.loads(line)["text"])
+    docs += [line for line in (shared / "web/wikipedia_en_llamafactory_demo30.txt").read_text().splitlines() if line]
+    return docs
+
+
+def build(out: Path, megabytes: int, shared: Path = SHARED) -> Path:
+    """Write `out` (JSONL {"text"}) of at least `megabytes` MB unless it already exists."""
+    if out.exists() and out.stat().st_size >= megabytes * 1_000_000:
+        return out
+    docs = [SENTENCE.split(d) for d in base_documents(shared)]
+    target, written, k = megabytes * 1_000_000, 0, 0
+    tmp = out.with_suffix(".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as fh:
+        while written < target:
+            for sentences in docs:
+                r = k % len(sentences)
+                line = orjson.dumps({"text": " ".join(sentences[r:] + sentences[:r]) if k else " ".join(sentences)}) + b"\n"
+                fh.write(line)
+                written += len(line)
+                if written >= target:
+                    break
+            k += 1
+    tmp.replace(out)
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--mb", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/streamprep-bench/corpus_100mb.jsonl"))
+    a = ap.parse_args()
+    print(build(a.out, a.mb))
