@@ -71,6 +71,46 @@ class QCRunner:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+class _QCActor:
+    """One QC worker on a Ray cluster (`execution.ray_address`)."""
+
+    def __init__(self, quality_cfg: dict[str, Any]):
+        _init_worker(quality_cfg)
+
+    def evaluate(self, text_field: str, records: list[Any]) -> list[Verdict]:
+        return _evaluate(text_field, records)
+
+
+class RayQCRunner:
+    """QC batches on Ray actors of an existing cluster; each actor answers in order, and the writer awaits
+    batches in source order, so outputs equal the process-pool run's."""
+
+    def __init__(self, quality_cfg: dict[str, Any], workers: int, address: str):
+        import ray
+
+        from streamprep.xenna.runner import RAY_ENV
+
+        os.environ.update(RAY_ENV)
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False)
+        self.workers = max(1, workers)
+        actor = ray.remote(num_cpus=1)(_QCActor)
+        self.actors = [actor.remote(quality_cfg) for _ in range(self.workers)]
+        self._next = 0
+        log.info("quality control on Ray actors", actors=self.workers, address=address)
+
+    def submit(self, text_field: str, records: list[Any]) -> asyncio.Future:
+        actor = self.actors[self._next % self.workers]
+        self._next += 1
+        return asyncio.wrap_future(actor.evaluate.remote(text_field, records).future())
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a)
+
+
 # ---- per-dataset ingest ----------------------------------------------------------------------
 @dataclass
 class IngestContext:
@@ -92,7 +132,7 @@ def _take(it: Iterator, n: int) -> list:
 class DatasetIngest:
     """Ingest of one dataset entry, resumable from its checkpoint."""
 
-    def __init__(self, ds: dict[str, Any], ctx: IngestContext, qc: QCRunner, reader_pool: Executor):
+    def __init__(self, ds: dict[str, Any], ctx: IngestContext, qc: QCRunner | RayQCRunner, reader_pool: Executor):
         self.ds, self.ctx, self.qc, self.reader_pool = ds, ctx, qc, reader_pool
         self.files = DatasetFiles(ctx.run_dir, ctx.checkpoint_dir, ds["name"])
         out = ctx.cfg["output"]
@@ -265,8 +305,10 @@ def _excerpt(rec: Any, text_field: str) -> str:
 
 async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
     """Ingest every dataset concurrently (one producer task each); returns their final states."""
-    workers = ctx.cfg["execution"]["workers"] or os.cpu_count() or 1
-    qc = QCRunner(ctx.cfg["quality"], workers)
+    ex = ctx.cfg["execution"]
+    workers = ex["workers"] or os.cpu_count() or 1
+    qc = RayQCRunner(ctx.cfg["quality"], workers, ex["ray_address"]) if ex["ray_address"] \
+        else QCRunner(ctx.cfg["quality"], workers)
     reader_pool = ThreadPoolExecutor(max(1, len(ctx.cfg["datasets"])), thread_name_prefix="reader")
     t0 = time.monotonic()
     try:

@@ -127,3 +127,17 @@ def test_sigint_during_xenna_stage_shuts_ray_down_and_resumes(tmp_path: Path) ->
     plans = [json.loads(line) for line in (run_dir / "logs/streamprep.log").read_text().splitlines()
              if '"tokenization plan"' in line]
     assert plans[-1]["skipped"] == done_before and plans[-1]["pending"] == 30 - done_before  # finished shards kept
+
+
+@pytest.mark.ray
+def test_ray_address_runs_qc_on_ray_actors_with_identical_outputs(ray_cluster, tmp_path: Path) -> None:
+    source = _source(tmp_path, 800)
+    hashes = {}
+    for name, extra in (("pool", {"workers": 2}), ("ray", {"workers": 2, "ray_address": ray_cluster.address_info["gcs_address"]})):
+        cfg = base_config([source], None, output={"shard_records": 300})
+        cfg["quality"] = {"expected_language": "en", "min_chars": 20}
+        cfg["execution"].update(engine="local", batch_records=50, **extra)
+        run_from_dict(cfg, run_dir=tmp_path / name, console_log=False)
+        hashes[name] = tree_hashes(tmp_path / name, *OUTPUTS, "rejects", names=("manifest.json",))
+    assert hashes["ray"] == hashes["pool"]
+    assert "quality control on Ray actors" in (tmp_path / "ray/logs/streamprep.log").read_text()

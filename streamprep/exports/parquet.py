@@ -41,6 +41,7 @@ from streamprep.exports.shards import DatasetIndex, ExportError, RecordReader
 DEFAULT_BUCKETS = [128, 256, 512, 1024, 2048, 4096, 8192]
 DEFAULT_SHARD_SIZE = 64 * 1024 * 1024
 DEFAULT_ROW_GROUP = 10_000
+ROW_GROUP_BYTES = 8 << 20  # a row group also ends at ~8 MiB (estimated), so memory is bounded in bytes too
 BYTES_PER_TOKEN = 4
 TAIL_FRACTION = 0.25
 COMPRESSIONS = ("snappy", "gzip", "brotli", "zstd", "lz4", "none")
@@ -218,6 +219,19 @@ def plan_shards(indexes: list[DatasetIndex], opts: ParquetOptions, seed: int) ->
     return adjusted
 
 
+def _row_groups(sizes: np.ndarray, max_rows: int) -> list[tuple[int, int]]:
+    """Row-group bounds: at most `max_rows` records and about ROW_GROUP_BYTES of estimated bytes."""
+    bounds, start, acc = [], 0, 0
+    for i, size in enumerate(sizes.tolist()):
+        if i > start and (i - start >= max_rows or acc + size > ROW_GROUP_BYTES):
+            bounds.append((start, i))
+            start, acc = i, 0
+        acc += size
+    if start < len(sizes):
+        bounds.append((start, len(sizes)))
+    return bounds
+
+
 def _write_one(run_dir: Path, plan: ShardPlan, reader: RecordReader, opts: ParquetOptions) -> dict[str, Any]:
     final = run_dir / plan.rel_path
     tsv_final = final.with_suffix(".tsv")
@@ -230,8 +244,8 @@ def _write_one(run_dir: Path, plan: ShardPlan, reader: RecordReader, opts: Parqu
         with open(tsv_tmp, "wb") as tsv:
             tsv.write(TSV_HEADER.encode())
             row = 0
-            for start in range(0, len(plan.records), opts.row_group_size):
-                ids = plan.records[start:start + opts.row_group_size]
+            for start, end in _row_groups(reader.index.est_bytes(BYTES_PER_TOKEN)[plan.records], opts.row_group_size):
+                ids = plan.records[start:end]
                 recs = reader.records(ids)
                 toks = reader.tokens(ids)
                 lengths = np.fromiter((len(t) for t in toks), dtype=np.int32, count=len(toks))
