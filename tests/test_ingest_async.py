@@ -1,0 +1,45 @@
+"""The asyncio ingest directly: a stop request flushes the batch in hand and checkpoints exactly what is on disk."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from helpers import base_config, english_docs, tree_hashes
+from streamprep.checkpoints import DatasetFiles
+from streamprep.config import validate
+from streamprep.ingest import IngestContext, ingest_all
+
+
+def _cfg(tmp_path: Path) -> dict:
+    src = tmp_path / "docs.jsonl"
+    docs = english_docs(3000, seed=5)
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs + docs[:40]))
+    raw = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 700})
+    raw["execution"].update(batch_records=40, workers=2)
+    return validate(raw)
+
+
+async def test_stop_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    ref = tmp_path / "ref"
+    await ingest_all(IngestContext(cfg, ref, ref / "checkpoints", asyncio.Event()))
+
+    run = tmp_path / "run"
+    ctx = IngestContext(cfg, run, run / "checkpoints", asyncio.Event())
+    task = asyncio.create_task(ingest_all(ctx))
+    while "d" not in ctx.progress or ctx.progress["d"].consumed < 1000:
+        await asyncio.sleep(0.001)
+    ctx.stop.set()
+    state = (await task)["d"]
+    assert not state.done and 1000 <= state.consumed < 3040
+    files = DatasetFiles(run, run / "checkpoints", "d")
+    ck = json.loads(files.checkpoint.read_text())  # the checkpoint describes exactly the bytes on disk
+    assert ck["consumed"] == state.consumed and ck["kept"] + ck["rejected"] == ck["consumed"]
+    assert files.part(ck["part_index"]).stat().st_size == ck["part_bytes"]
+    assert files.dedup.stat().st_size == 32 * ck["dedup_count"] == 32 * ck["kept"]
+    assert sum(len(p.read_bytes().splitlines()) for p in files.parts()) == ck["kept"]
+
+    resumed = (await ingest_all(IngestContext(cfg, run, run / "checkpoints", asyncio.Event())))["d"]
+    assert resumed.done and resumed.kept == 3000 and resumed.rejected == 40
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
