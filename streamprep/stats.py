@@ -52,8 +52,9 @@ def add_tokens(stats: dict[str, Any], side: str, n_tokens: int) -> None:
     _bump(stats.setdefault(f"tokens_hist_{side}", {}), _log2_bin(n_tokens))
 
 
-def percentile_from_hist(hist: dict[str, int], q: float, bins: int = DENSITY_BINS) -> float | None:
-    """Upper edge of the density bin holding quantile `q` (0..1)."""
+def quantile_bin(hist: dict[str, int] | None, q: float) -> str | None:
+    """The key of the bin holding quantile `q` (0..1) of a histogram keyed by integer strings."""
+    hist = hist or {}
     total = sum(hist.values())
     if not total:
         return None
@@ -61,8 +62,14 @@ def percentile_from_hist(hist: dict[str, int], q: float, bins: int = DENSITY_BIN
     for b in sorted(hist, key=int):
         run += hist[b]
         if run >= need:
-            return round((int(b) + 1) / bins, 4)
-    return 1.0
+            return b
+    return max(hist, key=int)
+
+
+def percentile_from_hist(hist: dict[str, int], q: float, bins: int = DENSITY_BINS) -> float | None:
+    """Upper edge of the density bin holding quantile `q` (0..1)."""
+    b = quantile_bin(hist, q)
+    return None if b is None else round((int(b) + 1) / bins, 4)
 
 
 # ---- reading aggregates back (audit, status) ----------------------------------------------------
@@ -105,16 +112,8 @@ def log2_hist_rows(hist: dict[str, int] | None) -> list[dict[str, int]]:
 
 def log2_percentile(hist: dict[str, int] | None, q: float) -> int | None:
     """Upper (exclusive) edge of the log2 bin holding quantile `q`: the value is below it."""
-    hist = hist or {}
-    total = hist_total(hist)
-    if not total:
-        return None
-    need, run = q * total, 0
-    for b in sorted(hist, key=int):
-        run += hist[b]
-        if run >= need:
-            return log2_bin_range(b)[1]
-    return log2_bin_range(max(hist, key=int))[1]
+    b = quantile_bin(hist, q)
+    return None if b is None else log2_bin_range(b)[1]
 
 
 def density_percentile(hist: dict[str, int] | None, q: float, zeros: int = 0) -> float | None:
