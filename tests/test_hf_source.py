@@ -415,3 +415,46 @@ def test_stream_local_with_datasets(tmp_path):
         assert records(stream_local_with_datasets(files, "json", max_records=3, cache_dir=cache)) == TRAIN[:3]
         (d / "c.parquet").write_bytes(parquet(VALID))
         assert records(stream_local_with_datasets([d / "c.parquet"], "parquet", cache_dir=cache)) == VALID
+
+
+# ---- through the whole pipeline --------------------------------------------------------------------------------
+WEB_REPO = "org/web"
+
+
+def _web_rows(f: int) -> list[dict]:
+    from helpers import english_docs
+
+    docs = english_docs(300, seed=f)
+    return [{"text": t, "lang": "en" if i % 5 else "fr", "id": f"{f}-{i}"} for i, t in enumerate(docs)]
+
+
+async def test_hf_dataset_through_the_pipeline_with_stop_and_resume(hub, tmp_path):
+    """hf:// in a config: filter while streaming, parts written, a stop mid-stream resumes to identical outputs."""
+    import asyncio
+
+    from helpers import base_config, tree_hashes
+    from streamprep.config import validate
+    from streamprep.ingest import IngestContext, ingest_all
+
+    hub.add_dataset(WEB_REPO, {f"data/train-{f:05d}.jsonl": jsonl(_web_rows(f)) for f in range(3)})
+    raw = base_config([{"name": "web", "path": f"hf://{WEB_REPO}", "split": "train", "filter": {"lang": "en"}}], None,
+                      output={"shard_records": 100})
+    raw["execution"].update(batch_records=25, workers=1)
+    conf = validate(raw)
+
+    ref = tmp_path / "ref"
+    state = (await ingest_all(IngestContext(conf, ref, ref / "checkpoints", asyncio.Event())))["web"]
+    assert state.done and state.consumed == 720 and state.kept == 720  # 3 × 300 rows, 1 in 5 filtered out
+    assert len(list((ref / "ingest/web").glob("part-*.jsonl"))) == 8
+
+    run = tmp_path / "run"
+    ctx = IngestContext(conf, run, run / "checkpoints", asyncio.Event())
+    task = asyncio.create_task(ingest_all(ctx))
+    while "web" not in ctx.progress or ctx.progress["web"].consumed < 300:
+        await asyncio.sleep(0.001)
+    ctx.stop.set()
+    stopped = (await task)["web"]
+    assert not stopped.done and 300 <= stopped.consumed < 720
+    resumed = (await ingest_all(IngestContext(conf, run, run / "checkpoints", asyncio.Event())))["web"]
+    assert resumed.done and resumed.kept == 720
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
