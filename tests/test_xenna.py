@@ -141,3 +141,24 @@ def test_ray_address_runs_qc_on_ray_actors_with_identical_outputs(ray_cluster, t
         hashes[name] = tree_hashes(tmp_path / name, *OUTPUTS, "rejects", names=("manifest.json",))
     assert hashes["ray"] == hashes["pool"]
     assert "quality control on Ray actors" in (tmp_path / "ray/logs/streamprep.log").read_text()
+
+
+@pytest.mark.ray
+def test_cli_attaches_to_an_existing_cluster_and_leaves_it_running(ray_cluster, tmp_path: Path) -> None:
+    import os
+
+    import ray
+
+    cfg = base_config([_source(tmp_path, 600)], None, output={"shard_records": 200})
+    cfg["execution"].update(engine="xenna", workers=2, ray_address=ray_cluster.address_info["gcs_address"])
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=240,
+                          env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (tmp_path / "run/logs/streamprep.log").read_text()
+    assert "quality control on Ray actors" in log and ray_cluster.address_info["gcs_address"] in log
+    assert ray.cluster_resources().get("CPU") == 2  # the cluster it attached to is still up
+    assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
