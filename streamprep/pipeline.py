@@ -250,12 +250,12 @@ class Job:
         from streamprep.exports.shards import ShardRef
 
         log.info("writing exports", shards=len(tasks))
+        receipts = [read_receipt(t) for t in tasks]
         refs, shards = [], []
-        for t in tasks:
-            receipt = read_receipt(t)
-            has_docs = receipt["stats"]["num_documents"] > 0
+        for t, receipt in zip(tasks, receipts):
             if t.sft:  # SFT shards are listed by their receipts; Parquet/blend are for pretraining text
                 continue
+            has_docs = receipt["stats"]["num_documents"] > 0
             refs.append(ShardRef(dataset=t.dataset, split=t.split, part=t.part, ingest_path=Path(t.input_path),
                                  prefix=Path(t.prefix) if has_docs else None, receipt=receipt))
             shards.append({"dataset": t.dataset, "split": t.split, "prefix": t.prefix,
@@ -267,7 +267,8 @@ class Job:
                                 info.to_json(), configmod.config_hash(self.cfg))
         kept = {n: s.kept for n, s in states.items()}
         rejected = {n: s.rejected for n, s in states.items()}
-        empty = {n: sum(len(read_receipt(t)["stats"]["dropped_empty"]) for t in tasks if t.dataset == n) for n in states}
+        empty = {n: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == n)
+                 for n in states}
         return {"kept": kept, "rejected": rejected, "empty_tokens": empty, "exports": summary}
 
     def _still_complete(self) -> bool:

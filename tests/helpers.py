@@ -45,3 +45,17 @@ def english_docs(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [f"Document {i}: " + " ".join(rng.choice(words) for _ in range(rng.randint(25, 90))) + "."
             for i in range(n)]
+
+
+async def ingest_stopped_after(cfg: dict[str, Any], run_dir: Path, dataset: str, consumed: int):
+    """Run the asyncio ingest and request a stop once `dataset` has consumed `consumed` items; its final state."""
+    import asyncio
+
+    from streamprep.ingest import IngestContext, ingest_all
+
+    ctx = IngestContext(cfg, run_dir, run_dir / "checkpoints", asyncio.Event())
+    task = asyncio.create_task(ingest_all(ctx))
+    while dataset not in ctx.progress or ctx.progress[dataset].consumed < consumed:
+        await asyncio.sleep(0.001)
+    ctx.stop.set()
+    return (await task)[dataset]

@@ -432,7 +432,7 @@ async def test_hf_dataset_through_the_pipeline_with_stop_and_resume(hub, tmp_pat
     """hf:// in a config: filter while streaming, parts written, a stop mid-stream resumes to identical outputs."""
     import asyncio
 
-    from helpers import base_config, tree_hashes
+    from helpers import base_config, ingest_stopped_after, tree_hashes
     from streamprep.config import validate
     from streamprep.ingest import IngestContext, ingest_all
 
@@ -448,12 +448,7 @@ async def test_hf_dataset_through_the_pipeline_with_stop_and_resume(hub, tmp_pat
     assert len(list((ref / "ingest/web").glob("part-*.jsonl"))) == 8
 
     run = tmp_path / "run"
-    ctx = IngestContext(conf, run, run / "checkpoints", asyncio.Event())
-    task = asyncio.create_task(ingest_all(ctx))
-    while "web" not in ctx.progress or ctx.progress["web"].consumed < 300:
-        await asyncio.sleep(0.001)
-    ctx.stop.set()
-    stopped = (await task)["web"]
+    stopped = await ingest_stopped_after(conf, run, "web", 300)
     assert not stopped.done and 300 <= stopped.consumed < 720
     resumed = (await ingest_all(IngestContext(conf, run, run / "checkpoints", asyncio.Event())))["web"]
     assert resumed.done and resumed.kept == 720

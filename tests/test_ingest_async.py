@@ -5,7 +5,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from helpers import base_config, english_docs, tree_hashes
+from helpers import base_config, english_docs, ingest_stopped_after, tree_hashes
 from streamprep.checkpoints import DatasetFiles
 from streamprep.config import validate
 from streamprep.ingest import IngestContext, ingest_all
@@ -26,12 +26,7 @@ async def test_stop_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     await ingest_all(IngestContext(cfg, ref, ref / "checkpoints", asyncio.Event()))
 
     run = tmp_path / "run"
-    ctx = IngestContext(cfg, run, run / "checkpoints", asyncio.Event())
-    task = asyncio.create_task(ingest_all(ctx))
-    while "d" not in ctx.progress or ctx.progress["d"].consumed < 1000:
-        await asyncio.sleep(0.001)
-    ctx.stop.set()
-    state = (await task)["d"]
+    state = await ingest_stopped_after(cfg, run, "d", 1000)
     assert not state.done and 1000 <= state.consumed < 3040
     files = DatasetFiles(run, run / "checkpoints", "d")
     ck = json.loads(files.checkpoint.read_text())  # the checkpoint describes exactly the bytes on disk
