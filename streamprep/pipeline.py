@@ -234,11 +234,14 @@ class Job:
         chat = bool(self.cfg.get("sft"))
         tokenizer = str(self.run_dir / "tokenizer") if chat else str(self.run_dir / "tokenizer" / "tokenizer.json")
         if pending:
+            t0 = time.monotonic()
             if ex["engine"] == "local":
-                runner.run_local(pending, tokenizer, chat)
+                results = runner.run_local(pending, tokenizer, chat)
             else:
                 workers = min(ex["workers"] or os.cpu_count() or 1, len(pending))
-                runner.run_xenna(pending, tokenizer, workers, ex["ray_address"], chat)
+                results = runner.run_xenna(pending, tokenizer, workers, ex["ray_address"], chat)
+            log.info("tokenization done", engine=ex["engine"], wall_seconds=round(time.monotonic() - t0, 2),
+                     shard_seconds=round(sum(r.get("seconds", 0.0) for r in results), 2))
         missing = [f"{t.dataset}/{t.part}: {p}" for t in tasks if (p := receipt_problem(t, read_receipt(t), False))]
         if missing:
             raise RuntimeError(f"tokenization left {len(missing)} shard(s) incomplete: {'; '.join(missing[:5])}")
