@@ -21,6 +21,7 @@ class RunLock:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK_NAME
         self.fd: int | None = None
+        self.taken_over: dict[str, Any] | None = None  # the record of a dead holder whose lock we took
 
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,8 +49,6 @@ class RunLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
-
-    taken_over: dict[str, Any] | None = None
 
 
 def read_holder(path: Path) -> dict[str, Any]:

@@ -21,10 +21,6 @@ class TokenizeStage(xenna.Stage):
     def required_resources(self) -> xenna.Resources:
         return xenna.Resources(cpus=self.cpus, gpus=0)
 
-    @property
-    def stage_batch_size(self) -> int:
-        return 1
-
     def setup(self, worker_metadata: xenna.WorkerMetadata) -> None:
         if self.chat:
             from streamprep.sft import load_chat_tokenizer
