@@ -1,3 +1,3 @@
-from streamprep.cli import main
-import sys
-sys.exit(main())
+from streamprep.cli import entry
+
+entry()

@@ -3,6 +3,9 @@ config/arguments, 1 for a failure or interruption after which the run can be res
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -150,6 +153,29 @@ def _verify(args: argparse.Namespace) -> int:
 COMMANDS = {"ingest": _ingest, "status": _status, "logs": _logs, "audit": _audit, "verify": _verify}
 
 
+INTERRUPTED = "streamprep: interrupted; re-run the same command to resume"
+
+
+def entry() -> None:
+    """Console entry point: run, then exit without interpreter finalization.
+
+    Once the exit code is decided (every output is already written atomically and fsynced), a Ctrl-C
+    arriving while CPython finalizes would otherwise kill the process by signal (rc -2), because
+    finalization restores the default SIGINT disposition. Found by sending SIGINT at random moments.
+    """
+    try:
+        code = main()
+    except KeyboardInterrupt:  # before the job installed its handlers (e.g. during imports): nothing unsafe
+        print(INTERRUPTED, file=sys.stderr)
+        code = 1
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: os._exit(code))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from streamprep.config import ConfigError
@@ -169,11 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamprep: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("streamprep: interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 1
     except BrokenPipeError:  # e.g. `streamprep logs RUN -f | head`
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # keep the final flush quiet
         return 0
     except Exception as exc:  # one line unless --debug; the run log has the details
@@ -184,4 +208,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

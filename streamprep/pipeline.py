@@ -163,26 +163,28 @@ class Job:
             log.info("removed temporary files of an interrupted run", count=len(orphans))
         self._save_record("running", started_at=time.time())
         self.signals.install()
-        try:
-            with self.reporter.in_thread():
-                states = self._timed("ingest", self._ingest)
-                info = self._timed("tokenizer", lambda: self._tokenizer(states))
-                tasks = self._plan(states, info)
-                results = self._timed("tokenize", lambda: self._tokenize(tasks))
-            summary = self._timed("exports", lambda: self._exports(tasks, states, info))
-            summary["tokenize"] = results
-        except (KeyboardInterrupt, Interrupted):
-            self._save_record("interrupted")
-            raise Interrupted(f"interrupted; progress saved in {self.run_dir} — re-run the same command to resume") from None
-        except BaseException as exc:
-            self._save_record("failed", error=f"{type(exc).__name__}: {exc}"[:500])
-            raise
+        try:  # our handlers stay installed until the audit is written (a late signal is handled too)
+            try:
+                with self.reporter.in_thread():
+                    states = self._timed("ingest", self._ingest)
+                    info = self._timed("tokenizer", lambda: self._tokenizer(states))
+                    tasks = self._plan(states, info)
+                    results = self._timed("tokenize", lambda: self._tokenize(tasks))
+                summary = self._timed("exports", lambda: self._exports(tasks, states, info))
+                summary["tokenize"] = results
+            except (KeyboardInterrupt, Interrupted):
+                self._save_record("interrupted")
+                raise Interrupted(f"interrupted; progress saved in {self.run_dir} — "
+                                  f"re-run the same command to resume") from None
+            except BaseException as exc:
+                self._save_record("failed", error=f"{type(exc).__name__}: {exc}"[:500])
+                raise
+            self._save_record("complete", finished_at=time.time(), summary=summary)
+            from streamprep.audit import write_audit
+
+            write_audit(self.run_dir)  # after run.json is final: the audit reports its timings
         finally:
             self.signals.restore()
-        self._save_record("complete", finished_at=time.time(), summary=summary)
-        from streamprep.audit import write_audit
-
-        write_audit(self.run_dir)  # after run.json is final: the audit reports its timings
         log.info("run complete", run_dir=str(self.run_dir), **{k: v for k, v in summary.items() if k != "tokenize"})
         return RunResult(self.run_dir, "complete", summary)
 

@@ -138,24 +138,27 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         with hub._lock:
             hub.requests[(self.command, url.path)] += 1
-            hub.in_flight += 1
-            hub.max_in_flight = max(hub.max_in_flight, hub.in_flight)
-        try:
-            if match := RESOLVE_RE.match(url.path):
+        if match := RESOLVE_RE.match(url.path):
+            # in flight = waiting for its answer: counted only before the response is written, since a
+            # client may start its next request while this thread is still finishing the last one
+            with hub._lock:
+                hub.in_flight += 1
+                hub.max_in_flight = max(hub.max_in_flight, hub.in_flight)
+            try:
                 if hub.delay:
                     time.sleep(hub.delay)
-                self._resolve(match["repo"], match["rev"], unquote(match["path"]), head)
-            elif url.path == "/api/agent-harnesses" and not head:
-                self._send(200, b'{"standardEnvVars": [], "harnesses": {}}', {"Content-Type": "application/json"})
-            elif (match := API_RE.match(url.path)) and not head:
-                self._api(match["repo"], match["kind"], match["rest"], parse_qs(url.query))
-            else:
-                hub.unknown.append(f"{self.command} {self.path}")
-                print(f"fake hub: unknown request {self.command} {self.path}", file=sys.stderr)
-                self._send(404, b'{"error": "unknown endpoint in the fake hub"}', {"Content-Type": "application/json"})
-        finally:
-            with hub._lock:
-                hub.in_flight -= 1
+            finally:
+                with hub._lock:
+                    hub.in_flight -= 1
+            self._resolve(match["repo"], match["rev"], unquote(match["path"]), head)
+        elif url.path == "/api/agent-harnesses" and not head:
+            self._send(200, b'{"standardEnvVars": [], "harnesses": {}}', {"Content-Type": "application/json"})
+        elif (match := API_RE.match(url.path)) and not head:
+            self._api(match["repo"], match["kind"], match["rest"], parse_qs(url.query))
+        else:
+            hub.unknown.append(f"{self.command} {self.path}")
+            print(f"fake hub: unknown request {self.command} {self.path}", file=sys.stderr)
+            self._send(404, b'{"error": "unknown endpoint in the fake hub"}', {"Content-Type": "application/json"})
 
     # ---- endpoints -------------------------------------------------------------------------------
     def _repo(self, repo_id: str) -> Repo | None:
