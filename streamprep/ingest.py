@@ -143,6 +143,10 @@ class DatasetIngest:
         self.size_cap = int(ds["size_mb"] * 1024 * 1024) if ds["size_mb"] else None
         self.depth = 2 * qc.workers + 1  # batches in flight between reader and writer: bounded memory
         self.sft = ctx.cfg.get("sft")  # SFT: QC judges qc_text(record); kept lines carry the original record
+        if self.sft:
+            from streamprep.sft import qc_check
+
+            self._qc_check = qc_check
 
     async def run(self) -> IngestState:
         name = self.ds["name"]
@@ -192,11 +196,9 @@ class DatasetIngest:
 
     def _sft_item(self, rec: Any) -> tuple[Any, Any]:
         """(original record, what QC judges) — or (BadRecord, None) when the record does not fit `sft:`."""
-        from streamprep.sft import qc_check
-
         if isinstance(rec, BadRecord):
             return rec, None
-        text, why = qc_check(rec, self.sft)
+        text, why = self._qc_check(rec, self.sft)
         if text is None:
             return BadRecord(f"sft: {why}", _excerpt(rec, self.ds["text_field"]), check="schema"), None
         return rec, {**rec, self.ds["text_field"]: text}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,14 @@ def test_xenna_engine_matches_local_engine(ray_cluster, tmp_path: Path) -> None:
     assert len(hashes["xenna"]) > 8 and hashes["xenna"] == hashes["local"]
 
 
+def _cli(cfg: dict, tmp_path: Path, run_dir: Path, **env_extra: str) -> tuple[list[str], dict[str, str]]:
+    """`streamprep ingest` on `cfg` as a subprocess command, with an environment that names no Ray cluster."""
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | env_extra
+    return [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)], env
+
+
 def _ray_processes_since(t0: float) -> list[str]:
     found = []
     for p in psutil.process_iter(["cmdline", "create_time"]):
@@ -75,15 +84,10 @@ def _ray_processes_since(t0: float) -> list[str]:
 def test_cli_run_on_xenna_leaves_no_ray_process(tmp_path: Path) -> None:
     cfg = base_config([_source(tmp_path, 600)], None, output={"shard_records": 200})
     cfg["execution"].update(engine="xenna", workers=2)
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="ray") as ray_tmp:
-        env = {**__import__("os").environ, "RAY_TMPDIR": ray_tmp}
-        env.pop("RAY_ADDRESS", None)  # its own cluster, not the session fixture's
-        proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
-                               "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=240,
-                              env=env, stdin=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory(prefix="ray") as ray_tmp:  # its own cluster, not the session fixture's
+        cmd, env = _cli(cfg, tmp_path, tmp_path / "run", RAY_TMPDIR=ray_tmp)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, proc.stderr[-2000:]
         time.sleep(1.0)
         assert _ray_processes_since(t0) == []
@@ -93,16 +97,12 @@ def test_cli_run_on_xenna_leaves_no_ray_process(tmp_path: Path) -> None:
 
 @pytest.mark.ray
 def test_sigint_during_xenna_stage_shuts_ray_down_and_resumes(tmp_path: Path) -> None:
-    import os
     import signal
 
     cfg = base_config([_source(tmp_path, 3000)], None, output={"shard_records": 100})
     cfg["execution"].update(engine="xenna", workers=2)
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cmd, env = _cli(cfg, tmp_path, run_dir)
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             stdin=subprocess.DEVNULL)
@@ -145,18 +145,12 @@ def test_ray_address_runs_qc_on_ray_actors_with_identical_outputs(ray_cluster, t
 
 @pytest.mark.ray
 def test_cli_attaches_to_an_existing_cluster_and_leaves_it_running(ray_cluster, tmp_path: Path) -> None:
-    import os
-
     import ray
 
     cfg = base_config([_source(tmp_path, 600)], None, output={"shard_records": 200})
     cfg["execution"].update(engine="xenna", workers=2, ray_address=ray_cluster.address_info["gcs_address"])
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
-                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=240,
-                          env=env, stdin=subprocess.DEVNULL)
+    cmd, env = _cli(cfg, tmp_path, tmp_path / "run")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (tmp_path / "run/logs/streamprep.log").read_text()
     assert "quality control on Ray actors" in log and ray_cluster.address_info["gcs_address"] in log
