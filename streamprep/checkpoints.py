@@ -47,6 +47,11 @@ class IngestState:
     started_at: float = field(default_factory=time.time)
     updated_at: float = 0.0
 
+    def sealed_parts(self) -> int:
+        """Parts that are complete and checkpointed: every part before the open one, and the last part once
+        the dataset is done (an empty last part is never written)."""
+        return self.part_index + (1 if self.done and self.part_lines else 0)
+
     def snapshot(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("part_start")

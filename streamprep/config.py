@@ -43,7 +43,8 @@ SPEC: dict[str, Any] = {
     "tokenizer": {
         "path": ((str, None), None),
         "if_missing": ((str,), "error"),    # error | train: train a BPE when `path` does not exist
-        "train": {"vocab_size": ((int,), 32000), "min_frequency": ((int,), 2)},
+        "train": {"vocab_size": ((int,), 32000), "min_frequency": ((int,), 2),
+                  "sample_mb": ((*NUM, None), None)},  # train on this much kept text, while ingest goes on
         "append_eod": ((bool,), True),
         "eod_token": ((str, None), None),
     },
@@ -223,6 +224,9 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
             tok["path"] = None
         else:
             _check_local_path("tokenizer.path", tok["path"])
+    sample_mb = tok["train"]["sample_mb"]
+    if sample_mb is not None and not (sample_mb > 0 and sample_mb != float("inf")):
+        raise ConfigError(f"config: 'tokenizer.train.sample_mb' must be a finite number > 0, got {sample_mb}")
     if tok["train"]["vocab_size"] < 300:
         raise ConfigError("config: 'tokenizer.train.vocab_size' must be >= 300 (256 bytes + special tokens)")
     out = cfg["output"]

@@ -17,7 +17,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import aiofiles
 import orjson
@@ -30,6 +30,7 @@ from streamprep.sources import BadRecord, open_source
 log = logs.get("ingest")
 REJECT_EXCERPT = 2000
 SOURCE_KEYS = ("id", "url", "license", "licence")
+STOPPED = object()  # reader -> writer: a stop was requested (None means the source is exhausted)
 
 # ---- QC in worker processes ------------------------------------------------------------------
 _WORKER_CFG: dict[str, Any] = {}
@@ -88,13 +89,11 @@ class RayQCRunner:
     def __init__(self, quality_cfg: dict[str, Any], workers: int, address: str):
         import ray
 
-        from streamprep.xenna.runner import RAY_ENV
+        from streamprep import ray_cluster
 
-        os.environ.update(RAY_ENV)
-        if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False)
+        ray_cluster.connect(address, workers)
         self.workers = max(1, workers)
-        actor = ray.remote(num_cpus=1)(_QCActor)
+        actor = ray.remote(num_cpus=ray_cluster.cpus_per_worker(self.workers))(_QCActor)
         self.actors = [actor.remote(quality_cfg) for _ in range(self.workers)]
         self._next = 0
         log.info("quality control on Ray actors", actors=self.workers, address=address)
@@ -119,6 +118,7 @@ class IngestContext:
     checkpoint_dir: Path
     stop: asyncio.Event
     progress: dict[str, IngestState] = field(default_factory=dict)
+    on_checkpoint: Callable[[IngestState], None] | None = None  # after every save: hands sealed parts on
 
     @property
     def hf_cache(self) -> Path:
@@ -152,6 +152,7 @@ class DatasetIngest:
         name = self.ds["name"]
         state = await asyncio.to_thread(load_and_repair, self.files)
         self.ctx.progress[name] = state
+        self._checkpointed(state)
         if state.done:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
             return state
@@ -171,7 +172,7 @@ class DatasetIngest:
             await asyncio.gather(reader, return_exceptions=True)
             while not queue.empty():  # drop batches read ahead; the checkpoint does not include them
                 item = queue.get_nowait()
-                if item is not None:
+                if item is not None and item is not STOPPED:
                     item[1].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
@@ -193,6 +194,7 @@ class DatasetIngest:
             else:
                 records = [rec for rec, _ in items if not isinstance(rec, BadRecord)]
             await queue.put((items, self.qc.submit(self.ds["text_field"], records)))
+        await queue.put(STOPPED)  # wakes a writer waiting for the next batch
 
     def _sft_item(self, rec: Any) -> tuple[Any, Any]:
         """(original record, what QC judges) — or (BadRecord, None) when the record does not fit `sft:`."""
@@ -206,16 +208,26 @@ class DatasetIngest:
     async def _write(self, state: IngestState, dedup: DedupIndex, queue: asyncio.Queue) -> None:
         while not self.ctx.stop.is_set():
             got = await queue.get()
+            if got is STOPPED:
+                return
             if got is None:
                 state.done = True
-                await asyncio.to_thread(save, self.files, state)
+                await self._save(state)
                 return
             items, fut = got
             verdicts = iter(await fut)
             if await self._apply(state, dedup, items, verdicts):
                 state.done = True
-                await asyncio.to_thread(save, self.files, state)
+                await self._save(state)
                 return
+
+    async def _save(self, state: IngestState) -> None:
+        await asyncio.to_thread(save, self.files, state)
+        self._checkpointed(state)
+
+    def _checkpointed(self, state: IngestState) -> None:
+        if self.ctx.on_checkpoint is not None:
+            self.ctx.on_checkpoint(state)
 
     async def _apply(self, state: IngestState, dedup: DedupIndex, items: list, verdicts: Iterator[Verdict]) -> bool:
         """Decide, write and checkpoint one batch. Returns True when a size cap ended the dataset."""
@@ -277,7 +289,7 @@ class DatasetIngest:
                     rejects.append(line)
                     state.rejects_bytes += len(line)
         await self._flush(parts, rejects, digests)
-        await asyncio.to_thread(save, self.files, state)
+        await self._save(state)
         return capped
 
     async def _flush(self, parts: list[tuple[int, list[bytes]]], rejects: list[bytes], digests: list[bytes]) -> None:
@@ -324,6 +336,5 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
 
 
 def completed_parts(files: DatasetFiles, state: IngestState) -> list[Path]:
-    """The ingest parts of a finished dataset, in order (the last one may be short; never an empty one)."""
-    n = state.part_index + (1 if state.part_lines else 0)
-    return [files.part(i) for i in range(n)]
+    """The sealed ingest parts of a dataset, in order (the last one may be short; never an empty one)."""
+    return [files.part(i) for i in range(state.sealed_parts())]

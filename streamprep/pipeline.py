@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from streamprep import __version__, atomic, config as configmod, logs
-from streamprep.checkpoints import DatasetFiles
+from streamprep.checkpoints import DatasetFiles, IngestState
 from streamprep.config import ConfigError
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
 from streamprep.lock import RunLock, RunLocked
-from streamprep.shards import make_task, read_receipt, receipt_problem, token_dtype
+from streamprep.shards import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
+from streamprep import tokenizer as tokmod
+from streamprep.tokenizer import TokenizerInfo
 
 log = logs.get("pipeline")
 VERSIONED = ("tokenizers", "pyarrow", "datasets", "huggingface_hub", "numpy", "ray", "cosmos-xenna", "langdetect",
@@ -166,12 +168,11 @@ class Job:
         try:  # our handlers stay installed until the audit is written (a late signal is handled too)
             try:
                 with self.reporter.in_thread():
-                    states = self._timed("ingest", self._ingest)
-                    info = self._timed("tokenizer", lambda: self._tokenizer(states))
-                    tasks = self._plan(states, info)
-                    results = self._timed("tokenize", lambda: self._tokenize(tasks))
+                    states, tasks, results, info = self._ingest_and_tokenize()
                 summary = self._timed("exports", lambda: self._exports(tasks, states, info))
                 summary["tokenize"] = results
+                if (training := tokmod.training_report(self.run_dir)) is not None:
+                    summary["tokenizer_training"] = training
             except (KeyboardInterrupt, Interrupted):
                 self._save_record("interrupted")
                 raise Interrupted(f"interrupted; progress saved in {self.run_dir} — "
@@ -189,9 +190,32 @@ class Job:
         return RunResult(self.run_dir, "complete", summary)
 
     # -- stages ------------------------------------------------------------------------------
-    def _ingest(self) -> dict[str, Any]:
-        async def main() -> dict[str, Any]:
-            ctx = IngestContext(self.cfg, self.run_dir, self.checkpoint_dir, asyncio.Event(), self.progress)
+    def _ingest_and_tokenize(self) -> tuple[dict[str, IngestState], list[ShardTask], dict[str, Any], TokenizerInfo]:
+        """Ingest with the engine already up: each sealed part is tokenized while ingest goes on."""
+        from streamprep import engines
+        from streamprep.feeder import ShardFeeder
+
+        ex = self.cfg["execution"]
+        engine = engines.create(ex, ex["workers"] or os.cpu_count() or 1)
+        with engine:  # a long-lived engine (Xenna) comes up in the background while ingest starts
+            info = self._timed("tokenizer", self._given_tokenizer)
+            feeder = ShardFeeder(engine, self._task, {d["name"]: self._files(d["name"]) for d in self.cfg["datasets"]},
+                                 info, self._train_tokenizer, self._sample_ready())
+            self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
+            try:
+                states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint))
+                self.reporter.phase = "tokenize"
+                info = self._timed("tokenizer", lambda: feeder.finish(states))
+                tasks = self._plan(states, info)
+                results = self._timed("tokenize", lambda: self._tokenize(engine, feeder, tasks))
+            finally:
+                feeder.close()
+        return states, tasks, results, info
+
+    def _ingest(self, on_checkpoint: Callable[[IngestState], None]) -> dict[str, IngestState]:
+        async def main() -> dict[str, IngestState]:
+            ctx = IngestContext(self.cfg, self.run_dir, self.checkpoint_dir, asyncio.Event(), self.progress,
+                                on_checkpoint)
             loop = asyncio.get_running_loop()
             self.signals.on_first = lambda: loop.call_soon_threadsafe(ctx.stop.set)
             try:
@@ -206,50 +230,69 @@ class Job:
     def _files(self, name: str) -> DatasetFiles:
         return DatasetFiles(self.run_dir, self.checkpoint_dir, name)
 
-    def _parts(self, states: dict[str, Any]) -> dict[str, list[Path]]:
+    def _parts(self, states: dict[str, IngestState]) -> dict[str, list[Path]]:
         return {d["name"]: completed_parts(self._files(d["name"]), states[d["name"]]) for d in self.cfg["datasets"]}
 
-    def _tokenizer(self, states: dict[str, Any]):
-        from streamprep import tokenizer as tokmod
+    def _given_tokenizer(self) -> TokenizerInfo | None:
+        """`tokenizer.path` (or a tokenizer this run already trained): ready before ingest starts."""
+        tok = self.cfg["tokenizer"]
+        if tok["path"]:
+            return tokmod.prepare(tok, self.run_dir)
+        trained = tokmod.saved_tokenizer(tok, self.run_dir)  # a resumed run reuses what it trained
+        if trained is None or (tok["train"]["sample_mb"] is not None and tokmod.training_report(self.run_dir) is None):
+            return None
+        return trained
 
-        parts = [p for ps in self._parts(states).values() for p in ps]
-        if not parts and not self.cfg["tokenizer"]["path"]:
-            raise ConfigError("no records were kept, so there is no text to train a tokenizer on "
-                              "(check the quality settings or the sources)")
-        return tokmod.prepare(self.cfg["tokenizer"], self.run_dir, tokmod.iter_part_texts(parts))
+    def _sample_ready(self) -> Callable[[dict[str, IngestState]], bool] | None:
+        sample_mb = self.cfg["tokenizer"]["train"]["sample_mb"]
+        if sample_mb is None:
+            return None
+        shares = tokmod.sample_shares(self.cfg["datasets"], sample_mb)
+        return lambda states: tokmod.sample_ready(shares, {n: s.kept_text_bytes for n, s in states.items()},
+                                                  {n: s.done for n, s in states.items()})
 
-    def _plan(self, states: dict[str, Any], info: Any) -> list:
+    def _train_tokenizer(self, states: dict[str, IngestState]) -> TokenizerInfo:
+        """Train on the sample (`sample_mb`, held-out report) or, after ingest, on all kept text."""
+        tok = self.cfg["tokenizer"]
+        sample_mb = tok["train"]["sample_mb"]
+        if sample_mb is None:
+            parts = [p for ps in self._parts(states).values() for p in ps]
+            if not parts:
+                raise ConfigError("no records were kept, so there is no text to train a tokenizer on "
+                                  "(check the quality settings or the sources)")
+            return tokmod.prepare(tok, self.run_dir, tokmod.iter_part_texts(parts))
+        open_parts = {n: [self._files(n).part(i) for i in range(s.part_index + 1)] for n, s in states.items()}
+        texts = tokmod.sample_texts(open_parts, tokmod.sample_shares(self.cfg["datasets"], sample_mb))
+        log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)
+        return tokmod.prepare_from_sample(tok, self.run_dir, texts)
+
+    def _task(self, name: str, part: Path, info: TokenizerInfo) -> ShardTask:
         dtype = token_dtype(self.cfg["output"]["dtype"], info.vocab_size)
         sft = self.cfg.get("sft")
         eod = info.eod_id if self.cfg["tokenizer"]["append_eod"] and not sft else None
-        split_of = {d["name"]: d["blend_split"] for d in self.cfg["datasets"]}
-        return [make_task(self.run_dir, name, split_of[name], p, info.path, info.fingerprint, eod, dtype, sft)
-                for name, parts in self._parts(states).items() for p in parts]
+        split = next(d["blend_split"] for d in self.cfg["datasets"] if d["name"] == name)
+        return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype, sft)
 
-    def _tokenize(self, tasks: list) -> dict[str, Any]:
-        from streamprep.xenna import runner
+    def _plan(self, states: dict[str, IngestState], info: TokenizerInfo) -> list[ShardTask]:
+        return [self._task(name, p, info) for name, parts in self._parts(states).items() for p in parts]
 
-        pending = [t for t in tasks if receipt_problem(t, read_receipt(t)) is not None]
-        log.info("tokenization plan", shards=len(tasks), pending=len(pending), skipped=len(tasks) - len(pending))
-        self.reporter.watch_receipts([t.receipt_path for t in pending], already_done=len(tasks) - len(pending))
-        ex = self.cfg["execution"]
-        chat = bool(self.cfg.get("sft"))
-        tokenizer = str(self.run_dir / "tokenizer") if chat else str(self.run_dir / "tokenizer" / "tokenizer.json")
-        if pending:
-            t0 = time.monotonic()
-            if ex["engine"] == "local":
-                results = runner.run_local(pending, tokenizer, chat)
-            else:
-                workers = min(ex["workers"] or os.cpu_count() or 1, len(pending))
-                results = runner.run_xenna(pending, tokenizer, workers, ex["ray_address"], chat)
-            log.info("tokenization done", engine=ex["engine"], wall_seconds=round(time.monotonic() - t0, 2),
-                     shard_seconds=round(sum(r.get("seconds", 0.0) for r in results), 2))
+    def _tokenize(self, engine: Any, feeder: Any, tasks: list[ShardTask]) -> dict[str, Any]:
+        """Wait for the shards still running; every planned shard must have been handed to the engine."""
+        unsent = [t for t in tasks if (t.dataset, t.part) not in feeder.tasks]
+        if unsent:
+            raise RuntimeError(f"{len(unsent)} sealed part(s) were never handed to the engine: {unsent[0].part}")
+        t0 = time.monotonic()
+        results = engine.drain()
+        skipped = sum(1 for r in results if r.get("skipped"))
+        log.info("tokenization done", engine=engine.name, shards=len(tasks), tokenized=len(results) - skipped,
+                 skipped=skipped, tail_wait_seconds=round(time.monotonic() - t0, 2),
+                 shard_seconds=round(sum(r.get("seconds", 0.0) for r in results), 2))
         missing = [f"{t.dataset}/{t.part}: {p}" for t in tasks if (p := receipt_problem(t, read_receipt(t), False))]
         if missing:
             raise RuntimeError(f"tokenization left {len(missing)} shard(s) incomplete: {'; '.join(missing[:5])}")
-        return {"shards": len(tasks), "tokenized": len(pending), "skipped": len(tasks) - len(pending)}
+        return {"shards": len(tasks), "tokenized": len(results) - skipped, "skipped": skipped}
 
-    def _exports(self, tasks: list, states: dict[str, Any], info: Any) -> dict[str, Any]:
+    def _exports(self, tasks: list[ShardTask], states: dict[str, IngestState], info: TokenizerInfo) -> dict[str, Any]:
         from streamprep import blend
         from streamprep.exports import write_exports
         from streamprep.exports.shards import ShardRef

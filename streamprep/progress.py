@@ -9,8 +9,8 @@ the source file sizes (when the dataset configs are given: a byte-based ETA for 
     task = asyncio.create_task(reporter.run())
     ...                                   # ingest
     task.cancel(); await asyncio.gather(task, return_exceptions=True)
-    with reporter.in_thread():            # a synchronous phase (tokenize) shown by a thread
-        reporter.set_shards(done, planned)
+    with reporter.in_thread():            # or shown by a thread while the job runs synchronously
+        reporter.watch_shards(lambda: (feeder.sealed, engine.completed))   # tokenization during ingest
     print(reporter.final_line())
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from streamprep import logs
 
@@ -73,35 +73,16 @@ class ProgressReporter:
         self.refresh_s = refresh_s
         self.started = time.monotonic()
         self._tracks: dict[str, _Track] = {}
-        self._shards: tuple[int, int] | None = None
+        self._shard_counts: Callable[[], tuple[int, int]] | None = None
+        self.phase = "ingest"  # the job moves it on ("tokenize": waiting for the last shards)
         self._shard_samples: deque[tuple[float, int]] = deque()
-        self._receipts: list[Path] = []
-        self._receipts_since = 0.0
-        self._receipts_before = 0
         self._last: dict[str, Any] | None = None
 
     # ---- inputs --------------------------------------------------------------------------------------
-    def set_shards(self, done: int, planned: int) -> None:
-        """Tokenize phase: `done` of `planned` shards (thread-safe; call as often as you like).
-        Replaces a `watch_receipts` in force."""
-        self._receipts = []
-        self._shards = (int(done), int(planned))
-
-    def watch_receipts(self, receipt_paths: Iterable[str | Path], already_done: int = 0) -> None:
-        """Tokenize phase without callbacks: on every tick, count the receipts of the shards still to do
-        (`receipt_paths`) written since this call; `already_done` shards (skipped, current) count as done."""
-        self._receipts = [Path(p) for p in receipt_paths]
-        self._receipts_since, self._receipts_before = time.time() - 1.0, int(already_done)
-        self._shards = (self._receipts_before, len(self._receipts) + self._receipts_before)
-
-    def _count_receipts(self) -> int:
-        n = 0
-        for p in self._receipts:
-            try:
-                n += p.stat().st_mtime >= self._receipts_since
-            except OSError:
-                pass
-        return n + self._receipts_before
+    def watch_shards(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Tokenization, live during ingest: `counts()` gives (parts sealed, shards tokenized) so far;
+        called on every tick from the reporter's thread, so it must be cheap and thread-safe."""
+        self._shard_counts = counts
 
     # ---- figures -------------------------------------------------------------------------------------
     def _part_bytes(self, name: str, st: Any, track: _Track) -> int:
@@ -184,19 +165,17 @@ class ProgressReporter:
         totals["rec_s"] = _r(sum(rates)) if rates else None
         etas = [r["eta_s"] for r in rows.values()]
         totals["eta_s"] = _r(max(etas)) if rows and all(e is not None for e in etas) else None
-        out = {"phase": "ingest", "elapsed_s": round(now - self.started, 1), "datasets": rows, "totals": totals}
-        if self._receipts:
-            self._shards = (self._count_receipts(), len(self._receipts) + self._receipts_before)
-        if self._shards is not None and self._shards[1] > 0:
-            done, planned = self._shards
+        out = {"phase": self.phase, "elapsed_s": round(now - self.started, 1), "datasets": rows, "totals": totals}
+        sealed, done = self._shard_counts() if self._shard_counts is not None else (0, 0)
+        if sealed > 0:
             self._shard_samples.append((now, done))
             while len(self._shard_samples) > 2 and now - self._shard_samples[0][0] > WINDOW_S:
                 self._shard_samples.popleft()
             t0, d0 = self._shard_samples[0]
             rate = (done - d0) / (now - t0) if now - t0 >= 0.5 else None
-            eta = 0.0 if done >= planned else ((planned - done) / rate if rate else None)
-            out["phase"] = "tokenize"
-            out["shards"] = {"done": done, "planned": planned, "per_s": _r(rate), "eta_s": _r(eta)}
+            pending = max(sealed - done, 0)
+            eta = 0.0 if not pending else (pending / rate if rate else None)
+            out["shards"] = {"sealed": sealed, "done": done, "pending": pending, "per_s": _r(rate), "eta_s": _r(eta)}
         self._last = out
         return out
 
@@ -211,7 +190,8 @@ class ProgressReporter:
                                                for n, r in snap["datasets"].items()}}
         if "shards" in snap:
             s = snap["shards"]
-            fields.update(shards_done=s["done"], shards_planned=s["planned"], shards_eta_s=s["eta_s"])
+            fields.update(shards_sealed=s["sealed"], shards_done=s["done"], shards_pending=s["pending"],
+                          shards_eta_s=s["eta_s"])
         log.info("progress", **fields)
         return fields
 
@@ -238,9 +218,9 @@ class ProgressReporter:
         parts: list[Any] = [table]
         if "shards" in snap:
             s = snap["shards"]
-            frac = s["done"] / s["planned"] if s["planned"] else None
-            parts.append(Text(f"tokenize  {s['done']:,}/{s['planned']:,} shards  {_bar(frac, False)}  "
-                              f"ETA {_dur(s['eta_s'])}"))
+            frac = s["done"] / s["sealed"] if s["sealed"] else None
+            parts.append(Text(f"tokenize  {s['done']:,}/{s['sealed']:,} sealed parts · {s['pending']:,} pending  "
+                              f"{_bar(frac, False)}  ETA {_dur(s['eta_s'])}"))
         return Group(*parts)
 
     def final_line(self) -> str:
@@ -253,7 +233,7 @@ class ProgressReporter:
         line = (f"ingest: {len(snap['datasets'])} dataset(s) · read {t['read']:,} · kept {t['kept']:,} · rejected "
                 f"{t['rejected']:,} · {t['mb']:.1f} MB written · {new / elapsed:,.0f} rec/s over {_dur(elapsed)}")
         if "shards" in snap:
-            line += f"; tokenize: {snap['shards']['done']:,}/{snap['shards']['planned']:,} shards"
+            line += f"; tokenize: {snap['shards']['done']:,}/{snap['shards']['sealed']:,} shards"
         return line
 
     # ---- running ------------------------------------------------------------------------------------

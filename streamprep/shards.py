@@ -152,6 +152,30 @@ def write_receipt(task: ShardTask, shard_stats: dict[str, Any], outputs: dict[st
     return receipt
 
 
+class TokenizerCache:
+    """The tokenizer a task names, loaded once per worker and reloaded only when its fingerprint changes.
+
+    Long-lived engines start before a trained tokenizer exists, so loading waits for the first task."""
+
+    def __init__(self) -> None:
+        self._key: tuple[str, str] | None = None
+        self._tokenizer: Any = None
+
+    def get(self, task: ShardTask) -> Any:
+        key = (task.tokenizer_path, task.tokenizer_fingerprint)
+        if key != self._key:
+            if task.sft:  # the chat tokenizer: tokenizer.json + its template, from the run's tokenizer dir
+                from streamprep.sft import load_chat_tokenizer
+
+                self._tokenizer = load_chat_tokenizer(str(Path(task.tokenizer_path).parent))
+            else:
+                from tokenizers import Tokenizer
+
+                self._tokenizer = Tokenizer.from_file(task.tokenizer_path)
+            self._key = key
+        return self._tokenizer
+
+
 def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     """The whole unit of work a stage runs: skip if current, else tokenize and write the receipt."""
     if receipt_problem(task, read_receipt(task)) is None:

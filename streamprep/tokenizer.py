@@ -68,18 +68,27 @@ def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
     return TokenizerInfo(saved, f"sha256:{digest}", tok.get_vocab_size(with_added_tokens=True), tid, name)
 
 
+def saved_tokenizer(tok_cfg: dict[str, Any], run_dir: Path) -> TokenizerInfo | None:
+    """The run's tokenizer copy when it is intact (same fingerprint as recorded), else None."""
+    saved, fp_file = run_dir / "tokenizer" / "tokenizer.json", run_dir / "tokenizer" / "fingerprint.json"
+    if not (saved.is_file() and fp_file.is_file()):
+        return None
+    info = _info(saved, tok_cfg.get("eod_token"))
+    if atomic.read_json(fp_file).get("fingerprint") != info.fingerprint:
+        log.warning("tokenizer copy does not match its fingerprint; recreating it", path=str(saved))
+        return None
+    log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
+    return _check_eod(info, tok_cfg)
+
+
 def prepare(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[str] | None = None) -> TokenizerInfo:
     """Copy (or train, from `texts`) the tokenizer into the run dir once; later calls reuse it."""
     out_dir = run_dir / "tokenizer"
     saved = out_dir / "tokenizer.json"
     fp_file = out_dir / "fingerprint.json"
-    if saved.is_file() and fp_file.is_file():
-        info = _info(saved, tok_cfg.get("eod_token"))
-        recorded = atomic.read_json(fp_file)
-        if recorded.get("fingerprint") == info.fingerprint:
-            log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
-            return _check_eod(info, tok_cfg)
-        log.warning("tokenizer copy does not match its fingerprint; recreating it", path=str(saved))
+    info = saved_tokenizer(tok_cfg, run_dir)
+    if info is not None:
+        return info
     out_dir.mkdir(parents=True, exist_ok=True)
     if tok_cfg.get("path"):
         src = _source_file(Path(tok_cfg["path"]))
@@ -91,7 +100,8 @@ def prepare(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[str] | None 
     else:
         if texts is None:
             raise ValueError("training a tokenizer needs the run's kept texts")
-        atomic.write_bytes(saved, train_bpe(texts, **tok_cfg["train"]).to_str().encode("utf-8"))
+        bpe = train_bpe(texts, tok_cfg["train"]["vocab_size"], tok_cfg["train"]["min_frequency"])
+        atomic.write_bytes(saved, bpe.to_str().encode("utf-8"))
         log.info("tokenizer trained", vocab_size=tok_cfg["train"]["vocab_size"])
     info = _info(saved, tok_cfg.get("eod_token") or (None if tok_cfg.get("path") else "</s>"))
     atomic.write_json(fp_file, info.to_json())
@@ -124,6 +134,62 @@ def _chunks(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
             buf = []
     if buf:
         yield buf
+
+
+HOLDOUT_EVERY = 10  # of the training sample, every 10th document is held out to measure the tokenizer
+
+
+def sample_shares(datasets: list[dict[str, Any]], sample_mb: float) -> dict[str, int]:
+    """Bytes of kept text each dataset gives the training sample: `sample_mb` split by dataset weight."""
+    total_w = sum(d["weight"] for d in datasets)
+    return {d["name"]: int(sample_mb * 1024 * 1024 * d["weight"] / total_w) for d in datasets}
+
+
+def sample_ready(shares: dict[str, int], kept_text_bytes: dict[str, int], done: dict[str, bool]) -> bool:
+    """Every dataset has checkpointed its share (or finished with less)."""
+    return all(done.get(n) or kept_text_bytes.get(n, 0) >= share for n, share in shares.items())
+
+
+def sample_texts(parts: dict[str, list[Path]], shares: dict[str, int]) -> Iterator[str]:
+    """The sample, in dataset (config) order then record order: each dataset's first `share` bytes of kept text.
+    Only checkpointed lines are read: a share is taken only once the checkpoint covers it."""
+    for name, share in shares.items():
+        taken = 0
+        for text in iter_part_texts(parts.get(name, [])):
+            if taken >= share:
+                break
+            taken += len(text.encode("utf-8"))
+            yield text
+
+
+def prepare_from_sample(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[str]) -> TokenizerInfo:
+    """Train on 9 of every 10 sampled documents; report bytes per token on the 10th (tokenizer/training.json)."""
+    held_out: list[str] = []
+
+    def train_part() -> Iterator[str]:
+        for i, text in enumerate(texts):
+            if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1:
+                held_out.append(text)
+            else:
+                yield text
+
+    info = prepare(tok_cfg, run_dir, train_part())
+    if training_report(run_dir) is None:
+        if not held_out:  # a reused tokenizer whose report was lost: rebuild the held-out half only
+            held_out = [t for i, t in enumerate(texts) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
+        tok = Tokenizer.from_file(str(info.path))
+        n_bytes = sum(len(t.encode("utf-8")) for t in held_out)
+        n_tokens = sum(len(e.ids) for e in tok.encode_batch(held_out, add_special_tokens=False))
+        atomic.write_json(run_dir / "tokenizer" / "training.json", {"sample_mb": tok_cfg["train"]["sample_mb"], "held_out_documents": len(held_out),
+                                   "held_out_bytes": n_bytes, "held_out_tokens": n_tokens,
+                                   "bytes_per_token": round(n_bytes / n_tokens, 4) if n_tokens else None})
+    return info
+
+
+def training_report(run_dir: Path) -> dict[str, Any] | None:
+    """The held-out measurement of a sample-trained tokenizer, if this run trained one that way."""
+    p = run_dir / "tokenizer" / "training.json"
+    return atomic.read_json(p) if p.is_file() else None
 
 
 def iter_part_texts(parts: Iterable[Path]) -> Iterator[str]:

@@ -36,6 +36,7 @@ def _corpus(tmp: Path, n: int) -> list[dict]:
 def _config(tmp: Path, n: int) -> dict:
     cfg = base_config(_corpus(tmp, n), None, output={"shard_records": 150})  # 27 shards: many kill windows
     cfg["execution"].update(batch_records=32)
+    cfg["tokenizer"]["train"]["sample_mb"] = 0.2  # trained mid-ingest: shards are tokenized while ingest runs
     return cfg
 
 
@@ -53,6 +54,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     cfg = _config(tmp, 4000)
     run_from_dict(cfg, run_dir=tmp / "run", console_log=False)
     return cfg, tmp / "run"
+
+
+def test_shards_are_tokenized_while_ingest_runs(reference: tuple[dict, Path]) -> None:
+    """The reference run trains on a 0.2 MB sample, so its first shards finish before ingest does."""
+    lines = [json.loads(line) for line in (reference[1] / "logs" / "streamprep.log").read_text().splitlines()]
+    events = [ln["event"] for ln in lines]
+    assert events.index("tokenizer trained") < events.index("ingest done")
+    assert events.index("shard done") < events.index("ingest done")
+    report = json.loads((reference[1] / "run.json").read_text())["summary"]["tokenizer_training"]
+    assert report["held_out_documents"] > 0 and 1.0 < report["bytes_per_token"] < 10.0
 
 
 # ---- repair cases, driven through the real pipeline ------------------------------------------
@@ -138,9 +149,10 @@ def _log_size(run_dir: Path) -> int:
     return log.stat().st_size if log.exists() else 0
 
 
-# (phase marker in the run log, max extra delay): kills land in ingest, tokenization and export
-PHASES = [("start", 0.6), ("start", 1.5), ("tokenization plan", 0.05), ("shard done", 0.0), ("writing exports", 0.0),
-          ("start", 0.1)]
+# (phase marker in the run log, max extra delay): kills land in ingest, in tokenizer training and shard
+# tokenization while ingest goes on, and in exports
+PHASES = [("tokenizer trained", 0.05), ("shard done", 0.0), ("start", 0.6), ("shard done", 0.3),
+          ("writing exports", 0.0), ("start", 0.1)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "sigint"])
@@ -152,7 +164,7 @@ def test_kill_anywhere_then_resume_gives_identical_outputs(reference: tuple[dict
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     rng = random.Random(1000 + int(sig))
-    required = {"start", "tokenization plan", "shard done", "writing exports"}
+    required = {"start", "tokenizer trained", "shard done", "writing exports"}
     killed_in: list[str] = []
     for episode in range(4):
         run_dir = tmp_path / f"run{episode}"

@@ -241,16 +241,17 @@ async def test_progress_tty_display_and_shards(tmp_path):
     out = buf.getvalue()
     for word in ("dataset", "read", "kept", "rejected", "MB out", "rec/s", "ETA", "web", "waiting", "done", "%"):
         assert word in out, word
-    # tokenize phase from a thread: receipts of pending shards appear while a synchronous phase runs
-    receipts = [tmp_path / f"r{i}.json" for i in range(3)]
+    # tokenization advancing during ingest, shown from a thread: parts sealed / tokenized / pending
+    counts = [1, 0]
     with rep.in_thread():
-        rep.watch_receipts(receipts, already_done=1)
-        for r in receipts:
+        rep.watch_shards(lambda: (counts[0], counts[1]))
+        for sealed, done in ((2, 0), (3, 1), (4, 2), (4, 4)):
             time.sleep(0.08)
-            r.write_text("{}")
+            counts[:] = [sealed, done]
         time.sleep(0.15)
     snap = rep.snapshot()
-    assert snap["phase"] == "tokenize" and snap["shards"]["done"] == 4 and snap["shards"]["planned"] == 4
-    assert "4/4 shards" in buf.getvalue()
-    rep.set_shards(2, 5)
+    assert snap["phase"] == "ingest" and snap["shards"] == {**snap["shards"], "sealed": 4, "done": 4, "pending": 0}
+    assert "4/4 sealed parts · 0 pending" in buf.getvalue() and "2/3 sealed parts · 1 pending" in buf.getvalue()
+    counts[:] = [5, 2]
     assert "tokenize: 2/5 shards" in rep.final_line()
+    assert rep.snapshot()["shards"]["pending"] == 3

@@ -1,0 +1,55 @@
+"""The engine interface: submit shard tasks as they become ready, drain the results, start/stop once."""
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Iterable
+
+from streamprep.shards import ShardTask
+
+Result = dict[str, Any]
+
+
+class Engine(ABC):
+    """Runs `streamprep.shards.run_task` on ShardTasks. Receipts, not results, are the record of completion:
+    a task whose result is lost (a kill) is simply redone or skipped on resume."""
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        self.on_result: Callable[[Result], None] | None = None  # progress hook, called from any thread
+        self.submitted = 0
+        self.completed = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Bring the engine up; long-lived engines do their slow start-up here, in the background."""
+
+    @abstractmethod
+    def submit(self, task: ShardTask) -> None:
+        """Queue one task; returns at once."""
+
+    @abstractmethod
+    def drain(self) -> list[Result]:
+        """Block until every submitted task has a result; raises the first task failure."""
+
+    def stop(self) -> None:
+        """Release workers and clusters; safe to call twice and after a failure."""
+
+    def run(self, tasks: Iterable[ShardTask]) -> list[Result]:
+        for task in tasks:
+            self.submit(task)
+        return self.drain()
+
+    def _done(self, result: Result) -> None:
+        with self._lock:
+            self.completed += 1
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def __enter__(self) -> "Engine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

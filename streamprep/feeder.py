@@ -1,0 +1,95 @@
+"""Hands each sealed ingest part to the tokenize engine while ingest goes on.
+
+The ingest writer calls `on_checkpoint(state)` after every checkpoint save (event-loop thread). Parts the
+checkpoint has sealed are planned and submitted, in order, by one feeder thread (planning hashes the
+part, which must not stall the event loop). Before the tokenizer exists, sealed parts wait:
+- `tokenizer.path`: it is copied at job start, so tokenization overlaps ingest from the first part;
+- `tokenizer.train.sample_mb`: training starts once every dataset has checkpointed its share of the
+  sample (or finished), while ingest continues;
+- otherwise the tokenizer is trained on all kept text after ingest, as before.
+What is tokenized never depends on this timing: shard bytes depend on the part and the tokenizer only.
+"""
+from __future__ import annotations
+
+import copy
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from streamprep import logs
+from streamprep.checkpoints import DatasetFiles, IngestState
+from streamprep.engines import Engine
+from streamprep.shards import ShardTask
+from streamprep.tokenizer import TokenizerInfo
+
+log = logs.get("feeder")
+Planner = Callable[[str, Path, TokenizerInfo], ShardTask]
+
+
+class ShardFeeder:
+    def __init__(self, engine: Engine, plan: Planner, files: dict[str, DatasetFiles],
+                 info: TokenizerInfo | None, train: Callable[[dict[str, IngestState]], TokenizerInfo],
+                 sample_ready: Callable[[dict[str, IngestState]], bool] | None):
+        self.engine, self._plan, self._files = engine, plan, files
+        self.info = info
+        self._train, self._sample_ready = train, sample_ready
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="feeder")
+        self._futures: list[Future] = []
+        self._checkpointed: dict[str, IngestState] = {}  # the last *saved* state of each dataset
+        self._sealed: dict[str, int] = {}
+        self._waiting: list[tuple[str, Path]] = []
+        self._training = False
+        self.tasks: dict[tuple[str, str], ShardTask] = {}
+
+    @property
+    def sealed(self) -> int:
+        return sum(self._sealed.values())
+
+    def on_checkpoint(self, state: IngestState) -> None:
+        """Called after `state` was saved; never blocks the event loop."""
+        name = state.dataset
+        self._checkpointed[name] = copy.copy(state)  # the writer mutates `state` before its next save
+        before, now = self._sealed.get(name, 0), state.sealed_parts()
+        if now > before:
+            self._sealed[name] = now
+            for i in range(before, now):
+                self._later(self._hand_on, name, self._files[name].part(i))
+        if self.info is None and not self._training and self._sample_ready is not None \
+                and self._sample_ready(dict(self._checkpointed)):
+            self._training = True
+            self._later(self._train_then_flush, dict(self._checkpointed))
+
+    def _later(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._futures.append(self._pool.submit(fn, *args))
+
+    def _hand_on(self, name: str, part: Path) -> None:
+        if self.info is None:
+            self._waiting.append((name, part))
+            return
+        task = self._plan(name, part, self.info)
+        self.tasks[(name, task.part)] = task
+        self.engine.submit(task)
+
+    def _train_then_flush(self, states: dict[str, IngestState]) -> None:
+        self.info = self._train(states)
+        waiting, self._waiting = self._waiting, []
+        for name, part in waiting:
+            self._hand_on(name, part)
+
+    def finish(self, states: dict[str, IngestState]) -> TokenizerInfo:
+        """After ingest: train on everything if nothing did yet, and wait until every sealed part is submitted."""
+        if self.info is None and not self._training:
+            self._training = True
+            self._later(self._train_then_flush, states)
+        self.wait()
+        assert self.info is not None
+        return self.info
+
+    def wait(self) -> None:
+        """Raise the first failure of the feeder thread (planning, training)."""
+        for f in self._futures:
+            f.result()
+        self._futures = [f for f in self._futures if not f.done()]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,98 @@
+"""The job's one Ray cluster, shared by the QC actors and the Xenna tokenize stage.
+
+Follows xenna-notes.md: we call `ray.init` ourselves (or attach to `execution.ray_address`) and pin
+RAY_ADDRESS so Xenna's monitor finds exactly this cluster. A cluster we started is shut down with every
+process it started; one we attached to is left running, minus the `ray::NodeResourceMonitor` /
+`ray::StageWorker` processes Xenna 0.3 leaves behind.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import psutil
+
+from streamprep import logs
+
+log = logs.get("ray")
+LEAKED_TITLES = ("ray::NodeResourceMonitor", "ray::StageWorker")
+RAY_ENV = {
+    "RAY_MAX_LIMIT_FROM_API_SERVER": "40000",
+    "RAY_MAX_LIMIT_FROM_DATA_SOURCE": "40000",
+    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+    "PYTHON_LOG": os.environ.get("PYTHON_LOG", "warning"),
+}
+_lock = threading.Lock()
+_started_here = False
+
+
+def connect(address: str | None, num_cpus: int) -> str:
+    """Start (or attach to) the job's cluster once per process; returns its GCS address."""
+    global _started_here
+    os.environ.update(RAY_ENV)
+    import ray
+
+    with _lock:
+        if not ray.is_initialized():
+            if address:
+                ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            else:
+                ctx = ray.init(num_cpus=max(num_cpus, 1), include_dashboard=True, log_to_driver=False,
+                               object_store_memory=256 * 1024 * 1024)
+                _started_here = True
+            os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
+            log.info("ray connected", address=os.environ["RAY_ADDRESS"], started=_started_here)
+        return os.environ.get("RAY_ADDRESS", "")
+
+
+def cpus_per_worker(workers: int) -> float:
+    """Logical CPUs for one QC actor or one stage worker: both pools of `workers` share the cluster for
+    the whole job (ingest and tokenization overlap), so together they must fit in its CPUs."""
+    import ray
+
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    return max(min(cpus / max(workers, 1), 1.0) / 2, 0.05)
+
+
+def release() -> None:
+    """Shut down a cluster this process started; from an attached one only reap Xenna's leftovers."""
+    global _started_here
+    with _lock:
+        if _started_here:
+            shutdown_ray()
+            os.environ.pop("RAY_ADDRESS", None)
+            _started_here = False
+        elif leaked := reap_leaked_ray_workers():
+            log.info("reaped leaked xenna processes", count=leaked)
+
+
+def reap_leaked_ray_workers() -> int:
+    """Kill this process's descendants that Xenna 0.3 leaves alive after run_pipeline."""
+    killed = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            title = " ".join(child.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if title.startswith(LEAKED_TITLES):
+            try:
+                child.kill()
+                killed += 1
+            except psutil.NoSuchProcess:
+                pass
+    return killed
+
+
+def shutdown_ray() -> None:
+    """Shut down the Ray cluster this process started and wait for its processes to go."""
+    import ray
+
+    children = psutil.Process().children(recursive=True)
+    ray.shutdown()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=3)
