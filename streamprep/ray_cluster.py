@@ -27,7 +27,8 @@ _started_here = False
 
 
 def connect(address: str | None, num_cpus: int) -> str:
-    """Start (or attach to) the job's cluster once per process; returns its GCS address."""
+    """Start (or attach to) the job's cluster once per process; returns its GCS address. The thread that
+    starts a cluster must be the one that calls `release()`."""
     global _started_here
     os.environ.update(RAY_ENV)
     import ray
@@ -60,6 +61,7 @@ def release() -> None:
     with _lock:
         if _started_here:
             shutdown_ray()
+            log.info("ray cluster shut down")
             os.environ.pop("RAY_ADDRESS", None)
             _started_here = False
         elif leaked := reap_leaked_ray_workers():
@@ -84,10 +86,13 @@ def reap_leaked_ray_workers() -> int:
 
 
 def shutdown_ray() -> None:
-    """Shut down the Ray cluster this process started and wait for its processes to go."""
+    """Shut down the Ray cluster this process started and wait for its processes to go. Call it from the
+    thread that called `ray.init` (from another, Ray waits ~15 s and leaves its agents running). Busy
+    stage workers are killed first: a shard they were writing has no receipt and is redone on resume."""
     import ray
 
     children = psutil.Process().children(recursive=True)
+    reap_leaked_ray_workers()
     ray.shutdown()
     _, alive = psutil.wait_procs(children, timeout=5)
     for p in alive:

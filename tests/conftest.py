@@ -26,7 +26,7 @@ def ray_cluster():
     """One Ray cluster for every `ray`-marked test (xenna-notes.md §7); everything it started is reaped."""
     import ray
 
-    from streamprep.xenna.runner import RAY_ENV, shutdown_ray
+    from streamprep.ray_cluster import RAY_ENV, shutdown_ray
 
     os.environ.update(RAY_ENV)
     ctx = ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, object_store_memory=256 * 1024 * 1024)

@@ -18,7 +18,7 @@ from helpers import base_config, english_docs, tree_hashes
 from streamprep import run_from_dict
 from streamprep.shards import make_task, read_receipt, run_task
 from streamprep.tokenizer import train_bpe
-from streamprep.xenna.stage import TokenizeStage
+from streamprep.engines.xenna_stage import TokenizeStage
 
 OUTPUTS = ("ingest", "binidx", "receipts", "parquet", "tokenizer")
 
@@ -38,13 +38,14 @@ def test_stage_without_ray(tmp_path: Path) -> None:
     tok_path = tmp_path / "tok.json"
     tok_path.write_text(train_bpe(iter(docs), 400, 2).to_str())
     task = make_task(tmp_path, "gen", "train", part, tok_path, "sha256:x", 1, "uint16")
-    stage = TokenizeStage(str(tok_path))
+    stage = TokenizeStage()
     stage.setup(xenna.WorkerMetadata.make_dummy())
     first = stage.process_data([task])
     again = stage.process_data([task])
     assert first[0]["skipped"] is False and again[0]["skipped"] is True
+    assert first[0]["pid"] == os.getpid() and first[0]["node"]
     assert read_receipt(task)["stats"]["num_documents"] == 50
-    assert run_task(task, stage.tokenizer)["skipped"] is True
+    assert run_task(task, stage.tokenizers.get(task))["skipped"] is True
 
 
 @pytest.mark.ray
@@ -109,11 +110,10 @@ def test_sigint_during_xenna_stage_shuts_ray_down_and_resumes(tmp_path: Path) ->
     log = run_dir / "logs/streamprep.log"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if log.exists() and "starting xenna pipeline" in log.read_text():
+        if log.exists() and '"shard done"' in log.read_text():
             break
-        time.sleep(0.1)
-    time.sleep(2.0)  # inside run_pipeline
-    proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # while the serving stage works through the queued shards
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-2000:]
     assert "re-run the same command to resume" in err
@@ -124,9 +124,9 @@ def test_sigint_during_xenna_stage_shuts_ray_down_and_resumes(tmp_path: Path) ->
     resumed = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert len(list((run_dir / "receipts/gen").glob("*.json"))) == 30
-    plans = [json.loads(line) for line in (run_dir / "logs/streamprep.log").read_text().splitlines()
-             if '"tokenization plan"' in line]
-    assert plans[-1]["skipped"] == done_before and plans[-1]["pending"] == 30 - done_before  # finished shards kept
+    ends = [json.loads(line) for line in (run_dir / "logs/streamprep.log").read_text().splitlines()
+            if '"tokenization done"' in line]
+    assert ends[-1]["skipped"] == done_before and ends[-1]["tokenized"] == 30 - done_before  # finished shards kept
 
 
 @pytest.mark.ray

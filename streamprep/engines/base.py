@@ -5,7 +5,10 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable
 
+from streamprep import logs
 from streamprep.shards import ShardTask
+
+log = logs.get("tokenize")
 
 Result = dict[str, Any]
 
@@ -44,6 +47,8 @@ class Engine(ABC):
     def _done(self, result: Result) -> None:
         with self._lock:
             self.completed += 1
+        log.info("shard done", dataset=result["task"]["dataset"], part=result["task"]["part"],
+                 skipped=result["skipped"], engine=self.name, node=result.get("node_id"))
         if self.on_result is not None:
             self.on_result(result)
 

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from streamprep import logs
 from streamprep.engines.base import Engine, Result
 from streamprep.shards import ShardTask, TokenizerCache, run_task
-
-log = logs.get("tokenize")
 
 
 class LocalEngine(Engine):
@@ -25,7 +22,6 @@ class LocalEngine(Engine):
 
     def _run(self, task: ShardTask) -> Result:
         result = run_task(task, self._tokenizers.get(task))
-        log.info("shard done", dataset=task.dataset, part=task.part, skipped=result["skipped"])
         self._done(result)
         return result
 

@@ -18,6 +18,7 @@ from streamprep.shards import ShardTask
 
 log = logs.get("tokenize")
 POLL_S = 0.2
+STOP_WAIT_S = 30.0  # a stop (end of job or Ctrl-C) waits this long for Xenna and Ray to wind down
 
 
 class XennaEngine(Engine):
@@ -62,6 +63,8 @@ class XennaEngine(Engine):
             xenna.run_pipeline(spec)
         except BaseException as exc:  # surfaced by drain()/stop() in the job's thread
             self._error = exc
+        finally:
+            ray_cluster.release()  # Ray must be shut down by the thread that started it
 
     def submit(self, task: ShardTask) -> None:
         self.submitted += 1
@@ -96,9 +99,11 @@ class XennaEngine(Engine):
 
     def stop(self) -> None:
         if self._thread is not None:
+            t0 = time.monotonic()
             self._source.put(None)  # Xenna's end-of-serving signal
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=STOP_WAIT_S)
             if self._thread.is_alive():
-                log.warning("xenna stage did not stop within 60 s; shutting Ray down under it")
+                log.warning("xenna stage did not stop in time; leaving it to process exit", seconds=STOP_WAIT_S)
+            else:
+                log.info("xenna stage stopped", seconds=round(time.monotonic() - t0, 2))
             self._thread = None
-        ray_cluster.release()

@@ -27,15 +27,15 @@ class TokenizeStage(xenna.Stage):
 
     def process_data(self, in_data: list[ShardTask]) -> list[dict[str, Any]]:
         assert self.tokenizers is not None, "setup() runs before process_data()"
-        where = {"node": socket.gethostname(), "pid": os.getpid(), "node_ip": _node_ip()}
+        where = {"node": socket.gethostname(), "pid": os.getpid(), "node_id": _node_id()}
         return [{**run_task(task, self.tokenizers.get(task)), **where} for task in in_data]
 
 
-def _node_ip() -> str | None:
-    """The Ray node this worker runs on (several nodes can share a host name in tests)."""
+def _node_id() -> str | None:
+    """The Ray node this worker runs on (several nodes can share a host name and IP)."""
     try:
         import ray
 
-        return ray.util.get_node_ip_address() if ray.is_initialized() else None
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     except Exception:  # outside a Ray worker (unit tests)
         return None
