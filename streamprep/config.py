@@ -154,10 +154,17 @@ def _check_type(key: str, value: Any, types: tuple) -> None:
         ok = False  # YAML true is not an integer here
     if not ok:
         raise ConfigError(f"config: '{key}' must be {_type_name(types)}, got {type(value).__name__} {value!r:.60}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"config: '{key}' must be a finite number, got {value!r}")
+    if float in types and not isinstance(value, (bool, str)) and not _finite(value):
+        raise ConfigError(f"config: '{key}' must be a finite number, got {value!r:.40}")
     if isinstance(value, str) and not value.strip():
-        raise ConfigError(f"config: '{key}' must be a non-empty string, got {value!r}")
+        raise ConfigError(f"config: '{key}' must be a non-empty string, got {value!r:.40}")
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond the float range
+        return False
 
 
 def _safe_name(key: str, value: str) -> None:

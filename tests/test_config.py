@@ -113,7 +113,7 @@ def good(data: Path, shared_data: Path) -> dict:
 NAN, INF = float("nan"), float("inf")
 BAD_VALUES = [
     ("datasets[0].weight", NAN), ("datasets[0].weight", INF), ("datasets[0].weight", -1), ("datasets[0].weight", 0),
-    ("datasets[0].weight", 1e16), ("datasets[0].size_mb", NAN), ("datasets[0].size_mb", 0),
+    ("datasets[0].weight", 1e16), ("datasets[0].weight", 10**400), ("datasets[0].size_mb", NAN), ("datasets[0].size_mb", 0),
     ("datasets[0].max_records", 0), ("datasets[0].text_field", ""), ("datasets[0].text_field", "  "),
     ("datasets[0].name", "x" * 250), ("datasets[0].name", "a/b"), ("datasets[0].name", ".."),
     ("datasets[0].name", "."), ("datasets[0].name", ""), ("datasets[0].name", "-a"), ("datasets[0].split", ""),
@@ -347,3 +347,14 @@ def test_run_failed_in_exports_resumes_with_the_corrected_config(tmp_path: Path,
     hashes = tree_hashes(run_dir, *outputs, names=names)
     assert hashes == tree_hashes(tmp_path / "fresh", *outputs, names=names)
     assert any(k.startswith("parquet/") for k in hashes) and "manifest.json" in hashes
+
+
+def test_checkpoint_dir_under_a_regular_file_is_refused_before_writing(tmp_path: Path, data: Path) -> None:
+    from streamprep.pipeline import _preflight
+
+    (tmp_path / "file").write_text("x")
+    cfg = validate({"datasets": [{"name": "a", "path": str(data)}], "run": {"checkpoint_dir": "file/ckpt"}},
+                   base_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"'run.checkpoint_dir' .*file/ckpt: .*file is not a directory"):
+        _preflight(cfg, tmp_path / "run", fresh=False)
+    assert not (tmp_path / "run").exists()
