@@ -5,7 +5,6 @@ import copy
 import glob as globmod
 import hashlib
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,11 +198,14 @@ def _is_remote(path: str) -> bool:
     return path.startswith(REMOTE_SCHEMES) or path.startswith("hf://")
 
 
-def _resolve_path(path: str, base: Path) -> str:
+def _resolve_path(path: str, base: Path, key: str) -> str:
     if _is_remote(path):
         return path
     p = Path(path).expanduser()
-    return str(p if p.is_absolute() else (base / p).resolve())
+    try:
+        return str(p if p.is_absolute() else (base / p).resolve())
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+        raise ConfigError(f"config: '{key}': {exc}") from None
 
 
 def _check_local_path(key: str, path: str) -> None:
@@ -255,7 +257,7 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
             raise ConfigError(f"config: '{key}.format' must be jsonl, parquet, txt or document, got {ds['format']!r}")
         if ds["path"].startswith("hf://") and not ds["split"]:
             raise ConfigError(f"config: '{key}.split' is required for hf:// sources")
-        ds["path"] = _resolve_path(ds["path"], base)
+        ds["path"] = _resolve_path(ds["path"], base, f"{key}.path")
         try:
             _check_local_path(f"{key}.path", ds["path"])
         except ConfigError:
@@ -308,7 +310,7 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
     if ex["engine"] not in ("xenna", "local"):
         raise ConfigError(f"config: 'execution.engine' must be xenna or local, got {ex['engine']!r}")
     if cfg["run"]["checkpoint_dir"] is not None:
-        cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base)
+        cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base, "run.checkpoint_dir")
     return cfg
 
 
@@ -319,7 +321,7 @@ def _tokenizer(tok: dict[str, Any], base: Path) -> None:
     if tok["if_missing"] not in ("error", "train"):
         raise ConfigError(f"config: 'tokenizer.if_missing' must be error or train, got {tok['if_missing']!r}")
     if tok["path"] is not None:
-        tok["path"] = _resolve_path(tok["path"], base)
+        tok["path"] = _resolve_path(tok["path"], base, "tokenizer.path")
         if tok["if_missing"] == "train" and not Path(tok["path"]).exists():
             tok["path"] = None
         else:
