@@ -304,13 +304,13 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
         for part in path:
             value = value[part]
         rng.check(key, value)
-    _tokenizer(cfg["tokenizer"], base)
-    _output(cfg["output"], [d["name"] for d in cfg["datasets"]])
     ex = cfg["execution"]
     if ex["engine"] not in ("xenna", "local"):
-        raise ConfigError(f"config: 'execution.engine' must be xenna or local, got {ex['engine']!r}")
+        raise ConfigError(f"config: 'execution.engine' must be xenna or local, got {ex['engine']!r:.40}")
     if cfg["run"]["checkpoint_dir"] is not None:
         cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base, "run.checkpoint_dir")
+    _output(cfg["output"], [d["name"] for d in cfg["datasets"]])
+    _tokenizer(cfg["tokenizer"], base)  # last: it loads the tokenizer
     return cfg
 
 
