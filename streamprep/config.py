@@ -4,6 +4,9 @@ from __future__ import annotations
 import copy
 import glob as globmod
 import hashlib
+import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -14,8 +17,40 @@ SPLITS = ("train", "valid", "test")
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "memory://")
 
 
+MAX_CONFIG_BYTES = 1 << 20      # a config file larger than this is refused unread
+MAX_CONFIG_NODES = 100_000      # YAML nodes after alias expansion (a billion-laughs bomb stops here)
+MAX_CONFIG_DEPTH = 64           # YAML nesting
+MAX_NAME_CHARS = 64             # run and dataset names become path components
+NAME_RE = re.compile(r"^\w[\w.-]*$")  # starts with a letter, digit or _; no '/', never '.' or '..'
+PARQUET_COMPRESSIONS = ("snappy", "gzip", "brotli", "zstd", "lz4", "lz4_raw", "none")
+
+
 class ConfigError(ValueError):
     """A bad config, argument or path. The CLI prints it as one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed interval of a number key; `lo_open` / `hi_open` exclude the end point."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def check(self, key: str, value: float | int | None) -> None:
+        if value is None:
+            return
+        low_ok = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        high_ok = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        if not (low_ok and high_ok):
+            raise ConfigError(f"config: '{key}' must be {self}, got {value!r}")
+
+    def __str__(self) -> str:
+        lo, hi = (f"{x:g}" if isinstance(x, float) else x for x in (self.lo, self.hi))
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {lo}"
+        return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
 
 
 # key -> (accepted types, default). A nested dict spec is a section. `None` in types = nullable.
@@ -71,8 +106,35 @@ SPEC: dict[str, Any] = {
         "progress_interval_s": (NUM, 10.0),
     },
 }
+INT32_MAX = 2**31 - 1
+# Every number key of SPEC / DATASET_SPEC has a range (tests/test_config.py checks that none is missing).
+BOUNDS: dict[str, Range] = {
+    "run.seed": Range(0, 2**63 - 1),
+    "tokenizer.train.vocab_size": Range(300, INT32_MAX),   # 256 bytes + special tokens; ids are int32
+    "tokenizer.train.min_frequency": Range(0, INT32_MAX),
+    "tokenizer.train.sample_mb": Range(0, 1 << 30, lo_open=True),
+    "output.shard_records": Range(1),
+    "output.parquet.shard_size_bytes": Range(1024, 1 << 40),
+    "output.parquet.row_group_size": Range(1, INT32_MAX),
+    "output.valid_fraction": Range(0, 1, hi_open=True),
+    "output.num_shards_multiple_of": Range(1, 1_000_000),
+    "output.max_rejects_per_check": Range(0),
+    "execution.workers": Range(1, 4096),
+    "execution.max_concurrent_downloads": Range(1, 1024),
+    "execution.batch_records": Range(1, 1_000_000),
+    "execution.progress_interval_s": Range(0.1, 86_400),
+}
+DATASET_BOUNDS: dict[str, Range] = {
+    "weight": Range(0, 1e15, lo_open=True),
+    "size_mb": Range(0, lo_open=True),
+    "max_records": Range(1),
+}
+MAX_LENGTH_BUCKETS = 100
 # Keys whose change alters outputs; a resume with any of them changed is refused (see drift_keys).
 OUTPUT_SECTIONS = ("run.seed", "datasets", "quality", "tokenizer", "output", "sft")
+# Keys read only when writing the exports (blend.json, mixtures.json, manifest.json, parquet/).
+EXPORT_ONLY = ("run.seed", "datasets[].weight", "output.parquet.", "output.mixtures.", "output.valid_fraction",
+               "output.num_shards_multiple_of")
 
 
 def _type_name(types: tuple) -> str:
@@ -93,6 +155,24 @@ def _check_type(key: str, value: Any, types: tuple) -> None:
         ok = False  # YAML true is not an integer here
     if not ok:
         raise ConfigError(f"config: '{key}' must be {_type_name(types)}, got {type(value).__name__} {value!r:.60}")
+    if float in types and not isinstance(value, (bool, str)) and not _finite(value):
+        raise ConfigError(f"config: '{key}' must be a finite number, got {value!r:.40}")
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(f"config: '{key}' must be a non-empty string, got {value!r:.40}")
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond the float range
+        return False
+
+
+def _safe_name(key: str, value: str) -> None:
+    """Run and dataset names are used as file and directory names."""
+    if len(value) > MAX_NAME_CHARS or not NAME_RE.match(value):
+        raise ConfigError(f"config: '{key}' must be a name of 1-{MAX_NAME_CHARS} letters, digits, _ - . "
+                          f"starting with a letter, digit or _, got {value!r:.80}")
 
 
 def _fill(spec: Mapping[str, Any], given: Any, prefix: str) -> dict[str, Any]:
@@ -120,21 +200,28 @@ def _is_remote(path: str) -> bool:
     return path.startswith(REMOTE_SCHEMES) or path.startswith("hf://")
 
 
-def _resolve_path(path: str, base: Path) -> str:
+def _resolve_path(path: str, base: Path, key: str) -> str:
     if _is_remote(path):
         return path
     p = Path(path).expanduser()
-    return str(p if p.is_absolute() else (base / p).resolve())
+    try:
+        return str(p if p.is_absolute() else (base / p).resolve())
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+        raise ConfigError(f"config: '{key}': {exc}") from None
 
 
 def _check_local_path(key: str, path: str) -> None:
     if _is_remote(path):
         return
+    from streamprep.sources.local import expand
+
     if globmod.has_magic(path):
-        if not any(Path(p).is_file() for p in globmod.glob(path, recursive=True)):
+        if not expand(path):
             raise ConfigError(f"config: '{key}': no file matches {path}")
     elif not Path(path).exists():
         raise ConfigError(f"config: '{key}': no such file or directory: {path}")
+    elif Path(path).is_dir() and not expand(path):
+        raise ConfigError(f"config: '{key}': directory has no input files: {path}")
 
 
 def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
@@ -160,21 +247,19 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
         for required in ("name", "path"):
             if ds[required] is None:
                 raise ConfigError(f"config: '{key}.{required}' is required")
-        if not ds["name"].replace("-", "_").replace(".", "_").isidentifier():
-            raise ConfigError(f"config: '{key}.name' must be a simple name (letters, digits, _ - .), got {ds['name']!r}")
-        if ds["name"] in names:
+        _safe_name(f"{key}.name", ds["name"])
+        if ds["name"].casefold() in names:  # case-insensitive: the names become file names
             raise ConfigError(f"config: '{key}.name': duplicate dataset name {ds['name']!r}")
-        names.add(ds["name"])
-        if ds["weight"] <= 0:
-            raise ConfigError(f"config: '{key}.weight' must be > 0, got {ds['weight']}")
+        names.add(ds["name"].casefold())
+        for k, rng in DATASET_BOUNDS.items():
+            rng.check(f"{key}.{k}", ds[k])
+        if ds["filter"] is not None and not all(isinstance(k, str) and k for k in ds["filter"]):
+            raise ConfigError(f"config: '{key}.filter' must map field names to values, got {ds['filter']!r:.80}")
         if ds["format"] not in (None, "jsonl", "parquet", "txt", "document"):
             raise ConfigError(f"config: '{key}.format' must be jsonl, parquet, txt or document, got {ds['format']!r}")
         if ds["path"].startswith("hf://") and not ds["split"]:
             raise ConfigError(f"config: '{key}.split' is required for hf:// sources")
-        for cap in ("size_mb", "max_records"):
-            if ds[cap] is not None and ds[cap] <= 0:
-                raise ConfigError(f"config: '{key}.{cap}' must be > 0, got {ds[cap]}")
-        ds["path"] = _resolve_path(ds["path"], base)
+        ds["path"] = _resolve_path(ds["path"], base, f"{key}.path")
         try:
             _check_local_path(f"{key}.path", ds["path"])
         except ConfigError:
@@ -192,7 +277,6 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
 def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
     """Return the full config with defaults filled and paths absolute, or raise ConfigError."""
     from quality import QualityConfigError, validate_quality_config
-    from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
@@ -215,55 +299,126 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
             cfg["sft"] = validate_sft_config(raw["sft"])
         except SftConfigError as exc:
             raise ConfigError(f"config: '{exc.key}': {exc.reason}") from None
-    tok = cfg["tokenizer"]
+    _safe_name("run.name", cfg["run"]["name"])
+    for key, rng in BOUNDS.items():
+        section, *path = key.split(".")
+        value = cfg[section]
+        for part in path:
+            value = value[part]
+        rng.check(key, value)
+    ex = cfg["execution"]
+    if ex["engine"] not in ("xenna", "local"):
+        raise ConfigError(f"config: 'execution.engine' must be xenna or local, got {ex['engine']!r:.40}")
+    if cfg["run"]["checkpoint_dir"] is not None:
+        cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base, "run.checkpoint_dir")
+    _output(cfg["output"], [d["name"] for d in cfg["datasets"]])
+    _tokenizer(cfg["tokenizer"], base)  # last: it loads the tokenizer
+    return cfg
+
+
+def _tokenizer(tok: dict[str, Any], base: Path) -> None:
+    """Resolve `tokenizer.path` and load it now, so a bad tokenizer or EOD token fails before any work."""
+    from streamprep.tokenizer import check_config
+
     if tok["if_missing"] not in ("error", "train"):
         raise ConfigError(f"config: 'tokenizer.if_missing' must be error or train, got {tok['if_missing']!r}")
     if tok["path"] is not None:
-        tok["path"] = _resolve_path(tok["path"], base)
+        tok["path"] = _resolve_path(tok["path"], base, "tokenizer.path")
         if tok["if_missing"] == "train" and not Path(tok["path"]).exists():
             tok["path"] = None
         else:
             _check_local_path("tokenizer.path", tok["path"])
-    sample_mb = tok["train"]["sample_mb"]
-    if sample_mb is not None and not (sample_mb > 0 and sample_mb != float("inf")):
-        raise ConfigError(f"config: 'tokenizer.train.sample_mb' must be a finite number > 0, got {sample_mb}")
-    if tok["train"]["vocab_size"] < 300:
-        raise ConfigError("config: 'tokenizer.train.vocab_size' must be >= 300 (256 bytes + special tokens)")
-    out = cfg["output"]
+    check_config(tok)
+
+
+def _output(out: dict[str, Any], dataset_names: list[str]) -> None:
+    """`output:` choices that the exports would otherwise refuse only after tokenization."""
+    from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
+
     if out["dtype"] not in ("auto", "uint16", "int32"):
         raise ConfigError(f"config: 'output.dtype' must be auto, uint16 or int32, got {out['dtype']!r}")
-    if out["shard_records"] is not None and out["shard_records"] <= 0:
-        raise ConfigError("config: 'output.shard_records' must be > 0")
-    buckets = out["parquet"]["length_buckets"]
-    if not buckets or any(not isinstance(b, int) or isinstance(b, bool) or b <= 0 for b in buckets) or buckets != sorted(set(buckets)):
-        raise ConfigError("config: 'output.parquet.length_buckets' must be increasing positive integers")
-    if not 0.0 <= out["valid_fraction"] < 1.0:
-        raise ConfigError("config: 'output.valid_fraction' must be in [0, 1)")
-    if out["num_shards_multiple_of"] < 1:
-        raise ConfigError("config: 'output.num_shards_multiple_of' must be >= 1")
+    pq_cfg = out["parquet"]
+    buckets = pq_cfg["length_buckets"]
+    if (not buckets or len(buckets) > MAX_LENGTH_BUCKETS or buckets != sorted(set(buckets))
+            or any(not isinstance(b, int) or isinstance(b, bool) or not 0 < b <= INT32_MAX for b in buckets)):
+        raise ConfigError(f"config: 'output.parquet.length_buckets' must be 1-{MAX_LENGTH_BUCKETS} increasing "
+                          f"integers in [1, {INT32_MAX}], got {buckets!r:.80}")
+    pq_cfg["compression"] = codec = pq_cfg["compression"].lower()
+    if codec not in PARQUET_COMPRESSIONS or not _codec_available(codec):
+        raise ConfigError(f"config: 'output.parquet.compression' must be one of {', '.join(PARQUET_COMPRESSIONS)} "
+                          f"(available in this pyarrow), got {codec!r:.40}")
     try:
-        validate_mixtures(out["mixtures"]["phases"], [d["name"] for d in cfg["datasets"]])
+        validate_mixtures(out["mixtures"]["phases"], dataset_names)
     except MixtureConfigError as exc:
         raise ConfigError(f"config: {exc}") from None
-    ex = cfg["execution"]
-    if ex["engine"] not in ("xenna", "local"):
-        raise ConfigError(f"config: 'execution.engine' must be xenna or local, got {ex['engine']!r}")
-    if ex["workers"] is not None and ex["workers"] < 1:
-        raise ConfigError("config: 'execution.workers' must be >= 1")
-    if ex["batch_records"] < 1 or ex["max_concurrent_downloads"] < 1:
-        raise ConfigError("config: 'execution.batch_records' and 'execution.max_concurrent_downloads' must be >= 1")
-    if cfg["run"]["checkpoint_dir"] is not None:
-        cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base)
-    return cfg
+
+
+def _codec_available(codec: str) -> bool:
+    import pyarrow as pa
+
+    return codec == "none" or pa.Codec.is_available(codec)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that counts nodes as they would be after alias expansion, and nesting depth.
+
+    Aliases stay allowed (handy for shared sections), but each one counts the full size of the node it
+    repeats, so an alias bomb stops after MAX_CONFIG_NODES nodes instead of exhausting memory later
+    (validation, run.json). An alias to a node still being built (a recursive structure) is refused.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._nodes, self._depth = 0, 0
+        self._sizes: dict[int, int] = {}  # id(node) -> expanded node count, once the node is complete
+
+    def _count(self, n: int) -> None:
+        self._nodes += n
+        if self._nodes > MAX_CONFIG_NODES:
+            raise ConfigError(f"more than {MAX_CONFIG_NODES} YAML nodes (aliases expanded)")
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            target = self.anchors.get(self.peek_event().anchor)
+            if target is not None:  # an undefined alias is left to PyYAML's own error
+                if id(target) not in self._sizes:
+                    raise ConfigError("recursive YAML alias (a node that contains itself)")
+                self._count(self._sizes[id(target)])
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"YAML nested deeper than {MAX_CONFIG_DEPTH} levels")
+        before = self._nodes
+        self._count(1)
+        node = super().compose_node(parent, index)
+        self._sizes[id(node)] = self._nodes - before
+        self._depth -= 1
+        return node
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
-    """Read and validate a YAML config file; paths in it are relative to the file."""
+    """Read and validate a YAML config file; paths in it are relative to the file.
+
+    Bounded: at most MAX_CONFIG_BYTES, MAX_CONFIG_NODES nodes after alias expansion, MAX_CONFIG_DEPTH levels.
+    """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config: no such file: {p}")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        with open(p, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"config: {p}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config: {p}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        loader = _BoundedLoader(data.decode("utf-8"))
+        try:
+            raw = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except ConfigError as exc:
+        raise ConfigError(f"config: {p}: {exc}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"config: {p}: not valid YAML: {first}") from None
@@ -279,8 +434,12 @@ def config_hash(cfg: Mapping[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(output_view(cfg), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
-def drift_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two output views (what a resume would silently change)."""
+def drift_keys(old: Mapping[str, Any], new: Mapping[str, Any], exports_redone: bool = False) -> list[str]:
+    """Dotted keys whose values differ between two output views (what a resume would silently change).
+
+    `exports_redone`: the old run did not complete, so its exports will be rewritten in full on resume
+    and keys read by the exports only (EXPORT_ONLY) may change, e.g. to fix a value that failed there.
+    """
     diffs: list[str] = []
 
     def walk(a: Any, b: Any, key: str) -> None:
@@ -294,4 +453,6 @@ def drift_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
             diffs.append(key)
 
     walk(output_view(old), output_view(new), "")
+    if exports_redone:
+        diffs = [k for k in diffs if not re.sub(r"\[\d+\]", "[]", k).startswith(EXPORT_ONLY)]
     return diffs

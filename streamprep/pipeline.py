@@ -19,9 +19,9 @@ from streamprep import __version__, atomic, config as configmod, logs
 from streamprep.checkpoints import DatasetFiles, IngestState
 from streamprep.config import ConfigError
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
-from streamprep.lock import RunLock, RunLocked
-from streamprep.shards import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
 from streamprep import tokenizer as tokmod
+from streamprep.lock import LOCK_NAME, RunLock, RunLocked
+from streamprep.shards import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
 from streamprep.tokenizer import TokenizerInfo
 
 log = logs.get("pipeline")
@@ -79,7 +79,33 @@ class Signals:
 
 
 def resolve_run_dir(cfg: dict[str, Any], run_dir: str | Path | None) -> Path:
-    return Path(run_dir).resolve() if run_dir else (Path("runs") / cfg["run"]["name"]).resolve()
+    path = Path(run_dir) if run_dir else Path("runs") / cfg["run"]["name"]
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+        raise ConfigError(f"run dir {path}: {exc}") from None
+
+
+def _check_writable_dir(path: Path, what: str) -> None:
+    """`path` is, or can be created as, a directory we can write: its nearest existing ancestor must be a
+    writable directory (not a regular file, not a read-only location)."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{what} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: {existing} is not writable")
+
+
+def _wrote_outputs(run_dir: Path, checkpoint_dir: Path) -> bool:
+    """Whether a run left anything besides run.json, its logs and its lock (a stage's output or checkpoint)."""
+    bookkeeping = {run_dir / "run.json", run_dir / "logs", run_dir / LOCK_NAME}
+    for root in (run_dir, checkpoint_dir):
+        if root.is_dir() and any(p.is_file() and not any(p == b or b in p.parents for b in bookkeeping)
+                                 for p in root.rglob("*")):
+            return True
+    return False
 
 
 def _preflight(cfg: dict[str, Any], run_dir: Path, fresh: bool) -> dict[str, Any] | None:
@@ -88,11 +114,18 @@ def _preflight(cfg: dict[str, Any], run_dir: Path, fresh: bool) -> dict[str, Any
         raise ConfigError(f"--fresh: run dir {run_dir} is not empty (choose a new --run-dir or remove it)")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run dir {run_dir} is not a directory")
+    _check_writable_dir(run_dir, "run dir")
+    if cfg["run"]["checkpoint_dir"]:
+        _check_writable_dir(Path(cfg["run"]["checkpoint_dir"]), "'run.checkpoint_dir'")
     run_json = run_dir / "run.json"
     if not run_json.exists():
         return None
     previous = atomic.read_json(run_json)
-    changed = configmod.drift_keys(previous["config"], cfg)
+    status = previous.get("status")
+    if status == "failed" and not _wrote_outputs(run_dir, Path(previous.get("checkpoint_dir") or run_dir)):
+        log.info("previous attempt failed before writing any output; starting afresh", run_dir=str(run_dir))
+        return None
+    changed = configmod.drift_keys(previous["config"], cfg, exports_redone=status != "complete")
     if changed:
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "

@@ -108,6 +108,25 @@ def prepare(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[str] | None 
     return _check_eod(info, tok_cfg)
 
 
+def check_config(tok_cfg: dict[str, Any]) -> None:
+    """Load `tokenizer.path` and find its EOD token at config time: a file that is not a tokenizer, or an
+    EOD token it lacks, fails before anything is written rather than after the whole ingest."""
+    wanted = tok_cfg.get("eod_token")
+    if not tok_cfg.get("path"):
+        if wanted and wanted not in SPECIAL_TOKENS:
+            raise ConfigError(f"config: 'tokenizer.eod_token': a trained tokenizer has only the special tokens "
+                              f"{', '.join(SPECIAL_TOKENS)}, got {wanted!r}")
+        return
+    src = _source_file(Path(tok_cfg["path"]))
+    try:
+        tok = Tokenizer.from_file(str(src))
+    except Exception as exc:  # tokenizers raises a bare Exception for unparsable files
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        raise ConfigError(f"config: 'tokenizer.path': {src} is not a tokenizer.json ({reason})") from None
+    name, tid = _eod(tok, src.parent, wanted)
+    _check_eod(TokenizerInfo(src, "", tok.get_vocab_size(with_added_tokens=True), tid, name), tok_cfg)
+
+
 def _check_eod(info: TokenizerInfo, tok_cfg: dict[str, Any]) -> TokenizerInfo:
     if tok_cfg.get("append_eod") and info.eod_id is None:
         raise ConfigError("config: 'tokenizer.append_eod' is true but the tokenizer has no end-of-text token; "

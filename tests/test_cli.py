@@ -93,3 +93,63 @@ def test_console_script_entry_point(tmp_path):
                            "print('pipeline' if 'streamprep.pipeline' in sys.modules else 'light'); sys.exit(rc)",
                            str(tmp_path)], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and proc.stdout.strip() == "light"
+
+
+def _ingest_config(tmp_path: Path, **output) -> Path:
+    import yaml
+
+    data = tmp_path / "a.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"datasets": [{"name": "a", "path": str(data)}], "output": output,
+                                   "execution": {"engine": "local"}}))
+    return cfg
+
+
+def _assert_exit_2_nothing_written(argv: list[str], capsys, expected: str, run_dir: Path) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("streamprep: error:") and expected in err[0], err
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("key, value", [("compression", "bogus"), ("shard_size_bytes", -1), ("row_group_size", -10)])
+def test_bad_parquet_setting_is_exit_2_before_the_run_dir_exists(tmp_path, capsys, key, value):
+    cfg = _ingest_config(tmp_path, parquet={key: value})
+    run_dir = tmp_path / "run"
+    _assert_exit_2_nothing_written(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)], capsys,
+                                   f"'output.parquet.{key}'", run_dir)
+
+
+def test_run_dir_under_a_regular_file_is_exit_2(tmp_path, capsys):
+    cfg = _ingest_config(tmp_path)
+    (tmp_path / "file").write_text("x")
+    run_dir = tmp_path / "file" / "run"
+    _assert_exit_2_nothing_written(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)], capsys,
+                                   "is not a directory", run_dir)
+
+
+def test_run_dir_in_a_symlink_loop_is_exit_2(tmp_path, capsys):
+    cfg = _ingest_config(tmp_path)
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    _assert_exit_2_nothing_written(["ingest", "--config", str(cfg), "--run-dir", str(tmp_path / "loop_a" / "run")],
+                                   capsys, "Symlink loop", tmp_path / "never-created")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "cfg.yaml", "loop_a", "loop_b"]
+
+
+def test_run_dir_in_a_read_only_location_is_exit_2(tmp_path, capsys):
+    import os
+
+    cfg = _ingest_config(tmp_path)
+    if os.geteuid() == 0:  # root writes through permission bits: use a location the kernel keeps read-only
+        parent = Path("/proc/1")
+        if os.access(parent, os.W_OK):
+            pytest.skip("no read-only location available")
+    else:
+        parent = tmp_path / "ro"
+        parent.mkdir()
+        parent.chmod(0o555)
+    run_dir = parent / "streamprep-run"
+    _assert_exit_2_nothing_written(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)], capsys,
+                                   "is not writable", run_dir)

@@ -1,6 +1,8 @@
 """Config validation: defaults, both dataset forms, one-line errors naming the key, exit 2, nothing written."""
 from __future__ import annotations
 
+import copy
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,7 +80,7 @@ def test_cli_bad_config_exits_2_one_line_nothing_written(tmp_path: Path, data: P
     proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg), "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["streamprep: error: config: 'output.shard_records' must be > 0"]
+    assert proc.stderr.strip().splitlines() == ["streamprep: error: config: 'output.shard_records' must be >= 1, got -1"]
     assert not run_dir.exists()
 
 
@@ -87,3 +89,280 @@ def test_yaml_syntax_error_is_one_line(tmp_path: Path) -> None:
     cfg.write_text("datasets: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_file(cfg)
+
+
+# -- every bad value fails at validation, naming its key (issue #13 items 2, 4) ------------------------
+
+def _with(raw: dict, dotted: str, value: object) -> dict:
+    """`raw` with `dotted` (e.g. "output.parquet.compression", "datasets[0].weight") set to `value`."""
+    raw = copy.deepcopy(raw)
+    node, *path = dotted.split(".")
+    target = raw["datasets"][0] if node == "datasets[0]" else raw.setdefault(node, {})
+    for part in path[:-1]:
+        target = target.setdefault(part, {})
+    target[path[-1]] = value
+    return raw
+
+
+@pytest.fixture()
+def good(data: Path, shared_data: Path) -> dict:
+    return {"datasets": [{"name": "a", "path": str(data)}],
+            "tokenizer": {"path": str(shared_data / "tokenizers/phi-2/tokenizer.json")}}
+
+
+NAN, INF = float("nan"), float("inf")
+BAD_VALUES = [
+    ("datasets[0].weight", NAN), ("datasets[0].weight", INF), ("datasets[0].weight", -1), ("datasets[0].weight", 0),
+    ("datasets[0].weight", 1e16), ("datasets[0].weight", 10**400), ("datasets[0].size_mb", NAN), ("datasets[0].size_mb", 0),
+    ("datasets[0].max_records", 0), ("datasets[0].text_field", ""), ("datasets[0].text_field", "  "),
+    ("datasets[0].name", "x" * 250), ("datasets[0].name", "a/b"), ("datasets[0].name", ".."),
+    ("datasets[0].name", "."), ("datasets[0].name", ""), ("datasets[0].name", "-a"), ("datasets[0].split", ""),
+    ("datasets[0].filter", {"": 1}), ("run.name", "../x"), ("run.name", "a/b"), ("run.name", ""),
+    ("run.name", "x" * 65), ("run.seed", -1), ("run.checkpoint_dir", ""),
+    ("execution.progress_interval_s", NAN), ("execution.progress_interval_s", INF),
+    ("execution.progress_interval_s", 0), ("execution.progress_interval_s", 0.001),
+    ("execution.workers", 0), ("execution.batch_records", 0), ("execution.max_concurrent_downloads", 0),
+    ("execution.ray_address", ""), ("output.max_rejects_per_check", -1), ("output.valid_fraction", NAN),
+    ("output.valid_fraction", 1.0), ("output.valid_fraction", -0.1), ("output.num_shards_multiple_of", 0),
+    ("output.shard_records", 0), ("output.parquet.compression", "bogus"), ("output.parquet.compression", "lzo"),
+    ("output.parquet.compression", ""), ("output.parquet.shard_size_bytes", -1),
+    ("output.parquet.shard_size_bytes", 0), ("output.parquet.row_group_size", -10),
+    ("output.parquet.length_buckets", []), ("output.parquet.length_buckets", [0, 8]),
+    ("output.parquet.length_buckets", [8, 4]), ("output.parquet.length_buckets", [1.5]),
+    ("output.parquet.length_buckets", [2**31]), ("output.parquet.length_buckets", list(range(1, 102))),
+    ("output.mixtures.phases", {"p": {"a": NAN}}), ("tokenizer.eod_token", "<|not-in-phi2|>"),
+    ("tokenizer.eod_token", ""), ("tokenizer.train.vocab_size", 10), ("tokenizer.train.vocab_size", 2**40),
+    ("tokenizer.train.min_frequency", -1),
+]
+
+
+@pytest.mark.parametrize("key, value", BAD_VALUES, ids=[f"{k}={v!r:.20}" for k, v in BAD_VALUES])
+def test_bad_value_names_its_key(tmp_path: Path, good: dict, key: str, value: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        validate(_with(good, key, value), base_dir=tmp_path)
+    message = str(exc.value)
+    shown = key.replace("output.mixtures.phases", "output.mixtures.phases.p.a")
+    assert f"'{shown}'" in message and "\n" not in message
+
+
+def _number_keys() -> list[str]:
+    from streamprep.config import DATASET_SPEC, NUM, SPEC
+
+    def walk(spec: dict, prefix: str) -> list[str]:
+        out = []
+        for k, v in spec.items():
+            if isinstance(v, dict):
+                out += walk(v, f"{prefix}{k}.")
+            elif set(v[0]) & set(NUM):
+                out.append(f"{prefix}{k}")
+        return out
+
+    return walk(SPEC, "") + walk(DATASET_SPEC, "datasets[0].")
+
+
+def test_every_number_key_has_a_range() -> None:
+    from streamprep.config import BOUNDS, DATASET_BOUNDS
+
+    ranged = set(BOUNDS) | {f"datasets[0].{k}" for k in DATASET_BOUNDS}
+    assert sorted(set(_number_keys()) - ranged) == []
+
+
+@pytest.mark.parametrize("key", _number_keys())
+@pytest.mark.parametrize("value", [NAN, INF, -INF, -1])
+def test_every_number_key_rejects_nan_inf_negative(tmp_path: Path, good: dict, key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"'{key}'")):
+        validate(_with(good, key, value), base_dir=tmp_path)
+
+
+def _quality_number_keys() -> list[str]:
+    from quality.settings import QUALITY_DEFAULTS
+
+    return [k for k, v in QUALITY_DEFAULTS.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+@pytest.mark.parametrize("key", _quality_number_keys())
+@pytest.mark.parametrize("value", [NAN, INF, -1])
+def test_every_quality_number_rejects_nan_inf_negative(tmp_path: Path, good: dict, key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"'quality.{key}'")):
+        validate(_with(good, f"quality.{key}", value), base_dir=tmp_path)
+
+
+SFT_NUMBERS = ["preprocessing.max_seq_len", "preprocessing.min_chars", "preprocessing.max_chars",
+               "preprocessing.max_items", "output.max_tokens_per_shard"]
+
+
+@pytest.mark.parametrize("key", SFT_NUMBERS)
+@pytest.mark.parametrize("value", [NAN, INF, -1, 1.5])
+def test_every_sft_number_rejects_nan_inf_negative(tmp_path: Path, good: dict, key: str, value: float) -> None:
+    good["sft"] = {"input": {"sections": [{"field": "text"}]}}
+    with pytest.raises(ConfigError, match=re.escape(f"'sft.{key}'")):
+        validate(_with(good, f"sft.{key}", value), base_dir=tmp_path)
+
+
+def test_empty_input_directory_and_not_a_tokenizer(tmp_path: Path, good: dict, data: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"'datasets\[0\].path': directory has no input files"):
+        validate(_with(good, "datasets[0].path", str(tmp_path / "empty")), base_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"'tokenizer.path': .* is not a tokenizer.json"):
+        validate(_with(good, "tokenizer.path", str(data)), base_dir=tmp_path)
+
+
+def test_trained_tokenizer_eod_must_be_one_of_its_special_tokens(tmp_path: Path, data: Path) -> None:
+    raw = {"datasets": [{"name": "a", "path": str(data)}]}
+    assert validate(_with(raw, "tokenizer.eod_token", "</s>"))["tokenizer"]["eod_token"] == "</s>"
+    with pytest.raises(ConfigError, match="'tokenizer.eod_token'"):
+        validate(_with(raw, "tokenizer.eod_token", "<|endoftext|>"))
+
+
+def test_good_values_pass_and_names_are_unique_ignoring_case(tmp_path: Path, good: dict, data: Path) -> None:
+    good["output"] = {"parquet": {"compression": "ZSTD", "shard_size_bytes": 1024}}
+    good["datasets"].append({"name": "données_v1.2-x", "path": str(data), "weight": 1e15})
+    cfg = validate(good, base_dir=tmp_path)
+    assert cfg["output"]["parquet"]["compression"] == "zstd"
+    assert cfg["tokenizer"]["path"].endswith("phi-2/tokenizer.json")
+    good["datasets"].append({"name": "A", "path": str(data)})
+    with pytest.raises(ConfigError, match=r"'datasets\[2\].name': duplicate dataset name 'A'"):
+        validate(good, base_dir=tmp_path)
+
+
+def test_exports_take_the_validated_parquet_settings(good: dict, tmp_path: Path) -> None:
+    from streamprep.exports.parquet import ParquetOptions
+
+    out = validate(good, base_dir=tmp_path)["output"]
+    assert ParquetOptions.from_output_cfg(out) == ParquetOptions((128, 256, 512, 1024, 2048, 4096, 8192),
+                                                                 64 << 20, "snappy", 10_000, 1)
+
+
+# -- YAML limits (issue #13 item 5) --------------------------------------------------------------------
+
+# Billion laughs, 742 bytes: 10 ** 12 "lol" leaves once expanded (the issue's bomb was 807 bytes, 10 ** 9).
+BOMB = "\n".join(["l0: &l0 [" + ", ".join(['"lol"'] * 10) + "]"] + [
+    f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 12)]) + "\n"
+
+
+def test_billion_laughs_bomb_is_exit_2_fast_with_bounded_memory(tmp_path: Path) -> None:
+    assert len(BOMB.encode()) < 1024
+    cfg = tmp_path / "bomb.yaml"
+    cfg.write_text(BOMB)
+    run_dir = tmp_path / "run"
+    code = ("import re, sys; from streamprep.cli import main; rc = main(sys.argv[1:]); "  # peak RSS of this process
+            "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, "ingest", "--config", str(cfg), "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"streamprep: error: config: {cfg}: more than 100000 YAML nodes (aliases expanded)"]
+    assert int(proc.stdout) < 300_000  # KiB: the interpreter and its imports, not an expanded bomb
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a: &a [1, *a]\n", "recursive YAML alias"),
+    ("x: " + "[" * 70 + "]" * 70 + "\n", "nested deeper than 64"),
+    ("a: &a [" + "1," * 999 + "1]\nb: [" + "*a," * 100 + "*a]\n", "more than 100000 YAML nodes"),
+    ("x: '" + "a" * (1 << 20) + "'\n", "larger than 1048576 bytes"),
+], ids=["recursive", "deep", "nodes", "bytes"])
+def test_yaml_limits(tmp_path: Path, text: str, message: str) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_file(cfg)
+
+
+def test_yaml_aliases_within_limits_still_work(tmp_path: Path, data: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"datasets:\n  - &ds {{name: a, path: {data}, weight: 2}}\n  - {{<<: *ds, name: b}}\n")
+    assert [(d["name"], d["weight"]) for d in load_file(cfg)["datasets"]] == [("a", 2.0), ("b", 2.0)]
+
+
+# -- a failed run does not refuse the corrected config (issue #13 item 4) ------------------------------
+
+def _failed_run(run_dir: Path, cfg: dict, status: str = "failed") -> None:
+    from streamprep import atomic
+
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "streamprep.log").write_text("{}\n")
+    (run_dir / ".lock").write_text("")
+    atomic.write_json(run_dir / "run.json", {"run_id": "r1", "status": status, "config": cfg,
+                                             "checkpoint_dir": str(run_dir / "checkpoints")})
+
+
+def test_failed_run_without_outputs_is_no_drift(tmp_path: Path, data: Path) -> None:
+    from streamprep.pipeline import _preflight
+
+    old = validate({"datasets": [{"name": "a", "path": str(data)}], "quality": {"min_chars": 5}})
+    new = validate({"datasets": [{"name": "a", "path": str(data)}]})
+    run_dir = tmp_path / "run"
+    _failed_run(run_dir, old)
+    assert _preflight(new, run_dir, fresh=False) is None  # nothing written that the change could mix with
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "a.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"config changed since this run started \(quality.min_chars\)"):
+        _preflight(new, run_dir, fresh=False)
+
+
+@pytest.mark.parametrize("status, refused", [("failed", False), ("interrupted", False), ("complete", True)])
+def test_export_only_keys_may_change_until_the_run_completes(tmp_path: Path, data: Path, status: str,
+                                                              refused: bool) -> None:
+    from streamprep.pipeline import _preflight
+
+    base = {"datasets": [{"name": "a", "path": str(data)}]}
+    old = validate({**base, "output": {"parquet": {"compression": "gzip"}, "num_shards_multiple_of": 50}})
+    new = validate({**base, "run": {"seed": 9}, "output": {"valid_fraction": 0.1}})
+    new["datasets"][0]["weight"] = 3.0
+    run_dir = tmp_path / "run"
+    _failed_run(run_dir, old, status)
+    (run_dir / "receipts").mkdir()
+    (run_dir / "receipts" / "a.json").write_text("{}")  # tokenization output exists
+    assert drift_keys(old, new) == ["datasets[0].weight", "output.num_shards_multiple_of",
+                                    "output.parquet.compression", "output.valid_fraction", "run.seed"]
+    if refused:
+        with pytest.raises(ConfigError, match="config changed"):
+            _preflight(new, run_dir, fresh=False)
+    else:
+        assert _preflight(new, run_dir, fresh=False)["run_id"] == "r1"
+
+
+def test_run_failed_in_exports_resumes_with_the_corrected_config(tmp_path: Path, shared_data: Path) -> None:
+    """num_shards_multiple_of too large fails after ingest + tokenization; the fix resumes in the same run dir
+    and writes the same bytes as a fresh run of the corrected config."""
+    import json
+
+    from helpers import PHI2, base_config, english_docs, tree_hashes
+    from streamprep.exports import ShardCountError
+    from streamprep.pipeline import run_from_dict
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(40)))
+    cfg = base_config([{"name": "gen", "path": str(src)}], str(shared_data / PHI2))
+    bad = copy.deepcopy(cfg)
+    bad["output"]["num_shards_multiple_of"] = 1000
+    run_dir = tmp_path / "run"
+    with pytest.raises(ShardCountError):
+        run_from_dict(bad, run_dir=run_dir, console_log=False)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    assert run_from_dict(cfg, run_dir=run_dir, console_log=False).status == "complete"
+    run_from_dict(cfg, run_dir=tmp_path / "fresh", console_log=False)
+    outputs, names = ("ingest", "binidx", "receipts", "parquet", "tokenizer"), ("manifest.json", "mixtures.json")
+    hashes = tree_hashes(run_dir, *outputs, names=names)
+    assert hashes == tree_hashes(tmp_path / "fresh", *outputs, names=names)
+    assert any(k.startswith("parquet/") for k in hashes) and "manifest.json" in hashes
+
+
+def test_checkpoint_dir_under_a_regular_file_is_refused_before_writing(tmp_path: Path, data: Path) -> None:
+    from streamprep.pipeline import _preflight
+
+    (tmp_path / "file").write_text("x")
+    cfg = validate({"datasets": [{"name": "a", "path": str(data)}], "run": {"checkpoint_dir": "file/ckpt"}},
+                   base_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"'run.checkpoint_dir' .*file/ckpt: .*file is not a directory"):
+        _preflight(cfg, tmp_path / "run", fresh=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_relative_path_through_a_symlink_loop_names_its_key(tmp_path: Path, data: Path) -> None:
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    with pytest.raises(ConfigError, match=r"'run.checkpoint_dir': Symlink loop"):
+        validate({"datasets": [{"name": "a", "path": str(data)}], "run": {"checkpoint_dir": "loop_a/ckpt"}},
+                 base_dir=tmp_path)

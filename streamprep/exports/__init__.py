@@ -12,7 +12,7 @@ from typing import Any
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 from streamprep.exports.shards import ExportError, ShardRef
 
-__all__ = ["write_exports", "validate_output_config", "ShardRef", "ExportError", "ShardCountError",
+__all__ = ["write_exports", "ShardRef", "ExportError", "ShardCountError",
            "MixtureConfigError", "validate_mixtures"]
 
 
@@ -23,14 +23,6 @@ def __getattr__(name: str) -> Any:
 
         return ShardCountError
     raise AttributeError(name)
-
-
-def validate_output_config(output_cfg: dict[str, Any], dataset_names: list[str]) -> None:
-    """Everything the exports will refuse, checked up front (raises ExportError / MixtureConfigError)."""
-    from streamprep.exports.parquet import ParquetOptions
-
-    ParquetOptions.from_output_cfg(output_cfg)
-    validate_mixtures((output_cfg.get("mixtures") or {}).get("phases") or {}, dataset_names)
 
 
 def _split_of(datasets: list[dict[str, Any]], shards: list[ShardRef]) -> dict[str, str]:

@@ -38,13 +38,9 @@ import pyarrow.parquet as pq
 from streamprep import atomic
 from streamprep.exports.shards import DatasetIndex, ExportError, RecordReader
 
-DEFAULT_BUCKETS = [128, 256, 512, 1024, 2048, 4096, 8192]
-DEFAULT_SHARD_SIZE = 64 * 1024 * 1024
-DEFAULT_ROW_GROUP = 10_000
 ROW_GROUP_BYTES = 8 << 20  # a row group also ends at ~8 MiB (estimated), so memory is bounded in bytes too
 BYTES_PER_TOKEN = 4
 TAIL_FRACTION = 0.25
-COMPRESSIONS = ("snappy", "gzip", "brotli", "zstd", "lz4", "none")
 SHARD_FILE = re.compile(r"^shard_b\d{2,}_s\d{5,}\.(parquet|tsv)$")
 TSV_HEADER = "row\tn_tokens\ttoken_sum\ttext_sha256\n"
 SCHEMA = pa.schema([("text", pa.string()), ("tokens", pa.list_(pa.int32())),
@@ -57,37 +53,20 @@ class ShardCountError(ExportError):
 
 @dataclass(frozen=True)
 class ParquetOptions:
-    length_buckets: tuple[int, ...] = tuple(DEFAULT_BUCKETS)
-    shard_size_bytes: int = DEFAULT_SHARD_SIZE
-    compression: str = "snappy"
-    row_group_size: int = DEFAULT_ROW_GROUP
-    num_shards_multiple_of: int = 1
+    """The `output.parquet` settings, as validated (and defaulted) by streamprep.config."""
+
+    length_buckets: tuple[int, ...]
+    shard_size_bytes: int
+    compression: str
+    row_group_size: int
+    num_shards_multiple_of: int
 
     @classmethod
     def from_output_cfg(cls, output_cfg: dict[str, Any]) -> "ParquetOptions":
-        pq_cfg = output_cfg.get("parquet") or {}
-        opts = cls(
-            length_buckets=tuple(pq_cfg.get("length_buckets") or DEFAULT_BUCKETS),
-            shard_size_bytes=int(pq_cfg.get("shard_size_bytes") or DEFAULT_SHARD_SIZE),
-            compression=str(pq_cfg.get("compression") or "snappy").lower(),
-            row_group_size=int(pq_cfg.get("row_group_size") or DEFAULT_ROW_GROUP),
-            num_shards_multiple_of=int(output_cfg.get("num_shards_multiple_of") or 1))
-        opts.validate()
-        return opts
-
-    def validate(self) -> None:
-        b = list(self.length_buckets)
-        if not b or any(not isinstance(x, int) or isinstance(x, bool) or x <= 0 for x in b) or b != sorted(set(b)):
-            raise ExportError("'output.parquet.length_buckets' must be increasing positive integers")
-        if self.shard_size_bytes <= 0:
-            raise ExportError("'output.parquet.shard_size_bytes' must be > 0")
-        if self.row_group_size <= 0:
-            raise ExportError("'output.parquet.row_group_size' must be > 0")
-        if self.compression not in COMPRESSIONS:
-            raise ExportError(f"'output.parquet.compression' must be one of {', '.join(COMPRESSIONS)}, "
-                              f"got {self.compression!r}")
-        if self.num_shards_multiple_of < 1:
-            raise ExportError("'output.num_shards_multiple_of' must be >= 1")
+        pq_cfg = output_cfg["parquet"]
+        return cls(length_buckets=tuple(pq_cfg["length_buckets"]), shard_size_bytes=pq_cfg["shard_size_bytes"],
+                   compression=pq_cfg["compression"], row_group_size=pq_cfg["row_group_size"],
+                   num_shards_multiple_of=output_cfg["num_shards_multiple_of"])
 
 
 def bucket_table(bounds: Sequence[int]) -> list[dict[str, Any]]:
