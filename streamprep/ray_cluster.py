@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Callable
 
 import psutil
 
@@ -87,13 +88,18 @@ def reap_leaked_ray_workers() -> int:
 
 def shutdown_ray() -> None:
     """Shut down the Ray cluster this process started and wait for its processes to go. Call it from the
-    thread that called `ray.init` (from another, Ray waits ~15 s and leaves its agents running). Busy
-    stage workers are killed first: a shard they were writing has no receipt and is redone on resume."""
+    thread that called `ray.init` (from another, Ray waits ~15 s and leaves its agents running)."""
     import ray
 
+    stop_and_reap(ray.shutdown)
+
+
+def stop_and_reap(stop: Callable[[], None]) -> None:
+    """Run `stop` (a cluster shutdown), then kill whatever this process had started that outlived it.
+    Busy stage workers are killed first: a shard they were writing has no receipt and is redone on resume."""
     children = psutil.Process().children(recursive=True)
     reap_leaked_ray_workers()
-    ray.shutdown()
+    stop()
     _, alive = psutil.wait_procs(children, timeout=5)
     for p in alive:
         try:

@@ -156,3 +156,33 @@ def test_cli_attaches_to_an_existing_cluster_and_leaves_it_running(ray_cluster, 
     assert "quality control on Ray actors" in log and ray_cluster.address_info["gcs_address"] in log
     assert ray.cluster_resources().get("CPU") == 2  # the cluster it attached to is still up
     assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
+
+
+@pytest.mark.ray
+def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_path: Path) -> None:
+    """Multi-node (docs/multi-node.md): a head and a worker node on this machine, each with 1 CPU; the job
+    attaches with `ray_address`, its QC actors and stage workers spread over both, bytes equal a local run."""
+    from ray.cluster_utils import Cluster
+
+    from streamprep.ray_cluster import RAY_ENV, stop_and_reap
+
+    os.environ.update(RAY_ENV)  # the head's dashboard serves Xenna's monitor: it needs the raised API limits
+    source = _source(tmp_path, 1500)
+    cfg = base_config([source], None, output={"shard_records": 100})
+    cfg["execution"].update(engine="local", workers=1)
+    run_from_dict(cfg, run_dir=tmp_path / "single", console_log=False)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        cfg["execution"].update(engine="xenna", workers=2, ray_address=cluster.address)
+        cmd, env = _cli(cfg, tmp_path, tmp_path / "multi")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    finally:
+        stop_and_reap(cluster.shutdown)
+    lines = [json.loads(x) for x in (tmp_path / "multi/logs/streamprep.log").read_text().splitlines()]
+    nodes = {x["node"] for x in lines if x["event"] == "shard done"}
+    assert len(nodes) == 2 and None not in nodes, nodes
+    assert tree_hashes(tmp_path / "multi", *OUTPUTS, names=("manifest.json",)) == \
+        tree_hashes(tmp_path / "single", *OUTPUTS, names=("manifest.json",))
