@@ -126,8 +126,8 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str) -> dict[str, Any]:
                    "rejected": rejected, "rejects_by_check": dict((ck.get("stats") or {}).get("rejects_by_check") or {}),
                    "parts": part_index + (1 if part_lines else 0), "bytes": ingest_bytes,
                    "updated_at": ck.get("updated_at") or None},
-        "tokenize": {"shards_planned": planned, "planned_final": done, "shards_done": shards_done, "tokens": tokens,
-                     "documents": docs, "empty_tokens": empty},
+        "tokenize": {"shards_planned": planned, "planned_final": done, "shards_done": shards_done,
+                     "shards_pending": planned - shards_done, "tokens": tokens, "documents": docs, "empty_tokens": empty},
     }
 
 
@@ -167,7 +167,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
 
     totals = {k: sum(d["ingest"][k] for d in datasets.values()) for k in ("read", "kept", "rejected", "bytes")}
     totals.update({k: sum(d["tokenize"][k] for d in datasets.values())
-                   for k in ("shards_planned", "shards_done", "tokens", "empty_tokens")})
+                   for k in ("shards_planned", "shards_done", "shards_pending", "tokens", "empty_tokens")})
+    totals["tokenize_eta_s"] = _tokenize_eta(run_dir, totals["shards_pending"]) if holder is not None else None
     cfg = record.get("config") or {}
     return {
         "run_dir": str(run_dir.resolve()),
@@ -190,6 +191,17 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "totals": totals,
         "outputs": exports,
     }
+
+
+def _tokenize_eta(run_dir: Path, pending: int, recent: int = 20) -> float | None:
+    """Seconds until the sealed shards are tokenized, at the rate of the last `recent` receipts (None: unknown).
+    Parts still to be sealed by ingest are not counted: ingest has its own progress."""
+    if not pending:
+        return 0.0
+    times = sorted(p.stat().st_mtime for p in (run_dir / "receipts").rglob("*.json"))[-recent:]
+    if len(times) < 2 or times[-1] <= times[0]:
+        return None
+    return round(pending * (times[-1] - times[0]) / (len(times) - 1), 1)
 
 
 # ---- human output ---------------------------------------------------------------------------------
@@ -239,8 +251,12 @@ def format_status(st: dict[str, Any]) -> str:
     if len(rows) > 2:
         lines.append("  ".join("-" * w for w in widths))
         lines.append(fmt(rows[-1]))
+    if t["shards_pending"]:
+        eta = t.get("tokenize_eta_s")
+        lines.append(f"tokenize: {t['shards_pending']} sealed part(s) pending"
+                     + (f", ETA {eta:.0f} s at the recent rate" if eta is not None else ""))
     if not all_final:
-        lines.append("(+ = more shards follow when ingest of that dataset finishes)")
+        lines.append("(+ = more shards follow as ingest of that dataset seals parts)")
     out = st["outputs"]
     lines.append("outputs: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in out.items()))
     if st["state"] == "resumable":

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import base_config, english_docs
+from helpers import PHI2, base_config, english_docs
 from streamprep import logs, run_from_dict
 from streamprep.checkpoints import IngestState
 from streamprep.progress import ProgressReporter
@@ -136,12 +136,8 @@ def test_lock_held_by_another_process_then_killed(done_run, tmp_path):
     assert (st["state"], st["resumable_reason"], st["lock"]) == ("resumable", "crashed", None)
 
 
-def test_status_while_a_real_run_is_in_progress(tmp_path):
-    """Poll status during a real `streamprep ingest`: it sees the run (pid), consistent counts, no disturbance."""
-    data = tmp_path / "s.jsonl"
-    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(1000, seed=5)))
-    cfg = base_config([{"name": "s", "path": str(data)}], None, output={"shard_records": 400})
-    cfg["execution"]["batch_records"] = 8
+def _poll_during_run(cfg: dict, tmp_path: Path) -> tuple[list[dict], subprocess.Popen, str, str]:
+    """Run `streamprep ingest` on `cfg` and poll `run_status` until it exits."""
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "run"
@@ -161,6 +157,17 @@ def test_status_while_a_real_run_is_in_progress(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+    return seen, proc, out, err
+
+
+def test_status_while_a_real_run_is_in_progress(tmp_path):
+    """Poll status during a real `streamprep ingest`: it sees the run (pid), consistent counts, no disturbance."""
+    data = tmp_path / "s.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(1000, seed=5)))
+    cfg = base_config([{"name": "s", "path": str(data)}], None, output={"shard_records": 400})
+    cfg["execution"]["batch_records"] = 8
+    run_dir = tmp_path / "run"
+    seen, proc, out, err = _poll_during_run(cfg, tmp_path)
     assert proc.returncode == 0, err[-2000:]
     running = [s for s in seen if s["state"] == "running"]
     assert running, f"never saw the run in progress ({len(seen)} polls)"
@@ -174,6 +181,23 @@ def test_status_while_a_real_run_is_in_progress(tmp_path):
     final = run_status(run_dir)
     assert final["state"] == "complete" and final["datasets"]["s"]["ingest"]["read"] == 1000
     assert "counts add up" in out  # `ingest` ends with the audit summary
+
+
+def test_status_shows_tokenization_advancing_during_ingest(tmp_path, shared_data):
+    """With `tokenizer.path`, sealed parts are tokenized while ingest still runs; status shows it."""
+    data = tmp_path / "s.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(3000, seed=6)))
+    cfg = base_config([{"name": "s", "path": str(data)}], str(shared_data / PHI2), output={"shard_records": 100})
+    cfg["execution"]["batch_records"] = 8
+    seen, proc, _, err = _poll_during_run(cfg, tmp_path)
+    assert proc.returncode == 0, err[-2000:]
+    overlap = [s for s in seen if s["state"] == "running" and not s["datasets"]["s"]["ingest"]["done"]
+               and s["totals"]["shards_done"] > 0]
+    assert overlap, "never saw a tokenized shard while ingest was running"
+    for s in seen:
+        t = s["totals"]
+        assert t["shards_pending"] == t["shards_planned"] - t["shards_done"] >= 0
+    assert "sealed part(s) pending" in format_status(overlap[-1]) or overlap[-1]["totals"]["shards_pending"] == 0
 
 
 # ---- ProgressReporter --------------------------------------------------------------------------------------
@@ -243,15 +267,18 @@ async def test_progress_tty_display_and_shards(tmp_path):
         assert word in out, word
     # tokenization advancing during ingest, shown from a thread: parts sealed / tokenized / pending
     counts = [1, 0]
+    pending = []
     with rep.in_thread():
         rep.watch_shards(lambda: (counts[0], counts[1]))
         for sealed, done in ((2, 0), (3, 1), (4, 2), (4, 4)):
             time.sleep(0.08)
             counts[:] = [sealed, done]
+            pending.append(rep.snapshot()["shards"]["pending"])
         time.sleep(0.15)
+    assert pending == [2, 2, 2, 0]
     snap = rep.snapshot()
     assert snap["phase"] == "ingest" and snap["shards"] == {**snap["shards"], "sealed": 4, "done": 4, "pending": 0}
-    assert "4/4 sealed parts · 0 pending" in buf.getvalue() and "2/3 sealed parts · 1 pending" in buf.getvalue()
+    assert "4/4 sealed parts · 0 pending" in buf.getvalue()
     counts[:] = [5, 2]
     assert "tokenize: 2/5 shards" in rep.final_line()
     assert rep.snapshot()["shards"]["pending"] == 3
