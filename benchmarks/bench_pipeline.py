@@ -1,12 +1,15 @@
 """Throughput of streamprep against the tokenizer's own limit, measured in one run on the same data.
 
-    python benchmarks/bench_pipeline.py [--mb 100] [--repeats 3] [--engine local|xenna] [--workers N]
+    python benchmarks/bench_pipeline.py [--mb 100 | --short-docs 2000000] [--repeats 3] [--engines local,xenna]
+                                        [--workers N] [--only abcd]
 
 (a) raw limit: `Tokenizer.encode_batch_fast` over the texts already in memory, all cores (Rust threads);
 (b) streamprep's tokenization stage alone, over the ingest parts of run (c);
 (c) the whole `streamprep ingest` (ingest + tokenize + exports) with the quality gates off;
 (d) the same with the default quality gates.
-Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tree, and b/a, c/a, d/a.
+Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tree, and b/a, c/a, d/a;
+(c) and (d) once per engine in --engines, with the time to the first finished shard against the time
+ingest takes per part, and each engine's whole-job ratio to the first engine's.
 Each of (b)-(d) runs as its own process; medians over --repeats.
 """
 from __future__ import annotations
@@ -26,7 +29,7 @@ import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import SHARED, build  # noqa: E402
+from corpus import SHARED, build, build_short  # noqa: E402
 
 PHI2 = SHARED / "tokenizers/phi-2/tokenizer.json"
 GATES_OFF = {"dedup": "none", "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
@@ -73,6 +76,18 @@ def raw_limit(corpus: Path) -> dict:
     return {"seconds": secs, "mb": mb, "docs": len(texts), "tokens": n_tokens, "peak": peak}
 
 
+def first_shard(run_dir: Path) -> dict:
+    """From the run log: seconds from the first line to the first `shard done`, and ingest seconds per part."""
+    from datetime import datetime
+
+    lines = [orjson.loads(x) for x in (run_dir / "logs" / "streamprep.log").read_bytes().splitlines()]
+    t = [datetime.fromisoformat(x["timestamp"].replace("Z", "+00:00")).timestamp() for x in lines]
+    first = next(i for i, x in enumerate(lines) if x["event"] == "shard done")
+    ingest = next(x for x in lines if x["event"] == "ingest done")["seconds"]
+    parts = len(list((run_dir / "ingest").rglob("part-*.jsonl")))
+    return {"first_shard_s": t[first] - t[0], "ingest_s_per_part": ingest / max(parts, 1)}
+
+
 def run_cli(cfg: dict, run_dir: Path) -> tuple[float, int]:
     cfg_path = run_dir.with_suffix(".yaml")
     cfg_path.write_text(yaml.safe_dump(cfg))
@@ -114,54 +129,75 @@ def stage_alone(run_dir: Path) -> tuple[dict, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=int, default=100)
+    ap.add_argument("--short-docs", type=int, default=0, help="use N short documents instead of --mb of web text")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--engine", default="local")
+    ap.add_argument("--engines", default="local", help="comma-separated: local,xenna")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--shard-records", type=int, default=5000)
     ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-bench"))
     ap.add_argument("--only", default="abcd", help="which measurements, e.g. 'ac'")
     a = ap.parse_args()
-    corpus = build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
+    corpus = build_short(a.work / f"short_{a.short_docs}.jsonl", a.short_docs) if a.short_docs \
+        else build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
+    engines = a.engines.split(",")
     base = {"run": {"name": "bench"}, "datasets": [{"name": "web", "path": str(corpus)}],
-            "tokenizer": {"path": str(PHI2)}, "output": {"shard_records": 5000},
-            "execution": {"engine": a.engine, "workers": a.workers}}
-    results: dict[str, list] = {k: [] for k in "abcd"}
+            "tokenizer": {"path": str(PHI2)}, "output": {"shard_records": a.shard_records},
+            "execution": {"workers": a.workers}}
+    keys = ["a", "b"] + [f"{k}:{e}" for e in engines for k in "cd"]
+    results: dict[str, list] = {k: [] for k in keys}
     rss: dict[str, int] = {}
     for r in range(a.repeats):
         if "a" in a.only:
             results["a"].append(raw_limit(corpus))
-        for key, quality in (("c", GATES_OFF), ("d", {})):
-            if key not in a.only and not (key == "c" and "b" in a.only):
-                continue
-            run_dir = a.work / f"run_{key}_{r}"
-            subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-            secs, peak = run_cli({**base, "quality": quality}, run_dir)
-            phases = json.loads((run_dir / "run.json").read_text())["timings"]
-            results[key].append({"seconds": secs, "phases": phases})
-            rss[key] = max(rss.get(key, 0), peak)
-            if key == "c" and "b" in a.only:
-                stage, peak_b = stage_alone(run_dir)
-                results["b"].append(stage)
-                rss["b"] = max(rss.get("b", 0), peak_b)
+        for engine in engines:
+            for key, quality in (("c", GATES_OFF), ("d", {})):
+                if key not in a.only and not (key == "c" and "b" in a.only):
+                    continue
+                run_dir = a.work / f"run_{key}_{engine}_{r}"
+                subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+                cfg = {**base, "quality": quality, "execution": {**base["execution"], "engine": engine}}
+                secs, peak = run_cli(cfg, run_dir)
+                phases = json.loads((run_dir / "run.json").read_text())["timings"]
+                results[f"{key}:{engine}"].append({"seconds": secs, "phases": phases, **first_shard(run_dir)})
+                rss[f"{key}:{engine}"] = max(rss.get(f"{key}:{engine}", 0), peak)
+                if key == "c" and "b" in a.only and engine == engines[0]:
+                    stage, peak_b = stage_alone(run_dir)
+                    results["b"].append(stage)
+                    rss["b"] = max(rss.get("b", 0), peak_b)
+    report(a, corpus, results, rss, engines)
+
+
+def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: dict[str, int],
+           engines: list[str]) -> None:
     ref = results["a"][0] if results["a"] else raw_limit(corpus)
     mb, docs, tokens = ref["mb"], ref["docs"], ref["tokens"]
     med = {k: statistics.median(x["seconds"] for x in v) for k, v in results.items() if v}
     names = {"a": "raw encode_batch (limit)", "b": "tokenization stage", "c": "ingest, gates off",
              "d": "ingest, default gates"}
-    print(f"corpus: {corpus} ({mb:.1f} MB, {docs} docs, {tokens} tokens); engine={a.engine} workers={a.workers}; "
-          f"median of {a.repeats}")
-    print(f"{'measurement':28} {'s':>8} {'MB/s':>7} {'docs/s':>8} {'tokens/s':>10} {'peak RSS MB':>11} {'ratio':>6}")
+    print(f"corpus: {corpus} ({mb:.1f} MB, {docs} docs, {tokens} tokens); engines={engines} workers={a.workers}; "
+          f"median of {a.repeats}; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'measurement':36} {'s':>8} {'MB/s':>7} {'docs/s':>8} {'tokens/s':>10} {'peak RSS MB':>11} {'ratio':>6}")
     if results["a"]:
         rss["a"] = max(x["peak"] for x in results["a"])
     for k, secs in med.items():
         ratio = med["a"] / secs if "a" in med else float("nan")
-        peak = rss.get(k, 0) / 1e6
-        print(f"{names[k]:28} {secs:8.2f} {mb / secs:7.2f} {docs / secs:8.0f} {tokens / secs:10.0f} "
-              f"{peak:11.0f} {ratio:6.2f}")
-
-    for k in "cd":
-        if results[k]:
-            phases = {p: statistics.median(x["phases"].get(p, 0.0) for x in results[k]) for p in results[k][0]["phases"]}
-            print(f"{names[k]} phases (s, median): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items()))
+        name = names[k[0]] + (f" [{k[2:]}]" if ":" in k else "")
+        print(f"{name:36} {secs:8.2f} {mb / secs:7.2f} {docs / secs:8.0f} {tokens / secs:10.0f} "
+              f"{rss.get(k, 0) / 1e6:11.0f} {ratio:6.2f}")
+    for k, runs in results.items():
+        if ":" not in k or not runs:
+            continue
+        phases = {p: statistics.median(x["phases"].get(p, 0.0) for x in runs) for p in runs[0]["phases"]}
+        first = statistics.median(x["first_shard_s"] for x in runs)
+        per_part = statistics.median(x["ingest_s_per_part"] for x in runs)
+        print(f"{names[k[0]]} [{k[2:]}] phases (s, median): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items())
+              + f"; first shard after {first:.2f} s = {first / per_part:.2f} x ingest time per part ({per_part:.2f} s)")
+    for key in "cd":
+        if f"{key}:{engines[0]}" in med:
+            for e in engines[1:]:
+                print(f"{names[key]}: {e} whole job = {med[f'{key}:{engines[0]}'] / med[f'{key}:{e}']:.2f} x "
+                      f"{engines[0]} throughput; peak tree RSS {rss[f'{key}:{e}'] / 1e9:.2f} GB vs "
+                      f"{rss[f'{key}:{engines[0]}'] / 1e9:.2f} GB")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,23 @@ def build(out: Path, megabytes: int, shared: Path = SHARED) -> Path:
     return out
 
 
+def build_short(out: Path, n_docs: int, shared: Path = SHARED) -> Path:
+    """`n_docs` short documents (one to three real sentences, ≈ 400 bytes), all distinct: the many-small-
+    records shape where per-record costs (QC, JSON, index entries) dominate. Deterministic."""
+    if out.exists():
+        return out
+    sentences = [s for d in base_documents(shared) for s in SENTENCE.split(d) if len(s) > 20]
+    tmp = out.with_suffix(".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as fh:
+        for i in range(n_docs):
+            j = (i * 7919) % len(sentences)
+            text = " ".join(sentences[j:j + 1 + i % 3]) + f" ({i})"
+            fh.write(orjson.dumps({"text": text}) + b"\n")
+    tmp.replace(out)
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--mb", type=int, default=100)
