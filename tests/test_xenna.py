@@ -186,3 +186,18 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
     assert len(nodes) == 2 and None not in nodes, nodes
     assert tree_hashes(tmp_path / "multi", *OUTPUTS, names=("manifest.json",)) == \
         tree_hashes(tmp_path / "single", *OUTPUTS, names=("manifest.json",))
+
+
+def test_local_engine_imports_neither_ray_nor_xenna(tmp_path: Path) -> None:
+    """`engine: local` is the whole job without Ray: a fresh interpreter runs one through the engine
+    registry and never imports `ray` or `cosmos_xenna`."""
+    cfg = base_config([_source(tmp_path, 300)], None, output={"shard_records": 100})
+    script = ("import sys, json; from streamprep import run_from_dict\n"
+              "if __name__ == '__main__':\n"
+              f"    run_from_dict(json.loads({json.dumps(json.dumps(cfg))}), run_dir={str(tmp_path / 'run')!r}, "
+              "console_log=False)\n"
+              "    print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'cosmos_xenna'))))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+    assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
