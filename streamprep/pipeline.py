@@ -19,7 +19,9 @@ from streamprep import __version__, atomic, config as configmod, logs
 from streamprep.checkpoints import DatasetFiles, IngestState
 from streamprep.config import ConfigError
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
-from streamprep import tokenizer as tokmod
+from streamprep import engines, tokenizer as tokmod
+from streamprep.engines import Engine
+from streamprep.feeder import ShardFeeder
 from streamprep.lock import LOCK_NAME, RunLock, RunLocked
 from streamprep.shards import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
 from streamprep.tokenizer import TokenizerInfo
@@ -200,9 +202,11 @@ class Job:
         self.signals.install()
         try:  # our handlers stay installed until the audit is written (a late signal is handled too)
             try:
-                with self.reporter.in_thread():
-                    states, tasks, results, info = self._ingest_and_tokenize()
-                summary = self._timed("exports", lambda: self._exports(tasks, states, info))
+                with self._engine() as engine:  # a long-lived engine comes up while ingest starts
+                    with self.reporter.in_thread():
+                        states, tasks, results, info = self._ingest_and_tokenize(engine)
+                    engine.stop()  # Xenna and its Ray cluster wind down while the exports are written
+                    summary = self._timed("exports", lambda: self._exports(tasks, states, info))
                 summary["tokenize"] = results
                 if (training := tokmod.training_report(self.run_dir)) is not None:
                     summary["tokenizer_training"] = training
@@ -223,26 +227,25 @@ class Job:
         return RunResult(self.run_dir, "complete", summary)
 
     # -- stages ------------------------------------------------------------------------------
-    def _ingest_and_tokenize(self) -> tuple[dict[str, IngestState], list[ShardTask], dict[str, Any], TokenizerInfo]:
-        """Ingest with the engine already up: each sealed part is tokenized while ingest goes on."""
-        from streamprep import engines
-        from streamprep.feeder import ShardFeeder
-
+    def _engine(self) -> Engine:
         ex = self.cfg["execution"]
-        engine = engines.create(ex, ex["workers"] or os.cpu_count() or 1)
-        with engine:  # a long-lived engine (Xenna) comes up in the background while ingest starts
-            info = self._timed("tokenizer", self._given_tokenizer)
-            feeder = ShardFeeder(engine, self._task, {d["name"]: self._files(d["name"]) for d in self.cfg["datasets"]},
-                                 info, self._train_tokenizer, self._sample_ready())
-            self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
-            try:
-                states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint))
-                self.reporter.phase = "tokenize"
-                info = self._timed("tokenizer", lambda: feeder.finish(states))
-                tasks = self._plan(states, info)
-                results = self._timed("tokenize", lambda: self._tokenize(engine, feeder, tasks))
-            finally:
-                feeder.close()
+        return engines.create(ex, ex["workers"] or os.cpu_count() or 1)
+
+    def _ingest_and_tokenize(self, engine: Engine) -> tuple[dict[str, IngestState], list[ShardTask], dict[str, Any],
+                                                            TokenizerInfo]:
+        """Ingest with the engine already up: each sealed part is tokenized while ingest goes on."""
+        info = self._timed("tokenizer", self._given_tokenizer)
+        feeder = ShardFeeder(engine, self._task, {d["name"]: self._files(d["name"]) for d in self.cfg["datasets"]},
+                             info, self._train_tokenizer, self._sample_ready())
+        self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
+        try:
+            states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint))
+            self.reporter.phase = "tokenize"
+            info = self._timed("tokenizer", lambda: feeder.finish(states))
+            tasks = self._plan(states, info)
+            results = self._timed("tokenize", lambda: self._tokenize(engine, feeder, tasks))
+        finally:
+            feeder.close()
         return states, tasks, results, info
 
     def _ingest(self, on_checkpoint: Callable[[IngestState], None]) -> dict[str, IngestState]:
@@ -309,7 +312,7 @@ class Job:
     def _plan(self, states: dict[str, IngestState], info: TokenizerInfo) -> list[ShardTask]:
         return [self._task(name, p, info) for name, parts in self._parts(states).items() for p in parts]
 
-    def _tokenize(self, engine: Any, feeder: Any, tasks: list[ShardTask]) -> dict[str, Any]:
+    def _tokenize(self, engine: Engine, feeder: ShardFeeder, tasks: list[ShardTask]) -> dict[str, Any]:
         """Wait for the shards still running; every planned shard must have been handed to the engine."""
         unsent = [t for t in tasks if (t.dataset, t.part) not in feeder.tasks]
         if unsent:

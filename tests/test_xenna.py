@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -171,7 +172,11 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
     cfg = base_config([source], None, output={"shard_records": 100})
     cfg["execution"].update(engine="local", workers=1)
     run_from_dict(cfg, run_dir=tmp_path / "single", console_log=False)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True})
+    with socket.socket() as s:  # the session fixture's cluster may hold the default dashboard port
+        s.bind(("127.0.0.1", 0))
+        dashboard_port = s.getsockname()[1]
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port})
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()

@@ -37,7 +37,11 @@ class Engine(ABC):
         """Block until every submitted task has a result; raises the first task failure."""
 
     def stop(self) -> None:
-        """Release workers and clusters; safe to call twice and after a failure."""
+        """Ask the engine to wind down once its submitted work is drained; returns at once, so a
+        long-lived engine's shutdown overlaps the exports. Safe to call twice and after a failure."""
+
+    def join(self) -> None:
+        """Wait until `stop` has released every worker and cluster."""
 
     def run(self, tasks: Iterable[ShardTask]) -> list[Result]:
         for task in tasks:
@@ -58,3 +62,4 @@ class Engine(ABC):
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+        self.join()

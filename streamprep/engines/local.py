@@ -35,4 +35,7 @@ class LocalEngine(Engine):
         return results
 
     def stop(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def join(self) -> None:
+        self._pool.shutdown(wait=True)

@@ -34,6 +34,7 @@ class XennaEngine(Engine):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.started_at: float | None = None
+        self._stopping: float | None = None
         self.ready_at: float | None = None
 
     def start(self) -> None:
@@ -98,12 +99,17 @@ class XennaEngine(Engine):
         return out
 
     def stop(self) -> None:
-        if self._thread is not None:
-            t0 = time.monotonic()
-            self._source.put(None)  # Xenna's end-of-serving signal
-            self._thread.join(timeout=STOP_WAIT_S)
-            if self._thread.is_alive():
-                log.warning("xenna stage did not stop in time; leaving it to process exit", seconds=STOP_WAIT_S)
-            else:
-                log.info("xenna stage stopped", seconds=round(time.monotonic() - t0, 2))
-            self._thread = None
+        if self._thread is not None and not self._stopping:
+            self._stopping = time.monotonic()
+            self._source.put(None)  # Xenna's end-of-serving signal; its thread then shuts Ray down
+
+    def join(self) -> None:
+        if self._thread is None:
+            return
+        self._thread.join(timeout=STOP_WAIT_S)
+        if self._thread.is_alive():
+            log.warning("xenna stage did not stop in time; leaving it to process exit", seconds=STOP_WAIT_S)
+        else:
+            log.info("xenna stage and its Ray cluster stopped",
+                     seconds=round(time.monotonic() - (self._stopping or time.monotonic()), 2))
+        self._thread = None
