@@ -118,13 +118,19 @@ def test_directory_with_unsupported_and_special_files_rejects_each_by_name(tmp_p
     (tmp_path / "a.jsonl").write_bytes(_head(5))
     (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
     os.mkfifo(tmp_path / "pipe.jsonl")  # opening it would block forever
+    zst = b"(\xb5/\xfd" + b"\x00" * 20
+    (tmp_path / "z.jsonl.zst").write_bytes(zst)
     items = _items(tmp_path)
     good, bad = _split(items)
     assert good == RECORDS[:5]
-    reasons = [b.reason for b in bad]  # in file order: a.jsonl, notes.csv, pipe.jsonl
-    assert len(reasons) == 2
+    reasons = [b.reason for b in bad]  # in file order: a.jsonl, notes.csv, pipe.jsonl, z.jsonl.zst
+    assert len(reasons) == 3
     assert "notes.csv: unknown file type" in reasons[0] and "unsupported file" in reasons[0]
     assert "pipe.jsonl is not a regular file" in reasons[1]
+    import fsspec
+
+    if fsspec.utils.infer_compression("x.zst") is None:  # without zstandard: not read as garbage text
+        assert "z.jsonl.zst: .zst compression is not available" in reasons[2]
     assert _items(tmp_path / "*") == items  # a glob lists them too
     assert _bounded(lambda: LocalSource({"path": str(tmp_path), "format": None}).fingerprint())["files"][2] == \
         {"path": str(tmp_path / "pipe.jsonl"), "special": True}

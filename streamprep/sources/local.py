@@ -41,6 +41,8 @@ ENVIRONMENT_FAULTS = (FileNotFoundError, PermissionError, IsADirectoryError, Not
 def detect_format(path: str) -> str:
     name = path.lower()
     for suffix in (".gz", ".bz2", ".xz", ".zst"):
+        if name.endswith(suffix) and _compression(path) is None:  # else its compressed bytes would be read as text
+            raise ValueError(f"{path}: {suffix} compression is not available (for .zst: pip install zstandard)")
         name = name.removesuffix(suffix)
     if name.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
