@@ -336,6 +336,16 @@ def _cli(cfg: dict, tmp_path: Path, run: Path) -> subprocess.Popen:
                             text=True, env=_env(), cwd=tmp_path)
 
 
+def _finish(proc: subprocess.Popen, timeout: float) -> str:
+    """stderr once the process exits; killed (not left hanging) when it overruns `timeout`."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
 def test_cli_on_a_hostile_directory_completes_with_each_bad_file_named(tmp_path: Path) -> None:
     data = tmp_path / "in"
     data.mkdir()
@@ -349,7 +359,7 @@ def test_cli_on_a_hostile_directory_completes_with_each_bad_file_named(tmp_path:
     cfg = base_config([{"name": "web", "path": str(data)}], None)
     run = tmp_path / "run"
     proc = _cli(cfg, tmp_path, run)
-    _, err = proc.communicate(timeout=300)
+    err = _finish(proc, 300)
     assert proc.returncode == 0, err[-3000:]
     ck = json.loads((run / "checkpoints" / "web.json").read_text())
     rejects = [json.loads(line) for line in (run / "rejects" / "web.jsonl").read_text().splitlines()]
@@ -360,7 +370,7 @@ def test_cli_on_a_hostile_directory_completes_with_each_bad_file_named(tmp_path:
     assert len(reasons) == 3 and ck["done"] and ck["kept"] + ck["rejected"] == ck["consumed"]
     assert ck["consumed"] > 200 + 3  # a.jsonl whole (its BOM is no parse error) and most of b.jsonl.gz
     again = _cli(cfg, tmp_path, run)  # re-running the finished run does not hang either
-    _, err = again.communicate(timeout=120)
+    err = _finish(again, 120)
     assert again.returncode == 0, err[-3000:]
 
 
@@ -397,7 +407,7 @@ def test_sigterm_stops_the_job_within_seconds_while_a_read_is_stalled(tmp_path: 
         time.sleep(0.3)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=15)
+        err = _finish(proc, 15)
         took = time.monotonic() - t0
     finally:
         if proc.poll() is None:
