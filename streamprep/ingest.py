@@ -27,7 +27,7 @@ from streamprep import logs, stats
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import ConfigError
 from streamprep.sources import BadRecord, open_source
-from streamprep.sources.base import SourceError, input_change
+from streamprep.sources.base import SourceError, input_change, one_line
 
 log = logs.get("ingest")
 REJECT_EXCERPT = 2000
@@ -253,7 +253,7 @@ class DatasetIngest:
                 if isinstance(got, (SourceError, ConfigError)):
                     raise got
                 raise SourceError(f"dataset {self.ds['name']}: reading the input failed after item {state.consumed}: "
-                                  f"{type(got).__name__}: {got}".splitlines()[0]) from got
+                                  f"{one_line(got)}") from got
             if got is None:
                 state.done = True
                 await asyncio.to_thread(save, self.files, state)

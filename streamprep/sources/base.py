@@ -25,6 +25,12 @@ class SourceError(RuntimeError):
     """
 
 
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, for reject reasons and one-line errors."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
 def input_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     """How the input identity `new` differs from the recorded `old`, naming the file; None if equal."""
     if old == new:

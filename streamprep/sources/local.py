@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from streamprep.sources.base import BadRecord, SourceError
+from streamprep.sources.base import BadRecord, SourceError, one_line
 
 EXCERPT = 300
 PARQUET_BATCH = 1024
@@ -69,11 +69,6 @@ def _compression(path: str) -> str | None:
     return fsspec.utils.infer_compression(path)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
-
-
 def _content_fault(exc: Exception) -> bool:
     if isinstance(exc, OSError):  # gzip/bz2/pyarrow decode errors are OSErrors without an errno
         return exc.errno is None and not isinstance(exc, ENVIRONMENT_FAULTS)
@@ -106,11 +101,11 @@ def identity(path: str) -> dict[str, Any]:
             h.update(fh.read(HEAD_TAIL_BYTES))
             fh.seek(size - HEAD_TAIL_BYTES)
             h.update(fh.read(HEAD_TAIL_BYTES))
-        mtime = info.get("mtime") or info.get("LastModified") or info.get("mtime_ns")
+        mtime = info.get("mtime") or info.get("LastModified")  # local / s3-style listings
         return {"path": path, "size": size, "mtime": str(mtime) if mtime is not None else None,
                 "sha256_head_tail": h.hexdigest()[:32]}
     except OSError as exc:
-        raise SourceError(f"cannot read input file {path}: {_one_line(exc)}") from exc
+        raise SourceError(f"cannot read input file {path}: {one_line(exc)}") from exc
 
 
 class LocalSource:
@@ -154,8 +149,8 @@ class LocalSource:
         except Exception as exc:
             where = f"{path} after record {record}"
             if not _content_fault(exc):
-                raise SourceError(f"cannot read input file {where}: {_one_line(exc)}") from exc
-            yield BadRecord(f"unreadable rest of {where}, skipped: {_one_line(exc)}", ""), nxt
+                raise SourceError(f"cannot read input file {where}: {one_line(exc)}") from exc
+            yield BadRecord(f"unreadable rest of {where}, skipped: {one_line(exc)}", ""), nxt
 
     def _lines(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         comp = _compression(path)
