@@ -14,6 +14,8 @@ import copy
 import dataclasses
 import os
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ class IngestState:
     part_start: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.time)
     updated_at: float = 0.0
+    inputs: dict[str, Any] | None = None  # the source's identity (file sizes/hashes), checked on resume
 
     def sealed_parts(self) -> int:
         """Parts that are complete and checkpointed: every part before the open one, and the last part once
@@ -55,17 +58,23 @@ class IngestState:
     def snapshot(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("part_start")
+        d.pop("inputs")  # constant for the run; not copied into every part_start
         return copy.deepcopy(d)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": VERSION, **dataclasses.asdict(self)}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "IngestState":
+    def from_json(cls, d: Any) -> "IngestState":
+        if not isinstance(d, dict):
+            raise ValueError(f"a JSON {type(d).__name__}, not an object")
         if d.get("version") != VERSION:
             raise ValueError(f"unsupported checkpoint version {d.get('version')}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        hints = typing.get_type_hints(cls)
+        for k, v in d.items():
+            if k in hints and not _has_type(v, hints[k]):
+                raise ValueError(f"'{k}' is a {type(v).__name__} ({str(v)[:40]})")
+        return cls(**{k: v for k, v in d.items() if k in hints})
 
     @classmethod
     def from_snapshot(cls, snap: dict[str, Any]) -> "IngestState":
@@ -103,6 +112,22 @@ class DatasetFiles:
 
     def parts(self) -> list[Path]:
         return sorted(self.ingest_dir.glob("part-*.jsonl")) if self.ingest_dir.is_dir() else []
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """isinstance against a field annotation (`int`, `dict[str, Any] | None`, ...); an int is a float too."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for t in options:
+        t = typing.get_origin(t) or t
+        if t is type(None):
+            ok = value is None
+        elif t is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, t) and not (t is int and isinstance(value, bool))
+        if ok:
+            return True
+    return False
 
 
 def save(files: DatasetFiles, state: IngestState) -> None:
@@ -158,7 +183,7 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
         return _fresh(files.dataset)
     try:
         state = IngestState.from_json(orjson.loads(files.checkpoint.read_bytes()))
-    except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
+    except (orjson.JSONDecodeError, ValueError, TypeError) as exc:  # also a wrong shape (IngestState.from_json)
         log.warning("unreadable checkpoint, restarting dataset from scratch", dataset=files.dataset,
                     checkpoint=str(files.checkpoint), error=str(exc)[:200])
         _clear(files)
@@ -173,7 +198,9 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
     elif size < state.part_bytes or (state.part_bytes and not _ends_with_newline(part)):
         log.warning("part is shorter than checkpointed or torn: rebuilding it from its start", dataset=files.dataset,
                     part=part.name, size=max(size, 0), checkpoint_bytes=state.part_bytes)
+        inputs = state.inputs
         state = IngestState.from_snapshot(state.part_start or _fresh(files.dataset).snapshot())
+        state.inputs = inputs
         part.unlink(missing_ok=True)
     for extra in files.parts():
         if int(extra.stem.split("-")[1]) > state.part_index:

@@ -220,8 +220,19 @@ def _check_local_path(key: str, path: str) -> None:
             raise ConfigError(f"config: '{key}': no file matches {path}")
     elif not Path(path).exists():
         raise ConfigError(f"config: '{key}': no such file or directory: {path}")
+    elif not (Path(path).is_file() or Path(path).is_dir()):  # reading a FIFO/device blocks and cannot resume
+        raise ConfigError(f"config: '{key}': {path} is not a regular file or directory (a FIFO, socket or device)")
     elif Path(path).is_dir() and not expand(path):
         raise ConfigError(f"config: '{key}': directory has no input files: {path}")
+
+
+def _check_format(key: str, path: str) -> None:
+    from streamprep.sources.local import detect_format
+
+    try:
+        detect_format(path)
+    except ValueError as exc:
+        raise ConfigError(f"config: '{key}': {exc}") from None
 
 
 def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
@@ -267,6 +278,8 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
                 raise
             skipped.append(ds["name"])
             continue
+        if ds["format"] is None and Path(ds["path"]).is_file():  # a directory's odd files are rejects instead
+            _check_format(f"{key}.path", ds["path"])
         ds["blend_split"] = split
         out.append(ds)
     if not out:

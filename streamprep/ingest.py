@@ -25,12 +25,14 @@ import orjson
 from quality import DedupIndex, QualityControl, Verdict
 from streamprep import logs, stats
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
+from streamprep.config import ConfigError
 from streamprep.sources import BadRecord, open_source
+from streamprep.sources.base import SourceError, input_change, one_line
 
 log = logs.get("ingest")
 REJECT_EXCERPT = 2000
 SOURCE_KEYS = ("id", "url", "license", "licence")
-STOPPED = object()  # reader -> writer: a stop was requested (None means the source is exhausted)
+STOP = object()  # what the writer gets instead of a batch once a stop is requested
 
 # ---- QC in worker processes ------------------------------------------------------------------
 _WORKER_CFG: dict[str, Any] = {}
@@ -158,8 +160,13 @@ class DatasetIngest:
             return state
         dedup = DedupIndex.from_bytes(self.files.dedup.read_bytes()) if self.files.dedup.exists() else DedupIndex()
         source = open_source(self.ds, self.ctx.hf_cache, self.ctx.cfg["execution"]["max_concurrent_downloads"])
-        if hasattr(source, "prefetch"):
-            await asyncio.to_thread(source.prefetch)
+        if hasattr(source, "prefetch") and await self._blocking(source.prefetch) is STOP:
+            return state
+        if not self.ds["path"].startswith("hf://"):  # hf:// pins its commit in the position itself
+            inputs = await self._blocking(source.fingerprint)
+            if inputs is STOP:
+                return state
+            self._check_inputs(state, inputs)
         for d in (self.files.ingest_dir, self.files.rejects.parent):
             d.mkdir(parents=True, exist_ok=True)
         it = source.iter_records(state.position)
@@ -172,13 +179,28 @@ class DatasetIngest:
             await asyncio.gather(reader, return_exceptions=True)
             while not queue.empty():  # drop batches read ahead; the checkpoint does not include them
                 item = queue.get_nowait()
-                if item is not None and item is not STOPPED:
+                if isinstance(item, tuple):
                     item[1].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
         return state
 
+    def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:
+        """Refuse to resume over changed input files (positions are byte offsets into them); record them."""
+        why = input_change(state.inputs, inputs) if state.consumed and state.inputs is not None else None
+        if why:
+            raise ConfigError(f"dataset {self.ds['name']}: {why} since this run started; resuming would mix old "
+                              f"and new data — restore the file, or start over with a new --run-dir")
+        state.inputs = inputs
+
     async def _read(self, it: Iterator, consumed: int, queue: asyncio.Queue) -> None:
+        """Batches in source order, then None; a source that raises ends the queue with its exception."""
+        try:
+            await self._read_batches(it, consumed, queue)
+        except Exception as exc:
+            await queue.put(exc)
+
+    async def _read_batches(self, it: Iterator, consumed: int, queue: asyncio.Queue) -> None:
         loop = asyncio.get_running_loop()
         cap = self.ds["max_records"]
         while not self.ctx.stop.is_set():
@@ -194,7 +216,6 @@ class DatasetIngest:
             else:
                 records = [rec for rec, _ in items if not isinstance(rec, BadRecord)]
             await queue.put((items, self.qc.submit(self.ds["text_field"], records)))
-        await queue.put(STOPPED)  # wakes a writer waiting for the next batch
 
     def _sft_item(self, rec: Any) -> tuple[Any, Any]:
         """(original record, what QC judges) — or (BadRecord, None) when the record does not fit `sft:`."""
@@ -205,11 +226,34 @@ class DatasetIngest:
             return BadRecord(f"sft: {why}", _excerpt(rec, self.ds["text_field"]), check="schema"), None
         return rec, {**rec, self.ds["text_field"]: text}
 
+    async def _or_stop(self, aw: Any) -> Any:
+        """`aw`'s result, or STOP as soon as a stop is requested (even while a read or download is stalled)."""
+        work = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.ctx.stop.wait())
+        try:
+            await asyncio.wait((work, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            done = work.done()
+            if not done:
+                work.cancel()  # a cancelled queue.get() takes no item
+        return work.result() if done else STOP
+
+    async def _blocking(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` in a reader thread, or STOP on a stop request; a stalled thread is left behind (its pool is
+        not waited for), so a signal stops the job within seconds."""
+        return await self._or_stop(asyncio.get_running_loop().run_in_executor(self.reader_pool, fn))
+
     async def _write(self, state: IngestState, dedup: DedupIndex, queue: asyncio.Queue) -> None:
         while not self.ctx.stop.is_set():
-            got = await queue.get()
-            if got is STOPPED:
+            got = await self._or_stop(queue.get())
+            if got is STOP:
                 return
+            if isinstance(got, Exception):  # everything read before it is written and checkpointed
+                if isinstance(got, (SourceError, ConfigError)):
+                    raise got
+                raise SourceError(f"dataset {self.ds['name']}: reading the input failed after item {state.consumed}: "
+                                  f"{one_line(got)}") from got
             if got is None:
                 state.done = True
                 await self._save(state)
@@ -325,10 +369,13 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
         else QCRunner(ctx.cfg["quality"], workers)
     reader_pool = ThreadPoolExecutor(max(1, len(ctx.cfg["datasets"])), thread_name_prefix="reader")
     t0 = time.monotonic()
+    jobs = [asyncio.ensure_future(DatasetIngest(ds, ctx, qc, reader_pool).run()) for ds in ctx.cfg["datasets"]]
     try:
-        jobs = [DatasetIngest(ds, ctx, qc, reader_pool).run() for ds in ctx.cfg["datasets"]]
         results = await asyncio.gather(*jobs)
     finally:
+        for job in jobs:  # after one dataset failed, the others stop too (checkpoints never run ahead)
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
         reader_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(qc.close)
     log.info("ingest done", seconds=round(time.monotonic() - t0, 3), stopped=ctx.stop.is_set())

@@ -122,7 +122,7 @@ def _preflight(cfg: dict[str, Any], run_dir: Path, fresh: bool) -> dict[str, Any
     run_json = run_dir / "run.json"
     if not run_json.exists():
         return None
-    previous = atomic.read_json(run_json)
+    previous = _read_run_json(run_json)
     status = previous.get("status")
     if status == "failed" and not _wrote_outputs(run_dir, Path(previous.get("checkpoint_dir") or run_dir)):
         log.info("previous attempt failed before writing any output; starting afresh", run_dir=str(run_dir))
@@ -133,6 +133,20 @@ def _preflight(cfg: dict[str, Any], run_dir: Path, fresh: bool) -> dict[str, Any
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
                           f"use a new --run-dir (with --fresh) to start over")
     return previous
+
+
+def _read_run_json(path: Path) -> dict[str, Any]:
+    """The previous run's record; unreadable or of the wrong shape is a ConfigError saying what to do."""
+    try:
+        record = atomic.read_json(path)
+        why = None if isinstance(record, dict) and isinstance(record.get("config"), dict) \
+            and isinstance(record["config"].get("run"), dict) else "no 'config' mapping in it"
+    except (OSError, ValueError) as exc:
+        why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if why:
+        raise ConfigError(f"{path} is unreadable ({why}); it records the config this run started with — delete it "
+                          f"to resume anyway (only with the same config), or use a new --run-dir")
+    return record
 
 
 def run_from_dict(raw: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = False,

@@ -17,6 +17,38 @@ class BadRecord:
     check: str = "parse"  # the failed_check it is counted under
 
 
+class SourceError(RuntimeError):
+    """An input that cannot be read for a reason outside its bytes (vanished, permission, I/O error).
+
+    Unlike a corrupt file (a reject), this would not happen again on a clean re-run, so the job stops
+    (exit 1) naming the file; re-running the command resumes from the last checkpoint.
+    """
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, for reject reasons and one-line errors."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+def input_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """How the input identity `new` differs from the recorded `old`, naming the file; None if equal."""
+    if old == new:
+        return None
+    before = {f.get("path"): f for f in old.get("files") or []}
+    after = {f.get("path"): f for f in new.get("files") or []}
+    for path, f in before.items():
+        if path not in after:
+            return f"input file {path} is gone"
+        if after[path] != f:
+            what = ", ".join(k for k in sorted(set(f) | set(after[path])) if f.get(k) != after[path].get(k))
+            return f"input file {path} changed ({what})"
+    added = [p for p in after if p not in before]
+    if added:
+        return f"input file {added[0]} is new"
+    return "input changed (" + ", ".join(k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)) + ")"
+
+
 class Source(Protocol):
     """A stream of records from one dataset entry of the config.
 

@@ -1,0 +1,420 @@
+"""Hostile inputs and faults (issue #13 items 1 and 6): a source that fails never hangs the job, a signal always
+stops it, a changed input is noticed on resume, damaged run records give a one-line message.
+
+Every test is bounded (thread join, asyncio.wait_for or subprocess timeout): a regression fails, never hangs."""
+from __future__ import annotations
+
+import asyncio
+import bz2
+import gzip
+import http.server
+import json
+import lzma
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from helpers import base_config, english_docs
+from streamprep import run_from_dict
+from streamprep.checkpoints import DatasetFiles, load_and_repair
+from streamprep.config import ConfigError, validate
+from streamprep.ingest import IngestContext, ingest_all
+from streamprep.sources.base import BadRecord, SourceError, input_change
+from streamprep.sources.local import FULL_HASH_BYTES, LocalSource
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDS = [{"text": f"record number {i} " + "filler " * (i % 40), "id": i} for i in range(3000)]
+JSONL = "".join(json.dumps(r) + "\n" for r in RECORDS).encode()
+def _head(k: int) -> bytes:
+    """The first k lines of JSONL (RECORDS[:k])."""
+    return b"".join(JSONL.splitlines(keepends=True)[:k])
+
+
+COMPRESS: dict[str, Callable[[bytes], bytes]] = {
+    "gz": lambda b: gzip.compress(b, mtime=0), "bz2": lambda b: bz2.compress(b, 1), "xz": lzma.compress}
+
+
+def _bounded(fn: Callable[[], Any], timeout: float = 20) -> Any:
+    """fn() in a daemon thread; fails the test (instead of hanging it) when it takes longer than `timeout`."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            out["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"still running after {timeout}s (a hang)"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _items(path: Path | str, start: dict | None = None, fmt: str | None = None) -> list[tuple[Any, dict]]:
+    return _bounded(lambda: list(LocalSource({"path": str(path), "format": fmt}).iter_records(start)))
+
+
+def _split(items: list) -> tuple[list, list[BadRecord]]:
+    return [r for r, _ in items if not isinstance(r, BadRecord)], [r for r, _ in items if isinstance(r, BadRecord)]
+
+
+# ---- readers: an unreadable rest is one reject naming the file and position; the next file goes on ----------
+@pytest.mark.parametrize("ext", sorted(COMPRESS))
+def test_truncated_compressed_file_keeps_what_was_read_then_one_reject(tmp_path: Path, ext: str) -> None:
+    packed = COMPRESS[ext](JSONL)
+    (tmp_path / f"a.jsonl.{ext}").write_bytes(packed[: len(packed) * 2 // 3])
+    (tmp_path / "b.jsonl").write_bytes(_head(30))
+    after = RECORDS[:30]
+    items = _items(tmp_path)
+    good, bad = _split(items)
+    k = len(good) - len(after)
+    assert 0 < k < len(RECORDS) and good == RECORDS[:k] + after  # a prefix of the file, then the next file
+    assert len(bad) == 1 and isinstance(items[k][0], BadRecord)
+    assert f"a.jsonl.{ext} after record {k}" in bad[0].reason and "EOFError" in bad[0].reason
+    # a resume before the damage meets the same reject; one after it goes on with the next file
+    assert _items(tmp_path, items[k - 5][1]) == items[k - 4:]
+    assert _split(_items(tmp_path, items[k][1])) == (after, [])
+
+
+def test_gz_that_is_not_gzip_is_one_reject(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl.gz").write_bytes(_head(8))
+    (tmp_path / "b.jsonl").write_bytes(_head(5))
+    good, bad = _split(_items(tmp_path))
+    assert good == RECORDS[:5]
+    assert len(bad) == 1 and "a.jsonl.gz after record 0" in bad[0].reason and "Not a gzipped file" in bad[0].reason
+
+
+def test_parquet_with_a_corrupt_data_page_keeps_earlier_row_groups(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_pylist(RECORDS[:2000]), path, row_group_size=500)
+    chunk = pq.ParquetFile(path).metadata.row_group(2).column(0)
+    data = bytearray(path.read_bytes())
+    mid = (chunk.dictionary_page_offset or chunk.data_page_offset) + chunk.total_compressed_size // 2
+    data[mid:mid + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+    (tmp_path / "b.jsonl").write_bytes(_head(5))
+    items = _items(tmp_path)
+    good, bad = _split(items)
+    assert good == RECORDS[:1000] + RECORDS[:5]
+    assert len(bad) == 1 and "a.parquet after record 1000" in bad[0].reason
+    assert _items(tmp_path, items[700][1]) == items[701:]  # resume inside row group 1: same reject again
+
+
+def test_directory_with_unsupported_and_special_files_rejects_each_by_name(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_bytes(_head(5))
+    (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
+    os.mkfifo(tmp_path / "pipe.jsonl")  # opening it would block forever
+    zst = b"(\xb5/\xfd" + b"\x00" * 20
+    (tmp_path / "z.jsonl.zst").write_bytes(zst)
+    items = _items(tmp_path)
+    good, bad = _split(items)
+    assert good == RECORDS[:5]
+    reasons = [b.reason for b in bad]  # in file order: a.jsonl, notes.csv, pipe.jsonl, z.jsonl.zst
+    assert len(reasons) == 3
+    assert "notes.csv: unknown file type" in reasons[0] and "unsupported file" in reasons[0]
+    assert "pipe.jsonl is not a regular file" in reasons[1]
+    import fsspec
+
+    if fsspec.utils.infer_compression("x.zst") is None:  # without zstandard: not read as garbage text
+        assert "z.jsonl.zst: .zst compression is not available" in reasons[2]
+    assert _items(tmp_path / "*") == items  # a glob lists them too
+    assert _bounded(lambda: LocalSource({"path": str(tmp_path), "format": None}).fingerprint())["files"][2] == \
+        {"path": str(tmp_path / "pipe.jsonl"), "special": True}
+
+
+def test_file_deleted_during_the_run_stops_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_bytes(_head(5))
+    (tmp_path / "b.jsonl").write_bytes(_head(5))
+    it = LocalSource({"path": str(tmp_path), "format": None}).iter_records()
+    next(it)
+    (tmp_path / "b.jsonl").unlink()
+    with pytest.raises(SourceError, match=r"cannot read input file .*b\.jsonl after record 0: FileNotFoundError"):
+        _bounded(lambda: list(it))
+
+
+def test_utf8_bom_opens_a_file_without_a_parse_error(tmp_path: Path) -> None:
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "a.jsonl").write_bytes(bom + _head(5))
+    items = _items(tmp_path / "a.jsonl")
+    assert [r for r, _ in items] == RECORDS[:5]
+    assert _items(tmp_path / "a.jsonl", items[0][1]) == items[1:]  # offsets count the BOM
+    (tmp_path / "t.txt").write_bytes(bom + b"first line\nsecond\n")
+    assert [r for r, _ in _items(tmp_path / "t.txt")] == [{"text": "first line"}, {"text": "second"}]
+    (tmp_path / "d.md").write_bytes(bom + b"# Title\n")
+    assert _items(tmp_path / "d.md", fmt="document")[0][0]["text"] == "# Title\n"
+
+
+# ---- input identity ------------------------------------------------------------------------------------------
+def test_input_identity_names_a_replaced_grown_gone_or_new_file(tmp_path: Path) -> None:
+    small, big = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    small.write_bytes(_head(80))
+    big.write_bytes(JSONL * (FULL_HASH_BYTES // len(JSONL) + 1))
+    src = LocalSource({"path": str(tmp_path / "*.jsonl"), "format": None})
+    before = src.fingerprint()
+    assert input_change(before, src.fingerprint()) is None
+    os.utime(small, (1, 1))  # a small file is hashed whole: a touch alone is no change
+    assert input_change(before, src.fingerprint()) is None
+
+    small.write_bytes(_head(80).replace(b"record number 1 ", b"record number X "))  # same size
+    assert input_change(before, src.fingerprint()) == f"input file {small} changed (sha256)"
+    small.write_bytes(_head(80))
+    data = big.read_bytes()
+    big.write_bytes(data[:-10] + b"0123456789")  # the tail of a big file
+    assert input_change(before, src.fingerprint()).startswith(f"input file {big} changed (mtime, sha256_head_tail")
+    big.write_bytes(data)
+    os.utime(big, (5, 5))  # middle of a big file: size and mtime are the witnesses
+    assert input_change(before, src.fingerprint()) == f"input file {big} changed (mtime)"
+    (tmp_path / "c.jsonl").write_bytes(b"{}\n")
+    assert input_change(before, LocalSource({"path": str(tmp_path / "*.jsonl"), "format": None}).fingerprint()) \
+        .startswith(f"input file {big} changed")
+    big.unlink()
+    assert input_change(before, LocalSource({"path": str(tmp_path / "*.jsonl"), "format": None}).fingerprint()) \
+        == f"input file {big} is gone"
+
+
+def _docs_cfg(tmp_path: Path, n: int = 1500, raw: bool = False) -> tuple[dict, Path]:
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(n, seed=9)))
+    cfg = base_config([{"name": "d", "path": str(src)}], None)
+    cfg["execution"].update(batch_records=50)
+    return (cfg if raw else validate(cfg)), src
+
+
+async def _ingest(cfg: dict, run: Path, stop: asyncio.Event | None = None, timeout: float = 60) -> dict:
+    ctx = IngestContext(cfg, run, run / "checkpoints", stop or asyncio.Event())
+    return await asyncio.wait_for(ingest_all(ctx), timeout)
+
+
+async def test_resume_over_a_replaced_input_is_refused_naming_it(tmp_path: Path) -> None:
+    from helpers import ingest_stopped_after
+
+    cfg, src = _docs_cfg(tmp_path)
+    run = tmp_path / "run"
+    state = await asyncio.wait_for(ingest_stopped_after(cfg, run, "d", 300), 60)
+    assert not state.done and state.inputs["files"][0]["path"] == str(src)
+    ck = json.loads(DatasetFiles(run, run / "checkpoints", "d").checkpoint.read_text())
+    assert ck["inputs"] == state.inputs and "inputs" not in (ck["part_start"] or {})
+    original = src.read_bytes()
+    src.write_bytes(original.replace(b"Document 1:", b"Document X:"))  # same size, new content
+    with pytest.raises(ConfigError, match=rf"dataset d: input file {src} changed \(sha256\) since this run started"):
+        await _ingest(cfg, run)
+    src.write_bytes(original)  # restored: the resume goes on and finishes
+    assert (await _ingest(cfg, run))["d"].done
+
+
+# ---- ingest: a failing or stalled source ends the dataset; a stop always stops -------------------------------
+class FakeSource:
+    """`good` records, then `then()` (raise or block) inside the reader thread."""
+
+    def __init__(self, then: Callable[[], None], good: int = 100, block_fingerprint: threading.Event | None = None):
+        self.then, self.good, self.block_fingerprint = then, good, block_fingerprint
+
+    def fingerprint(self) -> dict:
+        if self.block_fingerprint is not None:
+            self.block_fingerprint.wait(30)
+        return {"files": []}
+
+    def iter_records(self, start: dict | None = None) -> Iterator[tuple[Any, dict]]:
+        n = (start or {}).get("record", 0)
+        for i in range(n, self.good):
+            yield {"text": english_docs(self.good, seed=1)[i]}, {"record": i + 1}
+        self.then()
+
+
+def _fake(monkeypatch: pytest.MonkeyPatch, source: FakeSource) -> None:
+    monkeypatch.setattr("streamprep.ingest.open_source", lambda *a, **k: source)
+
+
+def _raise() -> None:
+    raise RuntimeError("disk on fire")
+
+
+async def test_reader_exception_ends_ingest_with_an_error_not_a_hang(tmp_path: Path, monkeypatch) -> None:
+    cfg, _ = _docs_cfg(tmp_path, 10)
+    _fake(monkeypatch, FakeSource(_raise, good=120))  # batches of 50: the third fails inside the reader
+    run = tmp_path / "run"
+    with pytest.raises(SourceError, match="dataset d: reading the input failed after item 100: RuntimeError: disk on fire"):
+        await _ingest(cfg, run)
+    ck = json.loads(DatasetFiles(run, run / "checkpoints", "d").checkpoint.read_text())
+    assert ck["consumed"] == 100 and not ck["done"]  # the batches before the failure are written and checkpointed
+
+
+@pytest.mark.parametrize("where", ["read", "fingerprint"])
+async def test_stop_while_the_source_is_stalled_returns_within_seconds(tmp_path: Path, monkeypatch, where: str) -> None:
+    cfg, _ = _docs_cfg(tmp_path, 10)
+    release = threading.Event()
+    _fake(monkeypatch, FakeSource(lambda: release.wait(30), good=20,
+                                  block_fingerprint=release if where == "fingerprint" else None))
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.5, stop.set)
+    t0 = time.monotonic()
+    try:
+        state = (await _ingest(cfg, tmp_path / "run", stop, timeout=10))["d"]
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 5 and not state.done and state.consumed == 0
+
+
+async def test_one_failing_dataset_stops_the_others(tmp_path: Path, monkeypatch) -> None:
+    cfg, _ = _docs_cfg(tmp_path, 10)
+    cfg["datasets"] = [dict(cfg["datasets"][0], name=n) for n in ("bad", "slow")]
+    release = threading.Event()
+    sources = {"bad": FakeSource(_raise), "slow": FakeSource(lambda: release.wait(30), good=20)}
+    monkeypatch.setattr("streamprep.ingest.open_source", lambda ds, *a, **k: sources[ds["name"]])
+    try:
+        with pytest.raises(SourceError, match="dataset bad"):
+            await _ingest(cfg, tmp_path / "run", timeout=10)
+    finally:
+        release.set()
+
+
+# ---- config, checkpoints and run.json ------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "device", "csv"])
+def test_fifo_device_or_unknown_single_file_is_a_config_error(tmp_path: Path, kind: str) -> None:
+    path = {"fifo": tmp_path / "in.jsonl", "device": Path("/dev/null"), "csv": tmp_path / "in.csv"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "csv":
+        path.write_text("a,b\n")
+    want = "unknown file type" if kind == "csv" else "not a regular file or directory"
+    with pytest.raises(ConfigError, match=rf"'datasets\[0\].path': {path}.*{want}"):
+        validate(base_config([{"name": "d", "path": str(path)}], None))
+
+
+@pytest.mark.parametrize("text", ["[]", "null", '{"version": 1, "dataset": "d", "consumed": "12"}',
+                                  '{"version": 1, "dataset": "d", "position": [3]}', '{"version": 1}'])
+def test_checkpoint_of_the_wrong_shape_restarts_the_dataset(tmp_path: Path, text: str) -> None:
+    files = DatasetFiles(tmp_path, tmp_path / "ck", "d")
+    files.ingest_dir.mkdir(parents=True)
+    files.part(0).write_text("{}\n")
+    files.checkpoint_dir.mkdir()
+    files.checkpoint.write_text(text)
+    state = load_and_repair(files)
+    assert state.consumed == 0 and state.position is None and not files.part(0).exists()
+    assert not files.checkpoint.exists()
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"config": 3}', '{"config": {"run": null}}'])
+def test_unreadable_run_json_is_one_line_saying_what_to_do(tmp_path: Path, text: str) -> None:
+    cfg, _ = _docs_cfg(tmp_path, 10, raw=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(cfg, run_dir=run, console_log=False)
+    msg = str(err.value)
+    assert "\n" not in msg and f"{run / 'run.json'} is unreadable" in msg and "new --run-dir" in msg
+    assert sorted(p.name for p in run.iterdir()) == ["run.json"]  # nothing written
+
+
+# ---- the CLI end to end: hostile inputs complete with named rejects; SIGTERM while stalled ----------------------
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _cli(cfg: dict, tmp_path: Path, run: Path) -> subprocess.Popen:
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    return subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
+                             str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True, env=_env(), cwd=tmp_path)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> str:
+    """stderr once the process exits; killed (not left hanging) when it overruns `timeout`."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
+def test_cli_on_a_hostile_directory_completes_with_each_bad_file_named(tmp_path: Path) -> None:
+    data = tmp_path / "in"
+    data.mkdir()
+    docs = english_docs(400, seed=4)
+    lines = [(json.dumps({"text": t}) + "\n").encode() for t in docs]
+    (data / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + b"".join(lines[:200]))
+    packed = gzip.compress(b"".join(lines[200:]), mtime=0)
+    (data / "b.jsonl.gz").write_bytes(packed[:-300])  # truncated
+    (data / "c.jsonl.gz").write_bytes(b"plain text, not gzip\n")
+    (data / "d.csv").write_text("x,y\n")
+    cfg = base_config([{"name": "web", "path": str(data)}], None)
+    run = tmp_path / "run"
+    proc = _cli(cfg, tmp_path, run)
+    err = _finish(proc, 300)
+    assert proc.returncode == 0, err[-3000:]
+    ck = json.loads((run / "checkpoints" / "web.json").read_text())
+    rejects = [json.loads(line) for line in (run / "rejects" / "web.jsonl").read_text().splitlines()]
+    reasons = [r["reason"] for r in rejects if r["failed_check"] == "parse"]
+    assert any(f"{data / 'b.jsonl.gz'} after record" in r for r in reasons)
+    assert any(f"{data / 'c.jsonl.gz'} after record 0" in r for r in reasons)
+    assert any("d.csv: unknown file type" in r for r in reasons)
+    assert len(reasons) == 3 and ck["done"] and ck["kept"] + ck["rejected"] == ck["consumed"]
+    assert ck["consumed"] > 200 + 3  # a.jsonl whole (its BOM is no parse error) and most of b.jsonl.gz
+    again = _cli(cfg, tmp_path, run)  # re-running the finished run does not hang either
+    err = _finish(again, 120)
+    assert again.returncode == 0, err[-3000:]
+
+
+class _StallingHandler(http.server.BaseHTTPRequestHandler):
+    """Answers HEAD; a GET sends its headers and then nothing (a stalled network read)."""
+
+    stalled = threading.Event()
+    release = threading.Event()
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "100000")
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.do_HEAD()
+        self.wfile.flush()
+        self.stalled.set()
+        self.release.wait(60)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_sigterm_stops_the_job_within_seconds_while_a_read_is_stalled(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StallingHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/data.jsonl"
+    proc = _cli(base_config([{"name": "net", "path": url}], None), tmp_path, tmp_path / "run")
+    try:
+        assert _StallingHandler.stalled.wait(60), "the job never reached the stalled read"
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        err = _finish(proc, 15)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        _StallingHandler.release.set()
+        server.shutdown()
+    assert proc.returncode == 1 and "re-run the same command to resume" in err, err[-2000:]
+    assert took < 10, took
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
