@@ -1,11 +1,13 @@
 """Throughput of streamprep against the tokenizer's own limit, measured in one run on the same data.
 
-    python benchmarks/bench_pipeline.py [--mb 100] [--repeats 3] [--engine local|xenna] [--workers N]
+    python benchmarks/bench_pipeline.py [--mb 100] [--repeats 3] [--engine local|xenna] [--workers N] [--near-dedup]
 
 (a) raw limit: `Tokenizer.encode_batch_fast` over the texts already in memory, all cores (Rust threads);
 (b) streamprep's tokenization stage alone, over the ingest parts of run (c);
 (c) the whole `streamprep ingest` (ingest + tokenize + exports) with the quality gates off;
-(d) the same with the default quality gates.
+(d) the same with the default quality gates;
+(e) with --near-dedup: the default gates plus `quality.near_dedup` (on a corpus whose copies are word-
+    shuffled, so near-dedup removes no more than the real near-duplicates; (a) and (d) then use it too).
 Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tree, and b/a, c/a, d/a.
 Each of (b)-(d) runs as its own process; medians over --repeats.
 """
@@ -119,24 +121,29 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-bench"))
     ap.add_argument("--only", default="abcd", help="which measurements, e.g. 'ac'")
+    ap.add_argument("--near-dedup", action="store_true", help="add (e): default gates + near-dedup")
     a = ap.parse_args()
-    corpus = build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
+    if a.near_dedup:
+        a.only += "e"
+    name = f"corpus_{a.mb}mb" + ("_shuffled" if a.near_dedup else "")
+    corpus = build(a.work / f"{name}.jsonl", a.mb, shuffle_words=a.near_dedup)
     base = {"run": {"name": "bench"}, "datasets": [{"name": "web", "path": str(corpus)}],
             "tokenizer": {"path": str(PHI2)}, "output": {"shard_records": 5000},
             "execution": {"engine": a.engine, "workers": a.workers}}
-    results: dict[str, list] = {k: [] for k in "abcd"}
+    results: dict[str, list] = {k: [] for k in "abcde"}
     rss: dict[str, int] = {}
     for r in range(a.repeats):
         if "a" in a.only:
             results["a"].append(raw_limit(corpus))
-        for key, quality in (("c", GATES_OFF), ("d", {})):
+        for key, quality in (("c", GATES_OFF), ("d", {}), ("e", {"near_dedup": {"enabled": True}})):
             if key not in a.only and not (key == "c" and "b" in a.only):
                 continue
             run_dir = a.work / f"run_{key}_{r}"
             subprocess.run(["rm", "-rf", str(run_dir)], check=True)
             secs, peak = run_cli({**base, "quality": quality}, run_dir)
             phases = json.loads((run_dir / "run.json").read_text())["timings"]
-            results[key].append({"seconds": secs, "phases": phases})
+            kept = json.loads((run_dir / "audit" / "audit.json").read_text())["totals"]["kept"]
+            results[key].append({"seconds": secs, "phases": phases, "kept": kept})
             rss[key] = max(rss.get(key, 0), peak)
             if key == "c" and "b" in a.only:
                 stage, peak_b = stage_alone(run_dir)
@@ -146,7 +153,7 @@ def main() -> None:
     mb, docs, tokens = ref["mb"], ref["docs"], ref["tokens"]
     med = {k: statistics.median(x["seconds"] for x in v) for k, v in results.items() if v}
     names = {"a": "raw encode_batch (limit)", "b": "tokenization stage", "c": "ingest, gates off",
-             "d": "ingest, default gates"}
+             "d": "ingest, default gates", "e": "ingest, gates + near-dedup"}
     print(f"corpus: {corpus} ({mb:.1f} MB, {docs} docs, {tokens} tokens); engine={a.engine} workers={a.workers}; "
           f"median of {a.repeats}")
     print(f"{'measurement':28} {'s':>8} {'MB/s':>7} {'docs/s':>8} {'tokens/s':>10} {'peak RSS MB':>11} {'ratio':>6}")
@@ -158,10 +165,11 @@ def main() -> None:
         print(f"{names[k]:28} {secs:8.2f} {mb / secs:7.2f} {docs / secs:8.0f} {tokens / secs:10.0f} "
               f"{peak:11.0f} {ratio:6.2f}")
 
-    for k in "cd":
+    for k in "cde":
         if results[k]:
             phases = {p: statistics.median(x["phases"].get(p, 0.0) for x in results[k]) for p in results[k][0]["phases"]}
-            print(f"{names[k]} phases (s, median): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items()))
+            print(f"{names[k]} phases (s, median): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items())
+                  + f"; kept {results[k][0]['kept']} of {docs}")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ Two halves, split like exact dedup:
 - `NearDupIndex` lives in the one writer of a dataset: it holds the band hashes of KEPT documents only,
   in source order, and answers "is this an estimated-Jaccard >= threshold twin of a kept document?".
 
-Memory: per band one sorted uint64 array of (32-bit band hash << 32 | kept ordinal), i.e. 8 bytes per
-band per document (14 bands: 112 B/doc), plus a small dict buffer of recent inserts merged in bulk.
+Memory: keys (32-bit band hash << 32 | kept ordinal) as uint64, i.e. 8 bytes per band per document
+(14 bands: 112 B/doc), in a few levels of per-band sorted arrays of geometrically growing size (each
+batch's keys become a level; small levels merge, so inserting is amortised O(log n) and a lookup is a
+handful of vectorised binary searches), plus a dict of the current batch only.
 Full signatures stay on disk, in the append-only log that also makes the index crash-safe:
 
     <checkpoint_dir>/<dataset>.near   records of (uint64 source index, num_perm x uint32 signature)
@@ -108,7 +110,7 @@ class NearDupIndex:
     fsync before the checkpoint.
     """
 
-    MERGE_MIN = 4096
+    GROWTH = 4   # a level is merged into the one before it until that one is GROWTH times larger
     _LOW = np.uint64(0xFFFFFFFF)
 
     def __init__(self, cfg: Mapping[str, Any], log_path: Path):
@@ -116,9 +118,8 @@ class NearDupIndex:
         self.num_perm = self.bands * self.rows
         self.dtype = np.dtype([("src", "<u8"), ("sig", "<u4", (self.num_perm,))])
         self.path = log_path
-        self.sorted = [np.zeros(0, np.uint64) for _ in range(self.bands)]
-        self.buffer: list[dict[int, list[int]]] = [{} for _ in range(self.bands)]
-        self.buffered = 0
+        self.levels: list[np.ndarray] = []  # (bands, m) uint64, each row sorted
+        self.buffer: list[dict[int, list[int]]] = [{} for _ in range(self.bands)]  # the current batch's keys
         self.flushed = 0                  # records already handed out by `take_log`
         self.pending: list[bytes] = []    # records of kept documents not yet handed out
         self._fh: Any = None
@@ -137,10 +138,8 @@ class NearDupIndex:
         """Rebuild from the log (already repaired to the checkpoint's length) at numpy speed."""
         data = np.fromfile(self.path, dtype=self.dtype) if self.path.exists() else np.zeros(0, self.dtype)
         self.flushed = len(data)
-        bh = band_hashes(data["sig"], self.bands, self.rows)
-        ordinals = np.arange(len(data), dtype=np.uint64)
-        for b in range(self.bands):
-            self._insert(b, bh[:, b].astype(np.uint64) << np.uint64(32) | ordinals)
+        keys = band_hashes(data["sig"], self.bands, self.rows).T.astype(np.uint64) << np.uint64(32)
+        self.levels = [np.sort(keys | np.arange(len(data), dtype=np.uint64), axis=1)] if len(data) else []
 
     def close(self) -> None:
         if self._fh is not None:
@@ -148,14 +147,11 @@ class NearDupIndex:
             self._fh = None
 
     def nbytes(self) -> int:
-        """Bytes held by the sorted arrays (the buffer is bounded and merged in bulk)."""
-        return sum(a.nbytes for a in self.sorted)
-
-    def _insert(self, b: int, keys: np.ndarray) -> None:
-        self.sorted[b] = np.sort(np.concatenate((self.sorted[b], keys)), kind="stable")
+        """Bytes held by the sorted levels (the current batch's dict is bounded by the batch size)."""
+        return sum(a.nbytes for a in self.levels)
 
     def prepare(self, signatures: Sequence[bytes | None]) -> None:
-        """Look a batch up in the sorted arrays at once (only the buffer changes during a batch)."""
+        """Look a batch up in the sorted levels at once (only the buffer changes during a batch)."""
         self._sigs, self._k = list(signatures), -1
         present = [s for s in self._sigs if s is not None]
         self._batch = [None] * len(self._sigs)
@@ -165,14 +161,13 @@ class NearDupIndex:
                          self.bands, self.rows)
         cands: list[set[int]] = [set() for _ in present]
         for b in range(self.bands):
-            arr = self.sorted[b]
-            if not len(arr):
-                continue
             lo_keys = bh[:, b].astype(np.uint64) << np.uint64(32)
-            lo = np.searchsorted(arr, lo_keys, "left")
-            hi = np.searchsorted(arr, lo_keys | self._LOW, "right")
-            for i in np.flatnonzero(hi > lo):
-                cands[i].update((arr[lo[i]:hi[i]] & self._LOW).tolist())
+            for level in self.levels:
+                arr = level[b]
+                lo = np.searchsorted(arr, lo_keys, "left")
+                hi = np.searchsorted(arr, lo_keys | self._LOW, "right")
+                for i in np.flatnonzero(hi > lo):
+                    cands[i].update((arr[lo[i]:hi[i]] & self._LOW).tolist())
         rows = iter(zip(cands, bh.tolist()))
         self._batch = [next(rows) if s is not None else None for s in self._sigs]
 
@@ -216,19 +211,19 @@ class NearDupIndex:
         self.pending.append(np.uint64(source_index).tobytes() + sig)
         for b, h in enumerate(entry[1]):
             self.buffer[b].setdefault(h, []).append(ordinal)
-        self.buffered += 1
 
     def take_log(self) -> bytes:
-        """The records to append (and fsync) before the next checkpoint; merges a large buffer."""
+        """The records to append (and fsync) before the next checkpoint; the batch's keys become a level."""
         data = b"".join(self.pending)
         self.flushed += len(self.pending)
         self.pending = []
-        if self.buffered >= max(self.MERGE_MIN, self.flushed // 8):
-            for b, buf in enumerate(self.buffer):
-                pairs = [(h << 32) | o for h, os_ in buf.items() for o in os_]
-                self._insert(b, np.array(pairs, dtype=np.uint64))
+        if self.buffer[0]:
+            rows = [[(h << 32) | o for h, ords in buf.items() for o in ords] for buf in self.buffer]
+            self.levels.append(np.sort(np.array(rows, dtype=np.uint64), axis=1))
             self.buffer = [{} for _ in range(self.bands)]
-            self.buffered = 0
+            while len(self.levels) > 1 and self.levels[-2].shape[1] < self.GROWTH * self.levels[-1].shape[1]:
+                last = self.levels.pop()
+                self.levels[-1] = np.sort(np.concatenate((self.levels[-1], last), axis=1), axis=1, kind="stable")
         return data
 
 
