@@ -202,15 +202,18 @@ class NearDupIndex:
         rec = np.frombuffer(raw, self.dtype)[0]
         return int(rec["src"]), rec["sig"]
 
-    def add(self, source_index: int) -> None:
-        """Enter the document last passed to `next_twin` (it was kept) under the next ordinal."""
+    def add(self, source_index: int) -> int:
+        """Enter the document last passed to `next_twin` (it was kept) under the next ordinal; returns the
+        bytes it adds to the log, which the caller counts at once (a checkpoint snapshot taken mid-batch,
+        such as a part's start, must describe the log up to that record)."""
         entry, sig = self._batch[self._k], self._sigs[self._k]
         if entry is None or sig is None:
-            return
+            return 0
         ordinal = len(self)
         self.pending.append(np.uint64(source_index).tobytes() + sig)
         for b, h in enumerate(entry[1]):
             self.buffer[b].setdefault(h, []).append(ordinal)
+        return self.record_size
 
     def take_log(self) -> bytes:
         """The records to append (and fsync) before the next checkpoint; the batch's keys become a level."""

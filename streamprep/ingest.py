@@ -262,7 +262,7 @@ class DatasetIngest:
                     digests.append(digest)
                     state.dedup_count += 1
                 if self.near is not None:
-                    self.near.add(ordinal)
+                    state.near_dedup_bytes += self.near.add(ordinal)
                 out = {"text": text, "meta": {**meta, "source": source}}
                 if self.sft:
                     out["record"] = rec
@@ -293,7 +293,6 @@ class DatasetIngest:
         await self._flush(parts, rejects, digests)
         if self.near is not None and (near_log := self.near.take_log()):
             await _append(self.files.near_dedup, near_log)
-            state.near_dedup_bytes += len(near_log)
         await asyncio.to_thread(save, self.files, state)
         return capped
 

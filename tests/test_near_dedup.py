@@ -223,24 +223,33 @@ def test_ingest_rejects_near_duplicates_naming_the_kept_twin(shared_data: Path, 
     assert pair["twin"]["text"] == texts[twins[pair["index"]]][:len(pair["twin"]["text"])]
 
 
-def test_near_log_longer_or_shorter_than_checkpoint_is_repaired(shared_data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", ["log_longer", "log_shorter", "part_shorter"])
+def test_near_log_repair_resumes_to_identical_outputs(shared_data: Path, tmp_path: Path, case: str) -> None:
+    """A longer log is truncated, a shorter one restarts the dataset; a damaged part is rebuilt from the
+    part's start, a snapshot taken mid-batch, which must count the log up to that record (regression:
+    the log was counted per batch, so such a rebuild lost the records between batch start and roll)."""
     texts, _ = _corpus(shared_data)
+    cfg = _cfg(tmp_path, texts)  # 25 records per part, batches of 16: parts roll mid-batch
     ref = tmp_path / "ref"
-    cfg = _cfg(tmp_path, texts)
     run_from_dict(cfg, run_dir=ref, console_log=False)
-    want = tree_hashes(ref, "ingest", "rejects")
-    for case in ("longer", "shorter"):
-        run_dir = tmp_path / case
-        run_from_dict(cfg, run_dir=run_dir, console_log=False)
-        log = DatasetFiles(run_dir, run_dir / "checkpoints", "web").near_dedup
-        data = log.read_bytes()
-        log.write_bytes(data + b"\x01" * 460 if case == "longer" else data[:-10])
-        (run_dir / "run.json").write_text((run_dir / "run.json").read_text().replace('"complete"', '"interrupted"'))
-        ck = run_dir / "checkpoints" / "web.json"
-        ck.write_text(ck.read_text().replace('"done":true', '"done":false'))
-        run_from_dict(cfg, run_dir=run_dir, console_log=False)
-        assert tree_hashes(run_dir, "ingest", "rejects") == want, case
-        assert log.read_bytes() == data
+    run_dir = tmp_path / case
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    files = DatasetFiles(run_dir, run_dir / "checkpoints", "web")
+    ck = json.loads(files.checkpoint.read_text())
+    assert ck["part_start"]["kept"] % 16 and ck["part_start"]["near_dedup_bytes"] == ck["part_start"]["kept"] * 456
+    data = files.near_dedup.read_bytes()
+    if case == "log_longer":
+        files.near_dedup.write_bytes(data + b"\x01" * 460)
+    elif case == "log_shorter":
+        files.near_dedup.write_bytes(data[:-10])
+    else:
+        part = files.part(ck["part_index"])
+        part.write_bytes(part.read_bytes()[:100])
+    (run_dir / "run.json").write_text((run_dir / "run.json").read_text().replace('"complete"', '"interrupted"'))
+    files.checkpoint.write_text(files.checkpoint.read_text().replace('"done":true', '"done":false'))
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    assert tree_hashes(run_dir, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+    assert files.near_dedup.read_bytes() == data == (ref / "checkpoints" / "web.near").read_bytes()
 
 
 def test_kill_9_during_ingest_then_resume_is_byte_identical(shared_data: Path, tmp_path: Path) -> None:
