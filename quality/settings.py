@@ -32,7 +32,7 @@ QUALITY_DEFAULTS: dict[str, Any] = {
     "medical_min_density": 0.04,
     "medical_min_categories": 2,
     "code_min_score": 0.43,
-    "near_dedup": {"enabled": False, "threshold": 0.8, "ngram": 5, "bands": 14, "rows": 8, "num_perm": None,
+    "near_dedup": {"enabled": False, "threshold": 0.8, "ngram": 5, "bands": 14, "rows": 8, "num_perm": 112,
                    "seed": 1},
 }
 
@@ -91,7 +91,7 @@ def _language(key: str, v: Any) -> str | None:
 
 
 def _near_dedup(key: str, v: Any) -> dict[str, Any]:
-    """MinHash-LSH parameters; `num_perm`, when given, must equal bands x rows (null: derived)."""
+    """MinHash-LSH parameters; `num_perm`, when given (not null), must equal bands x rows: it is derived."""
     defaults = QUALITY_DEFAULTS["near_dedup"]
     if not isinstance(v, Mapping):
         raise QualityConfigError(key, f"must be a mapping, got {v!r:.60}")
@@ -108,9 +108,9 @@ def _near_dedup(key: str, v: Any) -> dict[str, Any]:
     if out["threshold"] <= 0:
         raise QualityConfigError(f"{key}.threshold", f"must be > 0, got {given['threshold']!r}")
     out["num_perm"] = out["bands"] * out["rows"]
-    if given["num_perm"] is not None and given["num_perm"] != out["num_perm"]:
+    if v.get("num_perm") is not None and v["num_perm"] != out["num_perm"]:
         raise QualityConfigError(f"{key}.num_perm", f"must equal bands x rows = {out['num_perm']}, "
-                                                    f"got {given['num_perm']!r}")
+                                                    f"got {v['num_perm']!r}")
     if out["num_perm"] > 1024:
         raise QualityConfigError(f"{key}.bands", f"bands x rows must be <= 1024, got {out['num_perm']}")
     return out

@@ -159,6 +159,7 @@ def test_default_is_off_and_validation_names_the_key() -> None:
     cfg = validate_quality_config({})
     assert cfg["near_dedup"]["enabled"] is False and cfg["near_dedup"]["num_perm"] == 112
     assert validate_quality_config(cfg) == cfg
+    assert validate_quality_config({"near_dedup": {"bands": 20, "rows": 5}})["near_dedup"]["num_perm"] == 100
     assert QualityControl({}).signer is None
     bad = [({"threshold": 0}, "near_dedup.threshold"), ({"threshold": float("nan")}, "near_dedup.threshold"),
            ({"threshold": 1.5}, "near_dedup.threshold"), ({"bands": 0}, "near_dedup.bands"),
