@@ -134,12 +134,19 @@ class NearDupIndex:
     def __len__(self) -> int:
         return self.flushed + len(self.pending)
 
+    LOAD_CHUNK = 1 << 18  # log records read at a time on rebuild: bounded memory beside the index
+
     def load(self) -> None:
         """Rebuild from the log (already repaired to the checkpoint's length) at numpy speed."""
-        data = np.fromfile(self.path, dtype=self.dtype) if self.path.exists() else np.zeros(0, self.dtype)
-        self.flushed = len(data)
-        keys = band_hashes(data["sig"], self.bands, self.rows).T.astype(np.uint64) << np.uint64(32)
-        self.levels = [np.sort(keys | np.arange(len(data), dtype=np.uint64), axis=1)] if len(data) else []
+        n = self.path.stat().st_size // self.record_size if self.path.exists() else 0
+        keys = np.empty((self.bands, n), np.uint64)
+        for start in range(0, n, self.LOAD_CHUNK):
+            data = np.fromfile(self.path, self.dtype, min(self.LOAD_CHUNK, n - start), offset=start * self.record_size)
+            ordinals = np.arange(start, start + len(data), dtype=np.uint64)
+            keys[:, start:start + len(data)] = \
+                band_hashes(data["sig"], self.bands, self.rows).T.astype(np.uint64) << np.uint64(32) | ordinals
+        keys.sort(axis=1)
+        self.flushed, self.levels = n, [keys] if n else []
 
     def close(self) -> None:
         if self._fh is not None:

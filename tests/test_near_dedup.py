@@ -286,3 +286,15 @@ def test_kill_9_during_ingest_then_resume_is_byte_identical(shared_data: Path, t
     assert tree_hashes(run_dir, *compared) == tree_hashes(ref, *compared)
     near = "checkpoints/web.near"
     assert (run_dir / near).read_bytes() == (ref / near).read_bytes()
+
+
+def test_rebuild_reads_the_log_in_chunks(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sigs = Signer(NEAR).signatures(_c4(shared_data, 40))
+    index = NearDupIndex(NEAR, tmp_path / "x.near")
+    _decide(index, sigs, 40)
+    whole = NearDupIndex(NEAR, index.path)
+    whole.load()
+    monkeypatch.setattr(NearDupIndex, "LOAD_CHUNK", 7)
+    chunked = NearDupIndex(NEAR, index.path)
+    chunked.load()
+    assert len(chunked) == len(whole) == 40 and np.array_equal(chunked.levels[0], whole.levels[0])
