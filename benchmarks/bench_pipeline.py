@@ -1,12 +1,14 @@
 """Throughput of streamprep against the tokenizer's own limit, measured in one run on the same data.
 
     python benchmarks/bench_pipeline.py [--mb 100 | --short-docs 2000000] [--repeats 3] [--engines local,xenna]
-                                        [--workers N] [--only abcd]
+                                        [--workers N] [--only abcd] [--near-dedup]
 
 (a) raw limit: `Tokenizer.encode_batch_fast` over the texts already in memory, all cores (Rust threads);
 (b) streamprep's tokenization stage alone, over the ingest parts of run (c);
 (c) the whole `streamprep ingest` (ingest + tokenize + exports) with the quality gates off;
-(d) the same with the default quality gates.
+(d) the same with the default quality gates;
+(e) with --near-dedup: the default gates plus `quality.near_dedup` (on a corpus whose copies are word-
+    shuffled, so near-dedup removes no more than the real near-duplicates; (a) and (d) then use it too).
 Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tree, and b/a, c/a, d/a;
 (c) and (d) once per engine in --engines, with the time to the first finished shard against the time
 ingest takes per part, and each engine's whole-job ratio to the first engine's.
@@ -136,21 +138,25 @@ def main() -> None:
     ap.add_argument("--shard-records", type=int, default=5000)
     ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-bench"))
     ap.add_argument("--only", default="abcd", help="which measurements, e.g. 'ac'")
+    ap.add_argument("--near-dedup", action="store_true", help="add (e): default gates + near-dedup")
     a = ap.parse_args()
+    if a.near_dedup:
+        a.only += "e"
+    name = f"corpus_{a.mb}mb" + ("_shuffled" if a.near_dedup else "")
     corpus = build_short(a.work / f"short_{a.short_docs}.jsonl", a.short_docs) if a.short_docs \
-        else build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
+        else build(a.work / f"{name}.jsonl", a.mb, shuffle_words=a.near_dedup)
     engines = a.engines.split(",")
     base = {"run": {"name": "bench"}, "datasets": [{"name": "web", "path": str(corpus)}],
             "tokenizer": {"path": str(PHI2)}, "output": {"shard_records": a.shard_records},
             "execution": {"workers": a.workers}}
-    keys = ["a", "b"] + [f"{k}:{e}" for e in engines for k in "cd"]
+    keys = ["a", "b"] + [f"{k}:{e}" for e in engines for k in "cde"]
     results: dict[str, list] = {k: [] for k in keys}
     rss: dict[str, int] = {}
     for r in range(a.repeats):
         if "a" in a.only:
             results["a"].append(raw_limit(corpus))
         for engine in engines:
-            for key, quality in (("c", GATES_OFF), ("d", {})):
+            for key, quality in (("c", GATES_OFF), ("d", {}), ("e", {"near_dedup": {"enabled": True}})):
                 if key not in a.only and not (key == "c" and "b" in a.only):
                     continue
                 run_dir = a.work / f"run_{key}_{engine}_{r}"
@@ -158,7 +164,9 @@ def main() -> None:
                 cfg = {**base, "quality": quality, "execution": {**base["execution"], "engine": engine}}
                 secs, peak = run_cli(cfg, run_dir)
                 phases = json.loads((run_dir / "run.json").read_text())["timings"]
-                results[f"{key}:{engine}"].append({"seconds": secs, "phases": phases, **first_shard(run_dir)})
+                kept = json.loads((run_dir / "audit" / "audit.json").read_text())["totals"]["kept"]
+                results[f"{key}:{engine}"].append({"seconds": secs, "phases": phases, "kept": kept,
+                                                   **first_shard(run_dir)})
                 rss[f"{key}:{engine}"] = max(rss.get(f"{key}:{engine}", 0), peak)
                 if key == "c" and "b" in a.only and engine == engines[0]:
                     stage, peak_b = stage_alone(run_dir)
@@ -173,7 +181,7 @@ def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: d
     mb, docs, tokens = ref["mb"], ref["docs"], ref["tokens"]
     med = {k: statistics.median(x["seconds"] for x in v) for k, v in results.items() if v}
     names = {"a": "raw encode_batch (limit)", "b": "tokenization stage", "c": "ingest, gates off",
-             "d": "ingest, default gates"}
+             "d": "ingest, default gates", "e": "ingest, gates + near-dedup"}
     print(f"corpus: {corpus} ({mb:.1f} MB, {docs} docs, {tokens} tokens); engines={engines} workers={a.workers}; "
           f"median of {a.repeats}; load average {os.getloadavg()[0]:.1f}")
     print(f"{'measurement':36} {'s':>8} {'MB/s':>7} {'docs/s':>8} {'tokens/s':>10} {'peak RSS MB':>11} {'ratio':>6}")
@@ -191,8 +199,9 @@ def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: d
         first = statistics.median(x["first_shard_s"] for x in runs)
         per_part = statistics.median(x["ingest_s_per_part"] for x in runs)
         print(f"{names[k[0]]} [{k[2:]}] phases (s, median): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items())
-              + f"; first shard after {first:.2f} s = {first / per_part:.2f} x ingest time per part ({per_part:.2f} s)")
-    for key in "cd":
+              + f"; first shard after {first:.2f} s = {first / per_part:.2f} x ingest time per part ({per_part:.2f} s)"
+              + f"; kept {runs[0]['kept']} of {docs}")
+    for key in "cde":
         if f"{key}:{engines[0]}" in med:
             for e in engines[1:]:
                 print(f"{names[key]}: {e} whole job = {med[f'{key}:{engines[0]}'] / med[f'{key}:{e}']:.2f} x "

@@ -3,10 +3,14 @@
 Sources: the C4, DCLM and dolma samples and the Wikipedia demo file (≈ 6 MB, ≈ 1 900 documents).
 Copy k of a document rotates its sentences by k, so every record is distinct text (exact dedup keeps
 it) while language, length and character statistics stay those of real web text. Deterministic.
+Rotated copies are near-duplicates, though; `shuffle_words=True` (for near-dedup benchmarks) also
+shuffles the words inside each sentence of copy k >= 1, so copies share almost no word 5-grams while
+words, lengths and language stay the same.
 """
 from __future__ import annotations
 
 import argparse
+import random
 import re
 from pathlib import Path
 
@@ -29,7 +33,16 @@ def base_documents(shared: Path = SHARED) -> list[str]:
     return docs
 
 
-def build(out: Path, megabytes: int, shared: Path = SHARED) -> Path:
+def _shuffled(sentences: list[str], rng: random.Random) -> list[str]:
+    out = []
+    for s in sentences:
+        words = s.split()
+        rng.shuffle(words)
+        out.append(" ".join(words))
+    return out
+
+
+def build(out: Path, megabytes: int, shared: Path = SHARED, shuffle_words: bool = False) -> Path:
     """Write `out` (JSONL {"text"}) of at least `megabytes` MB unless it already exists."""
     if out.exists() and out.stat().st_size >= megabytes * 1_000_000:
         return out
@@ -39,7 +52,9 @@ def build(out: Path, megabytes: int, shared: Path = SHARED) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "wb") as fh:
         while written < target:
-            for sentences in docs:
+            for i, sentences in enumerate(docs):
+                if k and shuffle_words:
+                    sentences = _shuffled(sentences, random.Random(k * 1_000_003 + i))
                 r = k % len(sentences)
                 line = orjson.dumps({"text": " ".join(sentences[r:] + sentences[:r]) if k else " ".join(sentences)}) + b"\n"
                 fh.write(line)

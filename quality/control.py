@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from quality.dedup import DedupIndex
 from quality.gates import Doc, build_gates
+from quality.near_dedup import Signer
 from quality.settings import validate_quality_config
 
 DUPLICATE_REASON = "exact duplicate of a kept record"
@@ -26,6 +27,7 @@ class Verdict(NamedTuple):
     text: str | None      # the kept text (normalised when config normalize=True); None when rejected
     meta: dict[str, Any]  # signals; on reject also failed_check and reason
     digest: bytes | None  # SHA-256 of the normalised text; None when the record has no usable text
+    signature: bytes | None = None  # MinHash of the kept text when near_dedup is on (for the writer's index)
 
 
 def _counters() -> dict[str, Any]:
@@ -48,6 +50,8 @@ class QualityControl:
         self.dedup = dedup if dedup is not None else DedupIndex()
         self.dedup_on = self.config["dedup"] == "exact"
         self.gates = build_gates(self.config, text_field)
+        near = self.config["near_dedup"]
+        self.signer = Signer(near) if near["enabled"] else None
         gate_names = (["duplicate"] if self.dedup_on else []) + [g.name for g in self.gates]
         self.stats: dict[str, Any] = {
             "records": {"seen": 0, "kept": 0, "rejected": 0},
@@ -94,7 +98,14 @@ class QualityControl:
         return verdict
 
     def evaluate_batch(self, records: list[Any]) -> list[Verdict]:
-        return [self.evaluate(r) for r in records]
+        """`evaluate` on each record, plus near-dedup signatures of the kept texts (one batched call)."""
+        verdicts = [self.evaluate(r) for r in records]
+        if self.signer is None:
+            return verdicts
+        kept = [i for i, v in enumerate(verdicts) if v.keep]
+        for i, sig in zip(kept, self.signer.signatures([verdicts[i].text for i in kept])):
+            verdicts[i] = verdicts[i]._replace(signature=sig)
+        return verdicts
 
     def clean_record(self, record: Any) -> tuple[bool, dict[str, Any]]:
         """The full chain including dedup. A kept record's text field is replaced by the kept

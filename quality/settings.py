@@ -32,6 +32,8 @@ QUALITY_DEFAULTS: dict[str, Any] = {
     "medical_min_density": 0.04,
     "medical_min_categories": 2,
     "code_min_score": 0.43,
+    "near_dedup": {"enabled": False, "threshold": 0.8, "ngram": 5, "bands": 14, "rows": 8, "num_perm": 112,
+                   "seed": 1},
 }
 
 
@@ -88,6 +90,32 @@ def _language(key: str, v: Any) -> str | None:
     return normalize_code(v)
 
 
+def _near_dedup(key: str, v: Any) -> dict[str, Any]:
+    """MinHash-LSH parameters; `num_perm`, when given (not null), must equal bands x rows: it is derived."""
+    defaults = QUALITY_DEFAULTS["near_dedup"]
+    if not isinstance(v, Mapping):
+        raise QualityConfigError(key, f"must be a mapping, got {v!r:.60}")
+    for sub in v:
+        if sub not in defaults:
+            raise QualityConfigError(f"{key}.{sub}", "unknown key")
+    given = {**defaults, **v}
+    out = {"enabled": _flag(f"{key}.enabled", given["enabled"]),
+           "threshold": _number(f"{key}.threshold", given["threshold"], 0.0, 1.0),
+           "ngram": _count(f"{key}.ngram", given["ngram"], 1),
+           "bands": _count(f"{key}.bands", given["bands"], 1),
+           "rows": _count(f"{key}.rows", given["rows"], 1),
+           "seed": _count(f"{key}.seed", given["seed"], 0)}
+    if out["threshold"] <= 0:
+        raise QualityConfigError(f"{key}.threshold", f"must be > 0, got {given['threshold']!r}")
+    out["num_perm"] = out["bands"] * out["rows"]
+    if v.get("num_perm") is not None and v["num_perm"] != out["num_perm"]:
+        raise QualityConfigError(f"{key}.num_perm", f"must equal bands x rows = {out['num_perm']}, "
+                                                    f"got {v['num_perm']!r}")
+    if out["num_perm"] > 1024:
+        raise QualityConfigError(f"{key}.bands", f"bands x rows must be <= 1024, got {out['num_perm']}")
+    return out
+
+
 _CHECKS = {
     "domain": lambda k, v: _choice(k, v, DOMAINS),
     "expected_language": _language,
@@ -109,6 +137,7 @@ _CHECKS = {
     "medical_min_density": lambda k, v: _number(k, v, 0.0, 1.0),
     "medical_min_categories": lambda k, v: _count(k, v, 0),
     "code_min_score": lambda k, v: _number(k, v, 0.0, 1.0),
+    "near_dedup": _near_dedup,
 }
 assert _CHECKS.keys() == QUALITY_DEFAULTS.keys()
 

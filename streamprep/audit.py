@@ -57,6 +57,41 @@ def _rejects_sample(path: Path, limit_bytes: int) -> list[dict[str, Any]]:
     return out
 
 
+def _near_pairs(run_dir: Path, sample: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Up to `k` near-duplicate rejects from the sample, each with its kept twin's text, found by scanning
+    the twin dataset's parts in order until every wanted `meta.source.index` is seen."""
+    pairs = [r for r in sample if r.get("failed_check") == "near_duplicate"
+             and isinstance((r.get("meta") or {}).get("near_duplicate_of"), dict)][:k]
+    wanted: dict[str, set[int]] = {}
+    for r in pairs:
+        twin = r["meta"]["near_duplicate_of"]
+        wanted.setdefault(str(twin.get("dataset")), set()).add(twin.get("index"))
+    found: dict[tuple[str, int], str] = {}
+    for ds, indices in wanted.items():
+        for part in sorted((run_dir / "ingest" / ds).glob("part-*.jsonl")):
+            with open(part, "rb") as fh:
+                for line in fh:
+                    hit = next((i for i in indices if b'"index":%d' % i in line), None)
+                    if hit is None:
+                        continue
+                    rec = orjson.loads(line)
+                    if (rec.get("meta") or {}).get("source", {}).get("index") == hit:
+                        found[(ds, hit)] = rec.get("text") or ""
+                        indices = indices - {hit}
+                    if not indices:
+                        break
+            if not indices:
+                break
+    out = []
+    for r in pairs:
+        twin = r["meta"]["near_duplicate_of"]
+        text = found.get((str(twin.get("dataset")), twin.get("index")))
+        out.append({"dataset": (r.get("source") or {}).get("dataset"), "index": (r.get("source") or {}).get("index"),
+                    "jaccard": r["meta"].get("jaccard"), "text": str(r.get("text") or "")[:EXAMPLE_CHARS],
+                    "twin": {**twin, "text": text[:EXAMPLE_CHARS] if text is not None else None}})
+    return out
+
+
 def _load_tokenizer(run_dir: Path) -> Any:
     path = run_dir / "tokenizer" / "tokenizer.json"
     if not path.is_file():
@@ -143,6 +178,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
     langs_rej = stats.merge_counts([st.get("languages_rejected")])
     chars_kept, chars_rej = st.get("chars_hist_kept") or {}, st.get("chars_hist_rejected") or {}
     dup = int(qc_rejects.get("duplicate", 0))
+    near = int(qc_rejects.get("near_duplicate", 0))
 
     checks = {
         "read_eq_kept_plus_rejected": read == kept + rejected,
@@ -161,7 +197,10 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
         "rejects_after_qc": [EMPTY_TOKENS] if empty else [],
         "rejects_sampled": dict(ck.get("rejects_sampled") or {}),
         "duplicates": {"rejected_as_duplicate": dup, "rate_of_read": round(dup / read, 4) if read else None,
-                       "unique_kept_digests": int(ck.get("dedup_count", 0))},
+                       "unique_kept_digests": int(ck.get("dedup_count", 0)),
+                       "rejected_as_near_duplicate": near,
+                       "near_rate_of_read": round(near / read, 4) if read else None,
+                       "near_duplicate_examples": _near_pairs(run_dir, sample, EXAMPLES_PER_REASON) if near else []},
         "languages": {"kept": langs_kept, "rejected": langs_rej,
                       "undetected": read - sum(langs_kept.values()) - sum(langs_rej.values())},
         "lengths": {
@@ -493,6 +532,21 @@ def _example_html(rec: dict[str, Any]) -> str:
             + f"<pre>{esc(shown)}</pre></div>")
 
 
+def _near_pairs_html(pairs: list[dict[str, Any]]) -> str:
+    """Near-duplicate rejects side by side with their kept twins."""
+    if not pairs:
+        return ""
+    rows = []
+    for p in pairs:
+        twin = p["twin"]
+        rows.append(f'<div class="grid2"><div class="ex"><div><b>rejected</b> {esc(p["dataset"])}#{esc(p["index"])}'
+                    f' · estimated Jaccard {esc(p["jaccard"])}</div><pre>{esc(p["text"])}</pre></div>'
+                    f'<div class="ex"><div><b>kept twin</b> {esc(twin.get("dataset"))}#{esc(twin.get("index"))}</div>'
+                    f'<pre>{esc(twin["text"] if twin["text"] is not None else "(not found in the ingest parts)")}'
+                    "</pre></div></div>")
+    return "<h3>Near-duplicate pairs</h3>" + "".join(rows)
+
+
 def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> str:
     """One self-contained page: inline CSS and SVG, no scripts, no external resources."""
     t, run = audit["totals"], audit["run"]
@@ -523,10 +577,11 @@ def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> 
                      _fmt(r["empty_tokens"]), _fmt(r["tokenized_documents"]), _fmt(d["tokens"]),
                      esc(f"{d['shards']['done']}/{d['shards']['planned']}"),
                      _fmt(d["duplicates"]["rejected_as_duplicate"]),
+                     _fmt(d["duplicates"].get("rejected_as_near_duplicate", 0)),
                      _fmt(d["density"]["pii"]["all"]["p99"]), _fmt(d["density"]["profanity"]["all"]["p99"])])
     out += ["<h2>Datasets</h2>",
             _table(["dataset", "read", "kept", "rejected", "keep rate", "empty tokens", "tokenized docs", "tokens",
-                    "shards", "duplicates", "PII p99", "profanity p99"], rows)]
+                    "shards", "duplicates", "near duplicates", "PII p99", "profanity p99"], rows)]
 
     tot_items = [(k, v, _reason_color(k)) for k, v in t["rejects_by_check"].items()]
     out += ['<div class="grid2"><div class="panel"><h3>Reject reasons, all datasets</h3>', svg_hbars(tot_items),
@@ -569,6 +624,7 @@ def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> 
                 '<p class="muted">upper edge of the 0.01-wide bin holding the percentile (0 when it falls on exact zeros)</p>']
         out.append("<h3>Checks</h3>" + _table(["check", "result"], [[esc(k), _check_cell(v)]
                                                                     for k, v in d["checks"].items()]))
+        out.append(_near_pairs_html(d["duplicates"].get("near_duplicate_examples") or []))
         exs = examples.get(n) or {}
         if exs:
             out.append("<h3>Example rejected records</h3>")

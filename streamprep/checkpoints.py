@@ -4,6 +4,7 @@ A checkpoint describes a consistent prefix of three append-only files:
     ingest/<ds>/part-NNNNN.jsonl   (the current part: `part_bytes` bytes, `part_lines` lines)
     rejects/<ds>.jsonl             (`rejects_bytes` bytes)
     <checkpoint_dir>/<ds>.dedup    (`dedup_count` 32-byte digests of kept texts)
+    <checkpoint_dir>/<ds>.near     (`near_dedup_bytes` of kept texts' MinHash records, when near_dedup is on)
 Ingest appends and fsyncs all three *before* it atomically replaces the checkpoint, so a checkpoint
 never runs ahead of its data. `part_start` snapshots the state when the current part began, the last
 point from which a damaged part can be rebuilt.
@@ -43,6 +44,7 @@ class IngestState:
     rejects_bytes: int = 0
     rejects_sampled: dict[str, int] = field(default_factory=dict)  # lines written per failed_check (bounded sample)
     dedup_count: int = 0
+    near_dedup_bytes: int = 0
     stats: dict[str, Any] = field(default_factory=dict)  # audit aggregates (streamprep.stats)
     done: bool = False
     part_start: dict[str, Any] | None = None
@@ -110,6 +112,10 @@ class DatasetFiles:
     def dedup(self) -> Path:
         return self.checkpoint_dir / f"{self.dataset}.dedup"
 
+    @property
+    def near_dedup(self) -> Path:
+        return self.checkpoint_dir / f"{self.dataset}.near"
+
     def parts(self) -> list[Path]:
         return sorted(self.ingest_dir.glob("part-*.jsonl")) if self.ingest_dir.is_dir() else []
 
@@ -149,14 +155,20 @@ def _truncate(p: Path, size: int) -> None:
 def _clear(files: DatasetFiles) -> None:
     for p in files.parts():
         p.unlink()
-    for p in (files.rejects, files.dedup, files.checkpoint):
+    for p in (files.rejects, files.dedup, files.near_dedup, files.checkpoint):
         p.unlink(missing_ok=True)
+
+
+def _logs(files: DatasetFiles, snap: dict[str, Any]) -> tuple[tuple[Path, int], ...]:
+    """The append-only logs and the byte length `snap` describes."""
+    return ((files.rejects, snap["rejects_bytes"]), (files.dedup, snap["dedup_count"] * DIGEST),
+            (files.near_dedup, snap.get("near_dedup_bytes", 0)))
 
 
 def _consistent(files: DatasetFiles, snap: dict[str, Any]) -> list[str]:
     """Files shorter than `snap` says (cannot be repaired by truncation)."""
     short = []
-    for path, want in ((files.rejects, snap["rejects_bytes"]), (files.dedup, snap["dedup_count"] * DIGEST)):
+    for path, want in _logs(files, snap):
         if want and _size(path) < want:
             short.append(f"{path.name} has {max(_size(path), 0)} bytes, checkpoint says {want}")
     for i in range(snap["part_index"]):
@@ -177,7 +189,7 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
     """
     files.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     if not files.checkpoint.exists():
-        if files.parts() or files.rejects.exists() or files.dedup.exists():
+        if files.parts() or files.rejects.exists() or files.dedup.exists() or files.near_dedup.exists():
             log.warning("no checkpoint, removing partial outputs and starting over", dataset=files.dataset)
             _clear(files)
         return _fresh(files.dataset)
@@ -212,7 +224,7 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
                     problems=short)
         _clear(files)
         return _fresh(files.dataset)
-    for path, want in ((files.rejects, state.rejects_bytes), (files.dedup, state.dedup_count * DIGEST)):
+    for path, want in _logs(files, state.snapshot()):
         if _size(path) > want:
             log.info("truncating to checkpoint", dataset=files.dataset, file=path.name, size=_size(path), to=want)
             _truncate(path, want)

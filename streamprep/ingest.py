@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import aiofiles
 import orjson
 
-from quality import DedupIndex, QualityControl, Verdict
+from quality import DedupIndex, QualityControl, Verdict, near_dedup
 from streamprep import logs, stats
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import ConfigError
@@ -142,6 +142,8 @@ class DatasetIngest:
         self.max_rejects = out["max_rejects_per_check"]
         self.batch = ctx.cfg["execution"]["batch_records"]
         self.dedup_on = ctx.cfg["quality"].get("dedup", "exact") != "none"
+        near_cfg = ctx.cfg["quality"].get("near_dedup") or {}
+        self.near = near_dedup.NearDupIndex(near_cfg, self.files.near_dedup) if near_cfg.get("enabled") else None
         self.size_cap = int(ds["size_mb"] * 1024 * 1024) if ds["size_mb"] else None
         self.depth = 2 * qc.workers + 1  # batches in flight between reader and writer: bounded memory
         self.sft = ctx.cfg.get("sft")  # SFT: QC judges qc_text(record); kept lines carry the original record
@@ -159,6 +161,8 @@ class DatasetIngest:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
             return state
         dedup = DedupIndex.from_bytes(self.files.dedup.read_bytes()) if self.files.dedup.exists() else DedupIndex()
+        if self.near is not None:
+            await asyncio.to_thread(self.near.load)
         source = open_source(self.ds, self.ctx.hf_cache, self.ctx.cfg["execution"]["max_concurrent_downloads"])
         if hasattr(source, "prefetch") and await self._blocking(source.prefetch) is STOP:
             return state
@@ -177,6 +181,8 @@ class DatasetIngest:
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+            if self.near is not None:
+                self.near.close()
             while not queue.empty():  # drop batches read ahead; the checkpoint does not include them
                 item = queue.get_nowait()
                 if isinstance(item, tuple):
@@ -259,7 +265,10 @@ class DatasetIngest:
                 await self._save(state)
                 return
             items, fut = got
-            verdicts = iter(await fut)
+            batch = await fut
+            if self.near is not None:
+                self.near.prepare([v.signature for v in batch])
+            verdicts = iter(batch)
             if await self._apply(state, dedup, items, verdicts):
                 state.done = True
                 await self._save(state)
@@ -293,8 +302,11 @@ class DatasetIngest:
             else:
                 v = next(verdicts)
                 keep, text, meta, digest = v.keep, v.text, v.meta, v.digest
+                twin = self.near.next_twin() if self.near is not None else None
                 if self.dedup_on and digest is not None and digest in dedup:
                     keep, meta = False, {**meta, "failed_check": "duplicate", "reason": "exact duplicate of a kept record"}
+                elif keep and twin is not None:
+                    keep, meta = False, near_dedup.reject_meta(meta, name, twin)
                 excerpt = _excerpt(rec, self.ds["text_field"])
                 if isinstance(rec, dict):
                     source.update({k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))})
@@ -305,6 +317,8 @@ class DatasetIngest:
                     dedup.add(digest)
                     digests.append(digest)
                     state.dedup_count += 1
+                if self.near is not None:
+                    state.near_dedup_bytes += self.near.add(ordinal)
                 out = {"text": text, "meta": {**meta, "source": source}}
                 if self.sft:
                     out["record"] = rec
@@ -333,6 +347,8 @@ class DatasetIngest:
                     rejects.append(line)
                     state.rejects_bytes += len(line)
         await self._flush(parts, rejects, digests)
+        if self.near is not None and (near_log := self.near.take_log()):
+            await _append(self.files.near_dedup, near_log)
         await self._save(state)
         return capped
 

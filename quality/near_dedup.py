@@ -1,0 +1,244 @@
+"""Near-duplicate removal: MinHash over word n-grams with LSH banding (datatrove's scheme).
+
+Two halves, split like exact dedup:
+- `Signer` runs in the QC workers: text -> MinHash signature (`num_perm` uint32), computed for a whole
+  batch at once (rensa's Rust MinHash over n-gram hashes built with numpy).
+- `NearDupIndex` lives in the one writer of a dataset: it holds the band hashes of KEPT documents only,
+  in source order, and answers "is this an estimated-Jaccard >= threshold twin of a kept document?".
+
+Memory: keys (32-bit band hash << 32 | kept ordinal) as uint64, i.e. 8 bytes per band per document
+(14 bands: 112 B/doc), in a few levels of per-band sorted arrays of geometrically growing size (each
+batch's keys become a level; small levels merge, so inserting is amortised O(log n) and a lookup is a
+handful of vectorised binary searches), plus a dict of the current batch only.
+Full signatures stay on disk, in the append-only log that also makes the index crash-safe:
+
+    <checkpoint_dir>/<dataset>.near   records of (uint64 source index, num_perm x uint32 signature)
+
+A band collision is only a candidate: the kept twin's signature is read back from the log (pread) and
+the estimated Jaccard (share of equal MinHash values) must reach `threshold`.
+"""
+from __future__ import annotations
+
+import os
+import string
+from collections.abc import Mapping, Sequence
+from itertools import chain
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from rensa import RMinHash
+
+_PUNCT = bytes.maketrans(string.punctuation.encode(), b" " * len(string.punctuation))
+_MUL = np.uint64(0x9E3779B97F4A7C15)   # golden-ratio odd multiplier: mixes one more word into an n-gram
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)   # splitmix64 finalizer
+
+
+def _finalize(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, vectorized: full avalanche so structured inputs spread over 64 bits."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        return x ^ (x >> np.uint64(31))
+
+
+def _combine(h: np.ndarray, width: int) -> np.ndarray:
+    """Hash of every run of `width` consecutive word hashes (position-sensitive)."""
+    m = len(h) - width + 1
+    out = h[:m].copy()
+    with np.errstate(over="ignore"):
+        for k in range(1, width):
+            out = out * _MUL ^ h[k:k + m]
+    return _finalize(out)
+
+
+def words(text: str) -> list[bytes]:
+    """Lower-cased words with ASCII punctuation removed (datatrove's simplify_text, cheaply)."""
+    return text.lower().encode("utf-8", "surrogatepass").translate(_PUNCT).split()
+
+
+class Signer:
+    """Batch MinHash signatures; identical texts give identical signatures on any worker."""
+
+    def __init__(self, cfg: Mapping[str, Any]):
+        self.ngram, self.num_perm, self.seed = cfg["ngram"], cfg["bands"] * cfg["rows"], cfg["seed"]
+
+    def signatures(self, texts: Sequence[str]) -> list[bytes | None]:
+        """One `num_perm * 4`-byte signature per text; None for a text without words."""
+        per_doc = [words(t) for t in texts]
+        lens = np.fromiter(map(len, per_doc), np.int64, len(per_doc))
+        flat = list(chain.from_iterable(per_doc))
+        if not flat:
+            return [None] * len(texts)
+        h = np.asarray(RMinHash.hash_token_sets([flat])[0], dtype=np.uint64)
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+        n = self.ngram
+        grams = _combine(h, n) if len(h) >= n else np.zeros(0, np.uint64)
+        counts = np.where(lens >= n, lens - n + 1, np.minimum(lens, 1))  # a short text is one n-gram
+        short = np.flatnonzero((lens > 0) & (lens < n))
+        pos = np.repeat(starts, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        shingles = grams[np.minimum(pos, max(len(grams) - 1, 0))] if len(grams) else np.zeros(len(pos), np.uint64)
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.uint64)
+        for i in short:  # rare: fewer words than the n-gram width
+            shingles[offsets[i]] = _combine(h[starts[i]:starts[i] + lens[i]], int(lens[i]))[0]
+        matrix = RMinHash.digest_matrix_from_flat_token_hashes(shingles, offsets, self.num_perm, self.seed)
+        rows = np.asarray(matrix.to_rows(), dtype="<u4")
+        return [rows[i].tobytes() if lens[i] else None for i in range(len(texts))]
+
+
+def band_hashes(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(n, num_perm) uint32 signatures -> (n, bands) uint32 band hashes."""
+    x = sigs.reshape(len(sigs), bands, rows).astype(np.uint64)
+    h = np.zeros((len(sigs), bands), np.uint64)
+    with np.errstate(over="ignore"):
+        for r in range(rows):
+            h = h * _MUL ^ x[:, :, r]
+        h = h + np.arange(bands, dtype=np.uint64)  # the same rows in different bands are different keys
+    return (_finalize(h) >> np.uint64(32)).astype(np.uint32)
+
+
+class Twin(NamedTuple):
+    source_index: int   # the kept twin's `meta.source.index`
+    jaccard: float      # estimated Jaccard (share of equal MinHash values)
+
+
+class NearDupIndex:
+    """Band index of kept documents for one dataset, backed by its append-only signature log.
+
+    Per batch, in source order: `prepare(signatures)`, then for each of its documents `next_twin()` and,
+    if that document is kept, `add(source_index)`; finally `take_log()` gives the bytes to append and
+    fsync before the checkpoint.
+    """
+
+    GROWTH = 4   # a level is merged into the one before it until that one is GROWTH times larger
+    _LOW = np.uint64(0xFFFFFFFF)
+
+    def __init__(self, cfg: Mapping[str, Any], log_path: Path):
+        self.bands, self.rows, self.threshold = cfg["bands"], cfg["rows"], cfg["threshold"]
+        self.num_perm = self.bands * self.rows
+        self.dtype = np.dtype([("src", "<u8"), ("sig", "<u4", (self.num_perm,))])
+        self.path = log_path
+        self.levels: list[np.ndarray] = []  # (bands, m) uint64, each row sorted
+        self.buffer: list[dict[int, list[int]]] = [{} for _ in range(self.bands)]  # the current batch's keys
+        self.flushed = 0                  # records already handed out by `take_log`
+        self.pending: list[bytes] = []    # records of kept documents not yet handed out
+        self._fh: Any = None
+        self._sigs: list[bytes | None] = []
+        self._batch: list[tuple[set[int], list[int]] | None] = []
+        self._k = -1  # the batch document last passed to `next_twin`
+
+    @property
+    def record_size(self) -> int:
+        return self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.flushed + len(self.pending)
+
+    LOAD_CHUNK = 1 << 18  # log records read at a time on rebuild: bounded memory beside the index
+
+    def load(self) -> None:
+        """Rebuild from the log (already repaired to the checkpoint's length) at numpy speed."""
+        n = self.path.stat().st_size // self.record_size if self.path.exists() else 0
+        keys = np.empty((self.bands, n), np.uint64)
+        for start in range(0, n, self.LOAD_CHUNK):
+            data = np.fromfile(self.path, self.dtype, min(self.LOAD_CHUNK, n - start), offset=start * self.record_size)
+            ordinals = np.arange(start, start + len(data), dtype=np.uint64)
+            keys[:, start:start + len(data)] = \
+                band_hashes(data["sig"], self.bands, self.rows).T.astype(np.uint64) << np.uint64(32) | ordinals
+        keys.sort(axis=1)
+        self.flushed, self.levels = n, [keys] if n else []
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def nbytes(self) -> int:
+        """Bytes held by the sorted levels (the current batch's dict is bounded by the batch size)."""
+        return sum(a.nbytes for a in self.levels)
+
+    def prepare(self, signatures: Sequence[bytes | None]) -> None:
+        """Look a batch up in the sorted levels at once (only the buffer changes during a batch)."""
+        self._sigs, self._k = list(signatures), -1
+        present = [s for s in self._sigs if s is not None]
+        self._batch = [None] * len(self._sigs)
+        if not present:
+            return
+        bh = band_hashes(np.frombuffer(b"".join(present), "<u4").reshape(len(present), self.num_perm),
+                         self.bands, self.rows)
+        cands: list[set[int]] = [set() for _ in present]
+        for b in range(self.bands):
+            lo_keys = bh[:, b].astype(np.uint64) << np.uint64(32)
+            for level in self.levels:
+                arr = level[b]
+                lo = np.searchsorted(arr, lo_keys, "left")
+                hi = np.searchsorted(arr, lo_keys | self._LOW, "right")
+                for i in np.flatnonzero(hi > lo):
+                    cands[i].update((arr[lo[i]:hi[i]] & self._LOW).tolist())
+        rows = iter(zip(cands, bh.tolist()))
+        self._batch = [next(rows) if s is not None else None for s in self._sigs]
+
+    def next_twin(self) -> Twin | None:
+        """The kept twin of the batch's next document: the highest estimated Jaccard >= threshold among
+        kept documents sharing a band (the earliest on ties), or None."""
+        self._k += 1
+        k = self._k
+        entry = self._batch[k]
+        if entry is None:
+            return None
+        cands, bands = entry
+        for b, h in enumerate(bands):
+            cands.update(self.buffer[b].get(h, ()))
+        mine = np.frombuffer(self._sigs[k], "<u4")
+        best: Twin | None = None
+        for o in sorted(cands):
+            src, sig = self._record(o)
+            j = float(np.count_nonzero(sig == mine)) / self.num_perm
+            if j >= self.threshold and (best is None or j > best.jaccard):
+                best = Twin(src, round(j, 4))
+        return best
+
+    def _record(self, ordinal: int) -> tuple[int, np.ndarray]:
+        """(source index, signature) of a kept document: from memory if not yet logged, else the log."""
+        if ordinal >= self.flushed:
+            raw = self.pending[ordinal - self.flushed]
+        else:
+            if self._fh is None:
+                self._fh = open(self.path, "rb")
+            raw = os.pread(self._fh.fileno(), self.record_size, ordinal * self.record_size)
+        rec = np.frombuffer(raw, self.dtype)[0]
+        return int(rec["src"]), rec["sig"]
+
+    def add(self, source_index: int) -> int:
+        """Enter the document last passed to `next_twin` (it was kept) under the next ordinal; returns the
+        bytes it adds to the log, which the caller counts at once (a checkpoint snapshot taken mid-batch,
+        such as a part's start, must describe the log up to that record)."""
+        entry, sig = self._batch[self._k], self._sigs[self._k]
+        if entry is None or sig is None:
+            return 0
+        ordinal = len(self)
+        self.pending.append(np.uint64(source_index).tobytes() + sig)
+        for b, h in enumerate(entry[1]):
+            self.buffer[b].setdefault(h, []).append(ordinal)
+        return self.record_size
+
+    def take_log(self) -> bytes:
+        """The records to append (and fsync) before the next checkpoint; the batch's keys become a level."""
+        data = b"".join(self.pending)
+        self.flushed += len(self.pending)
+        self.pending = []
+        if self.buffer[0]:
+            rows = [[(h << 32) | o for h, ords in buf.items() for o in ords] for buf in self.buffer]
+            self.levels.append(np.sort(np.array(rows, dtype=np.uint64), axis=1))
+            self.buffer = [{} for _ in range(self.bands)]
+            while len(self.levels) > 1 and self.levels[-2].shape[1] < self.GROWTH * self.levels[-1].shape[1]:
+                last = self.levels.pop()
+                self.levels[-1] = np.sort(np.concatenate((self.levels[-1], last), axis=1), axis=1, kind="stable")
+        return data
+
+
+def reject_meta(meta: dict[str, Any], dataset: str, twin: Twin) -> dict[str, Any]:
+    """A near-duplicate reject's meta: the estimated Jaccard and the kept twin's `meta.source` id."""
+    return {**meta, "failed_check": "near_duplicate",
+            "reason": f"near duplicate of {dataset}#{twin.source_index} (estimated Jaccard {twin.jaccard})",
+            "jaccard": twin.jaccard, "near_duplicate_of": {"dataset": dataset, "index": twin.source_index}}

@@ -1,0 +1,300 @@
+"""Near-duplicate removal (quality.near_dedup): signatures, the band index, config validation, and the
+ingest writer's decisions — deterministic, worker-count independent and crash-safe (kill -9 + resume)."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import yaml
+
+from helpers import base_config, tree_hashes
+from quality import QualityConfigError, QualityControl, validate_quality_config
+from quality.near_dedup import NearDupIndex, Signer, band_hashes
+from streamprep import run_from_dict
+from streamprep.checkpoints import DatasetFiles
+
+NEAR = {"enabled": True, "threshold": 0.8, "ngram": 5, "bands": 14, "rows": 8, "seed": 1}
+
+
+def _c4(shared: Path, n: int) -> list[str]:
+    lines = (shared / "web" / "c4_en_train00000_first1000.jsonl").read_bytes().splitlines()
+    return [orjson.loads(x)["text"] for x in lines if len(orjson.loads(x)["text"]) > 600][:n]
+
+
+def _edit(text: str, rate: float, rng: random.Random) -> str:
+    """Replace a `rate` share of the words with a word that is not in the text."""
+    words = text.split()
+    for i in rng.sample(range(len(words)), max(1, round(rate * len(words)))):
+        words[i] = f"zq{rng.randrange(10**6)}"
+    return " ".join(words)
+
+
+def _corpus(shared: Path, n: int = 60) -> tuple[list[str], dict[int, int]]:
+    """`n` distinct C4 texts, plus after each of the first 20 a 1 %-edited copy; {copy position: original}."""
+    rng = random.Random(5)
+    texts, twins = [], {}
+    for i, t in enumerate(_c4(shared, n)):
+        texts.append(t)
+        if i < 20:
+            twins[len(texts)] = len(texts) - 1
+            texts.append(_edit(t, 0.01, rng))
+    return texts, twins
+
+
+# ---- signatures and the index ------------------------------------------------------------------
+def test_signatures_are_deterministic_and_text_only(shared_data: Path) -> None:
+    texts = _c4(shared_data, 20)
+    signer = Signer(NEAR)
+    a = signer.signatures(texts)
+    b = [signer.signatures([t])[0] for t in reversed(texts)][::-1]  # batch composition does not matter
+    assert a == b and all(len(s) == 112 * 4 for s in a)
+    assert signer.signatures(["", "  !!! ...", "two words"])[:2] == [None, None]
+    assert signer.signatures(["Two words"]) == signer.signatures(["two, words!"])  # case and punctuation
+    assert Signer({**NEAR, "seed": 2}).signatures(texts[:1]) != a[:1]
+
+
+def _jaccard(a: bytes, b: bytes) -> float:
+    return float(np.mean(np.frombuffer(a, "<u4") == np.frombuffer(b, "<u4")))
+
+
+def test_estimated_jaccard_follows_edit_rate(shared_data: Path) -> None:
+    """5-gram Jaccard after substituting a share p of words is about (1-p)^5 / (2 - (1-p)^5)."""
+    rng = random.Random(1)
+    texts = _c4(shared_data, 30)
+    signer = Signer(NEAR)
+    for rate in (0.01, 0.1):
+        pairs = signer.signatures(texts + [_edit(t, rate, rng) for t in texts])
+        est = np.mean([_jaccard(pairs[i], pairs[i + len(texts)]) for i in range(len(texts))])
+        keep = (1 - rate) ** 5
+        assert abs(est - keep / (2 - keep)) < 0.06, (rate, est)
+
+
+def _decide(index: NearDupIndex, sigs: list[bytes | None], batch: int) -> list[tuple[int, float] | None]:
+    """Run the writer's protocol over `sigs` in batches; every document is kept unless it has a twin."""
+    out: list = []
+    for start in range(0, len(sigs), batch):
+        index.prepare(sigs[start:start + batch])
+        for pos in range(start, min(start + batch, len(sigs))):
+            twin = index.next_twin()
+            out.append(tuple(twin) if twin else None)
+            if twin is None:
+                index.add(pos)
+        data = index.take_log()
+        with open(index.path, "ab") as fh:
+            fh.write(data)
+    return out
+
+
+def test_index_finds_twins_in_source_order_and_rebuilds_equal(shared_data: Path, tmp_path: Path) -> None:
+    texts, twins = _corpus(shared_data)
+    sigs = Signer(NEAR).signatures(texts)
+    decisions = {}
+    for batch in (1, 8, len(texts)):
+        index = NearDupIndex(NEAR, tmp_path / f"b{batch}.near")
+        decisions[batch] = _decide(index, sigs, batch)
+        rebuilt = NearDupIndex(NEAR, index.path)
+        rebuilt.load()
+        assert len(rebuilt) == len(index) == len(texts) - len(twins)
+        assert index.path.stat().st_size == len(rebuilt) * (8 + 112 * 4)
+        assert rebuilt.nbytes() == index.nbytes() == 14 * 8 * len(rebuilt)  # 112 B/doc of in-memory index
+        live = np.sort(np.concatenate(index.levels, axis=1), axis=1)
+        assert np.array_equal(live, rebuilt.levels[0])  # the same keys, however they were merged
+        assert len(index.levels) <= 4
+    assert decisions[1] == decisions[8] == decisions[len(texts)]
+    found = {pos: d for pos, d in enumerate(decisions[1]) if d is not None}
+    assert set(found) == set(twins)
+    assert all(found[pos][0] == twins[pos] and found[pos][1] >= 0.8 for pos in found)
+
+
+def test_rebuilt_index_decides_like_the_live_one(shared_data: Path, tmp_path: Path) -> None:
+    """Resume semantics: the first half through a live index, the rest through one rebuilt from its log."""
+    texts, _ = _corpus(shared_data)
+    copies = texts[::3]
+    texts = texts + copies  # exact copies of earlier documents in the second half
+    sigs = Signer(NEAR).signatures(texts)
+    whole = _decide(NearDupIndex(NEAR, tmp_path / "whole.near"), sigs, 16)
+    first = NearDupIndex(NEAR, tmp_path / "split.near")
+    head = _decide(first, sigs[:48], 16)
+    again = NearDupIndex(NEAR, first.path)
+    again.load()
+    tail = _decide(_Offset(again, 48), sigs[48:], 16)
+    assert head + tail == whole
+    assert sum(d is not None for d in tail) >= len(copies)
+
+
+class _Offset:
+    """Adds an offset to the positions `_decide` passes as source indices (the resumed half)."""
+
+    def __init__(self, index: NearDupIndex, offset: int):
+        self.index, self.offset, self.path = index, offset, index.path
+
+    def prepare(self, sigs):
+        self.index.prepare(sigs)
+
+    def next_twin(self):
+        return self.index.next_twin()
+
+    def add(self, pos: int) -> None:
+        self.index.add(pos + self.offset)
+
+    def take_log(self) -> bytes:
+        return self.index.take_log()
+
+
+def test_band_hashes_spread_bands_apart() -> None:
+    sig = np.zeros((1, 112), np.uint32)  # identical rows in every band still give distinct band keys
+    assert len(set(band_hashes(sig, 14, 8)[0].tolist())) == 14
+
+
+# ---- config ------------------------------------------------------------------------------------
+def test_default_is_off_and_validation_names_the_key() -> None:
+    cfg = validate_quality_config({})
+    assert cfg["near_dedup"]["enabled"] is False and cfg["near_dedup"]["num_perm"] == 112
+    assert validate_quality_config(cfg) == cfg
+    assert validate_quality_config({"near_dedup": {"bands": 20, "rows": 5}})["near_dedup"]["num_perm"] == 100
+    assert QualityControl({}).signer is None
+    bad = [({"threshold": 0}, "near_dedup.threshold"), ({"threshold": float("nan")}, "near_dedup.threshold"),
+           ({"threshold": 1.5}, "near_dedup.threshold"), ({"bands": 0}, "near_dedup.bands"),
+           ({"rows": 2.5}, "near_dedup.rows"), ({"num_perm": 100}, "near_dedup.num_perm"),
+           ({"enabled": "yes"}, "near_dedup.enabled"), ({"band": 3}, "near_dedup.band"),
+           ({"bands": 200, "rows": 8}, "near_dedup.bands")]
+    for sub, key in bad:
+        with pytest.raises(QualityConfigError) as exc:
+            validate_quality_config({"near_dedup": sub})
+        assert exc.value.key == key, sub
+    with pytest.raises(QualityConfigError) as exc:
+        validate_quality_config({"near_dedup": True})
+    assert exc.value.key == "near_dedup"
+
+
+# ---- ingest ------------------------------------------------------------------------------------
+def _dataset(tmp: Path, texts: list[str], name: str = "web") -> dict:
+    path = tmp / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"text": t, "id": f"d{i}"}) + "\n" for i, t in enumerate(texts)))
+    return {"name": name, "path": str(path)}
+
+
+def _cfg(tmp: Path, texts: list[str], workers: int = 1, **execution) -> dict:
+    cfg = base_config([_dataset(tmp, texts)], None, output={"shard_records": 25})
+    cfg["quality"] = {"expected_language": None, "min_chars": 20, "near_dedup": NEAR}
+    cfg["execution"].update(workers=workers, batch_records=16, **execution)
+    return cfg
+
+
+def _lines(path: Path) -> list[dict]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()]
+
+
+def test_ingest_rejects_near_duplicates_naming_the_kept_twin(shared_data: Path, tmp_path: Path) -> None:
+    texts, twins = _corpus(shared_data)
+    texts.append(texts[0])  # an exact copy stays an exact-duplicate reject
+    one, two = tmp_path / "w1", tmp_path / "w2"
+    run_from_dict(_cfg(tmp_path, texts, 1), run_dir=one, console_log=False)
+    run_from_dict(_cfg(tmp_path, texts, 2), run_dir=two, console_log=False)
+    compared = ("ingest", "rejects", "checkpoints")
+    h1, h2 = tree_hashes(one, *compared), tree_hashes(two, *compared)
+    assert {k: v for k, v in h1.items() if k.endswith((".jsonl", ".near", ".dedup"))} == \
+        {k: v for k, v in h2.items() if k.endswith((".jsonl", ".near", ".dedup"))}
+
+    rejects = _lines(one / "rejects" / "web.jsonl")
+    near = {r["source"]["index"]: r for r in rejects if r["failed_check"] == "near_duplicate"}
+    assert set(near) == set(twins)
+    for pos, r in near.items():
+        assert r["meta"]["near_duplicate_of"] == {"dataset": "web", "index": twins[pos]}
+        assert 0.8 <= r["meta"]["jaccard"] <= 1.0 and "estimated Jaccard" in r["reason"]
+    assert [r["source"]["index"] for r in rejects if r["failed_check"] == "duplicate"] == [len(texts) - 1]
+    kept = [x for p in sorted((one / "ingest" / "web").glob("part-*.jsonl")) for x in _lines(p)]
+    rejected = {r["source"]["index"] for r in rejects}  # the sample holds every reject here
+    assert [k["meta"]["source"]["index"] for k in kept] == [i for i in range(len(texts)) if i not in rejected]
+    assert not any({"jaccard", "near_duplicate_of", "signature"} & set(k["meta"]) for k in kept)
+    ck = json.loads((one / "checkpoints" / "web.json").read_text())
+    assert ck["near_dedup_bytes"] == len(kept) * (8 + 112 * 4) == (one / "checkpoints" / "web.near").stat().st_size
+    audit = json.loads((one / "audit" / "audit.json").read_text())
+    dups = audit["datasets"]["web"]["duplicates"]
+    assert dups["rejected_as_duplicate"] == 1 and dups["rejected_as_near_duplicate"] == len(twins)
+    pair = dups["near_duplicate_examples"][0]
+    assert pair["twin"]["text"] == texts[twins[pair["index"]]][:len(pair["twin"]["text"])]
+
+
+@pytest.mark.parametrize("case", ["log_longer", "log_shorter", "part_shorter"])
+def test_near_log_repair_resumes_to_identical_outputs(shared_data: Path, tmp_path: Path, case: str) -> None:
+    """A longer log is truncated, a shorter one restarts the dataset; a damaged part is rebuilt from the
+    part's start, a snapshot taken mid-batch, which must count the log up to that record (regression:
+    the log was counted per batch, so such a rebuild lost the records between batch start and roll)."""
+    texts, _ = _corpus(shared_data)
+    cfg = _cfg(tmp_path, texts)  # 25 records per part, batches of 16: parts roll mid-batch
+    ref = tmp_path / "ref"
+    run_from_dict(cfg, run_dir=ref, console_log=False)
+    run_dir = tmp_path / case
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    files = DatasetFiles(run_dir, run_dir / "checkpoints", "web")
+    ck = json.loads(files.checkpoint.read_text())
+    assert ck["part_start"]["kept"] % 16 and ck["part_start"]["near_dedup_bytes"] == ck["part_start"]["kept"] * 456
+    data = files.near_dedup.read_bytes()
+    if case == "log_longer":
+        files.near_dedup.write_bytes(data + b"\x01" * 460)
+    elif case == "log_shorter":
+        files.near_dedup.write_bytes(data[:-10])
+    else:
+        part = files.part(ck["part_index"])
+        part.write_bytes(part.read_bytes()[:100])
+    (run_dir / "run.json").write_text((run_dir / "run.json").read_text().replace('"complete"', '"interrupted"'))
+    files.checkpoint.write_text(files.checkpoint.read_text().replace('"done":true', '"done":false'))
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    assert tree_hashes(run_dir, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+    assert files.near_dedup.read_bytes() == data == (ref / "checkpoints" / "web.near").read_bytes()
+
+
+def test_kill_9_during_ingest_then_resume_is_byte_identical(shared_data: Path, tmp_path: Path) -> None:
+    """SIGKILL the CLI at random moments of ingest, resume each time: outputs and the .near log end
+    byte-identical to an uninterrupted run."""
+    texts, _ = _corpus(shared_data, 200)
+    texts = texts * 3  # later copies are exact duplicates: a longer ingest with many checkpoints
+    cfg = _cfg(tmp_path, texts)
+    ref = tmp_path / "ref"
+    run_from_dict(cfg, run_dir=ref, console_log=False)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "killed"
+    rng = random.Random(9)
+    cmd = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
+    ckpt = run_dir / "checkpoints" / "web.json"
+    killed_at: list[int] = []  # records consumed per the checkpoint just before each kill
+    for _ in range(5):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        start = json.loads(ckpt.read_text())["consumed"] if ckpt.exists() else 0
+        while proc.poll() is None and (not ckpt.exists() or json.loads(ckpt.read_text())["consumed"] <= start):
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.05))
+        state = json.loads(ckpt.read_text())
+        if proc.poll() is None and not state["done"]:
+            proc.send_signal(signal.SIGKILL)
+            killed_at.append(state["consumed"])
+        proc.wait(timeout=120)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(killed_at) >= 3 and len(set(killed_at)) >= 2, killed_at
+    compared = ("ingest", "rejects")
+    assert tree_hashes(run_dir, *compared) == tree_hashes(ref, *compared)
+    near = "checkpoints/web.near"
+    assert (run_dir / near).read_bytes() == (ref / near).read_bytes()
+
+
+def test_rebuild_reads_the_log_in_chunks(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sigs = Signer(NEAR).signatures(_c4(shared_data, 40))
+    index = NearDupIndex(NEAR, tmp_path / "x.near")
+    _decide(index, sigs, 40)
+    whole = NearDupIndex(NEAR, index.path)
+    whole.load()
+    monkeypatch.setattr(NearDupIndex, "LOAD_CHUNK", 7)
+    chunked = NearDupIndex(NEAR, index.path)
+    chunked.load()
+    assert len(chunked) == len(whole) == 40 and np.array_equal(chunked.levels[0], whole.levels[0])
