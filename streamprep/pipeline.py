@@ -290,5 +290,5 @@ class Job:
                 if not p.is_file() or p.stat().st_size != entry["bytes"]:
                     log.warning("finished run has a missing or changed shard; redoing what is needed", file=entry["path"])
                     return False
-        return (self.run_dir / "manifest.json").is_file() and (
+        return (self.run_dir / "manifest.json").is_file() and "manifest_sha256" in self.record and (
             bool(self.cfg.get("sft")) or (self.run_dir / "blend.json").is_file())

@@ -3,7 +3,7 @@
 `verify_run(run_dir)` returns a list of problems (one line each, naming the file); empty means sound.
 Checked: manifest.json's SHA-256 against run.json; SHA-256 and size of every file manifest.json lists
 (shards, and under `files` blend.json, mixtures.json, tokenizer/ and receipts/, see exports/chain.py)
-and of every file a receipt lists, and each ingest part against its receipt's `input_sha256`; each `.idx` against
+and of every file a receipt lists; each ingest part against its receipt's `input_sha256`; each `.idx` against
 its `.bin` (header, size, dtype, pointers, document indices, record/token counts); every Parquet shard
 against the manifest (rows, tokens, length bucket) and against its TSV (per row: n_tokens, token sum,
 text SHA-256); that Parquet and `.bin/.idx` hold the same records per source; that mixtures.json names
@@ -107,7 +107,7 @@ def _check_receipt(c: _Checker, rel: str, rec: dict[str, Any], fingerprint: str 
     stats = rec.get("stats") or {}
     part = f"ingest/{rec['dataset']}/{rec['part']}.jsonl"
     listed.add(part)
-    c.file(part, None, rec.get("input_sha256"), f"{rel} as input_sha256")
+    c.file(part, None, rec.get("input_sha256"), f"{rel} input_sha256")
     for f in files.values():
         listed.add(f["path"])
         c.file(f["path"], f.get("bytes"), f.get("sha256"), rel)
@@ -339,7 +339,10 @@ def _check_files(c: _Checker, entries: Any, listed: set[str]) -> None:
         if not (c.run_dir / rel).is_file():
             c.add(f"{rel}: missing (listed in manifest.json)")
             continue
-        sha, size = chain.digest(c.run_dir, rel)
+        got = c.guarded(rel, lambda: chain.digest(c.run_dir, rel))
+        if got is None:
+            continue
+        sha, size = got
         if size != entry.get("size_bytes") or sha != entry.get("sha256"):
             c.add(f"{rel}: content differs from manifest.json ({size} bytes, SHA-256 {sha[:12]}…; "
                   f"manifest.json says {entry.get('size_bytes')} bytes, {str(entry.get('sha256'))[:12]}…)")

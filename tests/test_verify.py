@@ -112,8 +112,9 @@ def test_stale_file_and_receipt_mismatch(exported):
 
 
 def test_missing_manifest(tmp_path):
-    assert verify_run(tmp_path) == ["run.json: missing (it records manifest.json's SHA-256, the root of the hash chain)",
-                                    "manifest.json: missing (exports not written yet?)"]
+    assert verify_run(tmp_path) == [
+        "run.json: missing (it records manifest.json's SHA-256, the root of the hash chain)",
+        "manifest.json: missing (exports not written yet?)"]
 
 
 def test_malformed_receipt_and_manifest_entry_reported_not_raised(exported):
@@ -329,3 +330,19 @@ def test_sft_run_chain(shared_data, tmp_path):
     _set("tokenizer_fingerprint", value="sha256:0")(meta)
     rel = str(meta.relative_to(run))
     assert _named(verify_run(run), f"{rel}: SHA-256 mismatch (receipts/glaive_toolcall/part-00000.json says")
+
+
+def test_rerun_of_a_pre_chain_run_records_the_chain(pipeline_run, tmp_path):
+    """A finished run without manifest_sha256 (older streamprep) is not 'complete' for a re-run: exports redone."""
+    from streamprep.pipeline import run as run_job
+
+    run = tmp_path / "old"
+    shutil.copytree(pipeline_run, run)
+    record = atomic.read_json(run / "run.json")
+    del record["manifest_sha256"]
+    atomic.write_json(run / "run.json", record)
+    assert "run.json: records no manifest_sha256 (written before the hash chain existed?)" in verify_run(run)
+    result = run_job(record["config"], run, console_log=False)
+    assert result.summary["tokenize"]["tokenized"] == 0  # only the exports were redone
+    assert verify_run(run) == []
+    assert (run / "manifest.json").read_bytes() == (pipeline_run / "manifest.json").read_bytes()

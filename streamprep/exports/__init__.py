@@ -2,8 +2,9 @@
 
 One entry point, `write_exports`. The manifest is written last and covers every other artifact
 (exports/chain.py); the caller records the SHA-256 it returns in run.json. Re-running it on the same
-inputs rewrites the same bytes and removes Parquet/TSV files of an earlier attempt that the new manifest no longer lists. File formats and the
-bucketing / shuffle / packing rules: docs/exports.md.
+inputs rewrites the same bytes and removes Parquet/TSV files of an earlier attempt that the new
+manifest no longer lists. File formats, the bucketing / shuffle / packing rules and the chain:
+docs/exports.md.
 """
 from __future__ import annotations
 
