@@ -231,7 +231,9 @@ class Job:
             except BaseException as exc:
                 self._save_record("failed", error=f"{type(exc).__name__}: {exc}"[:500])
                 raise
-            self._save_record("complete", finished_at=time.time(), summary=summary)
+            # run.json is the root of verify's hash chain: it records manifest.json's SHA-256
+            self._save_record("complete", finished_at=time.time(), summary=summary,
+                              manifest_sha256=summary["exports"]["manifest_sha256"])
             from streamprep.audit import write_audit
 
             write_audit(self.run_dir)  # after run.json is final: the audit reports its timings
@@ -359,10 +361,12 @@ class Job:
             shards.append({"dataset": t.dataset, "split": t.split, "prefix": t.prefix,
                            "num_tokens": receipt["stats"]["num_tokens"]})
         per_split = any(d["blend_split"] != "train" for d in self.cfg["datasets"])
-        if not self.cfg.get("sft"):
-            blend.write(self.run_dir, blend.build(shards, self.cfg["datasets"], self.cfg["output"]["valid_fraction"], per_split))
+        blend_json = None if self.cfg.get("sft") else blend.build(shards, self.cfg["datasets"],
+                                                                    self.cfg["output"]["valid_fraction"], per_split)
+        # write_exports writes blend.json, mixtures.json, then manifest.json covering them (+ receipts, tokenizer)
         summary = write_exports(self.run_dir, refs, self.cfg["output"], self.cfg["datasets"], self.cfg["run"]["seed"],
-                                info.to_json(), configmod.config_hash(self.cfg))
+                                info.to_json(), configmod.config_hash(self.cfg), blend=blend_json,
+                                receipts=[Path(t.receipt_path) for t in tasks])
         kept = {n: s.kept for n, s in states.items()}
         rejected = {n: s.rejected for n, s in states.items()}
         empty = {n: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == n)
@@ -379,5 +383,5 @@ class Job:
                 if not p.is_file() or p.stat().st_size != entry["bytes"]:
                     log.warning("finished run has a missing or changed shard; redoing what is needed", file=entry["path"])
                     return False
-        return (self.run_dir / "manifest.json").is_file() and (
+        return (self.run_dir / "manifest.json").is_file() and "manifest_sha256" in self.record and (
             bool(self.cfg.get("sft")) or (self.run_dir / "blend.json").is_file())

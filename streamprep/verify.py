@@ -1,12 +1,16 @@
-"""`streamprep verify`: re-check every output file against manifest.json and the receipts.
+"""`streamprep verify`: walk the hash chain run.json → manifest.json → every artifact, and re-check it.
 
 `verify_run(run_dir)` returns a list of problems (one line each, naming the file); empty means sound.
-Checked: SHA-256 and size of every file listed in manifest.json and in receipts/; each `.idx` against
+Checked: manifest.json's SHA-256 against run.json; SHA-256 and size of every file manifest.json lists
+(shards, and under `files` blend.json, mixtures.json, tokenizer/ and receipts/, see exports/chain.py)
+and of every file a receipt lists; each ingest part against its receipt's `input_sha256`; each `.idx` against
 its `.bin` (header, size, dtype, pointers, document indices, record/token counts); every Parquet shard
 against the manifest (rows, tokens, length bucket) and against its TSV (per row: n_tokens, token sum,
 text SHA-256); that Parquet and `.bin/.idx` hold the same records per source; that mixtures.json names
-only listed shards; and that no unlisted shard file lies in parquet/ or binidx/. Megatron's index cache
-(`PREFIX/cache/...`, written beside the data by GPTDataset) and hidden temporaries are ignored.
+only listed shards; and that no unlisted file lies in parquet/, binidx/, sft/, receipts/, tokenizer/ or
+ingest/. Megatron's index cache (`PREFIX/cache/...`, written beside the data by GPTDataset) and hidden
+temporaries are ignored; so are audit/, logs/, rejects/ and checkpoints/ (reports and resume state, not
+read by a trainer or a later stage).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from streamprep import atomic, binidx
+from streamprep.exports import chain
 
 TSV_HEADER = ["row", "n_tokens", "token_sum", "text_sha256"]
 
@@ -100,6 +105,9 @@ def _check_receipt(c: _Checker, rel: str, rec: dict[str, Any], fingerprint: str 
         c.add(f"{rel}: tokenizer fingerprint {rec.get('tokenizer_fingerprint')} differs from the manifest's")
     files = rec.get("files") or {}
     stats = rec.get("stats") or {}
+    part = f"ingest/{rec['dataset']}/{rec['part']}.jsonl"
+    listed.add(part)
+    c.file(part, None, rec.get("input_sha256"), f"{rel} input_sha256")
     for f in files.values():
         listed.add(f["path"])
         c.file(f["path"], f.get("bytes"), f.get("sha256"), rel)
@@ -116,7 +124,6 @@ def _check_receipt(c: _Checker, rel: str, rec: dict[str, Any], fingerprint: str 
 
     elif stats.get("num_documents", 0):
         c.add(f"{rel}: {stats['num_documents']} documents but no files")
-
 
 
 def _check_sft(c: _Checker, rel: str, paths: set[str]) -> None:
@@ -239,18 +246,19 @@ def _check_parquet(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, A
     return c.guarded(rel, scan)
 
 
+UNLISTED_SCAN = (("parquet", "*"), ("binidx", "*/*"), ("sft", "**/*"), ("receipts", "**/*"),
+                 ("tokenizer", "**/*"), ("ingest", "*/*"))
+
+
 def _check_unlisted(c: _Checker, listed: set[str]) -> None:
-    # Our files sit at parquet/<file> and binidx/<dataset>/<file>; anything deeper is not ours
-    # (Megatron's PREFIX/cache/GPTDataset_indices/...), hidden names are temporaries.
-    for top, pattern, suffixes in (("parquet", "*", (".parquet", ".tsv")), ("binidx", "*/*", (".bin", ".idx"))):
+    # Our files sit at parquet/<file>, binidx/<dataset>/<file>, ingest/<dataset>/<file>; deeper under
+    # binidx/ is Megatron's PREFIX/cache/GPTDataset_indices/..., not ours. Hidden names are temporaries.
+    for top, pattern in UNLISTED_SCAN:
         folder = c.run_dir / top
-        if not folder.is_dir():
-            continue
-        for path in sorted(folder.glob(pattern)):
+        for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
             rel = _rel(c.run_dir, path)
-            if not path.is_file() or path.name.startswith("."):
-                continue
-            if path.suffix in suffixes and rel not in listed:
+            if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts) \
+                    and rel not in listed:
                 c.add(f"{rel}: not listed in manifest.json or any receipt (stale file?)")
 
 
@@ -300,9 +308,50 @@ def _check_entry(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, Any
         c.add(f"manifest.json: shard {entry.get('shard_id')!r} has unknown kind {entry.get('kind')!r}")
 
 
+def _check_root(c: _Checker) -> None:
+    """run.json: a completed run recording manifest.json's SHA-256 (the root of the chain)."""
+    path = c.run_dir / "run.json"
+    if not path.is_file():
+        c.add("run.json: missing (it records manifest.json's SHA-256, the root of the hash chain)")
+        return
+    record = c.guarded("run.json", lambda: atomic.read_json(path))
+    if not isinstance(record, dict):
+        c.add("run.json: not a JSON object")
+        return
+    if record.get("status") != "complete":
+        c.add(f"run.json: status {record.get('status')!r}, not complete")
+    if not record.get("manifest_sha256"):
+        c.add("run.json: records no manifest_sha256 (written before the hash chain existed?)")
+    elif (c.run_dir / "manifest.json").is_file():
+        c.file("manifest.json", None, record["manifest_sha256"], "run.json")
+
+
+def _check_files(c: _Checker, entries: Any, listed: set[str]) -> None:
+    """manifest.json `files`: blend.json, mixtures.json, tokenizer/ and receipts/ (exports/chain.py)."""
+    if not isinstance(entries, list) or not entries:
+        c.add("manifest.json: lists no `files` (blend.json, mixtures.json, tokenizer/, receipts/ are unprotected)")
+        return
+    for entry in entries:
+        rel = entry["path"]
+        listed.add(rel)
+        if bool(entry.get("run_dir_relative")) != (rel in chain.RUN_DIR_RELATIVE):
+            c.add(f"manifest.json: {rel} has the wrong run_dir_relative flag")
+        if not (c.run_dir / rel).is_file():
+            c.add(f"{rel}: missing (listed in manifest.json)")
+            continue
+        got = c.guarded(rel, lambda: chain.digest(c.run_dir, rel))
+        if got is None:
+            continue
+        sha, size = got
+        if size != entry.get("size_bytes") or sha != entry.get("sha256"):
+            c.add(f"{rel}: content differs from manifest.json ({size} bytes, SHA-256 {sha[:12]}…; "
+                  f"manifest.json says {entry.get('size_bytes')} bytes, {str(entry.get('sha256'))[:12]}…)")
+
+
 def verify_run(run_dir: str | Path) -> list[str]:
     """All problems found in the run directory's outputs; an empty list means every check passed."""
     c = _Checker(Path(run_dir))
+    _check_root(c)
     man_path = c.run_dir / "manifest.json"
     man: dict[str, Any] | None = None
     if not man_path.is_file():
@@ -316,6 +365,10 @@ def verify_run(run_dir: str | Path) -> list[str]:
     listed = _check_receipts(c, fingerprint)
 
     if man is not None:
+        try:
+            _check_files(c, man.get("files"), listed)
+        except (KeyError, TypeError, AttributeError) as exc:
+            c.add(f"manifest.json: `files` is malformed ({type(exc).__name__}: {exc})")
         buckets = man.get("buckets") or []
         per_source: dict[str, dict[str, list[int]]] = {}
         shard_ids: set[str] = set()

@@ -1,8 +1,13 @@
 """`verify_run`: a clean run has no problems; each kind of damage is named by the file it hits."""
 from __future__ import annotations
 
+import os
+import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -16,7 +21,8 @@ def exported(base_run, tmp_path: Path) -> Path:  # noqa: F811
     src, refs = base_run
     run = tmp_path / "run"
     shutil.copytree(src, run)
-    export(run, relocate(refs, src, run))
+    summary = export(run, relocate(refs, src, run))
+    atomic.write_json(run / "run.json", {"status": "complete", "manifest_sha256": summary["manifest_sha256"]})
     return run
 
 
@@ -106,7 +112,9 @@ def test_stale_file_and_receipt_mismatch(exported):
 
 
 def test_missing_manifest(tmp_path):
-    assert verify_run(tmp_path) == ["manifest.json: missing (exports not written yet?)"]
+    assert verify_run(tmp_path) == [
+        "run.json: missing (it records manifest.json's SHA-256, the root of the hash chain)",
+        "manifest.json: missing (exports not written yet?)"]
 
 
 def test_malformed_receipt_and_manifest_entry_reported_not_raised(exported):
@@ -120,3 +128,221 @@ def test_malformed_receipt_and_manifest_entry_reported_not_raised(exported):
     problems = verify_run(exported)
     assert any(p.startswith("receipts/dclm/part-00000.json: malformed receipt") for p in problems), problems
     assert any(p.startswith("manifest.json: shards[0] is malformed") for p in problems), problems
+
+
+# -- the hash chain on a real pipeline run: run.json → manifest.json → every artifact ---------------------
+Edit = Callable[[Path], None]
+
+
+def _json_edit(fn: Callable[[Any], None]) -> Edit:
+    """An edit that keeps the file valid JSON (the kind a checksum-less reader would accept)."""
+    def edit(path: Path) -> None:
+        obj = atomic.read_json(path)
+        fn(obj)
+        atomic.write_json(path, obj)
+    return edit
+
+
+def _flip(offset: float) -> Edit:
+    def edit(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[int(len(data) * offset)] ^= 0x01
+        path.write_bytes(bytes(data))
+    return edit
+
+
+def _swap_shard_id(man: dict) -> None:
+    a, b = man["shards"][0], man["shards"][-1]
+    a["shard_id"], b["shard_id"] = b["shard_id"], a["shard_id"]
+
+
+def _swap_mixture_shard(mix: dict) -> None:  # a valid id of the other source: the manifest still lists it
+    mix["sources"]["c4"]["shards"][0] = mix["sources"]["dclm"]["shards"][0]
+
+
+def _set(*keys: str | int, value: Any = None, add: Any = None) -> Edit:
+    def fn(obj: Any) -> None:
+        for k in keys[:-1]:
+            obj = obj[k]
+        obj[keys[-1]] = value if add is None else obj[keys[-1]] + add
+    return _json_edit(fn)
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from helpers import PHI2, base_config
+
+    from streamprep import run_from_dict
+
+    run_dir = tmp_path_factory.mktemp("chain") / "run"
+    cfg = base_config([{"name": "c4", "path": str(shared_data / "web/c4_en_train00000_first1000.jsonl"),
+                        "weight": 0.394},
+                       {"name": "dclm", "path": str(shared_data / "web/dclm_quality_*.jsonl")}],
+                      str(shared_data / PHI2), output={"shard_records": 300})
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    return run_dir
+
+
+@pytest.fixture()
+def chain_run(pipeline_run: Path):
+    """The module's run, restored after the test (copying it would move blend.json's absolute prefixes)."""
+    saved: dict[Path, bytes | None] = {}
+
+    def touch(rel: str, edit: Edit | None = None, data: bytes | None = None) -> Path:
+        path = pipeline_run / rel
+        saved.setdefault(path, path.read_bytes() if path.exists() else None)
+        if edit is not None:
+            edit(path)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data or b"")
+        return path
+
+    yield pipeline_run, touch
+    for path, data in saved.items():
+        if data is None:
+            path.unlink()
+        else:
+            path.write_bytes(data)
+    assert verify_run(pipeline_run) == []
+
+
+def test_real_run_verifies_and_records_the_chain(chain_run):
+    run, _ = chain_run
+    record, man = atomic.read_json(run / "run.json"), atomic.read_json(run / "manifest.json")
+    assert record["manifest_sha256"] == atomic.sha256_file(run / "manifest.json")
+    roles = {e["path"]: e["role"] for e in man["files"]}
+    receipts = sorted(str(p.relative_to(run)) for p in (run / "receipts").rglob("*.json"))
+    assert [p for p, r in roles.items() if r == "receipt"] == receipts and len(receipts) == 6
+    assert {p for p, r in roles.items() if r != "receipt"} == {
+        "blend.json", "mixtures.json", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json",
+        "tokenizer/fingerprint.json"}
+    assert verify_run(run) == []
+    assert subprocess.run([sys.executable, "-m", "streamprep", "verify", str(run)], capture_output=True,
+                          env=_env()).returncode == 0
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+# (file to tamper with, how, the file verify must name)
+TAMPER = {
+    "blend_bit_flip": ("blend.json", _flip(0.5), "blend.json"),
+    "blend_weight": ("blend.json", _json_edit(lambda b: b["train"].__setitem__(
+        0, str(round(float(b["train"][0]) + 0.1, 12)))), "blend.json"),
+    "blend_prefix": ("blend.json", _json_edit(lambda b: b["train"].__setitem__(1, b["train"][3])), "blend.json"),
+    "tokenizer_json": ("tokenizer/tokenizer.json", _set("added_tokens", 0, "content", value="<|end|>"),
+                       "tokenizer/tokenizer.json"),
+    "tokenizer_fingerprint": ("tokenizer/fingerprint.json", _set("eod_id", add=1), "tokenizer/fingerprint.json"),
+    "manifest_seed": ("manifest.json", _set("seed", add=1), "manifest.json"),
+    "manifest_weight": ("manifest.json", _set("datasets", "c4", "weight", value=0.494), "manifest.json"),
+    "manifest_bucket_bounds": ("manifest.json", _set("buckets", 0, "max_tokens", add=1), "manifest.json"),
+    "manifest_shard_ids": ("manifest.json", _json_edit(_swap_shard_id), "manifest.json"),
+    "mixtures_token_count": ("mixtures.json", _set("sources", "c4", "num_tokens", add=1), "mixtures.json"),
+    "mixtures_swapped_shard": ("mixtures.json", _json_edit(_swap_mixture_shard), "mixtures.json"),
+    "receipt_input_sha256": ("receipts/c4/part-00001.json", _set("input_sha256", value="0" * 64),
+                             "receipts/c4/part-00001.json"),
+    "receipt_plan_hash": ("receipts/c4/part-00001.json", _set("plan_hash", value="0123456789abcdef"),
+                          "receipts/c4/part-00001.json"),
+    "receipt_record_count": ("receipts/dclm/part-00000.json", _set("stats", "num_input_records", add=1),
+                             "receipts/dclm/part-00000.json"),
+    "bin_byte_flip": ("binidx/dclm/part-00001_text_document.bin", _flip(0.3),
+                      "binidx/dclm/part-00001_text_document.bin"),
+    "ingest_part": ("ingest/c4/part-00002.jsonl", _flip(0.7), "ingest/c4/part-00002.jsonl"),
+    "run_json_manifest_hash": ("run.json", _set("manifest_sha256", value="f" * 64), "manifest.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPER))
+def test_every_tampering_is_named(chain_run, case):
+    run, touch = chain_run
+    rel, edit, named = TAMPER[case]
+    touch(rel, edit)
+    problems = verify_run(run)
+    assert _named(problems, f"{named}: "), problems
+    if named == "manifest.json":  # fields with no other witness: the run.json → manifest.json link names it
+        assert any(p.startswith("manifest.json: SHA-256 mismatch (run.json says") for p in problems), problems
+
+
+def test_verify_cli_exit_code_on_tampering(chain_run):
+    run, touch = chain_run
+    touch("blend.json", TAMPER["blend_weight"][1])
+    out = subprocess.run([sys.executable, "-m", "streamprep", "verify", str(run)], capture_output=True, text=True,
+                         env=_env())
+    assert out.returncode == 1 and out.stdout.startswith("blend.json: content differs from manifest.json"), out
+
+
+def test_every_bit_flip_in_blend_breaks_its_link(pipeline_run):
+    """The issue's 100 bit flips: each changes the digest verify compares with manifest.json's entry."""
+    from streamprep.exports import chain
+
+    entry = next(e for e in atomic.read_json(pipeline_run / "manifest.json")["files"] if e["path"] == "blend.json")
+    original = (pipeline_run / "blend.json").read_bytes()
+    rng = random.Random(13)
+    try:
+        for _ in range(100):
+            data = bytearray(original)
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            (pipeline_run / "blend.json").write_bytes(bytes(data))
+            assert chain.digest(pipeline_run, "blend.json") != (entry["sha256"], entry["size_bytes"])
+    finally:
+        (pipeline_run / "blend.json").write_bytes(original)
+    assert chain.digest(pipeline_run, "blend.json") == (entry["sha256"], entry["size_bytes"])
+
+
+@pytest.mark.parametrize("rel", ["tokenizer/vocab.txt", "receipts/c4/part-00009.json", "ingest/c4/part-00009.jsonl",
+                                 "sft/c4/x_s0000.meta.json"])
+def test_unlisted_files_are_reported(chain_run, rel):
+    run, touch = chain_run
+    touch(rel, data=b"{}")
+    assert _named(verify_run(run), f"{rel}: not listed in manifest.json or any receipt"), rel
+
+
+def test_incomplete_or_pre_chain_run_json(chain_run):
+    run, touch = chain_run
+    touch("run.json", _json_edit(lambda r: (r.pop("manifest_sha256"), r.update(status="failed"))))
+    assert verify_run(run) == ["run.json: status 'failed', not complete",
+                               "run.json: records no manifest_sha256 (written before the hash chain existed?)"]
+
+
+def test_moved_run_has_its_blend_reported(pipeline_run, tmp_path):
+    """blend.json holds absolute prefixes: a copied run's blend still points into the old directory."""
+    shutil.copytree(pipeline_run, tmp_path / "moved")
+    problems = verify_run(tmp_path / "moved")
+    assert len(problems) == 1 and problems[0].startswith("blend.json: content differs from manifest.json"), problems
+
+
+def test_sft_run_chain(shared_data, tmp_path):
+    """SFT: sequence/mask/meta.json files are covered through the receipts the manifest lists."""
+    import yaml
+
+    from streamprep import run_from_dict
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/sft_chat.yaml").read_text())
+    raw["datasets"][0]["path"] = str(shared_data / "chat/glaive_toolcall_en_demo300.messages.jsonl")
+    raw["tokenizer"]["path"] = str(shared_data / "tokenizers/phi-3-mini")
+    raw["execution"] = {"engine": "local"}
+    run = tmp_path / "run"
+    run_from_dict(raw, run_dir=run, console_log=False)
+    assert verify_run(run) == []
+    meta = next((run / "sft").rglob("*.meta.json"))
+    _set("tokenizer_fingerprint", value="sha256:0")(meta)
+    rel = str(meta.relative_to(run))
+    assert _named(verify_run(run), f"{rel}: SHA-256 mismatch (receipts/glaive_toolcall/part-00000.json says")
+
+
+def test_rerun_of_a_pre_chain_run_records_the_chain(pipeline_run, tmp_path):
+    """A finished run without manifest_sha256 (older streamprep) is not 'complete' for a re-run: exports redone."""
+    from streamprep.pipeline import run as run_job
+
+    run = tmp_path / "old"
+    shutil.copytree(pipeline_run, run)
+    record = atomic.read_json(run / "run.json")
+    del record["manifest_sha256"]
+    atomic.write_json(run / "run.json", record)
+    assert "run.json: records no manifest_sha256 (written before the hash chain existed?)" in verify_run(run)
+    result = run_job(record["config"], run, console_log=False)
+    assert result.summary["tokenize"]["tokenized"] == 0  # only the exports were redone
+    assert verify_run(run) == []
+    assert (run / "manifest.json").read_bytes() == (pipeline_run / "manifest.json").read_bytes()

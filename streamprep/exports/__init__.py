@@ -1,8 +1,10 @@
-"""Exports after tokenization: Parquet shards (+ TSV), manifest.json, mixtures.json.
+"""Exports after tokenization: Parquet shards (+ TSV), blend.json, mixtures.json, then manifest.json.
 
-One entry point, `write_exports`. Re-running it on the same inputs rewrites the same bytes and removes
-Parquet/TSV files of an earlier attempt that the new manifest no longer lists. File formats and the
-bucketing / shuffle / packing rules: docs/exports.md.
+One entry point, `write_exports`. The manifest is written last and covers every other artifact
+(exports/chain.py); the caller records the SHA-256 it returns in run.json. Re-running it on the same
+inputs rewrites the same bytes and removes Parquet/TSV files of an earlier attempt that the new
+manifest no longer lists. File formats, the bucketing / shuffle / packing rules and the chain:
+docs/exports.md.
 """
 from __future__ import annotations
 
@@ -34,9 +36,15 @@ def _split_of(datasets: list[dict[str, Any]], shards: list[ShardRef]) -> dict[st
 
 
 def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, Any], datasets: list[dict[str, Any]],
-                  seed: int, tokenizer_info: dict[str, Any], config_hash: str) -> dict[str, Any]:
-    """Write parquet/, manifest.json and mixtures.json for the completed `shards`; return a summary."""
-    from streamprep.exports import manifest, mixtures, parquet
+                  seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, blend: dict[str, Any] | None = None,
+                  receipts: list[Path] | None = None) -> dict[str, Any]:
+    """Write parquet/, blend.json (when given), mixtures.json and manifest.json; return a summary.
+
+    `receipts`: every receipt of the run (SFT ones too); default: those of `shards`. The summary's
+    `manifest_sha256` is the root of the hash chain, for run.json.
+    """
+    from streamprep import blend as blendmod
+    from streamprep.exports import chain, manifest, mixtures, parquet
     from streamprep.exports.parquet import ParquetOptions
     from streamprep.exports.shards import build_index
 
@@ -68,12 +76,17 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, A
                "compression": opts.compression, "row_group_size": opts.row_group_size,
                "num_shards_multiple_of": opts.num_shards_multiple_of,
                "bytes_per_token_estimate": parquet.BYTES_PER_TOKEN, "tail_fraction": parquet.TAIL_FRACTION}
+    # Parquet files, blend.json, mixtures.json, then the manifest that lists them all, then the stale cleanup.
+    if blend is not None:
+        blendmod.write(run_dir, blend)
+    mixtures.write(run_dir, mixtures.build(manifest.sorted_shards(pq_entries, bin_entries), datasets, phases, split_of))
+    if receipts is None:
+        receipts = [run_dir / "receipts" / r.dataset / f"{r.part}.json" for r in shards]
+    files = chain.file_entries(run_dir, chain.chained_files(run_dir, receipts))
     man = manifest.build(pq_entries, bin_entries, seed=seed, config_hash=config_hash, tokenizer_info=tokenizer_info,
-                         buckets=parquet.bucket_table(opts.length_buckets), options=options, datasets=ds_summary)
-    mix = mixtures.build(man["shards"], datasets, phases, split_of)
-    # Parquet files first, then the manifest that lists them, then mixtures, then the stale cleanup.
-    manifest.write(run_dir, man)
-    mixtures.write(run_dir, mix)
+                         buckets=parquet.bucket_table(opts.length_buckets), options=options, datasets=ds_summary,
+                         files=files)
+    manifest_sha256 = manifest.write(run_dir, man)
     keep = {e["path"] for e in pq_entries} | {e["tsv"]["path"] for e in pq_entries}
     removed = parquet.remove_stale(run_dir, keep)
     return {
@@ -83,4 +96,5 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, A
         "records": {n: s["num_records"] for n, s in ds_summary.items()},
         "tokens": {n: s["num_tokens"] for n, s in ds_summary.items()},
         "stale_removed": len(removed),
+        "manifest_sha256": manifest_sha256,
     }

@@ -1,9 +1,11 @@
-"""manifest.json (formats.md §4): every Parquet shard and every `.bin/.idx` shard, with hashes.
+"""manifest.json (formats.md §4): every Parquet shard and every `.bin/.idx` shard, with hashes,
+and (under `files`) the other artifacts of the hash chain (exports/chain.py).
 
 No timestamps and canonical JSON, so the same inputs, seed and library versions give the same bytes.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +46,16 @@ def binidx_entries(run_dir: Path, index: DatasetIndex, seed: int) -> list[dict[s
     return out
 
 
+def sorted_shards(parquet: list[dict[str, Any]], binidx: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The manifest's `shards` order (mixtures.json is built from it before the manifest is written)."""
+    return sorted(parquet + binidx, key=lambda s: s["shard_id"])
+
+
 def build(parquet: list[dict[str, Any]], binidx: list[dict[str, Any]], *, seed: int, config_hash: str,
           tokenizer_info: dict[str, Any], buckets: list[dict[str, Any]], options: dict[str, Any],
-          datasets: list[dict[str, Any]]) -> dict[str, Any]:
-    shards = sorted(parquet + binidx, key=lambda s: s["shard_id"])
+          datasets: list[dict[str, Any]], files: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest; `files` are the other artifacts it covers (exports/chain.py)."""
+    shards = sorted_shards(parquet, binidx)
     splits: dict[str, dict[str, int]] = {}
     for s in parquet:
         agg = splits.setdefault(s["split"], {"parquet_shards": 0, "num_records": 0, "num_tokens": 0})
@@ -59,10 +67,12 @@ def build(parquet: list[dict[str, Any]], binidx: list[dict[str, Any]], *, seed: 
         "tokenizer": dict(tokenizer_info),
         "writer": {"streamprep": __version__, "pyarrow": pyarrow.__version__},
         "buckets": buckets, "parquet": options, "datasets": datasets, "splits": splits, "shards": shards,
+        "files": files,
     }
 
 
-def write(run_dir: Path, manifest: dict[str, Any]) -> Path:
-    path = run_dir / "manifest.json"
-    atomic.write_json(path, manifest)
-    return path
+def write(run_dir: Path, manifest: dict[str, Any]) -> str:
+    """Write manifest.json atomically; return the SHA-256 of its bytes (recorded in run.json)."""
+    data = atomic.dumps_json(manifest)
+    atomic.write_bytes(run_dir / "manifest.json", data)
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,56 @@
+"""The hash chain `streamprep verify` walks: run.json → manifest.json → every other artifact.
+
+run.json records manifest.json's SHA-256; manifest.json lists the shards (Parquet + TSV, `.bin/.idx`)
+and, under `files`, blend.json, mixtures.json, every tokenizer/ file and every receipt with SHA-256 and
+size; each receipt lists its shard files (SFT: sequences, loss masks, meta.json) and the SHA-256 of the
+ingest part it was tokenized from. So a change to any file a trainer or a later stage reads breaks a link.
+
+blend.json holds absolute prefixes (Megatron wants them), so its digest is taken with the run
+directory's path removed: identical runs in different directories keep byte-identical manifests, and a
+blend.json that points into another directory no longer matches.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+# Files whose digest is taken without the run directory's absolute path (see the module docstring).
+RUN_DIR_RELATIVE = frozenset({"blend.json"})
+
+
+def _run_dir_bytes(run_dir: Path) -> bytes:
+    """The run directory + "/" as it appears inside a JSON string written by atomic.write_json."""
+    return orjson.dumps(str(run_dir.resolve()) + "/")[1:-1]
+
+
+def digest(run_dir: Path, rel: str) -> tuple[str, int]:
+    """(SHA-256, size) of one small listed file, run-directory-relative for RUN_DIR_RELATIVE files."""
+    data = (run_dir / rel).read_bytes()
+    if rel in RUN_DIR_RELATIVE:
+        data = data.replace(_run_dir_bytes(run_dir), b"")
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def file_entries(run_dir: Path, rels: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """manifest.json's `files`: one {path, role, sha256, size_bytes[, run_dir_relative]} per (path, role)."""
+    out = []
+    for rel, role in sorted(rels):
+        sha, size = digest(run_dir, rel)
+        entry: dict[str, Any] = {"path": rel, "role": role, "sha256": sha, "size_bytes": size}
+        if rel in RUN_DIR_RELATIVE:
+            entry["run_dir_relative"] = True
+        out.append(entry)
+    return out
+
+
+def chained_files(run_dir: Path, receipts: list[Path]) -> list[tuple[str, str]]:
+    """(relative path, role) of every non-shard artifact the manifest must cover, written before it."""
+    rels = [(str(p.relative_to(run_dir)), "receipt") for p in receipts]
+    tok = run_dir / "tokenizer"
+    rels += [(str(p.relative_to(run_dir)), "tokenizer") for p in sorted(tok.rglob("*") if tok.is_dir() else [])
+             if p.is_file() and not p.name.startswith(".")]
+    rels += [(name, name[:-len(".json")]) for name in ("blend.json", "mixtures.json") if (run_dir / name).is_file()]
+    return rels
