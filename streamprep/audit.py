@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, stats
+from streamprep.tokenizer import training_report
 from streamprep.status import NotARunDir, checkpoint_dir
 
 VERSION = 1
@@ -280,6 +281,7 @@ def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) ->
         "timings": timings,
         "timings_note": "seconds of the last invocation of the run (a resumed run reports its own time)",
         "throughput": throughput,
+        "tokenizer_training": training_report(run_dir),  # held-out bytes/token of a sample-trained tokenizer
         "checks": {"ok": all(all_checks), "failed": [f"{n}: {k}" for n, d in datasets.items()
                                                      for k, v in d["checks"].items() if v is False]},
         "datasets": datasets,
@@ -317,6 +319,9 @@ def summary_text(audit: dict[str, Any], html_path: str | Path | None = None) -> 
         lines.append("  counts add up: read = kept + rejected; tokenized = kept - empty_tokens")
     else:
         lines.append("  WARNING: counts do not add up: " + "; ".join(audit["checks"]["failed"]))
+    if (tt := audit.get("tokenizer_training")) and tt.get("bytes_per_token"):
+        lines.append(f"  tokenizer trained on a {tt['sample_mb']} MB sample: {tt['bytes_per_token']} bytes/token "
+                     f"on {tt['held_out_documents']:,} held-out documents")
     if html_path:
         lines.append(f"  report: {html_path}")
     return "\n".join(lines)
@@ -640,5 +645,8 @@ def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> 
                 _table(["stage", "seconds"], [[esc(k), _fmt(v)] for k, v in tm.items()]),
                 _table(["throughput", "value"], [[esc(k), _fmt(v)] for k, v in audit["throughput"].items()]),
                 f'<p class="muted">{esc(audit["timings_note"])}</p>']
+    if tt := audit.get("tokenizer_training"):
+        out += ["<h2>Tokenizer training sample</h2>",
+                _table(["held-out measurement", "value"], [[esc(k), _fmt(v)] for k, v in tt.items()])]
     out.append("</main></body></html>\n")
     return "\n".join(out)

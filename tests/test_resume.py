@@ -64,6 +64,8 @@ def test_shards_are_tokenized_while_ingest_runs(reference: tuple[dict, Path]) ->
     assert events.index("shard done") < events.index("ingest done")
     report = json.loads((reference[1] / "run.json").read_text())["summary"]["tokenizer_training"]
     assert report["held_out_documents"] > 0 and 1.0 < report["bytes_per_token"] < 10.0
+    assert json.loads((reference[1] / "audit" / "audit.json").read_text())["tokenizer_training"] == report
+    assert "<td>bytes_per_token</td><td>" in (reference[1] / "audit" / "audit.html").read_text()
 
 
 # ---- repair cases, driven through the real pipeline ------------------------------------------
