@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from streamprep import __version__, atomic, config as configmod, logs
-from streamprep.checkpoints import DatasetFiles
+from streamprep.checkpoints import OWNER_NAME, DatasetFiles, claim, foreign_checkpoints
 from streamprep.config import ConfigError
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
-from streamprep.lock import RunLock, RunLocked
+from streamprep.lock import CHECKPOINT_LOCK_NAME, RunLock, RunLocked
 from streamprep.shards import make_task, read_receipt, receipt_problem, token_dtype
 
 log = logs.get("pipeline")
@@ -113,23 +113,46 @@ def run(cfg: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = Fa
         console_log: bool = True) -> RunResult:
     run_dir = resolve_run_dir(cfg, run_dir)
     previous = _preflight(cfg, run_dir, fresh)
+    checkpoint_dir = _checkpoint_dir(cfg, run_dir)
+    locks = [RunLock(run_dir), RunLock(checkpoint_dir, CHECKPOINT_LOCK_NAME, "checkpoint dir")]
     try:
-        lock = RunLock(run_dir).acquire()
-    except RunLocked as exc:
-        raise ConfigError(str(exc)) from None
-    try:
+        for lock in locks:
+            try:
+                lock.acquire()
+            except RunLocked as exc:
+                raise ConfigError(str(exc)) from None
+        _refuse_unsafe_paths(cfg, run_dir, checkpoint_dir)
         logs.configure(run_dir, console=console_log)
-        if lock.taken_over:
-            log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
+        for lock in locks:
+            if lock.taken_over:
+                log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
         return Job(cfg, run_dir, previous, console_log).run()
     finally:
-        lock.release()
+        for lock in locks:
+            lock.release()
+
+
+def _checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> Path:
+    return Path(cfg["run"]["checkpoint_dir"] or run_dir / "checkpoints")
+
+
+def _refuse_unsafe_paths(cfg: dict[str, Any], run_dir: Path, checkpoint_dir: Path) -> None:
+    """Refuse (before writing) a run whose writes would land on files that are not ours."""
+    names = [d["name"] for d in cfg["datasets"]]
+    foreign = foreign_checkpoints(checkpoint_dir, run_dir, names)
+    if foreign:
+        raise ConfigError(f"run.checkpoint_dir: {foreign[0]} exists and is not a streamprep checkpoint; "
+                          f"refusing to overwrite it (choose an empty run.checkpoint_dir)")
+    escaping = atomic.escaping_symlinks(run_dir)
+    if escaping:
+        raise ConfigError(f"run dir: {escaping[0]} is a symlink leading outside the run dir; refusing to write "
+                          f"through it (remove it)")
 
 
 class Job:
     def __init__(self, cfg: dict[str, Any], run_dir: Path, previous: dict[str, Any] | None, console_log: bool = True):
         self.cfg, self.run_dir = cfg, run_dir
-        self.checkpoint_dir = Path(cfg["run"]["checkpoint_dir"] or run_dir / "checkpoints")
+        self.checkpoint_dir = _checkpoint_dir(cfg, run_dir)
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
         self.record.update({"config": cfg, "config_hash": configmod.config_hash(cfg), "versions": _versions(),
                             "checkpoint_dir": str(self.checkpoint_dir)})
@@ -156,6 +179,10 @@ class Job:
         if self.record.get("status") == "complete" and self._still_complete():
             log.info("run already complete; nothing to do", run_dir=str(self.run_dir))
             return RunResult(self.run_dir, "complete", self.record.get("summary", {}))
+        other = claim(self.checkpoint_dir, self.record["run_id"])
+        if other:
+            raise ConfigError(f"run.checkpoint_dir: {self.checkpoint_dir} holds the checkpoints of another run "
+                              f"(run_id {other}, see {OWNER_NAME} there); choose another run.checkpoint_dir")
         orphans = atomic.sweep_tmp(self.run_dir)
         if self.checkpoint_dir.exists() and not self.checkpoint_dir.is_relative_to(self.run_dir):
             orphans += atomic.sweep_tmp(self.checkpoint_dir)
