@@ -38,7 +38,7 @@ def sweep_tmp(root: str | os.PathLike) -> list[Path]:
     Only names `tmp_path` makes are removed, and symlinked folders are not descended into.
     """
     removed = []
-    for folder, dirs, names in os.walk(root):  # os.walk does not follow symlinks by default
+    for folder, _dirs, names in os.walk(root):  # os.walk does not follow symlinks by default
         for name in names:
             p = Path(folder) / name
             if is_tmp_name(name) and not p.is_symlink() and p.is_file():
