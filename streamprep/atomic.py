@@ -18,20 +18,50 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+TMP_MARK = ".streamprep-tmp."  # in every temporary name, so a sweep never touches a file we did not create
+
+
 def tmp_path(path: str | os.PathLike) -> Path:
     """Temporary sibling of `path`; unique per process so concurrent writers never share one."""
     p = Path(path)
-    return p.with_name(f".{p.name}.tmp.{os.getpid()}")
+    return p.with_name(f".{p.name}{TMP_MARK}{os.getpid()}")
+
+
+def is_tmp_name(name: str) -> bool:
+    """True for a name `tmp_path` produces (`.<name>.streamprep-tmp.<pid>`)."""
+    return name.startswith(".") and TMP_MARK in name and name.rsplit(TMP_MARK, 1)[1].isdigit()
 
 
 def sweep_tmp(root: str | os.PathLike) -> list[Path]:
-    """Remove temporary files left by killed writers (call only while holding the run lock)."""
+    """Remove temporary files left by killed writers (call only while holding the lock of `root`).
+
+    Only names `tmp_path` makes are removed, and symlinked folders are not descended into.
+    """
     removed = []
-    for p in Path(root).rglob(".*.tmp.*"):
-        if p.is_file() and p.name.rsplit(".tmp.", 1)[-1].isdigit():
-            p.unlink()
-            removed.append(p)
+    for folder, _dirs, names in os.walk(root):  # os.walk does not follow symlinks by default
+        for name in names:
+            p = Path(folder) / name
+            if is_tmp_name(name) and not p.is_symlink() and p.is_file():
+                p.unlink()
+                removed.append(p)
     return removed
+
+
+def escaping_symlinks(root: str | os.PathLike) -> list[Path]:
+    """Symlinks under `root` that lead outside it: writing through one would change a file that is not ours."""
+    top = Path(root).resolve()
+    found = []
+    for folder, dirs, names in os.walk(top):
+        for name in dirs + names:
+            p = Path(folder) / name
+            if p.is_symlink() and not p.resolve().is_relative_to(top):
+                found.append(p)
+    return found
+
+
+def nofollow(path: str, flags: int) -> int:
+    """`open(..., opener=nofollow)`: fail rather than write through a symlink planted at `path`."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 
 def commit(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
@@ -47,7 +77,7 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_path(path)
-    with open(tmp, "wb") as fh:
+    with open(tmp, "wb", opener=nofollow) as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())

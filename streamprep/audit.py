@@ -380,7 +380,7 @@ def svg_hbars(items: list[tuple[str, int, str]], width: int = 560, label_w: int 
     h = top + row * len(items) + 4
     vmax = max(v for _, v, _ in items) or 1
     bar_w = width - label_w - 70
-    parts = [f'<svg class="chart" role="img" width="{width}" height="{h}" viewBox="0 0 {width} {h}"">']
+    parts = [f'<svg class="chart" role="img" width="{width}" height="{h}" viewBox="0 0 {width} {h}">']
     for i, (label, value, color) in enumerate(items):
         y = top + i * row
         w = max(1, round(bar_w * value / vmax)) if value else 0
@@ -420,7 +420,7 @@ def svg_hist(series: list[tuple[str, dict[str, int], str]], width: int = 560, he
     smax = max(max(s.values()) for s in shares) or 1
     group = plot_w / len(bins)
     bw = max(2.0, (group - 4) / len(series))
-    parts = [f'<svg class="chart" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}"">',
+    parts = [f'<svg class="chart" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
              f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 8}" y2="{top + plot_h}" class="axis"/>']
     for frac in (0.5, 1.0):
         y = top + plot_h - plot_h * frac
@@ -461,7 +461,7 @@ def svg_shares(rows: list[tuple[str, dict[str, int]]], width: int = 560, top_n: 
     label_w, row = 80, 26
     bar_w = width - label_w - 8
     h = row * len(rows) + 26
-    parts = [f'<svg class="chart" role="img" width="{width}" height="{h}" viewBox="0 0 {width} {h}"">']
+    parts = [f'<svg class="chart" role="img" width="{width}" height="{h}" viewBox="0 0 {width} {h}">']
     for i, (name, c) in enumerate(rows):
         total = sum(c.values())
         segs = [(k, c.get(k, 0)) for k in keys] + [("other", total - sum(c.get(k, 0) for k in keys))]

@@ -27,6 +27,8 @@ from streamprep import atomic, logs
 
 VERSION = 1
 DIGEST = 32
+OWNER_NAME = ".streamprep-run"  # the run_id whose checkpoints a checkpoint dir holds
+WRITER = "streamprep"  # the `writer` field: a checkpoint without it was not written by us and is never touched
 log = logs.get("checkpoint")
 
 
@@ -64,7 +66,7 @@ class IngestState:
         return copy.deepcopy(d)
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": VERSION, **dataclasses.asdict(self)}
+        return {"version": VERSION, "writer": WRITER, **dataclasses.asdict(self)}
 
     @classmethod
     def from_json(cls, d: Any) -> "IngestState":
@@ -134,6 +136,41 @@ def _has_type(value: Any, hint: Any) -> bool:
         if ok:
             return True
     return False
+
+
+def foreign_checkpoints(checkpoint_dir: Path, run_dir: Path, datasets: list[str]) -> list[Path]:
+    """Files at our checkpoint names in an external `checkpoint_dir` that streamprep did not write.
+
+    Inside the run dir every file is ours (an unreadable one is repaired); outside it, a file that is not a
+    checkpoint of ours (e.g. an input `c4.json`) must be neither parsed into a state nor deleted nor replaced.
+    """
+    if Path(checkpoint_dir).resolve().is_relative_to(Path(run_dir).resolve()):
+        return []
+    found = []
+    for name in datasets:
+        files = DatasetFiles(run_dir, checkpoint_dir, name)
+        found += [p for p in (files.checkpoint, files.dedup) if p.is_symlink()]
+        if files.checkpoint.exists() and not files.checkpoint.is_symlink() and not _is_ours(files.checkpoint):
+            found.append(files.checkpoint)
+    return found
+
+
+def claim(checkpoint_dir: Path, run_id: str) -> str | None:
+    """Mark `checkpoint_dir` as holding run `run_id`'s checkpoints; returns the other run's id if it already
+    holds another run's (two runs with the same dataset names would overwrite each other's checkpoints)."""
+    path = Path(checkpoint_dir) / OWNER_NAME
+    owner = path.read_text().strip() if path.is_file() else None
+    if owner is None:
+        atomic.write_bytes(path, run_id.encode() + b"\n")
+    return owner if owner not in (None, run_id) else None
+
+
+def _is_ours(path: Path) -> bool:
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("writer") == WRITER
 
 
 def save(files: DatasetFiles, state: IngestState) -> None:

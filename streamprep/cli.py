@@ -171,9 +171,19 @@ def entry() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: os._exit(code))
     logging.shutdown()
+    _remove_multiprocessing_tmp()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _remove_multiprocessing_tmp() -> None:
+    """Run multiprocessing's exit finalizers, which `os._exit` skips: the QC forkserver's /tmp/pymp-* folder
+    (its socket) would otherwise stay behind after every run. Its workers are already shut down."""
+    if "multiprocessing" in sys.modules:
+        import multiprocessing.util
+
+        multiprocessing.util._run_finalizers()  # no public API; atexit's _exit_function calls the same
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ import aiofiles
 import orjson
 
 from quality import DedupIndex, QualityControl, Verdict, near_dedup
-from streamprep import logs, stats
+from streamprep import atomic, logs, stats
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import ConfigError
 from streamprep.sources import BadRecord, open_source
@@ -364,7 +364,7 @@ class DatasetIngest:
 
 
 async def _append(path: Path, data: bytes) -> None:
-    async with aiofiles.open(path, "ab") as fh:
+    async with aiofiles.open(path, "ab", opener=atomic.nofollow) as fh:
         await fh.write(data)
         await fh.flush()
         await asyncio.to_thread(os.fsync, fh.fileno())

@@ -1,4 +1,8 @@
-"""One writer per run dir: an flock on RUN_DIR/.lock, released by the kernel if the holder dies."""
+"""One writer per run dir: an flock on RUN_DIR/.lock, released by the kernel if the holder dies.
+
+The checkpoint dir gets its own lock (CHECKPOINT_LOCK_NAME) so two runs sharing `run.checkpoint_dir`
+cannot overwrite each other's checkpoints.
+"""
 from __future__ import annotations
 
 import fcntl
@@ -11,6 +15,7 @@ from typing import Any
 import orjson
 
 LOCK_NAME = ".lock"
+CHECKPOINT_LOCK_NAME = ".streamprep.lock"  # a distinct name: an external checkpoint dir may hold a user's `.lock`
 
 
 class RunLocked(RuntimeError):
@@ -18,8 +23,9 @@ class RunLocked(RuntimeError):
 
 
 class RunLock:
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_NAME
+    def __init__(self, run_dir: Path, name: str = LOCK_NAME, what: str = "run dir"):
+        self.path = Path(run_dir) / name
+        self.what = what
         self.fd: int | None = None
         self.taken_over: dict[str, Any] | None = None  # the record of a dead holder whose lock we took
 
@@ -31,7 +37,7 @@ class RunLock:
         except BlockingIOError:
             os.close(fd)
             holder = read_holder(self.path)
-            raise RunLocked(f"run dir {self.path.parent} is in use by pid {holder.get('pid', '?')} "
+            raise RunLocked(f"{self.what} {self.path.parent} is in use by pid {holder.get('pid', '?')} "
                             f"on {holder.get('host', '?')} (started {holder.get('started', '?')})") from None
         previous = read_holder(self.path)
         if previous.get("pid"):

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from streamprep import __version__, atomic, config as configmod, logs
-from streamprep.checkpoints import DatasetFiles, IngestState
-from streamprep.config import ConfigError
-from streamprep.ingest import IngestContext, completed_parts, ingest_all
 from streamprep import engines, tokenizer as tokmod
+from streamprep.checkpoints import OWNER_NAME, DatasetFiles, IngestState, claim, foreign_checkpoints
+from streamprep.config import ConfigError
 from streamprep.engines import Engine
 from streamprep.feeder import ShardFeeder
-from streamprep.lock import LOCK_NAME, RunLock, RunLocked
+from streamprep.ingest import IngestContext, completed_parts, ingest_all
+from streamprep.lock import CHECKPOINT_LOCK_NAME, LOCK_NAME, RunLock, RunLocked
 from streamprep.shards import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
 from streamprep.tokenizer import TokenizerInfo
 
@@ -101,8 +101,9 @@ def _check_writable_dir(path: Path, what: str) -> None:
 
 
 def _wrote_outputs(run_dir: Path, checkpoint_dir: Path) -> bool:
-    """Whether a run left anything besides run.json, its logs and its lock (a stage's output or checkpoint)."""
-    bookkeeping = {run_dir / "run.json", run_dir / "logs", run_dir / LOCK_NAME}
+    """Whether a run left anything besides run.json, its logs and its locks (a stage's output or checkpoint)."""
+    bookkeeping = {run_dir / "run.json", run_dir / "logs", run_dir / LOCK_NAME,
+                   checkpoint_dir / CHECKPOINT_LOCK_NAME, checkpoint_dir / OWNER_NAME}
     for root in (run_dir, checkpoint_dir):
         if root.is_dir() and any(p.is_file() and not any(p == b or b in p.parents for b in bookkeeping)
                                  for p in root.rglob("*")):
@@ -164,23 +165,46 @@ def run(cfg: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = Fa
         console_log: bool = True) -> RunResult:
     run_dir = resolve_run_dir(cfg, run_dir)
     previous = _preflight(cfg, run_dir, fresh)
+    checkpoint_dir = _checkpoint_dir(cfg, run_dir)
+    locks = [RunLock(run_dir), RunLock(checkpoint_dir, CHECKPOINT_LOCK_NAME, "checkpoint dir")]
     try:
-        lock = RunLock(run_dir).acquire()
-    except RunLocked as exc:
-        raise ConfigError(str(exc)) from None
-    try:
+        for lock in locks:
+            try:
+                lock.acquire()
+            except RunLocked as exc:
+                raise ConfigError(str(exc)) from None
+        _refuse_unsafe_paths(cfg, run_dir, checkpoint_dir)
         logs.configure(run_dir, console=console_log)
-        if lock.taken_over:
-            log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
+        for lock in locks:
+            if lock.taken_over:
+                log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
         return Job(cfg, run_dir, previous, console_log).run()
     finally:
-        lock.release()
+        for lock in locks:
+            lock.release()
+
+
+def _checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> Path:
+    return Path(cfg["run"]["checkpoint_dir"] or run_dir / "checkpoints")
+
+
+def _refuse_unsafe_paths(cfg: dict[str, Any], run_dir: Path, checkpoint_dir: Path) -> None:
+    """Refuse (before writing) a run whose writes would land on files that are not ours."""
+    names = [d["name"] for d in cfg["datasets"]]
+    foreign = foreign_checkpoints(checkpoint_dir, run_dir, names)
+    if foreign:
+        raise ConfigError(f"run.checkpoint_dir: {foreign[0]} exists and is not a streamprep checkpoint; "
+                          f"refusing to overwrite it (choose an empty run.checkpoint_dir)")
+    escaping = atomic.escaping_symlinks(run_dir)
+    if escaping:
+        raise ConfigError(f"run dir: {escaping[0]} is a symlink leading outside the run dir; refusing to write "
+                          f"through it (remove it)")
 
 
 class Job:
     def __init__(self, cfg: dict[str, Any], run_dir: Path, previous: dict[str, Any] | None, console_log: bool = True):
         self.cfg, self.run_dir = cfg, run_dir
-        self.checkpoint_dir = Path(cfg["run"]["checkpoint_dir"] or run_dir / "checkpoints")
+        self.checkpoint_dir = _checkpoint_dir(cfg, run_dir)
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
         self.record.update({"config": cfg, "config_hash": configmod.config_hash(cfg), "versions": _versions(),
                             "checkpoint_dir": str(self.checkpoint_dir)})
@@ -207,6 +231,10 @@ class Job:
         if self.record.get("status") == "complete" and self._still_complete():
             log.info("run already complete; nothing to do", run_dir=str(self.run_dir))
             return RunResult(self.run_dir, "complete", self.record.get("summary", {}))
+        other = claim(self.checkpoint_dir, self.record["run_id"])
+        if other:
+            raise ConfigError(f"run.checkpoint_dir: {self.checkpoint_dir} holds the checkpoints of another run "
+                              f"(run_id {other}, see {OWNER_NAME} there); choose another run.checkpoint_dir")
         orphans = atomic.sweep_tmp(self.run_dir)
         if self.checkpoint_dir.exists() and not self.checkpoint_dir.is_relative_to(self.run_dir):
             orphans += atomic.sweep_tmp(self.checkpoint_dir)

@@ -349,7 +349,7 @@ def test_restart_removes_stale_shards(run):
     run_dir, refs = run
     export(run_dir, refs, shard_size_bytes=4096)
     many = len(parquet_entries(run_dir))
-    (run_dir / "parquet" / ".shard_b00_s00000.parquet.tmp.999").write_bytes(b"partial")
+    (run_dir / "parquet" / ".shard_b00_s00000.parquet.streamprep-tmp.999").write_bytes(b"partial")
     summary = export(run_dir, refs)
     entries = parquet_entries(run_dir)
     assert len(entries) < many and summary["stale_removed"] > 0

@@ -288,7 +288,7 @@ def remove_stale(run_dir: Path, keep: set[str]) -> list[str]:
         return removed
     for p in sorted(folder.iterdir()):
         rel = f"parquet/{p.name}"
-        stale_tmp = p.name.startswith(".shard_b") and ".tmp." in p.name
+        stale_tmp = p.name.startswith(".shard_b") and atomic.is_tmp_name(p.name)
         if p.is_file() and (stale_tmp or (SHARD_FILE.match(p.name) and rel not in keep)):
             p.unlink()
             removed.append(rel)

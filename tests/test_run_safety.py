@@ -1,0 +1,168 @@
+"""Nothing outside the run is deleted or overwritten: temp-file sweeps, external checkpoint dirs, the
+checkpoint-dir lock, symlinks planted in the run dir; plus run hygiene (no /tmp/pymp-* left, valid SVG)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import base_config, english_docs
+from streamprep import atomic, run_from_dict
+from streamprep.cli import main
+from streamprep.config import ConfigError
+from streamprep.lock import CHECKPOINT_LOCK_NAME, RunLock
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _config(tmp: Path, name: str = "alpha", **execution) -> dict:
+    path = tmp / f"{name}-input.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(120, seed=5)))
+    cfg = base_config([{"name": name, "path": str(path)}], None, output={"shard_records": 100})
+    cfg["execution"].update(execution)
+    return cfg
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_sweep_removes_only_streamprep_temporaries(tmp_path):
+    ours = tmp_path / "sub" / f".part.jsonl{atomic.TMP_MARK}4242"
+    ours.parent.mkdir()
+    ours.write_bytes(b"x")
+    foreign = {"x.json": b"{}", ".foo.tmp.123": b"user", ".bar.json.tmp.77": b"user"}
+    for name, data in foreign.items():
+        (tmp_path / name).write_bytes(data)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / f".keep{atomic.TMP_MARK}1").write_bytes(b"not in the swept tree")
+    (tmp_path / "link").symlink_to(outside, target_is_directory=True)
+
+    assert atomic.sweep_tmp(tmp_path) == [ours]
+    assert not ours.exists()
+    assert {n: (tmp_path / n).read_bytes() for n in foreign} == foreign
+    assert (outside / f".keep{atomic.TMP_MARK}1").read_bytes() == b"not in the swept tree"
+
+
+def test_external_checkpoint_dir_keeps_unrelated_files(tmp_path):
+    ckpt = tmp_path / "shared-ckpt"
+    ckpt.mkdir()
+    for name, data in {"x.json": b'{"mine": 1}\n', ".foo.tmp.123": b"user tmp", ".lock": b"user lock"}.items():
+        (ckpt / name).write_bytes(data)
+    before = _snapshot(ckpt)
+    cfg = _config(tmp_path)
+    cfg["run"]["checkpoint_dir"] = str(ckpt)
+
+    assert run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False).status == "complete"
+    after = _snapshot(ckpt)
+    assert {n: after[n] for n in before} == before
+    assert json.loads(after["alpha.json"])["writer"] == "streamprep" and after["alpha.json"] != before.get("alpha.json")
+
+
+def test_later_run_reusing_a_checkpoint_dir_is_refused(tmp_path):
+    """Sequential sharing: run B must not 'repair' (delete) run A's checkpoints as if they were its own."""
+    ckpt = tmp_path / "shared-ckpt"
+    cfg = _config(tmp_path)
+    cfg["run"]["checkpoint_dir"] = str(ckpt)
+    run_from_dict(cfg, run_dir=tmp_path / "run-a", console_log=False)
+    before = _snapshot(ckpt)
+    with pytest.raises(ConfigError, match="holds the checkpoints of another run"):
+        run_from_dict(cfg, run_dir=tmp_path / "run-b", console_log=False)
+    assert _snapshot(ckpt) == before and not (tmp_path / "run-b" / "run.json").exists()
+
+
+def test_input_at_a_checkpoint_name_is_refused_not_parsed_or_deleted(tmp_path):
+    ckpt = tmp_path / "data"
+    ckpt.mkdir()
+    cfg = _config(ckpt, name="c4")  # writes data/c4-input.jsonl; now also an unrelated c4.json there
+    user = b'{"text": "an input record, not a checkpoint"}\n{"text": "second"}\n'
+    (ckpt / "c4.json").write_bytes(user)
+    cfg["run"]["checkpoint_dir"] = str(ckpt)
+
+    with pytest.raises(ConfigError, match="c4.json.*not a streamprep checkpoint"):
+        run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    assert (ckpt / "c4.json").read_bytes() == user
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_second_run_sharing_a_checkpoint_dir_is_refused(tmp_path, capsys):
+    ckpt = tmp_path / "shared-ckpt"
+    first = RunLock(ckpt, CHECKPOINT_LOCK_NAME, "checkpoint dir").acquire()  # the first run, still going
+    try:
+        cfg = _config(tmp_path)
+        cfg["run"]["checkpoint_dir"] = str(ckpt)
+        with pytest.raises(ConfigError, match=f"checkpoint dir {ckpt} is in use by pid {os.getpid()}"):
+            run_from_dict(cfg, run_dir=tmp_path / "run-b", console_log=False)
+        cfg_path = tmp_path / "b.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg))
+        assert main(["ingest", "--config", str(cfg_path), "--run-dir", str(tmp_path / "run-c")]) == 2
+        assert "checkpoint dir" in capsys.readouterr().err
+        assert sorted(p.name for p in ckpt.iterdir()) == [CHECKPOINT_LOCK_NAME]
+        assert not (tmp_path / "run-b" / "run.json").exists()
+    finally:
+        first.release()
+
+
+def test_symlink_in_run_dir_leading_outside_is_not_written_through(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "rejects").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ConfigError, match="rejects is a symlink leading outside"):
+        run_from_dict(_config(tmp_path), run_dir=run_dir, console_log=False)
+    assert list(outside.iterdir()) == []
+
+
+def test_writes_and_appends_do_not_follow_a_symlink(tmp_path):
+    from streamprep.ingest import _append
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    target = tmp_path / "run" / "part.jsonl"
+    target.parent.mkdir()
+    atomic.tmp_path(target).symlink_to(victim)  # a planted temporary name
+    with pytest.raises(OSError):
+        atomic.write_bytes(target, b"data")
+    target.symlink_to(victim)
+    with pytest.raises(OSError):
+        asyncio.run(_append(target, b"more"))
+    assert victim.read_bytes() == b"keep"
+
+
+class _SvgAttrs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.svgs: list[dict[str, str | None]] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "svg":
+            self.svgs.append(dict(attrs))
+
+
+def test_cli_run_leaves_no_pymp_dir_and_audit_svg_is_well_formed(tmp_path):
+    private_tmp = tmp_path / "tmpdir"
+    private_tmp.mkdir()
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(_config(tmp_path, workers=2)))
+    env = {**os.environ, "TMPDIR": str(private_tmp), "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
+                           "--run-dir", str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in private_tmp.iterdir() if p.name.startswith("pymp-")) == []
+
+    parser = _SvgAttrs()
+    parser.feed((tmp_path / "run" / "audit" / "audit.html").read_text())
+    assert parser.svgs
+    for attrs in parser.svgs:
+        assert set(attrs) == {"class", "role", "width", "height", "viewBox".lower()}
+        assert attrs["viewbox"] == f"0 0 {attrs['width']} {attrs['height']}"
