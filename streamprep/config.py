@@ -66,6 +66,9 @@ SPEC: dict[str, Any] = {
         "workers": ((int, None), None),
         "ray_address": ((str, None), None),
         "max_concurrent_downloads": ((int,), 8),
+        "hf_prefetch_files": ((int,), 4),
+        "hf_cache_max_gb": (NUM, 10.0),
+        "hf_keep_cache": ((bool,), False),
         "batch_records": ((int,), 512),
         "progress_interval_s": (NUM, 10.0),
     },
@@ -248,6 +251,8 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
         raise ConfigError("config: 'execution.workers' must be >= 1")
     if ex["batch_records"] < 1 or ex["max_concurrent_downloads"] < 1:
         raise ConfigError("config: 'execution.batch_records' and 'execution.max_concurrent_downloads' must be >= 1")
+    if ex["hf_prefetch_files"] < 1 or not ex["hf_cache_max_gb"] > 0:
+        raise ConfigError("config: 'execution.hf_prefetch_files' must be >= 1 and 'execution.hf_cache_max_gb' > 0")
     if cfg["run"]["checkpoint_dir"] is not None:
         cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base)
     return cfg

@@ -156,9 +156,9 @@ class DatasetIngest:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
             return state
         dedup = DedupIndex.from_bytes(self.files.dedup.read_bytes()) if self.files.dedup.exists() else DedupIndex()
-        source = open_source(self.ds, self.ctx.hf_cache, self.ctx.cfg["execution"]["max_concurrent_downloads"])
-        if hasattr(source, "prefetch"):
-            await asyncio.to_thread(source.prefetch)
+        ex = self.ctx.cfg["execution"]
+        self.source = source = open_source(self.ds, self.ctx.hf_cache, ex["max_concurrent_downloads"], prefetch_files=ex[
+            "hf_prefetch_files"], cache_max_gb=ex["hf_cache_max_gb"], keep_cache=ex["hf_keep_cache"])
         for d in (self.files.ingest_dir, self.files.rejects.parent):
             d.mkdir(parents=True, exist_ok=True)
         it = source.iter_records(state.position)
@@ -278,6 +278,8 @@ class DatasetIngest:
                     state.rejects_bytes += len(line)
         await self._flush(parts, rejects, digests)
         await asyncio.to_thread(save, self.files, state)
+        if hasattr(self.source, "checkpointed"):  # the source may drop the data this checkpoint has moved past
+            await asyncio.to_thread(self.source.checkpointed, state.position)
         return capped
 
     async def _flush(self, parts: list[tuple[int, list[bytes]]], rejects: list[bytes], digests: list[bytes]) -> None:
