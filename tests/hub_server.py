@@ -78,6 +78,9 @@ class FakeHub:
         repo.refs[branch] = sha
         return sha
 
+    def sha_of(self, repo_id: str, branch: str = "main") -> str:
+        return self.repos[repo_id].refs[branch]
+
     def file_requests(self, method: str = "GET") -> Counter[str]:
         """Requests per repo file path for `method` on `/resolve/` URLs."""
         out: Counter[str] = Counter()
