@@ -590,3 +590,14 @@ async def test_pipeline_streams_and_a_resume_downloads_only_what_it_needs(many, 
     again = _data_gets(many)
     assert again == set(MANY_FILES[at:]) - before, (at, sorted(before), sorted(again))
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+
+
+def test_a_download_failing_mid_stream_stops_at_that_file(many, tmp_path):
+    src = HFSource(_many_cfg(), tmp_path / "cache", prefetch_files=1)
+    src.fingerprint()  # resolved while the file exists
+    del many.repos[MANY_REPO].commits[many.sha_of(MANY_REPO)][MANY_FILES[3]]
+    got = []
+    with pytest.raises(HFSourceUnavailable, match="download of data/train-00003.jsonl failed"):
+        for rec, _ in src.iter_records():
+            got.append(rec["id"])
+    assert got == list(range(120))  # files 0-2 streamed before the failure surfaced

@@ -5,10 +5,13 @@
    the `configs:` YAML of the repo's README.md when present, else `datasets`' default data-file patterns
    (`data/{split}-00000-of-00001.*`, `train*`/`*-train-*`, `train/**`, ...), then the builder is inferred from the
    file extensions (or given by the entry's `format`). The selection is written to a manifest in the cache.
-2. **Prefetch** (network): missing data files are downloaded with `hf_hub_download`, pinned to the commit sha,
-   at most `max_concurrent_downloads` at a time in the whole process (sources prefetching together share the
-   limit), into `cache_dir` (the standard HF cache layout).
-3. **Stream** (no network): each cached file, in repo-path order, through
+2. **Download ahead** (network, background threads): the data files are fetched in stream order with
+   `hf_hub_download`, pinned to the commit sha, into `cache_dir` (the standard HF cache layout), at most
+   `max_concurrent_downloads` at a time in the whole process (sources downloading together share the limit), at
+   most `prefetch_files` files ahead of the file being read and `cache_max_gb` of files no saved checkpoint has
+   passed (`_Window`). Ingest calls `checkpointed(position)` after each save: files before the position's file are
+   deleted unless `keep_cache`. (`prefetch()` still downloads the whole split at once.)
+3. **Stream** (no network in the reader): each file, in repo-path order, once local, through
    `datasets.load_dataset(<builder>, data_files=[file], streaming=True)` with the entry's `filter`.
 
 Positions are `{"revision": sha, "file": i, "record": r, "consumed": n, "state": IterableDataset.state_dict()}`:
@@ -265,7 +268,7 @@ def parse_repo_id(path: str) -> tuple[str, str | None]:
 
 
 class HFSource:
-    """One `hf://` dataset entry: `prefetch()` downloads, `iter_records()` streams from the cache."""
+    """One `hf://` dataset entry: `iter_records()` streams while downloading ahead; `checkpointed()` frees the cache."""
 
     def __init__(self, dataset_cfg: Mapping[str, Any], cache_dir: str | Path, max_concurrent_downloads: int = 8,
                  *, prefetch_files: int = 4, cache_max_gb: float = 10.0, keep_cache: bool = False,
