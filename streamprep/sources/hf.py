@@ -18,7 +18,8 @@ Positions are `{"revision": sha, "file": i, "record": r, "consumed": n, "state":
 `r` records of file `i` (after the filter) and `n` items overall were yielded. Resuming pins the commit in the
 position, restores file `i`'s stream with `load_state_dict` (or, without a usable state, re-reads it and skips
 `r` records) and goes on with the next record. When the Hub is unreachable (or `HF_HUB_OFFLINE=1`) a revision
-resolved before is served from the cache manifest, so a resumed or repeated run needs no network at all.
+resolved before is served from the cache manifest, so a resumed or repeated run needs no network for the files
+still cached (files a checkpoint has passed are deleted unless `keep_cache`).
 
 `datasets`' JSON reader parses a file in blocks with pyarrow and fails a whole file on one malformed line
 (it raises `ArrowInvalid` for the block): that becomes a single `BadRecord` naming the file, and the stream
