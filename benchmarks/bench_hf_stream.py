@@ -1,4 +1,4 @@
-"""hf:// streaming: 12 files x ~4 MB on the loopback Hub (4 MB/s per response), max_records 50: files/bytes fetched, time to first kept
+"""hf:// streaming: 12 files x ~4 MB on the loopback Hub (1 MB/s per response), max_records 50: files/bytes fetched, time to first kept
 record, wall. Run with PYTHONPATH=<tree> to compare trees; the Hub stand-in and helpers come from this repo's tests/."""
 import asyncio, json, os, sys, tempfile, time
 from pathlib import Path
