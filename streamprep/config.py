@@ -102,6 +102,9 @@ SPEC: dict[str, Any] = {
         "workers": ((int, None), None),
         "ray_address": ((str, None), None),
         "max_concurrent_downloads": ((int,), 8),
+        "hf_prefetch_files": ((int,), 4),
+        "hf_cache_max_gb": (NUM, 10.0),
+        "hf_keep_cache": ((bool,), False),
         "batch_records": ((int,), 512),
         "progress_interval_s": (NUM, 10.0),
     },
@@ -121,6 +124,8 @@ BOUNDS: dict[str, Range] = {
     "output.max_rejects_per_check": Range(0),
     "execution.workers": Range(1, 4096),
     "execution.max_concurrent_downloads": Range(1, 1024),
+    "execution.hf_prefetch_files": Range(1, 100_000),
+    "execution.hf_cache_max_gb": Range(0, 1 << 30, lo_open=True),
     "execution.batch_records": Range(1, 1_000_000),
     "execution.progress_interval_s": Range(0.1, 86_400),
 }

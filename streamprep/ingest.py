@@ -137,6 +137,7 @@ class DatasetIngest:
     def __init__(self, ds: dict[str, Any], ctx: IngestContext, qc: QCRunner | RayQCRunner, reader_pool: Executor):
         self.ds, self.ctx, self.qc, self.reader_pool = ds, ctx, qc, reader_pool
         self.files = DatasetFiles(ctx.run_dir, ctx.checkpoint_dir, ds["name"])
+        self.source: Any = None  # opened in run()
         out = ctx.cfg["output"]
         self.shard_records = out["shard_records"] or 100_000
         self.max_rejects = out["max_rejects_per_check"]
@@ -163,9 +164,10 @@ class DatasetIngest:
         dedup = DedupIndex.from_bytes(self.files.dedup.read_bytes()) if self.files.dedup.exists() else DedupIndex()
         if self.near is not None:
             await asyncio.to_thread(self.near.load)
-        source = open_source(self.ds, self.ctx.hf_cache, self.ctx.cfg["execution"]["max_concurrent_downloads"])
-        if hasattr(source, "prefetch") and await self._blocking(source.prefetch) is STOP:
-            return state
+        ex = self.ctx.cfg["execution"]
+        self.source = source = open_source(self.ds, self.ctx.hf_cache, ex["max_concurrent_downloads"],
+                                           prefetch_files=ex["hf_prefetch_files"], cache_max_gb=ex["hf_cache_max_gb"],
+                                           keep_cache=ex["hf_keep_cache"])
         if not self.ds["path"].startswith("hf://"):  # hf:// pins its commit in the position itself
             inputs = await self._blocking(source.fingerprint)
             if inputs is STOP:
@@ -276,6 +278,8 @@ class DatasetIngest:
 
     async def _save(self, state: IngestState) -> None:
         await asyncio.to_thread(save, self.files, state)
+        if hasattr(self.source, "checkpointed"):  # the source may drop the data this checkpoint has moved past
+            await asyncio.to_thread(self.source.checkpointed, state.position)
         self._checkpointed(state)
 
     def _checkpointed(self, state: IngestState) -> None:

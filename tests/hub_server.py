@@ -12,7 +12,9 @@ the files of a dataset repo.
 Errors carry the Hub's `X-Error-Code` header (`RepoNotFound`, `RevisionNotFound`, `EntryNotFound`), which
 `huggingface_hub` turns into its typed exceptions. Every other path is a loud 404, recorded in `unknown`.
 The server counts requests per (method, path) and the most requests it ever had in flight at once; `delay`
-makes each file transfer (HEAD and GET on `/resolve/`) sleep, so parallel downloads overlap visibly.
+makes each file transfer (HEAD and GET on `/resolve/`) sleep, so parallel downloads overlap visibly; `rate`
+(bytes/s, per response) throttles file bodies, so a test can watch a download still running. `bytes_sent` counts
+file body bytes written.
 """
 from __future__ import annotations
 
@@ -50,8 +52,10 @@ def git_blob_sha(data: bytes) -> str:
 class FakeHub:
     """Serves dataset repos added with `add_dataset` on 127.0.0.1 (random port) until `stop()`."""
 
-    def __init__(self, delay: float = 0.0):
+    def __init__(self, delay: float = 0.0, rate: float = 0.0):
         self.delay = delay
+        self.rate = rate
+        self.bytes_sent = 0
         self.repos: dict[str, Repo] = {}
         self.requests: Counter[tuple[str, str]] = Counter()
         self.unknown: list[str] = []
@@ -74,6 +78,9 @@ class FakeHub:
         repo.refs[branch] = sha
         return sha
 
+    def sha_of(self, repo_id: str, branch: str = "main") -> str:
+        return self.repos[repo_id].refs[branch]
+
     def file_requests(self, method: str = "GET") -> Counter[str]:
         """Requests per repo file path for `method` on `/resolve/` URLs."""
         out: Counter[str] = Counter()
@@ -90,6 +97,7 @@ class FakeHub:
         with self._lock:
             self.requests.clear()
             self.max_in_flight = 0
+            self.bytes_sent = 0
 
     # ---- life cycle ------------------------------------------------------------------------------
     @property
@@ -216,7 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
             start = int(m[1])
             status, body = 206, data[start:]
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        self._send(status, b"" if head else body, headers, length=len(data) if head else len(body))
+        self._send(status, b"" if head else body, headers, length=len(data) if head else len(body), rate=True)
 
     # ---- plumbing --------------------------------------------------------------------------------
     def _error(self, status: int, code: str, message: str, extra: dict | None = None) -> None:
@@ -224,11 +232,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, body, {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message,
                                   **(extra or {})})
 
-    def _send(self, status: int, body: bytes, headers: dict[str, str], length: int | None = None) -> None:
+    def _send(self, status: int, body: bytes, headers: dict[str, str], length: int | None = None,
+              rate: bool = False) -> None:
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(body) if length is None else length))
         self.end_headers()
-        if body and self.command != "HEAD":
-            self.wfile.write(body)
+        if not body or self.command == "HEAD":
+            return
+        hub = self.server_hub
+        step = max(1, int(hub.rate / 20)) if rate and hub.rate else len(body)  # throttled: 20 writes a second
+        try:
+            for at in range(0, len(body), step):
+                chunk = body[at:at + step]
+                self.wfile.write(chunk)
+                if rate:
+                    with hub._lock:
+                        hub.bytes_sent += len(chunk)
+                if step < len(body):
+                    time.sleep(len(chunk) / hub.rate)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away mid-transfer
+            pass

@@ -453,3 +453,151 @@ async def test_hf_dataset_through_the_pipeline_with_stop_and_resume(hub, tmp_pat
     resumed = (await ingest_all(IngestContext(conf, run, run / "checkpoints", asyncio.Event())))["web"]
     assert resumed.done and resumed.kept == 720
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+
+
+# ---- streaming: a bounded download window ahead of the reader -------------------------------------------------
+MANY_REPO = "org/many"
+MANY_FILES = [f"data/train-{f:05d}.jsonl" for f in range(12)]
+
+
+def _many_rows(f: int) -> list[dict]:
+    return [{"id": f * 40 + i, "text": f"doc {f * 40 + i} " + "x" * 1000} for i in range(40)]
+
+
+@pytest.fixture
+def many(hub):
+    """12 data files of ~41 KB, served at 400 KB/s per response (~0.1 s a file)."""
+    hub.add_dataset(MANY_REPO, {p: jsonl(_many_rows(f)) for f, p in enumerate(MANY_FILES)})
+    hub.rate = 400_000
+    return hub
+
+
+def _many_cfg(**kw) -> dict:
+    return cfg(path=f"hf://{MANY_REPO}", **kw)
+
+
+def _data_gets(hub) -> set[str]:
+    return {p for p, n in hub.file_requests("GET").items() if p.startswith("data/") and n}
+
+
+def _cache_bytes(root) -> int:
+    """Bytes of blobs (complete or being written) in an HF cache."""
+    return sum(p.stat().st_size for p in root.glob("datasets--*/blobs/*") if p.is_file() and not p.is_symlink())
+
+
+def test_first_record_before_the_last_file_is_downloaded(many, tmp_path):
+    src = HFSource(_many_cfg(), tmp_path / "cache", max_concurrent_downloads=2, prefetch_files=2)
+    it = src.iter_records()
+    first, _ = next(it)
+    assert first["id"] == 0
+    fetched = _data_gets(many)
+    assert fetched <= set(MANY_FILES[:3]), f"more than the file read + 2 ahead requested: {sorted(fetched)}"
+    rest = [rec["id"] for rec, _ in it]
+    assert [0, *rest] == list(range(480))  # same records, same order as a full download
+    assert many.file_requests("GET") == {**{p: 1 for p in MANY_FILES}}
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_cache_never_holds_more_than_the_budget(many, tmp_path, keep):
+    sizes = [len(jsonl(_many_rows(f))) for f in range(12)]
+    size = max(sizes)
+    cache = tmp_path / "cache"
+    src = HFSource(_many_cfg(), cache, max_concurrent_downloads=4, prefetch_files=10,
+                   cache_max_gb=2.5 * size / 1024 ** 3, keep_cache=keep)
+    peak, at, stop = [0], [0], threading.Event()
+
+    def watch():  # with hf_keep_cache the budget bounds the bytes of files the checkpoint has not passed
+        while not stop.is_set():
+            peak[0] = max(peak[0], _cache_bytes(cache) - (sum(sizes[:at[0]]) if keep else 0))
+            stop.wait(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        ids = []
+        for rec, pos in src.iter_records():  # a writer checkpointing after every record
+            ids.append(rec["id"])
+            at[0] = pos["file"]
+            src.checkpointed(roundtrip(pos))
+    finally:
+        stop.set()
+        watcher.join()
+    assert ids == list(range(480))
+    assert 0 < peak[0] <= 2.5 * size, f"cache peaked at {peak[0] / size:.2f} files"
+    # the last file is where the checkpoint stands: kept; the rest deleted unless hf_keep_cache
+    left = sorted(p.name for p in (cache / f"datasets--org--many/snapshots/{src.fingerprint()['revision']}/data").iterdir())
+    assert left == ([p.rsplit("/", 1)[1] for p in MANY_FILES] if keep else ["train-00011.jsonl"])
+    assert _cache_bytes(cache) == (sum(sizes) if keep else sizes[-1])
+
+
+def test_max_records_fetches_at_most_one_file_plus_the_window(many, tmp_path):
+    src = HFSource(_many_cfg(max_records=50), tmp_path / "cache", max_concurrent_downloads=8, prefetch_files=2)
+    assert [rec["id"] for rec, _ in src.iter_records()] == list(range(50))  # 50 records: files 0 and 1
+    import time
+
+    time.sleep(0.3)  # downloads the window started may still land; none may start now
+    assert _data_gets(many) <= set(MANY_FILES[:1 + 1 + 2]), sorted(_data_gets(many))
+
+
+def test_hf_prefetch_config_keys_are_validated(tmp_path):
+    from helpers import base_config
+    from streamprep.config import validate
+
+    ds = [{"name": "web", "path": "hf://org/x", "split": "train"}]
+    ex = validate(base_config(ds, None))["execution"]
+    assert (ex["hf_prefetch_files"], ex["hf_cache_max_gb"], ex["hf_keep_cache"]) == (4, 10.0, False)
+    for bad in ({"hf_prefetch_files": 0}, {"hf_cache_max_gb": 0}, {"hf_cache_max_gb": -1.5}):
+        raw = base_config(ds, None)
+        raw["execution"].update(bad)
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            validate(raw)
+
+
+async def test_pipeline_streams_and_a_resume_downloads_only_what_it_needs(many, tmp_path):
+    """Through ingest: a record is kept before the last file is requested; a stop mid-stream deletes the files the
+    checkpoint passed, and the resume fetches only files from the checkpoint's on, to identical outputs."""
+    import asyncio
+
+    from helpers import base_config, ingest_stopped_after, tree_hashes
+    from streamprep.config import validate
+    from streamprep.ingest import IngestContext, ingest_all
+
+    raw = base_config([{"name": "many", "path": f"hf://{MANY_REPO}", "split": "train"}], None,
+                      output={"shard_records": 100})
+    raw["execution"].update(batch_records=20, workers=1, hf_prefetch_files=1, max_concurrent_downloads=2)
+    conf = validate(raw)
+
+    ref = tmp_path / "ref"
+    ctx = IngestContext(conf, ref, ref / "checkpoints", asyncio.Event())
+    task = asyncio.create_task(ingest_all(ctx))
+    while "many" not in ctx.progress or ctx.progress["many"].kept == 0:
+        await asyncio.sleep(0.002)
+    assert MANY_FILES[-1] not in _data_gets(many), "a record was kept only after the last file was requested"
+    assert len(_data_gets(many)) <= 4  # the reader runs up to ~5 batches (files 0-2) ahead of the writer, + 1
+    assert (await task)["many"].kept == 480
+
+    run = tmp_path / "run"
+    many.reset_counts()
+    stopped = await ingest_stopped_after(conf, run, "many", 200)
+    assert not stopped.done
+    at = stopped.position["file"]
+    snap = run / f"cache/hf/datasets--org--many/snapshots/{many.sha_of(MANY_REPO)}/data"
+    assert all(not (snap / p.rsplit('/', 1)[1]).exists() for p in MANY_FILES[:at]), "passed files not deleted"
+    before = _data_gets(many)
+    many.reset_counts()
+    resumed = (await ingest_all(IngestContext(conf, run, run / "checkpoints", asyncio.Event())))["many"]
+    assert resumed.done and resumed.kept == 480
+    again = _data_gets(many)
+    assert again == set(MANY_FILES[at:]) - before, (at, sorted(before), sorted(again))
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+
+
+def test_a_download_failing_mid_stream_stops_at_that_file(many, tmp_path):
+    src = HFSource(_many_cfg(), tmp_path / "cache", prefetch_files=1)
+    src.fingerprint()  # resolved while the file exists
+    del many.repos[MANY_REPO].commits[many.sha_of(MANY_REPO)][MANY_FILES[3]]
+    got = []
+    with pytest.raises(HFSourceUnavailable, match="download of data/train-00003.jsonl failed"):
+        for rec, _ in src.iter_records():
+            got.append(rec["id"])
+    assert got == list(range(120))  # files 0-2 streamed before the failure surfaced

@@ -5,17 +5,21 @@
    the `configs:` YAML of the repo's README.md when present, else `datasets`' default data-file patterns
    (`data/{split}-00000-of-00001.*`, `train*`/`*-train-*`, `train/**`, ...), then the builder is inferred from the
    file extensions (or given by the entry's `format`). The selection is written to a manifest in the cache.
-2. **Prefetch** (network): missing data files are downloaded with `hf_hub_download`, pinned to the commit sha,
-   at most `max_concurrent_downloads` at a time in the whole process (sources prefetching together share the
-   limit), into `cache_dir` (the standard HF cache layout).
-3. **Stream** (no network): each cached file, in repo-path order, through
+2. **Download ahead** (network, background threads): the data files are fetched in stream order with
+   `hf_hub_download`, pinned to the commit sha, into `cache_dir` (the standard HF cache layout), at most
+   `max_concurrent_downloads` at a time in the whole process (sources downloading together share the limit), at
+   most `prefetch_files` files ahead of the file being read and `cache_max_gb` of files no saved checkpoint has
+   passed (`_Window`). Ingest calls `checkpointed(position)` after each save: files before the position's file are
+   deleted unless `keep_cache`. (`prefetch()` still downloads the whole split at once.)
+3. **Stream** (no network in the reader): each file, in repo-path order, once local, through
    `datasets.load_dataset(<builder>, data_files=[file], streaming=True)` with the entry's `filter`.
 
 Positions are `{"revision": sha, "file": i, "record": r, "consumed": n, "state": IterableDataset.state_dict()}`:
 `r` records of file `i` (after the filter) and `n` items overall were yielded. Resuming pins the commit in the
 position, restores file `i`'s stream with `load_state_dict` (or, without a usable state, re-reads it and skips
 `r` records) and goes on with the next record. When the Hub is unreachable (or `HF_HUB_OFFLINE=1`) a revision
-resolved before is served from the cache manifest, so a resumed or repeated run needs no network at all.
+resolved before is served from the cache manifest, so a resumed or repeated run needs no network for the files
+still cached (files a checkpoint has passed are deleted unless `keep_cache`).
 
 `datasets`' JSON reader parses a file in blocks with pyarrow and fails a whole file on one malformed line
 (it raises `ArrowInvalid` for the block): that becomes a single `BadRecord` naming the file, and the stream
@@ -265,10 +269,11 @@ def parse_repo_id(path: str) -> tuple[str, str | None]:
 
 
 class HFSource:
-    """One `hf://` dataset entry: `prefetch()` downloads, `iter_records()` streams from the cache."""
+    """One `hf://` dataset entry: `iter_records()` streams while downloading ahead; `checkpointed()` frees the cache."""
 
     def __init__(self, dataset_cfg: Mapping[str, Any], cache_dir: str | Path, max_concurrent_downloads: int = 8,
-                 *, endpoint: str | None = None, token: str | bool | None = None):
+                 *, prefetch_files: int = 4, cache_max_gb: float = 10.0, keep_cache: bool = False,
+                 endpoint: str | None = None, token: str | bool | None = None):
         from huggingface_hub import constants
 
         self.repo_id, path_rev = parse_repo_id(dataset_cfg["path"])
@@ -282,6 +287,10 @@ class HFSource:
         self.max_records = dataset_cfg.get("max_records")
         self.cache_dir = Path(cache_dir)
         self.workers = max(1, int(max_concurrent_downloads))
+        self.prefetch_files = max(1, int(prefetch_files))
+        self.cache_max_bytes = int(cache_max_gb * 1024 ** 3)
+        self.keep_cache = keep_cache
+        self._window: _Window | None = None
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
         self.token = token
         self._snap: Snapshot | None = None
@@ -379,27 +388,29 @@ class HFSource:
             raise HFSourceError(f"hf://{self.repo_id}: unreadable README.md YAML: {_one_line(exc)}") from None
 
     # -- downloads --
-    def _download(self, items: Sequence[tuple[str, str]]) -> list[Path]:
-        """Download (repo path, sha) pairs in parallel into the HF cache; cached files cost no request."""
+    def _download_one(self, item: tuple[str, str]) -> Path:
+        """Download one (repo path, sha) into the HF cache, holding a run-wide download slot; a cached file costs
+        no request."""
         from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
-        def one(item: tuple[str, str]) -> Path:
-            path, sha = item
-            hit = try_to_load_from_cache(self.repo_id, path, cache_dir=self.cache_dir, revision=sha, repo_type="dataset")
-            if isinstance(hit, str):
-                return Path(hit)
-            try:
-                with _download_slots(self.workers):
-                    return Path(hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
-                                                cache_dir=self.cache_dir, endpoint=self.endpoint, token=self.token))
-            except Exception as exc:
-                raise HFSourceUnavailable(f"hf://{self.repo_id}@{sha}: download of {path} failed "
-                                          f"({_one_line(exc)})") from None
+        path, sha = item
+        hit = try_to_load_from_cache(self.repo_id, path, cache_dir=self.cache_dir, revision=sha, repo_type="dataset")
+        if isinstance(hit, str):
+            return Path(hit)
+        try:
+            with _download_slots(self.workers):
+                return Path(hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
+                                            cache_dir=self.cache_dir, endpoint=self.endpoint, token=self.token))
+        except Exception as exc:
+            raise HFSourceUnavailable(f"hf://{self.repo_id}@{sha}: download of {path} failed "
+                                      f"({_one_line(exc)})") from None
 
+    def _download(self, items: Sequence[tuple[str, str]]) -> list[Path]:
+        """Download (repo path, sha) pairs in parallel into the HF cache."""
         if len(items) <= 1:
-            return [one(x) for x in items]
+            return [self._download_one(x) for x in items]
         with ThreadPoolExecutor(max_workers=min(self.workers, len(items)), thread_name_prefix="hf-download") as pool:
-            return list(pool.map(one, items))
+            return list(pool.map(self._download_one, items))
 
     def _local_files(self, snap: Snapshot) -> list[Path]:
         return self._download([(f["path"], snap.sha) for f in snap.files])
@@ -429,10 +440,106 @@ class HFSource:
                         checkpoint_sha=pinned, current_sha=snap.sha)
             snap = self._resolve(pinned)
             self._snap = snap
-        paths = self._local_files(snap)  # no request when prefetched
-        yield from _stream(paths, snap.builder, snap.builder_kwargs, split=_split_name(self.split), flt=self.filter,
-                       max_records=self.max_records, start=start, cache_dir=self.cache_dir / "datasets",
-                       extra={"revision": snap.sha}, names=[f["path"] for f in snap.files])
+        window = _Window(self, snap, int((start or {}).get("file", 0)))
+        self._window = window
+        try:
+            yield from _stream(window, snap.builder, snap.builder_kwargs, split=_split_name(self.split),
+                               flt=self.filter, max_records=self.max_records, start=start,
+                               cache_dir=self.cache_dir / "datasets", extra={"revision": snap.sha},
+                               names=[f["path"] for f in snap.files])
+        finally:
+            window.close()
+
+    def checkpointed(self, position: Mapping[str, Any] | None) -> None:
+        """A checkpoint at `position` was saved: the files before its file are no longer needed by any resume, so
+        they leave the download window (and the cache, unless `keep_cache`)."""
+        if position and self._window is not None:
+            self._window.release_before(int(position.get("file", 0)))
+
+
+class _Window:
+    """The data files of one stream, downloaded ahead of the reader in a bounded window.
+
+    A background pool (`max_concurrent_downloads` threads, sharing the run-wide slots) fetches files in stream order,
+    at most `prefetch_files` files ahead of the one being read and, counting every file not yet passed by a saved
+    checkpoint, at most `cache_max_bytes` (the file the reader waits for is always fetched). `window[i]` blocks until
+    file `i` is local. Files a checkpoint has moved past are deleted from the cache unless `keep_cache`.
+    """
+
+    def __init__(self, src: HFSource, snap: Snapshot, first: int):
+        self.src, self.snap = src, snap
+        self.sizes = [int(f.get("size") or 0) for f in snap.files]
+        self.reading = self.released = self.next = first
+        self.held = 0  # bytes of files in [released, next): fetched or being fetched, not passed by a checkpoint
+        self.done: dict[int, Path | BaseException] = {}
+        self.cond = threading.Condition()
+        self.pool = ThreadPoolExecutor(max_workers=src.workers, thread_name_prefix="hf-download")
+        self.closed = False
+        with self.cond:
+            self._schedule()
+
+    def __len__(self) -> int:
+        return len(self.snap.files)
+
+    def __getitem__(self, i: int) -> Path:
+        with self.cond:
+            self.reading = i
+            self._schedule()
+            while i not in self.done:
+                self.cond.wait()
+            got = self.done[i]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _schedule(self) -> None:
+        """Start the downloads the window allows (called with the lock held)."""
+        while not self.closed and self.next < len(self.sizes):
+            j, size = self.next, self.sizes[self.next]
+            if j > self.reading and (j - self.reading > self.src.prefetch_files
+                                     or self.held + size > self.src.cache_max_bytes):
+                return
+            self.held += size
+            self.next += 1
+            self.pool.submit(self._fetch, j)
+
+    def _fetch(self, j: int) -> None:
+        try:
+            got: Path | BaseException = self.src._download_one((self.snap.files[j]["path"], self.snap.sha))
+        except BaseException as exc:  # handed to the reader, which raises it
+            got = exc
+        with self.cond:
+            self.done[j] = got
+            self.cond.notify_all()
+
+    def release_before(self, f: int) -> None:
+        with self.cond:
+            gone = [i for i in range(self.released, min(f, self.next)) if i in self.done]
+            for i in gone:
+                self.held -= self.sizes[i]
+                path = self.done.pop(i)
+                if not self.src.keep_cache and isinstance(path, Path):
+                    _evict(path, shared={p.resolve() for p in self.done.values() if isinstance(p, Path)})
+            self.released = max(self.released, gone[-1] + 1) if gone else self.released
+            self._schedule()
+
+    def close(self) -> None:
+        """Stop starting downloads; those in flight finish in the background."""
+        with self.cond:
+            self.closed = True
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _evict(path: Path, shared: set[Path]) -> None:
+    """Delete a downloaded file from the HF cache: the snapshot's symlink, and the blob it points to unless another
+    fetched file of the window has the same content (`shared`)."""
+    blob = path.resolve()
+    for p in (path,) if blob in shared else (path, blob):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+    log.debug("hf cache file deleted", file=str(path))
 
 
 def _split_name(split: str) -> str:
