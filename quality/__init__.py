@@ -1,8 +1,8 @@
 """Inline quality control for streamprep: schema, PII, profanity, copyright, language/domain gates,
 normalisation and exact dedup. See docs/quality.md."""
 from quality.control import QualityControl, Verdict
-from quality.dedup import DedupIndex
+from quality.dedup import DedupDecision, DedupIndex
 from quality.settings import QUALITY_DEFAULTS, QualityConfigError, validate_quality_config
 
-__all__ = ["QualityControl", "Verdict", "DedupIndex", "QUALITY_DEFAULTS", "validate_quality_config",
+__all__ = ["QualityControl", "Verdict", "DedupIndex", "DedupDecision", "QUALITY_DEFAULTS", "validate_quality_config",
            "QualityConfigError"]

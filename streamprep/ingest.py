@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import aiofiles
 import orjson
 
-from quality import DedupIndex, QualityControl, Verdict
+from quality import DedupDecision, DedupIndex, QualityControl, Verdict
 from streamprep import logs, stats
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.sources import BadRecord, open_source
@@ -119,6 +119,22 @@ class IngestContext:
     checkpoint_dir: Path
     stop: asyncio.Event
     progress: dict[str, IngestState] = field(default_factory=dict)
+    finished: dict[str, DedupIndex] = field(default_factory=dict)  # final dedup index of each done dataset
+    _done: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def publish(self, name: str, index: DedupIndex) -> None:
+        """Dataset `name` is done; `index` is its final dedup index (`dedup_scope: run` checks it)."""
+        self.finished[name] = index
+        self._done.setdefault(name, asyncio.Event()).set()
+
+    async def wait_done(self, name: str) -> bool:
+        """Until dataset `name` is done (True) or the job stops first (False)."""
+        tasks = [asyncio.ensure_future(self._done.setdefault(name, asyncio.Event()).wait()),
+                 asyncio.ensure_future(self.stop.wait())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in tasks:
+            t.cancel()
+        return name in self.finished
 
     @property
     def hf_cache(self) -> Path:
@@ -154,8 +170,9 @@ class DatasetIngest:
         self.ctx.progress[name] = state
         if state.done:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
+            self.ctx.publish(name, await asyncio.to_thread(self._open_index, state))
             return state
-        dedup = DedupIndex.from_bytes(self.files.dedup.read_bytes()) if self.files.dedup.exists() else DedupIndex()
+        own = await asyncio.to_thread(self._open_index, state)
         source = open_source(self.ds, self.ctx.hf_cache, self.ctx.cfg["execution"]["max_concurrent_downloads"])
         if hasattr(source, "prefetch"):
             await asyncio.to_thread(source.prefetch)
@@ -165,7 +182,9 @@ class DatasetIngest:
         queue: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
         reader = asyncio.create_task(self._read(it, state.consumed, queue))
         try:
-            await self._write(state, dedup, queue)
+            earlier = await self._earlier_indexes()
+            if earlier is not None:
+                await self._write(state, DedupDecision(own, earlier), queue)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
@@ -175,7 +194,28 @@ class DatasetIngest:
                     item[1].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
+        if state.done:
+            self.ctx.publish(name, own)
         return state
+
+    def _open_index(self, state: IngestState) -> DedupIndex:
+        """The dataset's dedup index, loaded from its digest log (checkpointed `dedup_count` digests)."""
+        return DedupIndex(self.files.dedup, state.dedup_count) if self.dedup_on else DedupIndex()
+
+    async def _earlier_indexes(self) -> list[tuple[str, DedupIndex]] | None:
+        """`dedup_scope: run`: the final indexes of the datasets listed before this one, once they are all
+        done (None if the job stops first). Deciding nothing before then makes the earlier dataset win a
+        cross-dataset duplicate whatever the timing; QC still runs ahead (bounded by the queue)."""
+        if not self.dedup_on or self.ctx.cfg["quality"].get("dedup_scope") != "run":
+            return []
+        earlier = []
+        for ds in self.ctx.cfg["datasets"]:
+            if ds["name"] == self.ds["name"]:
+                break
+            if not await self.ctx.wait_done(ds["name"]):
+                return None
+            earlier.append((ds["name"], self.ctx.finished[ds["name"]]))
+        return earlier
 
     async def _read(self, it: Iterator, consumed: int, queue: asyncio.Queue) -> None:
         loop = asyncio.get_running_loop()
@@ -203,7 +243,7 @@ class DatasetIngest:
             return BadRecord(f"sft: {why}", _excerpt(rec, self.ds["text_field"]), check="schema"), None
         return rec, {**rec, self.ds["text_field"]: text}
 
-    async def _write(self, state: IngestState, dedup: DedupIndex, queue: asyncio.Queue) -> None:
+    async def _write(self, state: IngestState, dedup: DedupDecision, queue: asyncio.Queue) -> None:
         while not self.ctx.stop.is_set():
             got = await queue.get()
             if got is None:
@@ -217,12 +257,11 @@ class DatasetIngest:
                 await asyncio.to_thread(save, self.files, state)
                 return
 
-    async def _apply(self, state: IngestState, dedup: DedupIndex, items: list, verdicts: Iterator[Verdict]) -> bool:
+    async def _apply(self, state: IngestState, dedup: DedupDecision, items: list, verdicts: Iterator[Verdict]) -> bool:
         """Decide, write and checkpoint one batch. Returns True when a size cap ended the dataset."""
         name = self.ds["name"]
         parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
         rejects: list[bytes] = []
-        digests: list[bytes] = []
         capped = False
         for rec, pos in items:
             if self.sft:
@@ -237,8 +276,9 @@ class DatasetIngest:
             else:
                 v = next(verdicts)
                 keep, text, meta, digest = v.keep, v.text, v.meta, v.digest
-                if self.dedup_on and digest is not None and digest in dedup:
-                    keep, meta = False, {**meta, "failed_check": "duplicate", "reason": "exact duplicate of a kept record"}
+                duplicate = dedup.reason(digest) if self.dedup_on else None
+                if duplicate:
+                    keep, meta = False, {**meta, "failed_check": "duplicate", "reason": duplicate}
                 excerpt = _excerpt(rec, self.ds["text_field"])
                 if isinstance(rec, dict):
                     source.update({k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))})
@@ -246,8 +286,7 @@ class DatasetIngest:
             stats.add_record(state.stats, keep, meta, chars)
             if keep:
                 if self.dedup_on:
-                    dedup.add(digest)
-                    digests.append(digest)
+                    dedup.keep(digest)
                     state.dedup_count += 1
                 out = {"text": text, "meta": {**meta, "source": source}}
                 if self.sft:
@@ -276,19 +315,18 @@ class DatasetIngest:
                                          "source": source, "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n"
                     rejects.append(line)
                     state.rejects_bytes += len(line)
-        await self._flush(parts, rejects, digests)
+        await self._flush(parts, rejects, dedup.own)
         await asyncio.to_thread(save, self.files, state)
         return capped
 
-    async def _flush(self, parts: list[tuple[int, list[bytes]]], rejects: list[bytes], digests: list[bytes]) -> None:
+    async def _flush(self, parts: list[tuple[int, list[bytes]]], rejects: list[bytes], dedup: DedupIndex) -> None:
         """Append and fsync everything the next checkpoint will describe."""
         for index, lines in parts:
             if lines:
                 await _append(self.files.part(index), b"".join(lines))
         if rejects:
             await _append(self.files.rejects, b"".join(rejects))
-        if digests:
-            await _append(self.files.dedup, b"".join(digests))
+        await asyncio.to_thread(dedup.flush)
 
 
 async def _append(path: Path, data: bytes) -> None:
