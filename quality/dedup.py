@@ -19,14 +19,11 @@ from pathlib import Path
 import numpy as np
 
 DIGEST_SIZE = 32
+_LOAD_CHUNK = 1 << 20
 BUFFER = 1 << 16           # digests held in full (dict) before they move to the sorted runs
 _KEY = np.dtype("<u8")     # the first 8 digest bytes, read little-endian
 _ORD = np.uint32           # ordinal in the log: 4 G kept documents per index
 DUPLICATE_REASON = "exact duplicate of a kept record"
-
-
-def _prefix(digest: bytes) -> int:
-    return int.from_bytes(digest[:8], "little")
 
 
 def _merge(keys: np.ndarray, ords: np.ndarray, new_keys: np.ndarray, new_ords: np.ndarray
@@ -62,11 +59,14 @@ class DedupIndex:
         self._base = self._load(count) if count else self._mid
 
     def _load(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """Prefixes of the first `count` logged digests, sorted, with their ordinals (vectorised)."""
+        """Prefixes of the first `count` logged digests, sorted, with their ordinals (vectorised; read
+        in chunks so the transient peak stays near 28 B per digest rather than the log's size)."""
+        keys = np.empty(count, _KEY)
         self._fh.seek(0)
-        rows = np.fromfile(self._fh, dtype=np.uint8, count=count * DIGEST_SIZE).reshape(count, DIGEST_SIZE)
-        keys = np.ascontiguousarray(rows[:, :8]).view(_KEY).ravel()
-        del rows
+        for start in range(0, count, _LOAD_CHUNK):
+            n = min(_LOAD_CHUNK, count - start)
+            rows = np.fromfile(self._fh, dtype=np.uint8, count=n * DIGEST_SIZE).reshape(n, DIGEST_SIZE)
+            keys[start:start + n] = rows[:, :8].copy().view(_KEY).ravel()
         order = np.argsort(keys)
         return keys[order], order.astype(_ORD)
 
@@ -82,9 +82,9 @@ class DedupIndex:
             return False
         if digest in self._buf:
             return True
-        probe = np.uint64(_prefix(digest))
+        probe = np.frombuffer(digest, _KEY, 1)[0]
         for keys, ords in (self._mid, self._base):
-            i = int(np.searchsorted(keys, probe))
+            i = int(keys.searchsorted(probe))
             while i < len(keys) and keys[i] == probe:  # a true duplicate, or a rare 64-bit prefix collision
                 if os.pread(self._fh.fileno(), DIGEST_SIZE, int(ords[i]) * DIGEST_SIZE) == digest:
                     return True

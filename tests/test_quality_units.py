@@ -259,8 +259,10 @@ def test_dedup_prefix_collision_never_drops_a_unique_record(tmp_path: Path, buff
     assert all(d in reloaded for d in same) and same[0][:31] + b"\0" not in reloaded
 
 
-def test_dedup_index_matches_a_set(tmp_path: Path) -> None:
-    """Many spills and mid->base merges: membership equals a plain set's, before and after a reload."""
+def test_dedup_index_matches_a_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many spills and mid->base merges: membership equals a plain set's, before and after a reload (read
+    from the log in several chunks)."""
+    monkeypatch.setattr("quality.dedup._LOAD_CHUNK", 100)
     rng = random.Random(7)
     pool = [rng.randbytes(32) for _ in range(3000)]
     index, seen = DedupIndex(tmp_path / "d.dedup", buffer=16), set()
