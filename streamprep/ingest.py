@@ -156,6 +156,7 @@ class DatasetIngest:
         self.max_rejects = out["max_rejects_per_check"]
         self.batch = ctx.cfg["execution"]["batch_records"]
         self.dedup_on = ctx.cfg["quality"].get("dedup", "exact") != "none"
+        self.run_scope = self.dedup_on and ctx.cfg["quality"].get("dedup_scope") == "run"
         self.size_cap = int(ds["size_mb"] * 1024 * 1024) if ds["size_mb"] else None
         self.depth = 2 * qc.workers + 1  # batches in flight between reader and writer: bounded memory
         self.sft = ctx.cfg.get("sft")  # SFT: QC judges qc_text(record); kept lines carry the original record
@@ -170,7 +171,8 @@ class DatasetIngest:
         self.ctx.progress[name] = state
         if state.done:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
-            self.ctx.publish(name, await asyncio.to_thread(self._open_index, state))
+            if self.run_scope:
+                self.ctx.publish(name, await asyncio.to_thread(self._open_index, state))
             return state
         own = await asyncio.to_thread(self._open_index, state)
         source = open_source(self.ds, self.ctx.hf_cache, self.ctx.cfg["execution"]["max_concurrent_downloads"])
@@ -194,7 +196,7 @@ class DatasetIngest:
                     item[1].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
-        if state.done:
+        if state.done and self.run_scope:
             self.ctx.publish(name, own)
         return state
 
@@ -206,7 +208,7 @@ class DatasetIngest:
         """`dedup_scope: run`: the final indexes of the datasets listed before this one, once they are all
         done (None if the job stops first). Deciding nothing before then makes the earlier dataset win a
         cross-dataset duplicate whatever the timing; QC still runs ahead (bounded by the queue)."""
-        if not self.dedup_on or self.ctx.cfg["quality"].get("dedup_scope") != "run":
+        if not self.run_scope:
             return []
         earlier = []
         for ds in self.ctx.cfg["datasets"]:
