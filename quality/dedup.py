@@ -70,10 +70,6 @@ class DedupIndex:
         order = np.argsort(keys)
         return keys[order], order.astype(_ORD)
 
-    def close(self) -> None:
-        if self._fh:
-            self._fh.close()
-
     def __len__(self) -> int:
         return self._n
 
