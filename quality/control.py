@@ -4,8 +4,8 @@
 dedup gate on top, exactly as ingest replicates it around a process pool:
 
     v = evaluate(record)
-    if v.digest is not None and v.digest in dedup: reject "duplicate"  (dedup is the first gate)
-    elif v.keep: dedup.add(v.digest); keep
+    if decision.reason(v.digest): reject "duplicate"  (dedup is the first gate; quality.dedup.DedupDecision)
+    elif v.keep: decision.keep(v.digest); keep
     else: reject with v's reason
 """
 from __future__ import annotations
@@ -14,12 +14,10 @@ from collections.abc import Mapping, MutableMapping
 from time import perf_counter
 from typing import Any, NamedTuple
 
-from quality.dedup import DedupIndex
+from quality.dedup import DedupDecision, DedupIndex
 from quality.gates import Doc, build_gates
 from quality.near_dedup import Signer
 from quality.settings import validate_quality_config
-
-DUPLICATE_REASON = "exact duplicate of a kept record"
 
 
 class Verdict(NamedTuple):
@@ -48,6 +46,7 @@ class QualityControl:
         self.config = validate_quality_config(config)
         self.text_field = text_field
         self.dedup = dedup if dedup is not None else DedupIndex()
+        self.decision = DedupDecision(self.dedup)
         self.dedup_on = self.config["dedup"] == "exact"
         self.gates = build_gates(self.config, text_field)
         near = self.config["near_dedup"]
@@ -119,17 +118,17 @@ class QualityControl:
         if self.dedup_on and v.digest is not None:
             counters = self.stats["gates"]["duplicate"]
             t0 = perf_counter()
-            duplicate = v.digest in self.dedup
+            reason = self.decision.reason(v.digest)
             counters["seconds"] += perf_counter() - t0
             counters["seen"] += 1
-            if duplicate:
+            if reason is not None:
                 counters["rejected"] += 1
-                return False, {**v.meta, "failed_check": "duplicate", "reason": DUPLICATE_REASON}
+                return False, {**v.meta, "failed_check": "duplicate", "reason": reason}
             counters["kept"] += 1
         if not v.keep:
             return False, v.meta
         if self.dedup_on:
-            self.dedup.add(v.digest)
+            self.decision.keep(v.digest)
         if isinstance(record, MutableMapping):
             record[self.text_field] = v.text
         return True, v.meta

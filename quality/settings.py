@@ -10,6 +10,7 @@ from quality.language import normalize_code
 DOMAINS = ("general", "medical", "code")
 DETECTORS = tuple(DETECTOR_CLASSES)
 DEDUP_MODES = ("exact", "none")
+DEDUP_SCOPES = ("dataset", "run")
 
 QUALITY_DEFAULTS: dict[str, Any] = {
     "domain": "general",
@@ -26,6 +27,7 @@ QUALITY_DEFAULTS: dict[str, Any] = {
     "profanity_max_density": 0.01,
     "reject_copyright": True,
     "dedup": "exact",
+    "dedup_scope": "dataset",
     "normalize": True,
     "domain_sample_chars": 4000,
     "medical_min_hits": 8,
@@ -131,6 +133,7 @@ _CHECKS = {
     "profanity_max_density": lambda k, v: _number(k, v, 0.0, 1.0),
     "reject_copyright": _flag,
     "dedup": lambda k, v: _choice(k, v, DEDUP_MODES),
+    "dedup_scope": lambda k, v: _choice(k, v, DEDUP_SCOPES),
     "normalize": _flag,
     "domain_sample_chars": lambda k, v: _count(k, v, 100),
     "medical_min_hits": lambda k, v: _count(k, v, 0),

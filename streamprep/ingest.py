@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import aiofiles
 import orjson
 
-from quality import DedupIndex, QualityControl, Verdict, near_dedup
+from quality import DedupDecision, DedupIndex, QualityControl, Verdict, near_dedup
 from streamprep import atomic, logs, stats
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import ConfigError
@@ -121,6 +121,22 @@ class IngestContext:
     stop: asyncio.Event
     progress: dict[str, IngestState] = field(default_factory=dict)
     on_checkpoint: Callable[[IngestState], None] | None = None  # after every save: hands sealed parts on
+    finished: dict[str, DedupIndex] = field(default_factory=dict)  # final dedup index of each done dataset
+    _done: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def publish(self, name: str, index: DedupIndex) -> None:
+        """Dataset `name` is done; `index` is its final dedup index (`dedup_scope: run` checks it)."""
+        self.finished[name] = index
+        self._done.setdefault(name, asyncio.Event()).set()
+
+    async def wait_done(self, name: str) -> bool:
+        """Until dataset `name` is done (True) or the job stops first (False)."""
+        tasks = [asyncio.ensure_future(self._done.setdefault(name, asyncio.Event()).wait()),
+                 asyncio.ensure_future(self.stop.wait())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in tasks:
+            t.cancel()
+        return name in self.finished
 
     @property
     def hf_cache(self) -> Path:
@@ -145,6 +161,7 @@ class DatasetIngest:
         self.dedup_on = ctx.cfg["quality"].get("dedup", "exact") != "none"
         near_cfg = ctx.cfg["quality"].get("near_dedup") or {}
         self.near = near_dedup.NearDupIndex(near_cfg, self.files.near_dedup) if near_cfg.get("enabled") else None
+        self.run_scope = self.dedup_on and ctx.cfg["quality"].get("dedup_scope") == "run"
         self.size_cap = int(ds["size_mb"] * 1024 * 1024) if ds["size_mb"] else None
         self.depth = 2 * qc.workers + 1  # batches in flight between reader and writer: bounded memory
         self.sft = ctx.cfg.get("sft")  # SFT: QC judges qc_text(record); kept lines carry the original record
@@ -160,8 +177,10 @@ class DatasetIngest:
         self._checkpointed(state)
         if state.done:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
+            if self.run_scope:
+                self.ctx.publish(name, await asyncio.to_thread(self._open_index, state))
             return state
-        dedup = DedupIndex.from_bytes(self.files.dedup.read_bytes()) if self.files.dedup.exists() else DedupIndex()
+        own = await asyncio.to_thread(self._open_index, state)
         if self.near is not None:
             await asyncio.to_thread(self.near.load)
         ex = self.ctx.cfg["execution"]
@@ -179,7 +198,9 @@ class DatasetIngest:
         queue: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
         reader = asyncio.create_task(self._read(it, state.consumed, queue))
         try:
-            await self._write(state, dedup, queue)
+            earlier = await self._earlier_indexes()
+            if earlier is not None:
+                await self._write(state, DedupDecision(own, earlier), queue)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
@@ -191,6 +212,8 @@ class DatasetIngest:
                     item[1].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
+        if state.done and self.run_scope:
+            self.ctx.publish(name, own)
         return state
 
     def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:
@@ -200,6 +223,25 @@ class DatasetIngest:
             raise ConfigError(f"dataset {self.ds['name']}: {why} since this run started; resuming would mix old "
                               f"and new data — restore the file, or start over with a new --run-dir")
         state.inputs = inputs
+
+    def _open_index(self, state: IngestState) -> DedupIndex:
+        """The dataset's dedup index, loaded from its digest log (checkpointed `dedup_count` digests)."""
+        return DedupIndex(self.files.dedup, state.dedup_count) if self.dedup_on else DedupIndex()
+
+    async def _earlier_indexes(self) -> list[tuple[str, DedupIndex]] | None:
+        """`dedup_scope: run`: the final indexes of the datasets listed before this one, once they are all
+        done (None if the job stops first). Deciding nothing before then makes the earlier dataset win a
+        cross-dataset duplicate whatever the timing; QC still runs ahead (bounded by the queue)."""
+        if not self.run_scope:
+            return []
+        earlier = []
+        for ds in self.ctx.cfg["datasets"]:
+            if ds["name"] == self.ds["name"]:
+                break
+            if not await self.ctx.wait_done(ds["name"]):
+                return None
+            earlier.append((ds["name"], self.ctx.finished[ds["name"]]))
+        return earlier
 
     async def _read(self, it: Iterator, consumed: int, queue: asyncio.Queue) -> None:
         """Batches in source order, then None; a source that raises ends the queue with its exception."""
@@ -252,7 +294,7 @@ class DatasetIngest:
         not waited for), so a signal stops the job within seconds."""
         return await self._or_stop(asyncio.get_running_loop().run_in_executor(self.reader_pool, fn))
 
-    async def _write(self, state: IngestState, dedup: DedupIndex, queue: asyncio.Queue) -> None:
+    async def _write(self, state: IngestState, dedup: DedupDecision, queue: asyncio.Queue) -> None:
         while not self.ctx.stop.is_set():
             got = await self._or_stop(queue.get())
             if got is STOP:
@@ -286,12 +328,11 @@ class DatasetIngest:
         if self.ctx.on_checkpoint is not None:
             self.ctx.on_checkpoint(state)
 
-    async def _apply(self, state: IngestState, dedup: DedupIndex, items: list, verdicts: Iterator[Verdict]) -> bool:
+    async def _apply(self, state: IngestState, dedup: DedupDecision, items: list, verdicts: Iterator[Verdict]) -> bool:
         """Decide, write and checkpoint one batch. Returns True when a size cap ended the dataset."""
         name = self.ds["name"]
         parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
         rejects: list[bytes] = []
-        digests: list[bytes] = []
         capped = False
         for rec, pos in items:
             if self.sft:
@@ -307,8 +348,9 @@ class DatasetIngest:
                 v = next(verdicts)
                 keep, text, meta, digest = v.keep, v.text, v.meta, v.digest
                 twin = self.near.next_twin() if self.near is not None else None
-                if self.dedup_on and digest is not None and digest in dedup:
-                    keep, meta = False, {**meta, "failed_check": "duplicate", "reason": "exact duplicate of a kept record"}
+                duplicate = dedup.reason(digest) if self.dedup_on else None
+                if duplicate:
+                    keep, meta = False, {**meta, "failed_check": "duplicate", "reason": duplicate}
                 elif keep and twin is not None:
                     keep, meta = False, near_dedup.reject_meta(meta, name, twin)
                 excerpt = _excerpt(rec, self.ds["text_field"])
@@ -318,8 +360,7 @@ class DatasetIngest:
             stats.add_record(state.stats, keep, meta, chars)
             if keep:
                 if self.dedup_on:
-                    dedup.add(digest)
-                    digests.append(digest)
+                    dedup.keep(digest)
                     state.dedup_count += 1
                 if self.near is not None:
                     state.near_dedup_bytes += self.near.add(ordinal)
@@ -350,21 +391,20 @@ class DatasetIngest:
                                          "source": source, "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n"
                     rejects.append(line)
                     state.rejects_bytes += len(line)
-        await self._flush(parts, rejects, digests)
+        await self._flush(parts, rejects, dedup.own)
         if self.near is not None and (near_log := self.near.take_log()):
             await _append(self.files.near_dedup, near_log)
         await self._save(state)
         return capped
 
-    async def _flush(self, parts: list[tuple[int, list[bytes]]], rejects: list[bytes], digests: list[bytes]) -> None:
+    async def _flush(self, parts: list[tuple[int, list[bytes]]], rejects: list[bytes], dedup: DedupIndex) -> None:
         """Append and fsync everything the next checkpoint will describe."""
         for index, lines in parts:
             if lines:
                 await _append(self.files.part(index), b"".join(lines))
         if rejects:
             await _append(self.files.rejects, b"".join(rejects))
-        if digests:
-            await _append(self.files.dedup, b"".join(digests))
+        await asyncio.to_thread(dedup.flush)
 
 
 async def _append(path: Path, data: bytes) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+from pathlib import Path
 
 import pytest
 
@@ -205,6 +207,7 @@ def test_config_defaults_and_idempotence() -> None:
     ({"domain": "legal"}, "domain"),
     ({"language_detector": "fasttext"}, "language_detector"),
     ({"dedup": "fuzzy"}, "dedup"),
+    ({"dedup_scope": "global"}, "dedup_scope"),
     ({"normalize": "yes"}, "normalize"),
     ({"required_fields": "text"}, "required_fields"),
     ({"allowed_licenses": [1]}, "allowed_licenses"),
@@ -221,19 +224,56 @@ def test_config_errors_name_the_key(section, key: str) -> None:
 
 
 # ---- dedup ----------------------------------------------------------------------------------------------
-def test_dedup_index_round_trip() -> None:
+def test_dedup_index_round_trip(tmp_path: Path) -> None:
     digests = [hashlib.sha256(str(i).encode()).digest() for i in range(5)]
-    index = DedupIndex()
+    log = tmp_path / "d.dedup"
+    index = DedupIndex(log, buffer=2)  # spills to the sorted runs every 2 digests
     for d in digests + digests[:2]:
         index.add(d)
+    index.flush()
     assert len(index) == 5 and digests[3] in index and b"\0" * 32 not in index
-    assert index.to_bytes() == b"".join(digests)
-    again = DedupIndex.from_bytes(index.to_bytes())
-    assert len(again) == 5 and again.to_bytes() == index.to_bytes()
+    assert log.read_bytes() == b"".join(digests)
+    again = DedupIndex(log)
+    assert len(again) == 5 and all(d in again for d in digests)
+    assert len(DedupIndex(log, count=3)) == 3 and log.stat().st_size == 96  # a longer log is cut to the count
     with pytest.raises(ValueError):
         index.add(b"short")
+    log.write_bytes(b"".join(digests)[:-1])
     with pytest.raises(ValueError):
-        DedupIndex.from_bytes(index.to_bytes()[:-1])
+        DedupIndex(log)
+
+
+@pytest.mark.parametrize("buffer", [1, 3, 1000])
+def test_dedup_prefix_collision_never_drops_a_unique_record(tmp_path: Path, buffer: int) -> None:
+    """Digests sharing their first 8 bytes: only the full digest (read back from the log) decides."""
+    same = [b"\x07" * 8 + hashlib.sha256(str(i).encode()).digest()[:24] for i in range(6)]
+    index = DedupIndex(tmp_path / "d.dedup", buffer=buffer)
+    for d in same[:3]:
+        index.add(d)
+    assert [d in index for d in same] == [True] * 3 + [False] * 3
+    for d in same:
+        index.add(d)
+    assert len(index) == 6
+    index.flush()
+    reloaded = DedupIndex(tmp_path / "d.dedup")
+    assert all(d in reloaded for d in same) and same[0][:31] + b"\0" not in reloaded
+
+
+def test_dedup_index_matches_a_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many spills and mid->base merges: membership equals a plain set's, before and after a reload (read
+    from the log in several chunks)."""
+    monkeypatch.setattr("quality.dedup._LOAD_CHUNK", 100)
+    rng = random.Random(7)
+    pool = [rng.randbytes(32) for _ in range(3000)]
+    index, seen = DedupIndex(tmp_path / "d.dedup", buffer=16), set()
+    for d in (rng.choice(pool) for _ in range(5000)):
+        assert (d in index) == (d in seen)
+        index.add(d)
+        seen.add(d)
+    index.flush()
+    assert len(index) == len(seen) == len(DedupIndex(tmp_path / "d.dedup"))
+    reloaded = DedupIndex(tmp_path / "d.dedup")
+    assert all((d in reloaded) == (d in seen) for d in pool)
 
 
 def test_clean_record_dedup_semantics() -> None:

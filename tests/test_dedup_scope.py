@@ -1,0 +1,134 @@
+"""`quality.dedup_scope: run`: a record duplicating one kept by a dataset listed earlier is rejected naming that
+dataset, deterministically (worker count, stop/resume, kill -9 + resume give byte-identical outputs)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import base_config, english_docs, ingest_stopped_after, tree_hashes
+from streamprep.checkpoints import DatasetFiles
+from streamprep.config import validate
+from streamprep.ingest import IngestContext, ingest_all
+
+OPEN = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
+        "reject_copyright": False}
+
+
+def _dclm(shared_data: Path, order: tuple[str, str], scope: str, workers: int = 1) -> dict:
+    paths = {n: shared_data / "web" / f"dclm_quality_{n}_data.jsonl" for n in order}
+    raw = base_config([{"name": n, "path": str(paths[n])} for n in order], None,
+                      quality={**OPEN, "dedup_scope": scope}, output={"max_rejects_per_check": None})
+    raw["execution"].update(batch_records=16, workers=workers)
+    return validate(raw)
+
+
+async def _ingest(cfg: dict, run: Path) -> dict:
+    return await ingest_all(IngestContext(cfg, run, run / "checkpoints", asyncio.Event()))
+
+
+def _rejects(run: Path, name: str) -> Counter:
+    lines = DatasetFiles(run, run / "checkpoints", name).rejects.read_text().splitlines()
+    return Counter((r["failed_check"], r["reason"]) for r in map(json.loads, lines))
+
+
+async def test_run_scope_rejects_the_281_dclm_copies_naming_the_earlier_dataset(shared_data: Path,
+                                                                                tmp_path: Path) -> None:
+    states = await _ingest(_dclm(shared_data, ("agreement", "majority"), "run"), tmp_path / "run")
+    assert (states["agreement"].kept, states["agreement"].rejected) == (281, 0)
+    assert (states["majority"].kept, states["majority"].rejected) == (218, 281)
+    assert _rejects(tmp_path / "run", "majority") == {
+        ("duplicate", "exact duplicate of a record kept by dataset agreement"): 281}
+    # listed the other way round, majority wins every one of them
+    states = await _ingest(_dclm(shared_data, ("majority", "agreement"), "run"), tmp_path / "rev")
+    assert (states["majority"].kept, states["agreement"].kept, states["agreement"].rejected) == (499, 0, 281)
+    assert _rejects(tmp_path / "rev", "agreement") == {
+        ("duplicate", "exact duplicate of a record kept by dataset majority"): 281}
+
+
+async def test_dataset_scope_keeps_cross_dataset_copies(shared_data: Path, tmp_path: Path) -> None:
+    states = await _ingest(_dclm(shared_data, ("agreement", "majority"), "dataset"), tmp_path / "run")
+    assert (states["agreement"].kept, states["majority"].kept, states["majority"].rejected) == (281, 499, 0)
+
+
+def _overlap(tmp: Path, workers: int) -> dict:
+    return validate(_overlap_raw(tmp, workers))
+
+
+def _overlap_raw(tmp: Path, workers: int) -> dict:
+    """Three datasets; b repeats half of a, c repeats half of b and a few of a: 2000 cross-dataset duplicates."""
+    docs = english_docs(3000, seed=11)
+    spans = {"a": docs[:1200], "b": docs[600:1800], "c": docs[1200:2400] + docs[:200]}
+    for name, texts in spans.items():
+        (tmp / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    raw = base_config([{"name": n, "path": str(tmp / f"{n}.jsonl")} for n in spans], None,
+                      quality={"expected_language": None, "min_chars": 20, "dedup_scope": "run"},
+                      output={"shard_records": 250, "max_rejects_per_check": None})
+    raw["execution"].update(batch_records=32, workers=workers)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def overlap_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    tmp = tmp_path_factory.mktemp("overlap")
+    cfg = _overlap(tmp, workers=1)
+    states = asyncio.run(_ingest(cfg, tmp / "run"))
+    assert [(states[n].kept, states[n].rejected) for n in "abc"] == [(1200, 0), (600, 600), (600, 800)]
+    assert _rejects(tmp / "run", "c") == {("duplicate", "exact duplicate of a record kept by dataset b"): 600,
+                                          ("duplicate", "exact duplicate of a record kept by dataset a"): 200}
+    return tmp / "run", cfg
+
+
+async def test_run_scope_same_bytes_with_two_workers_and_after_stops(overlap_reference: tuple[Path, dict],
+                                                                    tmp_path: Path) -> None:
+    ref, _ = overlap_reference
+    want = tree_hashes(ref, "ingest", "rejects")
+    cfg = _overlap(tmp_path, workers=2)
+    await _ingest(cfg, tmp_path / "w2")
+    assert tree_hashes(tmp_path / "w2", "ingest", "rejects") == want
+    for stopped_in, at in (("a", 500), ("c", 300)):  # stop while an earlier / the last dataset is deciding
+        run = tmp_path / f"stop-{stopped_in}"
+        state = await ingest_stopped_after(cfg, run, stopped_in, at)
+        assert not state.done
+        await _ingest(cfg, run)
+        assert tree_hashes(run, "ingest", "rejects") == want
+
+
+def test_run_scope_kill_9_then_resume_gives_identical_outputs(overlap_reference: tuple[Path, dict],
+                                                              tmp_path: Path) -> None:
+    """SIGKILL `streamprep ingest` at random moments until kills have landed mid-ingest; the final resume's
+    ingest/rejects equal the uninterrupted run's byte for byte."""
+    ref, _ = overlap_reference
+    cfg_path, run = tmp_path / "cfg.yaml", tmp_path / "run"
+    cfg_path.write_text(yaml.safe_dump(_overlap_raw(tmp_path, workers=2)))
+    rng, mid_ingest = random.Random(5), 0
+    argv = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run)]
+    for _ in range(12):
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # its own process group: the kill takes its QC workers too
+        deadline = time.monotonic() + 60
+        while not (run / "checkpoints" / "a.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 1.0))
+        running = proc.poll() is None
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        states = [json.loads(p.read_text()) for n in "abc" if (p := run / "checkpoints" / f"{n}.json").exists()]
+        mid_ingest += running and any(s["consumed"] for s in states) and not (len(states) == 3 and all(
+            s["done"] for s in states))
+        if mid_ingest >= 3:
+            break
+    assert mid_ingest >= 3
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
