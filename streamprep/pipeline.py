@@ -250,31 +250,11 @@ class Job:
         return {"shards": len(tasks), "tokenized": len(pending), "skipped": len(tasks) - len(pending)}
 
     def _exports(self, tasks: list, states: dict[str, Any], info: Any) -> dict[str, Any]:
-        from streamprep import blend
-        from streamprep.exports import write_exports
-        from streamprep.exports.shards import ShardRef
+        from streamprep.exports import export_run
 
         log.info("writing exports", shards=len(tasks))
-        receipts = [read_receipt(t) for t in tasks]
-        refs, shards = [], []
-        for t, receipt in zip(tasks, receipts):
-            if t.sft:  # SFT shards are listed by their receipts; Parquet/blend are for pretraining text
-                continue
-            has_docs = receipt["stats"]["num_documents"] > 0
-            refs.append(ShardRef(dataset=t.dataset, split=t.split, part=t.part, ingest_path=Path(t.input_path),
-                                 prefix=Path(t.prefix) if has_docs else None, receipt=receipt))
-            shards.append({"dataset": t.dataset, "split": t.split, "prefix": t.prefix,
-                           "num_tokens": receipt["stats"]["num_tokens"]})
-        per_split = any(d["blend_split"] != "train" for d in self.cfg["datasets"])
-        if not self.cfg.get("sft"):
-            blend.write(self.run_dir, blend.build(shards, self.cfg["datasets"], self.cfg["output"]["valid_fraction"], per_split))
-        summary = write_exports(self.run_dir, refs, self.cfg["output"], self.cfg["datasets"], self.cfg["run"]["seed"],
-                                info.to_json(), configmod.config_hash(self.cfg))
-        kept = {n: s.kept for n, s in states.items()}
-        rejected = {n: s.rejected for n, s in states.items()}
-        empty = {n: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == n)
-                 for n in states}
-        return {"kept": kept, "rejected": rejected, "empty_tokens": empty, "exports": summary}
+        return {"kept": {n: s.kept for n, s in states.items()}, "rejected": {n: s.rejected for n, s in states.items()},
+                **export_run(self.run_dir, self.cfg, tasks, info.to_json())}
 
     def _still_complete(self) -> bool:
         """A finished run re-run: cheap check that its shard files are all still there at their sizes."""

@@ -1,19 +1,22 @@
-"""Exports after tokenization: Parquet shards (+ TSV), manifest.json, mixtures.json.
+"""Exports after tokenization: Parquet shards (+ TSV), blend.json, mixtures.json, manifest.json.
 
-One entry point, `write_exports`. Re-running it on the same inputs rewrites the same bytes and removes
-Parquet/TSV files of an earlier attempt that the new manifest no longer lists. File formats and the
-bucketing / shuffle / packing rules: docs/exports.md.
+Entry points: `export_run` (the job's exports step), `write_exports` (the same from explicit shard
+refs) and `prepare_part` (the per-part work for one finished shard, cached beside its receipt, so the
+end of the job only does what needs every record). Re-running on the same inputs rewrites the same
+bytes and removes Parquet/TSV files of an earlier attempt that the new manifest no longer lists. File
+formats and the bucketing / shuffle / packing rules: docs/exports.md.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from streamprep.exports.index import ExportError, ShardRef
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
-from streamprep.exports.shards import ExportError, ShardRef
 
-__all__ = ["write_exports", "validate_output_config", "ShardRef", "ExportError", "ShardCountError",
-           "MixtureConfigError", "validate_mixtures"]
+__all__ = ["export_run", "write_exports", "prepare_part", "validate_output_config", "ShardRef", "ExportError",
+           "ShardCountError", "MixtureConfigError", "validate_mixtures"]
 
 
 def __getattr__(name: str) -> Any:
@@ -41,15 +44,35 @@ def _split_of(datasets: list[dict[str, Any]], shards: list[ShardRef]) -> dict[st
     return out
 
 
-def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, Any], datasets: list[dict[str, Any]],
-                  seed: int, tokenizer_info: dict[str, Any], config_hash: str) -> dict[str, Any]:
-    """Write parquet/, manifest.json and mixtures.json for the completed `shards`; return a summary."""
-    from streamprep.exports import manifest, mixtures, parquet
-    from streamprep.exports.parquet import ParquetOptions
-    from streamprep.exports.shards import build_index
+def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
+    """The per-part exports work for one finished tokenization shard (`streamprep.shards.ShardTask` and its
+    completed receipt), cached beside the receipt; safe in any process, as soon as the receipt exists."""
+    from streamprep.exports.summary import part_summary
 
-    run_dir = Path(run_dir)
-    names = [d["name"] for d in datasets]
+    if not task.sft and receipt["stats"]["num_documents"] > 0:
+        part_summary(ShardRef.from_task(task, receipt))
+
+
+def export_run(run_dir: Path, cfg: dict[str, Any], tasks: list, tokenizer_info: dict[str, Any]) -> dict[str, Any]:
+    """The job's exports over its tokenization tasks (all receipts complete), on `execution.workers` processes."""
+    from streamprep.config import config_hash
+    from streamprep.shards import read_receipt
+
+    receipts = [read_receipt(t) for t in tasks]
+    # SFT shards are listed by their receipts; Parquet/blend are for pretraining text
+    refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if not t.sft]
+    summary = write_exports(run_dir, refs, cfg["output"], cfg["datasets"], cfg["run"]["seed"], tokenizer_info,
+                            config_hash(cfg), workers=cfg["execution"]["workers"] or os.cpu_count() or 1,
+                            blend=not cfg.get("sft"))
+    empty = {d["name"]: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == d["name"])
+             for d in cfg["datasets"]}
+    return {"empty_tokens": empty, "exports": summary}
+
+
+def _check(shards: list[ShardRef], output_cfg: dict[str, Any], names: list[str]) -> tuple[Any, dict[str, Any]]:
+    """Refuse bad options and inputs before anything is written; the Parquet options and mixture phases."""
+    from streamprep.exports.parquet import ParquetOptions
+
     opts = ParquetOptions.from_output_cfg(output_cfg)
     phases = (output_cfg.get("mixtures") or {}).get("phases") or {}
     validate_mixtures(phases, names)
@@ -59,13 +82,14 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, A
     for ref in shards:
         if ref.receipt.get("status") != "completed":
             raise ExportError(f"{ref.dataset}/{ref.part}: receipt status {ref.receipt.get('status')!r}, not completed")
-    split_of = _split_of(datasets, shards)
+    return opts, phases
 
-    indexes = [build_index(n, split_of[n], [r for r in shards if r.dataset == n]) for n in names]
-    plans = parquet.plan_shards(indexes, opts, seed)
-    pq_entries = parquet.write_shards(run_dir, indexes, plans, opts, seed)
+
+def _manifest(run_dir: Path, indexes: list, datasets: list[dict[str, Any]], pq_entries: list[dict[str, Any]], opts: Any,
+              seed: int, tokenizer_info: dict[str, Any], config_hash: str) -> dict[str, Any]:
+    from streamprep.exports import manifest, parquet
+
     bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]
-
     ds_summary = {idx.name: {"split": idx.split, "weight": float(d.get("weight", 1.0)), "num_records": len(idx),
                              "num_tokens": idx.num_tokens, "binidx_shards": len(idx.refs),
                              "empty_shards": len(idx.empty_refs),
@@ -76,19 +100,49 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, A
                "compression": opts.compression, "row_group_size": opts.row_group_size,
                "num_shards_multiple_of": opts.num_shards_multiple_of,
                "bytes_per_token_estimate": parquet.BYTES_PER_TOKEN, "tail_fraction": parquet.TAIL_FRACTION}
-    man = manifest.build(pq_entries, bin_entries, seed=seed, config_hash=config_hash, tokenizer_info=tokenizer_info,
-                         buckets=parquet.bucket_table(opts.length_buckets), options=options, datasets=ds_summary)
-    mix = mixtures.build(man["shards"], datasets, phases, split_of)
-    # Parquet files first, then the manifest that lists them, then mixtures, then the stale cleanup.
+    return manifest.build(pq_entries, bin_entries, seed=seed, config_hash=config_hash, tokenizer_info=tokenizer_info,
+                          buckets=parquet.bucket_table(opts.length_buckets), options=options, datasets=ds_summary)
+
+
+def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, Any], datasets: list[dict[str, Any]],
+                  seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, workers: int = 1,
+                  blend: bool = False) -> dict[str, Any]:
+    """Write parquet/, (with `blend`) blend.json, mixtures.json and manifest.json for the completed
+    `shards`, on `workers` processes (the bytes do not depend on it); return a summary.
+
+    Per-part summaries come from their caches or are computed on the workers; then only the work that
+    needs every record: index, shuffle and plan (here), Parquet shards (on the workers), the JSON files.
+    """
+    from streamprep.exports import blend as blendmod
+    from streamprep.exports import manifest, mixtures, parquet
+    from streamprep.exports.index import build_index
+    from streamprep.exports.pool import Workers
+    from streamprep.exports.summary import summarize_all
+
+    run_dir = Path(run_dir)
+    names = [d["name"] for d in datasets]
+    opts, phases = _check(shards, output_cfg, names)
+    split_of = _split_of(datasets, shards)
+    with Workers(workers) as pool:
+        summaries = summarize_all(shards, pool)
+        indexes = [build_index(n, split_of[n], [r for r in shards if r.dataset == n], summaries.get(n, {}))
+                   for n in names]
+        pq_entries = parquet.write_shards(run_dir, indexes, parquet.plan_shards(indexes, opts, seed), opts, seed, pool)
+    man = _manifest(run_dir, indexes, datasets, pq_entries, opts, seed, tokenizer_info, config_hash)
+    # Parquet files first; then blend.json and mixtures.json; then the manifest (which may list them);
+    # then the stale cleanup.
+    if blend:
+        blendmod.write(run_dir, blendmod.build_from_refs(shards, datasets, split_of,
+                                                         output_cfg.get("valid_fraction") or 0.0))
+    mixtures.write(run_dir, mixtures.build(man["shards"], datasets, phases, split_of))
     manifest.write(run_dir, man)
-    mixtures.write(run_dir, mix)
     keep = {e["path"] for e in pq_entries} | {e["tsv"]["path"] for e in pq_entries}
     removed = parquet.remove_stale(run_dir, keep)
     return {
         "parquet_shards": len(pq_entries),
         "parquet_shards_by_split": {k: v["parquet_shards"] for k, v in man["splits"].items()},
-        "binidx_shards": len(bin_entries),
-        "records": {n: s["num_records"] for n, s in ds_summary.items()},
-        "tokens": {n: s["num_tokens"] for n, s in ds_summary.items()},
+        "binidx_shards": sum(len(idx.refs) for idx in indexes),
+        "records": {idx.name: len(idx) for idx in indexes},
+        "tokens": {idx.name: idx.num_tokens for idx in indexes},
         "stale_removed": len(removed),
     }
