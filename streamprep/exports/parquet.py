@@ -237,11 +237,11 @@ def _int32(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values, np.int32))])
 
 
-def _tsv_rows(first_row: int, index: DatasetIndex, start: int, end: int) -> bytes:
-    """TSV lines of rows start..end of a shard, from the per-part summaries (no re-hashing, no re-summing)."""
+def _tsv_rows(index: DatasetIndex, start: int, end: int) -> bytes:
+    """TSV lines of rows start..end of a shard (`index` holds its rows), from the per-part summaries."""
     digests = index.text_sha256[start:end].tobytes().hex()
     counts, sums = index.n_tokens[start:end].tolist(), index.token_sum[start:end].tolist()
-    return "".join(f"{first_row + i}\t{n}\t{s}\t{digests[64 * i:64 * i + 64]}\n"
+    return "".join(f"{start + i}\t{n}\t{s}\t{digests[64 * i:64 * i + 64]}\n"
                    for i, (n, s) in enumerate(zip(counts, sums))).encode()
 
 
@@ -270,7 +270,7 @@ def _write_one(job: tuple[Path, ShardPlan, DatasetIndex, ParquetOptions]) -> dic
                     pa.array([m.decode() for _, m in recs], type=pa.string()),
                 ], schema=SCHEMA)
                 writer.write_table(table, row_group_size=opts.row_group_size)
-                tsv.write(_tsv_rows(start, records, start, end))
+                tsv.write(_tsv_rows(records, start, end))
             tsv.flush()
         writer.close()
         writer = None
