@@ -66,19 +66,32 @@ def build(out: Path, megabytes: int, shared: Path = SHARED, shuffle_words: bool 
     return out
 
 
-def build_short(out: Path, n_docs: int, shared: Path = SHARED) -> Path:
-    """`n_docs` short documents (one to three real sentences, ≈ 400 bytes), all distinct: the many-small-
-    records shape where per-record costs (QC, JSON, index entries) dominate. Deterministic."""
-    if out.exists():
+def build_short(out: Path, n_docs: int, max_chars: int = 400, shared: Path = SHARED) -> Path:
+    """Write `out` with `n_docs` short records: runs of whole sentences of <= `max_chars` (one sentence if longer).
+
+    Round k cuts every base document, rotated by k sentences, into such runs; deterministic.
+    """
+    if out.exists() and sum(1 for _ in open(out, "rb")) == n_docs:
         return out
-    sentences = [s for d in base_documents(shared) for s in SENTENCE.split(d) if len(s) > 20]
+    docs = [SENTENCE.split(d) for d in base_documents(shared)]
     tmp = out.with_suffix(".tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
+    written, k = 0, 0
     with open(tmp, "wb") as fh:
-        for i in range(n_docs):
-            j = (i * 7919) % len(sentences)
-            text = " ".join(sentences[j:j + 1 + i % 3]) + f" ({i})"
-            fh.write(orjson.dumps({"text": text}) + b"\n")
+        while written < n_docs:
+            for sentences in docs:
+                r = k % len(sentences)
+                chunk: list[str] = []
+                for s in sentences[r:] + sentences[:r]:
+                    if chunk and sum(len(c) + 1 for c in chunk) + len(s) > max_chars:
+                        fh.write(orjson.dumps({"text": " ".join(chunk)}) + b"\n")
+                        written, chunk = written + 1, []
+                        if written == n_docs:
+                            break
+                    chunk.append(s)
+                if written == n_docs:
+                    break
+            k += 1
     tmp.replace(out)
     return out
 

@@ -282,6 +282,7 @@ class Job:
         feeder = ShardFeeder(engine, self._task, {d["name"]: self._files(d["name"]) for d in self.cfg["datasets"]},
                              info, self._train_tokenizer, self._sample_ready())
         self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
+        engine.on_result = self._after_shard
         try:
             states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint))
             self.reporter.phase = "tokenize"
@@ -373,33 +374,21 @@ class Job:
         return {"shards": len(tasks), "tokenized": len(results) - skipped, "skipped": skipped}
 
     def _exports(self, tasks: list[ShardTask], states: dict[str, IngestState], info: TokenizerInfo) -> dict[str, Any]:
-        from streamprep import blend
-        from streamprep.exports import write_exports
-        from streamprep.exports.shards import ShardRef
+        from streamprep.exports import export_run
 
         log.info("writing exports", shards=len(tasks))
-        receipts = [read_receipt(t) for t in tasks]
-        refs, shards = [], []
-        for t, receipt in zip(tasks, receipts):
-            if t.sft:  # SFT shards are listed by their receipts; Parquet/blend are for pretraining text
-                continue
-            has_docs = receipt["stats"]["num_documents"] > 0
-            refs.append(ShardRef(dataset=t.dataset, split=t.split, part=t.part, ingest_path=Path(t.input_path),
-                                 prefix=Path(t.prefix) if has_docs else None, receipt=receipt))
-            shards.append({"dataset": t.dataset, "split": t.split, "prefix": t.prefix,
-                           "num_tokens": receipt["stats"]["num_tokens"]})
-        per_split = any(d["blend_split"] != "train" for d in self.cfg["datasets"])
-        blend_json = None if self.cfg.get("sft") else blend.build(shards, self.cfg["datasets"],
-                                                                    self.cfg["output"]["valid_fraction"], per_split)
-        # write_exports writes blend.json, mixtures.json, then manifest.json covering them (+ receipts, tokenizer)
-        summary = write_exports(self.run_dir, refs, self.cfg["output"], self.cfg["datasets"], self.cfg["run"]["seed"],
-                                info.to_json(), configmod.config_hash(self.cfg), blend=blend_json,
-                                receipts=[Path(t.receipt_path) for t in tasks])
-        kept = {n: s.kept for n, s in states.items()}
-        rejected = {n: s.rejected for n, s in states.items()}
-        empty = {n: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == n)
-                 for n in states}
-        return {"kept": kept, "rejected": rejected, "empty_tokens": empty, "exports": summary}
+        return {"kept": {n: s.kept for n, s in states.items()}, "rejected": {n: s.rejected for n, s in states.items()},
+                **export_run(self.run_dir, self.cfg, tasks, info.to_json())}
+
+    @staticmethod
+    def _after_shard(result: dict[str, Any]) -> None:
+        """The per-part exports work (tokens read back, hashes) as each shard finishes, while ingest goes on;
+        the exports at the end only do what needs every record."""
+        if not result["skipped"]:
+            from streamprep.exports import prepare_part
+
+            task = ShardTask(**result["task"])
+            prepare_part(task, read_receipt(task))
 
     def _still_complete(self) -> bool:
         """A finished run re-run: cheap check that its shard files are all still there at their sizes."""

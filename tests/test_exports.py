@@ -73,8 +73,9 @@ def _write_part(run: Path, tok: Tokenizer, name: str, split: str, part_no: int, 
                "dtype": "uint16", "files": files,
                "stats": {"num_documents": len(arrays), "num_tokens": int(sum(len(a) for a in arrays)),
                          "dropped_empty": dropped}}
-    atomic.write_json(run / "receipts" / name / f"{part}.json", receipt)
-    return ShardRef(name, split, part, ingest, prefix if arrays else None, receipt)
+    receipt_path = run / "receipts" / name / f"{part}.json"
+    atomic.write_json(receipt_path, receipt)
+    return ShardRef(name, split, part, ingest, prefix if arrays else None, receipt, receipt_path)
 
 
 def build_run(run: Path, shared: Path) -> list[ShardRef]:
@@ -113,14 +114,16 @@ def output_cfg(**over) -> dict:
 TOKENIZER_INFO = {"fingerprint": "sha256:phi2", "vocab_size": 50295, "eod_id": EOD}
 
 
-def export(run: Path, refs: list[ShardRef], seed: int = 1234, **over) -> dict:
-    return write_exports(run, refs, output_cfg(**over), datasets_cfg(), seed, TOKENIZER_INFO, "cfghash0123")
+def export(run: Path, refs: list[ShardRef], seed: int = 1234, workers: int = 1, **over) -> dict:
+    return write_exports(run, refs, output_cfg(**over), datasets_cfg(), seed, TOKENIZER_INFO, "cfghash0123",
+                         workers=workers)
 
 
 def relocate(refs: list[ShardRef], old: Path, new: Path) -> list[ShardRef]:
     def move(p: Path | None) -> Path | None:
         return None if p is None else new / p.relative_to(old)
-    return [ShardRef(r.dataset, r.split, r.part, move(r.ingest_path), move(r.prefix), r.receipt) for r in refs]
+    return [ShardRef(r.dataset, r.split, r.part, move(r.ingest_path), move(r.prefix), r.receipt, move(r.receipt_path))
+            for r in refs]
 
 
 @pytest.fixture(scope="session")
@@ -418,3 +421,78 @@ def test_mixtures_leave_out_empty_sources():
     mix = mixtures.build(shards, ds, {}, {"a": "train", "b": "train"})
     assert mix["phases"][0]["weights"] == {"a": 1.0} and mix["phases"][0]["empty_sources"] == ["b"]
     assert mix["sources"]["b"] == {"split": "train", "shards": [], "binidx": [], "num_records": 0, "num_tokens": 0}
+
+
+# -- per-part summaries: cached beside the receipts, reused, recomputed when damaged; parallel == serial --
+def summary_files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted((run / "receipts").rglob("*.summary"))}
+
+
+def counting_summarize(monkeypatch) -> list[str]:
+    """Patch summarize_part to record which parts it computes."""
+    from streamprep.exports import summary
+
+    calls: list[str] = []
+    real = summary.summarize_part
+
+    def spy(ref):
+        calls.append(f"{ref.dataset}/{ref.part}")
+        return real(ref)
+    monkeypatch.setattr(summary, "summarize_part", spy)
+    return calls
+
+
+def test_part_summaries_cached_and_reused(run, monkeypatch):
+    run_dir, refs = run
+    calls = counting_summarize(monkeypatch)
+    export(run_dir, refs)
+    first, caches = file_hashes(run_dir), summary_files(run_dir)
+    with_docs = sorted(f"receipts/{r.dataset}/{r.part}.summary" for r in refs if r.prefix is not None)
+    assert sorted(caches) == with_docs and len(calls) == len(with_docs) == 6  # none for the part with 0 documents
+    calls.clear()
+    export(run_dir, refs)  # a resumed exports step: every summary comes from its cache
+    assert calls == [] and file_hashes(run_dir) == first and summary_files(run_dir) == caches
+
+
+def test_prepare_part_ahead_of_exports(run, monkeypatch):
+    from types import SimpleNamespace
+
+    from streamprep.exports import prepare_part
+
+    run_dir, refs = run
+    for r in refs:  # as each shard finishes: a ShardTask and its receipt
+        prepare_part(SimpleNamespace(dataset=r.dataset, split=r.split, part=r.part, input_path=str(r.ingest_path),
+                                     prefix=str(r.prefix or f"{run_dir}/binidx/{r.dataset}/{r.part}_text_document"),
+                                     receipt_path=str(r.receipt_path), sft=None), r.receipt)
+    assert len(summary_files(run_dir)) == 6
+    calls = counting_summarize(monkeypatch)
+    export(run_dir, refs)
+    assert calls == []
+
+
+def test_damaged_or_stale_summary_recomputed(run, monkeypatch):
+    run_dir, refs = run
+    export(run_dir, refs)
+    first, caches = file_hashes(run_dir), summary_files(run_dir)
+    paths = [run_dir / k for k in caches]
+    raw = paths[0].read_bytes()
+    paths[0].write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))         # one flipped bit in the payload
+    paths[1].write_bytes(paths[1].read_bytes()[:100])             # truncated
+    paths[2].write_bytes(b"not json\n" + paths[2].read_bytes())  # garbage header
+    head, _, payload = paths[3].read_bytes().partition(b"\n")   # made for another receipt
+    paths[3].write_bytes(head.replace(b'"key":"', b'"key":"0') + b"\n" + payload)
+    calls = counting_summarize(monkeypatch)
+    export(run_dir, refs)
+    assert sorted(calls) == sorted(f"{p.parent.name}/{p.stem}" for p in paths[:4])
+    assert file_hashes(run_dir) == first and summary_files(run_dir) == caches  # rewritten to the same bytes
+
+
+def test_parallel_equals_serial(run, tmp_path):
+    run_dir, refs = run
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    export(run_dir, refs, num_shards_multiple_of=4)
+    export(other, relocate(refs, run_dir, other), workers=2, num_shards_multiple_of=4)  # summaries on the pool too
+    assert file_hashes(other) == file_hashes(run_dir)
+    assert summary_files(other) == summary_files(run_dir)
+    assert len([k for k in file_hashes(run_dir) if k.endswith(".parquet")]) >= 16

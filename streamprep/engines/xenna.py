@@ -87,7 +87,10 @@ class XennaEngine(Engine):
                 continue
             with self._lock:
                 self._results.append(result)
-            self._done(result)
+            try:
+                self._done(result)
+            except Exception as exc:  # surfaced by drain(), which would otherwise wait for it forever
+                self._error = exc
 
     def drain(self) -> list[Result]:
         while self.completed < self.submitted:

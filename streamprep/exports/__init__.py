@@ -1,20 +1,23 @@
 """Exports after tokenization: Parquet shards (+ TSV), blend.json, mixtures.json, then manifest.json.
 
-One entry point, `write_exports`. The manifest is written last and covers every other artifact
-(exports/chain.py); the caller records the SHA-256 it returns in run.json. Re-running it on the same
-inputs rewrites the same bytes and removes Parquet/TSV files of an earlier attempt that the new
+Entry points: `export_run` (the job's exports step), `write_exports` (the same from explicit shard
+refs) and `prepare_part` (the per-part work for one finished shard, cached beside its receipt, so the
+end of the job only does what needs every record). The manifest is written last and covers every other
+artifact (exports/chain.py); the caller records the SHA-256 it returns in run.json. Re-running on the
+same inputs rewrites the same bytes and removes Parquet/TSV files of an earlier attempt that the new
 manifest no longer lists. File formats, the bucketing / shuffle / packing rules and the chain:
 docs/exports.md.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from streamprep.exports.index import ExportError, ShardRef
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
-from streamprep.exports.shards import ExportError, ShardRef
 
-__all__ = ["write_exports", "ShardRef", "ExportError", "ShardCountError",
+__all__ = ["export_run", "write_exports", "prepare_part", "ShardRef", "ExportError", "ShardCountError",
            "MixtureConfigError", "validate_mixtures"]
 
 
@@ -35,21 +38,35 @@ def _split_of(datasets: list[dict[str, Any]], shards: list[ShardRef]) -> dict[st
     return out
 
 
-def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, Any], datasets: list[dict[str, Any]],
-                  seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, blend: dict[str, Any] | None = None,
-                  receipts: list[Path] | None = None) -> dict[str, Any]:
-    """Write parquet/, blend.json (when given), mixtures.json and manifest.json; return a summary.
+def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
+    """The per-part exports work for one finished tokenization shard (`streamprep.shards.ShardTask` and its
+    completed receipt), cached beside the receipt; safe in any process, as soon as the receipt exists."""
+    from streamprep.exports.summary import part_summary
 
-    `receipts`: every receipt of the run (SFT ones too); default: those of `shards`. The summary's
-    `manifest_sha256` is the root of the hash chain, for run.json.
-    """
-    from streamprep import blend as blendmod
-    from streamprep.exports import chain, manifest, mixtures, parquet
+    if not task.sft and receipt["stats"]["num_documents"] > 0:
+        part_summary(ShardRef.from_task(task, receipt))
+
+
+def export_run(run_dir: Path, cfg: dict[str, Any], tasks: list, tokenizer_info: dict[str, Any]) -> dict[str, Any]:
+    """The job's exports over its tokenization tasks (all receipts complete), on `execution.workers` processes."""
+    from streamprep.config import config_hash
+    from streamprep.shards import read_receipt
+
+    receipts = [read_receipt(t) for t in tasks]
+    # SFT shards are listed by their receipts; Parquet/blend are for pretraining text
+    refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if not t.sft]
+    summary = write_exports(run_dir, refs, cfg["output"], cfg["datasets"], cfg["run"]["seed"], tokenizer_info,
+                            config_hash(cfg), workers=cfg["execution"]["workers"] or os.cpu_count() or 1,
+                            blend=not cfg.get("sft"), receipts=[Path(t.receipt_path) for t in tasks])
+    empty = {d["name"]: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == d["name"])
+             for d in cfg["datasets"]}
+    return {"empty_tokens": empty, "exports": summary}
+
+
+def _check(shards: list[ShardRef], output_cfg: dict[str, Any], names: list[str]) -> tuple[Any, dict[str, Any]]:
+    """Refuse bad options and inputs before anything is written; the Parquet options and mixture phases."""
     from streamprep.exports.parquet import ParquetOptions
-    from streamprep.exports.shards import build_index
 
-    run_dir = Path(run_dir)
-    names = [d["name"] for d in datasets]
     opts = ParquetOptions.from_output_cfg(output_cfg)
     phases = (output_cfg.get("mixtures") or {}).get("phases") or {}
     validate_mixtures(phases, names)
@@ -59,12 +76,13 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, A
     for ref in shards:
         if ref.receipt.get("status") != "completed":
             raise ExportError(f"{ref.dataset}/{ref.part}: receipt status {ref.receipt.get('status')!r}, not completed")
-    split_of = _split_of(datasets, shards)
+    return opts, phases
 
-    indexes = [build_index(n, split_of[n], [r for r in shards if r.dataset == n]) for n in names]
-    plans = parquet.plan_shards(indexes, opts, seed)
-    pq_entries = parquet.write_shards(run_dir, indexes, plans, opts, seed)
-    bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]
+
+def _manifest(indexes: list, datasets: list[dict[str, Any]], pq_entries: list[dict[str, Any]],
+              bin_entries: list[dict[str, Any]], opts: Any, seed: int, tokenizer_info: dict[str, Any], config_hash: str,
+              files: list[dict[str, Any]]) -> dict[str, Any]:
+    from streamprep.exports import manifest, parquet
 
     ds_summary = {idx.name: {"split": idx.split, "weight": float(d.get("weight", 1.0)), "num_records": len(idx),
                              "num_tokens": idx.num_tokens, "binidx_shards": len(idx.refs),
@@ -76,25 +94,57 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, A
                "compression": opts.compression, "row_group_size": opts.row_group_size,
                "num_shards_multiple_of": opts.num_shards_multiple_of,
                "bytes_per_token_estimate": parquet.BYTES_PER_TOKEN, "tail_fraction": parquet.TAIL_FRACTION}
+    return manifest.build(pq_entries, bin_entries, seed=seed, config_hash=config_hash, tokenizer_info=tokenizer_info,
+                          buckets=parquet.bucket_table(opts.length_buckets), options=options, datasets=ds_summary,
+                          files=files)
+
+
+def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, Any], datasets: list[dict[str, Any]],
+                  seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, workers: int = 1,
+                  blend: bool = False, receipts: list[Path] | None = None) -> dict[str, Any]:
+    """Write parquet/, (with `blend`) blend.json, mixtures.json and manifest.json for the completed
+    `shards`, on `workers` processes (the bytes do not depend on it); return a summary.
+
+    `receipts`: every receipt of the run (SFT ones too); default: those of `shards`. The summary's
+    `manifest_sha256` is the root of the hash chain, for run.json.
+
+    Per-part summaries come from their caches or are computed on the workers; then only the work that
+    needs every record: index, shuffle and plan (here), Parquet shards (on the workers), the JSON files.
+    """
+    from streamprep.exports import blend as blendmod
+    from streamprep.exports import chain, manifest, mixtures, parquet
+    from streamprep.exports.index import build_index
+    from streamprep.exports.pool import Workers
+    from streamprep.exports.summary import summarize_all
+
+    run_dir = Path(run_dir)
+    names = [d["name"] for d in datasets]
+    opts, phases = _check(shards, output_cfg, names)
+    split_of = _split_of(datasets, shards)
+    with Workers(workers) as pool:
+        summaries = summarize_all(shards, pool)
+        indexes = [build_index(n, split_of[n], [r for r in shards if r.dataset == n], summaries.get(n, {}))
+                   for n in names]
+        pq_entries = parquet.write_shards(run_dir, indexes, parquet.plan_shards(indexes, opts, seed), opts, seed, pool)
+    bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]
     # Parquet files, blend.json, mixtures.json, then the manifest that lists them all, then the stale cleanup.
-    if blend is not None:
-        blendmod.write(run_dir, blend)
+    if blend:
+        blendmod.write(run_dir, blendmod.build_from_refs(shards, datasets, split_of,
+                                                         output_cfg.get("valid_fraction") or 0.0))
     mixtures.write(run_dir, mixtures.build(manifest.sorted_shards(pq_entries, bin_entries), datasets, phases, split_of))
     if receipts is None:
         receipts = [run_dir / "receipts" / r.dataset / f"{r.part}.json" for r in shards]
     files = chain.file_entries(run_dir, chain.chained_files(run_dir, receipts))
-    man = manifest.build(pq_entries, bin_entries, seed=seed, config_hash=config_hash, tokenizer_info=tokenizer_info,
-                         buckets=parquet.bucket_table(opts.length_buckets), options=options, datasets=ds_summary,
-                         files=files)
+    man = _manifest(indexes, datasets, pq_entries, bin_entries, opts, seed, tokenizer_info, config_hash, files)
     manifest_sha256 = manifest.write(run_dir, man)
     keep = {e["path"] for e in pq_entries} | {e["tsv"]["path"] for e in pq_entries}
     removed = parquet.remove_stale(run_dir, keep)
     return {
         "parquet_shards": len(pq_entries),
         "parquet_shards_by_split": {k: v["parquet_shards"] for k, v in man["splits"].items()},
-        "binidx_shards": len(bin_entries),
-        "records": {n: s["num_records"] for n, s in ds_summary.items()},
-        "tokens": {n: s["num_tokens"] for n, s in ds_summary.items()},
+        "binidx_shards": sum(len(idx.refs) for idx in indexes),
+        "records": {idx.name: len(idx) for idx in indexes},
+        "tokens": {idx.name: idx.num_tokens for idx in indexes},
         "stale_removed": len(removed),
         "manifest_sha256": manifest_sha256,
     }

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow
 
 from streamprep import __version__, atomic
-from streamprep.exports.shards import DatasetIndex, ExportError
+from streamprep.exports.index import DatasetIndex, ExportError
 
 FORMAT = "streamprep-manifest"
 VERSION = 1

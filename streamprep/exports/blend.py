@@ -8,9 +8,10 @@ A dataset weight `w` means its share of the samples, so each of its shards gets
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from streamprep import atomic
+from streamprep.exports.index import ShardRef
 
 SPLITS = ("train", "valid", "test")
 
@@ -36,6 +37,14 @@ def build(shards: list[dict[str, Any]], datasets: list[dict[str, Any]], valid_fr
         train_pct = round((1 - valid_fraction) * 100, 6)
         return {"data_paths": lists["train"], "split": f"{train_pct:g},{round(valid_fraction * 100, 6):g},0"}
     return {k: (v or None) for k, v in lists.items()}
+
+
+def build_from_refs(refs: list[ShardRef], datasets: list[dict[str, Any]], split_of: Mapping[str, str],
+                    valid_fraction: float) -> dict[str, Any]:
+    """blend.json for the shards `refs` (in the order given); one list per split when any split is not train."""
+    shards = [{"dataset": r.dataset, "split": r.split, "prefix": r.prefix, "num_tokens": r.receipt["stats"]["num_tokens"]}
+              for r in refs]
+    return build(shards, datasets, valid_fraction, any(s != "train" for s in split_of.values()))
 
 
 def write(run_dir: Path, blend: dict[str, Any]) -> Path:

@@ -1,0 +1,184 @@
+"""Per-part export work, done once per finished tokenization shard: what the final exports need per record.
+
+`summarize_part(ref)` reads one shard back — its ingest part (line offsets; the SHA-256 of each kept
+record's text), its `.idx` (where each record's tokens start, how many) and its `.bin` (the sum of each
+record's token ids) — and checks that they agree with each other and with the receipt. It depends on
+nothing but the shard (not on the export options), so it can run as soon as the receipt exists, in any
+process. `part_summary(ref)` caches it next to the receipt (`receipts/<dataset>/<part>.summary`,
+written atomically, deterministic bytes) keyed by the receipt's content: a resume reuses it; a stale
+or damaged file is recomputed.
+
+Cache file: one line of canonical JSON (format, version, key, token dtype, SHA-256 of the payload),
+then the payload: a `.npy` of one `RECORD` row per kept record, in `.idx` order.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from streamprep import atomic, binidx, logs
+from streamprep.exports.index import ExportError, ShardRef, load_record
+from streamprep.exports.pool import Workers
+
+log = logs.get("exports")
+
+FORMAT = "streamprep-part-summary"
+VERSION = 1
+SUFFIX = ".summary"
+TEXT_CHUNK = 1 << 22    # bytes of ingest lines read at a time
+TOKEN_CHUNK = 1 << 22   # tokens of `.bin` read at a time
+RECORD = np.dtype([("line", "<i8"), ("line_offset", "<i8"), ("line_bytes", "<i8"), ("token_start", "<i8"),
+                   ("n_tokens", "<i8"), ("token_sum", "<i8"), ("text_sha256", "u1", (32,))])
+
+
+@dataclass(frozen=True)
+class PartSummary:
+    dtype: str           # token dtype of the part's `.bin`
+    records: np.ndarray  # RECORD, one per kept record, in `.idx` order
+
+
+def _scan_ingest(ref: ShardRef, dropped: set[int]) -> tuple[np.ndarray, bytes]:
+    """Byte length of every line of the ingest part, and the SHA-256 of each kept record's text, in order."""
+    lengths, digests, line_no = array("q"), bytearray(), 0
+    with open(ref.ingest_path, "rb") as fh:
+        while lines := fh.readlines(TEXT_CHUNK):
+            for line in lines:
+                lengths.append(len(line))
+                if line_no not in dropped:
+                    text = load_record(line, ref.ingest_path, line_no)["text"]
+                    digests += hashlib.sha256(text.encode("utf-8")).digest()
+                line_no += 1
+    return np.frombuffer(lengths, dtype=np.int64), bytes(digests)
+
+
+def _token_sums(bin_path: Path, dtype: np.dtype, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Sum of each record's token ids (records in `.bin` order), reading about TOKEN_CHUNK tokens at a time."""
+    sums = np.zeros(len(starts), dtype=np.int64)
+    ends = starts + counts
+    i = 0
+    with open(bin_path, "rb") as fh:
+        while i < len(starts):
+            j = max(int(np.searchsorted(ends, starts[i] + TOKEN_CHUNK, side="right")), i + 1)
+            lo, hi = int(starts[i]), int(ends[j - 1])
+            fh.seek(lo * dtype.itemsize)
+            cs = np.zeros(hi - lo + 1, dtype=np.int64)
+            np.cumsum(np.fromfile(fh, dtype=dtype, count=hi - lo), dtype=np.int64, out=cs[1:])
+            sums[i:j] = cs[ends[i:j] - lo] - cs[starts[i:j] - lo]
+            i = j
+    return sums
+
+
+def summarize_part(ref: ShardRef) -> PartSummary:
+    """Read one shard with documents back and summarize it per record (pure: writes nothing)."""
+    if ref.prefix is None:
+        raise ExportError(f"{ref.dataset}/{ref.part}: no .bin/.idx prefix")
+    ds = binidx.IndexedDataset.open(ref.prefix)
+    problems = ds.check()
+    if problems:
+        raise ExportError(f"{ref.dataset}/{ref.part}: {problems[0]}")
+    stats = ref.receipt.get("stats", {})
+    dropped = np.asarray(sorted(stats.get("dropped_empty", [])), dtype=np.int64)
+    lengths, digests = _scan_ingest(ref, set(dropped.tolist()))
+    n_lines = len(lengths)
+    if len(dropped) and (dropped[0] < 0 or dropped[-1] >= n_lines):
+        raise ExportError(f"{ref.dataset}/{ref.part}: receipt drops line {int(dropped[-1])} but "
+                          f"{ref.ingest_path} has {n_lines} lines")
+    lines = np.delete(np.arange(n_lines, dtype=np.int64), dropped)
+    if len(lines) != len(ds):
+        raise ExportError(f"{ref.dataset}/{ref.part}: {ref.ingest_path} has {n_lines} lines, "
+                          f"{len(dropped)} dropped as empty, but {ref.prefix}.idx has {len(ds)} sequences")
+    n_tokens = ds.lengths.astype(np.int64)
+    expected = stats.get("num_tokens")
+    if expected is not None and int(n_tokens.sum()) != int(expected):
+        raise ExportError(f"{ref.dataset}/{ref.part}: .idx holds {int(n_tokens.sum())} tokens, receipt says {expected}")
+    offsets = np.zeros(n_lines + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    rec = np.zeros(len(ds), dtype=RECORD)
+    rec["line"], rec["line_offset"], rec["line_bytes"] = lines, offsets[lines], lengths[lines]
+    rec["token_start"], rec["n_tokens"] = ds.pointers // ds.dtype.itemsize, n_tokens
+    rec["token_sum"] = _token_sums(ds.bin_path, ds.dtype, rec["token_start"], n_tokens)
+    rec["text_sha256"] = np.frombuffer(digests, dtype=np.uint8).reshape(-1, 32)
+    return PartSummary(str(ds.dtype), rec)
+
+
+# -- the cache beside the receipt ---------------------------------------------------------------
+def cache_path(ref: ShardRef) -> Path | None:
+    return None if ref.receipt_path is None else Path(ref.receipt_path).with_suffix(SUFFIX)
+
+
+def _key(receipt: dict) -> str:
+    """What a summary depends on: the receipt names the input's and the `.bin/.idx` files' SHA-256."""
+    return hashlib.sha256(orjson.dumps(receipt, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def encode(summary: PartSummary, receipt: dict) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, summary.records, allow_pickle=False)
+    payload = buf.getvalue()
+    header = {"format": FORMAT, "version": VERSION, "key": _key(receipt), "dtype": summary.dtype,
+              "payload_sha256": hashlib.sha256(payload).hexdigest()}
+    return orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n" + payload
+
+
+def decode(data: bytes, receipt: dict) -> PartSummary | None:
+    """The summary in `data` if it is intact and made for `receipt`, else None."""
+    head, _, payload = data.partition(b"\n")
+    try:
+        header = orjson.loads(head)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != VERSION \
+            or header.get("key") != _key(receipt) or header.get("payload_sha256") != hashlib.sha256(payload).hexdigest():
+        return None
+    records = np.load(io.BytesIO(payload), allow_pickle=False)
+    return PartSummary(str(header["dtype"]), records) if records.dtype == RECORD else None
+
+
+def load_cached(ref: ShardRef) -> PartSummary | None:
+    """The cached summary of `ref` when its file is there, intact and current."""
+    path = cache_path(ref)
+    try:
+        return None if path is None else decode(path.read_bytes(), ref.receipt)
+    except OSError:
+        return None
+
+
+def compute_and_cache(ref: ShardRef) -> PartSummary:
+    """`summarize_part`, then its cache file (when the ref knows its receipt's path)."""
+    summary = summarize_part(ref)
+    path = cache_path(ref)
+    if path is not None:
+        atomic.write_bytes(path, encode(summary, ref.receipt))
+    return summary
+
+
+def part_summary(ref: ShardRef) -> PartSummary:
+    """The summary of one shard with documents: from its cache when usable, else computed and cached."""
+    return load_cached(ref) or compute_and_cache(ref)
+
+
+def summarize_all(refs: list[ShardRef], workers: Workers) -> dict[str, dict[str, PartSummary]]:
+    """Summaries of every shard with documents, by dataset and part: cached ones loaded here, the rest
+    computed (and cached) on `workers`."""
+    out: dict[str, dict[str, PartSummary]] = {}
+    missing = []
+    for ref in (r for r in refs if r.prefix is not None):
+        cached = load_cached(ref)
+        if cached is None:
+            missing.append(ref)
+            path = cache_path(ref)
+            if path is not None and path.exists():
+                log.warning("part summary unusable (stale or damaged); recomputing", file=str(path))
+        else:
+            out.setdefault(ref.dataset, {})[ref.part] = cached
+    for ref, summary in zip(missing, workers.map(compute_and_cache, missing)):
+        out.setdefault(ref.dataset, {})[ref.part] = summary
+    if missing:
+        log.info("part summaries computed", parts=len(missing), reused=sum(map(len, out.values())) - len(missing))
+    return out
