@@ -8,8 +8,9 @@ its `.bin` (header, size, dtype, pointers, document indices, record/token counts
 against the manifest (rows, tokens, length bucket) and against its TSV (per row: n_tokens, token sum,
 text SHA-256); that Parquet and `.bin/.idx` hold the same records per source; that mixtures.json names
 only listed shards; and that no unlisted file lies in parquet/, binidx/, sft/, receipts/, tokenizer/ or
-ingest/. Megatron's index cache (`PREFIX/cache/...`, written beside the data by GPTDataset) and hidden
-temporaries are ignored; so are audit/, logs/, rejects/ and checkpoints/ (reports and resume state, not
+ingest/. Megatron's index cache (`PREFIX/cache/...`, written beside the data by GPTDataset), the
+exports' per-part summary caches (`receipts/<ds>/*.summary`, self-checking: keyed by their receipt's
+hash, recomputed when stale) and hidden temporaries are ignored; so are audit/, logs/, rejects/ and checkpoints/ (reports and resume state, not
 read by a trainer or a later stage).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from streamprep import atomic, binidx
-from streamprep.exports import chain
+from streamprep.exports import chain, summary
 
 TSV_HEADER = ["row", "n_tokens", "token_sum", "text_sha256"]
 
@@ -258,7 +259,7 @@ def _check_unlisted(c: _Checker, listed: set[str]) -> None:
         for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
             rel = _rel(c.run_dir, path)
             if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts) \
-                    and rel not in listed:
+                    and path.suffix != summary.SUFFIX and rel not in listed:
                 c.add(f"{rel}: not listed in manifest.json or any receipt (stale file?)")
 
 
