@@ -133,16 +133,21 @@ class DedupDecision:
     def __init__(self, own: DedupIndex, earlier: Sequence[tuple[str, DedupIndex]] = ()) -> None:
         self.own, self.earlier = own, list(earlier)
 
-    def reason(self, digest: bytes | None) -> str | None:
-        """Why the record is a duplicate, or None when it is new (a None digest is never one)."""
+    def twin(self, digest: bytes | None) -> str | None:
+        """The dataset that already kept this record ("" for this one), or None when it is new (a None
+        digest is never a duplicate)."""
         if digest is None:
             return None
         if digest in self.own:
-            return DUPLICATE_REASON
-        for name, index in self.earlier:
-            if digest in index:
-                return f"exact duplicate of a record kept by dataset {name}"
-        return None
+            return ""
+        return next((name for name, index in self.earlier if digest in index), None)
+
+    def reason(self, digest: bytes | None) -> str | None:
+        """Why the record is a duplicate, or None when it is new."""
+        twin = self.twin(digest)
+        if twin is None:
+            return None
+        return f"exact duplicate of a record kept by dataset {twin}" if twin else DUPLICATE_REASON
 
     def keep(self, digest: bytes) -> None:
         self.own.add(digest)

@@ -58,6 +58,14 @@ def _rejects_sample(path: Path, limit_bytes: int) -> list[dict[str, Any]]:
     return out
 
 
+def _exact_pairs(sample: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Up to `k` exact-duplicate rejects from the sample, each with the dataset that kept its (identical,
+    normalised) text — an earlier-listed one for cross-dataset copies under `dedup_scope: run`."""
+    return [{"dataset": (r.get("source") or {}).get("dataset"), "index": (r.get("source") or {}).get("index"),
+             "kept_by": (r.get("meta") or {}).get("duplicate_of"), "text": str(r.get("text") or "")[:EXAMPLE_CHARS]}
+            for r in sample if r.get("failed_check") == "duplicate"][:k]
+
+
 def _near_pairs(run_dir: Path, sample: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
     """Up to `k` near-duplicate rejects from the sample, each with its kept twin's text, found by scanning
     the twin dataset's parts in order until every wanted `meta.source.index` is seen."""
@@ -199,6 +207,9 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
         "rejects_sampled": dict(ck.get("rejects_sampled") or {}),
         "duplicates": {"rejected_as_duplicate": dup, "rate_of_read": round(dup / read, 4) if read else None,
                        "unique_kept_digests": int(ck.get("dedup_count", 0)),
+                       # which dataset kept the copy: this one, or (dedup_scope: run) one listed earlier
+                       "kept_by": dict(sorted((st.get("duplicates_kept_by") or {}).items())),
+                       "exact_duplicate_examples": _exact_pairs(sample, EXAMPLES_PER_REASON),
                        "rejected_as_near_duplicate": near,
                        "near_rate_of_read": round(near / read, 4) if read else None,
                        "near_duplicate_examples": _near_pairs(run_dir, sample, EXAMPLES_PER_REASON) if near else []},
@@ -629,6 +640,13 @@ def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> 
                 '<p class="muted">upper edge of the 0.01-wide bin holding the percentile (0 when it falls on exact zeros)</p>']
         out.append("<h3>Checks</h3>" + _table(["check", "result"], [[esc(k), _check_cell(v)]
                                                                     for k, v in d["checks"].items()]))
+        kept_by = d["duplicates"].get("kept_by") or {}
+        if kept_by:
+            out.append("<h3>Exact duplicates, by the dataset that kept the copy</h3>"
+                       + _table(["kept by", "duplicates rejected here"], [[esc(k), _fmt(v)] for k, v in kept_by.items()])
+                       + "".join(f'<div class="ex"><div><b>rejected</b> {esc(x["dataset"])}#{esc(x["index"])} · '
+                                 f'identical text kept by {esc(x["kept_by"])}</div><pre>{esc(x["text"])}</pre></div>'
+                                 for x in d["duplicates"].get("exact_duplicate_examples") or []))
         out.append(_near_pairs_html(d["duplicates"].get("near_duplicate_examples") or []))
         exs = examples.get(n) or {}
         if exs:

@@ -348,9 +348,10 @@ class DatasetIngest:
                 v = next(verdicts)
                 keep, text, meta, digest = v.keep, v.text, v.meta, v.digest
                 twin = self.near.next_twin() if self.near is not None else None
-                duplicate = dedup.reason(digest) if self.dedup_on else None
-                if duplicate:
-                    keep, meta = False, {**meta, "failed_check": "duplicate", "reason": duplicate}
+                twin_ds = dedup.twin(digest) if self.dedup_on else None
+                if twin_ds is not None:  # the kept copy's dataset: this one, or an earlier one (dedup_scope: run)
+                    keep, meta = False, {**meta, "failed_check": "duplicate", "reason": dedup.reason(digest),
+                                         "duplicate_of": twin_ds or name}
                 elif keep and twin is not None:
                     keep, meta = False, near_dedup.reject_meta(meta, name, twin)
                 excerpt = _excerpt(rec, self.ds["text_field"])

@@ -35,6 +35,8 @@ def add_record(stats: dict[str, Any], keep: bool, meta: dict[str, Any], chars: i
     _bump(stats.setdefault(f"chars_hist_{side}", {}), _log2_bin(chars))
     if not keep:
         _bump(stats.setdefault("rejects_by_check", {}), meta.get("failed_check", "unknown"))
+        if meta.get("failed_check") == "duplicate" and meta.get("duplicate_of"):
+            _bump(stats.setdefault("duplicates_kept_by", {}), str(meta["duplicate_of"]))
     lang = meta.get("language")
     if lang:
         _bump(stats.setdefault(f"languages_{side}", {}), str(lang))

@@ -114,6 +114,9 @@ def test_counts_add_up_against_independent_sources(e2e_run):
         assert a["rejects_by_check"].get(check, 0) == n, check
     assert a["rejects_after_qc"] == ["empty_tokens"]
     assert a["duplicates"]["rejected_as_duplicate"] == expect["duplicate"]
+    assert a["duplicates"]["kept_by"] == {"a": expect["duplicate"]}  # within the dataset: it kept the copy
+    exact = a["duplicates"]["exact_duplicate_examples"]
+    assert exact and all(x["kept_by"] == "a" and x["dataset"] == "a" for x in exact)
     assert audit["datasets"]["b"]["records"] == {**audit["datasets"]["b"]["records"], "read": 50, "kept": 50,
                                                  "rejected": 0, "empty_tokens": 0}
     # the run's own summary agrees

@@ -49,6 +49,7 @@ async def test_run_scope_rejects_the_281_dclm_copies_naming_the_earlier_dataset(
     assert (states["majority"].kept, states["majority"].rejected) == (218, 281)
     assert _rejects(tmp_path / "run", "majority") == {
         ("duplicate", "exact duplicate of a record kept by dataset agreement"): 281}
+    assert states["majority"].stats["duplicates_kept_by"] == {"agreement": 281}  # the audit's kept_by
     # listed the other way round, majority wins every one of them
     states = await _ingest(_dclm(shared_data, ("majority", "agreement"), "run"), tmp_path / "rev")
     assert (states["majority"].kept, states["agreement"].kept, states["agreement"].rejected) == (499, 0, 281)
@@ -106,29 +107,35 @@ async def test_run_scope_same_bytes_with_two_workers_and_after_stops(overlap_ref
 
 def test_run_scope_kill_9_then_resume_gives_identical_outputs(overlap_reference: tuple[Path, dict],
                                                               tmp_path: Path) -> None:
-    """SIGKILL `streamprep ingest` at random moments until kills have landed mid-ingest; the final resume's
-    ingest/rejects equal the uninterrupted run's byte for byte."""
+    """SIGKILL `streamprep ingest` at random moments until kills have landed mid-ingest; each episode's final
+    resume equals the uninterrupted run's ingest/rejects byte for byte (on a fast machine a run can finish
+    its ingest before a kill lands: then another episode, in a fresh run dir)."""
     ref, _ = overlap_reference
-    cfg_path, run = tmp_path / "cfg.yaml", tmp_path / "run"
+    cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(_overlap_raw(tmp_path, workers=2)))
     rng, mid_ingest = random.Random(5), 0
-    argv = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run)]
-    for _ in range(12):
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # its own process group: the kill takes its QC workers too
-        deadline = time.monotonic() + 60
-        while not (run / "checkpoints" / "a.json").exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, 1.0))
-        running = proc.poll() is None
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        states = [json.loads(p.read_text()) for n in "abc" if (p := run / "checkpoints" / f"{n}.json").exists()]
-        mid_ingest += running and any(s["consumed"] for s in states) and not (len(states) == 3 and all(
-            s["done"] for s in states))
+    for episode in range(6):
+        run = tmp_path / f"run{episode}"
+        argv = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run)]
+        for _ in range(6):
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)  # the kill takes its QC workers
+            deadline = time.monotonic() + 60
+            while not (run / "checkpoints" / "a.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.4))
+            running = proc.poll() is None
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+            states = [json.loads(p.read_text()) for n in "abc" if (p := run / "checkpoints" / f"{n}.json").exists()]
+            ingesting = running and any(s["consumed"] for s in states) and not (
+                len(states) == 3 and all(s["done"] for s in states))
+            mid_ingest += ingesting
+            if not ingesting:
+                break
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
         if mid_ingest >= 3:
             break
     assert mid_ingest >= 3
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
