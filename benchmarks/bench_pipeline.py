@@ -79,15 +79,17 @@ def raw_limit(corpus: Path) -> dict:
 
 
 def first_shard(run_dir: Path) -> dict:
-    """From the run log: seconds from the first line to the first `shard done`, and ingest seconds per part."""
+    """From the run log: seconds from the first line to the first `shard done` and to the first sealed part
+    (the time to ingest one part, start-up included), and ingest seconds per part."""
     from datetime import datetime
 
     lines = [orjson.loads(x) for x in (run_dir / "logs" / "streamprep.log").read_bytes().splitlines()]
     t = [datetime.fromisoformat(x["timestamp"].replace("Z", "+00:00")).timestamp() for x in lines]
     first = next(i for i, x in enumerate(lines) if x["event"] == "shard done")
+    sealed = next(i for i, x in enumerate(lines) if x["event"] == "parts sealed" and x["parts"] > 0)
     ingest = next(x for x in lines if x["event"] == "ingest done")["seconds"]
     parts = len(list((run_dir / "ingest").rglob("part-*.jsonl")))
-    return {"first_shard_s": t[first] - t[0], "ingest_s_per_part": ingest / max(parts, 1)}
+    return {"first_shard_s": t[first] - t[0], "first_part_s": t[sealed] - t[0], "ingest_s_per_part": ingest / max(parts, 1)}
 
 
 def run_cli(cfg: dict, run_dir: Path) -> tuple[float, int]:
@@ -197,9 +199,11 @@ def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: d
             continue
         phases = {p: statistics.median(x["phases"].get(p, 0.0) for x in runs) for p in runs[0]["phases"]}
         first = statistics.median(x["first_shard_s"] for x in runs)
+        first_part = statistics.median(x["first_part_s"] for x in runs)
         per_part = statistics.median(x["ingest_s_per_part"] for x in runs)
         print(f"{names[k[0]]} [{k[2:]}] phases (s, median): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items())
-              + f"; first shard after {first:.2f} s = {first / per_part:.2f} x ingest time per part ({per_part:.2f} s)"
+              + f"; first shard after {first:.2f} s = {first / first_part:.2f} x the first sealed part ({first_part:.2f} s)"
+              + f" = {first / per_part:.2f} x ingest time per part ({per_part:.2f} s)"
               + f"; kept {runs[0]['kept']} of {docs}")
     for key in "cde":
         if f"{key}:{engines[0]}" in med:

@@ -52,6 +52,7 @@ class ShardFeeder:
         before, now = self._sealed.get(name, 0), state.sealed_parts()
         if now > before:
             self._sealed[name] = now
+            log.info("parts sealed", dataset=name, parts=now, new=now - before)
             for i in range(before, now):
                 self._later(self._hand_on, name, self._files[name].part(i))
         if self.info is None and not self._training and self._sample_ready is not None \
