@@ -96,7 +96,9 @@ def receipt_problem(task: ShardTask, receipt: dict[str, Any] | None, check_hashe
 def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     """Encode one ingest part into `.bin/.idx`. Records that encode to nothing are dropped and listed."""
     dtype = np.dtype(task.dtype)
-    limit = np.iinfo(dtype).max
+    top_id = max(tokenizer.get_vocab_size(with_added_tokens=True) - 1, task.eod_id or 0)
+    if top_id > np.iinfo(dtype).max:  # checked once for the vocabulary, not per document
+        raise ValueError(f"token id {top_id} does not fit {task.dtype}")
     writer = binidx.IndexedDatasetWriter(task.prefix, dtype)
     dropped: list[int] = []
     n_tokens = 0
@@ -118,10 +120,7 @@ def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
                         continue
                     if task.eod_id is not None:
                         ids.append(task.eod_id)
-                    arr = np.array(ids, dtype=np.int64)
-                    if arr.max() > limit:
-                        raise ValueError(f"token id {int(arr.max())} does not fit {task.dtype}")
-                    arrays.append(arr.astype(dtype))
+                    arrays.append(np.array(ids, dtype=dtype))
                     n_tokens += len(ids)
                     stats.add_tokens(hist, "kept", len(ids))
                 writer.add_documents(arrays)

@@ -113,3 +113,21 @@ def test_outputs_identical_across_worker_counts_and_tokenizer_training(tmp_path:
     run = json.loads((tmp_path / "w1/run.json").read_text())
     assert run["summary"]["kept"] == {"gen": 900} and run["summary"]["rejected"] == {"gen": 3}
     assert json.loads((tmp_path / "w1/tokenizer/tokenizer.json").read_text())["added_tokens"][1]["content"] == "</s>"
+
+
+def test_tokenize_part_refuses_a_vocabulary_that_does_not_fit_the_dtype(tmp_path: Path) -> None:
+    """The id bound is checked once against the vocabulary (not per document): 70 000 ids cannot be uint16."""
+    from streamprep.shards import make_task, tokenize_part
+
+    part = tmp_path / "ingest/d/part-00000.jsonl"
+    part.parent.mkdir(parents=True)
+    part.write_text('{"text": "hello"}\n')
+
+    class BigVocab:
+        def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+            return 70_000
+
+    task = make_task(tmp_path, "d", "train", part, tmp_path / "tok.json", "sha256:x", 69_999, "uint16")
+    with pytest.raises(ValueError, match="token id 69999 does not fit uint16"):
+        tokenize_part(task, BigVocab())
+    assert not list((tmp_path / "binidx").rglob("*.bin"))
