@@ -11,7 +11,6 @@ import http.server
 import json
 import lzma
 import os
-import shutil
 import signal
 import subprocess
 import sys
