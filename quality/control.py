@@ -102,9 +102,23 @@ class QualityControl:
         if self.signer is None:
             return verdicts
         kept = [i for i, v in enumerate(verdicts) if v.keep]
-        for i, sig in zip(kept, self.signer.signatures([verdicts[i].text for i in kept])):
+        t0 = perf_counter()
+        signatures = self.signer.signatures([verdicts[i].text for i in kept])
+        counters = self.stats["gates"].setdefault("near_dedup_signature", _counters())
+        counters["seconds"] += perf_counter() - t0
+        counters["seen"] += len(kept)
+        counters["kept"] += len(kept)
+        for i, sig in zip(kept, signatures):
             verdicts[i] = verdicts[i]._replace(signature=sig)
         return verdicts
+
+    def take_gate_stats(self) -> dict[str, dict[str, Any]]:
+        """Per-gate counters and seconds since the last call, in run order, then zeroed: QC workers hand
+        them to the writer with each batch, so they add up over the whole run."""
+        out = {name: dict(c) for name, c in self.stats["gates"].items()}
+        for c in self.stats["gates"].values():
+            c.update(_counters())
+        return out
 
     def clean_record(self, record: Any) -> tuple[bool, dict[str, Any]]:
         """The full chain including dedup. A kept record's text field is replaced by the kept

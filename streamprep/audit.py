@@ -203,6 +203,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
                     "tokenized_documents": docs, "trainable": kept - empty,
                     "keep_rate": round(kept / read, 4) if read else None},
         "rejects_by_check": rejects_by_check,
+        "gates": stats.gate_table(st),  # what each gate did and cost on this run's data, in run order
         "rejects_after_qc": [EMPTY_TOKENS] if empty else [],
         "rejects_sampled": dict(ck.get("rejects_sampled") or {}),
         "duplicates": {"rejected_as_duplicate": dup, "rate_of_read": round(dup / read, 4) if read else None,
@@ -638,6 +639,10 @@ def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> 
                 _table(["density", "records", "p50", "p90", "p99"], dens_rows) if dens_rows
                 else '<p class="muted">no density figures recorded</p>',
                 '<p class="muted">upper edge of the 0.01-wide bin holding the percentile (0 when it falls on exact zeros)</p>']
+        if d.get("gates"):
+            out.append("<h3>Quality gates on this run's data</h3>" + _table(
+                ["gate", "records seen", "rejected", "µs per record"],
+                [[esc(x["gate"]), _fmt(x["seen"]), _fmt(x["rejected"]), _fmt(x["us_per_record"])] for x in d["gates"]]))
         out.append("<h3>Checks</h3>" + _table(["check", "result"], [[esc(k), _check_cell(v)]
                                                                     for k, v in d["checks"].items()]))
         kept_by = d["duplicates"].get("kept_by") or {}

@@ -45,11 +45,13 @@ def _init_worker(quality_cfg: dict[str, Any]) -> None:
     _WORKER_QC.clear()
 
 
-def _evaluate(text_field: str, records: list[Any]) -> list[Verdict]:
+def _evaluate(text_field: str, records: list[Any]) -> tuple[list[Verdict], dict[str, dict[str, Any]]]:
+    """One batch's verdicts and what each gate did and cost on it (checkpointed with the batch, for the audit)."""
     qc = _WORKER_QC.get(text_field)
     if qc is None:
         qc = _WORKER_QC[text_field] = QualityControl(_WORKER_CFG, text_field=text_field)
-    return qc.evaluate_batch(records)
+    verdicts = qc.evaluate_batch(records)
+    return verdicts, qc.take_gate_stats()
 
 
 class QCRunner:
@@ -80,7 +82,7 @@ class _QCActor:
     def __init__(self, quality_cfg: dict[str, Any]):
         _init_worker(quality_cfg)
 
-    def evaluate(self, text_field: str, records: list[Any]) -> list[Verdict]:
+    def evaluate(self, text_field: str, records: list[Any]) -> tuple[list[Verdict], dict[str, dict[str, Any]]]:
         return _evaluate(text_field, records)
 
 
@@ -309,7 +311,8 @@ class DatasetIngest:
                 await self._save(state)
                 return
             items, fut = got
-            batch = await fut
+            batch, gates = await fut
+            stats.add_gates(state.stats, gates)
             if self.near is not None:
                 self.near.prepare([v.signature for v in batch])
             verdicts = iter(batch)

@@ -50,6 +50,25 @@ def add_record(stats: dict[str, Any], keep: bool, meta: dict[str, Any], chars: i
                 _bump(stats.setdefault(f"{key}_zero", {}), side)
 
 
+def add_gates(stats: dict[str, Any], gates: dict[str, dict[str, Any]]) -> None:
+    """Fold one QC batch's per-gate counters (`QualityControl.take_gate_stats`) into `stats`, as flat
+    name -> count dicts (`gate_seen`, `gate_rejected`, `gate_us`) so that datasets merge like any count."""
+    for name, c in gates.items():
+        _bump(stats.setdefault("gate_seen", {}), name, int(c["seen"]))
+        _bump(stats.setdefault("gate_rejected", {}), name, int(c["rejected"]))
+        _bump(stats.setdefault("gate_us", {}), name, round(c["seconds"] * 1e6))
+
+
+def gate_table(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per gate, in the order the gates ran: records seen and rejected, and µs per record it saw.
+    Checkpoints sort their keys, so the run order is rebuilt from the chain itself: each gate sees what the
+    one before it let through (most seen first; on a tie the gate that rejects nothing ran first)."""
+    seen, rejected, us = (stats.get(k) or {} for k in ("gate_seen", "gate_rejected", "gate_us"))
+    order = sorted((n for n in seen if seen[n]), key=lambda n: (-seen[n], rejected.get(n, 0), n))
+    return [{"gate": n, "seen": seen[n], "rejected": int(rejected.get(n, 0)),
+             "us_per_record": round(us.get(n, 0) / seen[n], 1)} for n in order]
+
+
 def add_tokens(stats: dict[str, Any], side: str, n_tokens: int) -> None:
     _bump(stats.setdefault(f"tokens_hist_{side}", {}), _log2_bin(n_tokens))
 

@@ -115,6 +115,13 @@ def test_counts_add_up_against_independent_sources(e2e_run):
     assert a["rejects_after_qc"] == ["empty_tokens"]
     assert a["duplicates"]["rejected_as_duplicate"] == expect["duplicate"]
     assert a["duplicates"]["kept_by"] == {"a": expect["duplicate"]}  # within the dataset: it kept the copy
+    gates = a["gates"]  # per-gate counts and cost flow from the QC workers via the checkpoint
+    assert len(gates) >= 3 and 0 < gates[0]["seen"] <= a["records"]["read"]
+    for before, after in zip(gates, gates[1:]):  # each gate sees what the one before it let through
+        assert after["seen"] == before["seen"] - before["rejected"]
+    assert all(x["us_per_record"] > 0 for x in gates)
+    assert sum(x["rejected"] for x in gates) + expect["duplicate"] + expect["parse"] == a["records"]["rejected"]
+    assert "Quality gates on this run" in (e2e_run["run_dir"] / "audit" / "audit.html").read_text()
     exact = a["duplicates"]["exact_duplicate_examples"]
     assert exact and all(x["kept_by"] == "a" and x["dataset"] == "a" for x in exact)
     assert audit["datasets"]["b"]["records"] == {**audit["datasets"]["b"]["records"], "read": 50, "kept": 50,
