@@ -287,8 +287,8 @@ class Job:
             states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint))
             self.reporter.phase = "tokenize"
             info = self._timed("tokenizer", lambda: feeder.finish(states))
-            tasks = self._plan(states, info)
-            results = self._timed("tokenize", lambda: self._tokenize(engine, feeder, tasks))
+            tasks = self._plan(states, feeder)
+            results = self._timed("tokenize", lambda: self._tokenize(engine, tasks))
         finally:
             feeder.close()
         return states, tasks, results, info
@@ -354,14 +354,17 @@ class Job:
         split = next(d["blend_split"] for d in self.cfg["datasets"] if d["name"] == name)
         return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype, sft)
 
-    def _plan(self, states: dict[str, IngestState], info: TokenizerInfo) -> list[ShardTask]:
-        return [self._task(name, p, info) for name, parts in self._parts(states).items() for p in parts]
-
-    def _tokenize(self, engine: Engine, feeder: ShardFeeder, tasks: list[ShardTask]) -> dict[str, Any]:
-        """Wait for the shards still running; every planned shard must have been handed to the engine."""
-        unsent = [t for t in tasks if (t.dataset, t.part) not in feeder.tasks]
+    def _plan(self, states: dict[str, IngestState], feeder: ShardFeeder) -> list[ShardTask]:
+        """Every sealed part's task in config then part order; the feeder planned (and hashed) each one
+        as it was sealed, and every one must have reached the engine."""
+        parts = [(name, p.stem) for name, ps in self._parts(states).items() for p in ps]
+        unsent = [f"{name}/{part}" for name, part in parts if (name, part) not in feeder.tasks]
         if unsent:
-            raise RuntimeError(f"{len(unsent)} sealed part(s) were never handed to the engine: {unsent[0].part}")
+            raise RuntimeError(f"{len(unsent)} sealed part(s) were never handed to the engine: {unsent[0]}")
+        return [feeder.tasks[key] for key in parts]
+
+    def _tokenize(self, engine: Engine, tasks: list[ShardTask]) -> dict[str, Any]:
+        """Wait for the shards still running, then check every planned shard has a current receipt."""
         t0 = time.monotonic()
         results = engine.drain()
         skipped = sum(1 for r in results if r.get("skipped"))
