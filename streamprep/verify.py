@@ -73,6 +73,19 @@ class _Checker:
             return None
 
 
+def _json_object(c: _Checker, rel: str, missing: str | None = None) -> dict[str, Any] | None:
+    """The JSON object at `rel`, or None after reporting why not (absent only when `missing` says why)."""
+    path = c.run_dir / rel
+    if missing is not None and not path.is_file():
+        c.add(f"{rel}: missing{missing}")
+        return None
+    obj = c.guarded(rel, lambda: atomic.read_json(path))
+    if obj is not None and not isinstance(obj, dict):
+        c.add(f"{rel}: not a JSON object")
+        return None
+    return obj
+
+
 def _rel(run_dir: Path, path: Path) -> str:
     try:
         return str(path.relative_to(run_dir))
@@ -148,11 +161,8 @@ def _check_receipts(c: _Checker, fingerprint: str | None) -> set[str]:
     folder = c.run_dir / "receipts"
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
         rel = _rel(c.run_dir, path)
-        rec = c.guarded(rel, lambda: atomic.read_json(path))
+        rec = _json_object(c, rel)
         if rec is None:
-            continue
-        if not isinstance(rec, dict):
-            c.add(f"{rel}: not a JSON object")
             continue
         try:
             _check_receipt(c, rel, rec, fingerprint, listed)
@@ -264,12 +274,8 @@ def _check_unlisted(c: _Checker, listed: set[str]) -> None:
 
 
 def _check_mixtures(c: _Checker, shard_ids: set[str]) -> None:
-    path = c.run_dir / "mixtures.json"
-    if not path.is_file():
-        c.add("mixtures.json: missing")
-        return
-    mix = c.guarded("mixtures.json", lambda: atomic.read_json(path))
-    if not isinstance(mix, dict):
+    mix = _json_object(c, "mixtures.json", missing="")
+    if mix is None:
         return
     for name, src in (mix.get("sources") or {}).items():
         for sid in list(src.get("shards", [])) + list(src.get("binidx", [])):
@@ -311,13 +317,8 @@ def _check_entry(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, Any
 
 def _check_root(c: _Checker) -> None:
     """run.json: a completed run recording manifest.json's SHA-256 (the root of the chain)."""
-    path = c.run_dir / "run.json"
-    if not path.is_file():
-        c.add("run.json: missing (it records manifest.json's SHA-256, the root of the hash chain)")
-        return
-    record = c.guarded("run.json", lambda: atomic.read_json(path))
-    if not isinstance(record, dict):
-        c.add("run.json: not a JSON object")
+    record = _json_object(c, "run.json", missing=" (it records manifest.json's SHA-256, the root of the hash chain)")
+    if record is None:
         return
     if record.get("status") != "complete":
         c.add(f"run.json: status {record.get('status')!r}, not complete")
@@ -353,15 +354,10 @@ def verify_run(run_dir: str | Path) -> list[str]:
     """All problems found in the run directory's outputs; an empty list means every check passed."""
     c = _Checker(Path(run_dir))
     _check_root(c)
-    man_path = c.run_dir / "manifest.json"
-    man: dict[str, Any] | None = None
-    if not man_path.is_file():
-        c.add("manifest.json: missing (exports not written yet?)")
-    else:
-        man = c.guarded("manifest.json", lambda: atomic.read_json(man_path))
-        if man is not None and (not isinstance(man, dict) or man.get("format") != "streamprep-manifest"):
-            c.add("manifest.json: not a streamprep manifest")
-            man = None
+    man = _json_object(c, "manifest.json", missing=" (exports not written yet?)")
+    if man is not None and man.get("format") != "streamprep-manifest":
+        c.add("manifest.json: not a streamprep manifest")
+        man = None
     fingerprint = ((man or {}).get("tokenizer") or {}).get("fingerprint")
     listed = _check_receipts(c, fingerprint)
 

@@ -34,6 +34,17 @@ def test_clean_run_has_no_problems(exported):
     assert verify_run(exported) == []
 
 
+def test_json_files_of_the_wrong_shape_are_each_reported_once(exported):
+    """mixtures.json as a JSON list used to pass its own checks silently; an unreadable run.json was reported
+    twice (cannot read + not a JSON object)."""
+    (exported / "mixtures.json").write_text("[]")
+    (exported / "run.json").write_text("{not json")
+    problems = verify_run(exported)
+    assert "mixtures.json: not a JSON object" in problems
+    assert [p for p in problems if p.startswith("run.json:")] == [p for p in problems if "run.json: cannot read" in p]
+    assert len([p for p in problems if p.startswith("run.json:")]) == 1
+
+
 def test_megatron_cache_folder_is_tolerated(exported):
     cache = exported / "binidx" / "c4" / "part-00000_text_document" / "cache" / "GPTDataset_indices"
     cache.mkdir(parents=True)
