@@ -82,15 +82,10 @@ class ShardFeeder:
         if self.info is None and not self._training:
             self._training = True
             self._later(self._train_then_flush, states)
-        self.wait()
+        for f in self._futures:  # raises the first failure of the feeder thread (planning, training)
+            f.result()
         assert self.info is not None
         return self.info
-
-    def wait(self) -> None:
-        """Raise the first failure of the feeder thread (planning, training)."""
-        for f in self._futures:
-            f.result()
-        self._futures = [f for f in self._futures if not f.done()]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
