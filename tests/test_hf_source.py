@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+import stat
 import threading
 from contextlib import contextmanager
 
@@ -481,8 +482,20 @@ def _data_gets(hub) -> set[str]:
 
 
 def _cache_bytes(root) -> int:
-    """Bytes of blobs (complete or being written) in an HF cache."""
-    return sum(p.stat().st_size for p in root.glob("datasets--*/blobs/*") if p.is_file() and not p.is_symlink())
+    """Bytes of blobs (complete or being written) in an HF cache.
+
+    Called from a watcher thread while downloads run: a blob's temp file may be renamed or a passed
+    file deleted between listing and stat, so a file that vanished counts as 0 bytes.
+    """
+    total = 0
+    for p in root.glob("datasets--*/blobs/*"):
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
 
 
 def test_first_record_before_the_last_file_is_downloaded(many, tmp_path):
