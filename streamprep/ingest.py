@@ -82,6 +82,9 @@ class _QCActor:
     def __init__(self, quality_cfg: dict[str, Any]):
         _init_worker(quality_cfg)
 
+    def ready(self) -> bool:
+        return True
+
     def evaluate(self, text_field: str, records: list[Any]) -> tuple[list[Verdict], dict[str, dict[str, Any]]]:
         return _evaluate(text_field, records)
 
@@ -91,14 +94,11 @@ class RayQCRunner:
     batches in source order, so outputs equal the process-pool run's."""
 
     def __init__(self, quality_cfg: dict[str, Any], workers: int, address: str):
-        import ray
-
         from streamprep import ray_cluster
 
         ray_cluster.connect(address, workers)
         self.workers = max(1, workers)
-        actor = ray.remote(num_cpus=ray_cluster.cpus_per_worker(self.workers))(_QCActor)
-        self.actors = [actor.remote(quality_cfg) for _ in range(self.workers)]
+        self.actors = ray_cluster.spread_actors(_QCActor, self.workers, quality_cfg)
         self._next = 0
         log.info("quality control on Ray actors", actors=self.workers, address=address)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Callable
 
 import psutil
@@ -25,6 +26,8 @@ RAY_ENV = {
 }
 _lock = threading.Lock()
 _started_here = False
+_qc_placed = threading.Event()  # this job's QC actors hold their CPUs (set by ingest, awaited by the stage)
+QC_PLACEMENT_WAIT_S = 120.0
 
 
 def connect(address: str | None, num_cpus: int) -> str:
@@ -54,6 +57,34 @@ def cpus_per_worker(workers: int) -> float:
 
     cpus = float(ray.cluster_resources().get("CPU", 1))
     return max(min(cpus / max(workers, 1), 1.0) / 2, 0.05)
+
+
+def spread_actors(cls: type, workers: int, *args: object) -> list:
+    """`workers` actors of `cls`, one logical CPU share each, spread over the nodes and started before this
+    returns. The stage is placed after them (`wait_for_qc_actors`) and fills what they left node by node,
+    so on N nodes both pools cover all N whoever asked Ray first."""
+    import ray
+
+    actor = ray.remote(num_cpus=cpus_per_worker(workers), scheduling_strategy="SPREAD")(cls)
+    actors = [actor.remote(*args) for _ in range(workers)]
+    ray.get([a.ready.remote() for a in actors])
+    _qc_placed.set()
+    return actors
+
+
+def expect_qc_actors() -> None:
+    """Called when a job's engine starts: the QC actors it will wait for are this job's, not a previous one's."""
+    _qc_placed.clear()
+
+
+def wait_for_qc_actors(cancelled: Callable[[], bool]) -> bool:
+    """Block until this job's QC actors are placed; False after QC_PLACEMENT_WAIT_S or once `cancelled()`
+    (a job that failed before QC started stops its engine: that must not wait out the limit)."""
+    deadline = time.monotonic() + QC_PLACEMENT_WAIT_S
+    while not _qc_placed.wait(0.1):
+        if cancelled() or time.monotonic() > deadline:
+            return False
+    return True
 
 
 def release() -> None:

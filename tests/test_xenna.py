@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -206,3 +207,18 @@ def test_local_engine_imports_neither_ray_nor_xenna(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1]) == []
     assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
+
+
+def test_the_stage_waits_for_this_jobs_qc_actors_and_a_stopped_job_does_not_wait() -> None:
+    """Placement order is what makes a 2-node run use both nodes: the stage waits until the QC actors
+    hold their CPUs; a previous job's placement does not count, and a stopped engine stops waiting."""
+    from streamprep import ray_cluster
+
+    ray_cluster.expect_qc_actors()
+    t0 = time.monotonic()
+    assert ray_cluster.wait_for_qc_actors(lambda: time.monotonic() - t0 > 0.3) is False
+    assert 0.3 <= time.monotonic() - t0 < 5
+    threading.Timer(0.2, ray_cluster._qc_placed.set).start()
+    assert ray_cluster.wait_for_qc_actors(lambda: False) is True
+    ray_cluster.expect_qc_actors()
+    assert ray_cluster.wait_for_qc_actors(lambda: True) is False

@@ -39,6 +39,7 @@ class XennaEngine(Engine):
 
     def start(self) -> None:
         self.started_at = time.monotonic()
+        ray_cluster.expect_qc_actors()
         self._thread = threading.Thread(target=self._serve, name="xenna", daemon=True)
         self._thread.start()
         threading.Thread(target=self._collect, name="xenna-results", daemon=True).start()
@@ -50,6 +51,10 @@ class XennaEngine(Engine):
             from streamprep.engines.xenna_stage import TokenizeStage
 
             address = ray_cluster.connect(self.ray_address, self.workers)
+            if self.ray_address and not ray_cluster.wait_for_qc_actors(lambda: self._stopping is not None) \
+                    and self._stopping is None:  # QC runs on this cluster's actors: they are placed first
+                log.warning("QC actors not placed in time; placing the stage anyway",
+                            seconds=ray_cluster.QC_PLACEMENT_WAIT_S)
             per_worker = ray_cluster.cpus_per_worker(self.workers)
             spec = xenna.PipelineSpec(
                 input_data=[],
