@@ -17,6 +17,7 @@ import psutil
 from streamprep import logs
 
 log = logs.get("ray")
+GRACE_S = 0.5  # after ray.shutdown its processes get this long to exit, then are killed: the work is done
 LEAKED_TITLES = ("ray::NodeResourceMonitor", "ray::StageWorker")
 RAY_ENV = {
     "RAY_MAX_LIMIT_FROM_API_SERVER": "40000",
@@ -131,7 +132,7 @@ def stop_and_reap(stop: Callable[[], None]) -> None:
     children = psutil.Process().children(recursive=True)
     reap_leaked_ray_workers()
     stop()
-    _, alive = psutil.wait_procs(children, timeout=5)
+    _, alive = psutil.wait_procs(children, timeout=GRACE_S)
     for p in alive:
         try:
             p.kill()

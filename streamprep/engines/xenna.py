@@ -5,18 +5,25 @@ the serving source queue as they come and results arrive on the sink (xenna 0.3
 `pipelines/v1/test_serving.py`). Xenna stops the moment it reads the `None` task, so `drain()` waits for
 every submitted result first. Receipts stay the record of completion: a kill while shards are queued or
 running resumes exactly.
+
+On a cluster the job starts itself (no `ray_address`: this machine is the whole cluster) the driver
+tokenizes sealed parts in one thread until the stage answers its first task, a ping: Ray and Xenna's
+start-up (10-15 s on 2 cores) then no longer delays the first shards. Shard bytes do not depend on who
+tokenized them; results say `where` they ran, and the summary counts both.
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from collections import deque
 
 from streamprep import logs, ray_cluster
 from streamprep.engines.base import Engine, Result
-from streamprep.shards import ShardTask
+from streamprep.shards import ShardTask, TokenizerCache, run_task
 
 log = logs.get("tokenize")
+PING = "ping"  # the first serving task: its answer tells the driver a stage worker is up
 POLL_S = 0.2
 STOP_WAIT_S = 30.0  # a stop (end of job or Ctrl-C) waits this long for Xenna and Ray to wind down
 
@@ -36,6 +43,10 @@ class XennaEngine(Engine):
         self.started_at: float | None = None
         self._stopping: float | None = None
         self.ready_at: float | None = None
+        self._early = ray_address is None  # the driver tokenizes until the stage answers the ping
+        self._pending: deque[ShardTask] = deque()
+        self._cv = threading.Condition()
+        self._stage_answered = False
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -43,6 +54,9 @@ class XennaEngine(Engine):
         self._thread = threading.Thread(target=self._serve, name="xenna", daemon=True)
         self._thread.start()
         threading.Thread(target=self._collect, name="xenna-results", daemon=True).start()
+        if self._early:
+            self._source.put(PING)
+            threading.Thread(target=self._tokenize_early, name="tokenize-early", daemon=True).start()
 
     def _serve(self) -> None:
         try:
@@ -74,7 +88,46 @@ class XennaEngine(Engine):
 
     def submit(self, task: ShardTask) -> None:
         self.submitted += 1
+        with self._cv:
+            if self._early and not self._stage_answered:
+                self._pending.append(task)
+                self._cv.notify()
+                return
         self._source.put(task)
+
+    def _tokenize_early(self) -> None:
+        """Run pending tasks in the driver until the stage has answered (then they go to the stage)."""
+        tokenizers = TokenizerCache()
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._pending or self._stage_answered or self._stopping)
+                if self._stage_answered or self._stopping:
+                    return
+                task = self._pending.popleft()
+            try:
+                result = {**run_task(task, tokenizers.get(task)), "where": "driver"}
+            except BaseException as exc:  # surfaced by drain()
+                self._error = exc
+                return
+            self._keep(result)
+
+    def _on_ping(self) -> None:
+        """The stage is up: it takes every task from now on, the pending ones first, in order."""
+        with self._cv:
+            self._stage_answered = True
+            while self._pending:
+                self._source.put(self._pending.popleft())
+            self._cv.notify_all()
+        log.info("xenna stage answering", seconds=round(time.monotonic() - (self.started_at or 0.0), 2),
+                 shards_in_driver=self.completed)
+
+    def _keep(self, result: Result) -> None:
+        with self._lock:
+            self._results.append(result)
+        try:
+            self._done(result)
+        except Exception as exc:  # surfaced by drain(), which would otherwise wait for it forever
+            self._error = exc
 
     def _check_alive(self) -> None:
         if self._error is not None:
@@ -90,12 +143,10 @@ class XennaEngine(Engine):
                 result = self._sink.get(timeout=POLL_S)
             except queue.Empty:
                 continue
-            with self._lock:
-                self._results.append(result)
-            try:
-                self._done(result)
-            except Exception as exc:  # surfaced by drain(), which would otherwise wait for it forever
-                self._error = exc
+            if result.get("ping"):
+                self._on_ping()
+            else:
+                self._keep({**result, "where": "stage"})
 
     def drain(self) -> list[Result]:
         while self.completed < self.submitted:
@@ -108,7 +159,9 @@ class XennaEngine(Engine):
 
     def stop(self) -> None:
         if self._thread is not None and not self._stopping:
-            self._stopping = time.monotonic()
+            with self._cv:
+                self._stopping = time.monotonic()
+                self._cv.notify_all()
             self._source.put(None)  # Xenna's end-of-serving signal; its thread then shuts Ray down
 
     def join(self) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from cosmos_xenna.pipelines import v1 as xenna
 
+from streamprep.engines.xenna import PING
 from streamprep.shards import ShardTask, TokenizerCache, run_task
 
 
@@ -28,7 +29,8 @@ class TokenizeStage(xenna.Stage):
     def process_data(self, in_data: list[ShardTask]) -> list[dict[str, Any]]:
         assert self.tokenizers is not None, "setup() runs before process_data()"
         where = {"node": socket.gethostname(), "pid": os.getpid(), "node_id": _node_id()}
-        return [{**run_task(task, self.tokenizers.get(task)), **where} for task in in_data]
+        return [{"ping": True, **where} if task == PING else {**run_task(task, self.tokenizers.get(task)), **where}
+                for task in in_data]
 
 
 def _node_id() -> str | None:
