@@ -1,0 +1,96 @@
+"""Do two git revisions write the same bytes? Runs configs at both and compares every file of the run dirs.
+
+    python benchmarks/compare_revisions.py BASE [HEAD] [--config configs/demo.yaml ...] [--engine local]
+
+Each revision is checked out (`git worktree add --detach`) beside a `shared` link to ../shared; both
+read the inputs as the first revision's config resolves them (the demo reads the repo's own docs). The first revision runs each config twice: files that
+differ between those two runs are bookkeeping that changes on every run (timestamps, timings, run ids)
+and are listed, not compared. Every other file must be byte-identical at the second revision, and both
+revisions must write the same set of files. Prints one line per config; exit 1 on any difference.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+DEFAULT_CONFIGS = ["configs/demo.yaml", "configs/sft_chat.yaml", "configs/sft_instruction.yaml",
+                   "configs/dpo.yaml", "configs/grpo.yaml"]
+
+
+def checkout(rev: str, work: Path) -> Path:
+    tree = work / rev.replace("/", "_")
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(tree), rev],
+                   check=True, capture_output=True)
+    return tree
+
+
+def run(tree: Path, inputs: Path, config: str, engine: str, run_dir: Path) -> None:
+    """Run `config` with `tree`'s code on `inputs`' files (its relative paths resolved in the `inputs` tree:
+    the demo reads the repo's own docs, which differ between revisions)."""
+    cfg = yaml.safe_load((tree / config).read_text())
+    cfg.setdefault("execution", {})["engine"] = engine
+    base = (inputs / config).parent
+    for ds in cfg["datasets"]:
+        ds["path"] = ds["path"] if "://" in ds["path"] else os.path.normpath(base / ds["path"])
+    path = tree / config.replace(".yaml", f".compare-{engine}.yaml")  # beside the original: same relative paths
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(path), "--run-dir",
+                           str(run_dir)], cwd=tree, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{tree.name} {config}: exit {proc.returncode}: {proc.stderr[-1500:]}")
+
+
+def hashes(run_dir: Path) -> dict[str, str]:
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file() and "logs" not in p.relative_to(run_dir).parts}
+
+
+def compare(config: str, trees: list[Path], engine: str, work: Path) -> bool:
+    name = Path(config).stem
+    runs = [(trees[0], "a1"), (trees[0], "a2"), (trees[1], "b")]
+    h = {}
+    for tree, tag in runs:
+        out = work / "run"  # one path for every run: outputs that name their run dir compare equal
+        run(tree, trees[0], config, engine, out)
+        h[tag] = hashes(out)
+        out.rename(work / f"{name}-{tag}")
+    volatile = sorted(k for k in h["a1"] if h["a1"][k] != h["a2"].get(k))
+    only = sorted(set(h["a1"]) ^ set(h["b"]))
+    differ = sorted(k for k in h["a1"] if k in h["b"] and k not in volatile and h["a1"][k] != h["b"][k])
+    same = len(h["a1"]) - len(volatile) - len(differ) - len(set(h["a1"]) - set(h["b"]))
+    print(f"{config}: {same} files byte-identical; changing on every run (not compared): {volatile or 'none'}; "
+          f"differ: {differ or 'none'}; only in one revision: {only or 'none'}")
+    return not differ and not only
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("base")
+    ap.add_argument("head", nargs="?", default="HEAD")
+    ap.add_argument("--config", action="append", help=f"default: {' '.join(DEFAULT_CONFIGS)}")
+    ap.add_argument("--engine", default="local")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="streamprep-compare-") as tmp:
+        work = Path(tmp)
+        (work / "shared").symlink_to(SHARED)
+        trees = [checkout(a.base, work), checkout(a.head, work)]
+        try:
+            ok = all([compare(c, trees, a.engine, work) for c in a.config or DEFAULT_CONFIGS])
+        finally:
+            for tree in trees:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
