@@ -222,3 +222,71 @@ def test_the_stage_waits_for_this_jobs_qc_actors_and_a_stopped_job_does_not_wait
     assert ray_cluster.wait_for_qc_actors(lambda: False) is True
     ray_cluster.expect_qc_actors()
     assert ray_cluster.wait_for_qc_actors(lambda: True) is False
+
+
+def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(monkeypatch) -> None:
+    """Hybrid start (engine xenna, private cluster): tasks submitted before the stage answers its ping run
+    in the driver; at the ping the pending ones move to the stage in order; drain returns every result."""
+    import queue
+
+    from streamprep.engines import xenna as xmod
+
+    stage_up, ran_in_driver, ran_in_stage, engines = threading.Event(), [], [], []
+
+    def fake_run_task(task, tokenizer):
+        ran_in_driver.append(task)
+        deadline = time.monotonic() + 10  # the driver's shard lasts until the stage has answered
+        while not engines[0]._stage_answered and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return {"task": {"dataset": "d", "part": task}, "skipped": False}
+
+    def fake_serve(self):  # the stage: answers the ping once `stage_up` is set, then every task
+        while (task := self._source.get()) is not None:
+            if task == xmod.PING:
+                stage_up.wait(10)
+                self._sink.put({"ping": True})
+            else:
+                ran_in_stage.append(task)
+                self._sink.put({"task": {"dataset": "d", "part": task}, "skipped": False, "node_id": "n1"})
+
+    monkeypatch.setattr(xmod, "run_task", fake_run_task)
+    monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
+    monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
+    engine = xmod.XennaEngine(workers=1)
+    engines.append(engine)
+    engine.start()
+    for i in range(3):
+        engine.submit(f"p{i}")
+    deadline = time.monotonic() + 10
+    while not ran_in_driver and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stage_up.set()  # the driver is busy with p0; p1 and p2 (still pending) go to the stage
+    deadline = time.monotonic() + 10
+    while not engine._stage_answered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine.submit("p3")
+    results = engine.drain()
+    engine.stop()
+    engine.join()
+    assert sorted(r["task"]["part"] for r in results) == ["p0", "p1", "p2", "p3"]
+    assert ran_in_driver == ["p0"] and ran_in_stage == ["p1", "p2", "p3"]
+    assert {r["task"]["part"]: r["where"] for r in results} == {"p0": "driver", "p1": "stage", "p2": "stage",
+                                                                 "p3": "stage"}
+
+
+def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None:
+    """With `ray_address` the driver's machine may be a login node: nothing is tokenized there."""
+    from streamprep.engines import xenna as xmod
+
+    def fake_serve(self):
+        while (task := self._source.get()) is not None:
+            self._sink.put({"task": {"dataset": "d", "part": task}, "skipped": False})
+
+    monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
+    monkeypatch.setattr(xmod, "run_task", lambda task, tok: pytest.fail("tokenized in the driver"))
+    engine = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
+    engine.start()
+    results = engine.run(["p0", "p1"])
+    engine.stop()
+    engine.join()
+    assert [r["where"] for r in results] == ["stage", "stage"]
