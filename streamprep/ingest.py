@@ -47,7 +47,7 @@ def _init_worker(quality_cfg: dict[str, Any]) -> None:
 
 
 def _init_pool_worker(quality_cfg: dict[str, Any]) -> None:
-    """A QC process yields the cores to the tokenizer when both want them: sealed parts are tokenized as
+    """A QC process (pool worker or Ray actor) yields the cores to the tokenizer when both want them: sealed parts are tokenized as
     they come instead of piling up behind ingest (the job's total work does not change, only its order)."""
     os.nice(QC_NICE)
     _init_worker(quality_cfg)
@@ -88,7 +88,7 @@ class _QCActor:
     """One QC worker on a Ray cluster (`execution.ray_address`)."""
 
     def __init__(self, quality_cfg: dict[str, Any]):
-        _init_worker(quality_cfg)
+        _init_pool_worker(quality_cfg)  # its own process: on a shared node the stage workers come first
 
     def ready(self) -> bool:
         return True
