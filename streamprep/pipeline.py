@@ -10,6 +10,7 @@ import platform
 import signal
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -282,15 +283,21 @@ class Job:
         feeder = ShardFeeder(engine, self._task, {d["name"]: self._files(d["name"]) for d in self.cfg["datasets"]},
                              info, self._train_tokenizer, self._sample_ready())
         self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
-        engine.on_result = self._after_shard
+        # per-part exports work in its own thread: the engine goes on to the next shard meanwhile
+        part_exports = ThreadPoolExecutor(1, thread_name_prefix="part-exports")
+        prepared: list[Future] = []
+        engine.on_result = lambda result: prepared.append(part_exports.submit(self._after_shard, result))
         try:
             states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint))
             self.reporter.phase = "tokenize"
             info = self._timed("tokenizer", lambda: feeder.finish(states))
             tasks = self._plan(states, feeder)
             results = self._timed("tokenize", lambda: self._tokenize(engine, tasks))
+            for done in prepared:
+                done.result()
         finally:
             feeder.close()
+            part_exports.shutdown(wait=True, cancel_futures=True)
         return states, tasks, results, info
 
     def _ingest(self, on_checkpoint: Callable[[IngestState], None]) -> dict[str, IngestState]:

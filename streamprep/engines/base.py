@@ -49,12 +49,15 @@ class Engine(ABC):
         return self.drain()
 
     def _done(self, result: Result) -> None:
-        with self._lock:
-            self.completed += 1
+        """Counted after `on_result` returned: once `drain` sees every task completed, every hook has run."""
         log.info("shard done", dataset=result["task"]["dataset"], part=result["task"]["part"],
                  skipped=result["skipped"], engine=self.name, node=result.get("node_id"))
-        if self.on_result is not None:
-            self.on_result(result)
+        try:
+            if self.on_result is not None:
+                self.on_result(result)
+        finally:
+            with self._lock:
+                self.completed += 1
 
     def __enter__(self) -> "Engine":
         self.start()
