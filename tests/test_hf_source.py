@@ -72,6 +72,7 @@ _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
 _real_getaddrinfo = socket.getaddrinfo
 _deny_all = threading.local()
+_deny_everywhere = threading.Event()
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 blocked: list[str] = []  # every refused attempt, even ones a library swallowed
 
@@ -84,7 +85,7 @@ def _refuse(what: str):
 def _check(sock_family, host) -> None:
     if sock_family == getattr(socket, "AF_UNIX", None):
         return
-    if getattr(_deny_all, "on", False):
+    if getattr(_deny_all, "on", False) or _deny_everywhere.is_set():
         _refuse(f"connection to {host} while the network is off")
     if host not in LOOPBACK:
         _refuse(f"connection to {host}")
@@ -118,13 +119,17 @@ def no_internet(monkeypatch):
 
 
 @contextmanager
-def no_network():
-    """Refuse every connection made from this thread (where the stream is consumed), loopback included."""
+def no_network(all_threads: bool = False):
+    """Refuse every connection made from this thread (where the stream is consumed), loopback included; with
+    `all_threads`, from every thread (the download window's too)."""
     _deny_all.on = True
+    if all_threads:
+        _deny_everywhere.set()
     try:
         yield
     finally:
         _deny_all.on = False
+        _deny_everywhere.clear()
     assert not blocked, f"network use while processing: {blocked}"
 
 
@@ -166,12 +171,13 @@ def roundtrip(pos: dict) -> dict:
 
 
 # ---- downloads ------------------------------------------------------------------------------------------------
-def test_prefetch_downloads_each_file_once_in_parallel(hub, tmp_path):
+def test_streaming_downloads_each_file_once_in_parallel(hub, tmp_path):
     hub.delay = 0.1  # each transfer takes a while, so parallel ones overlap at the server
     src = HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=4)
-    paths = src.prefetch()
+    assert records(src.iter_records()) == TRAIN
+    # the files are in the HF cache under the commit sha (and no checkpoint passed them, so they are still there)
+    paths = [tmp_path / "cache" / f"datasets--org--corpus/snapshots/{hub.sha}" / f for f in TRAIN_FILES]
     assert [p.read_bytes() for p in paths] == [CORPUS[f] for f in TRAIN_FILES]
-    assert all(str(p).startswith(str(tmp_path / "cache")) and hub.sha in str(p) for p in paths)  # pinned to the sha
     assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}
     assert hub.max_in_flight >= 3, "downloads were not concurrent"
     # the revision was resolved once, and files were fetched at the commit sha, never at "main"
@@ -180,28 +186,36 @@ def test_prefetch_downloads_each_file_once_in_parallel(hub, tmp_path):
 
     hub.reset_counts()
     again = HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=4)
-    assert again.prefetch() == paths
+    assert records(again.iter_records()) == TRAIN
     assert hub.file_requests("GET") == {} and hub.file_requests("HEAD") == {}  # cached: only the revision lookup
+    assert [p.read_bytes() for p in paths] == [CORPUS[f] for f in TRAIN_FILES]
 
 
 def test_max_concurrent_downloads_is_a_limit(hub, tmp_path):
     hub.delay = 0.05
-    HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=1).prefetch()
+    assert records(HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=1).iter_records()) == TRAIN
     assert hub.max_in_flight == 1
 
 
-def test_max_concurrent_downloads_is_shared_by_sources_prefetching_together(hub, tmp_path):
+def test_max_concurrent_downloads_is_shared_by_sources_streaming_together(hub, tmp_path):
     hub.delay = 0.05
-    hub.add_dataset("org/other", {f"data/train-{i}.jsonl": jsonl([{"text": f"o{i}"}]) for i in range(4)})
+    other = [{"text": f"o{i}"} for i in range(4)]
+    hub.add_dataset("org/other", {f"data/train-{i}.jsonl": jsonl([r]) for i, r in enumerate(other)})
     sources = [HFSource(cfg(), tmp_path / "cache", 2), HFSource(cfg(path="hf://org/other"), tmp_path / "cache", 2)]
     for s in sources:
         s.fingerprint()  # resolve first (README included): only the data transfers are measured
     hub.reset_counts()
-    threads = [threading.Thread(target=s.prefetch) for s in sources]
+    got: dict[str, list] = {}
+
+    def stream(s: HFSource) -> None:  # each source read in its own thread, as ingest's readers do
+        got[s.repo_id] = records(s.iter_records())
+
+    threads = [threading.Thread(target=stream, args=(s,)) for s in sources]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert got == {REPO: TRAIN, "org/other": other}
     assert sum(hub.file_requests("GET").values()) == 8
     assert hub.max_in_flight == 2
 
@@ -209,7 +223,6 @@ def test_max_concurrent_downloads_is_shared_by_sources_prefetching_together(hub,
 # ---- streaming ------------------------------------------------------------------------------------------------
 def test_records_in_order_and_fingerprint(hub, tmp_path):
     src = HFSource(cfg(), tmp_path / "cache")
-    src.prefetch()
     items = list(src.iter_records())
     assert records(items) == TRAIN
     assert [pos["consumed"] for _, pos in items] == list(range(1, len(TRAIN) + 1))
@@ -223,43 +236,35 @@ def test_records_in_order_and_fingerprint(hub, tmp_path):
 
 def test_processing_is_network_free(hub, tmp_path):
     src = HFSource(cfg(), tmp_path / "cache")
-    src.prefetch()
     fp = src.fingerprint()
-    with no_network():  # the stream itself opens no connection, not even to the stand-in
+    with no_network():  # the reader opens no connection, not even to the stand-in: only the window's threads do
         assert records(src.iter_records()) == TRAIN
+    assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}  # downloaded meanwhile
 
     hub.reset_counts()
-    hub.stop()  # a second run, with the Hub gone: resolution falls back to the cache
+    hub.stop()  # a second run, with the Hub gone: resolution falls back to the cache, and so do the files
     again = HFSource(cfg(), tmp_path / "cache")
-    assert again.prefetch() == src.prefetch()
     assert again.fingerprint() == fp
-    assert records(again.iter_records()) == TRAIN
-    # and a source pinned to the commit sha does not even try the Hub
-    with no_network():
+    assert records(again.iter_records()) == TRAIN  # a file not in the cache would fail: "download of ... failed"
+    # and a source pinned to the commit sha does not even try the Hub, from any thread
+    with no_network(all_threads=True):
         pinned = HFSource(cfg(revision=hub.sha), tmp_path / "cache")
-        pinned.prefetch()
         assert records(pinned.iter_records()) == TRAIN
     assert hub.requests == {}
 
 
 def test_hf_hub_offline_uses_the_cache(hub, tmp_path, monkeypatch):
-    HFSource(cfg(), tmp_path / "cache").prefetch()
+    assert records(HFSource(cfg(), tmp_path / "cache").iter_records()) == TRAIN  # a first run fills the cache
     hub.reset_counts()
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     src = HFSource(cfg(), tmp_path / "cache")
-    src.prefetch()
     assert src.fingerprint()["revision"] == hub.sha
     assert records(src.iter_records()) == TRAIN
     assert hub.requests == {}
     with pytest.raises(HFSourceUnavailable, match="no cached copy"):
-        HFSource(cfg(split="validation"), tmp_path / "cache").prefetch()
-
-
-def test_iter_records_without_prefetch_downloads_first(hub, tmp_path):
-    assert records(HFSource(cfg(), tmp_path / "cache").iter_records()) == TRAIN
-    assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}
+        next(HFSource(cfg(split="validation"), tmp_path / "cache").iter_records())
 
 
 def test_filter_and_max_records(hub, tmp_path):
@@ -304,7 +309,6 @@ def test_unusable_state_falls_back_to_skipping(hub, tmp_path):
 
 def test_resume_pins_the_checkpoint_commit(hub, tmp_path):
     src = HFSource(cfg(), tmp_path / "cache")
-    src.prefetch()
     full = list(src.iter_records())
     checkpoint = roundtrip(full[8][1])
     old = hub.sha
@@ -343,7 +347,7 @@ def test_default_patterns_without_readme(hub, tmp_path):
     assert records(HFSource(cfg(path="hf://org/plain"), cache).iter_records()) == train
     assert records(HFSource(cfg(path="hf://datasets/org/plain", split="test"), cache).iter_records()) == test
     with pytest.raises(HFSourceError, match=r"hf://org/plain: unknown split 'validation' \(available: train, test\)"):
-        HFSource(cfg(path="hf://org/plain", split="validation"), cache).prefetch()
+        next(HFSource(cfg(path="hf://org/plain", split="validation"), cache).iter_records())
 
 
 def test_sharded_split_pattern_and_format_override(hub, tmp_path):
@@ -382,7 +386,7 @@ def test_malformed_jsonl_file_is_one_bad_record(hub, tmp_path):
 ])
 def test_errors_are_one_line_and_name_the_repo(hub, tmp_path, entry, message):
     with pytest.raises(HFSourceError, match=message) as err:
-        HFSource(cfg(**entry), tmp_path / "cache").prefetch()
+        next(HFSource(cfg(**entry), tmp_path / "cache").iter_records())
     assert isinstance(err.value, ConfigError)  # the CLI's exit 2
     assert "\n" not in str(err.value)
 

@@ -10,7 +10,7 @@
    `max_concurrent_downloads` at a time in the whole process (sources downloading together share the limit), at
    most `prefetch_files` files ahead of the file being read and `cache_max_gb` of files no saved checkpoint has
    passed (`_Window`). Ingest calls `checkpointed(position)` after each save: files before the position's file are
-   deleted unless `keep_cache`. (`prefetch()` still downloads the whole split at once.)
+   deleted unless `keep_cache`.
 3. **Stream** (no network in the reader): each file, in repo-path order, once local, through
    `datasets.load_dataset(<builder>, data_files=[file], streaming=True)` with the entry's `filter`.
 
@@ -48,7 +48,7 @@ FORMAT_TO_BUILDER = {"jsonl": "json", "json": "json", "parquet": "parquet", "txt
                      "csv": "csv", "arrow": "arrow"}
 MANIFEST_VERSION = 1
 
-# `execution.max_concurrent_downloads` is a run-level limit: sources prefetching at the same time share it
+# `execution.max_concurrent_downloads` is a run-level limit: sources downloading at the same time share it
 _SLOTS: dict[int, threading.BoundedSemaphore] = {}
 _SLOTS_LOCK = threading.Lock()
 
@@ -381,7 +381,7 @@ class HFSource:
             return None
         from huggingface_hub.repocard import metadata_load
 
-        readme = self._download([("README.md", sha)])[0]
+        readme = self._download_one(("README.md", sha))
         try:
             return metadata_load(readme)
         except Exception as exc:  # YAML errors: a broken card is a broken repo entry
@@ -405,26 +405,7 @@ class HFSource:
             raise HFSourceUnavailable(f"hf://{self.repo_id}@{sha}: download of {path} failed "
                                       f"({_one_line(exc)})") from None
 
-    def _download(self, items: Sequence[tuple[str, str]]) -> list[Path]:
-        """Download (repo path, sha) pairs in parallel into the HF cache."""
-        if len(items) <= 1:
-            return [self._download_one(x) for x in items]
-        with ThreadPoolExecutor(max_workers=min(self.workers, len(items)), thread_name_prefix="hf-download") as pool:
-            return list(pool.map(self._download_one, items))
-
-    def _local_files(self, snap: Snapshot) -> list[Path]:
-        return self._download([(f["path"], snap.sha) for f in snap.files])
-
     # -- the Source protocol --
-    def prefetch(self) -> list[Path]:
-        """Download the split's data files (at most `max_concurrent_downloads` at once); returns the local paths
-        in stream order. Files already in the cache are not requested again."""
-        snap = self._snapshot()
-        paths = self._local_files(snap)
-        log.info("hf dataset files ready", repo=self.repo_id, sha=snap.sha, files=len(paths),
-                 bytes=sum(f["size"] or 0 for f in snap.files))
-        return paths
-
     def fingerprint(self) -> dict[str, Any]:
         snap = self._snapshot()
         return {"hf_repo": self.repo_id, "revision": snap.sha, "requested_revision": self.revision,
