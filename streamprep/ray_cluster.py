@@ -126,10 +126,28 @@ def shutdown_ray() -> None:
     stop_and_reap(ray.shutdown)
 
 
+def ray_processes() -> list[psutil.Process]:
+    """This process's Ray processes: children running Ray's programs (gcs_server, raylet, dashboard, log and
+    autoscaler monitors: an argument under Ray's package dir) or titled `ray::` / `ray-dashboard`, and all
+    their descendants. Never another child, such as the exports' process pool running meanwhile."""
+    import ray
+
+    ray_dir = os.path.dirname(ray.__file__) + os.sep
+    found: list[psutil.Process] = []
+    for child in psutil.Process().children():
+        try:
+            args = child.cmdline()
+            if any(a.startswith(ray_dir) for a in args) or (args and args[0].startswith(("ray::", "ray-dashboard"))):
+                found += [child, *child.children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 def stop_and_reap(stop: Callable[[], None]) -> None:
-    """Run `stop` (a cluster shutdown), then kill whatever this process had started that outlived it.
+    """Run `stop` (a cluster shutdown), then kill the Ray processes that outlived it (after GRACE_S).
     Busy stage workers are killed first: a shard they were writing has no receipt and is redone on resume."""
-    children = psutil.Process().children(recursive=True)
+    children = ray_processes()
     reap_leaked_ray_workers()
     stop()
     _, alive = psutil.wait_procs(children, timeout=GRACE_S)

@@ -290,3 +290,25 @@ def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None
     engine.stop()
     engine.join()
     assert [r["where"] for r in results] == ["stage", "stage"]
+
+
+def test_reaping_ray_leaves_other_child_processes_alone() -> None:
+    """Regression: the exports' process pool runs while Ray shuts down; reaping killed every child of the
+    driver that outlived the shutdown, and the exports failed with BrokenProcessPool (308 MB, engine xenna)."""
+    import ray
+
+    from streamprep.ray_cluster import ray_processes, stop_and_reap
+
+    ray_dir = os.path.dirname(ray.__file__)
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    pool_like = subprocess.Popen(sleep)
+    ray_like = subprocess.Popen([*sleep, os.path.join(ray_dir, "_private", "log_monitor.py")])
+    try:
+        assert [p.pid for p in ray_processes()] == [ray_like.pid]
+        stop_and_reap(lambda: None)
+        assert not psutil.pid_exists(ray_like.pid)  # killed and reaped after GRACE_S
+        assert pool_like.poll() is None
+    finally:
+        pool_like.kill()
+        ray_like.kill()
+        pool_like.wait()
