@@ -60,6 +60,14 @@ def cpus_per_worker(workers: int) -> float:
     return max(min(cpus / max(workers, 1), 1.0) / 2, 0.05)
 
 
+def node_count() -> int:
+    """Alive nodes of the cluster: the stage runs one worker per node, since the Rust tokenizer already
+    threads over a node's cores (two workers on one 2-core node only compete: docs/performance.md)."""
+    import ray
+
+    return max(1, sum(1 for n in ray.nodes() if n.get("Alive")))
+
+
 def spread_actors(cls: type, workers: int, *args: object) -> list:
     """`workers` actors of `cls`, one logical CPU share each, spread over the nodes and started before this
     returns. The stage is placed after them (`wait_for_qc_actors`) and fills what they left node by node,

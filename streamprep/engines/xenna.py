@@ -70,15 +70,16 @@ class XennaEngine(Engine):
                 log.warning("QC actors not placed in time; placing the stage anyway",
                             seconds=ray_cluster.QC_PLACEMENT_WAIT_S)
             per_worker = ray_cluster.cpus_per_worker(self.workers)
+            stage_workers = min(self.workers, ray_cluster.node_count())
             spec = xenna.PipelineSpec(
                 input_data=[],
-                stages=[xenna.StageSpec(TokenizeStage(cpus=per_worker), num_workers=self.workers)],
+                stages=[xenna.StageSpec(TokenizeStage(cpus=per_worker), num_workers=stage_workers)],
                 config=xenna.PipelineConfig(execution_mode=xenna.ExecutionMode.SERVING, cpu_allocation_percentage=1.0,
                                             logging_interval_s=60, num_run_attempts_python=1),
                 serving_queues=xenna.ServingQueues(source=self._source, sink=self._sink),
             )
             self.ready_at = time.monotonic()
-            log.info("xenna serving stage started", workers=self.workers, cpus_per_worker=per_worker, ray=address,
+            log.info("xenna serving stage started", workers=stage_workers, cpus_per_worker=per_worker, ray=address,
                      startup_seconds=round(self.ready_at - (self.started_at or self.ready_at), 2))
             xenna.run_pipeline(spec)
         except BaseException as exc:  # surfaced by drain()/stop() in the job's thread
