@@ -317,6 +317,7 @@ class DatasetIngest:
 
     async def _apply(self, state: IngestState, dedup: DedupDecision, items: list, verdicts: Iterator[Verdict]) -> bool:
         """Decide, write and checkpoint one batch. Returns True when a size cap ended the dataset."""
+        # Long on purpose: one pass per record updating, in order, the state the checkpoint saves.
         name = self.ds["name"]
         parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
         rejects: list[bytes] = []
