@@ -42,8 +42,9 @@ def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
     """The per-part exports work for one finished tokenization shard (`streamprep.shards.ShardTask` and its
     completed receipt), cached beside the receipt; safe in any process, as soon as the receipt exists."""
     from streamprep.exports.summary import part_summary
+    from streamprep.modes import mode_of
 
-    if task.mode.text_exports and receipt["stats"]["num_documents"] > 0:
+    if mode_of(task.sft).text_exports and receipt["stats"]["num_documents"] > 0:
         part_summary(ShardRef.from_task(task, receipt))
 
 
