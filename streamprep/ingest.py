@@ -26,6 +26,7 @@ from quality import DedupDecision, DedupIndex, QualityControl, Verdict, near_ded
 from streamprep import atomic, logs, stats
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import ConfigError
+from streamprep.modes import mode_of
 from streamprep.sources import BadRecord, open_source
 from streamprep.sources.base import SourceError, input_change, one_line
 
@@ -174,11 +175,7 @@ class DatasetIngest:
         self.run_scope = self.dedup_on and ctx.cfg["quality"].get("dedup_scope") == "run"
         self.size_cap = int(ds["size_mb"] * 1024 * 1024) if ds["size_mb"] else None
         self.depth = 2 * qc.workers + 1  # batches in flight between reader and writer: bounded memory
-        self.sft = ctx.cfg.get("sft")  # SFT: QC judges qc_text(record); kept lines carry the original record
-        if self.sft:
-            from streamprep.sft import qc_check
-
-            self._qc_check = qc_check
+        self.mode = mode_of(ctx.cfg.get("sft"))  # what QC judges and what a kept line carries
 
     async def run(self) -> IngestState:
         name = self.ds["name"]
@@ -270,21 +267,8 @@ class DatasetIngest:
                 await queue.put(None)
                 return
             consumed += len(items)
-            if self.sft:
-                items = [(self._sft_item(rec), pos) for rec, pos in items]
-                records = [qc_in for (_, qc_in), _ in items if qc_in is not None]
-            else:
-                records = [rec for rec, _ in items if not isinstance(rec, BadRecord)]
+            items, records = self.mode.screen(items, self.ds["text_field"])
             await queue.put((items, self.qc.submit(self.ds["text_field"], records)))
-
-    def _sft_item(self, rec: Any) -> tuple[Any, Any]:
-        """(original record, what QC judges) — or (BadRecord, None) when the record does not fit `sft:`."""
-        if isinstance(rec, BadRecord):
-            return rec, None
-        text, why = self._qc_check(rec, self.sft)
-        if text is None:
-            return BadRecord(f"sft: {why}", _excerpt(rec, self.ds["text_field"]), check="schema"), None
-        return rec, {**rec, self.ds["text_field"]: text}
 
     async def _or_stop(self, aw: Any) -> Any:
         """`aw`'s result, or STOP as soon as a stop is requested (even while a read or download is stalled)."""
@@ -341,13 +325,12 @@ class DatasetIngest:
 
     async def _apply(self, state: IngestState, dedup: DedupDecision, items: list, verdicts: Iterator[Verdict]) -> bool:
         """Decide, write and checkpoint one batch. Returns True when a size cap ended the dataset."""
+        # Long on purpose: one pass per record updating, in order, the state the checkpoint saves.
         name = self.ds["name"]
         parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
         rejects: list[bytes] = []
         capped = False
         for rec, pos in items:
-            if self.sft:
-                rec = rec[0]
             ordinal = state.consumed
             state.consumed += 1
             state.position = pos
@@ -376,10 +359,7 @@ class DatasetIngest:
                     state.dedup_count += 1
                 if self.near is not None:
                     state.near_dedup_bytes += self.near.add(ordinal)
-                out = {"text": text, "meta": {**meta, "source": source}}
-                if self.sft:
-                    out["record"] = rec
-                line = orjson.dumps(out) + b"\n"
+                line = orjson.dumps(self.mode.kept_row(text, {**meta, "source": source}, rec)) + b"\n"
                 parts[-1][1].append(line)
                 state.kept += 1
                 state.part_lines += 1

@@ -23,6 +23,7 @@ from streamprep.config import ConfigError
 from streamprep.engines import Engine
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
+from streamprep.modes import mode_of
 from streamprep.lock import CHECKPOINT_LOCK_NAME, LOCK_NAME, RunLock, RunLocked
 from streamprep.shards import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
 from streamprep.tokenizer import TokenizerInfo
@@ -357,7 +358,7 @@ class Job:
     def _task(self, name: str, part: Path, info: TokenizerInfo) -> ShardTask:
         dtype = token_dtype(self.cfg["output"]["dtype"], info.vocab_size)
         sft = self.cfg.get("sft")
-        eod = info.eod_id if self.cfg["tokenizer"]["append_eod"] and not sft else None
+        eod = info.eod_id if self.cfg["tokenizer"]["append_eod"] and mode_of(sft).appends_eod else None
         split = next(d["blend_split"] for d in self.cfg["datasets"] if d["name"] == name)
         return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype, sft)
 
@@ -412,4 +413,4 @@ class Job:
                     log.warning("finished run has a missing or changed shard; redoing what is needed", file=entry["path"])
                     return False
         return (self.run_dir / "manifest.json").is_file() and "manifest_sha256" in self.record and (
-            bool(self.cfg.get("sft")) or (self.run_dir / "blend.json").is_file())
+            not mode_of(self.cfg.get("sft")).text_exports or (self.run_dir / "blend.json").is_file())

@@ -58,25 +58,19 @@ class _Track:
         self.done_rate: float | None = None   # a finished dataset shows its average rate, frozen
 
 
-class ProgressReporter:
-    def __init__(self, progress: dict[str, Any], interval_s: float, tty: bool | None = None, *,
-                 datasets: list[dict[str, Any]] | None = None, run_dir: str | Path | None = None,
-                 console: Any = None, refresh_s: float = TTY_REFRESH_S):
+class ProgressFigures:
+    """The data side: reads the live state and turns it into figures (`snapshot`); shows nothing."""
+
+    def __init__(self, progress: dict[str, Any], *, datasets: list[dict[str, Any]] | None = None,
+                 run_dir: str | Path | None = None):
         self.progress = progress
-        self.interval_s = max(float(interval_s), 0.05)
-        self.console = console
-        if tty is None:
-            tty = console.is_terminal if console is not None else sys.stderr.isatty()
-        self.tty = bool(tty)
         self.datasets = {d["name"]: d for d in (datasets or [])}
         self.run_dir = Path(run_dir) if run_dir else None
-        self.refresh_s = refresh_s
         self.started = time.monotonic()
         self._tracks: dict[str, _Track] = {}
         self._shard_counts: Callable[[], tuple[int, int]] | None = None
         self.phase = "ingest"  # the job moves it on ("tokenize": waiting for the last shards)
         self._shard_samples: deque[tuple[float, int]] = deque()
-        self._last: dict[str, Any] | None = None
 
     # ---- inputs --------------------------------------------------------------------------------------
     def watch_shards(self, counts: Callable[[], tuple[int, int]]) -> None:
@@ -122,62 +116,79 @@ class ProgressReporter:
     def snapshot(self) -> dict[str, Any]:
         """The figures shown right now: per dataset and totals (also what the plain log line carries)."""
         now = time.monotonic()
-        rows: dict[str, dict[str, Any]] = {}
-        for _ in range(3):  # the dict may grow while another thread iterates it
-            try:
-                items = list(self.progress.items())
-                break
-            except RuntimeError:
-                continue
-        else:
-            items = []
-        for name, st in items:
-            track = self._tracks.get(name)
-            if track is None:
-                track = self._tracks[name] = _Track(now)
-                track.first_read = int(st.consumed)
-            frac = self._fraction(name, st, track)
-            track.samples.append((now, int(st.consumed), -1.0 if frac is None else frac))
-            while len(track.samples) > 2 and now - track.samples[0][0] > WINDOW_S:
-                track.samples.popleft()
-            t0, c0, f0 = track.samples[0]
-            dt = now - t0
-            rate = (st.consumed - c0) / dt if dt >= 0.5 else None
-            eta = None
-            if st.done:
-                if track.done_rate is None:
-                    span = now - track.first_t
-                    track.done_rate = (st.consumed - (track.first_read or 0)) / span if span >= 0.5 else 0.0
-                rate = track.done_rate or None
-                eta = 0.0
-            elif frac is not None and f0 >= 0 and dt >= 0.5 and frac > f0:
-                eta = (1.0 - frac) / ((frac - f0) / dt)
-            rows[name] = {"read": int(st.consumed), "kept": int(st.kept), "rejected": int(st.rejected),
-                          "mb": round(self._part_bytes(name, st, track) / 1e6, 2), "rec_s": _r(rate),
-                          "fraction": None if frac is None else round(frac, 4), "eta_s": _r(eta), "done": bool(st.done)}
+        rows = {name: self._dataset_row(name, st, now) for name, st in self._states()}
         for name in self.datasets:
             rows.setdefault(name, {"read": 0, "kept": 0, "rejected": 0, "mb": 0.0, "rec_s": None, "fraction": None,
                                    "eta_s": None, "done": False, "waiting": True})
-        totals = {k: sum(r[k] for r in rows.values()) for k in ("read", "kept", "rejected")}
-        totals["mb"] = round(sum(r["mb"] for r in rows.values()), 2)
-        active = [r for r in rows.values() if not r["done"]] or list(rows.values())
-        rates = [r["rec_s"] for r in active if r["rec_s"] is not None]
-        totals["rec_s"] = _r(sum(rates)) if rates else None
-        etas = [r["eta_s"] for r in rows.values()]
-        totals["eta_s"] = _r(max(etas)) if rows and all(e is not None for e in etas) else None
-        out = {"phase": self.phase, "elapsed_s": round(now - self.started, 1), "datasets": rows, "totals": totals}
-        sealed, done = self._shard_counts() if self._shard_counts is not None else (0, 0)
-        if sealed > 0:
-            self._shard_samples.append((now, done))
-            while len(self._shard_samples) > 2 and now - self._shard_samples[0][0] > WINDOW_S:
-                self._shard_samples.popleft()
-            t0, d0 = self._shard_samples[0]
-            rate = (done - d0) / (now - t0) if now - t0 >= 0.5 else None
-            pending = max(sealed - done, 0)
-            eta = 0.0 if not pending else (pending / rate if rate else None)
-            out["shards"] = {"sealed": sealed, "done": done, "pending": pending, "per_s": _r(rate), "eta_s": _r(eta)}
-        self._last = out
+        out = {"phase": self.phase, "elapsed_s": round(now - self.started, 1), "datasets": rows,
+               "totals": _totals(rows)}
+        shards = self._shard_figures(now)
+        if shards is not None:
+            out["shards"] = shards
         return out
+
+    def _states(self) -> list[tuple[str, Any]]:
+        for _ in range(3):  # the dict may grow while another thread iterates it
+            try:
+                return list(self.progress.items())
+            except RuntimeError:
+                continue
+        return []
+
+    def _dataset_row(self, name: str, st: Any, now: float) -> dict[str, Any]:
+        """One dataset's figures; its rate and ETA over the last WINDOW_S seconds (frozen once done)."""
+        track = self._tracks.get(name)
+        if track is None:
+            track = self._tracks[name] = _Track(now)
+            track.first_read = int(st.consumed)
+        frac = self._fraction(name, st, track)
+        track.samples.append((now, int(st.consumed), -1.0 if frac is None else frac))
+        while len(track.samples) > 2 and now - track.samples[0][0] > WINDOW_S:
+            track.samples.popleft()
+        t0, c0, f0 = track.samples[0]
+        dt = now - t0
+        rate = (st.consumed - c0) / dt if dt >= 0.5 else None
+        eta = None
+        if st.done:
+            if track.done_rate is None:
+                span = now - track.first_t
+                track.done_rate = (st.consumed - (track.first_read or 0)) / span if span >= 0.5 else 0.0
+            rate = track.done_rate or None
+            eta = 0.0
+        elif frac is not None and f0 >= 0 and dt >= 0.5 and frac > f0:
+            eta = (1.0 - frac) / ((frac - f0) / dt)
+        return {"read": int(st.consumed), "kept": int(st.kept), "rejected": int(st.rejected),
+                "mb": round(self._part_bytes(name, st, track) / 1e6, 2), "rec_s": _r(rate),
+                "fraction": None if frac is None else round(frac, 4), "eta_s": _r(eta), "done": bool(st.done)}
+
+    def _shard_figures(self, now: float) -> dict[str, Any] | None:
+        """Tokenization during ingest (sealed / done / pending, rate, ETA), or None before a part is sealed."""
+        sealed, done = self._shard_counts() if self._shard_counts is not None else (0, 0)
+        if sealed <= 0:
+            return None
+        self._shard_samples.append((now, done))
+        while len(self._shard_samples) > 2 and now - self._shard_samples[0][0] > WINDOW_S:
+            self._shard_samples.popleft()
+        t0, d0 = self._shard_samples[0]
+        rate = (done - d0) / (now - t0) if now - t0 >= 0.5 else None
+        pending = max(sealed - done, 0)
+        eta = 0.0 if not pending else (pending / rate if rate else None)
+        return {"sealed": sealed, "done": done, "pending": pending, "per_s": _r(rate), "eta_s": _r(eta)}
+
+
+class ProgressReporter(ProgressFigures):
+    """The display side: a rich table on a TTY, a structured log line per interval otherwise."""
+
+    def __init__(self, progress: dict[str, Any], interval_s: float, tty: bool | None = None, *,
+                 datasets: list[dict[str, Any]] | None = None, run_dir: str | Path | None = None,
+                 console: Any = None, refresh_s: float = TTY_REFRESH_S):
+        super().__init__(progress, datasets=datasets, run_dir=run_dir)
+        self.interval_s = max(float(interval_s), 0.05)
+        self.console = console
+        if tty is None:
+            tty = console.is_terminal if console is not None else sys.stderr.isatty()
+        self.tty = bool(tty)
+        self.refresh_s = refresh_s
 
     # ---- output --------------------------------------------------------------------------------------
     def log_line(self) -> dict[str, Any]:
@@ -298,6 +309,18 @@ class ProgressReporter:
             if "loop" in holder:
                 holder["loop"].call_soon_threadsafe(holder["task"].cancel)
             t.join(5)
+
+
+def _totals(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Sums over the datasets; the rate of those still running; an ETA only when every dataset has one."""
+    totals: dict[str, Any] = {k: sum(r[k] for r in rows.values()) for k in ("read", "kept", "rejected")}
+    totals["mb"] = round(sum(r["mb"] for r in rows.values()), 2)
+    active = [r for r in rows.values() if not r["done"]] or list(rows.values())
+    rates = [r["rec_s"] for r in active if r["rec_s"] is not None]
+    totals["rec_s"] = _r(sum(rates)) if rates else None
+    etas = [r["eta_s"] for r in rows.values()]
+    totals["eta_s"] = _r(max(etas)) if rows and all(e is not None for e in etas) else None
+    return totals
 
 
 def _r(v: float | None) -> float | None:

@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 
 from streamprep import atomic, binidx, stats
+from streamprep.modes import Mode, mode_of
 
 ENCODE_BATCH = 1024
 
@@ -40,6 +41,10 @@ class ShardTask:
     dtype: str           # "uint16" | "int32"
     sft: dict[str, Any] | None = None  # the validated `sft:` section: masks/sequences instead of plain text
 
+    @property
+    def mode(self) -> Mode:
+        return mode_of(self.sft)
+
 
 def token_dtype(output_dtype: str, vocab_size: int) -> str:
     return str(binidx.optimal_dtype(vocab_size)) if output_dtype == "auto" else output_dtype
@@ -49,10 +54,7 @@ def plan_hash(dataset: str, part: str, tokenizer_fingerprint: str, eod_id: int |
               sft: dict[str, Any] | None = None) -> str:
     """What decides a shard's bytes besides its input; library versions deliberately left out."""
     key = {"dataset": dataset, "part": part, "tokenizer": tokenizer_fingerprint, "eod_id": eod_id, "dtype": dtype}
-    if sft is not None:
-        from streamprep.sft.prepare import config_digest
-
-        key["sft"] = config_digest(sft)
+    key.update(mode_of(sft).plan_key())
     return hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
@@ -60,7 +62,7 @@ def make_task(run_dir: Path, dataset: str, split: str, part_path: Path, tokenize
               tokenizer_fingerprint: str, eod_id: int | None, dtype: str,
               sft: dict[str, Any] | None = None) -> ShardTask:
     part = part_path.stem
-    prefix = run_dir / "sft" / dataset / part if sft else run_dir / "binidx" / dataset / f"{part}_text_document"
+    prefix = mode_of(sft).shard_prefix(run_dir, dataset, part)
     return ShardTask(
         dataset=dataset, split=split, part=part, input_path=str(part_path), prefix=str(prefix),
         receipt_path=str(run_dir / "receipts" / dataset / f"{part}.json"), run_dir=str(run_dir),
@@ -163,14 +165,7 @@ class TokenizerCache:
     def get(self, task: ShardTask) -> Any:
         key = (task.tokenizer_path, task.tokenizer_fingerprint)
         if key != self._key:
-            if task.sft:  # the chat tokenizer: tokenizer.json + its template, from the run's tokenizer dir
-                from streamprep.sft import load_chat_tokenizer
-
-                self._tokenizer = load_chat_tokenizer(str(Path(task.tokenizer_path).parent))
-            else:
-                from tokenizers import Tokenizer
-
-                self._tokenizer = Tokenizer.from_file(task.tokenizer_path)
+            self._tokenizer = task.mode.load_tokenizer(task.tokenizer_path)
             self._key = key
         return self._tokenizer
 
@@ -179,25 +174,7 @@ def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     """The whole unit of work a stage runs: skip if current, else tokenize and write the receipt."""
     if receipt_problem(task, read_receipt(task)) is None:
         return {"task": asdict(task), "skipped": True}
-    if task.sft:
-        shard_stats, outputs = _prepare_sft(task, tokenizer)
-    else:
-        shard_stats = tokenize_part(task, tokenizer)
-        paths = binidx.prefix_paths(task.prefix) if shard_stats["num_documents"] else ()
-        outputs = dict(zip(("bin", "idx"), paths))
+    shard_stats, outputs = task.mode.tokenize(task, tokenizer)
     write_receipt(task, shard_stats, outputs)
     return {"task": asdict(task), "skipped": False, "seconds": shard_stats["seconds"]}
 
-
-def _prepare_sft(task: ShardTask, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
-    """SFT/DPO/GRPO part: sequences + loss masks per output key (streamprep.sft); receipt lists every file."""
-    from streamprep.sft import prepare_part
-
-    prefix = Path(task.prefix)
-    st = prepare_part(task.input_path, prefix, tokenizer, task.sft, task.tokenizer_fingerprint)
-    keys = st.get("keys", {})
-    shard_stats = {"num_documents": st["documents"], "num_tokens": sum(k["tokens"] for k in keys.values()),
-                   "num_input_records": st["records"], "dropped_empty": [], "tokens_hist": {},
-                   "sft": {k: v for k, v in st.items() if k not in ("files", "seconds")},
-                   "seconds": st.get("seconds", 0.0)}
-    return shard_stats, {f: prefix.parent / f for f in st["files"]}

@@ -24,6 +24,7 @@ import numpy as np
 
 from streamprep import atomic, binidx
 from streamprep.exports import chain, summary
+from streamprep.modes import receipt_mode_name
 
 TSV_HEADER = ["row", "n_tokens", "token_sum", "text_sha256"]
 
@@ -125,14 +126,14 @@ def _check_receipt(c: _Checker, rel: str, rec: dict[str, Any], fingerprint: str 
     for f in files.values():
         listed.add(f["path"])
         c.file(f["path"], f.get("bytes"), f.get("sha256"), rel)
-    if set(files) == {"bin", "idx"}:
+    if receipt_mode_name(rec) == "sft":
+        _check_sft(c, rel, {f["path"] for f in files.values()})
+    elif set(files) == {"bin", "idx"}:
         prefix = files["idx"]["path"][:-len(".idx")]
         if files["bin"]["path"] != prefix + ".bin":
             c.add(f"{rel}: bin and idx paths do not share a prefix")
         elif (c.run_dir / files["idx"]["path"]).is_file():
             _check_binidx(c, prefix, stats.get("num_documents"), stats.get("num_tokens"), rec.get("dtype"), rel)
-    elif rec.get("stats", {}).get("sft") is not None:
-        _check_sft(c, rel, {f["path"] for f in files.values()})
     elif files:
         c.add(f"{rel}: lists files {sorted(files)}, expected bin and idx")
 

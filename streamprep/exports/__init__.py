@@ -42,22 +42,24 @@ def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
     """The per-part exports work for one finished tokenization shard (`streamprep.shards.ShardTask` and its
     completed receipt), cached beside the receipt; safe in any process, as soon as the receipt exists."""
     from streamprep.exports.summary import part_summary
+    from streamprep.modes import mode_of
 
-    if not task.sft and receipt["stats"]["num_documents"] > 0:
+    if mode_of(task.sft).text_exports and receipt["stats"]["num_documents"] > 0:
         part_summary(ShardRef.from_task(task, receipt))
 
 
 def export_run(run_dir: Path, cfg: dict[str, Any], tasks: list, tokenizer_info: dict[str, Any]) -> dict[str, Any]:
     """The job's exports over its tokenization tasks (all receipts complete), on `execution.workers` processes."""
     from streamprep.config import config_hash
+    from streamprep.modes import mode_of
     from streamprep.shards import read_receipt
 
     receipts = [read_receipt(t) for t in tasks]
-    # SFT shards are listed by their receipts; Parquet/blend are for pretraining text
-    refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if not t.sft]
+    # shards of a mode without text exports (SFT) are listed by their receipts only
+    refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if t.mode.text_exports]
     summary = write_exports(run_dir, refs, cfg["output"], cfg["datasets"], cfg["run"]["seed"], tokenizer_info,
                             config_hash(cfg), workers=cfg["execution"]["workers"] or os.cpu_count() or 1,
-                            blend=not cfg.get("sft"), receipts=[Path(t.receipt_path) for t in tasks])
+                            blend=mode_of(cfg.get("sft")).text_exports, receipts=[Path(t.receipt_path) for t in tasks])
     empty = {d["name"]: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == d["name"])
              for d in cfg["datasets"]}
     return {"empty_tokens": empty, "exports": summary}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import orjson
@@ -55,6 +55,7 @@ def _dtypes(cfg: Mapping[str, Any], vocab_size: int) -> dict[str, np.dtype]:
 
 class _Stats:
     def __init__(self, plan: dict[str, dict[str, Any]]):
+        self.plan = plan
         self.records = 0
         self.documents = 0
         self.dropped: dict[str, int] = {}
@@ -70,6 +71,18 @@ class _Stats:
     def bump(self, key: str, n: int = 1) -> None:
         if n:
             self.diag[key] = self.diag.get(key, 0) + n
+
+    def count(self, arrays: dict[str, dict[str, list[np.ndarray]]]) -> None:
+        """One written document, per output key."""
+        self.documents += 1
+        for key, parts in arrays.items():
+            ks = self.keys[key]
+            ks["documents"] += 1
+            ks["sequences"] += len(parts["sequence"])
+            ks["tokens"] += sum(len(s) for s in parts["sequence"])
+            if self.plan[key]["mask"]:
+                ks["trained_tokens"] += int(sum(int(m.sum()) for m in parts["mask"]))
+            ks["values"] += sum(len(v) for v in parts["value"])
 
 
 def encode_record(cfg: Mapping[str, Any], tok: ChatTokenizer, record: Any, plan: dict[str, dict[str, Any]],
@@ -128,77 +141,19 @@ def prepare_part(input_path: str | Path, out_prefix: str | Path, tokenizer_dir: 
     plan = _plan(cfg)
     dtypes = _dtypes(cfg, tok.vocab_size)
     out_prefix = Path(out_prefix)
-    base, name = out_prefix.parent, out_prefix.name
-    domain_key = cfg["output"]["domain_key"]
-    max_tokens = cfg["output"]["max_tokens_per_shard"]
     header = {"source_part": Path(input_path).name, "tokenizer_fingerprint": fingerprint,
               "vocab_size": tok.vocab_size, "sft_config": config_digest(cfg)}
     stats = _Stats(plan)
-    open_shards: dict[str | None, Shard] = {}
-    next_index: dict[str | None, int] = {}
-    closed: list[tuple[Shard, dict[str, Any]]] = []
-
-    def close(shard: Shard) -> None:
-        closed.append((shard, shard.close()))
-
+    shards = _Shards(out_prefix, plan, dtypes, header, cfg["output"]["max_tokens_per_shard"])
+    domain_key = cfg["output"]["domain_key"]
     try:
-        with open(input_path, "rb") as fh:
-            for line_no, line in enumerate(fh):
-                if not line.strip():
-                    continue
-                stats.records += 1
-                try:
-                    obj = orjson.loads(line)
-                    record = obj.get("record") if isinstance(obj, dict) else None
-                    if record is None:
-                        raise RecordError("no_record", "ingest line has no 'record' (the original record)")
-                    arrays, diag = encode_record(cfg, tok, record, plan, dtypes)
-                except orjson.JSONDecodeError as exc:
-                    stats.drop(line_no, "bad_json", str(exc))
-                    continue
-                except RecordError as exc:
-                    stats.drop(line_no, exc.reason, exc.detail)
-                    continue
-                for k, v in diag.items():
-                    stats.bump(k, v)
-                domain = None
-                if domain_key is not None:
-                    try:
-                        domain = domain_dir(get_path(record, domain_key))
-                    except RecordError:
-                        domain = domain_dir(None)
-                n_tokens = sum(len(s) for parts in arrays.values() for s in parts["sequence"])
-                shard = open_shards.get(domain)
-                if shard is not None and max_tokens is not None and shard.documents \
-                        and shard.tokens + n_tokens > max_tokens:
-                    close(shard)
-                    shard = None
-                if shard is None:
-                    idx = next_index.get(domain, 0)
-                    next_index[domain] = idx + 1
-                    shard = open_shards[domain] = Shard(base / domain if domain else base, name, idx, domain,
-                                                        plan, dtypes, header)
-                shard.add(arrays)
-                stats.documents += 1
-                for key, parts in arrays.items():
-                    ks = stats.keys[key]
-                    ks["documents"] += 1
-                    ks["sequences"] += len(parts["sequence"])
-                    ks["tokens"] += sum(len(s) for s in parts["sequence"])
-                    if plan[key]["mask"]:
-                        ks["trained_tokens"] += int(sum(int(m.sum()) for m in parts["mask"]))
-                    ks["values"] += sum(len(v) for v in parts["value"])
-        for domain in sorted(open_shards, key=lambda d: (d is not None, d or "")):
-            close(open_shards.pop(domain))
+        for record, arrays in _encoded_records(input_path, cfg, tok, plan, dtypes, stats):
+            shards.add(_domain_of(record, domain_key), arrays)
+            stats.count(arrays)
+        shards.close_all()
     except BaseException:
-        for shard in open_shards.values():
-            shard.abort()
+        shards.abort()
         raise
-    closed.sort(key=lambda sm: (sm[0].domain or "", sm[0].index))
-    files = sorted(str(p.relative_to(base)) for shard, _ in closed for p in shard.files())
-    shards = [{"domain": s.domain, "shard": s.index, "meta": str(s.meta_path.relative_to(base)),
-               "documents": m["documents"], "tokens": m["tokens"], "trained_tokens": m["trained_tokens"]}
-              for s, m in closed]
     for key, lay in plan.items():
         if not lay["mask"]:
             stats.keys[key]["trained_tokens"] = None   # no mask written: every token is trained
@@ -206,4 +161,87 @@ def prepare_part(input_path: str | Path, out_prefix: str | Path, tokenizer_dir: 
             "dropped": dict(sorted(stats.dropped.items())), "dropped_records": stats.dropped_records,
             "keys": stats.keys, "layout": {k: {kk: vv for kk, vv in v.items()} for k, v in plan.items()},
             "dtypes": {k: str(v) for k, v in dtypes.items()}, "diagnostics": dict(sorted(stats.diag.items())),
-            "shards": shards, "files": files, "seconds": round(time.perf_counter() - t0, 4)}
+            **shards.listing(), "seconds": round(time.perf_counter() - t0, 4)}
+
+
+def _encoded_records(input_path: str | Path, cfg: Mapping[str, Any], tok: ChatTokenizer,
+                     plan: dict[str, dict[str, Any]], dtypes: dict[str, np.dtype],
+                     stats: _Stats) -> Iterator[tuple[Any, dict[str, dict[str, list[np.ndarray]]]]]:
+    """(original record, its arrays) for each ingest line that encodes; the others are counted drops."""
+    with open(input_path, "rb") as fh:
+        for line_no, line in enumerate(fh):
+            if not line.strip():
+                continue
+            stats.records += 1
+            try:
+                obj = orjson.loads(line)
+                record = obj.get("record") if isinstance(obj, dict) else None
+                if record is None:
+                    raise RecordError("no_record", "ingest line has no 'record' (the original record)")
+                arrays, diag = encode_record(cfg, tok, record, plan, dtypes)
+            except orjson.JSONDecodeError as exc:
+                stats.drop(line_no, "bad_json", str(exc))
+                continue
+            except RecordError as exc:
+                stats.drop(line_no, exc.reason, exc.detail)
+                continue
+            for k, v in diag.items():
+                stats.bump(k, v)
+            yield record, arrays
+
+
+def _domain_of(record: Any, domain_key: str | None) -> str | None:
+    """The shard sub-directory of a record (`output.domain_key`), or None when not split by domain."""
+    if domain_key is None:
+        return None
+    try:
+        return domain_dir(get_path(record, domain_key))
+    except RecordError:
+        return domain_dir(None)
+
+
+class _Shards:
+    """The part's shards: one open per domain, rolled at `max_tokens_per_shard`, numbered per domain."""
+
+    def __init__(self, out_prefix: Path, plan: dict[str, dict[str, Any]], dtypes: dict[str, np.dtype],
+                 header: dict[str, Any], max_tokens: int | None):
+        self.base, self.name = out_prefix.parent, out_prefix.name
+        self.plan, self.dtypes, self.header, self.max_tokens = plan, dtypes, header, max_tokens
+        self.open: dict[str | None, Shard] = {}
+        self.next_index: dict[str | None, int] = {}
+        self.closed: list[tuple[Shard, dict[str, Any]]] = []
+
+    def add(self, domain: str | None, arrays: dict[str, dict[str, list[np.ndarray]]]) -> None:
+        n_tokens = sum(len(s) for parts in arrays.values() for s in parts["sequence"])
+        shard = self.open.get(domain)
+        if shard is not None and self.max_tokens is not None and shard.documents \
+                and shard.tokens + n_tokens > self.max_tokens:
+            self._close(domain)
+            shard = None
+        if shard is None:
+            idx = self.next_index.get(domain, 0)
+            self.next_index[domain] = idx + 1
+            shard = self.open[domain] = Shard(self.base / domain if domain else self.base, self.name, idx, domain,
+                                              self.plan, self.dtypes, self.header)
+        shard.add(arrays)
+
+    def _close(self, domain: str | None) -> None:
+        shard = self.open.pop(domain)
+        self.closed.append((shard, shard.close()))
+
+    def close_all(self) -> None:
+        for domain in sorted(self.open, key=lambda d: (d is not None, d or "")):
+            self._close(domain)
+
+    def abort(self) -> None:
+        for shard in self.open.values():
+            shard.abort()
+
+    def listing(self) -> dict[str, Any]:
+        """`shards` (per shard: domain, index, meta.json, counts) and `files`, relative to the output dir."""
+        closed = sorted(self.closed, key=lambda sm: (sm[0].domain or "", sm[0].index))
+        files = sorted(str(p.relative_to(self.base)) for shard, _ in closed for p in shard.files())
+        shards = [{"domain": s.domain, "shard": s.index, "meta": str(s.meta_path.relative_to(self.base)),
+                   "documents": m["documents"], "tokens": m["tokens"], "trained_tokens": m["trained_tokens"]}
+                  for s, m in closed]
+        return {"shards": shards, "files": files}

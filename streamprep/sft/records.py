@@ -158,40 +158,12 @@ def build_item(cfg: Mapping[str, Any], sections: list[dict[str, Any]], obj: Any)
             _add_text(item, [(value, train)], s["add_special_tokens"])
             continue
         # messages: a chat template conversation and/or a parsed transcript
-        headers: list[str] | None = None
-        if s["parse"] == "hh":
-            if not isinstance(value, str):
-                raise RecordError("schema", f"{where}: expected a transcript string, got {type(value).__name__}")
-            turns = parse_hh(value)
-            pairs = [(r, c) for r, _, c in turns]
-            headers = [h for _, h, _ in turns]
-        elif isinstance(value, str):
-            if s["action"] in (None, "train", "mask"):
-                raise RecordError("schema", f"{where}: a string in a template section needs action: <role>")
-            pairs = [(s["action"], value)]
-        else:
-            if s["action"] not in (None, "train", "mask"):
-                raise RecordError("schema", f"{where}: action {s['action']!r} needs a string field, got a list")
-            pairs = _messages(value, s, where)
-        rendered = [s["role_map"].get(r, r) for r, _ in pairs]
-        if isinstance(value, str) and s["parse"] is None:
-            flags = [label_of_role(cfg, s["action"], rendered[0]) == "train"]
-        else:
-            flags = [_label(cfg, s, r, rr) for (r, _), rr in zip(pairs, rendered)]
-        if s["train_turns"] == "last":
-            flags = _last_only(flags)
-        item.texts.extend(c.strip() if headers is not None else c for _, c in pairs)
+        pairs, rendered, flags, headers = _conversation(cfg, s, value, where)
+        contents = [c.strip() if headers is not None else c for _, c in pairs]
+        item.texts.extend(contents)
         trained += [c for (_, c), f in zip(pairs, flags) if f]
         if s["template"]:
-            msgs = [Message(r, rr, c.strip() if headers is not None else c, f)
-                    for (r, c), rr, f in zip(pairs, rendered, flags)]
-            prev = item.units[-1] if item.units else None
-            if isinstance(prev, TemplateUnit) and prev.add_special_tokens == s["add_special_tokens"] \
-                    and not prev.generation_prompt:
-                prev.messages.extend(msgs)
-                prev.generation_prompt = s["generation_prompt"]
-            else:
-                item.units.append(TemplateUnit(msgs, s["add_special_tokens"], s["generation_prompt"]))
+            _add_template(item, s, [Message(r, rr, c, f) for (r, _), rr, c, f in zip(pairs, rendered, contents, flags)])
         else:  # raw transcript: the text exactly as given; headers masked, contents by role
             pieces: list[tuple[str, bool]] = []
             for h, (_, c), f in zip(headers or [], pairs, flags):
@@ -200,6 +172,46 @@ def build_item(cfg: Mapping[str, Any], sections: list[dict[str, Any]], obj: Any)
     if trained and not any(t.strip() for t in trained):
         raise RecordError("no_trained_text", "every part to be trained is empty or blank")
     return item
+
+
+def _conversation(cfg: Mapping[str, Any], s: Mapping[str, Any], value: Any, where: str
+                  ) -> tuple[list[tuple[str, str]], list[str], list[bool], list[str] | None]:
+    """A messages section's (role, content) pairs, rendered roles, train flags and (parsed transcript)
+    headers; RecordError('schema') when the field does not fit the section."""
+    headers: list[str] | None = None
+    if s["parse"] == "hh":
+        if not isinstance(value, str):
+            raise RecordError("schema", f"{where}: expected a transcript string, got {type(value).__name__}")
+        turns = parse_hh(value)
+        pairs = [(r, c) for r, _, c in turns]
+        headers = [h for _, h, _ in turns]
+    elif isinstance(value, str):
+        if s["action"] in (None, "train", "mask"):
+            raise RecordError("schema", f"{where}: a string in a template section needs action: <role>")
+        pairs = [(s["action"], value)]
+    else:
+        if s["action"] not in (None, "train", "mask"):
+            raise RecordError("schema", f"{where}: action {s['action']!r} needs a string field, got a list")
+        pairs = _messages(value, s, where)
+    rendered = [s["role_map"].get(r, r) for r, _ in pairs]
+    if isinstance(value, str) and s["parse"] is None:
+        flags = [label_of_role(cfg, s["action"], rendered[0]) == "train"]
+    else:
+        flags = [_label(cfg, s, r, rr) for (r, _), rr in zip(pairs, rendered)]
+    if s["train_turns"] == "last":
+        flags = _last_only(flags)
+    return pairs, rendered, flags, headers
+
+
+def _add_template(item: Item, s: Mapping[str, Any], msgs: list[Message]) -> None:
+    """Messages join the previous template unit when its special-token setting matches (one conversation)."""
+    prev = item.units[-1] if item.units else None
+    if isinstance(prev, TemplateUnit) and prev.add_special_tokens == s["add_special_tokens"] \
+            and not prev.generation_prompt:
+        prev.messages.extend(msgs)
+        prev.generation_prompt = s["generation_prompt"]
+    else:
+        item.units.append(TemplateUnit(msgs, s["add_special_tokens"], s["generation_prompt"]))
 
 
 def _add_text(item: Item, pieces: list[tuple[str, bool]], add_special: bool) -> None:

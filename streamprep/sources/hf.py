@@ -177,6 +177,7 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
             flt: Mapping[str, Any] | None, max_records: int | None, start: Mapping[str, Any] | None,
             cache_dir: str | Path | None, extra: Mapping[str, Any],
             names: Sequence[str] | None = None) -> Iterator[tuple[dict[str, Any] | BadRecord, dict[str, Any]]]:
+    # Long on purpose: one resumable generator whose position (file, record, consumed, state) the loops share.
     import datasets
 
     # `load_dataset` of a packaged builder pings S3 to count a "download" (a HEAD with a 3 s timeout, after a DNS

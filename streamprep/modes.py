@@ -1,0 +1,69 @@
+"""The run's mode: pretraining text or SFT/DPO/GRPO, chosen once from the config's `sft:` section.
+
+Everything that differs between the two is a member here, so the rest of the pipeline asks the mode
+instead of testing `if sft`: what QC judges and what a kept ingest row carries, whether EOD is
+appended, a shard's prefix, plan-hash key, tokenizer and tokenization, which exports apply, and
+which shard files `verify` expects. The SFT half lives in streamprep/sft/mode.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class Mode:
+    """Pretraining text: QC judges the record itself; shards are `.bin/.idx` of plain text with EOD."""
+
+    name = "pretrain"
+    appends_eod = True     # `tokenizer.append_eod` applies (SFT: the chat template places its own ends)
+    text_exports = True    # Parquet/TSV shards and blend.json are written for this mode's shards
+
+    def screen(self, items: list[tuple[Any, Any]], text_field: str) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """A read batch of (record or BadRecord, position) → (the batch to decide on, what QC judges).
+
+        The records QC judges are the batch's records that are not BadRecords, in order."""
+        from streamprep.sources import BadRecord
+
+        return items, [rec for rec, _ in items if not isinstance(rec, BadRecord)]
+
+    def kept_row(self, text: str, meta: dict[str, Any], record: Any) -> dict[str, Any]:
+        """The ingest line of a kept record."""
+        return {"text": text, "meta": meta}
+
+    def plan_key(self) -> dict[str, Any]:
+        """What this mode adds to a shard's plan hash (beyond dataset, part, tokenizer, EOD, dtype)."""
+        return {}
+
+    def shard_prefix(self, run_dir: Path, dataset: str, part: str) -> Path:
+        return run_dir / "binidx" / dataset / f"{part}_text_document"
+
+    def load_tokenizer(self, tokenizer_path: str) -> Any:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(tokenizer_path)
+
+    def tokenize(self, task: Any, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
+        """One ingest part → (the receipt's stats, its output files by kind); no receipt written."""
+        from streamprep import binidx
+        from streamprep.shards import tokenize_part
+
+        shard_stats = tokenize_part(task, tokenizer)
+        paths = binidx.prefix_paths(task.prefix) if shard_stats["num_documents"] else ()
+        return shard_stats, dict(zip(("bin", "idx"), paths))
+
+
+PRETRAIN = Mode()
+
+
+def mode_of(sft_section: Mapping[str, Any] | None) -> Mode:
+    """The mode of a run (`cfg.get("sft")`) or of a shard task (`task.sft`): the one place that tests it."""
+    if not sft_section:
+        return PRETRAIN
+    from streamprep.sft.mode import SftMode
+
+    return SftMode(sft_section)
+
+
+def receipt_mode_name(receipt: Mapping[str, Any]) -> str:
+    """The mode a receipt was written in (verify reads run dirs without their config)."""
+    return "sft" if (receipt.get("stats") or {}).get("sft") is not None else PRETRAIN.name

@@ -1,0 +1,66 @@
+"""`SftMode`: the SFT/DPO/GRPO side of streamprep.modes (see there for what a mode decides)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from streamprep.modes import Mode
+
+
+class SftMode(Mode):
+    """QC judges `qc_text(record)`; kept rows carry the original record; shards are sequences + loss masks."""
+
+    name = "sft"
+    appends_eod = False
+    text_exports = False   # SFT shards are listed by their receipts; Parquet/blend are for pretraining text
+
+    def __init__(self, sft_cfg: Mapping[str, Any]):
+        self.cfg = sft_cfg  # the validated `sft:` section
+
+    def screen(self, items: list[tuple[Any, Any]], text_field: str) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """A record that does not fit `sft:` becomes a BadRecord (check "schema"); QC judges the text
+        `qc_check` extracts, under `text_field`."""
+        from streamprep.ingest import _excerpt
+        from streamprep.sft import qc_check
+        from streamprep.sources import BadRecord
+
+        out, judged = [], []
+        for rec, pos in items:
+            if not isinstance(rec, BadRecord):
+                text, why = qc_check(rec, self.cfg)
+                if text is None:
+                    rec = BadRecord(f"sft: {why}", _excerpt(rec, text_field), check="schema")
+                else:
+                    judged.append({**rec, text_field: text})
+            out.append((rec, pos))
+        return out, judged
+
+    def kept_row(self, text: str, meta: dict[str, Any], record: Any) -> dict[str, Any]:
+        return {"text": text, "meta": meta, "record": record}
+
+    def plan_key(self) -> dict[str, Any]:
+        from streamprep.sft.prepare import config_digest
+
+        return {"sft": config_digest(self.cfg)}
+
+    def shard_prefix(self, run_dir: Path, dataset: str, part: str) -> Path:
+        return run_dir / "sft" / dataset / part
+
+    def load_tokenizer(self, tokenizer_path: str) -> Any:
+        """The chat tokenizer: tokenizer.json + its template, from the run's tokenizer dir."""
+        from streamprep.sft import load_chat_tokenizer
+
+        return load_chat_tokenizer(str(Path(tokenizer_path).parent))
+
+    def tokenize(self, task: Any, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
+        """Sequences + loss masks per output key (streamprep.sft.prepare); the receipt lists every file."""
+        from streamprep.sft import prepare_part
+
+        prefix = Path(task.prefix)
+        st = prepare_part(task.input_path, prefix, tokenizer, self.cfg, task.tokenizer_fingerprint)
+        keys = st.get("keys", {})
+        shard_stats = {"num_documents": st["documents"], "num_tokens": sum(k["tokens"] for k in keys.values()),
+                       "num_input_records": st["records"], "dropped_empty": [], "tokens_hist": {},
+                       "sft": {k: v for k, v in st.items() if k not in ("files", "seconds")},
+                       "seconds": st.get("seconds", 0.0)}
+        return shard_stats, {f: prefix.parent / f for f in st["files"]}
