@@ -23,7 +23,8 @@ import orjson
 
 from streamprep import atomic, stats
 from streamprep.tokenizer import training_report
-from streamprep.status import NotARunDir, checkpoint_dir
+from streamprep.layout import (Checkpoint, NotARunDir, RunLayout, checkpoint_file, completed_receipt, part_name,
+                               read_json as _read_json)
 
 VERSION = 1
 EXAMPLES_PER_REASON = 3
@@ -34,13 +35,6 @@ PALETTE = ("#2e86de", "#e67e22", "#27ae60", "#8e44ad", "#c0392b", "#16a085", "#d
 
 
 # ---- gathering ---------------------------------------------------------------------------------------
-def _read_json(path: Path) -> Any:
-    try:
-        return orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-
-
 def _rejects_sample(path: Path, limit_bytes: int) -> list[dict[str, Any]]:
     """The rejects sample lines the checkpoint covers (a run may be appending past that point)."""
     if not limit_bytes or not path.is_file():
@@ -77,7 +71,7 @@ def _near_pairs(run_dir: Path, sample: list[dict[str, Any]], k: int) -> list[dic
         wanted.setdefault(str(twin.get("dataset")), set()).add(twin.get("index"))
     found: dict[tuple[str, int], str] = {}
     for ds, indices in wanted.items():
-        for part in sorted((run_dir / "ingest" / ds).glob("part-*.jsonl")):
+        for part in sorted(RunLayout(run_dir).ingest_dir(ds).glob("part-*.jsonl")):
             with open(part, "rb") as fh:
                 for line in fh:
                     hit = next((i for i in indices if b'"index":%d' % i in line), None)
@@ -102,7 +96,7 @@ def _near_pairs(run_dir: Path, sample: list[dict[str, Any]], k: int) -> list[dic
 
 
 def _load_tokenizer(run_dir: Path) -> Any:
-    path = run_dir / "tokenizer" / "tokenizer.json"
+    path = RunLayout(run_dir).tokenizer_json
     if not path.is_file():
         return None
     try:
@@ -120,7 +114,7 @@ def _empty_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]], 
         wanted = set((rec.get("stats") or {}).get("dropped_empty") or [])
         if not wanted:
             continue
-        part = run_dir / "ingest" / name / f"part-{i:05d}.jsonl"
+        part = RunLayout(run_dir).ingest_part(name, i)
         try:
             with open(part, "rb") as fh:
                 for line_no, line in enumerate(fh):
@@ -128,7 +122,7 @@ def _empty_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]], 
                         doc = orjson.loads(line)
                         meta = doc.get("meta") or {}
                         out.append({"failed_check": EMPTY_TOKENS, "reason": "encodes to no tokens (kept by QC)",
-                                    "source": meta.get("source") or {"dataset": name, "part": f"part-{i:05d}",
+                                    "source": meta.get("source") or {"dataset": name, "part": part_name(i),
                                                                      "line": line_no},
                                     "text": doc.get("text", "")})
                         if len(out) >= k:
@@ -139,17 +133,16 @@ def _empty_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]], 
 
 
 def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> tuple[dict[str, Any], dict[str, list]]:
-    ck = _read_json(ckpt_dir / f"{name}.json") or {}
+    cp = Checkpoint.load(checkpoint_file(ckpt_dir, name))
+    ck = cp.raw
     st: dict[str, Any] = ck.get("stats") or {}
     read, kept, rejected = int(ck.get("consumed", 0)), int(ck.get("kept", 0)), int(ck.get("rejected", 0))
-    done = bool(ck.get("done"))
-    part_index, part_lines = int(ck.get("part_index", 0)), int(ck.get("part_lines", 0))
-    planned = part_index + (1 if done and part_lines else 0)
+    done, planned = cp.done, cp.planned_parts
 
     receipts: list[tuple[int, dict]] = []
     for i in range(planned):
-        rec = _read_json(run_dir / "receipts" / name / f"part-{i:05d}.json")
-        if isinstance(rec, dict) and rec.get("status") == "completed":
+        rec = completed_receipt(RunLayout(run_dir).receipt(name, i))
+        if rec is not None:
             receipts.append((i, rec))
     rstats = [r.get("stats") or {} for _, r in receipts]
     tokenized_complete = done and len(receipts) == planned
@@ -166,7 +159,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
         rejects_by_check[EMPTY_TOKENS] = empty
 
     # examples and the rejected token-length sample, from the bounded rejects sample
-    sample = _rejects_sample(run_dir / "rejects" / f"{name}.jsonl", int(ck.get("rejects_bytes", 0)))
+    sample = _rejects_sample(RunLayout(run_dir).rejects(name), int(ck.get("rejects_bytes", 0)))
     examples: dict[str, list] = {}
     for rec in sample:
         bucket = examples.setdefault(str(rec.get("failed_check", "unknown")), [])
@@ -246,10 +239,10 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
 def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) -> tuple[dict[str, Any], dict]:
     """(audit dict, examples per dataset per reason). Read-only."""
     run_dir = Path(run_dir)
-    record = _read_json(run_dir / "run.json")
+    record = _read_json(RunLayout(run_dir).run_json)
     if not isinstance(record, dict):
         raise NotARunDir(f"{run_dir}: not a streamprep run directory (no readable run.json)")
-    ckpt_dir = checkpoint_dir(run_dir, record)
+    ckpt_dir = RunLayout(run_dir).checkpoints(record)
     cfg = record.get("config") or {}
     names = [d["name"] for d in cfg.get("datasets", []) if isinstance(d, dict)]
     if not names and ckpt_dir.is_dir():
@@ -267,8 +260,8 @@ def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) ->
     merged = stats.merge_stats(d["_stats"] for d in datasets.values())
     timings = dict(timings if timings is not None else (record.get("timings") or {}))
     ingest_s, tok_s = timings.get("ingest"), timings.get("tokenize")
-    ingest_bytes = sum(p.stat().st_size for p in (run_dir / "ingest").rglob("part-*.jsonl")) \
-        if (run_dir / "ingest").is_dir() else 0
+    ingest_bytes = sum(p.stat().st_size for p in RunLayout(run_dir).ingest_root.rglob("part-*.jsonl")) \
+        if RunLayout(run_dir).ingest_root.is_dir() else 0
     throughput = {
         "ingest_records_per_s": round(read / ingest_s, 1) if ingest_s else None,
         "ingest_mb_written_per_s": round(ingest_bytes / 1e6 / ingest_s, 3) if ingest_s else None,
@@ -341,7 +334,7 @@ def summary_text(audit: dict[str, Any], html_path: str | Path | None = None) -> 
 
 def summary_from_file(run_dir: str | Path) -> str | None:
     """The summary of an existing audit/audit.json (None when there is none)."""
-    path = Path(run_dir) / "audit" / "audit.json"
+    path = RunLayout(run_dir).audit_json
     audit = _read_json(path)
     if not isinstance(audit, dict) or audit.get("version") != VERSION:
         return None
@@ -354,7 +347,7 @@ def write_audit(run_dir: str | Path, timings: dict[str, float] | None = None) ->
     `timings` overrides run.json's (the pipeline passes its live timings before run.json is final)."""
     run_dir = Path(run_dir)
     audit, examples = build_audit(run_dir, timings)
-    out_dir = run_dir / "audit"
+    out_dir = RunLayout(run_dir).audit_dir
     public = _public(audit)
     atomic.write_bytes(out_dir / "audit.json", atomic.dumps_json(public))
     atomic.write_bytes(out_dir / "audit.html", render_html(audit, examples).encode("utf-8"))

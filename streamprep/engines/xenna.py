@@ -14,7 +14,7 @@ import time
 
 from streamprep import logs, ray_cluster
 from streamprep.engines.base import Engine, Result
-from streamprep.shards import ShardTask
+from streamprep.tokenize import ShardTask
 
 log = logs.get("tokenize")
 POLL_S = 0.2
