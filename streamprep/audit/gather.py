@@ -122,6 +122,85 @@ def _empty_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]], 
     return out
 
 
+def _completed_receipts(run_dir: Path, name: str, planned: int) -> list[tuple[int, dict]]:
+    """(part index, receipt) of every planned part whose shard is complete."""
+    out = []
+    for i in range(planned):
+        rec = completed_receipt(RunLayout(run_dir).receipt(name, i))
+        if rec is not None:
+            out.append((i, rec))
+    return out
+
+
+def _examples_by_reason(sample: list[dict[str, Any]]) -> dict[str, list]:
+    """The first EXAMPLES_PER_REASON sampled rejects of each reason."""
+    examples: dict[str, list] = {}
+    for rec in sample:
+        bucket = examples.setdefault(str(rec.get("failed_check", "unknown")), [])
+        if len(bucket) < EXAMPLES_PER_REASON:
+            bucket.append(rec)
+    return examples
+
+
+def _rejected_token_hist(tokenizer: Any, sample: list[dict[str, Any]], eod: bool) -> tuple[dict[str, int], int]:
+    """Token-length histogram of (up to MAX_TOKENIZED_REJECTS) sampled rejects, and how many were tokenized."""
+    if tokenizer is None or not sample:
+        return {}, 0
+    texts = [r["text"] for r in sample[:MAX_TOKENIZED_REJECTS] if isinstance(r.get("text"), str)]
+    hist: dict[str, Any] = {}
+    for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
+        stats.add_tokens(hist, "r", len(enc.ids) + (1 if eod else 0))
+    return hist.get("tokens_hist_r", {}), len(texts)
+
+
+def _duplicates(run_dir: Path, ck: dict[str, Any], st: dict[str, Any], qc_rejects: dict[str, int],
+                sample: list[dict[str, Any]], read: int) -> dict[str, Any]:
+    dup = int(qc_rejects.get("duplicate", 0))
+    near = int(qc_rejects.get("near_duplicate", 0))
+    return {"rejected_as_duplicate": dup, "rate_of_read": round(dup / read, 4) if read else None,
+            "unique_kept_digests": int(ck.get("dedup_count", 0)),
+            # which dataset kept the copy: this one, or (dedup_scope: run) one listed earlier
+            "kept_by": dict(sorted((st.get("duplicates_kept_by") or {}).items())),
+            "exact_duplicate_examples": _exact_pairs(sample, EXAMPLES_PER_REASON),
+            "rejected_as_near_duplicate": near,
+            "near_rate_of_read": round(near / read, 4) if read else None,
+            "near_duplicate_examples": _near_pairs(run_dir, sample, EXAMPLES_PER_REASON) if near else []}
+
+
+def _lengths(chars_kept: dict[str, int], chars_rej: dict[str, int], tokens_kept: dict[str, int],
+             tokens_rej: dict[str, int], tokenized_sample: int, eod: bool) -> dict[str, Any]:
+    return {
+        "chars": {"kept": stats.log2_hist_rows(chars_kept), "rejected": stats.log2_hist_rows(chars_rej),
+                  "kept_p50_below": stats.log2_percentile(chars_kept, 0.5),
+                  "kept_p90_below": stats.log2_percentile(chars_kept, 0.9),
+                  "rejected_p50_below": stats.log2_percentile(chars_rej, 0.5)},
+        "tokens": {"kept": stats.log2_hist_rows(tokens_kept),
+                   "rejected_sample": stats.log2_hist_rows(tokens_rej),
+                   "rejected_sample_records": tokenized_sample,
+                   "kept_p50_below": stats.log2_percentile(tokens_kept, 0.5),
+                   "kept_p90_below": stats.log2_percentile(tokens_kept, 0.9),
+                   "includes_eod": eod},
+    }
+
+
+def _tokenized_checks(complete: bool, rstats: list[dict[str, Any]], kept: int,
+                      tokens_hist_kept: dict[str, int]) -> dict[str, bool | None]:
+    """The checks that hold once every part of the dataset is tokenized (None before)."""
+    empty = sum(len(s.get("dropped_empty") or []) for s in rstats)
+    docs = sum(int(s.get("num_documents", 0)) for s in rstats)
+    input_records = sum(int(s.get("num_input_records", 0)) for s in rstats)
+    return {"tokenized_eq_kept_minus_empty": (docs == kept - empty and input_records == kept) if complete else None,
+            "tokens_hist_counts_match": (stats.hist_total(tokens_hist_kept) == docs) if complete else None}
+
+
+def _density(st: dict[str, Any]) -> dict[str, Any]:
+    """PII / profanity density percentiles over all, kept and rejected records."""
+    return {key.removesuffix("_density"): {"all": stats.density_summary(st, key),
+                                           "kept": stats.density_summary(st, key, "kept"),
+                                           "rejected": stats.density_summary(st, key, "rejected")}
+            for key in stats.DENSITY_KEYS}
+
+
 def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> tuple[dict[str, Any], dict[str, list]]:
     cp = Checkpoint.load(checkpoint_file(ckpt_dir, name))
     ck = cp.raw
@@ -129,17 +208,12 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
     read, kept, rejected = int(ck.get("consumed", 0)), int(ck.get("kept", 0)), int(ck.get("rejected", 0))
     done, planned = cp.done, cp.planned_parts
 
-    receipts: list[tuple[int, dict]] = []
-    for i in range(planned):
-        rec = completed_receipt(RunLayout(run_dir).receipt(name, i))
-        if rec is not None:
-            receipts.append((i, rec))
+    receipts = _completed_receipts(run_dir, name, planned)
     rstats = [r.get("stats") or {} for _, r in receipts]
     tokenized_complete = done and len(receipts) == planned
     empty = sum(len(s.get("dropped_empty") or []) for s in rstats)
     docs = sum(int(s.get("num_documents", 0)) for s in rstats)
     tokens = sum(int(s.get("num_tokens", 0)) for s in rstats)
-    input_records = sum(int(s.get("num_input_records", 0)) for s in rstats)
     tokens_hist_kept = stats.merge_hists(s.get("tokens_hist") for s in rstats)
     eod = any(r.get("eod_id") is not None for _, r in receipts)
 
@@ -150,34 +224,19 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
 
     # examples and the rejected token-length sample, from the bounded rejects sample
     sample = _rejects_sample(RunLayout(run_dir).rejects(name), int(ck.get("rejects_bytes", 0)))
-    examples: dict[str, list] = {}
-    for rec in sample:
-        bucket = examples.setdefault(str(rec.get("failed_check", "unknown")), [])
-        if len(bucket) < EXAMPLES_PER_REASON:
-            bucket.append(rec)
+    examples = _examples_by_reason(sample)
     if empty:
         examples[EMPTY_TOKENS] = _empty_examples(run_dir, name, receipts, EXAMPLES_PER_REASON)
-    tokens_hist_rejected: dict[str, int] = {}
-    tokenized_sample = 0
-    if tokenizer is not None and sample:
-        texts = [r["text"] for r in sample[:MAX_TOKENIZED_REJECTS] if isinstance(r.get("text"), str)]
-        for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
-            stats.add_tokens(tokens_hist_rejected, "r", len(enc.ids) + (1 if eod else 0))
-        tokens_hist_rejected = tokens_hist_rejected.get("tokens_hist_r", {})
-        tokenized_sample = len(texts)
+    tokens_hist_rejected, tokenized_sample = _rejected_token_hist(tokenizer, sample, eod)
 
-    langs_kept = stats.merge_counts([st.get("languages_kept")])
-    langs_rej = stats.merge_counts([st.get("languages_rejected")])
+    langs_kept, langs_rej = (stats.merge_counts([st.get(k)]) for k in ("languages_kept", "languages_rejected"))
     chars_kept, chars_rej = st.get("chars_hist_kept") or {}, st.get("chars_hist_rejected") or {}
-    dup = int(qc_rejects.get("duplicate", 0))
-    near = int(qc_rejects.get("near_duplicate", 0))
 
     checks = {
         "read_eq_kept_plus_rejected": read == kept + rejected,
         "rejected_eq_sum_of_qc_reasons": rejected == sum(qc_rejects.values()),
         "chars_hist_counts_match": stats.hist_total(chars_kept) == kept and stats.hist_total(chars_rej) == rejected,
-        "tokenized_eq_kept_minus_empty": (docs == kept - empty and input_records == kept) if tokenized_complete else None,
-        "tokens_hist_counts_match": (stats.hist_total(tokens_hist_kept) == docs) if tokenized_complete else None,
+        **_tokenized_checks(tokenized_complete, rstats, kept, tokens_hist_kept),
     }
     out = {
         "ingest_done": done,
@@ -189,32 +248,11 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
         "gates": stats.gate_table(st),  # what each gate did and cost on this run's data, in run order
         "rejects_after_qc": [EMPTY_TOKENS] if empty else [],
         "rejects_sampled": dict(ck.get("rejects_sampled") or {}),
-        "duplicates": {"rejected_as_duplicate": dup, "rate_of_read": round(dup / read, 4) if read else None,
-                       "unique_kept_digests": int(ck.get("dedup_count", 0)),
-                       # which dataset kept the copy: this one, or (dedup_scope: run) one listed earlier
-                       "kept_by": dict(sorted((st.get("duplicates_kept_by") or {}).items())),
-                       "exact_duplicate_examples": _exact_pairs(sample, EXAMPLES_PER_REASON),
-                       "rejected_as_near_duplicate": near,
-                       "near_rate_of_read": round(near / read, 4) if read else None,
-                       "near_duplicate_examples": _near_pairs(run_dir, sample, EXAMPLES_PER_REASON) if near else []},
+        "duplicates": _duplicates(run_dir, ck, st, qc_rejects, sample, read),
         "languages": {"kept": langs_kept, "rejected": langs_rej,
                       "undetected": read - sum(langs_kept.values()) - sum(langs_rej.values())},
-        "lengths": {
-            "chars": {"kept": stats.log2_hist_rows(chars_kept), "rejected": stats.log2_hist_rows(chars_rej),
-                      "kept_p50_below": stats.log2_percentile(chars_kept, 0.5),
-                      "kept_p90_below": stats.log2_percentile(chars_kept, 0.9),
-                      "rejected_p50_below": stats.log2_percentile(chars_rej, 0.5)},
-            "tokens": {"kept": stats.log2_hist_rows(tokens_hist_kept),
-                       "rejected_sample": stats.log2_hist_rows(tokens_hist_rejected),
-                       "rejected_sample_records": tokenized_sample,
-                       "kept_p50_below": stats.log2_percentile(tokens_hist_kept, 0.5),
-                       "kept_p90_below": stats.log2_percentile(tokens_hist_kept, 0.9),
-                       "includes_eod": eod},
-        },
-        "density": {key.removesuffix("_density"): {"all": stats.density_summary(st, key),
-                                                   "kept": stats.density_summary(st, key, "kept"),
-                                                   "rejected": stats.density_summary(st, key, "rejected")}
-                    for key in stats.DENSITY_KEYS},
+        "lengths": _lengths(chars_kept, chars_rej, tokens_hist_kept, tokens_hist_rejected, tokenized_sample, eod),
+        "density": _density(st),
         "tokens": tokens,
         "shards": {"planned": planned, "done": len(receipts), "planned_final": done,
                    "empty": sum(1 for s in rstats if not s.get("num_documents"))},

@@ -246,8 +246,8 @@ def _near_pairs_html(pairs: list[dict[str, Any]]) -> str:
     return "<h3>Near-duplicate pairs</h3>" + "".join(rows)
 
 
-def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> str:
-    """One self-contained page: inline CSS and SVG, no scripts, no external resources."""
+def _head(audit: dict[str, Any]) -> list[str]:
+    """Page head, title, run line, cards and the counts check."""
     t, run = audit["totals"], audit["run"]
     title = f"streamprep audit — {run.get('name') or Path(run['run_dir']).name}"
     out = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
@@ -267,7 +267,11 @@ def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> 
     out.append(f'<p>Counts: <span class="{"ok" if ok else "bad"}">{"add up" if ok else "DO NOT ADD UP"}</span> — '
                "read = kept + rejected per dataset; tokenized documents = kept − empty_tokens once tokenized."
                + (" Failed: " + esc("; ".join(audit["checks"]["failed"])) if not ok else "") + "</p>")
+    return out
 
+
+def _overview(audit: dict[str, Any]) -> list[str]:
+    """The all-datasets table and the two summary charts."""
     rows = []
     for n, d in audit["datasets"].items():
         r = d["records"]
@@ -278,72 +282,87 @@ def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> 
                      _fmt(d["duplicates"]["rejected_as_duplicate"]),
                      _fmt(d["duplicates"].get("rejected_as_near_duplicate", 0)),
                      _fmt(d["density"]["pii"]["all"]["p99"]), _fmt(d["density"]["profanity"]["all"]["p99"])])
-    out += ["<h2>Datasets</h2>",
+    tot_items = [(k, v, _reason_color(k)) for k, v in audit["totals"]["rejects_by_check"].items()]
+    return ["<h2>Datasets</h2>",
             _table(["dataset", "read", "kept", "rejected", "keep rate", "empty tokens", "tokenized docs", "tokens",
-                    "shards", "duplicates", "near duplicates", "PII p99", "profanity p99"], rows)]
-
-    tot_items = [(k, v, _reason_color(k)) for k, v in t["rejects_by_check"].items()]
-    out += ['<div class="grid2"><div class="panel"><h3>Reject reasons, all datasets</h3>', svg_hbars(tot_items),
+                    "shards", "duplicates", "near duplicates", "PII p99", "profanity p99"], rows),
+            '<div class="grid2"><div class="panel"><h3>Reject reasons, all datasets</h3>', svg_hbars(tot_items),
             "</div>", '<div class="panel"><h3>Tokens per dataset</h3>',
             svg_hbars([(n, d["tokens"], _color(i)) for i, (n, d) in enumerate(audit["datasets"].items())]),
             "</div></div>"]
 
-    for n, d in audit["datasets"].items():
-        r, hs = d["records"], d["_hists"]
-        out.append(f'<h2 id="ds-{esc(n)}">Dataset {esc(n)}</h2>')
-        out.append(f'<div class="muted">read {_fmt(r["read"])} = kept {_fmt(r["kept"])} + rejected '
-                   f'{_fmt(r["rejected"])}; tokenized documents {_fmt(r["tokenized_documents"])} = kept − empty_tokens '
-                   f'{_fmt(r["empty_tokens"])}' + ("" if d["tokenization_complete"] else " (tokenization not complete)")
-                   + "</div>")
-        items = [(k + (" (after QC)" if k in d["rejects_after_qc"] else ""), v, _reason_color(k))
-                 for k, v in d["rejects_by_check"].items()]
-        lang = d["languages"]
-        out += ['<div class="grid2"><div class="panel"><h3>Reject reasons</h3>', svg_hbars(items), "</div>",
-                '<div class="panel"><h3>Language shares</h3>',
-                svg_shares([("kept", lang["kept"]), ("rejected", lang["rejected"])]),
-                f'<div class="muted">no language detected: {_fmt(lang["undetected"])} record(s)</div></div>',
-                '<div class="panel"><h3>Length in characters</h3>',
-                svg_hist([("kept", hs["chars_kept"], "#2e86de"), ("rejected", hs["chars_rejected"], "#e55039")]),
-                "</div>",
-                '<div class="panel"><h3>Length in tokens</h3>',
-                svg_hist([("kept", hs["tokens_kept"], "#2e86de"),
-                          ("rejected (sample)", hs["tokens_rejected_sample"], "#e55039")]),
-                '<div class="muted">rejected: the rejects sample, excerpts of up to 2,000 characters</div></div>',
-                "</div>"]
-        dens_rows = []
-        for key, v in d["density"].items():
-            for side in ("all", "kept", "rejected"):
-                s = v[side]
-                if s["records"]:
-                    dens_rows.append([esc(f"{key} ({side})"), _fmt(s["records"]), _fmt(s["p50"]), _fmt(s["p90"]),
-                                      _fmt(s["p99"])])
-        out += ["<h3>PII / profanity density percentiles</h3>",
-                _table(["density", "records", "p50", "p90", "p99"], dens_rows) if dens_rows
-                else '<p class="muted">no density figures recorded</p>',
-                '<p class="muted">upper edge of the 0.01-wide bin holding the percentile (0 when it falls on exact zeros)</p>']
-        if d.get("gates"):
-            out.append("<h3>Quality gates on this run's data</h3>" + _table(
-                ["gate", "records seen", "rejected", "µs per record"],
-                [[esc(x["gate"]), _fmt(x["seen"]), _fmt(x["rejected"]), _fmt(x["us_per_record"])] for x in d["gates"]]))
-        out.append("<h3>Checks</h3>" + _table(["check", "result"], [[esc(k), _check_cell(v)]
-                                                                    for k, v in d["checks"].items()]))
-        kept_by = d["duplicates"].get("kept_by") or {}
-        if kept_by:
-            out.append("<h3>Exact duplicates, by the dataset that kept the copy</h3>"
-                       + _table(["kept by", "duplicates rejected here"], [[esc(k), _fmt(v)] for k, v in kept_by.items()])
-                       + "".join(f'<div class="ex"><div><b>rejected</b> {esc(x["dataset"])}#{esc(x["index"])} · '
-                                 f'identical text kept by {esc(x["kept_by"])}</div><pre>{esc(x["text"])}</pre></div>'
-                                 for x in d["duplicates"].get("exact_duplicate_examples") or []))
-        out.append(_near_pairs_html(d["duplicates"].get("near_duplicate_examples") or []))
-        exs = examples.get(n) or {}
-        if exs:
-            out.append("<h3>Example rejected records</h3>")
-            for reason in sorted(exs, key=lambda k: -d["rejects_by_check"].get(k, 0)):
-                recs = exs[reason]
-                count = d["rejects_by_check"].get(reason, len(recs))
-                out.append(f"<details><summary>{esc(reason)} — {_fmt(count)} record(s), "
-                           f"{len(recs)} example(s)</summary>" + "".join(_example_html(x) for x in recs) + "</details>")
 
+def _dataset_charts(n: str, d: dict[str, Any]) -> list[str]:
+    """A dataset's heading, its count identity and its four charts."""
+    r, hs = d["records"], d["_hists"]
+    out = [f'<h2 id="ds-{esc(n)}">Dataset {esc(n)}</h2>',
+           f'<div class="muted">read {_fmt(r["read"])} = kept {_fmt(r["kept"])} + rejected '
+           f'{_fmt(r["rejected"])}; tokenized documents {_fmt(r["tokenized_documents"])} = kept − empty_tokens '
+           f'{_fmt(r["empty_tokens"])}' + ("" if d["tokenization_complete"] else " (tokenization not complete)")
+           + "</div>"]
+    items = [(k + (" (after QC)" if k in d["rejects_after_qc"] else ""), v, _reason_color(k))
+             for k, v in d["rejects_by_check"].items()]
+    lang = d["languages"]
+    return out + ['<div class="grid2"><div class="panel"><h3>Reject reasons</h3>', svg_hbars(items), "</div>",
+                  '<div class="panel"><h3>Language shares</h3>',
+                  svg_shares([("kept", lang["kept"]), ("rejected", lang["rejected"])]),
+                  f'<div class="muted">no language detected: {_fmt(lang["undetected"])} record(s)</div></div>',
+                  '<div class="panel"><h3>Length in characters</h3>',
+                  svg_hist([("kept", hs["chars_kept"], "#2e86de"), ("rejected", hs["chars_rejected"], "#e55039")]),
+                  "</div>",
+                  '<div class="panel"><h3>Length in tokens</h3>',
+                  svg_hist([("kept", hs["tokens_kept"], "#2e86de"),
+                            ("rejected (sample)", hs["tokens_rejected_sample"], "#e55039")]),
+                  '<div class="muted">rejected: the rejects sample, excerpts of up to 2,000 characters</div></div>',
+                  "</div>"]
+
+
+def _dataset_tables(d: dict[str, Any]) -> list[str]:
+    """A dataset's density percentiles, gate costs and checks."""
+    dens_rows = []
+    for key, v in d["density"].items():
+        for side in ("all", "kept", "rejected"):
+            s = v[side]
+            if s["records"]:
+                dens_rows.append([esc(f"{key} ({side})"), _fmt(s["records"]), _fmt(s["p50"]), _fmt(s["p90"]),
+                                  _fmt(s["p99"])])
+    out = ["<h3>PII / profanity density percentiles</h3>",
+           _table(["density", "records", "p50", "p90", "p99"], dens_rows) if dens_rows
+           else '<p class="muted">no density figures recorded</p>',
+           '<p class="muted">upper edge of the 0.01-wide bin holding the percentile (0 when it falls on exact zeros)</p>']
+    if d.get("gates"):
+        out.append("<h3>Quality gates on this run's data</h3>" + _table(
+            ["gate", "records seen", "rejected", "µs per record"],
+            [[esc(x["gate"]), _fmt(x["seen"]), _fmt(x["rejected"]), _fmt(x["us_per_record"])] for x in d["gates"]]))
+    out.append("<h3>Checks</h3>" + _table(["check", "result"], [[esc(k), _check_cell(v)]
+                                                                for k, v in d["checks"].items()]))
+    return out
+
+
+def _dataset_examples(d: dict[str, Any], exs: dict[str, list]) -> list[str]:
+    """A dataset's duplicate pairs and example rejected records."""
+    out = []
+    kept_by = d["duplicates"].get("kept_by") or {}
+    if kept_by:
+        out.append("<h3>Exact duplicates, by the dataset that kept the copy</h3>"
+                   + _table(["kept by", "duplicates rejected here"], [[esc(k), _fmt(v)] for k, v in kept_by.items()])
+                   + "".join(f'<div class="ex"><div><b>rejected</b> {esc(x["dataset"])}#{esc(x["index"])} · '
+                             f'identical text kept by {esc(x["kept_by"])}</div><pre>{esc(x["text"])}</pre></div>'
+                             for x in d["duplicates"].get("exact_duplicate_examples") or []))
+    out.append(_near_pairs_html(d["duplicates"].get("near_duplicate_examples") or []))
+    if exs:
+        out.append("<h3>Example rejected records</h3>")
+        for reason in sorted(exs, key=lambda k: -d["rejects_by_check"].get(k, 0)):
+            recs = exs[reason]
+            count = d["rejects_by_check"].get(reason, len(recs))
+            out.append(f"<details><summary>{esc(reason)} — {_fmt(count)} record(s), "
+                       f"{len(recs)} example(s)</summary>" + "".join(_example_html(x) for x in recs) + "</details>")
+    return out
+
+
+def _footer(audit: dict[str, Any]) -> list[str]:
+    """Timings, throughput and the tokenizer-training measurement."""
+    out = []
     tm = audit["timings"]
     if tm:
         out += ["<h2>Timings and throughput</h2>",
@@ -353,5 +372,14 @@ def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> 
     if tt := audit.get("tokenizer_training"):
         out += ["<h2>Tokenizer training sample</h2>",
                 _table(["held-out measurement", "value"], [[esc(k), _fmt(v)] for k, v in tt.items()])]
+    return out
+
+
+def render_html(audit: dict[str, Any], examples: dict[str, dict[str, list]]) -> str:
+    """One self-contained page: inline CSS and SVG, no scripts, no external resources."""
+    out = _head(audit) + _overview(audit)
+    for n, d in audit["datasets"].items():
+        out += _dataset_charts(n, d) + _dataset_tables(d) + _dataset_examples(d, examples.get(n) or {})
+    out += _footer(audit)
     out.append("</main></body></html>\n")
     return "\n".join(out)
