@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, logs
-from streamprep.layout import RunLayout, checkpoint_file
+from streamprep.layout import RunLayout, checkpoint_file, planned_parts
 
 VERSION = 1
 DIGEST = 32
@@ -58,7 +58,7 @@ class IngestState:
     def sealed_parts(self) -> int:
         """Parts that are complete and checkpointed: every part before the open one, and the last part once
         the dataset is done (an empty last part is never written)."""
-        return self.part_index + (1 if self.done and self.part_lines else 0)
+        return planned_parts(self.part_index, self.part_lines, self.done)
 
     def snapshot(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -48,6 +48,12 @@ def checkpoint_file(checkpoint_dir: Path, dataset: str) -> Path:
     return Path(checkpoint_dir) / f"{dataset}.json"
 
 
+def planned_parts(part_index: int, part_lines: int, done: bool) -> int:
+    """Parts sealed for tokenization: every part before the open one, and the last part once the dataset
+    is done (an empty last part is never written)."""
+    return part_index + (1 if done and part_lines else 0)
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """The fields of a dataset checkpoint that readers use; an absent checkpoint reads as all zero."""
@@ -76,8 +82,8 @@ class Checkpoint:
 
     @property
     def planned_parts(self) -> int:
-        """Parts ready for tokenization: the closed ones, plus the last once ingest is done (if non-empty)."""
-        return self.part_index + (1 if self.done and self.part_lines else 0)
+        """See the module-level `planned_parts` (shared with checkpoints.IngestState.sealed_parts)."""
+        return planned_parts(self.part_index, self.part_lines, self.done)
 
 
 def completed_receipt(path: Path) -> dict[str, Any] | None:
