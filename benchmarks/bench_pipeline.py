@@ -109,7 +109,7 @@ def run_cli(cfg: dict, run_dir: Path) -> tuple[float, int]:
 STAGE_SCRIPT = """
 import sys, json, time
 from pathlib import Path
-from streamprep.shards import make_task, tokenize_part
+from streamprep.tokenize import make_task, tokenize_part
 from tokenizers import Tokenizer
 run = Path(sys.argv[1]); tok_path = run / "tokenizer/tokenizer.json"
 tok = Tokenizer.from_file(str(tok_path))

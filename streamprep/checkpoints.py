@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, logs
+from streamprep.layout import RunLayout, checkpoint_file, planned_parts
 
 VERSION = 1
 DIGEST = 32
@@ -57,7 +58,7 @@ class IngestState:
     def sealed_parts(self) -> int:
         """Parts that are complete and checkpointed: every part before the open one, and the last part once
         the dataset is done (an empty last part is never written)."""
-        return self.part_index + (1 if self.done and self.part_lines else 0)
+        return planned_parts(self.part_index, self.part_lines, self.done)
 
     def snapshot(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -97,18 +98,18 @@ class DatasetFiles:
 
     @property
     def ingest_dir(self) -> Path:
-        return self.run_dir / "ingest" / self.dataset
+        return RunLayout(self.run_dir).ingest_dir(self.dataset)
 
     def part(self, index: int) -> Path:
-        return self.ingest_dir / f"part-{index:05d}.jsonl"
+        return RunLayout(self.run_dir).ingest_part(self.dataset, index)
 
     @property
     def rejects(self) -> Path:
-        return self.run_dir / "rejects" / f"{self.dataset}.jsonl"
+        return RunLayout(self.run_dir).rejects(self.dataset)
 
     @property
     def checkpoint(self) -> Path:
-        return self.checkpoint_dir / f"{self.dataset}.json"
+        return checkpoint_file(self.checkpoint_dir, self.dataset)
 
     @property
     def dedup(self) -> Path:

@@ -84,9 +84,10 @@ def _count(text: str) -> int:
 
 def _require_run_dir(path: str) -> Path:
     from streamprep.config import ConfigError
+    from streamprep.layout import RunLayout
 
     run_dir = Path(path)
-    if not (run_dir / "run.json").is_file():
+    if not RunLayout(run_dir).run_json.is_file():
         raise ConfigError(f"{run_dir}: not a streamprep run directory (no run.json)")
     return run_dir
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from streamprep import logs
 from streamprep.checkpoints import DatasetFiles, IngestState
 from streamprep.engines import Engine
-from streamprep.shards import ShardTask
+from streamprep.tokenize import ShardTask
 from streamprep.tokenizer import TokenizerInfo
 
 log = logs.get("feeder")

@@ -26,6 +26,7 @@ from quality import DedupDecision, DedupIndex, QualityControl, Verdict, near_ded
 from streamprep import atomic, logs, stats
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import ConfigError
+from streamprep.layout import RunLayout
 from streamprep.modes import mode_of
 from streamprep.sources import BadRecord, open_source
 from streamprep.sources.base import SourceError, input_change, one_line
@@ -151,7 +152,7 @@ class IngestContext:
 
     @property
     def hf_cache(self) -> Path:
-        return self.run_dir / "cache" / "hf"
+        return RunLayout(self.run_dir).hf_cache
 
 
 def _take(it: Iterator, n: int) -> list:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import structlog
 
+from streamprep.layout import RunLayout
+
 LOG_NAME = "streamprep.log"
 MAX_BYTES = 5 * 1024 * 1024
 BACKUPS = 5
@@ -52,7 +54,7 @@ def configure(run_dir: Path | None = None, level: str = "INFO", console: bool = 
             foreign_pre_chain=pre))
         root.addHandler(h)
     if run_dir is not None:
-        log_dir = Path(run_dir) / "logs"
+        log_dir = RunLayout(run_dir).logs_dir
         log_dir.mkdir(parents=True, exist_ok=True)
         fh = logging.handlers.RotatingFileHandler(log_dir / LOG_NAME, maxBytes=max_bytes, backupCount=backups,
                                                   encoding="utf-8")

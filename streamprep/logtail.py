@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
+from streamprep.layout import RunLayout
 from streamprep.logs import LOG_NAME
 
 POLL_S = 0.2
@@ -24,7 +25,7 @@ READ_CHUNK = 1 << 16
 
 
 def log_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "logs" / LOG_NAME
+    return RunLayout(run_dir).logs_dir / LOG_NAME
 
 
 def _backup(path: Path, i: int) -> Path:

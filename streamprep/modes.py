@@ -8,7 +8,10 @@ which shard files `verify` expects. The SFT half lives in streamprep/sft/mode.py
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from streamprep.layout import RunLayout
 
 
 class Mode:
@@ -34,8 +37,8 @@ class Mode:
         """What this mode adds to a shard's plan hash (beyond dataset, part, tokenizer, EOD, dtype)."""
         return {}
 
-    def shard_prefix(self, run_dir: Path, dataset: str, part: str) -> Path:
-        return run_dir / "binidx" / dataset / f"{part}_text_document"
+    def shard_prefix(self, layout: "RunLayout", dataset: str, part: str) -> Path:
+        return layout.binidx_prefix(dataset, part)
 
     def load_tokenizer(self, tokenizer_path: str) -> Any:
         from tokenizers import Tokenizer
@@ -45,7 +48,7 @@ class Mode:
     def tokenize(self, task: Any, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
         """One ingest part → (the receipt's stats, its output files by kind); no receipt written."""
         from streamprep import binidx
-        from streamprep.shards import tokenize_part
+        from streamprep.tokenize import tokenize_part
 
         shard_stats = tokenize_part(task, tokenizer)
         paths = binidx.prefix_paths(task.prefix) if shard_stats["num_documents"] else ()

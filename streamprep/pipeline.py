@@ -23,9 +23,10 @@ from streamprep.config import ConfigError
 from streamprep.engines import Engine
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
+from streamprep.layout import RunLayout
+from streamprep.lock import CHECKPOINT_LOCK_NAME, RunLock, RunLocked
 from streamprep.modes import mode_of
-from streamprep.lock import CHECKPOINT_LOCK_NAME, LOCK_NAME, RunLock, RunLocked
-from streamprep.shards import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
+from streamprep.tokenize import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
 from streamprep.tokenizer import TokenizerInfo
 
 log = logs.get("pipeline")
@@ -104,7 +105,8 @@ def _check_writable_dir(path: Path, what: str) -> None:
 
 def _wrote_outputs(run_dir: Path, checkpoint_dir: Path) -> bool:
     """Whether a run left anything besides run.json, its logs and its locks (a stage's output or checkpoint)."""
-    bookkeeping = {run_dir / "run.json", run_dir / "logs", run_dir / LOCK_NAME,
+    layout = RunLayout(run_dir)
+    bookkeeping = {layout.run_json, layout.logs_dir, layout.lock,
                    checkpoint_dir / CHECKPOINT_LOCK_NAME, checkpoint_dir / OWNER_NAME}
     for root in (run_dir, checkpoint_dir):
         if root.is_dir() and any(p.is_file() and not any(p == b or b in p.parents for b in bookkeeping)
@@ -122,7 +124,7 @@ def _preflight(cfg: dict[str, Any], run_dir: Path, fresh: bool) -> dict[str, Any
     _check_writable_dir(run_dir, "run dir")
     if cfg["run"]["checkpoint_dir"]:
         _check_writable_dir(Path(cfg["run"]["checkpoint_dir"]), "'run.checkpoint_dir'")
-    run_json = run_dir / "run.json"
+    run_json = RunLayout(run_dir).run_json
     if not run_json.exists():
         return None
     previous = _read_run_json(run_json)
@@ -187,7 +189,7 @@ def run(cfg: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = Fa
 
 
 def _checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> Path:
-    return Path(cfg["run"]["checkpoint_dir"] or run_dir / "checkpoints")
+    return Path(cfg["run"]["checkpoint_dir"] or RunLayout(run_dir).local_checkpoints)
 
 
 def _refuse_unsafe_paths(cfg: dict[str, Any], run_dir: Path, checkpoint_dir: Path) -> None:
@@ -220,7 +222,7 @@ class Job:
 
     def _save_record(self, status: str, **extra: Any) -> None:
         self.record.update(status=status, updated_at=time.time(), timings=self.timings, **extra)
-        atomic.write_json(self.run_dir / "run.json", self.record)
+        atomic.write_json(RunLayout(self.run_dir).run_json, self.record)
 
     def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
         t0 = time.monotonic()
@@ -404,7 +406,8 @@ class Job:
 
     def _still_complete(self) -> bool:
         """A finished run re-run: cheap check that its shard files are all still there at their sizes."""
-        receipts = list((self.run_dir / "receipts").rglob("*.json"))
+        layout = RunLayout(self.run_dir)
+        receipts = list(layout.receipts_dir.rglob("*.json"))
         for r in receipts:
             rec = atomic.read_json(r)
             for entry in rec.get("files", {}).values():
@@ -412,5 +415,5 @@ class Job:
                 if not p.is_file() or p.stat().st_size != entry["bytes"]:
                     log.warning("finished run has a missing or changed shard; redoing what is needed", file=entry["path"])
                     return False
-        return (self.run_dir / "manifest.json").is_file() and "manifest_sha256" in self.record and (
-            not mode_of(self.cfg.get("sft")).text_exports or (self.run_dir / "blend.json").is_file())
+        return layout.manifest.is_file() and "manifest_sha256" in self.record and (
+            not mode_of(self.cfg.get("sft")).text_exports or layout.blend.is_file())

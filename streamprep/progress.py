@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from streamprep import logs
+from streamprep.layout import RunLayout
 
 log = logs.get("progress")
 WINDOW_S = 15.0        # rates and ETAs use the last WINDOW_S seconds
@@ -84,7 +85,7 @@ class ProgressFigures:
             return int(st.part_bytes)
         for i in range(int(st.part_index)):
             if i not in track.closed_part_bytes:
-                p = self.run_dir / "ingest" / name / f"part-{i:05d}.jsonl"
+                p = RunLayout(self.run_dir).ingest_part(name, i)
                 try:
                     track.closed_part_bytes[i] = p.stat().st_size
                 except OSError:

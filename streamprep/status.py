@@ -12,22 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from streamprep.lock import LOCK_NAME, holder_if_running, read_holder
+from streamprep.layout import Checkpoint, NotARunDir, RunLayout, checkpoint_file, completed_receipt, read_json
+from streamprep.lock import holder_if_running, read_holder
 
 RESUMABLE = ("interrupted", "failed", "crashed", "partial")
-
-
-class NotARunDir(ValueError):
-    """The path is not a streamprep run directory (the CLI maps it to exit 2)."""
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
 
 
 def _proc_locks_holder(lock_path: Path) -> tuple[bool, int | None]:
@@ -51,7 +39,7 @@ def _proc_locks_holder(lock_path: Path) -> tuple[bool, int | None]:
 
 def lock_holder(run_dir: Path) -> dict[str, Any] | None:
     """The live lock holder's {pid, host, started} or None; never blocks nor disturbs the holder."""
-    path = Path(run_dir) / LOCK_NAME
+    path = RunLayout(run_dir).lock
     if not path.exists():
         return None
     could_tell, pid = _proc_locks_holder(path)
@@ -69,43 +57,33 @@ def _dataset_names(record: dict[str, Any], ckpt_dir: Path, run_dir: Path) -> lis
     names = [d["name"] for d in (record.get("config") or {}).get("datasets", []) if isinstance(d, dict)]
     if not names:
         found = {p.stem for p in ckpt_dir.glob("*.json")} if ckpt_dir.is_dir() else set()
-        found |= {p.name for p in (run_dir / "receipts").iterdir()} if (run_dir / "receipts").is_dir() else set()
+        receipts = RunLayout(run_dir).receipts_dir
+        found |= {p.name for p in receipts.iterdir()} if receipts.is_dir() else set()
         names = sorted(found)
     return names
 
 
 def checkpoint_dir(run_dir: Path, record: dict[str, Any]) -> Path:
     """run.json's `checkpoint_dir`, or RUN_DIR/checkpoints when that path is gone (a moved run dir)."""
-    local = run_dir / "checkpoints"
-    given = record.get("checkpoint_dir")
-    if given:
-        p = Path(given)
-        p = p if p.is_absolute() else run_dir / p
-        if p.is_dir() or not local.is_dir():
-            return p
-    return local
+    return RunLayout(run_dir).checkpoints(record)
 
 
 def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str) -> dict[str, Any]:
-    ck = _read_json(ckpt_dir / f"{name}.json") or {}
-    started = bool(ck)
-    done = bool(ck.get("done"))
-    part_index, part_lines = int(ck.get("part_index", 0)), int(ck.get("part_lines", 0))
-    # parts ready for tokenization: the closed ones, plus the last one once ingest is done (if non-empty)
-    planned = part_index + (1 if done and part_lines else 0)
-    ingest_dir = run_dir / "ingest" / name
+    layout, cp = RunLayout(run_dir), Checkpoint.load(checkpoint_file(ckpt_dir, name))
+    ck = cp.raw
+    started, done = cp.started, cp.done
+    part_index, part_lines, planned = cp.part_index, cp.part_lines, cp.planned_parts
     ingest_bytes = 0
     for i in range(part_index + 1):
-        p = ingest_dir / f"part-{i:05d}.jsonl"
+        p = layout.ingest_part(name, i)
         try:
             ingest_bytes += p.stat().st_size
         except OSError:
             pass
     shards_done = tokens = docs = empty = 0
-    receipts_dir = run_dir / "receipts" / name
     for i in range(planned):
-        rec = _read_json(receipts_dir / f"part-{i:05d}.json")
-        if isinstance(rec, dict) and rec.get("status") == "completed":
+        rec = completed_receipt(layout.receipt(name, i))
+        if rec is not None:
             st = rec.get("stats") or {}
             shards_done += 1
             tokens += int(st.get("num_tokens", 0))
@@ -134,7 +112,7 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str) -> dict[str, Any]:
 def run_status(run_dir: str | Path) -> dict[str, Any]:
     """Where the run in `run_dir` stands; see docs/operations.md for the fields. Read-only."""
     run_dir = Path(run_dir)
-    record = _read_json(run_dir / "run.json")
+    record = read_json(RunLayout(run_dir).run_json)
     if not isinstance(record, dict):
         raise NotARunDir(f"{run_dir}: not a streamprep run directory (no readable run.json)")
     ckpt_dir = checkpoint_dir(run_dir, record)
@@ -146,8 +124,9 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     all_ingested = bool(datasets) and all(d["ingest"]["done"] for d in datasets.values())
     all_tokenized = all_ingested and all(d["tokenize"]["shards_done"] == d["tokenize"]["shards_planned"]
                                          for d in datasets.values())
-    exports = {"manifest": (run_dir / "manifest.json").is_file(), "blend": (run_dir / "blend.json").is_file(),
-               "mixtures": (run_dir / "mixtures.json").is_file(), "audit": (run_dir / "audit" / "audit.json").is_file()}
+    layout = RunLayout(run_dir)
+    exports = {"manifest": layout.manifest.is_file(), "blend": layout.blend.is_file(),
+               "mixtures": layout.mixtures.is_file(), "audit": layout.audit_json.is_file()}
     if not all_ingested:
         stage = "ingest"
     elif not all_tokenized:
@@ -198,7 +177,7 @@ def _tokenize_eta(run_dir: Path, pending: int, recent: int = 20) -> float | None
     Parts still to be sealed by ingest are not counted: ingest has its own progress."""
     if not pending:
         return 0.0
-    times = sorted(p.stat().st_mtime for p in (run_dir / "receipts").rglob("*.json"))[-recent:]
+    times = sorted(p.stat().st_mtime for p in RunLayout(run_dir).receipts_dir.rglob("*.json"))[-recent:]
     if len(times) < 2 or times[-1] <= times[0]:
         return None
     return round(pending * (times[-1] - times[0]) / (len(times) - 1), 1)

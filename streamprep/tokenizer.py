@@ -14,6 +14,7 @@ import orjson
 from tokenizers import Tokenizer
 
 from streamprep import atomic, logs
+from streamprep.layout import RunLayout
 from streamprep.config import ConfigError
 
 log = logs.get("tokenizer")
@@ -70,7 +71,7 @@ def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
 
 def saved_tokenizer(tok_cfg: dict[str, Any], run_dir: Path) -> TokenizerInfo | None:
     """The run's tokenizer copy when it is intact (same fingerprint as recorded), else None."""
-    saved, fp_file = run_dir / "tokenizer" / "tokenizer.json", run_dir / "tokenizer" / "fingerprint.json"
+    saved, fp_file = RunLayout(run_dir).tokenizer_json, RunLayout(run_dir).tokenizer_fingerprint
     if not (saved.is_file() and fp_file.is_file()):
         return None
     info = _info(saved, tok_cfg.get("eod_token"))
@@ -83,9 +84,8 @@ def saved_tokenizer(tok_cfg: dict[str, Any], run_dir: Path) -> TokenizerInfo | N
 
 def prepare(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[str] | None = None) -> TokenizerInfo:
     """Copy (or train, from `texts`) the tokenizer into the run dir once; later calls reuse it."""
-    out_dir = run_dir / "tokenizer"
-    saved = out_dir / "tokenizer.json"
-    fp_file = out_dir / "fingerprint.json"
+    layout = RunLayout(run_dir)
+    out_dir, saved, fp_file = layout.tokenizer_dir, layout.tokenizer_json, layout.tokenizer_fingerprint
     info = saved_tokenizer(tok_cfg, run_dir)
     if info is not None:
         return info
@@ -199,7 +199,7 @@ def prepare_from_sample(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[
         tok = Tokenizer.from_file(str(info.path))
         n_bytes = sum(len(t.encode("utf-8")) for t in held_out)
         n_tokens = sum(len(e.ids) for e in tok.encode_batch(held_out, add_special_tokens=False))
-        atomic.write_json(run_dir / "tokenizer" / "training.json", {"sample_mb": tok_cfg["train"]["sample_mb"], "held_out_documents": len(held_out),
+        atomic.write_json(RunLayout(run_dir).tokenizer_training, {"sample_mb": tok_cfg["train"]["sample_mb"], "held_out_documents": len(held_out),
                                    "held_out_bytes": n_bytes, "held_out_tokens": n_tokens,
                                    "bytes_per_token": round(n_bytes / n_tokens, 4) if n_tokens else None})
     return info
@@ -207,7 +207,7 @@ def prepare_from_sample(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[
 
 def training_report(run_dir: Path) -> dict[str, Any] | None:
     """The held-out measurement of a sample-trained tokenizer, if this run trained one that way."""
-    p = run_dir / "tokenizer" / "training.json"
+    p = RunLayout(run_dir).tokenizer_training
     return atomic.read_json(p) if p.is_file() else None
 
 

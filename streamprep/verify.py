@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from streamprep import atomic, binidx
+from streamprep import atomic, binidx, layout
 from streamprep.exports import chain, summary
 from streamprep.modes import receipt_mode_name
 
@@ -159,7 +159,7 @@ def _check_sft(c: _Checker, rel: str, paths: set[str]) -> None:
 def _check_receipts(c: _Checker, fingerprint: str | None) -> set[str]:
     """Every receipt's files; returns the relative paths of the .bin/.idx they list."""
     listed: set[str] = set()
-    folder = c.run_dir / "receipts"
+    folder = c.run_dir / layout.RECEIPTS
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
         rel = _rel(c.run_dir, path)
         rec = _json_object(c, rel)
@@ -202,11 +202,11 @@ def _check_parquet(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, A
     import pyarrow.parquet as pq
 
     rel = entry["path"]
-    ok = c.file(rel, entry.get("size_bytes"), entry.get("file_sha256"), "manifest.json")
+    ok = c.file(rel, entry.get("size_bytes"), entry.get("file_sha256"), layout.MANIFEST)
     tsv_entry = entry.get("tsv") or {}
     tsv_rows = None
     if tsv_entry.get("path"):
-        if c.file(tsv_entry["path"], tsv_entry.get("size_bytes"), tsv_entry.get("file_sha256"), "manifest.json"):
+        if c.file(tsv_entry["path"], tsv_entry.get("size_bytes"), tsv_entry.get("file_sha256"), layout.MANIFEST):
             tsv_rows = _read_tsv(c, tsv_entry["path"])
             if tsv_rows is not None and len(tsv_rows) != entry.get("num_records"):
                 c.add(f"{tsv_entry['path']}: {len(tsv_rows)} rows, manifest.json says {entry.get('num_records')}")
@@ -258,8 +258,8 @@ def _check_parquet(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, A
     return c.guarded(rel, scan)
 
 
-UNLISTED_SCAN = (("parquet", "*"), ("binidx", "*/*"), ("sft", "**/*"), ("receipts", "**/*"),
-                 ("tokenizer", "**/*"), ("ingest", "*/*"))
+UNLISTED_SCAN = ((layout.PARQUET, "*"), (layout.BINIDX, "*/*"), (layout.SFT, "**/*"), (layout.RECEIPTS, "**/*"),
+                 (layout.TOKENIZER, "**/*"), (layout.INGEST, "*/*"))
 
 
 def _check_unlisted(c: _Checker, listed: set[str]) -> None:
@@ -275,7 +275,7 @@ def _check_unlisted(c: _Checker, listed: set[str]) -> None:
 
 
 def _check_mixtures(c: _Checker, shard_ids: set[str]) -> None:
-    mix = _json_object(c, "mixtures.json", missing="")
+    mix = _json_object(c, layout.MIXTURES, missing="")
     if mix is None:
         return
     for name, src in (mix.get("sources") or {}).items():
@@ -306,10 +306,10 @@ def _check_entry(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, Any
                 c.add(f"manifest.json: {entry.get('shard_id')} lists no .{kind} file")
                 continue
             listed.add(f["path"])
-            c.file(f["path"], f.get("size_bytes"), f.get("file_sha256"), "manifest.json")
+            c.file(f["path"], f.get("size_bytes"), f.get("file_sha256"), layout.MANIFEST)
         if (c.run_dir / (entry["path"] + ".idx")).is_file():
             _check_binidx(c, entry["path"], entry.get("num_records"), entry.get("num_tokens"),
-                          entry.get("dtype"), "manifest.json")
+                          entry.get("dtype"), layout.MANIFEST)
         agg["binidx"][0] += entry.get("num_records", 0)
         agg["binidx"][1] += entry.get("num_tokens", 0)
     else:
@@ -318,15 +318,15 @@ def _check_entry(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, Any
 
 def _check_root(c: _Checker) -> None:
     """run.json: a completed run recording manifest.json's SHA-256 (the root of the chain)."""
-    record = _json_object(c, "run.json", missing=" (it records manifest.json's SHA-256, the root of the hash chain)")
+    record = _json_object(c, layout.RUN_JSON, missing=" (it records manifest.json's SHA-256, the root of the hash chain)")
     if record is None:
         return
     if record.get("status") != "complete":
         c.add(f"run.json: status {record.get('status')!r}, not complete")
     if not record.get("manifest_sha256"):
         c.add("run.json: records no manifest_sha256 (written before the hash chain existed?)")
-    elif (c.run_dir / "manifest.json").is_file():
-        c.file("manifest.json", None, record["manifest_sha256"], "run.json")
+    elif (c.run_dir / layout.MANIFEST).is_file():
+        c.file(layout.MANIFEST, None, record["manifest_sha256"], layout.RUN_JSON)
 
 
 def _check_files(c: _Checker, entries: Any, listed: set[str]) -> None:
@@ -355,7 +355,7 @@ def verify_run(run_dir: str | Path) -> list[str]:
     """All problems found in the run directory's outputs; an empty list means every check passed."""
     c = _Checker(Path(run_dir))
     _check_root(c)
-    man = _json_object(c, "manifest.json", missing=" (exports not written yet?)")
+    man = _json_object(c, layout.MANIFEST, missing=" (exports not written yet?)")
     if man is not None and man.get("format") != "streamprep-manifest":
         c.add("manifest.json: not a streamprep manifest")
         man = None

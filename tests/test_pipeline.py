@@ -117,7 +117,7 @@ def test_outputs_identical_across_worker_counts_and_tokenizer_training(tmp_path:
 
 def test_tokenize_part_refuses_a_vocabulary_that_does_not_fit_the_dtype(tmp_path: Path) -> None:
     """The id bound is checked once against the vocabulary (not per document): 70 000 ids cannot be uint16."""
-    from streamprep.shards import make_task, tokenize_part
+    from streamprep.tokenize import make_task, tokenize_part
 
     part = tmp_path / "ingest/d/part-00000.jsonl"
     part.parent.mkdir(parents=True)

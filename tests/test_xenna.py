@@ -18,7 +18,7 @@ from cosmos_xenna.pipelines import v1 as xenna
 
 from helpers import base_config, english_docs, tree_hashes
 from streamprep import run_from_dict
-from streamprep.shards import make_task, read_receipt, run_task
+from streamprep.tokenize import make_task, read_receipt, run_task
 from streamprep.tokenizer import train_bpe
 from streamprep.engines.xenna_stage import TokenizeStage
 

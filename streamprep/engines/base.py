@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable
 
 from streamprep import logs
-from streamprep.shards import ShardTask
+from streamprep.tokenize import ShardTask
 
 log = logs.get("tokenize")
 
@@ -14,7 +14,7 @@ Result = dict[str, Any]
 
 
 class Engine(ABC):
-    """Runs `streamprep.shards.run_task` on ShardTasks. Receipts, not results, are the record of completion:
+    """Runs `streamprep.tokenize.run_task` on ShardTasks. Receipts, not results, are the record of completion:
     a task whose result is lost (a kill) is simply redone or skipped on resume."""
 
     name = "engine"

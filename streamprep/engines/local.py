@@ -8,7 +8,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from streamprep.engines.base import Engine, Result
-from streamprep.shards import ShardTask, TokenizerCache, run_task
+from streamprep.tokenize import ShardTask, TokenizerCache, run_task
 
 
 class LocalEngine(Engine):

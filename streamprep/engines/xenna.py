@@ -20,7 +20,7 @@ from collections import deque
 
 from streamprep import logs, ray_cluster
 from streamprep.engines.base import Engine, Result
-from streamprep.shards import ShardTask, TokenizerCache, run_task
+from streamprep.tokenize import ShardTask, TokenizerCache, run_task
 
 log = logs.get("tokenize")
 PING = "ping"  # the first serving task: its answer tells the driver a stage worker is up

@@ -1,4 +1,4 @@
-"""The tokenization stage: a thin cosmos-xenna adapter over `streamprep.shards.run_task`."""
+"""The tokenization stage: a thin cosmos-xenna adapter over `streamprep.tokenize.run_task`."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from typing import Any
 from cosmos_xenna.pipelines import v1 as xenna
 
 from streamprep.engines.xenna import PING
-from streamprep.shards import ShardTask, TokenizerCache, run_task
+from streamprep.tokenize import ShardTask, TokenizerCache, run_task
 
 
 class TokenizeStage(xenna.Stage):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streamprep.exports.index import ExportError, ShardRef
+from streamprep.layout import RunLayout
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 
 __all__ = ["export_run", "write_exports", "prepare_part", "ShardRef", "ExportError", "ShardCountError",
@@ -39,7 +40,7 @@ def _split_of(datasets: list[dict[str, Any]], shards: list[ShardRef]) -> dict[st
 
 
 def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
-    """The per-part exports work for one finished tokenization shard (`streamprep.shards.ShardTask` and its
+    """The per-part exports work for one finished tokenization shard (`streamprep.tokenize.ShardTask` and its
     completed receipt), cached beside the receipt; safe in any process, as soon as the receipt exists."""
     from streamprep.exports.summary import part_summary
     from streamprep.modes import mode_of
@@ -52,7 +53,7 @@ def export_run(run_dir: Path, cfg: dict[str, Any], tasks: list, tokenizer_info: 
     """The job's exports over its tokenization tasks (all receipts complete), on `execution.workers` processes."""
     from streamprep.config import config_hash
     from streamprep.modes import mode_of
-    from streamprep.shards import read_receipt
+    from streamprep.tokenize import read_receipt
 
     receipts = [read_receipt(t) for t in tasks]
     # shards of a mode without text exports (SFT) are listed by their receipts only
@@ -135,7 +136,7 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, A
                                                          output_cfg.get("valid_fraction") or 0.0))
     mixtures.write(run_dir, mixtures.build(manifest.sorted_shards(pq_entries, bin_entries), datasets, phases, split_of))
     if receipts is None:
-        receipts = [run_dir / "receipts" / r.dataset / f"{r.part}.json" for r in shards]
+        receipts = [RunLayout(run_dir).receipt(r.dataset, r.part) for r in shards]
     files = chain.file_entries(run_dir, chain.chained_files(run_dir, receipts))
     man = _manifest(indexes, datasets, pq_entries, bin_entries, opts, seed, tokenizer_info, config_hash, files)
     manifest_sha256 = manifest.write(run_dir, man)

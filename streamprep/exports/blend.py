@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from streamprep import atomic
+from streamprep.layout import RunLayout
 from streamprep.exports.index import ShardRef
 
 SPLITS = ("train", "valid", "test")
@@ -48,6 +49,6 @@ def build_from_refs(refs: list[ShardRef], datasets: list[dict[str, Any]], split_
 
 
 def write(run_dir: Path, blend: dict[str, Any]) -> Path:
-    path = run_dir / "blend.json"
+    path = RunLayout(run_dir).blend
     atomic.write_json(path, blend)
     return path

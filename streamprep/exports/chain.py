@@ -17,8 +17,11 @@ from typing import Any
 
 import orjson
 
+from streamprep import layout
+from streamprep.layout import RunLayout
+
 # Files whose digest is taken without the run directory's absolute path (see the module docstring).
-RUN_DIR_RELATIVE = frozenset({"blend.json"})
+RUN_DIR_RELATIVE = frozenset({layout.BLEND})
 
 
 def _run_dir_bytes(run_dir: Path) -> bytes:
@@ -49,8 +52,8 @@ def file_entries(run_dir: Path, rels: list[tuple[str, str]]) -> list[dict[str, A
 def chained_files(run_dir: Path, receipts: list[Path]) -> list[tuple[str, str]]:
     """(relative path, role) of every non-shard artifact the manifest must cover, written before it."""
     rels = [(str(p.relative_to(run_dir)), "receipt") for p in receipts]
-    tok = run_dir / "tokenizer"
+    tok = RunLayout(run_dir).tokenizer_dir
     rels += [(str(p.relative_to(run_dir)), "tokenizer") for p in sorted(tok.rglob("*") if tok.is_dir() else [])
              if p.is_file() and not p.name.startswith(".")]
-    rels += [(name, name[:-len(".json")]) for name in ("blend.json", "mixtures.json") if (run_dir / name).is_file()]
+    rels += [(name, name[:-len(".json")]) for name in (layout.BLEND, layout.MIXTURES) if (run_dir / name).is_file()]
     return rels

@@ -37,7 +37,7 @@ class ShardRef:
 
     @classmethod
     def from_task(cls, task: Any, receipt: dict) -> "ShardRef":
-        """The ref of a tokenization task (`streamprep.shards.ShardTask`) and its completed receipt."""
+        """The ref of a tokenization task (`streamprep.tokenize.ShardTask`) and its completed receipt."""
         has_docs = receipt["stats"]["num_documents"] > 0
         return cls(dataset=task.dataset, split=task.split, part=task.part, ingest_path=Path(task.input_path),
                    prefix=Path(task.prefix) if has_docs else None, receipt=receipt,

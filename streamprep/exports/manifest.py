@@ -13,6 +13,7 @@ import pyarrow
 
 from streamprep import __version__, atomic
 from streamprep.exports.index import DatasetIndex, ExportError
+from streamprep.layout import RunLayout
 
 FORMAT = "streamprep-manifest"
 VERSION = 1
@@ -74,5 +75,5 @@ def build(parquet: list[dict[str, Any]], binidx: list[dict[str, Any]], *, seed: 
 def write(run_dir: Path, manifest: dict[str, Any]) -> str:
     """Write manifest.json atomically; return the SHA-256 of its bytes (recorded in run.json)."""
     data = atomic.dumps_json(manifest)
-    atomic.write_bytes(run_dir / "manifest.json", data)
+    atomic.write_bytes(RunLayout(run_dir).manifest, data)
     return hashlib.sha256(data).hexdigest()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from streamprep import atomic
+from streamprep.layout import RunLayout
 
 FORMAT = "streamprep-mixtures"
 VERSION = 1
@@ -88,6 +89,6 @@ def build(shards: list[dict[str, Any]], datasets: list[dict[str, Any]], phases: 
 
 
 def write(run_dir: Path, mixtures: dict[str, Any]) -> Path:
-    path = run_dir / "mixtures.json"
+    path = RunLayout(run_dir).mixtures
     atomic.write_json(path, mixtures)
     return path

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from streamprep import atomic
 from streamprep.exports.index import DatasetIndex, ExportError, RecordReader
 from streamprep.exports.pool import Workers
+from streamprep.layout import RunLayout
 
 ROW_GROUP_BYTES = 8 << 20  # a row group also ends at ~8 MiB (estimated), so memory is bounded in bytes too
 BYTES_PER_TOKEN = 4
@@ -286,7 +287,7 @@ def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPl
 
 def remove_stale(run_dir: Path, keep: set[str]) -> list[str]:
     """Delete shard files in parquet/ not in `keep` (relative paths) and leftover temporaries."""
-    folder = run_dir / "parquet"
+    folder = RunLayout(run_dir).parquet_dir
     removed = []
     if not folder.is_dir():
         return removed

@@ -2,7 +2,7 @@
 
     cfg = validate_sft_config(raw_yaml["sft"])          # SftConfigError names the dotted key
     text = qc_text(record, cfg)                          # what quality control judges; None = reject
-    tok = load_chat_tokenizer(run_dir / "tokenizer")     # once per process
+    tok = load_chat_tokenizer(RunLayout(run_dir).tokenizer_dir)  # once per process
     stats = prepare_part(part_jsonl, out_prefix, tok, cfg, fingerprint)
 """
 from streamprep.sft.chat import ChatTokenizer, load_chat_tokenizer

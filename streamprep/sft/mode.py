@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from streamprep.modes import Mode
+
+if TYPE_CHECKING:
+    from streamprep.layout import RunLayout
 
 
 class SftMode(Mode):
@@ -43,8 +46,8 @@ class SftMode(Mode):
 
         return {"sft": config_digest(self.cfg)}
 
-    def shard_prefix(self, run_dir: Path, dataset: str, part: str) -> Path:
-        return run_dir / "sft" / dataset / part
+    def shard_prefix(self, layout: "RunLayout", dataset: str, part: str) -> Path:
+        return layout.sft_prefix(dataset, part)
 
     def load_tokenizer(self, tokenizer_path: str) -> Any:
         """The chat tokenizer: tokenizer.json + its template, from the run's tokenizer dir."""

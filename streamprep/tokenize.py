@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 
 from streamprep import atomic, binidx, stats
+from streamprep.layout import RunLayout
 from streamprep.modes import Mode, mode_of
 
 ENCODE_BATCH = 1024
@@ -62,10 +63,11 @@ def make_task(run_dir: Path, dataset: str, split: str, part_path: Path, tokenize
               tokenizer_fingerprint: str, eod_id: int | None, dtype: str,
               sft: dict[str, Any] | None = None) -> ShardTask:
     part = part_path.stem
-    prefix = mode_of(sft).shard_prefix(run_dir, dataset, part)
+    layout = RunLayout(run_dir)
+    prefix = mode_of(sft).shard_prefix(layout, dataset, part)
     return ShardTask(
         dataset=dataset, split=split, part=part, input_path=str(part_path), prefix=str(prefix),
-        receipt_path=str(run_dir / "receipts" / dataset / f"{part}.json"), run_dir=str(run_dir),
+        receipt_path=str(layout.receipt(dataset, part)), run_dir=str(run_dir),
         plan_hash=plan_hash(dataset, part, tokenizer_fingerprint, eod_id, dtype, sft),
         input_sha256=atomic.sha256_file(part_path), tokenizer_path=str(tokenizer_path),
         tokenizer_fingerprint=tokenizer_fingerprint, eod_id=eod_id, dtype=dtype, sft=sft)

@@ -1,0 +1,46 @@
+"""Quality audit of a run: audit/audit.json, a self-contained audit/audit.html and a short text summary.
+
+Figures come from what the run already keeps — the checkpoints' `stats` (streamprep.stats), the
+receipts and the bounded rejects sample — so an audit costs a few file reads, works on a partial run
+(it covers what has been processed so far) and never changes the run's outputs. Counts add up by
+construction and are checked (`checks` in the JSON):
+
+    read = kept + rejected                       (per dataset; rejected = sum of QC rejects_by_check)
+    tokenized documents = kept - empty_tokens    (once every part of the dataset is tokenized)
+
+`empty_tokens` are records QC kept that encoded to no tokens and were dropped at tokenization; they
+appear under `rejects_by_check` next to the QC reasons, marked as dropped after QC.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamprep import atomic
+from streamprep.audit.gather import VERSION, build_audit, public_audit
+from streamprep.audit.render import render_html, summary_text
+from streamprep.layout import RunLayout, read_json
+
+__all__ = ["build_audit", "render_html", "summary_from_file", "summary_text", "write_audit"]
+
+
+def summary_from_file(run_dir: str | Path) -> str | None:
+    """The summary of an existing audit/audit.json (None when there is none)."""
+    path = RunLayout(run_dir).audit_json
+    audit = read_json(path)
+    if not isinstance(audit, dict) or audit.get("version") != VERSION:
+        return None
+    return summary_text(audit, path.with_name("audit.html"))
+
+
+def write_audit(run_dir: str | Path, timings: dict[str, float] | None = None) -> str:
+    """Write audit/audit.json and audit/audit.html for `run_dir`; return the short text summary.
+
+    `timings` overrides run.json's (the pipeline passes its live timings before run.json is final)."""
+    run_dir = Path(run_dir)
+    audit, examples = build_audit(run_dir, timings)
+    out_dir = RunLayout(run_dir).audit_dir
+    public = public_audit(audit)
+    atomic.write_bytes(out_dir / "audit.json", atomic.dumps_json(public))
+    atomic.write_bytes(out_dir / "audit.html", render_html(audit, examples).encode("utf-8"))
+    return summary_text(public, out_dir / "audit.html")
+

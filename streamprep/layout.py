@@ -1,0 +1,201 @@
+"""The one map of a run directory: every path under RUN_DIR is named here and nowhere else.
+
+Paths stored relative to the run dir (receipts, manifest) come from the same accessors, so renaming a
+file means changing one line. Read-only helpers (`read_json`, `Checkpoint`, `completed_receipt`) let
+status/audit/verify read the run without each keeping its own tolerant JSON loader.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamprep.lock import LOCK_NAME
+
+
+# Names relative to the run dir; receipts, the manifest and verify's messages store/print them as-is.
+RUN_JSON, MANIFEST, BLEND, MIXTURES = "run.json", "manifest.json", "blend.json", "mixtures.json"
+INGEST, REJECTS, RECEIPTS, TOKENIZER = "ingest", "rejects", "receipts", "tokenizer"
+BINIDX, SFT, PARQUET, AUDIT, LOGS, CHECKPOINTS = "binidx", "sft", "parquet", "audit", "logs", "checkpoints"
+
+
+class NotARunDir(ValueError):
+    """The path is not a streamprep run directory (the CLI maps it to exit 2)."""
+
+
+def part_name(index: int) -> str:
+    """`part-00007`: the stem shared by an ingest part, its receipt and its binidx/sft outputs."""
+    return f"part-{index:05d}"
+
+
+def _stem(part: int | str) -> str:
+    """A part given by index or by its stem ("part-00007")."""
+    return part if isinstance(part, str) else part_name(part)
+
+
+def read_json(path: Path) -> Any:
+    """The parsed JSON at `path`, or None if it is missing or unreadable (the run may be mid-write)."""
+    try:
+        return orjson.loads(Path(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def checkpoint_file(checkpoint_dir: Path, dataset: str) -> Path:
+    """A dataset's checkpoint inside the checkpoint dir (RunLayout.checkpoints; may lie outside the run)."""
+    return Path(checkpoint_dir) / f"{dataset}.json"
+
+
+def planned_parts(part_index: int, part_lines: int, done: bool) -> int:
+    """Parts sealed for tokenization: every part before the open one, and the last part once the dataset
+    is done (an empty last part is never written)."""
+    return part_index + (1 if done and part_lines else 0)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The fields of a dataset checkpoint that readers use; an absent checkpoint reads as all zero."""
+    raw: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: Path) -> "Checkpoint":
+        data = read_json(path)
+        return cls(data if isinstance(data, dict) else {})
+
+    @property
+    def started(self) -> bool:
+        return bool(self.raw)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.raw.get("done"))
+
+    @property
+    def part_index(self) -> int:
+        return int(self.raw.get("part_index", 0))
+
+    @property
+    def part_lines(self) -> int:
+        return int(self.raw.get("part_lines", 0))
+
+    @property
+    def planned_parts(self) -> int:
+        """See the module-level `planned_parts` (shared with checkpoints.IngestState.sealed_parts)."""
+        return planned_parts(self.part_index, self.part_lines, self.done)
+
+
+def completed_receipt(path: Path) -> dict[str, Any] | None:
+    """The receipt at `path` if it records a completed shard, else None."""
+    rec = read_json(path)
+    return rec if isinstance(rec, dict) and rec.get("status") == "completed" else None
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Every path of one run directory."""
+    run_dir: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_dir", Path(self.run_dir))
+
+    # top-level files
+    @property
+    def run_json(self) -> Path:
+        return self.run_dir / RUN_JSON
+
+    @property
+    def manifest(self) -> Path:
+        return self.run_dir / MANIFEST
+
+    @property
+    def blend(self) -> Path:
+        return self.run_dir / BLEND
+
+    @property
+    def mixtures(self) -> Path:
+        return self.run_dir / MIXTURES
+
+    @property
+    def lock(self) -> Path:
+        return self.run_dir / LOCK_NAME
+
+    # folders
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.run_dir / TOKENIZER
+
+    @property
+    def tokenizer_json(self) -> Path:
+        return self.tokenizer_dir / "tokenizer.json"
+
+    @property
+    def tokenizer_fingerprint(self) -> Path:
+        return self.tokenizer_dir / "fingerprint.json"
+
+    @property
+    def tokenizer_training(self) -> Path:
+        return self.tokenizer_dir / "training.json"
+
+    @property
+    def receipts_dir(self) -> Path:
+        return self.run_dir / RECEIPTS
+
+    @property
+    def parquet_dir(self) -> Path:
+        return self.run_dir / PARQUET
+
+    @property
+    def audit_dir(self) -> Path:
+        return self.run_dir / AUDIT
+
+    @property
+    def audit_json(self) -> Path:
+        return self.audit_dir / "audit.json"
+
+    @property
+    def hf_cache(self) -> Path:
+        return self.run_dir / "cache" / "hf"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.run_dir / LOGS
+
+    @property
+    def local_checkpoints(self) -> Path:
+        return self.run_dir / CHECKPOINTS
+
+    def checkpoints(self, record: dict[str, Any]) -> Path:
+        """run.json's `checkpoint_dir`, or RUN_DIR/checkpoints when that path is gone (a moved run dir)."""
+        local = self.local_checkpoints
+        given = record.get("checkpoint_dir")
+        if given:
+            p = Path(given)
+            p = p if p.is_absolute() else self.run_dir / p
+            if p.is_dir() or not local.is_dir():
+                return p
+        return local
+
+    # per dataset / part
+    @property
+    def ingest_root(self) -> Path:
+        return self.run_dir / INGEST
+
+    def ingest_dir(self, dataset: str) -> Path:
+        return self.ingest_root / dataset
+
+    def ingest_part(self, dataset: str, index: int) -> Path:
+        return self.ingest_dir(dataset) / f"{part_name(index)}.jsonl"
+
+    def rejects(self, dataset: str) -> Path:
+        return self.run_dir / REJECTS / f"{dataset}.jsonl"
+
+    def receipt(self, dataset: str, part: int | str) -> Path:
+        return self.receipts_dir / dataset / f"{_stem(part)}.json"
+
+    def binidx_prefix(self, dataset: str, part: int | str) -> Path:
+        return self.run_dir / BINIDX / dataset / f"{_stem(part)}_text_document"
+
+    def sft_prefix(self, dataset: str, part: int | str) -> Path:
+        return self.run_dir / SFT / dataset / _stem(part)

@@ -1,0 +1,46 @@
+"""streamprep.layout: the run-dir paths other modules and stored relative paths depend on."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamprep.layout import Checkpoint, RunLayout, checkpoint_file, completed_receipt, read_json
+
+
+def test_paths_match_the_run_dir_contract(tmp_path: Path) -> None:
+    lay = RunLayout(tmp_path)
+    rel = lambda p: p.relative_to(tmp_path).as_posix()  # noqa: E731
+    assert [rel(lay.run_json), rel(lay.manifest), rel(lay.blend), rel(lay.mixtures), rel(lay.lock)] == \
+        ["run.json", "manifest.json", "blend.json", "mixtures.json", ".lock"]
+    assert rel(lay.ingest_part("c4", 7)) == "ingest/c4/part-00007.jsonl"
+    assert rel(lay.receipt("c4", 7)) == rel(lay.receipt("c4", "part-00007")) == "receipts/c4/part-00007.json"
+    assert rel(lay.binidx_prefix("c4", 12)) == "binidx/c4/part-00012_text_document"
+    assert rel(lay.sft_prefix("chat", "part-00001")) == "sft/chat/part-00001"
+    assert rel(lay.rejects("c4")) == "rejects/c4.jsonl"
+    assert [rel(lay.tokenizer_json), rel(lay.tokenizer_fingerprint), rel(lay.tokenizer_training)] == \
+        ["tokenizer/tokenizer.json", "tokenizer/fingerprint.json", "tokenizer/training.json"]
+    assert [rel(lay.audit_json), rel(lay.hf_cache), rel(lay.logs_dir), rel(lay.parquet_dir)] == \
+        ["audit/audit.json", "cache/hf", "logs", "parquet"]
+
+
+def test_checkpoint_dir_honours_run_json_and_falls_back_when_moved(tmp_path: Path) -> None:
+    lay = RunLayout(tmp_path)
+    external = tmp_path.parent / f"{tmp_path.name}-ckpt"
+    external.mkdir()
+    assert lay.checkpoints({"checkpoint_dir": str(external)}) == external
+    assert lay.checkpoints({}) == tmp_path / "checkpoints"
+    (tmp_path / "checkpoints").mkdir()
+    assert lay.checkpoints({"checkpoint_dir": str(tmp_path / "gone")}) == tmp_path / "checkpoints"
+
+
+def test_planned_parts_and_tolerant_readers(tmp_path: Path) -> None:
+    assert Checkpoint({"part_index": 2, "part_lines": 5, "done": True}).planned_parts == 3
+    assert Checkpoint({"part_index": 2, "part_lines": 5, "done": False}).planned_parts == 2
+    assert Checkpoint({"part_index": 2, "part_lines": 0, "done": True}).planned_parts == 2
+    bad = checkpoint_file(tmp_path, "c4")
+    bad.write_bytes(b"{not json")
+    assert read_json(bad) is None and Checkpoint.load(bad).started is False
+    rec = tmp_path / "r.json"
+    rec.write_bytes(b'{"status": "running"}')
+    assert completed_receipt(rec) is None
+    rec.write_bytes(b'{"status": "completed", "stats": {}}')
+    assert completed_receipt(rec) == {"status": "completed", "stats": {}}
