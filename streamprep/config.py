@@ -351,7 +351,7 @@ def _tokenizer(tok: dict[str, Any], base: Path) -> None:
             tok["path"] = None
         else:
             _check_local_path("tokenizer.path", tok["path"])
-    check_config(tok)
+    check_config(TokenizerConfig.from_dict(tok))
 
 
 def _output(out: dict[str, Any], dataset_names: list[str]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from streamprep import __version__, atomic, config as configmod, logs
 from streamprep import engines, tokenizer as tokmod
 from streamprep.checkpoints import OWNER_NAME, DatasetFiles, IngestState, claim, foreign_checkpoints
-from streamprep.config import ConfigError
+from streamprep.config import ConfigError, ExecutionConfig, TokenizerConfig
 from streamprep.engines import Engine
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
@@ -272,8 +272,7 @@ class Job:
 
     # -- stages ------------------------------------------------------------------------------
     def _engine(self) -> Engine:
-        ex = self.cfg["execution"]
-        return engines.create(ex, ex["workers"] or os.cpu_count() or 1)
+        return engines.create(ExecutionConfig.from_dict(self.cfg["execution"]))
 
     def _ingest_and_tokenize(self, engine: Engine) -> tuple[dict[str, IngestState], list[ShardTask], dict[str, Any],
                                                             TokenizerInfo]:
@@ -316,11 +315,11 @@ class Job:
 
     def _given_tokenizer(self) -> TokenizerInfo | None:
         """`tokenizer.path` (or a tokenizer this run already trained): ready before ingest starts."""
-        tok = self.cfg["tokenizer"]
-        if tok["path"]:
+        tok = TokenizerConfig.from_dict(self.cfg["tokenizer"])
+        if tok.path:
             return tokmod.prepare(tok, self.run_dir)
         trained = tokmod.saved_tokenizer(tok, self.run_dir)  # a resumed run reuses what it trained
-        if trained is None or (tok["train"]["sample_mb"] is not None and tokmod.training_report(self.run_dir) is None):
+        if trained is None or (tok.train.sample_mb is not None and tokmod.training_report(self.run_dir) is None):
             return None
         return trained
 
@@ -334,8 +333,8 @@ class Job:
 
     def _train_tokenizer(self, states: dict[str, IngestState]) -> TokenizerInfo:
         """Train on the sample (`sample_mb`, held-out report) or, after ingest, on all kept text."""
-        tok = self.cfg["tokenizer"]
-        sample_mb = tok["train"]["sample_mb"]
+        tok = TokenizerConfig.from_dict(self.cfg["tokenizer"])
+        sample_mb = tok.train.sample_mb
         if sample_mb is None:
             parts = [p for ps in self._parts(states).values() for p in ps]
             if not parts:
