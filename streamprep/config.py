@@ -6,9 +6,10 @@ import glob as globmod
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from types import MappingProxyType
+from typing import Any, Mapping, get_type_hints
 
 import orjson
 import yaml
@@ -22,6 +23,8 @@ MAX_CONFIG_NODES = 100_000      # YAML nodes after alias expansion (a billion-la
 MAX_CONFIG_DEPTH = 64           # YAML nesting
 MAX_NAME_CHARS = 64             # run and dataset names become path components
 NAME_RE = re.compile(r"^\w[\w.-]*$")  # starts with a letter, digit or _; no '/', never '.' or '..'
+LOCAL_FORMATS = ("jsonl", "parquet", "txt", "document")
+HF_FORMATS = ("jsonl", "json", "parquet", "txt", "text", "csv", "arrow")  # = sources.hf.FORMAT_TO_BUILDER keys
 PARQUET_COMPRESSIONS = ("snappy", "gzip", "brotli", "zstd", "lz4", "lz4_raw", "none")
 
 
@@ -271,8 +274,10 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
             rng.check(f"{key}.{k}", ds[k])
         if ds["filter"] is not None and not all(isinstance(k, str) and k for k in ds["filter"]):
             raise ConfigError(f"config: '{key}.filter' must map field names to values, got {ds['filter']!r:.80}")
-        if ds["format"] not in (None, "jsonl", "parquet", "txt", "document"):
-            raise ConfigError(f"config: '{key}.format' must be jsonl, parquet, txt or document, got {ds['format']!r}")
+        formats = HF_FORMATS if ds["path"].startswith("hf://") else LOCAL_FORMATS
+        if ds["format"] not in (None, *formats):
+            raise ConfigError(f"config: '{key}.format' must be {', '.join(formats[:-1])} or {formats[-1]}, "
+                              f"got {ds['format']!r}")
         if ds["path"].startswith("hf://") and not ds["split"]:
             raise ConfigError(f"config: '{key}.split' is required for hf:// sources")
         ds["path"] = _resolve_path(ds["path"], base, f"{key}.path")
@@ -346,7 +351,7 @@ def _tokenizer(tok: dict[str, Any], base: Path) -> None:
             tok["path"] = None
         else:
             _check_local_path("tokenizer.path", tok["path"])
-    check_config(tok)
+    check_config(TokenizerConfig.from_dict(tok))
 
 
 def _output(out: dict[str, Any], dataset_names: list[str]) -> None:
@@ -474,3 +479,154 @@ def drift_keys(old: Mapping[str, Any], new: Mapping[str, Any], exports_redone: b
     if exports_redone:
         diffs = [k for k in diffs if not re.sub(r"\[\d+\]", "[]", k).startswith(EXPORT_ONLY)]
     return diffs
+
+
+# ---- typed, frozen view of a validated config --------------------------------------------------------------
+# Field order follows SPEC (to_dict() must reproduce the validated dict key for key, so run.json and
+# config_hash stay byte-identical). Defaults are NOT repeated here: they live in SPEC / DATASET_SPEC only.
+
+
+def _freeze(value: Any) -> Any:
+    """Mappings -> read-only MappingProxyType, lists -> tuples (free-form sections: quality, sft, filter)."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    """Inverse of _freeze (and of dataclass nesting): plain dicts and lists, as JSON will see them."""
+    if is_dataclass(value):
+        return {f.name: _thaw(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_thaw(v) for v in value]
+    return value
+
+
+class _Section:
+    """Mixin: build a frozen section from its validated dict, and back."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Any:
+        hints = get_type_hints(cls)
+        kw = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            hint, value = hints[f.name], d.get(f.name)
+            kw[f.name] = hint.from_dict(value) if isinstance(hint, type) and issubclass(hint, _Section) else _freeze(value)
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _thaw(self)
+
+
+@dataclass(frozen=True)
+class RunConfig(_Section):
+    name: str
+    seed: int
+    checkpoint_dir: str | None
+
+
+@dataclass(frozen=True)
+class TokenizerTrainConfig(_Section):
+    vocab_size: int
+    min_frequency: int
+    sample_mb: float | None
+
+
+@dataclass(frozen=True)
+class TokenizerConfig(_Section):
+    path: str | None
+    if_missing: str
+    train: TokenizerTrainConfig
+    append_eod: bool
+    eod_token: str | None
+
+
+@dataclass(frozen=True)
+class ParquetConfig(_Section):
+    length_buckets: tuple[int, ...]
+    shard_size_bytes: int
+    compression: str
+    row_group_size: int
+
+
+@dataclass(frozen=True)
+class MixturesConfig(_Section):
+    phases: Mapping[str, Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class OutputConfig(_Section):
+    dtype: str
+    shard_records: int | None
+    parquet: ParquetConfig
+    mixtures: MixturesConfig
+    valid_fraction: float
+    num_shards_multiple_of: int
+    max_rejects_per_check: int | None
+
+
+@dataclass(frozen=True)
+class ExecutionConfig(_Section):
+    engine: str
+    workers: int | None
+    ray_address: str | None
+    max_concurrent_downloads: int
+    hf_prefetch_files: int
+    hf_cache_max_gb: float
+    hf_keep_cache: bool
+    batch_records: int
+    progress_interval_s: float
+
+
+@dataclass(frozen=True)
+class DatasetConfig(_Section):
+    name: str
+    path: str
+    format: str | None
+    optional: bool
+    split: str | None
+    subset: str | None
+    revision: str | None
+    text_field: str
+    weight: float
+    filter: Mapping[str, Any] | None
+    size_mb: float | None
+    max_records: int | None
+    blend_split: str
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole validated config, read-only; each component should be handed only its own section."""
+
+    run: RunConfig
+    tokenizer: TokenizerConfig
+    output: OutputConfig
+    execution: ExecutionConfig
+    datasets: tuple[DatasetConfig, ...]
+    quality: Mapping[str, Any]           # quality.settings owns this section's schema
+    sft: Mapping[str, Any] | None = None  # streamprep.sft.config owns this section's schema
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> "Config":
+        """From the dict `validate` returns (no re-validation: that happened once, in `validate`)."""
+        return cls(run=RunConfig.from_dict(cfg["run"]), tokenizer=TokenizerConfig.from_dict(cfg["tokenizer"]),
+                   output=OutputConfig.from_dict(cfg["output"]), execution=ExecutionConfig.from_dict(cfg["execution"]),
+                   datasets=tuple(DatasetConfig.from_dict(d) for d in cfg["datasets"]),
+                   quality=_freeze(cfg["quality"]), sft=_freeze(cfg["sft"]) if "sft" in cfg else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict `validate` returned, key order included (run.json, config_hash, drift checks)."""
+        out = {k: _thaw(getattr(self, k)) for k in ("run", "tokenizer", "output", "execution", "datasets", "quality")}
+        if self.sft is not None:
+            out["sft"] = _thaw(self.sft)
+        return out
+
+
+def load(raw: Any, base_dir: str | Path = ".") -> Config:
+    """Validate `raw` once and return it as frozen, typed sections."""
+    return Config.from_dict(validate(raw, base_dir))

@@ -208,6 +208,7 @@ def _refuse_unsafe_paths(cfg: dict[str, Any], run_dir: Path, checkpoint_dir: Pat
 class Job:
     def __init__(self, cfg: dict[str, Any], run_dir: Path, previous: dict[str, Any] | None, console_log: bool = True):
         self.cfg, self.run_dir = cfg, run_dir
+        self.config = configmod.Config.from_dict(cfg)  # typed, frozen; engine and tokenizer get their section
         self.checkpoint_dir = _checkpoint_dir(cfg, run_dir)
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
         self.record.update({"config": cfg, "config_hash": configmod.config_hash(cfg), "versions": _versions(),
@@ -217,7 +218,7 @@ class Job:
         self.progress: dict[str, Any] = {}  # dataset -> live IngestState, read by the progress reporter
         from streamprep.progress import ProgressReporter
 
-        self.reporter = ProgressReporter(self.progress, cfg["execution"]["progress_interval_s"],
+        self.reporter = ProgressReporter(self.progress, self.config.execution.progress_interval_s,
                                          tty=None if console_log else False, datasets=cfg["datasets"], run_dir=run_dir)
 
     def _save_record(self, status: str, **extra: Any) -> None:
@@ -276,8 +277,7 @@ class Job:
 
     # -- stages ------------------------------------------------------------------------------
     def _engine(self) -> Engine:
-        ex = self.cfg["execution"]
-        return engines.create(ex, ex["workers"] or os.cpu_count() or 1)
+        return engines.create(self.config.execution)
 
     def _ingest_and_tokenize(self, engine: Engine) -> tuple[dict[str, IngestState], list[ShardTask], dict[str, Any],
                                                             TokenizerInfo]:
@@ -326,16 +326,16 @@ class Job:
 
     def _given_tokenizer(self) -> TokenizerInfo | None:
         """`tokenizer.path` (or a tokenizer this run already trained): ready before ingest starts."""
-        tok = self.cfg["tokenizer"]
-        if tok["path"]:
+        tok = self.config.tokenizer
+        if tok.path:
             return tokmod.prepare(tok, self.run_dir)
         trained = tokmod.saved_tokenizer(tok, self.run_dir)  # a resumed run reuses what it trained
-        if trained is None or (tok["train"]["sample_mb"] is not None and tokmod.training_report(self.run_dir) is None):
+        if trained is None or (tok.train.sample_mb is not None and tokmod.training_report(self.run_dir) is None):
             return None
         return trained
 
     def _sample_ready(self) -> Callable[[dict[str, IngestState]], bool] | None:
-        sample_mb = self.cfg["tokenizer"]["train"]["sample_mb"]
+        sample_mb = self.config.tokenizer.train.sample_mb
         if sample_mb is None:
             return None
         shares = tokmod.sample_shares(self.cfg["datasets"], sample_mb)
@@ -344,8 +344,8 @@ class Job:
 
     def _train_tokenizer(self, states: dict[str, IngestState]) -> TokenizerInfo:
         """Train on the sample (`sample_mb`, held-out report) or, after ingest, on all kept text."""
-        tok = self.cfg["tokenizer"]
-        sample_mb = tok["train"]["sample_mb"]
+        tok = self.config.tokenizer
+        sample_mb = tok.train.sample_mb
         if sample_mb is None:
             parts = [p for ps in self._parts(states).values() for p in ps]
             if not parts:
@@ -360,7 +360,7 @@ class Job:
     def _task(self, name: str, part: Path, info: TokenizerInfo) -> ShardTask:
         dtype = token_dtype(self.cfg["output"]["dtype"], info.vocab_size)
         sft = self.cfg.get("sft")
-        eod = info.eod_id if self.cfg["tokenizer"]["append_eod"] and mode_of(sft).appends_eod else None
+        eod = info.eod_id if self.config.tokenizer.append_eod and mode_of(sft).appends_eod else None
         split = next(d["blend_split"] for d in self.cfg["datasets"] if d["name"] == name)
         return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype, sft)
 

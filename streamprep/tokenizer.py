@@ -14,8 +14,8 @@ import orjson
 from tokenizers import Tokenizer
 
 from streamprep import atomic, logs
+from streamprep.config import ConfigError, TokenizerConfig
 from streamprep.layout import RunLayout
-from streamprep.config import ConfigError
 
 log = logs.get("tokenizer")
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<unk>", "<mask>"]
@@ -69,12 +69,12 @@ def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
     return TokenizerInfo(saved, f"sha256:{digest}", tok.get_vocab_size(with_added_tokens=True), tid, name)
 
 
-def saved_tokenizer(tok_cfg: dict[str, Any], run_dir: Path) -> TokenizerInfo | None:
+def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path) -> TokenizerInfo | None:
     """The run's tokenizer copy when it is intact (same fingerprint as recorded), else None."""
     saved, fp_file = RunLayout(run_dir).tokenizer_json, RunLayout(run_dir).tokenizer_fingerprint
     if not (saved.is_file() and fp_file.is_file()):
         return None
-    info = _info(saved, tok_cfg.get("eod_token"))
+    info = _info(saved, tok_cfg.eod_token)
     if atomic.read_json(fp_file).get("fingerprint") != info.fingerprint:
         log.warning("tokenizer copy does not match its fingerprint; recreating it", path=str(saved))
         return None
@@ -82,7 +82,7 @@ def saved_tokenizer(tok_cfg: dict[str, Any], run_dir: Path) -> TokenizerInfo | N
     return _check_eod(info, tok_cfg)
 
 
-def prepare(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[str] | None = None) -> TokenizerInfo:
+def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None = None) -> TokenizerInfo:
     """Copy (or train, from `texts`) the tokenizer into the run dir once; later calls reuse it."""
     layout = RunLayout(run_dir)
     out_dir, saved, fp_file = layout.tokenizer_dir, layout.tokenizer_json, layout.tokenizer_fingerprint
@@ -90,8 +90,8 @@ def prepare(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[str] | None 
     if info is not None:
         return info
     out_dir.mkdir(parents=True, exist_ok=True)
-    if tok_cfg.get("path"):
-        src = _source_file(Path(tok_cfg["path"]))
+    if tok_cfg.path:
+        src = _source_file(Path(tok_cfg.path))
         atomic.write_bytes(saved, src.read_bytes())
         for side in SIDE_FILES:
             if (src.parent / side).is_file():
@@ -100,24 +100,24 @@ def prepare(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[str] | None 
     else:
         if texts is None:
             raise ValueError("training a tokenizer needs the run's kept texts")
-        bpe = train_bpe(texts, tok_cfg["train"]["vocab_size"], tok_cfg["train"]["min_frequency"])
+        bpe = train_bpe(texts, tok_cfg.train.vocab_size, tok_cfg.train.min_frequency)
         atomic.write_bytes(saved, bpe.to_str().encode("utf-8"))
-        log.info("tokenizer trained", vocab_size=tok_cfg["train"]["vocab_size"])
-    info = _info(saved, tok_cfg.get("eod_token") or (None if tok_cfg.get("path") else "</s>"))
+        log.info("tokenizer trained", vocab_size=tok_cfg.train.vocab_size)
+    info = _info(saved, tok_cfg.eod_token or (None if tok_cfg.path else "</s>"))
     atomic.write_json(fp_file, info.to_json())
     return _check_eod(info, tok_cfg)
 
 
-def check_config(tok_cfg: dict[str, Any]) -> None:
+def check_config(tok_cfg: TokenizerConfig) -> None:
     """Load `tokenizer.path` and find its EOD token at config time: a file that is not a tokenizer, or an
     EOD token it lacks, fails before anything is written rather than after the whole ingest."""
-    wanted = tok_cfg.get("eod_token")
-    if not tok_cfg.get("path"):
+    wanted = tok_cfg.eod_token
+    if not tok_cfg.path:
         if wanted and wanted not in SPECIAL_TOKENS:
             raise ConfigError(f"config: 'tokenizer.eod_token': a trained tokenizer has only the special tokens "
                               f"{', '.join(SPECIAL_TOKENS)}, got {wanted!r}")
         return
-    src = _source_file(Path(tok_cfg["path"]))
+    src = _source_file(Path(tok_cfg.path))
     try:
         tok = Tokenizer.from_file(str(src))
     except Exception as exc:  # tokenizers raises a bare Exception for unparsable files
@@ -127,8 +127,8 @@ def check_config(tok_cfg: dict[str, Any]) -> None:
     _check_eod(TokenizerInfo(src, "", tok.get_vocab_size(with_added_tokens=True), tid, name), tok_cfg)
 
 
-def _check_eod(info: TokenizerInfo, tok_cfg: dict[str, Any]) -> TokenizerInfo:
-    if tok_cfg.get("append_eod") and info.eod_id is None:
+def _check_eod(info: TokenizerInfo, tok_cfg: TokenizerConfig) -> TokenizerInfo:
+    if tok_cfg.append_eod and info.eod_id is None:
         raise ConfigError("config: 'tokenizer.append_eod' is true but the tokenizer has no end-of-text token; "
                           "set 'tokenizer.eod_token'")
     return info
@@ -181,7 +181,7 @@ def sample_texts(parts: dict[str, list[Path]], shares: dict[str, int]) -> Iterat
             yield text
 
 
-def prepare_from_sample(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[str]) -> TokenizerInfo:
+def prepare_from_sample(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str]) -> TokenizerInfo:
     """Train on 9 of every 10 sampled documents; report bytes per token on the 10th (tokenizer/training.json)."""
     held_out: list[str] = []
 
@@ -199,7 +199,7 @@ def prepare_from_sample(tok_cfg: dict[str, Any], run_dir: Path, texts: Iterable[
         tok = Tokenizer.from_file(str(info.path))
         n_bytes = sum(len(t.encode("utf-8")) for t in held_out)
         n_tokens = sum(len(e.ids) for e in tok.encode_batch(held_out, add_special_tokens=False))
-        atomic.write_json(RunLayout(run_dir).tokenizer_training, {"sample_mb": tok_cfg["train"]["sample_mb"], "held_out_documents": len(held_out),
+        atomic.write_json(RunLayout(run_dir).tokenizer_training, {"sample_mb": tok_cfg.train.sample_mb, "held_out_documents": len(held_out),
                                    "held_out_bytes": n_bytes, "held_out_tokens": n_tokens,
                                    "bytes_per_token": round(n_bytes / n_tokens, 4) if n_tokens else None})
     return info

@@ -366,3 +366,60 @@ def test_relative_path_through_a_symlink_loop_names_its_key(tmp_path: Path, data
     with pytest.raises(ConfigError, match=r"'run.checkpoint_dir': Symlink loop"):
         validate({"datasets": [{"name": "a", "path": str(data)}], "run": {"checkpoint_dir": "loop_a/ckpt"}},
                  base_dir=tmp_path)
+
+
+def test_typed_config_is_frozen_and_round_trips_byte_identical(good: dict) -> None:
+    import dataclasses
+
+    import orjson
+
+    from streamprep.config import Config, ExecutionConfig, config_hash, load
+
+    raw = {**good, "quality": {"min_language_prob": 0.5}, "output": {"mixtures": {"phases": {"p": {"a": 1.0}}}}}
+    plain = validate(copy.deepcopy(raw))
+    cfg = load(copy.deepcopy(raw))
+    assert isinstance(cfg.execution, ExecutionConfig) and cfg.execution.engine == "xenna"
+    assert cfg.output.parquet.length_buckets == (128, 256, 512, 1024, 2048, 4096, 8192)
+    assert cfg.datasets[0].name == "a" and cfg.quality["min_language_prob"] == 0.5
+    # run.json and the config hash are written from the dict: same bytes, same key order, same hash
+    assert orjson.dumps(cfg.to_dict()) == orjson.dumps(plain)
+    assert config_hash(cfg.to_dict()) == config_hash(plain)
+    assert Config.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.run.seed = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):  # free-form sections are read-only mappings
+        cfg.quality["min_language_prob"] = 0.1  # type: ignore[index]
+    with pytest.raises(TypeError):
+        cfg.output.mixtures.phases["p"]["a"] = 2.0  # type: ignore[index]
+
+
+def test_dataclass_fields_mirror_spec_and_carry_no_defaults() -> None:
+    """Defaults are defined once, in SPEC / DATASET_SPEC: the dataclasses have the same keys and no defaults."""
+    import dataclasses
+
+    from streamprep import config as c
+
+    def check(cls: type, spec: dict) -> None:
+        assert [f.name for f in dataclasses.fields(cls)] == list(spec)
+        for f in dataclasses.fields(cls):
+            assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, f.name
+
+    check(c.RunConfig, c.SPEC["run"])
+    check(c.TokenizerConfig, c.SPEC["tokenizer"])
+    check(c.TokenizerTrainConfig, c.SPEC["tokenizer"]["train"])
+    check(c.OutputConfig, c.SPEC["output"])
+    check(c.ParquetConfig, c.SPEC["output"]["parquet"])
+    check(c.MixturesConfig, c.SPEC["output"]["mixtures"])
+    check(c.ExecutionConfig, c.SPEC["execution"])
+    check(c.DatasetConfig, {**c.DATASET_SPEC, "blend_split": None})
+    # the default bucket list is written once in the package source
+    src = "".join(p.read_text() for p in Path(c.__file__).parent.rglob("*.py"))
+    assert src.count("[128, 256, 512, 1024, 2048, 4096, 8192]") == 1
+
+
+def test_hf_formats_accepted_for_hf_paths_only(data: Path) -> None:
+    cfg = validate({"datasets": [{"name": "h", "path": "hf://org/ds", "split": "train", "format": "csv"}],
+                    "tokenizer": {"if_missing": "train"}})
+    assert cfg["datasets"][0]["format"] == "csv"
+    with pytest.raises(ConfigError, match=r"'datasets\[0\]\.format' must be jsonl, parquet, txt or document, got 'csv'"):
+        validate({"datasets": [{"name": "a", "path": str(data), "format": "csv"}]})
