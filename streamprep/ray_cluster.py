@@ -152,10 +152,11 @@ def ray_processes() -> list[psutil.Process]:
     return found
 
 
-def stop_and_reap(stop: Callable[[], None]) -> None:
-    """Run `stop` (a cluster shutdown), then kill the Ray processes that outlived it (after GRACE_S).
-    Busy stage workers are killed first: a shard they were writing has no receipt and is redone on resume."""
-    children = ray_processes()
+def stop_and_reap(stop: Callable[[], None], procs: list[psutil.Process] | None = None) -> None:
+    """Run `stop` (a cluster shutdown), then kill the processes that outlived it (after GRACE_S): `procs`,
+    by default all of this process's Ray processes. Busy stage workers are killed first: a shard they were
+    writing has no receipt and is redone on resume."""
+    children = ray_processes() if procs is None else procs
     reap_leaked_ray_workers()
     stop()
     _, alive = psutil.wait_procs(children, timeout=GRACE_S)

@@ -166,7 +166,7 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
     attaches with `ray_address`, its QC actors and stage workers spread over both, bytes equal a local run."""
     from ray.cluster_utils import Cluster
 
-    from streamprep.ray_cluster import RAY_ENV, stop_and_reap
+    from streamprep.ray_cluster import RAY_ENV, ray_processes, stop_and_reap
 
     os.environ.update(RAY_ENV)  # the head's dashboard serves Xenna's monitor: it needs the raised API limits
     source = _source(tmp_path, 1500)
@@ -176,6 +176,7 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
     with socket.socket() as s:  # the session fixture's cluster may hold the default dashboard port
         s.bind(("127.0.0.1", 0))
         dashboard_port = s.getsockname()[1]
+    session = {p.pid for p in ray_processes()}  # the session fixture's cluster, if up, is not this test's to stop
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": dashboard_port})
     try:
@@ -186,7 +187,7 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, proc.stderr[-3000:]
     finally:
-        stop_and_reap(cluster.shutdown)
+        stop_and_reap(cluster.shutdown, [p for p in ray_processes() if p.pid not in session])
     lines = [json.loads(x) for x in (tmp_path / "multi/logs/streamprep.log").read_text().splitlines()]
     nodes = {x["node"] for x in lines if x["event"] == "shard done"}
     assert len(nodes) == 2 and None not in nodes, nodes
@@ -303,9 +304,10 @@ def test_reaping_ray_leaves_other_child_processes_alone() -> None:
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
     pool_like = subprocess.Popen(sleep)
     ray_like = subprocess.Popen([*sleep, os.path.join(ray_dir, "_private", "log_monitor.py")])
-    try:
-        assert [p.pid for p in ray_processes()] == [ray_like.pid]
-        stop_and_reap(lambda: None)
+    try:  # (the session fixture's cluster may be up too: its processes are Ray's, never the pool's)
+        found = {p.pid for p in ray_processes()}
+        assert ray_like.pid in found and pool_like.pid not in found
+        stop_and_reap(lambda: None, [psutil.Process(ray_like.pid)])
         assert not psutil.pid_exists(ray_like.pid)  # killed and reaped after GRACE_S
         assert pool_like.poll() is None
     finally:
