@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 
 from streamprep import atomic, binidx, stats
-from streamprep.layout import RunLayout
+from streamprep.layout import RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 
 ENCODE_BATCH = 1024
@@ -74,10 +74,7 @@ def make_task(run_dir: Path, dataset: str, split: str, part_path: Path, tokenize
 
 
 def read_receipt(task: ShardTask) -> dict[str, Any] | None:
-    try:
-        return atomic.read_json(task.receipt_path)
-    except (OSError, orjson.JSONDecodeError):
-        return None
+    return read_json(Path(task.receipt_path))
 
 
 def receipt_problem(task: ShardTask, receipt: dict[str, Any] | None, check_hashes: bool = True) -> str | None:
