@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 import orjson
@@ -94,6 +95,22 @@ def receipt_problem(task: ShardTask, receipt: dict[str, Any] | None, check_hashe
     return None
 
 
+def _encoded_batches(fh: BinaryIO, tokenizer: Any, ahead: ThreadPoolExecutor) -> Iterator[list[Any]]:
+    """Encodings of the part's texts, ~4 MB of text per `encode_batch_fast` call. The next batch is read and
+    encoded in `ahead` (the Rust encoder releases the GIL) while the caller turns this one into arrays, so
+    that serial Python step does not leave the encoder's cores idle."""
+    def encode_next() -> list[Any] | None:
+        lines = fh.readlines(1 << 22)
+        if not lines:
+            return None
+        return tokenizer.encode_batch_fast([orjson.loads(line)["text"] for line in lines], add_special_tokens=False)
+
+    pending = ahead.submit(encode_next)
+    while (encodings := pending.result()) is not None:
+        pending = ahead.submit(encode_next)
+        yield encodings
+
+
 def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     """Encode one ingest part into `.bin/.idx`. Records that encode to nothing are dropped and listed."""
     dtype = np.dtype(task.dtype)
@@ -106,15 +123,11 @@ def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     hist: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
-        with open(task.input_path, "rb") as fh:
+        with open(task.input_path, "rb") as fh, ThreadPoolExecutor(1, thread_name_prefix="encode") as ahead:
             line_no = 0
-            while True:
-                lines = fh.readlines(1 << 22)  # ~4 MB of text per encode_batch call
-                if not lines:
-                    break
-                texts = [orjson.loads(line)["text"] for line in lines]
+            for encodings in _encoded_batches(fh, tokenizer, ahead):
                 arrays = []
-                for i, enc in enumerate(tokenizer.encode_batch_fast(texts, add_special_tokens=False)):
+                for i, enc in enumerate(encodings):
                     ids = enc.ids
                     if not ids:
                         dropped.append(line_no + i)
@@ -125,7 +138,7 @@ def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
                     n_tokens += len(ids)
                     stats.add_tokens(hist, "kept", len(ids))
                 writer.add_documents(arrays)
-                line_no += len(lines)
+                line_no += len(encodings)
         num_docs = writer.num_documents
         if num_docs:
             writer.close()
