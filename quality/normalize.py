@@ -4,27 +4,27 @@ Two texts differing only in Unicode composition, line endings, stray control byt
 spacing are the same document for training, so they must hash alike. Code keeps its indentation
 and its quotes (they may sit inside string literals); prose is collapsed and trimmed.
 
-Every step is a C-level regex pass, and passes whose regex would stop at every space run only after
-a plain substring test says there is something to change, so already-clean text costs a few scans.
+The per-character steps (line endings, controls, punctuation, Unicode spaces) are one table applied in
+one C-level regex pass; the passes whose regex would stop at every space run go only after a plain
+substring test says there is something to change, so already-clean text costs a few scans.
 """
 from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Callable
 
 # C1 controls (U+0080..U+009F) in real web text are almost always Windows-1252 bytes decoded as
 # Latin-1 ("l\x92Ecole"); map them to what the writer typed instead of deleting them.
 _C1 = {chr(b): bytes([b]).decode("cp1252", errors="ignore") for b in range(0x80, 0xA0)}
-# Other control characters go, except \t and \n (\r is turned into \n first). The BOM is invisible.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff]")
-_NEWLINES = re.compile("\r\n?")
+# Other control characters go, except \t and \n (\r becomes \n). The BOM is invisible.
+_CONTROLS = [*map(chr, (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))), "\ufeff"]
 _PUNCT = {
     **dict.fromkeys("\u2018\u2019\u201a\u201b\u2032", "'"),
     **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033", '"'),
     **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),
 }
-_PUNCT_RE = re.compile("[" + "".join(_PUNCT) + "]")
-_UNICODE_SPACES = re.compile("[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
+_UNICODE_SPACES = ["\u00a0", "\u1680", *map(chr, range(0x2000, 0x200B)), "\u202f", "\u205f", "\u3000"]
 _MULTI_SPACE = re.compile(" {2,}")
 _LINE_EDGES = re.compile("[ \t]+\n[ \t]*|\n[ \t]+")
 _EDGE_CUES = (" \n", "\t\n", "\n ", "\n\t")
@@ -32,8 +32,28 @@ _TRAILING = re.compile("[ \t]+(?=\n)|[ \t]+$")
 _TRAILING_CUES = (" \n", "\t\n")
 
 
-def _controls(text: str) -> str:
-    return _CONTROL.sub(lambda m: _C1.get(m.group(), ""), text)
+def _char_map(prose: bool) -> dict[str, str]:
+    """Every per-character step composed into one table: CR becomes LF; a control character goes (C1: its
+    Windows-1252 character); for prose, curly punctuation becomes ASCII and Unicode spaces a space, also
+    where a C1 byte decoded to such a character."""
+    out = {c: _C1.get(c, "") for c in _CONTROLS} | {"\r": "\n"}
+    if prose:
+        out = {**_PUNCT, **dict.fromkeys(_UNICODE_SPACES, " "), **{c: _PUNCT.get(v, v) for c, v in out.items()}}
+    return out
+
+
+def _one_pass(table: dict[str, str]) -> Callable[[str], str]:
+    """All of `table` in one regex scan (a scan per step costs as much as the step); CR LF is one LF."""
+    pattern = re.compile("[" + "".join(map(re.escape, sorted(table))) + "]")
+
+    def apply(text: str) -> str:
+        if "\r\n" in text:
+            text = text.replace("\r\n", "\n")
+        return pattern.sub(lambda m: table[m.group()], text)
+    return apply
+
+
+_PROSE_CHARS, _CODE_CHARS = _one_pass(_char_map(prose=True)), _one_pass(_char_map(prose=False))
 
 
 def normalize_text(text: str, code: bool = False) -> str:
@@ -43,13 +63,12 @@ def normalize_text(text: str, code: bool = False) -> str:
     """
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
-    text = _controls(_NEWLINES.sub("\n", text))
     if code:
+        text = _CODE_CHARS(text)
         if text.endswith((" ", "\t")) or any(cue in text for cue in _TRAILING_CUES):
             text = _TRAILING.sub("", text)
         return text.rstrip("\n")
-    text = _PUNCT_RE.sub(lambda m: _PUNCT[m.group()], text)
-    text = _UNICODE_SPACES.sub(" ", text)
+    text = _PROSE_CHARS(text)
     if "  " in text:
         text = _MULTI_SPACE.sub(" ", text)
     if any(cue in text for cue in _EDGE_CUES):
