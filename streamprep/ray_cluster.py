@@ -25,6 +25,7 @@ RAY_ENV = {
     "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
     "PYTHON_LOG": os.environ.get("PYTHON_LOG", "warning"),
 }
+RAY_NICE = 5  # a cluster started here runs niced: on a shared box the driver's own tokenizing comes first
 _lock = threading.Lock()
 _started_here = False
 _qc_placed = threading.Event()  # this job's QC actors hold their CPUs (set by ingest, awaited by the stage)
@@ -43,12 +44,21 @@ def connect(address: str | None, num_cpus: int) -> str:
             if address:
                 ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
             else:
+                _nice_this_thread(RAY_NICE)  # Ray's processes inherit it, and the raylet's workers from them
                 ctx = ray.init(num_cpus=max(num_cpus, 1), include_dashboard=True, log_to_driver=False,
                                object_store_memory=256 * 1024 * 1024)
                 _started_here = True
             os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
             log.info("ray connected", address=os.environ["RAY_ADDRESS"], started=_started_here)
         return os.environ.get("RAY_ADDRESS", "")
+
+
+def _nice_this_thread(increment: int) -> None:
+    """Lower the calling thread's priority (Linux: niceness is per thread, and a child process inherits its
+    parent thread's). Ray's start-up (GCS, raylet, dashboard, workers: ~20 processes) then takes the cores
+    only when the driver leaves them idle; until the stage answers, the driver tokenizes (engines/xenna.py)."""
+    tid = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
 
 
 def cpus_per_worker(workers: int) -> float:
