@@ -314,3 +314,20 @@ def test_reaping_ray_leaves_other_child_processes_alone() -> None:
         pool_like.kill()
         ray_like.kill()
         pool_like.wait()
+
+
+def test_a_cluster_started_by_the_job_is_niced_and_the_driver_is_not() -> None:
+    """ray_cluster niceness: the thread that starts Ray lowers its own priority, so every process it starts
+    (Ray's daemons, and the raylet's workers after them) runs niced, while the driver's other threads do not."""
+    from streamprep import ray_cluster
+
+    def child_nice() -> int:
+        out = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
+        return int(out.stdout)
+
+    before, seen = os.nice(0), []
+    t = threading.Thread(target=lambda: (ray_cluster._nice_this_thread(ray_cluster.RAY_NICE), seen.append(child_nice())))
+    t.start()
+    t.join()
+    assert seen == [min(before + ray_cluster.RAY_NICE, 19)]
+    assert os.nice(0) == before and child_nice() == before  # the driver's own threads keep their priority
