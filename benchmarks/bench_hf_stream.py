@@ -20,14 +20,14 @@ for f in range(12):
 hub.add_dataset("org/big", files)
 total = sum(map(len, files.values()))
 hub.rate = 1_000_000
-from streamprep.config import validate
+from streamprep.config import load
 from streamprep.ingest import IngestContext, ingest_all
 raw = base_config([{"name": "big", "path": "hf://org/big", "split": "train", "max_records": 50}], None)
 raw["execution"].update(max_concurrent_downloads=4)
-conf = validate(raw)
+conf = load(raw)
 
 async def main():
-    ctx = IngestContext(conf, tmp / "run", tmp / "run/checkpoints", asyncio.Event())
+    ctx = IngestContext.of(conf, tmp / "run", tmp / "run/checkpoints", asyncio.Event())
     t0 = time.monotonic()
     task = asyncio.create_task(ingest_all(ctx))
     while "big" not in ctx.progress or ctx.progress["big"].kept == 0:

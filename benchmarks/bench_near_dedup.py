@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from quality import validate_quality_config  # noqa: E402
+from quality import NearDedupSettings, load_quality_settings  # noqa: E402
 from quality.near_dedup import NearDupIndex, Signer, words  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -43,11 +43,11 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a or b else 0.0
 
 
-def signature_costs(texts: list[str], cfg: dict) -> dict[str, float]:
+def signature_costs(texts: list[str], cfg: NearDedupSettings) -> dict[str, float]:
     """µs/doc of each MinHash implementation over the same texts (best of 3)."""
     from rensa import RMinHash
 
-    n, perms, seed = cfg["ngram"], cfg["num_perm"], cfg["seed"]
+    n, perms, seed = cfg.ngram, cfg.num_perm, cfg.seed
     grams = lambda t: [b" ".join(g) for g in shingles(t, n)]  # noqa: E731
 
     def rensa_per_doc() -> None:
@@ -84,7 +84,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def stream(texts: list[str], cfg: dict, batch: int = 512) -> tuple[list, dict]:
+def stream(texts: list[str], cfg: NearDedupSettings, batch: int = 512) -> tuple[list, dict]:
     """The writer protocol over `texts` in order (every document kept unless near-duplicate):
     decisions (twin position, estimated Jaccard) or None, and cost figures."""
     sigs = Signer(cfg).signatures(texts)
@@ -151,11 +151,11 @@ def main() -> None:
     ap.add_argument("--bands", type=int, default=14)
     ap.add_argument("--rows", type=int, default=8)
     a = ap.parse_args()
-    cfg = validate_quality_config({"near_dedup": {"enabled": True, "threshold": a.threshold, "ngram": a.ngram,
-                                                  "bands": a.bands, "rows": a.rows}})["near_dedup"]
+    cfg = load_quality_settings({"near_dedup": {"enabled": True, "threshold": a.threshold, "ngram": a.ngram,
+                                                "bands": a.bands, "rows": a.rows}}).near_dedup
     c4 = _texts("web/c4_en_train00000_first1000.jsonl")[:a.docs]
     print(f"near_dedup: threshold {a.threshold}, {a.ngram}-grams, {a.bands} bands x {a.rows} rows "
-          f"({cfg['num_perm']} permutations); C4 docs {len(c4)}, mean {np.mean([len(t) for t in c4]):.0f} chars")
+          f"({cfg.num_perm} permutations); C4 docs {len(c4)}, mean {np.mean([len(t) for t in c4]):.0f} chars")
 
     print("\n## signature cost, µs/doc (best of 3)")
     for name, us in signature_costs(c4, cfg).items():

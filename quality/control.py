@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from quality.dedup import DedupDecision, DedupIndex
 from quality.gates import Doc, build_gates
 from quality.near_dedup import Signer
-from quality.settings import validate_quality_config
+from quality.settings import QualitySettings, load_quality_settings
 
 
 class Verdict(NamedTuple):
@@ -39,18 +39,19 @@ class QualityControl:
     "gates": {gate: {seen, kept, rejected, seconds}}} with gates in the order they run.
     """
 
-    def __init__(self, config: Mapping[str, Any] | None = None, text_field: str = "text",
+    def __init__(self, config: QualitySettings | Mapping[str, Any] | None = None, text_field: str = "text",
                  dedup: DedupIndex | None = None):
+        """`config`: the typed settings, or a raw `quality:` section (validated here)."""
         if not isinstance(text_field, str) or not text_field:
             raise ValueError(f"text_field must be a non-empty string, got {text_field!r}")
-        self.config = validate_quality_config(config)
+        self.settings = config if isinstance(config, QualitySettings) else load_quality_settings(config)
         self.text_field = text_field
         self.dedup = dedup if dedup is not None else DedupIndex()
         self.decision = DedupDecision(self.dedup)
-        self.dedup_on = self.config["dedup"] == "exact"
-        self.gates = build_gates(self.config, text_field)
-        near = self.config["near_dedup"]
-        self.signer = Signer(near) if near["enabled"] else None
+        self.dedup_on = self.settings.dedup == "exact"
+        self.gates = build_gates(self.settings, text_field)
+        near = self.settings.near_dedup
+        self.signer = Signer(near) if near.enabled else None
         gate_names = (["duplicate"] if self.dedup_on else []) + [g.name for g in self.gates]
         self.stats: dict[str, Any] = {
             "records": {"seen": 0, "kept": 0, "rejected": 0},
@@ -62,7 +63,7 @@ class QualityControl:
         """Every gate but dedup, cheapest first, stopping at the first failure."""
         doc = Doc(record)
         meta = doc.meta
-        meta["domain"] = self.config["domain"]
+        meta["domain"] = self.settings.domain
         gate_stats = self.stats["gates"]
         for gate in self.gates:
             t0 = perf_counter()
@@ -78,7 +79,7 @@ class QualityControl:
                 meta["failed_check"], meta["reason"] = check, reason
                 return Verdict(False, None, meta, doc.digest)
             counters["kept"] += 1
-        return Verdict(True, doc.text if self.config["normalize"] else doc.raw, meta, doc.digest)
+        return Verdict(True, doc.text if self.settings.normalize else doc.raw, meta, doc.digest)
 
     def _count(self, keep: bool, meta: dict[str, Any]) -> None:
         records = self.stats["records"]

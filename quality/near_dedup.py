@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import os
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 from rensa import RMinHash
+
+from quality.settings import NearDedupSettings
 
 _PUNCT = bytes.maketrans(string.punctuation.encode(), b" " * len(string.punctuation))
 _MUL = np.uint64(0x9E3779B97F4A7C15)   # golden-ratio odd multiplier: mixes one more word into an n-gram
@@ -60,8 +62,8 @@ def words(text: str) -> list[bytes]:
 class Signer:
     """Batch MinHash signatures; identical texts give identical signatures on any worker."""
 
-    def __init__(self, cfg: Mapping[str, Any]):
-        self.ngram, self.num_perm, self.seed = cfg["ngram"], cfg["bands"] * cfg["rows"], cfg["seed"]
+    def __init__(self, near: NearDedupSettings):
+        self.ngram, self.num_perm, self.seed = near.ngram, near.num_perm, near.seed
 
     def signatures(self, texts: Sequence[str]) -> list[bytes | None]:
         """One `num_perm * 4`-byte signature per text; None for a text without words."""
@@ -113,9 +115,9 @@ class NearDupIndex:
     GROWTH = 4   # a level is merged into the one before it until that one is GROWTH times larger
     _LOW = np.uint64(0xFFFFFFFF)
 
-    def __init__(self, cfg: Mapping[str, Any], log_path: Path):
-        self.bands, self.rows, self.threshold = cfg["bands"], cfg["rows"], cfg["threshold"]
-        self.num_perm = self.bands * self.rows
+    def __init__(self, near: NearDedupSettings, log_path: Path):
+        self.bands, self.rows, self.threshold = near.bands, near.rows, near.threshold
+        self.num_perm = near.num_perm
         self.dtype = np.dtype([("src", "<u8"), ("sig", "<u4", (self.num_perm,))])
         self.path = log_path
         self.levels: list[np.ndarray] = []  # (bands, m) uint64, each row sorted

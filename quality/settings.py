@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from quality.language import DETECTORS as DETECTOR_CLASSES
@@ -164,3 +165,79 @@ def validate_quality_config(section: Mapping[str, Any] | None) -> dict[str, Any]
     if out["max_chars"] < out["min_chars"]:
         raise QualityConfigError("max_chars", f"must be >= min_chars ({out['min_chars']}), got {out['max_chars']}")
     return out
+
+
+@dataclass(frozen=True)
+class NearDedupSettings:
+    """The validated `quality.near_dedup` section. Fields in the order validate_quality_config emits them
+    (`num_perm`, derived, comes last) so `to_dict` reproduces its dict exactly."""
+
+    enabled: bool
+    threshold: float
+    ngram: int
+    bands: int
+    rows: int
+    seed: int
+    num_perm: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class QualitySettings:
+    """The validated `quality:` section, typed and frozen (picklable: it goes to QC workers and Ray actors).
+
+    Built only from validate_quality_config's output, so QUALITY_DEFAULTS stays the one place for defaults.
+    """
+
+    domain: str
+    expected_language: str | None
+    min_language_prob: float
+    language_detector: str
+    language_sample_chars: int
+    min_chars: int
+    max_chars: int
+    required_fields: tuple[str, ...]
+    required_metadata: tuple[str, ...]
+    allowed_licenses: tuple[str, ...] | None
+    pii_max_density: float
+    profanity_max_density: float
+    reject_copyright: bool
+    dedup: str
+    dedup_scope: str
+    normalize: bool
+    domain_sample_chars: int
+    medical_min_hits: int
+    medical_min_density: float
+    medical_min_categories: int
+    code_min_score: float
+    near_dedup: NearDedupSettings
+
+    @classmethod
+    def from_dict(cls, validated: Mapping[str, Any]) -> QualitySettings:
+        """From validate_quality_config's output (or a frozen copy of it); does not validate again."""
+        values = {f.name: validated[f.name] for f in fields(cls)}
+        for key, value in values.items():
+            if isinstance(value, (list, tuple)):
+                values[key] = tuple(value)
+        values["near_dedup"] = NearDedupSettings(**values["near_dedup"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Exactly the dict validate_quality_config returned (key order, lists): config hashes depend on it."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        out["near_dedup"] = self.near_dedup.to_dict()
+        return out
+
+
+assert tuple(f.name for f in fields(QualitySettings)) == tuple(QUALITY_DEFAULTS)
+assert {f.name for f in fields(NearDedupSettings)} == set(QUALITY_DEFAULTS["near_dedup"])
+
+
+def load_quality_settings(section: Mapping[str, Any] | None) -> QualitySettings:
+    """Validate a raw `quality:` section and type it; raises QualityConfigError like validate_quality_config."""
+    return QualitySettings.from_dict(validate_quality_config(section))

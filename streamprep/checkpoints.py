@@ -24,11 +24,10 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, logs
-from streamprep.layout import RunLayout, checkpoint_file, planned_parts
+from streamprep.layout import CheckpointLayout, RunLayout, planned_parts
 
 VERSION = 1
 DIGEST = 32
-OWNER_NAME = ".streamprep-run"  # the run_id whose checkpoints a checkpoint dir holds
 WRITER = "streamprep"  # the `writer` field: a checkpoint without it was not written by us and is never touched
 log = logs.get("checkpoint")
 
@@ -109,15 +108,15 @@ class DatasetFiles:
 
     @property
     def checkpoint(self) -> Path:
-        return checkpoint_file(self.checkpoint_dir, self.dataset)
+        return CheckpointLayout(self.checkpoint_dir).checkpoint(self.dataset)
 
     @property
     def dedup(self) -> Path:
-        return self.checkpoint_dir / f"{self.dataset}.dedup"
+        return CheckpointLayout(self.checkpoint_dir).dedup_log(self.dataset)
 
     @property
     def near_dedup(self) -> Path:
-        return self.checkpoint_dir / f"{self.dataset}.near"
+        return CheckpointLayout(self.checkpoint_dir).near_log(self.dataset)
 
     def parts(self) -> list[Path]:
         return sorted(self.ingest_dir.glob("part-*.jsonl")) if self.ingest_dir.is_dir() else []
@@ -159,7 +158,7 @@ def foreign_checkpoints(checkpoint_dir: Path, run_dir: Path, datasets: list[str]
 def claim(checkpoint_dir: Path, run_id: str) -> str | None:
     """Mark `checkpoint_dir` as holding run `run_id`'s checkpoints; returns the other run's id if it already
     holds another run's (two runs with the same dataset names would overwrite each other's checkpoints)."""
-    path = Path(checkpoint_dir) / OWNER_NAME
+    path = CheckpointLayout(checkpoint_dir).owner
     owner = path.read_text().strip() if path.is_file() else None
     if owner is None:
         atomic.write_bytes(path, run_id.encode() + b"\n")

@@ -9,10 +9,13 @@ import re
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, get_type_hints
+from typing import TYPE_CHECKING, Any, Mapping, get_type_hints
 
 import orjson
 import yaml
+
+if TYPE_CHECKING:
+    from quality.settings import QualitySettings
 
 SPLITS = ("train", "valid", "test")
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "memory://")
@@ -419,8 +422,8 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
-def load_file(path: str | Path) -> dict[str, Any]:
-    """Read and validate a YAML config file; paths in it are relative to the file.
+def load_file(path: str | Path) -> "Config":
+    """Read and validate a YAML config file into a typed Config; paths in it are relative to the file.
 
     Bounded: at most MAX_CONFIG_BYTES, MAX_CONFIG_NODES nodes after alias expansion, MAX_CONFIG_DEPTH levels.
     """
@@ -445,7 +448,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"config: {p}: not valid YAML: {first}") from None
-    return validate(raw, p.parent)
+    return load(raw, p.parent)
 
 
 def output_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -608,16 +611,19 @@ class Config:
     output: OutputConfig
     execution: ExecutionConfig
     datasets: tuple[DatasetConfig, ...]
-    quality: Mapping[str, Any]           # quality.settings owns this section's schema
+    quality: QualitySettings             # quality.settings owns this section's schema and defaults
     sft: Mapping[str, Any] | None = None  # streamprep.sft.config owns this section's schema
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> "Config":
         """From the dict `validate` returns (no re-validation: that happened once, in `validate`)."""
+        from quality.settings import QualitySettings
+
         return cls(run=RunConfig.from_dict(cfg["run"]), tokenizer=TokenizerConfig.from_dict(cfg["tokenizer"]),
                    output=OutputConfig.from_dict(cfg["output"]), execution=ExecutionConfig.from_dict(cfg["execution"]),
                    datasets=tuple(DatasetConfig.from_dict(d) for d in cfg["datasets"]),
-                   quality=_freeze(cfg["quality"]), sft=_freeze(cfg["sft"]) if "sft" in cfg else None)
+                   quality=QualitySettings.from_dict(cfg["quality"]),
+                   sft=_freeze(cfg["sft"]) if "sft" in cfg else None)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict `validate` returned, key order included (run.json, config_hash, drift checks)."""
@@ -630,3 +636,18 @@ class Config:
 def load(raw: Any, base_dir: str | Path = ".") -> Config:
     """Validate `raw` once and return it as frozen, typed sections."""
     return Config.from_dict(validate(raw, base_dir))
+
+
+def section(name: str, given: Mapping[str, Any] | None = None) -> Any:
+    """One top-level section (run, tokenizer, output, execution) from its YAML mapping with SPEC's defaults,
+    typed and type-checked, without the rest of a config (API use: e.g. `write_exports` on its own)."""
+    return _SECTIONS[name].from_dict(_fill(SPEC[name], given, name))
+
+
+def dataset(entry: Mapping[str, Any], blend_split: str = "train") -> DatasetConfig:
+    """One dataset entry with DATASET_SPEC's defaults, typed (API use: a source opened on its own; the path is
+    taken as given, not resolved or checked)."""
+    return DatasetConfig.from_dict({**_fill(DATASET_SPEC, entry, "dataset"), "blend_split": blend_split})
+
+
+_SECTIONS = {"run": RunConfig, "tokenizer": TokenizerConfig, "output": OutputConfig, "execution": ExecutionConfig}

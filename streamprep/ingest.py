@@ -22,12 +22,12 @@ from typing import Any, Callable, Iterator
 import aiofiles
 import orjson
 
-from quality import DedupDecision, DedupIndex, QualityControl, Verdict, near_dedup
+from quality import DedupDecision, DedupIndex, QualityControl, QualitySettings, Verdict, near_dedup
 from streamprep import atomic, logs, stats
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
-from streamprep.config import ConfigError
+from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig
 from streamprep.layout import RunLayout
-from streamprep.modes import mode_of
+from streamprep.modes import Mode, mode_of
 from streamprep.sources import BadRecord, open_source
 from streamprep.sources.base import SourceError, input_change, one_line
 
@@ -38,28 +38,28 @@ STOP = object()  # what the writer gets instead of a batch once a stop is reques
 QC_NICE = 5  # QC processes run at this niceness: the tokenizer, downstream, comes first on a shared core
 
 # ---- QC in worker processes ------------------------------------------------------------------
-_WORKER_CFG: dict[str, Any] = {}
+_worker_settings: QualitySettings | None = None  # this QC worker's `quality:` section
 _WORKER_QC: dict[str, QualityControl] = {}
 
 
-def _init_worker(quality_cfg: dict[str, Any]) -> None:
-    _WORKER_CFG.clear()
-    _WORKER_CFG.update(quality_cfg)
+def _init_worker(quality: QualitySettings) -> None:
+    global _worker_settings
+    _worker_settings = quality
     _WORKER_QC.clear()
 
 
-def _init_pool_worker(quality_cfg: dict[str, Any]) -> None:
+def _init_pool_worker(quality: QualitySettings) -> None:
     """A QC process (pool worker or Ray actor) yields the cores to the tokenizer when both want them: sealed parts are tokenized as
     they come instead of piling up behind ingest (the job's total work does not change, only its order)."""
     os.nice(QC_NICE)
-    _init_worker(quality_cfg)
+    _init_worker(quality)
 
 
 def _evaluate(text_field: str, records: list[Any]) -> tuple[list[Verdict], dict[str, dict[str, Any]]]:
     """One batch's verdicts and what each gate did and cost on it (checkpointed with the batch, for the audit)."""
     qc = _WORKER_QC.get(text_field)
     if qc is None:
-        qc = _WORKER_QC[text_field] = QualityControl(_WORKER_CFG, text_field=text_field)
+        qc = _WORKER_QC[text_field] = QualityControl(_worker_settings, text_field=text_field)
     verdicts = qc.evaluate_batch(records)
     return verdicts, qc.take_gate_stats()
 
@@ -67,17 +67,17 @@ def _evaluate(text_field: str, records: list[Any]) -> tuple[list[Verdict], dict[
 class QCRunner:
     """Runs `QualityControl.evaluate` on batches: in one thread for 1 worker, else in a process pool."""
 
-    def __init__(self, quality_cfg: dict[str, Any], workers: int):
+    def __init__(self, quality: QualitySettings, workers: int):
         self.workers = max(1, workers)
         self.pool: Executor
         if self.workers == 1:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="qc")
-            self.pool.submit(_init_worker, quality_cfg).result()
+            self.pool.submit(_init_worker, quality).result()
         else:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["streamprep.ingest"])  # workers fork with quality already imported
             self.pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_pool_worker,
-                                            initargs=(quality_cfg,))
+                                            initargs=(quality,))
 
     def submit(self, text_field: str, records: list[Any]) -> asyncio.Future:
         return asyncio.wrap_future(self.pool.submit(_evaluate, text_field, records))
@@ -89,8 +89,8 @@ class QCRunner:
 class _QCActor:
     """One QC worker on a Ray cluster (`execution.ray_address`)."""
 
-    def __init__(self, quality_cfg: dict[str, Any]):
-        _init_pool_worker(quality_cfg)  # its own process: on a shared node the stage workers come first
+    def __init__(self, quality: QualitySettings):
+        _init_pool_worker(quality)  # its own process: on a shared node the stage workers come first
 
     def ready(self) -> bool:
         return True
@@ -103,12 +103,12 @@ class RayQCRunner:
     """QC batches on Ray actors of an existing cluster; each actor answers in order, and the writer awaits
     batches in source order, so outputs equal the process-pool run's."""
 
-    def __init__(self, quality_cfg: dict[str, Any], workers: int, address: str):
+    def __init__(self, quality: QualitySettings, workers: int, address: str):
         from streamprep import ray_cluster
 
         ray_cluster.connect(address, workers)
         self.workers = max(1, workers)
-        self.actors = ray_cluster.spread_actors(_QCActor, self.workers, quality_cfg)
+        self.actors = ray_cluster.spread_actors(_QCActor, self.workers, quality)
         self._next = 0
         log.info("quality control on Ray actors", actors=self.workers, address=address)
 
@@ -127,7 +127,13 @@ class RayQCRunner:
 # ---- per-dataset ingest ----------------------------------------------------------------------
 @dataclass
 class IngestContext:
-    cfg: dict[str, Any]
+    """What ingest reads (its config sections, the run's places) and what its datasets share while running."""
+
+    datasets: tuple[DatasetConfig, ...]
+    execution: ExecutionConfig
+    output: OutputConfig  # shard_records, max_rejects_per_check
+    quality: QualitySettings
+    mode: Mode            # what QC judges and what a kept line carries
     run_dir: Path
     checkpoint_dir: Path
     stop: asyncio.Event
@@ -135,6 +141,14 @@ class IngestContext:
     on_checkpoint: Callable[[IngestState], None] | None = None  # after every save: hands sealed parts on
     finished: dict[str, DedupIndex] = field(default_factory=dict)  # final dedup index of each done dataset
     _done: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: Config, run_dir: Path, checkpoint_dir: Path, stop: asyncio.Event,
+           progress: dict[str, IngestState] | None = None,
+           on_checkpoint: Callable[[IngestState], None] | None = None) -> "IngestContext":
+        """The context of `config`'s ingest: its sections, nothing else."""
+        return cls(config.datasets, config.execution, config.output, config.quality, mode_of(config.sft), run_dir,
+                   checkpoint_dir, stop, {} if progress is None else progress, on_checkpoint)
 
     def publish(self, name: str, index: DedupIndex) -> None:
         """Dataset `name` is done; `index` is its final dedup index (`dedup_scope: run` checks it)."""
@@ -162,24 +176,24 @@ def _take(it: Iterator, n: int) -> list:
 class DatasetIngest:
     """Ingest of one dataset entry, resumable from its checkpoint."""
 
-    def __init__(self, ds: dict[str, Any], ctx: IngestContext, qc: QCRunner | RayQCRunner, reader_pool: Executor):
+    def __init__(self, ds: DatasetConfig, ctx: IngestContext, qc: QCRunner | RayQCRunner, reader_pool: Executor):
         self.ds, self.ctx, self.qc, self.reader_pool = ds, ctx, qc, reader_pool
-        self.files = DatasetFiles(ctx.run_dir, ctx.checkpoint_dir, ds["name"])
+        self.files = DatasetFiles(ctx.run_dir, ctx.checkpoint_dir, ds.name)
         self.source: Any = None  # opened in run()
-        out = ctx.cfg["output"]
-        self.shard_records = out["shard_records"] or 100_000
-        self.max_rejects = out["max_rejects_per_check"]
-        self.batch = ctx.cfg["execution"]["batch_records"]
-        self.dedup_on = ctx.cfg["quality"].get("dedup", "exact") != "none"
-        near_cfg = ctx.cfg["quality"].get("near_dedup") or {}
-        self.near = near_dedup.NearDupIndex(near_cfg, self.files.near_dedup) if near_cfg.get("enabled") else None
-        self.run_scope = self.dedup_on and ctx.cfg["quality"].get("dedup_scope") == "run"
-        self.size_cap = int(ds["size_mb"] * 1024 * 1024) if ds["size_mb"] else None
+        self.shard_records = ctx.output.shard_records or 100_000
+        self.max_rejects = ctx.output.max_rejects_per_check
+        self.batch = ctx.execution.batch_records
+        quality = ctx.quality
+        self.dedup_on = quality.dedup != "none"
+        near = quality.near_dedup
+        self.near = near_dedup.NearDupIndex(near, self.files.near_dedup) if near.enabled else None
+        self.run_scope = self.dedup_on and quality.dedup_scope == "run"
+        self.size_cap = int(ds.size_mb * 1024 * 1024) if ds.size_mb else None
         self.depth = 2 * qc.workers + 1  # batches in flight between reader and writer: bounded memory
-        self.mode = mode_of(ctx.cfg.get("sft"))  # what QC judges and what a kept line carries
+        self.mode = ctx.mode
 
     async def run(self) -> IngestState:
-        name = self.ds["name"]
+        name = self.ds.name
         state = await asyncio.to_thread(load_and_repair, self.files)
         self.ctx.progress[name] = state
         self._checkpointed(state)
@@ -191,11 +205,11 @@ class DatasetIngest:
         own = await asyncio.to_thread(self._open_index, state)
         if self.near is not None:
             await asyncio.to_thread(self.near.load)
-        ex = self.ctx.cfg["execution"]
-        self.source = source = open_source(self.ds, self.ctx.hf_cache, ex["max_concurrent_downloads"],
-                                           prefetch_files=ex["hf_prefetch_files"], cache_max_gb=ex["hf_cache_max_gb"],
-                                           keep_cache=ex["hf_keep_cache"])
-        if not self.ds["path"].startswith("hf://"):  # hf:// pins its commit in the position itself
+        ex = self.ctx.execution
+        self.source = source = open_source(self.ds, self.ctx.hf_cache, ex.max_concurrent_downloads,
+                                           prefetch_files=ex.hf_prefetch_files, cache_max_gb=ex.hf_cache_max_gb,
+                                           keep_cache=ex.hf_keep_cache)
+        if not self.ds.path.startswith("hf://"):  # hf:// pins its commit in the position itself
             inputs = await self._blocking(source.fingerprint)
             if inputs is STOP:
                 return state
@@ -228,7 +242,7 @@ class DatasetIngest:
         """Refuse to resume over changed input files (positions are byte offsets into them); record them."""
         why = input_change(state.inputs, inputs) if state.consumed and state.inputs is not None else None
         if why:
-            raise ConfigError(f"dataset {self.ds['name']}: {why} since this run started; resuming would mix old "
+            raise ConfigError(f"dataset {self.ds.name}: {why} since this run started; resuming would mix old "
                               f"and new data — restore the file, or start over with a new --run-dir")
         state.inputs = inputs
 
@@ -243,12 +257,12 @@ class DatasetIngest:
         if not self.run_scope:
             return []
         earlier = []
-        for ds in self.ctx.cfg["datasets"]:
-            if ds["name"] == self.ds["name"]:
+        for ds in self.ctx.datasets:
+            if ds.name == self.ds.name:
                 break
-            if not await self.ctx.wait_done(ds["name"]):
+            if not await self.ctx.wait_done(ds.name):
                 return None
-            earlier.append((ds["name"], self.ctx.finished[ds["name"]]))
+            earlier.append((ds.name, self.ctx.finished[ds.name]))
         return earlier
 
     async def _read(self, it: Iterator, consumed: int, queue: asyncio.Queue) -> None:
@@ -260,7 +274,7 @@ class DatasetIngest:
 
     async def _read_batches(self, it: Iterator, consumed: int, queue: asyncio.Queue) -> None:
         loop = asyncio.get_running_loop()
-        cap = self.ds["max_records"]
+        cap = self.ds.max_records
         while not self.ctx.stop.is_set():
             n = self.batch if cap is None else min(self.batch, cap - consumed)
             items = await loop.run_in_executor(self.reader_pool, _take, it, n) if n > 0 else []
@@ -268,8 +282,8 @@ class DatasetIngest:
                 await queue.put(None)
                 return
             consumed += len(items)
-            items, records = self.mode.screen(items, self.ds["text_field"])
-            await queue.put((items, self.qc.submit(self.ds["text_field"], records)))
+            items, records = self.mode.screen(items, self.ds.text_field)
+            await queue.put((items, self.qc.submit(self.ds.text_field, records)))
 
     async def _or_stop(self, aw: Any) -> Any:
         """`aw`'s result, or STOP as soon as a stop is requested (even while a read or download is stalled)."""
@@ -297,7 +311,7 @@ class DatasetIngest:
             if isinstance(got, Exception):  # everything read before it is written and checkpointed
                 if isinstance(got, (SourceError, ConfigError)):
                     raise got
-                raise SourceError(f"dataset {self.ds['name']}: reading the input failed after item {state.consumed}: "
+                raise SourceError(f"dataset {self.ds.name}: reading the input failed after item {state.consumed}: "
                                   f"{one_line(got)}") from got
             if got is None:
                 state.done = True
@@ -327,7 +341,7 @@ class DatasetIngest:
     async def _apply(self, state: IngestState, dedup: DedupDecision, items: list, verdicts: Iterator[Verdict]) -> bool:
         """Decide, write and checkpoint one batch. Returns True when a size cap ended the dataset."""
         # Long on purpose: one pass per record updating, in order, the state the checkpoint saves.
-        name = self.ds["name"]
+        name = self.ds.name
         parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
         rejects: list[bytes] = []
         capped = False
@@ -349,8 +363,8 @@ class DatasetIngest:
                                          "duplicate_of": twin_ds or name}
                 elif keep and twin is not None:
                     keep, meta = False, near_dedup.reject_meta(meta, name, twin)
-                excerpt = _excerpt(rec, self.ds["text_field"])
-                if isinstance(rec, dict):
+                excerpt = None if keep else _excerpt(rec, self.ds.text_field)
+                if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
                     source.update({k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))})
             chars = len(text) if keep else len(excerpt)
             stats.add_record(state.stats, keep, meta, chars)
@@ -416,13 +430,12 @@ def _excerpt(rec: Any, text_field: str) -> str:
 
 async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
     """Ingest every dataset concurrently (one producer task each); returns their final states."""
-    ex = ctx.cfg["execution"]
-    workers = ex["workers"] or os.cpu_count() or 1
-    qc = RayQCRunner(ctx.cfg["quality"], workers, ex["ray_address"]) if ex["ray_address"] \
-        else QCRunner(ctx.cfg["quality"], workers)
-    reader_pool = ThreadPoolExecutor(max(1, len(ctx.cfg["datasets"])), thread_name_prefix="reader")
+    ex = ctx.execution
+    workers = ex.workers or os.cpu_count() or 1
+    qc = RayQCRunner(ctx.quality, workers, ex.ray_address) if ex.ray_address else QCRunner(ctx.quality, workers)
+    reader_pool = ThreadPoolExecutor(max(1, len(ctx.datasets)), thread_name_prefix="reader")
     t0 = time.monotonic()
-    jobs = [asyncio.ensure_future(DatasetIngest(ds, ctx, qc, reader_pool).run()) for ds in ctx.cfg["datasets"]]
+    jobs = [asyncio.ensure_future(DatasetIngest(ds, ctx, qc, reader_pool).run()) for ds in ctx.datasets]
     try:
         results = await asyncio.gather(*jobs)
     finally:

@@ -12,13 +12,14 @@ from typing import Any
 
 import orjson
 
-from streamprep.lock import LOCK_NAME
-
-
 # Names relative to the run dir; receipts, the manifest and verify's messages store/print them as-is.
 RUN_JSON, MANIFEST, BLEND, MIXTURES = "run.json", "manifest.json", "blend.json", "mixtures.json"
 INGEST, REJECTS, RECEIPTS, TOKENIZER = "ingest", "rejects", "receipts", "tokenizer"
 BINIDX, SFT, PARQUET, AUDIT, LOGS, CHECKPOINTS = "binidx", "sft", "parquet", "audit", "logs", "checkpoints"
+LOCK = ".lock"
+# In the checkpoint dir, which may be a user's directory outside the run: distinct dot-names for the lock and
+# the claim (the run_id whose checkpoints it holds), so a user's own `.lock` is never taken for ours.
+CHECKPOINT_LOCK, CHECKPOINT_OWNER = ".streamprep.lock", ".streamprep-run"
 
 
 class NotARunDir(ValueError):
@@ -43,9 +44,28 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def checkpoint_file(checkpoint_dir: Path, dataset: str) -> Path:
-    """A dataset's checkpoint inside the checkpoint dir (RunLayout.checkpoints; may lie outside the run)."""
-    return Path(checkpoint_dir) / f"{dataset}.json"
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """Every name in a checkpoint dir (RunLayout.checkpoints: RUN_DIR/checkpoints or `run.checkpoint_dir`)."""
+
+    checkpoint_dir: Path
+
+    def checkpoint(self, dataset: str) -> Path:
+        return Path(self.checkpoint_dir) / f"{dataset}.json"
+
+    def dedup_log(self, dataset: str) -> Path:
+        return Path(self.checkpoint_dir) / f"{dataset}.dedup"
+
+    def near_log(self, dataset: str) -> Path:
+        return Path(self.checkpoint_dir) / f"{dataset}.near"
+
+    @property
+    def lock(self) -> Path:
+        return Path(self.checkpoint_dir) / CHECKPOINT_LOCK
+
+    @property
+    def owner(self) -> Path:
+        return Path(self.checkpoint_dir) / CHECKPOINT_OWNER
 
 
 def planned_parts(part_index: int, part_lines: int, done: bool) -> int:
@@ -119,7 +139,7 @@ class RunLayout:
 
     @property
     def lock(self) -> Path:
-        return self.run_dir / LOCK_NAME
+        return self.run_dir / LOCK
 
     # folders
     @property

@@ -1,7 +1,7 @@
 """One writer per run dir: an flock on RUN_DIR/.lock, released by the kernel if the holder dies.
 
-The checkpoint dir gets its own lock (CHECKPOINT_LOCK_NAME) so two runs sharing `run.checkpoint_dir`
-cannot overwrite each other's checkpoints.
+The checkpoint dir gets its own lock (CheckpointLayout.lock) so two runs sharing `run.checkpoint_dir`
+cannot overwrite each other's checkpoints. The lock files' names are streamprep.layout's.
 """
 from __future__ import annotations
 
@@ -14,17 +14,14 @@ from typing import Any
 
 import orjson
 
-LOCK_NAME = ".lock"
-CHECKPOINT_LOCK_NAME = ".streamprep.lock"  # a distinct name: an external checkpoint dir may hold a user's `.lock`
-
 
 class RunLocked(RuntimeError):
     """Another live process holds the run dir."""
 
 
 class RunLock:
-    def __init__(self, run_dir: Path, name: str = LOCK_NAME, what: str = "run dir"):
-        self.path = Path(run_dir) / name
+    def __init__(self, path: Path, what: str = "run dir"):
+        self.path = Path(path)
         self.what = what
         self.fd: int | None = None
         self.taken_over: dict[str, Any] | None = None  # the record of a dead holder whose lock we took
@@ -64,9 +61,8 @@ def read_holder(path: Path) -> dict[str, Any]:
         return {}
 
 
-def holder_if_running(run_dir: Path) -> dict[str, Any] | None:
-    """The lock holder's record if a live process holds the lock, else None (does not take the lock)."""
-    path = Path(run_dir) / LOCK_NAME
+def holder_if_running(path: Path) -> dict[str, Any] | None:
+    """The record of the live process holding the lock file `path`, else None (does not take the lock)."""
     if not path.exists():
         return None
     fd = os.open(path, os.O_RDONLY)

@@ -18,13 +18,13 @@ from typing import Any, Callable
 
 from streamprep import __version__, atomic, config as configmod, logs
 from streamprep import engines, tokenizer as tokmod
-from streamprep.checkpoints import OWNER_NAME, DatasetFiles, IngestState, claim, foreign_checkpoints
-from streamprep.config import ConfigError
+from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
+from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
-from streamprep.layout import RunLayout
-from streamprep.lock import CHECKPOINT_LOCK_NAME, RunLock, RunLocked
+from streamprep.layout import CheckpointLayout, RunLayout
+from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.tokenize import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
 from streamprep.tokenizer import TokenizerInfo
@@ -83,8 +83,8 @@ class Signals:
             signal.signal(s, h)
 
 
-def resolve_run_dir(cfg: dict[str, Any], run_dir: str | Path | None) -> Path:
-    path = Path(run_dir) if run_dir else Path("runs") / cfg["run"]["name"]
+def resolve_run_dir(config: Config, run_dir: str | Path | None) -> Path:
+    path = Path(run_dir) if run_dir else Path("runs") / config.run.name
     try:
         return path.resolve()
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
@@ -107,7 +107,7 @@ def _wrote_outputs(run_dir: Path, checkpoint_dir: Path) -> bool:
     """Whether a run left anything besides run.json, its logs and its locks (a stage's output or checkpoint)."""
     layout = RunLayout(run_dir)
     bookkeeping = {layout.run_json, layout.logs_dir, layout.lock,
-                   checkpoint_dir / CHECKPOINT_LOCK_NAME, checkpoint_dir / OWNER_NAME}
+                   CheckpointLayout(checkpoint_dir).lock, CheckpointLayout(checkpoint_dir).owner}
     for root in (run_dir, checkpoint_dir):
         if root.is_dir() and any(p.is_file() and not any(p == b or b in p.parents for b in bookkeeping)
                                  for p in root.rglob("*")):
@@ -115,15 +115,15 @@ def _wrote_outputs(run_dir: Path, checkpoint_dir: Path) -> bool:
     return False
 
 
-def _preflight(cfg: dict[str, Any], run_dir: Path, fresh: bool) -> dict[str, Any] | None:
+def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | None:
     """Refusals that must happen before anything is written. Returns the previous run.json, if any."""
     if fresh and run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"--fresh: run dir {run_dir} is not empty (choose a new --run-dir or remove it)")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run dir {run_dir} is not a directory")
     _check_writable_dir(run_dir, "run dir")
-    if cfg["run"]["checkpoint_dir"]:
-        _check_writable_dir(Path(cfg["run"]["checkpoint_dir"]), "'run.checkpoint_dir'")
+    if config.run.checkpoint_dir:
+        _check_writable_dir(Path(config.run.checkpoint_dir), "'run.checkpoint_dir'")
     run_json = RunLayout(run_dir).run_json
     if not run_json.exists():
         return None
@@ -132,7 +132,7 @@ def _preflight(cfg: dict[str, Any], run_dir: Path, fresh: bool) -> dict[str, Any
     if status == "failed" and not _wrote_outputs(run_dir, Path(previous.get("checkpoint_dir") or run_dir)):
         log.info("previous attempt failed before writing any output; starting afresh", run_dir=str(run_dir))
         return None
-    changed = configmod.drift_keys(previous["config"], cfg, exports_redone=status != "complete")
+    changed = configmod.drift_keys(previous["config"], config.to_dict(), exports_redone=status != "complete")
     if changed:
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
@@ -157,7 +157,7 @@ def _read_run_json(path: Path) -> dict[str, Any]:
 def run_from_dict(raw: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = False,
                   base_dir: str | Path = ".", console_log: bool = True) -> RunResult:
     """Validate `raw` (the YAML structure as a dict; relative paths against `base_dir`) and run the job."""
-    return run(configmod.validate(raw, base_dir), run_dir, fresh, console_log)
+    return run(configmod.load(raw, base_dir), run_dir, fresh, console_log)
 
 
 def run_config_file(path: str | Path, run_dir: str | Path | None = None, fresh: bool = False,
@@ -165,36 +165,36 @@ def run_config_file(path: str | Path, run_dir: str | Path | None = None, fresh: 
     return run(configmod.load_file(path), run_dir, fresh, console_log)
 
 
-def run(cfg: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = False,
+def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         console_log: bool = True) -> RunResult:
-    run_dir = resolve_run_dir(cfg, run_dir)
-    previous = _preflight(cfg, run_dir, fresh)
-    checkpoint_dir = _checkpoint_dir(cfg, run_dir)
-    locks = [RunLock(run_dir), RunLock(checkpoint_dir, CHECKPOINT_LOCK_NAME, "checkpoint dir")]
+    run_dir = resolve_run_dir(config, run_dir)
+    previous = _preflight(config, run_dir, fresh)
+    checkpoint_dir = _checkpoint_dir(config, run_dir)
+    locks = [RunLock(RunLayout(run_dir).lock), RunLock(CheckpointLayout(checkpoint_dir).lock, "checkpoint dir")]
     try:
         for lock in locks:
             try:
                 lock.acquire()
             except RunLocked as exc:
                 raise ConfigError(str(exc)) from None
-        _refuse_unsafe_paths(cfg, run_dir, checkpoint_dir)
+        _refuse_unsafe_paths(config, run_dir, checkpoint_dir)
         logs.configure(run_dir, console=console_log)
         for lock in locks:
             if lock.taken_over:
                 log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
-        return Job(cfg, run_dir, previous, console_log).run()
+        return Job(config, run_dir, previous, console_log).run()
     finally:
         for lock in locks:
             lock.release()
 
 
-def _checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> Path:
-    return Path(cfg["run"]["checkpoint_dir"] or RunLayout(run_dir).local_checkpoints)
+def _checkpoint_dir(config: Config, run_dir: Path) -> Path:
+    return Path(config.run.checkpoint_dir or RunLayout(run_dir).local_checkpoints)
 
 
-def _refuse_unsafe_paths(cfg: dict[str, Any], run_dir: Path, checkpoint_dir: Path) -> None:
+def _refuse_unsafe_paths(config: Config, run_dir: Path, checkpoint_dir: Path) -> None:
     """Refuse (before writing) a run whose writes would land on files that are not ours."""
-    names = [d["name"] for d in cfg["datasets"]]
+    names = [d.name for d in config.datasets]
     foreign = foreign_checkpoints(checkpoint_dir, run_dir, names)
     if foreign:
         raise ConfigError(f"run.checkpoint_dir: {foreign[0]} exists and is not a streamprep checkpoint; "
@@ -206,11 +206,13 @@ def _refuse_unsafe_paths(cfg: dict[str, Any], run_dir: Path, checkpoint_dir: Pat
 
 
 class Job:
-    def __init__(self, cfg: dict[str, Any], run_dir: Path, previous: dict[str, Any] | None, console_log: bool = True):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.config = configmod.Config.from_dict(cfg)  # typed, frozen; engine and tokenizer get their section
-        self.checkpoint_dir = _checkpoint_dir(cfg, run_dir)
+    def __init__(self, config: Config, run_dir: Path, previous: dict[str, Any] | None, console_log: bool = True):
+        self.config, self.run_dir = config, run_dir  # each stage is handed only the sections it reads
+        self.mode = mode_of(config.sft)
+        self.checkpoint_dir = _checkpoint_dir(config, run_dir)
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
+        cfg = config.to_dict()
+        self.sft_section = cfg.get("sft")  # plain form, as shard tasks carry it to the workers and hash it
         self.record.update({"config": cfg, "config_hash": configmod.config_hash(cfg), "versions": _versions(),
                             "checkpoint_dir": str(self.checkpoint_dir)})
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
@@ -219,7 +221,7 @@ class Job:
         from streamprep.progress import ProgressReporter
 
         self.reporter = ProgressReporter(self.progress, self.config.execution.progress_interval_s,
-                                         tty=None if console_log else False, datasets=cfg["datasets"], run_dir=run_dir)
+                                         tty=None if console_log else False, datasets=config.datasets, run_dir=run_dir)
 
     def _save_record(self, status: str, **extra: Any) -> None:
         self.record.update(status=status, updated_at=time.time(), timings=self.timings, **extra)
@@ -239,7 +241,7 @@ class Job:
         other = claim(self.checkpoint_dir, self.record["run_id"])
         if other:
             raise ConfigError(f"run.checkpoint_dir: {self.checkpoint_dir} holds the checkpoints of another run "
-                              f"(run_id {other}, see {OWNER_NAME} there); choose another run.checkpoint_dir")
+                              f"(run_id {other}, see {CheckpointLayout(self.checkpoint_dir).owner.name} there); choose another run.checkpoint_dir")
         orphans = atomic.sweep_tmp(self.run_dir)
         if self.checkpoint_dir.exists() and not self.checkpoint_dir.is_relative_to(self.run_dir):
             orphans += atomic.sweep_tmp(self.checkpoint_dir)
@@ -283,7 +285,7 @@ class Job:
                                                             TokenizerInfo]:
         """Ingest with the engine already up: each sealed part is tokenized while ingest goes on."""
         info = self._timed("tokenizer", self._given_tokenizer)
-        feeder = ShardFeeder(engine, self._task, {d["name"]: self._files(d["name"]) for d in self.cfg["datasets"]},
+        feeder = ShardFeeder(engine, self._task, {d.name: self._files(d.name) for d in self.config.datasets},
                              info, self._train_tokenizer, self._sample_ready())
         self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
         # per-part exports work in its own thread: the engine goes on to the next shard meanwhile
@@ -305,8 +307,8 @@ class Job:
 
     def _ingest(self, on_checkpoint: Callable[[IngestState], None]) -> dict[str, IngestState]:
         async def main() -> dict[str, IngestState]:
-            ctx = IngestContext(self.cfg, self.run_dir, self.checkpoint_dir, asyncio.Event(), self.progress,
-                                on_checkpoint)
+            ctx = IngestContext.of(self.config, self.run_dir, self.checkpoint_dir, asyncio.Event(), self.progress,
+                                   on_checkpoint)
             loop = asyncio.get_running_loop()
             self.signals.on_first = lambda: loop.call_soon_threadsafe(ctx.stop.set)
             try:
@@ -322,7 +324,7 @@ class Job:
         return DatasetFiles(self.run_dir, self.checkpoint_dir, name)
 
     def _parts(self, states: dict[str, IngestState]) -> dict[str, list[Path]]:
-        return {d["name"]: completed_parts(self._files(d["name"]), states[d["name"]]) for d in self.cfg["datasets"]}
+        return {d.name: completed_parts(self._files(d.name), states[d.name]) for d in self.config.datasets}
 
     def _given_tokenizer(self) -> TokenizerInfo | None:
         """`tokenizer.path` (or a tokenizer this run already trained): ready before ingest starts."""
@@ -338,7 +340,7 @@ class Job:
         sample_mb = self.config.tokenizer.train.sample_mb
         if sample_mb is None:
             return None
-        shares = tokmod.sample_shares(self.cfg["datasets"], sample_mb)
+        shares = tokmod.sample_shares(self.config.datasets, sample_mb)
         return lambda states: tokmod.sample_ready(shares, {n: s.kept_text_bytes for n, s in states.items()},
                                                   {n: s.done for n, s in states.items()})
 
@@ -353,16 +355,16 @@ class Job:
                                   "(check the quality settings or the sources)")
             return tokmod.prepare(tok, self.run_dir, tokmod.iter_part_texts(parts))
         open_parts = {n: [self._files(n).part(i) for i in range(s.part_index + 1)] for n, s in states.items()}
-        texts = tokmod.sample_texts(open_parts, tokmod.sample_shares(self.cfg["datasets"], sample_mb))
+        texts = tokmod.sample_texts(open_parts, tokmod.sample_shares(self.config.datasets, sample_mb))
         log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)
         return tokmod.prepare_from_sample(tok, self.run_dir, texts)
 
     def _task(self, name: str, part: Path, info: TokenizerInfo) -> ShardTask:
-        dtype = token_dtype(self.cfg["output"]["dtype"], info.vocab_size)
-        sft = self.cfg.get("sft")
-        eod = info.eod_id if self.config.tokenizer.append_eod and mode_of(sft).appends_eod else None
-        split = next(d["blend_split"] for d in self.cfg["datasets"] if d["name"] == name)
-        return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype, sft)
+        dtype = token_dtype(self.config.output.dtype, info.vocab_size)
+        eod = info.eod_id if self.config.tokenizer.append_eod and self.mode.appends_eod else None
+        split = next(d.blend_split for d in self.config.datasets if d.name == name)
+        return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype,
+                         self.sft_section)
 
     def _plan(self, states: dict[str, IngestState], feeder: ShardFeeder) -> list[ShardTask]:
         """Every sealed part's task in config then part order; the feeder planned (and hashed) each one
@@ -392,7 +394,9 @@ class Job:
 
         log.info("writing exports", shards=len(tasks))
         return {"kept": {n: s.kept for n, s in states.items()}, "rejected": {n: s.rejected for n, s in states.items()},
-                **export_run(self.run_dir, self.cfg, tasks, info.to_json())}
+                **export_run(self.run_dir, tasks, info.to_json(), self.config.output, self.config.datasets,
+                             self.config.run.seed, self.record["config_hash"], workers=self.config.execution.workers,
+                             blend=self.mode.text_exports)}
 
     @staticmethod
     def _after_shard(result: dict[str, Any]) -> None:
@@ -416,4 +420,4 @@ class Job:
                     log.warning("finished run has a missing or changed shard; redoing what is needed", file=entry["path"])
                     return False
         return layout.manifest.is_file() and "manifest_sha256" in self.record and (
-            not mode_of(self.cfg.get("sft")).text_exports or layout.blend.is_file())
+            not self.mode.text_exports or layout.blend.is_file())

@@ -4,8 +4,8 @@ The reporter only reads: the live `progress` dict (dataset -> IngestState, mutat
 ingest writer on the same event loop), the sizes of closed ingest parts (when `run_dir` is given) and
 the source file sizes (when the dataset configs are given: a byte-based ETA for local files).
 
-    reporter = ProgressReporter(ctx.progress, cfg["execution"]["progress_interval_s"],
-                                datasets=cfg["datasets"], run_dir=run_dir)
+    reporter = ProgressReporter(ctx.progress, config.execution.progress_interval_s,
+                                datasets=config.datasets, run_dir=run_dir)
     task = asyncio.create_task(reporter.run())
     ...                                   # ingest
     task.cancel(); await asyncio.gather(task, return_exceptions=True)
@@ -23,19 +23,22 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from streamprep import logs
 from streamprep.layout import RunLayout
+
+if TYPE_CHECKING:
+    from streamprep.config import DatasetConfig
 
 log = logs.get("progress")
 WINDOW_S = 15.0        # rates and ETAs use the last WINDOW_S seconds
 TTY_REFRESH_S = 0.5
 
 
-def _local_sizes(ds: dict[str, Any]) -> list[int] | None:
+def _local_sizes(ds: DatasetConfig) -> list[int] | None:
     """Sizes of a local dataset's files in read order, or None (remote, or not listable)."""
-    path = ds.get("path") or ""
+    path = ds.path
     if "://" in path:
         return None
     try:
@@ -62,10 +65,10 @@ class _Track:
 class ProgressFigures:
     """The data side: reads the live state and turns it into figures (`snapshot`); shows nothing."""
 
-    def __init__(self, progress: dict[str, Any], *, datasets: list[dict[str, Any]] | None = None,
+    def __init__(self, progress: dict[str, Any], *, datasets: Sequence[DatasetConfig] = (),
                  run_dir: str | Path | None = None):
         self.progress = progress
-        self.datasets = {d["name"]: d for d in (datasets or [])}
+        self.datasets = {d.name: d for d in datasets}
         self.run_dir = Path(run_dir) if run_dir else None
         self.started = time.monotonic()
         self._tracks: dict[str, _Track] = {}
@@ -95,13 +98,13 @@ class ProgressFigures:
     def _fraction(self, name: str, st: Any, track: _Track) -> float | None:
         if st.done:
             return 1.0
-        ds = self.datasets.get(name) or {}
+        ds = self.datasets.get(name)
         fracs = []
-        if ds.get("max_records"):
-            fracs.append(st.consumed / ds["max_records"])
-        if ds.get("size_mb"):
-            fracs.append(st.kept_text_bytes / (ds["size_mb"] * 1024 * 1024))
-        if ds and not track.sizes_known:
+        if ds is not None and ds.max_records:
+            fracs.append(st.consumed / ds.max_records)
+        if ds is not None and ds.size_mb:
+            fracs.append(st.kept_text_bytes / (ds.size_mb * 1024 * 1024))
+        if ds is not None and not track.sizes_known:
             track.sizes, track.sizes_known = _local_sizes(ds), True
         total = sum(track.sizes) if track.sizes else 0
         if total:
@@ -181,7 +184,7 @@ class ProgressReporter(ProgressFigures):
     """The display side: a rich table on a TTY, a structured log line per interval otherwise."""
 
     def __init__(self, progress: dict[str, Any], interval_s: float, tty: bool | None = None, *,
-                 datasets: list[dict[str, Any]] | None = None, run_dir: str | Path | None = None,
+                 datasets: Sequence[DatasetConfig] = (), run_dir: str | Path | None = None,
                  console: Any = None, refresh_s: float = TTY_REFRESH_S):
         super().__init__(progress, datasets=datasets, run_dir=run_dir)
         self.interval_s = max(float(interval_s), 0.05)

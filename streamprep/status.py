@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamprep.layout import Checkpoint, NotARunDir, RunLayout, checkpoint_file, completed_receipt, read_json
+from streamprep.layout import Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, read_json
 from streamprep.lock import holder_if_running, read_holder
 
 RESUMABLE = ("interrupted", "failed", "crashed", "partial")
@@ -50,7 +50,7 @@ def lock_holder(run_dir: Path) -> dict[str, Any] | None:
         return None  # released cleanly (the holder record is cleared on release) and nobody holds it
     # No /proc/locks, or a holder record left behind (killed run, or a filesystem /proc/locks does not
     # match): a non-blocking shared-lock probe decides; it is released at once.
-    return holder_if_running(Path(run_dir))
+    return holder_if_running(RunLayout(run_dir).lock)
 
 
 def _dataset_names(record: dict[str, Any], ckpt_dir: Path, run_dir: Path) -> list[str]:
@@ -69,7 +69,7 @@ def checkpoint_dir(run_dir: Path, record: dict[str, Any]) -> Path:
 
 
 def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str) -> dict[str, Any]:
-    layout, cp = RunLayout(run_dir), Checkpoint.load(checkpoint_file(ckpt_dir, name))
+    layout, cp = RunLayout(run_dir), Checkpoint.load(CheckpointLayout(ckpt_dir).checkpoint(name))
     ck = cp.raw
     started, done = cp.started, cp.done
     part_index, part_lines, planned = cp.part_index, cp.part_lines, cp.planned_parts

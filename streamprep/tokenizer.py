@@ -8,13 +8,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import orjson
 from tokenizers import Tokenizer
 
 from streamprep import atomic, logs
-from streamprep.config import ConfigError, TokenizerConfig
+from streamprep.config import ConfigError, DatasetConfig, TokenizerConfig
 from streamprep.layout import RunLayout
 
 log = logs.get("tokenizer")
@@ -158,10 +158,10 @@ def _chunks(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
 HOLDOUT_EVERY = 10  # of the training sample, every 10th document is held out to measure the tokenizer
 
 
-def sample_shares(datasets: list[dict[str, Any]], sample_mb: float) -> dict[str, int]:
+def sample_shares(datasets: Sequence[DatasetConfig], sample_mb: float) -> dict[str, int]:
     """Bytes of kept text each dataset gives the training sample: `sample_mb` split by dataset weight."""
-    total_w = sum(d["weight"] for d in datasets)
-    return {d["name"]: int(sample_mb * 1024 * 1024 * d["weight"] / total_w) for d in datasets}
+    total_w = sum(d.weight for d in datasets)
+    return {d.name: int(sample_mb * 1024 * 1024 * d.weight / total_w) for d in datasets}
 
 
 def sample_ready(shares: dict[str, int], kept_text_bytes: dict[str, int], done: dict[str, bool]) -> bool:

@@ -47,15 +47,23 @@ def english_docs(n: int, seed: int = 0) -> list[str]:
             for i in range(n)]
 
 
-async def ingest_stopped_after(cfg: dict[str, Any], run_dir: Path, dataset: str, consumed: int):
+async def ingest_stopped_after(config: Any, run_dir: Path, dataset: str, consumed: int):
     """Run the asyncio ingest and request a stop once `dataset` has consumed `consumed` items; its final state."""
     import asyncio
 
     from streamprep.ingest import IngestContext, ingest_all
 
-    ctx = IngestContext(cfg, run_dir, run_dir / "checkpoints", asyncio.Event())
+    ctx = IngestContext.of(config, run_dir, run_dir / "checkpoints", asyncio.Event())
     task = asyncio.create_task(ingest_all(ctx))
     while dataset not in ctx.progress or ctx.progress[dataset].consumed < consumed:
         await asyncio.sleep(0.001)
     ctx.stop.set()
     return (await task)[dataset]
+
+
+def local_source(path: Any, fmt: str | None = None) -> Any:
+    """A LocalSource on `path` (a file, directory or glob), as a dataset entry with defaults would open it."""
+    from streamprep.config import dataset
+    from streamprep.sources.local import LocalSource
+
+    return LocalSource(dataset({"name": "d", "path": str(path), "format": fmt}))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamprep.config import ConfigError, drift_keys, load_file, validate
+from streamprep.config import Config, ConfigError, drift_keys, load_file, validate
 
 
 @pytest.fixture()
@@ -226,11 +226,18 @@ def test_good_values_pass_and_names_are_unique_ignoring_case(tmp_path: Path, goo
 
 
 def test_exports_take_the_validated_parquet_settings(good: dict, tmp_path: Path) -> None:
-    from streamprep.exports.parquet import ParquetOptions
+    from streamprep.config import ParquetConfig, load
 
-    out = validate(good, base_dir=tmp_path)["output"]
-    assert ParquetOptions.from_output_cfg(out) == ParquetOptions((128, 256, 512, 1024, 2048, 4096, 8192),
-                                                                 64 << 20, "snappy", 10_000, 1)
+    out = load(good, base_dir=tmp_path).output
+    assert out.parquet == ParquetConfig((128, 256, 512, 1024, 2048, 4096, 8192), 64 << 20, "snappy", 10_000)
+    assert out.num_shards_multiple_of == 1
+
+
+def test_mixture_phases_are_checked_once_at_load(good: dict, tmp_path: Path) -> None:
+    """The exports take validated phases as they are: a phase naming an unknown dataset fails at load."""
+    good["output"] = {"mixtures": {"phases": {"x": {"wiki": 1}}}}
+    with pytest.raises(ConfigError, match=r"'output\.mixtures\.phases\.x\.wiki': unknown dataset 'wiki'"):
+        validate(good, base_dir=tmp_path)
 
 
 # -- YAML limits (issue #13 item 5) --------------------------------------------------------------------
@@ -272,7 +279,7 @@ def test_yaml_limits(tmp_path: Path, text: str, message: str) -> None:
 def test_yaml_aliases_within_limits_still_work(tmp_path: Path, data: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"datasets:\n  - &ds {{name: a, path: {data}, weight: 2}}\n  - {{<<: *ds, name: b}}\n")
-    assert [(d["name"], d["weight"]) for d in load_file(cfg)["datasets"]] == [("a", 2.0), ("b", 2.0)]
+    assert [(d.name, d.weight) for d in load_file(cfg).datasets] == [("a", 2.0), ("b", 2.0)]
 
 
 # -- a failed run does not refuse the corrected config (issue #13 item 4) ------------------------------
@@ -294,11 +301,11 @@ def test_failed_run_without_outputs_is_no_drift(tmp_path: Path, data: Path) -> N
     new = validate({"datasets": [{"name": "a", "path": str(data)}]})
     run_dir = tmp_path / "run"
     _failed_run(run_dir, old)
-    assert _preflight(new, run_dir, fresh=False) is None  # nothing written that the change could mix with
+    assert _preflight(Config.from_dict(new), run_dir, fresh=False) is None  # nothing written that the change could mix with
     (run_dir / "checkpoints").mkdir()
     (run_dir / "checkpoints" / "a.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"config changed since this run started \(quality.min_chars\)"):
-        _preflight(new, run_dir, fresh=False)
+        _preflight(Config.from_dict(new), run_dir, fresh=False)
 
 
 @pytest.mark.parametrize("status, refused", [("failed", False), ("interrupted", False), ("complete", True)])
@@ -318,9 +325,9 @@ def test_export_only_keys_may_change_until_the_run_completes(tmp_path: Path, dat
                                     "output.parquet.compression", "output.valid_fraction", "run.seed"]
     if refused:
         with pytest.raises(ConfigError, match="config changed"):
-            _preflight(new, run_dir, fresh=False)
+            _preflight(Config.from_dict(new), run_dir, fresh=False)
     else:
-        assert _preflight(new, run_dir, fresh=False)["run_id"] == "r1"
+        assert _preflight(Config.from_dict(new), run_dir, fresh=False)["run_id"] == "r1"
 
 
 def test_run_failed_in_exports_resumes_with_the_corrected_config(tmp_path: Path, shared_data: Path) -> None:
@@ -356,7 +363,7 @@ def test_checkpoint_dir_under_a_regular_file_is_refused_before_writing(tmp_path:
     cfg = validate({"datasets": [{"name": "a", "path": str(data)}], "run": {"checkpoint_dir": "file/ckpt"}},
                    base_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"'run.checkpoint_dir' .*file/ckpt: .*file is not a directory"):
-        _preflight(cfg, tmp_path / "run", fresh=False)
+        _preflight(Config.from_dict(cfg), tmp_path / "run", fresh=False)
     assert not (tmp_path / "run").exists()
 
 
@@ -373,22 +380,22 @@ def test_typed_config_is_frozen_and_round_trips_byte_identical(good: dict) -> No
 
     import orjson
 
-    from streamprep.config import Config, ExecutionConfig, config_hash, load
+    from streamprep.config import ExecutionConfig, config_hash, load
 
     raw = {**good, "quality": {"min_language_prob": 0.5}, "output": {"mixtures": {"phases": {"p": {"a": 1.0}}}}}
     plain = validate(copy.deepcopy(raw))
     cfg = load(copy.deepcopy(raw))
     assert isinstance(cfg.execution, ExecutionConfig) and cfg.execution.engine == "xenna"
     assert cfg.output.parquet.length_buckets == (128, 256, 512, 1024, 2048, 4096, 8192)
-    assert cfg.datasets[0].name == "a" and cfg.quality["min_language_prob"] == 0.5
+    assert cfg.datasets[0].name == "a" and cfg.quality.min_language_prob == 0.5
     # run.json and the config hash are written from the dict: same bytes, same key order, same hash
     assert orjson.dumps(cfg.to_dict()) == orjson.dumps(plain)
     assert config_hash(cfg.to_dict()) == config_hash(plain)
     assert Config.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.run.seed = 1  # type: ignore[misc]
-    with pytest.raises(TypeError):  # free-form sections are read-only mappings
-        cfg.quality["min_language_prob"] = 0.1  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.quality.min_language_prob = 0.1  # type: ignore[misc]
     with pytest.raises(TypeError):
         cfg.output.mixtures.phases["p"]["a"] = 2.0  # type: ignore[index]
 

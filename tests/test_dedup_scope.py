@@ -18,23 +18,23 @@ import yaml
 
 from helpers import base_config, english_docs, ingest_stopped_after, tree_hashes
 from streamprep.checkpoints import DatasetFiles
-from streamprep.config import validate
+from streamprep.config import Config, load
 from streamprep.ingest import IngestContext, ingest_all
 
 OPEN = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
         "reject_copyright": False}
 
 
-def _dclm(shared_data: Path, order: tuple[str, str], scope: str, workers: int = 1) -> dict:
+def _dclm(shared_data: Path, order: tuple[str, str], scope: str, workers: int = 1) -> Config:
     paths = {n: shared_data / "web" / f"dclm_quality_{n}_data.jsonl" for n in order}
     raw = base_config([{"name": n, "path": str(paths[n])} for n in order], None,
                       quality={**OPEN, "dedup_scope": scope}, output={"max_rejects_per_check": None})
     raw["execution"].update(batch_records=16, workers=workers)
-    return validate(raw)
+    return load(raw)
 
 
-async def _ingest(cfg: dict, run: Path) -> dict:
-    return await ingest_all(IngestContext(cfg, run, run / "checkpoints", asyncio.Event()))
+async def _ingest(cfg: Config, run: Path) -> dict:
+    return await ingest_all(IngestContext.of(cfg, run, run / "checkpoints", asyncio.Event()))
 
 
 def _rejects(run: Path, name: str) -> Counter:
@@ -62,8 +62,8 @@ async def test_dataset_scope_keeps_cross_dataset_copies(shared_data: Path, tmp_p
     assert (states["agreement"].kept, states["majority"].kept, states["majority"].rejected) == (281, 499, 0)
 
 
-def _overlap(tmp: Path, workers: int) -> dict:
-    return validate(_overlap_raw(tmp, workers))
+def _overlap(tmp: Path, workers: int) -> Config:
+    return load(_overlap_raw(tmp, workers))
 
 
 def _overlap_raw(tmp: Path, workers: int) -> dict:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hub_server import FakeHub
-from streamprep.config import ConfigError
+from streamprep.config import ConfigError, DatasetConfig, dataset
 from streamprep.sources import open_source
 from streamprep.sources.base import BadRecord
 from streamprep.sources.hf import HFSource, HFSourceError, HFSourceUnavailable, stream_local_with_datasets
@@ -156,9 +156,8 @@ def hub(monkeypatch, tmp_path):
     assert not server.unknown, f"the client called endpoints the stand-in does not serve: {server.unknown}"
 
 
-def cfg(**kw) -> dict:
-    return {"name": "corpus", "path": f"hf://{REPO}", "split": "train", "subset": None, "text_field": "text",
-            "filter": None, "size_mb": None, "max_records": None, "revision": None, **kw}
+def cfg(**kw) -> DatasetConfig:
+    return dataset({"name": "corpus", "path": f"hf://{REPO}", "split": "train", **kw})
 
 
 def records(items) -> list:
@@ -438,24 +437,24 @@ async def test_hf_dataset_through_the_pipeline_with_stop_and_resume(hub, tmp_pat
     import asyncio
 
     from helpers import base_config, ingest_stopped_after, tree_hashes
-    from streamprep.config import validate
+    from streamprep.config import load
     from streamprep.ingest import IngestContext, ingest_all
 
     hub.add_dataset(WEB_REPO, {f"data/train-{f:05d}.jsonl": jsonl(_web_rows(f)) for f in range(3)})
     raw = base_config([{"name": "web", "path": f"hf://{WEB_REPO}", "split": "train", "filter": {"lang": "en"}}], None,
                       output={"shard_records": 100})
     raw["execution"].update(batch_records=25, workers=1)
-    conf = validate(raw)
+    conf = load(raw)
 
     ref = tmp_path / "ref"
-    state = (await ingest_all(IngestContext(conf, ref, ref / "checkpoints", asyncio.Event())))["web"]
+    state = (await ingest_all(IngestContext.of(conf, ref, ref / "checkpoints", asyncio.Event())))["web"]
     assert state.done and state.consumed == 720 and state.kept == 720  # 3 × 300 rows, 1 in 5 filtered out
     assert len(list((ref / "ingest/web").glob("part-*.jsonl"))) == 8
 
     run = tmp_path / "run"
     stopped = await ingest_stopped_after(conf, run, "web", 300)
     assert not stopped.done and 300 <= stopped.consumed < 720
-    resumed = (await ingest_all(IngestContext(conf, run, run / "checkpoints", asyncio.Event())))["web"]
+    resumed = (await ingest_all(IngestContext.of(conf, run, run / "checkpoints", asyncio.Event())))["web"]
     assert resumed.done and resumed.kept == 720
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
 
@@ -477,7 +476,7 @@ def many(hub):
     return hub
 
 
-def _many_cfg(**kw) -> dict:
+def _many_cfg(**kw) -> DatasetConfig:
     return cfg(path=f"hf://{MANY_REPO}", **kw)
 
 
@@ -576,16 +575,16 @@ async def test_pipeline_streams_and_a_resume_downloads_only_what_it_needs(many, 
     import asyncio
 
     from helpers import base_config, ingest_stopped_after, tree_hashes
-    from streamprep.config import validate
+    from streamprep.config import load
     from streamprep.ingest import IngestContext, ingest_all
 
     raw = base_config([{"name": "many", "path": f"hf://{MANY_REPO}", "split": "train"}], None,
                       output={"shard_records": 100})
     raw["execution"].update(batch_records=20, workers=1, hf_prefetch_files=1, max_concurrent_downloads=2)
-    conf = validate(raw)
+    conf = load(raw)
 
     ref = tmp_path / "ref"
-    ctx = IngestContext(conf, ref, ref / "checkpoints", asyncio.Event())
+    ctx = IngestContext.of(conf, ref, ref / "checkpoints", asyncio.Event())
     task = asyncio.create_task(ingest_all(ctx))
     while "many" not in ctx.progress or ctx.progress["many"].kept == 0:
         await asyncio.sleep(0.002)
@@ -602,7 +601,7 @@ async def test_pipeline_streams_and_a_resume_downloads_only_what_it_needs(many, 
     assert all(not (snap / p.rsplit('/', 1)[1]).exists() for p in MANY_FILES[:at]), "passed files not deleted"
     before = _data_gets(many)
     many.reset_counts()
-    resumed = (await ingest_all(IngestContext(conf, run, run / "checkpoints", asyncio.Event())))["many"]
+    resumed = (await ingest_all(IngestContext.of(conf, run, run / "checkpoints", asyncio.Event())))["many"]
     assert resumed.done and resumed.kept == 480
     again = _data_gets(many)
     assert again == set(MANY_FILES[at:]) - before, (at, sorted(before), sorted(again))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import bz2
+import dataclasses
 import gzip
 import http.server
 import json
@@ -24,13 +25,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from helpers import base_config, english_docs
+from helpers import base_config, english_docs, local_source
 from streamprep import run_from_dict
 from streamprep.checkpoints import DatasetFiles, load_and_repair
-from streamprep.config import ConfigError, validate
+from streamprep.config import Config, ConfigError, load, validate
 from streamprep.ingest import IngestContext, ingest_all
 from streamprep.sources.base import BadRecord, SourceError, input_change
-from streamprep.sources.local import FULL_HASH_BYTES, LocalSource
+from streamprep.sources.local import FULL_HASH_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = [{"text": f"record number {i} " + "filler " * (i % 40), "id": i} for i in range(3000)]
@@ -64,7 +65,7 @@ def _bounded(fn: Callable[[], Any], timeout: float = 20) -> Any:
 
 
 def _items(path: Path | str, start: dict | None = None, fmt: str | None = None) -> list[tuple[Any, dict]]:
-    return _bounded(lambda: list(LocalSource({"path": str(path), "format": fmt}).iter_records(start)))
+    return _bounded(lambda: list(local_source(path, fmt).iter_records(start)))
 
 
 def _split(items: list) -> tuple[list, list[BadRecord]]:
@@ -131,14 +132,14 @@ def test_directory_with_unsupported_and_special_files_rejects_each_by_name(tmp_p
     if fsspec.utils.infer_compression("x.zst") is None:  # without zstandard: not read as garbage text
         assert "z.jsonl.zst: .zst compression is not available" in reasons[2]
     assert _items(tmp_path / "*") == items  # a glob lists them too
-    assert _bounded(lambda: LocalSource({"path": str(tmp_path), "format": None}).fingerprint())["files"][2] == \
+    assert _bounded(lambda: local_source(tmp_path).fingerprint())["files"][2] == \
         {"path": str(tmp_path / "pipe.jsonl"), "special": True}
 
 
 def test_file_deleted_during_the_run_stops_naming_it(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_bytes(_head(5))
     (tmp_path / "b.jsonl").write_bytes(_head(5))
-    it = LocalSource({"path": str(tmp_path), "format": None}).iter_records()
+    it = local_source(tmp_path).iter_records()
     next(it)
     (tmp_path / "b.jsonl").unlink()
     with pytest.raises(SourceError, match=r"cannot read input file .*b\.jsonl after record 0: FileNotFoundError"):
@@ -162,7 +163,7 @@ def test_input_identity_names_a_replaced_grown_gone_or_new_file(tmp_path: Path) 
     small, big = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     small.write_bytes(_head(80))
     big.write_bytes(JSONL * (FULL_HASH_BYTES // len(JSONL) + 1))
-    src = LocalSource({"path": str(tmp_path / "*.jsonl"), "format": None})
+    src = local_source(tmp_path / "*.jsonl")
     before = src.fingerprint()
     assert input_change(before, src.fingerprint()) is None
     os.utime(small, (1, 1))  # a small file is hashed whole: a touch alone is no change
@@ -178,23 +179,23 @@ def test_input_identity_names_a_replaced_grown_gone_or_new_file(tmp_path: Path) 
     os.utime(big, (5, 5))  # middle of a big file: size and mtime are the witnesses
     assert input_change(before, src.fingerprint()) == f"input file {big} changed (mtime)"
     (tmp_path / "c.jsonl").write_bytes(b"{}\n")
-    assert input_change(before, LocalSource({"path": str(tmp_path / "*.jsonl"), "format": None}).fingerprint()) \
+    assert input_change(before, local_source(tmp_path / "*.jsonl").fingerprint()) \
         .startswith(f"input file {big} changed")
     big.unlink()
-    assert input_change(before, LocalSource({"path": str(tmp_path / "*.jsonl"), "format": None}).fingerprint()) \
+    assert input_change(before, local_source(tmp_path / "*.jsonl").fingerprint()) \
         == f"input file {big} is gone"
 
 
-def _docs_cfg(tmp_path: Path, n: int = 1500, raw: bool = False) -> tuple[dict, Path]:
+def _docs_cfg(tmp_path: Path, n: int = 1500, raw: bool = False) -> tuple[Any, Path]:
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(n, seed=9)))
     cfg = base_config([{"name": "d", "path": str(src)}], None)
     cfg["execution"].update(batch_records=50)
-    return (cfg if raw else validate(cfg)), src
+    return (cfg if raw else load(cfg)), src
 
 
-async def _ingest(cfg: dict, run: Path, stop: asyncio.Event | None = None, timeout: float = 60) -> dict:
-    ctx = IngestContext(cfg, run, run / "checkpoints", stop or asyncio.Event())
+async def _ingest(cfg: Config, run: Path, stop: asyncio.Event | None = None, timeout: float = 60) -> dict:
+    ctx = IngestContext.of(cfg, run, run / "checkpoints", stop or asyncio.Event())
     return await asyncio.wait_for(ingest_all(ctx), timeout)
 
 
@@ -270,10 +271,10 @@ async def test_stop_while_the_source_is_stalled_returns_within_seconds(tmp_path:
 
 async def test_one_failing_dataset_stops_the_others(tmp_path: Path, monkeypatch) -> None:
     cfg, _ = _docs_cfg(tmp_path, 10)
-    cfg["datasets"] = [dict(cfg["datasets"][0], name=n) for n in ("bad", "slow")]
+    cfg = dataclasses.replace(cfg, datasets=tuple(dataclasses.replace(cfg.datasets[0], name=n) for n in ("bad", "slow")))
     release = threading.Event()
     sources = {"bad": FakeSource(_raise), "slow": FakeSource(lambda: release.wait(30), good=20)}
-    monkeypatch.setattr("streamprep.ingest.open_source", lambda ds, *a, **k: sources[ds["name"]])
+    monkeypatch.setattr("streamprep.ingest.open_source", lambda ds, *a, **k: sources[ds.name])
     try:
         with pytest.raises(SourceError, match="dataset bad"):
             await _ingest(cfg, tmp_path / "run", timeout=10)

@@ -7,23 +7,23 @@ from pathlib import Path
 
 from helpers import base_config, english_docs, ingest_stopped_after, tree_hashes
 from streamprep.checkpoints import DatasetFiles
-from streamprep.config import validate
+from streamprep.config import Config, load
 from streamprep.ingest import IngestContext, ingest_all
 
 
-def _cfg(tmp_path: Path) -> dict:
+def _cfg(tmp_path: Path) -> Config:
     src = tmp_path / "docs.jsonl"
     docs = english_docs(3000, seed=5)
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs + docs[:40]))
     raw = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 700})
     raw["execution"].update(batch_records=40, workers=2)
-    return validate(raw)
+    return load(raw)
 
 
 async def test_stop_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     ref = tmp_path / "ref"
-    await ingest_all(IngestContext(cfg, ref, ref / "checkpoints", asyncio.Event()))
+    await ingest_all(IngestContext.of(cfg, ref, ref / "checkpoints", asyncio.Event()))
 
     run = tmp_path / "run"
     state = await ingest_stopped_after(cfg, run, "d", 1000)
@@ -35,7 +35,7 @@ async def test_stop_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     assert files.dedup.stat().st_size == 32 * ck["dedup_count"] == 32 * ck["kept"]
     assert sum(len(p.read_bytes().splitlines()) for p in files.parts()) == ck["kept"]
 
-    resumed = (await ingest_all(IngestContext(cfg, run, run / "checkpoints", asyncio.Event())))["d"]
+    resumed = (await ingest_all(IngestContext.of(cfg, run, run / "checkpoints", asyncio.Event())))["d"]
     assert resumed.done and resumed.kept == 3000 and resumed.rejected == 40
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
 

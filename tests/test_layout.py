@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamprep.layout import Checkpoint, RunLayout, checkpoint_file, completed_receipt, read_json
+from streamprep.layout import Checkpoint, CheckpointLayout, RunLayout, completed_receipt, read_json
 
 
 def test_paths_match_the_run_dir_contract(tmp_path: Path) -> None:
@@ -22,6 +22,26 @@ def test_paths_match_the_run_dir_contract(tmp_path: Path) -> None:
         ["audit/audit.json", "cache/hf", "logs", "parquet"]
 
 
+def test_checkpoint_dir_names(tmp_path: Path) -> None:
+    ck = CheckpointLayout(tmp_path)
+    assert [p.name for p in (ck.checkpoint("c4"), ck.dedup_log("c4"), ck.near_log("c4"), ck.lock, ck.owner)] == \
+        ["c4.json", "c4.dedup", "c4.near", ".streamprep.lock", ".streamprep-run"]
+
+
+def test_no_module_but_layout_names_run_or_checkpoint_files() -> None:
+    """The map has one owner: no other module spells a part stem, a checkpoint-dir suffix or a lock name
+    (inside RunLayout.hf_cache the HF source keeps its own cache format, named after repos, not datasets)."""
+    import re
+
+    import streamprep
+
+    spelled = re.compile(r'part-\{|f"\{(dataset|name|ds)[^}]*\}\.(json|dedup|near)"|"\.(streamprep\.lock|streamprep-run|lock)"')
+    root = Path(streamprep.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.name != "layout.py" and spelled.search(p.read_text())]
+    assert offenders == []
+
+
 def test_checkpoint_dir_honours_run_json_and_falls_back_when_moved(tmp_path: Path) -> None:
     lay = RunLayout(tmp_path)
     external = tmp_path.parent / f"{tmp_path.name}-ckpt"
@@ -36,7 +56,7 @@ def test_planned_parts_and_tolerant_readers(tmp_path: Path) -> None:
     assert Checkpoint({"part_index": 2, "part_lines": 5, "done": True}).planned_parts == 3
     assert Checkpoint({"part_index": 2, "part_lines": 5, "done": False}).planned_parts == 2
     assert Checkpoint({"part_index": 2, "part_lines": 0, "done": True}).planned_parts == 2
-    bad = checkpoint_file(tmp_path, "c4")
+    bad = CheckpointLayout(tmp_path).checkpoint("c4")
     bad.write_bytes(b"{not json")
     assert read_json(bad) is None and Checkpoint.load(bad).started is False
     rec = tmp_path / "r.json"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +17,13 @@ import pytest
 import yaml
 
 from helpers import base_config, tree_hashes
-from quality import QualityConfigError, QualityControl, validate_quality_config
+from quality import QualityConfigError, QualityControl, load_quality_settings, validate_quality_config
 from quality.near_dedup import NearDupIndex, Signer, band_hashes
 from streamprep import run_from_dict
 from streamprep.checkpoints import DatasetFiles
 
-NEAR = {"enabled": True, "threshold": 0.8, "ngram": 5, "bands": 14, "rows": 8, "seed": 1}
+NEAR_CFG = {"enabled": True, "threshold": 0.8, "ngram": 5, "bands": 14, "rows": 8, "seed": 1}
+NEAR = load_quality_settings({"near_dedup": NEAR_CFG}).near_dedup
 
 
 def _c4(shared: Path, n: int) -> list[str]:
@@ -58,7 +60,7 @@ def test_signatures_are_deterministic_and_text_only(shared_data: Path) -> None:
     assert a == b and all(len(s) == 112 * 4 for s in a)
     assert signer.signatures(["", "  !!! ...", "two words"])[:2] == [None, None]
     assert signer.signatures(["Two words"]) == signer.signatures(["two, words!"])  # case and punctuation
-    assert Signer({**NEAR, "seed": 2}).signatures(texts[:1]) != a[:1]
+    assert Signer(replace(NEAR, seed=2)).signatures(texts[:1]) != a[:1]
 
 
 def _jaccard(a: bytes, b: bytes) -> float:
@@ -184,7 +186,7 @@ def _dataset(tmp: Path, texts: list[str], name: str = "web") -> dict:
 
 def _cfg(tmp: Path, texts: list[str], workers: int = 1, **execution) -> dict:
     cfg = base_config([_dataset(tmp, texts)], None, output={"shard_records": 25})
-    cfg["quality"] = {"expected_language": None, "min_chars": 20, "near_dedup": NEAR}
+    cfg["quality"] = {"expected_language": None, "min_chars": 20, "near_dedup": NEAR_CFG}
     cfg["execution"].update(workers=workers, batch_records=16, **execution)
     return cfg
 

@@ -5,13 +5,14 @@ import collections
 import gzip
 import json
 import multiprocessing
+import pickle
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from quality import QUALITY_DEFAULTS, QualityControl
+from quality import QUALITY_DEFAULTS, QualityControl, load_quality_settings
 
 # Gates not under test are opened, so each test measures the gate it is about.
 OPEN = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
@@ -160,3 +161,19 @@ def test_process_pool_matches_in_process(c4: list[dict[str, Any]], lingua: list[
         remote = list(pool.map(_evaluate_in_worker, [config] * 2, chunks))
     assert remote[0] + remote[1] == _evaluate_in_worker(config, chunks[0]) + _evaluate_in_worker(config, chunks[1])
     assert sorted(map(repr, remote[0] + remote[1])) == sorted(map(repr, local))
+
+
+@pytest.mark.parametrize("config", [{}, {"min_chars": 20, "language_detector": "cascade", "normalize": False,
+                                         "near_dedup": {"enabled": True}},
+                                    {**OPEN, "domain": "medical", "required_metadata": ["url"]}],
+                         ids=["defaults", "cascade-near-dedup", "medical"])
+def test_settings_and_dict_give_identical_verdicts(c4: list[dict[str, Any]], config: dict[str, Any]) -> None:
+    """QualityControl from pickled typed settings (as pool workers and Ray actors get them) = from the raw dict."""
+    records: list[Any] = c4[:60] + [None, {"text": b"x"}, {"text": "short"}]
+    settings = pickle.loads(pickle.dumps(load_quality_settings(config)))
+    from_settings = QualityControl(settings).evaluate_batch(records)
+    from_dict = QualityControl(config).evaluate_batch(records)
+    assert from_settings == from_dict
+    outcomes = {v.meta.get("failed_check", "kept") for v in from_dict}
+    assert "kept" in outcomes and len(outcomes) > 1  # the gates did decide something
+    assert any(v.signature for v in from_dict) == settings.near_dedup.enabled

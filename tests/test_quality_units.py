@@ -1,15 +1,18 @@
 """Unit tests of the quality package with exact expected outputs (no shared corpora needed)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import pickle
 import random
 from pathlib import Path
 
+import orjson
 import pytest
 
-from quality import (QUALITY_DEFAULTS, DedupIndex, QualityConfigError, QualityControl, Verdict,
-                     validate_quality_config)
+from quality import (QUALITY_DEFAULTS, DedupIndex, NearDedupSettings, QualityConfigError, QualityControl,
+                     QualitySettings, Verdict, load_quality_settings, validate_quality_config)
 from quality.gates.base import Doc
 from quality.gates.code import code_score
 from quality.gates.pii import PiiGate, find_pii, luhn_valid
@@ -221,6 +224,44 @@ def test_config_errors_name_the_key(section, key: str) -> None:
     assert str(info.value).startswith(f"{key}: ") and "\n" not in str(info.value)
     with pytest.raises(QualityConfigError):
         QualityControl(section)
+
+
+
+# Every key set to a non-default value; ints where floats are expected (they must come back as floats).
+FULL = {"domain": "medical", "expected_language": "pt-BR", "min_language_prob": 1, "language_detector": "cascade",
+        "language_sample_chars": 800, "min_chars": 50, "max_chars": 100_000, "required_fields": ("text", "id"),
+        "required_metadata": ["source"], "allowed_licenses": ["cc-by", "MIT"], "pii_max_density": 0,
+        "profanity_max_density": 0.02, "reject_copyright": False, "dedup": "none", "dedup_scope": "run",
+        "normalize": False, "domain_sample_chars": 3000, "medical_min_hits": 5, "medical_min_density": 0.03,
+        "medical_min_categories": 1, "code_min_score": 0.5,
+        "near_dedup": {"seed": 9, "num_perm": 40, "rows": 4, "bands": 10, "ngram": 3, "threshold": 1, "enabled": True}}
+
+
+@pytest.mark.parametrize("section", [None, {}, OPEN, {"allowed_licenses": [], "expected_language": None}, FULL],
+                         ids=["none", "empty", "open", "empty-lists", "full"])
+def test_settings_round_trip_is_exact(section) -> None:
+    """to_dict gives back validate_quality_config's dict byte for byte (it is hashed into run.json)."""
+    validated = validate_quality_config(section)
+    settings = QualitySettings.from_dict(validated)
+    assert settings == load_quality_settings(section)
+    assert settings.to_dict() == validated
+    assert orjson.dumps(settings.to_dict()) == orjson.dumps(validated)
+    assert pickle.loads(pickle.dumps(settings)) == settings
+    assert QualitySettings.from_dict(settings.to_dict()) == settings
+
+
+def test_settings_are_typed_and_frozen() -> None:
+    s = load_quality_settings(FULL)
+    assert s.required_fields == ("text", "id") and s.required_metadata == ("source",)
+    assert s.allowed_licenses == ("cc-by", "MIT") and s.expected_language == "pt"
+    assert s.min_language_prob == 1.0 and type(s.min_language_prob) is float and type(s.pii_max_density) is float
+    assert s.near_dedup == NearDedupSettings(enabled=True, threshold=1.0, ngram=3, bands=10, rows=4, seed=9,
+                                             num_perm=40)
+    assert list(s.to_dict()) == list(QUALITY_DEFAULTS)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.min_chars = 0  # type: ignore[misc]
+    with pytest.raises(QualityConfigError, match="^near_dedup.num_perm: "):
+        load_quality_settings({"near_dedup": {"bands": 2, "rows": 2, "num_perm": 5}})
 
 
 # ---- dedup ----------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from helpers import base_config, english_docs
 from streamprep import atomic, run_from_dict
 from streamprep.cli import main
 from streamprep.config import ConfigError
-from streamprep.lock import CHECKPOINT_LOCK_NAME, RunLock
+from streamprep.layout import CheckpointLayout
+from streamprep.lock import RunLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,7 @@ def test_input_at_a_checkpoint_name_is_refused_not_parsed_or_deleted(tmp_path):
 
 def test_second_run_sharing_a_checkpoint_dir_is_refused(tmp_path, capsys):
     ckpt = tmp_path / "shared-ckpt"
-    first = RunLock(ckpt, CHECKPOINT_LOCK_NAME, "checkpoint dir").acquire()  # the first run, still going
+    first = RunLock(CheckpointLayout(ckpt).lock, "checkpoint dir").acquire()  # the first run, still going
     try:
         cfg = _config(tmp_path)
         cfg["run"]["checkpoint_dir"] = str(ckpt)
@@ -105,7 +106,7 @@ def test_second_run_sharing_a_checkpoint_dir_is_refused(tmp_path, capsys):
         cfg_path.write_text(yaml.safe_dump(cfg))
         assert main(["ingest", "--config", str(cfg_path), "--run-dir", str(tmp_path / "run-c")]) == 2
         assert "checkpoint dir" in capsys.readouterr().err
-        assert sorted(p.name for p in ckpt.iterdir()) == [CHECKPOINT_LOCK_NAME]
+        assert sorted(p.name for p in ckpt.iterdir()) == [CheckpointLayout(ckpt).lock.name]
         assert not (tmp_path / "run-b" / "run.json").exists()
     finally:
         first.release()

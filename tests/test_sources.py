@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from helpers import local_source
 from streamprep.sources.base import BadRecord
 from streamprep.sources.local import LocalSource
 
@@ -38,7 +39,7 @@ def test_formats_stream_all_records_and_resume_anywhere(tmp_path: Path, kind: st
     else:
         _jsonl(path, RECORDS, gz=kind.endswith("gz"))
         expect = RECORDS
-    src = LocalSource({"path": str(path), "format": None})
+    src = local_source(path)
     items = _collect(src)
     assert [rec for rec, _ in items] == expect
     for k in (0, 1, 4, 5, 11, 22):  # resume from the position after item k: exactly the rest follows
@@ -48,7 +49,7 @@ def test_formats_stream_all_records_and_resume_anywhere(tmp_path: Path, kind: st
 def test_glob_reads_files_in_sorted_order_and_resumes_across_files(tmp_path: Path) -> None:
     _jsonl(tmp_path / "b.jsonl", RECORDS[10:])
     _jsonl(tmp_path / "a.jsonl.gz", RECORDS[:10], gz=True)
-    src = LocalSource({"path": str(tmp_path / "*.jsonl*"), "format": None})
+    src = local_source(tmp_path / "*.jsonl*")
     items = _collect(src)
     assert [r for r, _ in items] == RECORDS
     assert [r for r, _ in _collect(src, items[9][1])] == RECORDS[10:]
@@ -58,7 +59,7 @@ def test_bad_input_becomes_bad_records_not_exceptions(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b'{"text": "ok one"}\n{"text": broken\n\n[1, 2]\n{"text": "caf\xe9"}\n{"text": "ok two"}\n')
     (tmp_path / "empty.jsonl").write_bytes(b"")
-    items = [r for r, _ in _collect(LocalSource({"path": str(tmp_path / "*.jsonl"), "format": None}))]
+    items = [r for r, _ in _collect(local_source(tmp_path / "*.jsonl"))]
     kinds = [r.reason.split(" ")[0] if isinstance(r, BadRecord) else r["text"] for r in items]
     assert kinds == ["ok one", "malformed", "blank", "line", "malformed", "ok two", "empty"]
     assert "bad.jsonl" in items[1].reason and "line 2" in items[1].reason
@@ -67,7 +68,7 @@ def test_bad_input_becomes_bad_records_not_exceptions(tmp_path: Path) -> None:
 def test_undecodable_text_line_is_a_bad_record(tmp_path: Path) -> None:
     path = tmp_path / "t.txt"
     path.write_bytes(b"good line\nbad \xff\xfe line\nlast\n")
-    items = [r for r, _ in _collect(LocalSource({"path": str(path), "format": None}))]
+    items = [r for r, _ in _collect(local_source(path))]
     assert items[0] == {"text": "good line"} and items[2] == {"text": "last"}
     assert isinstance(items[1], BadRecord) and "undecodable bytes at line 2" in items[1].reason
 
@@ -75,7 +76,7 @@ def test_undecodable_text_line_is_a_bad_record(tmp_path: Path) -> None:
 def test_document_format_reads_whole_files(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("# A\n\nfirst doc\n")
     (tmp_path / "b.md").write_text("second\ndoc\n")
-    items = [r for r, _ in _collect(LocalSource({"path": str(tmp_path / "*.md"), "format": "document"}))]
+    items = [r for r, _ in _collect(local_source(tmp_path / "*.md", "document"))]
     assert items == [{"text": "# A\n\nfirst doc\n", "path": "a.md"}, {"text": "second\ndoc\n", "path": "b.md"}]
 
 
@@ -85,6 +86,6 @@ def test_fsspec_urls_go_the_same_way() -> None:
         fh.write(b'{"text": "from memory"}\n')
     with fs.open("/bucket/x/part2.jsonl", "wb") as fh:
         fh.write(b'{"text": "second file"}\n')
-    src = LocalSource({"path": "memory://bucket/x/*.jsonl", "format": None})
+    src = local_source("memory://bucket/x/*.jsonl")
     assert [r["text"] for r, _ in _collect(src)] == ["from memory", "second file"]
     assert [f["size"] for f in src.fingerprint()["files"]] == [24, 24]

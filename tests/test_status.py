@@ -17,6 +17,8 @@ import yaml
 from helpers import PHI2, base_config, english_docs
 from streamprep import logs, run_from_dict
 from streamprep.checkpoints import IngestState
+from streamprep.config import dataset
+from streamprep.layout import RunLayout
 from streamprep.progress import ProgressReporter
 from streamprep.status import format_status, run_status
 from test_audit import make_inputs
@@ -108,8 +110,9 @@ def test_mid_ingest_checkpoint_counts_planned_shards_so_far(done_run, tmp_path):
 
 HOLD = """
 import sys, time
+from streamprep.layout import RunLayout
 from streamprep.lock import RunLock
-RunLock(sys.argv[1]).acquire()
+RunLock(RunLayout(sys.argv[1]).lock).acquire()
 print("held", flush=True)
 time.sleep(60)
 """
@@ -128,7 +131,7 @@ def test_lock_held_by_another_process_then_killed(done_run, tmp_path):
         assert f"pid {proc.pid}" in format_status(st)
         from streamprep.lock import RunLock, RunLocked
         with pytest.raises(RunLocked):  # status left the holder's exclusive lock alone
-            RunLock(run_dir).acquire()
+            RunLock(RunLayout(run_dir).lock).acquire()
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -218,8 +221,7 @@ async def _simulate(prog: dict, path: Path, size: int, steps: int = 12, dt: floa
 def _source(tmp_path: Path) -> tuple[list[dict], Path, int]:
     path = tmp_path / "web.jsonl"
     path.write_bytes(b"x" * 100_000)
-    return [{"name": "web", "path": str(path), "max_records": None, "size_mb": None},
-            {"name": "later", "path": str(path), "max_records": None, "size_mb": None}], path, 100_000
+    return [dataset({"name": "web", "path": str(path)}), dataset({"name": "later", "path": str(path)})], path, 100_000
 
 
 @pytest.mark.asyncio

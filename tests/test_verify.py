@@ -345,6 +345,7 @@ def test_sft_run_chain(shared_data, tmp_path):
 
 def test_rerun_of_a_pre_chain_run_records_the_chain(pipeline_run, tmp_path):
     """A finished run without manifest_sha256 (older streamprep) is not 'complete' for a re-run: exports redone."""
+    from streamprep.config import Config
     from streamprep.pipeline import run as run_job
 
     run = tmp_path / "old"
@@ -353,7 +354,7 @@ def test_rerun_of_a_pre_chain_run_records_the_chain(pipeline_run, tmp_path):
     del record["manifest_sha256"]
     atomic.write_json(run / "run.json", record)
     assert "run.json: records no manifest_sha256 (written before the hash chain existed?)" in verify_run(run)
-    result = run_job(record["config"], run, console_log=False)
+    result = run_job(Config.from_dict(record["config"]), run, console_log=False)
     assert result.summary["tokenize"]["tokenized"] == 0  # only the exports were redone
     assert verify_run(run) == []
     assert (run / "manifest.json").read_bytes() == (pipeline_run / "manifest.json").read_bytes()

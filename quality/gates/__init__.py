@@ -1,8 +1,6 @@
 """Quality gates, one small class per check, and the order they run in."""
 from __future__ import annotations
 
-from typing import Any
-
 from quality.gates.base import Doc, Gate
 from quality.gates.code import CodeGate
 from quality.gates.copyright import CopyrightGate
@@ -12,33 +10,34 @@ from quality.gates.pii import PiiGate
 from quality.gates.profanity import ProfanityGate
 from quality.gates.schema import LengthGate, MetadataGate, SchemaGate
 from quality.gates.text import NormalizeStep
+from quality.settings import QualitySettings
 
 __all__ = ["Doc", "Gate", "build_gates"]
 
 
-def build_gates(cfg: dict[str, Any], text_field: str) -> list[Gate]:
-    """The gates a validated config enables, cheapest first. Disabled gates are left out, not
+def build_gates(s: QualitySettings, text_field: str) -> list[Gate]:
+    """The gates the settings enable, cheapest first. Disabled gates are left out, not
     skipped, so stats and timings show only what runs."""
-    code = cfg["domain"] == "code"
+    code = s.domain == "code"
     gates: list[Gate] = [
-        SchemaGate(text_field, cfg["required_fields"], cfg["max_chars"]),
+        SchemaGate(text_field, s.required_fields, s.max_chars),
         NormalizeStep(code=code),
-        LengthGate(cfg["min_chars"], cfg["max_chars"]),
+        LengthGate(s.min_chars, s.max_chars),
     ]
-    if cfg["required_metadata"] or cfg["allowed_licenses"] is not None:
-        gates.append(MetadataGate(cfg["required_metadata"], cfg["allowed_licenses"]))
-    if cfg["pii_max_density"] < 1.0:
-        gates.append(PiiGate(cfg["pii_max_density"]))
-    if cfg["profanity_max_density"] < 1.0:
-        gates.append(ProfanityGate(cfg["profanity_max_density"]))
-    if cfg["reject_copyright"]:
+    if s.required_metadata or s.allowed_licenses is not None:
+        gates.append(MetadataGate(s.required_metadata, s.allowed_licenses))
+    if s.pii_max_density < 1.0:
+        gates.append(PiiGate(s.pii_max_density))
+    if s.profanity_max_density < 1.0:
+        gates.append(ProfanityGate(s.profanity_max_density))
+    if s.reject_copyright:
         gates.append(CopyrightGate())
-    if cfg["domain"] == "general" and cfg["expected_language"] is not None:
-        gates.append(LanguageGate(cfg["expected_language"], cfg["min_language_prob"], cfg["language_detector"],
-                                  cfg["language_sample_chars"]))
-    elif cfg["domain"] == "medical":
-        gates.append(MedicalGate(cfg["medical_min_hits"], cfg["medical_min_density"], cfg["medical_min_categories"],
-                                 cfg["domain_sample_chars"]))
+    if s.domain == "general" and s.expected_language is not None:
+        gates.append(LanguageGate(s.expected_language, s.min_language_prob, s.language_detector,
+                                  s.language_sample_chars))
+    elif s.domain == "medical":
+        gates.append(MedicalGate(s.medical_min_hits, s.medical_min_density, s.medical_min_categories,
+                                 s.domain_sample_chars))
     elif code:
-        gates.append(CodeGate(cfg["code_min_score"], cfg["domain_sample_chars"]))
+        gates.append(CodeGate(s.code_min_score, s.domain_sample_chars))
     return gates

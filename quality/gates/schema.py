@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quality.gates.base import Doc, Gate
@@ -23,7 +23,7 @@ class SchemaGate(Gate):
 
     name = failed_check = "schema"
 
-    def __init__(self, text_field: str, required_fields: list[str], max_chars: int):
+    def __init__(self, text_field: str, required_fields: Sequence[str], max_chars: int):
         self.text_field = text_field
         self.required = [f for f in required_fields if f not in ("text", text_field)]  # "text" means text_field
         self.max_chars = max_chars
@@ -83,7 +83,7 @@ class MetadataGate(Gate):
 
     name = failed_check = "metadata"
 
-    def __init__(self, required: list[str], allowed_licenses: list[str] | None):
+    def __init__(self, required: Sequence[str], allowed_licenses: Sequence[str] | None):
         self.required = required
         self.allowed = None if allowed_licenses is None else {x.strip().lower() for x in allowed_licenses}
 

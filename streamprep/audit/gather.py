@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from streamprep import stats
-from streamprep.layout import (Checkpoint, NotARunDir, RunLayout, checkpoint_file, completed_receipt, part_name,
+from streamprep.layout import (Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, part_name,
                                read_json as _read_json)
 from streamprep.tokenizer import training_report
 
@@ -202,7 +202,7 @@ def _density(st: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> tuple[dict[str, Any], dict[str, list]]:
-    cp = Checkpoint.load(checkpoint_file(ckpt_dir, name))
+    cp = Checkpoint.load(CheckpointLayout(ckpt_dir).checkpoint(name))
     ck = cp.raw
     st: dict[str, Any] = ck.get("stats") or {}
     read, kept, rejected = int(ck.get("consumed", 0)), int(ck.get("kept", 0)), int(ck.get("rejected", 0))

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from streamprep.exports.index import ExportError, ShardRef
 from streamprep.layout import RunLayout
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
+
+if TYPE_CHECKING:
+    from streamprep.config import DatasetConfig, OutputConfig
 
 __all__ = ["export_run", "write_exports", "prepare_part", "ShardRef", "ExportError", "ShardCountError",
            "MixtureConfigError", "validate_mixtures"]
@@ -31,9 +34,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def _split_of(datasets: list[dict[str, Any]], shards: list[ShardRef]) -> dict[str, str]:
-    """train/valid/test per dataset: from its shards, else the config (`blend_split`, then `split`)."""
-    out = {d["name"]: d.get("blend_split") or d.get("split") or "train" for d in datasets}
+def _split_of(datasets: Sequence[DatasetConfig], shards: list[ShardRef]) -> dict[str, str]:
+    """train/valid/test per dataset: from its shards, else the config's blend split."""
+    out = {d.name: d.blend_split for d in datasets}
     for ref in shards:
         out[ref.dataset] = ref.split
     return out
@@ -49,60 +52,57 @@ def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
         part_summary(ShardRef.from_task(task, receipt))
 
 
-def export_run(run_dir: Path, cfg: dict[str, Any], tasks: list, tokenizer_info: dict[str, Any]) -> dict[str, Any]:
-    """The job's exports over its tokenization tasks (all receipts complete), on `execution.workers` processes."""
-    from streamprep.config import config_hash
-    from streamprep.modes import mode_of
+def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], output: OutputConfig,
+               datasets: Sequence[DatasetConfig], seed: int, config_hash: str, *, workers: int | None,
+               blend: bool) -> dict[str, Any]:
+    """The job's exports over its tokenization tasks (all receipts complete), on `workers` processes (None:
+    all cores); `blend`: whether the run's mode writes blend.json."""
     from streamprep.tokenize import read_receipt
 
     receipts = [read_receipt(t) for t in tasks]
     # shards of a mode without text exports (SFT) are listed by their receipts only
     refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if t.mode.text_exports]
-    summary = write_exports(run_dir, refs, cfg["output"], cfg["datasets"], cfg["run"]["seed"], tokenizer_info,
-                            config_hash(cfg), workers=cfg["execution"]["workers"] or os.cpu_count() or 1,
-                            blend=mode_of(cfg.get("sft")).text_exports, receipts=[Path(t.receipt_path) for t in tasks])
-    empty = {d["name"]: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == d["name"])
-             for d in cfg["datasets"]}
+    summary = write_exports(run_dir, refs, output, datasets, seed, tokenizer_info, config_hash,
+                            workers=workers or os.cpu_count() or 1, blend=blend,
+                            receipts=[Path(t.receipt_path) for t in tasks])
+    empty = {d.name: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == d.name)
+             for d in datasets}
     return {"empty_tokens": empty, "exports": summary}
 
 
-def _check(shards: list[ShardRef], output_cfg: dict[str, Any], names: list[str]) -> tuple[Any, dict[str, Any]]:
-    """Refuse bad options and inputs before anything is written; the Parquet options and mixture phases."""
-    from streamprep.exports.parquet import ParquetOptions
-
-    opts = ParquetOptions.from_output_cfg(output_cfg)
-    phases = (output_cfg.get("mixtures") or {}).get("phases") or {}
-    validate_mixtures(phases, names)
+def _check(shards: list[ShardRef], names: list[str]) -> None:
+    """Refuse shards the exports cannot take, before anything is written (the options were validated
+    with the config)."""
     unknown = sorted({r.dataset for r in shards} - set(names))
     if unknown:
         raise ExportError(f"shards of dataset(s) not in the config: {', '.join(unknown)}")
     for ref in shards:
         if ref.receipt.get("status") != "completed":
             raise ExportError(f"{ref.dataset}/{ref.part}: receipt status {ref.receipt.get('status')!r}, not completed")
-    return opts, phases
 
 
-def _manifest(indexes: list, datasets: list[dict[str, Any]], pq_entries: list[dict[str, Any]],
-              bin_entries: list[dict[str, Any]], opts: Any, seed: int, tokenizer_info: dict[str, Any], config_hash: str,
-              files: list[dict[str, Any]]) -> dict[str, Any]:
+def _manifest(indexes: list, datasets: Sequence[DatasetConfig], pq_entries: list[dict[str, Any]],
+              bin_entries: list[dict[str, Any]], output: OutputConfig, seed: int, tokenizer_info: dict[str, Any],
+              config_hash: str, files: list[dict[str, Any]]) -> dict[str, Any]:
     from streamprep.exports import manifest, parquet
 
-    ds_summary = {idx.name: {"split": idx.split, "weight": float(d.get("weight", 1.0)), "num_records": len(idx),
+    ds_summary = {idx.name: {"split": idx.split, "weight": d.weight, "num_records": len(idx),
                              "num_tokens": idx.num_tokens, "binidx_shards": len(idx.refs),
                              "empty_shards": len(idx.empty_refs),
                              "dropped_empty": sum(len(r.receipt.get("stats", {}).get("dropped_empty", []))
                                                   for r in idx.refs + idx.empty_refs)}
                   for idx, d in zip(indexes, datasets)}
-    options = {"length_buckets": list(opts.length_buckets), "shard_size_bytes": opts.shard_size_bytes,
-               "compression": opts.compression, "row_group_size": opts.row_group_size,
-               "num_shards_multiple_of": opts.num_shards_multiple_of,
+    pq_cfg = output.parquet
+    options = {"length_buckets": list(pq_cfg.length_buckets), "shard_size_bytes": pq_cfg.shard_size_bytes,
+               "compression": pq_cfg.compression, "row_group_size": pq_cfg.row_group_size,
+               "num_shards_multiple_of": output.num_shards_multiple_of,
                "bytes_per_token_estimate": parquet.BYTES_PER_TOKEN, "tail_fraction": parquet.TAIL_FRACTION}
     return manifest.build(pq_entries, bin_entries, seed=seed, config_hash=config_hash, tokenizer_info=tokenizer_info,
-                          buckets=parquet.bucket_table(opts.length_buckets), options=options, datasets=ds_summary,
+                          buckets=parquet.bucket_table(pq_cfg.length_buckets), options=options, datasets=ds_summary,
                           files=files)
 
 
-def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, Any], datasets: list[dict[str, Any]],
+def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, datasets: Sequence[DatasetConfig],
                   seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, workers: int = 1,
                   blend: bool = False, receipts: list[Path] | None = None) -> dict[str, Any]:
     """Write parquet/, (with `blend`) blend.json, mixtures.json and manifest.json for the completed
@@ -121,24 +121,26 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output_cfg: dict[str, A
     from streamprep.exports.summary import summarize_all
 
     run_dir = Path(run_dir)
-    names = [d["name"] for d in datasets]
-    opts, phases = _check(shards, output_cfg, names)
+    weights = {d.name: d.weight for d in datasets}
+    names = list(weights)
+    _check(shards, names)
     split_of = _split_of(datasets, shards)
     with Workers(workers) as pool:
         summaries = summarize_all(shards, pool)
         indexes = [build_index(n, split_of[n], [r for r in shards if r.dataset == n], summaries.get(n, {}))
                    for n in names]
-        pq_entries = parquet.write_shards(run_dir, indexes, parquet.plan_shards(indexes, opts, seed), opts, seed, pool)
+        pq_entries = parquet.write_shards(run_dir, indexes, parquet.plan_shards(indexes, output, seed), output.parquet,
+                                          seed, pool)
     bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]
     # Parquet files, blend.json, mixtures.json, then the manifest that lists them all, then the stale cleanup.
     if blend:
-        blendmod.write(run_dir, blendmod.build_from_refs(shards, datasets, split_of,
-                                                         output_cfg.get("valid_fraction") or 0.0))
-    mixtures.write(run_dir, mixtures.build(manifest.sorted_shards(pq_entries, bin_entries), datasets, phases, split_of))
+        blendmod.write(run_dir, blendmod.build_from_refs(shards, weights, split_of, output.valid_fraction))
+    mixtures.write(run_dir, mixtures.build(manifest.sorted_shards(pq_entries, bin_entries), weights,
+                                           output.mixtures.phases, split_of))
     if receipts is None:
         receipts = [RunLayout(run_dir).receipt(r.dataset, r.part) for r in shards]
     files = chain.file_entries(run_dir, chain.chained_files(run_dir, receipts))
-    man = _manifest(indexes, datasets, pq_entries, bin_entries, opts, seed, tokenizer_info, config_hash, files)
+    man = _manifest(indexes, datasets, pq_entries, bin_entries, output, seed, tokenizer_info, config_hash, files)
     manifest_sha256 = manifest.write(run_dir, man)
     keep = {e["path"] for e in pq_entries} | {e["tsv"]["path"] for e in pq_entries}
     removed = parquet.remove_stale(run_dir, keep)

@@ -21,10 +21,9 @@ def _weight(x: float) -> str:
     return f"{x:.12g}"
 
 
-def build(shards: list[dict[str, Any]], datasets: list[dict[str, Any]], valid_fraction: float,
+def build(shards: list[dict[str, Any]], weights: Mapping[str, float], valid_fraction: float,
           per_split: bool) -> dict[str, Any]:
-    """`shards`: [{dataset, split, prefix (absolute), num_tokens}] in a fixed order."""
-    weights = {d["name"]: d["weight"] for d in datasets}
+    """`shards`: [{dataset, split, prefix (absolute), num_tokens}] in a fixed order; `weights`: dataset → weight."""
     tokens: dict[str, int] = {}
     for s in shards:
         tokens[s["dataset"]] = tokens.get(s["dataset"], 0) + s["num_tokens"]
@@ -40,12 +39,12 @@ def build(shards: list[dict[str, Any]], datasets: list[dict[str, Any]], valid_fr
     return {k: (v or None) for k, v in lists.items()}
 
 
-def build_from_refs(refs: list[ShardRef], datasets: list[dict[str, Any]], split_of: Mapping[str, str],
+def build_from_refs(refs: list[ShardRef], weights: Mapping[str, float], split_of: Mapping[str, str],
                     valid_fraction: float) -> dict[str, Any]:
     """blend.json for the shards `refs` (in the order given); one list per split when any split is not train."""
     shards = [{"dataset": r.dataset, "split": r.split, "prefix": r.prefix, "num_tokens": r.receipt["stats"]["num_tokens"]}
               for r in refs]
-    return build(shards, datasets, valid_fraction, any(s != "train" for s in split_of.values()))
+    return build(shards, weights, valid_fraction, any(s != "train" for s in split_of.values()))
 
 
 def write(run_dir: Path, blend: dict[str, Any]) -> Path:

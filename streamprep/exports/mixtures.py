@@ -54,11 +54,11 @@ def _normalise(weights: Mapping[str, float]) -> dict[str, float]:
     return {k: float(w) / total for k, w in weights.items()} if total > 0 else {}
 
 
-def build(shards: list[dict[str, Any]], datasets: list[dict[str, Any]], phases: Mapping[str, Mapping[str, float]] | None,
+def build(shards: list[dict[str, Any]], weights: Mapping[str, float], phases: Mapping[str, Mapping[str, float]],
           split_of: Mapping[str, str]) -> dict[str, Any]:
-    """`shards`: manifest entries (parquet and binidx). `datasets`: config entries in config order."""
-    names = [d["name"] for d in datasets]
-    validate_mixtures(phases or {}, names)
+    """`shards`: manifest entries (parquet and binidx). `weights`: dataset → weight, in config order.
+    `phases` were validated with the config (validate_mixtures)."""
+    names = list(weights)
     sources: dict[str, dict[str, Any]] = {
         n: {"split": split_of[n], "shards": [], "binidx": [], "num_records": 0, "num_tokens": 0} for n in names}
     for s in sorted(shards, key=lambda s: s["shard_id"]):
@@ -72,17 +72,17 @@ def build(shards: list[dict[str, Any]], datasets: list[dict[str, Any]], phases: 
     if phases:
         wanted = [(name, dict(w)) for name, w in phases.items()]
     else:
-        train = [d for d in datasets if split_of[d["name"]] == "train"] or list(datasets)
-        wanted = [(DEFAULT_PHASE, {d["name"]: d.get("weight", 1.0) for d in train})]
+        train = [n for n in names if split_of[n] == "train"] or names
+        wanted = [(DEFAULT_PHASE, {n: weights[n] for n in train})]
     out_phases = []
-    for name, weights in wanted:
-        present = {k: w for k, w in weights.items() if sources[k]["num_records"] > 0}
+    for name, phase_weights in wanted:
+        present = {k: w for k, w in phase_weights.items() if sources[k]["num_records"] > 0}
         norm = _normalise(present)
         out_phases.append({
             "name": name,
             "weights": norm,
-            "config_weights": {k: float(w) for k, w in weights.items()},
-            "empty_sources": sorted(k for k in weights if k not in present),
+            "config_weights": {k: float(w) for k, w in phase_weights.items()},
+            "empty_sources": sorted(k for k in phase_weights if k not in present),
             "sources": {k: {"weight": norm[k], "shards": sources[k]["shards"]} for k in norm},
         })
     return {"format": FORMAT, "version": VERSION, "sources": sources, "phases": out_phases}

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from streamprep import atomic
+from streamprep.config import OutputConfig, ParquetConfig
 from streamprep.exports.index import DatasetIndex, ExportError, RecordReader
 from streamprep.exports.pool import Workers
 from streamprep.layout import RunLayout
@@ -50,24 +51,6 @@ SCHEMA = pa.schema([("text", pa.string()), ("tokens", pa.list_(pa.int32())),
 
 class ShardCountError(ExportError):
     """`output.num_shards_multiple_of` cannot be met without empty shards."""
-
-
-@dataclass(frozen=True)
-class ParquetOptions:
-    """The `output.parquet` settings, as validated (and defaulted) by streamprep.config."""
-
-    length_buckets: tuple[int, ...]
-    shard_size_bytes: int
-    compression: str
-    row_group_size: int
-    num_shards_multiple_of: int
-
-    @classmethod
-    def from_output_cfg(cls, output_cfg: dict[str, Any]) -> "ParquetOptions":
-        pq_cfg = output_cfg["parquet"]
-        return cls(length_buckets=tuple(pq_cfg["length_buckets"]), shard_size_bytes=pq_cfg["shard_size_bytes"],
-                   compression=pq_cfg["compression"], row_group_size=pq_cfg["row_group_size"],
-                   num_shards_multiple_of=output_cfg["num_shards_multiple_of"])
 
 
 def bucket_table(bounds: Sequence[int]) -> list[dict[str, Any]]:
@@ -167,19 +150,19 @@ def _make_multiple(plans: list[ShardPlan], split: str, multiple: int, est_of: di
     return plans
 
 
-def plan_shards(indexes: list[DatasetIndex], opts: ParquetOptions, seed: int) -> list[ShardPlan]:
+def plan_shards(indexes: list[DatasetIndex], output: OutputConfig, seed: int) -> list[ShardPlan]:
     """All Parquet shards, numbered, in write order (bucket-major numbering; see the module doc)."""
     groups: list[list[ShardPlan]] = []  # per dataset (config order): its shards, bucket by bucket
     est_of: dict[str, np.ndarray] = {}
     for idx in indexes:
         est = idx.est_bytes(BYTES_PER_TOKEN)
         est_of[idx.name] = est
-        buckets = bucket_of(idx.n_tokens, opts.length_buckets)
+        buckets = bucket_of(idx.n_tokens, output.parquet.length_buckets)
         plans = []
-        for b in range(len(opts.length_buckets) + 1):
+        for b in range(len(output.parquet.length_buckets) + 1):
             ids = shuffled(np.flatnonzero(buckets == b), seed + b)
             sizes = est[ids]
-            for s, e in pack(sizes, opts.shard_size_bytes):
+            for s, e in pack(sizes, output.parquet.shard_size_bytes):
                 plans.append(ShardPlan(idx.name, idx.split, b, ids[s:e], int(sizes[s:e].sum())))
         groups.append(plans)
 
@@ -188,7 +171,7 @@ def plan_shards(indexes: list[DatasetIndex], opts: ParquetOptions, seed: int) ->
         for p in plans:
             by_split.setdefault(p.split, []).append(p)
     adjusted = [p for split in sorted(by_split)
-                for p in _make_multiple(by_split[split], split, opts.num_shards_multiple_of, est_of)]
+                for p in _make_multiple(by_split[split], split, output.num_shards_multiple_of, est_of)]
     # Order: dataset (config order), then bucket, then position; halves of a split shard stay adjacent.
     order = {name: i for i, name in enumerate(idx.name for idx in indexes)}
     adjusted.sort(key=lambda p: (order[p.dataset], p.bucket))  # stable: keeps positions within a group
@@ -225,7 +208,7 @@ def _tsv_rows(index: DatasetIndex, start: int, end: int) -> bytes:
                    for i, (n, s) in enumerate(zip(counts, sums))).encode()
 
 
-def _write_one(job: tuple[Path, ShardPlan, DatasetIndex, ParquetOptions]) -> dict[str, Any]:
+def _write_one(job: tuple[Path, ShardPlan, DatasetIndex, ParquetConfig]) -> dict[str, Any]:
     """Write one planned shard + TSV; `records` is the index of exactly its rows, in row order."""
     run_dir, plan, records, opts = job
     final = run_dir / plan.rel_path
@@ -272,7 +255,7 @@ def _write_one(job: tuple[Path, ShardPlan, DatasetIndex, ParquetOptions]) -> dic
     }
 
 
-def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPlan], opts: ParquetOptions,
+def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPlan], opts: ParquetConfig,
                  seed: int, workers: Workers | None = None) -> list[dict[str, Any]]:
     """Write every planned shard (+ TSV) atomically, on `workers` if given; manifest entries in plan order.
 

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import quote
 
 from streamprep import atomic, logs
-from streamprep.config import ConfigError
+from streamprep.config import ConfigError, DatasetConfig
 from streamprep.sources.base import BadRecord
 
 log = logs.get("sources.hf")
@@ -272,20 +272,20 @@ def parse_repo_id(path: str) -> tuple[str, str | None]:
 class HFSource:
     """One `hf://` dataset entry: `iter_records()` streams while downloading ahead; `checkpointed()` frees the cache."""
 
-    def __init__(self, dataset_cfg: Mapping[str, Any], cache_dir: str | Path, max_concurrent_downloads: int = 8,
+    def __init__(self, dataset: DatasetConfig, cache_dir: str | Path, max_concurrent_downloads: int = 8,
                  *, prefetch_files: int = 4, cache_max_gb: float = 10.0, keep_cache: bool = False,
                  endpoint: str | None = None, token: str | bool | None = None):
         from huggingface_hub import constants
 
-        self.repo_id, path_rev = parse_repo_id(dataset_cfg["path"])
-        self.revision = dataset_cfg.get("revision") or path_rev or "main"
-        self.split = dataset_cfg.get("split")
+        self.repo_id, path_rev = parse_repo_id(dataset.path)
+        self.revision = dataset.revision or path_rev or "main"
+        self.split = dataset.split
         if not self.split:
             raise HFSourceError(f"hf://{self.repo_id}: 'split' is required for hf:// sources")
-        self.subset = dataset_cfg.get("subset")
-        self.format = dataset_cfg.get("format")
-        self.filter = dataset_cfg.get("filter") or None
-        self.max_records = dataset_cfg.get("max_records")
+        self.subset = dataset.subset
+        self.format = dataset.format
+        self.filter = dataset.filter or None
+        self.max_records = dataset.max_records
         self.cache_dir = Path(cache_dir)
         self.workers = max(1, int(max_concurrent_downloads))
         self.prefetch_files = max(1, int(prefetch_files))

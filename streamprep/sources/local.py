@@ -18,7 +18,7 @@ import lzma
 import stat
 import zlib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import fsspec
 import orjson
@@ -26,6 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from streamprep.sources.base import BadRecord, SourceError, one_line
+
+if TYPE_CHECKING:
+    from streamprep.config import DatasetConfig
 
 EXCERPT = 300
 PARQUET_BATCH = 1024
@@ -111,9 +114,9 @@ def identity(path: str) -> dict[str, Any]:
 class LocalSource:
     """Files matched by one dataset entry's `path`, read in sorted order."""
 
-    def __init__(self, dataset_cfg: dict[str, Any]):
-        self.path = dataset_cfg["path"]
-        self.format = dataset_cfg.get("format")
+    def __init__(self, dataset: DatasetConfig):
+        self.path = dataset.path
+        self.format = dataset.format
         self.files = expand(self.path)
         if not self.files:
             raise FileNotFoundError(f"no file matches {self.path}")
