@@ -275,6 +275,27 @@ def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(
                                                                  "p3": "stage"}
 
 
+def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None:
+    """The driver did every shard before Ray came up (small job, niced cluster): the stop skips Xenna's
+    start-up and teardown and only shuts the cluster down."""
+    from streamprep import ray_cluster
+    from streamprep.engines import xenna as xmod
+
+    ray_up, released, pipelines = threading.Event(), [], []
+    monkeypatch.setattr(ray_cluster, "connect", lambda address, workers: (ray_up.wait(10), "127.0.0.1:1")[1])
+    monkeypatch.setattr(ray_cluster, "release", lambda: released.append(True))
+    monkeypatch.setattr(xenna, "run_pipeline", pipelines.append)
+    monkeypatch.setattr(xmod, "run_task", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False})
+    monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
+    engine = xmod.XennaEngine(workers=1)
+    engine.start()
+    assert [r["where"] for r in engine.run(["p0", "p1"])] == ["driver", "driver"]
+    engine.stop()
+    ray_up.set()
+    engine.join()
+    assert pipelines == [] and released == [True] and engine._error is None
+
+
 def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None:
     """With `ray_address` the driver's machine may be a login node: nothing is tokenized there."""
     from streamprep.engines import xenna as xmod
