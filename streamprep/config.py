@@ -16,6 +16,7 @@ import yaml
 
 if TYPE_CHECKING:
     from quality.settings import QualitySettings
+    from streamprep.sft.config import SftConfig
 
 SPLITS = ("train", "valid", "test")
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "memory://")
@@ -612,18 +613,19 @@ class Config:
     execution: ExecutionConfig
     datasets: tuple[DatasetConfig, ...]
     quality: QualitySettings             # quality.settings owns this section's schema and defaults
-    sft: Mapping[str, Any] | None = None  # streamprep.sft.config owns this section's schema
+    sft: SftConfig | None = None         # streamprep.sft.config owns this section's schema and defaults
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> "Config":
         """From the dict `validate` returns (no re-validation: that happened once, in `validate`)."""
         from quality.settings import QualitySettings
+        from streamprep.sft.config import SftConfig
 
         return cls(run=RunConfig.from_dict(cfg["run"]), tokenizer=TokenizerConfig.from_dict(cfg["tokenizer"]),
                    output=OutputConfig.from_dict(cfg["output"]), execution=ExecutionConfig.from_dict(cfg["execution"]),
                    datasets=tuple(DatasetConfig.from_dict(d) for d in cfg["datasets"]),
                    quality=QualitySettings.from_dict(cfg["quality"]),
-                   sft=_freeze(cfg["sft"]) if "sft" in cfg else None)
+                   sft=SftConfig.from_dict(cfg["sft"]) if "sft" in cfg else None)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict `validate` returned, key order included (run.json, config_hash, drift checks)."""

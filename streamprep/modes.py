@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
     from streamprep.layout import RunLayout
+    from streamprep.sft.config import SftConfig
 
 
 class Mode:
@@ -58,13 +59,15 @@ class Mode:
 PRETRAIN = Mode()
 
 
-def mode_of(sft_section: Mapping[str, Any] | None) -> Mode:
-    """The mode of a run (`cfg.get("sft")`) or of a shard task (`task.sft`): the one place that tests it."""
-    if not sft_section:
+def mode_of(sft: SftConfig | Mapping[str, Any] | None) -> Mode:
+    """The mode of a run (`Config.sft`, an SftConfig) or of a shard task (`task.sft`, the validated dict it
+    carries as plain data): the one place that tests it, and that turns that dict into an SftConfig."""
+    if not sft:
         return PRETRAIN
+    from streamprep.sft.config import SftConfig
     from streamprep.sft.mode import SftMode
 
-    return SftMode(sft_section)
+    return SftMode(sft if isinstance(sft, SftConfig) else SftConfig.from_dict(sft))
 
 
 def receipt_mode_name(receipt: Mapping[str, Any]) -> str:

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from streamprep.binidx import IndexedDataset
-from streamprep.sft import (SftConfigError, layout, load_chat_tokenizer, prepare_part, qc_check, qc_text,
-                            validate_sft_config)
+from streamprep.sft import (SftConfig, SftConfigError, layout, load_chat_tokenizer, load_sft_config, prepare_part,
+                            qc_check, qc_text, validate_sft_config)
 from streamprep.sft.records import parse_hh
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ def sft_section(name: str) -> dict[str, Any]:
     return yaml.safe_load((CONFIGS / f"{name}.yaml").read_text(encoding="utf-8"))["sft"]
 
 
-def write_part(path: Path, records: list[Any], cfg: dict[str, Any]) -> Path:
+def write_part(path: Path, records: list[Any], cfg: SftConfig) -> Path:
     """An ingest part as the pipeline writes it: {"text", "meta", "record"} per line."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as fh:
@@ -81,7 +81,7 @@ def phi3(shared_data: Path):
 def glaive(tmp_path_factory, shared_data: Path, phi3) -> dict[str, Any]:
     raw = sft_section("sft_chat")
     raw["preprocessing"]["max_seq_len"] = None   # every record, untruncated (one has a 6,000-char user turn)
-    cfg = validate_sft_config(raw)
+    cfg = load_sft_config(raw)
     records = read_glaive(shared_data)
     root = tmp_path_factory.mktemp("glaive")
     part = write_part(root / "ingest" / "part-00000.jsonl", records, cfg)
@@ -136,7 +136,7 @@ def test_glaive_meta_and_files(glaive: dict[str, Any]) -> None:
 def test_template_drops_unknown_roles_without_role_map(tmp_path: Path, glaive: dict[str, Any], phi3) -> None:
     """Without role_map phi-3's template renders no function_call/tool turn: counted, and only the
     assistant turns are trained."""
-    cfg = validate_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
+    cfg = load_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
     records = glaive["records"][:40]
     stats = prepare_part(write_part(tmp_path / "p.jsonl", records, cfg), tmp_path / "o" / "p", phi3, cfg, FP)
     n_hidden = sum(m["role"] in ("function_call", "tool") for r in records for m in r["messages"])
@@ -156,7 +156,7 @@ def test_qc_text_and_schema_rejects(glaive: dict[str, Any]) -> None:
     assert qc_check({"messages": []}, cfg) == (None, "schema: messages: expected a non-empty list of messages")
     assert qc_text({"messages": [{"role": "user"}]}, cfg) == ""   # missing content reads as "" (QC min_chars judges)
     assert qc_check({"messages": [{"role": "user", "content": 3}]}, cfg)[1].startswith("schema:")
-    dpo = validate_sft_config(sft_section("dpo"))
+    dpo = load_sft_config(sft_section("dpo"))
     assert qc_text({"chosen": "no transcript", "rejected": "\n\nHuman: hi\n\nAssistant: yo"}, dpo) is None
 
 
@@ -166,7 +166,7 @@ def test_sharegpt_keys_give_the_same_trained_tokens(tmp_path: Path, shared_data:
     and role_map: the trained runs equal those of the derived role/content file (only the system turn,
     holding the tools there, differs)."""
     convs = json.loads((shared_data / "chat/glaive_toolcall_en_demo300.sharegpt.json").read_text())[:60]
-    cfg = validate_sft_config({
+    cfg = load_sft_config({
         "input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
                                 "role_map": {"human": "user", "gpt": "assistant", "function_call": "assistant",
                                              "observation": "user"}}]},
@@ -183,7 +183,7 @@ def test_sharegpt_keys_give_the_same_trained_tokens(tmp_path: Path, shared_data:
 # ---- DPO: HH-RLHF harmless-base ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hh(tmp_path_factory, shared_data: Path, phi3) -> dict[str, Any]:
-    cfg = validate_sft_config(sft_section("dpo"))
+    cfg = load_sft_config(sft_section("dpo"))
     records = read_hh(shared_data)
     root = tmp_path_factory.mktemp("hh")
     stats = prepare_part(write_part(root / "part-00000.jsonl", records, cfg), root / "dpo" / "part-00000", phi3, cfg, FP)
@@ -198,7 +198,7 @@ def test_hh_dpo_pairs_train_only_the_final_assistant_turn(hh: dict[str, Any], ph
     assert dropped == [86, 516, 925, 1103]
     kept = [r for i, r in enumerate(records) if i not in set(dropped)]
     assert stats["documents"] == len(kept) == 2308
-    limit = hh["cfg"]["preprocessing"]["max_seq_len"]
+    limit = hh["cfg"].preprocessing.max_seq_len
     files = {}
     for key in ("chosen", "rejected"):
         seq, mask = opened(out, f"part-00000_s0000_{key}_sequence"), opened(out, f"part-00000_s0000_{key}_loss_mask")
@@ -231,7 +231,7 @@ def test_hh_dpo_pairs_train_only_the_final_assistant_turn(hh: dict[str, Any], ph
 
 def test_hh_through_the_chat_template(tmp_path: Path, shared_data: Path, phi3) -> None:
     """parse: hh + template: true renders the turns as phi-3 user/assistant messages (contents stripped)."""
-    cfg = validate_sft_config({"input": {"sections": [{"field": "chosen", "parse": "hh", "template": True,
+    cfg = load_sft_config({"input": {"sections": [{"field": "chosen", "parse": "hh", "template": True,
                                                        "train_turns": "last"}]}})
     recs = [r for r in read_hh(shared_data)[:60] if parse_hh(r["chosen"])[-1][2].strip()]
     prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", phi3, cfg, FP)
@@ -262,7 +262,7 @@ def grpo_records() -> list[dict[str, Any]]:
 def test_grpo_groups_with_rewards(tmp_path: Path, phi3) -> None:
     raw = sft_section("grpo")
     raw["preprocessing"]["max_items"] = 4
-    cfg = validate_sft_config(raw)
+    cfg = load_sft_config(raw)
     assert layout(cfg, "prompt")["mask"] is None and layout(cfg, "responses")["mask"] is None
     recs = grpo_records()
     stats = prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "grpo" / "part-00003", phi3, cfg, FP)
@@ -303,7 +303,7 @@ def test_grpo_groups_with_rewards(tmp_path: Path, phi3) -> None:
 def test_drop_reasons_are_counted_and_keys_stay_aligned(tmp_path: Path, phi3) -> None:
     raw = sft_section("grpo")
     raw["preprocessing"].update(min_chars=40, max_chars=400)
-    cfg = validate_sft_config(raw)
+    cfg = load_sft_config(raw)
     good = grpo_records()[0]
     lines = [orjson.dumps({"text": "", "meta": {}, "record": r}) for r in (
         good,
@@ -326,7 +326,7 @@ def test_drop_reasons_are_counted_and_keys_stay_aligned(tmp_path: Path, phi3) ->
 
 def test_megatron_core_reads_grouped_documents(tmp_path: Path, phi3) -> None:
     indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
-    cfg = validate_sft_config(sft_section("grpo"))
+    cfg = load_sft_config(sft_section("grpo"))
     recs = [r for r in grpo_records() if r["id"] != "bad" and r.get("domain") == "add"]
     prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", phi3, cfg, FP)
     ours = IndexedDataset.open(tmp_path / "o" / "add" / "p_s0000_responses_sequence")
@@ -339,7 +339,7 @@ def test_megatron_core_reads_grouped_documents(tmp_path: Path, phi3) -> None:
 
 # ---- pretraining-style text, truncation, special tokens, determinism -------------------------------
 def test_no_mask_when_every_section_trains_without_template(tmp_path: Path, shared_data: Path) -> None:
-    cfg = validate_sft_config({"input": {"sections": [{"field": "text"}]}})
+    cfg = load_sft_config({"input": {"sections": [{"field": "text"}]}})
     assert layout(cfg, "text")["mask"] is None
     docs = [orjson.loads(line) for line in (shared_data / "web/c4_en_llamafactory_demo300.jsonl").read_bytes().splitlines()[:30]]
     tok = load_chat_tokenizer(shared_data / PHI2)   # no chat template: not needed here
@@ -356,7 +356,7 @@ def test_max_seq_len_truncates_or_drops(tmp_path: Path, glaive: dict[str, Any], 
     records = glaive["records"][:30]
     raw = sft_section("sft_chat")
     raw["preprocessing"]["max_seq_len"] = 300
-    cfg = validate_sft_config(raw)
+    cfg = load_sft_config(raw)
     stats = prepare_part(write_part(tmp_path / "p.jsonl", records, cfg), tmp_path / "t" / "p", phi3, cfg, FP)
     full_seq = opened(glaive["out"], "part-00000_s0000_text_sequence")
     full_mask = opened(glaive["out"], "part-00000_s0000_text_loss_mask")
@@ -371,7 +371,7 @@ def test_max_seq_len_truncates_or_drops(tmp_path: Path, glaive: dict[str, Any], 
         n = min(300, int(full_seq.lengths[i]))
         assert seq[j].tolist() == full_seq[i][:n].tolist() and mask[j].tolist() == full_mask[i][:n].tolist()
     raw["preprocessing"]["overlong"] = "drop"
-    cfg = validate_sft_config(raw)
+    cfg = load_sft_config(raw)
     stats = prepare_part(write_part(tmp_path / "q.jsonl", records, cfg), tmp_path / "d" / "q", phi3, cfg, FP)
     assert stats["dropped"] == {"overlong": len(long)} and stats["documents"] == 30 - len(long)
 
@@ -389,7 +389,7 @@ def test_special_tokens_only_where_configured(tmp_path: Path, shared_data: Path)
     tok = load_chat_tokenizer(tok_dir)
     recs = [{"q": "What is two plus two?", "a": "Four."}]
     for flag in (False, True):
-        cfg = validate_sft_config({"input": {"sections": [{"field": "q", "action": "mask", "add_special_tokens": flag},
+        cfg = load_sft_config({"input": {"sections": [{"field": "q", "action": "mask", "add_special_tokens": flag},
                                                           {"field": "a", "action": "train"}]}})
         name = f"p{int(flag)}"
         prepare_part(write_part(tmp_path / f"{name}.jsonl", recs, cfg), tmp_path / "o" / name, tok, cfg, FP)
@@ -398,7 +398,7 @@ def test_special_tokens_only_where_configured(tmp_path: Path, shared_data: Path)
         assert (ids[0] == 1) is flag and ids.count(1) == int(flag)
         assert tok.decode([t for t, k in zip(ids, m) if k]).strip() == "Four."
     # template sections: BOS/EOS only as the template writes them (phi-3: a final <|endoftext|>, no BOS)
-    cfg = validate_sft_config({"input": {"sections": [{"field": "q", "action": "user", "template": True},
+    cfg = load_sft_config({"input": {"sections": [{"field": "q", "action": "user", "template": True},
                                                       {"field": "a", "action": "assistant", "template": True}]}})
     prepare_part(write_part(tmp_path / "t.jsonl", recs, cfg), tmp_path / "o" / "t", tok, cfg, FP)
     ids = opened(tmp_path / "o", "t_s0000_text_sequence")[0].tolist()
@@ -416,7 +416,7 @@ def test_template_that_rewrites_content_is_refused(tmp_path: Path, shared_data: 
     tcfg["chat_template"] = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}\n{% endfor %}"
     (tok_dir / "tokenizer_config.json").write_text(json.dumps(tcfg))
     tok = load_chat_tokenizer(tok_dir)
-    cfg = validate_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
+    cfg = load_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
     recs = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]},
             {"messages": [{"role": "user", "content": "A"}, {"role": "assistant", "content": "OK 1"}]}]
     stats = prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", tok, cfg, FP)
@@ -434,7 +434,7 @@ def test_plain_text_template_headers(tmp_path: Path, shared_data: Path) -> None:
             "{% if add_generation_prompt %}### assistant:\n{% endif %}"}
     (tok_dir / "tokenizer_config.json").write_text(json.dumps(tcfg))
     tok = load_chat_tokenizer(tok_dir)
-    cfg = validate_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
+    cfg = load_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
     recs = [{"messages": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "Seven is prime."},
                           {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Eleven."}]}]
     prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", tok, cfg, FP)
@@ -446,7 +446,7 @@ def test_plain_text_template_headers(tmp_path: Path, shared_data: Path) -> None:
 def test_outputs_are_byte_identical_and_shards_split_at_max_tokens(tmp_path: Path, shared_data: Path, phi3) -> None:
     raw = sft_section("dpo")
     raw["output"]["max_tokens_per_shard"] = 20_000
-    cfg = validate_sft_config(raw)
+    cfg = load_sft_config(raw)
     part = write_part(tmp_path / "in" / "part-00007.jsonl", read_hh(shared_data)[:200], cfg)
     runs = []
     for name in ("a", "b"):
@@ -517,8 +517,44 @@ def test_example_configs_are_valid(name: str) -> None:
         validate(raw, CONFIGS)               # the rest is a valid streamprep config (paths exist)
 
 
+SHAREGPT = {"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
+                                    "role_map": {"human": "user", "gpt": "assistant"}, "train_turns": "last"}]},
+            "mask": {"gpt": "train"}, "mask_default": "train",
+            "preprocessing": {"max_seq_len": 10, "overlong": "drop", "max_items": 3},
+            "output": {"dtype": "auto", "domain_key": "meta.domain"}}
+MULTI = {"input": {"sources": {
+    "prompt": {"sections": [{"field": "q", "template": True, "action": "user", "generation_prompt": True}],
+               "mask_key": False},
+    "answers": {"list_field": "a", "mask_key": "m", "sections": [{"action": "mask"}, {"field": "s", "action": "value"}]}}},
+    "mask": {}}
+
+
+@pytest.mark.parametrize("raw", [*(sft_section(n) for n in ("sft_chat", "sft_instruction", "dpo", "grpo")), SHAREGPT, MULTI])
+def test_typed_config_gives_back_the_validated_dict(raw: dict[str, Any]) -> None:
+    """The wire form (task.sft, plan hash, meta.json digest) is byte-identical through SftConfig; it pickles."""
+    import pickle
+    from dataclasses import FrozenInstanceError
+
+    from streamprep.config import _freeze
+    from streamprep.modes import mode_of
+
+    validated = validate_sft_config(raw)
+    cfg = SftConfig.from_dict(validated)
+    assert orjson.dumps(cfg.to_dict()) == orjson.dumps(validated) and cfg.to_dict() == validated
+    assert SftConfig.from_dict(_freeze(validated)) == cfg == pickle.loads(pickle.dumps(cfg)) == load_sft_config(raw)
+    assert mode_of(validated).plan_key() == mode_of(cfg).plan_key()
+    src = next(iter(cfg.input.sources.values()))
+    assert isinstance(src.sections, tuple)
+    with pytest.raises(FrozenInstanceError):
+        cfg.mask_default = "train"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.mask["user"] = "train"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        src.sections[0].role_map["x"] = "y"  # type: ignore[index]
+
+
 def test_instruction_config_masks_the_prompt(tmp_path: Path, shared_data: Path) -> None:
-    cfg = validate_sft_config(sft_section("sft_instruction"))
+    cfg = load_sft_config(sft_section("sft_instruction"))
     with gzip.open(shared_data / "code/humaneval-x/humaneval_python.jsonl.gz", "rb") as fh:
         recs = [orjson.loads(line) for line in fh]
     tok = load_chat_tokenizer(shared_data / PHI2)

@@ -13,13 +13,17 @@
 A section: {field, action: train | mask | value | <role>, template, add_special_tokens, parse, role_map,
 role_key, content_key, train_turns: all | last, generation_prompt}. See docs/sft.md.
 
-`validate_sft_config` is idempotent: validating its own output returns an equal dict.
+`validate_sft_config` is idempotent: validating its own output returns an equal dict. `SftConfig.from_dict`
+turns that dict into frozen, typed objects (`load_sft_config` does both); `to_dict()` gives the dict back
+exactly, which is the wire form shard tasks carry and the plan hash digests.
 """
 from __future__ import annotations
 
 import copy
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 ACTIONS = ("train", "mask", "value")
@@ -245,46 +249,150 @@ def validate_sft_config(section: Mapping[str, Any] | None) -> dict[str, Any]:
     return cfg
 
 
-def section_mode(section: Mapping[str, Any]) -> str:
+# ---- typed, frozen view of a validated section ------------------------------------------------------------
+# Fields follow the key order validate_sft_config emits (the *_DEFAULTS dicts), so to_dict() reproduces its
+# dict exactly. Defaults are NOT repeated here: they live only in the *_DEFAULTS dicts above.
+
+
+class _Frozen:
+    """Mixin: back to the validated dict, and pickled as that dict (MappingProxyType cannot be pickled)."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Any:
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        from streamprep.config import _thaw
+
+        return _thaw(self)
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return type(self).from_dict, (self.to_dict(),)
+
+
+@dataclass(frozen=True)
+class SectionConfig(_Frozen):
+    """One section of a source: where a field goes and how it is labelled (see SECTION_DEFAULTS)."""
+
+    field: str | None
+    action: str | None
+    template: bool
+    add_special_tokens: bool
+    parse: str | None
+    role_map: Mapping[str, str]
+    role_key: str
+    content_key: str
+    train_turns: str
+    generation_prompt: bool
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SectionConfig:
+        return cls(**{**d, "role_map": MappingProxyType(dict(d["role_map"]))})
+
+
+@dataclass(frozen=True)
+class SourceConfig(_Frozen):
+    """One output key: its sections, the optional list field, and the mask's name (False: none)."""
+
+    sections: tuple[SectionConfig, ...]
+    list_field: str | None
+    mask_key: str | bool
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SourceConfig:
+        return cls(**{**d, "sections": tuple(SectionConfig.from_dict(s) for s in d["sections"])})
+
+
+@dataclass(frozen=True)
+class InputConfig(_Frozen):
+    sources: Mapping[str, SourceConfig]   # output key -> source, in config order
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> InputConfig:
+        return cls(MappingProxyType({k: SourceConfig.from_dict(v) for k, v in d["sources"].items()}))
+
+
+@dataclass(frozen=True)
+class PreprocessingConfig(_Frozen):
+    max_seq_len: int | None
+    overlong: str
+    min_chars: int
+    max_chars: int | None
+    max_items: int | None
+
+
+@dataclass(frozen=True)
+class SftOutputConfig(_Frozen):
+    dtype: str
+    mask_dtype: str
+    value_dtype: str
+    domain_key: str | None
+    max_tokens_per_shard: int | None
+
+
+@dataclass(frozen=True)
+class SftConfig(_Frozen):
+    """The validated `sft:` section, typed and frozen; picklable (it pickles as its plain dict)."""
+
+    input: InputConfig
+    mask: Mapping[str, str]               # role -> train | mask
+    mask_default: str
+    preprocessing: PreprocessingConfig
+    output: SftOutputConfig
+
+    @classmethod
+    def from_dict(cls, validated: Mapping[str, Any]) -> SftConfig:
+        """From validate_sft_config's output (or a frozen copy of it); does not validate again."""
+        return cls(input=InputConfig.from_dict(validated["input"]), mask=MappingProxyType(dict(validated["mask"])),
+                   mask_default=validated["mask_default"],
+                   preprocessing=PreprocessingConfig.from_dict(validated["preprocessing"]),
+                   output=SftOutputConfig.from_dict(validated["output"]))
+
+
+def load_sft_config(section: Mapping[str, Any] | None) -> SftConfig:
+    """Validate a raw `sft:` section once (SftConfigError names the bad key) and return it typed."""
+    return SftConfig.from_dict(validate_sft_config(section))
+
+
+def section_mode(section: SectionConfig) -> str:
     """`value` | `messages` (template or parsed transcript, labelled by role) | `text` (one plain string)."""
-    if section["action"] == "value":
+    if section.action == "value":
         return "value"
-    if section["template"] or section["parse"]:
+    if section.template or section.parse:
         return "messages"
     return "text"
 
 
-def layout(cfg: Mapping[str, Any], key: str) -> dict[str, Any]:
+def layout(cfg: SftConfig, key: str) -> dict[str, Any]:
     """Which files one output key writes: a token sequence, a loss mask (and its name), values.
 
     A mask is written unless every token section is a plain `train` section (no template, no transcript):
     pretraining-style text needs none. `mask_key: false` suppresses it explicitly.
     """
-    src = cfg["input"]["sources"][key]
-    token_sections = [s for s in src["sections"] if section_mode(s) != "value"]
-    needs_mask = any(section_mode(s) == "messages" or (s["action"] or "train") != "train" for s in token_sections)
-    mask_name = src["mask_key"] if (token_sections and needs_mask and src["mask_key"] is not False) else None
+    src = cfg.input.sources[key]
+    token_sections = [s for s in src.sections if section_mode(s) != "value"]
+    needs_mask = any(section_mode(s) == "messages" or (s.action or "train") != "train" for s in token_sections)
+    mask_name = src.mask_key if (token_sections and needs_mask and src.mask_key is not False) else None
     can_train = any(_section_can_train(cfg, s) for s in token_sections)
     return {"sequence": bool(token_sections), "mask": mask_name, "can_train": can_train,
-            "value": any(section_mode(s) == "value" for s in src["sections"])}
+            "value": any(section_mode(s) == "value" for s in src.sections)}
 
 
-def _section_can_train(cfg: Mapping[str, Any], s: Mapping[str, Any]) -> bool:
-    action = s["action"] or ("roles" if section_mode(s) == "messages" else "train")
+def _section_can_train(cfg: SftConfig, s: SectionConfig) -> bool:
+    action = s.action or ("roles" if section_mode(s) == "messages" else "train")
     if action == "train":
         return True
     if action == "mask":
         return False
     if action == "roles":
-        return "train" in cfg["mask"].values() or cfg["mask_default"] == "train"
+        return "train" in cfg.mask.values() or cfg.mask_default == "train"
     return label_of_role(cfg, action) == "train"
 
 
-def label_of_role(cfg: Mapping[str, Any], role: str, rendered_role: str | None = None) -> str:
+def label_of_role(cfg: SftConfig, role: str, rendered_role: str | None = None) -> str:
     """`mask[role]`, else `mask[rendered_role]` (after role_map), else `mask_default`."""
-    mask = cfg["mask"]
-    if role in mask:
-        return mask[role]
-    if rendered_role is not None and rendered_role in mask:
-        return mask[rendered_role]
-    return cfg["mask_default"]
+    if role in cfg.mask:
+        return cfg.mask[role]
+    if rendered_role is not None and rendered_role in cfg.mask:
+        return cfg.mask[rendered_role]
+    return cfg.mask_default

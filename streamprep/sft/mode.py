@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from streamprep.modes import Mode
 
 if TYPE_CHECKING:
     from streamprep.layout import RunLayout
+    from streamprep.sft.config import SftConfig
 
 
 class SftMode(Mode):
@@ -17,8 +18,8 @@ class SftMode(Mode):
     appends_eod = False
     text_exports = False   # SFT shards are listed by their receipts; Parquet/blend are for pretraining text
 
-    def __init__(self, sft_cfg: Mapping[str, Any]):
-        self.cfg = sft_cfg  # the validated `sft:` section
+    def __init__(self, sft_cfg: SftConfig):
+        self.cfg = sft_cfg  # the typed `sft:` section
 
     def screen(self, items: list[tuple[Any, Any]], text_field: str) -> tuple[list[tuple[Any, Any]], list[Any]]:
         """A record that does not fit `sft:` becomes a BadRecord (check "schema"); QC judges the text

@@ -8,14 +8,14 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import numpy as np
 import orjson
 
 from streamprep import binidx
 from streamprep.sft.chat import ChatTokenizer, encode_units, load_chat_tokenizer
-from streamprep.sft.config import layout, validate_sft_config
+from streamprep.sft.config import SftConfig, layout
 from streamprep.sft.output import Shard, domain_dir
 from streamprep.sft.records import RecordError, build_record, get_path, record_text
 
@@ -36,21 +36,21 @@ def tokenizer_for(tokenizer: ChatTokenizer | str | Path) -> ChatTokenizer:
     return _TOKENIZERS[key]
 
 
-def config_digest(sft_cfg: Mapping[str, Any]) -> str:
-    return "sha256:" + hashlib.sha256(orjson.dumps(sft_cfg, option=orjson.OPT_SORT_KEYS)).hexdigest()
+def config_digest(sft_cfg: SftConfig) -> str:
+    """Digest of the validated dict (meta.json's `sft_config`, the plan hash): its bytes must not change."""
+    return "sha256:" + hashlib.sha256(orjson.dumps(sft_cfg.to_dict(), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _plan(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    return {key: {**layout(cfg, key), "list": src["list_field"]}
-            for key, src in cfg["input"]["sources"].items()}
+def _plan(cfg: SftConfig) -> dict[str, dict[str, Any]]:
+    return {key: {**layout(cfg, key), "list": src.list_field} for key, src in cfg.input.sources.items()}
 
 
-def _dtypes(cfg: Mapping[str, Any], vocab_size: int) -> dict[str, np.dtype]:
-    out = cfg["output"]
-    seq = binidx.optimal_dtype(vocab_size) if out["dtype"] == "auto" else np.dtype(out["dtype"])
+def _dtypes(cfg: SftConfig, vocab_size: int) -> dict[str, np.dtype]:
+    out = cfg.output
+    seq = binidx.optimal_dtype(vocab_size) if out.dtype == "auto" else np.dtype(out.dtype)
     if vocab_size - 1 > np.iinfo(seq).max:
         raise ValueError(f"sft.output.dtype {seq} cannot hold token ids up to {vocab_size - 1}")
-    return {"sequence": seq, "mask": np.dtype(np.uint8), "value": np.dtype(out["value_dtype"])}
+    return {"sequence": seq, "mask": np.dtype(np.uint8), "value": np.dtype(out.value_dtype)}
 
 
 class _Stats:
@@ -85,19 +85,19 @@ class _Stats:
             ks["values"] += sum(len(v) for v in parts["value"])
 
 
-def encode_record(cfg: Mapping[str, Any], tok: ChatTokenizer, record: Any, plan: dict[str, dict[str, Any]],
+def encode_record(cfg: SftConfig, tok: ChatTokenizer, record: Any, plan: dict[str, dict[str, Any]],
                   dtypes: dict[str, np.dtype]) -> tuple[dict[str, dict[str, list[np.ndarray]]], dict[str, int]]:
     """One record → per key {"sequence": [...], "mask": [...], "value": [...]} arrays, or RecordError."""
-    pre = cfg["preprocessing"]
+    pre = cfg.preprocessing
     data = build_record(cfg, record)
     chars = len(record_text(data))
-    if chars < pre["min_chars"]:
-        raise RecordError("min_chars", f"{chars} characters < {pre['min_chars']}")
-    if pre["max_chars"] is not None and chars > pre["max_chars"]:
-        raise RecordError("max_chars", f"{chars} characters > {pre['max_chars']}")
+    if chars < pre.min_chars:
+        raise RecordError("min_chars", f"{chars} characters < {pre.min_chars}")
+    if pre.max_chars is not None and chars > pre.max_chars:
+        raise RecordError("max_chars", f"{chars} characters > {pre.max_chars}")
     diag: dict[str, int] = {}
     out: dict[str, dict[str, list[np.ndarray]]] = {}
-    limit = pre["max_seq_len"]
+    limit = pre.max_seq_len
     for key, sd in data.items():
         lay = plan[key]
         diag["items_truncated"] = diag.get("items_truncated", 0) + sd.truncated_items
@@ -114,7 +114,7 @@ def encode_record(cfg: Mapping[str, Any], tok: ChatTokenizer, record: Any, plan:
             if not ids:
                 raise RecordError("empty", f"{key}: encodes to no tokens")
             if limit is not None and len(ids) > limit:
-                if pre["overlong"] == "drop":
+                if pre.overlong == "drop":
                     raise RecordError("overlong", f"{key}: {len(ids)} tokens > max_seq_len {limit}")
                 ids, mask = ids[:limit], mask[:limit]
                 diag["sequences_truncated"] = diag.get("sequences_truncated", 0) + 1
@@ -128,15 +128,14 @@ def encode_record(cfg: Mapping[str, Any], tok: ChatTokenizer, record: Any, plan:
 
 
 def prepare_part(input_path: str | Path, out_prefix: str | Path, tokenizer_dir: ChatTokenizer | str | Path,
-                 sft_cfg: Mapping[str, Any], fingerprint: str) -> dict[str, Any]:
+                 cfg: SftConfig, fingerprint: str) -> dict[str, Any]:
     """Prepare one ingest part. Files go to `out_prefix.parent[/<domain>]/<out_prefix.name>_sNNNN_*`.
 
     `tokenizer_dir`: a directory / tokenizer.json path (loaded once per process and cached) or a
-    ChatTokenizer from `load_chat_tokenizer`. `sft_cfg`: the `sft:` section (validated here; idempotent).
+    ChatTokenizer from `load_chat_tokenizer`. `cfg`: the typed `sft:` section (`load_sft_config`).
     `fingerprint` is recorded in every meta.json. Returns stats; `files` are relative to out_prefix.parent.
     """
     t0 = time.perf_counter()
-    cfg = validate_sft_config(sft_cfg)
     tok = tokenizer_for(tokenizer_dir)
     plan = _plan(cfg)
     dtypes = _dtypes(cfg, tok.vocab_size)
@@ -144,8 +143,8 @@ def prepare_part(input_path: str | Path, out_prefix: str | Path, tokenizer_dir: 
     header = {"source_part": Path(input_path).name, "tokenizer_fingerprint": fingerprint,
               "vocab_size": tok.vocab_size, "sft_config": config_digest(cfg)}
     stats = _Stats(plan)
-    shards = _Shards(out_prefix, plan, dtypes, header, cfg["output"]["max_tokens_per_shard"])
-    domain_key = cfg["output"]["domain_key"]
+    shards = _Shards(out_prefix, plan, dtypes, header, cfg.output.max_tokens_per_shard)
+    domain_key = cfg.output.domain_key
     try:
         for record, arrays in _encoded_records(input_path, cfg, tok, plan, dtypes, stats):
             shards.add(_domain_of(record, domain_key), arrays)
@@ -164,7 +163,7 @@ def prepare_part(input_path: str | Path, out_prefix: str | Path, tokenizer_dir: 
             **shards.listing(), "seconds": round(time.perf_counter() - t0, 4)}
 
 
-def _encoded_records(input_path: str | Path, cfg: Mapping[str, Any], tok: ChatTokenizer,
+def _encoded_records(input_path: str | Path, cfg: SftConfig, tok: ChatTokenizer,
                      plan: dict[str, dict[str, Any]], dtypes: dict[str, np.dtype],
                      stats: _Stats) -> Iterator[tuple[Any, dict[str, dict[str, list[np.ndarray]]]]]:
     """(original record, its arrays) for each ingest line that encodes; the others are counted drops."""

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamprep.sft.config import label_of_role, section_mode
+from streamprep.sft.config import SectionConfig, SftConfig, label_of_role, section_mode
 
 HH_MARKER = re.compile(r"\n\n(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}
@@ -109,25 +109,25 @@ def _numbers(value: Any, where: str) -> list[float]:
     return out
 
 
-def _messages(value: Any, s: Mapping[str, Any], where: str) -> list[tuple[str, str]]:
+def _messages(value: Any, s: SectionConfig, where: str) -> list[tuple[str, str]]:
     if not isinstance(value, list) or not value:
         raise RecordError("schema", f"{where}: expected a non-empty list of messages")
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, Mapping):
             raise RecordError("schema", f"{where}[{i}]: a message must be a mapping")
-        role, content = m.get(s["role_key"]), m.get(s["content_key"])
+        role, content = m.get(s.role_key), m.get(s.content_key)
         if content is None:
             content = ""
         if not isinstance(role, str) or not role or not isinstance(content, str):
-            raise RecordError("schema", f"{where}[{i}]: needs a string {s['role_key']!r} and {s['content_key']!r}")
+            raise RecordError("schema", f"{where}[{i}]: needs a string {s.role_key!r} and {s.content_key!r}")
         out.append((role, content))
     return out
 
 
-def _label(cfg: Mapping[str, Any], s: Mapping[str, Any], role: str, rendered: str) -> bool:
-    if s["action"] in ("train", "mask"):
-        return s["action"] == "train"
+def _label(cfg: SftConfig, s: SectionConfig, role: str, rendered: str) -> bool:
+    if s.action in ("train", "mask"):
+        return s.action == "train"
     return label_of_role(cfg, role, rendered) == "train"
 
 
@@ -136,13 +136,13 @@ def _last_only(flags: list[bool]) -> list[bool]:
     return [i == last for i in range(len(flags))]
 
 
-def build_item(cfg: Mapping[str, Any], sections: list[dict[str, Any]], obj: Any) -> Item:
+def build_item(cfg: SftConfig, sections: tuple[SectionConfig, ...], obj: Any) -> Item:
     """RecordError('no_trained_text') when something is meant to be trained but all of it is blank."""
     item = Item()
     trained: list[str] = []
     for idx, s in enumerate(sections):
-        where = s["field"] or f"section[{idx}]"
-        value = obj if s["field"] is None else get_path(obj, s["field"])
+        where = s.field or f"section[{idx}]"
+        value = obj if s.field is None else get_path(obj, s.field)
         mode = section_mode(s)
         if mode == "value":
             item.values.extend(_numbers(value, where))
@@ -150,68 +150,68 @@ def build_item(cfg: Mapping[str, Any], sections: list[dict[str, Any]], obj: Any)
         if mode == "text":
             if not isinstance(value, str):
                 raise RecordError("schema", f"{where}: expected a string, got {type(value).__name__}")
-            action = s["action"] or "train"
+            action = s.action or "train"
             train = action == "train" if action in ("train", "mask") else label_of_role(cfg, action) == "train"
             item.texts.append(value)
             if train:
                 trained.append(value)
-            _add_text(item, [(value, train)], s["add_special_tokens"])
+            _add_text(item, [(value, train)], s.add_special_tokens)
             continue
         # messages: a chat template conversation and/or a parsed transcript
         pairs, rendered, flags, headers = _conversation(cfg, s, value, where)
         contents = [c.strip() if headers is not None else c for _, c in pairs]
         item.texts.extend(contents)
         trained += [c for (_, c), f in zip(pairs, flags) if f]
-        if s["template"]:
+        if s.template:
             _add_template(item, s, [Message(r, rr, c, f) for (r, _), rr, c, f in zip(pairs, rendered, contents, flags)])
         else:  # raw transcript: the text exactly as given; headers masked, contents by role
             pieces: list[tuple[str, bool]] = []
             for h, (_, c), f in zip(headers or [], pairs, flags):
                 pieces += [(h, False), (c, f)]
-            _add_text(item, pieces, s["add_special_tokens"])
+            _add_text(item, pieces, s.add_special_tokens)
     if trained and not any(t.strip() for t in trained):
         raise RecordError("no_trained_text", "every part to be trained is empty or blank")
     return item
 
 
-def _conversation(cfg: Mapping[str, Any], s: Mapping[str, Any], value: Any, where: str
+def _conversation(cfg: SftConfig, s: SectionConfig, value: Any, where: str
                   ) -> tuple[list[tuple[str, str]], list[str], list[bool], list[str] | None]:
     """A messages section's (role, content) pairs, rendered roles, train flags and (parsed transcript)
     headers; RecordError('schema') when the field does not fit the section."""
     headers: list[str] | None = None
-    if s["parse"] == "hh":
+    if s.parse == "hh":
         if not isinstance(value, str):
             raise RecordError("schema", f"{where}: expected a transcript string, got {type(value).__name__}")
         turns = parse_hh(value)
         pairs = [(r, c) for r, _, c in turns]
         headers = [h for _, h, _ in turns]
     elif isinstance(value, str):
-        if s["action"] in (None, "train", "mask"):
+        if s.action in (None, "train", "mask"):
             raise RecordError("schema", f"{where}: a string in a template section needs action: <role>")
-        pairs = [(s["action"], value)]
+        pairs = [(s.action, value)]
     else:
-        if s["action"] not in (None, "train", "mask"):
-            raise RecordError("schema", f"{where}: action {s['action']!r} needs a string field, got a list")
+        if s.action not in (None, "train", "mask"):
+            raise RecordError("schema", f"{where}: action {s.action!r} needs a string field, got a list")
         pairs = _messages(value, s, where)
-    rendered = [s["role_map"].get(r, r) for r, _ in pairs]
-    if isinstance(value, str) and s["parse"] is None:
-        flags = [label_of_role(cfg, s["action"], rendered[0]) == "train"]
+    rendered = [s.role_map.get(r, r) for r, _ in pairs]
+    if isinstance(value, str) and s.parse is None:
+        flags = [label_of_role(cfg, s.action, rendered[0]) == "train"]
     else:
         flags = [_label(cfg, s, r, rr) for (r, _), rr in zip(pairs, rendered)]
-    if s["train_turns"] == "last":
+    if s.train_turns == "last":
         flags = _last_only(flags)
     return pairs, rendered, flags, headers
 
 
-def _add_template(item: Item, s: Mapping[str, Any], msgs: list[Message]) -> None:
+def _add_template(item: Item, s: SectionConfig, msgs: list[Message]) -> None:
     """Messages join the previous template unit when its special-token setting matches (one conversation)."""
     prev = item.units[-1] if item.units else None
-    if isinstance(prev, TemplateUnit) and prev.add_special_tokens == s["add_special_tokens"] \
+    if isinstance(prev, TemplateUnit) and prev.add_special_tokens == s.add_special_tokens \
             and not prev.generation_prompt:
         prev.messages.extend(msgs)
-        prev.generation_prompt = s["generation_prompt"]
+        prev.generation_prompt = s.generation_prompt
     else:
-        item.units.append(TemplateUnit(msgs, s["add_special_tokens"], s["generation_prompt"]))
+        item.units.append(TemplateUnit(msgs, s.add_special_tokens, s.generation_prompt))
 
 
 def _add_text(item: Item, pieces: list[tuple[str, bool]], add_special: bool) -> None:
@@ -228,26 +228,26 @@ class SourceData:
     truncated_items: int   # list elements dropped by preprocessing.max_items
 
 
-def build_record(cfg: Mapping[str, Any], record: Any) -> dict[str, SourceData]:
+def build_record(cfg: SftConfig, record: Any) -> dict[str, SourceData]:
     """Every output key's items for one record; RecordError when the record does not fit the schema."""
     if not isinstance(record, Mapping):
         raise RecordError("schema", f"record must be a JSON object, got {type(record).__name__}")
-    max_items = cfg["preprocessing"]["max_items"]
+    max_items = cfg.preprocessing.max_items
     out: dict[str, SourceData] = {}
     list_lengths: dict[str, int] = {}
-    for key, src in cfg["input"]["sources"].items():
-        if src["list_field"] is None:
-            out[key] = SourceData([build_item(cfg, src["sections"], record)], 0)
+    for key, src in cfg.input.sources.items():
+        if src.list_field is None:
+            out[key] = SourceData([build_item(cfg, src.sections, record)], 0)
             continue
-        elements = get_path(record, src["list_field"])
+        elements = get_path(record, src.list_field)
         if not isinstance(elements, list):
-            raise RecordError("schema", f"{src['list_field']!r}: expected a list, got {type(elements).__name__}")
+            raise RecordError("schema", f"{src.list_field!r}: expected a list, got {type(elements).__name__}")
         if not elements:
-            raise RecordError("empty", f"{src['list_field']!r}: empty list")
+            raise RecordError("empty", f"{src.list_field!r}: empty list")
         list_lengths[key] = len(elements)
         cut = len(elements) - max_items if max_items and len(elements) > max_items else 0
         kept = elements[:len(elements) - cut]
-        out[key] = SourceData([build_item(cfg, src["sections"], e) for e in kept], cut)
+        out[key] = SourceData([build_item(cfg, src.sections, e) for e in kept], cut)
     if len(set(list_lengths.values())) > 1:
         raise RecordError("list_length_mismatch", "list fields are parallel and must have equal lengths: "
                           + ", ".join(f"{k}={n}" for k, n in list_lengths.items()))
@@ -259,15 +259,12 @@ def record_text(data: dict[str, SourceData]) -> str:
     return "\n\n".join(t for sd in data.values() for item in sd.items for t in item.texts if t)
 
 
-def qc_text(record: Any, sft_cfg: Mapping[str, Any]) -> str | None:
-    """Text for quality control, or None when the record does not fit the `sft.input` schema (a reject).
-
-    `sft_cfg` must be validated (validate_sft_config); pass the same dict for every record.
-    """
+def qc_text(record: Any, sft_cfg: SftConfig) -> str | None:
+    """Text for quality control, or None when the record does not fit the `sft.input` schema (a reject)."""
     return qc_check(record, sft_cfg)[0]
 
 
-def qc_check(record: Any, sft_cfg: Mapping[str, Any]) -> tuple[str | None, str | None]:
+def qc_check(record: Any, sft_cfg: SftConfig) -> tuple[str | None, str | None]:
     """(text, None), or (None, "<reason>: <detail>") for a reject message; reasons as in prepare's stats
     (schema, empty, bad_value, list_length_mismatch, no_trained_text)."""
     try:
