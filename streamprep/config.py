@@ -491,7 +491,7 @@ def drift_keys(old: Mapping[str, Any], new: Mapping[str, Any], exports_redone: b
 
 
 def _freeze(value: Any) -> Any:
-    """Mappings -> read-only MappingProxyType, lists -> tuples (free-form sections: quality, sft, filter)."""
+    """Mappings -> read-only MappingProxyType, lists -> tuples (free-form values: dataset filters, mixture phases)."""
     if isinstance(value, Mapping):
         return MappingProxyType({k: _freeze(v) for k, v in value.items()})
     if isinstance(value, list):
