@@ -499,14 +499,14 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def _thaw(value: Any) -> Any:
+def thaw(value: Any) -> Any:
     """Inverse of _freeze (and of dataclass nesting): plain dicts and lists, as JSON will see them."""
     if is_dataclass(value):
-        return {f.name: _thaw(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: thaw(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
+        return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_thaw(v) for v in value]
+        return [thaw(v) for v in value]
     return value
 
 
@@ -523,7 +523,7 @@ class _Section:
         return cls(**kw)
 
     def to_dict(self) -> dict[str, Any]:
-        return _thaw(self)
+        return thaw(self)
 
 
 @dataclass(frozen=True)
@@ -629,9 +629,9 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict `validate` returned, key order included (run.json, config_hash, drift checks)."""
-        out = {k: _thaw(getattr(self, k)) for k in ("run", "tokenizer", "output", "execution", "datasets", "quality")}
+        out = {k: thaw(getattr(self, k)) for k in ("run", "tokenizer", "output", "execution", "datasets", "quality")}
         if self.sft is not None:
-            out["sft"] = _thaw(self.sft)
+            out["sft"] = thaw(self.sft)
         return out
 
 

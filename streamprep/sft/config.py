@@ -262,9 +262,9 @@ class _Frozen:
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
-        from streamprep.config import _thaw
+        from streamprep.config import thaw
 
-        return _thaw(self)
+        return thaw(self)
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         return type(self).from_dict, (self.to_dict(),)
