@@ -228,8 +228,6 @@ def test_the_stage_waits_for_this_jobs_qc_actors_and_a_stopped_job_does_not_wait
 def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(monkeypatch) -> None:
     """Hybrid start (engine xenna, private cluster): tasks submitted before the stage answers its ping run
     in the driver; at the ping the pending ones move to the stage in order; drain returns every result."""
-    import queue
-
     from streamprep.engines import xenna as xmod
 
     stage_up, ran_in_driver, ran_in_stage, engines = threading.Event(), [], [], []

@@ -16,13 +16,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from streamprep.exports.index import ExportError, ShardRef
 from streamprep.layout import RunLayout
-from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig, OutputConfig
 
-__all__ = ["export_run", "write_exports", "prepare_part", "ShardRef", "ExportError", "ShardCountError",
-           "MixtureConfigError", "validate_mixtures"]
+__all__ = ["export_run", "write_exports", "prepare_part", "ShardRef", "ExportError", "ShardCountError"]
 
 
 def __getattr__(name: str) -> Any:
