@@ -1,15 +1,21 @@
 """The job's one Ray cluster, shared by the QC actors and the Xenna tokenize stage.
 
-Follows xenna-notes.md: we call `ray.init` ourselves (or attach to `execution.ray_address`) and pin
-RAY_ADDRESS so Xenna's monitor finds exactly this cluster. A cluster we started is shut down with every
-process it started; one we attached to is left running, minus the `ray::NodeResourceMonitor` /
-`ray::StageWorker` processes Xenna 0.3 leaves behind.
+Follows xenna-notes.md: we call `ray.init` ourselves and pin RAY_ADDRESS so Xenna's monitor finds exactly
+this cluster. Without `execution.ray_address` the job starts its cluster in a `streamprep.ray_head`
+process and attaches to it, so a start-up the job no longer needs is killed instead of waited for; that
+cluster ends with the job, every process of it. One we attached to is left running, minus the
+`ray::NodeResourceMonitor` / `ray::StageWorker` processes Xenna 0.3 leaves behind.
 """
 from __future__ import annotations
 
 import os
+import selectors
+import signal
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from typing import Callable
 
 import psutil
@@ -25,40 +31,115 @@ RAY_ENV = {
     "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
     "PYTHON_LOG": os.environ.get("PYTHON_LOG", "warning"),
 }
-RAY_NICE = 5  # a cluster started here runs niced: on a shared box the driver's own tokenizing comes first
+OBJECT_STORE_BYTES = 256 * 1024 * 1024
+# A cluster the job starts lives on the driver's machine, whose cores the driver's own tokenizing already uses:
+# there it runs at the lowest priority and comes up (and takes shards over) only on cores the driver leaves idle.
+RAY_NICE = 19
 _lock = threading.Lock()
 _started_here = False
+_head: subprocess.Popen | None = None  # the `streamprep.ray_head` process of a cluster started here
+_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one per process: Ray caches it
 _qc_placed = threading.Event()  # this job's QC actors hold their CPUs (set by ingest, awaited by the stage)
 QC_PLACEMENT_WAIT_S = 120.0
 
 
-def connect(address: str | None, num_cpus: int) -> str:
-    """Start (or attach to) the job's cluster once per process; returns its GCS address. The thread that
-    starts a cluster must be the one that calls `release()`."""
+def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:
+    """Attach to `address`, or start the job's own cluster (in a `ray_head` process) and attach to it; once
+    per process. Returns its GCS address, or None when `cancelled()` came true while a cluster of our own
+    was still starting: it is then killed, and nothing of Ray was loaded here. Call `release()` from the
+    same thread."""
     global _started_here
     os.environ.update(RAY_ENV)
-    import ray
-
     with _lock:
-        if not ray.is_initialized():
-            if address:
-                ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-            else:
-                _nice_this_thread(RAY_NICE)  # Ray's processes inherit it, and the raylet's workers from them
-                ctx = ray.init(num_cpus=max(num_cpus, 1), include_dashboard=True, log_to_driver=False,
-                               object_store_memory=256 * 1024 * 1024)
+        if not _ray_initialized():
+            if not address:
+                address = _start_head(num_cpus, cancelled)
+                if address is None:
+                    return None
                 _started_here = True
+            import ray
+
+            try:
+                ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            except BaseException:
+                if _started_here:
+                    _stop_head()
+                    _started_here = False
+                raise
             os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
             log.info("ray connected", address=os.environ["RAY_ADDRESS"], started=_started_here)
         return os.environ.get("RAY_ADDRESS", "")
 
 
-def _nice_this_thread(increment: int) -> None:
-    """Lower the calling thread's priority (Linux: niceness is per thread, and a child process inherits its
-    parent thread's). Ray's start-up (GCS, raylet, dashboard, workers: ~20 processes) then takes the cores
-    only when the driver leaves them idle; until the stage answers, the driver tokenizes (engines/xenna.py)."""
-    tid = threading.get_native_id()
-    os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+def _ray_initialized() -> bool:
+    ray = sys.modules.get("ray")  # never imported: not initialized (importing it costs the driver ~1 s of GIL)
+    return ray is not None and ray.is_initialized()
+
+
+def _start_head(num_cpus: int, cancelled: Callable[[], bool]) -> str | None:
+    """Start `streamprep.ray_head` and wait for the GCS address it prints; None, with the head killed, once
+    `cancelled()`. Its own process group keeps a terminal's Ctrl-C from it (the driver shuts it down), in the
+    driver's session, so RAY_NICE holds against the driver (the kernel's autogroups share CPU per session).
+    The cluster takes this process's token, so the driver can attach to it."""
+    global _head
+    os.environ.update(_AUTH)
+    _head = subprocess.Popen(_head_command(num_cpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE, process_group=0)
+    assert _head.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(_head.stdout, selectors.EVENT_READ)
+        while not sel.select(0.1):
+            if cancelled():
+                _stop_head()
+                return None
+    line = _head.stdout.readline().decode().strip()
+    if not line:
+        code = _head.wait()
+        _head = None
+        raise RuntimeError(f"the Ray head process exited (code {code}) before its cluster was up")
+    return line
+
+
+def _head_command(num_cpus: int) -> list[str]:
+    return [sys.executable, "-m", "streamprep.ray_head", str(max(num_cpus, 1)), str(RAY_NICE)]
+
+
+def _stop_head() -> None:
+    """Kill the head process and every process of its cluster (its process group, and whatever left it):
+    the driver has detached and every shard's receipt is written, so nothing is left to shut down gently."""
+    global _head
+    head, _head = _head, None
+    if head is None:
+        return
+    try:
+        root = psutil.Process(head.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    try:
+        os.killpg(head.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    head.wait()
+    deadline = time.monotonic() + 3.0
+    while _alive(procs) and time.monotonic() < deadline:  # not our children: poll, briefly
+        time.sleep(0.02)
+    for key in _AUTH:
+        os.environ.pop(key, None)
+
+
+def _alive(procs: list[psutil.Process]) -> bool:
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
 
 
 def cpus_per_worker(workers: int) -> float:
@@ -107,11 +188,15 @@ def wait_for_qc_actors(cancelled: Callable[[], bool]) -> bool:
 
 
 def release() -> None:
-    """Shut down a cluster this process started; from an attached one only reap Xenna's leftovers."""
+    """Detach from and end a cluster this process started; from an attached one only reap Xenna's leftovers."""
     global _started_here
     with _lock:
         if _started_here:
-            shutdown_ray()
+            if _ray_initialized():
+                import ray
+
+                ray.shutdown()  # detach first: the driver's core worker ends the process if its GCS goes away
+            _stop_head()
             log.info("ray cluster shut down")
             os.environ.pop("RAY_ADDRESS", None)
             _started_here = False

@@ -26,10 +26,10 @@ def ray_cluster():
     """One Ray cluster for every `ray`-marked test (xenna-notes.md §7); everything it started is reaped."""
     import ray
 
-    from streamprep.ray_cluster import RAY_ENV, shutdown_ray
+    from streamprep.ray_cluster import OBJECT_STORE_BYTES, RAY_ENV, shutdown_ray
 
     os.environ.update(RAY_ENV)
-    ctx = ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, object_store_memory=256 * 1024 * 1024)
+    ctx = ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, object_store_memory=OBJECT_STORE_BYTES)
     os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
     try:
         yield ctx

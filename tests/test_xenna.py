@@ -18,6 +18,7 @@ from cosmos_xenna.pipelines import v1 as xenna
 
 from helpers import base_config, english_docs, tree_hashes
 from streamprep import run_from_dict
+from streamprep.ray_cluster import RAY_NICE
 from streamprep.tokenize import make_task, read_receipt, run_task
 from streamprep.tokenizer import train_bpe
 from streamprep.engines.xenna_stage import TokenizeStage
@@ -280,7 +281,7 @@ def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None
     from streamprep.engines import xenna as xmod
 
     ray_up, released, pipelines = threading.Event(), [], []
-    monkeypatch.setattr(ray_cluster, "connect", lambda address, workers: (ray_up.wait(10), "127.0.0.1:1")[1])
+    monkeypatch.setattr(ray_cluster, "connect", lambda address, workers, cancelled: (ray_up.wait(10), "127.0.0.1:1")[1])
     monkeypatch.setattr(ray_cluster, "release", lambda: released.append(True))
     monkeypatch.setattr(xenna, "run_pipeline", pipelines.append)
     monkeypatch.setattr(xmod, "run_task", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False})
@@ -335,18 +336,53 @@ def test_reaping_ray_leaves_other_child_processes_alone() -> None:
         pool_like.wait()
 
 
-def test_a_cluster_started_by_the_job_is_niced_and_the_driver_is_not() -> None:
-    """ray_cluster niceness: the thread that starts Ray lowers its own priority, so every process it starts
-    (Ray's daemons, and the raylet's workers after them) runs niced, while the driver's other threads do not."""
+def test_a_cluster_start_the_job_no_longer_needs_is_killed_not_waited_for(monkeypatch, tmp_path: Path) -> None:
+    """Regression: a job whose shards were all done while Ray came up waited for `ray.init` to finish and then
+    for its shutdown (8-9 s of a 19 s job, 62 MB on 2 cores). The head process, still starting, and what it
+    started are killed as soon as the job no longer needs them, and the driver never loads Ray."""
     from streamprep import ray_cluster
 
-    def child_nice() -> int:
-        out = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
-        return int(out.stdout)
+    pid_file = tmp_path / "child.pid"
+    slow_head = [sys.executable, "-c", "import subprocess, sys, time; "
+                 "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                 f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)"]
+    monkeypatch.setattr(ray_cluster, "_head_command", lambda num_cpus: slow_head)
+    monkeypatch.setattr(ray_cluster, "_ray_initialized", lambda: False)
+    monkeypatch.setattr(ray_cluster, "_started_here", False)
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    t0 = time.monotonic()
+    assert ray_cluster.connect(None, 2, stop.is_set) is None
+    assert time.monotonic() - t0 < 1.0 + 2 * ray_cluster.GRACE_S + 1.0
+    child = int(pid_file.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert ray_cluster._head is None and ray_cluster._started_here is False
 
-    before, seen = os.nice(0), []
-    t = threading.Thread(target=lambda: (ray_cluster._nice_this_thread(ray_cluster.RAY_NICE), seen.append(child_nice())))
-    t.start()
-    t.join()
-    assert seen == [min(before + ray_cluster.RAY_NICE, 19)]
-    assert os.nice(0) == before and child_nice() == before  # the driver's own threads keep their priority
+
+@pytest.mark.ray
+def test_a_cluster_started_by_the_job_runs_niced_and_ends_with_it(tmp_path: Path) -> None:
+    """`connect(None, ...)` starts Ray in a head process at RAY_NICE (the driver keeps its own priority) and
+    attaches to it; `release()` leaves no process of that cluster behind."""
+    script = """
+import json, os, psutil
+from streamprep import ray_cluster
+address = ray_cluster.connect(None, 2)
+head = psutil.Process(ray_cluster._head.pid)
+cluster = [head, *head.children(recursive=True)]
+import ray
+out = {"address": address, "up": ray.is_initialized(), "driver_nice": os.nice(0),
+       "nices": sorted({p.nice() for p in cluster}), "names": sorted({p.name() for p in cluster}),
+       "pids": [p.pid for p in cluster]}
+ray_cluster.release()
+out["alive"] = [p.pid for p in cluster if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+print(json.dumps(out))
+"""
+    with tempfile.TemporaryDirectory(prefix="ray") as ray_tmp:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": ray_tmp}
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, env=env,
+                              stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["up"] and out["address"] and "gcs_server" in out["names"] and "raylet" in out["names"]
+    assert out["nices"] == [min(os.nice(0) + RAY_NICE, 19)] and out["driver_nice"] == os.nice(0)
+    assert out["alive"] == []

@@ -60,15 +60,15 @@ class XennaEngine(Engine):
 
     def _serve(self) -> None:
         try:
+            address = ray_cluster.connect(self.ray_address, self.workers, lambda: self._stopping is not None)
+            if address is None or self._stopping is not None:  # the driver did every shard while Ray came up
+                log.info("job done before the xenna stage was needed; not starting it",
+                         ray_up=address is not None, seconds=round(time.monotonic() - (self.started_at or 0.0), 2))
+                return
             from cosmos_xenna.pipelines import v1 as xenna
 
             from streamprep.engines.xenna_stage import TokenizeStage
 
-            address = ray_cluster.connect(self.ray_address, self.workers)
-            if self._stopping is not None:  # the driver did every shard while Ray came up: no stage to start
-                log.info("job done before the xenna stage was needed; not starting it",
-                         seconds=round(time.monotonic() - (self.started_at or 0.0), 2))
-                return
             if self.ray_address and not ray_cluster.wait_for_qc_actors(lambda: self._stopping is not None) \
                     and self._stopping is None:  # QC runs on this cluster's actors: they are placed first
                 log.warning("QC actors not placed in time; placing the stage anyway",

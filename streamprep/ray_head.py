@@ -1,0 +1,35 @@
+"""The Ray head of a job that starts its own cluster, as its own process:
+`python -m streamprep.ray_head NUM_CPUS NICENESS`.
+
+In its own process the start-up can be abandoned: a job that finished before Ray came up kills this
+process group at once, where an in-process `ray.init` can be neither interrupted nor killed under the
+driver (its core worker ends the whole process once the GCS it waits for is gone). It prints the GCS
+address as its only stdout line, then holds the cluster until its stdin closes: the driver closing it,
+or dying.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from streamprep.ray_cluster import OBJECT_STORE_BYTES, RAY_ENV, stop_and_reap
+
+
+def main() -> None:
+    num_cpus, niceness = int(sys.argv[1]), int(sys.argv[2])
+    os.nice(niceness)  # before Ray starts: every process of the cluster inherits it
+    address_out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever Ray prints goes to stderr; stdout carries the address alone
+    os.environ.update(RAY_ENV)
+    import ray
+
+    ctx = ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False,
+                   object_store_memory=OBJECT_STORE_BYTES)
+    address_out.write(ctx.address_info["gcs_address"] + "\n")
+    address_out.flush()
+    sys.stdin.read()  # EOF: the driver is done with the cluster (or gone)
+    stop_and_reap(ray.shutdown)
+
+
+if __name__ == "__main__":
+    main()
