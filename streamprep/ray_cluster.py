@@ -13,6 +13,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -39,6 +40,7 @@ _lock = threading.Lock()
 _started_here = False
 _head: subprocess.Popen | None = None  # the `streamprep.ray_head` process of a cluster started here
 _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one per process: Ray caches it
+_env_before: dict[str, str | None] = {}  # those variables as they were before the head started
 _qc_placed = threading.Event()  # this job's QC actors hold their CPUs (set by ingest, awaited by the stage)
 QC_PLACEMENT_WAIT_S = 120.0
 
@@ -76,26 +78,38 @@ def _ray_initialized() -> bool:
     return ray is not None and ray.is_initialized()
 
 
+class HeadStartError(RuntimeError):
+    """The job's own Ray head exited before its cluster was up (e.g. Ray's 30 s raylet start-up limit on a
+    machine the driver keeps busy)."""
+
+
 def _start_head(num_cpus: int, cancelled: Callable[[], bool]) -> str | None:
     """Start `streamprep.ray_head` and wait for the GCS address it prints; None, with the head killed, once
     `cancelled()`. Its own process group keeps a terminal's Ctrl-C from it (the driver shuts it down), in the
     driver's session, so RAY_NICE holds against the driver (the kernel's autogroups share CPU per session).
-    The cluster takes this process's token, so the driver can attach to it."""
-    global _head
+    The cluster takes this process's token, so the driver can attach to it. Ray's own output goes to a
+    temporary file; its last line names the cause if the head fails."""
+    global _head, _env_before
+    _env_before = {key: os.environ.get(key) for key in _AUTH}
     os.environ.update(_AUTH)
-    _head = subprocess.Popen(_head_command(num_cpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE, process_group=0)
+    err = tempfile.TemporaryFile()
+    _head = subprocess.Popen(_head_command(num_cpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                             process_group=0)
     assert _head.stdout is not None
-    with selectors.DefaultSelector() as sel:
+    with err, selectors.DefaultSelector() as sel:
         sel.register(_head.stdout, selectors.EVENT_READ)
         while not sel.select(0.1):
             if cancelled():
                 _stop_head()
                 return None
-    line = _head.stdout.readline().decode().strip()
-    if not line:
-        code = _head.wait()
-        _head = None
-        raise RuntimeError(f"the Ray head process exited (code {code}) before its cluster was up")
+        line = _head.stdout.readline().decode().strip()
+        if not line:
+            code = _head.wait()
+            _stop_head()  # whatever of its cluster it had started
+            err.seek(0)
+            cause = [x for x in err.read().decode(errors="replace").splitlines() if x.strip()][-1:]
+            raise HeadStartError(f"the Ray head process exited (code {code}) before its cluster was up"
+                                 + (f": {cause[0].strip()[:300]}" if cause else ""))
     return line
 
 
@@ -128,8 +142,11 @@ def _stop_head() -> None:
     deadline = time.monotonic() + 3.0
     while _alive(procs) and time.monotonic() < deadline:  # not our children: poll, briefly
         time.sleep(0.02)
-    for key in _AUTH:
-        os.environ.pop(key, None)
+    for key, value in _env_before.items():  # the user's own Ray settings, if any, are back
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _alive(procs: list[psutil.Process]) -> bool:

@@ -295,6 +295,37 @@ def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None
     assert pipelines == [] and released == [True] and engine._error is None
 
 
+def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatch) -> None:
+    """Regression: on a busy 2-core box the niced head missed Ray's 30 s raylet start-up limit and the whole job
+    failed (308 MB, engine xenna). A cluster the job starts itself is only ever extra capacity on the driver's
+    machine: the driver tokenizes every shard. With `ray_address` the failure still ends the job."""
+    from streamprep import ray_cluster
+    from streamprep.engines import xenna as xmod
+
+    def no_head(address, workers, cancelled):
+        raise ray_cluster.HeadStartError("the Ray head process exited (code 1) before its cluster was up")
+
+    monkeypatch.setattr(ray_cluster, "connect", no_head)
+    monkeypatch.setattr(ray_cluster, "release", lambda: None)
+    monkeypatch.setattr(xmod, "run_task", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False})
+    monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
+    engine = xmod.XennaEngine(workers=1)
+    engine.start()
+    results = engine.run(["p0", "p1", "p2"])
+    engine.stop()
+    engine.join()
+    assert [(r["task"]["part"], r["where"]) for r in results] == [("p0", "driver"), ("p1", "driver"), ("p2", "driver")]
+    assert engine._error is None and "before its cluster was up" in (engine._gave_up or "")
+
+    attached = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
+    attached.start()
+    attached.submit("p0")
+    with pytest.raises(RuntimeError, match="xenna tokenize stage failed: HeadStartError"):
+        attached.drain()
+    attached.stop()
+    attached.join()
+
+
 def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None:
     """With `ray_address` the driver's machine may be a login node: nothing is tokenized there."""
     from streamprep.engines import xenna as xmod
@@ -357,6 +388,22 @@ def test_a_cluster_start_the_job_no_longer_needs_is_killed_not_waited_for(monkey
     child = int(pid_file.read_text())
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     assert ray_cluster._head is None and ray_cluster._started_here is False
+
+
+def test_a_head_that_fails_names_its_cause(monkeypatch) -> None:
+    """The head's own last line of output (Ray's exception) is the reason the job logs, not a bare exit code."""
+    from streamprep import ray_cluster
+
+    failing = [sys.executable, "-c", "import sys; print('Traceback ...', file=sys.stderr); "
+               "print('Exception: The current node timed out during startup.', file=sys.stderr); sys.exit(1)"]
+    monkeypatch.setattr(ray_cluster, "_head_command", lambda num_cpus: failing)
+    token_before = os.environ.get("RAY_AUTH_TOKEN")
+    monkeypatch.setattr(ray_cluster, "_ray_initialized", lambda: False)
+    monkeypatch.setattr(ray_cluster, "_started_here", False)
+    with pytest.raises(ray_cluster.HeadStartError, match=r"code 1\) before its cluster was up: Exception: The current "
+                                                         r"node timed out during startup\."):
+        ray_cluster.connect(None, 2)
+    assert ray_cluster._head is None and os.environ.get("RAY_AUTH_TOKEN") == token_before
 
 
 @pytest.mark.ray

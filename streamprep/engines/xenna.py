@@ -9,7 +9,9 @@ running resumes exactly.
 On a cluster the job starts itself (no `ray_address`: this machine is the whole cluster) the driver
 tokenizes sealed parts in one thread until the stage answers its first task, a ping: Ray and Xenna's
 start-up (10-15 s on 2 cores) then no longer delays the first shards. Shard bytes do not depend on who
-tokenized them; results say `where` they ran, and the summary counts both.
+tokenized them; results say `where` they ran, and the summary counts both. If that cluster cannot come
+up at all (Ray gives its raylet 30 s, which a niced start-up on a busy machine can miss), the driver does
+every shard and the log says why.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class XennaEngine(Engine):
         self._pending: deque[ShardTask] = deque()
         self._cv = threading.Condition()
         self._stage_answered = False
+        self._gave_up: str | None = None  # why the job's own cluster never came up (the driver tokenizes all)
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -60,7 +63,14 @@ class XennaEngine(Engine):
 
     def _serve(self) -> None:
         try:
-            address = ray_cluster.connect(self.ray_address, self.workers, lambda: self._stopping is not None)
+            try:
+                address = ray_cluster.connect(self.ray_address, self.workers, lambda: self._stopping is not None)
+            except ray_cluster.HeadStartError as exc:
+                if not self._early:
+                    raise
+                self._gave_up = str(exc)  # this machine is the whole cluster: the driver does every shard
+                log.warning("ray did not come up; the driver tokenizes every shard", reason=self._gave_up)
+                return
             if address is None or self._stopping is not None:  # the driver did every shard while Ray came up
                 log.info("job done before the xenna stage was needed; not starting it",
                          ray_up=address is not None, seconds=round(time.monotonic() - (self.started_at or 0.0), 2))
@@ -138,6 +148,8 @@ class XennaEngine(Engine):
         if self._error is not None:
             raise RuntimeError(f"xenna tokenize stage failed: {type(self._error).__name__}: {self._error}") \
                 from self._error
+        if self._gave_up is not None:
+            return
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("xenna tokenize stage stopped before every shard was done")
 
