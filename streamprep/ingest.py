@@ -345,7 +345,6 @@ class DatasetIngest:
         parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
         rejects: list[bytes] = []
         capped = False
-        tally = stats.RecordTally()
         for rec, pos in items:
             ordinal = state.consumed
             state.consumed += 1
@@ -367,7 +366,8 @@ class DatasetIngest:
                 excerpt = None if keep else _excerpt(rec, self.ds.text_field)
                 if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
                     source.update({k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))})
-            tally.add(keep, meta, len(text) if keep else len(excerpt))
+            chars = len(text) if keep else len(excerpt)
+            stats.add_record(state.stats, keep, meta, chars)
             if keep:
                 if self.dedup_on:
                     dedup.keep(digest)
@@ -379,11 +379,10 @@ class DatasetIngest:
                 state.kept += 1
                 state.part_lines += 1
                 state.part_bytes += len(line)
-                state.kept_text_bytes += len(text) if text.isascii() else len(text.encode("utf-8"))
+                state.kept_text_bytes += len(text.encode("utf-8"))
                 if state.part_lines == self.shard_records:  # roll: the next part starts after this record
                     state.part_index += 1
                     state.part_lines = state.part_bytes = 0
-                    tally.fold(state.stats)
                     state.part_start = state.snapshot()
                     parts.append((state.part_index, []))
                 if self.size_cap is not None and state.kept_text_bytes >= self.size_cap:
@@ -399,7 +398,6 @@ class DatasetIngest:
                                          "source": source, "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n"
                     rejects.append(line)
                     state.rejects_bytes += len(line)
-        tally.fold(state.stats)
         await self._flush(parts, rejects, dedup.own)
         if self.near is not None and (near_log := self.near.take_log()):
             await _append(self.files.near_dedup, near_log)

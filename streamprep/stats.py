@@ -15,7 +15,6 @@ Log2 bin b holds lengths [2^(b-1), 2^b); bin "0" holds 0.
 """
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any, Iterable
 
 DENSITY_BINS = 100  # densities in [0, 1] at 0.01 resolution; the last bin holds >= 0.99
@@ -30,39 +29,10 @@ def _bump(d: dict[str, int], key: str, by: int = 1) -> None:
     d[key] = d.get(key, 0) + by
 
 
-class RecordTally:
-    """One batch's decisions, folded into a dataset's `stats` by `fold()`: per record only an integer bin
-    is counted (the writer's per-record cost bounds ingest of short documents); the rarer records that
-    carry more than a length (rejects, languages, densities) are kept aside and folded in full."""
-
-    _MORE = frozenset(("language", *DENSITY_KEYS))
-
-    def __init__(self) -> None:
-        self._bins: dict[bool, dict[int, int]] = {True: {}, False: {}}
-        self._more: list[tuple[bool, dict[str, Any]]] = []
-
-    def add(self, keep: bool, meta: dict[str, Any], chars: int) -> None:
-        bins = self._bins[keep]
-        b = chars.bit_length() if chars > 0 else 0  # bin b holds [2^(b-1), 2^b); 0 holds 0
-        bins[b] = bins.get(b, 0) + 1
-        if not keep or not self._MORE.isdisjoint(meta):
-            self._more.append((keep, meta))
-
-    def fold(self, stats: dict[str, Any]) -> None:
-        """Add what was tallied to `stats` (a plain JSON dict) and start over."""
-        for keep, bins in self._bins.items():
-            if bins:
-                hist = stats.setdefault(f"chars_hist_{'kept' if keep else 'rejected'}", {})
-                for b, n in bins.items():
-                    _bump(hist, str(b), n)
-                bins.clear()
-        for keep, meta in self._more:
-            _add_meta(stats, keep, meta)
-        self._more.clear()
-
-
-def _add_meta(stats: dict[str, Any], keep: bool, meta: dict[str, Any]) -> None:
+def add_record(stats: dict[str, Any], keep: bool, meta: dict[str, Any], chars: int) -> None:
+    """Fold one decision into `stats` (a plain JSON dict)."""
     side = "kept" if keep else "rejected"
+    _bump(stats.setdefault(f"chars_hist_{side}", {}), _log2_bin(chars))
     if not keep:
         _bump(stats.setdefault("rejects_by_check", {}), meta.get("failed_check", "unknown"))
         if meta.get("failed_check") == "duplicate" and meta.get("duplicate_of"):
@@ -101,12 +71,6 @@ def gate_table(stats: dict[str, Any]) -> list[dict[str, Any]]:
 
 def add_tokens(stats: dict[str, Any], side: str, n_tokens: int) -> None:
     _bump(stats.setdefault(f"tokens_hist_{side}", {}), _log2_bin(n_tokens))
-
-
-def log2_hist(counts: list[int]) -> dict[str, int]:
-    """The log2-bin histogram of `counts` (as `add_tokens` one by one would build it), counted once."""
-    bins = Counter(n.bit_length() if n > 0 else 0 for n in counts)
-    return {str(b): n for b, n in bins.items()}
 
 
 def quantile_bin(hist: dict[str, int] | None, q: float) -> str | None:

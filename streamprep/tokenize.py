@@ -119,7 +119,8 @@ def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
         raise ValueError(f"token id {top_id} does not fit {task.dtype}")
     writer = binidx.IndexedDatasetWriter(task.prefix, dtype)
     dropped: list[int] = []
-    lengths: list[int] = []
+    n_tokens = 0
+    hist: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
         with open(task.input_path, "rb") as fh, ThreadPoolExecutor(1, thread_name_prefix="encode") as ahead:
@@ -134,7 +135,8 @@ def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
                     if task.eod_id is not None:
                         ids.append(task.eod_id)
                     arrays.append(np.array(ids, dtype=dtype))
-                    lengths.append(len(ids))
+                    n_tokens += len(ids)
+                    stats.add_tokens(hist, "kept", len(ids))
                 writer.add_documents(arrays)
                 line_no += len(encodings)
         num_docs = writer.num_documents
@@ -145,8 +147,8 @@ def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     except BaseException:
         writer.abort()
         raise
-    return {"num_documents": num_docs, "num_tokens": sum(lengths), "num_input_records": line_no,
-            "dropped_empty": dropped, "tokens_hist": stats.log2_hist(lengths),
+    return {"num_documents": num_docs, "num_tokens": n_tokens, "num_input_records": line_no,
+            "dropped_empty": dropped, "tokens_hist": hist.get("tokens_hist_kept", {}),
             "seconds": round(time.perf_counter() - t0, 4)}
 
 
