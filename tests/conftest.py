@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,42 @@ def ray_cluster():
     finally:
         shutdown_ray()
         os.environ.pop("RAY_ADDRESS", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reap_what_killed_runs_leave():
+    """Tests that SIGKILL `streamprep ingest` leave what its process pool's finalizers would have removed:
+    POSIX semaphores (/dev/shm/sem.mp-*) and forkserver socket dirs (pymp-*). At the end of the session,
+    remove those created during it that no live process still uses (mapped, or a socket still bound)."""
+    t0 = time.time()
+    yield
+    shm, tmp = Path("/dev/shm"), Path(tempfile.gettempdir())
+    mapped = _in_use("/proc/*/maps")
+    for sem in shm.glob("sem.mp-*"):
+        if _created_since(sem, t0) and str(sem) not in mapped:
+            sem.unlink(missing_ok=True)
+    bound = _in_use("/proc/net/unix")
+    for d in tmp.glob("pymp-*"):
+        if _created_since(d, t0) and not any(str(d) in line for line in bound):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _created_since(path: Path, t0: float) -> bool:
+    try:
+        return path.stat().st_mtime >= t0
+    except FileNotFoundError:
+        return False
+
+
+def _in_use(pattern: str) -> set[str]:
+    """Paths named in /proc's maps (one per process) or unix-socket table: what a live process holds."""
+    import glob
+
+    found: set[str] = set()
+    for name in glob.glob(pattern):
+        try:
+            with open(name) as fh:
+                found.update(line.split()[-1] for line in fh if "/" in line)
+        except OSError:  # a process that exited meanwhile, or one we may not read
+            continue
+    return found
