@@ -118,8 +118,9 @@ def _head_command(num_cpus: int) -> list[str]:
 
 
 def _stop_head() -> None:
-    """Kill the head process and every process of its cluster (its process group, and whatever left it):
-    the driver has detached and every shard's receipt is written, so nothing is left to shut down gently."""
+    """Kill the head process and every process of its cluster (its process group, and whatever left it). The
+    driver has detached (or never attached); a shard still running there has no receipt and is redone on
+    resume, so nothing needs a gentle shutdown, which costs seconds."""
     global _head
     head, _head = _head, None
     if head is None:
