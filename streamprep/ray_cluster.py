@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ RAY_NICE = 19
 _lock = threading.Lock()
 _started_here = False
 _head: subprocess.Popen | None = None  # the `streamprep.ray_head` process of a cluster started here
+_head_tmp = ""  # its TMPDIR, removed with it
 _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one per process: Ray caches it
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
 _qc_placed = threading.Event()  # this job's QC actors hold their CPUs (set by ingest, awaited by the stage)
@@ -89,12 +91,15 @@ def _start_head(num_cpus: int, cancelled: Callable[[], bool]) -> str | None:
     driver's session, so RAY_NICE holds against the driver (the kernel's autogroups share CPU per session).
     The cluster takes this process's token, so the driver can attach to it. Ray's own output goes to a
     temporary file; its last line names the cause if the head fails."""
-    global _head, _env_before
+    global _head, _head_tmp, _env_before
     _env_before = {key: os.environ.get(key) for key in _AUTH}
     os.environ.update(_AUTH)
     err = tempfile.TemporaryFile()
+    _head_tmp = tempfile.mkdtemp(prefix="streamprep-ray-head-")
+    env = {**os.environ, "TMPDIR": _head_tmp,  # what its processes leave when killed (pymp-* dirs) goes with it
+           "RAY_TMPDIR": os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"}  # Ray's own default
     _head = subprocess.Popen(_head_command(num_cpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                             process_group=0)
+                             env=env, process_group=0)
     assert _head.stdout is not None
     with err, selectors.DefaultSelector() as sel:
         sel.register(_head.stdout, selectors.EVENT_READ)
@@ -143,6 +148,7 @@ def _stop_head() -> None:
     deadline = time.monotonic() + 3.0
     while _alive(procs) and time.monotonic() < deadline:  # not our children: poll, briefly
         time.sleep(0.02)
+    shutil.rmtree(_head_tmp, ignore_errors=True)
     for key, value in _env_before.items():  # the user's own Ray settings, if any, are back
         if value is None:
             os.environ.pop(key, None)

@@ -421,11 +421,13 @@ address = ray_cluster.connect(None, 2)
 head = psutil.Process(ray_cluster._head.pid)
 cluster = [head, *head.children(recursive=True)]
 import ray
+head_tmp = ray_cluster._head_tmp
 out = {"address": address, "up": ray.is_initialized(), "driver_nice": os.nice(0),
        "nices": sorted({p.nice() for p in cluster}), "names": sorted({p.name() for p in cluster}),
        "pids": [p.pid for p in cluster]}
 ray_cluster.release()
 out["alive"] = [p.pid for p in cluster if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+out["head_tmp_left"] = os.path.exists(head_tmp)
 print(json.dumps(out))
 """
     with tempfile.TemporaryDirectory(prefix="ray") as ray_tmp:
@@ -436,4 +438,4 @@ print(json.dumps(out))
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["up"] and out["address"] and "gcs_server" in out["names"] and "raylet" in out["names"]
     assert out["nices"] == [min(os.nice(0) + RAY_NICE, 19)] and out["driver_nice"] == os.nice(0)
-    assert out["alive"] == []
+    assert out["alive"] == [] and out["head_tmp_left"] is False  # nor the pymp-* dirs its killed processes leave
