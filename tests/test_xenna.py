@@ -172,7 +172,7 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
     os.environ.update(RAY_ENV)  # the head's dashboard serves Xenna's monitor: it needs the raised API limits
     source = _source(tmp_path, 1500)
     # 30 shards of a few ms each: with 15 the worker that started first sometimes did all of them before the
-    # other was up (one CI run and one of 10 runs alone, today); more shards keep the race for the queue open longer
+    # other was up (one CI run, and one of 9 runs of this test alone, today); more shards keep the race open longer
     cfg = base_config([source], None, output={"shard_records": 50})
     cfg["execution"].update(engine="local", workers=1)
     run_from_dict(cfg, run_dir=tmp_path / "single", console_log=False)
