@@ -135,35 +135,21 @@ def _stop_head() -> None:
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         procs = []
-    try:
-        os.killpg(head.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in procs:
+
+    def kill_group() -> None:
         try:
-            p.kill()
-        except psutil.NoSuchProcess:
+            os.killpg(head.pid, signal.SIGKILL)  # also what the cluster started after the snapshot above
+        except (ProcessLookupError, PermissionError):
             pass
+
+    stop_and_reap(kill_group, procs, grace=0.0)
     head.wait()
-    deadline = time.monotonic() + 3.0
-    while _alive(procs) and time.monotonic() < deadline:  # not our children: poll, briefly
-        time.sleep(0.02)
     shutil.rmtree(_head_tmp, ignore_errors=True)
     for key, value in _env_before.items():  # the user's own Ray settings, if any, are back
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-
-
-def _alive(procs: list[psutil.Process]) -> bool:
-    for p in procs:
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            continue
-    return False
 
 
 def cpus_per_worker(workers: int) -> float:
@@ -271,17 +257,40 @@ def ray_processes() -> list[psutil.Process]:
     return found
 
 
-def stop_and_reap(stop: Callable[[], None], procs: list[psutil.Process] | None = None) -> None:
-    """Run `stop` (a cluster shutdown), then kill the processes that outlived it (after GRACE_S): `procs`,
-    by default all of this process's Ray processes. Busy stage workers are killed first: a shard they were
-    writing has no receipt and is redone on resume."""
+def stop_and_reap(stop: Callable[[], None], procs: list[psutil.Process] | None = None, grace: float = GRACE_S) -> None:
+    """Run `stop` (a cluster shutdown), then kill the processes that outlived it (after `grace` seconds):
+    `procs`, by default all of this process's Ray processes. Busy stage workers are killed first: a shard they
+    were writing has no receipt and is redone on resume."""
     children = ray_processes() if procs is None else procs
     reap_leaked_ray_workers()
     stop()
-    _, alive = psutil.wait_procs(children, timeout=GRACE_S)
-    for p in alive:
+    for p in _wait_gone(children, grace):
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=3)
+    _wait_gone(children, 3.0)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Poll until every one of `procs` has exited or `timeout` passed; returns those still running. An exited
+    child of ours is reaped; a grandchild's zombie counts as gone (its reaper is not us)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [p for p in procs if _running(p)]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.02)
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        if p.status() != psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
+        return False
+    try:
+        os.waitpid(p.pid, os.WNOHANG)
+    except ChildProcessError:  # not our child
+        pass
+    return False
