@@ -425,8 +425,7 @@ cluster = [head, *head.children(recursive=True)]
 import ray
 head_tmp = ray_cluster._head_tmp
 out = {"address": address, "up": ray.is_initialized(), "driver_nice": os.nice(0),
-       "nices": sorted({p.nice() for p in cluster}), "names": sorted({p.name() for p in cluster}),
-       "pids": [p.pid for p in cluster]}
+       "nices": sorted({p.nice() for p in cluster}), "names": sorted({p.name() for p in cluster})}
 ray_cluster.release()
 out["alive"] = [p.pid for p in cluster if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 out["head_tmp_left"] = os.path.exists(head_tmp)
