@@ -488,3 +488,39 @@ def test_parallel_equals_serial(run, tmp_path):
     assert file_hashes(other) == file_hashes(run_dir)
     assert summary_files(other) == summary_files(run_dir)
     assert len([k for k in file_hashes(run_dir) if k.endswith(".parquet")]) >= 16
+
+
+def test_parquet_written_without_importing_pandas(run, tmp_path):
+    """Regression: `pa.array(list)` imported pandas in every export worker (~0.3 s each, at the end of the job).
+    The string columns are now built from buffers; same rows, and pandas stays out of the process."""
+    import pickle
+    import subprocess
+    import sys
+
+    run_dir, refs = run
+    job = tmp_path / "job.pkl"
+    job.write_bytes(pickle.dumps((run_dir, refs)))
+    code = ("import pickle, sys; sys.path.insert(0, sys.argv[1]); import test_exports as t; "
+            "run, refs = pickle.loads(open(sys.argv[2], 'rb').read()); assert 'pandas' not in sys.modules; "
+            "t.export(run, refs); print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(job)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == "False"  # the last line: logs go to stdout too
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    for f in (other / "parquet").glob("*"):
+        f.unlink()
+    export(other, relocate(refs, run_dir, other))
+    assert file_hashes(other) == file_hashes(run_dir)
+
+
+def test_utf8_column_equals_pyarrow_conversion():
+    import pyarrow as pa
+
+    from streamprep.exports.parquet import _utf8
+
+    values = ["", "plain", "naïve café — “quoted”", "日本語\n\ttab", "\x00nul", "😀" * 3]
+    built = _utf8([v.encode() for v in values])
+    assert built.equals(pa.array(values, type=pa.string()))
+    assert built.to_pylist() == values
