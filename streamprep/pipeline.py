@@ -21,6 +21,8 @@ from streamprep import engines, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
 from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
+from streamprep.exports import pool_size
+from streamprep.exports.pool import Workers
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
 from streamprep.layout import CheckpointLayout, RunLayout
@@ -251,11 +253,12 @@ class Job:
         self.signals.install()
         try:  # our handlers stay installed until the audit is written (a late signal is handled too)
             try:
-                with self._engine() as engine:  # a long-lived engine comes up while ingest starts
+                with self._engine() as engine, Workers(pool_size(self.config.execution.workers)) as export_pool:
+                    # a long-lived engine comes up while ingest starts
                     with self.reporter.in_thread():
-                        states, tasks, results, info = self._ingest_and_tokenize(engine)
+                        states, tasks, results, info = self._ingest_and_tokenize(engine, export_pool)
                     engine.stop()  # Xenna and its Ray cluster wind down while the exports are written
-                    summary = self._timed("exports", lambda: self._exports(tasks, states, info))
+                    summary = self._timed("exports", lambda: self._exports(tasks, states, info, export_pool))
                 summary["tokenize"] = results
                 if (training := tokmod.training_report(self.run_dir)) is not None:
                     summary["tokenizer_training"] = training
@@ -281,9 +284,11 @@ class Job:
     def _engine(self) -> Engine:
         return engines.create(self.config.execution)
 
-    def _ingest_and_tokenize(self, engine: Engine) -> tuple[dict[str, IngestState], list[ShardTask], dict[str, Any],
-                                                            TokenizerInfo]:
-        """Ingest with the engine already up: each sealed part is tokenized while ingest goes on."""
+    def _ingest_and_tokenize(self, engine: Engine, export_pool: Workers) -> tuple[dict[str, IngestState],
+                                                                                 list[ShardTask], dict[str, Any],
+                                                                                 TokenizerInfo]:
+        """Ingest with the engine already up: each sealed part is tokenized while ingest goes on. Once ingest is
+        done, the exports' processes start while the last shards are tokenized."""
         info = self._timed("tokenizer", self._given_tokenizer)
         feeder = ShardFeeder(engine, self._task, {d.name: self._files(d.name) for d in self.config.datasets},
                              info, self._train_tokenizer, self._sample_ready())
@@ -295,6 +300,8 @@ class Job:
         try:
             states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint))
             self.reporter.phase = "tokenize"
+            if self.mode.text_exports:
+                export_pool.warm()
             info = self._timed("tokenizer", lambda: feeder.finish(states))
             tasks = self._plan(states, feeder)
             results = self._timed("tokenize", lambda: self._tokenize(engine, tasks))
@@ -389,13 +396,14 @@ class Job:
             raise RuntimeError(f"tokenization left {len(missing)} shard(s) incomplete: {'; '.join(missing[:5])}")
         return {"shards": len(tasks), "tokenized": len(results) - skipped, "skipped": skipped}
 
-    def _exports(self, tasks: list[ShardTask], states: dict[str, IngestState], info: TokenizerInfo) -> dict[str, Any]:
+    def _exports(self, tasks: list[ShardTask], states: dict[str, IngestState], info: TokenizerInfo,
+                 export_pool: Workers) -> dict[str, Any]:
         from streamprep.exports import export_run
 
         log.info("writing exports", shards=len(tasks))
         return {"kept": {n: s.kept for n, s in states.items()}, "rejected": {n: s.rejected for n, s in states.items()},
                 **export_run(self.run_dir, tasks, info.to_json(), self.config.output, self.config.datasets,
-                             self.config.run.seed, self.record["config_hash"], workers=self.config.execution.workers,
+                             self.config.run.seed, self.record["config_hash"], workers=export_pool,
                              blend=self.mode.text_exports)}
 
     @staticmethod

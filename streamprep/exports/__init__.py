@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Sequence
 
 from streamprep.exports.index import ExportError, ShardRef
@@ -19,6 +20,7 @@ from streamprep.layout import RunLayout
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig, OutputConfig
+    from streamprep.exports.pool import Workers
 
 __all__ = ["export_run", "write_exports", "prepare_part", "ShardRef", "ExportError", "ShardCountError"]
 
@@ -40,6 +42,11 @@ def _split_of(datasets: Sequence[DatasetConfig], shards: list[ShardRef]) -> dict
     return out
 
 
+def pool_size(workers: int | None) -> int:
+    """Processes the exports use for `execution.workers` (None: all cores)."""
+    return workers or os.cpu_count() or 1
+
+
 def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
     """The per-part exports work for one finished tokenization shard (`streamprep.tokenize.ShardTask` and its
     completed receipt), cached beside the receipt; safe in any process, as soon as the receipt exists."""
@@ -51,17 +58,17 @@ def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
 
 
 def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], output: OutputConfig,
-               datasets: Sequence[DatasetConfig], seed: int, config_hash: str, *, workers: int | None,
+               datasets: Sequence[DatasetConfig], seed: int, config_hash: str, *, workers: int | None | Workers,
                blend: bool) -> dict[str, Any]:
     """The job's exports over its tokenization tasks (all receipts complete), on `workers` processes (None:
-    all cores); `blend`: whether the run's mode writes blend.json."""
+    all cores; or a pool the caller has started); `blend`: whether the run's mode writes blend.json."""
     from streamprep.tokenize import read_receipt
 
     receipts = [read_receipt(t) for t in tasks]
     # shards of a mode without text exports (SFT) are listed by their receipts only
     refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if t.mode.text_exports]
     summary = write_exports(run_dir, refs, output, datasets, seed, tokenizer_info, config_hash,
-                            workers=workers or os.cpu_count() or 1, blend=blend,
+                            workers=workers or pool_size(None), blend=blend,
                             receipts=[Path(t.receipt_path) for t in tasks])
     empty = {d.name: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == d.name)
              for d in datasets}
@@ -101,10 +108,10 @@ def _manifest(indexes: list, datasets: Sequence[DatasetConfig], pq_entries: list
 
 
 def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, datasets: Sequence[DatasetConfig],
-                  seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, workers: int = 1,
+                  seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, workers: int | Workers = 1,
                   blend: bool = False, receipts: list[Path] | None = None) -> dict[str, Any]:
     """Write parquet/, (with `blend`) blend.json, mixtures.json and manifest.json for the completed
-    `shards`, on `workers` processes (the bytes do not depend on it); return a summary.
+    `shards`, on `workers` processes or a started pool (the bytes do not depend on it); return a summary.
 
     `receipts`: every receipt of the run (SFT ones too); default: those of `shards`. The summary's
     `manifest_sha256` is the root of the hash chain, for run.json.
@@ -123,7 +130,7 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
     names = list(weights)
     _check(shards, names)
     split_of = _split_of(datasets, shards)
-    with Workers(workers) as pool:
+    with Workers(workers) if isinstance(workers, int) else nullcontext(workers) as pool:
         summaries = summarize_all(shards, pool)
         indexes = [build_index(n, split_of[n], [r for r in shards if r.dataset == n], summaries.get(n, {}))
                    for n in names]
