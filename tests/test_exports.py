@@ -524,3 +524,25 @@ def test_utf8_column_equals_pyarrow_conversion():
     built = _utf8([v.encode() for v in values])
     assert built.equals(pa.array(values, type=pa.string()))
     assert built.to_pylist() == values
+
+
+def test_warmed_pool_started_before_exports_same_bytes(run, tmp_path):
+    """The job warms the exports' pool while its last shards are tokenized: its processes exist before the
+    first task, and exports on it write the bytes a serial run writes."""
+    import time
+
+    from streamprep.exports.pool import Workers
+
+    run_dir, refs = run
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    export(run_dir, refs)
+    with Workers(2) as pool:
+        pool.warm()
+        deadline = time.monotonic() + 30
+        while len(pool._pool._processes) < 2 and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.05)
+        assert len(pool._pool._processes) == 2  # type: ignore[union-attr]
+        write_exports(other, relocate(refs, run_dir, other), output_cfg(), datasets_cfg(), 1234, TOKENIZER_INFO,
+                      "cfghash0123", workers=pool)
+    assert file_hashes(other) == file_hashes(run_dir)
