@@ -11,8 +11,8 @@ docs/exports.md.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from contextlib import nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from streamprep.exports.index import ExportError, ShardRef

@@ -19,10 +19,6 @@ def _init_worker() -> None:
     import streamprep.exports.parquet  # noqa: F401
 
 
-def _nothing() -> None:
-    return None
-
-
 class Workers:
     """`map` in job order: in this process for one worker, else on a pool of `n` processes.
 
@@ -44,7 +40,7 @@ class Workers:
         """Start every worker process now, without waiting for them (each submit starts at most one)."""
         if self._pool is not None:
             for _ in range(self.n):
-                self._pool.submit(_nothing)
+                self._pool.submit(int)  # a no-op task
 
     def __exit__(self, *exc: Any) -> None:
         if self._pool is not None:
