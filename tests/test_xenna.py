@@ -240,7 +240,7 @@ def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(
         deadline = time.monotonic() + 10  # the driver's shard lasts until the stage has answered
         while not engines[0]._stage_answered and time.monotonic() < deadline:
             time.sleep(0.01)
-        return {"task": {"dataset": "d", "part": task}, "skipped": False}
+        return {"task": {"dataset": "d", "part": task}, "skipped": False, "seconds": 0.01}
 
     def fake_serve(self):  # the stage: answers the ping once `stage_up` is set, then every task
         while (task := self._source.get()) is not None:
@@ -286,7 +286,8 @@ def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None
     monkeypatch.setattr(ray_cluster, "connect", lambda address, workers, cancelled: (ray_up.wait(10), "127.0.0.1:1")[1])
     monkeypatch.setattr(ray_cluster, "release", lambda: released.append(True))
     monkeypatch.setattr(xenna, "run_pipeline", pipelines.append)
-    monkeypatch.setattr(xmod, "run_task", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False})
+    monkeypatch.setattr(xmod, "run_task", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
+                                                               "seconds": 0.01})
     monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
     engine.start()
@@ -309,7 +310,8 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
 
     monkeypatch.setattr(ray_cluster, "connect", no_head)
     monkeypatch.setattr(ray_cluster, "release", lambda: None)
-    monkeypatch.setattr(xmod, "run_task", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False})
+    monkeypatch.setattr(xmod, "run_task", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
+                                                               "seconds": 0.01})
     monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
     engine.start()
@@ -317,7 +319,7 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
     engine.stop()
     engine.join()
     assert [(r["task"]["part"], r["where"]) for r in results] == [("p0", "driver"), ("p1", "driver"), ("p2", "driver")]
-    assert engine._error is None and "before its cluster was up" in (engine._gave_up or "")
+    assert engine._error is None and "before its cluster was up" in (engine._driver_only or "")
 
     attached = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
     attached.start()
@@ -326,6 +328,71 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
         attached.drain()
     attached.stop()
     attached.join()
+
+
+def _late_cluster(monkeypatch, shard_seconds: float) -> tuple:
+    """An engine on a job-started cluster that comes up once `ray_up` is set, whose driver is on p1 until
+    `p1_may_end` is set; its Xenna pipeline records that it was started and serves nothing."""
+    from streamprep import ray_cluster
+    from streamprep.engines import xenna as xmod
+
+    ray_up, p1_may_end, on_p1, released, pipelines = (threading.Event(), threading.Event(), threading.Event(),
+                                                      [], [])
+
+    def fake_run_task(task, tokenizer):
+        if task == "p1":
+            on_p1.set()
+            p1_may_end.wait(10)
+        return {"task": {"dataset": "d", "part": task}, "skipped": False, "seconds": shard_seconds}
+
+    monkeypatch.setattr(ray_cluster, "connect", lambda address, workers, cancelled: (ray_up.wait(10), "127.0.0.1:1")[1])
+    monkeypatch.setattr(ray_cluster, "release", lambda: released.append(True))
+    monkeypatch.setattr(ray_cluster, "cpus_per_worker", lambda workers: 1.0)
+    monkeypatch.setattr(ray_cluster, "node_count", lambda: 1)
+    def fake_pipeline(spec):  # serves until the job's stop; never answers the ping
+        pipelines.append(spec)
+        while spec.serving_queues.source.get() is not None:
+            pass
+
+    monkeypatch.setattr(xenna, "run_pipeline", fake_pipeline)
+    monkeypatch.setattr(xmod, "run_task", fake_run_task)
+    monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
+    engine = xmod.XennaEngine(workers=1)
+    engine.start()
+    for part in ("p0", "p1", "p2"):
+        engine.submit(part)
+    drained: list = []
+    drainer = threading.Thread(target=lambda: drained.extend(engine.drain()))
+    drainer.start()  # every task is submitted: ingest is done
+    assert on_p1.wait(10)
+    time.sleep(0.2)  # ray comes up 0.2 s or more after the job started
+    ray_up.set()
+    deadline = time.monotonic() + 10
+    while not (released or pipelines) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    p1_may_end.set()
+    drainer.join(10)
+    engine.stop()
+    engine.join()
+    return engine, drained, released, pipelines
+
+
+def test_a_cluster_up_after_ingest_is_not_used_when_the_driver_ends_first(monkeypatch) -> None:
+    """Regression: on 306 MB the job's own niced cluster came up after 61-67 s with 4 shards (≈ 12 s) left, and
+    starting the stage then only slowed the driver (it answered no shard in 3 runs of 3). When ingest is done
+    and the driver's remaining shards take less time than Ray took to come up, the cluster is released and
+    the stage never starts."""
+    engine, results, released, pipelines = _late_cluster(monkeypatch, shard_seconds=0.01)
+    assert [r["where"] for r in results] == ["driver"] * 3
+    assert pipelines == [] and released == [True] and engine._error is None
+    assert "ray took" in (engine._driver_only or "")
+
+
+def test_a_cluster_up_with_more_work_left_than_its_start_up_starts_the_stage(monkeypatch) -> None:
+    """The same late cluster when the driver's remaining shards take longer than Ray took: the stage starts."""
+    engine, results, released, pipelines = _late_cluster(monkeypatch, shard_seconds=100.0)
+    assert len(pipelines) == 1 and engine._driver_only is None
+    assert [r["where"] for r in results] == ["driver"] * 3  # this stage never answers its ping
 
 
 def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None:

@@ -11,7 +11,9 @@ tokenizes sealed parts in one thread until the stage answers its first task, a p
 start-up (10-15 s on 2 cores) then no longer delays the first shards. Shard bytes do not depend on who
 tokenized them; results say `where` they ran, and the summary counts both. If that cluster cannot come
 up at all (Ray gives its raylet 30 s, which a niced start-up on a busy machine can miss), the driver does
-every shard and the log says why.
+every shard and the log says why. Nor is the stage started when Ray comes up after ingest is done and the
+driver's remaining shards take less time than the cluster took to come up: a stage worker starting on the
+same busy cores would not answer before the driver is through, and its start-up only slows the driver.
 """
 from __future__ import annotations
 
@@ -49,7 +51,9 @@ class XennaEngine(Engine):
         self._pending: deque[ShardTask] = deque()
         self._cv = threading.Condition()
         self._stage_answered = False
-        self._gave_up: str | None = None  # why the job's own cluster never came up (the driver tokenizes all)
+        self._draining = False  # every task is submitted (ingest is done)
+        self._driver_seconds: list[float] = []  # how long the driver's shards took
+        self._driver_only: str | None = None  # why the job's own cluster is not used (the driver tokenizes all)
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -68,12 +72,16 @@ class XennaEngine(Engine):
             except ray_cluster.HeadStartError as exc:
                 if not self._early:
                     raise
-                self._gave_up = str(exc)  # this machine is the whole cluster: the driver does every shard
-                log.warning("ray did not come up; the driver tokenizes every shard", reason=self._gave_up)
+                self._driver_only = str(exc)  # this machine is the whole cluster: the driver does every shard
+                log.warning("ray did not come up; the driver tokenizes every shard", reason=self._driver_only)
                 return
             if address is None or self._stopping is not None:  # the driver did every shard while Ray came up
                 log.info("job done before the xenna stage was needed; not starting it",
                          ray_up=address is not None, seconds=round(time.monotonic() - (self.started_at or 0.0), 2))
+                return
+            if (why := self._driver_ends_first()) is not None:
+                self._driver_only = why
+                log.info("not starting the xenna stage: the driver ends its remaining shards first", reason=why)
                 return
             from cosmos_xenna.pipelines import v1 as xenna
 
@@ -101,6 +109,19 @@ class XennaEngine(Engine):
         finally:
             ray_cluster.release()  # Ray must be shut down by the thread that started it
 
+    def _driver_ends_first(self) -> str | None:
+        """On the job's own cluster, once every task is submitted: why the driver's remaining shards end before
+        a stage could take one (they need less time than Ray took to come up), or None."""
+        if not self._early or not self._draining or not self._driver_seconds:
+            return None
+        with self._cv:
+            left = len(self._pending) + 1  # + the shard the driver is on
+        ray_up = time.monotonic() - (self.started_at or time.monotonic())
+        driver_left = left * sum(self._driver_seconds) / len(self._driver_seconds)
+        if driver_left >= ray_up:
+            return None
+        return f"{left} shard(s), about {driver_left:.1f} s in the driver; ray took {ray_up:.1f} s to come up"
+
     def submit(self, task: ShardTask) -> None:
         self.submitted += 1
         with self._cv:
@@ -124,6 +145,8 @@ class XennaEngine(Engine):
             except BaseException as exc:  # surfaced by drain()
                 self._error = exc
                 return
+            if not result["skipped"]:
+                self._driver_seconds.append(result["seconds"])
             self._keep(result)
 
     def _on_ping(self) -> None:
@@ -148,7 +171,7 @@ class XennaEngine(Engine):
         if self._error is not None:
             raise RuntimeError(f"xenna tokenize stage failed: {type(self._error).__name__}: {self._error}") \
                 from self._error
-        if self._gave_up is not None:
+        if self._driver_only is not None:
             return
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("xenna tokenize stage stopped before every shard was done")
@@ -166,6 +189,7 @@ class XennaEngine(Engine):
                 self._keep({**result, "where": "stage"})
 
     def drain(self) -> list[Result]:
+        self._draining = True
         while self.completed < self.submitted:
             time.sleep(POLL_S / 4)
             if self.completed < self.submitted:
