@@ -231,6 +231,16 @@ def reap_leaked_ray_workers() -> int:
     return killed
 
 
+def init_here(num_cpus: int) -> object:
+    """Start a Ray cluster in this process (what `ray_head` holds for a job; the tests' session cluster);
+    returns Ray's context. End it with `shutdown_ray()` from this thread."""
+    os.environ.update(RAY_ENV)
+    import ray
+
+    return ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False,
+                    object_store_memory=OBJECT_STORE_BYTES)
+
+
 def shutdown_ray() -> None:
     """Shut down the Ray cluster this process started and wait for its processes to go. Call it from the
     thread that called `ray.init` (from another, Ray waits ~15 s and leaves its agents running)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from streamprep.ray_cluster import OBJECT_STORE_BYTES, RAY_ENV, stop_and_reap
+from streamprep.ray_cluster import init_here, shutdown_ray
 
 
 def main() -> None:
@@ -20,15 +20,11 @@ def main() -> None:
     os.nice(niceness)  # before Ray starts: every process of the cluster inherits it
     address_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever Ray prints goes to stderr; stdout carries the address alone
-    os.environ.update(RAY_ENV)
-    import ray
-
-    ctx = ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False,
-                   object_store_memory=OBJECT_STORE_BYTES)
+    ctx = init_here(num_cpus)
     address_out.write(ctx.address_info["gcs_address"] + "\n")
     address_out.flush()
     sys.stdin.read()  # EOF: the driver is done with the cluster (or gone)
-    stop_and_reap(ray.shutdown)
+    shutdown_ray()
 
 
 if __name__ == "__main__":

@@ -27,12 +27,9 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One Ray cluster for every `ray`-marked test (xenna-notes.md §7); everything it started is reaped."""
-    import ray
+    from streamprep.ray_cluster import init_here, shutdown_ray
 
-    from streamprep.ray_cluster import OBJECT_STORE_BYTES, RAY_ENV, shutdown_ray
-
-    os.environ.update(RAY_ENV)
-    ctx = ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, object_store_memory=OBJECT_STORE_BYTES)
+    ctx = init_here(2)
     os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
     try:
         yield ctx

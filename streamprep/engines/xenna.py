@@ -52,7 +52,6 @@ class XennaEngine(Engine):
         self._cv = threading.Condition()
         self._stage_answered = False
         self._draining = False  # every task is submitted (ingest is done)
-        self._driver_seconds: list[float] = []  # how long the driver's shards took
         self._driver_only: str | None = None  # why the job's own cluster is not used (the driver tokenizes all)
 
     def start(self) -> None:
@@ -112,12 +111,16 @@ class XennaEngine(Engine):
     def _driver_ends_first(self) -> str | None:
         """On the job's own cluster, once every task is submitted: why the driver's remaining shards end before
         a stage could take one (they need less time than Ray took to come up), or None."""
-        if not self._early or not self._draining or not self._driver_seconds:
+        if not self._early or not self._draining:
             return None
         with self._cv:
             left = len(self._pending) + 1  # + the shard the driver is on
+        with self._lock:
+            seconds = [r["seconds"] for r in self._results if r["where"] == "driver" and not r["skipped"]]
+        if not seconds:
+            return None
         ray_up = time.monotonic() - (self.started_at or time.monotonic())
-        driver_left = left * sum(self._driver_seconds) / len(self._driver_seconds)
+        driver_left = left * sum(seconds) / len(seconds)
         if driver_left >= ray_up:
             return None
         return f"{left} shard(s), about {driver_left:.1f} s in the driver; ray took {ray_up:.1f} s to come up"
@@ -145,8 +148,6 @@ class XennaEngine(Engine):
             except BaseException as exc:  # surfaced by drain()
                 self._error = exc
                 return
-            if not result["skipped"]:
-                self._driver_seconds.append(result["seconds"])
             self._keep(result)
 
     def _on_ping(self) -> None:

@@ -68,7 +68,8 @@ def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], outpu
     # shards of a mode without text exports (SFT) are listed by their receipts only
     refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if t.mode.text_exports]
     summary = write_exports(run_dir, refs, output, datasets, seed, tokenizer_info, config_hash,
-                            workers=workers or pool_size(None), blend=blend,
+                            workers=pool_size(workers) if workers is None or isinstance(workers, int) else workers,
+                            blend=blend,
                             receipts=[Path(t.receipt_path) for t in tasks])
     empty = {d.name: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == d.name)
              for d in datasets}
