@@ -510,8 +510,9 @@ def thaw(value: Any) -> Any:
     return value
 
 
-class _Section:
-    """Mixin: build a frozen section from its validated dict, and back."""
+class FrozenSection:
+    """Mixin for the typed config sections (here and in `streamprep.sft.config`): built from the validated dict
+    and back, and pickled as that dict (MappingProxyType cannot be pickled)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Any:
@@ -519,29 +520,33 @@ class _Section:
         kw = {}
         for f in fields(cls):  # type: ignore[arg-type]
             hint, value = hints[f.name], d.get(f.name)
-            kw[f.name] = hint.from_dict(value) if isinstance(hint, type) and issubclass(hint, _Section) else _freeze(value)
+            nested = isinstance(hint, type) and issubclass(hint, FrozenSection)
+            kw[f.name] = hint.from_dict(value) if nested else _freeze(value)
         return cls(**kw)
 
     def to_dict(self) -> dict[str, Any]:
         return thaw(self)
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return type(self).from_dict, (self.to_dict(),)
+
 
 @dataclass(frozen=True)
-class RunConfig(_Section):
+class RunConfig(FrozenSection):
     name: str
     seed: int
     checkpoint_dir: str | None
 
 
 @dataclass(frozen=True)
-class TokenizerTrainConfig(_Section):
+class TokenizerTrainConfig(FrozenSection):
     vocab_size: int
     min_frequency: int
     sample_mb: float | None
 
 
 @dataclass(frozen=True)
-class TokenizerConfig(_Section):
+class TokenizerConfig(FrozenSection):
     path: str | None
     if_missing: str
     train: TokenizerTrainConfig
@@ -550,7 +555,7 @@ class TokenizerConfig(_Section):
 
 
 @dataclass(frozen=True)
-class ParquetConfig(_Section):
+class ParquetConfig(FrozenSection):
     length_buckets: tuple[int, ...]
     shard_size_bytes: int
     compression: str
@@ -558,12 +563,12 @@ class ParquetConfig(_Section):
 
 
 @dataclass(frozen=True)
-class MixturesConfig(_Section):
+class MixturesConfig(FrozenSection):
     phases: Mapping[str, Mapping[str, float]]
 
 
 @dataclass(frozen=True)
-class OutputConfig(_Section):
+class OutputConfig(FrozenSection):
     dtype: str
     shard_records: int | None
     parquet: ParquetConfig
@@ -574,7 +579,7 @@ class OutputConfig(_Section):
 
 
 @dataclass(frozen=True)
-class ExecutionConfig(_Section):
+class ExecutionConfig(FrozenSection):
     engine: str
     workers: int | None
     ray_address: str | None
@@ -587,7 +592,7 @@ class ExecutionConfig(_Section):
 
 
 @dataclass(frozen=True)
-class DatasetConfig(_Section):
+class DatasetConfig(FrozenSection):
     name: str
     path: str
     format: str | None

@@ -377,6 +377,7 @@ def test_relative_path_through_a_symlink_loop_names_its_key(tmp_path: Path, data
 
 def test_typed_config_is_frozen_and_round_trips_byte_identical(good: dict) -> None:
     import dataclasses
+    import pickle
 
     import orjson
 
@@ -392,6 +393,8 @@ def test_typed_config_is_frozen_and_round_trips_byte_identical(good: dict) -> No
     assert orjson.dumps(cfg.to_dict()) == orjson.dumps(plain)
     assert config_hash(cfg.to_dict()) == config_hash(plain)
     assert Config.from_dict(cfg.to_dict()) == cfg
+    # a section holding read-only mappings pickles (as its dict), like the `sft:` section shard tasks carry
+    assert pickle.loads(pickle.dumps(cfg.output)) == cfg.output
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.run.seed = 1  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from streamprep.config import FrozenSection
+
 ACTIONS = ("train", "mask", "value")
 LABELS = ("train", "mask")
 PARSERS = ("hh",)
@@ -254,24 +256,8 @@ def validate_sft_config(section: Mapping[str, Any] | None) -> dict[str, Any]:
 # dict exactly. Defaults are NOT repeated here: they live only in the *_DEFAULTS dicts above.
 
 
-class _Frozen:
-    """Mixin: back to the validated dict, and pickled as that dict (MappingProxyType cannot be pickled)."""
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Any:
-        return cls(**d)
-
-    def to_dict(self) -> dict[str, Any]:
-        from streamprep.config import thaw
-
-        return thaw(self)
-
-    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
-        return type(self).from_dict, (self.to_dict(),)
-
-
 @dataclass(frozen=True)
-class SectionConfig(_Frozen):
+class SectionConfig(FrozenSection):
     """One section of a source: where a field goes and how it is labelled (see SECTION_DEFAULTS)."""
 
     field: str | None
@@ -285,13 +271,9 @@ class SectionConfig(_Frozen):
     train_turns: str
     generation_prompt: bool
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SectionConfig:
-        return cls(**{**d, "role_map": MappingProxyType(dict(d["role_map"]))})
-
 
 @dataclass(frozen=True)
-class SourceConfig(_Frozen):
+class SourceConfig(FrozenSection):
     """One output key: its sections, the optional list field, and the mask's name (False: none)."""
 
     sections: tuple[SectionConfig, ...]
@@ -304,7 +286,7 @@ class SourceConfig(_Frozen):
 
 
 @dataclass(frozen=True)
-class InputConfig(_Frozen):
+class InputConfig(FrozenSection):
     sources: Mapping[str, SourceConfig]   # output key -> source, in config order
 
     @classmethod
@@ -313,7 +295,7 @@ class InputConfig(_Frozen):
 
 
 @dataclass(frozen=True)
-class PreprocessingConfig(_Frozen):
+class PreprocessingConfig(FrozenSection):
     max_seq_len: int | None
     overlong: str
     min_chars: int
@@ -322,7 +304,7 @@ class PreprocessingConfig(_Frozen):
 
 
 @dataclass(frozen=True)
-class SftOutputConfig(_Frozen):
+class SftOutputConfig(FrozenSection):
     dtype: str
     mask_dtype: str
     value_dtype: str
@@ -331,7 +313,7 @@ class SftOutputConfig(_Frozen):
 
 
 @dataclass(frozen=True)
-class SftConfig(_Frozen):
+class SftConfig(FrozenSection):
     """The validated `sft:` section, typed and frozen; picklable (it pickles as its plain dict)."""
 
     input: InputConfig
@@ -339,14 +321,6 @@ class SftConfig(_Frozen):
     mask_default: str
     preprocessing: PreprocessingConfig
     output: SftOutputConfig
-
-    @classmethod
-    def from_dict(cls, validated: Mapping[str, Any]) -> SftConfig:
-        """From validate_sft_config's output (or a frozen copy of it); does not validate again."""
-        return cls(input=InputConfig.from_dict(validated["input"]), mask=MappingProxyType(dict(validated["mask"])),
-                   mask_default=validated["mask_default"],
-                   preprocessing=PreprocessingConfig.from_dict(validated["preprocessing"]),
-                   output=SftOutputConfig.from_dict(validated["output"]))
 
 
 def load_sft_config(section: Mapping[str, Any] | None) -> SftConfig:
