@@ -122,9 +122,9 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
     """
     from streamprep.exports import blend as blendmod
     from streamprep.exports import chain, manifest, mixtures, parquet
-    from streamprep.exports.index import build_index
+    from streamprep.exports.index import build_indexes
     from streamprep.exports.pool import Workers
-    from streamprep.exports.summary import summarize_all
+    from streamprep.exports.summary import iter_summaries
 
     run_dir = Path(run_dir)
     weights = {d.name: d.weight for d in datasets}
@@ -132,11 +132,8 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
     _check(shards, names)
     split_of = _split_of(datasets, shards)
     with Workers(workers) if isinstance(workers, int) else nullcontext(workers) as pool:
-        summaries = summarize_all(shards, pool)
-        # pop: a dataset's summaries hold the same per-record numbers as its index; dropped once it is built,
-        # the job holds one copy (~84 bytes a record), not two, while the shards are written
-        indexes = [build_index(n, split_of[n], [r for r in shards if r.dataset == n], summaries.pop(n, {}))
-                   for n in names]
+        indexes = build_indexes([(n, split_of[n], [r for r in shards if r.dataset == n]) for n in names],
+                                iter_summaries(shards, pool))
         pq_entries = parquet.write_shards(run_dir, indexes, parquet.plan_shards(indexes, output, seed), output.parquet,
                                           seed, pool)
     bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]

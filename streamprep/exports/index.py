@@ -11,7 +11,7 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import numpy as np
 import orjson
@@ -92,20 +92,37 @@ class DatasetIndex:
         return replace(self, refs=[replace(r, receipt={}) for r in self.refs], empty_refs=[], **cols)
 
 
-def build_index(name: str, split: str, refs: Iterable[ShardRef], summaries: Mapping[str, Any]) -> DatasetIndex:
-    """Index one dataset's shards (sorted by part name) from their part summaries (keyed by part name)."""
-    refs = sorted(refs, key=lambda r: r.part)
-    full = [r for r in refs if r.prefix is not None]
-    empty = [r for r in refs if r.prefix is None]
-    records = [summaries[r.part].records for r in full]
-    cols: dict[str, np.ndarray] = {
-        k: np.concatenate([np.ascontiguousarray(rec[k]) for rec in records]) if records
-        else np.zeros((0, 32) if k == "text_sha256" else 0, dtype=np.uint8 if k == "text_sha256" else np.int64)
-        for k in DatasetIndex.COLUMNS if k != "part"}
-    cols["part"] = (np.concatenate([np.full(len(rec), i, dtype=np.int32) for i, rec in enumerate(records)])
-                    if records else np.zeros(0, dtype=np.int32))
-    dtypes = [np.dtype(summaries[r.part].dtype) for r in full]
-    return DatasetIndex(name=name, split=split, refs=full, empty_refs=empty, dtypes=dtypes, **cols)
+def build_indexes(datasets: list[tuple[str, str, list[ShardRef]]],
+                  summaries: Iterable[tuple[ShardRef, Any]]) -> list[DatasetIndex]:
+    """One index per (name, split, shards) in `datasets`, records in part order. Columns are sized from the
+    receipts' document counts and filled one part summary (`exports/summary.py`) at a time: the job holds the
+    index and the summary being copied, not every summary beside the index (the same numbers twice)."""
+    indexes, slots = [], {}
+    for name, split, refs in datasets:
+        refs = sorted(refs, key=lambda r: r.part)
+        full = [r for r in refs if r.prefix is not None]
+        counts = np.array([r.receipt["stats"]["num_documents"] for r in full], dtype=np.int64)
+        n = int(counts.sum())
+        cols = {k: np.empty((n, 32) if k == "text_sha256" else n, dtype=np.uint8 if k == "text_sha256" else np.int64)
+                for k in DatasetIndex.COLUMNS if k != "part"}
+        cols["part"] = np.repeat(np.arange(len(full), dtype=np.int32), counts)
+        idx = DatasetIndex(name=name, split=split, refs=full, empty_refs=[r for r in refs if r.prefix is None],
+                           dtypes=[None] * len(full), **cols)  # type: ignore[list-item]
+        starts = np.concatenate(([0], np.cumsum(counts))).tolist()
+        slots.update({(name, r.part): (idx, i, starts[i], starts[i + 1]) for i, r in enumerate(full)})
+        indexes.append(idx)
+    for ref, summary in summaries:
+        idx, i, start, end = slots.pop((ref.dataset, ref.part))
+        if len(summary.records) != end - start:
+            raise ExportError(f"{ref.dataset}/{ref.part}: part summary has {len(summary.records)} records, "
+                              f"its receipt {end - start} documents")
+        for k in DatasetIndex.COLUMNS:
+            if k != "part":
+                getattr(idx, k)[start:end] = summary.records[k]
+        idx.dtypes[i] = np.dtype(summary.dtype)
+    if slots:
+        raise ExportError(f"no part summary for {', '.join(sorted('/'.join(k) for k in slots))}")
+    return indexes
 
 
 class RecordReader:

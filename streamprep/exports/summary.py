@@ -18,6 +18,7 @@ import io
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import orjson
@@ -163,11 +164,10 @@ def part_summary(ref: ShardRef) -> PartSummary:
     return load_cached(ref) or compute_and_cache(ref)
 
 
-def summarize_all(refs: list[ShardRef], workers: Workers) -> dict[str, dict[str, PartSummary]]:
-    """Summaries of every shard with documents, by dataset and part: cached ones loaded here, the rest
-    computed (and cached) on `workers`."""
-    out: dict[str, dict[str, PartSummary]] = {}
-    missing = []
+def iter_summaries(refs: list[ShardRef], workers: Workers) -> Iterator[tuple[ShardRef, PartSummary]]:
+    """(ref, summary) of every shard with documents, one at a time so the caller can keep just what it copies
+    out: cached ones loaded here, then the rest computed (and cached) on `workers`."""
+    missing, reused = [], 0
     for ref in (r for r in refs if r.prefix is not None):
         cached = load_cached(ref)
         if cached is None:
@@ -176,9 +176,8 @@ def summarize_all(refs: list[ShardRef], workers: Workers) -> dict[str, dict[str,
             if path is not None and path.exists():
                 log.warning("part summary unusable (stale or damaged); recomputing", file=str(path))
         else:
-            out.setdefault(ref.dataset, {})[ref.part] = cached
-    for ref, summary in zip(missing, workers.map(compute_and_cache, missing)):
-        out.setdefault(ref.dataset, {})[ref.part] = summary
+            reused += 1
+            yield ref, cached
+    yield from zip(missing, workers.map(compute_and_cache, missing))
     if missing:
-        log.info("part summaries computed", parts=len(missing), reused=sum(map(len, out.values())) - len(missing))
-    return out
+        log.info("part summaries computed", parts=len(missing), reused=reused)
