@@ -58,19 +58,17 @@ def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
 
 
 def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], output: OutputConfig,
-               datasets: Sequence[DatasetConfig], seed: int, config_hash: str, *, workers: int | None | Workers,
+               datasets: Sequence[DatasetConfig], seed: int, config_hash: str, *, workers: Workers,
                blend: bool) -> dict[str, Any]:
-    """The job's exports over its tokenization tasks (all receipts complete), on `workers` processes (None:
-    all cores; or a pool the caller has started); `blend`: whether the run's mode writes blend.json."""
+    """The job's exports over its tokenization tasks (all receipts complete), on the job's pool (sized by
+    `pool_size`); `blend`: whether the run's mode writes blend.json."""
     from streamprep.tokenize import read_receipt
 
     receipts = [read_receipt(t) for t in tasks]
     # shards of a mode without text exports (SFT) are listed by their receipts only
     refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if t.mode.text_exports]
     summary = write_exports(run_dir, refs, output, datasets, seed, tokenizer_info, config_hash,
-                            workers=pool_size(workers) if workers is None or isinstance(workers, int) else workers,
-                            blend=blend,
-                            receipts=[Path(t.receipt_path) for t in tasks])
+                            workers=workers, blend=blend, receipts=[Path(t.receipt_path) for t in tasks])
     empty = {d.name: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == d.name)
              for d in datasets}
     return {"empty_tokens": empty, "exports": summary}
