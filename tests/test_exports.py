@@ -7,6 +7,7 @@ empty records dropped and listed in the receipt).
 from __future__ import annotations
 
 import hashlib
+import io
 import shutil
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tokenizers import Tokenizer
 from streamprep import atomic
 from streamprep.binidx import IndexedDataset, IndexedDatasetWriter
 from streamprep.config import DatasetConfig, OutputConfig, dataset, section
-from streamprep.exports import ShardRef, write_exports
+from streamprep.exports import ExportError, ShardRef, write_exports
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, bucket_of, pack, shuffled
 
@@ -580,3 +581,46 @@ def test_index_built_one_part_summary_at_a_time(run, monkeypatch):
     export(run_dir, refs)
     assert len(alive_in_build) == len([r for r in refs if r.prefix is not None]) > 2
     assert max(alive_in_build) <= 2 and alive_at_write == [0]
+
+
+def test_job_index_is_12_bytes_a_record_and_shard_rows_read_back(run, monkeypatch):
+    """Regression: the job held every per-record number of the summaries (84 bytes a record: offsets, token
+    starts and sums, text SHA-256) through the whole exports, ~170 MB at 2 M records. Now it holds what the plan
+    needs (token count and line bytes: 12 bytes a record); a writer reads its shard's rows from the summaries."""
+    from streamprep.exports import parquet, summary
+    from streamprep.exports.index import build_indexes
+    from streamprep.exports.pool import Workers
+
+    run_dir, refs = run
+    held: list[int] = []
+    write_shards = parquet.write_shards
+
+    def measuring_write(run_dir, indexes, *args, **kw):
+        held.append(sum(v.nbytes for idx in indexes for v in vars(idx).values() if isinstance(v, np.ndarray)))
+        return write_shards(run_dir, indexes, *args, **kw)
+
+    monkeypatch.setattr(parquet, "write_shards", measuring_write)
+    out = export(run_dir, refs)
+    n_records, n_parts = sum(out["records"].values()), out["binidx_shards"]
+    assert held == [12 * n_records + 8 * (n_parts + len(DATASETS))]
+
+    # a shard's rows, in any order and from any parts, equal the full summaries' rows
+    by_name = {}
+    with Workers(1) as pool:
+        for idx in build_indexes([(n, s, [r for r in refs if r.dataset == n]) for n, s, *_ in DATASETS],
+                                 summary.iter_summaries(refs, pool)):
+            by_name[idx.name] = idx
+    idx = by_name["c4"]
+    full = np.concatenate([summary.summarize_part(r).records for r in idx.refs])
+    ids = np.random.default_rng(7).permutation(len(idx))[:150]
+    got = summary.shard_records(idx.rows_of(ids))
+    for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens", "token_sum", "text_sha256"):
+        assert np.array_equal(getattr(got, k), full[k][ids]), k
+    assert np.array_equal(got.part, np.searchsorted(idx.starts, ids, side="right") - 1)
+
+    # a summary that changed after the index was built is an error naming it, not wrong rows
+    victim = summary.cache_path(idx.refs[-1])
+    payload = victim.read_bytes().partition(b"\n")[2]
+    victim.write_bytes(summary.encode(summary.PartSummary("uint16", np.load(io.BytesIO(payload))[:3]), {}))
+    with pytest.raises(ExportError, match=str(victim)):
+        summary.shard_records(idx.rows_of(np.array([len(idx) - 1])))

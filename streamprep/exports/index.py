@@ -1,9 +1,12 @@
-"""What the exports read: completed tokenization shards and a compact per-record index over them.
+"""What the exports read: completed tokenization shards, a slim per-record index over them for the plan,
+and the full per-record numbers of one Parquet shard's rows when that shard is written.
 
-The index holds, per kept record, only numbers (numpy arrays) taken from the parts' summaries
-(`exports/summary.py`): which ingest part it is in, its line's byte offset and length there, where its
-tokens start in the part's `.bin`, how many there are, their sum and the SHA-256 of its text. Texts
-and tokens are read back by positioned reads (`RecordReader`) only when a Parquet shard is written.
+`DatasetIndex` holds, per kept record, only what the plan needs (its token count and the bytes of its
+ingest line: 12 bytes), so the job's memory grows by that, not by the whole per-record summary. Everything
+else per record (its line's byte offset, where its tokens start in the part's `.bin`, their sum, the
+SHA-256 of its text) stays in the parts' summaries on disk (`exports/summary.py`) and is read back for
+just the rows of the shard being written (`ShardRecords`). Texts and tokens are read by positioned reads
+(`RecordReader`).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ class ShardRef:
     ingest_path: Path    # RUN_DIR/ingest/<dataset>/part-00000.jsonl
     prefix: Path | None  # RUN_DIR/binidx/<dataset>/part-00000_text_document (None when 0 documents)
     receipt: dict        # the receipt JSON (status, stats, files, ...)
-    receipt_path: Path | None = None  # where the receipt is; its part summary is cached beside it
+    receipt_path: Path   # where the receipt is; its part summary is cached beside it
 
     @classmethod
     def from_task(cls, task: Any, receipt: dict) -> "ShardRef":
@@ -57,12 +60,59 @@ def load_record(raw: bytes, path: Path, line_no: int) -> dict[str, Any]:
 
 @dataclass
 class DatasetIndex:
-    """Per-record numbers for one dataset, records in ingest order (part order, then line order)."""
+    """What the Parquet plan needs per record of one dataset, records in ingest order (part order, then line
+    order); record `i` of part `p` is id `starts[p] + i`."""
 
     name: str
     split: str
     refs: list[ShardRef]          # shards with documents, in part order
     empty_refs: list[ShardRef]    # shards that ended with 0 documents
+    starts: np.ndarray            # int64 (len(refs) + 1): the first id of each part, then the record count
+    n_tokens: np.ndarray          # int32: tokens of the record (EOD included), as in `.idx`
+    line_bytes: np.ndarray        # int64: bytes of its ingest line (JSON record + newline)
+    dtypes: list[np.dtype]        # token dtype per part
+
+    def __len__(self) -> int:
+        return len(self.n_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.n_tokens.sum(dtype=np.int64))
+
+    def part_slice(self, part: int) -> slice:
+        return slice(int(self.starts[part]), int(self.starts[part + 1]))
+
+    def est_bytes(self, bytes_per_token: int) -> np.ndarray:
+        """The packing estimate per record: `bytes_per_token × tokens + bytes of its JSON line`."""
+        return self.n_tokens.astype(np.int64) * bytes_per_token + self.line_bytes
+
+    def rows_of(self, ids: np.ndarray) -> "ShardRows":
+        """What a shard writer needs to read the records `ids` (in row order) back: ids and part layout only."""
+        return ShardRows([replace(r, receipt={}) for r in self.refs], self.dtypes, self.starts, np.asarray(ids, np.int64))
+
+
+@dataclass(frozen=True)
+class ShardRows:
+    """One Parquet shard's records as ids into a `DatasetIndex`, with where its parts' summaries are: small to
+    send to a writer process, which reads the rest (`summary.shard_records`)."""
+
+    refs: list[ShardRef]       # the dataset's parts with documents (without their receipts: only files are read)
+    dtypes: list[np.dtype]
+    starts: np.ndarray
+    ids: np.ndarray            # int64, in row order
+
+    def locate(self) -> tuple[np.ndarray, np.ndarray]:
+        """(part, row within the part) of every id."""
+        part = np.searchsorted(self.starts, self.ids, side="right") - 1
+        return part.astype(np.int32), self.ids - self.starts[part]
+
+
+@dataclass
+class ShardRecords:
+    """Per-record numbers of one shard's rows, in row order, read from the part summaries."""
+
+    refs: list[ShardRef]          # the dataset's parts with documents
+    dtypes: list[np.dtype]        # token dtype per part
     part: np.ndarray              # int32: position in `refs`
     line: np.ndarray              # int64: line number in the ingest part
     line_offset: np.ndarray       # int64: byte offset of the line
@@ -71,9 +121,6 @@ class DatasetIndex:
     n_tokens: np.ndarray          # int64: tokens of the record (EOD included), as in `.idx`
     token_sum: np.ndarray         # int64: sum of the record's token ids
     text_sha256: np.ndarray       # uint8 (n, 32): SHA-256 of the record's UTF-8 text
-    dtypes: list[np.dtype]        # token dtype per part
-
-    COLUMNS = ("part", "line", "line_offset", "line_bytes", "token_start", "n_tokens", "token_sum", "text_sha256")
 
     def __len__(self) -> int:
         return len(self.n_tokens)
@@ -83,42 +130,34 @@ class DatasetIndex:
         return int(self.n_tokens.sum())
 
     def est_bytes(self, bytes_per_token: int) -> np.ndarray:
-        """The packing estimate per record: `bytes_per_token × tokens + bytes of its JSON line`."""
         return self.n_tokens * bytes_per_token + self.line_bytes
-
-    def subset(self, ids: np.ndarray) -> "DatasetIndex":
-        """The records `ids`, in that order; refs without their receipts (a shard writer needs only files)."""
-        cols = {k: getattr(self, k)[ids] for k in self.COLUMNS}
-        return replace(self, refs=[replace(r, receipt={}) for r in self.refs], empty_refs=[], **cols)
 
 
 def build_indexes(datasets: list[tuple[str, str, list[ShardRef]]],
                   summaries: Iterable[tuple[ShardRef, Any]]) -> list[DatasetIndex]:
     """One index per (name, split, shards) in `datasets`, records in part order. Columns are sized from the
     receipts' document counts and filled one part summary (`exports/summary.py`) at a time: the job holds the
-    index and the summary being copied, not every summary beside the index (the same numbers twice)."""
+    slim index and the summary being copied, never every summary."""
     indexes, slots = [], {}
     for name, split, refs in datasets:
         refs = sorted(refs, key=lambda r: r.part)
         full = [r for r in refs if r.prefix is not None]
-        counts = np.array([r.receipt["stats"]["num_documents"] for r in full], dtype=np.int64)
-        n = int(counts.sum())
-        cols = {k: np.empty((n, 32) if k == "text_sha256" else n, dtype=np.uint8 if k == "text_sha256" else np.int64)
-                for k in DatasetIndex.COLUMNS if k != "part"}
-        cols["part"] = np.repeat(np.arange(len(full), dtype=np.int32), counts)
+        starts = np.zeros(len(full) + 1, dtype=np.int64)
+        np.cumsum([r.receipt["stats"]["num_documents"] for r in full], out=starts[1:])
+        n = int(starts[-1])
         idx = DatasetIndex(name=name, split=split, refs=full, empty_refs=[r for r in refs if r.prefix is None],
-                           dtypes=[None] * len(full), **cols)  # type: ignore[list-item]
-        starts = np.concatenate(([0], np.cumsum(counts))).tolist()
-        slots.update({(name, r.part): (idx, i, starts[i], starts[i + 1]) for i, r in enumerate(full)})
+                           starts=starts, n_tokens=np.empty(n, dtype=np.int32), line_bytes=np.empty(n, dtype=np.int64),
+                           dtypes=[None] * len(full))  # type: ignore[list-item]
+        slots.update({(name, r.part): (idx, i) for i, r in enumerate(full)})
         indexes.append(idx)
     for ref, summary in summaries:
-        idx, i, start, end = slots.pop((ref.dataset, ref.part))
-        if len(summary.records) != end - start:
+        idx, i = slots.pop((ref.dataset, ref.part))
+        rows = idx.part_slice(i)
+        if len(summary.records) != rows.stop - rows.start:
             raise ExportError(f"{ref.dataset}/{ref.part}: part summary has {len(summary.records)} records, "
-                              f"its receipt {end - start} documents")
-        for k in DatasetIndex.COLUMNS:
-            if k != "part":
-                getattr(idx, k)[start:end] = summary.records[k]
+                              f"its receipt {rows.stop - rows.start} documents")
+        idx.n_tokens[rows] = summary.records["n_tokens"]
+        idx.line_bytes[rows] = summary.records["line_bytes"]
         idx.dtypes[i] = np.dtype(summary.dtype)
     if slots:
         raise ExportError(f"no part summary for {', '.join(sorted('/'.join(k) for k in slots))}")
@@ -129,7 +168,7 @@ class RecordReader:
     """Reads texts, metas and tokens of chosen records with positioned reads (os.pread: no seek, no
     buffer, no memory map whose pages would stay resident); keeps at most `max_open` files open."""
 
-    def __init__(self, index: DatasetIndex, max_open: int = 32):
+    def __init__(self, index: ShardRecords, max_open: int = 32):
         self.index = index
         self.max_open = max_open
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()

@@ -9,6 +9,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow
 
 from streamprep import __version__, atomic
@@ -33,12 +34,12 @@ def binidx_entries(run_dir: Path, index: DatasetIndex, seed: int) -> list[dict[s
             if not path.is_file() or path.stat().st_size != f["bytes"]:
                 raise ExportError(f"{f['path']}: missing or not {f['bytes']} bytes as its receipt says")
             listed[kind] = {"path": f["path"], "file_sha256": f["sha256"], "size_bytes": f["bytes"]}
-        mask = index.part == part_no
+        rows = index.part_slice(part_no)
         out.append({
             "kind": "binidx", "shard_id": f"binidx/{ref.dataset}/{ref.part}",
             "path": str(Path(ref.prefix).relative_to(run_dir)), "bucket": None,
             "source": ref.dataset, "split": index.split,
-            "num_records": int(mask.sum()), "num_tokens": int(index.n_tokens[mask].sum()),
+            "num_records": rows.stop - rows.start, "num_tokens": int(index.n_tokens[rows].sum(dtype=np.int64)),
             "dtype": str(index.dtypes[part_no]),
             # the data file's hash and size at top level (as for Parquet); both files under "files"
             "file_sha256": listed["bin"]["file_sha256"], "size_bytes": listed["bin"]["size_bytes"],

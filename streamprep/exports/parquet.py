@@ -36,7 +36,8 @@ import pyarrow.parquet as pq
 
 from streamprep import atomic
 from streamprep.config import OutputConfig, ParquetConfig
-from streamprep.exports.index import DatasetIndex, ExportError, RecordReader
+from streamprep.exports.index import DatasetIndex, ExportError, RecordReader, ShardRecords, ShardRows
+from streamprep.exports.summary import shard_records
 from streamprep.exports.pool import Workers
 from streamprep.layout import RunLayout
 
@@ -210,7 +211,7 @@ def _utf8(values: list[bytes]) -> pa.Array:
     return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values)))
 
 
-def _tsv_rows(index: DatasetIndex, start: int, end: int) -> bytes:
+def _tsv_rows(index: ShardRecords, start: int, end: int) -> bytes:
     """TSV lines of rows start..end of a shard (`index` holds its rows), from the per-part summaries."""
     digests = index.text_sha256[start:end].tobytes().hex()
     counts, sums = index.n_tokens[start:end].tolist(), index.token_sum[start:end].tolist()
@@ -218,9 +219,10 @@ def _tsv_rows(index: DatasetIndex, start: int, end: int) -> bytes:
                    for i, (n, s) in enumerate(zip(counts, sums))).encode()
 
 
-def _write_one(job: tuple[Path, ShardPlan, DatasetIndex, ParquetConfig]) -> dict[str, Any]:
-    """Write one planned shard + TSV; `records` is the index of exactly its rows, in row order."""
-    run_dir, plan, records, opts = job
+def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[str, Any]:
+    """Write one planned shard + TSV; `rows` are exactly its records, in row order."""
+    run_dir, plan, rows, opts = job
+    records = shard_records(rows)
     final = run_dir / plan.rel_path
     tsv_final = final.with_suffix(".tsv")
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -269,10 +271,11 @@ def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPl
                  seed: int, workers: Workers | None = None) -> list[dict[str, Any]]:
     """Write every planned shard (+ TSV) atomically, on `workers` if given; manifest entries in plan order.
 
-    Each shard is written from its own slice of the index, so the bytes do not depend on the pool.
+    Each shard is written from its own rows, read back from the part summaries by the worker, so the bytes
+    do not depend on the pool and the job process holds no more than the plan.
     """
     by_name = {idx.name: idx for idx in indexes}
-    jobs = ((run_dir, p, by_name[p.dataset].subset(p.records), opts) for p in plans)
+    jobs = ((run_dir, p, by_name[p.dataset].rows_of(p.records), opts) for p in plans)
     for plan, entry in zip(plans, (workers or Workers(1)).map(_write_one, jobs)):
         plan.entry = {**entry, "seed": seed}
     return [p.entry for p in plans]

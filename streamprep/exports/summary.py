@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import mmap
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy as np
 import orjson
 
 from streamprep import atomic, binidx, logs
-from streamprep.exports.index import ExportError, ShardRef, load_record
+from streamprep.exports.index import ExportError, ShardRecords, ShardRef, ShardRows, load_record
 from streamprep.exports.pool import Workers
 
 log = logs.get("exports")
@@ -109,8 +110,8 @@ def summarize_part(ref: ShardRef) -> PartSummary:
 
 
 # -- the cache beside the receipt ---------------------------------------------------------------
-def cache_path(ref: ShardRef) -> Path | None:
-    return None if ref.receipt_path is None else Path(ref.receipt_path).with_suffix(SUFFIX)
+def cache_path(ref: ShardRef) -> Path:
+    return Path(ref.receipt_path).with_suffix(SUFFIX)
 
 
 def _key(receipt: dict) -> str:
@@ -143,19 +144,16 @@ def decode(data: bytes, receipt: dict) -> PartSummary | None:
 
 def load_cached(ref: ShardRef) -> PartSummary | None:
     """The cached summary of `ref` when its file is there, intact and current."""
-    path = cache_path(ref)
     try:
-        return None if path is None else decode(path.read_bytes(), ref.receipt)
+        return decode(cache_path(ref).read_bytes(), ref.receipt)
     except OSError:
         return None
 
 
 def compute_and_cache(ref: ShardRef) -> PartSummary:
-    """`summarize_part`, then its cache file (when the ref knows its receipt's path)."""
+    """`summarize_part`, then its cache file."""
     summary = summarize_part(ref)
-    path = cache_path(ref)
-    if path is not None:
-        atomic.write_bytes(path, encode(summary, ref.receipt))
+    atomic.write_bytes(cache_path(ref), encode(summary, ref.receipt))
     return summary
 
 
@@ -173,7 +171,7 @@ def iter_summaries(refs: list[ShardRef], workers: Workers) -> Iterator[tuple[Sha
         if cached is None:
             missing.append(ref)
             path = cache_path(ref)
-            if path is not None and path.exists():
+            if path.exists():
                 log.warning("part summary unusable (stale or damaged); recomputing", file=str(path))
         else:
             reused += 1
@@ -181,3 +179,34 @@ def iter_summaries(refs: list[ShardRef], workers: Workers) -> Iterator[tuple[Sha
     yield from zip(missing, workers.map(compute_and_cache, missing))
     if missing:
         log.info("part summaries computed", parts=len(missing), reused=reused)
+
+
+def _cached_rows(ref: ShardRef, rows: np.ndarray) -> np.ndarray:
+    """RECORD rows `rows` of a part from its cache file (checked and current: `iter_summaries` ran this job),
+    through a map of the file closed at once, so only the pages of these rows are read and none stay mapped."""
+    path = cache_path(ref)
+    with open(path, "rb") as fh:
+        fh.readline()
+        major, _ = np.lib.format.read_magic(fh)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(fh)
+        if dtype != RECORD or len(shape) != 1 or (len(rows) and int(rows.max()) >= shape[0]):
+            raise ExportError(f"{path}: part summary changed while the exports were written")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            payload = np.frombuffer(mapped, dtype=RECORD, count=shape[0], offset=fh.tell())
+            out = payload[rows]
+            del payload  # the map closes only once no array refers to it
+    return out
+
+
+def shard_records(rows: ShardRows) -> ShardRecords:
+    """The per-record numbers of a shard's rows (in row order), read part by part from the cached summaries."""
+    part, row = rows.locate()
+    out = np.empty(len(rows.ids), dtype=RECORD)
+    order = np.lexsort((row, part))
+    bounds = np.flatnonzero(np.diff(part[order])) + 1
+    for sel in np.split(order, bounds) if len(order) else []:
+        out[sel] = _cached_rows(rows.refs[int(part[sel[0]])], row[sel])
+    return ShardRecords(refs=rows.refs, dtypes=rows.dtypes, part=part,
+                        **{k: out[k] for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens",
+                                               "token_sum", "text_sha256")})
