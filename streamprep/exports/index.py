@@ -189,14 +189,14 @@ class RecordReader:
         """(text, canonical meta JSON) per id, in the order of `ids`; reads each part in offset order."""
         idx = self.index
         out: list[tuple[str, bytes] | None] = [None] * len(ids)
-        part, fd = -1, -1
-        for pos in np.lexsort((idx.line_offset[ids], idx.part[ids])).tolist():
-            rid = int(ids[pos])
-            if idx.part[rid] != part:
-                part = int(idx.part[rid])
-                fd = self._fd("text", part)
-            raw = os.pread(fd, int(idx.line_bytes[rid]), int(idx.line_offset[rid]))
-            rec = load_record(raw, idx.refs[part].ingest_path, int(idx.line[rid]))
+        order = np.lexsort((idx.line_offset[ids], idx.part[ids]))
+        rows = ids[order]
+        part, fd, path = -1, -1, None
+        for pos, p, offset, size, line in zip(order.tolist(), idx.part[rows].tolist(), idx.line_offset[rows].tolist(),
+                                               idx.line_bytes[rows].tolist(), idx.line[rows].tolist()):
+            if p != part:
+                part, fd, path = p, self._fd("text", p), idx.refs[p].ingest_path
+            rec = load_record(os.pread(fd, size, offset), path, line)
             out[pos] = (rec["text"], orjson.dumps(rec.get("meta", {}), option=orjson.OPT_SORT_KEYS))
         return out  # type: ignore[return-value]
 
@@ -206,18 +206,18 @@ class RecordReader:
         counts = idx.n_tokens[ids]
         ends = np.cumsum(counts)
         out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
+        order = np.lexsort((idx.token_start[ids], idx.part[ids]))
+        rows = ids[order]
         part, fd, item, dtype = -1, -1, 0, None
-        for pos in np.lexsort((idx.token_start[ids], idx.part[ids])).tolist():
-            rid = int(ids[pos])
-            if idx.part[rid] != part:
-                part = int(idx.part[rid])
-                fd, dtype = self._fd("bin", part), idx.dtypes[part]
+        for p, start, n, end in zip(idx.part[rows].tolist(), idx.token_start[rows].tolist(), counts[order].tolist(),
+                                    ends[order].tolist()):
+            if p != part:
+                part, fd, dtype = p, self._fd("bin", p), idx.dtypes[p]
                 item = dtype.itemsize
-            n = int(counts[pos])
-            raw = os.pread(fd, n * item, int(idx.token_start[rid]) * item)
+            raw = os.pread(fd, n * item, start * item)
             if len(raw) != n * item:
                 raise ExportError(f"{idx.refs[part].prefix}.bin: shorter than its .idx says")
-            out[int(ends[pos]) - n:int(ends[pos])] = np.frombuffer(raw, dtype=dtype)
+            out[end - n:end] = np.frombuffer(raw, dtype=dtype)
         return out
 
     def close(self) -> None:
