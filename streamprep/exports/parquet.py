@@ -37,8 +37,8 @@ import pyarrow.parquet as pq
 from streamprep import atomic
 from streamprep.config import OutputConfig, ParquetConfig
 from streamprep.exports.index import DatasetIndex, ExportError, RecordReader, ShardRecords, ShardRows
-from streamprep.exports.summary import shard_records
 from streamprep.exports.pool import Workers
+from streamprep.exports.summary import shard_records
 from streamprep.layout import RunLayout
 
 ROW_GROUP_BYTES = 8 << 20  # a row group also ends at ~8 MiB (estimated), so memory is bounded in bytes too
