@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -86,9 +87,14 @@ class DatasetIndex:
         """The packing estimate per record: `bytes_per_token × tokens + bytes of its JSON line`."""
         return self.n_tokens.astype(np.int64) * bytes_per_token + self.line_bytes
 
+    @cached_property
+    def file_refs(self) -> list[ShardRef]:
+        """`refs` without their receipts: what a shard writer is sent (it reads only files)."""
+        return [replace(r, receipt={}) for r in self.refs]
+
     def rows_of(self, ids: np.ndarray) -> "ShardRows":
         """What a shard writer needs to read the records `ids` (in row order) back: ids and part layout only."""
-        return ShardRows([replace(r, receipt={}) for r in self.refs], self.dtypes, self.starts, np.asarray(ids, np.int64))
+        return ShardRows(self.file_refs, self.dtypes, self.starts, np.asarray(ids, np.int64))
 
 
 @dataclass(frozen=True)
