@@ -128,9 +128,6 @@ class ShardRecords:
     token_sum: np.ndarray         # int64: sum of the record's token ids
     text_sha256: np.ndarray       # uint8 (n, 32): SHA-256 of the record's UTF-8 text
 
-    def __len__(self) -> int:
-        return len(self.n_tokens)
-
     @property
     def num_tokens(self) -> int:
         return int(self.n_tokens.sum())
