@@ -58,21 +58,23 @@ class QualityControl:
             "rejected_by_check": {},
             "gates": {name: _counters() for name in gate_names},
         }
+        self._chain = [(g, self.stats["gates"][g.name]) for g in self.gates]  # counters are reset in place
 
     def _run(self, record: Any) -> Verdict:
-        """Every gate but dedup, cheapest first, stopping at the first failure."""
+        """Every gate but dedup, cheapest first, stopping at the first failure. One clock read per gate:
+        each gate's time runs from the previous read (its own bookkeeping included)."""
         doc = Doc(record)
         meta = doc.meta
         meta["domain"] = self.settings.domain
-        gate_stats = self.stats["gates"]
-        for gate in self.gates:
-            t0 = perf_counter()
+        t0 = perf_counter()
+        for gate, counters in self._chain:
             try:
                 reason, check = gate.check(doc), gate.failed_check
             except Exception as exc:  # a gate bug must cost one record, not the run
                 reason, check = f"{gate.name}: internal error {type(exc).__name__}: {exc}"[:300], "error"
-            counters = gate_stats[gate.name]
-            counters["seconds"] += perf_counter() - t0
+            t1 = perf_counter()
+            counters["seconds"] += t1 - t0
+            t0 = t1
             counters["seen"] += 1
             if reason is not None:
                 counters["rejected"] += 1

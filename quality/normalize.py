@@ -43,10 +43,17 @@ def _char_map(prose: bool) -> dict[str, str]:
 
 
 def _one_pass(table: dict[str, str]) -> Callable[[str], str]:
-    """All of `table` in one regex scan (a scan per step costs as much as the step); CR LF is one LF."""
+    """All of `table` in one regex scan (a scan per step costs as much as the step); CR LF is one LF.
+    An ASCII text holding none of the table's ASCII characters is returned as it is, after one C-level
+    byte pass: most text is ASCII, and the regex scan cost more than the rest of normalisation."""
     pattern = re.compile("[" + "".join(map(re.escape, sorted(table))) + "]")
+    ascii_keys = "".join(c for c in table if c.isascii()).encode()
 
     def apply(text: str) -> str:
+        if text.isascii():
+            raw = text.encode()
+            if len(raw.translate(None, ascii_keys)) == len(raw):
+                return text
         if "\r\n" in text:
             text = text.replace("\r\n", "\n")
         return pattern.sub(lambda m: table[m.group()], text)
@@ -65,12 +72,12 @@ def normalize_text(text: str, code: bool = False) -> str:
         text = unicodedata.normalize("NFC", text)
     if code:
         text = _CODE_CHARS(text)
-        if text.endswith((" ", "\t")) or any(cue in text for cue in _TRAILING_CUES):
+        if text.endswith((" ", "\t")) or ("\n" in text and any(cue in text for cue in _TRAILING_CUES)):
             text = _TRAILING.sub("", text)
         return text.rstrip("\n")
     text = _PROSE_CHARS(text)
     if "  " in text:
         text = _MULTI_SPACE.sub(" ", text)
-    if any(cue in text for cue in _EDGE_CUES):
+    if "\n" in text and any(cue in text for cue in _EDGE_CUES):  # every cue holds a newline: one memchr first
         text = _LINE_EDGES.sub("\n", text)
     return text.strip(" \t\n")

@@ -30,7 +30,7 @@ class SchemaGate(Gate):
 
     def check(self, doc: Doc) -> str | None:
         record = doc.record
-        if not isinstance(record, Mapping):
+        if type(record) is not dict and not isinstance(record, Mapping):  # the ABC check costs more than the gate
             return f"schema: record is {_kind(record)}, not a mapping"
         text = record.get(self.text_field, _MISSING)
         if text is _MISSING:
@@ -42,7 +42,7 @@ class SchemaGate(Gate):
                 return f"schema: required field '{key}' missing"
         if len(text) > self.max_chars:
             return f"schema: {len(text)} chars > max_chars {self.max_chars}"
-        bad = _SURROGATE.search(text)
+        bad = None if text.isascii() else _SURROGATE.search(text)
         if bad:
             return f"schema: {self.text_field} has an unpaired surrogate at char {bad.start()}"
         doc.raw = text
