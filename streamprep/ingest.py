@@ -40,6 +40,9 @@ STOP = object()  # what the writer gets instead of a batch once a stop is reques
 QC_NICE = 10
 
 # ---- QC in worker processes ------------------------------------------------------------------
+# A batch's verdicts cross the process boundary as one list per `Verdict` field: lists of plain values pickle
+# and unpickle about 3.5x faster than named tuples (short documents: 2.0 against 7.0 µs a record).
+VerdictColumns = tuple[list, ...]
 _worker_settings: QualitySettings | None = None  # this QC worker's `quality:` section
 _WORKER_QC: dict[str, QualityControl] = {}
 
@@ -57,13 +60,15 @@ def _init_pool_worker(quality: QualitySettings) -> None:
     _init_worker(quality)
 
 
-def _evaluate(text_field: str, records: list[Any]) -> tuple[list[Verdict], dict[str, dict[str, Any]]]:
-    """One batch's verdicts and what each gate did and cost on it (checkpointed with the batch, for the audit)."""
+def _evaluate(text_field: str, records: list[Any]) -> tuple[VerdictColumns, dict[str, dict[str, Any]]]:
+    """One batch's verdicts, as columns, and what each gate did and cost on it (checkpointed with the batch,
+    for the audit)."""
     qc = _WORKER_QC.get(text_field)
     if qc is None:
         qc = _WORKER_QC[text_field] = QualityControl(_worker_settings, text_field=text_field)
     verdicts = qc.evaluate_batch(records)
-    return verdicts, qc.take_gate_stats()
+    columns = tuple(map(list, zip(*verdicts))) if verdicts else tuple([] for _ in Verdict._fields)
+    return columns, qc.take_gate_stats()
 
 
 class QCRunner:
@@ -97,7 +102,7 @@ class _QCActor:
     def ready(self) -> bool:
         return True
 
-    def evaluate(self, text_field: str, records: list[Any]) -> tuple[list[Verdict], dict[str, dict[str, Any]]]:
+    def evaluate(self, text_field: str, records: list[Any]) -> tuple[VerdictColumns, dict[str, dict[str, Any]]]:
         return _evaluate(text_field, records)
 
 
@@ -320,12 +325,11 @@ class DatasetIngest:
                 await self._save(state)
                 return
             items, fut = got
-            batch, gates = await fut
+            columns, gates = await fut
             stats.add_gates(state.stats, gates)
             if self.near is not None:
-                self.near.prepare([v.signature for v in batch])
-            verdicts = iter(batch)
-            if await self._apply(state, dedup, items, verdicts):
+                self.near.prepare(columns[Verdict._fields.index("signature")])
+            if await self._apply(state, dedup, items, zip(*columns)):
                 state.done = True
                 await self._save(state)
                 return
@@ -340,8 +344,9 @@ class DatasetIngest:
         if self.ctx.on_checkpoint is not None:
             self.ctx.on_checkpoint(state)
 
-    async def _apply(self, state: IngestState, dedup: DedupDecision, items: list, verdicts: Iterator[Verdict]) -> bool:
-        """Decide, write and checkpoint one batch. Returns True when a size cap ended the dataset."""
+    async def _apply(self, state: IngestState, dedup: DedupDecision, items: list, verdicts: Iterator[tuple]) -> bool:
+        """Decide, write and checkpoint one batch (`verdicts`: a `Verdict`'s fields as a plain tuple per record, in
+        order). Returns True when a size cap ended the dataset."""
         # Long on purpose: one pass per record updating, in order, the state the checkpoint saves.
         name = self.ds.name
         parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
@@ -356,8 +361,7 @@ class DatasetIngest:
                 keep, text, meta, digest = False, None, {"failed_check": rec.check, "reason": rec.reason}, None
                 excerpt = rec.raw
             else:
-                v = next(verdicts)
-                keep, text, meta, digest = v.keep, v.text, v.meta, v.digest
+                keep, text, meta, digest, _ = next(verdicts)
                 twin = self.near.next_twin() if self.near is not None else None
                 twin_ds = dedup.twin(digest) if self.dedup_on else None
                 if twin_ds is not None:  # the kept copy's dataset: this one, or an earlier one (dedup_scope: run)

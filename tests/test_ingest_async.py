@@ -54,7 +54,7 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer() -> None:
     qc = QCRunner(validate_quality_config({}), 2)
     try:
         batches = await asyncio.gather(*(qc.submit("text", [{"text": t}]) for t in english_docs(2)))
-        assert [len(verdicts) for verdicts, _ in batches] == [1, 1]
+        assert [[len(column) for column in columns] for columns, _ in batches] == [[1] * 5, [1] * 5]
         workers = [psutil.Process(pid) for pid in qc.pool._processes]  # the pool's own worker processes
         assert len(workers) == 2
         deadline = time.monotonic() + 20  # a worker that got no batch may still be running its initializer
