@@ -45,6 +45,21 @@ def test_normalize_prose(raw: str, expected: str) -> None:
     assert normalize_text(raw) == expected
 
 
+@pytest.mark.parametrize("prose", [True, False])
+def test_char_pass_ascii_shortcut_equals_the_table(prose: bool) -> None:
+    """ASCII text skips the regex scan when a byte pass finds none of the table's characters: every ASCII
+    character, alone, beside CR LF, and next to a non-ASCII one (no shortcut) gives what the table says."""
+    from quality.normalize import _CODE_CHARS, _PROSE_CHARS, _char_map
+
+    table, char_pass = _char_map(prose), (_PROSE_CHARS if prose else _CODE_CHARS)
+    for code in range(128):
+        for text in (f"x{chr(code)}y", f"a\r\n{chr(code)}\r", f"\u2019{chr(code)}\u00e9"):
+            expected = "".join(table.get(ch, ch) for ch in text.replace("\r\n", "\n"))
+            assert char_pass(text) == expected, (code, text)
+    clean = "plain ASCII\twith tabs\nand newlines"
+    assert char_pass(clean) is clean  # nothing to change: the same object back, no copy
+
+
 def test_normalize_code_keeps_indentation_and_quotes() -> None:
     raw = "def f(x):\r\n    if x:  \r\n\treturn \u201cq\u201d  # two  spaces\r\n\x00\r\n\r\n   \r\n"
     assert normalize_text(raw, code=True) == "def f(x):\n    if x:\n\treturn \u201cq\u201d  # two  spaces"
