@@ -616,7 +616,14 @@ def test_job_index_is_12_bytes_a_record_and_shard_rows_read_back(run, monkeypatc
     got = summary.shard_records(idx.rows_of(ids))
     for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens", "token_sum", "text_sha256"):
         assert np.array_equal(getattr(got, k), full[k][ids]), k
-    assert np.array_equal(got.part, np.searchsorted(idx.starts, ids, side="right") - 1)
+    global_part = np.searchsorted(idx.starts, ids, side="right") - 1
+    assert [got.refs[p].part for p in got.part] == [idx.refs[p].part for p in global_part]
+    assert [d for d in got.dtypes] == [idx.dtypes[p] for p in np.unique(global_part)]
+    # a job carries the parts its rows lie in, not every part of the dataset
+    last = idx.part_slice(len(idx.refs) - 1)
+    one_part = idx.rows_of(np.arange(last.start, last.stop)[::-1])
+    assert [r.part for r in one_part.refs] == [idx.refs[-1].part] and len(idx.refs) > 1
+    assert np.array_equal(summary.shard_records(one_part).line, full["line"][last][::-1])
 
     # a summary that changed after the index was built is an error naming it, not wrong rows
     victim = summary.cache_path(idx.refs[-1])

@@ -93,32 +93,32 @@ class DatasetIndex:
         return [replace(r, receipt={}) for r in self.refs]
 
     def rows_of(self, ids: np.ndarray) -> "ShardRows":
-        """What a shard writer needs to read the records `ids` (in row order) back: ids and part layout only."""
-        return ShardRows(self.file_refs, self.dtypes, self.starts, np.asarray(ids, np.int64))
+        """What a shard writer needs to read the records `ids` (in row order) back: where each lies, and the
+        parts it reads (not every part of the dataset: what a job carries grows with what it reads)."""
+        ids = np.asarray(ids, np.int64)
+        part = np.searchsorted(self.starts, ids, side="right") - 1
+        used = np.unique(part)
+        return ShardRows([self.file_refs[i] for i in used.tolist()], [self.dtypes[i] for i in used.tolist()],
+                         np.searchsorted(used, part).astype(np.int32), ids - self.starts[part])
 
 
 @dataclass(frozen=True)
 class ShardRows:
-    """One Parquet shard's records as ids into a `DatasetIndex`, with where its parts' summaries are: small to
-    send to a writer process, which reads the rest (`summary.shard_records`)."""
+    """One Parquet shard's records as (part, row) with where those parts' summaries are: small to send to a
+    writer process, which reads the rest (`summary.shard_records`)."""
 
-    refs: list[ShardRef]       # the dataset's parts with documents (without their receipts: only files are read)
-    dtypes: list[np.dtype]
-    starts: np.ndarray
-    ids: np.ndarray            # int64, in row order
-
-    def locate(self) -> tuple[np.ndarray, np.ndarray]:
-        """(part, row within the part) of every id."""
-        part = np.searchsorted(self.starts, self.ids, side="right") - 1
-        return part.astype(np.int32), self.ids - self.starts[part]
+    refs: list[ShardRef]       # the parts the shard reads (without their receipts: only files are read)
+    dtypes: list[np.dtype]     # token dtype per part in `refs`
+    part: np.ndarray           # int32 per record, in row order: position in `refs`
+    row: np.ndarray            # int64 per record: its row in that part
 
 
 @dataclass
 class ShardRecords:
     """Per-record numbers of one shard's rows, in row order, read from the part summaries."""
 
-    refs: list[ShardRef]          # the dataset's parts with documents
-    dtypes: list[np.dtype]        # token dtype per part
+    refs: list[ShardRef]          # the parts its rows lie in
+    dtypes: list[np.dtype]        # token dtype per part in `refs`
     part: np.ndarray              # int32: position in `refs`
     line: np.ndarray              # int64: line number in the ingest part
     line_offset: np.ndarray       # int64: byte offset of the line

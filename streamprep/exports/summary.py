@@ -201,9 +201,9 @@ def _cached_rows(ref: ShardRef, rows: np.ndarray) -> np.ndarray:
 
 def shard_records(rows: ShardRows) -> ShardRecords:
     """The per-record numbers of a shard's rows (in row order), read part by part from the cached summaries."""
-    part, row = rows.locate()
-    out = np.empty(len(rows.ids), dtype=RECORD)
-    order = np.argsort(rows.ids)  # ids grow with (part, row): part by part, each in row order
+    part, row = rows.part, rows.row
+    out = np.empty(len(row), dtype=RECORD)
+    order = np.lexsort((row, part))  # part by part, each in row order
     bounds = np.flatnonzero(np.diff(part[order])) + 1
     for sel in np.split(order, bounds) if len(order) else []:
         out[sel] = _cached_rows(rows.refs[int(part[sel[0]])], row[sel])
