@@ -53,8 +53,8 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer() -> None:
 
     qc = QCRunner(validate_quality_config({}), 2)
     try:
-        batches = await asyncio.gather(*(qc.submit("text", [{"text": t}]) for t in english_docs(2)))
-        assert [[len(column) for column in columns] for columns, _ in batches] == [[1] * 5, [1] * 5]
+        calls = await asyncio.gather(*(qc.submit("text", [[{"text": t}]]) for t in english_docs(2)))
+        assert [[[len(column) for column in columns] for columns, _ in batches] for batches in calls] == [[[1] * 5]] * 2
         workers = [psutil.Process(pid) for pid in qc.pool._processes]  # the pool's own worker processes
         assert len(workers) == 2
         deadline = time.monotonic() + 20  # a worker that got no batch may still be running its initializer
@@ -63,3 +63,50 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer() -> None:
         assert {p.nice() for p in workers} == {os.nice(0) + QC_NICE}
     finally:
         qc.close()
+
+
+def test_qc_calls_carry_several_batches_with_the_same_outputs_and_a_checkpoint_per_batch(tmp_path, monkeypatch):
+    """A QC call carries up to QC_CALL_BATCHES batches (one pool round trip instead of eight); the batches, the
+    checkpoint after each one, the parts and the rejects are exactly those of one call per batch."""
+    from streamprep import ingest
+
+    src = tmp_path / "mixed.jsonl"
+    docs = english_docs(1500, seed=11)
+    lines = [json.dumps({"text": t}) for t in docs + docs[:30]]
+    for at in (5, 333, 334, 900, 1201):  # unreadable lines inside the batches of grouped calls
+        lines.insert(at, "{not json" if at % 2 else "[1, 2]")
+    src.write_text("\n".join(lines) + "\n")
+    raw = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 400})
+    raw["execution"].update(batch_records=25, workers=2)
+    cfg = load(raw)
+
+    calls: list[int] = []  # batches per QC call
+    saved: list[tuple[int, int, int]] = []  # (consumed, kept, part) at each checkpoint
+    submit, save = ingest.QCRunner.submit, ingest.save
+
+    def run(name: str, batches_per_call: int) -> tuple[list[int], list[tuple[int, int, int]], dict]:
+        calls.clear(), saved.clear()
+        monkeypatch.setattr(ingest, "QC_CALL_BATCHES", batches_per_call)
+        monkeypatch.setattr(ingest.QCRunner, "submit",
+                            lambda self, field, batches: calls.append(len(batches)) or submit(self, field, batches))
+        monkeypatch.setattr(ingest, "save", lambda files, state: saved.append(
+            (state.consumed, state.kept, state.part_index)) or save(files, state))
+        out = tmp_path / name
+        state = asyncio.run(ingest_all(IngestContext.of(cfg, out, out / "checkpoints", asyncio.Event())))["d"]
+        assert state.done and state.consumed == len(lines)
+        ck = json.loads(DatasetFiles(out, out / "checkpoints", "d").checkpoint.read_text())
+        for volatile in ("started_at", "updated_at", "part_start"):
+            ck.pop(volatile)
+        ck["stats"].pop("gate_us")
+        return list(calls), list(saved), {"ck": ck, "files": tree_hashes(out, "ingest", "rejects")}
+
+    one_calls, one_saves, one = run("one", 1)
+    grouped_calls, grouped_saves, grouped = run("grouped", 8)
+
+    batches = -(-len(lines) // 25)
+    assert one_calls == [1] * batches
+    assert sum(grouped_calls) == batches and max(grouped_calls) == 8
+    assert len(grouped_calls) < batches // 4
+    assert grouped_saves == one_saves and len(one_saves) == batches + 1  # one per batch, then the final one
+    assert grouped == one
+    assert one["ck"]["rejected"] == 35 and one["ck"]["stats"]["gate_seen"]["schema"] == 1530
