@@ -40,8 +40,9 @@ STOP = object()  # what the writer gets instead of a batch once a stop is reques
 QC_NICE = 10
 # A QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
 # text so far): a process-pool round trip costs ~3 ms of the driver's CPU, and a checkpoint still follows every
-# batch. 500 k short documents, ingest alone: 18.3 -> 16.6 CPU-s, 14.1 -> 11.6 s (docs/performance.md, eighth round).
-QC_CALL_BATCHES = 8
+# batch. 500 k short documents, ingest alone: 18.6-18.9 -> 15.7-17.5 CPU-s, 14.6 -> 11.6-12.1 s; 8 batches saved
+# little more and held 75 MB more at the peak, 4 hold 30 MB more (docs/performance.md, eighth round).
+QC_CALL_BATCHES = 4
 QC_CALL_BYTES = 4 << 20
 
 # ---- QC in worker processes ------------------------------------------------------------------

@@ -66,7 +66,7 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer() -> None:
 
 
 def test_qc_calls_carry_several_batches_with_the_same_outputs_and_a_checkpoint_per_batch(tmp_path, monkeypatch):
-    """A QC call carries up to QC_CALL_BATCHES batches (one pool round trip instead of eight); the batches, the
+    """A QC call carries up to QC_CALL_BATCHES batches (one pool round trip for several); the batches, the
     checkpoint after each one, the parts and the rejects are exactly those of one call per batch."""
     from streamprep import ingest
 
