@@ -618,7 +618,7 @@ def test_job_index_is_12_bytes_a_record_and_shard_rows_read_back(run, monkeypatc
         assert np.array_equal(getattr(got, k), full[k][ids]), k
     global_part = np.searchsorted(idx.starts, ids, side="right") - 1
     assert [got.refs[p].part for p in got.part] == [idx.refs[p].part for p in global_part]
-    assert [d for d in got.dtypes] == [idx.dtypes[p] for p in np.unique(global_part)]
+    assert got.dtypes == [idx.dtypes[p] for p in np.unique(global_part)]
     # a job carries the parts its rows lie in, not every part of the dataset
     last = idx.part_slice(len(idx.refs) - 1)
     one_part = idx.rows_of(np.arange(last.start, last.stop)[::-1])
