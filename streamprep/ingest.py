@@ -354,9 +354,10 @@ class DatasetIngest:
                 if self.ctx.stop.is_set():  # every batch applied so far is checkpointed
                     return
                 stats.add_gates(state.stats, gates)
+                keeps, texts, metas, digests, signatures = columns  # `Verdict`'s fields
                 if self.near is not None:
-                    self.near.prepare(columns[Verdict._fields.index("signature")])
-                if await self._apply(state, dedup, items, zip(*columns)):
+                    self.near.prepare(signatures)
+                if await self._apply(state, dedup, items, zip(keeps, texts, metas, digests)):
                     state.done = True
                     await self._save(state)
                     return
@@ -372,7 +373,7 @@ class DatasetIngest:
             self.ctx.on_checkpoint(state)
 
     async def _apply(self, state: IngestState, dedup: DedupDecision, items: list, verdicts: Iterator[tuple]) -> bool:
-        """Decide, write and checkpoint one batch (`verdicts`: a `Verdict`'s fields as a plain tuple per record, in
+        """Decide, write and checkpoint one batch (`verdicts`: (keep, text, meta, digest) per record QC judged, in
         order). Returns True when a size cap ended the dataset."""
         # Long on purpose: one pass per record updating, in order, the state the checkpoint saves.
         name = self.ds.name
@@ -388,7 +389,7 @@ class DatasetIngest:
                 keep, text, meta, digest = False, None, {"failed_check": rec.check, "reason": rec.reason}, None
                 excerpt = rec.raw
             else:
-                keep, text, meta, digest, _ = next(verdicts)
+                keep, text, meta, digest = next(verdicts)
                 twin = self.near.next_twin() if self.near is not None else None
                 twin_ds = dedup.twin(digest) if self.dedup_on else None
                 if twin_ds is not None:  # the kept copy's dataset: this one, or an earlier one (dedup_scope: run)
