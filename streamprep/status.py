@@ -15,8 +15,6 @@ from typing import Any
 from streamprep.layout import Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, read_json
 from streamprep.lock import holder_if_running, read_holder
 
-RESUMABLE = ("interrupted", "failed", "crashed", "partial")
-
 
 def _proc_locks_holder(lock_path: Path) -> tuple[bool, int | None]:
     """(could_tell, pid) from /proc/locks: a FLOCK entry on the lock file's device:inode."""
