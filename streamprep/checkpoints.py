@@ -26,7 +26,7 @@ import orjson
 from streamprep import atomic, logs
 from streamprep.layout import CheckpointLayout, RunLayout, planned_parts
 
-VERSION = 1
+VERSION = 2  # 2: positions name a unit of the dataset's plan (streamprep.units)
 DIGEST = 32
 WRITER = "streamprep"  # the `writer` field: a checkpoint without it was not written by us and is never touched
 log = logs.get("checkpoint")
@@ -192,7 +192,8 @@ def _truncate(p: Path, size: int) -> None:
 def _clear(files: DatasetFiles) -> None:
     for p in files.parts():
         p.unlink()
-    for p in (files.rejects, files.dedup, files.near_dedup, files.checkpoint):
+    for p in (files.rejects, files.dedup, files.near_dedup, files.checkpoint,
+              CheckpointLayout(files.checkpoint_dir).plan(files.dataset)):
         p.unlink(missing_ok=True)
 
 

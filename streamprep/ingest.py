@@ -17,24 +17,29 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import aiofiles
 import orjson
 
 from quality import DedupDecision, DedupIndex, QualityControl, QualitySettings, Verdict, near_dedup
-from streamprep import atomic, logs, stats
+from streamprep import atomic, logs, stats, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig
-from streamprep.layout import RunLayout
+from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.sources import BadRecord, open_source
 from streamprep.sources.base import SourceError, input_change, one_line
+from streamprep.sources.local import REST_OF, _content_fault
+from streamprep.units import Unit
 
 log = logs.get("ingest")
 REJECT_EXCERPT = 2000
 SOURCE_KEYS = ("id", "url", "license", "licence")
 STOP = object()  # what the writer gets instead of a batch once a stop is requested
+# A dataset's position: the next item is item `item` of unit `unit` (a stream unit continues at `source`);
+# `base` counts the items of the unit's file in earlier units; `skip_file`: a file whose rest did not decode.
+START: dict[str, Any] = {"unit": 0, "item": 0, "base": 0, "source": None, "skip_file": None}
 # QC processes run this much nicer than the job: the tokenizer, downstream, comes first on a shared core.
 # 10 rather than 5: the first shard came ~20 % sooner, the whole job no slower (docs/performance.md, sixth round).
 QC_NICE = 10
@@ -46,59 +51,118 @@ QC_CALL_BATCHES = 4
 QC_CALL_BYTES = 4 << 20
 
 # ---- QC in worker processes ------------------------------------------------------------------
-# A batch's verdicts cross the process boundary as one list per `Verdict` field: lists of plain values pickle
-# and unpickle about 3.5x faster than named tuples (short documents: 2.0 against 7.0 µs a record).
-VerdictColumns = tuple[list, ...]
-_worker_settings: QualitySettings | None = None  # this QC worker's `quality:` section
-_WORKER_QC: dict[str, QualityControl] = {}
+# A worker judges one batch of items and hands back, per item, only what the writer needs, as one list per
+# `ItemColumns` field: lists of plain values pickle and unpickle much faster than named tuples, and a kept
+# record comes back as its finished ingest line (the writer puts its dataset ordinal in), not as a dict.
+SENTINEL_INDEX = -9223372036854763463  # a kept line's `source.index` until the writer knows its ordinal
+_SENTINEL = b'"index":%d' % SENTINEL_INDEX
 
 
-def _init_worker(quality: QualitySettings) -> None:
-    global _worker_settings
-    _worker_settings = quality
-    _WORKER_QC.clear()
+class ItemColumns(NamedTuple):
+    """One batch's items in order. `bad`: a BadRecord's reason (None for a judged record); `check` its
+    failed_check. `row`: a kept record's ingest line with SENTINEL_INDEX; `excerpt`: what a reject line
+    shows (None for a kept record whose excerpt is its text's start); `extra`: the record's source keys."""
+
+    bad: list
+    check: list
+    keep: list
+    row: list
+    meta: list
+    digest: list
+    chars: list
+    text_bytes: list
+    excerpt: list
+    extra: list
 
 
-def _init_pool_worker(quality: QualitySettings) -> None:
+Judged = tuple[ItemColumns, dict[str, dict[str, Any]], list]  # items, gate stats, near-dedup signatures
+_worker: dict[str, Any] = {}  # this QC worker's quality settings, mode and QualityControl per text field
+
+
+def _init_worker(quality: QualitySettings, mode: Mode) -> None:
+    _worker.clear()
+    _worker.update(quality=quality, mode=mode, qc={})
+
+
+def _init_pool_worker(quality: QualitySettings, mode: Mode) -> None:
     """A QC process (pool worker or Ray actor) yields the cores to the tokenizer when both want them: sealed parts are tokenized as
     they come instead of piling up behind ingest (the job's total work does not change, only its order)."""
     os.nice(QC_NICE)
-    _init_worker(quality)
+    _init_worker(quality, mode)
 
 
-def _evaluate(text_field: str, records: list[Any]) -> tuple[VerdictColumns, dict[str, dict[str, Any]]]:
-    """One batch's verdicts, as columns, and what each gate did and cost on it (checkpointed with the batch,
-    for the audit)."""
-    qc = _WORKER_QC.get(text_field)
+def _judge(name: str, text_field: str, items: list[Any]) -> Judged:
+    """One batch of records / BadRecords: screened by the mode, judged by QC, kept ones serialised."""
+    qc = _worker["qc"].get(text_field)
     if qc is None:
-        qc = _WORKER_QC[text_field] = QualityControl(_worker_settings, text_field=text_field)
-    verdicts = qc.evaluate_batch(records)
-    columns = tuple(map(list, zip(*verdicts))) if verdicts else tuple([] for _ in Verdict._fields)
-    return columns, qc.take_gate_stats()
+        qc = _worker["qc"][text_field] = QualityControl(_worker["quality"], text_field=text_field)
+    mode: Mode = _worker["mode"]
+    screened, judged = mode.screen([(item, None) for item in items], text_field)
+    verdicts = iter(qc.evaluate_batch(judged))
+    cols = ItemColumns(*([] for _ in ItemColumns._fields))
+    signatures = []
+    for rec, _ in screened:
+        if isinstance(rec, BadRecord):
+            for col, v in zip(cols, (rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, None)):
+                col.append(v)
+            continue
+        keep, text, meta, digest, signature = next(verdicts)
+        signatures.append(signature)
+        extra = None
+        if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
+            extra = {k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))}
+        excerpt = _excerpt(rec, text_field)
+        row, chars, text_bytes = None, len(excerpt), 0
+        if keep:
+            source = {"dataset": name, "index": SENTINEL_INDEX, **(extra or {})}
+            row = orjson.dumps(mode.kept_row(text, {**meta, "source": source}, rec)) + b"\n"
+            chars, text_bytes = len(text), len(text.encode("utf-8"))
+            if excerpt == text[:REJECT_EXCERPT]:
+                excerpt = None
+        for col, v in zip(cols, (None, None, keep, row, meta, digest, chars, text_bytes, excerpt, extra)):
+            col.append(v)
+    return cols, qc.take_gate_stats(), signatures
 
 
-def _evaluate_batches(text_field: str, batches: list[list[Any]]) -> list[tuple[VerdictColumns, dict[str, dict[str, Any]]]]:
-    """`_evaluate` on each batch of one QC call: gate stats stay per batch, as each batch's checkpoint records them."""
-    return [_evaluate(text_field, records) for records in batches]
+def _judge_items(name: str, text_field: str, batches: list[list[Any]]) -> list[Judged]:
+    """A QC call of batches the driver read (stream units): gate stats stay per batch, as each batch's
+    checkpoint records them."""
+    return [_judge(name, text_field, items) for items in batches]
+
+
+def _judge_unit(name: str, text_field: str, batch: int, unit: Unit, skip: int) -> list[Judged]:
+    """Read a range or row-group unit here, past its first `skip` items (applied before a resume), and
+    judge it in batches of `batch`. A file whose bytes stop decoding ends with one BadRecord (the writer
+    then skips the file's later units, as a stream reader skips the rest of a file)."""
+    items = []
+    try:
+        for item in islice(units.read_unit(unit), skip, None):
+            items.append(item)
+    except Exception as exc:
+        if not _content_fault(exc):
+            raise SourceError(f"cannot read input file {unit.path}: {one_line(exc)}") from exc
+        items.append(BadRecord(f"{REST_OF}{unit.path} after record {units.RECORD_MARK}, skipped: {one_line(exc)}", ""))
+    return [_judge(name, text_field, items[i:i + batch]) for i in range(0, len(items), batch)] or \
+        [_judge(name, text_field, [])]
 
 
 class QCRunner:
-    """Runs `QualityControl.evaluate` on batches: in one thread for 1 worker, else in a process pool."""
+    """Runs QC calls (`_judge_items`, `_judge_unit`): in one thread for 1 worker, else in a process pool."""
 
-    def __init__(self, quality: QualitySettings, workers: int):
+    def __init__(self, quality: QualitySettings, mode: Mode, workers: int):
         self.workers = max(1, workers)
         self.pool: Executor
         if self.workers == 1:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="qc")
-            self.pool.submit(_init_worker, quality).result()
+            self.pool.submit(_init_worker, quality, mode).result()
         else:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["streamprep.ingest"])  # workers fork with quality already imported
             self.pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_pool_worker,
-                                            initargs=(quality,))
+                                            initargs=(quality, mode))
 
-    def submit(self, text_field: str, batches: list[list[Any]]) -> asyncio.Future:
-        return asyncio.wrap_future(self.pool.submit(_evaluate_batches, text_field, batches))
+    def submit(self, fn: Callable[..., list[Judged]], *args: Any) -> asyncio.Future:
+        return asyncio.wrap_future(self.pool.submit(fn, *args))
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -107,33 +171,33 @@ class QCRunner:
 class _QCActor:
     """One QC worker on a Ray cluster (`execution.ray_address`)."""
 
-    def __init__(self, quality: QualitySettings):
-        _init_pool_worker(quality)  # its own process: on a shared node the stage workers come first
+    def __init__(self, quality: QualitySettings, mode: Mode):
+        _init_pool_worker(quality, mode)  # its own process: on a shared node the stage workers come first
 
     def ready(self) -> bool:
         return True
 
-    def evaluate(self, text_field: str, batches: list[list[Any]]) -> list[tuple[VerdictColumns, dict[str, dict[str, Any]]]]:
-        return _evaluate_batches(text_field, batches)
+    def run(self, fn: Callable[..., list[Judged]], *args: Any) -> list[Judged]:
+        return fn(*args)
 
 
 class RayQCRunner:
-    """QC batches on Ray actors of an existing cluster; each actor answers in order, and the writer awaits
-    batches in source order, so outputs equal the process-pool run's."""
+    """QC calls on Ray actors of an existing cluster; each actor answers in order, and the writer awaits
+    them in source order, so outputs equal the process-pool run's."""
 
-    def __init__(self, quality: QualitySettings, workers: int, address: str):
+    def __init__(self, quality: QualitySettings, mode: Mode, workers: int, address: str):
         from streamprep import ray_cluster
 
         ray_cluster.connect(address, workers)
         self.workers = max(1, workers)
-        self.actors = ray_cluster.spread_actors(_QCActor, self.workers, quality)
+        self.actors = ray_cluster.spread_actors(_QCActor, self.workers, quality, mode)
         self._next = 0
         log.info("quality control on Ray actors", actors=self.workers, address=address)
 
-    def submit(self, text_field: str, batches: list[list[Any]]) -> asyncio.Future:
+    def submit(self, fn: Callable[..., list[Judged]], *args: Any) -> asyncio.Future:
         actor = self.actors[self._next % self.workers]
         self._next += 1
-        return asyncio.wrap_future(actor.evaluate.remote(text_field, batches).future())
+        return asyncio.wrap_future(actor.run.remote(fn, *args).future())
 
     def close(self) -> None:
         import ray
@@ -234,9 +298,12 @@ class DatasetIngest:
             self._check_inputs(state, inputs)
         for d in (self.files.ingest_dir, self.files.rejects.parent):
             d.mkdir(parents=True, exist_ok=True)
-        it = source.iter_records(state.position)
+        plan = await self._blocking(lambda: self._plan(state))
+        if plan is STOP:
+            return state
+        self.units = plan
         queue: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
-        reader = asyncio.create_task(self._read(it, state.consumed, queue))
+        reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, queue))
         try:
             earlier = await self._earlier_indexes()
             if earlier is not None:
@@ -248,8 +315,8 @@ class DatasetIngest:
                 self.near.close()
             while not queue.empty():  # drop batches read ahead; the checkpoint does not include them
                 item = queue.get_nowait()
-                if isinstance(item, tuple):
-                    item[1].cancel()
+                if isinstance(item, tuple) and item[2] is not None:
+                    item[2].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
         if state.done and self.run_scope:
@@ -263,6 +330,20 @@ class DatasetIngest:
             raise ConfigError(f"dataset {self.ds.name}: {why} since this run started; resuming would mix old "
                               f"and new data — restore the file, or start over with a new --run-dir")
         state.inputs = inputs
+
+    def _plan(self, state: IngestState) -> list[Unit]:
+        """The dataset's units: planned once and saved beside its checkpoint; a resume reads them back
+        (the input identity check has already refused changed files)."""
+        path = CheckpointLayout(self.ctx.checkpoint_dir).plan(self.ds.name)
+        saved = read_json(path) if state.consumed else None
+        if isinstance(saved, list):
+            return [Unit(**u) for u in saved]
+        files = getattr(self.source, "files", None)
+        plan = units.plan_dataset(files, self.ds.format)
+        atomic.write_json(path, [u.to_json() for u in plan])
+        log.info("units planned", dataset=self.ds.name, units=len(plan), files=len(files or ()),
+                 read_by_workers=sum(u.kind != "stream" for u in plan))
+        return plan
 
     def _open_index(self, state: IngestState) -> DedupIndex:
         """The dataset's dedup index, loaded from its digest log (checkpointed `dedup_count` digests)."""
@@ -283,10 +364,24 @@ class DatasetIngest:
             earlier.append((ds.name, self.ctx.finished[ds.name]))
         return earlier
 
-    async def _read(self, it: Iterator, consumed: int, queue: asyncio.Queue) -> None:
-        """Batches in source order, then None; a source that raises ends the queue with its exception."""
+    async def _read(self, pos: dict[str, Any], consumed: int, queue: asyncio.Queue) -> None:
+        """Queue items `(unit, positions, QC call, last)` in plan order, then None; a source that raises ends
+        the queue with its exception. A range or row-group unit is one call its worker reads itself."""
         try:
-            await self._read_batches(it, consumed, queue)
+            for u in range(pos["unit"], len(self.units)):
+                unit, skip = self.units[u], pos["item"] if u == pos["unit"] else 0
+                if self.ctx.stop.is_set():
+                    return
+                if unit.kind != "stream":
+                    await queue.put((u, None, self.qc.submit(_judge_unit, self.ds.name, self.ds.text_field,
+                                                             self.batch, unit, skip), True))
+                    continue
+                start = pos["source"] if u == pos["unit"] and pos.get("source") else \
+                    None if unit.file < 0 else {"file": unit.file, "record": 0}
+                it = self.source.iter_records(start) if unit.file < 0 else \
+                    self.source.read_file(unit.file, unit.path, start)
+                consumed = await self._read_stream(u, it, consumed, queue)
+            await queue.put(None)
         except Exception as exc:
             await queue.put(exc)
 
@@ -299,9 +394,10 @@ class DatasetIngest:
         batch_bytes = self.batch * state.kept_text_bytes / state.kept
         return max(1, min(QC_CALL_BATCHES, int(QC_CALL_BYTES // max(batch_bytes, 1))))
 
-    async def _read_batches(self, it: Iterator, consumed: int, queue: asyncio.Queue) -> None:
-        """Queue items: (the call's batches of (record, position), the QC call's future). Batches are cut exactly
-        as one read per batch would cut them, whatever the call size."""
+    async def _read_stream(self, u: int, it: Iterator, consumed: int, queue: asyncio.Queue) -> int:
+        """A stream unit read here, in calls of batches cut exactly as one read per batch would cut them.
+        `consumed` counts what this reader knows was read (workers' units not included): `max_records` never
+        reads fewer records than it needs, and an `hf://` dataset (one stream unit) reads no more."""
         loop = asyncio.get_running_loop()
         cap = self.ds.max_records
         while not self.ctx.stop.is_set():
@@ -309,13 +405,16 @@ class DatasetIngest:
             n = n if cap is None else min(n, cap - consumed)
             items = await loop.run_in_executor(self.reader_pool, _take, it, n) if n > 0 else []
             if not items:
-                await queue.put(None)
-                return
+                await queue.put((u, None, None, True))
+                return consumed
             consumed += len(items)
-            screened = [self.mode.screen(items[i:i + self.batch], self.ds.text_field)
-                        for i in range(0, len(items), self.batch)]
-            await queue.put(([batch for batch, _ in screened],
-                             self.qc.submit(self.ds.text_field, [records for _, records in screened])))
+            batches = [items[i:i + self.batch] for i in range(0, len(items), self.batch)]
+            await queue.put((u, [[p for _, p in b] for b in batches],
+                             self.qc.submit(_judge_items, self.ds.name, self.ds.text_field,
+                                            [[r for r, _ in b] for b in batches]), len(items) < n))
+            if len(items) < n:
+                return consumed
+        return consumed
 
     async def _or_stop(self, aw: Any) -> Any:
         """`aw`'s result, or STOP as soon as a stop is requested (even while a read or download is stalled)."""
@@ -336,6 +435,7 @@ class DatasetIngest:
         return await self._or_stop(asyncio.get_running_loop().run_in_executor(self.reader_pool, fn))
 
     async def _write(self, state: IngestState, dedup: DedupDecision, queue: asyncio.Queue) -> None:
+        skip_file = (state.position or START)["skip_file"]  # a file whose rest did not decode: its later units are passed over
         while not self.ctx.stop.is_set():
             got = await self._or_stop(queue.get())
             if got is STOP:
@@ -349,18 +449,26 @@ class DatasetIngest:
                 state.done = True
                 await self._save(state)
                 return
-            batches, fut = got
-            for items, (columns, gates) in zip(batches, await fut):
-                if self.ctx.stop.is_set():  # every batch applied so far is checkpointed
-                    return
-                stats.add_gates(state.stats, gates)
-                keeps, texts, metas, digests, signatures = columns  # `Verdict`'s fields
-                if self.near is not None:
-                    self.near.prepare(signatures)
-                if await self._apply(state, dedup, items, zip(keeps, texts, metas, digests)):
-                    state.done = True
-                    await self._save(state)
-                    return
+            u, positions, fut, last = got
+            unit = self.units[u]
+            if fut is not None and not (unit.kind != "stream" and unit.file == skip_file):
+                for b, (cols, gates, signatures) in enumerate(await fut):
+                    if self.ctx.stop.is_set():  # every batch applied so far is checkpointed
+                        return
+                    stats.add_gates(state.stats, gates)
+                    if self.near is not None:
+                        self.near.prepare(signatures)
+                    capped = await self._apply(state, dedup, u, cols, positions and positions[b])
+                    skip_file = state.position["skip_file"]
+                    if capped:
+                        state.done = True
+                        await self._save(state)
+                        return
+            if last and u + 1 < len(self.units):  # the next unit starts; `base` counts its file's earlier items
+                pos = state.position or START
+                same = unit.kind != "stream" and self.units[u + 1].file == unit.file
+                state.position = {**START, "unit": u + 1, "base": pos["base"] + pos["item"] if same else 0,
+                                  "skip_file": skip_file}
 
     async def _save(self, state: IngestState) -> None:
         await asyncio.to_thread(save, self.files, state)
@@ -372,24 +480,36 @@ class DatasetIngest:
         if self.ctx.on_checkpoint is not None:
             self.ctx.on_checkpoint(state)
 
-    async def _apply(self, state: IngestState, dedup: DedupDecision, items: list, verdicts: Iterator[tuple]) -> bool:
-        """Decide, write and checkpoint one batch (`verdicts`: (keep, text, meta, digest) per record QC judged, in
-        order). Returns True when a size cap ended the dataset."""
+    async def _apply(self, state: IngestState, dedup: DedupDecision, u: int, cols: ItemColumns,
+                     positions: list[Any] | None) -> bool:
+        """Decide, write and checkpoint one judged batch of unit `u` (`positions`: a stream unit's source
+        positions). Returns True when `max_records` or `size_mb` ended the dataset."""
         # Long on purpose: one pass per record updating, in order, the state the checkpoint saves.
-        name = self.ds.name
+        name, cap = self.ds.name, self.ds.max_records
+        unit = self.units[u]
+        numbered = unit.kind != "stream"  # a worker's reasons number lines from its unit's start
         parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
         rejects: list[bytes] = []
         capped = False
-        for rec, pos in items:
+        pos = state.position or START
+        for j, bad in enumerate(cols.bad):
+            if cap is not None and state.consumed >= cap:
+                capped = True
+                break
             ordinal = state.consumed
             state.consumed += 1
-            state.position = pos
+            here = positions[j] if positions else None  # progress reads `file` and `offset` (a range: its start)
+            pos = state.position = {**pos, "unit": u, "item": pos["item"] + 1 if pos["unit"] == u else 1,
+                                    "source": here, "file": unit.file if unit.file >= 0 else here.get("file", 0),
+                                    "offset": unit.start if numbered else here.get("offset")}
             source = {"dataset": name, "index": ordinal}
-            if isinstance(rec, BadRecord):
-                keep, text, meta, digest = False, None, {"failed_check": rec.check, "reason": rec.reason}, None
-                excerpt = rec.raw
+            if bad is not None:
+                reason = units.global_reason(bad, pos["base"] + pos["item"] - 1) if numbered else bad
+                keep, meta, excerpt = False, {"failed_check": cols.check[j], "reason": reason}, cols.excerpt[j]
+                if numbered and reason.startswith(REST_OF):
+                    pos["skip_file"] = unit.file
             else:
-                keep, text, meta, digest = next(verdicts)
+                keep, meta, digest = cols.keep[j], cols.meta[j], cols.digest[j]
                 twin = self.near.next_twin() if self.near is not None else None
                 twin_ds = dedup.twin(digest) if self.dedup_on else None
                 if twin_ds is not None:  # the kept copy's dataset: this one, or an earlier one (dedup_scope: run)
@@ -397,10 +517,12 @@ class DatasetIngest:
                                          "duplicate_of": twin_ds or name}
                 elif keep and twin is not None:
                     keep, meta = False, near_dedup.reject_meta(meta, name, twin)
-                excerpt = None if keep else _excerpt(rec, self.ds.text_field)
-                if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
-                    source.update({k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))})
-            chars = len(text) if keep else len(excerpt)
+                excerpt = None if keep else cols.excerpt[j]
+                if excerpt is None and not keep:  # a kept record's excerpt is its text's start
+                    excerpt = orjson.loads(cols.row[j])["text"][:REJECT_EXCERPT]
+                if cols.extra[j]:
+                    source.update(cols.extra[j])
+            chars = cols.chars[j] if keep else len(excerpt)
             stats.add_record(state.stats, keep, meta, chars)
             if keep:
                 if self.dedup_on:
@@ -408,12 +530,12 @@ class DatasetIngest:
                     state.dedup_count += 1
                 if self.near is not None:
                     state.near_dedup_bytes += self.near.add(ordinal)
-                line = orjson.dumps(self.mode.kept_row(text, {**meta, "source": source}, rec)) + b"\n"
+                line = cols.row[j].replace(_SENTINEL, b'"index":%d' % ordinal, 1)
                 parts[-1][1].append(line)
                 state.kept += 1
                 state.part_lines += 1
                 state.part_bytes += len(line)
-                state.kept_text_bytes += len(text.encode("utf-8"))
+                state.kept_text_bytes += cols.text_bytes[j]
                 if state.part_lines == self.shard_records:  # roll: the next part starts after this record
                     state.part_index += 1
                     state.part_lines = state.part_bytes = 0
@@ -466,7 +588,8 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
     """Ingest every dataset concurrently (one producer task each); returns their final states."""
     ex = ctx.execution
     workers = ex.workers or os.cpu_count() or 1
-    qc = RayQCRunner(ctx.quality, workers, ex.ray_address) if ex.ray_address else QCRunner(ctx.quality, workers)
+    qc = RayQCRunner(ctx.quality, ctx.mode, workers, ex.ray_address) if ex.ray_address \
+        else QCRunner(ctx.quality, ctx.mode, workers)
     reader_pool = ThreadPoolExecutor(max(1, len(ctx.datasets)), thread_name_prefix="reader")
     t0 = time.monotonic()
     jobs = [asyncio.ensure_future(DatasetIngest(ds, ctx, qc, reader_pool).run()) for ds in ctx.datasets]

@@ -59,6 +59,10 @@ class CheckpointLayout:
     def near_log(self, dataset: str) -> Path:
         return Path(self.checkpoint_dir) / f"{dataset}.near"
 
+    def plan(self, dataset: str) -> Path:
+        """The dataset's units of work (streamprep.units), written once."""
+        return Path(self.checkpoint_dir) / f"{dataset}.plan.json"
+
     @property
     def lock(self) -> Path:
         return Path(self.checkpoint_dir) / CHECKPOINT_LOCK

@@ -49,12 +49,14 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer() -> None:
     import psutil
 
     from quality import validate_quality_config
-    from streamprep.ingest import QC_NICE, QCRunner
+    from streamprep.ingest import QC_NICE, ItemColumns, QCRunner, _judge_items
+    from streamprep.modes import PRETRAIN
 
-    qc = QCRunner(validate_quality_config({}), 2)
+    qc = QCRunner(validate_quality_config({}), PRETRAIN, 2)
     try:
-        calls = await asyncio.gather(*(qc.submit("text", [[{"text": t}]]) for t in english_docs(2)))
-        assert [[[len(column) for column in columns] for columns, _ in batches] for batches in calls] == [[[1] * 5]] * 2
+        calls = await asyncio.gather(*(qc.submit(_judge_items, "d", "text", [[{"text": t}]]) for t in english_docs(2)))
+        assert [[[len(column) for column in columns] for columns, _, _ in batches] for batches in calls] == \
+            [[[1] * len(ItemColumns._fields)]] * 2
         workers = [psutil.Process(pid) for pid in qc.pool._processes]  # the pool's own worker processes
         assert len(workers) == 2
         deadline = time.monotonic() + 20  # a worker that got no batch may still be running its initializer
@@ -66,16 +68,19 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer() -> None:
 
 
 def test_qc_calls_carry_several_batches_with_the_same_outputs_and_a_checkpoint_per_batch(tmp_path, monkeypatch):
-    """A QC call carries up to QC_CALL_BATCHES batches (one pool round trip for several); the batches, the
-    checkpoint after each one, the parts and the rejects are exactly those of one call per batch."""
+    """A QC call of a stream unit (here a gzip file, which the driver reads) carries up to QC_CALL_BATCHES
+    batches (one pool round trip for several); the batches, the checkpoint after each one, the parts and the
+    rejects are exactly those of one call per batch."""
+    import gzip
+
     from streamprep import ingest
 
-    src = tmp_path / "mixed.jsonl"
+    src = tmp_path / "mixed.jsonl.gz"
     docs = english_docs(1500, seed=11)
     lines = [json.dumps({"text": t}) for t in docs + docs[:30]]
     for at in (5, 333, 334, 900, 1201):  # unreadable lines inside the batches of grouped calls
         lines.insert(at, "{not json" if at % 2 else "[1, 2]")
-    src.write_text("\n".join(lines) + "\n")
+    src.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
     raw = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 400})
     raw["execution"].update(batch_records=25, workers=2)
     cfg = load(raw)
@@ -88,7 +93,7 @@ def test_qc_calls_carry_several_batches_with_the_same_outputs_and_a_checkpoint_p
         calls.clear(), saved.clear()
         monkeypatch.setattr(ingest, "QC_CALL_BATCHES", batches_per_call)
         monkeypatch.setattr(ingest.QCRunner, "submit",
-                            lambda self, field, batches: calls.append(len(batches)) or submit(self, field, batches))
+                            lambda self, fn, *args: calls.append(len(args[-1])) or submit(self, fn, *args))
         monkeypatch.setattr(ingest, "save", lambda files, state: saved.append(
             (state.consumed, state.kept, state.part_index)) or save(files, state))
         out = tmp_path / name

@@ -37,6 +37,7 @@ HEAD_TAIL_BYTES = 64 * 1024
 # Decode errors of a file's bytes: deterministic, so they become a reject (a resume meets them again).
 CONTENT_FAULTS = (EOFError, zlib.error, lzma.LZMAError, ValueError, pa.ArrowException)
 # Faults of the environment, not of the bytes: the job stops naming the file (a fix + re-run resumes).
+REST_OF = "unreadable rest of "  # opens the reject of a file whose bytes stop decoding (the rest is skipped)
 ENVIRONMENT_FAULTS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ConnectionError,
                       TimeoutError)
 
@@ -130,10 +131,11 @@ class LocalSource:
         for i in range(start["file"], len(self.files)):
             path = self.files[i]
             here = start if i == start["file"] else {"file": i, "record": 0}
-            yield from self._guarded(i, path, here)
+            yield from self.read_file(i, path, here)
 
-    def _guarded(self, i: int, path: str, here: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
-        """File `i`'s records; a failure ends the file with one reject, or raises SourceError (see module doc)."""
+    def read_file(self, i: int, path: str, here: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """File `i`'s records from `here`; a failure ends the file with one reject, or raises SourceError (see
+        module doc). Ingest reads a compressed or Parquet-less file this way, as one stream unit."""
         nxt = {"file": i + 1, "record": 0}
         if _special(path):
             yield BadRecord(f"{path} is not a regular file (FIFO, socket or device), skipped", ""), nxt
@@ -153,7 +155,7 @@ class LocalSource:
             where = f"{path} after record {record}"
             if not _content_fault(exc):
                 raise SourceError(f"cannot read input file {where}: {one_line(exc)}") from exc
-            yield BadRecord(f"unreadable rest of {where}, skipped: {one_line(exc)}", ""), nxt
+            yield BadRecord(f"{REST_OF}{where}, skipped: {one_line(exc)}", ""), nxt
 
     def _lines(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         comp = _compression(path)

@@ -1,0 +1,102 @@
+"""How much of a job's CPU the driver process spends, and how the job scales from 1 to 2 workers.
+
+    python benchmarks/bench_driver.py --mb 62 [--gates default|off] [--repeats 1]
+
+Runs `streamprep ingest` (`engine: local`) with `workers: 1` and `workers: 2` on the same corpus and
+samples every process of the job's tree every 50 ms (psutil CPU times; a process's last < 50 ms before it
+exits are not seen). Prints per run: wall seconds, the driver's CPU seconds and its share of the tree's,
+the driver's CPU-s per input GB and how many cores of this box's per-core rate one driver could feed
+(the tree's CPU-s per GB over the driver's), and the 2-worker speed-up. Issue 28's targets: driver share
+≤ 3 % with the default gates, `workers: 2` ≥ 1.8x `workers: 1`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pipeline import GATES_OFF, PHI2  # noqa: E402
+from corpus import build  # noqa: E402
+
+
+class TreeCPU:
+    """The last seen CPU seconds (user + system) of every process in a tree, sampled every 50 ms."""
+
+    def __init__(self, pid: int):
+        self.root, self.cpu, self._stop = psutil.Process(pid), {}, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                    self.cpu[p.pid] = t.user + t.system
+                except psutil.Error:
+                    pass
+            self._stop.wait(0.05)
+
+    def stop(self) -> tuple[float, float]:
+        """(the driver's CPU seconds, the whole tree's)."""
+        self._stop.set()
+        self._t.join()
+        return self.cpu.get(self.root.pid, 0.0), sum(self.cpu.values())
+
+
+def run(corpus: Path, work: Path, workers: int, quality: dict) -> dict:
+    run_dir = work / f"run_w{workers}"
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    cfg = {"run": {"name": "bench"}, "datasets": [{"name": "web", "path": str(corpus)}],
+           "tokenizer": {"path": str(PHI2)}, "quality": quality, "output": {"shard_records": 5000},
+           "execution": {"engine": "local", "workers": workers}}
+    cfg_path = run_dir.with_suffix(".yaml")
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
+                             str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sampler = TreeCPU(proc.pid)
+    _, err = proc.communicate()
+    driver, tree = sampler.stop()
+    if proc.returncode:
+        raise SystemExit(f"ingest failed: {err.decode()[-2000:]}")
+    return {"seconds": time.perf_counter() - t0, "driver": driver, "tree": tree}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=int, default=62)
+    ap.add_argument("--gates", choices=("default", "off"), default="default")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-bench"))
+    a = ap.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    corpus = build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
+    gb = corpus.stat().st_size / 1e9
+    quality = GATES_OFF if a.gates == "off" else {}
+    runs = {w: [run(corpus, a.work, w, quality) for _ in range(a.repeats)] for w in (1, 2)}
+    print(f"corpus {corpus.stat().st_size / 1e6:.1f} MB, gates {a.gates}, median of {a.repeats}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    med = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
+    for w, m in med.items():
+        print(f"workers {w}: {m['seconds']:.2f} s wall; driver {m['driver']:.2f} of {m['tree']:.2f} CPU-s "
+              f"({100 * m['driver'] / m['tree']:.1f} %); driver {m['driver'] / gb:.1f} CPU-s per input GB; "
+              f"one driver feeds ~{m['tree'] / m['driver']:.0f} cores at this rate")
+    print(f"workers 2 / workers 1 speed-up: {med[1]['seconds'] / med[2]['seconds']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

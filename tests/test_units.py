@@ -1,0 +1,142 @@
+"""Units of work: the plan cuts files deterministically, and a dataset read as many units by the workers
+writes exactly what it writes read as one (the same parts, rejects, dedup and line numbers)."""
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import base_config, english_docs, ingest_stopped_after, tree_hashes
+from streamprep import units
+from streamprep.config import load
+from streamprep.ingest import IngestContext, ingest_all
+from streamprep.sources.base import BadRecord
+
+
+def _lines(n: int) -> bytes:
+    """Documents with duplicates, blank lines, malformed JSON and a non-object spread through the file."""
+    docs = english_docs(n, seed=11)
+    out = [codecs.BOM_UTF8 + json.dumps({"text": docs[0], "id": "doc-0"}).encode() + b"\n"]
+    for i, t in enumerate(docs[1:], 1):
+        out.append(json.dumps({"text": t, "url": f"https://example.org/{i}"}).encode() + b"\n")
+        if i % 97 == 0:
+            out.append(b"{not json\n")
+        if i % 131 == 0:
+            out.append(b"\n")
+        if i % 173 == 0:
+            out.append(b"[1, 2]\n")
+        if i % 50 == 0:
+            out.append(json.dumps({"text": docs[i // 2]}).encode() + b"\n")  # an exact duplicate
+    return b"".join(out)
+
+
+def test_cuts_fall_after_newlines_and_cover_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "a.jsonl"
+    f.write_bytes(_lines(400))
+    plan = units.plan_dataset([str(f)], None, unit_bytes=4096)
+    assert len(plan) > 10 and all(u.kind == "range" and u.fmt == "jsonl" for u in plan)
+    data = f.read_bytes()
+    assert plan[0].start == 0 and plan[-1].end == len(data)
+    for a, b in zip(plan, plan[1:]):
+        assert a.end == b.start and data[a.end - 1:a.end] == b"\n"
+    assert plan == units.plan_dataset([str(f)], None, unit_bytes=4096)  # deterministic
+    items = [i for u in plan for i in units.read_unit(u)]
+    whole = list(units.read_unit(units.Unit("range", 0, str(f), "jsonl", 0, len(data))))
+    assert len(items) == len(whole) == data.count(b"\n")
+    assert [type(i) for i in items] == [type(i) for i in whole]
+    assert "id" in items[0] and items[0]["id"] == "doc-0"  # the BOM is stripped from the file's first line only
+
+
+def test_plan_kinds(tmp_path: Path) -> None:
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "x"}\n'))
+    pq.write_table(pa.table({"text": ["a", "b", "c"]}), tmp_path / "c.parquet", row_group_size=1)
+    files = sorted(str(p) for p in tmp_path.iterdir())
+    plan = units.plan_dataset(files, None)
+    assert [(u.kind, u.file, u.start) for u in plan] == [("stream", 0, 0), ("row_group", 1, 0), ("row_group", 1, 1),
+                                                          ("row_group", 1, 2), ("range", 2, 0)]
+    assert [i["text"] for u in plan[1:4] for i in units.read_unit(u)] == ["a", "b", "c"]
+    assert [i.reason for i in units.read_unit(plan[4])] == [f"empty file {files[2]}"]
+    assert units.plan_dataset(None, None) == [units.Unit("stream", -1)]  # hf://: the reader streams the snapshot
+    assert isinstance(next(units.read_unit(plan[4])), BadRecord)
+
+
+def _cfg(tmp_path: Path, workers: int):
+    src = tmp_path / "in.jsonl"
+    if not src.exists():
+        src.write_bytes(_lines(1200))
+    raw = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 300})
+    raw["execution"].update(batch_records=40, workers=workers)
+    return load(raw)
+
+
+async def _ingest(cfg, run: Path) -> None:
+    await ingest_all(IngestContext.of(cfg, run, run / "checkpoints", asyncio.Event()))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_many_units_write_what_one_unit_writes(tmp_path: Path, monkeypatch, workers: int) -> None:
+    cfg = _cfg(tmp_path, workers)
+    one = tmp_path / "one"
+    await _ingest(cfg, one)
+    monkeypatch.setattr(units, "UNIT_BYTES", 3000)  # ~10 records a unit: units cut through batches and parts
+    many = tmp_path / "many"
+    await _ingest(cfg, many)
+    plan = json.loads((many / "checkpoints" / "d.plan.json").read_text())
+    assert len(plan) > 100 and len(json.loads((one / "checkpoints" / "d.plan.json").read_text())) == 1
+    assert tree_hashes(many, "ingest", "rejects") == tree_hashes(one, "ingest", "rejects")
+    rejects = (one / "rejects" / "d.jsonl").read_text().splitlines()
+    reasons = [json.loads(r)["reason"] for r in rejects]
+    lines = _lines(1200).split(b"\n")
+    malformed = [n for n, line in enumerate(lines, 1) if line == b"{not json"]
+    assert len(malformed) == 12 and malformed[-1] > 1000
+    assert [int(r.split()[4]) for r in reasons if r.startswith("malformed JSON")] == malformed  # file-global
+    assert sum(json.loads(r)["failed_check"] == "duplicate" for r in rejects) == 23
+    for name in ("one", "many"):
+        ck = json.loads((tmp_path / name / "checkpoints" / "d.json").read_text())
+        assert ck["done"] and ck["consumed"] == _lines(1200).count(b"\n")
+
+
+async def test_stop_inside_a_unit_then_resume_equals_uninterrupted(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(units, "UNIT_BYTES", 40_000)
+    cfg = _cfg(tmp_path, 2)
+    ref = tmp_path / "ref"
+    await _ingest(cfg, ref)
+    run = tmp_path / "run"
+    state = await ingest_stopped_after(cfg, run, "d", 500)
+    assert not state.done and state.position["item"] > 0  # stopped inside a unit
+    await _ingest(cfg, run)
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+
+
+async def test_a_file_whose_rest_does_not_decode_skips_its_later_units(tmp_path: Path, monkeypatch) -> None:
+    """As a stream reader ends a file at its first undecodable byte run, the writer passes over the later
+    units of that file (one reject, with the file-global record count)."""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(_lines(300))
+    raw = base_config([{"name": "d", "path": str(src)}], None)
+    cfg = load(raw)
+    real = units.read_unit
+
+    def faulty(unit):
+        if unit.start > 20_000:
+            raise ValueError("bad bytes")
+        yield from real(unit)
+
+    monkeypatch.setattr(units, "UNIT_BYTES", 8000)
+    monkeypatch.setattr(units, "read_unit", faulty)
+    run = tmp_path / "run"
+    await _ingest(cfg, run)
+    rejects = [json.loads(r) for r in (run / "rejects" / "d.jsonl").read_text().splitlines()]
+    rest = [r for r in rejects if r["reason"].startswith("unreadable rest of")]
+    ck = json.loads((run / "checkpoints" / "d.json").read_text())
+    assert len(rest) == 1 and rest[0]["reason"].startswith(f"unreadable rest of {src} after record {ck['consumed'] - 1}, ")
+    assert ck["done"] and ck["consumed"] < 100
