@@ -6,7 +6,8 @@ Each revision is checked out (`git worktree add --detach`) beside a `shared` lin
 read the inputs as the first revision's config resolves them (the demo reads the repo's own docs). The first revision runs each config twice: files that
 differ between those two runs are bookkeeping that changes on every run (timestamps, timings, run ids)
 and are listed, not compared. Every other file must be byte-identical at the second revision, and both
-revisions must write the same set of files. Prints one line per config; exit 1 on any difference.
+revisions must write the same set of files, except under checkpoints/ (bookkeeping whose format a revision
+may change: listed, not compared). Prints one line per config; exit 1 on any difference.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+CHECKPOINTS = "checkpoints"
 SHARED = REPO.parent / "shared"
 DEFAULT_CONFIGS = ["configs/demo.yaml", "configs/sft_chat.yaml", "configs/sft_instruction.yaml",
                    "configs/dpo.yaml", "configs/grpo.yaml"]
@@ -66,10 +68,13 @@ def compare(config: str, trees: list[Path], engine: str, work: Path) -> bool:
         out.rename(work / f"{name}-{tag}")
     volatile = sorted(k for k in h["a1"] if h["a1"][k] != h["a2"].get(k))
     only = sorted(set(h["a1"]) ^ set(h["b"]))
+    bookkeeping = [k for k in only if k.startswith(f"{CHECKPOINTS}/")]  # a checkpoint format may add files
+    only = [k for k in only if k not in bookkeeping]
     differ = sorted(k for k in h["a1"] if k in h["b"] and k not in volatile and h["a1"][k] != h["b"][k])
     same = len(h["a1"]) - len(volatile) - len(differ) - len(set(h["a1"]) - set(h["b"]))
     print(f"{config}: {same} files byte-identical; changing on every run (not compared): {volatile or 'none'}; "
-          f"differ: {differ or 'none'}; only in one revision: {only or 'none'}")
+          f"differ: {differ or 'none'}; only in one revision: {only or 'none'}"
+          + (f"; checkpoint files only in one revision (not compared): {bookkeeping}" if bookkeeping else ""))
     return not differ and not only
 
 
