@@ -125,6 +125,11 @@ class DedupIndex:
             self._mid = (np.empty(0, _KEY), np.empty(0, _ORD))
 
 
+def duplicate_reason(twin: str) -> str:
+    """The reject reason of a duplicate whose kept copy is in dataset `twin` ("" for the same dataset)."""
+    return f"exact duplicate of a record kept by dataset {twin}" if twin else DUPLICATE_REASON
+
+
 class DedupDecision:
     """The one exact-dedup decision (QualityControl and ingest both use it): a record is a duplicate
     when its digest is in this dataset's index or, with `dedup_scope: run`, in the final index of a
@@ -145,9 +150,7 @@ class DedupDecision:
     def reason(self, digest: bytes | None) -> str | None:
         """Why the record is a duplicate, or None when it is new."""
         twin = self.twin(digest)
-        if twin is None:
-            return None
-        return f"exact duplicate of a record kept by dataset {twin}" if twin else DUPLICATE_REASON
+        return None if twin is None else duplicate_reason(twin)
 
     def keep(self, digest: bytes) -> None:
         self.own.add(digest)

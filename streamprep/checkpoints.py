@@ -1,19 +1,20 @@
 """Per-dataset ingest checkpoints and the repair that makes outputs agree with them on resume.
 
-A checkpoint describes a consistent prefix of three append-only files:
-    ingest/<ds>/part-NNNNN.jsonl   (the current part: `part_bytes` bytes, `part_lines` lines)
-    rejects/<ds>.jsonl             (`rejects_bytes` bytes)
-    <checkpoint_dir>/<ds>.dedup    (`dedup_count` 32-byte digests of kept texts)
+A checkpoint describes a consistent prefix of a dataset's outputs:
+    ingest/<ds>/part-NNNNN.jsonl   the sealed parts `[0, part_index)`, each written whole (atomic), with
+                                   their SHA-256 and size in `sealed`
+    <checkpoint_dir>/stage/<ds>/   the kept lines of the open part: `open_pieces` [piece, first line, lines]
+    rejects/<ds>.jsonl             (`rejects_bytes` bytes, append-only)
+    <checkpoint_dir>/<ds>.dedup    (`dedup_count` 32-byte digests of kept texts, append-only)
     <checkpoint_dir>/<ds>.near     (`near_dedup_bytes` of kept texts' MinHash records, when near_dedup is on)
-Ingest appends and fsyncs all three *before* it atomically replaces the checkpoint, so a checkpoint
-never runs ahead of its data. `part_start` snapshots the state when the current part began, the last
-point from which a damaged part can be rebuilt.
+Ingest writes and fsyncs all of these *before* it atomically replaces the checkpoint, so a checkpoint
+never runs ahead of its data.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
+import shutil
 import time
 import types
 import typing
@@ -26,7 +27,7 @@ import orjson
 from streamprep import atomic, logs
 from streamprep.layout import CheckpointLayout, RunLayout, planned_parts
 
-VERSION = 2  # 2: positions name a unit of the dataset's plan (streamprep.units)
+VERSION = 3  # 2: positions name a unit of the plan (streamprep.units); 3: parts written whole from staged pieces
 DIGEST = 32
 WRITER = "streamprep"  # the `writer` field: a checkpoint without it was not written by us and is never touched
 log = logs.get("checkpoint")
@@ -40,16 +41,17 @@ class IngestState:
     kept: int = 0
     rejected: int = 0
     kept_text_bytes: int = 0                 # for the size_mb cap
-    part_index: int = 0                      # current (open) part
-    part_lines: int = 0
+    part_index: int = 0                      # current (open) part: parts before it are sealed
+    part_lines: int = 0                      # kept lines of the open part, staged in `open_pieces`
     part_bytes: int = 0
+    open_pieces: list[list[Any]] = field(default_factory=list)  # [staged piece, first kept line, lines]
+    sealed: list[list[Any]] = field(default_factory=list)       # [SHA-256, bytes] of each sealed part, in order
     rejects_bytes: int = 0
     rejects_sampled: dict[str, int] = field(default_factory=dict)  # lines written per failed_check (bounded sample)
     dedup_count: int = 0
     near_dedup_bytes: int = 0
     stats: dict[str, Any] = field(default_factory=dict)  # audit aggregates (streamprep.stats)
     done: bool = False
-    part_start: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.time)
     updated_at: float = 0.0
     inputs: dict[str, Any] | None = None  # the source's identity (file sizes/hashes), checked on resume
@@ -58,12 +60,6 @@ class IngestState:
         """Parts that are complete and checkpointed: every part before the open one, and the last part once
         the dataset is done (an empty last part is never written)."""
         return planned_parts(self.part_index, self.part_lines, self.done)
-
-    def snapshot(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("part_start")
-        d.pop("inputs")  # constant for the run; not copied into every part_start
-        return copy.deepcopy(d)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": VERSION, "writer": WRITER, **dataclasses.asdict(self)}
@@ -79,12 +75,6 @@ class IngestState:
             if k in hints and not _has_type(v, hints[k]):
                 raise ValueError(f"'{k}' is a {type(v).__name__} ({str(v)[:40]})")
         return cls(**{k: v for k, v in d.items() if k in hints})
-
-    @classmethod
-    def from_snapshot(cls, snap: dict[str, Any]) -> "IngestState":
-        st = cls(**copy.deepcopy(snap))
-        st.part_start = copy.deepcopy(snap)
-        return st
 
 
 @dataclass(frozen=True)
@@ -117,6 +107,10 @@ class DatasetFiles:
     @property
     def near_dedup(self) -> Path:
         return CheckpointLayout(self.checkpoint_dir).near_log(self.dataset)
+
+    @property
+    def stage(self) -> Path:
+        return CheckpointLayout(self.checkpoint_dir).stage(self.dataset)
 
     def parts(self) -> list[Path]:
         return sorted(self.ingest_dir.glob("part-*.jsonl")) if self.ingest_dir.is_dir() else []
@@ -195,90 +189,69 @@ def _clear(files: DatasetFiles) -> None:
     for p in (files.rejects, files.dedup, files.near_dedup, files.checkpoint,
               CheckpointLayout(files.checkpoint_dir).plan(files.dataset)):
         p.unlink(missing_ok=True)
+    shutil.rmtree(files.stage, ignore_errors=True)
 
 
-def _logs(files: DatasetFiles, snap: dict[str, Any]) -> tuple[tuple[Path, int], ...]:
-    """The append-only logs and the byte length `snap` describes."""
-    return ((files.rejects, snap["rejects_bytes"]), (files.dedup, snap["dedup_count"] * DIGEST),
-            (files.near_dedup, snap.get("near_dedup_bytes", 0)))
+def _logs(files: DatasetFiles, state: IngestState) -> tuple[tuple[Path, int], ...]:
+    """The append-only logs and the byte length `state` describes."""
+    return ((files.rejects, state.rejects_bytes), (files.dedup, state.dedup_count * DIGEST),
+            (files.near_dedup, state.near_dedup_bytes))
 
 
-def _consistent(files: DatasetFiles, snap: dict[str, Any]) -> list[str]:
-    """Files shorter than `snap` says (cannot be repaired by truncation)."""
-    short = []
-    for path, want in _logs(files, snap):
-        if want and _size(path) < want:
-            short.append(f"{path.name} has {max(_size(path), 0)} bytes, checkpoint says {want}")
-    for i in range(snap["part_index"]):
-        if not files.part(i).exists():
-            short.append(f"completed {files.part(i).name} is missing")
+def _missing(files: DatasetFiles, state: IngestState) -> list[str]:
+    """What the checkpoint needs and the disk lacks (cannot be repaired by truncation)."""
+    short = [f"{path.name} has {max(_size(path), 0)} bytes, checkpoint says {want}"
+             for path, want in _logs(files, state) if want and _size(path) < want]
+    short += [f"sealed {files.part(i).name} is missing or not {size} bytes" for i, (_, size) in enumerate(state.sealed)
+              if _size(files.part(i)) != size]
+    short += [f"staged piece {name} is missing" for name, _, _ in state.open_pieces
+              if not all((files.stage / (name + ext)).is_file() for ext in (".kept", ".kept.off"))]
     return short
 
 
 def load_and_repair(files: DatasetFiles) -> IngestState:
     """Load the dataset's checkpoint and bring its files back to exactly what it describes.
 
-    - part longer than checkpointed  -> truncate back;
-    - part shorter, torn or missing  -> rebuild it from `part_start` (the state when it began);
-    - rejects / dedup log longer      -> truncate; shorter -> back to `part_start`, or restart the dataset;
-    - parts beyond the current one    -> removed (written after the last checkpoint);
-    - no / unreadable checkpoint      -> start the dataset from scratch (its old outputs removed).
+    - parts from `part_index` on      -> removed (sealed after the last checkpoint; sealed again on resume);
+    - rejects / dedup / near logs      -> truncated to the checkpoint's lengths;
+    - staged pieces not in `open_pieces` -> removed (judged again on resume);
+    - a sealed part of another size, a log or an open piece shorter or missing, or no / an unreadable checkpoint
+                                        -> the dataset starts from scratch (its old outputs removed).
     Every action is logged.
     """
     files.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     if not files.checkpoint.exists():
-        if files.parts() or files.rejects.exists() or files.dedup.exists() or files.near_dedup.exists():
+        if files.parts() or files.rejects.exists() or files.dedup.exists() or files.near_dedup.exists() \
+                or files.stage.exists():
             log.warning("no checkpoint, removing partial outputs and starting over", dataset=files.dataset)
             _clear(files)
-        return _fresh(files.dataset)
+        return IngestState(dataset=files.dataset)
     try:
         state = IngestState.from_json(orjson.loads(files.checkpoint.read_bytes()))
     except (orjson.JSONDecodeError, ValueError, TypeError) as exc:  # also a wrong shape (IngestState.from_json)
         log.warning("unreadable checkpoint, restarting dataset from scratch", dataset=files.dataset,
                     checkpoint=str(files.checkpoint), error=str(exc)[:200])
         _clear(files)
-        return _fresh(files.dataset)
-
-    part = files.part(state.part_index)
-    size = _size(part)
-    if size > state.part_bytes:
-        log.warning("part has more than the checkpoint describes: truncating", dataset=files.dataset,
-                    part=part.name, size=size, checkpoint_bytes=state.part_bytes, checkpoint_lines=state.part_lines)
-        _truncate(part, state.part_bytes)
-    elif size < state.part_bytes or (state.part_bytes and not _ends_with_newline(part)):
-        log.warning("part is shorter than checkpointed or torn: rebuilding it from its start", dataset=files.dataset,
-                    part=part.name, size=max(size, 0), checkpoint_bytes=state.part_bytes)
-        inputs = state.inputs
-        state = IngestState.from_snapshot(state.part_start or _fresh(files.dataset).snapshot())
-        state.inputs = inputs
-        part.unlink(missing_ok=True)
-    for extra in files.parts():
-        if int(extra.stem.split("-")[1]) > state.part_index:
-            log.warning("removing part written after the last checkpoint", dataset=files.dataset, part=extra.name)
-            extra.unlink()
-    short = _consistent(files, state.snapshot())
+        return IngestState(dataset=files.dataset)
+    short = _missing(files, state)
     if short:
         log.warning("outputs shorter than checkpoint; restarting dataset from scratch", dataset=files.dataset,
                     problems=short)
         _clear(files)
-        return _fresh(files.dataset)
-    for path, want in _logs(files, state.snapshot()):
+        return IngestState(dataset=files.dataset)
+    for extra in files.parts():
+        if int(extra.stem.split("-")[1]) >= state.part_index:
+            log.warning("removing part sealed after the last checkpoint", dataset=files.dataset, part=extra.name)
+            extra.unlink()
+    for path, want in _logs(files, state):
         if _size(path) > want:
             log.info("truncating to checkpoint", dataset=files.dataset, file=path.name, size=_size(path), to=want)
             _truncate(path, want)
+    keep = {name + ext for name, _, _ in state.open_pieces for ext in (".kept", ".kept.off")}
+    for staged in files.stage.iterdir() if files.stage.is_dir() else ():
+        if staged.name not in keep:
+            staged.unlink()
     if state.consumed:
         log.info("resuming dataset", dataset=files.dataset, consumed=state.consumed, kept=state.kept,
                  part=state.part_index, part_lines=state.part_lines, done=state.done)
     return state
-
-
-def _ends_with_newline(p: Path) -> bool:
-    with open(p, "rb") as fh:
-        fh.seek(-1, os.SEEK_END)
-        return fh.read(1) == b"\n"
-
-
-def _fresh(dataset: str) -> IngestState:
-    st = IngestState(dataset=dataset)
-    st.part_start = st.snapshot()
-    return st

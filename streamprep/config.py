@@ -113,6 +113,7 @@ SPEC: dict[str, Any] = {
         "hf_cache_max_gb": (NUM, 10.0),
         "hf_keep_cache": ((bool,), False),
         "batch_records": ((int,), 512),
+        "unit_mb": (NUM, 4.0),
         "progress_interval_s": (NUM, 10.0),
     },
 }
@@ -134,6 +135,7 @@ BOUNDS: dict[str, Range] = {
     "execution.hf_prefetch_files": Range(1, 100_000),
     "execution.hf_cache_max_gb": Range(0, 1 << 30, lo_open=True),
     "execution.batch_records": Range(1, 1_000_000),
+    "execution.unit_mb": Range(0, 1 << 20, lo_open=True),
     "execution.progress_interval_s": Range(0.1, 86_400),
 }
 DATASET_BOUNDS: dict[str, Range] = {
@@ -588,6 +590,7 @@ class ExecutionConfig(FrozenSection):
     hf_cache_max_gb: float
     hf_keep_cache: bool
     batch_records: int
+    unit_mb: float
     progress_interval_s: float
 
 

@@ -23,7 +23,7 @@ from streamprep.tokenize import ShardTask
 from streamprep.tokenizer import TokenizerInfo
 
 log = logs.get("feeder")
-Planner = Callable[[str, Path, TokenizerInfo], ShardTask]
+Planner = Callable[[str, Path, str, TokenizerInfo], ShardTask]  # dataset, part, its SHA-256, tokenizer
 
 
 class ShardFeeder:
@@ -37,7 +37,7 @@ class ShardFeeder:
         self._futures: list[Future] = []
         self._checkpointed: dict[str, IngestState] = {}  # the last *saved* state of each dataset
         self._sealed: dict[str, int] = {}
-        self._waiting: list[tuple[str, Path]] = []
+        self._waiting: list[tuple[str, Path, str]] = []
         self._training = False
         self.tasks: dict[tuple[str, str], ShardTask] = {}
 
@@ -54,7 +54,7 @@ class ShardFeeder:
             self._sealed[name] = now
             log.info("parts sealed", dataset=name, parts=now, new=now - before)
             for i in range(before, now):
-                self._later(self._hand_on, name, self._files[name].part(i))
+                self._later(self._hand_on, name, self._files[name].part(i), state.sealed[i][0])
         if self.info is None and not self._training and self._sample_ready is not None \
                 and self._sample_ready(dict(self._checkpointed)):
             self._training = True
@@ -63,19 +63,19 @@ class ShardFeeder:
     def _later(self, fn: Callable[..., Any], *args: Any) -> None:
         self._futures.append(self._pool.submit(fn, *args))
 
-    def _hand_on(self, name: str, part: Path) -> None:
+    def _hand_on(self, name: str, part: Path, sha256: str) -> None:
         if self.info is None:
-            self._waiting.append((name, part))
+            self._waiting.append((name, part, sha256))
             return
-        task = self._plan(name, part, self.info)
+        task = self._plan(name, part, sha256, self.info)
         self.tasks[(name, task.part)] = task
         self.engine.submit(task)
 
     def _train_then_flush(self, states: dict[str, IngestState]) -> None:
         self.info = self._train(states)
         waiting, self._waiting = self._waiting, []
-        for name, part in waiting:
-            self._hand_on(name, part)
+        for name, part, sha256 in waiting:
+            self._hand_on(name, part, sha256)
 
     def finish(self, states: dict[str, IngestState]) -> TokenizerInfo:
         """After ingest: train on everything if nothing did yet, and wait until every sealed part is submitted."""

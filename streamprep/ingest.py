@@ -1,167 +1,80 @@
-"""Asyncio ingest: per dataset, a reader task feeds QC batches; one writer applies dedup in order and
-appends kept records to deterministic parts, then checkpoints.
+"""Asyncio ingest: per dataset, its units of work (streamprep.units) judged by workers and decided in plan order.
 
-    reader (executor thread) --batch--> QC (thread, or process pool on all cores) --verdicts, in order-->
-    writer: dedup authority, part rolling, rejects sample, fsync, checkpoint
+    reader ──unit (or, for hf://, a batch the driver read)──▶ worker: judge_piece (stage the judged columns)
+       ◀──Summary: kind, digest, kept bytes, failed check per item (no record bytes)──
+    decider (one per dataset, plan order): ordinals, exact/near dedup, caps, rejects sample ──Decision──▶
+       worker: finalize_piece (kept lines, reject lines, audit stats)
+    committer (plan order): stats and rejects appended, each full part assembled by a worker
+       (assemble_part), dedup log flushed, then checkpoints.save (atomic)
 
 Outputs depend only on the input order and the config, never on the worker count or on where a
-previous attempt was interrupted: the writer consumes batches strictly in source order.
+previous attempt was interrupted: decisions and commits follow plan order. The driver reads no record:
+it sees per-record summaries (kind, 32-byte digest, sizes) and the bounded sample of reject lines.
 """
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
 import os
+import shutil
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator
 
 import aiofiles
-import orjson
 
-from quality import DedupDecision, DedupIndex, QualityControl, QualitySettings, Verdict, near_dedup
-from streamprep import atomic, logs, stats, units
+from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
+from streamprep import atomic, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
-from streamprep.sources import BadRecord, open_source
+from streamprep.sources import open_source
 from streamprep.sources.base import SourceError, input_change, one_line
-from streamprep.sources.local import REST_OF, _content_fault
+from streamprep.unit_worker import BAD, KEPT, Decision, Summary
 from streamprep.units import Unit
 
 log = logs.get("ingest")
-REJECT_EXCERPT = 2000
-SOURCE_KEYS = ("id", "url", "license", "licence")
-STOP = object()  # what the writer gets instead of a batch once a stop is requested
-# A dataset's position: the next item is item `item` of unit `unit` (a stream unit continues at `source`);
+STOP = object()  # what a coroutine gets instead of an item once a stop is requested
+# A dataset's position: the next piece is piece `piece` of unit `unit` (an hf:// stream continues at `source`);
 # `base` counts the items of the unit's file in earlier units; `skip_file`: a file whose rest did not decode.
-START: dict[str, Any] = {"unit": 0, "item": 0, "base": 0, "source": None, "skip_file": None}
+START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip_file": None}
 # QC processes run this much nicer than the job: the tokenizer, downstream, comes first on a shared core.
 # 10 rather than 5: the first shard came ~20 % sooner, the whole job no slower (docs/performance.md, sixth round).
 QC_NICE = 10
-# A QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
-# text so far): a process-pool round trip costs ~3 ms of the driver's CPU, and a checkpoint still follows every
-# batch. 500 k short documents, ingest alone: 18.6-18.9 -> 15.7-17.5 CPU-s, 14.6 -> 11.6-12.1 s; 8 batches saved
-# little more and held 75 MB more at the peak, 4 hold 30 MB more (docs/performance.md, eighth round).
+# An hf:// QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
+# text so far): a process-pool round trip costs ~3 ms of the driver's CPU (docs/performance.md, eighth round).
 QC_CALL_BATCHES = 4
 QC_CALL_BYTES = 4 << 20
-
-# ---- QC in worker processes ------------------------------------------------------------------
-# A worker judges one batch of items and hands back, per item, only what the writer needs, as one list per
-# `ItemColumns` field: lists of plain values pickle and unpickle much faster than named tuples, and a kept
-# record comes back as its finished ingest line (the writer puts its dataset ordinal in), not as a dict.
-SENTINEL_INDEX = -9223372036854763463  # a kept line's `source.index` until the writer knows its ordinal
-_SENTINEL = b'"index":%d' % SENTINEL_INDEX
-
-
-class ItemColumns(NamedTuple):
-    """One batch's items in order. `bad`: a BadRecord's reason (None for a judged record); `check` its
-    failed_check. `row`: a kept record's ingest line with SENTINEL_INDEX; `excerpt`: what a reject line
-    shows (None for a kept record whose excerpt is its text's start); `extra`: the record's source keys."""
-
-    bad: list
-    check: list
-    keep: list
-    row: list
-    meta: list
-    digest: list
-    chars: list
-    text_bytes: list
-    excerpt: list
-    extra: list
-
-
-Judged = tuple[ItemColumns, dict[str, dict[str, Any]], list]  # items, gate stats, near-dedup signatures
-_worker: dict[str, Any] = {}  # this QC worker's quality settings, mode and QualityControl per text field
-
-
-def _init_worker(quality: QualitySettings, mode: Mode) -> None:
-    _worker.clear()
-    _worker.update(quality=quality, mode=mode, qc={})
 
 
 def _init_pool_worker(quality: QualitySettings, mode: Mode) -> None:
     """A QC process (pool worker or Ray actor) yields the cores to the tokenizer when both want them: sealed parts are tokenized as
     they come instead of piling up behind ingest (the job's total work does not change, only its order)."""
     os.nice(QC_NICE)
-    _init_worker(quality, mode)
-
-
-def _judge(name: str, text_field: str, items: list[Any]) -> Judged:
-    """One batch of records / BadRecords: screened by the mode, judged by QC, kept ones serialised."""
-    qc = _worker["qc"].get(text_field)
-    if qc is None:
-        qc = _worker["qc"][text_field] = QualityControl(_worker["quality"], text_field=text_field)
-    mode: Mode = _worker["mode"]
-    screened, judged = mode.screen([(item, None) for item in items], text_field)
-    verdicts = iter(qc.evaluate_batch(judged))
-    cols = ItemColumns(*([] for _ in ItemColumns._fields))
-    signatures = []
-    for rec, _ in screened:
-        if isinstance(rec, BadRecord):
-            for col, v in zip(cols, (rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, None)):
-                col.append(v)
-            continue
-        keep, text, meta, digest, signature = next(verdicts)
-        signatures.append(signature)
-        extra = None
-        if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
-            extra = {k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))}
-        excerpt = _excerpt(rec, text_field)
-        row, chars, text_bytes = None, len(excerpt), 0
-        if keep:
-            source = {"dataset": name, "index": SENTINEL_INDEX, **(extra or {})}
-            row = orjson.dumps(mode.kept_row(text, {**meta, "source": source}, rec)) + b"\n"
-            chars, text_bytes = len(text), len(text.encode("utf-8"))
-            if excerpt == text[:REJECT_EXCERPT]:
-                excerpt = None
-        for col, v in zip(cols, (None, None, keep, row, meta, digest, chars, text_bytes, excerpt, extra)):
-            col.append(v)
-    return cols, qc.take_gate_stats(), signatures
-
-
-def _judge_items(name: str, text_field: str, batches: list[list[Any]]) -> list[Judged]:
-    """A QC call of batches the driver read (stream units): gate stats stay per batch, as each batch's
-    checkpoint records them."""
-    return [_judge(name, text_field, items) for items in batches]
-
-
-def _judge_unit(name: str, text_field: str, batch: int, unit: Unit, skip: int) -> list[Judged]:
-    """Read a range or row-group unit here, past its first `skip` items (applied before a resume), and
-    judge it in batches of `batch`. A file whose bytes stop decoding ends with one BadRecord (the writer
-    then skips the file's later units, as a stream reader skips the rest of a file)."""
-    items = []
-    try:
-        for item in islice(units.read_unit(unit), skip, None):
-            items.append(item)
-    except Exception as exc:
-        if not _content_fault(exc):
-            raise SourceError(f"cannot read input file {unit.path}: {one_line(exc)}") from exc
-        items.append(BadRecord(f"{REST_OF}{unit.path} after record {units.RECORD_MARK}, skipped: {one_line(exc)}", ""))
-    return [_judge(name, text_field, items[i:i + batch]) for i in range(0, len(items), batch)] or \
-        [_judge(name, text_field, [])]
+    unit_worker.init_worker(quality, mode)
 
 
 class QCRunner:
-    """Runs QC calls (`_judge_items`, `_judge_unit`): in one thread for 1 worker, else in a process pool."""
+    """Runs worker calls (`unit_worker.judge_piece`, `finalize_piece`, `assemble_part`): in one thread for 1 worker,
+    else in a process pool."""
 
     def __init__(self, quality: QualitySettings, mode: Mode, workers: int):
         self.workers = max(1, workers)
         self.pool: Executor
         if self.workers == 1:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="qc")
-            self.pool.submit(_init_worker, quality, mode).result()
+            self.pool.submit(unit_worker.init_worker, quality, mode).result()
         else:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["streamprep.ingest"])  # workers fork with quality already imported
+            ctx.set_forkserver_preload(["streamprep.unit_worker"])  # workers fork with quality already imported
             self.pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_pool_worker,
                                             initargs=(quality, mode))
 
-    def submit(self, fn: Callable[..., list[Judged]], *args: Any) -> asyncio.Future:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         return asyncio.wrap_future(self.pool.submit(fn, *args))
 
     def close(self) -> None:
@@ -177,13 +90,13 @@ class _QCActor:
     def ready(self) -> bool:
         return True
 
-    def run(self, fn: Callable[..., list[Judged]], *args: Any) -> list[Judged]:
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
 
 
 class RayQCRunner:
-    """QC calls on Ray actors of an existing cluster; each actor answers in order, and the writer awaits
-    them in source order, so outputs equal the process-pool run's."""
+    """Worker calls on Ray actors of an existing cluster (the stage files are on the run's shared filesystem);
+    the driver awaits them in plan order, so outputs equal the process-pool run's."""
 
     def __init__(self, quality: QualitySettings, mode: Mode, workers: int, address: str):
         from streamprep import ray_cluster
@@ -194,7 +107,7 @@ class RayQCRunner:
         self._next = 0
         log.info("quality control on Ray actors", actors=self.workers, address=address)
 
-    def submit(self, fn: Callable[..., list[Judged]], *args: Any) -> asyncio.Future:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         actor = self.actors[self._next % self.workers]
         self._next += 1
         return asyncio.wrap_future(actor.run.remote(fn, *args).future())
@@ -255,13 +168,40 @@ def _take(it: Iterator, n: int) -> list:
     return list(islice(it, n))
 
 
+@dataclass
+class Ahead:
+    """The decider's counters: they run ahead of the checkpoint (which the committer saves in plan order)."""
+
+    consumed: int
+    kept: int
+    rejected: int
+    kept_text_bytes: int
+    dedup_count: int
+    near_dedup_bytes: int
+    rejects_sampled: dict[str, int]
+    position: dict[str, Any]
+
+    @classmethod
+    def of(cls, st: IngestState) -> "Ahead":
+        return cls(st.consumed, st.kept, st.rejected, st.kept_text_bytes, st.dedup_count, st.near_dedup_bytes,
+                   dict(st.rejects_sampled), dict(st.position or START))
+
+    def onto(self, st: IngestState) -> None:
+        """Copy a snapshot (taken after one piece) onto the state the committer checkpoints."""
+        for k in ("consumed", "kept", "rejected", "kept_text_bytes", "dedup_count", "near_dedup_bytes"):
+            setattr(st, k, getattr(self, k))
+        st.rejects_sampled, st.position = dict(self.rejects_sampled), dict(self.position)
+
+
 class DatasetIngest:
     """Ingest of one dataset entry, resumable from its checkpoint."""
 
     def __init__(self, ds: DatasetConfig, ctx: IngestContext, qc: QCRunner | RayQCRunner, reader_pool: Executor):
         self.ds, self.ctx, self.qc, self.reader_pool = ds, ctx, qc, reader_pool
         self.files = DatasetFiles(ctx.run_dir, ctx.checkpoint_dir, ds.name)
+        self.stage_dir = self.files.stage
         self.source: Any = None  # opened in run()
+        self.units: list[Unit] = []
         self.shard_records = ctx.output.shard_records or 100_000
         self.max_rejects = ctx.output.max_rejects_per_check
         self.batch = ctx.execution.batch_records
@@ -271,8 +211,7 @@ class DatasetIngest:
         self.near = near_dedup.NearDupIndex(near, self.files.near_dedup) if near.enabled else None
         self.run_scope = self.dedup_on and quality.dedup_scope == "run"
         self.size_cap = int(ds.size_mb * 1024 * 1024) if ds.size_mb else None
-        self.depth = 2 * qc.workers + 1  # batches in flight between reader and writer: bounded memory
-        self.mode = ctx.mode
+        self.depth = 2 * qc.workers + 1  # pieces in flight between each pair of steps: bounded memory
 
     async def run(self) -> IngestState:
         name = self.ds.name
@@ -296,31 +235,40 @@ class DatasetIngest:
             if inputs is STOP:
                 return state
             self._check_inputs(state, inputs)
-        for d in (self.files.ingest_dir, self.files.rejects.parent):
+        for d in (self.files.ingest_dir, self.files.rejects.parent, self.stage_dir):
             d.mkdir(parents=True, exist_ok=True)
         plan = await self._blocking(lambda: self._plan(state))
         if plan is STOP:
             return state
         self.units = plan
-        queue: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
-        reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, queue))
+        judged: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
+        decided: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
+        reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, judged))
+        decider: asyncio.Task | None = None
         try:
             earlier = await self._earlier_indexes()
             if earlier is not None:
-                await self._write(state, DedupDecision(own, earlier), queue)
+                decider = asyncio.create_task(self._decide_all(Ahead.of(state), DedupDecision(own, earlier),
+                                                               judged, decided))
+                await self._commit_all(state, own, decided)
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            for task in (reader, decider):
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(*(t for t in (reader, decider) if t is not None), return_exceptions=True)
             if self.near is not None:
                 self.near.close()
-            while not queue.empty():  # drop batches read ahead; the checkpoint does not include them
-                item = queue.get_nowait()
-                if isinstance(item, tuple) and item[2] is not None:
-                    item[2].cancel()
+            for q in (judged, decided):  # drop work done ahead; the checkpoint does not include it
+                while not q.empty():
+                    item = q.get_nowait()
+                    if isinstance(item, tuple) and isinstance(item[-1], asyncio.Future):
+                        item[-1].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
-        if state.done and self.run_scope:
-            self.ctx.publish(name, own)
+        if state.done:
+            await asyncio.to_thread(shutil.rmtree, self.stage_dir, True)
+            if self.run_scope:
+                self.ctx.publish(name, own)
         return state
 
     def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:
@@ -339,10 +287,9 @@ class DatasetIngest:
         if isinstance(saved, list):
             return [Unit(**u) for u in saved]
         files = getattr(self.source, "files", None)
-        plan = units.plan_dataset(files, self.ds.format)
+        plan = units.plan_dataset(files, self.ds.format, int(self.ctx.execution.unit_mb * (1 << 20)))
         atomic.write_json(path, [u.to_json() for u in plan])
-        log.info("units planned", dataset=self.ds.name, units=len(plan), files=len(files or ()),
-                 read_by_workers=sum(u.kind != "stream" for u in plan))
+        log.info("units planned", dataset=self.ds.name, units=len(plan), files=len(files or ()))
         return plan
 
     def _open_index(self, state: IngestState) -> DedupIndex:
@@ -352,7 +299,7 @@ class DatasetIngest:
     async def _earlier_indexes(self) -> list[tuple[str, DedupIndex]] | None:
         """`dedup_scope: run`: the final indexes of the datasets listed before this one, once they are all
         done (None if the job stops first). Deciding nothing before then makes the earlier dataset win a
-        cross-dataset duplicate whatever the timing; QC still runs ahead (bounded by the queue)."""
+        cross-dataset duplicate whatever the timing; workers still judge ahead (bounded by the queue)."""
         if not self.run_scope:
             return []
         earlier = []
@@ -364,23 +311,25 @@ class DatasetIngest:
             earlier.append((ds.name, self.ctx.finished[ds.name]))
         return earlier
 
+    def _stage(self, u: int, k: int) -> str:
+        return str(self.stage_dir / f"u{u:07d}-{k:07d}")
+
+    # -- reading: units to the workers, in plan order ------------------------------------------------
     async def _read(self, pos: dict[str, Any], consumed: int, queue: asyncio.Queue) -> None:
-        """Queue items `(unit, positions, QC call, last)` in plan order, then None; a source that raises ends
-        the queue with its exception. A range or row-group unit is one call its worker reads itself."""
+        """Queue items `(unit, piece, source position after it, last piece of the unit, judge call)` in plan
+        order, then None; a failure ends the queue with its exception."""
         try:
             for u in range(pos["unit"], len(self.units)):
-                unit, skip = self.units[u], pos["item"] if u == pos["unit"] else 0
+                unit = self.units[u]
                 if self.ctx.stop.is_set():
                     return
                 if unit.kind != "stream":
-                    await queue.put((u, None, self.qc.submit(_judge_unit, self.ds.name, self.ds.text_field,
-                                                             self.batch, unit, skip), True))
+                    await queue.put((u, 0, None, True, self.qc.submit(
+                        unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch, self._stage(u, 0), unit)))
                     continue
-                start = pos["source"] if u == pos["unit"] and pos.get("source") else \
-                    None if unit.file < 0 else {"file": unit.file, "record": 0}
-                it = self.source.iter_records(start) if unit.file < 0 else \
-                    self.source.read_file(unit.file, unit.path, start)
-                consumed = await self._read_stream(u, it, consumed, queue)
+                first = pos["piece"] if u == pos["unit"] else 0
+                consumed = await self._read_stream(u, first, pos["source"] if u == pos["unit"] else None,
+                                                   consumed, queue)
             await queue.put(None)
         except Exception as exc:
             await queue.put(exc)
@@ -394,26 +343,25 @@ class DatasetIngest:
         batch_bytes = self.batch * state.kept_text_bytes / state.kept
         return max(1, min(QC_CALL_BATCHES, int(QC_CALL_BYTES // max(batch_bytes, 1))))
 
-    async def _read_stream(self, u: int, it: Iterator, consumed: int, queue: asyncio.Queue) -> int:
-        """A stream unit read here, in calls of batches cut exactly as one read per batch would cut them.
-        `consumed` counts what this reader knows was read (workers' units not included): `max_records` never
-        reads fewer records than it needs, and an `hf://` dataset (one stream unit) reads no more."""
+    async def _read_stream(self, u: int, k: int, start: dict[str, Any] | None, consumed: int,
+                           queue: asyncio.Queue) -> int:
+        """The hf:// stream, read here in QC calls (pieces) of batches cut exactly as one read per batch would
+        cut them, and never past `max_records` (an hf:// source downloads what is read)."""
         loop = asyncio.get_running_loop()
+        it = self.source.iter_records(start)
         cap = self.ds.max_records
         while not self.ctx.stop.is_set():
             n = self.batch * self._batches_per_call()
             n = n if cap is None else min(n, cap - consumed)
             items = await loop.run_in_executor(self.reader_pool, _take, it, n) if n > 0 else []
-            if not items:
-                await queue.put((u, None, None, True))
-                return consumed
             consumed += len(items)
-            batches = [items[i:i + self.batch] for i in range(0, len(items), self.batch)]
-            await queue.put((u, [[p for _, p in b] for b in batches],
-                             self.qc.submit(_judge_items, self.ds.name, self.ds.text_field,
-                                            [[r for r, _ in b] for b in batches]), len(items) < n))
-            if len(items) < n:
+            last = len(items) < n
+            fut = self.qc.submit(unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch,
+                                 self._stage(u, k), None, [r for r, _ in items])
+            await queue.put((u, k, items[-1][1] if items else start, last, fut))
+            if last:
                 return consumed
+            start, k = items[-1][1], k + 1
         return consumed
 
     async def _or_stop(self, aw: Any) -> Any:
@@ -434,140 +382,168 @@ class DatasetIngest:
         not waited for), so a signal stops the job within seconds."""
         return await self._or_stop(asyncio.get_running_loop().run_in_executor(self.reader_pool, fn))
 
-    async def _write(self, state: IngestState, dedup: DedupDecision, queue: asyncio.Queue) -> None:
-        skip_file = (state.position or START)["skip_file"]  # a file whose rest did not decode: its later units are passed over
+    # -- deciding: in plan order, on summaries -------------------------------------------------------
+    async def _decide_all(self, a: Ahead, dedup: DedupDecision, judged: asyncio.Queue, decided: asyncio.Queue) -> None:
+        """Queue items `(stage, decision or None, counters after it, finalize call or None)`, then None (the
+        dataset ends: all read, or a cap reached); a failure ends the queue with its exception."""
+        try:
+            while True:
+                got = await judged.get()
+                if got is None or isinstance(got, Exception):
+                    await decided.put(got)
+                    return
+                u, k, source, last, fut = got
+                summary: Summary = await fut
+                unit, stage = self.units[u], self._stage(u, k)
+                d, capped = None, False
+                if not (unit.kind in units.NUMBERED and unit.file == a.position["skip_file"]):
+                    d, capped = self._decide(a, dedup, unit, summary)
+                    if self.near is not None and (near_log := self.near.take_log()):
+                        await _append(self.files.near_dedup, near_log)
+                    if summary.rest_failed:
+                        a.position["skip_file"] = unit.file
+                self._advance(a, u, k, source, last, len(summary.kinds))
+                fin = self.qc.submit(unit_worker.finalize_piece, self.ds.name, stage, d) if d and d.applied else None
+                await decided.put((stage, d, Ahead(**{**a.__dict__, "position": dict(a.position),
+                                                      "rejects_sampled": dict(a.rejects_sampled)}), fin))
+                if capped:
+                    await decided.put(None)
+                    return
+        except Exception as exc:
+            await decided.put(exc)
+
+    def _advance(self, a: Ahead, u: int, k: int, source: Any, last: bool, items: int) -> None:
+        """The position after piece `k` of unit `u` (`items` read from it). `file` and `offset` say where the
+        next item is, for the progress estimate (streamprep.progress)."""
+        pos = a.position
+        if not last:
+            where = source or {}
+            a.position = {**pos, "unit": u, "piece": k + 1, "source": source, "file": where.get("file", 0),
+                          "offset": where.get("offset")}
+            return
+        unit, nxt = self.units[u], self.units[u + 1] if u + 1 < len(self.units) else None
+        same = unit.kind in units.NUMBERED and nxt is not None and nxt.file == unit.file
+        a.position = {**pos, "unit": u + 1, "piece": 0, "source": None, "base": pos["base"] + items if same else 0,
+                      "file": nxt.file if nxt else unit.file + 1, "offset": nxt.start if nxt and nxt.kind == "range" else None}
+
+    def _decide(self, a: Ahead, dedup: DedupDecision, unit: Unit, s: Summary) -> tuple[Decision, bool]:
+        """One piece's verdicts, record by record in plan order (dedup and caps depend on everything before).
+        Returns the Decision and whether `max_records` or `size_mb` ended the dataset in it."""
+        cap, keep, dup, near, sampled = self.ds.max_records, bytearray(), {}, {}, set()
+        digests, text_bytes, checks = iter(s.digests), iter(s.text_bytes), iter(s.checks)
+        if self.near is not None:
+            self.near.prepare(s.signatures or [None] * len(s.digests))
+        ordinal0, capped = a.consumed, False
+        for j, kind in enumerate(s.kinds):
+            if cap is not None and a.consumed >= cap:
+                capped = True
+                break
+            ordinal = a.consumed
+            a.consumed += 1
+            kept = kind == KEPT
+            tb = next(text_bytes) if kept else 0
+            check = next(checks) if not kept else None
+            if kind != BAD:
+                digest = next(digests)
+                twin = self.near.next_twin() if self.near is not None else None
+                twin_ds = dedup.twin(digest) if self.dedup_on else None
+                if twin_ds is not None:  # the kept copy's dataset: this one, or an earlier one (dedup_scope: run)
+                    kept, check, dup[j] = False, "duplicate", twin_ds
+                elif kept and twin is not None:
+                    kept, check, near[j] = False, "near_duplicate", (twin.source_index, twin.jaccard)
+            keep.append(kept)
+            if kept:
+                if self.dedup_on:
+                    dedup.keep(digest)
+                    a.dedup_count += 1
+                if self.near is not None:
+                    a.near_dedup_bytes += self.near.add(ordinal)
+                a.kept += 1
+                a.kept_text_bytes += tb
+                if self.size_cap is not None and a.kept_text_bytes >= self.size_cap:
+                    capped = True
+                    log.info("size_mb cap reached", dataset=self.ds.name, kept_text_bytes=a.kept_text_bytes)
+                    break
+            else:
+                a.rejected += 1
+                if self.max_rejects is None or a.rejects_sampled.get(check, 0) < self.max_rejects:
+                    a.rejects_sampled[check] = a.rejects_sampled.get(check, 0) + 1
+                    sampled.add(j)
+        before = a.position["base"] if unit.kind in units.NUMBERED else None
+        return Decision(len(keep), ordinal0, before, bytes(keep), dup, near, frozenset(sampled)), capped
+
+    # -- committing: in plan order, checkpointed -----------------------------------------------------
+    async def _commit_all(self, state: IngestState, own: DedupIndex, decided: asyncio.Queue) -> None:
         while not self.ctx.stop.is_set():
-            got = await self._or_stop(queue.get())
+            got = await self._or_stop(decided.get())
             if got is STOP:
                 return
-            if isinstance(got, Exception):  # everything read before it is written and checkpointed
+            if isinstance(got, Exception):  # everything decided before it is committed and checkpointed
                 if isinstance(got, (SourceError, ConfigError)):
                     raise got
                 raise SourceError(f"dataset {self.ds.name}: reading the input failed after item {state.consumed}: "
                                   f"{one_line(got)}") from got
             if got is None:
+                await self._seal_parts(state, final=True)
                 state.done = True
-                await self._save(state)
+                await self._save(state, own)
                 return
-            u, positions, fut, last = got
-            unit = self.units[u]
-            if fut is not None and not (unit.kind != "stream" and unit.file == skip_file):
-                for b, (cols, gates, signatures) in enumerate(await fut):
-                    if self.ctx.stop.is_set():  # every batch applied so far is checkpointed
-                        return
-                    stats.add_gates(state.stats, gates)
-                    if self.near is not None:
-                        self.near.prepare(signatures)
-                    capped = await self._apply(state, dedup, u, cols, positions and positions[b])
-                    skip_file = state.position["skip_file"]
-                    if capped:
-                        state.done = True
-                        await self._save(state)
-                        return
-            if last and u + 1 < len(self.units):  # the next unit starts; `base` counts its file's earlier items
-                pos = state.position or START
-                same = unit.kind != "stream" and self.units[u + 1].file == unit.file
-                state.position = {**START, "unit": u + 1, "base": pos["base"] + pos["item"] if same else 0,
-                                  "skip_file": skip_file}
+            stage, d, after, fin = got
+            rejects, st, kept_bytes = await fin if fin is not None else (b"", {}, 0)
+            if self.ctx.stop.is_set():  # every piece committed so far is checkpointed
+                return
+            stats.add_stats(state.stats, st)
+            if rejects:
+                await _append(self.files.rejects, rejects)
+                state.rejects_bytes += len(rejects)
+            after.onto(state)
+            n_kept = sum(d.keep) if d else 0
+            if n_kept:
+                state.open_pieces.append([Path(stage).name, 0, n_kept])
+                state.part_lines += n_kept
+                state.part_bytes += kept_bytes
+            done_with = await self._seal_parts(state, final=False)
+            await self._save(state, own)
+            await asyncio.to_thread(_remove, [stage + ".judged"] +
+                                    [str(self.stage_dir / name) + ext for name in done_with for ext in (".kept", ".kept.off")])
 
-    async def _save(self, state: IngestState) -> None:
+    async def _seal_parts(self, state: IngestState, final: bool) -> list[str]:
+        """Assemble every full part (and, at the end, the last short one) from the open pieces' kept lines,
+        in a worker; returns the pieces no longer needed."""
+        done_with: list[str] = []
+        while state.part_lines >= self.shard_records or (final and state.part_lines):
+            take, slices = min(state.part_lines, self.shard_records), []
+            while take:
+                name, first, n = state.open_pieces[0]
+                m = min(n, take)
+                slices.append((str(self.stage_dir / name), first, m))
+                take -= m
+                if m == n:
+                    done_with.append(state.open_pieces.pop(0)[0])
+                else:
+                    state.open_pieces[0] = [name, first + m, n - m]
+            sha, size = await self.qc.submit(unit_worker.assemble_part, str(self.files.part(state.part_index)), slices)
+            state.sealed.append([sha, size])
+            state.part_index += 1
+            state.part_lines -= sum(n for _, _, n in slices)
+            state.part_bytes -= size
+        return done_with
+
+    async def _save(self, state: IngestState, own: DedupIndex) -> None:
+        await asyncio.to_thread(own.flush)  # the log holds at least the checkpoint's `dedup_count` digests
         await asyncio.to_thread(save, self.files, state)
         if hasattr(self.source, "checkpointed"):  # the source may drop the data this checkpoint has moved past
-            await asyncio.to_thread(self.source.checkpointed, state.position)
+            await asyncio.to_thread(self.source.checkpointed, state.position["source"])
         self._checkpointed(state)
 
     def _checkpointed(self, state: IngestState) -> None:
         if self.ctx.on_checkpoint is not None:
             self.ctx.on_checkpoint(state)
 
-    async def _apply(self, state: IngestState, dedup: DedupDecision, u: int, cols: ItemColumns,
-                     positions: list[Any] | None) -> bool:
-        """Decide, write and checkpoint one judged batch of unit `u` (`positions`: a stream unit's source
-        positions). Returns True when `max_records` or `size_mb` ended the dataset."""
-        # Long on purpose: one pass per record updating, in order, the state the checkpoint saves.
-        name, cap = self.ds.name, self.ds.max_records
-        unit = self.units[u]
-        numbered = unit.kind != "stream"  # a worker's reasons number lines from its unit's start
-        parts: list[tuple[int, list[bytes]]] = [(state.part_index, [])]
-        rejects: list[bytes] = []
-        capped = False
-        pos = state.position or START
-        for j, bad in enumerate(cols.bad):
-            if cap is not None and state.consumed >= cap:
-                capped = True
-                break
-            ordinal = state.consumed
-            state.consumed += 1
-            here = positions[j] if positions else None  # progress reads `file` and `offset` (a range: its start)
-            pos = state.position = {**pos, "unit": u, "item": pos["item"] + 1 if pos["unit"] == u else 1,
-                                    "source": here, "file": unit.file if unit.file >= 0 else here.get("file", 0),
-                                    "offset": unit.start if numbered else here.get("offset")}
-            source = {"dataset": name, "index": ordinal}
-            if bad is not None:
-                reason = units.global_reason(bad, pos["base"] + pos["item"] - 1) if numbered else bad
-                keep, meta, excerpt = False, {"failed_check": cols.check[j], "reason": reason}, cols.excerpt[j]
-                if numbered and reason.startswith(REST_OF):
-                    pos["skip_file"] = unit.file
-            else:
-                keep, meta, digest = cols.keep[j], cols.meta[j], cols.digest[j]
-                twin = self.near.next_twin() if self.near is not None else None
-                twin_ds = dedup.twin(digest) if self.dedup_on else None
-                if twin_ds is not None:  # the kept copy's dataset: this one, or an earlier one (dedup_scope: run)
-                    keep, meta = False, {**meta, "failed_check": "duplicate", "reason": dedup.reason(digest),
-                                         "duplicate_of": twin_ds or name}
-                elif keep and twin is not None:
-                    keep, meta = False, near_dedup.reject_meta(meta, name, twin)
-                excerpt = None if keep else cols.excerpt[j]
-                if excerpt is None and not keep:  # a kept record's excerpt is its text's start
-                    excerpt = orjson.loads(cols.row[j])["text"][:REJECT_EXCERPT]
-                if cols.extra[j]:
-                    source.update(cols.extra[j])
-            chars = cols.chars[j] if keep else len(excerpt)
-            stats.add_record(state.stats, keep, meta, chars)
-            if keep:
-                if self.dedup_on:
-                    dedup.keep(digest)
-                    state.dedup_count += 1
-                if self.near is not None:
-                    state.near_dedup_bytes += self.near.add(ordinal)
-                line = cols.row[j].replace(_SENTINEL, b'"index":%d' % ordinal, 1)
-                parts[-1][1].append(line)
-                state.kept += 1
-                state.part_lines += 1
-                state.part_bytes += len(line)
-                state.kept_text_bytes += cols.text_bytes[j]
-                if state.part_lines == self.shard_records:  # roll: the next part starts after this record
-                    state.part_index += 1
-                    state.part_lines = state.part_bytes = 0
-                    state.part_start = state.snapshot()
-                    parts.append((state.part_index, []))
-                if self.size_cap is not None and state.kept_text_bytes >= self.size_cap:
-                    capped = True
-                    log.info("size_mb cap reached", dataset=name, kept_text_bytes=state.kept_text_bytes)
-                    break
-            else:
-                state.rejected += 1
-                check = meta.get("failed_check", "unknown")
-                if self.max_rejects is None or state.rejects_sampled.get(check, 0) < self.max_rejects:
-                    state.rejects_sampled[check] = state.rejects_sampled.get(check, 0) + 1
-                    line = orjson.dumps({"failed_check": check, "reason": meta.get("reason"), "meta": meta,
-                                         "source": source, "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n"
-                    rejects.append(line)
-                    state.rejects_bytes += len(line)
-        await self._flush(parts, rejects, dedup.own)
-        if self.near is not None and (near_log := self.near.take_log()):
-            await _append(self.files.near_dedup, near_log)
-        await self._save(state)
-        return capped
 
-    async def _flush(self, parts: list[tuple[int, list[bytes]]], rejects: list[bytes], dedup: DedupIndex) -> None:
-        """Append and fsync everything the next checkpoint will describe."""
-        for index, lines in parts:
-            if lines:
-                await _append(self.files.part(index), b"".join(lines))
-        if rejects:
-            await _append(self.files.rejects, b"".join(rejects))
-        await asyncio.to_thread(dedup.flush)
+def _remove(paths: list[str]) -> None:
+    for p in paths:
+        Path(p).unlink(missing_ok=True)
 
 
 async def _append(path: Path, data: bytes) -> None:
@@ -575,13 +551,6 @@ async def _append(path: Path, data: bytes) -> None:
         await fh.write(data)
         await fh.flush()
         await asyncio.to_thread(os.fsync, fh.fileno())
-
-
-def _excerpt(rec: Any, text_field: str) -> str:
-    text = rec.get(text_field) if isinstance(rec, dict) else rec
-    if not isinstance(text, str):
-        text = repr(text)
-    return text[:REJECT_EXCERPT]
 
 
 async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:

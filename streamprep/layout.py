@@ -63,6 +63,10 @@ class CheckpointLayout:
         """The dataset's units of work (streamprep.units), written once."""
         return Path(self.checkpoint_dir) / f"{dataset}.plan.json"
 
+    def stage(self, dataset: str) -> Path:
+        """Where workers stage the dataset's judged pieces and kept lines until parts are assembled."""
+        return Path(self.checkpoint_dir) / "stage" / dataset
+
     @property
     def lock(self) -> Path:
         return Path(self.checkpoint_dir) / CHECKPOINT_LOCK

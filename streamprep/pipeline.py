@@ -366,12 +366,12 @@ class Job:
         log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)
         return tokmod.prepare_from_sample(tok, self.run_dir, texts)
 
-    def _task(self, name: str, part: Path, info: TokenizerInfo) -> ShardTask:
+    def _task(self, name: str, part: Path, sha256: str, info: TokenizerInfo) -> ShardTask:
         dtype = token_dtype(self.config.output.dtype, info.vocab_size)
         eod = info.eod_id if self.config.tokenizer.append_eod and self.mode.appends_eod else None
         split = next(d.blend_split for d in self.config.datasets if d.name == name)
         return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype,
-                         self.sft_section)
+                         self.sft_section, sha256)
 
     def _plan(self, states: dict[str, IngestState], feeder: ShardFeeder) -> list[ShardTask]:
         """Every sealed part's task in config then part order; the feeder planned (and hashed) each one

@@ -59,6 +59,14 @@ def add_gates(stats: dict[str, Any], gates: dict[str, dict[str, Any]]) -> None:
         _bump(stats.setdefault("gate_us", {}), name, round(c["seconds"] * 1e6))
 
 
+def add_stats(stats: dict[str, Any], other: dict[str, Any]) -> None:
+    """Fold another `stats` dict (a piece's, from its worker) into `stats`: every value is a name -> count dict."""
+    for key, counts in other.items():
+        into = stats.setdefault(key, {})
+        for name, n in counts.items():
+            _bump(into, name, n)
+
+
 def gate_table(stats: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per gate, in the order the gates ran: records seen and rejected, and µs per record it saw.
     Checkpoints sort their keys, so the run order is rebuilt from the chain itself: each gate sees what the

@@ -65,7 +65,8 @@ def plan_hash(dataset: str, part: str, tokenizer_fingerprint: str, eod_id: int |
 
 def make_task(run_dir: Path, dataset: str, split: str, part_path: Path, tokenizer_path: Path,
               tokenizer_fingerprint: str, eod_id: int | None, dtype: str,
-              sft: dict[str, Any] | None = None) -> ShardTask:
+              sft: dict[str, Any] | None = None, input_sha256: str | None = None) -> ShardTask:
+    """The task of one sealed part; `input_sha256` is the part's hash when ingest knows it (else it is read)."""
     part = part_path.stem
     layout = RunLayout(run_dir)
     prefix = mode_of(sft).shard_prefix(layout, dataset, part)
@@ -73,7 +74,7 @@ def make_task(run_dir: Path, dataset: str, split: str, part_path: Path, tokenize
         dataset=dataset, split=split, part=part, input_path=str(part_path), prefix=str(prefix),
         receipt_path=str(layout.receipt(dataset, part)), run_dir=str(run_dir),
         plan_hash=plan_hash(dataset, part, tokenizer_fingerprint, eod_id, dtype, sft),
-        input_sha256=atomic.sha256_file(part_path), tokenizer_path=str(tokenizer_path),
+        input_sha256=input_sha256 or atomic.sha256_file(part_path), tokenizer_path=str(tokenizer_path),
         tokenizer_fingerprint=tokenizer_fingerprint, eod_id=eod_id, dtype=dtype, sft=sft)
 
 

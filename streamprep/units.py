@@ -1,12 +1,13 @@
 """Units of work: a dataset's inputs cut into pieces a QC worker reads itself, planned once per run.
 
 A unit is one input file, or a range of a large one: an uncompressed JSONL/text file is cut into byte
-ranges of about `UNIT_BYTES` at newlines, a Parquet file into single row groups. The worker that judges
-a unit reads it (the driver never parses its records). Compressed files, `format: document` and `hf://`
-datasets are `stream` units: read in order by the driver's reader thread, as one file (or, for `hf://`,
-the whole pinned snapshot, whose download window the reader owns) and shipped to the workers in batches.
+ranges of about `execution.unit_mb` at newlines, a Parquet file into single row groups; any other local file
+(compressed, `format: document`, special or unsupported) is one `file` unit. The worker that judges a
+unit reads it: the driver never reads its records. An `hf://` dataset is one `stream` unit, read in
+order by the driver's reader thread (it owns the pinned snapshot's bounded download window) and shipped
+to the workers in batches.
 
-The plan depends only on the input files and `UNIT_BYTES`, never on the worker or node count; it is
+The plan depends only on the input files and `unit_mb`, never on the worker or node count; it is
 written once to the checkpoint dir (`<dataset>.plan.json`) and a resume uses the saved plan.
 """
 from __future__ import annotations
@@ -21,16 +22,16 @@ import pyarrow.parquet as pq
 from streamprep.sources.base import BadRecord
 from streamprep.sources.local import LocalSource, _compression, _special, detect_format
 
-UNIT_BYTES = 4 << 20  # a unit's share of a file: about one QC call's worth of text (ingest.QC_CALL_BYTES)
 CHUNKED = ("jsonl", "txt")  # uncompressed formats cut into byte ranges
+NUMBERED = ("range", "row_group")  # kinds that start inside a file: line numbers are filled in by the driver
 LINE_MARK = "\x00line\x00"  # stands for a file-global line number in a worker's reject reason
 RECORD_MARK = "\x00record\x00"  # ... and for the count of the file's records before it
 
 
 @dataclass(frozen=True)
 class Unit:
-    """`kind`: "range" (bytes [start, end) of a text file), "row_group" (Parquet row group `start`), or
-    "stream" (file `file` read in order by the driver; `file` -1: the whole `hf://` dataset)."""
+    """`kind`: "range" (bytes [start, end) of a text file), "row_group" (Parquet row group `start`), "file"
+    (a whole local file), or "stream" (the whole `hf://` dataset, read by the driver; `file` -1)."""
 
     kind: str
     file: int
@@ -56,7 +57,7 @@ def global_reason(reason: str, before: int) -> str:
     return reason.replace(LINE_MARK, str(before + 1)).replace(RECORD_MARK, str(before))
 
 
-def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int | None = None) -> list[Unit]:
+def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int) -> list[Unit]:
     """The units of one dataset entry, in dataset order. `files` None: a source without a file list (`hf://`)
     is read whole, as one stream unit."""
     if files is None:
@@ -68,12 +69,12 @@ def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int | Non
         except ValueError:
             kind = None  # the reader turns it into a counted reject
         if kind in CHUNKED and _compression(f) is None and not _special(f):
-            units += [Unit("range", i, f, kind, a, b) for a, b in _cuts(f, unit_bytes or UNIT_BYTES)]
+            units += [Unit("range", i, f, kind, a, b) for a, b in _cuts(f, unit_bytes)]
         elif kind == "parquet" and not _special(f):
             groups = _row_groups(f)
-            units += [Unit("row_group", i, f, kind, g) for g in range(groups)] if groups else [Unit("stream", i, f)]
+            units += [Unit("row_group", i, f, kind, g) for g in range(groups)] if groups else [Unit("file", i, f)]
         else:
-            units.append(Unit("stream", i, f))
+            units.append(Unit("file", i, f, fmt or ""))
     return units
 
 
@@ -96,8 +97,8 @@ def _cuts(path: str, unit_bytes: int) -> list[tuple[int, int]]:
 
 
 def _row_groups(path: str) -> int:
-    """Row groups of a Parquet file with rows; 0 when it cannot be read or is empty (the stream reader then
-    reports it as a reject)."""
+    """Row groups of a Parquet file with rows; 0 when it cannot be read or is empty (read as a `file` unit,
+    its reader reports it as a reject)."""
     try:
         with fsspec.open(path, "rb") as fh:
             meta = pq.ParquetFile(fh).metadata
@@ -107,8 +108,12 @@ def _row_groups(path: str) -> int:
 
 
 def read_unit(unit: Unit) -> Iterator[Any]:
-    """A range or row-group unit's items in order: a record dict or a `BadRecord` (line-numbered reasons
-    carry LINE_MARK, numbered from the unit's first item)."""
+    """A local unit's items in order: a record dict or a `BadRecord` (in a range, line-numbered reasons carry
+    LINE_MARK: the driver knows how many lines of the file come before it)."""
+    if unit.kind == "file":
+        for item, _ in LocalSource.read_file(unit.file, unit.path, unit.fmt or None, {"file": unit.file, "record": 0}):
+            yield item
+        return
     if unit.kind == "row_group":
         with fsspec.open(unit.path, "rb") as fh:
             pf = pq.ParquetFile(fh)

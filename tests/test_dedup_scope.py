@@ -75,7 +75,7 @@ def _overlap_raw(tmp: Path, workers: int) -> dict:
     raw = base_config([{"name": n, "path": str(tmp / f"{n}.jsonl")} for n in spans], None,
                       quality={"expected_language": None, "min_chars": 20, "dedup_scope": "run"},
                       output={"shard_records": 250, "max_rejects_per_check": None})
-    raw["execution"].update(batch_records=32, workers=workers)
+    raw["execution"].update(batch_records=32, workers=workers, unit_mb=0.04)  # ~10 units a dataset
     return raw
 
 

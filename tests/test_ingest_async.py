@@ -11,17 +11,17 @@ from streamprep.config import Config, load
 from streamprep.ingest import IngestContext, ingest_all
 
 
-def _cfg(tmp_path: Path) -> Config:
+def _cfg(tmp_path: Path, unit_mb: float = 4.0) -> Config:
     src = tmp_path / "docs.jsonl"
     docs = english_docs(3000, seed=5)
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs + docs[:40]))
     raw = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 700})
-    raw["execution"].update(batch_records=40, workers=2)
+    raw["execution"].update(batch_records=40, workers=2, unit_mb=unit_mb)
     return load(raw)
 
 
 async def test_stop_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
+    cfg = _cfg(tmp_path, unit_mb=50_000 / 2**20)  # ~25 units: a stop falls between two of them
     ref = tmp_path / "ref"
     await ingest_all(IngestContext.of(cfg, ref, ref / "checkpoints", asyncio.Event()))
 
@@ -31,16 +31,18 @@ async def test_stop_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     files = DatasetFiles(run, run / "checkpoints", "d")
     ck = json.loads(files.checkpoint.read_text())  # the checkpoint describes exactly the bytes on disk
     assert ck["consumed"] == state.consumed and ck["kept"] + ck["rejected"] == ck["consumed"]
-    assert files.part(ck["part_index"]).stat().st_size == ck["part_bytes"]
-    assert files.dedup.stat().st_size == 32 * ck["dedup_count"] == 32 * ck["kept"]
-    assert sum(len(p.read_bytes().splitlines()) for p in files.parts()) == ck["kept"]
+    assert [p.name for p in files.parts()] == [f"part-{i:05d}.jsonl" for i in range(ck["part_index"])]
+    assert all(len(files.part(i).read_bytes().splitlines()) == 700 for i in range(ck["part_index"]))
+    assert ck["part_lines"] == ck["kept"] - 700 * ck["part_index"] == sum(n for _, _, n in ck["open_pieces"])
+    # the decider runs ahead of the checkpoint: its digests may be logged already; a resume truncates them
+    assert files.dedup.stat().st_size >= 32 * ck["dedup_count"] == 32 * ck["kept"]
 
     resumed = (await ingest_all(IngestContext.of(cfg, run, run / "checkpoints", asyncio.Event())))["d"]
     assert resumed.done and resumed.kept == 3000 and resumed.rejected == 40
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
 
 
-async def test_qc_processes_yield_the_cores_to_the_tokenizer() -> None:
+async def test_qc_processes_yield_the_cores_to_the_tokenizer(tmp_path: Path) -> None:
     """QC pool processes run QC_NICE steps nicer than the job, so sealed parts are tokenized as they come
     (measured: first shard 3.5x -> 1.9x one part's ingest, whole job -10 %, docs/performance.md)."""
     import os
@@ -49,14 +51,15 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer() -> None:
     import psutil
 
     from quality import validate_quality_config
-    from streamprep.ingest import QC_NICE, ItemColumns, QCRunner, _judge_items
+    from streamprep.ingest import QC_NICE, QCRunner
     from streamprep.modes import PRETRAIN
+    from streamprep.unit_worker import KEPT, judge_piece
 
-    qc = QCRunner(validate_quality_config({}), PRETRAIN, 2)
+    qc = QCRunner(validate_quality_config({"min_chars": 20}), PRETRAIN, 2)
     try:
-        calls = await asyncio.gather(*(qc.submit(_judge_items, "d", "text", [[{"text": t}]]) for t in english_docs(2)))
-        assert [[[len(column) for column in columns] for columns, _, _ in batches] for batches in calls] == \
-            [[[1] * len(ItemColumns._fields)]] * 2
+        calls = await asyncio.gather(*(qc.submit(judge_piece, "d", "text", 64, str(tmp_path / f"p{i}"), None,
+                                                 [{"text": t}]) for i, t in enumerate(english_docs(2))))
+        assert [(c.kinds, len(c.digests), len(c.text_bytes)) for c in calls] == [(bytes([KEPT]), 1, 1)] * 2
         workers = [psutil.Process(pid) for pid in qc.pool._processes]  # the pool's own worker processes
         assert len(workers) == 2
         deadline = time.monotonic() + 20  # a worker that got no batch may still be running its initializer
@@ -67,40 +70,50 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer() -> None:
         qc.close()
 
 
-def test_qc_calls_carry_several_batches_with_the_same_outputs_and_a_checkpoint_per_batch(tmp_path, monkeypatch):
-    """A QC call of a stream unit (here a gzip file, which the driver reads) carries up to QC_CALL_BATCHES
-    batches (one pool round trip for several); the batches, the checkpoint after each one, the parts and the
-    rejects are exactly those of one call per batch."""
-    import gzip
-
+def test_stream_qc_calls_carry_several_batches_with_the_same_outputs(tmp_path, monkeypatch):
+    """A stream the driver reads (an hf:// dataset; here a local file behind a source without a file list)
+    goes to the workers in QC calls of up to QC_CALL_BATCHES batches (one pool round trip for several),
+    each a piece with its own checkpoint; the parts, rejects and final checkpoint are exactly those of one
+    call per batch."""
     from streamprep import ingest
+    from streamprep.sources.local import LocalSource
 
-    src = tmp_path / "mixed.jsonl.gz"
+    src = tmp_path / "mixed.jsonl"
     docs = english_docs(1500, seed=11)
     lines = [json.dumps({"text": t}) for t in docs + docs[:30]]
     for at in (5, 333, 334, 900, 1201):  # unreadable lines inside the batches of grouped calls
         lines.insert(at, "{not json" if at % 2 else "[1, 2]")
-    src.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    src.write_text("\n".join(lines) + "\n")
     raw = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 400})
     raw["execution"].update(batch_records=25, workers=2)
     cfg = load(raw)
 
-    calls: list[int] = []  # batches per QC call
-    saved: list[tuple[int, int, int]] = []  # (consumed, kept, part) at each checkpoint
+    class Stream:  # no `files`: planned as one stream unit, read by the driver
+        def __init__(self, ds, *args, **kwargs):
+            self.local = LocalSource(ds)
+
+        def fingerprint(self):
+            return self.local.fingerprint()
+
+        def iter_records(self, start=None):
+            return self.local.iter_records(start)
+
+    calls: list[int] = []  # items per QC call
+    saved: list[int] = []  # consumed at each checkpoint
     submit, save = ingest.QCRunner.submit, ingest.save
 
-    def run(name: str, batches_per_call: int) -> tuple[list[int], list[tuple[int, int, int]], dict]:
+    def run(name: str, batches_per_call: int) -> tuple[list[int], list[int], dict]:
         calls.clear(), saved.clear()
+        monkeypatch.setattr(ingest, "open_source", Stream)
         monkeypatch.setattr(ingest, "QC_CALL_BATCHES", batches_per_call)
-        monkeypatch.setattr(ingest.QCRunner, "submit",
-                            lambda self, fn, *args: calls.append(len(args[-1])) or submit(self, fn, *args))
-        monkeypatch.setattr(ingest, "save", lambda files, state: saved.append(
-            (state.consumed, state.kept, state.part_index)) or save(files, state))
+        monkeypatch.setattr(ingest.QCRunner, "submit", lambda self, fn, *args: (
+            calls.append(len(args[-1])) if fn.__name__ == "judge_piece" else None) or submit(self, fn, *args))
+        monkeypatch.setattr(ingest, "save", lambda files, state: saved.append(state.consumed) or save(files, state))
         out = tmp_path / name
         state = asyncio.run(ingest_all(IngestContext.of(cfg, out, out / "checkpoints", asyncio.Event())))["d"]
         assert state.done and state.consumed == len(lines)
         ck = json.loads(DatasetFiles(out, out / "checkpoints", "d").checkpoint.read_text())
-        for volatile in ("started_at", "updated_at", "part_start"):
+        for volatile in ("started_at", "updated_at", "position"):
             ck.pop(volatile)
         ck["stats"].pop("gate_us")
         return list(calls), list(saved), {"ck": ck, "files": tree_hashes(out, "ingest", "rejects")}
@@ -109,9 +122,10 @@ def test_qc_calls_carry_several_batches_with_the_same_outputs_and_a_checkpoint_p
     grouped_calls, grouped_saves, grouped = run("grouped", 8)
 
     batches = -(-len(lines) // 25)
-    assert one_calls == [1] * batches
-    assert sum(grouped_calls) == batches and max(grouped_calls) == 8
-    assert len(grouped_calls) < batches // 4
-    assert grouped_saves == one_saves and len(one_saves) == batches + 1  # one per batch, then the final one
+    assert one_calls == [25] * (batches - 1) + [len(lines) - 25 * (batches - 1)]
+    assert sum(grouped_calls) == len(lines) and max(grouped_calls) == 8 * 25
+    assert len(grouped_calls) < batches // 2  # calls grow once the committed mean text size is known
+    assert one_saves == [25 * (i + 1) for i in range(batches - 1)] + [len(lines)] * 2  # then the final one
+    assert set(grouped_saves) < set(one_saves)  # a checkpoint after each (larger) piece
     assert grouped == one
     assert one["ck"]["rejected"] == 35 and one["ck"]["stats"]["gate_seen"]["schema"] == 1530

@@ -35,7 +35,7 @@ def _corpus(tmp: Path, n: int) -> list[dict]:
 
 def _config(tmp: Path, n: int) -> dict:
     cfg = base_config(_corpus(tmp, n), None, output={"shard_records": 150})  # 27 shards: many kill windows
-    cfg["execution"].update(batch_records=32)
+    cfg["execution"].update(batch_records=32, unit_mb=0.0625)  # 12 units: kills land inside ingest too
     cfg["tokenizer"]["train"]["sample_mb"] = 0.2  # trained mid-ingest: shards are tokenized while ingest runs
     return cfg
 
@@ -86,23 +86,22 @@ def test_repair_cases_resume_to_identical_outputs(reference: tuple[dict, Path], 
 
     def damage(files: DatasetFiles) -> None:
         ck = json.loads(files.checkpoint.read_text())
-        assert ck["part_lines"] > 0  # the corpus does not end on a part boundary
-        part = files.part(ck["part_index"])
-        if case == "part_longer":  # a batch written after the last checkpoint: truncated back
+        part = files.part(ck["part_index"] - 1)  # the last sealed part; parts are written whole, so any
+        if case == "part_longer":  # change to a sealed one restarts the dataset
             with open(part, "ab") as fh:
                 fh.write(part.read_bytes().splitlines(keepends=True)[0] * 3)
         elif case == "torn_tail":
             with open(part, "ab") as fh:
                 fh.write(b'{"text": "half a li')
-        elif case == "part_shorter":  # the checkpoint is ahead of the part: rebuilt from the part's start
+        elif case == "part_shorter":
             data = part.read_bytes()
             part.write_bytes(data[: len(data) // 2])
         elif case == "part_missing":
             part.unlink()
         elif case == "checkpoint_truncated":  # unreadable: the dataset starts over
             files.checkpoint.write_bytes(files.checkpoint.read_bytes()[:40])
-        elif case == "extra_part":  # a part begun after the last checkpoint
-            files.part(ck["part_index"] + 1).write_text('{"text": "ghost"}\n')
+        elif case == "extra_part":  # a part sealed after the last checkpoint: removed, then sealed again
+            files.part(ck["part_index"]).write_text('{"text": "ghost"}\n')
         elif case == "rejects_longer":
             with open(files.rejects, "ab") as fh:
                 fh.write(b'{"failed_check": "ghost"}\n')

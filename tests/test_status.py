@@ -191,7 +191,7 @@ def test_status_shows_tokenization_advancing_during_ingest(tmp_path, shared_data
     data = tmp_path / "s.jsonl"
     data.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(3000, seed=6)))
     cfg = base_config([{"name": "s", "path": str(data)}], str(shared_data / PHI2), output={"shard_records": 100})
-    cfg["execution"]["batch_records"] = 8
+    cfg["execution"].update(batch_records=8, unit_mb=0.02)  # ~60 units: ingest goes on while parts are tokenized
     seen, proc, _, err = _poll_during_run(cfg, tmp_path)
     assert proc.returncode == 0, err[-2000:]
     overlap = [s for s in seen if s["state"] == "running" and not s["datasets"]["s"]["ingest"]["done"]

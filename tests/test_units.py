@@ -36,13 +36,13 @@ def _lines(n: int) -> bytes:
 def test_cuts_fall_after_newlines_and_cover_the_file(tmp_path: Path) -> None:
     f = tmp_path / "a.jsonl"
     f.write_bytes(_lines(400))
-    plan = units.plan_dataset([str(f)], None, unit_bytes=4096)
+    plan = units.plan_dataset([str(f)], None, 4096)
     assert len(plan) > 10 and all(u.kind == "range" and u.fmt == "jsonl" for u in plan)
     data = f.read_bytes()
     assert plan[0].start == 0 and plan[-1].end == len(data)
     for a, b in zip(plan, plan[1:]):
         assert a.end == b.start and data[a.end - 1:a.end] == b"\n"
-    assert plan == units.plan_dataset([str(f)], None, unit_bytes=4096)  # deterministic
+    assert plan == units.plan_dataset([str(f)], None, 4096)  # deterministic
     items = [i for u in plan for i in units.read_unit(u)]
     whole = list(units.read_unit(units.Unit("range", 0, str(f), "jsonl", 0, len(data))))
     assert len(items) == len(whole) == data.count(b"\n")
@@ -60,21 +60,21 @@ def test_plan_kinds(tmp_path: Path) -> None:
     (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "x"}\n'))
     pq.write_table(pa.table({"text": ["a", "b", "c"]}), tmp_path / "c.parquet", row_group_size=1)
     files = sorted(str(p) for p in tmp_path.iterdir())
-    plan = units.plan_dataset(files, None)
-    assert [(u.kind, u.file, u.start) for u in plan] == [("stream", 0, 0), ("row_group", 1, 0), ("row_group", 1, 1),
+    plan = units.plan_dataset(files, None, 4 << 20)
+    assert [(u.kind, u.file, u.start) for u in plan] == [("file", 0, 0), ("row_group", 1, 0), ("row_group", 1, 1),
                                                           ("row_group", 1, 2), ("range", 2, 0)]
-    assert [i["text"] for u in plan[1:4] for i in units.read_unit(u)] == ["a", "b", "c"]
+    assert [i["text"] for u in plan[:4] for i in units.read_unit(u)] == ["x", "a", "b", "c"]
     assert [i.reason for i in units.read_unit(plan[4])] == [f"empty file {files[2]}"]
-    assert units.plan_dataset(None, None) == [units.Unit("stream", -1)]  # hf://: the reader streams the snapshot
+    assert units.plan_dataset(None, None, 4 << 20) == [units.Unit("stream", -1)]  # hf://: the reader streams the snapshot
     assert isinstance(next(units.read_unit(plan[4])), BadRecord)
 
 
-def _cfg(tmp_path: Path, workers: int):
+def _cfg(tmp_path: Path, workers: int, unit_mb: float = 4.0):
     src = tmp_path / "in.jsonl"
     if not src.exists():
         src.write_bytes(_lines(1200))
     raw = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 300})
-    raw["execution"].update(batch_records=40, workers=workers)
+    raw["execution"].update(batch_records=40, workers=workers, unit_mb=unit_mb)
     return load(raw)
 
 
@@ -83,13 +83,11 @@ async def _ingest(cfg, run: Path) -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-async def test_many_units_write_what_one_unit_writes(tmp_path: Path, monkeypatch, workers: int) -> None:
-    cfg = _cfg(tmp_path, workers)
+async def test_many_units_write_what_one_unit_writes(tmp_path: Path, workers: int) -> None:
     one = tmp_path / "one"
-    await _ingest(cfg, one)
-    monkeypatch.setattr(units, "UNIT_BYTES", 3000)  # ~10 records a unit: units cut through batches and parts
-    many = tmp_path / "many"
-    await _ingest(cfg, many)
+    await _ingest(_cfg(tmp_path, workers), one)
+    many = tmp_path / "many"  # ~10 records a unit: units cut through batches and parts
+    await _ingest(_cfg(tmp_path, workers, unit_mb=3000 / 2**20), many)
     plan = json.loads((many / "checkpoints" / "d.plan.json").read_text())
     assert len(plan) > 100 and len(json.loads((one / "checkpoints" / "d.plan.json").read_text())) == 1
     assert tree_hashes(many, "ingest", "rejects") == tree_hashes(one, "ingest", "rejects")
@@ -105,16 +103,20 @@ async def test_many_units_write_what_one_unit_writes(tmp_path: Path, monkeypatch
         assert ck["done"] and ck["consumed"] == _lines(1200).count(b"\n")
 
 
-async def test_stop_inside_a_unit_then_resume_equals_uninterrupted(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(units, "UNIT_BYTES", 40_000)
-    cfg = _cfg(tmp_path, 2)
+async def test_stop_with_a_part_open_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    """A stop leaves sealed parts, the open part's kept lines staged by the workers, and units judged ahead
+    but not committed (their staged files are removed on resume and judged again)."""
+    cfg = _cfg(tmp_path, 2, unit_mb=40_000 / 2**20)
     ref = tmp_path / "ref"
     await _ingest(cfg, ref)
     run = tmp_path / "run"
     state = await ingest_stopped_after(cfg, run, "d", 500)
-    assert not state.done and state.position["item"] > 0  # stopped inside a unit
+    assert not state.done and state.part_index >= 1 and state.open_pieces and 0 < state.part_lines < 300
+    staged = sorted(p.name for p in (run / "checkpoints" / "stage" / "d").iterdir())
+    assert {n + ext for n, _, _ in state.open_pieces for ext in (".kept", ".kept.off")} <= set(staged)
     await _ingest(cfg, run)
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+    assert not (run / "checkpoints" / "stage" / "d").exists()  # staging is gone once the dataset is done
 
 
 async def test_a_file_whose_rest_does_not_decode_skips_its_later_units(tmp_path: Path, monkeypatch) -> None:
@@ -123,6 +125,7 @@ async def test_a_file_whose_rest_does_not_decode_skips_its_later_units(tmp_path:
     src = tmp_path / "in.jsonl"
     src.write_bytes(_lines(300))
     raw = base_config([{"name": "d", "path": str(src)}], None)
+    raw["execution"]["unit_mb"] = 8000 / 2**20
     cfg = load(raw)
     real = units.read_unit
 
@@ -131,7 +134,6 @@ async def test_a_file_whose_rest_does_not_decode_skips_its_later_units(tmp_path:
             raise ValueError("bad bytes")
         yield from real(unit)
 
-    monkeypatch.setattr(units, "UNIT_BYTES", 8000)
     monkeypatch.setattr(units, "read_unit", faulty)
     run = tmp_path / "run"
     await _ingest(cfg, run)

@@ -24,16 +24,15 @@ class SftMode(Mode):
     def screen(self, items: list[tuple[Any, Any]], text_field: str) -> tuple[list[tuple[Any, Any]], list[Any]]:
         """A record that does not fit `sft:` becomes a BadRecord (check "schema"); QC judges the text
         `qc_check` extracts, under `text_field`."""
-        from streamprep.ingest import _excerpt
         from streamprep.sft import qc_check
-        from streamprep.sources import BadRecord
+        from streamprep.sources.base import BadRecord, excerpt_of
 
         out, judged = [], []
         for rec, pos in items:
             if not isinstance(rec, BadRecord):
                 text, why = qc_check(rec, self.cfg)
                 if text is None:
-                    rec = BadRecord(f"sft: {why}", _excerpt(rec, text_field), check="schema")
+                    rec = BadRecord(f"sft: {why}", excerpt_of(rec, text_field), check="schema")
                 else:
                     judged.append({**rec, text_field: text})
             out.append((rec, pos))

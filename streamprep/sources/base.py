@@ -17,6 +17,17 @@ class BadRecord:
     check: str = "parse"  # the failed_check it is counted under
 
 
+REJECT_EXCERPT = 2000  # characters of a rejected record's text kept in the rejects file
+
+
+def excerpt_of(rec: Any, text_field: str) -> str:
+    """What a reject line shows of a record: the start of its text (or of its repr)."""
+    text = rec.get(text_field) if isinstance(rec, dict) else rec
+    if not isinstance(text, str):
+        text = repr(text)
+    return text[:REJECT_EXCERPT]
+
+
 class SourceError(RuntimeError):
     """An input that cannot be read for a reason outside its bytes (vanished, permission, I/O error).
 

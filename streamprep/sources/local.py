@@ -131,9 +131,10 @@ class LocalSource:
         for i in range(start["file"], len(self.files)):
             path = self.files[i]
             here = start if i == start["file"] else {"file": i, "record": 0}
-            yield from self.read_file(i, path, here)
+            yield from self.read_file(i, path, self.format, here)
 
-    def read_file(self, i: int, path: str, here: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    @staticmethod
+    def read_file(i: int, path: str, fmt: str | None, here: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """File `i`'s records from `here`; a failure ends the file with one reject, or raises SourceError (see
         module doc). Ingest reads a compressed or Parquet-less file this way, as one stream unit."""
         nxt = {"file": i + 1, "record": 0}
@@ -141,11 +142,11 @@ class LocalSource:
             yield BadRecord(f"{path} is not a regular file (FIFO, socket or device), skipped", ""), nxt
             return
         try:
-            fmt = self.format or detect_format(path)
+            fmt = fmt or detect_format(path)
         except ValueError as exc:
             yield BadRecord(f"unsupported file, skipped: {exc}", ""), nxt
             return
-        reader = {"parquet": self._parquet, "document": self._document}.get(fmt, self._lines)
+        reader = {"parquet": LocalSource._parquet, "document": LocalSource._document}.get(fmt, LocalSource._lines)
         record = here.get("record", 0)
         try:
             for item, pos in reader(i, path, fmt, here):
@@ -157,7 +158,8 @@ class LocalSource:
                 raise SourceError(f"cannot read input file {where}: {one_line(exc)}") from exc
             yield BadRecord(f"{REST_OF}{where}, skipped: {one_line(exc)}", ""), nxt
 
-    def _lines(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    @staticmethod
+    def _lines(i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         comp = _compression(path)
         n = pos.get("record", 0)
         offset = pos.get("offset") if comp is None else None
@@ -178,7 +180,8 @@ class LocalSource:
                 if n == 1 and line.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
                     line = line[len(codecs.BOM_UTF8):]
                 nxt = {"file": i, "record": n, "offset": offset}
-                yield (self._parse_json(line, path, n) if fmt == "jsonl" else self._parse_text(line, path, n)), nxt
+                parse = LocalSource._parse_json if fmt == "jsonl" else LocalSource._parse_text
+                yield parse(line, path, n), nxt
             if empty:
                 yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}
 

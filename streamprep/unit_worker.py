@@ -1,0 +1,238 @@
+"""What a worker does with a piece of a dataset: judge it, then write its lines once the driver has decided.
+
+A *piece* is one unit a worker reads itself (streamprep.units), or one QC call of batches the driver read
+(an `hf://` stream). Two calls per piece, both in a QC worker process (or Ray actor):
+
+    judge_piece     read (or take) the items, screen and judge them, stage the judged columns on disk
+                    (`<stage>.judged`) and return a `Summary`: per item its kind, digest, kept text
+                    bytes and failed check; no record bytes go back to the driver
+    finalize_piece  given the driver's `Decision` (ordinals, dedup and near-dedup verdicts, which rejects
+                    are sampled, where a cap stopped), write the piece's kept ingest lines (`<stage>.kept`
+                    + `.kept.off`, byte offsets) and return its reject lines and audit stats
+    assemble_part   concatenate the kept lines of the pieces that cover one part into the part file
+                    (atomic) and return its SHA-256
+
+Kept lines are built here with a placeholder ordinal (SENTINEL_INDEX) and reject reasons with placeholder
+line numbers (units.LINE_MARK): only the driver knows what came before the piece in the dataset.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import orjson
+
+from quality import QualityControl, QualitySettings, near_dedup
+from quality.dedup import duplicate_reason
+from streamprep import atomic, stats, units
+from streamprep.modes import Mode
+from streamprep.sources.base import REJECT_EXCERPT, BadRecord, SourceError, excerpt_of, one_line
+from streamprep.sources.local import REST_OF, _content_fault
+from streamprep.units import Unit
+
+SOURCE_KEYS = ("id", "url", "license", "licence")
+SENTINEL_INDEX = -9223372036854763463  # a kept line's `source.index` until the driver knows its ordinal
+_SENTINEL = b'"index":%d' % SENTINEL_INDEX
+BAD, REJECTED, KEPT = 0, 1, 2  # an item's kind in a Summary: unreadable, rejected by QC, kept by QC
+
+
+class ItemColumns(NamedTuple):
+    """One batch's judged items in order, one list per field. `bad`: a BadRecord's reason (None for a judged
+    record); `check`: its failed_check. `row`: a kept record's ingest line with SENTINEL_INDEX; `excerpt`:
+    what a reject line shows (None for a kept record whose excerpt is its text's start); `extra`: the
+    record's source keys (id, url, licence)."""
+
+    bad: list
+    check: list
+    keep: list
+    row: list
+    meta: list
+    digest: list
+    chars: list
+    text_bytes: list
+    excerpt: list
+    extra: list
+
+
+class Summary(NamedTuple):
+    """What the driver decides a piece on: `kinds` (one byte per item), `digests` (per judged item),
+    `text_bytes` (per kept item), `checks` (per item not kept), near-dedup `signatures` (per judged item,
+    or None), and `rest_failed`: a unit whose file stopped decoding (its file's later units are skipped)."""
+
+    kinds: bytes
+    digests: list
+    text_bytes: list
+    checks: list
+    signatures: list | None
+    rest_failed: bool
+
+
+class Decision(NamedTuple):
+    """The driver's verdict on a piece: items `[0, applied)` are consumed, the first as dataset ordinal
+    `ordinal`; `before`: items of the unit's file ahead of the piece (line numbers), None for a stream;
+    `keep`: one byte per applied item; `dup`: item -> the dataset that kept its text ("" = this one);
+    `near`: item -> (kept twin's ordinal, Jaccard); `sampled`: items whose reject line is written."""
+
+    applied: int
+    ordinal: int
+    before: int | None
+    keep: bytes
+    dup: dict[int, str]
+    near: dict[int, tuple[int, float]]
+    sampled: frozenset[int]
+
+
+_worker: dict[str, Any] = {}  # this worker's quality settings, mode and QualityControl per text field
+
+
+def init_worker(quality: QualitySettings, mode: Mode) -> None:
+    _worker.clear()
+    _worker.update(quality=quality, mode=mode, qc={})
+
+
+def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, dict[str, dict[str, Any]], list]:
+    """One batch of records / BadRecords: screened by the mode, judged by QC, kept ones serialised."""
+    qc = _worker["qc"].get(text_field)
+    if qc is None:
+        qc = _worker["qc"][text_field] = QualityControl(_worker["quality"], text_field=text_field)
+    mode: Mode = _worker["mode"]
+    screened, judged = mode.screen([(item, None) for item in items], text_field)
+    verdicts = iter(qc.evaluate_batch(judged))
+    cols = ItemColumns(*([] for _ in ItemColumns._fields))
+    signatures = []
+    for rec, _ in screened:
+        if isinstance(rec, BadRecord):
+            for col, v in zip(cols, (rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, None)):
+                col.append(v)
+            continue
+        keep, text, meta, digest, signature = next(verdicts)
+        signatures.append(signature)
+        extra = None
+        if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
+            extra = {k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))}
+        excerpt = excerpt_of(rec, text_field)
+        row, chars, text_bytes = None, len(excerpt), 0
+        if keep:
+            source = {"dataset": name, "index": SENTINEL_INDEX, **(extra or {})}
+            row = orjson.dumps(mode.kept_row(text, {**meta, "source": source}, rec)) + b"\n"
+            chars, text_bytes = len(text), len(text.encode("utf-8"))
+            if excerpt == text[:REJECT_EXCERPT]:
+                excerpt = None
+        for col, v in zip(cols, (None, None, keep, row, meta, digest, chars, text_bytes, excerpt, extra)):
+            col.append(v)
+    return cols, qc.take_gate_stats(), signatures
+
+
+def _read(unit: Unit) -> list[Any]:
+    """A unit's items; a range or row group whose bytes stop decoding ends with one REST_OF reject."""
+    items: list[Any] = []
+    try:
+        items.extend(units.read_unit(unit))
+    except Exception as exc:
+        if not _content_fault(exc):
+            raise SourceError(f"cannot read input file {unit.path}: {one_line(exc)}") from exc
+        items.append(BadRecord(f"{REST_OF}{unit.path} after record {units.RECORD_MARK}, skipped: {one_line(exc)}", ""))
+    return items
+
+
+def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit | None,
+                items: list[Any] | None = None) -> Summary:
+    """Judge a unit (read here) or the items the driver read, in batches of `batch`; stage the judged
+    columns at `stage`.judged (atomic) and return the summary the driver decides on."""
+    if items is None:
+        items = _read(unit)
+    judged = [_judge(name, text_field, items[i:i + batch]) for i in range(0, len(items), batch)]
+    atomic.write_bytes(stage + ".judged", pickle.dumps(judged, protocol=pickle.HIGHEST_PROTOCOL))
+    kinds, digests, text_bytes, checks, signatures = bytearray(), [], [], [], []
+    for cols, _, sigs in judged:
+        signatures += sigs
+        for bad, check, keep, meta, digest, tb in zip(cols.bad, cols.check, cols.keep, cols.meta, cols.digest,
+                                                      cols.text_bytes):
+            if bad is not None:
+                kinds.append(BAD)
+                checks.append(check)
+                continue
+            digests.append(digest)
+            if keep:
+                kinds.append(KEPT)
+                text_bytes.append(tb)
+            else:
+                kinds.append(REJECTED)
+                checks.append(meta.get("failed_check", "unknown"))
+    rest_failed = unit is not None and unit.kind in units.NUMBERED and bool(items) \
+        and isinstance(items[-1], BadRecord) and items[-1].reason.startswith(REST_OF)
+    near_on = any(s is not None for s in signatures)
+    return Summary(bytes(kinds), digests, text_bytes, checks, signatures if near_on else None, rest_failed)
+
+
+def finalize_piece(name: str, stage: str, d: Decision) -> tuple[bytes, dict[str, Any], int]:
+    """Write the piece's kept lines (`stage`.kept, offsets in `.kept.off`) as the driver numbered them;
+    return (its sampled reject lines, its audit stats, the kept lines' bytes)."""
+    with open(stage + ".judged", "rb") as fh:
+        judged = pickle.load(fh)
+    st: dict[str, Any] = {}
+    kept, rejects = [], []
+    j = 0
+    for cols, gates, _ in judged:
+        if j >= d.applied:
+            break
+        stats.add_gates(st, gates)
+        for t in range(min(len(cols.bad), d.applied - j)):
+            ordinal = d.ordinal + j
+            source = {"dataset": name, "index": ordinal}
+            bad, keep = cols.bad[t], d.keep[j]
+            if bad is not None:
+                reason = units.global_reason(bad, d.before + j) if d.before is not None else bad
+                meta, excerpt = {"failed_check": cols.check[t], "reason": reason}, cols.excerpt[t]
+            else:
+                meta = cols.meta[t]
+                if j in d.dup:
+                    twin = d.dup[j]
+                    meta = {**meta, "failed_check": "duplicate", "reason": duplicate_reason(twin),
+                            "duplicate_of": twin or name}
+                elif j in d.near:
+                    meta = near_dedup.reject_meta(meta, name, near_dedup.Twin(*d.near[j]))
+                excerpt = cols.excerpt[t]
+                if excerpt is None and not keep:  # a kept record's excerpt is its text's start
+                    excerpt = orjson.loads(cols.row[t])["text"][:REJECT_EXCERPT]
+                if cols.extra[t]:
+                    source.update(cols.extra[t])
+            stats.add_record(st, keep, meta, cols.chars[t] if keep else len(excerpt))
+            if keep:
+                kept.append(cols.row[t].replace(_SENTINEL, b'"index":%d' % ordinal, 1))
+            elif j in d.sampled:
+                rejects.append(orjson.dumps({"failed_check": meta.get("failed_check", "unknown"),
+                                             "reason": meta.get("reason"), "meta": meta, "source": source,
+                                             "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n")
+            j += 1
+    offsets = np.zeros(len(kept) + 1, np.int64)
+    np.cumsum([len(line) for line in kept], out=offsets[1:])
+    atomic.write_bytes(stage + ".kept", b"".join(kept))
+    atomic.write_bytes(stage + ".kept.off", offsets.tobytes())
+    return b"".join(rejects), st, int(offsets[-1])
+
+
+def assemble_part(path: str, slices: list[tuple[str, int, int]]) -> tuple[str, int]:
+    """Write part `path` from kept lines `[first, first + n)` of each staged piece, in order (atomic);
+    return its SHA-256 and size."""
+    h, size = hashlib.sha256(), 0
+    tmp = atomic.tmp_path(path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb", opener=atomic.nofollow) as out:
+        for stage, first, n in slices:
+            off = np.fromfile(stage + ".kept.off", np.int64)
+            with open(stage + ".kept", "rb") as fh:
+                fh.seek(int(off[first]))
+                data = fh.read(int(off[first + n] - off[first]))
+            h.update(data)
+            out.write(data)
+            size += len(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    atomic.fsync_dir(Path(path).parent)
+    return h.hexdigest(), size
