@@ -27,6 +27,24 @@ _CLD2_UNSAFE = re.compile(
     + "".join(chr(plane << 16 | 0xFFFE) + chr(plane << 16 | 0xFFFF) for plane in range(17))
     + "]"
 )
+# The same characters as UTF-8 bytes: the check runs on the bytes pycld2 is given anyway, at C speed.
+_ASCII_UNSAFE = bytes([*range(0x00, 0x09), 0x0B, *range(0x0E, 0x20), 0x7F])
+_UTF8_UNSAFE = re.compile(
+    rb"[\x00-\x08\x0b\x0e-\x1f\x7f]|\xc2[\x80-\x9f]|\xef\xb7[\x90-\xaf]|\xef\xbf[\xbe\xbf]"
+    rb"|[\xf0-\xf4][\x8f\x9f\xaf\xbf]\xbf[\xbe\xbf]"
+)
+
+
+def cld2_input(sample: str) -> bytes | str:
+    """`sample` without the characters pycld2 refuses, as the UTF-8 bytes pycld2 would encode it to.
+    ASCII: one `bytes.translate`; other text: a bytes scan, and the str regex only when it finds one."""
+    if sample.isascii():
+        return sample.encode().translate(None, _ASCII_UNSAFE)
+    try:
+        data = sample.encode()
+    except UnicodeEncodeError:  # a lone surrogate: pycld2 reports it as an error, as before
+        return _CLD2_UNSAFE.sub("", sample)
+    return data if _UTF8_UNSAFE.search(data) is None else _CLD2_UNSAFE.sub("", sample)
 
 
 def normalize_code(code: str) -> str:
@@ -63,7 +81,7 @@ class Cld2Detector:
         import pycld2
 
         try:
-            reliable, _, details = pycld2.detect(_CLD2_UNSAFE.sub("", sample), isPlainText=True)
+            reliable, _, details = pycld2.detect(cld2_input(sample), isPlainText=True)
         except pycld2.error:
             return Detection({}, False, self.name)
         probs: dict[str, float] = {}

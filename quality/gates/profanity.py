@@ -6,17 +6,45 @@ Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!
    (0→o, 1→i or l, 3→e, 4→a, 5→s, 7→t, @→a, $→s, !→i, |→i or l) and looked up again;
 3. one still holding a mask ("*" or "#") is looked up among the masked forms of the list, where any
    run of letters after the first one may be starred out letter for letter ("f*ck", "f**k", "a**").
+
+The scan does not build the token list (that cost more than the rest of the chain together). The text
+becomes one byte per char of its token class (`bytes.translate`; a codec error handler classifies the
+few non-ASCII chars with the tokens' own `\w`): tokens are counted as class-run starts, listed words
+are found in one Aho-Corasick pass (a hit is a match with a token boundary on both sides), and only
+tokens made of letters and leetspeak/mask symbols go through the obfuscation lookup. The counts are
+the token list's exactly (`density_by_tokens` is the list-based reference the tests compare with).
 """
 from __future__ import annotations
 
+import codecs
 import re
 from functools import lru_cache
 from itertools import filterfalse
 from importlib import resources
 
+import ahocorasick
+
 from quality.gates.base import Doc, Gate, ratio
 
 _TOKEN = re.compile(r"[\w@$*#!|]+")
+_WORD_CHAR = re.compile(r"\w")
+_TOKEN_ASCII = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@$*#!|")
+_OBFUSCATION = frozenset(b"0134 57@$!|#*") - {32}  # what the leetspeak tables and masks read
+# Class bytes: b" " separates tokens; in a token, b"a" is a letter, b"x" a leetspeak/mask symbol and
+# b"z" anything else (2, 6, 8, 9, _, a non-ASCII word char): a token holding a "z" is never profane.
+_CLASS = bytes(32 if c not in _TOKEN_ASCII else 97 if 97 <= c <= 122 else 120 if c in _OBFUSCATION else 122
+               for c in range(128)) + b" " * 128
+_NON_ASCII_BUDGET = 64  # extra UTF-8 bytes past which the list-based scan is cheaper than the handler calls
+
+
+def _classify_non_ascii(err: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: a non-ASCII char becomes "_" when the token regex counts it as a word char."""
+    assert isinstance(err, UnicodeEncodeError)
+    chunk = err.object[err.start:err.end]
+    return "".join("_" if _WORD_CHAR.match(c) else " " for c in chunk), err.end
+
+
+codecs.register_error("streamprep.token_class", _classify_non_ascii)
 _LEET = [str.maketrans({"0": "o", "1": first, "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s",
                         "!": "i", "|": first, "#": "*"}) for first in ("i", "l")]
 
@@ -38,6 +66,15 @@ def masked_forms(words: frozenset[str]) -> frozenset[str]:
     return frozenset(forms)
 
 
+@lru_cache(maxsize=1)
+def _automaton() -> ahocorasick.Automaton:
+    auto = ahocorasick.Automaton()
+    for word in load_words():
+        auto.add_word(word, len(word))
+    auto.make_automaton()
+    return auto
+
+
 class ProfanityGate(Gate):
     """Rejects when profane tokens / word tokens exceeds `profanity_max_density`."""
 
@@ -47,6 +84,7 @@ class ProfanityGate(Gate):
         self.max_density = max_density
         self.words = load_words()
         self.masked = masked_forms(self.words)
+        self.automaton = _automaton()
 
     def is_profane(self, token: str) -> bool:
         """Whether one lower-case token is a listed word, plainly or obfuscated."""
@@ -61,19 +99,57 @@ class ProfanityGate(Gate):
                 return True
         return False
 
-    def check(self, doc: Doc) -> str | None:
-        tokens = _TOKEN.findall(doc.lower)
-        if not tokens:
-            doc.meta["profanity_density"] = 0.0
-            return None
+    def density_by_tokens(self, lower: str) -> tuple[int, int]:
+        """(hits, tokens) from the token list: the reference scan, and the one for texts rich in non-ASCII."""
+        tokens = _TOKEN.findall(lower)
         limit = self.max_density * len(tokens)
         hits = sum(map(self.words.__contains__, tokens))  # plain words, at C speed
         for token in filterfalse(str.isalpha, tokens):   # then only tokens with digits or symbols
             if hits > limit:
                 break
             hits += self.is_profane(token)
-        density = hits / len(tokens)
+        return hits, len(tokens)
+
+    def density_by_classes(self, lower: str) -> tuple[int, int] | None:
+        """(hits, tokens) as `density_by_tokens` gives them, from the class bytes; None when the text
+        holds so much non-ASCII that the token list is cheaper. Obfuscated tokens are looked up in text
+        order until the hits exceed the limit, as there: the reported count is the same."""
+        if lower.isascii():
+            classes = lower.encode().translate(_CLASS)
+        elif len(lower.encode("utf-8", "surrogatepass")) - len(lower) > _NON_ASCII_BUDGET:
+            return None
+        else:
+            classes = lower.encode("ascii", "streamprep.token_class").translate(_CLASS)
+        n = len(classes)
+        tokens = sum(classes.count(b) for b in (b" a", b" x", b" z")) + (classes[:1] != b" ") if n else 0
+        if not tokens:
+            return 0, 0
+        limit = self.max_density * tokens
+        hits = 0
+        for end, size in self.automaton.iter(lower):  # listed words, bounded by token edges on both sides
+            start = end - size + 1
+            if (start == 0 or classes[start - 1] == 32) and (end + 1 == n or classes[end + 1] == 32):
+                hits += 1
+        at = classes.find(b"x")
+        while at != -1 and hits <= limit:  # tokens holding a leetspeak or mask symbol
+            start = classes.rfind(b" ", 0, at) + 1
+            end = classes.find(b" ", at)
+            end = n if end == -1 else end
+            if classes.find(b"z", start, end) == -1:
+                hits += self.is_profane(lower[start:end])
+            at = classes.find(b"x", end)
+        return hits, tokens
+
+    def check(self, doc: Doc) -> str | None:
+        lower = doc.lower
+        found = self.density_by_classes(lower)
+        hits, tokens = found if found is not None else self.density_by_tokens(lower)
+        if not tokens:
+            doc.meta["profanity_density"] = 0.0
+            return None
+        limit = self.max_density * tokens
+        density = hits / tokens
         doc.meta["profanity_density"] = ratio(density)
         if hits > limit:
-            return f"profanity density {ratio(density):g} > {self.max_density:g} ({hits} of {len(tokens)} tokens)"
+            return f"profanity density {ratio(density):g} > {self.max_density:g} ({hits} of {tokens} tokens)"
         return None
