@@ -61,8 +61,8 @@ codecs.register_error("streamprep.digit_class", _digit_class)
 
 
 def _number_runs(text: str) -> Iterator[re.Match[str]]:
-    """`_NUMBER_RUN.finditer(text)`, scanning only the maximal [\d .()+-] stretches of >= 7 chars (a run
-    holds only those chars, so it never crosses a stretch's edge); one class byte per char finds them."""
+    """`_NUMBER_RUN.finditer(text)`, scanning only the maximal stretches of >= 7 digits and " .()+-" chars
+    (a run holds only those, so it never crosses a stretch's edge); one class byte per char finds them."""
     if text.isascii():
         classes = text.encode().translate(_RUN_CLASS)
     elif len(text.encode("utf-8", "surrogatepass")) - len(text) > _NON_ASCII_BUDGET:

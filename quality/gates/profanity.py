@@ -9,7 +9,7 @@ Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!
 
 The scan does not build the token list (that cost more than the rest of the chain together). The text
 becomes one byte per char of its token class (`bytes.translate`; a codec error handler classifies the
-few non-ASCII chars with the tokens' own `\w`): tokens are counted as class-run starts, listed words
+few non-ASCII chars with the token regex's own word-char test): tokens are counted as class-run starts, listed words
 are found in one Aho-Corasick pass (a hit is a match with a token boundary on both sides), and only
 tokens made of letters and leetspeak/mask symbols go through the obfuscation lookup. The counts are
 the token list's exactly (`density_by_tokens` is the list-based reference the tests compare with).
