@@ -10,7 +10,7 @@ Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!
 The scan does not build the token list (that cost more than the rest of the chain together). The text
 becomes one byte per char of its token class (`bytes.translate`; a codec error handler classifies the
 few non-ASCII chars with the token regex's own word-char test): tokens are counted as class-run starts, listed words
-are found in one Aho-Corasick pass (a hit is a match with a token boundary on both sides), and only
+are found in one Aho-Corasick pass (ahocorasick-rs) (a hit is a match with a token boundary on both sides), and only
 tokens made of letters and leetspeak/mask symbols go through the obfuscation lookup. The counts are
 the token list's exactly (`density_by_tokens` is the list-based reference the tests compare with).
 """
@@ -22,7 +22,7 @@ from functools import lru_cache
 from itertools import filterfalse
 from importlib import resources
 
-import ahocorasick
+import ahocorasick_rs
 
 from quality.gates.base import Doc, Gate, ratio
 
@@ -67,12 +67,9 @@ def masked_forms(words: frozenset[str]) -> frozenset[str]:
 
 
 @lru_cache(maxsize=1)
-def _automaton() -> ahocorasick.Automaton:
-    auto = ahocorasick.Automaton()
-    for word in load_words():
-        auto.add_word(word, len(word))
-    auto.make_automaton()
-    return auto
+def _automaton() -> ahocorasick_rs.BytesAhoCorasick:
+    """All listed words in one automaton; matches are reported overlapping ("ass" and "asshole" both)."""
+    return ahocorasick_rs.BytesAhoCorasick([w.encode() for w in sorted(load_words())])
 
 
 class ProfanityGate(Gate):
@@ -115,20 +112,20 @@ class ProfanityGate(Gate):
         holds so much non-ASCII that the token list is cheaper. Obfuscated tokens are looked up in text
         order until the hits exceed the limit, as there: the reported count is the same."""
         if lower.isascii():
-            classes = lower.encode().translate(_CLASS)
+            raw = lower.encode()
         elif len(lower.encode("utf-8", "surrogatepass")) - len(lower) > _NON_ASCII_BUDGET:
             return None
         else:
-            classes = lower.encode("ascii", "streamprep.token_class").translate(_CLASS)
+            raw = lower.encode("ascii", "streamprep.token_class")  # one byte per char, ASCII letters kept
+        classes = raw.translate(_CLASS)
         n = len(classes)
         tokens = sum(classes.count(b) for b in (b" a", b" x", b" z")) + (classes[:1] != b" ") if n else 0
         if not tokens:
             return 0, 0
         limit = self.max_density * tokens
         hits = 0
-        for end, size in self.automaton.iter(lower):  # listed words, bounded by token edges on both sides
-            start = end - size + 1
-            if (start == 0 or classes[start - 1] == 32) and (end + 1 == n or classes[end + 1] == 32):
+        for _, start, end in self.automaton.find_matches_as_indexes(raw, overlapping=True):
+            if (start == 0 or classes[start - 1] == 32) and (end == n or classes[end] == 32):  # a whole token
                 hits += 1
         at = classes.find(b"x")
         while at != -1 and hits <= limit:  # tokens holding a leetspeak or mask symbol
