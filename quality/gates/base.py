@@ -39,6 +39,11 @@ class Gate(ABC):
     def check(self, doc: Doc) -> str | None:
         """Return None to keep the record, else a short reason carrying the figure that failed."""
 
+    def check_batch(self, docs: list[Doc]) -> list[str | None]:
+        """`check` on each doc, in order. A gate that can share work across a batch overrides this; if it
+        raises, the runner falls back to `check` per doc, so a bad record still costs only itself."""
+        return list(map(self.check, docs))
+
 
 def ratio(x: float) -> float:
     """Signals go into meta rounded to 4 decimals: small, JSON-friendly and stable."""
