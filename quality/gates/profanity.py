@@ -23,6 +23,7 @@ from itertools import filterfalse
 from importlib import resources
 
 import ahocorasick_rs
+import numpy as np
 
 from quality.gates.base import Doc, Gate, ratio
 
@@ -119,7 +120,8 @@ class ProfanityGate(Gate):
             raw = lower.encode("ascii", "streamprep.token_class")  # one byte per char, ASCII letters kept
         classes = raw.translate(_CLASS)
         n = len(classes)
-        tokens = sum(classes.count(b) for b in (b" a", b" x", b" z")) + (classes[:1] != b" ") if n else 0
+        cls = np.frombuffer(classes, np.uint8)  # a token starts where a separator (32) is followed by a token char
+        tokens = int(np.count_nonzero((cls[:-1] == 32) & (cls[1:] != 32))) + (classes[:1] != b" ") if n else 0
         if not tokens:
             return 0, 0
         limit = self.max_density * tokens
