@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ def cld2_input(sample: str) -> bytes | str:
     return data if _UTF8_UNSAFE.search(data) is None else _CLD2_UNSAFE.sub("", sample)
 
 
+@lru_cache(maxsize=1024)
 def normalize_code(code: str) -> str:
     """One code per language: "zh-cn", "zh-Hant", "ZH" -> "zh"; "iw" -> "he"; "nb" -> "no"."""
     base = code.strip().lower().replace("_", "-").split("-", 1)[0]
@@ -74,12 +76,19 @@ class Detector(Protocol):
     def detect(self, sample: str) -> Detection: ...
 
 
+@lru_cache(maxsize=1)
+def _pycld2() -> ModuleType:
+    """The pycld2 module, imported on first use (an import statement per call costs more than a cache hit)."""
+    import pycld2
+
+    return pycld2
+
+
 class Cld2Detector:
     name = "cld2"
 
     def detect(self, sample: str) -> Detection:
-        import pycld2
-
+        pycld2 = _pycld2()
         try:
             reliable, _, details = pycld2.detect(cld2_input(sample), isPlainText=True)
         except pycld2.error:
