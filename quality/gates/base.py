@@ -20,6 +20,7 @@ class Doc:
     digest: bytes | None = None   # SHA-256 of `text`, set by the normalise step
     meta: dict[str, Any] = field(default_factory=dict)
     _lower: str | None = field(default=None, init=False, repr=False)
+    scan: Any = field(default=None, init=False, repr=False)  # quality.gates.lexicon.scan's result, once computed
 
     @property
     def lower(self) -> str:

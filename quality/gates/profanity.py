@@ -7,45 +7,26 @@ Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!
 3. one still holding a mask ("*" or "#") is looked up among the masked forms of the list, where any
    run of letters after the first one may be starred out letter for letter ("f*ck", "f**k", "a**").
 
-The scan does not build the token list (that cost more than the rest of the chain together). The text
-becomes one byte per char of its token class (`bytes.translate`; a codec error handler classifies the
-few non-ASCII chars with the token regex's own word-char test): tokens are counted as class-run starts, listed words
-are found in one Aho-Corasick pass (ahocorasick-rs) (a hit is a match with a token boundary on both sides), and only
-tokens made of letters and leetspeak/mask symbols go through the obfuscation lookup. The counts are
-the token list's exactly (`density_by_tokens` is the list-based reference the tests compare with).
+The scan does not build the token list (that cost more than the rest of the chain together): it reads
+the shared one-byte-per-char scan of `quality.gates.lexicon` (token classes, listed-word matches). Tokens
+are counted as class-run starts (numpy), a listed word is a hit when its match has a token edge on both
+sides, and only tokens made of letters and leetspeak/mask symbols go through the obfuscation lookup.
+The counts are the token list's exactly (`density_by_tokens`, the reference scan and the one for texts
+too rich in non-ASCII for the shared scan).
 """
 from __future__ import annotations
 
-import codecs
 import re
 from functools import lru_cache
 from itertools import filterfalse
 from importlib import resources
 
-import ahocorasick_rs
 import numpy as np
 
 from quality.gates.base import Doc, Gate, ratio
+from quality.gates.lexicon import scan
 
 _TOKEN = re.compile(r"[\w@$*#!|]+")
-_WORD_CHAR = re.compile(r"\w")
-_TOKEN_ASCII = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@$*#!|")
-_OBFUSCATION = frozenset(b"0134 57@$!|#*") - {32}  # what the leetspeak tables and masks read
-# Class bytes: b" " separates tokens; in a token, b"a" is a letter, b"x" a leetspeak/mask symbol and
-# b"z" anything else (2, 6, 8, 9, _, a non-ASCII word char): a token holding a "z" is never profane.
-_CLASS = bytes(32 if c not in _TOKEN_ASCII else 97 if 97 <= c <= 122 else 120 if c in _OBFUSCATION else 122
-               for c in range(128)) + b" " * 128
-_NON_ASCII_BUDGET = 64  # extra UTF-8 bytes past which the list-based scan is cheaper than the handler calls
-
-
-def _classify_non_ascii(err: UnicodeError) -> tuple[str, int]:
-    """Codec error handler: a non-ASCII char becomes "_" when the token regex counts it as a word char."""
-    assert isinstance(err, UnicodeEncodeError)
-    chunk = err.object[err.start:err.end]
-    return "".join("_" if _WORD_CHAR.match(c) else " " for c in chunk), err.end
-
-
-codecs.register_error("streamprep.token_class", _classify_non_ascii)
 _LEET = [str.maketrans({"0": "o", "1": first, "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s",
                         "!": "i", "|": first, "#": "*"}) for first in ("i", "l")]
 
@@ -67,12 +48,6 @@ def masked_forms(words: frozenset[str]) -> frozenset[str]:
     return frozenset(forms)
 
 
-@lru_cache(maxsize=1)
-def _automaton() -> ahocorasick_rs.BytesAhoCorasick:
-    """All listed words in one automaton; matches are reported overlapping ("ass" and "asshole" both)."""
-    return ahocorasick_rs.BytesAhoCorasick([w.encode() for w in sorted(load_words())])
-
-
 class ProfanityGate(Gate):
     """Rejects when profane tokens / word tokens exceeds `profanity_max_density`."""
 
@@ -82,7 +57,7 @@ class ProfanityGate(Gate):
         self.max_density = max_density
         self.words = load_words()
         self.masked = masked_forms(self.words)
-        self.automaton = _automaton()
+        self.sorted_words = tuple(sorted(self.words))
 
     def is_profane(self, token: str) -> bool:
         """Whether one lower-case token is a listed word, plainly or obfuscated."""
@@ -108,17 +83,14 @@ class ProfanityGate(Gate):
             hits += self.is_profane(token)
         return hits, len(tokens)
 
-    def density_by_classes(self, lower: str) -> tuple[int, int] | None:
-        """(hits, tokens) as `density_by_tokens` gives them, from the class bytes; None when the text
-        holds so much non-ASCII that the token list is cheaper. Obfuscated tokens are looked up in text
-        order until the hits exceed the limit, as there: the reported count is the same."""
-        if lower.isascii():
-            raw = lower.encode()
-        elif len(lower.encode("utf-8", "surrogatepass")) - len(lower) > _NON_ASCII_BUDGET:
+    def density_by_scan(self, doc: Doc) -> tuple[int, int] | None:
+        """(hits, tokens) as `density_by_tokens` gives them, from the shared scan; None when there is none.
+        Obfuscated tokens are looked up in text order until the hits exceed the limit, as there: the
+        reported count is the same."""
+        found = scan(doc, self.sorted_words)
+        if found is None:
             return None
-        else:
-            raw = lower.encode("ascii", "streamprep.token_class")  # one byte per char, ASCII letters kept
-        classes = raw.translate(_CLASS)
+        classes = found.classes
         n = len(classes)
         cls = np.frombuffer(classes, np.uint8)  # a token starts where a separator (32) is followed by a token char
         tokens = int(np.count_nonzero((cls[:-1] == 32) & (cls[1:] != 32))) + (classes[:1] != b" ") if n else 0
@@ -126,9 +98,10 @@ class ProfanityGate(Gate):
             return 0, 0
         limit = self.max_density * tokens
         hits = 0
-        for _, start, end in self.automaton.find_matches_as_indexes(raw, overlapping=True):
+        for _, start, end in found.words:
             if (start == 0 or classes[start - 1] == 32) and (end == n or classes[end] == 32):  # a whole token
                 hits += 1
+        lower = doc.lower
         at = classes.find(b"x")
         while at != -1 and hits <= limit:  # tokens holding a leetspeak or mask symbol
             start = classes.rfind(b" ", 0, at) + 1
@@ -140,9 +113,8 @@ class ProfanityGate(Gate):
         return hits, tokens
 
     def check(self, doc: Doc) -> str | None:
-        lower = doc.lower
-        found = self.density_by_classes(lower)
-        hits, tokens = found if found is not None else self.density_by_tokens(lower)
+        found = self.density_by_scan(doc)
+        hits, tokens = found if found is not None else self.density_by_tokens(doc.lower)
         if not tokens:
             doc.meta["profanity_density"] = 0.0
             return None
