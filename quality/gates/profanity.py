@@ -16,6 +16,7 @@ too rich in non-ASCII for the shared scan).
 """
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from itertools import filterfalse
@@ -84,33 +85,36 @@ class ProfanityGate(Gate):
         return hits, len(tokens)
 
     def density_by_scan(self, doc: Doc) -> tuple[int, int] | None:
-        """(hits, tokens) as `density_by_tokens` gives them, from the shared scan; None when there is none.
-        Obfuscated tokens are looked up in text order until the hits exceed the limit, as there: the
-        reported count is the same."""
+        """(hits, tokens) as `density_by_tokens` gives them, from the shared scan, except that a text without
+        hits reports 0 tokens (its density is 0 either way, so it is not counted); None without a scan.
+        There, obfuscated tokens are looked up in text order until the hits exceed the limit, so the
+        count reported is min(plain + obfuscated, the first integer above the limit) unless the plain
+        hits alone exceed it; here every candidate is looked up first and the tokens counted after."""
         found = scan(doc, self.sorted_words)
         if found is None:
             return None
         classes = found.classes
         n = len(classes)
-        cls = np.frombuffer(classes, np.uint8)  # a token starts where a separator (32) is followed by a token char
-        tokens = int(np.count_nonzero((cls[:-1] == 32) & (cls[1:] != 32))) + (classes[:1] != b" ") if n else 0
-        if not tokens:
-            return 0, 0
-        limit = self.max_density * tokens
-        hits = 0
+        plain = 0
         for _, start, end in found.words:
             if (start == 0 or classes[start - 1] == 32) and (end == n or classes[end] == 32):  # a whole token
-                hits += 1
+                plain += 1
         lower = doc.lower
+        obfuscated = 0
         at = classes.find(b"x")
-        while at != -1 and hits <= limit:  # tokens holding a leetspeak or mask symbol
+        while at != -1:  # tokens holding a leetspeak or mask symbol and no char a listed word never has
             start = classes.rfind(b" ", 0, at) + 1
             end = classes.find(b" ", at)
             end = n if end == -1 else end
             if classes.find(b"z", start, end) == -1:
-                hits += self.is_profane(lower[start:end])
+                obfuscated += self.is_profane(lower[start:end])
             at = classes.find(b"x", end)
-        return hits, tokens
+        if not plain + obfuscated:
+            return 0, 0
+        cls = np.frombuffer(classes, np.uint8)  # a token starts where a separator (32) is followed by a token char
+        tokens = int(np.count_nonzero((cls[:-1] == 32) & (cls[1:] != 32))) + (classes[:1] != b" ")
+        limit = self.max_density * tokens
+        return (plain if plain > limit else min(plain + obfuscated, math.floor(limit) + 1)), tokens
 
     def check(self, doc: Doc) -> str | None:
         found = self.density_by_scan(doc)
