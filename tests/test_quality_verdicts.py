@@ -159,6 +159,66 @@ def test_batch_and_per_record_evaluate_agree(all_corpora: dict[str, list[Any]]) 
         {k: c["rejected"] for k, c in batch.stats["gates"].items()}
 
 
+def _texts(all_corpora: dict[str, list[Any]], step: int) -> list[str]:
+    """Normalised texts of every corpus (every `step`-th record), plus copies with gate bait spliced in."""
+    from quality.normalize import normalize_text
+
+    rng = random.Random(11)
+    bait = ["f*ck", "sh1t", "@$$", "a**", "b!tch!", "|shit|", "FUCK", "f\u00fcck", "\u00e9", "_ass", "ass_",
+            "a$$hole", "f#ck", "sh!t", "2019", "!!", "cunt\u00e9", "\u00e9cunt", "\u00a9", "(c)", "rights",
+            "(555) 123-4567", "+44 20 7946 0958", "4111 1111 1111 1111", "1.2.3.4", "fe80:0:0:0:0:0:0:1",
+            "\u0663\u0663\u0663-\u0663\u0663\u0663-\u0663\u0663\u0663\u0663", "( 1 2 3 4", " \n", "\n\t"]
+    out = []
+    for recs in all_corpora.values():
+        for r in recs[::step]:
+            text = r.get("text") if isinstance(r, dict) else None
+            if not isinstance(text, str) or len(text) > 100_000 or "\ud800" in text:
+                continue
+            out.append(normalize_text(text))
+            out.append(normalize_text(" ".join(rng.choice(bait) if rng.random() < 0.05 else w for w in text.split(" "))))
+    return out
+
+
+def test_fast_scans_equal_their_reference_scans(all_corpora: dict[str, list[Any]]) -> None:
+    """Each shortcut against the plain scan it replaces, on real text with bait spliced in."""
+    from quality.gates import pii
+    from quality.gates.base import Doc
+    from quality.gates.copyright import _CUES
+    from quality.gates.profanity import ProfanityGate
+    from quality.normalize import _EDGE_CUES, _has_line_edge
+
+    gates = [ProfanityGate(0.01), ProfanityGate(0.0)]
+    scanned = 0
+    for text in _texts(all_corpora, 3):
+        lower = text.lower()
+        for gate in gates:
+            doc = Doc(None, text=text)
+            fast, ref = gate.density_by_scan(doc), gate.density_by_tokens(lower)
+            if fast is not None:
+                scanned += 1
+                assert fast == ref or fast == (0, 0) and ref[0] == 0, text[:200]
+            cue = doc.scan.copyright_cue if doc.scan else any(c in lower for c in _CUES)
+            assert cue == any(c in lower for c in _CUES)
+        assert [m.span() for m in pii._number_runs(text)] == [m.span() for m in pii._NUMBER_RUN.finditer(text)]
+        assert bool(pii.IPV6_RE.search(text)) <= bool(pii._IPV6_CUE.search(text))
+        assert _has_line_edge(text) == ("\n" in text and any(c in text for c in _EDGE_CUES))
+    assert scanned > 10_000
+
+
+def test_cld2_input_drops_exactly_what_the_str_class_drops() -> None:
+    """The bytes test for characters pycld2 refuses agrees with the str regex on every code point."""
+    from quality.language import _CLD2_UNSAFE, _UTF8_UNSAFE, cld2_input
+
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        assert (_UTF8_UNSAFE.search(c.encode()) is None) == (_CLD2_UNSAFE.search(c) is None), hex(cp)
+    sample = "caf\u00e9 \x00 \x85 \ufdd0 \U0001fffe ok \x7f"
+    assert cld2_input(sample) == _CLD2_UNSAFE.sub("", sample)
+    assert cld2_input("plain\x01 text\x7f") == b"plain text"
+
+
 def main(out: Path) -> None:
     """Dump every case's per-record rows and summaries (for a record-by-record diff after a change)."""
     data = corpora(SHARED)
