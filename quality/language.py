@@ -35,16 +35,21 @@ _UTF8_UNSAFE = re.compile(
     rb"|[\xf0-\xf4][\x8f\x9f\xaf\xbf]\xbf[\xbe\xbf]"
 )
 
+_UNSAFE_LEADS = (b"\xc2", b"\xef", b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")  # C1, U+FDD0.., U+FFFE..
+
 
 def cld2_input(sample: str) -> bytes | str:
     """`sample` without the characters pycld2 refuses, as the UTF-8 bytes pycld2 would encode it to.
-    ASCII: one `bytes.translate`; other text: a bytes scan, and the str regex only when it finds one."""
+    ASCII: one `bytes.translate`; other text: memchr tests for the lead bytes such chars start with, a
+    bytes regex only when one is there, and the str regex only when that finds a refused char."""
     if sample.isascii():
         return sample.encode().translate(None, _ASCII_UNSAFE)
     try:
         data = sample.encode()
     except UnicodeEncodeError:  # a lone surrogate: pycld2 reports it as an error, as before
         return _CLD2_UNSAFE.sub("", sample)
+    if len(data.translate(None, _ASCII_UNSAFE)) == len(data) and not any(lead in data for lead in _UNSAFE_LEADS):
+        return data  # memchr-speed tests: no ASCII control, no lead byte any refused char starts with
     return data if _UTF8_UNSAFE.search(data) is None else _CLD2_UNSAFE.sub("", sample)
 
 
