@@ -25,7 +25,7 @@ _OBFUSCATION = frozenset(b"0134 57@$!|#*") - {32}  # what the leetspeak tables a
 # b"z" anything else (2, 6, 8, 9, _, a non-ASCII word char): a token holding a "z" is never profane.
 CLASS = bytes(32 if c not in _TOKEN_ASCII else 97 if 97 <= c <= 122 else 120 if c in _OBFUSCATION else 122
               for c in range(128)) + b" " * 128
-NON_ASCII_BUDGET = 64
+NON_ASCII_BUDGET = 64  # extra UTF-8 bytes past which the handler calls cost more than the plain scans
 COPYRIGHT_CUES = ("copyright", "&copy;", "(c)", "rights")  # ASCII; "\u00a9" is tested on the str
 
 
