@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -27,8 +28,32 @@ _CLD2_UNSAFE = re.compile(
     + "".join(chr(plane << 16 | 0xFFFE) + chr(plane << 16 | 0xFFFF) for plane in range(17))
     + "]"
 )
+# The same characters as UTF-8 bytes: the check runs on the bytes pycld2 is given anyway, at C speed.
+_ASCII_UNSAFE = bytes([*range(0x00, 0x09), 0x0B, *range(0x0E, 0x20), 0x7F])
+_UTF8_UNSAFE = re.compile(
+    rb"[\x00-\x08\x0b\x0e-\x1f\x7f]|\xc2[\x80-\x9f]|\xef\xb7[\x90-\xaf]|\xef\xbf[\xbe\xbf]"
+    rb"|[\xf0-\xf4][\x8f\x9f\xaf\xbf]\xbf[\xbe\xbf]"
+)
+
+_UNSAFE_LEADS = (b"\xc2", b"\xef", b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")  # C1, U+FDD0.., U+FFFE..
 
 
+def cld2_input(sample: str) -> bytes | str:
+    """`sample` without the characters pycld2 refuses, as the UTF-8 bytes pycld2 would encode it to.
+    ASCII: one `bytes.translate`; other text: memchr tests for the lead bytes such chars start with, a
+    bytes regex only when one is there, and the str regex only when that finds a refused char."""
+    if sample.isascii():
+        return sample.encode().translate(None, _ASCII_UNSAFE)
+    try:
+        data = sample.encode()
+    except UnicodeEncodeError:  # a lone surrogate: pycld2 reports it as an error, as before
+        return _CLD2_UNSAFE.sub("", sample)
+    if len(data.translate(None, _ASCII_UNSAFE)) == len(data) and not any(lead in data for lead in _UNSAFE_LEADS):
+        return data  # memchr-speed tests: no ASCII control, no lead byte any refused char starts with
+    return data if _UTF8_UNSAFE.search(data) is None else _CLD2_UNSAFE.sub("", sample)
+
+
+@lru_cache(maxsize=1024)
 def normalize_code(code: str) -> str:
     """One code per language: "zh-cn", "zh-Hant", "ZH" -> "zh"; "iw" -> "he"; "nb" -> "no"."""
     base = code.strip().lower().replace("_", "-").split("-", 1)[0]
@@ -56,14 +81,21 @@ class Detector(Protocol):
     def detect(self, sample: str) -> Detection: ...
 
 
+@lru_cache(maxsize=1)
+def _pycld2() -> ModuleType:
+    """The pycld2 module, imported on first use (an import statement per call costs more than a cache hit)."""
+    import pycld2
+
+    return pycld2
+
+
 class Cld2Detector:
     name = "cld2"
 
     def detect(self, sample: str) -> Detection:
-        import pycld2
-
+        pycld2 = _pycld2()
         try:
-            reliable, _, details = pycld2.detect(_CLD2_UNSAFE.sub("", sample), isPlainText=True)
+            reliable, _, details = pycld2.detect(cld2_input(sample), isPlainText=True)
         except pycld2.error:
             return Detection({}, False, self.name)
         probs: dict[str, float] = {}

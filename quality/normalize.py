@@ -28,6 +28,7 @@ _UNICODE_SPACES = ["\u00a0", "\u1680", *map(chr, range(0x2000, 0x200B)), "\u202f
 _MULTI_SPACE = re.compile(" {2,}")
 _LINE_EDGES = re.compile("[ \t]+\n[ \t]*|\n[ \t]+")
 _EDGE_CUES = (" \n", "\t\n", "\n ", "\n\t")
+_EDGE_LOOKS = 64  # newlines looked at one by one before four whole-text scans are cheaper
 _TRAILING = re.compile("[ \t]+(?=\n)|[ \t]+$")
 _TRAILING_CUES = (" \n", "\t\n")
 
@@ -63,6 +64,19 @@ def _one_pass(table: dict[str, str]) -> Callable[[str], str]:
 _PROSE_CHARS, _CODE_CHARS = _one_pass(_char_map(prose=True)), _one_pass(_char_map(prose=False))
 
 
+def _has_line_edge(text: str) -> bool:
+    """Whether a newline has a space or tab beside it: the neighbours of the first newlines (texts have
+    few), else the four cues searched in the whole text."""
+    at = text.find("\n")
+    for _ in range(_EDGE_LOOKS):
+        if at == -1:
+            return False
+        if (at and text[at - 1] in " \t") or text[at + 1:at + 2] in (" ", "\t"):
+            return True
+        at = text.find("\n", at + 1)
+    return at != -1 and any(cue in text for cue in _EDGE_CUES)
+
+
 def normalize_text(text: str, code: bool = False) -> str:
     """NFC; control characters out (C1 repaired as Windows-1252); then, for prose, curly quotes and
     dashes to ASCII, runs of spaces collapsed, lines and the text trimmed; for code, Unix newlines,
@@ -78,6 +92,6 @@ def normalize_text(text: str, code: bool = False) -> str:
     text = _PROSE_CHARS(text)
     if "  " in text:
         text = _MULTI_SPACE.sub(" ", text)
-    if "\n" in text and any(cue in text for cue in _EDGE_CUES):  # every cue holds a newline: one memchr first
+    if _has_line_edge(text):
         text = _LINE_EDGES.sub("\n", text)
     return text.strip(" \t\n")

@@ -20,6 +20,7 @@ class Doc:
     digest: bytes | None = None   # SHA-256 of `text`, set by the normalise step
     meta: dict[str, Any] = field(default_factory=dict)
     _lower: str | None = field(default=None, init=False, repr=False)
+    scan: Any = field(default=None, init=False, repr=False)  # quality.gates.lexicon.scan's result, once computed
 
     @property
     def lower(self) -> str:
@@ -38,6 +39,11 @@ class Gate(ABC):
     @abstractmethod
     def check(self, doc: Doc) -> str | None:
         """Return None to keep the record, else a short reason carrying the figure that failed."""
+
+    def check_batch(self, docs: list[Doc]) -> list[str | None]:
+        """`check` on each doc, in order. A gate that can share work across a batch overrides this; if it
+        raises, the runner falls back to `check` per doc, so a bad record still costs only itself."""
+        return list(map(self.check, docs))
 
 
 def ratio(x: float) -> float:

@@ -2,12 +2,15 @@
 
 Each kind is searched only in bounded windows where it can occur: e-mails around each "@", the
 numeric kinds (one alternation: card | IPv4 | phone) inside runs of digits and separators, IPv6
-only in texts with enough colons. Matches are validated (Luhn for cards, digit counts for phones)
+only in texts with a colon-separated run of hex groups. A text is tested for the numeric kinds only when
+it holds 7 consecutive chars of the run class (one `bytes.translate` and a substring test), which prose
+without such numbers never does. Matches are validated (Luhn for cards, digit counts for phones)
 and counted by length; the scan stops as soon as the matched length certainly exceeds the allowed
 density, so a PII-heavy text costs only the prefix needed to reject it.
 """
 from __future__ import annotations
 
+import codecs
 import re
 from collections.abc import Iterator
 
@@ -28,6 +31,12 @@ NUMBER_RE = re.compile(
 )
 IPV6_RE = re.compile(r"(?<![\w:])(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}(?![\w:])", re.IGNORECASE)
 _NUMBER_RUN = re.compile(r"[\d+(][\d .()+-]{5,}\d")  # the only places a card, IPv4 or phone can be
+# A run is >= 7 chars of [\d .()+-]: in the text's run-class bytes (b"d" for those chars) it is b"ddddddd".
+_RUN_CLASS = bytes(100 if chr(c) in "0123456789 .()+-" else 120 for c in range(128)) + b"x" * 128
+_RUN_CUE = b"d" * 7
+_DIGIT = re.compile(r"\d")
+_NON_ASCII_BUDGET = 64  # extra UTF-8 bytes past which scanning for runs is cheaper than classifying chars
+_IPV6_CUE = re.compile(r":(?:[0-9a-f]{1,4}:){6}", re.IGNORECASE)  # the inner part of every full-form IPv6
 _EMAIL_REACH = (64, 320)  # chars before / after an "@" an address can span
 
 
@@ -40,6 +49,34 @@ def luhn_valid(digits: str) -> bool:
             d = d * 2 - 9 if d > 4 else d * 2
         total += d
     return total % 10 == 0
+
+
+def _digit_class(err: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: a non-ASCII char becomes "0" when the run regex counts it as a digit."""
+    assert isinstance(err, UnicodeEncodeError)
+    return "".join("0" if _DIGIT.match(c) else "?" for c in err.object[err.start:err.end]), err.end
+
+
+codecs.register_error("streamprep.digit_class", _digit_class)
+
+
+def _number_runs(text: str) -> Iterator[re.Match[str]]:
+    """`_NUMBER_RUN.finditer(text)`, scanning only the maximal stretches of >= 7 digits and " .()+-" chars
+    (a run holds only those, so it never crosses a stretch's edge); one class byte per char finds them."""
+    if text.isascii():
+        classes = text.encode().translate(_RUN_CLASS)
+    elif len(text.encode("utf-8", "surrogatepass")) - len(text) > _NON_ASCII_BUDGET:
+        yield from _NUMBER_RUN.finditer(text)
+        return
+    else:
+        classes = text.encode("ascii", "streamprep.digit_class").translate(_RUN_CLASS)
+    at = classes.find(_RUN_CUE)
+    while at != -1:
+        start = classes.rfind(b"x", 0, at) + 1
+        end = classes.find(b"x", at)
+        end = len(classes) if end == -1 else end
+        yield from _NUMBER_RUN.finditer(text, start, end)
+        at = classes.find(_RUN_CUE, end)
 
 
 def _emails(text: str) -> Iterator[tuple[str, int, int]]:
@@ -57,7 +94,7 @@ def _emails(text: str) -> Iterator[tuple[str, int, int]]:
 
 
 def _numbers(text: str) -> Iterator[tuple[str, int, int]]:
-    for run in _NUMBER_RUN.finditer(text):
+    for run in _number_runs(text):
         for m in NUMBER_RE.finditer(text, run.start(), run.end() + 1):  # +1: let the lookahead see the next char
             kind, span = m.lastgroup or "", m.group()
             if kind == "card":
@@ -70,7 +107,7 @@ def _numbers(text: str) -> Iterator[tuple[str, int, int]]:
 
 
 def _ipv6(text: str) -> Iterator[tuple[str, int, int]]:
-    if text.count(":") >= 7:
+    if text.count(":") >= 7 and _IPV6_CUE.search(text):
         for m in IPV6_RE.finditer(text):
             yield "ip", m.start(), m.end()
 

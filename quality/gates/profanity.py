@@ -6,15 +6,26 @@ Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!
    (0→o, 1→i or l, 3→e, 4→a, 5→s, 7→t, @→a, $→s, !→i, |→i or l) and looked up again;
 3. one still holding a mask ("*" or "#") is looked up among the masked forms of the list, where any
    run of letters after the first one may be starred out letter for letter ("f*ck", "f**k", "a**").
+
+The scan does not build the token list (that cost more than the rest of the chain together): it reads
+the shared one-byte-per-char scan of `quality.gates.lexicon` (token classes, listed-word matches). Tokens
+are counted as class-run starts (numpy), a listed word is a hit when its match has a token edge on both
+sides, and only tokens made of letters and leetspeak/mask symbols go through the obfuscation lookup.
+The counts are the token list's exactly (`density_by_tokens`, the reference scan and the one for texts
+too rich in non-ASCII for the shared scan).
 """
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from itertools import filterfalse
 from importlib import resources
 
+import numpy as np
+
 from quality.gates.base import Doc, Gate, ratio
+from quality.gates.lexicon import scan
 
 _TOKEN = re.compile(r"[\w@$*#!|]+")
 _LEET = [str.maketrans({"0": "o", "1": first, "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s",
@@ -47,6 +58,7 @@ class ProfanityGate(Gate):
         self.max_density = max_density
         self.words = load_words()
         self.masked = masked_forms(self.words)
+        self.sorted_words = tuple(sorted(self.words))
 
     def is_profane(self, token: str) -> bool:
         """Whether one lower-case token is a listed word, plainly or obfuscated."""
@@ -61,19 +73,58 @@ class ProfanityGate(Gate):
                 return True
         return False
 
-    def check(self, doc: Doc) -> str | None:
-        tokens = _TOKEN.findall(doc.lower)
-        if not tokens:
-            doc.meta["profanity_density"] = 0.0
-            return None
+    def density_by_tokens(self, lower: str) -> tuple[int, int]:
+        """(hits, tokens) from the token list: the reference scan, and the one for texts rich in non-ASCII."""
+        tokens = _TOKEN.findall(lower)
         limit = self.max_density * len(tokens)
         hits = sum(map(self.words.__contains__, tokens))  # plain words, at C speed
         for token in filterfalse(str.isalpha, tokens):   # then only tokens with digits or symbols
             if hits > limit:
                 break
             hits += self.is_profane(token)
-        density = hits / len(tokens)
+        return hits, len(tokens)
+
+    def density_by_scan(self, doc: Doc) -> tuple[int, int] | None:
+        """(hits, tokens) as `density_by_tokens` gives them, from the shared scan, except that a text without
+        hits reports 0 tokens (its density is 0 either way, so it is not counted); None without a scan.
+        There, obfuscated tokens are looked up in text order until the hits exceed the limit, so the
+        count reported is min(plain + obfuscated, the first integer above the limit) unless the plain
+        hits alone exceed it; here every candidate is looked up first and the tokens counted after."""
+        found = scan(doc, self.sorted_words)
+        if found is None:
+            return None
+        classes = found.classes
+        n = len(classes)
+        plain = 0
+        for _, start, end in found.words:
+            if (start == 0 or classes[start - 1] == 32) and (end == n or classes[end] == 32):  # a whole token
+                plain += 1
+        lower = doc.lower
+        obfuscated = 0
+        at = classes.find(b"x")
+        while at != -1:  # tokens holding a leetspeak or mask symbol and no char a listed word never has
+            start = classes.rfind(b" ", 0, at) + 1
+            end = classes.find(b" ", at)
+            end = n if end == -1 else end
+            if classes.find(b"z", start, end) == -1:
+                obfuscated += self.is_profane(lower[start:end])
+            at = classes.find(b"x", end)
+        if not plain + obfuscated:
+            return 0, 0
+        cls = np.frombuffer(classes, np.uint8)  # a token starts where a separator (32) is followed by a token char
+        tokens = int(np.count_nonzero((cls[:-1] == 32) & (cls[1:] != 32))) + (classes[:1] != b" ")
+        limit = self.max_density * tokens
+        return (plain if plain > limit else min(plain + obfuscated, math.floor(limit) + 1)), tokens
+
+    def check(self, doc: Doc) -> str | None:
+        found = self.density_by_scan(doc)
+        hits, tokens = found if found is not None else self.density_by_tokens(doc.lower)
+        if not tokens:
+            doc.meta["profanity_density"] = 0.0
+            return None
+        limit = self.max_density * tokens
+        density = hits / tokens
         doc.meta["profanity_density"] = ratio(density)
         if hits > limit:
-            return f"profanity density {ratio(density):g} > {self.max_density:g} ({hits} of {len(tokens)} tokens)"
+            return f"profanity density {ratio(density):g} > {self.max_density:g} ({hits} of {tokens} tokens)"
         return None

@@ -1,0 +1,353 @@
+"""Verdict identity on every shared corpus: the QC chain's outcomes pinned, so a faster chain must decide alike.
+
+For each corpus and each config that makes sense for it, every record's verdict is reduced to
+(keep, failed_check, reason, sha256 of the kept text, digest, the meta as serialised JSON) and hashed;
+the test pins that hash, the counts per `failed_check` and the per-gate counters, all computed with
+the chain as it was before the gates were batched (issue 27). `evaluate_batch` (what ingest calls)
+and per-record `evaluate` must agree record for record.
+
+    PYTHONPATH=$PWD python tests/test_quality_verdicts.py /tmp/qc_verdicts.json   # full per-record dump
+"""
+from __future__ import annotations
+
+import collections
+import gzip
+import hashlib
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from quality import QualityControl
+
+SHARED = Path(os.environ.get("STREAMPREP_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+BATCH = 97  # odd, so batches do not line up with anything in the data
+
+
+def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            yield json.loads(line)
+
+
+def _perturbed(texts: list[str]) -> list[Any]:
+    """C4 texts with what the gates look for spliced in (deterministically), plus hostile records:
+    exercises normalisation, PII, obfuscated profanity, copyright and the schema checks on real prose."""
+    rng = random.Random(27)
+    inserts = ["\r\n", "\x92", "\x85", "\u2019", "\u201c", "\u2014", "\u00a0", "\u3000", "  ", "\t\n ", " \n",
+               "\ufeff", "\x00", "e\u0301", "jane.doe@example.com", "(555) 123-4567", "+44 20 7946 0958",
+               "4111 1111 1111 1111", "4111 1111 1111 1112", "192.168.0.1", "1.2.3.4", "fe80:0:0:0:0:0:0:1",
+               "f*ck", "sh1t", "a$$", "b!tch", "FUCK", "|shit|", "@ss", "sh!t", "(c) 2019", "\u00a9",
+               "All  rights reserved", "\ufdd0", "1-800-555-0199", "555-123-4567", "\u00e9t\u00e9"]
+    out: list[Any] = []
+    for i, text in enumerate(texts):
+        words = text.split(" ")
+        for _ in range(rng.choice((1, 2, 4, 8, 16))):
+            words.insert(rng.randrange(len(words) + 1), rng.choice(inserts))
+        out.append({"text": " ".join(words) if i % 3 else "".join(w + rng.choice(" \n\t") for w in words)})
+    out += [None, [], "text", {"text": b"bytes"}, {"text": None}, {}, {"text": ""}, {"text": " \n\t "},
+            {"text": "ok \ud800 surrogate" * 20}, {"text": "\x00" * 200}, {"text": "x" * 3_000_000},
+            {"text": "fuck " * 50}, {"text": "f**k sh1t " * 30}, {"text": "jane@example.com " * 20},
+            {"text": "Copyright 2020 " * 10}, {"text": "1234567890 " * 30}, {"text": "\u00a0" * 150},
+            {"text": "\r\n".join(["Line with trailing space   "] * 10)}, {"text": "\u4e2d\u6587" * 100}]
+    return out
+
+
+def corpora(root: Path) -> dict[str, list[Any]]:
+    """Every shared corpus as records with a `text` field."""
+    out: dict[str, list[Any]] = {}
+    for path in sorted((root / "web").glob("*.jsonl")):
+        out[f"web/{path.name}"] = list(_jsonl(path))
+    wiki = root / "web" / "wikipedia_en_llamafactory_demo30.txt"
+    out[f"web/{wiki.name}"] = [{"text": line} for line in wiki.read_text("utf-8").splitlines() if line.strip()]
+    out["medical/pubmedqa_abstracts.jsonl"] = list(_jsonl(root / "medical" / "pubmedqa_abstracts.jsonl"))
+    for path in sorted((root / "code" / "humaneval-x").glob("*.jsonl.gz")):
+        out[f"code/{path.name}"] = [{"text": r["prompt"] + r["canonical_solution"]} for r in _jsonl(path)]
+    out["multilingual/lingua"] = list(_jsonl(root / "multilingual" / "lingua_sentences_75langs.jsonl"))
+    chat = root / "chat"
+    out["chat/glaive.messages"] = [{"text": "\n\n".join(m["content"] for m in r["messages"])}
+                                   for r in _jsonl(chat / "glaive_toolcall_en_demo300.messages.jsonl")]
+    sharegpt = json.loads((chat / "glaive_toolcall_en_demo300.sharegpt.json").read_text("utf-8"))
+    out["chat/glaive.sharegpt"] = [{"text": "\n\n".join(t["value"] for t in r["conversations"])} for r in sharegpt]
+    out["chat/hh_rlhf"] = [{"text": r[k]} for r in _jsonl(chat / "hh_rlhf_harmless_base_test.jsonl.gz")
+                           for k in ("chosen", "rejected")]
+    out["synthetic/perturbed_c4"] = _perturbed([r["text"] for r in out["web/c4_en_train00000_first1000.jsonl"]])
+    return out
+
+
+GENERAL = {}
+SHORT = {"min_chars": 0}  # sentences and chat turns are short: let every gate see them
+CASES: list[tuple[str, str, dict[str, Any], int]] = []  # (case id, corpus, config, record step)
+for _name in ["web/c4_en_llamafactory_demo300.jsonl", "web/c4_en_train00000_first1000.jsonl",
+              "web/dclm_quality_agreement_data.jsonl", "web/dclm_quality_majority_data.jsonl",
+              "web/dolma_cc_en_head-0091.jsonl", "web/dolma_cc_en_head-0174.jsonl",
+              "web/wikipedia_en_llamafactory_demo30.txt", "medical/pubmedqa_abstracts.jsonl",
+              "multilingual/lingua", "chat/glaive.messages", "chat/glaive.sharegpt", "chat/hh_rlhf",
+              "synthetic/perturbed_c4"] + [f"code/humaneval_{x}.jsonl.gz" for x in
+                                           ("cpp", "go", "java", "js", "python", "rust")]:
+    CASES.append((f"{_name}|general", _name, GENERAL, 1))
+    CASES.append((f"{_name}|short", _name, SHORT, 1))
+for _name in ["medical/pubmedqa_abstracts.jsonl", "web/c4_en_train00000_first1000.jsonl", "synthetic/perturbed_c4"]:
+    CASES.append((f"{_name}|medical", _name, {"domain": "medical"}, 1))
+for _name in [f"code/humaneval_{x}.jsonl.gz" for x in ("cpp", "go", "java", "js", "python", "rust")] + [
+        "web/c4_en_train00000_first1000.jsonl", "synthetic/perturbed_c4"]:
+    CASES.append((f"{_name}|code", _name, {"domain": "code"}, 1))
+for _name in ["multilingual/lingua", "web/c4_en_train00000_first1000.jsonl", "synthetic/perturbed_c4"]:
+    CASES.append((f"{_name}|cascade", _name, {**SHORT, "language_detector": "cascade"}, 7))
+    CASES.append((f"{_name}|langdetect", _name, {**SHORT, "language_detector": "langdetect"}, 29))
+CASES.append(("multilingual/lingua|de", "multilingual/lingua", {**SHORT, "expected_language": "de"}, 1))
+CASES.append(("synthetic/perturbed_c4|strict", "synthetic/perturbed_c4",
+              {"pii_max_density": 0.0, "profanity_max_density": 0.0, "normalize": False}, 1))
+
+
+def verdict_row(v: Any) -> list[Any]:
+    """(keep, failed_check, reason, kept-text sha256, digest hex, meta JSON in its own key order)."""
+    text_sha = None if v.text is None else hashlib.sha256(v.text.encode("utf-8", "surrogatepass")).hexdigest()
+    return [v.keep, v.meta.get("failed_check"), v.meta.get("reason"), text_sha,
+            None if v.digest is None else v.digest.hex(), json.dumps(v.meta, ensure_ascii=False)]
+
+
+def run_case(records: list[Any], config: dict[str, Any], step: int) -> tuple[list[list[Any]], dict[str, Any]]:
+    """Per-record rows via `evaluate_batch` in batches of BATCH, and the chain's stats without the timings."""
+    qc = QualityControl(config)
+    picked = [dict(r) if isinstance(r, dict) else r for r in records[::step]]
+    rows = []
+    for i in range(0, len(picked), BATCH):
+        rows += [verdict_row(v) for v in qc.evaluate_batch(picked[i:i + BATCH])]
+    gates = {name: {k: c[k] for k in ("seen", "kept", "rejected")} for name, c in qc.stats["gates"].items()}
+    return rows, {"records": qc.stats["records"], "gates": gates}
+
+
+def summarise(rows: list[list[Any]], stats: dict[str, Any]) -> str:
+    """One line: the sha256 over every row, outcomes per failed_check, then each gate's seen/kept/rejected."""
+    by_check = collections.Counter(r[1] or "kept" for r in rows)
+    blob = json.dumps(rows, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    checks = " ".join(f"{k}={n}" for k, n in sorted(by_check.items()))
+    gates = " ".join(f"{k}={c['seen']}/{c['kept']}/{c['rejected']}" for k, c in stats["gates"].items())
+    return f"{hashlib.sha256(blob).hexdigest()[:16]} | {checks} | {gates}"
+
+
+
+
+@pytest.fixture(scope="module")
+def all_corpora(shared_data: Path) -> dict[str, list[Any]]:
+    return corpora(shared_data)
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_verdicts_identical_to_the_pinned_chain(case: str, all_corpora: dict[str, list[Any]]) -> None:
+    _, corpus, config, step = next(c for c in CASES if c[0] == case)
+    rows, stats = run_case(all_corpora[corpus], config, step)
+    assert summarise(rows, stats) == PINNED[case]
+
+
+def test_batch_and_per_record_evaluate_agree(all_corpora: dict[str, list[Any]]) -> None:
+    """`evaluate_batch` is what ingest calls, `evaluate` what `clean_record` builds on: same verdicts."""
+    records = all_corpora["synthetic/perturbed_c4"][::3] + all_corpora["multilingual/lingua"][::50]
+    one = QualityControl({"min_chars": 0})
+    per_record = [verdict_row(one.evaluate(dict(r) if isinstance(r, dict) else r)) for r in records]
+    batch = QualityControl({"min_chars": 0})
+    batched = [verdict_row(v) for v in batch.evaluate_batch([dict(r) if isinstance(r, dict) else r for r in records])]
+    assert batched == per_record
+    assert one.stats["records"] == batch.stats["records"]
+    assert {k: c["rejected"] for k, c in one.stats["gates"].items()} == \
+        {k: c["rejected"] for k, c in batch.stats["gates"].items()}
+
+
+def _texts(all_corpora: dict[str, list[Any]], step: int) -> list[str]:
+    """Normalised texts of every corpus (every `step`-th record), plus copies with gate bait spliced in."""
+    from quality.normalize import normalize_text
+
+    rng = random.Random(11)
+    bait = ["f*ck", "sh1t", "@$$", "a**", "b!tch!", "|shit|", "FUCK", "f\u00fcck", "\u00e9", "_ass", "ass_",
+            "a$$hole", "f#ck", "sh!t", "2019", "!!", "cunt\u00e9", "\u00e9cunt", "\u00a9", "(c)", "rights",
+            "(555) 123-4567", "+44 20 7946 0958", "4111 1111 1111 1111", "1.2.3.4", "fe80:0:0:0:0:0:0:1",
+            "\u0663\u0663\u0663-\u0663\u0663\u0663-\u0663\u0663\u0663\u0663", "( 1 2 3 4", " \n", "\n\t"]
+    out = []
+    for recs in all_corpora.values():
+        for r in recs[::step]:
+            text = r.get("text") if isinstance(r, dict) else None
+            if not isinstance(text, str) or len(text) > 100_000 or "\ud800" in text:
+                continue
+            out.append(normalize_text(text))
+            out.append(normalize_text(" ".join(rng.choice(bait) if rng.random() < 0.05 else w for w in text.split(" "))))
+    return out
+
+
+def test_fast_scans_equal_their_reference_scans(all_corpora: dict[str, list[Any]]) -> None:
+    """Each shortcut against the plain scan it replaces, on real text with bait spliced in."""
+    from quality.gates import pii
+    from quality.gates.base import Doc
+    from quality.gates.copyright import _CUES
+    from quality.gates.profanity import ProfanityGate
+    from quality.normalize import _EDGE_CUES, _has_line_edge
+
+    gates = [ProfanityGate(0.01), ProfanityGate(0.0)]
+    scanned = 0
+    for text in _texts(all_corpora, 3):
+        lower = text.lower()
+        for gate in gates:
+            doc = Doc(None, text=text)
+            fast, ref = gate.density_by_scan(doc), gate.density_by_tokens(lower)
+            if fast is not None:
+                scanned += 1
+                assert fast == ref or fast == (0, 0) and ref[0] == 0, text[:200]
+            cue = doc.scan.copyright_cue if doc.scan else any(c in lower for c in _CUES)
+            assert cue == any(c in lower for c in _CUES)
+        assert [m.span() for m in pii._number_runs(text)] == [m.span() for m in pii._NUMBER_RUN.finditer(text)]
+        assert bool(pii.IPV6_RE.search(text)) <= bool(pii._IPV6_CUE.search(text))
+        assert _has_line_edge(text) == ("\n" in text and any(c in text for c in _EDGE_CUES))
+    assert scanned > 10_000
+
+
+def test_cld2_input_drops_exactly_what_the_str_class_drops() -> None:
+    """The bytes test for characters pycld2 refuses agrees with the str regex on every code point."""
+    from quality.language import _CLD2_UNSAFE, _UTF8_UNSAFE, cld2_input
+
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        assert (_UTF8_UNSAFE.search(c.encode()) is None) == (_CLD2_UNSAFE.search(c) is None), hex(cp)
+    sample = "caf\u00e9 \x00 \x85 \ufdd0 \U0001fffe ok \x7f"
+    assert cld2_input(sample) == _CLD2_UNSAFE.sub("", sample)
+    assert cld2_input("plain\x01 text\x7f") == b"plain text"
+
+
+def main(out: Path) -> None:
+    """Dump every case's per-record rows and summaries (for a record-by-record diff after a change)."""
+    data = corpora(SHARED)
+    full: dict[str, Any] = {}
+    for case, corpus, config, step in CASES:
+        rows, stats = run_case(data[corpus], config, step)
+        full[case] = {"summary": summarise(rows, stats), "rows": rows}
+        print(case, full[case]["summary"], flush=True)
+    out.write_text(json.dumps(full))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
+
+
+# Computed with the chain as it was before issue 27's changes (the commit adding this file).
+PINNED = {
+    'web/c4_en_llamafactory_demo300.jsonl|general':
+        'c88a1b2c9802f03d | copyright=10 kept=276 language=3 pii=9 schema=2 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/298/2 pii=298/289/9 profanity=289/289/0 copyright=289/279/10 language=279/276/3',
+    'web/c4_en_llamafactory_demo300.jsonl|short':
+        'afdf80ffaa443173 | copyright=10 kept=278 language=3 pii=9 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/300/0 pii=300/291/9 profanity=291/291/0 copyright=291/281/10 language=281/278/3',
+    'web/c4_en_train00000_first1000.jsonl|general':
+        '9d13b54bdb103c98 | copyright=12 kept=957 language=7 pii=18 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/976/18 profanity=976/976/0 copyright=976/964/12 language=964/957/7',
+    'web/c4_en_train00000_first1000.jsonl|short':
+        '1fe92a924ef8fc38 | copyright=12 kept=962 language=8 pii=18 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/982/18 profanity=982/982/0 copyright=982/970/12 language=970/962/8',
+    'web/dclm_quality_agreement_data.jsonl|general':
+        '3af0a60694722ead | copyright=14 kept=250 language=3 pii=10 profanity=1 schema=3 | duplicate=0/0/0 schema=281/281/0 normalize=281/281/0 length=281/278/3 pii=278/268/10 profanity=268/267/1 copyright=267/253/14 language=253/250/3',
+    'web/dclm_quality_agreement_data.jsonl|short':
+        '696bd529544b1f38 | copyright=14 kept=253 language=3 pii=10 profanity=1 | duplicate=0/0/0 schema=281/281/0 normalize=281/281/0 length=281/281/0 pii=281/271/10 profanity=271/270/1 copyright=270/256/14 language=256/253/3',
+    'web/dclm_quality_majority_data.jsonl|general':
+        'fe86507c686beb30 | copyright=20 kept=449 language=3 pii=21 profanity=3 schema=3 | duplicate=0/0/0 schema=499/499/0 normalize=499/499/0 length=499/496/3 pii=496/475/21 profanity=475/472/3 copyright=472/452/20 language=452/449/3',
+    'web/dclm_quality_majority_data.jsonl|short':
+        'd48367c68d471896 | copyright=20 kept=452 language=3 pii=21 profanity=3 | duplicate=0/0/0 schema=499/499/0 normalize=499/499/0 length=499/499/0 pii=499/478/21 profanity=478/475/3 copyright=475/455/20 language=455/452/3',
+    'web/dolma_cc_en_head-0091.jsonl|general':
+        '202e48c66d2d12c5 | kept=10 | duplicate=0/0/0 schema=10/10/0 normalize=10/10/0 length=10/10/0 pii=10/10/0 profanity=10/10/0 copyright=10/10/0 language=10/10/0',
+    'web/dolma_cc_en_head-0091.jsonl|short':
+        '202e48c66d2d12c5 | kept=10 | duplicate=0/0/0 schema=10/10/0 normalize=10/10/0 length=10/10/0 pii=10/10/0 profanity=10/10/0 copyright=10/10/0 language=10/10/0',
+    'web/dolma_cc_en_head-0174.jsonl|general':
+        '344a0358aabaf287 | kept=10 | duplicate=0/0/0 schema=10/10/0 normalize=10/10/0 length=10/10/0 pii=10/10/0 profanity=10/10/0 copyright=10/10/0 language=10/10/0',
+    'web/dolma_cc_en_head-0174.jsonl|short':
+        '344a0358aabaf287 | kept=10 | duplicate=0/0/0 schema=10/10/0 normalize=10/10/0 length=10/10/0 pii=10/10/0 profanity=10/10/0 copyright=10/10/0 language=10/10/0',
+    'web/wikipedia_en_llamafactory_demo30.txt|general':
+        'ccda8dd79cf51998 | kept=30 | duplicate=0/0/0 schema=30/30/0 normalize=30/30/0 length=30/30/0 pii=30/30/0 profanity=30/30/0 copyright=30/30/0 language=30/30/0',
+    'web/wikipedia_en_llamafactory_demo30.txt|short':
+        'ccda8dd79cf51998 | kept=30 | duplicate=0/0/0 schema=30/30/0 normalize=30/30/0 length=30/30/0 pii=30/30/0 profanity=30/30/0 copyright=30/30/0 language=30/30/0',
+    'medical/pubmedqa_abstracts.jsonl|general':
+        '33d432473db1a997 | kept=999 profanity=1 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/999/1 copyright=999/999/0 language=999/999/0',
+    'medical/pubmedqa_abstracts.jsonl|short':
+        '33d432473db1a997 | kept=999 profanity=1 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/999/1 copyright=999/999/0 language=999/999/0',
+    'multilingual/lingua|general':
+        '7637d299c65a93fe | kept=173 language=7995 pii=14 schema=9518 | duplicate=0/0/0 schema=17700/17700/0 normalize=17700/17700/0 length=17700/8182/9518 pii=8182/8168/14 profanity=8168/8168/0 copyright=8168/8168/0 language=8168/173/7995',
+    'multilingual/lingua|short':
+        '2f1d9c2c03fdb659 | copyright=1 kept=355 language=17324 pii=18 profanity=2 | duplicate=0/0/0 schema=17700/17700/0 normalize=17700/17700/0 length=17700/17700/0 pii=17700/17682/18 profanity=17682/17680/2 copyright=17680/17679/1 language=17679/355/17324',
+    'chat/glaive.messages|general':
+        '8998f3bd00543586 | kept=289 pii=11 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/300/0 pii=300/289/11 profanity=289/289/0 copyright=289/289/0 language=289/289/0',
+    'chat/glaive.messages|short':
+        '8998f3bd00543586 | kept=289 pii=11 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/300/0 pii=300/289/11 profanity=289/289/0 copyright=289/289/0 language=289/289/0',
+    'chat/glaive.sharegpt|general':
+        '6d4cc34d7c0b70e0 | kept=288 language=1 pii=11 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/300/0 pii=300/289/11 profanity=289/289/0 copyright=289/289/0 language=289/288/1',
+    'chat/glaive.sharegpt|short':
+        '6d4cc34d7c0b70e0 | kept=288 language=1 pii=11 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/300/0 pii=300/289/11 profanity=289/289/0 copyright=289/289/0 language=289/288/1',
+    'chat/hh_rlhf|general':
+        '79621fc5235a9500 | kept=4216 language=2 pii=26 profanity=207 schema=173 | duplicate=0/0/0 schema=4624/4624/0 normalize=4624/4624/0 length=4624/4451/173 pii=4451/4425/26 profanity=4425/4218/207 copyright=4218/4218/0 language=4218/4216/2',
+    'chat/hh_rlhf|short':
+        'fbba6453604cf874 | kept=4382 language=3 pii=26 profanity=213 | duplicate=0/0/0 schema=4624/4624/0 normalize=4624/4624/0 length=4624/4624/0 pii=4624/4598/26 profanity=4598/4385/213 copyright=4385/4385/0 language=4385/4382/3',
+    'synthetic/perturbed_c4|general':
+        '5581265f21d8df31 | copyright=123 kept=337 language=8 pii=471 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/534/471 profanity=534/468/66 copyright=468/345/123 language=345/337/8',
+    'synthetic/perturbed_c4|short':
+        '2ca9342e646024f4 | copyright=123 kept=337 language=8 pii=472 profanity=67 schema=12 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1007/4 pii=1007/535/472 profanity=535/468/67 copyright=468/345/123 language=345/337/8',
+    'code/humaneval_cpp.jsonl.gz|general':
+        'f7c6a161dc55613f | kept=161 language=3 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/161/3',
+    'code/humaneval_cpp.jsonl.gz|short':
+        'f7c6a161dc55613f | kept=161 language=3 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/161/3',
+    'code/humaneval_go.jsonl.gz|general':
+        'bfc565f1f216fc92 | kept=158 language=6 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/158/6',
+    'code/humaneval_go.jsonl.gz|short':
+        'bfc565f1f216fc92 | kept=158 language=6 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/158/6',
+    'code/humaneval_java.jsonl.gz|general':
+        '9510df93bbcc0465 | kept=163 language=1 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/163/1',
+    'code/humaneval_java.jsonl.gz|short':
+        '9510df93bbcc0465 | kept=163 language=1 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/163/1',
+    'code/humaneval_js.jsonl.gz|general':
+        '7d02668745cccabd | kept=162 language=2 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/162/2',
+    'code/humaneval_js.jsonl.gz|short':
+        '7d02668745cccabd | kept=162 language=2 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/162/2',
+    'code/humaneval_python.jsonl.gz|general':
+        'fe67db191a398afe | kept=163 language=1 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/163/1',
+    'code/humaneval_python.jsonl.gz|short':
+        'fe67db191a398afe | kept=163 language=1 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/163/1',
+    'code/humaneval_rust.jsonl.gz|general':
+        '14b0bd045a7d078d | kept=157 language=3 schema=4 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/160/4 pii=160/160/0 profanity=160/160/0 copyright=160/160/0 language=160/157/3',
+    'code/humaneval_rust.jsonl.gz|short':
+        '0f1e8408d16d5e4e | kept=161 language=3 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/161/3',
+    'medical/pubmedqa_abstracts.jsonl|medical':
+        '76039e8bbdf0e446 | domain=72 kept=927 profanity=1 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/999/1 copyright=999/999/0 domain=999/927/72',
+    'web/c4_en_train00000_first1000.jsonl|medical':
+        'adb079fd17352f20 | copyright=12 domain=937 kept=27 pii=18 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/976/18 profanity=976/976/0 copyright=976/964/12 domain=964/27/937',
+    'synthetic/perturbed_c4|medical':
+        '83d2e5354c4bea0e | copyright=123 domain=332 kept=13 pii=471 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/534/471 profanity=534/468/66 copyright=468/345/123 domain=345/13/332',
+    'code/humaneval_cpp.jsonl.gz|code':
+        '2244e9b6d4ad9492 | domain=3 kept=161 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 domain=164/161/3',
+    'code/humaneval_go.jsonl.gz|code':
+        '39fc6d9341abde25 | domain=7 kept=157 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 domain=164/157/7',
+    'code/humaneval_java.jsonl.gz|code':
+        'aed2178cf8d33b0b | kept=164 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 domain=164/164/0',
+    'code/humaneval_js.jsonl.gz|code':
+        'e579a6e604190011 | kept=164 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 domain=164/164/0',
+    'code/humaneval_python.jsonl.gz|code':
+        'e1ab95dfbf4ef7d0 | kept=164 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 domain=164/164/0',
+    'code/humaneval_rust.jsonl.gz|code':
+        '9a0083e894ebabb8 | domain=2 kept=158 schema=4 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/160/4 pii=160/160/0 profanity=160/160/0 copyright=160/160/0 domain=160/158/2',
+    'web/c4_en_train00000_first1000.jsonl|code':
+        'dc9f5b9956a46d64 | copyright=12 domain=964 pii=18 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/976/18 profanity=976/976/0 copyright=976/964/12 domain=964/0/964',
+    'synthetic/perturbed_c4|code':
+        'b5a52c6bd3b77150 | copyright=123 domain=346 pii=470 profanity=67 schema=13 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1006/5 pii=1006/536/470 profanity=536/469/67 copyright=469/346/123 domain=346/0/346',
+    'multilingual/lingua|cascade':
+        'a77bde4504bfa6ce | kept=52 language=2471 pii=5 profanity=1 | duplicate=0/0/0 schema=2529/2529/0 normalize=2529/2529/0 length=2529/2529/0 pii=2529/2524/5 profanity=2524/2523/1 copyright=2523/2523/0 language=2523/52/2471',
+    'multilingual/lingua|langdetect':
+        '1e92104e528f8b9a | kept=12 language=599 | duplicate=0/0/0 schema=611/611/0 normalize=611/611/0 length=611/611/0 pii=611/611/0 profanity=611/611/0 copyright=611/611/0 language=611/12/599',
+    'web/c4_en_train00000_first1000.jsonl|cascade':
+        'b736fee0c22fbedf | kept=140 language=1 pii=2 | duplicate=0/0/0 schema=143/143/0 normalize=143/143/0 length=143/143/0 pii=143/141/2 profanity=141/141/0 copyright=141/141/0 language=141/140/1',
+    'web/c4_en_train00000_first1000.jsonl|langdetect':
+        '0eaff63636c3c002 | copyright=1 kept=32 pii=2 | duplicate=0/0/0 schema=35/35/0 normalize=35/35/0 length=35/35/0 pii=35/33/2 profanity=33/33/0 copyright=33/32/1 language=32/32/0',
+    'synthetic/perturbed_c4|cascade':
+        '37a93b10da6bbbfc | copyright=19 kept=54 language=2 pii=62 profanity=7 schema=2 | duplicate=0/0/0 schema=146/144/2 normalize=144/144/0 length=144/144/0 pii=144/82/62 profanity=82/75/7 copyright=75/56/19 language=56/54/2',
+    'synthetic/perturbed_c4|langdetect':
+        '07f51b6b8988316c | copyright=3 kept=15 language=1 pii=16 profanity=1 | duplicate=0/0/0 schema=36/36/0 normalize=36/36/0 length=36/36/0 pii=36/20/16 profanity=20/19/1 copyright=19/16/3 language=16/15/1',
+    'multilingual/lingua|de':
+        '28ad22b76443ba38 | copyright=1 kept=293 language=17386 pii=18 profanity=2 | duplicate=0/0/0 schema=17700/17700/0 normalize=17700/17700/0 length=17700/17700/0 pii=17700/17682/18 profanity=17682/17680/2 copyright=17680/17679/1 language=17679/293/17386',
+    'synthetic/perturbed_c4|strict':
+        '2842cacf7bf09de9 | copyright=36 kept=144 language=5 pii=644 profanity=176 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/361/644 profanity=361/185/176 copyright=185/149/36 language=149/144/5',
+}
