@@ -250,6 +250,11 @@ class Job:
         if orphans:
             log.info("removed temporary files of an interrupted run", count=len(orphans))
         self._save_record("running", started_at=time.time())
+        ex = self.config.execution
+        if any(d.path.startswith("hf://") for d in self.config.datasets):
+            from streamprep.sources.hf import set_retry_policy
+
+            set_retry_policy(ex.hf_retries, ex.hf_retry_max_s)
         self.signals.install()
         try:  # our handlers stay installed until the audit is written (a late signal is handled too)
             try:

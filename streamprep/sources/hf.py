@@ -517,6 +517,22 @@ def parse_repo_id(path: str) -> tuple[str, str | None]:
     return "/".join(parts), rev or None
 
 
+def _manifest_file(cache_dir: Path, repo_id: str, sha: str, subset: str | None, split: str) -> Path:
+    """Where the choice of data files of one commit/subset/split is saved, beside the HF cache."""
+    return (Path(cache_dir) / "streamprep" / ("datasets--" + repo_id.replace("/", "--")) / sha
+            / quote(subset or "_default", safe="") / f"{quote(split, safe='')}.json")
+
+
+def manifest_sizes(cache_dir: Path, entry: Mapping[str, Any], sha: str) -> list[int] | None:
+    """The data file sizes (read order) of a dataset entry (a config mapping) at `sha`, from its saved manifest."""
+    try:
+        repo_id, _ = parse_repo_id(str(entry["path"]))
+        m = atomic.read_json(_manifest_file(cache_dir, repo_id, sha, entry.get("subset"), str(entry.get("split"))))
+        return [int(f.get("size") or 0) for f in m["files"]]
+    except (HFSourceError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class HFSource:
     """One `hf://` dataset entry: `iter_records()` streams while downloading ahead; `checkpointed()` frees the cache."""
 
@@ -552,7 +568,7 @@ class HFSource:
         return self.cache_dir / "streamprep" / ("datasets--" + self.repo_id.replace("/", "--"))
 
     def _manifest_path(self, sha: str) -> Path:
-        return self._meta_dir / sha / quote(self.subset or "_default", safe="") / f"{quote(self.split, safe='')}.json"
+        return _manifest_file(self.cache_dir, self.repo_id, sha, self.subset, self.split)
 
     def _ref_path(self, revision: str) -> Path:
         return self._meta_dir / "refs" / quote(revision, safe="")
