@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from streamprep import __version__, atomic, config as configmod, logs
-from streamprep import engines, tokenizer as tokmod
+from streamprep import engines, metrics, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
 from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
@@ -184,7 +184,9 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         for lock in locks:
             if lock.taken_over:
                 log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
-        return Job(config, run_dir, previous, console_log).run()
+        job = Job(config, run_dir, previous, console_log)
+        with metrics.serving(config.execution, run_dir, config.datasets, job.progress):
+            return job.run()
     finally:
         for lock in locks:
             lock.release()
