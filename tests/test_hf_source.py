@@ -102,7 +102,7 @@ def _guarded_connect_ex(self, address):
 
 
 def _guarded_getaddrinfo(host, *args, **kwargs):
-    if host not in LOOPBACK and host is not None:
+    if host not in (*LOOPBACK, "0.0.0.0") and host is not None:  # 0.0.0.0: a server binding (the metrics endpoint)
         blocked.append(f"DNS lookup of {host}")
         raise socket.gaierror(socket.EAI_NONAME, f"test socket guard: no DNS for {host}")
     return _real_getaddrinfo(host, *args, **kwargs)
@@ -737,6 +737,13 @@ def test_job_on_a_hub_that_pushes_back_gives_identical_tokens_and_never_writes_t
     hub.reset_counts()
     hub.fault_cycle = ["429", None, "reset", None, "503", None]
     hub.api_faults = ["503"]  # the revision lookup, once
+    import streamprep.audit as audit
+    from test_metrics import port_of, scrape
+
+    scraped: dict = {}
+    real_audit = audit.write_audit
+    monkeypatch.setattr(audit, "write_audit", lambda rd: (scraped.update(scrape(port_of(rd))), real_audit(rd))[1])
+    raw["execution"]["metrics_port"] = 0
     assert run_from_dict(raw, tmp_path / "pushback", console_log=True).status == "complete"
     assert hub.faults_served["429"] and hub.faults_served["503"] >= 2 and hub.faults_served["reset"]
     assert hub.authorizations == {f"Bearer {TOKEN}"}  # the token was used...
@@ -744,6 +751,9 @@ def test_job_on_a_hub_that_pushes_back_gives_identical_tokens_and_never_writes_t
         assert tree_hashes(tmp_path / "pushback", sub) == tree_hashes(tmp_path / "healthy", sub), sub
     st = run_status(tmp_path / "pushback")
     assert st["hub"]["retries"] == {k: v for k, v in sorted(hub.faults_served.items())}
+    assert {dict(lab)["cause"]: v for (n, lab), v in scraped.items() if n == "streamprep_hub_retries_total"} == \
+        st["hub"]["retries"]  # the metrics endpoint serves the same counts, by cause
+    assert scraped[("streamprep_hub_bytes_downloaded_total", ())] == st["hub"]["bytes"] > 0
     # ...and never written: not in any file of the run dir, the captured output or the log records
     out, err = capfd.readouterr()
     secret = TOKEN.encode()
