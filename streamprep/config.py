@@ -112,9 +112,12 @@ SPEC: dict[str, Any] = {
         "hf_prefetch_files": ((int,), 4),
         "hf_cache_max_gb": (NUM, 10.0),
         "hf_keep_cache": ((bool,), False),
+        "hf_retries": ((int,), 8),
+        "hf_retry_max_s": (NUM, 60.0),
         "batch_records": ((int,), 512),
         "unit_mb": (NUM, 4.0),
         "progress_interval_s": (NUM, 10.0),
+        "metrics_port": ((int, None), None),
     },
 }
 INT32_MAX = 2**31 - 1
@@ -134,6 +137,9 @@ BOUNDS: dict[str, Range] = {
     "execution.max_concurrent_downloads": Range(1, 1024),
     "execution.hf_prefetch_files": Range(1, 100_000),
     "execution.hf_cache_max_gb": Range(0, 1 << 30, lo_open=True),
+    "execution.hf_retries": Range(0, 1000),
+    "execution.hf_retry_max_s": Range(0, 86_400, lo_open=True),
+    "execution.metrics_port": Range(0, 65_535),
     "execution.batch_records": Range(1, 1_000_000),
     "execution.unit_mb": Range(0, 1 << 20, lo_open=True),
     "execution.progress_interval_s": Range(0.1, 86_400),
@@ -589,9 +595,12 @@ class ExecutionConfig(FrozenSection):
     hf_prefetch_files: int
     hf_cache_max_gb: float
     hf_keep_cache: bool
+    hf_retries: int
+    hf_retry_max_s: float
     batch_records: int
     unit_mb: float
     progress_interval_s: float
+    metrics_port: int | None
 
 
 @dataclass(frozen=True)

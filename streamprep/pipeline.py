@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from streamprep import __version__, atomic, config as configmod, logs
-from streamprep import engines, tokenizer as tokmod
+from streamprep import engines, metrics, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
 from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
@@ -184,7 +184,9 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         for lock in locks:
             if lock.taken_over:
                 log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
-        return Job(config, run_dir, previous, console_log).run()
+        job = Job(config, run_dir, previous, console_log)
+        with metrics.serving(config.execution, run_dir, config.datasets, job.progress):
+            return job.run()
     finally:
         for lock in locks:
             lock.release()
@@ -250,6 +252,11 @@ class Job:
         if orphans:
             log.info("removed temporary files of an interrupted run", count=len(orphans))
         self._save_record("running", started_at=time.time())
+        ex = self.config.execution
+        if any(d.path.startswith("hf://") for d in self.config.datasets):
+            from streamprep.sources.hf import set_retry_policy
+
+            set_retry_policy(ex.hf_retries, ex.hf_retry_max_s)
         self.signals.install()
         try:  # our handlers stay installed until the audit is written (a late signal is handled too)
             try:

@@ -66,8 +66,38 @@ def checkpoint_dir(run_dir: Path, record: dict[str, Any]) -> Path:
     return RunLayout(run_dir).checkpoints(record)
 
 
-def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str) -> dict[str, Any]:
-    layout, cp = RunLayout(run_dir), Checkpoint.load(CheckpointLayout(ckpt_dir).checkpoint(name))
+def _bytes_in(ck: dict[str, Any], sizes: list[int] | None) -> int | None:
+    """Source bytes the checkpoint's position has passed: the files before its file, plus its byte offset in it
+    (local files); every byte once the dataset is done. None when the file sizes are not known."""
+    if not sizes:
+        return None
+    if ck.get("done"):
+        return sum(sizes)
+    pos = ck.get("position") or {}
+    i = int(pos.get("file", 0))
+    off = pos.get("offset")
+    return sum(sizes[:i]) + (min(int(off), sizes[i]) if isinstance(off, int) and i < len(sizes) else 0)
+
+
+def _source_sizes(run_dir: Path, ck: dict[str, Any], entry: dict[str, Any] | None) -> list[int] | None:
+    """Input file sizes in read order: the checkpoint's input identities (local), or the hf:// manifest."""
+    files = (ck.get("inputs") or {}).get("files")
+    if isinstance(files, list) and files and all(isinstance(f, dict) for f in files):
+        return [int(f.get("size") or 0) for f in files]
+    sha = (ck.get("position") or {}).get("revision")
+    if entry and str(entry.get("path", "")).startswith("hf://") and sha:
+        from streamprep.sources.hf import manifest_sizes
+
+        return manifest_sizes(RunLayout(run_dir).hf_cache, entry, sha)
+    return None
+
+
+def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, live: dict[str, Any] | None = None,
+                    entry: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One dataset's counters from its saved checkpoint, or from `live` (a running job's in-memory state in the
+    checkpoint's shape: `IngestState.to_json()`), so the metrics endpoint and `status --json` agree."""
+    layout = RunLayout(run_dir)
+    cp = Checkpoint(live) if live is not None else Checkpoint.load(CheckpointLayout(ckpt_dir).checkpoint(name))
     ck = cp.raw
     started, done = cp.started, cp.done
     part_index, part_lines, planned = cp.part_index, cp.part_lines, cp.planned_parts
@@ -100,22 +130,29 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str) -> dict[str, Any]:
         "stage": stage,
         "ingest": {"started": started, "done": done, "read": int(ck.get("consumed", 0)), "kept": int(ck.get("kept", 0)),
                    "rejected": rejected, "rejects_by_check": dict((ck.get("stats") or {}).get("rejects_by_check") or {}),
-                   "parts": part_index + (1 if part_lines else 0), "bytes": ingest_bytes,
+                   "parts": part_index + (1 if part_lines else 0), "parts_sealed": planned, "bytes": ingest_bytes,
+                   "bytes_in": _bytes_in(ck, _source_sizes(run_dir, ck, entry)),
                    "updated_at": ck.get("updated_at") or None},
         "tokenize": {"shards_planned": planned, "planned_final": done, "shards_done": shards_done,
                      "shards_pending": planned - shards_done, "tokens": tokens, "documents": docs, "empty_tokens": empty},
     }
 
 
-def run_status(run_dir: str | Path) -> dict[str, Any]:
-    """Where the run in `run_dir` stands; see docs/operations.md for the fields. Read-only."""
+def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = None,
+               hub: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Where the run in `run_dir` stands; see docs/operations.md for the fields. Read-only.
+
+    A running job's metrics pass `live` (dataset -> its in-memory state in the checkpoint's shape) and `hub`
+    (the live Hub counters): the same figures as the saved files give, only fresher."""
     run_dir = Path(run_dir)
     record = read_json(RunLayout(run_dir).run_json)
     if not isinstance(record, dict):
         raise NotARunDir(f"{run_dir}: not a streamprep run directory (no readable run.json)")
     ckpt_dir = checkpoint_dir(run_dir, record)
     names = _dataset_names(record, ckpt_dir, run_dir)
-    datasets = {n: _dataset_status(run_dir, ckpt_dir, n) for n in names}
+    entries = {d["name"]: d for d in (record.get("config") or {}).get("datasets", []) if isinstance(d, dict)}
+    live = live or {}
+    datasets = {n: _dataset_status(run_dir, ckpt_dir, n, live.get(n), entries.get(n)) for n in names}
     holder = lock_holder(run_dir)
     recorded = record.get("status") or "unknown"
 
@@ -142,11 +179,16 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         state = "resumable"
         reason = {"interrupted": "interrupted", "failed": "failed", "running": "crashed"}.get(recorded, "partial")
 
-    totals = {k: sum(d["ingest"][k] for d in datasets.values()) for k in ("read", "kept", "rejected", "bytes")}
+    totals = {k: sum(d["ingest"][k] for d in datasets.values())
+              for k in ("read", "kept", "rejected", "bytes", "parts_sealed")}
+    totals["bytes_in"] = sum(d["ingest"]["bytes_in"] or 0 for d in datasets.values())
     totals.update({k: sum(d["tokenize"][k] for d in datasets.values())
                    for k in ("shards_planned", "shards_done", "shards_pending", "tokens", "empty_tokens")})
     totals["tokenize_eta_s"] = _tokenize_eta(run_dir, totals["shards_pending"]) if holder is not None else None
     cfg = record.get("config") or {}
+    if hub is None and (saved := read_json(RunLayout(run_dir).hf_cache / "streamprep" / "hub_stats.json")):
+        hub = saved if isinstance(saved, dict) else None
+    workers = (cfg.get("execution") or {}).get("workers")
     return {
         "run_dir": str(run_dir.resolve()),
         "name": (cfg.get("run") or {}).get("name"),
@@ -166,6 +208,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "checkpoint_dir": str(ckpt_dir),
         "datasets": datasets,
         "totals": totals,
+        "workers": workers or os.cpu_count() or 1,  # execution.workers, resolved as the job resolves it
+        "hub": hub,                          # hf:// only: {retries: {cause: n}, gave_up, files, bytes}; else None
         "outputs": exports,
     }
 

@@ -15,12 +15,20 @@ The server counts requests per (method, path) and the most requests it ever had 
 makes each file transfer (HEAD and GET on `/resolve/`) sleep, so parallel downloads overlap visibly; `rate`
 (bytes/s, per response) throttles file bodies, so a test can watch a download still running. `bytes_sent` counts
 file body bytes written.
+
+Faults, for a Hub that pushes back: `fault_cycle` is applied to the GETs of data files (`/resolve/`, README.md
+excepted), the n-th such GET getting `fault_cycle[n % len]`; `api_faults` are consumed in order by the API calls and
+HEADs. A fault is None (served normally), `"429"` (with `Retry-After: retry_after`), `"503"`, or `"reset"`: the
+headers and half the body are sent, then the connection is reset (RST). `faults_served` counts the faults served by
+kind; `ranges` lists (path, start byte) of every `Range` GET; `authorizations` the `Authorization` headers seen.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import socket
+import struct
 import sys
 import threading
 import time
@@ -64,6 +72,26 @@ class FakeHub:
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.fault_cycle: list[str | None] = []
+        self.api_faults: list[str] = []
+        self.retry_after = "1"
+        self.faults_served: Counter[str] = Counter()
+        self.ranges: list[tuple[str, int]] = []
+        self.authorizations: set[str] = set()
+        self._data_gets = 0
+
+    def _next_fault(self, path: str, head: bool) -> str | None:
+        with self._lock:
+            if RESOLVE_RE.match(path) and not head and not path.endswith("/README.md"):
+                if not self.fault_cycle:
+                    return None
+                fault = self.fault_cycle[self._data_gets % len(self.fault_cycle)]
+                self._data_gets += 1
+            else:
+                fault = self.api_faults.pop(0) if self.api_faults else None
+            if fault:
+                self.faults_served[fault] += 1
+            return fault
 
     # ---- content ---------------------------------------------------------------------------------
     def add_dataset(self, repo_id: str, files: dict[str, bytes], branch: str = "main") -> str:
@@ -130,6 +158,7 @@ class FakeHub:
 
 class _Handler(BaseHTTPRequestHandler):
     server_hub: FakeHub
+    fault: str | None = None
     protocol_version = "HTTP/1.0"  # one request per connection: nothing lingers after stop()
 
     def log_message(self, fmt: str, *args) -> None:  # quiet; unknown paths are reported in do_*
@@ -146,6 +175,14 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         with hub._lock:
             hub.requests[(self.command, url.path)] += 1
+            if auth := self.headers.get("Authorization"):
+                hub.authorizations.add(auth)
+        fault = hub._next_fault(url.path, head) if url.path != "/api/agent-harnesses" else None
+        if fault in ("429", "503"):
+            self._send(int(fault), b'{"error": "slow down"}', {"Content-Type": "application/json",
+                                                               **({"Retry-After": hub.retry_after} if fault == "429" else {})})
+            return
+        self.fault = fault
         if match := RESOLVE_RE.match(url.path):
             # in flight = waiting for its answer: counted only before the response is written, since a
             # client may start its next request while this thread is still finishing the last one
@@ -222,9 +259,12 @@ class _Handler(BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         if rng and (m := re.fullmatch(r"bytes=(\d+)-", rng.strip())) and not head:
             start = int(m[1])
+            with self.server_hub._lock:
+                self.server_hub.ranges.append((path, start))
             status, body = 206, data[start:]
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        self._send(status, b"" if head else body, headers, length=len(data) if head else len(body), rate=True)
+        self._send(status, b"" if head else body, headers, length=len(data) if head else len(body), rate=True,
+                   reset=self.fault == "reset")
 
     # ---- plumbing --------------------------------------------------------------------------------
     def _error(self, status: int, code: str, message: str, extra: dict | None = None) -> None:
@@ -233,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
                                   **(extra or {})})
 
     def _send(self, status: int, body: bytes, headers: dict[str, str], length: int | None = None,
-              rate: bool = False) -> None:
+              rate: bool = False, reset: bool = False) -> None:
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
@@ -242,6 +282,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not body or self.command == "HEAD":
             return
         hub = self.server_hub
+        if reset:  # half the body, then a TCP reset (SO_LINGER 0): the client reads ECONNRESET mid-body
+            self.wfile.write(body[:len(body) // 2])
+            self.wfile.flush()
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            return
         step = max(1, int(hub.rate / 20)) if rate and hub.rate else len(body)  # throttled: 20 writes a second
         try:
             for at in range(0, len(body), step):

@@ -102,7 +102,7 @@ def _guarded_connect_ex(self, address):
 
 
 def _guarded_getaddrinfo(host, *args, **kwargs):
-    if host not in LOOPBACK and host is not None:
+    if host not in (*LOOPBACK, "0.0.0.0") and host is not None:  # 0.0.0.0: a server binding (the metrics endpoint)
         blocked.append(f"DNS lookup of {host}")
         raise socket.gaierror(socket.EAI_NONAME, f"test socket guard: no DNS for {host}")
     return _real_getaddrinfo(host, *args, **kwargs)
@@ -617,3 +617,153 @@ def test_a_download_failing_mid_stream_stops_at_that_file(many, tmp_path):
         for rec, _ in src.iter_records():
             got.append(rec["id"])
     assert got == list(range(120))  # files 0-2 streamed before the failure surfaced
+
+
+# ---- a Hub that pushes back: 429 / 5xx / resets ------------------------------------------------------------------
+@pytest.fixture
+def quick_retries():
+    """Short waits in tests: Retry-After 1 s, at most 1.5 s a wait, 4 retries."""
+    from streamprep.sources import hf
+
+    old = (hf._POLICY.retries, hf._POLICY.max_s)
+    hf.set_retry_policy(4, 1.5)
+    yield hf._POLICY
+    hf.set_retry_policy(*old)
+
+
+def test_429_503_and_resets_on_a_cycle_of_downloads(many, tmp_path, quick_retries, monkeypatch):
+    """Every data GET in turn is refused (429 + Retry-After, then 503) or cut mid-body: the stream is the same
+    and each file is resumed from where it was cut, not fetched again from byte 0."""
+    from streamprep.sources import hf
+
+    logged: list[dict] = []
+    real_warning = hf.log.warning
+    monkeypatch.setattr(hf, "log", type("Spy", (), {  # whatever the logging setup, see what is logged
+        "warning": staticmethod(lambda event, **kw: (logged.append({"event": event, **kw}), real_warning(event, **kw))),
+        "info": staticmethod(hf.log.info), "debug": staticmethod(hf.log.debug)})())
+    healthy = [rec["id"] for rec, _ in HFSource(_many_cfg(), tmp_path / "healthy").iter_records()]
+    many.reset_counts()
+    many.rate = 0
+    many.fault_cycle = ["429", None, "503", None, "reset", None]
+    src = HFSource(_many_cfg(), tmp_path / "cache", max_concurrent_downloads=3, keep_cache=True)
+    assert [rec["id"] for rec, _ in src.iter_records()] == healthy == list(range(480))
+    snap = tmp_path / f"cache/datasets--org--many/snapshots/{many.sha_of(MANY_REPO)}"
+    assert [(snap / p).read_bytes() for p in MANY_FILES] == [jsonl(_many_rows(f)) for f in range(12)]
+    served = many.faults_served
+    assert served["429"] >= 2 and served["503"] >= 2 and served["reset"] >= 2, served
+    # each reset was resumed at the byte it stopped at (half of the file: the stand-in cuts there)
+    sizes = {p: len(jsonl(_many_rows(f))) for f, p in enumerate(MANY_FILES)}
+    assert len(many.ranges) == served["reset"]
+    assert all(start == sizes[path] // 2 for path, start in many.ranges), many.ranges
+    stats = src.stats.snapshot()
+    assert stats["retries"] == {"429": served["429"], "503": served["503"], "reset": served["reset"]}
+    assert stats["gave_up"] == 0 and stats["files"] == 12 and stats["bytes"] == sum(sizes.values())
+    # counted by cause in the log too, and persisted for `streamprep status`
+    retried = [e["cause"] for e in logged if e["event"] == "hub request retried"]
+    assert {c: retried.count(c) for c in set(retried)} == dict(served)
+    assert json.loads((tmp_path / "cache/streamprep/hub_stats.json").read_text()) == stats
+
+
+def test_api_retries_honour_retry_after_as_seconds_or_date(hub, tmp_path, quick_retries, monkeypatch):
+    from email.utils import formatdate
+
+    from streamprep.sources import hf
+
+    waits: list[tuple[int, float | None]] = []
+    real = hf.RetryPolicy.wait
+
+    def spy(self, attempt, retry_after):
+        waits.append((attempt, retry_after))
+        return real(self, attempt, retry_after)
+
+    monkeypatch.setattr(hf.RetryPolicy, "wait", spy)
+    hub.retry_after = formatdate(__import__("time").time() + 4, usegmt=True)  # an HTTP date, ~4 s ahead
+    hub.api_faults = ["503", "429"]
+    src = HFSource(cfg(), tmp_path / "cache")
+    assert src.fingerprint()["revision"] == hub.sha
+    assert [a for a, _ in waits] == [1, 2]
+    assert waits[0][1] is None and 1 < waits[1][1] <= 4.01  # the date, read as seconds from now (waited 1.5 s: the cap)
+    assert src.stats.snapshot()["retries"] == {"429": 1, "503": 1}
+    assert records(src.iter_records()) == TRAIN
+
+
+def test_backoff_is_jittered_bounded_and_honours_retry_after():
+    from streamprep.sources.hf import RetryPolicy, _retry_after
+
+    p = RetryPolicy(retries=8, max_s=5.0)
+    waits = [p.wait(3, None) for _ in range(200)]
+    assert all(0 <= w <= 4.0 for w in waits) and len({round(w, 3) for w in waits}) > 150  # full jitter over 4 s
+    assert all(2.0 <= p.wait(1, 2.0) <= 3.0 for _ in range(50))
+    assert all(p.wait(k, 30.0) == 5.0 for k in (1, 5))  # capped by hf_retry_max_s
+    assert _retry_after("7") == 7.0 and _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    assert _retry_after(None) is None and _retry_after("soon") is None
+
+
+def test_retries_run_out_with_a_one_line_resumable_error(many, tmp_path, quick_retries):
+    quick_retries.retries, quick_retries.max_s = 1, 0.05
+    src = HFSource(_many_cfg(), tmp_path / "cache", prefetch_files=1)
+    src.fingerprint()
+    many.fault_cycle = ["503"]
+    with pytest.raises(HFSourceUnavailable, match=r"download of data/train-00000.jsonl failed "
+                                                  r"\(HubRetriesExhausted: GET /datasets/org/many/resolve/.*: "
+                                                  r"HTTP 503 after 1 retries\)") as err:
+        next(src.iter_records())
+    assert "\n" not in str(err.value)
+    assert src.stats.snapshot()["gave_up"] >= 1
+    many.fault_cycle = []
+    many.api_faults = ["503", "503"]  # resolution: nothing cached for this split, so the Hub must answer
+    with pytest.raises(HFSourceUnavailable, match=r"Hub unreachable and no cached copy .*HTTP 503 after 1 retries"):
+        HFSource(cfg(split="validation"), tmp_path / "cache").fingerprint()
+
+
+TOKEN = "hf_SeNtInElToKeN0123456789abcdefXYZ"
+
+
+def _pipeline_config(rows_repo: str) -> dict:
+    from helpers import base_config
+
+    raw = base_config([{"name": "web", "path": f"hf://{rows_repo}", "split": "train"}], None,
+                      output={"shard_records": 100})
+    raw["execution"].update(batch_records=25, workers=1, hf_retries=4, hf_retry_max_s=1.5,
+                            max_concurrent_downloads=2)
+    return raw
+
+
+def test_job_on_a_hub_that_pushes_back_gives_identical_tokens_and_never_writes_the_token(hub, tmp_path, monkeypatch,
+                                                                                        capfd):
+    from helpers import tree_hashes
+    from streamprep import run_from_dict
+    from streamprep.status import run_status
+
+    hub.add_dataset(WEB_REPO, {f"data/train-{f:05d}.jsonl": jsonl(_web_rows(f)) for f in range(4)})
+    raw = _pipeline_config(WEB_REPO)
+    assert run_from_dict(raw, tmp_path / "healthy", console_log=True).status == "complete"
+    assert hub.authorizations == set()
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    hub.reset_counts()
+    hub.fault_cycle = ["429", None, "reset", None, "503", None]
+    hub.api_faults = ["503"]  # the revision lookup, once
+    import streamprep.audit as audit
+    from test_metrics import port_of, scrape
+
+    scraped: dict = {}
+    real_audit = audit.write_audit
+    monkeypatch.setattr(audit, "write_audit", lambda rd: (scraped.update(scrape(port_of(rd))), real_audit(rd))[1])
+    raw["execution"]["metrics_port"] = 0
+    assert run_from_dict(raw, tmp_path / "pushback", console_log=True).status == "complete"
+    assert hub.faults_served["429"] and hub.faults_served["503"] >= 2 and hub.faults_served["reset"]
+    assert hub.authorizations == {f"Bearer {TOKEN}"}  # the token was used...
+    for sub in ("binidx", "ingest", "receipts"):
+        assert tree_hashes(tmp_path / "pushback", sub) == tree_hashes(tmp_path / "healthy", sub), sub
+    st = run_status(tmp_path / "pushback")
+    assert st["hub"]["retries"] == {k: v for k, v in sorted(hub.faults_served.items())}
+    assert {dict(lab)["cause"]: v for (n, lab), v in scraped.items() if n == "streamprep_hub_retries_total"} == \
+        st["hub"]["retries"]  # the metrics endpoint serves the same counts, by cause
+    assert scraped[("streamprep_hub_bytes_downloaded_total", ())] == st["hub"]["bytes"] > 0
+    # ...and never written: not in any file of the run dir, the captured output or the log records
+    out, err = capfd.readouterr()
+    secret = TOKEN.encode()
+    leaks = [str(p) for p in (tmp_path / "pushback").rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert leaks == [] and TOKEN not in out + err
+    assert "hub request retried" in (tmp_path / "pushback/logs/streamprep.log").read_text()

@@ -27,14 +27,20 @@ goes on with the next file. `stream_local_with_datasets` runs the same streaming
 """
 from __future__ import annotations
 
+import datetime
+import email.utils
 import posixpath
+import random
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import quote
+
+import httpx2
 
 from streamprep import atomic, logs
 from streamprep.config import ConfigError, DatasetConfig
@@ -74,6 +80,248 @@ class Snapshot:
     builder: str
     builder_kwargs: dict[str, Any]
     files: list[dict[str, Any]]  # [{"path": repo path, "size": bytes}], sorted by path
+
+
+# ---- a Hub that pushes back: retries with backoff and jitter, resumed bodies ------------------------
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+RETRY_BASE_S = 1.0
+_IDEMPOTENT = ("GET", "HEAD")
+
+
+@dataclass
+class RetryPolicy:
+    """`execution.hf_retries` / `hf_retry_max_s`: process-wide, since huggingface_hub's HTTP client is."""
+
+    retries: int = 8
+    max_s: float = 60.0
+
+    def wait(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds before retry number `attempt` (1-based): full jitter over an exponential ceiling, so many
+        workers rejected together do not come back together; never less than the server's `Retry-After`,
+        never more than `max_s`."""
+        jitter = random.uniform(0.0, min(self.max_s, RETRY_BASE_S * 2 ** (attempt - 1)))
+        return min(self.max_s, (retry_after or 0.0) + jitter)
+
+
+class HubStats:
+    """Retries by cause ("429", "503", "reset", ...), retries given up, and files/bytes downloaded, for one run.
+
+    Persisted (atomically, on every retry and finished download) to `hub_stats.json` beside the HF cache, so
+    `streamprep status` in another process reports what the metrics endpoint serves from this object."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lock = threading.RLock()
+        saved = atomic.read_json(path) if path.is_file() else {}
+        saved = saved if isinstance(saved, dict) else {}
+        self.retries: dict[str, int] = {str(k): int(v) for k, v in (saved.get("retries") or {}).items()}
+        self.gave_up = int(saved.get("gave_up", 0))
+        self.files = int(saved.get("files", 0))
+        self.bytes = int(saved.get("bytes", 0))
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {"retries": dict(sorted(self.retries.items())), "gave_up": self.gave_up, "files": self.files,
+                    "bytes": self.bytes}
+
+    def _add(self, cause: str | None = None, gave_up: int = 0, files: int = 0, size: int = 0) -> None:
+        with self.lock:  # held while saving: the downloads of one run share the file
+            if cause is not None:
+                self.retries[cause] = self.retries.get(cause, 0) + 1
+            self.gave_up += gave_up
+            self.files += files
+            self.bytes += size
+            atomic.write_json(self.path, self.snapshot())
+
+    def retried(self, cause: str) -> None:
+        self._add(cause=cause)
+
+    def exhausted(self) -> None:
+        self._add(gave_up=1)
+
+    def downloaded(self, size: int) -> None:
+        self._add(files=1, size=size)
+
+
+_POLICY = RetryPolicy()
+_STATS: dict[Path, HubStats] = {}
+_current = threading.local()  # .stats: the HubStats of the source whose request this thread is making
+_CLIENT_INSTALLED = False
+
+
+def set_retry_policy(retries: int, max_s: float) -> None:
+    """Bound the Hub retries of this process (the job sets it from `execution.hf_retries` / `hf_retry_max_s`)."""
+    _POLICY.retries, _POLICY.max_s = int(retries), float(max_s)
+
+
+def hub_stats(cache_dir: str | Path) -> HubStats:
+    """The run's Hub counters (one object per HF cache dir, i.e. per run dir)."""
+    path = Path(cache_dir).resolve() / "streamprep" / "hub_stats.json"
+    with _SLOTS_LOCK:
+        if path not in _STATS:
+            _STATS[path] = HubStats(path)
+        return _STATS[path]
+
+
+class HubRetriesExhausted(OSError):
+    """A Hub request still failed after `hf_retries` retries. Not an httpx error on purpose: huggingface_hub's own
+    backoff, which would start another round of retries, does not catch it."""
+
+
+def _retry_after(value: str | None) -> float | None:
+    """`Retry-After` as seconds: delay-seconds or an HTTP date (RFC 9110); None if absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+
+
+def install_retrying_client() -> None:
+    """Route huggingface_hub's HTTP through `_RetryingTransport` (once per process). Its own backoff stays in
+    place but never triggers: 429/5xx are retried (or given up) underneath it, and a body cut mid-transfer is
+    resumed underneath it, so `hf_hub_download` sees one whole response."""
+    global _CLIENT_INSTALLED
+    with _SLOTS_LOCK:
+        if _CLIENT_INSTALLED:
+            return
+        from huggingface_hub import set_client_factory
+        from huggingface_hub.utils._http import hf_request_event_hook
+
+        def factory() -> httpx2.Client:  # huggingface_hub's default client, on the retrying transport
+            return httpx2.Client(event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True,
+                                 timeout=None, transport=_RetryingTransport(httpx2.HTTPTransport()))
+
+        set_client_factory(factory)
+        _CLIENT_INSTALLED = True
+
+
+# ECONNRESET / EPIPE (ReadError, WriteError) and a connection closed early (RemoteProtocolError). Not ConnectError:
+# a Hub that cannot be reached at all falls back to the cache at once.
+RESET_ERRORS = (httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)
+
+
+def _where(request: httpx2.Request) -> str:
+    return f"{request.method} {request.url.path}"  # never the headers (the token) nor the query
+
+
+def _backoff(request: httpx2.Request, cause: str, attempt: int, retry_after: float | None) -> None:
+    """Count, log and sleep before retry `attempt` of `request`."""
+    wait = _POLICY.wait(attempt, retry_after)
+    stats = getattr(_current, "stats", None)
+    if stats is not None:
+        stats.retried(cause)
+    log.warning("hub request retried", cause=cause, request=_where(request), attempt=attempt,
+                retries=_POLICY.retries, wait_s=round(wait, 2), retry_after=retry_after)
+    time.sleep(wait)
+
+
+def _give_up(request: httpx2.Request, cause: str) -> HubRetriesExhausted:
+    stats = getattr(_current, "stats", None)
+    if stats is not None:
+        stats.exhausted()
+    return HubRetriesExhausted(f"{_where(request)}: {cause} after {_POLICY.retries} retries")
+
+
+class _RetryingTransport(httpx2.BaseTransport):
+    """An httpx transport over another: idempotent requests answered 429/5xx (or reset before an answer) are
+    retried per `_POLICY`; a GET body cut mid-transfer is resumed with `Range: bytes=N-` (`_ResumingStream`)."""
+
+    def __init__(self, inner: httpx2.BaseTransport):
+        self.inner = inner
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = self.send(request)
+        if request.method == "GET" and response.status_code in (200, 206):
+            return httpx2.Response(response.status_code, headers=response.headers, extensions=response.extensions,
+                                   stream=_ResumingStream(self, request, response))
+        return response
+
+    def send(self, request: httpx2.Request) -> httpx2.Response:
+        """One answer to `request`, retrying 429/5xx and resets before the status line."""
+        if request.method not in _IDEMPOTENT:
+            return self.inner.handle_request(request)
+        attempt = 0
+        while True:
+            try:
+                response = self.inner.handle_request(request)
+            except RESET_ERRORS:
+                cause, retry_after = "reset", None
+            else:
+                if response.status_code not in RETRY_STATUSES:
+                    return response
+                cause, retry_after = str(response.status_code), _retry_after(response.headers.get("Retry-After"))
+                response.close()
+            attempt += 1
+            if attempt > _POLICY.retries:
+                raise _give_up(request, f"HTTP {cause}" if cause != "reset" else "connection reset")
+            _backoff(request, cause, attempt, retry_after)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _range_start(response: httpx2.Response) -> int:
+    """Where a 200/206 body starts in the file."""
+    m = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", "")) if response.status_code == 206 else None
+    return int(m[1]) if m else 0
+
+
+class _ResumingStream(httpx2.SyncByteStream):
+    """A GET body that survives connection resets: after a cut it asks for the rest (`Range: bytes=N-`, with
+    `If-Range` on the ETag so a changed file is sent whole) and goes on where it stopped; bytes a server resends
+    anyway (a 200 instead of a 206) are skipped. Up to `hf_retries` cuts in a row without a new byte."""
+
+    def __init__(self, transport: _RetryingTransport, request: httpx2.Request, response: httpx2.Response):
+        self.transport, self.request, self.response = transport, request, response
+        self.stream = response.stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        at = _range_start(self.response)  # next byte of the file to hand over
+        skip, attempt = 0, 0
+        etag = self.response.headers.get("ETag")
+        while True:
+            try:
+                for chunk in self.stream:
+                    if skip:
+                        cut, skip = min(skip, len(chunk)), skip - min(skip, len(chunk))
+                        chunk = chunk[cut:]
+                    if chunk:
+                        at += len(chunk)
+                        attempt = 0
+                        yield chunk
+                return
+            except RESET_ERRORS:
+                self.stream.close()
+                attempt += 1
+                if attempt > _POLICY.retries:
+                    raise _give_up(self.request, "connection reset mid-body") from None
+                _backoff(self.request, "reset", attempt, None)
+            headers = {k: v for k, v in self.request.headers.items() if k.lower() not in ("range", "if-range")}
+            headers["Range"] = f"bytes={at}-"
+            if etag:
+                headers["If-Range"] = etag
+            again = self.transport.send(httpx2.Request("GET", self.request.url, headers=headers,
+                                                       extensions=self.request.extensions))
+            if again.status_code not in (200, 206):
+                again.close()
+                raise _give_up(self.request, f"HTTP {again.status_code} when resuming at byte {at}")
+            start = _range_start(again)
+            if start > at:
+                again.close()
+                raise _give_up(self.request, f"resumed at byte {start}, not {at}")
+            self.stream, skip = again.stream, at - start
+            log.info("hub download resumed", request=_where(self.request), at_byte=at, status=again.status_code)
+
+    def close(self) -> None:
+        self.stream.close()
 
 
 # ---- choosing the data files, with datasets' own conventions ---------------------------------------
@@ -269,6 +517,22 @@ def parse_repo_id(path: str) -> tuple[str, str | None]:
     return "/".join(parts), rev or None
 
 
+def _manifest_file(cache_dir: Path, repo_id: str, sha: str, subset: str | None, split: str) -> Path:
+    """Where the choice of data files of one commit/subset/split is saved, beside the HF cache."""
+    return (Path(cache_dir) / "streamprep" / ("datasets--" + repo_id.replace("/", "--")) / sha
+            / quote(subset or "_default", safe="") / f"{quote(split, safe='')}.json")
+
+
+def manifest_sizes(cache_dir: Path, entry: Mapping[str, Any], sha: str) -> list[int] | None:
+    """The data file sizes (read order) of a dataset entry (a config mapping) at `sha`, from its saved manifest."""
+    try:
+        repo_id, _ = parse_repo_id(str(entry["path"]))
+        m = atomic.read_json(_manifest_file(cache_dir, repo_id, sha, entry.get("subset"), str(entry.get("split"))))
+        return [int(f.get("size") or 0) for f in m["files"]]
+    except (HFSourceError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class HFSource:
     """One `hf://` dataset entry: `iter_records()` streams while downloading ahead; `checkpointed()` frees the cache."""
 
@@ -295,6 +559,8 @@ class HFSource:
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
         self.token = token
         self._snap: Snapshot | None = None
+        self.stats = hub_stats(self.cache_dir)
+        install_retrying_client()
 
     # -- cache layout: the HF hub cache, plus our manifests beside it --
     @property
@@ -302,7 +568,7 @@ class HFSource:
         return self.cache_dir / "streamprep" / ("datasets--" + self.repo_id.replace("/", "--"))
 
     def _manifest_path(self, sha: str) -> Path:
-        return self._meta_dir / sha / quote(self.subset or "_default", safe="") / f"{quote(self.split, safe='')}.json"
+        return _manifest_file(self.cache_dir, self.repo_id, sha, self.subset, self.split)
 
     def _ref_path(self, revision: str) -> Path:
         return self._meta_dir / "refs" / quote(revision, safe="")
@@ -337,6 +603,7 @@ class HFSource:
                                             RepositoryNotFoundError, RevisionNotFoundError)
 
         where = f"hf://{self.repo_id}@{revision}"
+        _current.stats = self.stats
         try:
             info = HfApi(endpoint=self.endpoint, token=self.token).dataset_info(
                 self.repo_id, revision=revision, files_metadata=True)
@@ -398,10 +665,13 @@ class HFSource:
         hit = try_to_load_from_cache(self.repo_id, path, cache_dir=self.cache_dir, revision=sha, repo_type="dataset")
         if isinstance(hit, str):
             return Path(hit)
+        _current.stats = self.stats
         try:
             with _download_slots(self.workers):
-                return Path(hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
-                                            cache_dir=self.cache_dir, endpoint=self.endpoint, token=self.token))
+                got = Path(hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
+                                           cache_dir=self.cache_dir, endpoint=self.endpoint, token=self.token))
+            self.stats.downloaded(got.stat().st_size)
+            return got
         except Exception as exc:
             raise HFSourceUnavailable(f"hf://{self.repo_id}@{sha}: download of {path} failed "
                                       f"({_one_line(exc)})") from None

@@ -1,0 +1,166 @@
+"""Prometheus metrics of a running job: `execution.metrics_port` (off by default; 0 = any free port, logged).
+
+Nothing is counted for the metrics: a custom collector reads the job's live state at scrape time and turns it
+into series, so ingest needs no per-record metric calls and the numbers are those of `streamprep status --json`.
+
+The interface the collector depends on is one callable, `snapshot() -> dict`, returning the shape of
+`streamprep.status.run_status` (what `status --json` prints):
+
+- `datasets[name]["ingest"]`: `read`, `kept`, `rejected`, `rejects_by_check` ({failed_check: n}), `bytes` (ingest
+  parts written), `bytes_in` (source bytes passed, or None), `parts_sealed`, `done`
+- `datasets[name]["tokenize"]`: `shards_done`, `shards_pending`, `tokens`, `documents`, `empty_tokens`
+- `workers`; `hub`: None or {`retries`: {cause: n}, `gave_up`, `files`, `bytes`}; `run_id`, `name`, `stage`
+
+`job_snapshot` builds it for a running job from `run_status(run_dir, live=..., hub=...)`, where `live` maps each
+dataset to its in-memory ingest state in the checkpoint's shape (`IngestState.to_json()`) and `hub` is the run's
+live Hub counters: the same function `status --json` runs on the saved files, only fresher. Whatever replaces
+IngestState needs only to offer the checkpoint-shaped dict. See docs/operations.md for the series.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from streamprep import logs
+from streamprep.config import ConfigError
+from streamprep.layout import RunLayout
+
+if TYPE_CHECKING:
+    from streamprep.config import DatasetConfig, ExecutionConfig
+
+log = logs.get("metrics")
+Snapshot = Callable[[], dict[str, Any]]
+
+# (series, help, key in datasets[name]["ingest"|"tokenize"]); all counters, labelled by dataset
+_PER_DATASET = (
+    ("streamprep_records_read", "Items taken from the source (records and unreadable items).", "ingest", "read"),
+    ("streamprep_records_kept", "Records that passed every quality gate.", "ingest", "kept"),
+    ("streamprep_records_rejected", "Records rejected (any gate).", "ingest", "rejected"),
+    ("streamprep_source_bytes_read", "Source bytes the ingest position has passed.", "ingest", "bytes_in"),
+    ("streamprep_ingest_bytes_written", "Bytes of kept records written to ingest parts.", "ingest", "bytes"),
+    ("streamprep_parts_sealed", "Ingest parts sealed (complete, handed to tokenization).", "ingest", "parts_sealed"),
+    ("streamprep_parts_tokenized", "Sealed parts tokenized into .bin/.idx shards.", "tokenize", "shards_done"),
+    ("streamprep_tokens_written", "Tokens written to .bin shards (EOD included).", "tokenize", "tokens"),
+    ("streamprep_documents_tokenized", "Documents written to .bin shards.", "tokenize", "documents"),
+)
+
+
+class JobCollector(Collector):
+    """Series from `snapshot()` at each scrape (see the module docstring for the interface)."""
+
+    def __init__(self, snapshot: Snapshot):
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.snapshot()
+        datasets: Mapping[str, Any] = st.get("datasets") or {}
+        for name, doc, section, key in _PER_DATASET:
+            fam = CounterMetricFamily(name, doc, labels=["dataset"])
+            for ds, d in datasets.items():
+                value = d[section].get(key)
+                if value is not None:
+                    fam.add_metric([ds], value)
+            yield fam
+        by_check = CounterMetricFamily("streamprep_records_rejected_by_check",
+                                       "Records rejected, by the gate that rejected them (failed_check).",
+                                       labels=["dataset", "check"])
+        for ds, d in datasets.items():
+            for check, n in sorted(d["ingest"].get("rejects_by_check", {}).items()):
+                by_check.add_metric([ds, check], n)
+        yield by_check
+        done = GaugeMetricFamily("streamprep_dataset_ingest_done", "1 once the dataset is fully ingested.",
+                                 labels=["dataset"])
+        queue = GaugeMetricFamily("streamprep_queue_depth", "Work waiting: sealed parts not yet tokenized.",
+                                  labels=["queue", "dataset"])
+        for ds, d in datasets.items():
+            done.add_metric([ds], 1.0 if d["ingest"].get("done") else 0.0)
+            queue.add_metric(["tokenize", ds], d["tokenize"].get("shards_pending", 0))
+        yield done
+        yield queue
+        yield GaugeMetricFamily("streamprep_workers", "Worker processes (execution.workers, resolved).",
+                                value=st.get("workers") or 0)
+        info = GaugeMetricFamily("streamprep_run_info", "Always 1; the run's identity and current stage.",
+                                 labels=["run_id", "name", "stage"])
+        info.add_metric([str(st.get("run_id")), str(st.get("name")), str(st.get("stage"))], 1.0)
+        yield info
+        hub = st.get("hub") or {}
+        retries = CounterMetricFamily("streamprep_hub_retries", "Hub requests retried, by cause (HTTP status or "
+                                      "'reset': connection reset or cut mid-body).", labels=["cause"])
+        for cause, n in sorted((hub.get("retries") or {}).items()):
+            retries.add_metric([cause], n)
+        yield retries
+        yield CounterMetricFamily("streamprep_hub_retries_exhausted", "Hub requests that failed after hf_retries.",
+                                  value=hub.get("gave_up", 0))
+        yield CounterMetricFamily("streamprep_hub_files_downloaded", "Data files downloaded from the Hub.",
+                                  value=hub.get("files", 0))
+        yield CounterMetricFamily("streamprep_hub_bytes_downloaded", "Bytes of data files downloaded from the Hub.",
+                                  value=hub.get("bytes", 0))
+
+
+def job_snapshot(run_dir: Path, progress: Mapping[str, Any], hub: Callable[[], dict[str, Any]] | None) -> Snapshot:
+    """`snapshot()` for a running job: `progress` maps datasets to live states offering `to_json()` (the
+    checkpoint's shape); `hub()` gives the live Hub counters (None: the run reads no hf:// dataset)."""
+    from streamprep.layout import NotARunDir
+    from streamprep.status import run_status
+
+    def live() -> dict[str, dict[str, Any]]:
+        for _ in range(5):  # the ingest loop mutates the states while we copy them: take a clean copy
+            try:
+                return {name: st.to_json() for name, st in list(progress.items())}
+            except RuntimeError:
+                continue
+        return {}
+
+    def snapshot() -> dict[str, Any]:
+        try:
+            return run_status(run_dir, live=live(), hub=hub() if hub else None)
+        except NotARunDir:  # the endpoint is up a moment before the job writes run.json
+            return {"datasets": {}, "workers": None, "hub": hub() if hub else None, "stage": "starting"}
+
+    return snapshot
+
+
+class MetricsServer:
+    """The HTTP endpoint, from `serve()` until `stop()` (the job stops it when it ends, however it ends)."""
+
+    def __init__(self, port: int, snapshot: Snapshot, addr: str = "0.0.0.0"):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(JobCollector(snapshot))
+        ProcessCollector(registry=self.registry)
+        try:
+            self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"execution.metrics_port: cannot listen on {addr}:{port} ({exc.strerror or exc})") from None
+        self.port = int(self._server.server_address[1])
+        log.info("metrics server listening", url=f"http://{addr}:{self.port}/metrics", port=self.port)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        log.info("metrics server stopped", port=self.port)
+
+
+@contextlib.contextmanager
+def serving(execution: ExecutionConfig, run_dir: Path, datasets: Sequence[DatasetConfig],
+            progress: Mapping[str, Any]) -> Iterator[MetricsServer | None]:
+    """The endpoint for the duration of a job when `execution.metrics_port` is set; nothing is left listening
+    after it. A port that cannot be bound is a ConfigError (exit 2) raised before the job writes anything."""
+    if execution.metrics_port is None:
+        yield None
+        return
+    hub = None
+    if any(d.path.startswith("hf://") for d in datasets):
+        from streamprep.sources.hf import hub_stats
+
+        hub = hub_stats(RunLayout(run_dir).hf_cache).snapshot
+    server = MetricsServer(execution.metrics_port, job_snapshot(run_dir, progress, hub))
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,147 @@
+"""`execution.metrics_port`: a real job (engine: local) scraped over HTTP while it runs, parsed with
+prometheus_client's own parser, its figures checked against `streamprep status --json`."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers import base_config, english_docs
+from streamprep import run_from_dict
+from streamprep.config import ConfigError
+from streamprep.sources.local import LocalSource
+from streamprep.status import run_status
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of one scrape."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def write_corpus(path, n: int) -> None:
+    docs = english_docs(n, seed=3)
+    rows = [{"text": t} for t in docs] + [{"text": "too short"}] * 7 + [{"text": docs[0]}] * 5 + [{"no_text": 1}] * 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def slow_source(monkeypatch):
+    """Local records at ~1 ms each, so the job runs long enough to be scraped mid-ingest."""
+    real = LocalSource.iter_records
+
+    def slow(self, start=None):
+        for item in real(self, start):
+            time.sleep(0.001)
+            yield item
+
+    monkeypatch.setattr(LocalSource, "iter_records", slow)
+
+
+def test_scraped_while_running_and_equal_to_status_at_the_end(tmp_path, slow_source, monkeypatch):
+    write_corpus(tmp_path / "a.jsonl", 1200)
+    write_corpus(tmp_path / "b.jsonl", 400)
+    raw = base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}, {"name": "b", "path": str(tmp_path / "b.jsonl")}],
+                      None, output={"shard_records": 150})
+    raw["execution"].update(metrics_port=0, batch_records=50)
+    run_dir = tmp_path / "run"
+
+    final: dict = {}
+
+    import streamprep.audit as audit
+
+    real_audit = audit.write_audit
+
+    def audit_then_scrape(rd):  # the job's last step, with every figure final and the endpoint still up
+        final["scrape"] = scrape(port_of(run_dir))
+        return real_audit(rd)
+
+    monkeypatch.setattr(audit, "write_audit", audit_then_scrape)
+    mid: list[dict] = []
+    ended = threading.Event()
+
+    def scraper() -> None:  # the job runs in the main thread (it installs signal handlers); we watch from here
+        while not ended.is_set():
+            if port := port_of(run_dir):
+                try:
+                    mid.append(scrape(port))
+                except OSError:  # the job ended between the check and the scrape
+                    return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=scraper)
+    watcher.start()
+    try:
+        result = {"r": run_from_dict(raw, run_dir, console_log=False)}
+    finally:
+        ended.set()
+        watcher.join()
+    assert result["r"].status == "complete"
+    # scraped while ingest ran: some records read, not all
+    total_read = 1215 + 415
+    reads = [sum(v for (n, _), v in m.items() if n == "streamprep_records_read_total") for m in mid]
+    assert any(0 < r < total_read for r in reads), reads
+    assert reads == sorted(reads)  # counters only go up
+
+    st = run_status(run_dir)
+    got = final["scrape"]
+    for name, d in st["datasets"].items():
+        ing, tok = d["ingest"], d["tokenize"]
+        lab = (("dataset", name),)
+        assert got[("streamprep_records_read_total", lab)] == ing["read"] == (1215 if name == "a" else 415)
+        assert got[("streamprep_records_kept_total", lab)] == ing["kept"]
+        assert got[("streamprep_records_rejected_total", lab)] == ing["rejected"] == 15
+        for check, n in ing["rejects_by_check"].items():
+            assert got[("streamprep_records_rejected_by_check_total", (("check", check), ("dataset", name)))] == n
+        assert set(ing["rejects_by_check"]) == {"duplicate", "schema"}, ing["rejects_by_check"]
+        assert got[("streamprep_source_bytes_read_total", lab)] == ing["bytes_in"] == (tmp_path / f"{name}.jsonl").stat().st_size
+        assert got[("streamprep_ingest_bytes_written_total", lab)] == ing["bytes"] > 0
+        assert got[("streamprep_parts_sealed_total", lab)] == ing["parts_sealed"] == tok["shards_done"]
+        assert got[("streamprep_parts_tokenized_total", lab)] == tok["shards_done"] > 1
+        assert got[("streamprep_tokens_written_total", lab)] == tok["tokens"] > 0
+        assert got[("streamprep_documents_tokenized_total", lab)] == tok["documents"] == ing["kept"]
+        assert got[("streamprep_queue_depth", (("dataset", name), ("queue", "tokenize")))] == 0
+        assert got[("streamprep_dataset_ingest_done", lab)] == 1
+    assert got[("streamprep_workers", ())] == st["workers"] == 1
+    assert got[("streamprep_hub_retries_exhausted_total", ())] == 0 and st["hub"] is None
+    # the endpoint is gone with the job: nothing left listening
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port_of(run_dir)), timeout=1).close()
+
+
+def port_of(run_dir) -> int | None:
+    """The port a `metrics_port: 0` job picked, as an operator finds it: in the run's log."""
+    log = run_dir / "logs" / "streamprep.log"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    ports = [json.loads(line)["port"] for line in lines if '"metrics server listening"' in line]
+    return ports[-1] if ports else None
+
+
+def test_metrics_off_by_default_and_a_taken_port_is_exit_2(tmp_path):
+    from streamprep.config import validate
+
+    ds = [{"name": "a", "path": str(tmp_path / "a.jsonl")}]
+    write_corpus(tmp_path / "a.jsonl", 50)
+    assert validate(base_config(ds, None))["execution"]["metrics_port"] is None
+    for bad in (-1, 65536, "9100"):
+        raw = base_config(ds, None)
+        raw["execution"]["metrics_port"] = bad
+        with pytest.raises(ConfigError, match="execution.metrics_port"):
+            validate(raw)
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    try:
+        raw = base_config(ds, None)
+        raw["execution"]["metrics_port"] = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=r"execution.metrics_port: cannot listen on .*:\d+"):
+            run_from_dict(raw, tmp_path / "run", console_log=False)
+    finally:
+        taken.close()
+    assert not (tmp_path / "run" / "ingest").exists() and not (tmp_path / "run" / "run.json").exists()
