@@ -12,9 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import base_config, english_docs
-from streamprep import run_from_dict
+from streamprep import run_from_dict, units
 from streamprep.config import ConfigError
-from streamprep.sources.local import LocalSource
 from streamprep.status import run_status
 
 
@@ -33,15 +32,16 @@ def write_corpus(path, n: int) -> None:
 
 @pytest.fixture
 def slow_source(monkeypatch):
-    """Local records at ~1 ms each, so the job runs long enough to be scraped mid-ingest."""
-    real = LocalSource.iter_records
+    """Local records at ~1 ms each (read by the one worker thread of `workers: 1`), so the job runs long
+    enough to be scraped mid-ingest."""
+    real = units.read_unit
 
-    def slow(self, start=None):
-        for item in real(self, start):
+    def slow(unit):
+        for item in real(unit):
             time.sleep(0.001)
             yield item
 
-    monkeypatch.setattr(LocalSource, "iter_records", slow)
+    monkeypatch.setattr(units, "read_unit", slow)
 
 
 def test_scraped_while_running_and_equal_to_status_at_the_end(tmp_path, slow_source, monkeypatch):
@@ -49,7 +49,7 @@ def test_scraped_while_running_and_equal_to_status_at_the_end(tmp_path, slow_sou
     write_corpus(tmp_path / "b.jsonl", 400)
     raw = base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}, {"name": "b", "path": str(tmp_path / "b.jsonl")}],
                       None, output={"shard_records": 150})
-    raw["execution"].update(metrics_port=0, batch_records=50)
+    raw["execution"].update(metrics_port=0, batch_records=50, unit_mb=0.02)  # ~16 units, committed one by one
     run_dir = tmp_path / "run"
 
     final: dict = {}
