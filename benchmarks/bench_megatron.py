@@ -268,11 +268,11 @@ def report(a: argparse.Namespace, megatron: Megatron | None, sizes: list[float],
     lo, hi = sizes[0], sizes[-1]
     head = "".join(f"{f'{mb:g} MB s':>11}" for mb in sizes)
     ratios = "".join(f"{f'x Meg {mb:g}':>11}" for mb in sizes)
-    print(f"{'run':36}{head}{'marginal MB/s':>14}{ratios}{'peak RSS MB':>12}")
+    print(f"{'run':40}{head}{'marginal MB/s':>14}{ratios}{'peak RSS MB':>12}")
     for key in a.only:
         row = "".join(f"{med[(key, mb)]:11.2f}" for mb in sizes)
         rate = (mbytes[hi] - mbytes[lo]) / (med[(key, hi)] - med[(key, lo)]) if hi > lo else float("nan")
-        rate_s = f"{rate:14.1f}" if rate > 0 else f"{'(noise)':>14}"
+        rate_s = f"{rate:14.1f}" if rate > 0 else f"{'-' if hi == lo else '(noise)':>14}"
         if key in "cd" and "m" in a.only:
             row_r = "".join(f"{med[('m', mb)] / med[(key, mb)]:11.2f}" for mb in sizes)
         else:
@@ -280,7 +280,7 @@ def report(a: argparse.Namespace, megatron: Megatron | None, sizes: list[float],
         peak = max(rss[(key, mb)] for mb in sizes)
         peak_s = f"{peak / 1e6:12.0f}" if peak else f"{'(in RAM)':>12}"
         label = NAMES[key] + (" [re-creation]" if key == "m" and megatron and megatron.mode != "source" else "")
-        print(f"{label:36}{row}{rate_s}{row_r}{peak_s}")
+        print(f"{label:40}{row}{rate_s}{row_r}{peak_s}")
     for (key, mb), p in sorted(phases.items()):
         print(f"{NAMES[key]} {mb:g} MB phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in p.items()))
     for mb, (ok, detail) in checks.items():
