@@ -215,6 +215,9 @@ def main() -> None:
     ap.add_argument("--mb", default="62.5,250", help="comma-separated corpus sizes in MB (two or more for a rate)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--shard-records", type=int, default=5000,
+                    help="streamprep output.shard_records (bench_pipeline's 5000; the config default of 100 000 "
+                         "leaves a 250 MB corpus in one part, tokenized by one worker)")
     ap.add_argument("--only", default="mcdhg", help="which runs, e.g. 'mc'")
     ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-megabench"))
     a = ap.parse_args()
@@ -238,6 +241,7 @@ def main() -> None:
                     subprocess.run(["rm", "-rf", str(run)], check=True)
                     cfg = {"run": {"name": "megabench"}, "datasets": [{"name": "web", "path": str(corpus)}],
                            "tokenizer": {"path": str(PHI2)}, "quality": GATES_OFF if key == "c" else {},
+                           "output": {"shard_records": a.shard_records},
                            "execution": {"engine": "local", "workers": a.workers}}
                     t, peak = run_cli(cfg, run)
                     phases.setdefault((key, mb), json.loads((run / "run.json").read_text())["timings"])
@@ -262,7 +266,7 @@ def report(a: argparse.Namespace, megatron: Megatron | None, sizes: list[float],
     med = {k: statistics.median(v) for k, v in secs.items()}
     mbytes = {mb: corpora[mb].stat().st_size / 1e6 for mb in sizes}
     print(f"\ncorpora: " + ", ".join(f"{corpora[mb].name} ({mbytes[mb]:.1f} MB)" for mb in sizes)
-          + f"; phi-2; workers={a.workers}; median of {a.repeats}; load average {os.getloadavg()[0]:.1f}")
+          + f"; phi-2; workers={a.workers}; shard_records={a.shard_records}; median of {a.repeats}; load average {os.getloadavg()[0]:.1f}")
     if megatron:
         print(megatron.label())
     lo, hi = sizes[0], sizes[-1]
