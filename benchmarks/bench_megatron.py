@@ -231,6 +231,7 @@ def main() -> None:
     rss: dict[tuple[str, float], int] = {}
     phases: dict[tuple[str, float], dict] = {}
     checks: dict[float, tuple[bool, str]] = {}
+    failed: list[str] = []
     for r in range(a.repeats):
         for mb, corpus in corpora.items():
             for key in a.only:
@@ -243,8 +244,14 @@ def main() -> None:
                            "tokenizer": {"path": str(PHI2)}, "quality": GATES_OFF if key == "c" else {},
                            "output": {"shard_records": a.shard_records},
                            "execution": {"engine": "local", "workers": a.workers}}
-                    t, peak = run_cli(cfg, run)
-                    phases.setdefault((key, mb), json.loads((run / "run.json").read_text())["timings"])
+                    try:
+                        t, peak = run_cli(cfg, run)
+                    except SystemExit as e:  # one failed run is reported, the others still measured
+                        failed.append(f"{NAMES[key]} {mb:g} MB: {str(e).strip().splitlines()[-1]}")
+                        print(f"  {failed[-1]}", flush=True)
+                        t, peak = float("nan"), 0
+                    else:
+                        phases.setdefault((key, mb), json.loads((run / "run.json").read_text())["timings"])
                 elif key == "h":
                     t, peak = raw_limit(corpus)["seconds"], 0
                 elif key == "g":
@@ -254,10 +261,12 @@ def main() -> None:
                 secs.setdefault((key, mb), []).append(t)
                 rss[(key, mb)] = max(rss.get((key, mb), 0), peak)
                 print(f"  {NAMES[key]:34} {mb:g} MB  run {r + 1}: {t:.2f} s", flush=True)
-            if r == 0 and "m" in a.only and "c" in a.only:
+            if r == 0 and "m" in a.only and "c" in a.only and (a.work / f"c_{tag(mb)}_0" / "run.json").exists():
                 checks[mb] = identical(a.work / f"m_{tag(mb)}_0_text_document", a.work / f"c_{tag(mb)}_0")
     report(a, megatron, sizes, corpora, secs, rss, phases, checks)
-    if not all(ok for ok, _ in checks.values()):
+    for line in failed:
+        print(f"FAILED: {line}")
+    if failed or not all(ok for ok, _ in checks.values()):
         sys.exit(1)
 
 
