@@ -247,7 +247,9 @@ def main() -> None:
                     try:
                         t, peak = run_cli(cfg, run)
                     except SystemExit as e:  # one failed run is reported, the others still measured
-                        failed.append(f"{NAMES[key]} {mb:g} MB: {str(e).strip().splitlines()[-1]}")
+                        lines = str(e).strip().splitlines()
+                        why = next((x for x in reversed(lines) if "error:" in x), lines[-1] if lines else "")
+                        failed.append(f"{NAMES[key]} {mb:g} MB: {why.strip()}")
                         print(f"  {failed[-1]}", flush=True)
                         t, peak = float("nan"), 0
                     else:
