@@ -215,7 +215,7 @@ class Job:
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
         cfg = config.to_dict()
         self.sft_section = cfg.get("sft")  # plain form, as shard tasks carry it to the workers and hash it
-        self.record.update({"config": cfg, "config_hash": configmod.config_hash(cfg), "versions": _versions(),
+        self.record.update({"config": configmod.public(cfg), "config_hash": configmod.config_hash(cfg), "versions": _versions(),
                             "checkpoint_dir": str(self.checkpoint_dir)})
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self.signals = Signals()

@@ -1,8 +1,11 @@
-"""Local and fsspec files (JSONL, JSONL.gz, Parquet, plain text, globs), streamed record by record.
+"""Local files and fsspec URLs (s3://, gs://, ...): JSONL (plain, .gz, .zst, .bz2, .xz), Parquet, plain text,
+globs and directories, streamed record by record.
 
 Positions are `{"file": i, "record": n, "offset": bytes | None, "row_group": g | None, "row": r | None}`:
-the next item to read is record `n` of file `i`. Uncompressed text seeks to `offset`; gzip re-reads and
-skips `n` lines; Parquet seeks to row group `g` and skips `r` rows inside it.
+the next item to read is record `n` of file `i`. Uncompressed text seeks to `offset` (a ranged read on an
+object store); compressed files re-read and skip `n` lines; Parquet seeks to row group `g` and skips `r` rows
+inside it. A text file opening with a UTF-16/32 byte-order mark is decoded as such (re-read and skipped on
+resume, as compressed files are).
 
 A file whose bytes cannot be decoded (truncated or corrupt compression, corrupt Parquet page, unsupported
 type, not a regular file) ends with one `BadRecord` naming it and the record reached; the next file goes on,
@@ -12,18 +15,21 @@ and a resume meets the same reject. A file that cannot be read at all (gone, per
 from __future__ import annotations
 
 import codecs
+import errno
 import glob as globmod
 import hashlib
+import io
 import lzma
 import stat
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Mapping
 
 import fsspec
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 
 from streamprep.sources.base import BadRecord, SourceError, one_line
 
@@ -34,11 +40,15 @@ EXCERPT = 300
 PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # files up to this size are hashed whole; bigger ones by head + tail (+ mtime)
 HEAD_TAIL_BYTES = 64 * 1024
+READ_BUFFER = 1 << 20
 # Decode errors of a file's bytes: deterministic, so they become a reject (a resume meets them again).
-CONTENT_FAULTS = (EOFError, zlib.error, lzma.LZMAError, ValueError, pa.ArrowException)
+CONTENT_FAULTS = (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError, ValueError, pa.ArrowException)
 # Faults of the environment, not of the bytes: the job stops naming the file (a fix + re-run resumes).
 ENVIRONMENT_FAULTS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ConnectionError,
                       TimeoutError)
+# Byte-order marks of UTF-32 before UTF-16: BOM_UTF32_LE starts with BOM_UTF16_LE.
+WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+             (codecs.BOM_UTF16_BE, "utf-16"))
 
 
 def detect_format(path: str) -> str:
@@ -56,16 +66,108 @@ def detect_format(path: str) -> str:
     raise ValueError(f"{path}: unknown file type (expected .jsonl, .jsonl.gz, .parquet or .txt; set 'format')")
 
 
-def expand(path: str) -> list[str]:
-    """The sorted file list of a path or glob, local or any fsspec URL."""
+def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The sorted file list of a path, directory or glob, local or any fsspec URL (a prefix of an object store
+    is a directory). Hidden files of a directory are left out."""
     if "://" not in path:
         if globmod.has_magic(path):
             return sorted(p for p in globmod.glob(path, recursive=True) if not Path(p).is_dir())
         p = Path(path)
         return sorted(str(x) for x in p.rglob("*") if not x.is_dir() and not x.name.startswith(".")) if p.is_dir() else [path]
-    fs, stripped = fsspec.core.url_to_fs(path)
-    files = sorted(p for p in (fs.glob(stripped) if globmod.has_magic(path) else [stripped]) if fs.isfile(p))
-    return [fs.unstrip_protocol(p) for p in files]
+    fs, stripped = filesystem(path, storage_options)
+    if globmod.has_magic(path):
+        files = [p for p, info in fs.glob(stripped, detail=True).items() if info.get("type") == "file"]
+    elif fs.isdir(stripped):
+        files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")]
+    else:
+        files = [stripped] if fs.isfile(stripped) else []
+    return [fs.unstrip_protocol(p) for p in sorted(files)]
+
+
+def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem of `path` and the path inside it. `storage_options` (a dataset's mapping) go to
+    the filesystem; without them s3fs and gcsfs read the standard environment (AWS_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID, ..., GOOGLE_APPLICATION_CREDENTIALS)."""
+    return fsspec.core.url_to_fs(path, **dict(storage_options or {}))
+
+
+def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, start: int = 0,
+               end: int | None = None, compression: str | None = None) -> BinaryIO:
+    """The one place an input file is opened: local path or fsspec URL, bytes [start, end) of the stored file.
+
+    On an object store a read from `start` is a ranged GET, so a resume fetches only what it needs. With
+    `compression` the decompressed stream is returned and the range must be the whole file."""
+    fs, p = filesystem(path, storage_options)
+    if compression is not None and (start or end is not None):
+        raise ValueError(f"{path}: a byte range of a {compression} file cannot be decoded")
+    fh = fs.open(p, "rb")
+    if compression == "zstd":
+        return io.BufferedReader(_ZstdReader(fh), io.DEFAULT_BUFFER_SIZE)
+    if compression is not None:
+        return fsspec.compression.compr[compression](fh, mode="rb")
+    if start:
+        fh.seek(start)
+    return fh if end is None else io.BufferedReader(_Range(fh, end - start))
+
+
+class _ZstdReader(io.RawIOBase):
+    """The decoded bytes of a .zst stream, frame after frame. Unlike zstandard's stream_reader, a stream that
+    ends inside a frame raises EOFError (as gzip does): a truncated file is a counted reject, not a short file."""
+
+    def __init__(self, fh: BinaryIO):
+        super().__init__()
+        self.fh, self.dctx = fh, zstandard.ZstdDecompressor()
+        self.frame: Any = None
+        self.out, self.pos = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        while self.pos >= len(self.out):
+            data = self.fh.read(HEAD_TAIL_BYTES)
+            if not data:
+                if self.frame is not None and not self.frame.eof:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                return 0
+            chunks = []
+            while data:
+                if self.frame is None or self.frame.eof:
+                    self.frame = self.dctx.decompressobj()
+                chunks.append(self.frame.decompress(data))
+                data = self.frame.unused_data if self.frame.eof else b""
+            self.out, self.pos = b"".join(chunks), 0
+        n = min(len(buf), len(self.out) - self.pos)
+        buf[:n] = self.out[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.fh.close()
+        super().close()
+
+
+class _Range(io.RawIOBase):
+    """`fh` from where it stands, at most `size` bytes of it (a byte range of an input) unless None; as a raw
+    stream, so that io.BufferedReader gives it fast line iteration and peek()."""
+
+    def __init__(self, fh: BinaryIO, size: int | None = None):
+        super().__init__()
+        self.fh, self.left = fh, size if size is None else max(size, 0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        data = self.fh.read(len(buf) if self.left is None else min(len(buf), self.left))
+        buf[:len(data)] = data
+        if self.left is not None:
+            self.left -= len(data)
+        return len(data)
+
+    def close(self) -> None:
+        self.fh.close()
+        super().close()
 
 
 def _compression(path: str) -> str | None:
@@ -83,18 +185,35 @@ def _special(path: str) -> bool:
     try:
         return "://" not in path and not stat.S_ISREG(Path(path).stat().st_mode)
     except OSError:
-        return False  # gone: opening it reports that
+        return False  # gone or a symlink loop: opening it / _symlink_loop report that
 
 
-def identity(path: str) -> dict[str, Any]:
-    """What tells a replaced file apart: size and a sha256 of the whole file, or (above FULL_HASH_BYTES) of
-    its head and tail plus its mtime. Raises SourceError when the file cannot be read."""
+def _symlink_loop(path: str) -> bool:
+    """A local symlink that leads back to itself (a -> b -> a): the same on every run, so a reject."""
+    try:
+        Path(path).stat()
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
+def identity(path: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What tells a replaced file apart. An object with an ETag (S3) or etag/generation (GCS): those, and the
+    size, without reading it. Else size and a sha256 of the whole file, or (above FULL_HASH_BYTES) of its
+    head and tail plus its mtime. Raises SourceError when the file cannot be read."""
     if _special(path):
         return {"path": path, "special": True}
+    if "://" not in path and _symlink_loop(path):
+        return {"path": path, "symlink_loop": True}
     try:
-        fs, p = fsspec.core.url_to_fs(path)
+        fs, p = filesystem(path, storage_options)
         info = fs.info(p)
         size = info.get("size")
+        etag = info.get("ETag") or info.get("etag")
+        if etag:
+            version = info.get("VersionId") or info.get("generation")
+            return {"path": path, "size": size, "etag": str(etag).strip('"'),
+                    **({"version": str(version)} if version else {})}
         h = hashlib.sha256()
         with fs.open(p, "rb") as fh:
             if size is None or size <= FULL_HASH_BYTES:
@@ -117,13 +236,14 @@ class LocalSource:
     def __init__(self, dataset: DatasetConfig):
         self.path = dataset.path
         self.format = dataset.format
-        self.files = expand(self.path)
+        self.storage_options = dict(dataset.storage_options or {})
+        self.files = expand(self.path, self.storage_options)
         if not self.files:
             raise FileNotFoundError(f"no file matches {self.path}")
 
     def fingerprint(self) -> dict[str, Any]:
         """Every file's identity; checkpoints record it so a resume over a replaced file is refused."""
-        return {"files": [identity(f) for f in self.files]}
+        return {"files": [identity(f, self.storage_options) for f in self.files]}
 
     def iter_records(self, start: dict[str, Any] | None = None) -> Iterator[tuple[dict[str, Any] | BadRecord, dict[str, Any]]]:
         start = start or {"file": 0, "record": 0}
@@ -137,6 +257,9 @@ class LocalSource:
         nxt = {"file": i + 1, "record": 0}
         if _special(path):
             yield BadRecord(f"{path} is not a regular file (FIFO, socket or device), skipped", ""), nxt
+            return
+        if "://" not in path and _symlink_loop(path):
+            yield BadRecord(f"{path} is a symlink loop, skipped", ""), nxt
             return
         try:
             fmt = self.format or detect_format(path)
@@ -159,14 +282,22 @@ class LocalSource:
         comp = _compression(path)
         n = pos.get("record", 0)
         offset = pos.get("offset") if comp is None else None
-        with fsspec.open(path, "rb", compression=comp) as fh:
-            if offset:
-                fh.seek(offset)
-            else:
-                for _ in range(n):  # gzip (or a position without offset): skip what was consumed
-                    if not fh.readline():
+        with open_input(path, self.storage_options, start=offset or 0, compression=comp) as raw:
+            # a decoder raises on the read that meets damage: small reads keep the lines before it
+            fh = io.BufferedReader(_Range(raw), io.DEFAULT_BUFFER_SIZE if comp else READ_BUFFER)
+            if not offset:
+                head = fh.peek(4)[:4]
+                wide = next((enc for bom, enc in WIDE_BOMS if head.startswith(bom)), None)
+                if wide is not None:
+                    yield from self._wide_lines(i, path, fmt, n, fh, wide)
+                    return
+                offset = None if comp else 0
+                for _ in range(n):  # compressed (or a position without offset): skip what was consumed
+                    line = fh.readline()
+                    if not line:
                         break
-                offset = None if comp else fh.tell()
+                    if offset is not None:
+                        offset += len(line)
             empty = n == 0
             for line in fh:
                 empty = False
@@ -179,6 +310,24 @@ class LocalSource:
                 yield (self._parse_json(line, path, n) if fmt == "jsonl" else self._parse_text(line, path, n)), nxt
             if empty:
                 yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}
+
+    def _wide_lines(self, i: int, path: str, fmt: str, n: int, fh: BinaryIO,
+                    encoding: str) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """A file opening with a UTF-16/32 byte-order mark (else its NUL bytes would pass as UTF-8 text), decoded
+        in the byte order the mark gives; a resume re-reads and skips `n` lines. Bytes the encoding cannot
+        decode end the file with one reject (UnicodeDecodeError is a content fault)."""
+        text = io.TextIOWrapper(fh, encoding=encoding, newline="\n")
+        for _ in range(n):
+            if not text.readline():
+                break
+        empty = n == 0
+        for line in text:
+            empty = False
+            n += 1
+            item = self._parse_json(line.encode(), path, n) if fmt == "jsonl" else {"text": line.rstrip("\r\n")}
+            yield item, {"file": i, "record": n, "offset": None}
+        if empty:
+            yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}
 
     @staticmethod
     def _parse_json(line: bytes, path: str, n: int) -> dict[str, Any] | BadRecord:
@@ -202,10 +351,9 @@ class LocalSource:
                              line[:EXCERPT].decode("utf-8", "replace"))
         return {"text": text.rstrip("\r\n")}
 
-    @staticmethod
-    def _document(i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def _document(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """The whole file is one record (for small prose files such as docs)."""
-        with fsspec.open(path, "rb", compression=_compression(path)) as fh:
+        with open_input(path, self.storage_options, compression=_compression(path)) as fh:
             raw = fh.read()
         nxt = {"file": i + 1, "record": 0}
         try:
@@ -213,10 +361,10 @@ class LocalSource:
         except UnicodeDecodeError as exc:
             yield BadRecord(f"undecodable bytes in {path}: {exc.reason} at byte {exc.start}", ""), nxt
 
-    @staticmethod
-    def _parquet(i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def _parquet(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Only the footer and the row groups from `row_group` on are read (ranged reads on an object store)."""
         n = pos.get("record", 0)
-        with fsspec.open(path, "rb") as fh:
+        with open_input(path, self.storage_options) as fh:
             try:
                 pf = pq.ParquetFile(fh)
             except Exception as exc:  # pyarrow raises ArrowInvalid/OSError subclasses for bad files
