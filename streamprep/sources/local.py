@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from streamprep.config import thaw
 from streamprep.sources.base import BadRecord, SourceError, one_line
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> t
     """The fsspec filesystem of `path` and the path inside it. `storage_options` (a dataset's mapping) go to
     the filesystem; without them s3fs and gcsfs read the standard environment (AWS_ENDPOINT_URL,
     AWS_ACCESS_KEY_ID, ..., GOOGLE_APPLICATION_CREDENTIALS)."""
-    return fsspec.core.url_to_fs(path, **dict(storage_options or {}))
+    return fsspec.core.url_to_fs(path, **thaw(storage_options or {}))  # plain dicts: fsspec may change them
 
 
 def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, start: int = 0,
@@ -236,7 +237,7 @@ class LocalSource:
     def __init__(self, dataset: DatasetConfig):
         self.path = dataset.path
         self.format = dataset.format
-        self.storage_options = dict(dataset.storage_options or {})
+        self.storage_options = thaw(dataset.storage_options or {})
         self.files = expand(self.path, self.storage_options)
         if not self.files:
             raise FileNotFoundError(f"no file matches {self.path}")
