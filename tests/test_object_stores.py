@@ -365,3 +365,16 @@ def test_open_input_reads_a_byte_range(s3: Proxy, tmp_path: Path) -> None:
             assert fh.read() == data[100:5000]
         with open_input(path, start=100, end=5000) as fh:
             assert b"".join(fh) == data[100:5000]
+
+
+@pytest.mark.parametrize("entry, want", [
+    ({"path": "data.jsonl", "storage_options": {"anon": True}}, r"'datasets\[0\].storage_options' applies to fsspec"),
+    ({"path": "hf://org/x", "split": "train", "storage_options": {"anon": True}}, "applies to fsspec URLs"),
+    ({"path": "s3://b/x.jsonl", "storage_options": [1]}, r"'datasets\[0\].storage_options' must be a mapping"),
+    ({"path": "s3://b/x.jsonl", "storage_options": {"": 1}}, "must map option names to values"),
+])
+def test_storage_options_misuse_is_a_config_error(entry: dict, want: str) -> None:
+    from streamprep.config import validate
+
+    with pytest.raises(ConfigError, match=want):
+        validate(base_config([{"name": "d", **entry}], None))
