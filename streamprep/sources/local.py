@@ -42,6 +42,7 @@ PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # files up to this size are hashed whole; bigger ones by head + tail (+ mtime)
 HEAD_TAIL_BYTES = 64 * 1024
 READ_BUFFER = 1 << 20
+ZSTD_READ = 16 * 1024  # compressed bytes decoded at a time (a highly compressed chunk expands a lot)
 # Decode errors of a file's bytes: deterministic, so they become a reject (a resume meets them again).
 CONTENT_FAULTS = (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError, ValueError, pa.ArrowException)
 # Faults of the environment, not of the bytes: the job stops naming the file (a fix + re-run resumes).
@@ -78,10 +79,10 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     fs, stripped = filesystem(path, storage_options)
     if globmod.has_magic(path):
         files = [p for p, info in fs.glob(stripped, detail=True).items() if info.get("type") == "file"]
-    elif fs.isdir(stripped):
-        files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")]
+    elif fs.isfile(stripped):  # first: on HTTP, isdir would GET the page to list its links
+        files = [stripped]
     else:
-        files = [stripped] if fs.isfile(stripped) else []
+        files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")] if fs.isdir(stripped) else []
     return [fs.unstrip_protocol(p) for p in sorted(files)]
 
 
@@ -126,7 +127,7 @@ class _ZstdReader(io.RawIOBase):
 
     def readinto(self, buf: Any) -> int:
         while self.pos >= len(self.out):
-            data = self.fh.read(HEAD_TAIL_BYTES)
+            data = self.fh.read(ZSTD_READ)
             if not data:
                 if self.frame is not None and not self.frame.eof:
                     raise EOFError("Compressed file ended before the end-of-stream marker was reached")
