@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 SPLITS = ("train", "valid", "test")
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "memory://")
+OBJECT_STORES = ("s3://", "gs://", "gcs://")  # listed at validation: a missing bucket/key is a config error
+# storage_options keys whose values are credentials: run.json records "<redacted>" instead
+SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential|session", re.IGNORECASE)
 
 
 MAX_CONFIG_BYTES = 1 << 20      # a config file larger than this is refused unread
@@ -65,6 +68,7 @@ NUM = (int, float)
 DATASET_SPEC: dict[str, tuple] = {
     "name": ((str,), None),
     "path": ((str,), None),
+    "storage_options": ((dict, None), None),  # fsspec options for s3:// gs:// ... (else the standard environment)
     "format": ((str, None), None),          # jsonl | parquet | txt | document; inferred from the extension by default
     "optional": ((bool,), False),           # skip (with a log line) instead of failing when no file matches
     "split": ((str, None), None),           # HF split (required for hf://)
@@ -246,6 +250,49 @@ def _check_local_path(key: str, path: str) -> None:
         raise ConfigError(f"config: '{key}': directory has no input files: {path}")
 
 
+def _storage_options(key: str, ds: dict[str, Any]) -> None:
+    opts = ds["storage_options"]
+    if opts is None:
+        return
+    if "://" not in ds["path"] or ds["path"].startswith("hf://"):
+        raise ConfigError(f"config: '{key}.storage_options' applies to fsspec URLs (s3://, gs://, ...), "
+                          f"not to {ds['path']!r:.80}")
+    if not all(isinstance(k, str) and k for k in opts):
+        raise ConfigError(f"config: '{key}.storage_options' must map option names to values")
+
+
+def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
+    """List the bucket now: a missing bucket, key or prefix (or refused credentials) is a config error before
+    anything is written. A store that cannot be reached raises on (exit 1: re-run once it is back)."""
+    from streamprep.sources.local import expand
+
+    path = ds["path"]
+    try:
+        found = expand(path, ds["storage_options"])
+    except (FileNotFoundError, PermissionError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"config: '{key}.path': {path}: {first}") from None
+    except TypeError as exc:  # an option the filesystem does not take
+        raise ConfigError(f"config: '{key}.storage_options': {exc}") from None
+    if not found:
+        raise ConfigError(f"config: '{key}.path': no object matches {path}")
+    if ds["format"] is None and found == [path]:
+        _check_format(f"{key}.path", path)
+
+
+def public(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`cfg` as run.json records it: credentials in a dataset's storage_options replaced by "<redacted>"."""
+    def hide(value: Any, key: str = "") -> Any:
+        if isinstance(value, Mapping):
+            return {k: hide(v, k) for k, v in value.items()}
+        return "<redacted>" if SECRET_KEY_RE.search(key) and value is not None else value
+
+    out = dict(cfg)
+    out["datasets"] = [{**d, "storage_options": hide(d["storage_options"])} if d.get("storage_options") else d
+                       for d in cfg["datasets"]]
+    return out
+
+
 def _check_format(key: str, path: str) -> None:
     from streamprep.sources.local import detect_format
 
@@ -292,9 +339,12 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
                               f"got {ds['format']!r}")
         if ds["path"].startswith("hf://") and not ds["split"]:
             raise ConfigError(f"config: '{key}.split' is required for hf:// sources")
+        _storage_options(key, ds)
         ds["path"] = _resolve_path(ds["path"], base, f"{key}.path")
         try:
             _check_local_path(f"{key}.path", ds["path"])
+            if ds["path"].startswith(OBJECT_STORES):
+                _check_object_store_path(key, ds)
         except ConfigError:
             if not ds["optional"]:
                 raise
@@ -462,7 +512,11 @@ def load_file(path: str | Path) -> "Config":
 
 def output_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The part of the config that determines the outputs (execution settings excluded)."""
-    return {"run.seed": cfg["run"]["seed"], **{k: cfg.get(k) for k in OUTPUT_SECTIONS if k != "run.seed"}}
+    view = {"run.seed": cfg["run"]["seed"], **{k: cfg.get(k) for k in OUTPUT_SECTIONS if k != "run.seed"}}
+    if isinstance(view["datasets"], list):  # where the bytes come from (endpoint, credentials) is no output
+        view["datasets"] = [{k: v for k, v in d.items() if k != "storage_options"} if isinstance(d, Mapping) else d
+                            for d in view["datasets"]]
+    return view
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:
@@ -607,6 +661,7 @@ class ExecutionConfig(FrozenSection):
 class DatasetConfig(FrozenSection):
     name: str
     path: str
+    storage_options: Mapping[str, Any] | None
     format: str | None
     optional: bool
     split: str | None

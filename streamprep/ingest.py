@@ -29,7 +29,7 @@ import aiofiles
 from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
 from streamprep import atomic, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
-from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig
+from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.sources import open_source
@@ -211,6 +211,7 @@ class DatasetIngest:
         self.near = near_dedup.NearDupIndex(near, self.files.near_dedup) if near.enabled else None
         self.run_scope = self.dedup_on and quality.dedup_scope == "run"
         self.size_cap = int(ds.size_mb * 1024 * 1024) if ds.size_mb else None
+        self.options = thaw(ds.storage_options or {})  # the workers open the dataset's object-store files with it
         self.depth = 2 * qc.workers + 1  # pieces in flight between each pair of steps: bounded memory
 
     async def run(self) -> IngestState:
@@ -287,7 +288,7 @@ class DatasetIngest:
         if isinstance(saved, list):
             return [Unit(**u) for u in saved]
         files = getattr(self.source, "files", None)
-        plan = units.plan_dataset(files, self.ds.format, int(self.ctx.execution.unit_mb * (1 << 20)))
+        plan = units.plan_dataset(files, self.ds.format, int(self.ctx.execution.unit_mb * (1 << 20)), self.options)
         atomic.write_json(path, [u.to_json() for u in plan])
         log.info("units planned", dataset=self.ds.name, units=len(plan), files=len(files or ()))
         return plan
@@ -325,7 +326,8 @@ class DatasetIngest:
                     return
                 if unit.kind != "stream":
                     await queue.put((u, 0, None, True, self.qc.submit(
-                        unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch, self._stage(u, 0), unit)))
+                        unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch, self._stage(u, 0), unit,
+                        None, self.options)))
                     continue
                 first = pos["piece"] if u == pos["unit"] else 0
                 consumed = await self._read_stream(u, first, pos["source"] if u == pos["unit"] else None,

@@ -128,7 +128,7 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
         _check_writable_dir(Path(config.run.checkpoint_dir), "'run.checkpoint_dir'")
     run_json = RunLayout(run_dir).run_json
     if not run_json.exists():
-        return None
+        return _adopted(config, run_dir)
     previous = _read_run_json(run_json)
     status = previous.get("status")
     if status == "failed" and not _wrote_outputs(run_dir, Path(previous.get("checkpoint_dir") or run_dir)):
@@ -151,9 +151,22 @@ def _read_run_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         why = f"{type(exc).__name__}: {exc}".splitlines()[0]
     if why:
-        raise ConfigError(f"{path} is unreadable ({why}); it records the config this run started with — delete it "
-                          f"to resume anyway (only with the same config), or use a new --run-dir")
+        raise ConfigError(f"{path} is unreadable ({why}); it records the config this run started with — to resume "
+                          f"with that same config, remove it and re-run the same command (the checkpoints keep the "
+                          f"progress), or use a new --run-dir")
     return record
+
+
+def _adopted(config: Config, run_dir: Path) -> dict[str, Any] | None:
+    """The start of a run.json for a run dir whose run.json was removed (the recovery `_read_run_json` names): the
+    run's own checkpoints (inside the run dir) say which run they belong to, so the run goes on as that run
+    instead of being refused as another run's. Its config cannot be checked for drift: the message says
+    "with that same config". A checkpoint dir outside the run dir may be another run's: not adopted."""
+    owner = CheckpointLayout(_checkpoint_dir(config, run_dir)).owner
+    if not owner.is_relative_to(run_dir) or not owner.is_file():
+        return None
+    run_id = owner.read_text().strip()
+    return {"run_id": run_id, "created_at": time.time(), "adopted_checkpoints": True} if run_id else None
 
 
 def run_from_dict(raw: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = False,
@@ -217,7 +230,7 @@ class Job:
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
         cfg = config.to_dict()
         self.sft_section = cfg.get("sft")  # plain form, as shard tasks carry it to the workers and hash it
-        self.record.update({"config": cfg, "config_hash": configmod.config_hash(cfg), "versions": _versions(),
+        self.record.update({"config": configmod.public(cfg), "config_hash": configmod.config_hash(cfg), "versions": _versions(),
                             "checkpoint_dir": str(self.checkpoint_dir)})
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self.signals = Signals()

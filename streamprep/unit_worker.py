@@ -127,24 +127,26 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
     return cols, qc.take_gate_stats(), signatures
 
 
-def _read(unit: Unit) -> list[Any]:
+def _read(unit: Unit, options: units.Options) -> list[Any]:
     """A unit's items; a range or row group whose bytes stop decoding ends with one REST_OF reject."""
     items: list[Any] = []
     try:
-        items.extend(units.read_unit(unit))
+        items.extend(units.read_unit(unit, options))
     except Exception as exc:
         if not _content_fault(exc):
-            raise SourceError(f"cannot read input file {unit.path}: {one_line(exc)}") from exc
+            where = f" (bytes {unit.start}-{unit.end})" if unit.kind == "range" else \
+                f" (row group {unit.start})" if unit.kind == "row_group" else ""
+            raise SourceError(f"cannot read input file {unit.path}{where}: {one_line(exc)}") from exc
         items.append(BadRecord(f"{REST_OF}{unit.path} after record {units.RECORD_MARK}, skipped: {one_line(exc)}", ""))
     return items
 
 
 def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit | None,
-                items: list[Any] | None = None) -> Summary:
-    """Judge a unit (read here) or the items the driver read, in batches of `batch`; stage the judged
-    columns at `stage`.judged (atomic) and return the summary the driver decides on."""
+                items: list[Any] | None = None, options: units.Options = None) -> Summary:
+    """Judge a unit (read here, with the dataset's storage `options`) or the items the driver read, in batches
+    of `batch`; stage the judged columns at `stage`.judged (atomic) and return the summary the driver decides on."""
     if items is None:
-        items = _read(unit)
+        items = _read(unit, options)
     judged = [_judge(name, text_field, items[i:i + batch]) for i in range(0, len(items), batch)]
     atomic.write_bytes(stage + ".judged", pickle.dumps(judged, protocol=pickle.HIGHEST_PROTOCOL))
     kinds, digests, text_bytes, checks, signatures = bytearray(), [], [], [], []

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
-import fsspec
 import pyarrow.parquet as pq
 
 from streamprep.sources.base import BadRecord
-from streamprep.sources.local import LocalSource, _compression, _special, detect_format
+from streamprep.sources.local import (WIDE_BOMS, LocalSource, _compression, _special, _symlink_loop, detect_format,
+                                      filesystem, open_input)
+
+Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
 
 CHUNKED = ("jsonl", "txt")  # uncompressed formats cut into byte ranges
+PROBE_BYTES = 1 << 16  # what the planner reads at a cut point or a Parquet footer (the block of an object store)
 NUMBERED = ("range", "row_group")  # kinds that start inside a file: line numbers are filled in by the driver
 LINE_MARK = "\x00line\x00"  # stands for a file-global line number in a worker's reject reason
 RECORD_MARK = "\x00record\x00"  # ... and for the count of the file's records before it
@@ -57,9 +60,10 @@ def global_reason(reason: str, before: int) -> str:
     return reason.replace(LINE_MARK, str(before + 1)).replace(RECORD_MARK, str(before))
 
 
-def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int) -> list[Unit]:
+def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int, options: Options = None) -> list[Unit]:
     """The units of one dataset entry, in dataset order. `files` None: a source without a file list (`hf://`)
-    is read whole, as one stream unit."""
+    is read whole, as one stream unit. A file the reader must see whole (compressed, UTF-16/32, not a
+    regular file, a symlink loop, unsupported) is one `file` unit."""
     if files is None:
         return [Unit("stream", -1)]
     units: list[Unit] = []
@@ -68,22 +72,34 @@ def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int) -> l
             kind = fmt or detect_format(f)
         except ValueError:
             kind = None  # the reader turns it into a counted reject
-        if kind in CHUNKED and _compression(f) is None and not _special(f):
-            units += [Unit("range", i, f, kind, a, b) for a, b in _cuts(f, unit_bytes)]
-        elif kind == "parquet" and not _special(f):
-            groups = _row_groups(f)
-            units += [Unit("row_group", i, f, kind, g) for g in range(groups)] if groups else [Unit("file", i, f)]
-        else:
+        whole = _special(f) or ("://" not in f and _symlink_loop(f))
+        size = None if whole else _size(f, options)
+        if whole or kind not in CHUNKED + ("parquet",) or (kind in CHUNKED and _compression(f) is not None):
             units.append(Unit("file", i, f, fmt or ""))
+        elif size <= unit_bytes:  # one unit, planned without reading the file
+            units.append(Unit("range", i, f, kind, 0, size) if kind in CHUNKED else Unit("file", i, f, fmt or ""))
+        elif kind in CHUNKED:
+            cuts = _cuts(f, size, unit_bytes, options)
+            units += [Unit("range", i, f, kind, a, b) for a, b in cuts] if cuts else [Unit("file", i, f, fmt or "")]
+        else:
+            groups = _row_groups(f, options)
+            units += [Unit("row_group", i, f, kind, g) for g in range(groups)] if groups else [Unit("file", i, f)]
     return units
 
 
-def _cuts(path: str, unit_bytes: int) -> list[tuple[int, int]]:
-    """Byte ranges of about `unit_bytes`, each ending just after a newline (or at the end of the file).
-    An empty file is one empty range, so its worker reports it as a counted reject."""
-    fs, stripped = fsspec.core.url_to_fs(path)
-    size = fs.size(stripped)
-    with fs.open(stripped, "rb") as fh:
+def _size(path: str, options: Options) -> int:
+    fs, stripped = filesystem(path, options)
+    return fs.size(stripped)
+
+
+def _cuts(path: str, size: int, unit_bytes: int, options: Options) -> list[tuple[int, int]]:
+    """Byte ranges of about `unit_bytes`, each ending just after a newline (or at the end of the file); none for
+    a file opening with a UTF-16/32 byte-order mark (its newlines are not b"\\n"). Each cut costs one small
+    read (a ranged GET of PROBE_BYTES on an object store)."""
+    fs, stripped = filesystem(path, options)
+    with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:
+        if any(fh.read(4).startswith(bom) for bom, _ in WIDE_BOMS):
+            return []
         cuts, start = [], 0
         while start + unit_bytes < size:
             fh.seek(start + unit_bytes)
@@ -96,26 +112,28 @@ def _cuts(path: str, unit_bytes: int) -> list[tuple[int, int]]:
     return cuts + [(start, size)]
 
 
-def _row_groups(path: str) -> int:
+def _row_groups(path: str, options: Options) -> int:
     """Row groups of a Parquet file with rows; 0 when it cannot be read or is empty (read as a `file` unit,
     its reader reports it as a reject)."""
+    fs, stripped = filesystem(path, options)
     try:
-        with fsspec.open(path, "rb") as fh:
+        with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:  # the footer only
             meta = pq.ParquetFile(fh).metadata
             return meta.num_row_groups if meta.num_rows else 0
     except Exception:  # pyarrow raises ArrowInvalid/OSError subclasses for bad files
         return 0
 
 
-def read_unit(unit: Unit) -> Iterator[Any]:
+def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
     """A local unit's items in order: a record dict or a `BadRecord` (in a range, line-numbered reasons carry
     LINE_MARK: the driver knows how many lines of the file come before it)."""
     if unit.kind == "file":
-        for item, _ in LocalSource.read_file(unit.file, unit.path, unit.fmt or None, {"file": unit.file, "record": 0}):
+        reader = LocalSource.reader(unit.fmt or None, options)
+        for item, _ in reader.read_file(unit.file, unit.path, {"file": unit.file, "record": 0}):
             yield item
         return
     if unit.kind == "row_group":
-        with fsspec.open(unit.path, "rb") as fh:
+        with open_input(unit.path, options) as fh:
             pf = pq.ParquetFile(fh)
             for batch in pf.read_row_group(unit.start).to_batches(1024):
                 yield from batch.to_pylist()
@@ -125,15 +143,19 @@ def read_unit(unit: Unit) -> Iterator[Any]:
     if unit.start == unit.end == 0:
         yield BadRecord(f"empty file {unit.path}", "")
         return
-    with fsspec.open(unit.path, "rb") as fh:
-        fh.seek(unit.start)
+    with open_input(unit.path, options, start=unit.start, end=unit.end) as fh:
         remaining = unit.end - unit.start  # the range ends after a newline, or at the end of the file
         first = unit.start == 0
         for line in fh:
             remaining -= len(line)
+            if first and any(line.startswith(bom) for bom, _ in WIDE_BOMS):
+                break  # a small UTF-16/32 file, planned whole without reading: its reader decodes it
             if first and line.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
                 line = line[len(codecs.BOM_UTF8):]
             first = False
             yield parse(line, unit.path, mark)
             if remaining <= 0:
                 return
+        else:
+            return
+    yield from read_unit(Unit("file", unit.file, unit.path, unit.fmt), options)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import bz2
+import codecs
 import dataclasses
 import gzip
 import http.server
@@ -24,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+import zstandard
 
 from helpers import base_config, english_docs, local_source
 from streamprep import run_from_dict
@@ -42,7 +44,8 @@ def _head(k: int) -> bytes:
 
 
 COMPRESS: dict[str, Callable[[bytes], bytes]] = {
-    "gz": lambda b: gzip.compress(b, mtime=0), "bz2": lambda b: bz2.compress(b, 1), "xz": lzma.compress}
+    "gz": lambda b: gzip.compress(b, mtime=0), "bz2": lambda b: bz2.compress(b, 1), "xz": lzma.compress,
+    "zst": lambda b: zstandard.ZstdCompressor(write_checksum=True).compress(b)}  # as the zstd CLI writes it
 
 
 def _bounded(fn: Callable[[], Any], timeout: float = 20) -> Any:
@@ -88,6 +91,20 @@ def test_truncated_compressed_file_keeps_what_was_read_then_one_reject(tmp_path:
     # a resume before the damage meets the same reject; one after it goes on with the next file
     assert _items(tmp_path, items[k - 5][1]) == items[k - 4:]
     assert _split(_items(tmp_path, items[k][1])) == (after, [])
+
+
+def test_corrupt_or_foreign_zst_is_one_reject_with_the_reason(tmp_path: Path) -> None:
+    packed = bytearray(COMPRESS["zst"](_head(400)))
+    packed[-2] ^= 0xFF  # the content checksum no longer matches
+    (tmp_path / "a.jsonl.zst").write_bytes(bytes(packed))
+    (tmp_path / "b.jsonl.zst").write_bytes(_head(8))  # plain JSONL named .zst
+    (tmp_path / "c.jsonl.zst").write_bytes(COMPRESS["zst"](_head(3)) + COMPRESS["zst"](_head(6)[len(_head(3)):]))
+    good, bad = _split(_items(tmp_path))
+    assert good == RECORDS[:6]  # c: two frames, read across
+    assert [b.reason.split(", skipped: ")[0] for b in bad] == [f"unreadable rest of {tmp_path / n} after record 0"
+                                                                for n in ("a.jsonl.zst", "b.jsonl.zst")]
+    assert "ZstdError" in bad[0].reason and "checksum" in bad[0].reason
+    assert "ZstdError" in bad[1].reason and "Unknown frame descriptor" in bad[1].reason
 
 
 def test_gz_that_is_not_gzip_is_one_reject(tmp_path: Path) -> None:
@@ -156,6 +173,56 @@ def test_utf8_bom_opens_a_file_without_a_parse_error(tmp_path: Path) -> None:
     assert [r for r, _ in _items(tmp_path / "t.txt")] == [{"text": "first line"}, {"text": "second"}]
     (tmp_path / "d.md").write_bytes(bom + b"# Title\n")
     assert _items(tmp_path / "d.md", fmt="document")[0][0]["text"] == "# Title\n"
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le"])
+def test_utf16_or_32_text_with_a_bom_is_decoded_as_such(tmp_path: Path, encoding: str) -> None:
+    bom = {"utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE, "utf-32-le": codecs.BOM_UTF32_LE}
+    lines = ["first line", "zweite Zeile: grüße", "third — 三"]
+    (tmp_path / "t.txt").write_bytes(bom[encoding] + "".join(x + "\r\n" for x in lines).encode(encoding))
+    items = _items(tmp_path / "t.txt")
+    assert [r for r, _ in items] == [{"text": x} for x in lines]  # no NULs, no BOM, no mojibake
+    assert _items(tmp_path / "t.txt", items[0][1]) == items[1:]  # a resume re-reads and skips
+    (tmp_path / "j.jsonl").write_bytes(bom[encoding] + _head(4).decode().encode(encoding))
+    assert [r for r, _ in _items(tmp_path / "j.jsonl")] == RECORDS[:4]
+
+
+def test_utf16_text_with_an_odd_tail_keeps_the_lines_then_one_reject(tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_bytes(codecs.BOM_UTF16_LE + "one\ntwo\n".encode("utf-16-le") + b"x")
+    good, bad = _split(_items(tmp_path / "t.txt"))
+    assert good == [{"text": "one"}, {"text": "two"}]
+    assert len(bad) == 1 and "t.txt after record 2" in bad[0].reason and "UnicodeDecodeError" in bad[0].reason
+
+
+def test_symlink_loop_in_a_directory_is_one_reject_naming_it(tmp_path: Path) -> None:
+    data = tmp_path / "in"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(_head(5))
+    (data / "loop1.jsonl").symlink_to(data / "loop2.jsonl")
+    (data / "loop2.jsonl").symlink_to(data / "loop1.jsonl")
+    items = _items(data)
+    good, bad = _split(items)
+    assert good == RECORDS[:5]
+    assert [b.reason for b in bad] == [f"{data / n} is a symlink loop, skipped" for n in ("loop1.jsonl", "loop2.jsonl")]
+    assert _bounded(lambda: local_source(data).fingerprint())["files"][1] == \
+        {"path": str(data / "loop1.jsonl"), "symlink_loop": True}
+
+
+def test_job_over_a_directory_with_a_symlink_loop_completes_counting_it(tmp_path: Path) -> None:
+    cfg, src = _docs_cfg(tmp_path, 300, raw=True)
+    data = tmp_path / "in"
+    data.mkdir()
+    src.rename(data / "docs.jsonl")
+    (data / "a").symlink_to(data / "b")
+    (data / "b").symlink_to(data / "a")
+    cfg["datasets"][0]["path"] = str(data)
+    run = tmp_path / "run"
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    ck = json.loads((run / "checkpoints" / "d.json").read_text())
+    rejects = [json.loads(x) for x in (run / "rejects" / "d.jsonl").read_text().splitlines()]
+    loops = [r["reason"] for r in rejects if r["failed_check"] == "parse"]
+    assert loops == [f"{data / n} is a symlink loop, skipped" for n in "ab"]
+    assert ck["done"] and ck["kept"] == 300 and ck["rejected"] == 2
 
 
 # ---- input identity ------------------------------------------------------------------------------------------
@@ -319,6 +386,25 @@ def test_unreadable_run_json_is_one_line_saying_what_to_do(tmp_path: Path, text:
     msg = str(err.value)
     assert "\n" not in msg and f"{run / 'run.json'} is unreadable" in msg and "new --run-dir" in msg
     assert sorted(p.name for p in run.iterdir()) == ["run.json"]  # nothing written
+
+
+def test_truncated_run_json_exits_2_with_a_recovery_that_works(tmp_path: Path) -> None:
+    cfg, _ = _docs_cfg(tmp_path, 300, raw=True)
+    run = tmp_path / "run"
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    tokens = {p.name: p.read_bytes() for p in (run / "binidx" / "d").iterdir()}
+    data = (run / "run.json").read_bytes()
+    (run / "run.json").write_bytes(data[: len(data) // 2])  # e.g. a copy cut short
+    proc = _cli(cfg, tmp_path, run)
+    err = _finish(proc, 120)
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{run / 'run.json'} is unreadable (JSONDecodeError" in err
+    assert "remove it and re-run the same command" in err and "new --run-dir" in err
+    (run / "run.json").unlink()  # the recovery the message names: the run goes on from its checkpoints
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    record = json.loads((run / "run.json").read_text())
+    assert record["run_id"] == (run / "checkpoints" / ".streamprep-run").read_text().strip()
+    assert {p.name: p.read_bytes() for p in (run / "binidx" / "d").iterdir()} == tokens
 
 
 # ---- the CLI end to end: hostile inputs complete with named rejects; SIGTERM while stalled ----------------------

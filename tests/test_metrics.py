@@ -36,8 +36,8 @@ def slow_source(monkeypatch):
     enough to be scraped mid-ingest."""
     real = units.read_unit
 
-    def slow(unit):
-        for item in real(unit):
+    def slow(unit, options):
+        for item in real(unit, options):
             time.sleep(0.001)
             yield item
 

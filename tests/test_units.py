@@ -60,12 +60,13 @@ def test_plan_kinds(tmp_path: Path) -> None:
     (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "x"}\n'))
     pq.write_table(pa.table({"text": ["a", "b", "c"]}), tmp_path / "c.parquet", row_group_size=1)
     files = sorted(str(p) for p in tmp_path.iterdir())
-    plan = units.plan_dataset(files, None, 4 << 20)
+    plan = units.plan_dataset(files, None, 100)  # the Parquet file is larger: one unit a row group
     assert [(u.kind, u.file, u.start) for u in plan] == [("file", 0, 0), ("row_group", 1, 0), ("row_group", 1, 1),
                                                           ("row_group", 1, 2), ("range", 2, 0)]
     assert [i["text"] for u in plan[:4] for i in units.read_unit(u)] == ["x", "a", "b", "c"]
     assert [i.reason for i in units.read_unit(plan[4])] == [f"empty file {files[2]}"]
-    assert units.plan_dataset(None, None, 4 << 20) == [units.Unit("stream", -1)]  # hf://: the reader streams the snapshot
+    assert units.plan_dataset(None, None, 100) == [units.Unit("stream", -1)]  # hf://: the reader streams the snapshot
+    assert [u.kind for u in units.plan_dataset(files, None, 4 << 20)] == ["file", "file", "range"]  # small: not read
     assert isinstance(next(units.read_unit(plan[4])), BadRecord)
 
 
@@ -129,10 +130,10 @@ async def test_a_file_whose_rest_does_not_decode_skips_its_later_units(tmp_path:
     cfg = load(raw)
     real = units.read_unit
 
-    def faulty(unit):
+    def faulty(unit, options):
         if unit.start > 20_000:
             raise ValueError("bad bytes")
-        yield from real(unit)
+        yield from real(unit, options)
 
     monkeypatch.setattr(units, "read_unit", faulty)
     run = tmp_path / "run"

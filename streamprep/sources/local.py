@@ -1,8 +1,11 @@
-"""Local and fsspec files (JSONL, JSONL.gz, Parquet, plain text, globs), streamed record by record.
+"""Local files and fsspec URLs (s3://, gs://, ...): JSONL (plain, .gz, .zst, .bz2, .xz), Parquet, plain text,
+globs and directories, streamed record by record.
 
 Positions are `{"file": i, "record": n, "offset": bytes | None, "row_group": g | None, "row": r | None}`:
-the next item to read is record `n` of file `i`. Uncompressed text seeks to `offset`; gzip re-reads and
-skips `n` lines; Parquet seeks to row group `g` and skips `r` rows inside it.
+the next item to read is record `n` of file `i`. Uncompressed text seeks to `offset` (a ranged read on an
+object store); compressed files re-read and skip `n` lines; Parquet seeks to row group `g` and skips `r` rows
+inside it. A text file opening with a UTF-16/32 byte-order mark is decoded as such (re-read and skipped on
+resume, as compressed files are).
 
 A file whose bytes cannot be decoded (truncated or corrupt compression, corrupt Parquet page, unsupported
 type, not a regular file) ends with one `BadRecord` naming it and the record reached; the next file goes on,
@@ -12,19 +15,23 @@ and a resume meets the same reject. A file that cannot be read at all (gone, per
 from __future__ import annotations
 
 import codecs
+import errno
 import glob as globmod
 import hashlib
+import io
 import lzma
 import stat
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Mapping
 
 import fsspec
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 
+from streamprep.config import thaw
 from streamprep.sources.base import BadRecord, SourceError, one_line
 
 if TYPE_CHECKING:
@@ -34,12 +41,17 @@ EXCERPT = 300
 PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # files up to this size are hashed whole; bigger ones by head + tail (+ mtime)
 HEAD_TAIL_BYTES = 64 * 1024
+READ_BUFFER = 1 << 20
+ZSTD_READ = 16 * 1024  # compressed bytes decoded at a time (a highly compressed chunk expands a lot)
 # Decode errors of a file's bytes: deterministic, so they become a reject (a resume meets them again).
-CONTENT_FAULTS = (EOFError, zlib.error, lzma.LZMAError, ValueError, pa.ArrowException)
+CONTENT_FAULTS = (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError, ValueError, pa.ArrowException)
 # Faults of the environment, not of the bytes: the job stops naming the file (a fix + re-run resumes).
 REST_OF = "unreadable rest of "  # opens the reject of a file whose bytes stop decoding (the rest is skipped)
 ENVIRONMENT_FAULTS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ConnectionError,
                       TimeoutError)
+# Byte-order marks of UTF-32 before UTF-16: BOM_UTF32_LE starts with BOM_UTF16_LE.
+WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+             (codecs.BOM_UTF16_BE, "utf-16"))
 
 
 def detect_format(path: str) -> str:
@@ -57,16 +69,108 @@ def detect_format(path: str) -> str:
     raise ValueError(f"{path}: unknown file type (expected .jsonl, .jsonl.gz, .parquet or .txt; set 'format')")
 
 
-def expand(path: str) -> list[str]:
-    """The sorted file list of a path or glob, local or any fsspec URL."""
+def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The sorted file list of a path, directory or glob, local or any fsspec URL (a prefix of an object store
+    is a directory). Hidden files of a directory are left out."""
     if "://" not in path:
         if globmod.has_magic(path):
             return sorted(p for p in globmod.glob(path, recursive=True) if not Path(p).is_dir())
         p = Path(path)
         return sorted(str(x) for x in p.rglob("*") if not x.is_dir() and not x.name.startswith(".")) if p.is_dir() else [path]
-    fs, stripped = fsspec.core.url_to_fs(path)
-    files = sorted(p for p in (fs.glob(stripped) if globmod.has_magic(path) else [stripped]) if fs.isfile(p))
-    return [fs.unstrip_protocol(p) for p in files]
+    fs, stripped = filesystem(path, storage_options)
+    if globmod.has_magic(path):
+        files = [p for p, info in fs.glob(stripped, detail=True).items() if info.get("type") == "file"]
+    elif fs.isfile(stripped):  # first: on HTTP, isdir would GET the page to list its links
+        files = [stripped]
+    else:
+        files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")] if fs.isdir(stripped) else []
+    return [fs.unstrip_protocol(p) for p in sorted(files)]
+
+
+def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem of `path` and the path inside it. `storage_options` (a dataset's mapping) go to
+    the filesystem; without them s3fs and gcsfs read the standard environment (AWS_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID, ..., GOOGLE_APPLICATION_CREDENTIALS)."""
+    return fsspec.core.url_to_fs(path, **thaw(storage_options or {}))  # plain dicts: fsspec may change them
+
+
+def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, start: int = 0,
+               end: int | None = None, compression: str | None = None) -> BinaryIO:
+    """The one place an input file is opened: local path or fsspec URL, bytes [start, end) of the stored file.
+
+    On an object store a read from `start` is a ranged GET, so a resume fetches only what it needs. With
+    `compression` the decompressed stream is returned and the range must be the whole file."""
+    fs, p = filesystem(path, storage_options)
+    if compression is not None and (start or end is not None):
+        raise ValueError(f"{path}: a byte range of a {compression} file cannot be decoded")
+    if end is not None:  # a unit of the plan: exactly its bytes, in one ranged read
+        return io.BytesIO(fs.cat_file(p, start=start, end=end))
+    fh = fs.open(p, "rb")
+    if compression == "zstd":
+        return io.BufferedReader(_ZstdReader(fh), io.DEFAULT_BUFFER_SIZE)
+    if compression is not None:
+        return fsspec.compression.compr[compression](fh, mode="rb")
+    if start:
+        fh.seek(start)
+    return fh
+
+
+class _ZstdReader(io.RawIOBase):
+    """The decoded bytes of a .zst stream, frame after frame. Unlike zstandard's stream_reader, a stream that
+    ends inside a frame raises EOFError (as gzip does): a truncated file is a counted reject, not a short file."""
+
+    def __init__(self, fh: BinaryIO):
+        super().__init__()
+        self.fh, self.dctx = fh, zstandard.ZstdDecompressor()
+        self.frame: Any = None
+        self.out, self.pos = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        while self.pos >= len(self.out):
+            data = self.fh.read(ZSTD_READ)
+            if not data:
+                if self.frame is not None and not self.frame.eof:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                return 0
+            chunks = []
+            while data:
+                if self.frame is None or self.frame.eof:
+                    self.frame = self.dctx.decompressobj()
+                chunks.append(self.frame.decompress(data))
+                data = self.frame.unused_data if self.frame.eof else b""
+            self.out, self.pos = b"".join(chunks), 0
+        n = min(len(buf), len(self.out) - self.pos)
+        buf[:n] = self.out[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.fh.close()
+        super().close()
+
+
+class _Range(io.RawIOBase):
+    """`fh` from where it stands, as a raw stream, so that io.BufferedReader gives it fast line iteration, peek()
+    and reads of the size asked for (a decoder raises on the read that meets damage)."""
+
+    def __init__(self, fh: BinaryIO):
+        super().__init__()
+        self.fh = fh
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        data = self.fh.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.fh.close()
+        super().close()
 
 
 def _compression(path: str) -> str | None:
@@ -84,18 +188,35 @@ def _special(path: str) -> bool:
     try:
         return "://" not in path and not stat.S_ISREG(Path(path).stat().st_mode)
     except OSError:
-        return False  # gone: opening it reports that
+        return False  # gone or a symlink loop: opening it / _symlink_loop report that
 
 
-def identity(path: str) -> dict[str, Any]:
-    """What tells a replaced file apart: size and a sha256 of the whole file, or (above FULL_HASH_BYTES) of
-    its head and tail plus its mtime. Raises SourceError when the file cannot be read."""
+def _symlink_loop(path: str) -> bool:
+    """A local symlink that leads back to itself (a -> b -> a): the same on every run, so a reject."""
+    try:
+        Path(path).stat()
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
+def identity(path: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What tells a replaced file apart. An object with an ETag (S3) or etag/generation (GCS): those, and the
+    size, without reading it. Else size and a sha256 of the whole file, or (above FULL_HASH_BYTES) of its
+    head and tail plus its mtime. Raises SourceError when the file cannot be read."""
     if _special(path):
         return {"path": path, "special": True}
+    if "://" not in path and _symlink_loop(path):
+        return {"path": path, "symlink_loop": True}
     try:
-        fs, p = fsspec.core.url_to_fs(path)
+        fs, p = filesystem(path, storage_options)
         info = fs.info(p)
         size = info.get("size")
+        etag = info.get("ETag") or info.get("etag")
+        if etag:
+            version = info.get("VersionId") or info.get("generation")
+            return {"path": path, "size": size, "etag": str(etag).strip('"'),
+                    **({"version": str(version)} if version else {})}
         h = hashlib.sha256()
         with fs.open(p, "rb") as fh:
             if size is None or size <= FULL_HASH_BYTES:
@@ -118,35 +239,46 @@ class LocalSource:
     def __init__(self, dataset: DatasetConfig):
         self.path = dataset.path
         self.format = dataset.format
-        self.files = expand(self.path)
+        self.storage_options = thaw(dataset.storage_options or {})
+        self.files = expand(self.path, self.storage_options)
         if not self.files:
             raise FileNotFoundError(f"no file matches {self.path}")
 
+    @classmethod
+    def reader(cls, fmt: str | None, storage_options: Mapping[str, Any] | None) -> "LocalSource":
+        """A source without a file list, for `read_file` alone (a worker reading one unit of the plan)."""
+        src = cls.__new__(cls)
+        src.path, src.format, src.files = "", fmt, []
+        src.storage_options = thaw(storage_options or {})
+        return src
+
     def fingerprint(self) -> dict[str, Any]:
         """Every file's identity; checkpoints record it so a resume over a replaced file is refused."""
-        return {"files": [identity(f) for f in self.files]}
+        return {"files": [identity(f, self.storage_options) for f in self.files]}
 
     def iter_records(self, start: dict[str, Any] | None = None) -> Iterator[tuple[dict[str, Any] | BadRecord, dict[str, Any]]]:
         start = start or {"file": 0, "record": 0}
         for i in range(start["file"], len(self.files)):
             path = self.files[i]
             here = start if i == start["file"] else {"file": i, "record": 0}
-            yield from self.read_file(i, path, self.format, here)
+            yield from self.read_file(i, path, here)
 
-    @staticmethod
-    def read_file(i: int, path: str, fmt: str | None, here: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def read_file(self, i: int, path: str, here: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """File `i`'s records from `here`; a failure ends the file with one reject, or raises SourceError (see
         module doc). Ingest reads a compressed or Parquet-less file this way, as one stream unit."""
         nxt = {"file": i + 1, "record": 0}
         if _special(path):
             yield BadRecord(f"{path} is not a regular file (FIFO, socket or device), skipped", ""), nxt
             return
+        if "://" not in path and _symlink_loop(path):
+            yield BadRecord(f"{path} is a symlink loop, skipped", ""), nxt
+            return
         try:
-            fmt = fmt or detect_format(path)
+            fmt = self.format or detect_format(path)
         except ValueError as exc:
             yield BadRecord(f"unsupported file, skipped: {exc}", ""), nxt
             return
-        reader = {"parquet": LocalSource._parquet, "document": LocalSource._document}.get(fmt, LocalSource._lines)
+        reader = {"parquet": self._parquet, "document": self._document}.get(fmt, self._lines)
         record = here.get("record", 0)
         try:
             for item, pos in reader(i, path, fmt, here):
@@ -158,19 +290,26 @@ class LocalSource:
                 raise SourceError(f"cannot read input file {where}: {one_line(exc)}") from exc
             yield BadRecord(f"{REST_OF}{where}, skipped: {one_line(exc)}", ""), nxt
 
-    @staticmethod
-    def _lines(i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def _lines(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         comp = _compression(path)
         n = pos.get("record", 0)
         offset = pos.get("offset") if comp is None else None
-        with fsspec.open(path, "rb", compression=comp) as fh:
-            if offset:
-                fh.seek(offset)
-            else:
-                for _ in range(n):  # gzip (or a position without offset): skip what was consumed
-                    if not fh.readline():
+        with open_input(path, self.storage_options, start=offset or 0, compression=comp) as raw:
+            # a decoder raises on the read that meets damage: small reads keep the lines before it
+            fh = io.BufferedReader(_Range(raw), io.DEFAULT_BUFFER_SIZE if comp else READ_BUFFER)
+            if not offset:
+                head = fh.peek(4)[:4]
+                wide = next((enc for bom, enc in WIDE_BOMS if head.startswith(bom)), None)
+                if wide is not None:
+                    yield from self._wide_lines(i, path, fmt, n, fh, wide)
+                    return
+                offset = None if comp else 0
+                for _ in range(n):  # compressed (or a position without offset): skip what was consumed
+                    line = fh.readline()
+                    if not line:
                         break
-                offset = None if comp else fh.tell()
+                    if offset is not None:
+                        offset += len(line)
             empty = n == 0
             for line in fh:
                 empty = False
@@ -180,10 +319,27 @@ class LocalSource:
                 if n == 1 and line.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
                     line = line[len(codecs.BOM_UTF8):]
                 nxt = {"file": i, "record": n, "offset": offset}
-                parse = LocalSource._parse_json if fmt == "jsonl" else LocalSource._parse_text
-                yield parse(line, path, n), nxt
+                yield (self._parse_json(line, path, n) if fmt == "jsonl" else self._parse_text(line, path, n)), nxt
             if empty:
                 yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}
+
+    def _wide_lines(self, i: int, path: str, fmt: str, n: int, fh: BinaryIO,
+                    encoding: str) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """A file opening with a UTF-16/32 byte-order mark (else its NUL bytes would pass as UTF-8 text), decoded
+        in the byte order the mark gives; a resume re-reads and skips `n` lines. Bytes the encoding cannot
+        decode end the file with one reject (UnicodeDecodeError is a content fault)."""
+        text = io.TextIOWrapper(fh, encoding=encoding, newline="\n")
+        for _ in range(n):
+            if not text.readline():
+                break
+        empty = n == 0
+        for line in text:
+            empty = False
+            n += 1
+            item = self._parse_json(line.encode(), path, n) if fmt == "jsonl" else {"text": line.rstrip("\r\n")}
+            yield item, {"file": i, "record": n, "offset": None}
+        if empty:
+            yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}
 
     @staticmethod
     def _parse_json(line: bytes, path: str, n: int) -> dict[str, Any] | BadRecord:
@@ -207,10 +363,9 @@ class LocalSource:
                              line[:EXCERPT].decode("utf-8", "replace"))
         return {"text": text.rstrip("\r\n")}
 
-    @staticmethod
-    def _document(i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def _document(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """The whole file is one record (for small prose files such as docs)."""
-        with fsspec.open(path, "rb", compression=_compression(path)) as fh:
+        with open_input(path, self.storage_options, compression=_compression(path)) as fh:
             raw = fh.read()
         nxt = {"file": i + 1, "record": 0}
         try:
@@ -218,10 +373,10 @@ class LocalSource:
         except UnicodeDecodeError as exc:
             yield BadRecord(f"undecodable bytes in {path}: {exc.reason} at byte {exc.start}", ""), nxt
 
-    @staticmethod
-    def _parquet(i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def _parquet(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Only the footer and the row groups from `row_group` on are read (ranged reads on an object store)."""
         n = pos.get("record", 0)
-        with fsspec.open(path, "rb") as fh:
+        with open_input(path, self.storage_options) as fh:
             try:
                 pf = pq.ParquetFile(fh)
             except Exception as exc:  # pyarrow raises ArrowInvalid/OSError subclasses for bad files
