@@ -1,7 +1,7 @@
 """streamprep: raw text corpora -> quality-controlled, tokenized, Megatron-ready data."""
 from typing import Any
 
-__version__ = "0.1.0"
+from streamprep.version import __version__
 __all__ = ["run_from_dict", "run_config_file", "__version__"]
 
 

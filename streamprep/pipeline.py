@@ -16,7 +16,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from streamprep import __version__, atomic, config as configmod, logs
+from streamprep import atomic, config as configmod, logs
+from streamprep.version import __version__
 from streamprep import engines, metrics, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
 from streamprep.config import Config, ConfigError

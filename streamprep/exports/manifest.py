@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pyarrow
 
-from streamprep import __version__, atomic
+from streamprep import atomic
+from streamprep.version import __version__
 from streamprep.exports.index import DatasetIndex, ExportError
 from streamprep.layout import RunLayout
 

@@ -6,6 +6,7 @@ what has not started; every task writes its files atomically, so stopping anywhe
 """
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import signal
 from collections import deque
@@ -13,10 +14,16 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
 
+# What a warmed worker has loaded. By name, not by import: the writers use this pool (no import cycle), and the
+# job's forkserver may already run with the QC pool's preload, which then decides what a fork inherits.
+PRELOAD = ("streamprep.exports.parquet", "streamprep.exports.summary")
+
+
 def _init_worker() -> None:
-    """Ignore SIGINT; import the Parquet writer now, so a warmed worker has nothing left to load."""
+    """Ignore SIGINT; import the writers now, so a warmed worker has nothing left to load."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import streamprep.exports.parquet  # noqa: F401
+    for name in PRELOAD:
+        importlib.import_module(name)
 
 
 class Workers:
@@ -32,7 +39,7 @@ class Workers:
     def __enter__(self) -> "Workers":
         if self.n > 1:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["streamprep.exports.parquet", "streamprep.exports.summary"])
+            ctx.set_forkserver_preload(list(PRELOAD))
             self._pool = ProcessPoolExecutor(self.n, mp_context=ctx, initializer=_init_worker)
         return self
 
