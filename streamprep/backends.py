@@ -217,20 +217,22 @@ def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()
     if requested == "hf":
         return {"requested": requested, "name": "hf", "version": hf.version}
     sample = [*PROBES, *itertools.islice(texts, CHECK_DOCS)]
+    check = None
     try:
         giga = GigatokenBackend(tokenizer_json)
     except Exception as exc:  # ImportError, or gigatoken refusing this tokenizer.json (any exception type)
-        reason = f"gigatoken cannot load {Path(tokenizer_json).name}: {type(exc).__name__}: {str(exc)[:160]}"
+        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+        reason = f"gigatoken cannot load {Path(tokenizer_json).name}: {type(exc).__name__}: {first_line}"
     else:
         reason = mismatch(hf, giga, sample)
+        check = {"texts": len(sample), "identical": reason is None}
         if reason is None:
-            return {"requested": requested, "name": "gigatoken", "version": giga.version,
-                    "check": {"texts": len(sample), "identical": True}}
+            return {"requested": requested, "name": "gigatoken", "version": giga.version, "check": check}
     if requested == "gigatoken":
         raise BackendError(f"tokenizer.backend is gigatoken but {reason}")
     log.warning("tokenizer backend: using hf", reason=reason)
-    return {"requested": requested, "name": "hf", "version": hf.version,
-            "check": {"texts": len(sample), "identical": False}, "fallback_reason": reason}
+    out = {"requested": requested, "name": "hf", "version": hf.version, "fallback_reason": reason}
+    return {**out, "check": check} if check else out
 
 
 class ShardEncoder:
