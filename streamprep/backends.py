@@ -6,7 +6,7 @@ API (small on purpose; tokenize.py and the pipeline are its callers):
     flat, lengths = backend.encode_batch(texts)           # uint32 ids back to back, int64 ids per text
     backend.name, backend.version, backend.vocab_size
     record = select(requested, tokenizer_json, texts)     # `tokenizer.backend` → the backend to use + why
-    encoder = ShardEncoder(choice, tokenizer_json)        # a worker's: encode_batch(texts, check=first batch)
+    encoder = ShardEncoder(choice, tokenizer_json)        # a worker's: encode_batch(texts, check=dataset name)
     mismatch(reference, candidate, texts)                 # None, or where two backends' ids differ
 
 Ids never include added special tokens (HF `add_special_tokens=False`; gigatoken inserts none).
@@ -14,8 +14,9 @@ Ids never include added special tokens (HF `add_special_tokens=False`; gigatoken
 `tokenizer.backend: auto` (the default) uses gigatoken only when it loads the run's tokenizer.json AND gives
 the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (hard strings) plus the texts
 the caller adds. It runs (1) when the run's tokenizer is prepared (probes + up to CHECK_DOCS sampled texts
-for a trained tokenizer; the outcome is recorded in tokenizer/fingerprint.json and run.json) and (2) on
-the first CHECK_DOCS kept texts of every shard (streamprep.tokenize). On a failed load or a mismatch, auto
+for a trained tokenizer; the outcome is recorded in tokenizer/fingerprint.json and run.json) and (2) in
+each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
+(ShardEncoder). On a failed load or a mismatch, auto
 uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend never enters a
 shard's plan hash: both give the same ids, so a run resumed under the other backend keeps its shards.
 
@@ -39,9 +40,9 @@ from streamprep import logs
 
 log = logs.get("backends")
 BACKENDS = ("auto", "gigatoken", "hf")
-CHECK_DOCS = 64                   # texts of each shard (and of a training sample) compared against HF
+CHECK_DOCS = 64                   # texts of a worker's first shard per dataset (and of a training sample) checked
 CACHE_BUDGET_BYTES = 512 << 20    # per worker: gigatoken cache bound, or RSS growth before a rebuild
-FALLBACK_FILE = "backend_fallback.json"  # in RUN_DIR/tokenizer/: a shard's check sent its worker to HF
+FALLBACK_FILE = "backend_fallback.json"  # in RUN_DIR/tokenizer/: a worker's check sent it to HF
 
 # Strings where fast re-implementations of HF tokenizers have diverged (gigatoken issues #35, #37) or could:
 # code points whose Unicode properties changed after Unicode 14, combining-mark runs, scripts with their own
@@ -237,14 +238,19 @@ def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()
 
 class ShardEncoder:
     """What a tokenize worker encodes pretraining shards with. `choice` (TokenizerInfo.backend_name):
-    "hf"; "gigatoken" (forced: a failed shard check raises BackendError); "auto" (a failed shard check
-    moves this worker to HF for good, logged once; the shard is encoded by HF, so its bytes are right)."""
+    "hf"; "gigatoken" (forced: a failed check raises BackendError); "auto" (a failed check moves this worker
+    to HF for good, logged once; the batch checked is encoded by HF, so its bytes are right).
+
+    The check (gigatoken against HF on the first CHECK_DOCS texts) runs on the first batch of the first shard
+    of each dataset this worker encodes: every dataset's text is checked, at a cost paid once per worker and
+    dataset (HF encodes ~64 documents) rather than per shard."""
 
     def __init__(self, choice: str, tokenizer_json: str | Path):
         self.choice, self.path = choice, tokenizer_json
         self.backend: Backend = load("hf" if choice == "hf" else "gigatoken", tokenizer_json)
         self.fallback_reason: str | None = None
         self._reference: HFBackend | None = None
+        self._checked: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -254,14 +260,16 @@ class ShardEncoder:
     def vocab_size(self) -> int:
         return self.backend.vocab_size
 
-    def encode_batch(self, texts: Sequence[str], check: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """`texts` → (flat ids, lengths); `check`: first compare the first CHECK_DOCS texts against HF."""
-        if check and self.backend.name == "gigatoken":
+    def encode_batch(self, texts: Sequence[str], check: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`texts` → (flat ids, lengths). `check`: a dataset name; the first time it is seen, the first
+        CHECK_DOCS texts are compared against HF before this batch is encoded."""
+        if check is not None and check not in self._checked and self.backend.name == "gigatoken":
+            self._checked.add(check)
             self._reference = self._reference or HFBackend(self.path)
             reason = mismatch(self._reference, self.backend, texts[:CHECK_DOCS])
             if reason is not None:
                 if self.choice == "gigatoken":
                     raise BackendError(f"tokenizer.backend is gigatoken but {reason}")
-                log.warning("tokenizer backend: this worker falls back to hf", reason=reason)
+                log.warning("tokenizer backend: this worker falls back to hf", reason=reason, dataset=check)
                 self.backend, self.fallback_reason = self._reference, reason
         return self.backend.encode_batch(texts)

@@ -106,11 +106,11 @@ def _line_batches(fh: BinaryIO) -> Iterator[list[bytes]]:
             yield lines[i:i + ENCODE_BATCH]
 
 
-def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder,
+def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder, dataset: str,
                      ahead: ThreadPoolExecutor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(flat ids, ids per record) of the part's texts, one backend call per line batch; the first batch is
-    the shard's identity check (backends.ShardEncoder). The next batch is parsed and encoded in `ahead`
-    (both Rust encoders release the GIL) while the caller writes this one."""
+    """(flat ids, ids per record) of the part's texts, one backend call per line batch; the first batch may
+    be checked against HF (backends.ShardEncoder). The next batch is parsed and encoded in `ahead` (both
+    Rust encoders release the GIL) while the caller writes this one."""
     batches = _line_batches(fh)
     first = True
 
@@ -120,7 +120,7 @@ def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder,
         if lines is None:
             return None
         texts = [orjson.loads(line)["text"] for line in lines]
-        out = encoder.encode_batch(texts, check=first)
+        out = encoder.encode_batch(texts, check=dataset if first else None)
         first = False
         return out
 
@@ -153,7 +153,7 @@ def tokenize_part(task: ShardTask, encoder: backends.ShardEncoder) -> dict[str, 
     try:
         with open(task.input_path, "rb") as fh, ThreadPoolExecutor(1, thread_name_prefix="encode") as ahead:
             line_no = 0
-            for flat, lengths in _encoded_batches(fh, encoder, ahead):
+            for flat, lengths in _encoded_batches(fh, encoder, task.dataset, ahead):
                 empty = lengths == 0
                 if empty.any():
                     dropped.extend((line_no + np.flatnonzero(empty)).tolist())
@@ -178,7 +178,7 @@ def tokenize_part(task: ShardTask, encoder: backends.ShardEncoder) -> dict[str, 
 
 
 def _record_fallback(task: ShardTask, encoder: backends.ShardEncoder) -> None:
-    """A worker that fell back to HF on a shard's identity check says so beside the tokenizer (status shows it)."""
+    """A worker that fell back to HF on its identity check says so beside the tokenizer (status shows it)."""
     path = RunLayout(Path(task.run_dir)).tokenizer_dir / backends.FALLBACK_FILE
     if not path.exists():
         atomic.write_json(path, {"shard": f"{task.dataset}/{task.part}", "reason": encoder.fallback_reason,

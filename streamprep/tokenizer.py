@@ -36,7 +36,7 @@ class TokenizerInfo:
     @property
     def backend_name(self) -> str:
         """The backend shard tasks load: "hf", "gigatoken" (forced), or "auto" (gigatoken that passed the
-        run's identity check; each shard checks its first texts again and may still fall back to HF)."""
+        run's identity check; each worker checks its first texts of each dataset again and may still fall back to HF)."""
         if self.backend.get("name") != "gigatoken":
             return "hf"
         return "gigatoken" if self.backend.get("requested") == "gigatoken" else "auto"

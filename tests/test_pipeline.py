@@ -151,7 +151,7 @@ def test_tokenize_part_encodes_in_batches_of_at_most_1024_records(tmp_path: Path
     calls: list[int] = []
 
     class Counting(ShardEncoder):
-        def encode_batch(self, batch: list[str], check: bool = False) -> tuple:
+        def encode_batch(self, batch: list[str], check: str | None = None) -> tuple:
             calls.append(len(batch))
             return super().encode_batch(batch, check)
 

@@ -146,7 +146,7 @@ def test_config_key_is_validated_and_left_out_of_the_output_hash(tmp_path: Path,
 def test_a_mismatch_sends_auto_to_hf_and_stops_forced_gigatoken(tmp_path: Path, shared_data: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A gigatoken that disagrees with HF (simulated: one id off on texts with a combining acute) is caught by the
-    run's check and by each shard's check; auto's shard is then written by HF, byte for byte."""
+    run's check and by a worker's check; auto's shard is then written by HF, byte for byte."""
     real = backends.GigatokenBackend.encode_batch
 
     def off_by_one(self: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -251,7 +251,7 @@ def test_job_writes_identical_bytes_under_hf_and_gigatoken(tokenizer: str | None
         assert record["tokenizer_backend"]["name"] == b == record["tokenizer_backend"]["requested"]
         assert record["tokenizer_backend"]["version"] == record["versions"]["gigatoken" if b == "gigatoken"
                                                                             else "tokenizers"]
-        assert not (run_dir / "tokenizer" / backends.FALLBACK_FILE).exists()  # no shard check failed
+        assert not (run_dir / "tokenizer" / backends.FALLBACK_FILE).exists()  # no worker's check failed
         st = run_status(run_dir)
         assert st["tokenizer_backend"]["name"] == b
         assert f"tokenizer backend: {b} {record['tokenizer_backend']['version']} (requested {b}" in format_status(st)
