@@ -16,14 +16,16 @@ the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (h
 the caller adds. It runs (1) when the run's tokenizer is prepared (probes + up to CHECK_DOCS sampled texts
 for a trained tokenizer; the outcome is recorded in tokenizer/fingerprint.json and run.json) and (2) in
 each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
-(ShardEncoder). On a failed load or a mismatch, auto
-uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend never enters a
-shard's plan hash: both give the same ids, so a run resumed under the other backend keeps its shards.
+(ShardEncoder). On a failed load or a mismatch, auto uses HF and logs the reason once; `backend: gigatoken`
+turns it into an error. The backend never enters a shard's plan hash: both give the same ids, so a run
+resumed under the other backend keeps its shards.
 
 Memory: gigatoken 0.10.0's encode caches grow without bound. When the installed gigatoken has
 `set_max_cache_bytes` it is given CACHE_BUDGET_BYTES; otherwise the tokenizer object is rebuilt (its
 caches freed; they never change ids) once the process RSS has grown CACHE_BUDGET_BYTES past what it was
-when the tokenizer was built.
+right after the tokenizer was last (re)built. Measured (phi-2, unique random words): unbounded +290 MB per
+40 MB of text; with a 64 MiB budget the peak stays ~115 MB over the start (a rebuild leaves ~50 MB of
+allocator residue once, which does not grow further).
 """
 from __future__ import annotations
 
