@@ -131,7 +131,8 @@ def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None
         atomic.write_bytes(saved, bpe.to_str().encode("utf-8"))
         log.info("tokenizer trained", vocab_size=tok_cfg.train.vocab_size)
     info = _info(saved, tok_cfg.eod_token or (None if tok_cfg.path else "</s>"))
-    atomic.write_json(fp_file, info.to_json())
+    # fingerprint.json is written once, with the backend: a run killed before has no record to reuse and
+    # redoes this step the same way, so its record (check scope included) equals an uninterrupted run's
     return _with_backend(_check_eod(info, tok_cfg), tok_cfg, fp_file, texts=check_texts)
 
 
