@@ -109,10 +109,10 @@ def run_cli(cfg: dict, run_dir: Path) -> tuple[float, int]:
 STAGE_SCRIPT = """
 import sys, json, time
 from pathlib import Path
+from streamprep.backends import ShardEncoder
 from streamprep.tokenize import make_task, tokenize_part
-from tokenizers import Tokenizer
 run = Path(sys.argv[1]); tok_path = run / "tokenizer/tokenizer.json"
-tok = Tokenizer.from_file(str(tok_path))
+tok = ShardEncoder("hf", tok_path)
 parts = sorted((run / "ingest").rglob("part-*.jsonl"))
 t0 = time.perf_counter(); n = 0
 for p in parts:

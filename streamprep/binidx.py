@@ -95,6 +95,33 @@ class IndexedDatasetWriter:
             n = self._write(token_arrays)
             self._doc_ends.append(np.arange(self._sequences - n + 1, self._sequences + 1, dtype=np.int64))
 
+    def add_flat(self, tokens: np.ndarray, lengths: np.ndarray, eod_id: int | None = None) -> None:
+        """Append one document per entry of `lengths` from `tokens` (their ids back to back), in one write;
+        with `eod_id`, each document gets it appended (scattered into one output buffer, no per-document
+        arrays). Every length must be > 0: drop empty documents upstream, where their positions are known."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        n = len(lengths)
+        if n == 0:
+            return
+        if (lengths <= 0).any():
+            raise ValueError("zero-length sequences are not written (drop empty documents upstream)")
+        if int(lengths.sum()) != len(tokens):
+            raise ValueError(f"lengths sum to {int(lengths.sum())} but {len(tokens)} tokens were given")
+        if eod_id is None:
+            out = np.asarray(tokens, dtype=self.dtype)
+        else:
+            lengths = lengths + 1
+            out = np.empty(len(tokens) + n, dtype=self.dtype)
+            ends = np.cumsum(lengths) - 1           # where each document's EOD goes
+            body = np.ones(len(out), dtype=bool)
+            body[ends] = False
+            out[body] = tokens
+            out[ends] = eod_id
+        self._bin.write(out.tobytes())
+        self._lengths.append(lengths.astype(np.int32))
+        self._sequences += n
+        self._doc_ends.append(np.arange(self._sequences - n + 1, self._sequences + 1, dtype=np.int64))
+
     def add_document(self, sequences: list[np.ndarray]) -> None:
         """Append one document made of several sequences (e.g. GRPO responses of one prompt)."""
         if not sequences:

@@ -93,6 +93,7 @@ SPEC: dict[str, Any] = {
                   "sample_mb": ((*NUM, None), None)},  # train on this much kept text, while ingest goes on
         "append_eod": ((bool,), True),
         "eod_token": ((str, None), None),
+        "backend": ((str,), "auto"),        # auto | gigatoken | hf (streamprep/backends.py); never changes bytes
     },
     "output": {
         "dtype": ((str,), "auto"),
@@ -407,6 +408,8 @@ def _tokenizer(tok: dict[str, Any], base: Path) -> None:
 
     if tok["if_missing"] not in ("error", "train"):
         raise ConfigError(f"config: 'tokenizer.if_missing' must be error or train, got {tok['if_missing']!r}")
+    if tok["backend"] not in ("auto", "gigatoken", "hf"):
+        raise ConfigError(f"config: 'tokenizer.backend' must be auto, gigatoken or hf, got {tok['backend']!r:.40}")
     if tok["path"] is not None:
         tok["path"] = _resolve_path(tok["path"], base, "tokenizer.path")
         if tok["if_missing"] == "train" and not Path(tok["path"]).exists():
@@ -511,11 +514,14 @@ def load_file(path: str | Path) -> "Config":
 
 
 def output_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of the config that determines the outputs (execution settings excluded)."""
+    """The part of the config that determines the outputs (execution settings excluded). `tokenizer.backend`
+    is left out: every backend gives the same ids (streamprep/backends.py), so changing it is no drift."""
     view = {"run.seed": cfg["run"]["seed"], **{k: cfg.get(k) for k in OUTPUT_SECTIONS if k != "run.seed"}}
     if isinstance(view["datasets"], list):  # where the bytes come from (endpoint, credentials) is no output
         view["datasets"] = [{k: v for k, v in d.items() if k != "storage_options"} if isinstance(d, Mapping) else d
                             for d in view["datasets"]]
+    if isinstance(view.get("tokenizer"), Mapping):
+        view["tokenizer"] = {k: v for k, v in view["tokenizer"].items() if k != "backend"}
     return view
 
 
@@ -614,6 +620,7 @@ class TokenizerConfig(FrozenSection):
     train: TokenizerTrainConfig
     append_eod: bool
     eod_token: str | None
+    backend: str
 
 
 @dataclass(frozen=True)

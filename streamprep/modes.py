@@ -41,10 +41,11 @@ class Mode:
     def shard_prefix(self, layout: "RunLayout", dataset: str, part: str) -> Path:
         return layout.binidx_prefix(dataset, part)
 
-    def load_tokenizer(self, tokenizer_path: str) -> Any:
-        from tokenizers import Tokenizer
+    def load_tokenizer(self, tokenizer_path: str, backend: str = "hf") -> Any:
+        """A worker's encoder for shards: the run's chosen backend (streamprep.backends.ShardEncoder)."""
+        from streamprep.backends import ShardEncoder
 
-        return Tokenizer.from_file(tokenizer_path)
+        return ShardEncoder(backend, tokenizer_path)
 
     def tokenize(self, task: Any, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
         """One ingest part → (the receipt's stats, its output files by kind); no receipt written."""

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
-from streamprep import engines, metrics, tokenizer as tokmod
+from streamprep import backends, engines, metrics, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
 from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
@@ -33,7 +33,7 @@ from streamprep.tokenize import ShardTask, make_task, read_receipt, receipt_prob
 from streamprep.tokenizer import TokenizerInfo
 
 log = logs.get("pipeline")
-VERSIONED = ("tokenizers", "pyarrow", "datasets", "huggingface_hub", "numpy", "ray", "cosmos-xenna", "langdetect",
+VERSIONED = ("tokenizers", "gigatoken", "awkward", "pyarrow", "datasets", "huggingface_hub", "numpy", "ray", "cosmos-xenna", "langdetect",
              "pycld2")
 
 
@@ -391,8 +391,12 @@ class Job:
         dtype = token_dtype(self.config.output.dtype, info.vocab_size)
         eod = info.eod_id if self.config.tokenizer.append_eod and self.mode.appends_eod else None
         split = next(d.blend_split for d in self.config.datasets if d.name == name)
+        backend = info.backend_name if self.mode.name == "pretrain" else "hf"  # SFT masks need HF's offsets
+        self.record["tokenizer_backend"] = dict(info.backend) if backend != "hf" or info.backend.get("name") == "hf" \
+            else {"requested": info.backend.get("requested"), "name": "hf", "version": backends.installed_version("hf"),
+                  "reason": "sft: loss masks need character offsets, which only hf gives"}
         return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype,
-                         self.sft_section, sha256)
+                         self.sft_section, backend, sha256)
 
     def _plan(self, states: dict[str, IngestState], feeder: ShardFeeder) -> list[ShardTask]:
         """Every sealed part's task in config then part order; the feeder planned (and hashed) each one

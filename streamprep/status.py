@@ -211,7 +211,21 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
         "workers": workers or os.cpu_count() or 1,  # execution.workers, resolved as the job resolves it
         "hub": hub,                          # hf:// only: {retries: {cause: n}, gave_up, files, bytes}; else None
         "outputs": exports,
+        "tokenizer_backend": _backend(run_dir, record),  # {requested, name, version, check, ...} or None
     }
+
+
+def _backend(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The tokenizer backend: run.json's record (written with the run's shards), else the one chosen with the
+    tokenizer (fingerprint.json); `worker_fallback` when a shard's identity check sent a worker to HF."""
+    from streamprep.backends import FALLBACK_FILE
+
+    layout = RunLayout(run_dir)
+    backend = record.get("tokenizer_backend") or (read_json(layout.tokenizer_fingerprint) or {}).get("backend")
+    if not isinstance(backend, dict):
+        return None
+    fallback = read_json(layout.tokenizer_dir / FALLBACK_FILE)
+    return {**backend, "worker_fallback": fallback} if isinstance(fallback, dict) else backend
 
 
 def _tokenize_eta(run_dir: Path, pending: int, recent: int = 20) -> float | None:
@@ -238,6 +252,19 @@ def _when(ts: Any) -> str:
     if not isinstance(ts, (int, float)):
         return "?"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _backend_line(b: dict[str, Any]) -> str:
+    line = f"tokenizer backend: {b.get('name', '?')} {b.get('version', '?')} (requested {b.get('requested', '?')}"
+    check = b.get("check") or {}
+    if check:
+        line += f"; identity check on {check.get('texts')} texts: {'identical' if check.get('identical') else 'MISMATCH'}"
+    reason = b.get("fallback_reason") or b.get("reason")
+    line += f"; {reason})" if reason else ")"
+    if b.get("worker_fallback"):
+        wf = b["worker_fallback"]
+        line += f"\n  a worker fell back to hf at shard {wf.get('shard')}: {wf.get('reason')}"
+    return line
 
 
 def format_status(st: dict[str, Any]) -> str:
@@ -278,6 +305,8 @@ def format_status(st: dict[str, Any]) -> str:
                      + (f", ETA {eta:.0f} s at the recent rate" if eta is not None else ""))
     if not all_final:
         lines.append("(+ = more shards follow as ingest of that dataset seals parts)")
+    if st.get("tokenizer_backend"):
+        lines.append(_backend_line(st["tokenizer_backend"]))
     out = st["outputs"]
     lines.append("outputs: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in out.items()))
     if st["state"] == "resumable":

@@ -1,7 +1,7 @@
 """Tokenization shards: the plan (one task per completed ingest part), the pure shard core, receipts.
 
-The core (`tokenize_part`) reads one ingest part, encodes it in batches with the Rust tokenizer and
-writes `.bin/.idx`; it returns stats and writes no receipt. The executing stage owns receipts: a
+The core (`tokenize_part`) reads one ingest part, encodes it in batches with the run's tokenizer backend
+(streamprep/backends.py) and writes `.bin/.idx` from flat id buffers; it returns stats and writes no receipt. The executing stage owns receipts: a
 receipt is written (atomically) only after both files are in place, and a shard is skipped on re-run
 only when its receipt names the same plan hash and input hash and its files still match.
 """
@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 import orjson
 
-from streamprep import atomic, binidx, stats
+from streamprep import atomic, backends, binidx
 from streamprep.layout import RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 
@@ -45,6 +45,7 @@ class ShardTask:
     eod_id: int | None   # appended to every document when not None
     dtype: str           # "uint16" | "int32"
     sft: dict[str, Any] | None = None  # the validated `sft:` section: masks/sequences instead of plain text
+    backend: str = "hf"  # TokenizerInfo.backend_name: hf | gigatoken | auto; not in the plan hash (same ids)
 
     @property
     def mode(self) -> Mode:
@@ -65,7 +66,7 @@ def plan_hash(dataset: str, part: str, tokenizer_fingerprint: str, eod_id: int |
 
 def make_task(run_dir: Path, dataset: str, split: str, part_path: Path, tokenizer_path: Path,
               tokenizer_fingerprint: str, eod_id: int | None, dtype: str,
-              sft: dict[str, Any] | None = None, input_sha256: str | None = None) -> ShardTask:
+              sft: dict[str, Any] | None = None, backend: str = "hf", input_sha256: str | None = None) -> ShardTask:
     """The task of one sealed part; `input_sha256` is the part's hash when ingest knows it (else it is read)."""
     part = part_path.stem
     layout = RunLayout(run_dir)
@@ -75,7 +76,7 @@ def make_task(run_dir: Path, dataset: str, split: str, part_path: Path, tokenize
         receipt_path=str(layout.receipt(dataset, part)), run_dir=str(run_dir),
         plan_hash=plan_hash(dataset, part, tokenizer_fingerprint, eod_id, dtype, sft),
         input_sha256=input_sha256 or atomic.sha256_file(part_path), tokenizer_path=str(tokenizer_path),
-        tokenizer_fingerprint=tokenizer_fingerprint, eod_id=eod_id, dtype=dtype, sft=sft)
+        tokenizer_fingerprint=tokenizer_fingerprint, eod_id=eod_id, dtype=dtype, sft=sft, backend=backend)
 
 
 def read_receipt(task: ShardTask) -> dict[str, Any] | None:
@@ -106,52 +107,62 @@ def _line_batches(fh: BinaryIO) -> Iterator[list[bytes]]:
             yield lines[i:i + ENCODE_BATCH]
 
 
-def _encoded_batches(fh: BinaryIO, tokenizer: Any, ahead: ThreadPoolExecutor) -> Iterator[list[Any]]:
-    """Encodings of the part's texts, one `encode_batch_fast` call per line batch. The next batch is read and
-    encoded in `ahead` (the Rust encoder releases the GIL) while the caller turns this one into arrays, so
-    that serial Python step does not leave the encoder's cores idle."""
+def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder, dataset: str,
+                     ahead: ThreadPoolExecutor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(flat ids, ids per record) of the part's texts, one backend call per line batch; the first batch may
+    be checked against HF (backends.ShardEncoder). The next batch is parsed and encoded in `ahead` (both
+    Rust encoders release the GIL) while the caller writes this one."""
     batches = _line_batches(fh)
+    first = True
 
-    def encode_next() -> list[Any] | None:
+    def encode_next() -> tuple[np.ndarray, np.ndarray] | None:
+        nonlocal first
         lines = next(batches, None)
         if lines is None:
             return None
-        return tokenizer.encode_batch_fast([orjson.loads(line)["text"] for line in lines], add_special_tokens=False)
+        texts = [orjson.loads(line)["text"] for line in lines]
+        out = encoder.encode_batch(texts, check=dataset if first else None)
+        first = False
+        return out
 
     pending = ahead.submit(encode_next)
-    while (encodings := pending.result()) is not None:
+    while (encoded := pending.result()) is not None:
         pending = ahead.submit(encode_next)
-        yield encodings
+        yield encoded
 
 
-def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
-    """Encode one ingest part into `.bin/.idx`. Records that encode to nothing are dropped and listed."""
+def _add_hist(hist: dict[str, int], lengths: np.ndarray) -> None:
+    """stats.add_tokens for a whole batch: log2 bins (bin b holds [2^(b-1), 2^b)), counted at once."""
+    bins, counts = np.unique(np.frexp(lengths.astype(np.float64))[1], return_counts=True)
+    for b, c in zip(bins.tolist(), counts.tolist()):
+        hist[str(b)] = hist.get(str(b), 0) + c
+
+
+def tokenize_part(task: ShardTask, encoder: backends.ShardEncoder) -> dict[str, Any]:
+    """Encode one ingest part into `.bin/.idx`: each batch's ids reach the writer as one flat buffer + lengths.
+    Records that encode to nothing are dropped and listed by line number."""
     dtype = np.dtype(task.dtype)
-    top_id = max(tokenizer.get_vocab_size(with_added_tokens=True) - 1, task.eod_id or 0)
+    top_id = max(encoder.vocab_size - 1, task.eod_id or 0)
     if top_id > np.iinfo(dtype).max:  # checked once for the vocabulary, not per document
         raise ValueError(f"token id {top_id} does not fit {task.dtype}")
     writer = binidx.IndexedDatasetWriter(task.prefix, dtype)
     dropped: list[int] = []
     n_tokens = 0
-    hist: dict[str, Any] = {}
+    hist: dict[str, int] = {}
+    eod = 0 if task.eod_id is None else 1
     t0 = time.perf_counter()
     try:
         with open(task.input_path, "rb") as fh, ThreadPoolExecutor(1, thread_name_prefix="encode") as ahead:
             line_no = 0
-            for encodings in _encoded_batches(fh, tokenizer, ahead):
-                arrays = []
-                for i, enc in enumerate(encodings):
-                    ids = enc.ids
-                    if not ids:
-                        dropped.append(line_no + i)
-                        continue
-                    if task.eod_id is not None:
-                        ids.append(task.eod_id)
-                    arrays.append(np.array(ids, dtype=dtype))
-                    n_tokens += len(ids)
-                    stats.add_tokens(hist, "kept", len(ids))
-                writer.add_documents(arrays)
-                line_no += len(encodings)
+            for flat, lengths in _encoded_batches(fh, encoder, task.dataset, ahead):
+                empty = lengths == 0
+                if empty.any():
+                    dropped.extend((line_no + np.flatnonzero(empty)).tolist())
+                    lengths = lengths[~empty]
+                writer.add_flat(flat, lengths, task.eod_id)
+                n_tokens += int(lengths.sum()) + eod * len(lengths)
+                _add_hist(hist, lengths + eod)
+                line_no += len(empty)
         num_docs = writer.num_documents
         if num_docs:
             writer.close()
@@ -160,9 +171,19 @@ def tokenize_part(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     except BaseException:
         writer.abort()
         raise
+    if encoder.fallback_reason is not None:
+        _record_fallback(task, encoder)
     return {"num_documents": num_docs, "num_tokens": n_tokens, "num_input_records": line_no,
-            "dropped_empty": dropped, "tokens_hist": hist.get("tokens_hist_kept", {}),
+            "dropped_empty": dropped, "tokens_hist": hist,
             "seconds": round(time.perf_counter() - t0, 4)}
+
+
+def _record_fallback(task: ShardTask, encoder: backends.ShardEncoder) -> None:
+    """A worker that fell back to HF on its identity check says so beside the tokenizer (status shows it)."""
+    path = RunLayout(Path(task.run_dir)).tokenizer_dir / backends.FALLBACK_FILE
+    if not path.exists():
+        atomic.write_json(path, {"shard": f"{task.dataset}/{task.part}", "reason": encoder.fallback_reason,
+                                 "name": "hf", "version": backends.installed_version("hf")})
 
 
 def write_receipt(task: ShardTask, shard_stats: dict[str, Any], outputs: dict[str, Path]) -> dict[str, Any]:
@@ -184,13 +205,13 @@ class TokenizerCache:
     Long-lived engines start before a trained tokenizer exists, so loading waits for the first task."""
 
     def __init__(self) -> None:
-        self._key: tuple[str, str] | None = None
+        self._key: tuple[str, str, str] | None = None
         self._tokenizer: Any = None
 
     def get(self, task: ShardTask) -> Any:
-        key = (task.tokenizer_path, task.tokenizer_fingerprint)
+        key = (task.tokenizer_path, task.tokenizer_fingerprint, task.backend)
         if key != self._key:
-            self._tokenizer = task.mode.load_tokenizer(task.tokenizer_path)
+            self._tokenizer = task.mode.load_tokenizer(task.tokenizer_path, task.backend)
             self._key = key
         return self._tokenizer
 

@@ -1,19 +1,20 @@
 """The run's tokenizer: loaded offline from `tokenizer.path`, or a byte-level BPE trained on kept text.
 
 Either way it is saved to RUN_DIR/tokenizer/tokenizer.json with `fingerprint.json` (SHA-256 of that
-file, vocab size, EOD id). A resumed run finds the saved copy and reuses it instead of retraining.
+file, vocab size, EOD id, and the encoding backend chosen for it by streamprep.backends.select with its
+identity check). A resumed run finds the saved copy and reuses it instead of retraining.
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import orjson
 from tokenizers import Tokenizer
 
-from streamprep import atomic, logs
+from streamprep import atomic, backends, logs
 from streamprep.config import ConfigError, DatasetConfig, TokenizerConfig
 from streamprep.layout import RunLayout
 
@@ -30,10 +31,19 @@ class TokenizerInfo:
     vocab_size: int       # len(tokenizer), added tokens included (Megatron's dtype rule uses this)
     eod_id: int | None
     eod_token: str | None
+    backend: Mapping[str, Any] = field(default_factory=lambda: {"name": "hf"})  # backends.select's record
+
+    @property
+    def backend_name(self) -> str:
+        """The backend shard tasks load: "hf", "gigatoken" (forced), or "auto" (gigatoken that passed the
+        run's identity check; each worker checks its first texts of each dataset again and may still fall back to HF)."""
+        if self.backend.get("name") != "gigatoken":
+            return "hf"
+        return "gigatoken" if self.backend.get("requested") == "gigatoken" else "auto"
 
     def to_json(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "vocab_size": self.vocab_size, "eod_id": self.eod_id,
-                "eod_token": self.eod_token}
+                "eod_token": self.eod_token, "backend": dict(self.backend)}
 
 
 def _source_file(path: Path) -> Path:
@@ -75,11 +85,27 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path) -> TokenizerInfo | 
     if not (saved.is_file() and fp_file.is_file()):
         return None
     info = _info(saved, tok_cfg.eod_token)
-    if atomic.read_json(fp_file).get("fingerprint") != info.fingerprint:
+    recorded = atomic.read_json(fp_file)
+    if recorded.get("fingerprint") != info.fingerprint:
         log.warning("tokenizer copy does not match its fingerprint; recreating it", path=str(saved))
         return None
     log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
-    return _check_eod(info, tok_cfg)
+    return _with_backend(_check_eod(info, tok_cfg), tok_cfg, fp_file, recorded.get("backend"))
+
+
+def _with_backend(info: TokenizerInfo, tok_cfg: TokenizerConfig, fp_file: Path,
+                  recorded: Mapping[str, Any] | None = None, texts: Iterable[str] = ()) -> TokenizerInfo:
+    """`info` with its backend: the one recorded in fingerprint.json when it was chosen for the same
+    `tokenizer.backend` and library version, else chosen now (identity check) and recorded."""
+    if not (recorded and recorded.get("requested") == tok_cfg.backend
+            and recorded.get("version") == backends.installed_version(recorded.get("name", ""))):
+        try:
+            recorded = backends.select(tok_cfg.backend, info.path, texts)
+        except backends.BackendError as exc:
+            raise RuntimeError(str(exc)) from None
+        atomic.write_json(fp_file, {**info.to_json(), "backend": recorded})
+    log.info("tokenizer backend", **{k: v for k, v in recorded.items() if k != "check"})
+    return replace(info, backend=recorded)
 
 
 def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None = None) -> TokenizerInfo:
@@ -90,6 +116,7 @@ def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None
     if info is not None:
         return info
     out_dir.mkdir(parents=True, exist_ok=True)
+    check_texts: list[str] = []  # the first texts the tokenizer is trained on join the backend's identity check
     if tok_cfg.path:
         src = _source_file(Path(tok_cfg.path))
         atomic.write_bytes(saved, src.read_bytes())
@@ -100,12 +127,21 @@ def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None
     else:
         if texts is None:
             raise ValueError("training a tokenizer needs the run's kept texts")
-        bpe = train_bpe(texts, tok_cfg.train.vocab_size, tok_cfg.train.min_frequency)
+        bpe = train_bpe(_first_kept(texts, check_texts), tok_cfg.train.vocab_size, tok_cfg.train.min_frequency)
         atomic.write_bytes(saved, bpe.to_str().encode("utf-8"))
         log.info("tokenizer trained", vocab_size=tok_cfg.train.vocab_size)
     info = _info(saved, tok_cfg.eod_token or (None if tok_cfg.path else "</s>"))
-    atomic.write_json(fp_file, info.to_json())
-    return _check_eod(info, tok_cfg)
+    # fingerprint.json is written once, with the backend: a run killed before has no record to reuse and
+    # redoes this step the same way, so its record (check scope included) equals an uninterrupted run's
+    return _with_backend(_check_eod(info, tok_cfg), tok_cfg, fp_file, texts=check_texts)
+
+
+def _first_kept(texts: Iterable[str], keep: list[str]) -> Iterator[str]:
+    """`texts`, remembering the first backends.CHECK_DOCS of them in `keep`."""
+    for text in texts:
+        if len(keep) < backends.CHECK_DOCS:
+            keep.append(text)
+        yield text
 
 
 def check_config(tok_cfg: TokenizerConfig) -> None:
@@ -125,6 +161,11 @@ def check_config(tok_cfg: TokenizerConfig) -> None:
         raise ConfigError(f"config: 'tokenizer.path': {src} is not a tokenizer.json ({reason})") from None
     name, tid = _eod(tok, src.parent, wanted)
     _check_eod(TokenizerInfo(src, "", tok.get_vocab_size(with_added_tokens=True), tid, name), tok_cfg)
+    if tok_cfg.backend == "gigatoken":  # forced: a tokenizer gigatoken cannot encode exactly fails here
+        try:
+            backends.select("gigatoken", src)
+        except backends.BackendError as exc:
+            raise ConfigError(f"config: 'tokenizer.backend': {exc}") from None
 
 
 def _check_eod(info: TokenizerInfo, tok_cfg: TokenizerConfig) -> TokenizerInfo:

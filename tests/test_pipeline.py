@@ -124,8 +124,7 @@ def test_tokenize_part_refuses_a_vocabulary_that_does_not_fit_the_dtype(tmp_path
     part.write_text('{"text": "hello"}\n')
 
     class BigVocab:
-        def get_vocab_size(self, with_added_tokens: bool = True) -> int:
-            return 70_000
+        vocab_size = 70_000
 
     task = make_task(tmp_path, "d", "train", part, tmp_path / "tok.json", "sha256:x", 69_999, "uint16")
     with pytest.raises(ValueError, match="token id 69999 does not fit uint16"):
@@ -139,6 +138,7 @@ def test_tokenize_part_encodes_in_batches_of_at_most_1024_records(tmp_path: Path
     more CPU), also when a byte-bounded read holds more; ids, order and dropped empties are those of a
     per-document encode."""
     from streamprep import tokenize
+    from streamprep.backends import ShardEncoder
     from streamprep.binidx import IndexedDataset
 
     texts = english_docs(2600)
@@ -150,16 +150,13 @@ def test_tokenize_part_encodes_in_batches_of_at_most_1024_records(tmp_path: Path
     tok = Tokenizer.from_file(str(shared_data / PHI2))
     calls: list[int] = []
 
-    class Counting:
-        def get_vocab_size(self, with_added_tokens: bool = True) -> int:
-            return tok.get_vocab_size(with_added_tokens)
-
-        def encode_batch_fast(self, batch: list[str], add_special_tokens: bool) -> list:
+    class Counting(ShardEncoder):
+        def encode_batch(self, batch: list[str], check: str | None = None) -> tuple:
             calls.append(len(batch))
-            return tok.encode_batch_fast(batch, add_special_tokens=add_special_tokens)
+            return super().encode_batch(batch, check)
 
     task = tokenize.make_task(tmp_path, "d", "train", part, shared_data / PHI2, "sha256:x", 50256, "uint16")
-    stats = tokenize.tokenize_part(task, Counting())
+    stats = tokenize.tokenize_part(task, Counting("hf", shared_data / PHI2))
     with open(part, "rb") as fh:
         first_read = len(fh.readlines(700_000))
     assert 1024 < first_read < 2048 and calls == [1024, first_read - 1024, 2600 - first_read]

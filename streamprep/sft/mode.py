@@ -49,8 +49,9 @@ class SftMode(Mode):
     def shard_prefix(self, layout: "RunLayout", dataset: str, part: str) -> Path:
         return layout.sft_prefix(dataset, part)
 
-    def load_tokenizer(self, tokenizer_path: str) -> Any:
-        """The chat tokenizer: tokenizer.json + its template, from the run's tokenizer dir."""
+    def load_tokenizer(self, tokenizer_path: str, backend: str = "hf") -> Any:
+        """The chat tokenizer: tokenizer.json + its template, from the run's tokenizer dir. Always HF
+        `tokenizers`, whatever `backend` says: loss masks need character offsets, which gigatoken lacks."""
         from streamprep.sft import load_chat_tokenizer
 
         return load_chat_tokenizer(str(Path(tokenizer_path).parent))

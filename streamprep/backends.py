@@ -1,0 +1,277 @@
+"""Tokenizer backends: the one place that turns a batch of texts into token ids (pretraining path).
+
+API (small on purpose; tokenize.py and the pipeline are its callers):
+
+    backend = load("hf" | "gigatoken", tokenizer_json)     # a LOCAL tokenizer.json, never a Hub id
+    flat, lengths = backend.encode_batch(texts)           # uint32 ids back to back, int64 ids per text
+    backend.name, backend.version, backend.vocab_size
+    record = select(requested, tokenizer_json, texts)     # `tokenizer.backend` → the backend to use + why
+    encoder = ShardEncoder(choice, tokenizer_json)        # a worker's: encode_batch(texts, check=dataset name)
+    mismatch(reference, candidate, texts)                 # None, or where two backends' ids differ
+
+Ids never include added special tokens (HF `add_special_tokens=False`; gigatoken inserts none).
+
+`tokenizer.backend: auto` (the default) uses gigatoken only when it loads the run's tokenizer.json AND gives
+the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (hard strings) plus the texts
+the caller adds. It runs (1) when the run's tokenizer is prepared (probes + up to CHECK_DOCS sampled texts
+for a trained tokenizer; the outcome is recorded in tokenizer/fingerprint.json and run.json) and (2) in
+each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
+(ShardEncoder). On a failed load or a mismatch, auto uses HF and logs the reason once; `backend: gigatoken`
+turns it into an error. The backend never enters a shard's plan hash: both give the same ids, so a run
+resumed under the other backend keeps its shards.
+
+Memory: gigatoken 0.10.0's encode caches grow without bound. When the installed gigatoken has
+`set_max_cache_bytes` it is given CACHE_BUDGET_BYTES; otherwise the tokenizer object is rebuilt (its
+caches freed; they never change ids) once the process RSS has grown CACHE_BUDGET_BYTES past what it was
+right after the tokenizer was last (re)built. Measured (phi-2, unique random words): unbounded +290 MB per
+40 MB of text; with a 64 MiB budget the peak stays ~115 MB over the start (a rebuild leaves ~50 MB of
+allocator residue once, which does not grow further).
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable, Protocol, Sequence
+
+import numpy as np
+import psutil
+
+from streamprep import logs
+
+log = logs.get("backends")
+BACKENDS = ("auto", "gigatoken", "hf")
+CHECK_DOCS = 64                   # texts of a worker's first shard per dataset (and of a training sample) checked
+CACHE_BUDGET_BYTES = 512 << 20    # per worker: gigatoken cache bound, or RSS growth before a rebuild
+FALLBACK_FILE = "backend_fallback.json"  # in RUN_DIR/tokenizer/: a worker's check sent it to HF
+
+# Strings where fast re-implementations of HF tokenizers have diverged (gigatoken issues #35, #37) or could:
+# code points whose Unicode properties changed after Unicode 14, combining-mark runs, scripts with their own
+# segmentation, math letters, bidi controls, CRLF and whitespace runs, digits, code, special-token lookalikes.
+PROBES: tuple[str, ...] = (
+    "Emoji after Unicode 14: \U0001FAE8 \U0001FA75 \U0001FABF \U0001F6DD \U0001FAF8\U0001F3FD \u2764\ufe0f\u200d\U0001F525",
+    "Family ZWJ: \U0001F468\u200d\U0001F469\u200d\U0001F467\u200d\U0001F466 flags \U0001F1EF\U0001F1F5\U0001F1FA\U0001F1F8",
+    "Combining runs: e\u0301\u0302\u0303\u0304 a\u0308\u0308\u0308 Z\u0351\u0357\u0358\u0359\u035a\u035b\u035c\u035d",
+    "Hangul: \ud55c\uad6d\uc5b4 \u1100\u1161\u11a8 jamo \u3131\u314f; Thai \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22; "
+    "Devanagari \u0939\u093f\u0928\u094d\u0926\u0940",
+    "Math letters: \U0001D400\U0001D401\U0001D6C2\U0001D7D8 \u211d\u2115 \u2202x/\u2202t \u222b\u2211\u221e",
+    "Bidi: \u202eevil\u202c \u2067\u05e9\u05dc\u05d5\u05dd\u2069 \u0645\u0631\u062d\u0628\u0627 \u200f\u200e\u061c",
+    "CRLF\r\nline\r\n\r\n\ttabs\t\t and   runs of     spaces    \n\n\n\u00a0\u2009\u3000end ",
+    "   leading and trailing whitespace   ",
+    "Digits 1234567890 3.14159 1,000,000 \u0661\u0662\u0663 \uff11\uff12\uff13 \u00b2\u00b3",
+    "def f(x):\n    return {'a': [1, 2, 3], \"b\": x ** 2}  # comment\n\nif __name__ == '__main__':\n\tf(3)\n",
+    "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 42); return 0; }\n",
+    "Lookalikes: <|endoftext|> </s> <s> <unk> <pad> [SEP] <|im_start|>user",
+    "Contractions: don't I'm we'll they've she'd it's DON'T Y'ALL",
+    "CJK: \u6f22\u5b57\u3068\u304b\u306a\u30ab\u30ca\u3002\u4e2d\u6587\u6807\u70b9\uff0c\u7b26\u53f7\uff01",
+    "Surrogate-free astral: \U00020000\U0002A6D6 \U0001F600\U0001F64F \U000E0041 tag",
+    "\u0000\u0001\u001f\u007f control chars \ufeffBOM \ufffd replacement",
+    "",
+    " ",
+    "\n",
+)
+
+
+class Backend(Protocol):
+    name: str
+    version: str
+    vocab_size: int   # ids of the whole vocabulary, added tokens included
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(flat uint32 ids of all texts back to back, int64 id count per text)."""
+        ...
+
+
+class BackendError(RuntimeError):
+    """A backend cannot be used for this tokenizer (load failure or ids unequal to HF)."""
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def installed_version(name: str) -> str:
+    """The installed version of the library behind backend `name` ("hf" → tokenizers)."""
+    return _version({"hf": "tokenizers", "gigatoken": "gigatoken"}.get(name, name))
+
+
+class HFBackend:
+    """HF `tokenizers` (the reference): `encode_batch_fast`, ids copied once into one flat array."""
+
+    name = "hf"
+
+    def __init__(self, tokenizer_json: str | Path):
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        self.version = _version("tokenizers")
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if not texts:
+            return np.zeros(0, np.uint32), np.zeros(0, np.int64)
+        ids = [e.ids for e in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
+        return flat, lengths
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the OS (glibc), so RSS shows the rebuild; a no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class GigatokenBackend:
+    """gigatoken (Rust): `encode_batch` → awkward array, whose offsets and content are the lengths and flat ids.
+
+    Built from the file's bytes (`Tokenizer.from_json`), so a path is never taken for a Hub id."""
+
+    name = "gigatoken"
+
+    def __init__(self, tokenizer_json: str | Path, budget_bytes: int | None = CACHE_BUDGET_BYTES):
+        import gigatoken
+
+        self._json = Path(tokenizer_json).read_bytes()
+        self.version = _version("gigatoken")
+        self.budget = budget_bytes
+        self.rebuilds = 0
+        self._bounded = hasattr(gigatoken, "set_max_cache_bytes")
+        if self._bounded and budget_bytes is not None:
+            gigatoken.set_max_cache_bytes(budget_bytes)
+        self._build()
+        self.vocab_size = int(self.tokenizer.vocab_size)
+
+    def _build(self) -> None:
+        import gigatoken
+
+        self.tokenizer = gigatoken.Tokenizer.from_json(self._json)
+        _trim_heap()  # loading leaves freed parse buffers in the heap
+        self._baseline = _rss()
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        import awkward as ak
+
+        if not texts:
+            return np.zeros(0, np.uint32), np.zeros(0, np.int64)
+        arr = self.tokenizer.encode_batch(list(texts))
+        layout = ak.to_layout(arr)
+        if isinstance(layout, ak.contents.ListOffsetArray) and isinstance(layout.content, ak.contents.NumpyArray):
+            offsets = np.asarray(layout.offsets.data)
+            flat = np.asarray(layout.content.data)[offsets[0]:offsets[-1]]
+            lengths = np.diff(offsets).astype(np.int64, copy=False)
+        else:  # another layout: the generic (copying) route
+            flat, lengths = np.asarray(ak.flatten(arr, axis=1)), np.asarray(ak.num(arr, axis=1), dtype=np.int64)
+        flat = flat.astype(np.uint32, copy=False)
+        if not self._bounded and self.budget is not None and _rss() - self._baseline > self.budget:
+            flat = flat.copy()  # the ids must outlive the tokenizer they came from
+            self.tokenizer = None
+            _trim_heap()
+            self._build()
+            self.rebuilds += 1
+        return flat, lengths
+
+
+def load(name: str, tokenizer_json: str | Path) -> Backend:
+    """The named backend ("hf" or "gigatoken") over a local tokenizer.json."""
+    if name == "hf":
+        return HFBackend(tokenizer_json)
+    if name == "gigatoken":
+        return GigatokenBackend(tokenizer_json)
+    raise ValueError(f"unknown tokenizer backend {name!r}")
+
+
+def mismatch(reference: Backend, candidate: Backend, texts: Sequence[str]) -> str | None:
+    """None when both give the same ids for every text, else the first difference, in words."""
+    if not texts:
+        return None
+    ref_flat, ref_len = reference.encode_batch(texts)
+    got_flat, got_len = candidate.encode_batch(texts)
+    if np.array_equal(ref_len, got_len) and np.array_equal(ref_flat, got_flat):
+        return None
+    ends = np.concatenate(([0], np.cumsum(ref_len)))
+    got_ends = np.concatenate(([0], np.cumsum(got_len)))
+    for i, text in enumerate(texts):
+        a, b = ref_flat[ends[i]:ends[i + 1]], got_flat[got_ends[i]:got_ends[i + 1]]
+        if not np.array_equal(a, b):
+            return (f"{candidate.name} ids differ from {reference.name} on text {i} ({text[:40]!r}): "
+                    f"{a[:8].tolist()}... vs {b[:8].tolist()}...")
+    return f"{candidate.name} and {reference.name} disagree on the batch's lengths"  # unreachable in practice
+
+
+def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()) -> dict[str, Any]:
+    """Resolve `tokenizer.backend` for this tokenizer: a record of the choice (name, version, check) to keep.
+
+    `auto`: gigatoken if it loads and its ids equal HF's on PROBES + `texts`, else HF with the reason.
+    `gigatoken`: the same check, but a failure raises BackendError. `hf`: no check."""
+    if requested not in BACKENDS:
+        raise ValueError(f"unknown tokenizer backend {requested!r}")
+    hf = HFBackend(tokenizer_json)
+    if requested == "hf":
+        return {"requested": requested, "name": "hf", "version": hf.version}
+    sample = [*PROBES, *itertools.islice(texts, CHECK_DOCS)]
+    check = None
+    try:
+        giga = GigatokenBackend(tokenizer_json)
+    except Exception as exc:  # ImportError, or gigatoken refusing this tokenizer.json (any exception type)
+        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+        reason = f"gigatoken cannot load {Path(tokenizer_json).name}: {type(exc).__name__}: {first_line}"
+    else:
+        reason = mismatch(hf, giga, sample)
+        check = {"texts": len(sample), "identical": reason is None}
+        if reason is None:
+            return {"requested": requested, "name": "gigatoken", "version": giga.version, "check": check}
+    if requested == "gigatoken":
+        raise BackendError(f"tokenizer.backend is gigatoken but {reason}")
+    log.warning("tokenizer backend: using hf", reason=reason)
+    out = {"requested": requested, "name": "hf", "version": hf.version, "fallback_reason": reason}
+    return {**out, "check": check} if check else out
+
+
+class ShardEncoder:
+    """What a tokenize worker encodes pretraining shards with. `choice` (TokenizerInfo.backend_name):
+    "hf"; "gigatoken" (forced: a failed check raises BackendError); "auto" (a failed check moves this worker
+    to HF for good, logged once; the batch checked is encoded by HF, so its bytes are right).
+
+    The check (gigatoken against HF on the first CHECK_DOCS texts) runs on the first batch of the first shard
+    of each dataset this worker encodes: every dataset's text is checked, at a cost paid once per worker and
+    dataset (HF encodes ~64 documents) rather than per shard."""
+
+    def __init__(self, choice: str, tokenizer_json: str | Path):
+        self.choice, self.path = choice, tokenizer_json
+        self.backend: Backend = load("hf" if choice == "hf" else "gigatoken", tokenizer_json)
+        self.fallback_reason: str | None = None
+        self._reference: HFBackend | None = None
+        self._checked: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.vocab_size
+
+    def encode_batch(self, texts: Sequence[str], check: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`texts` → (flat ids, lengths). `check`: a dataset name; the first time it is seen, the first
+        CHECK_DOCS texts are compared against HF before this batch is encoded."""
+        if check is not None and check not in self._checked and self.backend.name == "gigatoken":
+            self._checked.add(check)
+            self._reference = self._reference or HFBackend(self.path)
+            reason = mismatch(self._reference, self.backend, texts[:CHECK_DOCS])
+            if reason is not None:
+                if self.choice == "gigatoken":
+                    raise BackendError(f"tokenizer.backend is gigatoken but {reason}")
+                log.warning("tokenizer backend: this worker falls back to hf", reason=reason, dataset=check)
+                self.backend, self.fallback_reason = self._reference, reason
+        return self.backend.encode_batch(texts)

@@ -1,0 +1,302 @@
+"""Tokenizer backends (streamprep/backends.py): gigatoken gives HF's ids on every shared tokenizer and corpus,
+`auto` falls back to HF when gigatoken cannot load or disagrees, shards are byte-identical under both, and
+gigatoken's caches stay within the memory budget."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from tokenizers import ByteLevelBPETokenizer, Tokenizer, models, pre_tokenizers, trainers
+
+from helpers import PHI2, base_config, tree_hashes
+from streamprep import backends, binidx, run_from_dict
+from streamprep.config import ConfigError, config_hash, validate
+from streamprep.tokenize import make_task, tokenize_part
+from streamprep.tokenizer import train_bpe
+
+REPO = Path(__file__).resolve().parents[1]
+PER_FILE_CHARS = 150_000  # of each shared corpus file: every corpus is covered, HF's side stays a few seconds
+
+
+def _strings(obj: Any, out: list[str]) -> None:
+    """Every non-empty string value of a JSON document (texts, titles, code, chat turns)."""
+    if isinstance(obj, str):
+        if obj:
+            out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _strings(v, out)
+    elif isinstance(obj, list):
+        for v in obj:
+            _strings(v, out)
+
+
+@pytest.fixture(scope="module")
+def corpus_texts(shared_data: Path) -> dict[str, list[str]]:
+    """The first PER_FILE_CHARS of strings of every shared corpus file, by corpus (web, medical, ...)."""
+    out: dict[str, list[str]] = {}
+    for p in sorted(shared_data.rglob("*")):
+        corpus = p.relative_to(shared_data).parts[0]
+        if not p.is_file() or corpus == "tokenizers" or p.suffix == ".md" or p.name == "manifest.json":
+            continue
+        raw = (gzip.open(p).read() if p.suffix == ".gz" else p.read_bytes()).decode("utf-8")
+        found: list[str] = []
+        if p.suffix == ".txt":
+            found = [raw[i:i + 4000] for i in range(0, min(len(raw), PER_FILE_CHARS), 4000)]
+        elif ".jsonl" in p.name:
+            for line in raw.split("\n"):
+                if line.strip() and sum(map(len, found)) < PER_FILE_CHARS:
+                    _strings(orjson.loads(line), found)
+        else:
+            _strings(orjson.loads(raw), found)
+        taken, n = [], 0
+        for t in found:
+            if n >= PER_FILE_CHARS:
+                break
+            taken.append(t)
+            n += len(t)
+        out.setdefault(corpus, []).extend(taken)
+    assert set(out) >= {"web", "medical", "code", "multilingual", "chat"}
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer_files(shared_data: Path, corpus_texts: dict[str, list[str]],
+                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every tokenizer in shared/data/tokenizers as a tokenizer.json (gpt2's vocab+merges converted by
+    `tokenizers`), and a BPE trained by streamprep's own trainer on the corpora."""
+    d = tmp_path_factory.mktemp("toks")
+    gpt2 = ByteLevelBPETokenizer(str(shared_data / "tokenizers/gpt2/vocab.json"),
+                                 str(shared_data / "tokenizers/gpt2/merges.txt"))
+    gpt2.add_special_tokens(["<|endoftext|>"])
+    gpt2.save(str(d / "gpt2.json"))
+    sample = [t for texts in corpus_texts.values() for t in texts[::3]]
+    train_bpe(sample, 3000, 2).save(str(d / "trained.json"))
+    return {"gpt2": d / "gpt2.json", "phi-2": shared_data / PHI2,
+            "phi-3-mini": shared_data / "tokenizers/phi-3-mini/tokenizer.json", "trained-bpe": d / "trained.json"}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "phi-2", "phi-3-mini", "trained-bpe"])
+def test_gigatoken_ids_equal_hf_on_every_corpus(name: str, tokenizer_files: dict[str, Path],
+                                                corpus_texts: dict[str, list[str]]) -> None:
+    path = tokenizer_files[name]
+    hf, giga = backends.HFBackend(path), backends.GigatokenBackend(path)
+    assert giga.vocab_size == hf.vocab_size
+    for corpus, texts in corpus_texts.items():
+        texts = [*backends.PROBES, *texts]
+        h_flat, h_len = hf.encode_batch(texts)
+        g_flat, g_len = giga.encode_batch(texts)
+        assert h_flat.dtype == g_flat.dtype == np.uint32 and h_len.dtype == g_len.dtype == np.int64
+        assert np.array_equal(h_len, g_len), (name, corpus)
+        assert np.array_equal(h_flat, g_flat), (name, corpus)
+        # and equal to HF's own per-document encode (the reference itself is not mangled by the flattening)
+        ref = Tokenizer.from_file(str(path))
+        assert h_flat[:h_len[: 50].sum()].tolist() == [i for t in texts[:50]
+                                                       for i in ref.encode(t, add_special_tokens=False).ids]
+    assert backends.select("auto", path, corpus_texts["web"])["name"] == "gigatoken"
+
+
+def _unloadable(tmp_path: Path) -> Path:
+    """A WordLevel tokenizer: HF encodes it, gigatoken (BPE only) refuses to load it."""
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["the cat sat on the mat", "a dog ate the cat food"] * 5,
+                            trainers.WordLevelTrainer(special_tokens=["[UNK]", "</s>"], show_progress=False))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return tmp_path / "tokenizer.json"
+
+
+def test_auto_falls_back_to_hf_when_gigatoken_cannot_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _unloadable(tmp_path)
+    rec = backends.select("auto", path)
+    assert rec["name"] == "hf" and rec["requested"] == "auto" and rec["version"] == backends.installed_version("hf")
+    assert "gigatoken cannot load tokenizer.json" in rec["fallback_reason"] and "WordLevel" in rec["fallback_reason"]
+    with pytest.raises(backends.BackendError, match="tokenizer.backend is gigatoken but gigatoken cannot load"):
+        backends.select("gigatoken", path)
+    assert backends.select("hf", path) == {"requested": "hf", "name": "hf", "version": rec["version"]}
+    # forced gigatoken on such a tokenizer is a config error (exit 2, nothing written)
+    cfg = base_config([{"name": "d", "path": str(tmp_path / "x.jsonl")}], str(path))
+    (tmp_path / "x.jsonl").write_text('{"text": "the cat"}\n')
+    cfg["tokenizer"].update(backend="gigatoken", eod_token="</s>")
+    with pytest.raises(ConfigError, match="^config: 'tokenizer.backend': tokenizer.backend is gigatoken but"):
+        validate(cfg, tmp_path)
+
+
+def test_config_key_is_validated_and_left_out_of_the_output_hash(tmp_path: Path, shared_data: Path) -> None:
+    (tmp_path / "x.jsonl").write_text('{"text": "hello"}\n')
+    cfg = base_config([{"name": "d", "path": str(tmp_path / "x.jsonl")}], str(shared_data / PHI2))
+    assert validate(cfg, tmp_path)["tokenizer"]["backend"] == "auto"
+    cfg["tokenizer"]["backend"] = "fast"
+    with pytest.raises(ConfigError, match=r"^config: 'tokenizer.backend' must be auto, gigatoken or hf, got 'fast'$"):
+        validate(cfg, tmp_path)
+    hashes = set()
+    for b in backends.BACKENDS:
+        cfg["tokenizer"]["backend"] = b
+        hashes.add(config_hash(validate(cfg, tmp_path)))
+    assert len(hashes) == 1  # a run resumed under another backend is no config drift
+
+
+def test_a_mismatch_sends_auto_to_hf_and_stops_forced_gigatoken(tmp_path: Path, shared_data: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gigatoken that disagrees with HF (simulated: one id off on texts with a combining acute) is caught by the
+    run's check and by a worker's check; auto's shard is then written by HF, byte for byte."""
+    real = backends.GigatokenBackend.encode_batch
+
+    def off_by_one(self: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = real(self, texts)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        for i, t in enumerate(texts):
+            if "\u0301" in t and lengths[i]:
+                flat = flat.copy()
+                flat[starts[i]] += 1
+        return flat, lengths
+
+    monkeypatch.setattr(backends.GigatokenBackend, "encode_batch", off_by_one)
+    tok = shared_data / PHI2
+    rec = backends.select("auto", tok)  # a probe holds U+0301
+    assert rec["name"] == "hf" and rec["check"] == {"texts": len(backends.PROBES), "identical": False}
+    assert "gigatoken ids differ from hf on text" in rec["fallback_reason"]
+    with pytest.raises(backends.BackendError):
+        backends.select("gigatoken", tok)
+
+    part = tmp_path / "ingest/d/part-00000.jsonl"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in ["plain", "cafe\u0301 au lait", "", "x"]))
+    prefixes = {}
+    for choice in ("hf", "auto"):
+        task = make_task(tmp_path, "d", "train", part, tok, "sha256:x", 50256, "uint16", backend=choice)
+        task = task.__class__(**{**task.__dict__, "prefix": str(tmp_path / choice / "p")})
+        encoder = backends.ShardEncoder(choice, tok)
+        st = tokenize_part(task, encoder)
+        assert st["dropped_empty"] == [2] and st["num_documents"] == 3
+        prefixes[choice] = task.prefix
+        assert encoder.name == "hf"
+    for ext in (".bin", ".idx"):
+        assert Path(prefixes["hf"] + ext).read_bytes() == Path(prefixes["auto"] + ext).read_bytes()
+    fallback = json.loads((tmp_path / "tokenizer" / backends.FALLBACK_FILE).read_text())
+    assert fallback["shard"] == "d/part-00000" and "differ" in fallback["reason"]
+    task = make_task(tmp_path, "d", "train", part, tok, "sha256:x", 50256, "uint16", backend="gigatoken")
+    with pytest.raises(backends.BackendError, match="tokenizer.backend is gigatoken but"):
+        tokenize_part(task, backends.ShardEncoder("gigatoken", tok))
+
+
+def test_add_flat_writes_what_add_documents_writes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 40, size=300)
+    flat = rng.integers(0, 50000, size=int(lengths.sum())).astype(np.uint32)
+    docs = np.split(flat, np.cumsum(lengths)[:-1])
+    for eod in (None, 50256):
+        a = binidx.IndexedDatasetWriter(tmp_path / f"a{eod}", np.uint16)
+        a.add_documents([np.append(d, eod) if eod is not None else d for d in docs[:120]])
+        a.add_documents([np.append(d, eod) if eod is not None else d for d in docs[120:]])
+        a.close()
+        b = binidx.IndexedDatasetWriter(tmp_path / f"b{eod}", np.uint16)
+        cut = int(lengths[:120].sum())
+        b.add_flat(flat[:cut], lengths[:120], eod)
+        b.add_flat(flat[cut:], lengths[120:], eod)
+        b.add_flat(flat[:0], lengths[:0], eod)
+        b.close()
+        for ext in (".bin", ".idx"):
+            assert (tmp_path / f"a{eod}{ext}").read_bytes() == (tmp_path / f"b{eod}{ext}").read_bytes()
+    w = binidx.IndexedDatasetWriter(tmp_path / "z", np.uint16)
+    with pytest.raises(ValueError, match="zero-length"):
+        w.add_flat(flat[:3], np.array([3, 0]), 1)
+    with pytest.raises(ValueError, match="lengths sum to 4 but 3 tokens"):
+        w.add_flat(flat[:3], np.array([3, 1]), 1)
+    w.abort()
+
+
+def _job(tmp_path: Path, shared_data: Path, name: str, tokenizer: str | None, backend: str) -> Path:
+    datasets = [{"name": "web", "path": str(shared_data / "web/c4_en_llamafactory_demo300.jsonl")},
+                {"name": "med", "path": str(shared_data / "medical/pubmedqa_abstracts.jsonl"), "max_records": 300},
+                {"name": "multi", "path": str(shared_data / "multilingual/lingua_sentences_75langs.jsonl"),
+                 "max_records": 1500},
+                {"name": "code", "path": str(shared_data / "code/humaneval-x/humaneval_python.jsonl.gz"),
+                 "text_field": "canonical_solution"}]
+    cfg = base_config(datasets, tokenizer, output={"shard_records": 400})
+    cfg["quality"] = {"expected_language": None, "min_chars": 1}
+    cfg["tokenizer"]["backend"] = backend
+    if tokenizer is None:
+        cfg["tokenizer"].update(if_missing="train", train={"vocab_size": 1200, "min_frequency": 2})
+    run_dir = tmp_path / name
+    assert run_from_dict(cfg, run_dir=run_dir, console_log=False).status == "complete"
+    return run_dir
+
+
+@pytest.mark.parametrize("tokenizer", [PHI2, None], ids=["phi-2", "trained"])
+def test_job_writes_identical_bytes_under_hf_and_gigatoken(tokenizer: str | None, tmp_path: Path,
+                                                           shared_data: Path) -> None:
+    from streamprep.status import format_status, run_status
+
+    tok = str(shared_data / tokenizer) if tokenizer else None
+    runs = {b: _job(tmp_path, shared_data, b, tok, b) for b in ("hf", "gigatoken")}
+    outputs = ("binidx", "receipts", "parquet", "ingest")
+    hashes = {b: tree_hashes(r, *outputs) for b, r in runs.items()}
+    assert hashes["hf"] == hashes["gigatoken"] and any(k.endswith(".bin") for k in hashes["hf"])
+    blends = {b: (r / "blend.json").read_text().replace(str(r), "RUN") for b, r in runs.items()}  # absolute prefixes
+    assert blends["hf"] == blends["gigatoken"]
+    assert (runs["hf"] / "tokenizer/tokenizer.json").read_bytes() == \
+        (runs["gigatoken"] / "tokenizer/tokenizer.json").read_bytes()
+    for b, run_dir in runs.items():
+        record = json.loads((run_dir / "run.json").read_text())
+        fingerprint = json.loads((run_dir / "tokenizer/fingerprint.json").read_text())
+        assert record["tokenizer_backend"] == fingerprint["backend"]
+        assert record["tokenizer_backend"]["name"] == b == record["tokenizer_backend"]["requested"]
+        assert record["tokenizer_backend"]["version"] == record["versions"]["gigatoken" if b == "gigatoken"
+                                                                            else "tokenizers"]
+        assert not (run_dir / "tokenizer" / backends.FALLBACK_FILE).exists()  # no worker's check failed
+        st = run_status(run_dir)
+        assert st["tokenizer_backend"]["name"] == b
+        assert f"tokenizer backend: {b} {record['tokenizer_backend']['version']} (requested {b}" in format_status(st)
+    if tokenizer is None:  # a trained tokenizer's check includes the first sampled texts
+        assert json.loads((runs["gigatoken"] / "run.json").read_text())["tokenizer_backend"]["check"] == \
+            {"texts": len(backends.PROBES) + backends.CHECK_DOCS, "identical": True}
+
+
+def test_backend_is_not_in_the_plan_hash(tmp_path: Path, shared_data: Path) -> None:
+    part = tmp_path / "p.jsonl"
+    part.write_text('{"text": "a"}\n')
+    plans = {make_task(tmp_path, "d", "train", part, shared_data / PHI2, "sha256:x", 1, "uint16", backend=b).plan_hash
+             for b in ("hf", "gigatoken", "auto")}
+    assert len(plans) == 1  # shards written under one backend are kept when resumed under another
+
+
+MEMORY_SCRIPT = """
+import sys, numpy as np
+from streamprep import backends
+budget = None if sys.argv[2] == "none" else int(sys.argv[2]) << 20
+b = backends.GigatokenBackend(sys.argv[1], budget_bytes=budget)
+base, peak, total, rng = backends._rss(), 0, 0, np.random.default_rng(0)
+while total < 32 << 20:  # documents of unique random words: every word is a new cache entry
+    raw = rng.integers(97, 123, size=400_000, dtype=np.uint8)
+    raw[rng.random(raw.size) < 0.13] = 32
+    s = raw.tobytes().decode()
+    b.encode_batch([s[i:i + 2000] for i in range(0, len(s), 2000)])
+    total += len(s)
+    peak = max(peak, backends._rss())
+print(peak - base, b.rebuilds)
+"""
+
+
+def test_gigatoken_memory_stays_within_the_budget(shared_data: Path) -> None:
+    """32 MB of unique words: unbounded caches grow ~230 MB; with a 64 MiB budget the rebuilds keep the
+    growth under the budget plus one tokenizer's rebuild residue (~50 MB measured; 64 MiB allowed)."""
+    budget = 64
+
+    def growth(arg: str) -> tuple[int, int]:
+        out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(shared_data / PHI2), arg], cwd=REPO,
+                             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, capture_output=True,
+                             text=True, check=True, timeout=300).stdout.split()
+        return int(out[0]), int(out[1])
+
+    bounded, rebuilds = growth(str(budget))
+    assert rebuilds >= 2 and bounded < (budget + 64) << 20, (bounded >> 20, rebuilds)
+    unbounded, _ = growth("none")
+    assert unbounded > (budget + 64) << 20, unbounded >> 20  # the test would catch a missing rebuild
