@@ -14,7 +14,7 @@ Ids never include added special tokens (HF `add_special_tokens=False`; gigatoken
 `tokenizer.backend: auto` (the default) uses gigatoken only when it loads the run's tokenizer.json AND gives
 the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (hard strings) plus the texts
 the caller adds. It runs (1) when the run's tokenizer is prepared (probes + up to CHECK_DOCS sampled texts
-for a trained tokenizer; the outcome is recorded in tokenizer/fingerprint.json and run.json) and (2) in
+for a trained tokenizer; the outcome is recorded in checkpoints/tokenizer_backend.json and run.json) and (2) in
 each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
 (ShardEncoder). On a failed load or a mismatch, auto uses HF and logs the reason once; `backend: gigatoken`
 turns it into an error. The backend never enters a shard's plan hash: both give the same ids, so a run
@@ -44,7 +44,6 @@ log = logs.get("backends")
 BACKENDS = ("auto", "gigatoken", "hf")
 CHECK_DOCS = 64                   # texts of a worker's first shard per dataset (and of a training sample) checked
 CACHE_BUDGET_BYTES = 512 << 20    # per worker: gigatoken cache bound, or RSS growth before a rebuild
-FALLBACK_FILE = "backend_fallback.json"  # in RUN_DIR/tokenizer/: a worker's check sent it to HF
 
 # Strings where fast re-implementations of HF tokenizers have diverged (gigatoken issues #35, #37) or could:
 # code points whose Unicode properties changed after Unicode 14, combining-mark runs, scripts with their own

@@ -194,6 +194,17 @@ class RunLayout:
     def local_checkpoints(self) -> Path:
         return self.run_dir / CHECKPOINTS
 
+    @property
+    def tokenizer_backend(self) -> Path:
+        """Which backend encodes the run's tokenizer and why (streamprep.backends.select): bookkeeping, not an
+        artifact, so the outputs are the same bytes whichever backend ran."""
+        return self.local_checkpoints / "tokenizer_backend.json"
+
+    @property
+    def tokenizer_backend_fallback(self) -> Path:
+        """The first shard whose worker's identity check sent it to HF, and why."""
+        return self.local_checkpoints / "tokenizer_backend_fallback.json"
+
     def checkpoints(self, record: dict[str, Any]) -> Path:
         """run.json's `checkpoint_dir`, or RUN_DIR/checkpoints when that path is gone (a moved run dir)."""
         local = self.local_checkpoints

@@ -217,14 +217,12 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
 
 def _backend(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
     """The tokenizer backend: run.json's record (written with the run's shards), else the one chosen with the
-    tokenizer (fingerprint.json); `worker_fallback` when a shard's identity check sent a worker to HF."""
-    from streamprep.backends import FALLBACK_FILE
-
+    tokenizer; `worker_fallback` when a shard's identity check sent a worker to HF."""
     layout = RunLayout(run_dir)
-    backend = record.get("tokenizer_backend") or (read_json(layout.tokenizer_fingerprint) or {}).get("backend")
+    backend = record.get("tokenizer_backend") or read_json(layout.tokenizer_backend)
     if not isinstance(backend, dict):
         return None
-    fallback = read_json(layout.tokenizer_dir / FALLBACK_FILE)
+    fallback = read_json(layout.tokenizer_backend_fallback)
     return {**backend, "worker_fallback": fallback} if isinstance(fallback, dict) else backend
 
 

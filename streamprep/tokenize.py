@@ -179,8 +179,8 @@ def tokenize_part(task: ShardTask, encoder: backends.ShardEncoder) -> dict[str, 
 
 
 def _record_fallback(task: ShardTask, encoder: backends.ShardEncoder) -> None:
-    """A worker that fell back to HF on its identity check says so beside the tokenizer (status shows it)."""
-    path = RunLayout(Path(task.run_dir)).tokenizer_dir / backends.FALLBACK_FILE
+    """A worker that fell back to HF on its identity check says so in the run's bookkeeping (status shows it)."""
+    path = RunLayout(Path(task.run_dir)).tokenizer_backend_fallback
     if not path.exists():
         atomic.write_json(path, {"shard": f"{task.dataset}/{task.part}", "reason": encoder.fallback_reason,
                                  "name": "hf", "version": backends.installed_version("hf")})

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from streamprep import atomic, backends, logs
 from streamprep.config import ConfigError, DatasetConfig, TokenizerConfig
-from streamprep.layout import RunLayout
+from streamprep.layout import RunLayout, read_json
 
 log = logs.get("tokenizer")
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<unk>", "<mask>"]
@@ -42,8 +42,9 @@ class TokenizerInfo:
         return "gigatoken" if self.backend.get("requested") == "gigatoken" else "auto"
 
     def to_json(self) -> dict[str, Any]:
+        """fingerprint.json, and the manifest's `tokenizer`: the backend is not in it (same bytes whichever ran)."""
         return {"fingerprint": self.fingerprint, "vocab_size": self.vocab_size, "eod_id": self.eod_id,
-                "eod_token": self.eod_token, "backend": dict(self.backend)}
+                "eod_token": self.eod_token}
 
 
 def _source_file(path: Path) -> Path:
@@ -81,29 +82,30 @@ def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
 
 def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path) -> TokenizerInfo | None:
     """The run's tokenizer copy when it is intact (same fingerprint as recorded), else None."""
-    saved, fp_file = RunLayout(run_dir).tokenizer_json, RunLayout(run_dir).tokenizer_fingerprint
+    layout = RunLayout(run_dir)
+    saved, fp_file = layout.tokenizer_json, layout.tokenizer_fingerprint
     if not (saved.is_file() and fp_file.is_file()):
         return None
     info = _info(saved, tok_cfg.eod_token)
-    recorded = atomic.read_json(fp_file)
-    if recorded.get("fingerprint") != info.fingerprint:
+    if atomic.read_json(fp_file).get("fingerprint") != info.fingerprint:
         log.warning("tokenizer copy does not match its fingerprint; recreating it", path=str(saved))
         return None
     log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
-    return _with_backend(_check_eod(info, tok_cfg), tok_cfg, fp_file, recorded.get("backend"))
+    recorded = read_json(layout.tokenizer_backend)
+    return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, recorded)
 
 
-def _with_backend(info: TokenizerInfo, tok_cfg: TokenizerConfig, fp_file: Path,
+def _with_backend(info: TokenizerInfo, tok_cfg: TokenizerConfig, record_file: Path,
                   recorded: Mapping[str, Any] | None = None, texts: Iterable[str] = ()) -> TokenizerInfo:
-    """`info` with its backend: the one recorded in fingerprint.json when it was chosen for the same
-    `tokenizer.backend` and library version, else chosen now (identity check) and recorded."""
-    if not (recorded and recorded.get("requested") == tok_cfg.backend
+    """`info` with its backend: the one recorded (`record_file`, bookkeeping beside the checkpoints) when it was
+    chosen for the same `tokenizer.backend` and library version, else chosen now (identity check) and recorded."""
+    if not (isinstance(recorded, Mapping) and recorded.get("requested") == tok_cfg.backend
             and recorded.get("version") == backends.installed_version(recorded.get("name", ""))):
         try:
             recorded = backends.select(tok_cfg.backend, info.path, texts)
         except backends.BackendError as exc:
             raise RuntimeError(str(exc)) from None
-        atomic.write_json(fp_file, {**info.to_json(), "backend": recorded})
+        atomic.write_json(record_file, recorded)
     log.info("tokenizer backend", **{k: v for k, v in recorded.items() if k != "check"})
     return replace(info, backend=recorded)
 
@@ -130,10 +132,12 @@ def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None
         bpe = train_bpe(_first_kept(texts, check_texts), tok_cfg.train.vocab_size, tok_cfg.train.min_frequency)
         atomic.write_bytes(saved, bpe.to_str().encode("utf-8"))
         log.info("tokenizer trained", vocab_size=tok_cfg.train.vocab_size)
-    info = _info(saved, tok_cfg.eod_token or (None if tok_cfg.path else "</s>"))
-    # fingerprint.json is written once, with the backend: a run killed before has no record to reuse and
-    # redoes this step the same way, so its record (check scope included) equals an uninterrupted run's
-    return _with_backend(_check_eod(info, tok_cfg), tok_cfg, fp_file, texts=check_texts)
+    info = _check_eod(_info(saved, tok_cfg.eod_token or (None if tok_cfg.path else "</s>")), tok_cfg)
+    # the backend is chosen before fingerprint.json is written: a run killed in between has no fingerprint,
+    # redoes this step the same way, and records the same choice (check scope included)
+    info = _with_backend(info, tok_cfg, layout.tokenizer_backend, texts=check_texts)
+    atomic.write_json(fp_file, info.to_json())
+    return info
 
 
 def _first_kept(texts: Iterable[str], keep: list[str]) -> Iterator[str]:

@@ -18,6 +18,7 @@ from tokenizers import ByteLevelBPETokenizer, Tokenizer, models, pre_tokenizers,
 from helpers import PHI2, base_config, tree_hashes
 from streamprep import backends, binidx, run_from_dict
 from streamprep.config import ConfigError, config_hash, validate
+from streamprep.layout import RunLayout
 from streamprep.tokenize import make_task, tokenize_part
 from streamprep.tokenizer import train_bpe
 
@@ -180,7 +181,7 @@ def test_a_mismatch_sends_auto_to_hf_and_stops_forced_gigatoken(tmp_path: Path, 
         assert encoder.name == "hf"
     for ext in (".bin", ".idx"):
         assert Path(prefixes["hf"] + ext).read_bytes() == Path(prefixes["auto"] + ext).read_bytes()
-    fallback = json.loads((tmp_path / "tokenizer" / backends.FALLBACK_FILE).read_text())
+    fallback = json.loads(RunLayout(tmp_path).tokenizer_backend_fallback.read_text())
     assert fallback["shard"] == "d/part-00000" and "differ" in fallback["reason"]
     task = make_task(tmp_path, "d", "train", part, tok, "sha256:x", 50256, "uint16", backend="gigatoken")
     with pytest.raises(backends.BackendError, match="tokenizer.backend is gigatoken but"):
@@ -244,14 +245,17 @@ def test_job_writes_identical_bytes_under_hf_and_gigatoken(tokenizer: str | None
     assert blends["hf"] == blends["gigatoken"]
     assert (runs["hf"] / "tokenizer/tokenizer.json").read_bytes() == \
         (runs["gigatoken"] / "tokenizer/tokenizer.json").read_bytes()
+    assert (runs["hf"] / "manifest.json").read_text().replace(str(runs["hf"]), "RUN") == \
+        (runs["gigatoken"] / "manifest.json").read_text().replace(str(runs["gigatoken"]), "RUN")
     for b, run_dir in runs.items():
         record = json.loads((run_dir / "run.json").read_text())
-        fingerprint = json.loads((run_dir / "tokenizer/fingerprint.json").read_text())
-        assert record["tokenizer_backend"] == fingerprint["backend"]
+        assert record["tokenizer_backend"] == json.loads(RunLayout(run_dir).tokenizer_backend.read_text())
+        # the tokenizer's files, and so the manifest, are the same bytes whichever backend ran
+        assert "backend" not in json.loads((run_dir / "tokenizer/fingerprint.json").read_text())
         assert record["tokenizer_backend"]["name"] == b == record["tokenizer_backend"]["requested"]
         assert record["tokenizer_backend"]["version"] == record["versions"]["gigatoken" if b == "gigatoken"
                                                                             else "tokenizers"]
-        assert not (run_dir / "tokenizer" / backends.FALLBACK_FILE).exists()  # no worker's check failed
+        assert not RunLayout(run_dir).tokenizer_backend_fallback.exists()  # no worker's check failed
         st = run_status(run_dir)
         assert st["tokenizer_backend"]["name"] == b
         assert f"tokenizer backend: {b} {record['tokenizer_backend']['version']} (requested {b}" in format_status(st)
