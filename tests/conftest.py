@@ -75,3 +75,10 @@ def _in_use(pattern: str) -> set[str]:
         except OSError:  # a process that exited meanwhile, or one we may not read
             continue
     return found
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`ray` implies `slow`: the fast lane (`-m "not slow"`) never starts a cluster."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.slow)

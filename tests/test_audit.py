@@ -249,6 +249,7 @@ def read_png(path: Path) -> np.ndarray:
     return out.reshape(h, w, bpp)
 
 
+@pytest.mark.slow
 def test_html_renders_in_headless_chromium(e2e_run, chromium, tmp_path):
     run_dir = e2e_run["run_dir"]
     write_audit(run_dir)

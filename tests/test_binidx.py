@@ -35,6 +35,7 @@ def test_dtype_threshold_matches_megatron() -> None:
     assert index_bytes(np.array([1]), np.int32)[17] == 4
 
 
+@pytest.mark.slow
 def test_megatron_core_reads_our_files(tmp_path: Path) -> None:
     indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
     rng = np.random.default_rng(0)

@@ -330,6 +330,7 @@ def test_export_only_keys_may_change_until_the_run_completes(tmp_path: Path, dat
         assert _preflight(Config.from_dict(new), run_dir, fresh=False)["run_id"] == "r1"
 
 
+@pytest.mark.slow
 def test_run_failed_in_exports_resumes_with_the_corrected_config(tmp_path: Path, shared_data: Path) -> None:
     """num_shards_multiple_of too large fails after ingest + tokenization; the fix resumes in the same run dir
     and writes the same bytes as a fresh run of the corrected config."""

@@ -90,6 +90,7 @@ def overlap_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, d
     return tmp / "run", cfg
 
 
+@pytest.mark.slow
 async def test_run_scope_same_bytes_with_two_workers_and_after_stops(overlap_reference: tuple[Path, dict],
                                                                     tmp_path: Path) -> None:
     ref, _ = overlap_reference
@@ -105,6 +106,7 @@ async def test_run_scope_same_bytes_with_two_workers_and_after_stops(overlap_ref
         assert tree_hashes(run, "ingest", "rejects") == want
 
 
+@pytest.mark.slow
 def test_run_scope_kill_9_then_resume_gives_identical_outputs(overlap_reference: tuple[Path, dict],
                                                               tmp_path: Path) -> None:
     """SIGKILL `streamprep ingest` at random moments until kills have landed mid-ingest; each episode's final

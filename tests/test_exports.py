@@ -179,6 +179,7 @@ def file_hashes(run: Path) -> dict[str, str]:
 
 
 # -- tests ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_every_record_once_with_its_tokens_and_text(run):
     run_dir, refs = run
     summary = export(run_dir, refs)
@@ -206,6 +207,7 @@ def test_every_record_once_with_its_tokens_and_text(run):
     assert summary["tokens"]["c4"] == sum(len(v[1]) for k, v in want.items() if k[0] == "c4")
 
 
+@pytest.mark.slow
 def test_buckets_packing_and_tail_merge(run):
     run_dir, refs = run
     export(run_dir, refs)
@@ -263,6 +265,7 @@ def test_pack_rule_units():
     assert shuffled(ids, 7).tolist() == ref
 
 
+@pytest.mark.slow
 def test_same_seed_byte_identical_other_seed_differs(run, tmp_path):
     run_dir, refs = run
     export(run_dir, refs, seed=1)
@@ -285,6 +288,7 @@ def test_same_seed_byte_identical_other_seed_differs(run, tmp_path):
     assert shas1 == shas2  # same records, other order / shard membership
 
 
+@pytest.mark.slow
 def test_tsv_beside_each_shard(run):
     run_dir, refs = run
     export(run_dir, refs)
@@ -296,6 +300,7 @@ def test_tsv_beside_each_shard(run):
                                         hashlib.sha256(r["text"].encode()).hexdigest()]
 
 
+@pytest.mark.slow
 def test_manifest_lists_parquet_and_binidx(run):
     run_dir, refs = run
     summary = export(run_dir, refs)
@@ -326,6 +331,7 @@ def test_manifest_lists_parquet_and_binidx(run):
     assert b"time" not in (run_dir / "manifest.json").read_bytes()
 
 
+@pytest.mark.slow
 def test_num_shards_multiple_of(run):
     run_dir, refs = run
     export(run_dir, refs)
@@ -344,12 +350,14 @@ def test_num_shards_multiple_of(run):
     assert {f"parquet/{p.name}" for p in (run_dir / "parquet").iterdir()} == listed
 
 
+@pytest.mark.slow
 def test_num_shards_multiple_of_too_few_records(run):
     run_dir, refs = run
     with pytest.raises(ShardCountError, match=r"num_shards_multiple_of.*'valid' has 60 record"):
         export(run_dir, refs, num_shards_multiple_of=64)
 
 
+@pytest.mark.slow
 def test_restart_removes_stale_shards(run):
     run_dir, refs = run
     export(run_dir, refs, shard_size_bytes=4096)
@@ -362,6 +370,7 @@ def test_restart_removes_stale_shards(run):
     assert {f"parquet/{p.name}" for p in (run_dir / "parquet").iterdir()} == listed
 
 
+@pytest.mark.slow
 def test_mixtures_default_and_phases(run):
     run_dir, refs = run
     export(run_dir, refs)
@@ -398,6 +407,7 @@ def test_mixtures_unknown_dataset_named():
     validate_mixtures({"a": {"c4": 1}, "b": {"c4": 0.5}}, ["c4"])
 
 
+@pytest.mark.slow
 def test_compression_and_row_groups(run):
     run_dir, refs = run
     export(run_dir, refs, compression="zstd", row_group_size=3)
@@ -435,6 +445,7 @@ def counting_summarize(monkeypatch) -> list[str]:
     return calls
 
 
+@pytest.mark.slow
 def test_part_summaries_cached_and_reused(run, monkeypatch):
     run_dir, refs = run
     calls = counting_summarize(monkeypatch)
@@ -447,6 +458,7 @@ def test_part_summaries_cached_and_reused(run, monkeypatch):
     assert calls == [] and file_hashes(run_dir) == first and summary_files(run_dir) == caches
 
 
+@pytest.mark.slow
 def test_prepare_part_ahead_of_exports(run, monkeypatch):
     from types import SimpleNamespace
 
@@ -463,6 +475,7 @@ def test_prepare_part_ahead_of_exports(run, monkeypatch):
     assert calls == []
 
 
+@pytest.mark.slow
 def test_damaged_or_stale_summary_recomputed(run, monkeypatch):
     run_dir, refs = run
     export(run_dir, refs)
@@ -480,6 +493,7 @@ def test_damaged_or_stale_summary_recomputed(run, monkeypatch):
     assert file_hashes(run_dir) == first and summary_files(run_dir) == caches  # rewritten to the same bytes
 
 
+@pytest.mark.slow
 def test_parallel_equals_serial(run, tmp_path):
     run_dir, refs = run
     other = tmp_path / "other"
@@ -491,6 +505,7 @@ def test_parallel_equals_serial(run, tmp_path):
     assert len([k for k in file_hashes(run_dir) if k.endswith(".parquet")]) >= 16
 
 
+@pytest.mark.slow
 def test_parquet_written_without_importing_pandas(run, tmp_path):
     """Regression: `pa.array(list)` imported pandas in every export worker (~0.3 s each, at the end of the job).
     The string columns are now built from buffers; same rows, and pandas stays out of the process."""
@@ -527,6 +542,7 @@ def test_utf8_column_equals_pyarrow_conversion():
     assert built.to_pylist() == values
 
 
+@pytest.mark.slow
 def test_warmed_pool_started_before_exports_same_bytes(run, tmp_path):
     """The job warms the exports' pool while its last shards are tokenized: its processes exist before the
     first task, and exports on it write the bytes a serial run writes."""
@@ -549,6 +565,7 @@ def test_warmed_pool_started_before_exports_same_bytes(run, tmp_path):
     assert file_hashes(other) == file_hashes(run_dir)
 
 
+@pytest.mark.slow
 def test_index_built_one_part_summary_at_a_time(run, monkeypatch):
     """Regression: every part summary (the same per-record numbers as the index, ~80 bytes a record) was loaded
     before the index was built and stayed alive while the Parquet shards were written; the job held them twice
@@ -583,6 +600,7 @@ def test_index_built_one_part_summary_at_a_time(run, monkeypatch):
     assert max(alive_in_build) <= 2 and alive_at_write == [0]
 
 
+@pytest.mark.slow
 def test_job_index_is_12_bytes_a_record_and_shard_rows_read_back(run, monkeypatch):
     """Regression: the job held every per-record number of the summaries (84 bytes a record: offsets, token
     starts and sums, text SHA-256) through the whole exports, ~170 MB at 2 M records. Now it holds what the plan

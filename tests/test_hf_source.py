@@ -170,6 +170,7 @@ def roundtrip(pos: dict) -> dict:
 
 
 # ---- downloads ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_streaming_downloads_each_file_once_in_parallel(hub, tmp_path):
     hub.delay = 0.1  # each transfer takes a while, so parallel ones overlap at the server
     src = HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=4)
@@ -190,12 +191,14 @@ def test_streaming_downloads_each_file_once_in_parallel(hub, tmp_path):
     assert [p.read_bytes() for p in paths] == [CORPUS[f] for f in TRAIN_FILES]
 
 
+@pytest.mark.slow
 def test_max_concurrent_downloads_is_a_limit(hub, tmp_path):
     hub.delay = 0.05
     assert records(HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=1).iter_records()) == TRAIN
     assert hub.max_in_flight == 1
 
 
+@pytest.mark.slow
 def test_max_concurrent_downloads_is_shared_by_sources_streaming_together(hub, tmp_path):
     hub.delay = 0.05
     other = [{"text": f"o{i}"} for i in range(4)]
@@ -220,6 +223,7 @@ def test_max_concurrent_downloads_is_shared_by_sources_streaming_together(hub, t
 
 
 # ---- streaming ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_records_in_order_and_fingerprint(hub, tmp_path):
     src = HFSource(cfg(), tmp_path / "cache")
     items = list(src.iter_records())
@@ -233,6 +237,7 @@ def test_records_in_order_and_fingerprint(hub, tmp_path):
                   "files": [{"path": f, "size": len(CORPUS[f])} for f in TRAIN_FILES]}
 
 
+@pytest.mark.slow
 def test_processing_is_network_free(hub, tmp_path):
     src = HFSource(cfg(), tmp_path / "cache")
     fp = src.fingerprint()
@@ -266,6 +271,7 @@ def test_hf_hub_offline_uses_the_cache(hub, tmp_path, monkeypatch):
         next(HFSource(cfg(split="validation"), tmp_path / "cache").iter_records())
 
 
+@pytest.mark.slow
 def test_filter_and_max_records(hub, tmp_path):
     cache = tmp_path / "cache"
     en = [r for r in TRAIN if r["lang"] == "en"]
@@ -432,6 +438,7 @@ def _web_rows(f: int) -> list[dict]:
     return [{"text": t, "lang": "en" if i % 5 else "fr", "id": f"{f}-{i}"} for i, t in enumerate(docs)]
 
 
+@pytest.mark.slow
 async def test_hf_dataset_through_the_pipeline_with_stop_and_resume(hub, tmp_path):
     """hf:// in a config: filter while streaming, parts written, a stop mid-stream resumes to identical outputs."""
     import asyncio
@@ -501,6 +508,7 @@ def _cache_bytes(root) -> int:
     return total
 
 
+@pytest.mark.slow
 def test_first_record_before_the_last_file_is_downloaded(many, tmp_path):
     src = HFSource(_many_cfg(), tmp_path / "cache", max_concurrent_downloads=2, prefetch_files=2)
     it = src.iter_records()
@@ -513,6 +521,7 @@ def test_first_record_before_the_last_file_is_downloaded(many, tmp_path):
     assert many.file_requests("GET") == {**{p: 1 for p in MANY_FILES}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", [False, True])
 def test_cache_never_holds_more_than_the_budget(many, tmp_path, keep):
     sizes = [len(jsonl(_many_rows(f))) for f in range(12)]
@@ -546,6 +555,7 @@ def test_cache_never_holds_more_than_the_budget(many, tmp_path, keep):
     assert _cache_bytes(cache) == (sum(sizes) if keep else sizes[-1])
 
 
+@pytest.mark.slow
 def test_max_records_fetches_at_most_one_file_plus_the_window(many, tmp_path):
     src = HFSource(_many_cfg(max_records=50), tmp_path / "cache", max_concurrent_downloads=8, prefetch_files=2)
     assert [rec["id"] for rec, _ in src.iter_records()] == list(range(50))  # 50 records: files 0 and 1
@@ -569,6 +579,7 @@ def test_hf_prefetch_config_keys_are_validated(tmp_path):
             validate(raw)
 
 
+@pytest.mark.slow
 async def test_pipeline_streams_and_a_resume_downloads_only_what_it_needs(many, tmp_path):
     """Through ingest: a record is kept before the last file is requested; a stop mid-stream deletes the files the
     checkpoint passed, and the resume fetches only files from the checkpoint's on, to identical outputs."""
@@ -631,6 +642,7 @@ def quick_retries():
     hf.set_retry_policy(*old)
 
 
+@pytest.mark.slow
 def test_429_503_and_resets_on_a_cycle_of_downloads(many, tmp_path, quick_retries, monkeypatch):
     """Every data GET in turn is refused (429 + Retry-After, then 503) or cut mid-body: the stream is the same
     and each file is resumed from where it was cut, not fetched again from byte 0."""
@@ -669,6 +681,7 @@ def test_429_503_and_resets_on_a_cycle_of_downloads(many, tmp_path, quick_retrie
     assert json.loads((tmp_path / "cache/streamprep/hub_stats.json").read_text()) == stats
 
 
+@pytest.mark.slow
 def test_api_retries_honour_retry_after_as_seconds_or_date(hub, tmp_path, quick_retries, monkeypatch):
     from email.utils import formatdate
 
@@ -734,6 +747,7 @@ def _pipeline_config(rows_repo: str) -> dict:
     return raw
 
 
+@pytest.mark.slow
 def test_job_on_a_hub_that_pushes_back_gives_identical_tokens_and_never_writes_the_token(hub, tmp_path, monkeypatch,
                                                                                         capfd):
     from helpers import tree_hashes

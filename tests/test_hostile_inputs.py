@@ -320,6 +320,7 @@ async def test_reader_exception_ends_ingest_with_an_error_not_a_hang(tmp_path: P
     assert ck["consumed"] == 100 and not ck["done"]  # the batches before the failure are written and checkpointed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["read", "fingerprint"])
 async def test_stop_while_the_source_is_stalled_returns_within_seconds(tmp_path: Path, monkeypatch, where: str) -> None:
     cfg, _ = _docs_cfg(tmp_path, 10)
@@ -388,6 +389,7 @@ def test_unreadable_run_json_is_one_line_saying_what_to_do(tmp_path: Path, text:
     assert sorted(p.name for p in run.iterdir()) == ["run.json"]  # nothing written
 
 
+@pytest.mark.slow
 def test_truncated_run_json_exits_2_with_a_recovery_that_works(tmp_path: Path) -> None:
     cfg, _ = _docs_cfg(tmp_path, 300, raw=True)
     run = tmp_path / "run"
@@ -432,6 +434,7 @@ def _finish(proc: subprocess.Popen, timeout: float) -> str:
         raise
 
 
+@pytest.mark.slow
 def test_cli_on_a_hostile_directory_completes_with_each_bad_file_named(tmp_path: Path) -> None:
     data = tmp_path / "in"
     data.mkdir()
@@ -482,6 +485,7 @@ class _StallingHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_job_within_seconds_while_a_read_is_stalled(tmp_path: Path) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StallingHandler)
     server.daemon_threads = True

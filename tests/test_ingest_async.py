@@ -1,6 +1,8 @@
 """The asyncio ingest directly: a stop request flushes the batch in hand and checkpoints exactly what is on disk."""
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 import json
 from pathlib import Path
@@ -20,6 +22,7 @@ def _cfg(tmp_path: Path, unit_mb: float = 4.0) -> Config:
     return load(raw)
 
 
+@pytest.mark.slow
 async def test_stop_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, unit_mb=50_000 / 2**20)  # ~25 units: a stop falls between two of them
     ref = tmp_path / "ref"
@@ -70,6 +73,7 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer(tmp_path: Path) -> 
         qc.close()
 
 
+@pytest.mark.slow
 def test_stream_qc_calls_carry_several_batches_with_the_same_outputs(tmp_path, monkeypatch):
     """A stream the driver reads (an hf:// dataset; here a local file behind a source without a file list)
     goes to the workers in QC calls of up to QC_CALL_BATCHES batches (one pool round trip for several),

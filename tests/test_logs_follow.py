@@ -111,6 +111,7 @@ def test_follow_truncated_in_place_restarts_from_top(tmp_path):
     assert warnings
 
 
+@pytest.mark.slow
 def test_follow_cli_across_rotations_exactly_once_and_ctrl_c_exits_0(tmp_path, log_writer):
     """A real `streamprep logs --follow` process while this process writes and rotates the log."""
     run_dir = _run_dir(tmp_path)

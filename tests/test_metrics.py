@@ -44,6 +44,7 @@ def slow_source(monkeypatch):
     monkeypatch.setattr(units, "read_unit", slow)
 
 
+@pytest.mark.slow
 def test_scraped_while_running_and_equal_to_status_at_the_end(tmp_path, slow_source, monkeypatch):
     write_corpus(tmp_path / "a.jsonl", 1200)
     write_corpus(tmp_path / "b.jsonl", 400)

@@ -195,6 +195,7 @@ def _lines(path: Path) -> list[dict]:
     return [orjson.loads(x) for x in path.read_bytes().splitlines()]
 
 
+@pytest.mark.slow
 def test_ingest_rejects_near_duplicates_naming_the_kept_twin(shared_data: Path, tmp_path: Path) -> None:
     texts, twins = _corpus(shared_data)
     texts.append(texts[0])  # an exact copy stays an exact-duplicate reject
@@ -226,6 +227,7 @@ def test_ingest_rejects_near_duplicates_naming_the_kept_twin(shared_data: Path, 
     assert pair["twin"]["text"] == texts[twins[pair["index"]]][:len(pair["twin"]["text"])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["log_longer", "log_shorter", "part_shorter"])
 def test_near_log_repair_resumes_to_identical_outputs(shared_data: Path, tmp_path: Path, case: str) -> None:
     """A longer log is truncated, a shorter one or a damaged sealed part restarts the dataset."""
@@ -253,6 +255,7 @@ def test_near_log_repair_resumes_to_identical_outputs(shared_data: Path, tmp_pat
     assert files.near_dedup.read_bytes() == data == (ref / "checkpoints" / "web.near").read_bytes()
 
 
+@pytest.mark.slow
 def test_kill_9_during_ingest_then_resume_is_byte_identical(shared_data: Path, tmp_path: Path) -> None:
     """SIGKILL the CLI at random moments of ingest, resume each time: outputs and the .near log end
     byte-identical to an uninterrupted run."""

@@ -192,6 +192,7 @@ def local_run(s3: Proxy, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     return root / "corpus", tokens
 
 
+@pytest.mark.slow
 def test_s3_prefix_and_glob_give_the_same_token_bytes_as_local_disk(s3: Proxy, local_run, tmp_path: Path) -> None:
     local, expected = local_run
     s3.reset()
@@ -203,6 +204,7 @@ def test_s3_prefix_and_glob_give_the_same_token_bytes_as_local_disk(s3: Proxy, l
     assert src.files == [f"s3://{BUCKET}/corpus/{n}" for n in ("a.jsonl", "b.jsonl.gz", "c.jsonl.zst")]
 
 
+@pytest.mark.slow
 def test_storage_options_instead_of_the_environment_and_kept_out_of_run_json(s3: Proxy, local_run, tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import s3fs
@@ -227,6 +229,7 @@ def test_gs_urls_open_through_gcsfs_with_storage_options() -> None:
     assert isinstance(fs, gcsfs.GCSFileSystem) and path == "bucket/data/*.jsonl.zst"
 
 
+@pytest.mark.slow
 def test_resume_inside_a_file_fetches_only_the_rest(s3: Proxy, tmp_path: Path) -> None:
     """Source level: a position inside plain JSONL is a ranged read from its offset; inside Parquet, the footer
     and the row groups from the position's on. Counted as object bytes served by the proxy."""
@@ -256,6 +259,7 @@ def test_resume_inside_a_file_fetches_only_the_rest(s3: Proxy, tmp_path: Path) -
             assert s3.total() < size // 2  # row groups 8-11 of 12 and the footer
 
 
+@pytest.mark.slow
 def test_job_resumed_after_a_stop_reads_only_the_rest(s3: Proxy, tmp_path: Path) -> None:
     data = _jsonl(english_docs(3000, seed=33))
     (tmp_path / "in").mkdir()
@@ -298,6 +302,7 @@ def _cli(cfg: dict, tmp_path: Path, run: Path, timeout: float = 240) -> tuple[in
     return proc.returncode, proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_missing_key_exits_2_and_writes_nothing(s3: Proxy, tmp_path: Path) -> None:
     path = f"s3://{BUCKET}/corpus/missing.jsonl"
     code, err = _cli(base_config([{"name": "d", "path": path}], None), tmp_path, tmp_path / "run", 120)
@@ -305,6 +310,7 @@ def test_cli_missing_key_exits_2_and_writes_nothing(s3: Proxy, tmp_path: Path) -
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_connection_drops_mid_object_are_retried(s3: Proxy, local_run, tmp_path: Path) -> None:
     s3.reset()
     s3.drops = 3  # the first three object GETs are cut after half their body
@@ -312,6 +318,7 @@ def test_connection_drops_mid_object_are_retried(s3: Proxy, local_run, tmp_path:
     assert s3.dropped == 3
 
 
+@pytest.mark.slow
 def test_store_gone_mid_object_exits_1_then_resumes_to_the_same_bytes(s3: Proxy, tmp_path: Path) -> None:
     """Small read blocks (storage_options) make a 4 MB file many ranged GETs; the store goes away mid-file. After
     the retries (s3fs's; botocore's own are turned off here by config_kwargs to keep the test short) the job

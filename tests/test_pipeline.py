@@ -31,6 +31,7 @@ def _prefixes(run_dir: Path) -> list[Path]:
     return sorted(Path(str(p)[:-4]) for p in (run_dir / "binidx").rglob("*.idx"))
 
 
+@pytest.mark.slow
 def test_megatron_reads_every_shard_and_ids_equal_the_tokenizer(web_run: Path, shared_data: Path) -> None:
     indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
     tok = Tokenizer.from_file(str(shared_data / PHI2))
@@ -50,6 +51,7 @@ def test_megatron_reads_every_shard_and_ids_equal_the_tokenizer(web_run: Path, s
     assert total == sum(run["summary"]["kept"].values())
 
 
+@pytest.mark.slow
 def test_dedup_counts_and_run_record(web_run: Path) -> None:
     run = json.loads((web_run / "run.json").read_text())
     assert run["summary"]["kept"]["dclm"] + run["summary"]["rejected"]["dclm"] == 780
@@ -66,6 +68,7 @@ def test_dedup_counts_and_run_record(web_run: Path) -> None:
     assert set(run["timings"]) >= {"ingest", "tokenizer", "tokenize", "exports"}
 
 
+@pytest.mark.slow
 def test_blend_json_is_megatron_per_split_with_token_weights(web_run: Path) -> None:
     blend = json.loads((web_run / "blend.json").read_text())
     assert set(blend) == {"train", "valid", "test"} and blend["valid"] is None and blend["test"] is None
@@ -97,6 +100,7 @@ def _raw(cfg: dict) -> dict:
     return {**cfg, "datasets": datasets}
 
 
+@pytest.mark.slow
 def test_outputs_identical_across_worker_counts_and_tokenizer_training(tmp_path: Path) -> None:
     src = tmp_path / "docs.jsonl"
     docs = english_docs(900)
@@ -132,6 +136,7 @@ def test_tokenize_part_refuses_a_vocabulary_that_does_not_fit_the_dtype(tmp_path
     assert not list((tmp_path / "binidx").rglob("*.bin"))
 
 
+@pytest.mark.slow
 def test_tokenize_part_encodes_in_batches_of_at_most_1024_records(tmp_path: Path, shared_data: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Thousands of short documents go to the encoder 1 024 at a time (one call for all of them costs 10-20 %

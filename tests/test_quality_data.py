@@ -58,6 +58,7 @@ def humaneval(shared_data: Path) -> dict[str, list[dict[str, str]]]:
 
 
 # ---- language -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("detector", DETECTORS)
 def test_language_gate_on_75_languages(lingua: list[dict[str, Any]], detector: str) -> None:
     records = every_nth_per_language(lingua, LANGDETECT_STEP if detector == "langdetect" else 1)
@@ -102,6 +103,7 @@ def test_c4_does_not_score_as_code(c4: list[dict[str, Any]]) -> None:
     print(f"\nC4 rejected as not code: {len(not_code)}/{len(c4)} ({early} by the early exit)")
 
 
+@pytest.mark.slow
 def test_pubmed_is_medical_c4_is_not(shared_data: Path, c4: list[dict[str, Any]]) -> None:
     pubmed = read_jsonl(shared_data / "medical" / "pubmedqa_abstracts.jsonl")
     qc = QualityControl({**OPEN, "domain": "medical"})
@@ -151,6 +153,7 @@ def _evaluate_in_worker(config: dict[str, Any], records: list[Any]) -> list[tupl
     return [tuple(v) for v in QualityControl(config).evaluate_batch(records)]
 
 
+@pytest.mark.slow
 def test_process_pool_matches_in_process(c4: list[dict[str, Any]], lingua: list[dict[str, Any]]) -> None:
     records: list[Any] = c4[:150] + [{"text": r["text"]} for r in lingua[::120]] + [None, {"text": b"x"}]
     config = {"min_chars": 20, "language_detector": "cascade"}

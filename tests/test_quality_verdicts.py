@@ -139,6 +139,7 @@ def all_corpora(shared_data: Path) -> dict[str, list[Any]]:
     return corpora(shared_data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_verdicts_identical_to_the_pinned_chain(case: str, all_corpora: dict[str, list[Any]]) -> None:
     _, corpus, config, step = next(c for c in CASES if c[0] == case)
@@ -179,6 +180,7 @@ def _texts(all_corpora: dict[str, list[Any]], step: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_fast_scans_equal_their_reference_scans(all_corpora: dict[str, list[Any]]) -> None:
     """Each shortcut against the plain scan it replaces, on real text with bait spliced in."""
     from quality.gates import pii
@@ -205,6 +207,7 @@ def test_fast_scans_equal_their_reference_scans(all_corpora: dict[str, list[Any]
     assert scanned > 10_000
 
 
+@pytest.mark.slow
 def test_cld2_input_drops_exactly_what_the_str_class_drops() -> None:
     """The bytes test for characters pycld2 refuses agrees with the str regex on every code point."""
     from quality.language import _CLD2_UNSAFE, _UTF8_UNSAFE, cld2_input

@@ -56,6 +56,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     return cfg, tmp / "run"
 
 
+@pytest.mark.slow
 def test_shards_are_tokenized_while_ingest_runs(reference: tuple[dict, Path]) -> None:
     """The reference run trains on a 0.2 MB sample, so its first shards finish before ingest does."""
     lines = [json.loads(line) for line in (reference[1] / "logs" / "streamprep.log").read_text().splitlines()]
@@ -80,6 +81,7 @@ def _ingest_only_then(cfg: dict, run_dir: Path, damage) -> None:
 
 @pytest.mark.parametrize("case", ["part_longer", "torn_tail", "part_shorter", "part_missing", "checkpoint_truncated",
                                   "extra_part", "rejects_longer", "dedup_longer"])
+@pytest.mark.slow
 def test_repair_cases_resume_to_identical_outputs(reference: tuple[dict, Path], tmp_path: Path, case: str) -> None:
     """Each case is a state a crash (or power loss) can leave; the resumed run must end byte-identical."""
     cfg, ref = reference
@@ -156,6 +158,7 @@ PHASES = [("tokenizer trained", 0.05), ("shard done", 0.0), ("start", 0.6), ("sh
           ("writing exports", 0.0), ("start", 0.1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "sigint"])
 def test_kill_anywhere_then_resume_gives_identical_outputs(reference: tuple[dict, Path], tmp_path: Path,
                                                            sig: signal.Signals) -> None:
@@ -195,6 +198,7 @@ def test_kill_anywhere_then_resume_gives_identical_outputs(reference: tuple[dict
     assert required <= set(killed_in), killed_in
 
 
+@pytest.mark.slow
 def test_second_run_on_a_locked_run_dir_exits_2(reference: tuple[dict, Path], tmp_path: Path) -> None:
     cfg, _ = reference
     cfg_path = tmp_path / "cfg.yaml"
@@ -216,6 +220,7 @@ def test_second_run_on_a_locked_run_dir_exits_2(reference: tuple[dict, Path], tm
     assert "took over a stale lock" in (run_dir / "logs/streamprep.log").read_text()
 
 
+@pytest.mark.slow
 def test_config_drift_is_refused_naming_keys(reference: tuple[dict, Path], tmp_path: Path) -> None:
     cfg, ref = reference
     changed = json.loads(json.dumps(cfg))

@@ -149,6 +149,7 @@ class _SvgAttrs(HTMLParser):
             self.svgs.append(dict(attrs))
 
 
+@pytest.mark.slow
 def test_cli_run_leaves_no_pymp_dir_and_audit_svg_is_well_formed(tmp_path):
     private_tmp = tmp_path / "tmpdir"
     private_tmp.mkdir()

@@ -89,6 +89,7 @@ def glaive(tmp_path_factory, shared_data: Path, phi3) -> dict[str, Any]:
     return {"cfg": cfg, "records": records, "stats": stats, "out": root / "sft"}
 
 
+@pytest.mark.slow
 def test_glaive_masks_match_the_rendered_template(glaive: dict[str, Any], phi3) -> None:
     stats, out, records = glaive["stats"], glaive["out"], glaive["records"]
     assert stats["records"] == stats["documents"] == 300 and stats["dropped"] == {}
@@ -119,6 +120,7 @@ def test_glaive_masks_match_the_rendered_template(glaive: dict[str, Any], phi3) 
     assert 0.5 < trained / total < 0.75   # 62% on this sample: long assistant answers and JSON calls
 
 
+@pytest.mark.slow
 def test_glaive_meta_and_files(glaive: dict[str, Any]) -> None:
     stats, out = glaive["stats"], glaive["out"]
     assert stats["files"] == ["part-00000_s0000.meta.json",
@@ -190,6 +192,7 @@ def hh(tmp_path_factory, shared_data: Path, phi3) -> dict[str, Any]:
     return {"cfg": cfg, "records": records, "stats": stats, "out": root / "dpo"}
 
 
+@pytest.mark.slow
 def test_hh_dpo_pairs_train_only_the_final_assistant_turn(hh: dict[str, Any], phi3) -> None:
     stats, out, records = hh["stats"], hh["out"], hh["records"]
     # four 'chosen' transcripts end with a blank assistant turn: nothing to train, the pair is dropped
@@ -324,6 +327,7 @@ def test_drop_reasons_are_counted_and_keys_stay_aligned(tmp_path: Path, phi3) ->
     assert qc_check({**good, "responses": ["a"], "rewards": [1.0, 2.0]}, cfg)[1].startswith("list_length_mismatch:")
 
 
+@pytest.mark.slow
 def test_megatron_core_reads_grouped_documents(tmp_path: Path, phi3) -> None:
     indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
     cfg = load_sft_config(sft_section("grpo"))
@@ -443,6 +447,7 @@ def test_plain_text_template_headers(tmp_path: Path, shared_data: Path) -> None:
     assert [r.strip() for r in runs] == ["Seven is prime.", "Eleven."]
 
 
+@pytest.mark.slow
 def test_outputs_are_byte_identical_and_shards_split_at_max_tokens(tmp_path: Path, shared_data: Path, phi3) -> None:
     raw = sft_section("dpo")
     raw["output"]["max_tokens_per_shard"] = 20_000

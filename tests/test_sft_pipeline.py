@@ -15,6 +15,7 @@ from streamprep.verify import verify_run
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_sft_chat_config_end_to_end(shared_data: Path, tmp_path: Path) -> None:
     raw = yaml.safe_load((REPO / "configs/sft_chat.yaml").read_text())
     raw["datasets"][0]["path"] = str(shared_data / "chat/glaive_toolcall_en_demo300.messages.jsonl")

@@ -163,6 +163,7 @@ def _poll_during_run(cfg: dict, tmp_path: Path) -> tuple[list[dict], subprocess.
     return seen, proc, out, err
 
 
+@pytest.mark.slow
 def test_status_while_a_real_run_is_in_progress(tmp_path):
     """Poll status during a real `streamprep ingest`: it sees the run (pid), consistent counts, no disturbance."""
     data = tmp_path / "s.jsonl"
@@ -186,6 +187,7 @@ def test_status_while_a_real_run_is_in_progress(tmp_path):
     assert "counts add up" in out  # `ingest` ends with the audit summary
 
 
+@pytest.mark.slow
 def test_status_shows_tokenization_advancing_during_ingest(tmp_path, shared_data):
     """With `tokenizer.path`, sealed parts are tokenized while ingest still runs; status shows it."""
     data = tmp_path / "s.jsonl"
@@ -224,6 +226,7 @@ def _source(tmp_path: Path) -> tuple[list[dict], Path, int]:
     return [dataset({"name": "web", "path": str(path)}), dataset({"name": "later", "path": str(path)})], path, 100_000
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_progress_plain_lines_every_interval(tmp_path):
     datasets, path, size = _source(tmp_path)
@@ -250,6 +253,7 @@ async def test_progress_plain_lines_every_interval(tmp_path):
     assert "read 600" in line and "kept 480" in line and "rejected 120" in line and "MB written" in line
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_progress_tty_display_and_shards(tmp_path):
     from rich.console import Console

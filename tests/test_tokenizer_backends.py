@@ -84,6 +84,7 @@ def tokenizer_files(shared_data: Path, corpus_texts: dict[str, list[str]],
             "phi-3-mini": shared_data / "tokenizers/phi-3-mini/tokenizer.json", "trained-bpe": d / "trained.json"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "phi-2", "phi-3-mini", "trained-bpe"])
 def test_gigatoken_ids_equal_hf_on_every_corpus(name: str, tokenizer_files: dict[str, Path],
                                                 corpus_texts: dict[str, list[str]]) -> None:
@@ -130,6 +131,7 @@ def test_auto_falls_back_to_hf_when_gigatoken_cannot_load(tmp_path: Path, caplog
         validate(cfg, tmp_path)
 
 
+@pytest.mark.slow
 def test_config_key_is_validated_and_left_out_of_the_output_hash(tmp_path: Path, shared_data: Path) -> None:
     (tmp_path / "x.jsonl").write_text('{"text": "hello"}\n')
     cfg = base_config([{"name": "d", "path": str(tmp_path / "x.jsonl")}], str(shared_data / PHI2))
@@ -144,6 +146,7 @@ def test_config_key_is_validated_and_left_out_of_the_output_hash(tmp_path: Path,
     assert len(hashes) == 1  # a run resumed under another backend is no config drift
 
 
+@pytest.mark.slow
 def test_a_mismatch_sends_auto_to_hf_and_stops_forced_gigatoken(tmp_path: Path, shared_data: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A gigatoken that disagrees with HF (simulated: one id off on texts with a combining acute) is caught by the
@@ -231,6 +234,7 @@ def _job(tmp_path: Path, shared_data: Path, name: str, tokenizer: str | None, ba
     return run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokenizer", [PHI2, None], ids=["phi-2", "trained"])
 def test_job_writes_identical_bytes_under_hf_and_gigatoken(tokenizer: str | None, tmp_path: Path,
                                                            shared_data: Path) -> None:
@@ -289,6 +293,7 @@ print(peak - base, b.rebuilds)
 """
 
 
+@pytest.mark.slow
 def test_gigatoken_memory_stays_within_the_budget(shared_data: Path) -> None:
     """32 MB of unique words: unbounded caches grow ~230 MB; with a 64 MiB budget the rebuilds keep the
     growth under the budget plus one tokenizer's rebuild residue (~50 MB measured; 64 MiB allowed)."""

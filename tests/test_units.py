@@ -83,6 +83,7 @@ async def _ingest(cfg, run: Path) -> None:
     await ingest_all(IngestContext.of(cfg, run, run / "checkpoints", asyncio.Event()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_many_units_write_what_one_unit_writes(tmp_path: Path, workers: int) -> None:
     one = tmp_path / "one"
@@ -104,6 +105,7 @@ async def test_many_units_write_what_one_unit_writes(tmp_path: Path, workers: in
         assert ck["done"] and ck["consumed"] == _lines(1200).count(b"\n")
 
 
+@pytest.mark.slow
 async def test_stop_with_a_part_open_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     """A stop leaves sealed parts, the open part's kept lines staged by the workers, and units judged ahead
     but not committed (their staged files are removed on resume and judged again)."""

@@ -30,6 +30,7 @@ def _named(problems: list[str], rel: str) -> list[str]:
     return [p for p in problems if rel in p]
 
 
+@pytest.mark.slow
 def test_clean_run_has_no_problems(exported):
     assert verify_run(exported) == []
 
@@ -72,6 +73,7 @@ def test_truncated_idx(exported):
     assert any("cannot read" in p for p in _named(problems, rel))
 
 
+@pytest.mark.slow
 def test_bin_shorter_than_idx_says(exported):
     path = exported / "binidx" / "dclm" / "part-00000_text_document.bin"
     path.write_bytes(path.read_bytes()[:-2])
@@ -218,6 +220,7 @@ def chain_run(pipeline_run: Path):
     assert verify_run(pipeline_run) == []
 
 
+@pytest.mark.slow
 def test_real_run_verifies_and_records_the_chain(chain_run):
     run, _ = chain_run
     record, man = atomic.read_json(run / "run.json"), atomic.read_json(run / "manifest.json")
@@ -265,6 +268,7 @@ TAMPER = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(TAMPER))
 def test_every_tampering_is_named(chain_run, case):
     run, touch = chain_run
@@ -276,6 +280,7 @@ def test_every_tampering_is_named(chain_run, case):
         assert any(p.startswith("manifest.json: SHA-256 mismatch (run.json says") for p in problems), problems
 
 
+@pytest.mark.slow
 def test_verify_cli_exit_code_on_tampering(chain_run):
     run, touch = chain_run
     touch("blend.json", TAMPER["blend_weight"][1])
@@ -324,6 +329,7 @@ def test_moved_run_has_its_blend_reported(pipeline_run, tmp_path):
     assert len(problems) == 1 and problems[0].startswith("blend.json: content differs from manifest.json"), problems
 
 
+@pytest.mark.slow
 def test_sft_run_chain(shared_data, tmp_path):
     """SFT: sequence/mask/meta.json files are covered through the receipts the manifest lists."""
     import yaml
@@ -343,6 +349,7 @@ def test_sft_run_chain(shared_data, tmp_path):
     assert _named(verify_run(run), f"{rel}: SHA-256 mismatch (receipts/glaive_toolcall/part-00000.json says")
 
 
+@pytest.mark.slow
 def test_rerun_of_a_pre_chain_run_records_the_chain(pipeline_run, tmp_path):
     """A finished run without manifest_sha256 (older streamprep) is not 'complete' for a re-run: exports redone."""
     from streamprep.config import Config

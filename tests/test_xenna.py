@@ -198,6 +198,7 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
         tree_hashes(tmp_path / "single", *OUTPUTS, names=("manifest.json",))
 
 
+@pytest.mark.slow
 def test_local_engine_imports_neither_ray_nor_xenna(tmp_path: Path) -> None:
     """`engine: local` is the whole job without Ray: a fresh interpreter runs one through the engine
     registry and never imports `ray` or `cosmos_xenna`."""
@@ -213,6 +214,7 @@ def test_local_engine_imports_neither_ray_nor_xenna(tmp_path: Path) -> None:
     assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
 
 
+@pytest.mark.slow
 def test_the_stage_waits_for_this_jobs_qc_actors_and_a_stopped_job_does_not_wait() -> None:
     """Placement order is what makes a 2-node run use both nodes: the stage waits until the QC actors
     hold their CPUs; a previous job's placement does not count, and a stopped engine stops waiting."""
@@ -413,6 +415,7 @@ def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None
     assert [r["where"] for r in results] == ["stage", "stage"]
 
 
+@pytest.mark.slow
 def test_reaping_ray_leaves_other_child_processes_alone() -> None:
     """Regression: the exports' process pool runs while Ray shuts down; reaping killed every child of the
     driver that outlived the shutdown, and the exports failed with BrokenProcessPool (308 MB, engine xenna)."""
