@@ -43,10 +43,10 @@ STOP = object()  # what a coroutine gets instead of an item once a stop is reque
 # `base` counts the items of the unit's file in earlier units; `skip_file`: a file whose rest did not decode.
 START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip_file": None}
 # QC processes run this much nicer than the job: the tokenizer, downstream, comes first on a shared core.
-# 10 rather than 5: the first shard came ~20 % sooner, the whole job no slower (docs/performance.md, sixth round).
+# 10 rather than 5: the first shard came ~20 % sooner, the whole job no slower (sixth round: `git show c594e76:docs/performance.md`).
 QC_NICE = 10
 # An hf:// QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
-# text so far): a process-pool round trip costs ~3 ms of the driver's CPU (docs/performance.md, eighth round).
+# text so far): a process-pool round trip costs ~3 ms of the driver's CPU (eighth round: `git show c594e76:docs/performance.md`).
 QC_CALL_BATCHES = 4
 QC_CALL_BYTES = 4 << 20
 

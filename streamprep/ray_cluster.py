@@ -163,7 +163,7 @@ def cpus_per_worker(workers: int) -> float:
 
 def node_count() -> int:
     """Alive nodes of the cluster: the stage runs one worker per node, since the Rust tokenizer already
-    threads over a node's cores (two workers on one 2-core node only compete: docs/performance.md)."""
+    threads over a node's cores (two workers on one 2-core node only compete: `git show c594e76:docs/performance.md`)."""
     import ray
 
     return max(1, sum(1 for n in ray.nodes() if n.get("Alive")))

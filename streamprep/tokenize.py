@@ -22,7 +22,7 @@ from streamprep.layout import RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 
 # Records per `encode_batch_fast` call, at most ENCODE_BYTES of lines: thousands of short documents in one call
-# cost ~10-20 % more CPU than the same text in calls of 1 024 (docs/performance.md, sixth round).
+# cost ~10-20 % more CPU than the same text in calls of 1 024 (sixth round: `git show c594e76:docs/performance.md`).
 ENCODE_BATCH = 1024
 ENCODE_BYTES = 1 << 22
 

@@ -47,7 +47,7 @@ async def test_stop_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
 
 async def test_qc_processes_yield_the_cores_to_the_tokenizer(tmp_path: Path) -> None:
     """QC pool processes run QC_NICE steps nicer than the job, so sealed parts are tokenized as they come
-    (measured: first shard 3.5x -> 1.9x one part's ingest, whole job -10 %, docs/performance.md)."""
+    (measured: first shard 3.5x -> 1.9x one part's ingest, whole job -10 %, sixth round of `git show c594e76:docs/performance.md`)."""
     import os
     import time
 
