@@ -43,6 +43,8 @@ _head: subprocess.Popen | None = None  # the `streamprep.ray_head` process of a 
 _head_tmp = ""  # its TMPDIR, removed with it
 _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one per process: Ray caches it
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
+# Every Ray worker process of the job (QC actors, Xenna's actors, tasks) on every node runs this at start-up.
+JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
 _qc_placed = threading.Event()  # this job's QC actors hold their CPUs (set by ingest, awaited by the stage)
 QC_PLACEMENT_WAIT_S = 120.0
 
@@ -64,7 +66,8 @@ def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = 
             import ray
 
             try:
-                ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+                ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
+                               namespace=f"streamprep-{uuid.uuid4().hex[:12]}", runtime_env=JOB_RUNTIME_ENV)
             except BaseException:
                 if _started_here:
                     _stop_head()
@@ -73,6 +76,26 @@ def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = 
             os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
             log.info("ray connected", address=os.environ["RAY_ADDRESS"], started=_started_here)
         return os.environ.get("RAY_ADDRESS", "")
+
+
+def exit_at_interpreter_shutdown() -> None:
+    """In a Ray worker process of the job: end the process the moment its interpreter starts shutting down.
+
+    Ray ends an actor (ray.kill, the job's end, its driver's death) by shutting its core worker down and
+    letting the interpreter exit, which joins every non-daemon thread first. Xenna 0.3's NodeResourceMonitor and
+    StageWorker keep such threads looping forever, so their processes stayed, actor dead and disconnected, with
+    no raylet tracking them (~150 MB each, one of each per node per job, outliving even `ray stop` of the
+    node). threading's own at-exit hooks run before that join: there the work is over, so exit at once."""
+    threading._register_atexit(_exit_now)  # type: ignore[attr-defined]
+
+
+def _exit_now() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def _ray_initialized() -> bool:
