@@ -119,11 +119,14 @@ class _QCActor:
 
 class RayQCRunner:
     """QC batches on Ray actors of an existing cluster; each actor answers in order, and the writer awaits
-    batches in source order, so outputs equal the process-pool run's."""
+    batches in source order, so outputs equal the process-pool run's. An actor lost with its node is restarted
+    by Ray on a node left and its calls retried (QC is a pure function of the batch); with no node left to run
+    on, a call fails after `ray_cluster.NO_NODE_WAIT_S` instead of waiting forever."""
 
     def __init__(self, quality: QualitySettings, workers: int, address: str):
         from streamprep import ray_cluster
 
+        self._cluster = ray_cluster
         ray_cluster.connect(address, workers)
         self.workers = max(1, workers)
         self.actors = ray_cluster.spread_actors(_QCActor, self.workers, quality)
@@ -133,11 +136,25 @@ class RayQCRunner:
     def submit(self, text_field: str, batches: list[list[Any]]) -> asyncio.Future:
         actor = self.actors[self._next % self.workers]
         self._next += 1
-        return asyncio.wrap_future(actor.evaluate.remote(text_field, batches).future())
+        return asyncio.ensure_future(self._answer(asyncio.wrap_future(actor.evaluate.remote(text_field, batches)
+                                                                      .future())))
+
+    async def _answer(self, call: asyncio.Future) -> Any:
+        try:
+            while not (await asyncio.wait({call}, timeout=1.0))[0]:
+                if why := self._cluster.no_node_left():
+                    raise self._cluster.NoNodeLeft(f"quality control: {why}; re-run the same command to resume")
+            return call.result()
+        finally:
+            call.cancel()  # (a no-op once it has an answer)
 
     def close(self) -> None:
         import ray
 
+        restarts = self._cluster.actor_restarts(self.actors)
+        if restarts:
+            log.warning("quality control actors restarted after lost nodes; their calls were retried",
+                        restarts=restarts)
         for a in self.actors:
             ray.kill(a)
 

@@ -47,6 +47,7 @@ _env_before: dict[str, str | None] = {}  # those variables as they were before t
 JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
 _qc_placed = threading.Event()  # this job's QC actors hold their CPUs (set by ingest, awaited by the stage)
 QC_PLACEMENT_WAIT_S = 120.0
+ACTOR_RESTARTS = 4  # a QC actor lost with its node is restarted elsewhere this often per job, its calls retried
 
 
 def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:
@@ -184,12 +185,69 @@ def cpus_per_worker(workers: int) -> float:
     return max(min(cpus / max(workers, 1), 1.0) / 2, 0.05)
 
 
-def node_count() -> int:
-    """Alive nodes of the cluster: the stage runs one worker per node, since the Rust tokenizer already
-    threads over a node's cores (two workers on one 2-core node only compete: docs/performance.md)."""
+def usable_nodes() -> set[str]:
+    """Ids of the alive nodes that have CPUs (a head started with `--num-cpus=0` runs none of the job's work).
+    The stage runs one worker per such node: the Rust tokenizer already threads over a node's cores (two
+    workers on one 2-core node only compete: docs/performance.md)."""
     import ray
 
-    return max(1, sum(1 for n in ray.nodes() if n.get("Alive")))
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0}
+
+
+def address() -> str:
+    return os.environ.get("RAY_ADDRESS", "")
+
+
+class NoNodeLeft(RuntimeError):
+    """Every node able to run the job's work is gone, and none came back in NO_NODE_WAIT_S."""
+
+
+NO_NODE_WAIT_S = 20.0  # how long a job with no usable node waits for one (a raylet restarting) before failing
+_no_node_since: float | None = None
+_nodes_checked = 0.0
+
+
+def is_lost_worker(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) says a Ray worker, its node or an object it held was lost, rather
+    than that the work itself failed (which would fail again on any node)."""
+    from ray import exceptions as rx
+
+    lost = (rx.RayActorError, rx.NodeDiedError, rx.WorkerCrashedError, rx.ObjectLostError, rx.OwnerDiedError,
+            rx.LocalRayletDiedError, rx.ActorUnavailableError)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, lost):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def wait_for_usable_node(cancelled: Callable[[], bool], timeout: float | None = None) -> bool:
+    """True as soon as a node can run the job's work; False after `timeout` (NO_NODE_WAIT_S) or once `cancelled()`."""
+    deadline = time.monotonic() + (NO_NODE_WAIT_S if timeout is None else timeout)
+    while not usable_nodes():
+        if cancelled() or time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def no_node_left() -> str | None:
+    """A reason once no node has been able to run the job's work for NO_NODE_WAIT_S, else None. Cheap to call
+    often: it asks the GCS at most once a second (work waiting on an actor Ray restarts after a lost node
+    would otherwise wait forever for a node that never comes)."""
+    global _no_node_since, _nodes_checked
+    now = time.monotonic()
+    if now - _nodes_checked >= 1.0:
+        _nodes_checked = now
+        if usable_nodes():
+            _no_node_since = None
+        elif _no_node_since is None:
+            _no_node_since = now
+    if _no_node_since is not None and now - _no_node_since >= NO_NODE_WAIT_S:
+        return f"no Ray node with CPUs has been alive for {NO_NODE_WAIT_S:.0f} s"
+    return None
 
 
 def spread_actors(cls: type, workers: int, *args: object) -> list:
@@ -198,11 +256,22 @@ def spread_actors(cls: type, workers: int, *args: object) -> list:
     so on N nodes both pools cover all N whoever asked Ray first."""
     import ray
 
-    actor = ray.remote(num_cpus=cpus_per_worker(workers), scheduling_strategy="SPREAD")(cls)
+    actor = ray.remote(num_cpus=cpus_per_worker(workers), scheduling_strategy="SPREAD", max_restarts=ACTOR_RESTARTS,
+                       max_task_retries=ACTOR_RESTARTS)(cls)
     actors = [actor.remote(*args) for _ in range(workers)]
     ray.get([a.ready.remote() for a in actors])
     _qc_placed.set()
     return actors
+
+
+def actor_restarts(actors: list) -> int:
+    """How many times Ray restarted `actors` (each restart follows a lost worker or node); 0 if it cannot tell."""
+    try:
+        from ray.util.state import get_actor
+
+        return sum(int(getattr(get_actor(a._actor_id.hex()), "num_restarts", 0) or 0) for a in actors)
+    except Exception:  # the state API is best effort here: the count only goes to the log
+        return 0
 
 
 def expect_qc_actors() -> None:
