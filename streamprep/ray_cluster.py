@@ -233,6 +233,16 @@ def wait_for_usable_node(cancelled: Callable[[], bool], timeout: float | None = 
     return True
 
 
+def wait_for_node_loss(nodes: set[str], timeout: float, cancelled: Callable[[], bool]) -> set[str]:
+    """Those of `nodes` Ray marks dead (or that lose their CPUs) within `timeout`; empty if none does."""
+    deadline = time.monotonic() + timeout
+    while not (lost := nodes - usable_nodes()):
+        if cancelled() or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return lost
+
+
 def no_node_left() -> str | None:
     """A reason once no node has been able to run the job's work for NO_NODE_WAIT_S, else None. Cheap to call
     often: it asks the GCS at most once a second (work waiting on an actor Ray restarts after a lost node

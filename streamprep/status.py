@@ -166,8 +166,18 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "checkpoint_dir": str(ckpt_dir),
         "datasets": datasets,
         "totals": totals,
+        "retries": _retries(run_dir),        # shards re-run on another node after losing theirs (all attempts)
         "outputs": exports,
     }
+
+
+def _retries(run_dir: Path) -> int:
+    """Lines of logs/retries.jsonl: one per shard the xenna engine handed to a restarted stage."""
+    try:
+        with open(RunLayout(run_dir).logs_dir / "retries.jsonl", "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
+        return 0
 
 
 def _tokenize_eta(run_dir: Path, pending: int, recent: int = 20) -> float | None:
@@ -234,6 +244,8 @@ def format_status(st: dict[str, Any]) -> str:
                      + (f", ETA {eta:.0f} s at the recent rate" if eta is not None else ""))
     if not all_final:
         lines.append("(+ = more shards follow as ingest of that dataset seals parts)")
+    if st.get("retries"):
+        lines.append(f"retries: {st['retries']} shard(s) re-run after losing their Ray node (logs/retries.jsonl)")
     out = st["outputs"]
     lines.append("outputs: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in out.items()))
     if st["state"] == "resumable":

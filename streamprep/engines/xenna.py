@@ -43,6 +43,10 @@ POLL_S = 0.2
 STOP_WAIT_S = 30.0  # a stop (end of job or Ctrl-C) waits this long for Xenna and Ray to wind down
 MAX_STAGE_RESTARTS = 8  # lost nodes the stage recovers from in one job (a node Ray has not yet marked dead
 # can cost a second restart); beyond that the job fails and resumes on the next run
+NODE_DEATH_WAIT_S = 60.0  # after a worker is lost, how long to wait for Ray to mark its node dead (Ray's health
+# checks took ~20 s here); restarting before that places the stage on the dead node again
+IN_FLIGHT_PER_WORKER = 4  # tasks handed to the stage per worker: Xenna takes all it is given into its own queue,
+# and the tasks a failed stage held are what a restart hands again (4 keep a worker busy between answers)
 RETRIES_FILE = "retries.jsonl"  # in the run's logs dir: one line per shard handed to a new stage
 
 
@@ -68,7 +72,9 @@ class XennaEngine(Engine):
         self._draining = False  # every task is submitted (ingest is done)
         self._driver_only: str | None = None  # why the job's own cluster is not used (the driver tokenizes all)
         self._in_flight: dict[Any, Any] = {}  # task key -> task, handed to the stage and not answered (under _cv)
-        self.retries = 0  # tasks handed to a restarted stage after a lost node
+        self._queued: deque = deque()  # tasks for the stage, waiting for room in flight (under _cv)
+        self._room = IN_FLIGHT_PER_WORKER  # tasks in flight at most: per stage worker, set when the stage starts
+        self._retried: set = set()  # shards handed to a restarted stage (each counted once)
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -124,6 +130,8 @@ class XennaEngine(Engine):
             stage_workers = max(1, min(self.workers, len(nodes)))
             with self._cv:
                 source = self._source
+                self._room = IN_FLIGHT_PER_WORKER * stage_workers
+                self._pump()
             spec = xenna.PipelineSpec(
                 input_data=[],
                 stages=[xenna.StageSpec(stage_cls(cpus=per_worker), num_workers=stage_workers)],
@@ -143,6 +151,8 @@ class XennaEngine(Engine):
                         or not (lost or ray_cluster.is_lost_worker(exc)):
                     raise
                 restarts += 1
+                if not lost:  # the worker is gone, but Ray may not have marked its node dead yet
+                    lost = ray_cluster.wait_for_node_loss(nodes, NODE_DEATH_WAIT_S, lambda: self._stopping is not None)
                 log.warning("xenna stage lost a worker; restarting it on the nodes left", restarts=restarts,
                             lost_nodes=sorted(lost), error=f"{type(exc).__name__}: {str(exc)[:300]}")
                 if not ray_cluster.wait_for_usable_node(lambda: self._stopping is not None):
@@ -150,6 +160,11 @@ class XennaEngine(Engine):
                         f"no Ray node able to run the stage for {ray_cluster.NO_NODE_WAIT_S:.0f} s after it lost a "
                         f"worker ({type(exc).__name__}); re-run the same command to resume") from exc
                 self._retry_in_flight(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+    @property
+    def retries(self) -> int:
+        """Shards handed to a restarted stage after a lost worker (each counted once)."""
+        return len(self._retried)
 
     def _retry_in_flight(self, reason: str) -> None:
         """Hand every task the failed pipeline held to a fresh source queue, in the order first given, and
@@ -162,8 +177,8 @@ class XennaEngine(Engine):
             if self._stopping is not None:
                 source.put(None)
             self._source = source
-        shards = [t for t in tasks if t != PING]
-        self.retries += len(shards)
+        shards = [t for t in tasks if t != PING and _key(t) not in self._retried]
+        self._retried.update(_key(t) for t in shards)
         for task in shards:
             _drop_tmp_files(task)
             log.warning("shard retried", dataset=task.dataset, part=task.part, reason=reason)
@@ -197,9 +212,17 @@ class XennaEngine(Engine):
             self._to_stage(task)
 
     def _to_stage(self, task: Any) -> None:
-        """Give `task` to the stage and remember it until its answer (call with `_cv` held)."""
-        self._in_flight[_key(task)] = task
-        self._source.put(task)
+        """Give `task` to the stage as soon as there is room in flight (call with `_cv` held)."""
+        self._queued.append(task)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Hand queued tasks to the stage while fewer than `_room` are in flight, remembering each until its
+        answer (call with `_cv` held)."""
+        while self._queued and len(self._in_flight) < self._room:
+            task = self._queued.popleft()
+            self._in_flight[_key(task)] = task
+            self._source.put(task)
 
     def _tokenize_early(self) -> None:
         """Run pending tasks in the driver until the stage has answered (then they go to the stage)."""
@@ -253,6 +276,7 @@ class XennaEngine(Engine):
                 continue
             with self._cv:
                 fresh = self._in_flight.pop(PING if result.get("ping") else _key(result["task"]), None) is not None
+                self._pump()
             if not fresh:  # a retried task whose first run answered after all: its result is kept once
                 continue
             if result.get("ping"):
