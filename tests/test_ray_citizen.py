@@ -236,3 +236,37 @@ def test_a_lost_node_costs_a_retry_not_a_rerun(cluster, tmp_path: Path) -> None:
         assert f"retries: {len(retried)} shard(s)" in format_status(status)
     print(f"lost node: {len(restarts)} stage restart(s), {len(retried)} shard(s) retried, "
           f"job ended {time.monotonic() - t_lost:.1f} s after the node died")
+
+
+@pytest.mark.ray
+def test_two_jobs_at_once_share_the_cluster_without_touching_each_other(cluster, tmp_path: Path) -> None:
+    """Two jobs started 2 s apart on one cluster: both exit 0 with the bytes of their runs alone, their actors live
+    in their own namespaces, neither's stage loses a worker to the other, and both leave nothing behind."""
+    from ray.util.state import list_actors, list_jobs
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    cfgs = {name: _config(tmp_path / name, n, 50, engine="xenna", workers=2, ray_address=cluster.address)
+            for name, n in (("a", 1200), ("b", 900))}
+    reference = {name: _local_reference(cfg, tmp_path / name / "local") for name, cfg in cfgs.items()}
+    procs = {}
+    for name, cfg in cfgs.items():
+        procs[name] = _start(cfg, tmp_path, tmp_path / name / "run")
+        time.sleep(2.0)
+    results = {name: _finish(proc) for name, proc in procs.items()}
+    for name, (code, err) in results.items():
+        assert code == 0, (name, err[-3000:])
+        assert tree_hashes(tmp_path / name / "run", *OUTPUTS, names=("manifest.json",)) == reference[name], name
+        log = _log(tmp_path / name / "run")
+        assert not [x for x in log if x["event"] in ("shard retried", "xenna stage lost a worker; restarting it on "
+                                                     "the nodes left")], name
+    jobs = {j.job_id: int(j.driver_info.pid) for j in list_jobs(address=cluster.dashboard_url)
+            if j.driver_info is not None and int(j.driver_info.pid) in {p.pid for p in procs.values()}}
+    assert len(jobs) == 2
+    actors = [a for a in list_actors(address=cluster.dashboard_url, limit=10000) if a.job_id in jobs]
+    namespaces = {job: {a.ray_namespace for a in actors if a.job_id == job} for job in jobs}
+    assert all(len(ns) == 1 for ns in namespaces.values()), namespaces
+    assert len(set.union(*namespaces.values())) == 2  # one namespace per job, none shared
+    classes = {job: sorted(a.class_name for a in actors if a.job_id == job) for job in jobs}
+    assert all(c.count("StageWorker") == 2 and c.count("_QCActor") == 2 for c in classes.values()), classes
+    _assert_nothing_left(cluster, {p.pid for p in procs.values()})
