@@ -151,6 +151,8 @@ class RayQCRunner:
     def close(self) -> None:
         import ray
 
+        if self._cluster.no_node_left():  # the cluster is gone: nothing to ask, nothing to end (Ray would block)
+            return
         restarts = self._cluster.actor_restarts(self.actors)
         if restarts:
             log.warning("quality control actors restarted after lost nodes; their calls were retried",

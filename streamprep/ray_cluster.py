@@ -12,6 +12,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -244,20 +245,34 @@ def wait_for_node_loss(nodes: set[str], timeout: float, cancelled: Callable[[], 
 
 
 def no_node_left() -> str | None:
-    """A reason once no node has been able to run the job's work for NO_NODE_WAIT_S, else None. Cheap to call
-    often: it asks the GCS at most once a second (work waiting on an actor Ray restarts after a lost node
-    would otherwise wait forever for a node that never comes)."""
+    """A reason once the job's cluster has had no node able to run its work for NO_NODE_WAIT_S (or its GCS has
+    not answered for that long), else None; None too while this process is not attached. Cheap to call often:
+    it looks at most once a second. Without it, work waiting on an actor Ray restarts after a lost node waits
+    forever for a node that never comes, and a driver whose GCS is gone hangs (Ray's client gives up after 60 s
+    but the process stays)."""
     global _no_node_since, _nodes_checked
     now = time.monotonic()
+    if not _ray_initialized():
+        return None
     if now - _nodes_checked >= 1.0:
         _nodes_checked = now
-        if usable_nodes():
+        if _gcs_answers() and usable_nodes():
             _no_node_since = None
         elif _no_node_since is None:
             _no_node_since = now
     if _no_node_since is not None and now - _no_node_since >= NO_NODE_WAIT_S:
-        return f"no Ray node with CPUs has been alive for {NO_NODE_WAIT_S:.0f} s"
+        return f"no Ray node with CPUs (or no GCS) has been alive for {NO_NODE_WAIT_S:.0f} s"
     return None
+
+
+def _gcs_answers() -> bool:
+    """The GCS port accepts a connection within a second (asking Ray itself would block while it is gone)."""
+    host, _, port = address().rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def spread_actors(cls: type, workers: int, *args: object) -> list:

@@ -93,19 +93,33 @@ def _command(cfg: dict, cfg_path: Path, run_dir: Path) -> tuple[list[str], dict[
 
 
 def _start(cfg: dict, tmp: Path, run_dir: Path) -> subprocess.Popen:
+    """The job's driver in its own session; its output goes to files (a pipe would also wait for any
+    process the driver left holding it)."""
     cmd, env = _command(cfg, tmp / f"{run_dir.name}.yaml", run_dir)
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    with open(tmp / f"{run_dir.name}.err", "ab") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    proc.err_path = tmp / f"{run_dir.name}.err"  # type: ignore[attr-defined]
+    return proc
 
 
-def _finish(proc: subprocess.Popen, timeout: float = JOB_TIMEOUT_S) -> tuple[int, str]:
+def _finish(proc: subprocess.Popen, timeout: float = JOB_TIMEOUT_S) -> tuple[int, str, list[str]]:
+    """The driver's exit code, its stderr, and the processes of its session that outlived it (killed here)."""
     try:
-        _, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-        pytest.fail(f"the job did not end within {timeout} s (a hang): {err[-2000:]}")
-    return proc.returncode, err
+        proc.wait()
+        pytest.fail(f"the job did not end within {timeout} s (a hang): {proc.err_path.read_text()[-2000:]}")
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if os.getsid(p.pid) == proc.pid:
+                left.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:100]}")
+                p.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return proc.returncode, proc.err_path.read_text(), left
 
 
 def _local_reference(cfg: dict, run_dir: Path) -> dict[str, str]:
@@ -180,8 +194,8 @@ def test_jobs_in_a_row_and_signalled_jobs_leave_nothing_behind(cluster, tmp_path
     for i in range(3):
         proc = _start(cfg, tmp_path, tmp_path / f"ok{i}")
         drivers.add(proc.pid)
-        code, err = _finish(proc)
-        assert code == 0, err[-3000:]
+        code, err, left = _finish(proc)
+        assert code == 0 and not left, (left, err[-3000:])
         _assert_nothing_left(cluster, drivers)
     ok = [tree_hashes(tmp_path / f"ok{i}", *OUTPUTS, names=("manifest.json",)) for i in range(3)]
     assert len(ok[0]) > 20 and ok[0] == ok[1] == ok[2]
@@ -191,11 +205,12 @@ def test_jobs_in_a_row_and_signalled_jobs_leave_nothing_behind(cluster, tmp_path
         drivers.add(proc.pid)
         _wait_for_log(run_dir, "shard done", proc)  # the stage's workers are up and working
         proc.send_signal(how)
-        code, err = _finish(proc, 60)
+        code, err, left = _finish(proc, 60)
         assert code != 0 and (code == -9) == (how == signal.SIGKILL), (how, code, err[-2000:])
+        assert not left, left
         _assert_nothing_left(cluster, drivers)
-        code, err = _finish(_start(cfg, tmp_path, run_dir))  # the same command resumes it
-        assert code == 0, err[-3000:]
+        code, err, left = _finish(_start(cfg, tmp_path, run_dir))  # the same command resumes it
+        assert code == 0 and not left, (left, err[-3000:])
         assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == ok[0]
     _assert_nothing_left(cluster, drivers)
 
@@ -219,10 +234,10 @@ def test_a_lost_node_costs_a_retry_not_a_rerun(cluster, tmp_path: Path) -> None:
             time.sleep(0.02)
         cluster.remove_node(worker, allow_graceful=False)
         t_lost = time.monotonic()
-        code, err = _finish(proc)
+        code, err, left = _finish(proc)
     finally:
         _restore(cluster)
-    assert code == 0, err[-3000:]
+    assert code == 0 and not left, (left, err[-3000:])
     assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == reference
     log = _log(run_dir)
     done = [(x["dataset"], x["part"]) for x in log if x["event"] == "shard done"]
@@ -254,8 +269,8 @@ def test_two_jobs_at_once_share_the_cluster_without_touching_each_other(cluster,
         procs[name] = _start(cfg, tmp_path, tmp_path / name / "run")
         time.sleep(2.0)
     results = {name: _finish(proc) for name, proc in procs.items()}
-    for name, (code, err) in results.items():
-        assert code == 0, (name, err[-3000:])
+    for name, (code, err, left) in results.items():
+        assert code == 0 and not left, (name, left, err[-3000:])
         assert tree_hashes(tmp_path / name / "run", *OUTPUTS, names=("manifest.json",)) == reference[name], name
         log = _log(tmp_path / name / "run")
         assert not [x for x in log if x["event"] in ("shard retried", "xenna stage lost a worker; restarting it on "
@@ -270,3 +285,38 @@ def test_two_jobs_at_once_share_the_cluster_without_touching_each_other(cluster,
     classes = {job: sorted(a.class_name for a in actors if a.job_id == job) for job in jobs}
     assert all(c.count("StageWorker") == 2 and c.count("_QCActor") == 2 for c in classes.values()), classes
     _assert_nothing_left(cluster, {p.pid for p in procs.values()})
+
+
+@pytest.mark.ray
+def test_with_no_node_left_the_job_fails_in_bounded_time_and_resumes(cluster, tmp_path: Path) -> None:
+    """Every node goes (the head too: GCS and raylets) while the stage works: the job exits 1 within a bounded
+    time, never hangs, and the same command on a cluster brought back at the same address finishes with the
+    bytes of a local run. Runs last: it replaces the module's cluster."""
+    from ray.cluster_utils import Cluster
+
+    address = cluster.address
+    cfg = _config(tmp_path, 16000, 100, engine="xenna", workers=2, ray_address=address)
+    reference = _local_reference(cfg, tmp_path / "local")
+    run_dir = tmp_path / "gone"
+    proc = _start(cfg, tmp_path, run_dir)
+    _wait_for_log(run_dir, "shard done", proc)
+    for node in list(cluster.worker_nodes):
+        cluster.remove_node(node, allow_graceful=False)
+    cluster.remove_node(cluster.head_node, allow_graceful=False)
+    t_gone = time.monotonic()
+    code, err, left = _finish(proc, 100)
+    took = time.monotonic() - t_gone
+    # Ray itself ends a driver whose raylet is gone (exit 1, at once, no clean-up of ours): the exports' process
+    # pool, if it was started, is then left on the driver's machine (reported in docs/multi-node.md)
+    print(f"no node left: exit {code} {took:.1f} s after the cluster went; left on the driver's machine: {left}")
+    assert code == 1, err[-3000:]
+    assert took < 60
+    port = address.rsplit(":", 1)[1]
+    again = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "gcs_server_port": int(port), "include_dashboard": True,
+                                                          "dashboard_port": int(cluster.dashboard_url.rsplit(":", 1)[1])})
+    cluster.__dict__.update(again.__dict__)  # the module fixture shuts this one down
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    code, err, left = _finish(_start(cfg, tmp_path, run_dir))
+    assert code == 0 and not left, (left, err[-3000:])
+    assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == reference

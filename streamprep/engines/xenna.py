@@ -41,6 +41,7 @@ log = logs.get("tokenize")
 PING = "ping"  # the first serving task: its answer tells the driver a stage worker is up
 POLL_S = 0.2
 STOP_WAIT_S = 30.0  # a stop (end of job or Ctrl-C) waits this long for Xenna and Ray to wind down
+LOST_STOP_WAIT_S = 2.0  # ... and this long once the cluster is gone
 MAX_STAGE_RESTARTS = 8  # lost nodes the stage recovers from in one job (a node Ray has not yet marked dead
 # can cost a second restart); beyond that the job fails and resumes on the next run
 NODE_DEATH_WAIT_S = 60.0  # after a worker is lost, how long to wait for Ray to mark its node dead (Ray's health
@@ -75,6 +76,7 @@ class XennaEngine(Engine):
         self._queued: deque = deque()  # tasks for the stage, waiting for room in flight (under _cv)
         self._room = IN_FLIGHT_PER_WORKER  # tasks in flight at most: per stage worker, set when the stage starts
         self._retried: set = set()  # shards handed to a restarted stage (each counted once)
+        self._cluster_lost = False
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -290,6 +292,9 @@ class XennaEngine(Engine):
             time.sleep(POLL_S / 4)
             if self.completed < self.submitted:
                 self._check_alive()
+                if why := ray_cluster.no_node_left():  # a stage waiting on a cluster that is gone never answers
+                    self._cluster_lost = True
+                    raise ray_cluster.NoNodeLeft(f"xenna tokenize stage: {why}; re-run the same command to resume")
         with self._lock:
             out, self._results = self._results, []
         return out
@@ -304,9 +309,10 @@ class XennaEngine(Engine):
     def join(self) -> None:
         if self._thread is None:
             return
-        self._thread.join(timeout=STOP_WAIT_S)
+        wait = LOST_STOP_WAIT_S if self._cluster_lost else STOP_WAIT_S  # Xenna blocks on the gone cluster
+        self._thread.join(timeout=wait)
         if self._thread.is_alive():
-            log.warning("xenna stage did not stop in time; leaving it to process exit", seconds=STOP_WAIT_S)
+            log.warning("xenna stage did not stop in time; leaving it to process exit", seconds=wait)
         else:
             log.info("xenna stage and its Ray cluster stopped",
                      seconds=round(time.monotonic() - (self._stopping or time.monotonic()), 2))
