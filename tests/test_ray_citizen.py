@@ -111,15 +111,29 @@ def _finish(proc: subprocess.Popen, timeout: float = JOB_TIMEOUT_S) -> tuple[int
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         pytest.fail(f"the job did not end within {timeout} s (a hang): {proc.err_path.read_text()[-2000:]}")
+    deadline = time.monotonic() + GONE_WITHIN_S  # multiprocessing's helpers exit once they see the driver gone
+    while (session := _session(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     left = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
+    for p in session:
         try:
-            if os.getsid(p.pid) == proc.pid:
-                left.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:100]}")
-                p.kill()
-        except (ProcessLookupError, psutil.NoSuchProcess):
+            left.append(f"{p.pid} {' '.join(p.cmdline())[:100]}")
+            p.kill()
+        except psutil.NoSuchProcess:
             continue
     return proc.returncode, proc.err_path.read_text(), left
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    """The running processes of session `sid` (a driver started with `_start` and whatever it started)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return found
 
 
 def _local_reference(cfg: dict, run_dir: Path) -> dict[str, str]:
