@@ -26,6 +26,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import traceback
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,9 @@ class XennaEngine(Engine):
             self._run_stage(xenna, TokenizeStage)
         except BaseException as exc:  # surfaced by drain()/stop() in the job's thread
             self._error = exc
+            if not isinstance(exc, ray_cluster.NoNodeLeft):  # the message alone rarely says where it failed
+                log.warning("xenna stage failed", error=f"{type(exc).__name__}: {exc}",
+                            where=traceback.format_exc(limit=-6)[-3000:])
         finally:
             ray_cluster.release()  # Ray must be shut down by the thread that started it
 
@@ -162,11 +166,6 @@ class XennaEngine(Engine):
                         f"no Ray node able to run the stage for {ray_cluster.NO_NODE_WAIT_S:.0f} s after it lost a "
                         f"worker ({type(exc).__name__}); re-run the same command to resume") from exc
                 self._retry_in_flight(f"{type(exc).__name__}: {str(exc)[:200]}")
-
-    @property
-    def retries(self) -> int:
-        """Shards handed to a restarted stage after a lost worker (each counted once)."""
-        return len(self._retried)
 
     def _retry_in_flight(self, reason: str) -> None:
         """Hand every task the failed pipeline held to a fresh source queue, in the order first given, and
