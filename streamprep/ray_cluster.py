@@ -76,7 +76,8 @@ def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = 
                     _started_here = False
                 raise
             os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
-            log.info("ray connected", address=os.environ["RAY_ADDRESS"], started=_started_here)
+            log.info("ray connected", address=os.environ["RAY_ADDRESS"], started=_started_here,
+                     namespace=ctx.namespace if hasattr(ctx, "namespace") else ray.get_runtime_context().namespace)
         return os.environ.get("RAY_ADDRESS", "")
 
 

