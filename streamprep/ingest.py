@@ -96,11 +96,15 @@ class _QCActor:
 
 class RayQCRunner:
     """Worker calls on Ray actors of an existing cluster (the stage files are on the run's shared filesystem);
-    the driver awaits them in plan order, so outputs equal the process-pool run's."""
+    the driver awaits them in plan order, so outputs equal the process-pool run's. An actor lost with its node is
+    restarted by Ray on a node left and its calls retried (every call writes its files atomically and depends only
+    on its arguments); with no node left to run on, a call fails after `ray_cluster.NO_NODE_WAIT_S` instead of
+    waiting forever."""
 
     def __init__(self, quality: QualitySettings, mode: Mode, workers: int, address: str):
         from streamprep import ray_cluster
 
+        self._cluster = ray_cluster
         ray_cluster.connect(address, workers)
         self.workers = max(1, workers)
         self.actors = ray_cluster.spread_actors(_QCActor, self.workers, quality, mode)
@@ -110,11 +114,26 @@ class RayQCRunner:
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         actor = self.actors[self._next % self.workers]
         self._next += 1
-        return asyncio.wrap_future(actor.run.remote(fn, *args).future())
+        return asyncio.ensure_future(self._answer(asyncio.wrap_future(actor.run.remote(fn, *args).future())))
+
+    async def _answer(self, call: asyncio.Future) -> Any:
+        try:
+            while not (await asyncio.wait({call}, timeout=1.0))[0]:
+                if why := self._cluster.no_node_left():
+                    raise self._cluster.NoNodeLeft(f"quality control: {why}; re-run the same command to resume")
+            return call.result()
+        finally:
+            call.cancel()  # (a no-op once it has an answer)
 
     def close(self) -> None:
         import ray
 
+        if self._cluster.no_node_left():  # the cluster is gone: nothing to ask, nothing to end (Ray would block)
+            return
+        restarts = self._cluster.actor_restarts(self.actors)
+        if restarts:
+            log.warning("quality control actors restarted after lost nodes; their calls were retried",
+                        restarts=restarts)
         for a in self.actors:
             ray.kill(a)
 

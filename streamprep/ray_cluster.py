@@ -12,6 +12,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,8 +44,11 @@ _head: subprocess.Popen | None = None  # the `streamprep.ray_head` process of a 
 _head_tmp = ""  # its TMPDIR, removed with it
 _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one per process: Ray caches it
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
+# Every Ray worker process of the job (QC actors, Xenna's actors, tasks) on every node runs this at start-up.
+JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
 _qc_placed = threading.Event()  # this job's QC actors hold their CPUs (set by ingest, awaited by the stage)
 QC_PLACEMENT_WAIT_S = 120.0
+ACTOR_RESTARTS = 4  # a QC actor lost with its node is restarted elsewhere this often per job, its calls retried
 
 
 def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:
@@ -64,15 +68,37 @@ def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = 
             import ray
 
             try:
-                ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+                ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
+                               namespace=f"streamprep-{uuid.uuid4().hex[:12]}", runtime_env=JOB_RUNTIME_ENV)
             except BaseException:
                 if _started_here:
                     _stop_head()
                     _started_here = False
                 raise
             os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
-            log.info("ray connected", address=os.environ["RAY_ADDRESS"], started=_started_here)
+            log.info("ray connected", address=os.environ["RAY_ADDRESS"], started=_started_here,
+                     namespace=ctx.namespace if hasattr(ctx, "namespace") else ray.get_runtime_context().namespace)
         return os.environ.get("RAY_ADDRESS", "")
+
+
+def exit_at_interpreter_shutdown() -> None:
+    """In a Ray worker process of the job: end the process the moment its interpreter starts shutting down.
+
+    Ray ends an actor (ray.kill, the job's end, its driver's death) by shutting its core worker down and
+    letting the interpreter exit, which joins every non-daemon thread first. Xenna 0.3's NodeResourceMonitor and
+    StageWorker keep such threads looping forever, so their processes stayed, actor dead and disconnected, with
+    no raylet tracking them (~150 MB each, one of each per node per job, outliving even `ray stop` of the
+    node). threading's own at-exit hooks run before that join: there the work is over, so exit at once."""
+    threading._register_atexit(_exit_now)  # type: ignore[attr-defined]
+
+
+def _exit_now() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def _ray_initialized() -> bool:
@@ -161,12 +187,93 @@ def cpus_per_worker(workers: int) -> float:
     return max(min(cpus / max(workers, 1), 1.0) / 2, 0.05)
 
 
-def node_count() -> int:
-    """Alive nodes of the cluster: the stage runs one worker per node, since the Rust tokenizer already
-    threads over a node's cores (two workers on one 2-core node only compete: `git show c594e76:docs/performance.md`)."""
+def usable_nodes() -> set[str]:
+    """Ids of the alive nodes that have CPUs (a head started with `--num-cpus=0` runs none of the job's work).
+    The stage runs one worker per such node: the Rust tokenizer already threads over a node's cores (two
+    workers on one 2-core node only compete: `git show c594e76:docs/performance.md`)."""
     import ray
 
-    return max(1, sum(1 for n in ray.nodes() if n.get("Alive")))
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0}
+
+
+def address() -> str:
+    return os.environ.get("RAY_ADDRESS", "")
+
+
+class NoNodeLeft(RuntimeError):
+    """Every node able to run the job's work is gone, and none came back in NO_NODE_WAIT_S."""
+
+
+NO_NODE_WAIT_S = 20.0  # how long a job with no usable node waits for one (a raylet restarting) before failing
+_no_node_since: float | None = None
+_nodes_checked = 0.0
+
+
+def is_lost_worker(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) says a Ray worker, its node or an object it held was lost, rather
+    than that the work itself failed (which would fail again on any node)."""
+    from ray import exceptions as rx
+
+    lost = (rx.RayActorError, rx.NodeDiedError, rx.WorkerCrashedError, rx.ObjectLostError, rx.OwnerDiedError,
+            rx.LocalRayletDiedError, rx.ActorUnavailableError)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, lost):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def wait_for_usable_node(cancelled: Callable[[], bool], timeout: float | None = None) -> bool:
+    """True as soon as a node can run the job's work; False after `timeout` (NO_NODE_WAIT_S) or once `cancelled()`."""
+    deadline = time.monotonic() + (NO_NODE_WAIT_S if timeout is None else timeout)
+    while not usable_nodes():
+        if cancelled() or time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def wait_for_node_loss(nodes: set[str], timeout: float, cancelled: Callable[[], bool]) -> set[str]:
+    """Those of `nodes` Ray marks dead (or that lose their CPUs) within `timeout`; empty if none does."""
+    deadline = time.monotonic() + timeout
+    while not (lost := nodes - usable_nodes()):
+        if cancelled() or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return lost
+
+
+def no_node_left() -> str | None:
+    """A reason once the job's cluster has had no node able to run its work for NO_NODE_WAIT_S (or its GCS has
+    not answered for that long), else None; None too while this process is not attached. Cheap to call often:
+    it looks at most once a second. Without it, work waiting on an actor Ray restarts after a lost node waits
+    forever for a node that never comes, and a driver whose GCS is gone hangs (Ray's client gives up after 60 s
+    but the process stays)."""
+    global _no_node_since, _nodes_checked
+    now = time.monotonic()
+    if not _ray_initialized():
+        return None
+    if now - _nodes_checked >= 1.0:
+        _nodes_checked = now
+        if _gcs_answers() and usable_nodes():
+            _no_node_since = None
+        elif _no_node_since is None:
+            _no_node_since = now
+    if _no_node_since is not None and now - _no_node_since >= NO_NODE_WAIT_S:
+        return f"no Ray node with CPUs (or no GCS) has been alive for {NO_NODE_WAIT_S:.0f} s"
+    return None
+
+
+def _gcs_answers() -> bool:
+    """The GCS port accepts a connection within a second (asking Ray itself would block while it is gone)."""
+    host, _, port = address().rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def spread_actors(cls: type, workers: int, *args: object) -> list:
@@ -175,11 +282,22 @@ def spread_actors(cls: type, workers: int, *args: object) -> list:
     so on N nodes both pools cover all N whoever asked Ray first."""
     import ray
 
-    actor = ray.remote(num_cpus=cpus_per_worker(workers), scheduling_strategy="SPREAD")(cls)
+    actor = ray.remote(num_cpus=cpus_per_worker(workers), scheduling_strategy="SPREAD", max_restarts=ACTOR_RESTARTS,
+                       max_task_retries=ACTOR_RESTARTS)(cls)
     actors = [actor.remote(*args) for _ in range(workers)]
     ray.get([a.ready.remote() for a in actors])
     _qc_placed.set()
     return actors
+
+
+def actor_restarts(actors: list) -> int:
+    """How many times Ray restarted `actors` (each restart follows a lost worker or node); 0 if it cannot tell."""
+    try:
+        from ray.util.state import get_actor
+
+        return sum(int(getattr(get_actor(a._actor_id.hex()), "num_restarts", 0) or 0) for a in actors)
+    except Exception:  # the state API is best effort here: the count only goes to the log
+        return 0
 
 
 def expect_qc_actors() -> None:

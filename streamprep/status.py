@@ -210,6 +210,7 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
         "totals": totals,
         "workers": workers or os.cpu_count() or 1,  # execution.workers, resolved as the job resolves it
         "hub": hub,                          # hf:// only: {retries: {cause: n}, gave_up, files, bytes}; else None
+        "retries": _retries(run_dir),        # shards re-run on another node after losing theirs (all attempts)
         "outputs": exports,
         "tokenizer_backend": _backend(run_dir, record),  # {requested, name, version, check, ...} or None
     }
@@ -224,6 +225,15 @@ def _backend(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
         return None
     fallback = read_json(layout.tokenizer_backend_fallback)
     return {**backend, "worker_fallback": fallback} if isinstance(fallback, dict) else backend
+
+
+def _retries(run_dir: Path) -> int:
+    """Lines of logs/retries.jsonl: one per shard the xenna engine handed to a restarted stage."""
+    try:
+        with open(RunLayout(run_dir).logs_dir / "retries.jsonl", "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
+        return 0
 
 
 def _tokenize_eta(run_dir: Path, pending: int, recent: int = 20) -> float | None:
@@ -305,6 +315,8 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append("(+ = more shards follow as ingest of that dataset seals parts)")
     if st.get("tokenizer_backend"):
         lines.append(_backend_line(st["tokenizer_backend"]))
+    if st.get("retries"):
+        lines.append(f"retries: {st['retries']} shard(s) re-run after losing their Ray node (logs/retries.jsonl)")
     out = st["outputs"]
     lines.append("outputs: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in out.items()))
     if st["state"] == "resumable":

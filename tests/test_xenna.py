@@ -214,6 +214,13 @@ def test_local_engine_imports_neither_ray_nor_xenna(tmp_path: Path) -> None:
     assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
 
 
+class _T(str):
+    """A stand-in ShardTask for the engine tests: its own part name, in dataset "d" (the fake results' dataset)."""
+
+    dataset = "d"
+    part = property(str.__str__)
+
+
 @pytest.mark.slow
 def test_the_stage_waits_for_this_jobs_qc_actors_and_a_stopped_job_does_not_wait() -> None:
     """Placement order is what makes a 2-node run use both nodes: the stage waits until the QC actors
@@ -260,7 +267,7 @@ def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(
     engines.append(engine)
     engine.start()
     for i in range(3):
-        engine.submit(f"p{i}")
+        engine.submit(_T(f"p{i}"))
     deadline = time.monotonic() + 10
     while not ran_in_driver and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -268,7 +275,7 @@ def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(
     deadline = time.monotonic() + 10
     while not engine._stage_answered and time.monotonic() < deadline:
         time.sleep(0.01)
-    engine.submit("p3")
+    engine.submit(_T("p3"))
     results = engine.drain()
     engine.stop()
     engine.join()
@@ -293,7 +300,7 @@ def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None
     monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
     engine.start()
-    assert [r["where"] for r in engine.run(["p0", "p1"])] == ["driver", "driver"]
+    assert [r["where"] for r in engine.run([_T("p0"), _T("p1")])] == ["driver", "driver"]
     engine.stop()
     ray_up.set()
     engine.join()
@@ -317,7 +324,7 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
     monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
     engine.start()
-    results = engine.run(["p0", "p1", "p2"])
+    results = engine.run([_T("p0"), _T("p1"), _T("p2")])
     engine.stop()
     engine.join()
     assert [(r["task"]["part"], r["where"]) for r in results] == [("p0", "driver"), ("p1", "driver"), ("p2", "driver")]
@@ -325,7 +332,7 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
 
     attached = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
     attached.start()
-    attached.submit("p0")
+    attached.submit(_T("p0"))
     with pytest.raises(RuntimeError, match="xenna tokenize stage failed: HeadStartError"):
         attached.drain()
     attached.stop()
@@ -350,7 +357,7 @@ def _late_cluster(monkeypatch, shard_seconds: float) -> tuple:
     monkeypatch.setattr(ray_cluster, "connect", lambda address, workers, cancelled: (ray_up.wait(10), "127.0.0.1:1")[1])
     monkeypatch.setattr(ray_cluster, "release", lambda: released.append(True))
     monkeypatch.setattr(ray_cluster, "cpus_per_worker", lambda workers: 1.0)
-    monkeypatch.setattr(ray_cluster, "node_count", lambda: 1)
+    monkeypatch.setattr(ray_cluster, "usable_nodes", lambda: {"n1"})
     def fake_pipeline(spec):  # serves until the job's stop; never answers the ping
         pipelines.append(spec)
         while spec.serving_queues.source.get() is not None:
@@ -362,7 +369,7 @@ def _late_cluster(monkeypatch, shard_seconds: float) -> tuple:
     engine = xmod.XennaEngine(workers=1)
     engine.start()
     for part in ("p0", "p1", "p2"):
-        engine.submit(part)
+        engine.submit(_T(part))
     drained: list = []
     drainer = threading.Thread(target=lambda: drained.extend(engine.drain()))
     drainer.start()  # every task is submitted: ingest is done
@@ -409,7 +416,7 @@ def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None
     monkeypatch.setattr(xmod, "run_task", lambda task, tok: pytest.fail("tokenized in the driver"))
     engine = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
     engine.start()
-    results = engine.run(["p0", "p1"])
+    results = engine.run([_T("p0"), _T("p1")])
     engine.stop()
     engine.join()
     assert [r["where"] for r in results] == ["stage", "stage"]

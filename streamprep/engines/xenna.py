@@ -14,15 +14,27 @@ up at all (Ray gives its raylet 30 s, which a niced start-up on a busy machine c
 every shard and the log says why. Nor is the stage started when Ray comes up after ingest is done and the
 driver's remaining shards take less time than the cluster took to come up: a stage worker starting on the
 same busy cores would not answer before the driver is through, and its start-up only slows the driver.
+
+A node lost under the stage (its raylet dies, a machine goes) costs no rerun: Xenna 0.3 has no fault
+tolerance of its own (its pipeline raises once an actor dies), so the engine starts the serving pipeline again
+on the nodes left and hands it every task the dead one held, each counted as a retry in the log and in
+`logs/retries.jsonl` (which `streamprep status` reads). A result that arrives twice is kept once. With no
+node left to run on for `ray_cluster.NO_NODE_WAIT_S`, the job fails, and the same command resumes it.
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
+import traceback
 from collections import deque
+from pathlib import Path
+from typing import Any
 
-from streamprep import logs, ray_cluster
+import orjson
+
+from streamprep import atomic, logs, ray_cluster
+from streamprep.layout import RunLayout
 from streamprep.engines.base import Engine, Result
 from streamprep.tokenize import ShardTask, TokenizerCache, run_task
 
@@ -30,6 +42,14 @@ log = logs.get("tokenize")
 PING = "ping"  # the first serving task: its answer tells the driver a stage worker is up
 POLL_S = 0.2
 STOP_WAIT_S = 30.0  # a stop (end of job or Ctrl-C) waits this long for Xenna and Ray to wind down
+LOST_STOP_WAIT_S = 2.0  # ... and this long once the cluster is gone
+MAX_STAGE_RESTARTS = 8  # lost nodes the stage recovers from in one job (a node Ray has not yet marked dead
+# can cost a second restart); beyond that the job fails and resumes on the next run
+NODE_DEATH_WAIT_S = 60.0  # after a worker is lost, how long to wait for Ray to mark its node dead (Ray's health
+# checks took ~20 s here); restarting before that places the stage on the dead node again
+IN_FLIGHT_PER_WORKER = 4  # tasks handed to the stage per worker: Xenna takes all it is given into its own queue,
+# and the tasks a failed stage held are what a restart hands again (4 keep a worker busy between answers)
+RETRIES_FILE = "retries.jsonl"  # in the run's logs dir: one line per shard handed to a new stage
 
 
 class XennaEngine(Engine):
@@ -53,6 +73,11 @@ class XennaEngine(Engine):
         self._stage_answered = False
         self._draining = False  # every task is submitted (ingest is done)
         self._driver_only: str | None = None  # why the job's own cluster is not used (the driver tokenizes all)
+        self._in_flight: dict[Any, Any] = {}  # task key -> task, handed to the stage and not answered (under _cv)
+        self._queued: deque = deque()  # tasks for the stage, waiting for room in flight (under _cv)
+        self._room = IN_FLIGHT_PER_WORKER  # tasks in flight at most: per stage worker, set when the stage starts
+        self._retried: set = set()  # shards handed to a restarted stage (each counted once)
+        self._cluster_lost = False
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -61,7 +86,8 @@ class XennaEngine(Engine):
         self._thread.start()
         threading.Thread(target=self._collect, name="xenna-results", daemon=True).start()
         if self._early:
-            self._source.put(PING)
+            with self._cv:
+                self._to_stage(PING)
             threading.Thread(target=self._tokenize_early, name="tokenize-early", daemon=True).start()
 
     def _serve(self) -> None:
@@ -90,23 +116,75 @@ class XennaEngine(Engine):
                     and self._stopping is None:  # QC runs on this cluster's actors: they are placed first
                 log.warning("QC actors not placed in time; placing the stage anyway",
                             seconds=ray_cluster.QC_PLACEMENT_WAIT_S)
-            per_worker = ray_cluster.cpus_per_worker(self.workers)
-            stage_workers = min(self.workers, ray_cluster.node_count())
-            spec = xenna.PipelineSpec(
-                input_data=[],
-                stages=[xenna.StageSpec(TokenizeStage(cpus=per_worker), num_workers=stage_workers)],
-                config=xenna.PipelineConfig(execution_mode=xenna.ExecutionMode.SERVING, cpu_allocation_percentage=1.0,
-                                            logging_interval_s=60, num_run_attempts_python=1),
-                serving_queues=xenna.ServingQueues(source=self._source, sink=self._sink),
-            )
             self.ready_at = time.monotonic()
-            log.info("xenna serving stage started", workers=stage_workers, cpus_per_worker=per_worker, ray=address,
-                     startup_seconds=round(self.ready_at - (self.started_at or self.ready_at), 2))
-            xenna.run_pipeline(spec)
+            self._run_stage(xenna, TokenizeStage)
         except BaseException as exc:  # surfaced by drain()/stop() in the job's thread
             self._error = exc
+            if not isinstance(exc, ray_cluster.NoNodeLeft):  # the message alone rarely says where it failed
+                log.warning("xenna stage failed", error=f"{type(exc).__name__}: {exc}",
+                            where=traceback.format_exc(limit=-6)[-3000:])
         finally:
             ray_cluster.release()  # Ray must be shut down by the thread that started it
+
+    def _run_stage(self, xenna: Any, stage_cls: type) -> None:
+        """Run the serving pipeline until the job's stop; when it fails because a worker or node died, run it
+        again on the nodes left (once one is usable) with the tasks the failed one held."""
+        restarts = 0
+        while True:
+            nodes = ray_cluster.usable_nodes()
+            per_worker = ray_cluster.cpus_per_worker(self.workers)
+            stage_workers = max(1, min(self.workers, len(nodes)))
+            with self._cv:
+                source = self._source
+                self._room = IN_FLIGHT_PER_WORKER * stage_workers
+                self._pump()
+            spec = xenna.PipelineSpec(
+                input_data=[],
+                stages=[xenna.StageSpec(stage_cls(cpus=per_worker), num_workers=stage_workers)],
+                config=xenna.PipelineConfig(execution_mode=xenna.ExecutionMode.SERVING, cpu_allocation_percentage=1.0,
+                                            logging_interval_s=60, num_run_attempts_python=1),
+                serving_queues=xenna.ServingQueues(source=source, sink=self._sink),
+            )
+            log.info("xenna serving stage started", workers=stage_workers, cpus_per_worker=per_worker,
+                     ray=ray_cluster.address(), restarts=restarts,
+                     startup_seconds=round(time.monotonic() - (self.started_at or time.monotonic()), 2))
+            try:
+                xenna.run_pipeline(spec)
+                return
+            except Exception as exc:
+                lost = nodes - ray_cluster.usable_nodes()
+                if self._stopping is not None or restarts >= MAX_STAGE_RESTARTS \
+                        or not (lost or ray_cluster.is_lost_worker(exc)):
+                    raise
+                restarts += 1
+                if not lost:  # the worker is gone, but Ray may not have marked its node dead yet
+                    lost = ray_cluster.wait_for_node_loss(nodes, NODE_DEATH_WAIT_S, lambda: self._stopping is not None)
+                log.warning("xenna stage lost a worker; restarting it on the nodes left", restarts=restarts,
+                            lost_nodes=sorted(lost), error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                if not ray_cluster.wait_for_usable_node(lambda: self._stopping is not None):
+                    raise ray_cluster.NoNodeLeft(
+                        f"no Ray node able to run the stage for {ray_cluster.NO_NODE_WAIT_S:.0f} s after it lost a "
+                        f"worker ({type(exc).__name__}); re-run the same command to resume") from exc
+                self._retry_in_flight(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+    def _retry_in_flight(self, reason: str) -> None:
+        """Hand every task the failed pipeline held to a fresh source queue, in the order first given, and
+        count each as a retry. A killed writer may have left a temporary file of that shard: it goes first."""
+        with self._cv:
+            source: queue.Queue = queue.Queue()
+            tasks = list(self._in_flight.values())
+            for task in tasks:
+                source.put(task)
+            if self._stopping is not None:
+                source.put(None)
+            self._source = source
+        shards = [t for t in tasks if t != PING and _key(t) not in self._retried]
+        self._retried.update(_key(t) for t in shards)
+        for task in shards:
+            _drop_tmp_files(task)
+            log.warning("shard retried", dataset=task.dataset, part=task.part, reason=reason)
+        if shards:
+            _record_retries(shards, reason)
 
     def _driver_ends_first(self) -> str | None:
         """On the job's own cluster, once every task is submitted: why the driver's remaining shards end before
@@ -132,7 +210,20 @@ class XennaEngine(Engine):
                 self._pending.append(task)
                 self._cv.notify()
                 return
-        self._source.put(task)
+            self._to_stage(task)
+
+    def _to_stage(self, task: Any) -> None:
+        """Give `task` to the stage as soon as there is room in flight (call with `_cv` held)."""
+        self._queued.append(task)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Hand queued tasks to the stage while fewer than `_room` are in flight, remembering each until its
+        answer (call with `_cv` held)."""
+        while self._queued and len(self._in_flight) < self._room:
+            task = self._queued.popleft()
+            self._in_flight[_key(task)] = task
+            self._source.put(task)
 
     def _tokenize_early(self) -> None:
         """Run pending tasks in the driver until the stage has answered (then they go to the stage)."""
@@ -155,7 +246,7 @@ class XennaEngine(Engine):
         with self._cv:
             self._stage_answered = True
             while self._pending:
-                self._source.put(self._pending.popleft())
+                self._to_stage(self._pending.popleft())
             self._cv.notify_all()
         log.info("xenna stage answering", seconds=round(time.monotonic() - (self.started_at or 0.0), 2),
                  shards_in_driver=self.completed)
@@ -184,6 +275,11 @@ class XennaEngine(Engine):
                 result = self._sink.get(timeout=POLL_S)
             except queue.Empty:
                 continue
+            with self._cv:
+                fresh = self._in_flight.pop(PING if result.get("ping") else _key(result["task"]), None) is not None
+                self._pump()
+            if not fresh:  # a retried task whose first run answered after all: its result is kept once
+                continue
             if result.get("ping"):
                 self._on_ping()
             else:
@@ -195,6 +291,9 @@ class XennaEngine(Engine):
             time.sleep(POLL_S / 4)
             if self.completed < self.submitted:
                 self._check_alive()
+                if why := ray_cluster.no_node_left():  # a stage waiting on a cluster that is gone never answers
+                    self._cluster_lost = True
+                    raise ray_cluster.NoNodeLeft(f"xenna tokenize stage: {why}; re-run the same command to resume")
         with self._lock:
             out, self._results = self._results, []
         return out
@@ -204,15 +303,43 @@ class XennaEngine(Engine):
             with self._cv:
                 self._stopping = time.monotonic()
                 self._cv.notify_all()
-            self._source.put(None)  # Xenna's end-of-serving signal; its thread then shuts Ray down
+                self._source.put(None)  # Xenna's end-of-serving signal; its thread then shuts Ray down
 
     def join(self) -> None:
         if self._thread is None:
             return
-        self._thread.join(timeout=STOP_WAIT_S)
+        wait = LOST_STOP_WAIT_S if self._cluster_lost else STOP_WAIT_S  # Xenna blocks on the gone cluster
+        self._thread.join(timeout=wait)
         if self._thread.is_alive():
-            log.warning("xenna stage did not stop in time; leaving it to process exit", seconds=STOP_WAIT_S)
+            log.warning("xenna stage did not stop in time; leaving it to process exit", seconds=wait)
         else:
             log.info("xenna stage and its Ray cluster stopped",
                      seconds=round(time.monotonic() - (self._stopping or time.monotonic()), 2))
         self._thread = None
+
+
+def _key(task: Any) -> Any:
+    """What identifies a task and its result (a ShardTask, or a result's `task` dict)."""
+    if task == PING:
+        return PING
+    if isinstance(task, dict):
+        return task["dataset"], task["part"]
+    return task.dataset, task.part
+
+
+def _drop_tmp_files(task: ShardTask) -> None:
+    """Temporary files of `task`'s outputs (a writer killed with its node); the retry writes them anew."""
+    for target in (Path(task.prefix), Path(task.receipt_path)):
+        for tmp in target.parent.glob(f".{target.name}*{atomic.TMP_MARK}*"):
+            if atomic.is_tmp_name(tmp.name):
+                tmp.unlink(missing_ok=True)
+
+
+def _record_retries(tasks: list[ShardTask], reason: str) -> None:
+    """Append one line per retried shard to the run's retries file (read by `streamprep status`)."""
+    path = RunLayout(Path(tasks[0].run_dir)).logs_dir / RETRIES_FILE
+    lines = b"".join(orjson.dumps({"at": time.time(), "dataset": t.dataset, "part": t.part, "reason": reason}) + b"\n"
+                     for t in tasks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as fh:
+        fh.write(lines)
