@@ -42,7 +42,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_pipeline import GATES_OFF, PHI2, PeakRSS, raw_limit, run_cli  # noqa: E402
+from bench_pipeline import GATES_OFF, PHI2, raw_limit, run_cli, timed  # noqa: E402
 from corpus import build  # noqa: E402
 
 from streamprep.binidx import IndexedDataset  # noqa: E402
@@ -143,15 +143,7 @@ class Megatron:
     def run(self, corpus: Path, prefix: Path) -> tuple[float, int]:
         for p in prefix.parent.glob(prefix.name + "_*"):
             p.unlink()
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(self.command(corpus, prefix), env=self.env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-        rss = PeakRSS(proc.pid)
-        _, err = proc.communicate()
-        peak = rss.stop()
-        if proc.returncode:
-            raise SystemExit(f"Megatron ({self.mode}) failed: {err.decode()[-2000:]}")
-        return time.perf_counter() - t0, peak
+        return timed(self.command(corpus, prefix), f"Megatron ({self.mode})", self.env())
 
 
 def gigatoken_limit(corpus: Path) -> dict:
@@ -276,7 +268,7 @@ def report(a: argparse.Namespace, megatron: Megatron | None, sizes: list[float],
            secs: dict, rss: dict, phases: dict, checks: dict) -> None:
     med = {k: statistics.median(v) for k, v in secs.items()}
     mbytes = {mb: corpora[mb].stat().st_size / 1e6 for mb in sizes}
-    print(f"\ncorpora: " + ", ".join(f"{corpora[mb].name} ({mbytes[mb]:.1f} MB)" for mb in sizes)
+    print("\ncorpora: " + ", ".join(f"{corpora[mb].name} ({mbytes[mb]:.1f} MB)" for mb in sizes)
           + f"; phi-2; workers={a.workers}; shard_records={a.shard_records}; median of {a.repeats}; load average {os.getloadavg()[0]:.1f}")
     if megatron:
         print(megatron.label())

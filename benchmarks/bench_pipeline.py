@@ -92,18 +92,23 @@ def first_shard(run_dir: Path) -> dict:
     return {"first_shard_s": t[first] - t[0], "first_part_s": t[sealed] - t[0], "ingest_s_per_part": ingest / max(parts, 1)}
 
 
-def run_cli(cfg: dict, run_dir: Path) -> tuple[float, int]:
-    cfg_path = run_dir.with_suffix(".yaml")
-    cfg_path.write_text(yaml.safe_dump(cfg))
+def timed(argv: list[str], what: str, env: dict | None = None) -> tuple[float, int]:
+    """Wall seconds and peak tree RSS of one whole process; SystemExit naming `what` when it fails."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
-                             "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     rss = PeakRSS(proc.pid)
     _, err = proc.communicate()
     peak = rss.stop()
     if proc.returncode:
-        raise SystemExit(f"ingest failed: {err.decode()[-2000:]}")
+        raise SystemExit(f"{what} failed: {err.decode()[-2000:]}")
     return time.perf_counter() - t0, peak
+
+
+def run_cli(cfg: dict, run_dir: Path) -> tuple[float, int]:
+    cfg_path = run_dir.with_suffix(".yaml")
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    return timed([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)],
+                 "ingest")
 
 
 STAGE_SCRIPT = """

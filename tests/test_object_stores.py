@@ -278,7 +278,7 @@ def test_job_resumed_after_a_stop_reads_only_the_rest(s3: Proxy, tmp_path: Path)
     assert _tokens(run) == _job(str(tmp_path / "in" / "big.jsonl"), tmp_path / "local")
 
 
-@pytest.mark.parametrize("path", [f"s3://no-such-bucket/x.jsonl", f"s3://{BUCKET}/corpus/missing.jsonl",
+@pytest.mark.parametrize("path", ["s3://no-such-bucket/x.jsonl", f"s3://{BUCKET}/corpus/missing.jsonl",
                                   f"s3://{BUCKET}/nothing-here/*.jsonl"])
 def test_missing_bucket_or_key_is_a_config_error_naming_it(s3: Proxy, tmp_path: Path, path: str) -> None:
     run = tmp_path / "run"
