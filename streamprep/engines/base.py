@@ -11,6 +11,7 @@ from streamprep.tokenize import ShardTask
 log = logs.get("tokenize")
 
 Result = dict[str, Any]
+PING = "ping"  # a serving engine's first task: its answer tells the driver a stage worker is up
 
 
 class Engine(ABC):

@@ -35,11 +35,10 @@ import orjson
 
 from streamprep import atomic, logs, ray_cluster
 from streamprep.layout import RunLayout
-from streamprep.engines.base import Engine, Result
+from streamprep.engines.base import PING, Engine, Result
 from streamprep.tokenize import ShardTask, TokenizerCache, run_task
 
 log = logs.get("tokenize")
-PING = "ping"  # the first serving task: its answer tells the driver a stage worker is up
 POLL_S = 0.2
 STOP_WAIT_S = 30.0  # a stop (end of job or Ctrl-C) waits this long for Xenna and Ray to wind down
 LOST_STOP_WAIT_S = 2.0  # ... and this long once the cluster is gone

@@ -7,7 +7,7 @@ from typing import Any
 
 from cosmos_xenna.pipelines import v1 as xenna
 
-from streamprep.engines.xenna import PING
+from streamprep.engines.base import PING
 from streamprep.tokenize import ShardTask, TokenizerCache, run_task
 
 
