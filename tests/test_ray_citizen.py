@@ -296,9 +296,12 @@ def test_two_jobs_at_once_share_the_cluster_without_touching_each_other(cluster,
     namespaces = {name: next(x["namespace"] for x in _log(tmp_path / name / "run") if x["event"] == "ray connected")
                   for name in procs}
     assert len(set(namespaces.values())) == 2  # one namespace per job
-    actors = list_actors(address=cluster.dashboard_url, limit=10000)
     for name, ns in namespaces.items():  # each namespace holds one job's actors: its own QC actors and stage
-        mine = [a for a in actors if a.ray_namespace == ns]
+        deadline = time.monotonic() + 10  # the state API's view of ended actors can lag
+        while not (mine := [a for a in list_actors(address=cluster.dashboard_url, limit=10000,
+                                                   filters=[("ray_namespace", "=", ns)])]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert len({a.job_id for a in mine}) == 1, (name, mine)
         classes = sorted(a.class_name for a in mine)
         assert classes.count("StageWorker") == 2 and classes.count("_QCActor") == 2, (name, classes)

@@ -24,6 +24,7 @@ node left to run on for `ray_cluster.NO_NODE_WAIT_S`, the job fails, and the sam
 from __future__ import annotations
 
 import queue
+import sysconfig
 import threading
 import time
 import traceback
@@ -80,6 +81,10 @@ class XennaEngine(Engine):
 
     def start(self) -> None:
         self.started_at = time.monotonic()
+        # Xenna imports loguru in the stage thread, which reads sysconfig's paths while other threads may be first
+        # to fill its config vars: on Python 3.11 a reader can see them half-filled (AttributeError: 'userbase',
+        # 3 of ~20 runs on a shared cluster). Filled here, before any thread, they are complete.
+        sysconfig.get_config_vars()
         ray_cluster.expect_qc_actors()
         self._thread = threading.Thread(target=self._serve, name="xenna", daemon=True)
         self._thread.start()
