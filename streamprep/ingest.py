@@ -28,6 +28,7 @@ import aiofiles
 
 from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
 from streamprep import atomic, logs, stats, unit_worker, units
+from streamprep.children import exit_with
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
@@ -51,11 +52,17 @@ QC_CALL_BATCHES = 4
 QC_CALL_BYTES = 4 << 20
 
 
-def _init_pool_worker(quality: QualitySettings, mode: Mode) -> None:
+def _init_qc(quality: QualitySettings, mode: Mode) -> None:
     """A QC process (pool worker or Ray actor) yields the cores to the tokenizer when both want them: sealed parts are tokenized as
     they come instead of piling up behind ingest (the job's total work does not change, only its order)."""
     os.nice(QC_NICE)
     unit_worker.init_worker(quality, mode)
+
+
+def _init_pool_worker(quality: QualitySettings, mode: Mode, driver: int) -> None:
+    """A pool worker also ends with the job's `driver` process (a Ray actor is ended by Ray)."""
+    exit_with(driver)
+    _init_qc(quality, mode)
 
 
 class QCRunner:
@@ -72,7 +79,7 @@ class QCRunner:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["streamprep.unit_worker"])  # workers fork with quality already imported
             self.pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_pool_worker,
-                                            initargs=(quality, mode))
+                                            initargs=(quality, mode, os.getpid()))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         return asyncio.wrap_future(self.pool.submit(fn, *args))
@@ -85,7 +92,7 @@ class _QCActor:
     """One QC worker on a Ray cluster (`execution.ray_address`)."""
 
     def __init__(self, quality: QualitySettings, mode: Mode):
-        _init_pool_worker(quality, mode)  # its own process: on a shared node the stage workers come first
+        _init_qc(quality, mode)  # its own process: on a shared node the stage workers come first
 
     def ready(self) -> bool:
         return True

@@ -75,7 +75,7 @@ def _overlap_raw(tmp: Path, workers: int) -> dict:
     raw = base_config([{"name": n, "path": str(tmp / f"{n}.jsonl")} for n in spans], None,
                       quality={"expected_language": None, "min_chars": 20, "dedup_scope": "run"},
                       output={"shard_records": 250, "max_rejects_per_check": None})
-    raw["execution"].update(batch_records=32, workers=workers, unit_mb=0.04)  # ~10 units a dataset
+    raw["execution"].update(batch_records=32, workers=workers, unit_mb=0.01)  # ~40 units a dataset
     return raw
 
 
@@ -125,7 +125,7 @@ def test_run_scope_kill_9_then_resume_gives_identical_outputs(overlap_reference:
             deadline = time.monotonic() + 60
             while not (run / "checkpoints" / "a.json").exists() and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 0.4))
+            time.sleep(rng.uniform(0.0, 0.15))
             running = proc.poll() is None
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)

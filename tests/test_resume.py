@@ -35,7 +35,7 @@ def _corpus(tmp: Path, n: int) -> list[dict]:
 
 def _config(tmp: Path, n: int) -> dict:
     cfg = base_config(_corpus(tmp, n), None, output={"shard_records": 150})  # 27 shards: many kill windows
-    cfg["execution"].update(batch_records=32, unit_mb=0.0625)  # 12 units: kills land inside ingest too
+    cfg["execution"].update(batch_records=32, unit_mb=0.02)  # ~40 units: kills land inside ingest too
     cfg["tokenizer"]["train"]["sample_mb"] = 0.2  # trained mid-ingest: shards are tokenized while ingest runs
     return cfg
 

@@ -168,3 +168,48 @@ def test_cli_run_leaves_no_pymp_dir_and_audit_svg_is_well_formed(tmp_path):
     for attrs in parser.svgs:
         assert set(attrs) == {"class", "role", "width", "height", "viewBox".lower()}
         assert attrs["viewbox"] == f"0 0 {attrs['width']} {attrs['height']}"
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_driver_leaves_none_of_its_processes(tmp_path):
+    """Regression: after `kill -9` of the driver, its pool workers (children of multiprocessing's forkserver)
+    stayed blocked on the dead driver's queue and kept the forkserver and the resource tracker alive for good.
+    Every pool worker now exits with the driver, and the other two follow."""
+    import signal
+    import time
+
+    import psutil
+
+    from helpers import base_config, english_docs
+
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(20_000, seed=4)))
+    cfg = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 2000})
+    cfg["execution"].update(workers=2, unit_mb=0.05)
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
+                             "--run-dir", str(tmp_path / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(psutil.Process(proc.pid).children(recursive=True)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the resource tracker, the forkserver and its workers are up
+    assert proc.poll() is None, "the job ended before its pools started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    def session() -> list[int]:
+        return [p.pid for p in psutil.process_iter() if _sid(p.pid) == proc.pid]
+
+    deadline = time.monotonic() + 10
+    while (left := session()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None

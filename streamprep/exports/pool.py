@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import os
 import signal
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
+
+from streamprep.children import exit_with
 
 
 # What a warmed worker has loaded. By name, not by import: the writers use this pool (no import cycle), and the
@@ -19,9 +22,11 @@ from typing import Any, Callable, Iterable, Iterator
 PRELOAD = ("streamprep.exports.parquet", "streamprep.exports.summary")
 
 
-def _init_worker() -> None:
-    """Ignore SIGINT; import the writers now, so a warmed worker has nothing left to load."""
+def _init_worker(driver: int) -> None:
+    """Ignore SIGINT, end with the job's `driver` process (a killed job leaves no worker); import the writers now,
+    so a warmed worker has nothing left to load."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with(driver)
     for name in PRELOAD:
         importlib.import_module(name)
 
@@ -40,7 +45,7 @@ class Workers:
         if self.n > 1:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(list(PRELOAD))
-            self._pool = ProcessPoolExecutor(self.n, mp_context=ctx, initializer=_init_worker)
+            self._pool = ProcessPoolExecutor(self.n, mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),))
         return self
 
     def warm(self) -> None:

@@ -1,0 +1,41 @@
+"""Pool workers that end with the job's driver.
+
+A process-pool worker is a child of multiprocessing's forkserver, not of the driver, and each holds the
+forkserver's "alive" pipe. After a `kill -9` of the driver a worker blocked on the dead driver's call queue
+never sees EOF, so it keeps the forkserver alive, and the forkserver the resource tracker: three processes
+left behind for good. A worker that watches the driver itself exits with it, and the other two follow.
+"""
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+
+
+def exit_with(pid: int) -> None:
+    """End this process as soon as process `pid` exits (a pidfd on Linux ≥ 5.3, else a poll every second)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _alive(pid):
+                time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-driver").start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
