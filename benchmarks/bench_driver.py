@@ -16,45 +16,14 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import GATES_OFF, PHI2  # noqa: E402
+from bench_pipeline import GATES_OFF, PHI2, TreeSampler  # noqa: E402
 from corpus import build  # noqa: E402
-
-
-class TreeCPU:
-    """The last seen CPU seconds (user + system) of every process in a tree, sampled every 50 ms."""
-
-    def __init__(self, pid: int):
-        self.root, self.cpu, self._stop = psutil.Process(pid), {}, threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                procs = [self.root, *self.root.children(recursive=True)]
-            except psutil.Error:
-                procs = []
-            for p in procs:
-                try:
-                    t = p.cpu_times()
-                    self.cpu[p.pid] = t.user + t.system
-                except psutil.Error:
-                    pass
-            self._stop.wait(0.05)
-
-    def stop(self) -> tuple[float, float]:
-        """(the driver's CPU seconds, the whole tree's)."""
-        self._stop.set()
-        self._t.join()
-        return self.cpu.get(self.root.pid, 0.0), sum(self.cpu.values())
 
 
 def run(corpus: Path, work: Path, workers: int, quality: dict) -> dict:
@@ -68,9 +37,10 @@ def run(corpus: Path, work: Path, workers: int, quality: dict) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
                              str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    sampler = TreeCPU(proc.pid)
+    sampler = TreeSampler(proc.pid)
     _, err = proc.communicate()
-    driver, tree = sampler.stop()
+    sampler.stop()
+    driver, tree = sampler.cpu.get(proc.pid, 0.0), sum(sampler.cpu.values())
     if proc.returncode:
         raise SystemExit(f"ingest failed: {err.decode()[-2000:]}")
     return {"seconds": time.perf_counter() - t0, "driver": driver, "tree": tree}

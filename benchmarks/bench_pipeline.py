@@ -38,11 +38,12 @@ GATES_OFF = {"dedup": "none", "expected_language": None, "pii_max_density": 1.0,
              "reject_copyright": False, "min_chars": 0, "normalize": False}
 
 
-class PeakRSS:
-    """Samples the summed RSS of a process and its descendants every 50 ms."""
+class TreeSampler:
+    """Samples a process and its descendants every 50 ms: the peak of their summed RSS, and the last seen CPU
+    seconds (user + system) of each (a process's last < 50 ms before it exits are not seen)."""
 
     def __init__(self, pid: int):
-        self.proc, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
+        self.proc, self.peak, self.cpu, self._stop = psutil.Process(pid), 0, {}, threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
 
@@ -50,9 +51,17 @@ class PeakRSS:
         while not self._stop.is_set():
             try:
                 procs = [self.proc, *self.proc.children(recursive=True)]
-                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
             except psutil.Error:
-                pass
+                procs = []
+            rss = 0
+            for p in procs:
+                try:
+                    rss += p.memory_info().rss
+                    t = p.cpu_times()
+                    self.cpu[p.pid] = t.user + t.system
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, rss)
             self._stop.wait(0.05)
 
     def stop(self) -> int:
@@ -96,7 +105,7 @@ def timed(argv: list[str], what: str, env: dict | None = None) -> tuple[float, i
     """Wall seconds and peak tree RSS of one whole process; SystemExit naming `what` when it fails."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    rss = PeakRSS(proc.pid)
+    rss = TreeSampler(proc.pid)
     _, err = proc.communicate()
     peak = rss.stop()
     if proc.returncode:
@@ -130,7 +139,7 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "tokens": n}))
 
 def stage_alone(run_dir: Path) -> tuple[dict, int]:
     proc = subprocess.Popen([sys.executable, "-c", STAGE_SCRIPT, str(run_dir)], stdout=subprocess.PIPE)
-    rss = PeakRSS(proc.pid)
+    rss = TreeSampler(proc.pid)
     out, _ = proc.communicate()
     return json.loads(out), rss.stop()
 
