@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -211,6 +211,10 @@ class Ahead:
     def of(cls, st: IngestState) -> "Ahead":
         return cls(st.consumed, st.kept, st.rejected, st.kept_text_bytes, st.dedup_count, st.near_dedup_bytes,
                    dict(st.rejects_sampled), dict(st.position or START))
+
+    def snapshot(self) -> "Ahead":
+        """The counters as they stand after one piece (the decider goes on changing its own)."""
+        return replace(self, rejects_sampled=dict(self.rejects_sampled), position=dict(self.position))
 
     def onto(self, st: IngestState) -> None:
         """Copy a snapshot (taken after one piece) onto the state the committer checkpoints."""
@@ -432,8 +436,7 @@ class DatasetIngest:
                         a.position["skip_file"] = unit.file
                 self._advance(a, u, k, source, last, len(summary.kinds))
                 fin = self.qc.submit(unit_worker.finalize_piece, self.ds.name, stage, d) if d and d.applied else None
-                await decided.put((stage, d, Ahead(**{**a.__dict__, "position": dict(a.position),
-                                                      "rejects_sampled": dict(a.rejects_sampled)}), fin))
+                await decided.put((stage, d, a.snapshot(), fin))
                 if capped:
                     await decided.put(None)
                     return
@@ -530,7 +533,7 @@ class DatasetIngest:
                 state.open_pieces.append([Path(stage).name, 0, n_kept])
                 state.part_lines += n_kept
                 state.part_bytes += kept_bytes
-            done_with = await self._seal_parts(state, final=False)
+            done_with = await self._seal_parts(state, final=False) + ([] if n_kept else [Path(stage).name])
             await self._save(state, own)
             await asyncio.to_thread(_remove, [stage + ".judged"] +
                                     [str(self.stage_dir / name) + ext for name in done_with for ext in (".kept", ".kept.off")])

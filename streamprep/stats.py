@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import numpy as np
+
 DENSITY_BINS = 100  # densities in [0, 1] at 0.01 resolution; the last bin holds >= 0.99
 DENSITY_KEYS = ("pii_density", "profanity_density")
 
@@ -75,6 +77,14 @@ def gate_table(stats: dict[str, Any]) -> list[dict[str, Any]]:
     order = sorted((n for n in seen if seen[n]), key=lambda n: (-seen[n], rejected.get(n, 0), n))
     return [{"gate": n, "seen": seen[n], "rejected": int(rejected.get(n, 0)),
              "us_per_record": round(us.get(n, 0) / seen[n], 1)} for n in order]
+
+
+def add_log2_counts(hist: dict[str, int], values: np.ndarray) -> None:
+    """Count a whole array into log2 bins at once, the bins of `_log2_bin` (frexp's exponent of n >= 0 is its
+    bit length; exact below 2^53)."""
+    bins, counts = np.unique(np.frexp(np.asarray(values, dtype=np.float64))[1], return_counts=True)
+    for b, c in zip(bins.tolist(), counts.tolist()):
+        _bump(hist, str(b), c)
 
 
 def add_tokens(stats: dict[str, Any], side: str, n_tokens: int) -> None:

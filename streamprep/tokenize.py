@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 import orjson
 
-from streamprep import atomic, backends, binidx
+from streamprep import atomic, backends, binidx, stats
 from streamprep.layout import RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 
@@ -131,13 +131,6 @@ def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder, dataset: str,
         yield encoded
 
 
-def _add_hist(hist: dict[str, int], lengths: np.ndarray) -> None:
-    """stats.add_tokens for a whole batch: log2 bins (bin b holds [2^(b-1), 2^b)), counted at once."""
-    bins, counts = np.unique(np.frexp(lengths.astype(np.float64))[1], return_counts=True)
-    for b, c in zip(bins.tolist(), counts.tolist()):
-        hist[str(b)] = hist.get(str(b), 0) + c
-
-
 def tokenize_part(task: ShardTask, encoder: backends.ShardEncoder) -> dict[str, Any]:
     """Encode one ingest part into `.bin/.idx`: each batch's ids reach the writer as one flat buffer + lengths.
     Records that encode to nothing are dropped and listed by line number."""
@@ -161,7 +154,7 @@ def tokenize_part(task: ShardTask, encoder: backends.ShardEncoder) -> dict[str, 
                     lengths = lengths[~empty]
                 writer.add_flat(flat, lengths, task.eod_id)
                 n_tokens += int(lengths.sum()) + eod * len(lengths)
-                _add_hist(hist, lengths + eod)
+                stats.add_log2_counts(hist, lengths + eod)
                 line_no += len(empty)
         num_docs = writer.num_documents
         if num_docs:

@@ -19,8 +19,8 @@ from typing import Any, Iterator, Mapping
 import pyarrow.parquet as pq
 
 from streamprep.sources.base import BadRecord
-from streamprep.sources.local import (WIDE_BOMS, LocalSource, _compression, _special, _symlink_loop, detect_format,
-                                      filesystem, open_input)
+from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, _compression, _special, _symlink_loop,
+                                      detect_format, filesystem, open_input)
 
 Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
 
@@ -135,7 +135,7 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
     if unit.kind == "row_group":
         with open_input(unit.path, options) as fh:
             pf = pq.ParquetFile(fh)
-            for batch in pf.read_row_group(unit.start).to_batches(1024):
+            for batch in pf.read_row_group(unit.start).to_batches(PARQUET_BATCH):
                 yield from batch.to_pylist()
         return
     parse = LocalSource._parse_json if unit.fmt == "jsonl" else LocalSource._parse_text

@@ -276,3 +276,19 @@ def test_html_renders_in_headless_chromium(e2e_run, chromium, tmp_path):
     assert len(np.unique(pixels, axis=0)) > 100, "screenshot is blank"
     for colour in ((0x2E, 0x86, 0xDE), (0xE5, 0x50, 0x39)):  # kept / rejected histogram bars were painted
         assert int((pixels == colour).all(axis=1).sum()) > 500, colour
+
+
+def test_log2_counts_of_an_array_use_the_bins_of_one_value() -> None:
+    """The tokenizer stage counts a batch's lengths at once (stats.add_log2_counts); its bins must be
+    `_log2_bin`'s, which the audit reads back."""
+    import numpy as np
+
+    from streamprep import stats
+
+    values = [0, 1, 2, 3, 4, 7, 8, 1023, 1024, 65_535, 65_536, 10**6]
+    batch: dict[str, int] = {}
+    stats.add_log2_counts(batch, np.array(values))
+    one: dict[str, dict[str, int]] = {}
+    for v in values:
+        stats.add_tokens(one, "kept", v)
+    assert batch == one["tokens_hist_kept"]
