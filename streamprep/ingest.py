@@ -44,10 +44,12 @@ STOP = object()  # what a coroutine gets instead of an item once a stop is reque
 # `base` counts the items of the unit's file in earlier units; `skip_file`: a file whose rest did not decode.
 START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip_file": None}
 # QC processes run this much nicer than the job: the tokenizer, downstream, comes first on a shared core.
-# 10 rather than 5: the first shard came ~20 % sooner, the whole job no slower (sixth round: `git show c594e76:docs/performance.md`).
+# 10 rather than 5: the first shard came ~20 % sooner, the whole job no slower
+# (sixth round: `git show c594e76:docs/performance.md`).
 QC_NICE = 10
 # An hf:// QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
-# text so far): a process-pool round trip costs ~3 ms of the driver's CPU (eighth round: `git show c594e76:docs/performance.md`).
+# text so far): a process-pool round trip costs ~3 ms of the driver's CPU
+# (eighth round: `git show c594e76:docs/performance.md`).
 QC_CALL_BATCHES = 4
 QC_CALL_BYTES = 4 << 20
 
@@ -455,7 +457,8 @@ class DatasetIngest:
         unit, nxt = self.units[u], self.units[u + 1] if u + 1 < len(self.units) else None
         same = unit.kind in units.NUMBERED and nxt is not None and nxt.file == unit.file
         a.position = {**pos, "unit": u + 1, "piece": 0, "source": None, "base": pos["base"] + items if same else 0,
-                      "file": nxt.file if nxt else unit.file + 1, "offset": nxt.start if nxt and nxt.kind == "range" else None}
+                      "file": nxt.file if nxt else unit.file + 1,
+                      "offset": nxt.start if nxt and nxt.kind == "range" else None}
 
     def _decide(self, a: Ahead, dedup: DedupDecision, unit: Unit, s: Summary) -> tuple[Decision, bool]:
         """One piece's verdicts, record by record in plan order (dedup and caps depend on everything before).
@@ -535,8 +538,8 @@ class DatasetIngest:
                 state.part_bytes += kept_bytes
             done_with = await self._seal_parts(state, final=False) + ([] if n_kept else [Path(stage).name])
             await self._save(state, own)
-            await asyncio.to_thread(_remove, [stage + ".judged"] +
-                                    [str(self.stage_dir / name) + ext for name in done_with for ext in (".kept", ".kept.off")])
+            staged = [str(self.stage_dir / name) + ext for name in done_with for ext in (".kept", ".kept.off")]
+            await asyncio.to_thread(_remove, [stage + ".judged", *staged])
 
     async def _seal_parts(self, state: IngestState, final: bool) -> list[str]:
         """Assemble every full part (and, at the end, the last short one) from the open pieces' kept lines,

@@ -33,8 +33,8 @@ from streamprep.tokenize import ShardTask, make_task, read_receipt, receipt_prob
 from streamprep.tokenizer import TokenizerInfo
 
 log = logs.get("pipeline")
-VERSIONED = ("tokenizers", "gigatoken", "awkward", "pyarrow", "datasets", "huggingface_hub", "numpy", "ray", "cosmos-xenna", "langdetect",
-             "pycld2")
+VERSIONED = ("tokenizers", "gigatoken", "awkward", "pyarrow", "datasets", "huggingface_hub", "numpy", "ray",
+             "cosmos-xenna", "langdetect", "pycld2")
 
 
 class Interrupted(RuntimeError):

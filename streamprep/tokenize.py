@@ -1,9 +1,9 @@
 """Tokenization shards: the plan (one task per completed ingest part), the pure shard core, receipts.
 
 The core (`tokenize_part`) reads one ingest part, encodes it in batches with the run's tokenizer backend
-(streamprep/backends.py) and writes `.bin/.idx` from flat id buffers; it returns stats and writes no receipt. The executing stage owns receipts: a
-receipt is written (atomically) only after both files are in place, and a shard is skipped on re-run
-only when its receipt names the same plan hash and input hash and its files still match.
+(streamprep/backends.py) and writes `.bin/.idx` from flat id buffers; it returns stats and writes no receipt.
+The executing stage owns receipts: a receipt is written (atomically) only after both files are in place, and a
+shard is skipped on re-run only when its receipt names the same plan hash and input hash and its files still match.
 """
 from __future__ import annotations
 
