@@ -219,10 +219,21 @@ def is_lost_worker(exc: BaseException) -> bool:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, lost):
+        if isinstance(exc, lost) or _raylet_gone(exc):
             return True
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return False
+
+
+def _raylet_gone(exc: BaseException) -> bool:
+    """An actor's call failed inside Ray's own client with an OSError ("Broken pipe"): the actor's raylet went
+    away under it (a node removed without grace), which Ray reports this way before it marks the node dead."""
+    from ray import exceptions as rx
+
+    if not isinstance(exc, rx.RayTaskError) or not isinstance(exc.cause, OSError):
+        return False
+    frames = [line for line in str(exc).splitlines() if line.lstrip().startswith("File ")]  # the actor's traceback
+    return bool(frames) and " in ray._raylet." in frames[-1]
 
 
 def wait_for_usable_node(cancelled: Callable[[], bool], timeout: float | None = None) -> bool:

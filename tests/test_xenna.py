@@ -517,3 +517,31 @@ print(json.dumps(out))
     assert out["up"] and out["address"] and "gcs_server" in out["names"] and "raylet" in out["names"]
     assert out["nices"] == [min(os.nice(0) + RAY_NICE, 19)] and out["driver_nice"] == os.nice(0)
     assert out["alive"] == [] and out["head_tmp_left"] is False  # nor the pymp-* dirs its killed processes leave
+
+
+def test_a_broken_pipe_inside_rays_client_counts_as_a_lost_worker() -> None:
+    """Regression (CI, round 12): a node removed without grace made a stage actor's `ray.wait` fail with
+    OSError("Broken pipe") raised in Ray's own client before Ray marked the node dead; the job failed instead of
+    restarting the stage. The same OSError raised by the stage's own code is a real failure."""
+    from ray import exceptions as rx
+
+    from streamprep.ray_cluster import is_lost_worker
+
+    in_ray = ('Traceback (most recent call last):\n'
+              '  File "cosmos_xenna/ray_utils/stage_worker.py", line 605, in _downloader_step\n'
+              '    ready_refs_list, _ = ray.wait(\n'
+              '  File "python/ray/includes/common.pxi", line 117, in ray._raylet.check_status\n'
+              'OSError: Broken pipe\n')
+    in_stage = ('Traceback (most recent call last):\n'
+                '  File "streamprep/tokenize.py", line 10, in run_task\n'
+                '    write()\n'
+                'OSError: [Errno 28] No space left on device\n')
+    gone = rx.RayTaskError("StageWorker.process_data", in_ray, OSError("Broken pipe")).as_instanceof_cause()
+    full = rx.RayTaskError("StageWorker.process_data", in_stage, OSError(28, "No space")).as_instanceof_cause()
+    assert is_lost_worker(gone)
+    assert not is_lost_worker(full)
+    try:  # as Xenna raises it: wrapped in the pipeline's own error
+        raise RuntimeError("pipeline failed") from gone
+    except RuntimeError as wrapped:
+        assert is_lost_worker(wrapped)
+    assert not is_lost_worker(OSError("Broken pipe"))  # not from a Ray call at all
