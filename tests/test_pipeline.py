@@ -169,3 +169,27 @@ def test_tokenize_part_encodes_in_batches_of_at_most_1024_records(tmp_path: Path
     ds = IndexedDataset.open(task.prefix)
     expected = [tok.encode(t, add_special_tokens=False).ids + [50256] for t in texts if t]
     assert [ds[i].tolist() for i in range(len(ds))] == expected
+
+
+def test_local_engine_tokenizes_in_a_child_process_with_more_than_one_worker() -> None:
+    """`engine: local`: with `workers: 1` the shard core runs in a thread of the driver; with more it runs in one
+    child process (the driver only keeps the books), which is gone once the engine is joined."""
+    import os
+
+    import psutil
+
+    from streamprep.engines.local import LocalEngine
+
+    one = LocalEngine(workers=1)
+    assert one._pool.submit(os.getpid).result() == os.getpid()
+    one.stop()
+    one.join()
+    two = LocalEngine(workers=2)
+    child = two._pool.submit(os.getpid).result()
+    assert child != os.getpid() and psutil.pid_exists(child)
+    two.stop()
+    two.join()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the tokenizer process outlived the engine"
+        time.sleep(0.05)
