@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
@@ -47,6 +48,7 @@ START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip
 # 10 rather than 5: the first shard came ~20 % sooner, the whole job no slower
 # (sixth round: `git show c594e76:docs/performance.md`).
 QC_NICE = 10
+POOL_RESTARTS = 4  # QC pools replaced after a worker process died, per job; then the job fails (and resumes)
 # An hf:// QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
 # text so far): a process-pool round trip costs ~3 ms of the driver's CPU
 # (eighth round: `git show c594e76:docs/performance.md`).
@@ -69,22 +71,46 @@ def _init_pool_worker(quality: QualitySettings, mode: Mode, driver: int) -> None
 
 class QCRunner:
     """Runs worker calls (`unit_worker.judge_piece`, `finalize_piece`, `assemble_part`): in one thread for 1 worker,
-    else in a process pool."""
+    else in a process pool. A pool process that dies (kill -9, the OOM killer) breaks the whole pool: a new pool
+    takes its place and every call the broken one held runs again there (each writes its files atomically and
+    depends only on its arguments), up to POOL_RESTARTS times a job; the job goes on, nothing duplicated."""
 
     def __init__(self, quality: QualitySettings, mode: Mode, workers: int):
         self.workers = max(1, workers)
+        self.restarts = 0
         self.pool: Executor
+        self._args = (quality, mode)
         if self.workers == 1:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="qc")
             self.pool.submit(unit_worker.init_worker, quality, mode).result()
         else:
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["streamprep.unit_worker"])  # workers fork with quality already imported
-            self.pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_pool_worker,
-                                            initargs=(quality, mode, os.getpid()))
+            self.pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["streamprep.unit_worker"])  # workers fork with quality already imported
+        return ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_pool_worker,
+                                   initargs=(*self._args, os.getpid()))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-        return asyncio.wrap_future(self.pool.submit(fn, *args))
+        if self.workers == 1:
+            return asyncio.wrap_future(self.pool.submit(fn, *args))
+        return asyncio.ensure_future(self._call(fn, args))
+
+    async def _call(self, fn: Callable[..., Any], args: tuple) -> Any:
+        while True:
+            pool = self.pool
+            try:
+                return await asyncio.wrap_future(pool.submit(fn, *args))
+            except BrokenProcessPool as exc:
+                if self.restarts >= POOL_RESTARTS and pool is self.pool:
+                    raise
+                if pool is self.pool:  # the first call to see this pool broken replaces it
+                    self.restarts += 1
+                    log.warning("a quality-control worker process died; its calls run again on a new pool",
+                                restarts=self.restarts, error=str(exc)[:200])
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self.pool = self._new_pool()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

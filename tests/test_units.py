@@ -145,3 +145,41 @@ async def test_a_file_whose_rest_does_not_decode_skips_its_later_units(tmp_path:
     ck = json.loads((run / "checkpoints" / "d.json").read_text())
     assert len(rest) == 1 and rest[0]["reason"].startswith(f"unreadable rest of {src} after record {ck['consumed'] - 1}, ")
     assert ck["done"] and ck["consumed"] < 100
+
+
+@pytest.mark.slow
+async def test_a_killed_worker_process_costs_a_retry_not_the_job(tmp_path: Path) -> None:
+    """kill -9 of a QC pool process mid-ingest: a new pool runs the calls the broken one held, ingest ends
+    without error, and parts and rejects are byte-identical to an uninterrupted run (nothing lost or twice)."""
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    from streamprep.ingest import QC_NICE
+
+    cfg = _cfg(tmp_path, 2, unit_mb=3000 / 2**20)
+    ref = tmp_path / "ref"
+    await _ingest(cfg, ref)
+    run = tmp_path / "run"
+    killed: list[int] = []
+
+    def kill_one_worker() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            stage = run / "checkpoints" / "stage" / "d"
+            workers = [p for p in psutil.Process().children(recursive=True) if p.nice() == QC_NICE]
+            if workers and stage.exists() and sum(1 for _ in stage.iterdir()) >= 6:  # units judged, more to come
+                workers[0].send_signal(signal.SIGKILL)
+                killed.append(workers[0].pid)
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_one_worker)
+    killer.start()
+    await _ingest(cfg, run)
+    killer.join()
+    assert killed, "no worker was killed while ingest ran"
+    assert not psutil.pid_exists(killed[0]) or psutil.Process(killed[0]).status() == psutil.STATUS_ZOMBIE
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+    assert json.loads((run / "checkpoints" / "d.json").read_text())["done"]
