@@ -46,12 +46,15 @@ def reap_what_killed_runs_leave():
     t0 = time.time()
     yield
     shm, tmp = Path("/dev/shm"), Path(tempfile.gettempdir())
+    # Listed before the live processes are read: one created in between (another session's job on this
+    # machine) is then not in the list, instead of looking unused and being removed under its pool.
+    sems, dirs = list(shm.glob("sem.mp-*")), list(tmp.glob("pymp-*"))
     mapped = _in_use("/proc/*/maps")
-    for sem in shm.glob("sem.mp-*"):
+    for sem in sems:
         if _created_since(sem, t0) and str(sem) not in mapped:
             sem.unlink(missing_ok=True)
     bound = _in_use("/proc/net/unix")
-    for d in tmp.glob("pymp-*"):
+    for d in dirs:
         if _created_since(d, t0) and not any(str(d) in line for line in bound):
             shutil.rmtree(d, ignore_errors=True)
 
