@@ -120,13 +120,17 @@ class _QCActor:
     """One QC worker on a Ray cluster (`execution.ray_address`)."""
 
     def __init__(self, quality: QualitySettings, mode: Mode):
+        import ray  # only ever imported in a Ray worker process, where it is loaded already
+
         _init_qc(quality, mode)  # its own process: on a shared node the stage workers come first
+        self.node = ray.get_runtime_context().get_node_id()  # a restart after a lost node runs this again
 
     def ready(self) -> bool:
         return True
 
-    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return fn(*args)
+    def run(self, fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+        """(this actor's node, the call's result): the driver counts where the work ran."""
+        return self.node, fn(*args)
 
 
 class RayQCRunner:
@@ -144,25 +148,31 @@ class RayQCRunner:
         self.workers = max(1, workers)
         self.actors = ray_cluster.spread_actors(_QCActor, self.workers, quality, mode)
         self._next = 0
+        self.calls: dict[str, dict[str, int]] = {}  # node -> worker function -> calls answered there
         log.info("quality control on Ray actors", actors=self.workers, address=address)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         actor = self.actors[self._next % self.workers]
         self._next += 1
-        return asyncio.ensure_future(self._answer(asyncio.wrap_future(actor.run.remote(fn, *args).future())))
+        call = asyncio.wrap_future(actor.run.remote(fn, *args).future())
+        return asyncio.ensure_future(self._answer(fn.__name__, call))
 
-    async def _answer(self, call: asyncio.Future) -> Any:
+    async def _answer(self, name: str, call: asyncio.Future) -> Any:
         try:
             while not (await asyncio.wait({call}, timeout=1.0))[0]:
                 if why := self._cluster.no_node_left():
                     raise self._cluster.NoNodeLeft(f"quality control: {why}; re-run the same command to resume")
-            return call.result()
+            node, result = call.result()
+            on_node = self.calls.setdefault(node, {})
+            on_node[name] = on_node.get(name, 0) + 1
+            return result
         finally:
             call.cancel()  # (a no-op once it has an answer)
 
     def close(self) -> None:
         import ray
 
+        log.info("quality control calls per node", calls=self.calls)  # units judged on every node, or not
         if self._cluster.no_node_left():  # the cluster is gone: nothing to ask, nothing to end (Ray would block)
             return
         restarts = self._cluster.actor_restarts(self.actors)

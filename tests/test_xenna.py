@@ -164,7 +164,8 @@ def test_cli_attaches_to_an_existing_cluster_and_leaves_it_running(ray_cluster, 
 @pytest.mark.ray
 def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_path: Path) -> None:
     """Multi-node (docs/multi-node.md): a head and a worker node on this machine, each with 1 CPU; the job
-    attaches with `ray_address`, its QC actors and stage workers spread over both, bytes equal a local run."""
+    attaches with `ray_address`, its QC actors and stage workers spread over both (units are judged and shards
+    tokenized on both nodes, each unit once), bytes equal a local run."""
     from ray.cluster_utils import Cluster
 
     from streamprep.ray_cluster import RAY_ENV, ray_processes, stop_and_reap
@@ -174,7 +175,7 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
     # 30 shards of a few ms each: with 15 the worker that started first sometimes did all of them before the
     # other was up (one CI run, and one of 9 runs of this test alone, today); more shards keep the race open longer
     cfg = base_config([source], None, output={"shard_records": 50})
-    cfg["execution"].update(engine="local", workers=1)
+    cfg["execution"].update(engine="local", workers=1, unit_mb=0.05)  # ~12 units, for the QC actors of both nodes
     run_from_dict(cfg, run_dir=tmp_path / "single", console_log=False)
     with socket.socket() as s:  # the session fixture's cluster may hold the default dashboard port
         s.bind(("127.0.0.1", 0))
@@ -194,6 +195,10 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
     lines = [json.loads(x) for x in (tmp_path / "multi/logs/streamprep.log").read_text().splitlines()]
     nodes = {x["node"] for x in lines if x["event"] == "shard done"}
     assert len(nodes) == 2 and None not in nodes, nodes
+    calls, = [x["calls"] for x in lines if x["event"] == "quality control calls per node"]
+    assert set(calls) == nodes and all(c.get("judge_piece", 0) > 0 for c in calls.values()), calls  # units too
+    assert sum(c["judge_piece"] for c in calls.values()) == len(json.loads(
+        (tmp_path / "multi/checkpoints/gen.plan.json").read_text()))  # each unit judged once
     assert tree_hashes(tmp_path / "multi", *OUTPUTS, names=("manifest.json",)) == \
         tree_hashes(tmp_path / "single", *OUTPUTS, names=("manifest.json",))
 
