@@ -1,13 +1,16 @@
 """How much of a job's CPU the driver process spends, and how the job scales from 1 to 2 workers.
 
-    python benchmarks/bench_driver.py --mb 62 [--gates default|off] [--repeats 1]
+    python benchmarks/bench_driver.py --mb 62 [--gates default|off] [--repeats 1] [--marginal-mb 250]
 
 Runs `streamprep ingest` (`engine: local`) with `workers: 1` and `workers: 2` on the same corpus and
 samples every process of the job's tree every 50 ms (psutil CPU times; a process's last < 50 ms before it
 exits are not seen). Prints per run: wall seconds, the driver's CPU seconds and its share of the tree's,
 the driver's CPU-s per input GB and how many cores of this box's per-core rate one driver could feed
 (the tree's CPU-s per GB over the driver's), and the 2-worker speed-up. Issue 28's targets: driver share
-≤ 3 % with the default gates, `workers: 2` ≥ 1.8x `workers: 1`.
+≤ 3 % with the default gates, `workers: 2` ≥ 1.8x `workers: 1`. With --marginal-mb, `workers: 2` runs
+again on a corpus of that size and the driver's and the tree's CPU-s per GB are printed for the megabytes
+between the two (the driver's fixed start-up, ~1 CPU-s of imports and the tokenizer backend's check, drops
+out): what one driver costs per GB of a long job, and how many cores of work it can keep fed.
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ def main() -> None:
     ap.add_argument("--gates", choices=("default", "off"), default="default")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-bench"))
+    ap.add_argument("--marginal-mb", type=int, default=0, help="a second, larger corpus for the marginal rates")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     corpus = build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
@@ -66,6 +70,16 @@ def main() -> None:
               f"({100 * m['driver'] / m['tree']:.1f} %); driver {m['driver'] / gb:.1f} CPU-s per input GB; "
               f"one driver feeds ~{m['tree'] / m['driver']:.0f} cores at this rate")
     print(f"workers 2 / workers 1 speed-up: {med[1]['seconds'] / med[2]['seconds']:.2f}x")
+    if a.marginal_mb:
+        big = build(a.work / f"corpus_{a.marginal_mb}mb.jsonl", a.marginal_mb)
+        rs = [run(big, a.work, 2, quality) for _ in range(a.repeats)]
+        m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        d_gb = big.stat().st_size / 1e9 - gb
+        driver, tree = (m["driver"] - med[2]["driver"]) / d_gb, (m["tree"] - med[2]["tree"]) / d_gb
+        print(f"workers 2 at {big.stat().st_size / 1e6:.1f} MB: {m['seconds']:.2f} s wall; driver {m['driver']:.2f} "
+              f"of {m['tree']:.2f} CPU-s ({100 * m['driver'] / m['tree']:.1f} %)")
+        print(f"marginal, the {d_gb * 1e3:.0f} MB between: driver {driver:.1f} CPU-s per GB, tree {tree:.1f} CPU-s per "
+              f"GB (driver {100 * driver / tree:.1f} %); one driver feeds ~{tree / max(driver, 1e-9):.0f} cores")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import platform
 import signal
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -314,10 +313,6 @@ class Job:
         feeder = ShardFeeder(engine, self._task, {d.name: self._files(d.name) for d in self.config.datasets},
                              info, self._train_tokenizer, self._sample_ready())
         self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
-        # per-part exports work in its own thread: the engine goes on to the next shard meanwhile
-        part_exports = ThreadPoolExecutor(1, thread_name_prefix="part-exports")
-        prepared: list[Future] = []
-        engine.on_result = lambda result: prepared.append(part_exports.submit(self._after_shard, result))
         try:
             states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint))
             self.reporter.phase = "tokenize"
@@ -326,11 +321,8 @@ class Job:
             info = self._timed("tokenizer", lambda: feeder.finish(states))
             tasks = self._plan(states, feeder)
             results = self._timed("tokenize", lambda: self._tokenize(engine, tasks))
-            for done in prepared:
-                done.result()
         finally:
             feeder.close()
-            part_exports.shutdown(wait=True, cancel_futures=True)
         return states, tasks, results, info
 
     def _ingest(self, on_checkpoint: Callable[[IngestState], None]) -> dict[str, IngestState]:
@@ -430,16 +422,6 @@ class Job:
                 **export_run(self.run_dir, tasks, info.to_json(), self.config.output, self.config.datasets,
                              self.config.run.seed, self.record["config_hash"], workers=export_pool,
                              blend=self.mode.text_exports)}
-
-    @staticmethod
-    def _after_shard(result: dict[str, Any]) -> None:
-        """The per-part exports work (tokens read back, hashes) as each shard finishes, while ingest goes on;
-        the exports at the end only do what needs every record."""
-        if not result["skipped"]:
-            from streamprep.exports import prepare_part
-
-            task = ShardTask(**result["task"])
-            prepare_part(task, read_receipt(task))
 
     def _still_complete(self) -> bool:
         """A finished run re-run: cheap check that its shard files are all still there at their sizes."""

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 
 from helpers import PHI2, base_config, english_docs, tree_hashes
 from streamprep import run_from_dict
+from streamprep.exports.summary import SUFFIX
 
 OUTPUTS = ("ingest", "rejects", "binidx", "receipts", "parquet", "tokenizer")
 
@@ -113,6 +114,10 @@ def test_outputs_identical_across_worker_counts_and_tokenizer_training(tmp_path:
         run_dir = tmp_path / f"w{workers}"
         run_from_dict(cfg, run_dir=run_dir, console_log=False)
         hashes.append(tree_hashes(run_dir, *OUTPUTS, names=("manifest.json", "mixtures.json")))
+        # each part's exports summary was made by the worker that tokenized it, none by the exports at the end
+        receipts = sorted((run_dir / "receipts/gen").glob("*.json"))
+        assert len(receipts) == 5 and [r.with_suffix(SUFFIX).exists() for r in receipts] == [True] * 5
+        assert '"part summaries computed"' not in (run_dir / "logs/streamprep.log").read_text()
     assert hashes[0] == hashes[1]
     run = json.loads((tmp_path / "w1/run.json").read_text())
     assert run["summary"]["kept"] == {"gen": 900} and run["summary"]["rejected"] == {"gen": 3}

@@ -249,7 +249,7 @@ def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(
 
     stage_up, ran_in_driver, ran_in_stage, engines = threading.Event(), [], [], []
 
-    def fake_run_task(task, tokenizer):
+    def fake_run_shard(task, tokenizer):
         ran_in_driver.append(task)
         deadline = time.monotonic() + 10  # the driver's shard lasts until the stage has answered
         while not engines[0]._stage_answered and time.monotonic() < deadline:
@@ -265,7 +265,7 @@ def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(
                 ran_in_stage.append(task)
                 self._sink.put({"task": {"dataset": "d", "part": task}, "skipped": False, "node_id": "n1"})
 
-    monkeypatch.setattr(xmod, "run_task", fake_run_task)
+    monkeypatch.setattr(xmod, "run_shard", fake_run_shard)
     monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
     monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
     engine = xmod.XennaEngine(workers=1)
@@ -300,7 +300,7 @@ def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None
     monkeypatch.setattr(ray_cluster, "connect", lambda address, workers, cancelled: (ray_up.wait(10), "127.0.0.1:1")[1])
     monkeypatch.setattr(ray_cluster, "release", lambda: released.append(True))
     monkeypatch.setattr(xenna, "run_pipeline", pipelines.append)
-    monkeypatch.setattr(xmod, "run_task", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
+    monkeypatch.setattr(xmod, "run_shard", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
                                                                "seconds": 0.01})
     monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
@@ -324,7 +324,7 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
 
     monkeypatch.setattr(ray_cluster, "connect", no_head)
     monkeypatch.setattr(ray_cluster, "release", lambda: None)
-    monkeypatch.setattr(xmod, "run_task", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
+    monkeypatch.setattr(xmod, "run_shard", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
                                                                "seconds": 0.01})
     monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
@@ -353,7 +353,7 @@ def _late_cluster(monkeypatch, shard_seconds: float) -> tuple:
     ray_up, p1_may_end, on_p1, released, pipelines = (threading.Event(), threading.Event(), threading.Event(),
                                                       [], [])
 
-    def fake_run_task(task, tokenizer):
+    def fake_run_shard(task, tokenizer):
         if task == "p1":
             on_p1.set()
             p1_may_end.wait(10)
@@ -369,7 +369,7 @@ def _late_cluster(monkeypatch, shard_seconds: float) -> tuple:
             pass
 
     monkeypatch.setattr(xenna, "run_pipeline", fake_pipeline)
-    monkeypatch.setattr(xmod, "run_task", fake_run_task)
+    monkeypatch.setattr(xmod, "run_shard", fake_run_shard)
     monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
     engine.start()
@@ -418,7 +418,7 @@ def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None
             self._sink.put({"task": {"dataset": "d", "part": task}, "skipped": False})
 
     monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
-    monkeypatch.setattr(xmod, "run_task", lambda task, tok: pytest.fail("tokenized in the driver"))
+    monkeypatch.setattr(xmod, "run_shard", lambda task, tok: pytest.fail("tokenized in the driver"))
     engine = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
     engine.start()
     results = engine.run([_T("p0"), _T("p1")])

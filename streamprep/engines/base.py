@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from streamprep import logs
-from streamprep.tokenize import ShardTask
+from streamprep.exports import prepare_part
+from streamprep.tokenize import ShardTask, read_receipt, run_task
 
 log = logs.get("tokenize")
 
@@ -14,14 +15,23 @@ Result = dict[str, Any]
 PING = "ping"  # a serving engine's first task: its answer tells the driver a stage worker is up
 
 
+def run_shard(task: ShardTask, tokenizer: Any) -> Result:
+    """What every engine's worker does with a task: `run_task`, then the part's exports summary (tokens read
+    back, text hashes), cached beside its receipt while the part is warm in this worker's page cache; the
+    exports at the end only do what needs every record, and the driver reads no record for them."""
+    result = run_task(task, tokenizer)
+    if not result["skipped"]:
+        prepare_part(task, read_receipt(task))
+    return result
+
+
 class Engine(ABC):
-    """Runs `streamprep.tokenize.run_task` on ShardTasks. Receipts, not results, are the record of completion:
+    """Runs `run_shard` on ShardTasks. Receipts, not results, are the record of completion:
     a task whose result is lost (a kill) is simply redone or skipped on resume."""
 
     name = "engine"
 
     def __init__(self) -> None:
-        self.on_result: Callable[[Result], None] | None = None  # progress hook, called from any thread
         self.submitted = 0
         self.completed = 0
         self._lock = threading.Lock()
@@ -50,15 +60,11 @@ class Engine(ABC):
         return self.drain()
 
     def _done(self, result: Result) -> None:
-        """Counted after `on_result` returned: once `drain` sees every task completed, every hook has run."""
+        """A task's result reached the driver: logged and counted (the progress line reads the count)."""
         log.info("shard done", dataset=result["task"]["dataset"], part=result["task"]["part"],
                  skipped=result["skipped"], engine=self.name, node=result.get("node_id"))
-        try:
-            if self.on_result is not None:
-                self.on_result(result)
-        finally:
-            with self._lock:
-                self.completed += 1
+        with self._lock:
+            self.completed += 1
 
     def __enter__(self) -> "Engine":
         self.start()

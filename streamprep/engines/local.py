@@ -14,8 +14,8 @@ import threading
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from streamprep.children import exit_with
-from streamprep.engines.base import Engine, Result
-from streamprep.tokenize import ShardTask, TokenizerCache, run_task
+from streamprep.engines.base import Engine, Result, run_shard
+from streamprep.tokenize import ShardTask, TokenizerCache
 
 _tokenizers = TokenizerCache()  # the tokenizer of the process running the tasks (driver thread or child)
 
@@ -26,7 +26,7 @@ def _init_child(driver: int) -> None:
 
 
 def _run(task: ShardTask) -> Result:
-    return run_task(task, _tokenizers.get(task))
+    return run_shard(task, _tokenizers.get(task))
 
 
 class LocalEngine(Engine):
@@ -41,9 +41,8 @@ class LocalEngine(Engine):
         else:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
         self._futures: list[Future] = []
-        self._hooked = threading.Condition()  # counts finished tasks whose progress hook has run
-        self._hooks = 0
-        self._hook_error: BaseException | None = None
+        self._counted = threading.Condition()  # tasks answered and counted
+        self._answered = 0
 
     def submit(self, task: ShardTask) -> None:
         self.submitted += 1
@@ -52,24 +51,18 @@ class LocalEngine(Engine):
         self._futures.append(future)
 
     def _finished(self, future: Future) -> None:
-        """Progress hooks run in the driver, whichever process ran the task (after its future is resolved, so
-        `drain` waits for them too)."""
-        try:
-            if not future.cancelled() and future.exception() is None:
-                self._done(future.result())
-        except BaseException as exc:  # raised by drain(): a failed hook fails the job, as a failed task does
-            self._hook_error = exc
-        finally:
-            with self._hooked:
-                self._hooks += 1
-                self._hooked.notify_all()
+        """Logged and counted in the driver, whichever process ran the task (after its future is resolved, so
+        `drain` waits for the count too)."""
+        if not future.cancelled() and future.exception() is None:
+            self._done(future.result())
+        with self._counted:
+            self._answered += 1
+            self._counted.notify_all()
 
     def drain(self) -> list[Result]:
         results = [f.result() for f in self._futures]
-        with self._hooked:
-            self._hooked.wait_for(lambda: self._hooks >= self.submitted)
-        if self._hook_error is not None:
-            raise self._hook_error
+        with self._counted:
+            self._counted.wait_for(lambda: self._answered >= self.submitted)
         self._futures.clear()
         return results
 

@@ -36,8 +36,8 @@ import orjson
 
 from streamprep import atomic, logs, ray_cluster
 from streamprep.layout import RunLayout
-from streamprep.engines.base import PING, Engine, Result
-from streamprep.tokenize import ShardTask, TokenizerCache, run_task
+from streamprep.engines.base import PING, Engine, Result, run_shard
+from streamprep.tokenize import ShardTask, TokenizerCache
 
 log = logs.get("tokenize")
 POLL_S = 0.2
@@ -239,7 +239,7 @@ class XennaEngine(Engine):
                     return
                 task = self._pending.popleft()
             try:
-                result = {**run_task(task, tokenizers.get(task)), "where": "driver"}
+                result = {**run_shard(task, tokenizers.get(task)), "where": "driver"}
             except BaseException as exc:  # surfaced by drain()
                 self._error = exc
                 return

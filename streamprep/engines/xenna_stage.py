@@ -1,4 +1,4 @@
-"""The tokenization stage: a thin cosmos-xenna adapter over `streamprep.tokenize.run_task`."""
+"""The tokenization stage: a thin cosmos-xenna adapter over `streamprep.engines.base.run_shard`."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ from typing import Any
 
 from cosmos_xenna.pipelines import v1 as xenna
 
-from streamprep.engines.base import PING
-from streamprep.tokenize import ShardTask, TokenizerCache, run_task
+from streamprep.engines.base import PING, run_shard
+from streamprep.tokenize import ShardTask, TokenizerCache
 
 
 class TokenizeStage(xenna.Stage):
@@ -29,7 +29,7 @@ class TokenizeStage(xenna.Stage):
     def process_data(self, in_data: list[ShardTask]) -> list[dict[str, Any]]:
         assert self.tokenizers is not None, "setup() runs before process_data()"
         where = {"node": socket.gethostname(), "pid": os.getpid(), "node_id": _node_id()}
-        return [{"ping": True, **where} if task == PING else {**run_task(task, self.tokenizers.get(task)), **where}
+        return [{"ping": True, **where} if task == PING else {**run_shard(task, self.tokenizers.get(task)), **where}
                 for task in in_data]
 
 
