@@ -89,10 +89,14 @@ class DedupIndex:
 
     def add(self, digest: bytes) -> None:
         """Record a kept digest; adding one already present is a no-op (the log stays duplicate-free)."""
+        if digest not in self:  # (False for anything but a digest, which add_new refuses)
+            self.add_new(digest)
+
+    def add_new(self, digest: bytes) -> None:
+        """Record a kept digest known to be absent (just looked up): `add` without its second lookup, which
+        was a third of the driver's cost per record decided (`benchmarks/bench_driver_only.py`)."""
         if not isinstance(digest, bytes) or len(digest) != DIGEST_SIZE:
             raise ValueError(f"digest must be {DIGEST_SIZE} bytes, got {digest!r:.80}")
-        if digest in self:
-            return
         self._buf[digest] = None
         self._n += 1
         if len(self._buf) >= self._buffer_size:
@@ -153,4 +157,5 @@ class DedupDecision:
         return None if twin is None else duplicate_reason(twin)
 
     def keep(self, digest: bytes) -> None:
-        self.own.add(digest)
+        """Record a kept digest that `twin` (or `reason`) has just found new."""
+        self.own.add_new(digest)

@@ -162,10 +162,14 @@ class NearDupIndex:
     def prepare(self, signatures: Sequence[bytes | None]) -> None:
         """Look a batch up in the sorted levels at once (only the buffer changes during a batch)."""
         self._sigs, self._k = list(signatures), -1
-        present = [s for s in self._sigs if s is not None]
-        self._batch = [None] * len(self._sigs)
+        self._batch = self._candidates(self._sigs)
+
+    def _candidates(self, sigs: Sequence[bytes | None]) -> list[tuple[set[int], list[int]] | None]:
+        """Per document, the ordinals sharing a band with it in the sorted levels and its band hashes
+        (None for a document without a signature)."""
+        present = [s for s in sigs if s is not None]
         if not present:
-            return
+            return [None] * len(sigs)
         bh = band_hashes(np.frombuffer(b"".join(present), "<u4").reshape(len(present), self.num_perm),
                          self.bands, self.rows)
         cands: list[set[int]] = [set() for _ in present]
@@ -178,7 +182,7 @@ class NearDupIndex:
                 for i in np.flatnonzero(hi > lo):
                     cands[i].update((arr[lo[i]:hi[i]] & self._LOW).tolist())
         rows = iter(zip(cands, bh.tolist()))
-        self._batch = [next(rows) if s is not None else None for s in self._sigs]
+        return [next(rows) if s is not None else None for s in sigs]
 
     def next_twin(self) -> Twin | None:
         """The kept twin of the batch's next document: the highest estimated Jaccard >= threshold among
@@ -191,11 +195,20 @@ class NearDupIndex:
         cands, bands = entry
         for b, h in enumerate(bands):
             cands.update(self.buffer[b].get(h, ()))
-        mine = np.frombuffer(self._sigs[k], "<u4")
+        return self._best(cands, self._sigs[k])
+
+    def twins(self, signatures: Sequence[bytes | None]) -> list[Twin | None]:
+        """Each document's kept twin in the index as it stands, adding nothing: the final index of a
+        dataset listed earlier, under `dedup_scope: run` (its buffer is empty once its last batch is logged)."""
+        return [None if e is None else self._best(e[0], s) for e, s in zip(self._candidates(signatures), signatures)]
+
+    def _best(self, cands: set[int], sig: bytes | None) -> Twin | None:
+        """The candidate with the highest estimated Jaccard >= threshold (the earliest on ties), or None."""
+        mine = np.frombuffer(sig, "<u4")
         best: Twin | None = None
         for o in sorted(cands):
-            src, sig = self._record(o)
-            j = float(np.count_nonzero(sig == mine)) / self.num_perm
+            src, other = self._record(o)
+            j = float(np.count_nonzero(other == mine)) / self.num_perm
             if j >= self.threshold and (best is None or j > best.jaccard):
                 best = Twin(src, round(j, 4))
         return best
@@ -237,6 +250,38 @@ class NearDupIndex:
                 last = self.levels.pop()
                 self.levels[-1] = np.sort(np.concatenate((self.levels[-1], last), axis=1), axis=1, kind="stable")
         return data
+
+
+class NearDecision:
+    """The near-dedup decision of a dataset: its own index and, with `dedup_scope: run`, the final indexes
+    of the datasets listed before it (`earlier`, in config order). A document's twin is looked for in those
+    first, in config order, then in its own dataset, so the earliest holder in the run's plan order is
+    named; within one index the twin is `NearDupIndex`'s (highest estimated Jaccard, earliest on ties).
+
+    Per batch, in source order: `prepare(signatures)`, then `next_twin()` for each of its documents;
+    a kept one is then entered with the own index's `add`."""
+
+    def __init__(self, own: NearDupIndex, earlier: Sequence[tuple[str, NearDupIndex]] = ()) -> None:
+        self.own, self.earlier = own, list(earlier)
+        self._found: list[tuple[str, Twin] | None] = []
+        self._k = -1
+
+    def prepare(self, signatures: Sequence[bytes | None]) -> None:
+        self.own.prepare(signatures)
+        self._k = -1
+        self._found = [None] * len(signatures)
+        for name, index in self.earlier:
+            open_ = [s if f is None else None for s, f in zip(signatures, self._found)]  # still without a twin
+            for i, twin in enumerate(index.twins(open_)):
+                if twin is not None:
+                    self._found[i] = (name, twin)
+
+    def next_twin(self) -> tuple[str, Twin] | None:
+        """The next document's kept twin with its dataset ("" for this one), or None."""
+        self._k += 1
+        own = self.own.next_twin()  # always: the own index follows the batch document by document
+        found = self._found[self._k]
+        return found if found is not None else ("", own) if own is not None else None
 
 
 def reject_meta(meta: dict[str, Any], dataset: str, twin: Twin) -> dict[str, Any]:

@@ -199,6 +199,7 @@ class IngestContext:
     progress: dict[str, IngestState] = field(default_factory=dict)
     on_checkpoint: Callable[[IngestState], None] | None = None  # after every save: hands sealed parts on
     finished: dict[str, DedupIndex] = field(default_factory=dict)  # final dedup index of each done dataset
+    finished_near: dict[str, near_dedup.NearDupIndex | None] = field(default_factory=dict)  # and its near index
     _done: dict[str, asyncio.Event] = field(default_factory=dict)
 
     @classmethod
@@ -209,9 +210,11 @@ class IngestContext:
         return cls(config.datasets, config.execution, config.output, config.quality, mode_of(config.sft), run_dir,
                    checkpoint_dir, stop, {} if progress is None else progress, on_checkpoint)
 
-    def publish(self, name: str, index: DedupIndex) -> None:
-        """Dataset `name` is done; `index` is its final dedup index (`dedup_scope: run` checks it)."""
+    def publish(self, name: str, index: DedupIndex, near: near_dedup.NearDupIndex | None = None) -> None:
+        """Dataset `name` is done; `index` is its final dedup index, `near` its near-dedup index when on
+        (`dedup_scope: run` checks them)."""
         self.finished[name] = index
+        self.finished_near[name] = near
         self._done.setdefault(name, asyncio.Event()).set()
 
     async def wait_done(self, name: str) -> bool:
@@ -277,7 +280,8 @@ class DatasetIngest:
         self.dedup_on = quality.dedup != "none"
         near = quality.near_dedup
         self.near = near_dedup.NearDupIndex(near, self.files.near_dedup) if near.enabled else None
-        self.run_scope = self.dedup_on and quality.dedup_scope == "run"
+        # `dedup_scope: run` applies to exact dedup and near-dedup alike
+        self.run_scope = (self.dedup_on or self.near is not None) and quality.dedup_scope == "run"
         self.size_cap = int(ds.size_mb * 1024 * 1024) if ds.size_mb else None
         self.options = thaw(ds.storage_options or {})  # the workers open the dataset's object-store files with it
         self.depth = 2 * qc.workers + 1  # pieces in flight between each pair of steps: bounded memory
@@ -290,11 +294,12 @@ class DatasetIngest:
         if state.done:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
             if self.run_scope:
-                self.ctx.publish(name, await asyncio.to_thread(self._open_index, state))
+                self.ctx.publish(name, await asyncio.to_thread(self._open_index, state),
+                                 await asyncio.to_thread(self._load_near))
             return state
         own = await asyncio.to_thread(self._open_index, state)
         if self.near is not None:
-            await asyncio.to_thread(self.near.load)
+            await asyncio.to_thread(self._load_near)
         ex = self.ctx.execution
         self.source = source = open_source(self.ds, self.ctx.hf_cache, ex.max_concurrent_downloads,
                                            prefetch_files=ex.hf_prefetch_files, cache_max_gb=ex.hf_cache_max_gb,
@@ -317,8 +322,10 @@ class DatasetIngest:
         try:
             earlier = await self._earlier_indexes()
             if earlier is not None:
-                decider = asyncio.create_task(self._decide_all(Ahead.of(state), DedupDecision(own, earlier),
-                                                               judged, decided))
+                near = near_dedup.NearDecision(self.near, [(n, i) for n, _, i in earlier if i is not None]) \
+                    if self.near is not None else None
+                decider = asyncio.create_task(self._decide_all(
+                    Ahead.of(state), DedupDecision(own, [(n, i) for n, i, _ in earlier]), near, judged, decided))
                 await self._commit_all(state, own, decided)
         finally:
             for task in (reader, decider):
@@ -337,7 +344,7 @@ class DatasetIngest:
         if state.done:
             await asyncio.to_thread(shutil.rmtree, self.stage_dir, True)
             if self.run_scope:
-                self.ctx.publish(name, own)
+                self.ctx.publish(name, own, self.near)
         return state
 
     def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:
@@ -361,14 +368,20 @@ class DatasetIngest:
         log.info("units planned", dataset=self.ds.name, units=len(plan), files=len(files or ()))
         return plan
 
+    def _load_near(self) -> near_dedup.NearDupIndex | None:
+        """The dataset's near-dedup index, rebuilt from its log (already repaired to the checkpoint's length)."""
+        if self.near is not None:
+            self.near.load()
+        return self.near
+
     def _open_index(self, state: IngestState) -> DedupIndex:
         """The dataset's dedup index, loaded from its digest log (checkpointed `dedup_count` digests)."""
         return DedupIndex(self.files.dedup, state.dedup_count) if self.dedup_on else DedupIndex()
 
-    async def _earlier_indexes(self) -> list[tuple[str, DedupIndex]] | None:
-        """`dedup_scope: run`: the final indexes of the datasets listed before this one, once they are all
-        done (None if the job stops first). Deciding nothing before then makes the earlier dataset win a
-        cross-dataset duplicate whatever the timing; workers still judge ahead (bounded by the queue)."""
+    async def _earlier_indexes(self) -> list[tuple[str, DedupIndex, near_dedup.NearDupIndex | None]] | None:
+        """`dedup_scope: run`: the final exact and near-dedup indexes of the datasets listed before this one, once
+        they are all done (None if the job stops first). Deciding nothing before then makes the earlier dataset
+        win a cross-dataset (near-)duplicate whatever the timing; workers still judge ahead (bounded by the queue)."""
         if not self.run_scope:
             return []
         earlier = []
@@ -377,7 +390,7 @@ class DatasetIngest:
                 break
             if not await self.ctx.wait_done(ds.name):
                 return None
-            earlier.append((ds.name, self.ctx.finished[ds.name]))
+            earlier.append((ds.name, self.ctx.finished[ds.name], self.ctx.finished_near[ds.name]))
         return earlier
 
     def _stage(self, u: int, k: int) -> str:
@@ -453,7 +466,8 @@ class DatasetIngest:
         return await self._or_stop(asyncio.get_running_loop().run_in_executor(self.reader_pool, fn))
 
     # -- deciding: in plan order, on summaries -------------------------------------------------------
-    async def _decide_all(self, a: Ahead, dedup: DedupDecision, judged: asyncio.Queue, decided: asyncio.Queue) -> None:
+    async def _decide_all(self, a: Ahead, dedup: DedupDecision, near: near_dedup.NearDecision | None,
+                          judged: asyncio.Queue, decided: asyncio.Queue) -> None:
         """Queue items `(stage, decision or None, counters after it, finalize call or None)`, then None (the
         dataset ends: all read, or a cap reached); a failure ends the queue with its exception."""
         try:
@@ -467,7 +481,7 @@ class DatasetIngest:
                 unit, stage = self.units[u], self._stage(u, k)
                 d, capped = None, False
                 if not (unit.kind in units.NUMBERED and unit.file == a.position["skip_file"]):
-                    d, capped = self._decide(a, dedup, unit, summary)
+                    d, capped = self._decide(a, dedup, near, unit, summary)
                     if self.near is not None and (near_log := self.near.take_log()):
                         await _append(self.files.near_dedup, near_log)
                     if summary.rest_failed:
@@ -496,13 +510,14 @@ class DatasetIngest:
                       "file": nxt.file if nxt else unit.file + 1,
                       "offset": nxt.start if nxt and nxt.kind == "range" else None}
 
-    def _decide(self, a: Ahead, dedup: DedupDecision, unit: Unit, s: Summary) -> tuple[Decision, bool]:
+    def _decide(self, a: Ahead, dedup: DedupDecision, near_dec: near_dedup.NearDecision | None, unit: Unit,
+                s: Summary) -> tuple[Decision, bool]:
         """One piece's verdicts, record by record in plan order (dedup and caps depend on everything before).
         Returns the Decision and whether `max_records` or `size_mb` ended the dataset in it."""
         cap, keep, dup, near, sampled = self.ds.max_records, bytearray(), {}, {}, set()
         digests, text_bytes, checks = iter(s.digests), iter(s.text_bytes), iter(s.checks)
-        if self.near is not None:
-            self.near.prepare(s.signatures or [None] * len(s.digests))
+        if near_dec is not None:
+            near_dec.prepare(s.signatures or [None] * len(s.digests))
         ordinal0, capped = a.consumed, False
         for j, kind in enumerate(s.kinds):
             if cap is not None and a.consumed >= cap:
@@ -515,12 +530,12 @@ class DatasetIngest:
             check = next(checks) if not kept else None
             if kind != BAD:
                 digest = next(digests)
-                twin = self.near.next_twin() if self.near is not None else None
+                twin = near_dec.next_twin() if near_dec is not None else None
                 twin_ds = dedup.twin(digest) if self.dedup_on else None
                 if twin_ds is not None:  # the kept copy's dataset: this one, or an earlier one (dedup_scope: run)
                     kept, check, dup[j] = False, "duplicate", twin_ds
-                elif kept and twin is not None:
-                    kept, check, near[j] = False, "near_duplicate", (twin.source_index, twin.jaccard)
+                elif kept and twin is not None:  # the kept twin's dataset ("" = this one), its ordinal, Jaccard
+                    kept, check, near[j] = False, "near_duplicate", (twin[0], *twin[1])
             keep.append(kept)
             if kept:
                 if self.dedup_on:

@@ -7,6 +7,9 @@ Keys a dataset's `stats` dict may hold (all plain JSON; absent = zero):
     chars_hist_kept / chars_hist_rejected        log2 bins of text length in characters
     tokens_hist_kept                             log2 bins of token counts (receipts: `tokens_hist`)
     rejects_by_check                             failed_check -> count (every rejected record once)
+    duplicates_kept_by                           dataset that kept an exact duplicate's copy -> count
+    near_duplicates_kept_by                      earlier dataset that kept a near-duplicate's twin -> count
+                                                 (`dedup_scope: run`; twins in the same dataset are not counted)
     languages_kept / languages_rejected          language code -> count (records with a detected language)
     pii_density_hist / profanity_density_hist    linear density bins over all records (kept + rejected)
     *_density_hist_kept / *_density_hist_rejected  the same split by decision (added later; may be absent)
@@ -50,6 +53,11 @@ def add_record(stats: dict[str, Any], keep: bool, meta: dict[str, Any], chars: i
             _bump(stats.setdefault(f"{key}_hist_{side}", {}), b)
             if value == 0:
                 _bump(stats.setdefault(f"{key}_zero", {}), side)
+
+
+def add_near_kept_by(stats: dict[str, Any], dataset: str) -> None:
+    """A near-duplicate whose kept twin is in `dataset`, listed earlier (`dedup_scope: run`)."""
+    _bump(stats.setdefault("near_duplicates_kept_by", {}), dataset)
 
 
 def add_gates(stats: dict[str, Any], gates: dict[str, dict[str, Any]]) -> None:

@@ -75,14 +75,15 @@ class Decision(NamedTuple):
     """The driver's verdict on a piece: items `[0, applied)` are consumed, the first as dataset ordinal
     `ordinal`; `before`: items of the unit's file ahead of the piece (line numbers), None for a stream;
     `keep`: one byte per applied item; `dup`: item -> the dataset that kept its text ("" = this one);
-    `near`: item -> (kept twin's ordinal, Jaccard); `sampled`: items whose reject line is written."""
+    `near`: item -> (the dataset that kept its twin, "" = this one; the twin's ordinal; Jaccard); `sampled`:
+    items whose reject line is written."""
 
     applied: int
     ordinal: int
     before: int | None
     keep: bytes
     dup: dict[int, str]
-    near: dict[int, tuple[int, float]]
+    near: dict[int, tuple[str, int, float]]
     sampled: frozenset[int]
 
 
@@ -197,7 +198,10 @@ def finalize_piece(name: str, stage: str, d: Decision) -> tuple[bytes, dict[str,
                     meta = {**meta, "failed_check": "duplicate", "reason": duplicate_reason(twin),
                             "duplicate_of": twin or name}
                 elif j in d.near:
-                    meta = near_dedup.reject_meta(meta, name, near_dedup.Twin(*d.near[j]))
+                    twin_ds, src, jaccard = d.near[j]
+                    meta = near_dedup.reject_meta(meta, twin_ds or name, near_dedup.Twin(src, jaccard))
+                    if twin_ds:  # kept by an earlier dataset (dedup_scope: run)
+                        stats.add_near_kept_by(st, twin_ds)
                 excerpt = cols.excerpt[t]
                 if excerpt is None and not keep:  # a kept record's excerpt is its text's start
                     excerpt = orjson.loads(cols.row[t])["text"][:REJECT_EXCERPT]

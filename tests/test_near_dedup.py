@@ -301,3 +301,96 @@ def test_rebuild_reads_the_log_in_chunks(shared_data: Path, tmp_path: Path, monk
     chunked = NearDupIndex(NEAR, index.path)
     chunked.load()
     assert len(chunked) == len(whole) == 40 and np.array_equal(chunked.levels[0], whole.levels[0])
+
+
+# ---- dedup_scope: run --------------------------------------------------------------------------
+def _two_datasets(shared: Path, tmp: Path, scope: str, workers: int = 1, copies: int = 1) -> dict:
+    """Dataset a: 40 C4 texts. Dataset b: 1 %-edited copies of a's first 20, 20 other C4 texts and a 1 %-edited
+    copy of its own first new text (b#20). `copies` repeats each file's texts (later rounds are exact duplicates)
+    for a longer ingest."""
+    rng = random.Random(3)
+    c4 = _c4(shared, 60)
+    a = c4[:40]
+    b = [_edit(t, 0.01, rng) for t in a[:20]] + c4[40:60] + [_edit(c4[40], 0.01, rng)]
+    cfg = base_config([_dataset(tmp, a * copies, "a"), _dataset(tmp, b * copies, "b")], None,
+                      output={"shard_records": 25, "max_rejects_per_check": None})
+    cfg["quality"] = {"expected_language": None, "min_chars": 20, "pii_max_density": 1.0, "profanity_max_density": 1.0,
+                      "reject_copyright": False, "near_dedup": NEAR_CFG, "dedup_scope": scope}  # only dedup rejects
+    cfg["execution"].update(workers=workers, batch_records=16, unit_mb=0.01)  # ~10 kB units
+    return cfg
+
+
+def _near_rejects(run: Path, name: str) -> dict[int, tuple[str, int]]:
+    """Near-duplicate rejects of dataset `name`: its index -> (the twin's dataset, the twin's index)."""
+    return {r["source"]["index"]: (r["meta"]["near_duplicate_of"]["dataset"], r["meta"]["near_duplicate_of"]["index"])
+            for r in _lines(run / "rejects" / f"{name}.jsonl") if r["failed_check"] == "near_duplicate"}
+
+
+@pytest.mark.slow
+def test_run_scope_rejects_near_copies_of_an_earlier_dataset(shared_data: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run_from_dict(_two_datasets(shared_data, tmp_path, "run"), run_dir=run, console_log=False)
+    ck = {n: json.loads((run / "checkpoints" / f"{n}.json").read_text()) for n in "ab"}
+    assert [(ck[n]["kept"], ck[n]["rejected"]) for n in "ab"] == [(40, 0), (20, 21)]
+    assert _near_rejects(run, "b") == {**{i: ("a", i) for i in range(20)}, 40: ("b", 20)}
+    reasons = [r["reason"] for r in _lines(run / "rejects" / "b.jsonl")]
+    assert reasons[0].startswith("near duplicate of a#0 (estimated Jaccard ") and \
+        reasons[-1].startswith("near duplicate of b#20 (")
+    kept_b = [x["meta"]["source"]["index"] for p in sorted((run / "ingest" / "b").glob("part-*.jsonl"))
+              for x in _lines(p)]
+    assert kept_b == list(range(20, 40))
+    assert ck["b"]["stats"]["near_duplicates_kept_by"] == {"a": 20}
+    dups = json.loads((run / "audit" / "audit.json").read_text())["datasets"]["b"]["duplicates"]
+    assert dups["rejected_as_near_duplicate"] == 21 and dups["near_kept_by"] == {"a": 20, "b": 1}
+    pair = next(p for p in dups["near_duplicate_examples"] if p["twin"]["dataset"] == "a")
+    a_texts = [x["text"] for x in _lines(run / "ingest" / "a" / "part-00000.jsonl")]
+    assert pair["twin"]["text"] == a_texts[pair["twin"]["index"]][:len(pair["twin"]["text"])]
+    # per dataset, b's near copies of a are kept; only its own near copy goes
+    own = tmp_path / "own"
+    run_from_dict(_two_datasets(shared_data, tmp_path, "dataset"), run_dir=own, console_log=False)
+    ck = {n: json.loads((own / "checkpoints" / f"{n}.json").read_text()) for n in "ab"}
+    assert [(ck[n]["kept"], ck[n]["rejected"]) for n in "ab"] == [(40, 0), (40, 1)]
+    assert _near_rejects(own, "b") == {40: ("b", 20)} and "near_duplicates_kept_by" not in ck["b"]["stats"]
+    assert "near_kept_by" not in json.loads((own / "audit" / "audit.json").read_text())["datasets"]["b"]["duplicates"]
+    # a is unaffected by the scope; with two workers, the run scope writes the same bytes
+    assert tree_hashes(own, "ingest/a") == tree_hashes(run, "ingest/a")
+    two = tmp_path / "two"
+    run_from_dict(_two_datasets(shared_data, tmp_path, "run", workers=2), run_dir=two, console_log=False)
+    assert tree_hashes(two, "ingest", "rejects") == tree_hashes(run, "ingest", "rejects")
+
+
+@pytest.mark.slow
+def test_run_scope_kill_9_while_the_later_dataset_decides_resumes_byte_identical(shared_data: Path,
+                                                                                 tmp_path: Path) -> None:
+    """SIGKILL the CLI while dataset b decides against a's near index (a done, b under way), resume each time:
+    the outputs and both .near logs end byte-identical to an uninterrupted run; a resume rebuilds a's index
+    from its log."""
+    cfg = _two_datasets(shared_data, tmp_path, "run", copies=4)
+    ref = tmp_path / "ref"
+    run_from_dict(cfg, run_dir=ref, console_log=False)
+    ref_b = json.loads((ref / "checkpoints" / "b.json").read_text())
+    assert (ref_b["kept"], ref_b["rejected"]) == (20, 41 * 4 - 20)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "killed"
+    rng = random.Random(4)
+    cmd = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
+    ckpt = run_dir / "checkpoints" / "b.json"
+    killed_at: list[int] = []
+    for _ in range(5):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        start = json.loads(ckpt.read_text())["consumed"] if ckpt.exists() else 0
+        while proc.poll() is None and (not ckpt.exists() or json.loads(ckpt.read_text())["consumed"] <= start):
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.03))
+        state = json.loads(ckpt.read_text())
+        if proc.poll() is None and not state["done"]:
+            proc.send_signal(signal.SIGKILL)
+            killed_at.append(state["consumed"])
+        proc.wait(timeout=120)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(killed_at) >= 3 and len(set(killed_at)) >= 2, killed_at
+    assert tree_hashes(run_dir, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+    for n in "ab":
+        assert (run_dir / f"checkpoints/{n}.near").read_bytes() == (ref / f"checkpoints/{n}.near").read_bytes()

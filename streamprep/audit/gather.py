@@ -153,7 +153,7 @@ def _rejected_token_hist(tokenizer: Any, sample: list[dict[str, Any]], eod: bool
     return hist.get("tokens_hist_r", {}), len(texts)
 
 
-def _duplicates(run_dir: Path, ck: dict[str, Any], st: dict[str, Any], qc_rejects: dict[str, int],
+def _duplicates(run_dir: Path, name: str, ck: dict[str, Any], st: dict[str, Any], qc_rejects: dict[str, int],
                 sample: list[dict[str, Any]], read: int) -> dict[str, Any]:
     dup = int(qc_rejects.get("duplicate", 0))
     near = int(qc_rejects.get("near_duplicate", 0))
@@ -164,7 +164,18 @@ def _duplicates(run_dir: Path, ck: dict[str, Any], st: dict[str, Any], qc_reject
             "exact_duplicate_examples": _exact_pairs(sample, EXAMPLES_PER_REASON),
             "rejected_as_near_duplicate": near,
             "near_rate_of_read": round(near / read, 4) if read else None,
-            "near_duplicate_examples": _near_pairs(run_dir, sample, EXAMPLES_PER_REASON) if near else []}
+            "near_duplicate_examples": _near_pairs(run_dir, sample, EXAMPLES_PER_REASON) if near else [],
+            **_near_kept_by(name, st, near)}
+
+
+def _near_kept_by(name: str, st: dict[str, Any], near: int) -> dict[str, Any]:
+    """`near_kept_by`, when (`dedup_scope: run`) earlier datasets kept some near-duplicates' twins: the dataset
+    that kept the twin -> near-duplicates rejected here (absent otherwise, so other runs' audits are unchanged)."""
+    earlier = {str(k): int(v) for k, v in (st.get("near_duplicates_kept_by") or {}).items()}
+    if not earlier:
+        return {}
+    here = near - sum(earlier.values())
+    return {"near_kept_by": dict(sorted({**earlier, **({name: here} if here else {})}.items()))}
 
 
 def _lengths(chars_kept: dict[str, int], chars_rej: dict[str, int], tokens_kept: dict[str, int],
@@ -248,7 +259,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
         "gates": stats.gate_table(st),  # what each gate did and cost on this run's data, in run order
         "rejects_after_qc": [EMPTY_TOKENS] if empty else [],
         "rejects_sampled": dict(ck.get("rejects_sampled") or {}),
-        "duplicates": _duplicates(run_dir, ck, st, qc_rejects, sample, read),
+        "duplicates": _duplicates(run_dir, name, ck, st, qc_rejects, sample, read),
         "languages": {"kept": langs_kept, "rejected": langs_rej,
                       "undetected": read - sum(langs_kept.values()) - sum(langs_rej.values())},
         "lengths": _lengths(chars_kept, chars_rej, tokens_hist_kept, tokens_hist_rejected, tokenized_sample, eod),

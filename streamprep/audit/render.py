@@ -349,6 +349,11 @@ def _dataset_examples(d: dict[str, Any], exs: dict[str, list]) -> list[str]:
                    + "".join(f'<div class="ex"><div><b>rejected</b> {esc(x["dataset"])}#{esc(x["index"])} · '
                              f'identical text kept by {esc(x["kept_by"])}</div><pre>{esc(x["text"])}</pre></div>'
                              for x in d["duplicates"].get("exact_duplicate_examples") or []))
+    near_by = d["duplicates"].get("near_kept_by") or {}
+    if near_by:
+        out.append("<h3>Near-duplicates, by the dataset that kept the twin</h3>"
+                   + _table(["kept by", "near-duplicates rejected here"],
+                            [[esc(k), _fmt(v)] for k, v in near_by.items()]))
     out.append(_near_pairs_html(d["duplicates"].get("near_duplicate_examples") or []))
     if exs:
         out.append("<h3>Example rejected records</h3>")
