@@ -68,6 +68,9 @@ def detect_format(path: str) -> str:
         return "parquet"
     if name.endswith(".txt"):
         return "txt"
+    for plugin in registry.SOURCE_FORMATS.entries():  # formats of your own, by their suffixes
+        if name.endswith(tuple(plugin.meta.get("suffixes", ()))):
+            return plugin.name
     raise ValueError(f"{path}: unknown file type (expected .jsonl, .jsonl.gz, .parquet or .txt; set 'format')")
 
 
@@ -333,7 +336,8 @@ class LocalSource:
         except ValueError as exc:
             yield BadRecord(f"unsupported file, skipped: {exc}", ""), nxt
             return
-        reader = {"parquet": self._parquet, "document": self._document}.get(fmt, self._lines)
+        plugin = fmt in registry.SOURCE_FORMATS and registry.SOURCE_FORMATS.entry(fmt).target is not None
+        reader = self._plugin if plugin else {"parquet": self._parquet, "document": self._document}.get(fmt, self._lines)
         record = here.get("record", 0)
         try:
             for item, pos in reader(i, path, fmt, here):
@@ -427,6 +431,16 @@ class LocalSource:
             yield {"text": raw.decode("utf-8-sig"), "path": Path(path).name}, nxt
         except UnicodeDecodeError as exc:
             yield BadRecord(f"undecodable bytes in {path}: {exc.reason} at byte {exc.start}", ""), nxt
+
+    def _plugin(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """A registered format (registry.SOURCE_FORMATS): its reader over the file's (decompressed) bytes yields
+        records or BadRecords; a resume re-reads the file and skips the `record` items already consumed."""
+        read = registry.SOURCE_FORMATS.get(fmt)
+        done = pos.get("record", 0)
+        with open_input(path, self.storage_options, compression=_compression(path)) as fh:
+            for n, item in enumerate(read(fh, path), 1):
+                if n > done:
+                    yield item, {"file": i, "record": n}
 
     def _parquet(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Only the footer and the row groups from `row_group` on are read (ranged reads on an object store)."""
