@@ -1,6 +1,7 @@
 """streamprep: raw text corpora -> quality-controlled, tokenized, Megatron-ready data."""
 from typing import Any
 
+from streamprep import plugins  # noqa: F401  (fills the registries before any config is validated)
 from streamprep.version import __version__
 __all__ = ["run_from_dict", "run_config_file", "__version__"]
 

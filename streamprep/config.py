@@ -2,25 +2,20 @@
 from __future__ import annotations
 
 import copy
-import glob as globmod
 import hashlib
 import math
 import re
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping, get_type_hints
+from typing import Any, Mapping, get_type_hints
 
 import orjson
 import yaml
 
-if TYPE_CHECKING:
-    from quality.settings import QualitySettings
-    from streamprep.sft.config import SftConfig
+from streamprep import registry
 
 SPLITS = ("train", "valid", "test")
-REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "memory://")
-OBJECT_STORES = ("s3://", "gs://", "gcs://")  # listed at validation: a missing bucket/key is a config error
 # storage_options keys whose values are credentials: run.json records "<redacted>" instead
 SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential|session", re.IGNORECASE)
 
@@ -30,13 +25,14 @@ MAX_CONFIG_NODES = 100_000      # YAML nodes after alias expansion (a billion-la
 MAX_CONFIG_DEPTH = 64           # YAML nesting
 MAX_NAME_CHARS = 64             # run and dataset names become path components
 NAME_RE = re.compile(r"^\w[\w.-]*$")  # starts with a letter, digit or _; no '/', never '.' or '..'
-LOCAL_FORMATS = ("jsonl", "parquet", "txt", "document")
-HF_FORMATS = ("jsonl", "json", "parquet", "txt", "text", "csv", "arrow")  # = sources.hf.FORMAT_TO_BUILDER keys
-PARQUET_COMPRESSIONS = ("snappy", "gzip", "brotli", "zstd", "lz4", "lz4_raw", "none")
 
 
 class ConfigError(ValueError):
     """A bad config, argument or path. The CLI prints it as one line and exits 2."""
+
+
+class MissingInput(ConfigError):
+    """A dataset's input is not there (a scheme's check raises it): an `optional` dataset is skipped instead."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +150,6 @@ DATASET_BOUNDS: dict[str, Range] = {
     "size_mb": Range(0, lo_open=True),
     "max_records": Range(1),
 }
-MAX_LENGTH_BUCKETS = 100
 # Keys whose change alters outputs; a resume with any of them changed is refused (see drift_keys).
 OUTPUT_SECTIONS = ("run.seed", "datasets", "quality", "tokenizer", "output", "sft")
 # Keys read only when writing the exports (blend.json, mixtures.json, manifest.json, parquet/).
@@ -222,7 +217,7 @@ def _fill(spec: Mapping[str, Any], given: Any, prefix: str) -> dict[str, Any]:
 
 
 def _is_remote(path: str) -> bool:
-    return path.startswith(REMOTE_SCHEMES) or path.startswith("hf://")
+    return registry.scheme_of(path) != ""
 
 
 def _resolve_path(path: str, base: Path, key: str) -> str:
@@ -235,50 +230,16 @@ def _resolve_path(path: str, base: Path, key: str) -> str:
         raise ConfigError(f"config: '{key}': {exc}") from None
 
 
-def _check_local_path(key: str, path: str) -> None:
-    if _is_remote(path):
-        return
-    from streamprep.sources.local import expand
-
-    if globmod.has_magic(path):
-        if not expand(path):
-            raise ConfigError(f"config: '{key}': no file matches {path}")
-    elif not Path(path).exists():
-        raise ConfigError(f"config: '{key}': no such file or directory: {path}")
-    elif not (Path(path).is_file() or Path(path).is_dir()):  # reading a FIFO/device blocks and cannot resume
-        raise ConfigError(f"config: '{key}': {path} is not a regular file or directory (a FIFO, socket or device)")
-    elif Path(path).is_dir() and not expand(path):
-        raise ConfigError(f"config: '{key}': directory has no input files: {path}")
-
-
 def _storage_options(key: str, ds: dict[str, Any]) -> None:
     opts = ds["storage_options"]
     if opts is None:
         return
-    if "://" not in ds["path"] or ds["path"].startswith("hf://"):
+    scheme = registry.scheme_of(ds["path"])
+    if "://" not in ds["path"] or (scheme and not registry.SCHEMES.entry(scheme).meta.get("fsspec")):
         raise ConfigError(f"config: '{key}.storage_options' applies to fsspec URLs (s3://, gs://, ...), "
                           f"not to {ds['path']!r:.80}")
     if not all(isinstance(k, str) and k for k in opts):
         raise ConfigError(f"config: '{key}.storage_options' must map option names to values")
-
-
-def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
-    """List the bucket now: a missing bucket, key or prefix (or refused credentials) is a config error before
-    anything is written. A store that cannot be reached raises on (exit 1: re-run once it is back)."""
-    from streamprep.sources.local import expand
-
-    path = ds["path"]
-    try:
-        found = expand(path, ds["storage_options"])
-    except (FileNotFoundError, PermissionError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"config: '{key}.path': {path}: {first}") from None
-    except TypeError as exc:  # an option the filesystem does not take
-        raise ConfigError(f"config: '{key}.storage_options': {exc}") from None
-    if not found:
-        raise ConfigError(f"config: '{key}.path': no object matches {path}")
-    if ds["format"] is None and found == [path]:
-        _check_format(f"{key}.path", path)
 
 
 def public(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -292,15 +253,6 @@ def public(cfg: Mapping[str, Any]) -> dict[str, Any]:
     out["datasets"] = [{**d, "storage_options": hide(d["storage_options"])} if d.get("storage_options") else d
                        for d in cfg["datasets"]]
     return out
-
-
-def _check_format(key: str, path: str) -> None:
-    from streamprep.sources.local import detect_format
-
-    try:
-        detect_format(path)
-    except ValueError as exc:
-        raise ConfigError(f"config: '{key}': {exc}") from None
 
 
 def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
@@ -334,25 +286,24 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
             rng.check(f"{key}.{k}", ds[k])
         if ds["filter"] is not None and not all(isinstance(k, str) and k for k in ds["filter"]):
             raise ConfigError(f"config: '{key}.filter' must map field names to values, got {ds['filter']!r:.80}")
-        formats = HF_FORMATS if ds["path"].startswith("hf://") else LOCAL_FORMATS
+        scheme = registry.SCHEMES.entry(registry.scheme_of(ds["path"]))
+        formats = scheme.meta.get("formats") or registry.SOURCE_FORMATS.names()
         if ds["format"] not in (None, *formats):
             raise ConfigError(f"config: '{key}.format' must be {', '.join(formats[:-1])} or {formats[-1]}, "
                               f"got {ds['format']!r}")
-        if ds["path"].startswith("hf://") and not ds["split"]:
-            raise ConfigError(f"config: '{key}.split' is required for hf:// sources")
+        for needed in scheme.meta.get("requires", ()):
+            if not ds[needed]:
+                raise ConfigError(f"config: '{key}.{needed}' is required for {scheme.name} sources")
         _storage_options(key, ds)
         ds["path"] = _resolve_path(ds["path"], base, f"{key}.path")
         try:
-            _check_local_path(f"{key}.path", ds["path"])
-            if ds["path"].startswith(OBJECT_STORES):
-                _check_object_store_path(key, ds)
-        except ConfigError:
+            if "check" in scheme.meta:
+                scheme.load(scheme.meta["check"])(key, ds)
+        except MissingInput:
             if not ds["optional"]:
                 raise
             skipped.append(ds["name"])
             continue
-        if ds["format"] is None and Path(ds["path"]).is_file():  # a directory's odd files are rejects instead
-            _check_format(f"{key}.path", ds["path"])
         ds["blend_split"] = split
         out.append(ds)
     if not out:
@@ -361,30 +312,20 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
 
 
 def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
-    """Return the full config with defaults filled and paths absolute, or raise ConfigError."""
-    from quality import QualityConfigError, validate_quality_config
-
+    """Return the full config with defaults filled and paths absolute, or raise ConfigError. Sections, names
+    and checks that belong to a plug-in family come from the registries (streamprep/registry.py)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
     base = Path(base_dir).resolve()
-    known = set(SPEC) | {"datasets", "quality", "sft"}
+    known = set(SPEC) | {"datasets"} | set(registry.SECTIONS.names())
     for key in raw:
         if key not in known:
             raise ConfigError(f"config: unknown key '{key}'")
     cfg: dict[str, Any] = {k: _fill(v, raw.get(k), k) for k, v in SPEC.items()}
     cfg["datasets"] = _datasets(raw.get("datasets"), base)
-    try:
-        cfg["quality"] = validate_quality_config(raw.get("quality"))
-    except QualityConfigError as exc:
-        raise ConfigError(f"config: 'quality.{exc.key}': {str(exc).removeprefix(f'{exc.key}: ')}") from None
-
-    if raw.get("sft") is not None:
-        from streamprep.sft import SftConfigError, validate_sft_config
-
-        try:
-            cfg["sft"] = validate_sft_config(raw["sft"])
-        except SftConfigError as exc:
-            raise ConfigError(f"config: '{exc.key}': {exc.reason}") from None
+    for sec in registry.SECTIONS.entries():
+        if sec.meta.get("required") or raw.get(sec.name) is not None:
+            cfg[sec.name] = _section_of(sec, raw.get(sec.name))
     _safe_name("run.name", cfg["run"]["name"])
     for key, rng in BOUNDS.items():
         section, *path = key.split(".")
@@ -393,58 +334,51 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
             value = value[part]
         rng.check(key, value)
     ex = cfg["execution"]
-    if ex["engine"] not in ("xenna", "local"):
-        raise ConfigError(f"config: 'execution.engine' must be xenna or local, got {ex['engine']!r:.40}")
+    if ex["engine"] not in registry.ENGINES:
+        raise ConfigError(f"config: 'execution.engine' must be {registry.ENGINES.choices()}, got {ex['engine']!r:.40}")
     if cfg["run"]["checkpoint_dir"] is not None:
         cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base, "run.checkpoint_dir")
-    _output(cfg["output"], [d["name"] for d in cfg["datasets"]])
-    _tokenizer(cfg["tokenizer"], base)  # last: it loads the tokenizer
+    if cfg["output"]["dtype"] not in ("auto", "uint16", "int32"):
+        raise ConfigError(f"config: 'output.dtype' must be auto, uint16 or int32, got {cfg['output']['dtype']!r}")
+    _checks(cfg, "output")  # the writers' options, which the exports would otherwise refuse after tokenization
+    _tokenizer(cfg["tokenizer"], base)
+    _checks(cfg, "tokenizer")  # last: it loads the tokenizer, so a bad one or EOD token fails before any work
+    _checks(cfg, "")
     return cfg
 
 
-def _tokenizer(tok: dict[str, Any], base: Path) -> None:
-    """Resolve `tokenizer.path` and load it now, so a bad tokenizer or EOD token fails before any work."""
-    from streamprep.tokenizer import check_config
+def _section_of(sec: registry.Entry, given: Any) -> dict[str, Any]:
+    """A family's own section, validated by the family; its error (a ValueError with `.key`) as one line."""
+    try:
+        return sec.load()(given)
+    except ValueError as exc:
+        key = getattr(exc, "key", None)
+        if key is None:
+            raise
+        reason = str(exc).removeprefix(f"{key}: ")
+        raise ConfigError(f"config: '{sec.meta.get('key_prefix', '')}{key}': {reason}") from None
 
+
+def _checks(cfg: dict[str, Any], prefix: str) -> None:
+    """The registered checks named `prefix` or `prefix.…` ("": those not run yet), in registration order."""
+    done = ("output", "tokenizer")
+    for check in registry.CHECKS.entries():
+        top = check.name.split(".")[0]
+        if (top == prefix) if prefix else top not in done:
+            check.load()(cfg)
+
+
+def _tokenizer(tok: dict[str, Any], base: Path) -> None:
+    """`tokenizer:` choices, and `tokenizer.path` resolved (None: to be trained)."""
     if tok["if_missing"] not in ("error", "train"):
         raise ConfigError(f"config: 'tokenizer.if_missing' must be error or train, got {tok['if_missing']!r}")
-    if tok["backend"] not in ("auto", "gigatoken", "hf"):
-        raise ConfigError(f"config: 'tokenizer.backend' must be auto, gigatoken or hf, got {tok['backend']!r:.40}")
+    if tok["backend"] not in registry.TOKENIZER_BACKENDS:
+        raise ConfigError(f"config: 'tokenizer.backend' must be {registry.TOKENIZER_BACKENDS.choices()}, "
+                          f"got {tok['backend']!r:.40}")
     if tok["path"] is not None:
         tok["path"] = _resolve_path(tok["path"], base, "tokenizer.path")
         if tok["if_missing"] == "train" and not Path(tok["path"]).exists():
             tok["path"] = None
-        else:
-            _check_local_path("tokenizer.path", tok["path"])
-    check_config(TokenizerConfig.from_dict(tok))
-
-
-def _output(out: dict[str, Any], dataset_names: list[str]) -> None:
-    """`output:` choices that the exports would otherwise refuse only after tokenization."""
-    from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
-
-    if out["dtype"] not in ("auto", "uint16", "int32"):
-        raise ConfigError(f"config: 'output.dtype' must be auto, uint16 or int32, got {out['dtype']!r}")
-    pq_cfg = out["parquet"]
-    buckets = pq_cfg["length_buckets"]
-    if (not buckets or len(buckets) > MAX_LENGTH_BUCKETS or buckets != sorted(set(buckets))
-            or any(not isinstance(b, int) or isinstance(b, bool) or not 0 < b <= INT32_MAX for b in buckets)):
-        raise ConfigError(f"config: 'output.parquet.length_buckets' must be 1-{MAX_LENGTH_BUCKETS} increasing "
-                          f"integers in [1, {INT32_MAX}], got {buckets!r:.80}")
-    pq_cfg["compression"] = codec = pq_cfg["compression"].lower()
-    if codec not in PARQUET_COMPRESSIONS or not _codec_available(codec):
-        raise ConfigError(f"config: 'output.parquet.compression' must be one of {', '.join(PARQUET_COMPRESSIONS)} "
-                          f"(available in this pyarrow), got {codec!r:.40}")
-    try:
-        validate_mixtures(out["mixtures"]["phases"], dataset_names)
-    except MixtureConfigError as exc:
-        raise ConfigError(f"config: {exc}") from None
-
-
-def _codec_available(codec: str) -> bool:
-    import pyarrow as pa
-
-    return codec == "none" or pa.Codec.is_available(codec)
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -691,20 +625,18 @@ class Config:
     output: OutputConfig
     execution: ExecutionConfig
     datasets: tuple[DatasetConfig, ...]
-    quality: QualitySettings             # quality.settings owns this section's schema and defaults
-    sft: SftConfig | None = None         # streamprep.sft.config owns this section's schema and defaults
+    # The families' own sections (registry.SECTIONS), typed by their owners: quality.settings.QualitySettings,
+    # streamprep.sft.config.SftConfig. Typed Any here: config imports none of them.
+    quality: Any
+    sft: Any = None
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> "Config":
         """From the dict `validate` returns (no re-validation: that happened once, in `validate`)."""
-        from quality.settings import QualitySettings
-        from streamprep.sft.config import SftConfig
-
+        loaded = {s.name: s.load(s.meta["load"])(cfg[s.name]) for s in registry.SECTIONS.entries() if s.name in cfg}
         return cls(run=RunConfig.from_dict(cfg["run"]), tokenizer=TokenizerConfig.from_dict(cfg["tokenizer"]),
                    output=OutputConfig.from_dict(cfg["output"]), execution=ExecutionConfig.from_dict(cfg["execution"]),
-                   datasets=tuple(DatasetConfig.from_dict(d) for d in cfg["datasets"]),
-                   quality=QualitySettings.from_dict(cfg["quality"]),
-                   sft=SftConfig.from_dict(cfg["sft"]) if "sft" in cfg else None)
+                   datasets=tuple(DatasetConfig.from_dict(d) for d in cfg["datasets"]), **loaded)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict `validate` returned, key order included (run.json, config_hash, drift checks)."""

@@ -3,16 +3,19 @@
 Everything that differs between the two is a member here, so the rest of the pipeline asks the mode
 instead of testing `if sft`: what QC judges and what a kept ingest row carries, whether EOD is
 appended, a shard's prefix, plan-hash key, tokenizer and tokenization, which exports apply, and
-which shard files `verify` expects. The SFT half lives in streamprep/sft/mode.py.
+which shard files `verify` expects. The SFT half lives in streamprep/sft/mode.py and registers itself in
+`registry.MODES` under its config section's name (declared in streamprep/plugins.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-if TYPE_CHECKING:
-    from streamprep.layout import RunLayout
-    from streamprep.sft.config import SftConfig
+from streamprep import binidx, registry
+from streamprep.backends import ShardEncoder
+from streamprep.layout import RunLayout
+from streamprep.sources.base import BadRecord
+from streamprep.textshard import tokenize_part
 
 
 class Mode:
@@ -26,8 +29,6 @@ class Mode:
         """A read batch of (record or BadRecord, position) → (the batch to decide on, what QC judges).
 
         The records QC judges are the batch's records that are not BadRecords, in order."""
-        from streamprep.sources import BadRecord
-
         return items, [rec for rec, _ in items if not isinstance(rec, BadRecord)]
 
     def kept_row(self, text: str, meta: dict[str, Any], record: Any) -> dict[str, Any]:
@@ -38,20 +39,15 @@ class Mode:
         """What this mode adds to a shard's plan hash (beyond dataset, part, tokenizer, EOD, dtype)."""
         return {}
 
-    def shard_prefix(self, layout: "RunLayout", dataset: str, part: str) -> Path:
+    def shard_prefix(self, layout: RunLayout, dataset: str, part: str) -> Path:
         return layout.binidx_prefix(dataset, part)
 
     def load_tokenizer(self, tokenizer_path: str, backend: str = "hf") -> Any:
         """A worker's encoder for shards: the run's chosen backend (streamprep.backends.ShardEncoder)."""
-        from streamprep.backends import ShardEncoder
-
         return ShardEncoder(backend, tokenizer_path)
 
     def tokenize(self, task: Any, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
         """One ingest part → (the receipt's stats, its output files by kind); no receipt written."""
-        from streamprep import binidx
-        from streamprep.tokenize import tokenize_part
-
         shard_stats = tokenize_part(task, tokenizer)
         paths = binidx.prefix_paths(task.prefix) if shard_stats["num_documents"] else ()
         return shard_stats, dict(zip(("bin", "idx"), paths))
@@ -60,15 +56,12 @@ class Mode:
 PRETRAIN = Mode()
 
 
-def mode_of(sft: SftConfig | Mapping[str, Any] | None) -> Mode:
+def mode_of(sft: Any) -> Mode:
     """The mode of a run (`Config.sft`, an SftConfig) or of a shard task (`task.sft`, the validated dict it
-    carries as plain data): the one place that tests it, and that turns that dict into an SftConfig."""
+    carries as plain data): the one place that tests it. The registered "sft" mode turns a dict into its config."""
     if not sft:
         return PRETRAIN
-    from streamprep.sft.config import SftConfig
-    from streamprep.sft.mode import SftMode
-
-    return SftMode(sft if isinstance(sft, SftConfig) else SftConfig.from_dict(sft))
+    return registry.MODES.get("sft")(sft)
 
 
 def receipt_mode_name(receipt: Mapping[str, Any]) -> str:

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from streamprep import atomic, backends, logs
 from streamprep.config import ConfigError, DatasetConfig, TokenizerConfig
 from streamprep.layout import RunLayout, read_json
+from streamprep.sources.local import check_path
 
 log = logs.get("tokenizer")
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<unk>", "<mask>"]
@@ -146,6 +147,14 @@ def _first_kept(texts: Iterable[str], keep: list[str]) -> Iterator[str]:
         if len(keep) < backends.CHECK_DOCS:
             keep.append(text)
         yield text
+
+
+def check_section(cfg: dict[str, Any]) -> None:
+    """Config validation (registry.CHECKS): `tokenizer.path` (resolved by config) exists and loads, with its EOD."""
+    tok = cfg["tokenizer"]
+    if tok["path"] is not None:
+        check_path("tokenizer.path", tok["path"])
+    check_config(TokenizerConfig.from_dict(tok))
 
 
 def check_config(tok_cfg: TokenizerConfig) -> None:

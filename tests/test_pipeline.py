@@ -147,7 +147,7 @@ def test_tokenize_part_encodes_in_batches_of_at_most_1024_records(tmp_path: Path
     """Thousands of short documents go to the encoder 1 024 at a time (one call for all of them costs 10-20 %
     more CPU), also when a byte-bounded read holds more; ids, order and dropped empties are those of a
     per-document encode."""
-    from streamprep import tokenize
+    from streamprep import textshard, tokenize
     from streamprep.backends import ShardEncoder
     from streamprep.binidx import IndexedDataset
 
@@ -156,7 +156,7 @@ def test_tokenize_part_encodes_in_batches_of_at_most_1024_records(tmp_path: Path
     part = tmp_path / "ingest/d/part-00000.jsonl"
     part.parent.mkdir(parents=True)
     part.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
-    monkeypatch.setattr(tokenize, "ENCODE_BYTES", 700_000)  # ~1 900 lines per read: batches split by both bounds
+    monkeypatch.setattr(textshard, "ENCODE_BYTES", 700_000)  # ~1 900 lines per read: batches split by both bounds
     tok = Tokenizer.from_file(str(shared_data / PHI2))
     calls: list[int] = []
 

@@ -1,6 +1,8 @@
 """Quality gates, one small class per check, and the order they run in."""
 from __future__ import annotations
 
+from typing import Callable
+
 from quality.gates.base import Doc, Gate
 from quality.gates.code import CodeGate
 from quality.gates.copyright import CopyrightGate
@@ -12,7 +14,17 @@ from quality.gates.schema import LengthGate, MetadataGate, SchemaGate
 from quality.gates.text import NormalizeStep
 from quality.settings import QualitySettings
 
-__all__ = ["Doc", "Gate", "build_gates"]
+__all__ = ["Doc", "Gate", "build_gates", "register_gate"]
+
+# Gates of your own, run after the built-ins in registration order: `factory(settings, text_field)` returns the
+# gate, or None where these settings leave it off. One line adds one: `register_gate(MyGate.build)`.
+EXTRA_GATES: list[Callable[[QualitySettings, str], Gate | None]] = []
+
+
+def register_gate(factory: Callable[[QualitySettings, str], Gate | None]) -> Callable[[QualitySettings, str], Gate | None]:
+    """Add a gate factory (every QC process must import its module: streamprep's STREAMPREP_PLUGINS)."""
+    EXTRA_GATES.append(factory)
+    return factory
 
 
 def build_gates(s: QualitySettings, text_field: str) -> list[Gate]:
@@ -40,4 +52,5 @@ def build_gates(s: QualitySettings, text_field: str) -> list[Gate]:
                                  s.domain_sample_chars))
     elif code:
         gates.append(CodeGate(s.code_min_score, s.domain_sample_chars))
+    gates += [g for g in (factory(s, text_field) for factory in EXTRA_GATES) if g is not None]
     return gates

@@ -5,38 +5,22 @@
         engine.submit(task)      # as each part is sealed
         results = engine.drain() # every submitted task done (receipts written)
 
-Add an engine: a module here with an `Engine` subclass, and one line in `ENGINES`.
+Add an engine: a module with an `Engine` subclass, and one line `registry.ENGINES.register("name", Cls)`
+(the built-ins are declared in streamprep/plugins.py and imported only when chosen: `local` never loads Ray).
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
 
 from streamprep.config import ExecutionConfig
 from streamprep.engines.base import Engine
-
-ENGINES: dict[str, Callable[..., Engine]] = {}
-
-
-def _local(**kw: Any) -> Engine:
-    from streamprep.engines.local import LocalEngine
-
-    return LocalEngine(**kw)
-
-
-def _xenna(**kw: Any) -> Engine:
-    from streamprep.engines.xenna import XennaEngine
-
-    return XennaEngine(**kw)
-
-
-ENGINES.update(local=_local, xenna=_xenna)
+from streamprep.registry import ENGINES
 
 
 def create(execution: ExecutionConfig) -> Engine:
     """The engine named by `execution.engine` (validated by config); `workers` unset = one per CPU."""
-    return ENGINES[execution.engine](workers=execution.workers or os.cpu_count() or 1,
-                                     ray_address=execution.ray_address)
+    return ENGINES.get(execution.engine)(workers=execution.workers or os.cpu_count() or 1,
+                                         ray_address=execution.ray_address)
 
 
 __all__ = ["ENGINES", "Engine", "create"]

@@ -12,17 +12,32 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from streamprep.exports.index import ExportError, ShardRef
+from streamprep import registry
+from streamprep.exports.index import DatasetIndex, ExportError, ShardRef
 from streamprep.layout import RunLayout
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig, OutputConfig
     from streamprep.exports.pool import Workers
 
-__all__ = ["export_run", "write_exports", "prepare_part", "ShardRef", "ExportError", "ShardCountError"]
+__all__ = ["export_run", "write_exports", "prepare_part", "ShardRef", "ExportError", "ShardCountError", "WriterContext"]
+
+
+@dataclass(frozen=True)
+class WriterContext:
+    """What an output writer of your own (registry.WRITERS) is handed, after the built-in exports: the run dir,
+    the finished shards and per dataset its index (records, tokens, `rows` to read them back), in config order."""
+
+    run_dir: Path
+    shards: list[ShardRef]
+    indexes: list[DatasetIndex]
+    datasets: Sequence[DatasetConfig]
+    output: OutputConfig
+    seed: int
 
 
 def __getattr__(name: str) -> Any:
@@ -142,7 +157,9 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
                                            output.mixtures.phases, split_of))
     if receipts is None:
         receipts = [RunLayout(run_dir).receipt(r.dataset, r.part) for r in shards]
-    files = chain.file_entries(run_dir, chain.chained_files(run_dir, receipts))
+    ctx = WriterContext(run_dir, shards, indexes, datasets, output, seed)
+    written = [(rel, w.name) for w in registry.WRITERS.entries() for rel in w.load()(ctx)]  # listed, hashed
+    files = chain.file_entries(run_dir, chain.chained_files(run_dir, receipts) + written)
     man = _manifest(indexes, datasets, pq_entries, bin_entries, output, seed, tokenizer_info, config_hash, files)
     manifest_sha256 = manifest.write(run_dir, man)
     keep = {e["path"] for e in pq_entries} | {e["tsv"]["path"] for e in pq_entries}

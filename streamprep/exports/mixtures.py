@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from streamprep import atomic
+from streamprep.config import ConfigError
 from streamprep.layout import RunLayout
 
 FORMAT = "streamprep-mixtures"
@@ -25,6 +26,14 @@ class MixtureConfigError(ValueError):
     def __init__(self, key: str, message: str):
         super().__init__(f"'{key}': {message}")
         self.key = key
+
+
+def check_options(cfg: dict[str, Any]) -> None:
+    """Config validation (registry.CHECKS): `output.mixtures.phases` against the config's datasets."""
+    try:
+        validate_mixtures(cfg["output"]["mixtures"]["phases"], [d["name"] for d in cfg["datasets"]])
+    except MixtureConfigError as exc:
+        raise ConfigError(f"config: {exc}") from None
 
 
 def validate_mixtures(phases: Any, dataset_names: Iterable[str]) -> None:

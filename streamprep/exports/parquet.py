@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from streamprep import atomic
-from streamprep.config import OutputConfig, ParquetConfig
+from streamprep.config import INT32_MAX, ConfigError, OutputConfig, ParquetConfig
 from streamprep.exports.index import DatasetIndex, ExportError, RecordReader, ShardRecords, ShardRows
 from streamprep.exports.pool import Workers
 from streamprep.exports.summary import shard_records
@@ -48,6 +48,25 @@ SHARD_FILE = re.compile(r"^shard_b\d{2,}_s\d{5,}\.(parquet|tsv)$")
 TSV_HEADER = "row\tn_tokens\ttoken_sum\ttext_sha256\n"
 SCHEMA = pa.schema([("text", pa.string()), ("tokens", pa.list_(pa.int32())),
                     ("n_tokens", pa.int32()), ("meta", pa.string())])
+
+
+COMPRESSIONS = ("snappy", "gzip", "brotli", "zstd", "lz4", "lz4_raw", "none")
+MAX_LENGTH_BUCKETS = 100
+
+
+def check_options(cfg: dict[str, Any]) -> None:
+    """Config validation (registry.CHECKS) of `output.parquet`: what the writer would refuse only after
+    tokenization. The codec name is lower-cased in place."""
+    pq_cfg = cfg["output"]["parquet"]
+    buckets = pq_cfg["length_buckets"]
+    if (not buckets or len(buckets) > MAX_LENGTH_BUCKETS or buckets != sorted(set(buckets))
+            or any(not isinstance(b, int) or isinstance(b, bool) or not 0 < b <= INT32_MAX for b in buckets)):
+        raise ConfigError(f"config: 'output.parquet.length_buckets' must be 1-{MAX_LENGTH_BUCKETS} increasing "
+                          f"integers in [1, {INT32_MAX}], got {buckets!r:.80}")
+    pq_cfg["compression"] = codec = pq_cfg["compression"].lower()
+    if codec not in COMPRESSIONS or not (codec == "none" or pa.Codec.is_available(codec)):
+        raise ConfigError(f"config: 'output.parquet.compression' must be one of {', '.join(COMPRESSIONS)} "
+                          f"(available in this pyarrow), got {codec!r:.40}")
 
 
 class ShardCountError(ExportError):

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping
 
+from streamprep.layout import RunLayout
 from streamprep.modes import Mode
-
-if TYPE_CHECKING:
-    from streamprep.layout import RunLayout
-    from streamprep.sft.config import SftConfig
+from streamprep.sft.chat import load_chat_tokenizer
+from streamprep.sft.config import SftConfig
+from streamprep.sft.prepare import config_digest, prepare_part
+from streamprep.sft.records import qc_check
+from streamprep.sources.base import BadRecord, excerpt_of
 
 
 class SftMode(Mode):
@@ -21,12 +23,14 @@ class SftMode(Mode):
     def __init__(self, sft_cfg: SftConfig):
         self.cfg = sft_cfg  # the typed `sft:` section
 
+    @classmethod
+    def of(cls, sft: SftConfig | Mapping[str, Any]) -> SftMode:
+        """The mode of a run's SftConfig or of the validated dict a shard task carries (registry.MODES)."""
+        return cls(sft if isinstance(sft, SftConfig) else SftConfig.from_dict(sft))
+
     def screen(self, items: list[tuple[Any, Any]], text_field: str) -> tuple[list[tuple[Any, Any]], list[Any]]:
         """A record that does not fit `sft:` becomes a BadRecord (check "schema"); QC judges the text
         `qc_check` extracts, under `text_field`."""
-        from streamprep.sft import qc_check
-        from streamprep.sources.base import BadRecord, excerpt_of
-
         out, judged = [], []
         for rec, pos in items:
             if not isinstance(rec, BadRecord):
@@ -42,24 +46,18 @@ class SftMode(Mode):
         return {"text": text, "meta": meta, "record": record}
 
     def plan_key(self) -> dict[str, Any]:
-        from streamprep.sft.prepare import config_digest
-
         return {"sft": config_digest(self.cfg)}
 
-    def shard_prefix(self, layout: "RunLayout", dataset: str, part: str) -> Path:
+    def shard_prefix(self, layout: RunLayout, dataset: str, part: str) -> Path:
         return layout.sft_prefix(dataset, part)
 
     def load_tokenizer(self, tokenizer_path: str, backend: str = "hf") -> Any:
         """The chat tokenizer: tokenizer.json + its template, from the run's tokenizer dir. Always HF
         `tokenizers`, whatever `backend` says: loss masks need character offsets, which gigatoken lacks."""
-        from streamprep.sft import load_chat_tokenizer
-
         return load_chat_tokenizer(str(Path(tokenizer_path).parent))
 
     def tokenize(self, task: Any, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
         """Sequences + loss masks per output key (streamprep.sft.prepare); the receipt lists every file."""
-        from streamprep.sft import prepare_part
-
         prefix = Path(task.prefix)
         st = prepare_part(task.input_path, prefix, tokenizer, self.cfg, task.tokenizer_fingerprint)
         keys = st.get("keys", {})

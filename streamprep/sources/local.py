@@ -31,12 +31,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from streamprep.config import thaw
+from streamprep import registry
+from streamprep.config import ConfigError, MissingInput, thaw
 from streamprep.sources.base import BadRecord, SourceError, one_line
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig
 
+OBJECT_STORES = ("s3://", "gs://", "gcs://")  # listed at validation: a missing bucket/key is a config error
 EXCERPT = 300
 PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # files up to this size are hashed whole; bigger ones by head + tail (+ mtime)
@@ -66,7 +68,63 @@ def detect_format(path: str) -> str:
         return "parquet"
     if name.endswith(".txt"):
         return "txt"
+    for plugin in registry.SOURCE_FORMATS.entries():  # formats of your own, by their suffixes
+        if name.endswith(tuple(plugin.meta.get("suffixes", ()))):
+            return plugin.name
     raise ValueError(f"{path}: unknown file type (expected .jsonl, .jsonl.gz, .parquet or .txt; set 'format')")
+
+
+def check_entry(key: str, ds: dict[str, Any]) -> None:
+    """Config validation of a dataset entry of files (its path resolved): the input exists (else MissingInput,
+    so an optional dataset is skipped), and a single file's type is known."""
+    path = ds["path"]
+    check_path(f"{key}.path", path)
+    if path.startswith(OBJECT_STORES):
+        _check_object_store_path(key, ds)
+    if ds["format"] is None and Path(path).is_file():  # a directory's odd files are rejects instead
+        _check_format(f"{key}.path", path)
+
+
+def check_path(key: str, path: str) -> None:
+    """A local path, directory or glob named by config key `key` has input files (URLs are checked elsewhere)."""
+    if registry.scheme_of(path):
+        return
+    if globmod.has_magic(path):
+        if not expand(path):
+            raise MissingInput(f"config: '{key}': no file matches {path}")
+    elif not Path(path).exists():
+        raise MissingInput(f"config: '{key}': no such file or directory: {path}")
+    elif not (Path(path).is_file() or Path(path).is_dir()):  # reading a FIFO/device blocks and cannot resume
+        raise MissingInput(f"config: '{key}': {path} is not a regular file or directory (a FIFO, socket or device)")
+    elif Path(path).is_dir() and not expand(path):
+        raise MissingInput(f"config: '{key}': directory has no input files: {path}")
+
+
+def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
+    """List the bucket now: a missing bucket, key or prefix (or refused credentials) is a config error before
+    anything is written. A store that cannot be reached raises on (exit 1: re-run once it is back)."""
+    path = ds["path"]
+    try:
+        found = expand(path, ds["storage_options"])
+    except (FileNotFoundError, PermissionError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise MissingInput(f"config: '{key}.path': {path}: {first}") from None
+    except TypeError as exc:  # an option the filesystem does not take
+        raise MissingInput(f"config: '{key}.storage_options': {exc}") from None
+    if not found:
+        raise MissingInput(f"config: '{key}.path': no object matches {path}")
+    if ds["format"] is None and found == [path]:
+        try:
+            _check_format(f"{key}.path", path)
+        except ConfigError as exc:
+            raise MissingInput(str(exc)) from None
+
+
+def _check_format(key: str, path: str) -> None:
+    try:
+        detect_format(path)
+    except ValueError as exc:
+        raise ConfigError(f"config: '{key}': {exc}") from None
 
 
 def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
@@ -278,7 +336,8 @@ class LocalSource:
         except ValueError as exc:
             yield BadRecord(f"unsupported file, skipped: {exc}", ""), nxt
             return
-        reader = {"parquet": self._parquet, "document": self._document}.get(fmt, self._lines)
+        plugin = fmt in registry.SOURCE_FORMATS and registry.SOURCE_FORMATS.entry(fmt).target is not None
+        reader = self._plugin if plugin else {"parquet": self._parquet, "document": self._document}.get(fmt, self._lines)
         record = here.get("record", 0)
         try:
             for item, pos in reader(i, path, fmt, here):
@@ -372,6 +431,16 @@ class LocalSource:
             yield {"text": raw.decode("utf-8-sig"), "path": Path(path).name}, nxt
         except UnicodeDecodeError as exc:
             yield BadRecord(f"undecodable bytes in {path}: {exc.reason} at byte {exc.start}", ""), nxt
+
+    def _plugin(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """A registered format (registry.SOURCE_FORMATS): its reader over the file's (decompressed) bytes yields
+        records or BadRecords; a resume re-reads the file and skips the `record` items already consumed."""
+        read = registry.SOURCE_FORMATS.get(fmt)
+        done = pos.get("record", 0)
+        with open_input(path, self.storage_options, compression=_compression(path)) as fh:
+            for n, item in enumerate(read(fh, path), 1):
+                if n > done:
+                    yield item, {"file": i, "record": n}
 
     def _parquet(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Only the footer and the row groups from `row_group` on are read (ranged reads on an object store)."""

@@ -1,0 +1,43 @@
+"""The built-in plug-ins, declared in the registries (streamprep/registry.py) as "module:attr" strings.
+
+Imported by the package `__init__`, so every process (driver, QC workers, Ray actors) has the registries
+filled before a config is validated; nothing here imports a plug-in's module (the local engine never loads
+Ray or Xenna, `import streamprep` stays light). `STREAMPREP_PLUGINS` (comma-separated module names) names
+modules of your own to import as well, in every process: their one registration line then runs there too.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+from streamprep.registry import CHECKS, ENGINES, MODES, SCHEMES, SECTIONS, SOURCE_FORMATS, TOKENIZER_BACKENDS
+
+ENGINES.register("xenna", "streamprep.engines.xenna:XennaEngine")
+ENGINES.register("local", "streamprep.engines.local:LocalEngine")
+
+TOKENIZER_BACKENDS.register("auto")  # = streamprep.backends.BACKENDS
+TOKENIZER_BACKENDS.register("gigatoken")
+TOKENIZER_BACKENDS.register("hf")
+
+for _fmt in ("jsonl", "parquet", "txt", "document"):  # read by streamprep.sources.local itself
+    SOURCE_FORMATS.register(_fmt)
+
+SCHEMES.register("", "streamprep.sources.local:LocalSource", check="streamprep.sources.local:check_entry")
+for _scheme in ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "memory://"):
+    SCHEMES.register(_scheme, "streamprep.sources.local:LocalSource", fsspec=True,
+                     check="streamprep.sources.local:check_entry")
+SCHEMES.register("hf://", "streamprep.sources.hf:HFSource", requires=("split",),
+                 formats=("jsonl", "json", "parquet", "txt", "text", "csv", "arrow"))  # = hf.FORMAT_TO_BUILDER
+
+SECTIONS.register("quality", "quality.settings:validate_quality_config",
+                  load="quality.settings:QualitySettings.from_dict", key_prefix="quality.", required=True)
+SECTIONS.register("sft", "streamprep.sft.config:validate_sft_config", load="streamprep.sft.config:SftConfig.from_dict")
+
+CHECKS.register("output.parquet", "streamprep.exports.parquet:check_options")
+CHECKS.register("output.mixtures", "streamprep.exports.mixtures:check_options")
+CHECKS.register("tokenizer", "streamprep.tokenizer:check_section")  # last: it loads the tokenizer
+
+MODES.register("sft", "streamprep.sft.mode:SftMode.of")
+
+for _module in filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGINS", "").split(","))):
+    importlib.import_module(_module)

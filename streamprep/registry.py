@@ -1,0 +1,104 @@
+"""Plug-in registries: each family registers its names here, with what runs them and the checks config calls.
+
+A leaf: it imports nothing of streamprep's, so `config.py` (also a leaf) validates through it and the families
+import config, never the reverse. The built-ins are declared in `streamprep/plugins.py` (imported by the
+package, so every process has them before a config is validated) as "module:attr" strings, loaded on first
+use: `import streamprep` stays light and the local engine never imports Ray. A plug-in registers its object
+with one line (docs/architecture.md, "Where to add …"):
+
+    registry.ENGINES.register("mine", MyEngine)
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass
+class Entry:
+    """One registered plug-in: its target (an object, or "module:attr" loaded on first use) and its metadata."""
+
+    name: str
+    target: Any
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def load(self, value: Any = None) -> Any:
+        """The target, or the metadata item `value` if it is a "module:attr" string, imported now."""
+        obj = self.target if value is None else value
+        if isinstance(obj, str) and ":" in obj:
+            module, _, attr = obj.partition(":")
+            obj = importlib.import_module(module)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        return obj
+
+
+class Registry:
+    """The plug-ins of one family, in registration order (the order config's messages list them in)."""
+
+    def __init__(self, family: str):
+        self.family = family
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str, target: Any = None, **meta: Any) -> Any:
+        """Add (or replace) `name`; returns `target`, so it also works as a decorator's last line."""
+        self._entries[name] = Entry(name, target, meta)
+        return target
+
+    def unregister(self, name: str) -> None:
+        self._entries.pop(name, None)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def entry(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(f"no {self.family} named {name!r} (known: {', '.join(self._entries)})") from None
+
+    def get(self, name: str) -> Any:
+        """The loaded target of `name`."""
+        return self.entry(name).load()
+
+    def choices(self) -> str:
+        """'a, b or c': how a one-line config error lists the names."""
+        names = list(self._entries)
+        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+# execution.engine: a factory `(workers=, ray_address=) -> engines.base.Engine`
+ENGINES = Registry("engine")
+# tokenizer.backend: names only (streamprep/backends.py loads them); never changes bytes
+TOKENIZER_BACKENDS = Registry("tokenizer backend")
+# datasets[].format of files (local or fsspec URLs). Built-ins are read by sources.local itself (target None);
+# a plug-in's target is `read(fh: BinaryIO, path: str) -> Iterator[dict | sources.base.BadRecord]` over the
+# file's bytes, meta `suffixes` (file name endings that select it when `format` is unset)
+SOURCE_FORMATS = Registry("source format")
+# path prefixes that are not local paths: meta `formats` (if the scheme has its own), `requires` (dataset keys
+# it needs) and `fsspec` (takes storage_options); "" is the local filesystem. meta `check`: `(key, ds)` on the
+# dataset entry with its path resolved; raises config.ConfigError, or config.MissingInput (optional: skipped)
+SCHEMES = Registry("source scheme")
+# config checks that need a family's code, in order, after the schema: `check(cfg)` on the validated dict
+CHECKS = Registry("config check")
+# top-level config sections owned by a family: target `validate(raw) -> dict` raising a ValueError with `.key`;
+# meta `load` (dict -> frozen section), `key_prefix` (prepended to the error's key), `required`
+SECTIONS = Registry("config section")
+# run modes by config section ("sft"): a factory `(section: SftConfig | dict) -> modes.Mode`
+MODES = Registry("mode")
+# extra output writers, after the built-in exports and before the manifest that lists their files:
+# `write(ctx: exports.WriterContext) -> list[str]` (run-dir-relative paths it wrote)
+WRITERS = Registry("output writer")
+
+
+def scheme_of(path: str) -> str:
+    """The registered scheme `path` starts with (the longest), else "" (a local path)."""
+    found = [name for name in SCHEMES.names() if name and path.startswith(name)]
+    return max(found, key=len) if found else ""

@@ -1,0 +1,101 @@
+"""The text shard core: one ingest part of pretraining text → `.bin/.idx`, through the run's tokenizer backend.
+
+Pure and process-local (no receipt: streamprep/tokenize.py writes it); `modes.Mode.tokenize` calls it for a
+pretraining shard. Below tokenize.py and modes.py in the flow, so neither imports the other for it.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+import numpy as np
+import orjson
+
+from streamprep import atomic, backends, binidx, stats
+from streamprep.layout import RunLayout
+
+# Records per `encode_batch_fast` call, at most ENCODE_BYTES of lines: thousands of short documents in one call
+# cost ~10-20 % more CPU than the same text in calls of 1 024 (sixth round: `git show c594e76:docs/performance.md`).
+ENCODE_BATCH = 1024
+ENCODE_BYTES = 1 << 22
+
+
+def _line_batches(fh: BinaryIO) -> Iterator[list[bytes]]:
+    """The part's lines, at most ENCODE_BATCH records and about ENCODE_BYTES at a time."""
+    while lines := fh.readlines(ENCODE_BYTES):
+        for i in range(0, len(lines), ENCODE_BATCH):
+            yield lines[i:i + ENCODE_BATCH]
+
+
+def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder, dataset: str,
+                     ahead: ThreadPoolExecutor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(flat ids, ids per record) of the part's texts, one backend call per line batch; the first batch may
+    be checked against HF (backends.ShardEncoder). The next batch is parsed and encoded in `ahead` (both
+    Rust encoders release the GIL) while the caller writes this one."""
+    batches = _line_batches(fh)
+    first = True
+
+    def encode_next() -> tuple[np.ndarray, np.ndarray] | None:
+        nonlocal first
+        lines = next(batches, None)
+        if lines is None:
+            return None
+        texts = [orjson.loads(line)["text"] for line in lines]
+        out = encoder.encode_batch(texts, check=dataset if first else None)
+        first = False
+        return out
+
+    pending = ahead.submit(encode_next)
+    while (encoded := pending.result()) is not None:
+        pending = ahead.submit(encode_next)
+        yield encoded
+
+
+def tokenize_part(task: Any, encoder: backends.ShardEncoder) -> dict[str, Any]:
+    """Encode one ingest part into `.bin/.idx`: each batch's ids reach the writer as one flat buffer + lengths.
+    Records that encode to nothing are dropped and listed by line number."""
+    dtype = np.dtype(task.dtype)
+    top_id = max(encoder.vocab_size - 1, task.eod_id or 0)
+    if top_id > np.iinfo(dtype).max:  # checked once for the vocabulary, not per document
+        raise ValueError(f"token id {top_id} does not fit {task.dtype}")
+    writer = binidx.IndexedDatasetWriter(task.prefix, dtype)
+    dropped: list[int] = []
+    n_tokens = 0
+    hist: dict[str, int] = {}
+    eod = 0 if task.eod_id is None else 1
+    t0 = time.perf_counter()
+    try:
+        with open(task.input_path, "rb") as fh, ThreadPoolExecutor(1, thread_name_prefix="encode") as ahead:
+            line_no = 0
+            for flat, lengths in _encoded_batches(fh, encoder, task.dataset, ahead):
+                empty = lengths == 0
+                if empty.any():
+                    dropped.extend((line_no + np.flatnonzero(empty)).tolist())
+                    lengths = lengths[~empty]
+                writer.add_flat(flat, lengths, task.eod_id)
+                n_tokens += int(lengths.sum()) + eod * len(lengths)
+                stats.add_log2_counts(hist, lengths + eod)
+                line_no += len(empty)
+        num_docs = writer.num_documents
+        if num_docs:
+            writer.close()
+        else:
+            writer.abort()
+    except BaseException:
+        writer.abort()
+        raise
+    if encoder.fallback_reason is not None:
+        _record_fallback(task, encoder)
+    return {"num_documents": num_docs, "num_tokens": n_tokens, "num_input_records": line_no,
+            "dropped_empty": dropped, "tokens_hist": hist,
+            "seconds": round(time.perf_counter() - t0, 4)}
+
+
+def _record_fallback(task: Any, encoder: backends.ShardEncoder) -> None:
+    """A worker that fell back to HF on its identity check says so in the run's bookkeeping (status shows it)."""
+    path = RunLayout(Path(task.run_dir)).tokenizer_backend_fallback
+    if not path.exists():
+        atomic.write_json(path, {"shard": f"{task.dataset}/{task.part}", "reason": encoder.fallback_reason,
+                                 "name": "hf", "version": backends.installed_version("hf")})

@@ -1,0 +1,151 @@
+"""A toy plug-in of each kind (source format, gate, output writer, executor), added through the public
+registration only (one line each, as docs/architecture.md shows), runs in a small local job."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+import pytest
+
+from helpers import base_config, english_docs
+from quality.gates import Doc, Gate, register_gate
+from streamprep import atomic, config, registry, run_from_dict
+from streamprep.binidx import IndexedDataset
+from streamprep.config import ConfigError
+from streamprep.engines.base import Engine, Result
+from streamprep.exports import WriterContext
+from streamprep.sources.base import BadRecord
+from streamprep.tokenize import ShardTask, TokenizerCache, run_task
+from streamprep.verify import verify_run
+
+def read_toy(fh: BinaryIO, path: str) -> Iterator[dict[str, Any] | BadRecord]:
+    """`.toy` files: records separated by lines of `%%`, the first line of a block its title."""
+    for n, block in enumerate(fh.read().decode("utf-8").split("\n%%\n"), 1):
+        title, _, body = block.strip("\n").partition("\n")
+        if not body:
+            yield BadRecord(f"toy block {n} of {path} has no body", title)
+        else:
+            yield {"text": body, "title": title}
+
+
+class ForbiddenGate(Gate):
+    """Rejects a text that says FORBIDDEN."""
+
+    name = failed_check = "forbidden"
+
+    def check(self, doc: Doc) -> str | None:
+        at = doc.text.find("FORBIDDEN")
+        return None if at < 0 else f"says FORBIDDEN at char {at}"
+
+
+def write_counts(ctx: WriterContext) -> list[str]:
+    """`toy_counts.json`: records per dataset."""
+    atomic.write_json(ctx.run_dir / "toy_counts.json", {idx.name: len(idx) for idx in ctx.indexes})
+    return ["toy_counts.json"]
+
+
+class InlineEngine(Engine):
+    """Runs each shard task at once, in the caller's thread, and remembers which it ran."""
+
+    name = "inline"
+    ran: list[str] = []
+
+    def __init__(self, workers: int = 1, ray_address: str | None = None):
+        super().__init__()
+        self._results: list[Result] = []
+        self._tokenizers = TokenizerCache()
+
+    def submit(self, task: ShardTask) -> None:
+        self.submitted += 1
+        result = run_task(task, self._tokenizers.get(task))
+        InlineEngine.ran.append(f"{task.dataset}/{task.part}")
+        self._done(result)
+        self._results.append(result)
+
+    def drain(self) -> list[Result]:
+        out, self._results = self._results, []
+        return out
+
+
+@pytest.fixture
+def toy_plugins() -> Iterator[None]:
+    registry.SOURCE_FORMATS.register("toy", read_toy, suffixes=(".toy",))
+    register_gate(lambda settings, text_field: ForbiddenGate())
+    registry.WRITERS.register("toy_counts", write_counts)
+    registry.ENGINES.register("inline", InlineEngine)
+    import quality.gates
+
+    gates = list(quality.gates.EXTRA_GATES)
+    yield
+    for reg, name in ((registry.SOURCE_FORMATS, "toy"), (registry.WRITERS, "toy_counts"),
+                      (registry.ENGINES, "inline")):
+        reg.unregister(name)
+    for factory in gates:
+        quality.gates.EXTRA_GATES.remove(factory)
+
+
+@pytest.mark.slow  # a whole job
+def test_a_toy_plugin_of_each_kind_runs_in_a_job(tmp_path: Path, toy_plugins: None) -> None:
+    docs = english_docs(60)
+    forbidden = {7, 19, 33, 41, 52}
+    blocks = [f"title {i}\n{d[:80]} FORBIDDEN {d[80:]}" if i in forbidden else f"title {i}\n{d}"
+              for i, d in enumerate(docs)]
+    blocks.insert(10, "a title alone")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/corpus.toy").write_text("\n%%\n".join(blocks) + "\n")
+    cfg = base_config([{"name": "toy", "path": str(tmp_path / "in/corpus.toy")}], None,
+                      execution={"engine": "inline", "workers": 1, "batch_records": 16},
+                      output={"shard_records": 20})
+    InlineEngine.ran.clear()
+    result = run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    run_dir = result.run_dir
+    assert result.status == "complete"
+
+    # the source format read the made-up format: every kept text is a block's body, its title kept beside it
+    kept = [json.loads(line) for p in sorted((run_dir / "ingest/toy").glob("part-*.jsonl"))
+            for line in p.read_text().splitlines()]
+    bodies = {d: i for i, d in enumerate(docs) if i not in forbidden}
+    assert kept and all(k["text"] in bodies for k in kept)
+    # the gate rejected exactly the five FORBIDDEN texts, with its reason; the title-only block is a parse reject
+    rejects = [json.loads(line) for line in (run_dir / "rejects/toy.jsonl").read_text().splitlines()]
+    by_check: dict[str, list[dict[str, Any]]] = {}
+    for r in rejects:
+        by_check.setdefault(r["failed_check"], []).append(r)
+    assert len(by_check["forbidden"]) == 5
+    assert all(r["reason"].startswith("says FORBIDDEN at char ") for r in by_check["forbidden"])
+    assert [r["reason"] for r in by_check["parse"]] == [f"toy block 11 of {tmp_path / 'in/corpus.toy'} has no body"]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["summary"]["kept"]["toy"] == len(kept) == 60 - 5 - sum(len(v) for k, v in by_check.items()
+                                                                     if k not in ("forbidden", "parse"))
+
+    # the executor ran every shard, and the shards hold every kept record
+    receipts = sorted(p.stem for p in (run_dir / "receipts/toy").glob("part-*.json"))
+    assert len(receipts) >= 2 and sorted(InlineEngine.ran) == [f"toy/{p}" for p in receipts]
+    docs_in_shards = sum(len(IndexedDataset.open(str(run_dir / f"binidx/toy/{p}_text_document")))
+                         for p in receipts)
+    assert docs_in_shards == len(kept)
+
+    # the writer's file is there, with the records per dataset, and the manifest lists and hashes it
+    written = run_dir / "toy_counts.json"
+    assert json.loads(written.read_text()) == {"toy": len(kept)}
+    entry = next(f for f in json.loads((run_dir / "manifest.json").read_text())["files"]
+                 if f["path"] == "toy_counts.json")
+    assert entry["role"] == "toy_counts" and entry["sha256"] == hashlib.sha256(written.read_bytes()).hexdigest()
+    assert verify_run(run_dir) == []
+    written.write_text('{"toy": 0}')
+    assert any("toy_counts.json" in p for p in verify_run(run_dir))
+
+
+def test_config_lists_a_registered_engine_and_format(tmp_path: Path, toy_plugins: None) -> None:
+    """Registration is all config needs: the names show in its one-line errors."""
+    (tmp_path / "a.toy").write_text("t\nbody text\n")
+    cfg = base_config([{"name": "a", "path": str(tmp_path / "a.toy"), "format": "xml"}], None)
+    with pytest.raises(ConfigError, match=r"^config: 'datasets\[0\]\.format' must be jsonl, parquet, txt, "
+                                          r"document or toy, got 'xml'$"):
+        config.load(cfg)
+    cfg = base_config([{"name": "a", "path": str(tmp_path / "a.toy")}], None, execution={"engine": "slurm"})
+    with pytest.raises(ConfigError, match=r"^config: 'execution\.engine' must be xenna, local or inline, "
+                                          r"got 'slurm'$"):
+        config.load(cfg)
