@@ -5,6 +5,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[1]  # the checkout (tests/ live in subfolders mirroring the packages)
 PHI2 = "tokenizers/phi-2/tokenizer.json"
 
 

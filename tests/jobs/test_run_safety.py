@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import base_config, english_docs
+from helpers import REPO, base_config, english_docs
 from streamprep import atomic, run_from_dict
 from streamprep.cli import main
 from streamprep.config import ConfigError
 from streamprep.layout import CheckpointLayout
 from streamprep.lock import RunLock
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _config(tmp: Path, name: str = "alpha", **execution) -> dict:

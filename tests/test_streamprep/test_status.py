@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import PHI2, base_config, english_docs
+from helpers import REPO, PHI2, base_config, english_docs
 from streamprep import logs, run_from_dict
 from streamprep.checkpoints import IngestState
 from streamprep.config import dataset
@@ -23,7 +23,6 @@ from streamprep.progress import ProgressReporter
 from streamprep.status import format_status, run_status
 from test_audit import make_inputs
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from streamprep.cli import main
+from helpers import REPO
 
 COMMANDS = ("ingest", "status", "logs", "audit", "verify")
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -14,6 +14,7 @@ import pytest
 from streamprep import atomic
 from streamprep.verify import verify_run
 from test_exports import base_run, export, parquet_entries, relocate  # noqa: F401  (fixture re-used)
+from helpers import REPO
 
 
 @pytest.fixture()
@@ -237,7 +238,7 @@ def test_real_run_verifies_and_records_the_chain(chain_run):
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 # (file to tamper with, how, the file verify must name)
@@ -336,7 +337,7 @@ def test_sft_run_chain(shared_data, tmp_path):
 
     from streamprep import run_from_dict
 
-    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/sft_chat.yaml").read_text())
+    raw = yaml.safe_load((REPO / "configs/sft_chat.yaml").read_text())
     raw["datasets"][0]["path"] = str(shared_data / "chat/glaive_toolcall_en_demo300.messages.jsonl")
     raw["tokenizer"]["path"] = str(shared_data / "tokenizers/phi-3-mini")
     raw["execution"] = {"engine": "local"}

@@ -23,6 +23,7 @@ from streamprep.config import DatasetConfig, OutputConfig, dataset, section
 from streamprep.exports import ExportError, ShardRef, write_exports
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, bucket_of, pack, shuffled
+from helpers import REPO
 
 EOD = 50256  # phi-2 <|endoftext|>
 BUCKETS = [32, 64, 128, 256, 512, 1024]
@@ -519,7 +520,7 @@ def test_parquet_written_without_importing_pandas(run, tmp_path):
     code = ("import pickle, sys; sys.path.insert(0, sys.argv[1]); import test_exports as t; "
             "run, refs = pickle.loads(open(sys.argv[2], 'rb').read()); assert 'pandas' not in sys.modules; "
             "t.export(run, refs); print('pandas' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(job)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "tests"), str(job)], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines()[-1] == "False"  # the last line: logs go to stdout too

@@ -23,8 +23,9 @@ from typing import Any, Iterator
 import pytest
 
 from quality import QualityControl
+from helpers import REPO
 
-SHARED = Path(os.environ.get("STREAMPREP_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED = Path(os.environ.get("STREAMPREP_SHARED_DATA", REPO.parent / "shared" / "data"))
 BATCH = 97  # odd, so batches do not line up with anything in the data
 
 

@@ -25,13 +25,12 @@ import pytest
 import yaml
 import zstandard
 
-from helpers import base_config, english_docs, ingest_stopped_after
+from helpers import REPO, base_config, english_docs, ingest_stopped_after
 from streamprep import run_from_dict
 from streamprep.config import ConfigError, dataset, load
 from streamprep.sources.base import input_change
 from streamprep.sources.local import LocalSource, filesystem, open_input
 
-REPO = Path(__file__).resolve().parents[1]
 BUCKET = "corpora"
 DOCS = english_docs(600, seed=30)
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}

@@ -11,8 +11,8 @@ import yaml
 from streamprep import run_from_dict
 from streamprep.binidx import IndexedDataset
 from streamprep.verify import verify_run
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow

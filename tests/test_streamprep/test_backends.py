@@ -15,14 +15,13 @@ import orjson
 import pytest
 from tokenizers import ByteLevelBPETokenizer, Tokenizer, models, pre_tokenizers, trainers
 
-from helpers import PHI2, base_config, tree_hashes
+from helpers import REPO, PHI2, base_config, tree_hashes
 from streamprep import backends, binidx, run_from_dict
 from streamprep.config import ConfigError, config_hash, validate
 from streamprep.layout import RunLayout
 from streamprep.tokenize import make_task, tokenize_part
 from streamprep.tokenizer import train_bpe
 
-REPO = Path(__file__).resolve().parents[1]
 PER_FILE_CHARS = 150_000  # of each shared corpus file: every corpus is covered, HF's side stays a few seconds
 
 

@@ -18,8 +18,8 @@ from streamprep.binidx import IndexedDataset
 from streamprep.sft import (SftConfig, SftConfigError, layout, load_chat_tokenizer, load_sft_config, prepare_part,
                             qc_check, qc_text, validate_sft_config)
 from streamprep.sft.records import parse_hh
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 PHI3 = "tokenizers/phi-3-mini"
 PHI2 = "tokenizers/phi-2/tokenizer.json"

@@ -27,7 +27,7 @@ import pytest
 import yaml
 import zstandard
 
-from helpers import base_config, english_docs, local_source
+from helpers import REPO, base_config, english_docs, local_source
 from streamprep import run_from_dict
 from streamprep.checkpoints import DatasetFiles, load_and_repair
 from streamprep.config import Config, ConfigError, load, validate
@@ -35,7 +35,6 @@ from streamprep.ingest import IngestContext, ingest_all
 from streamprep.sources.base import BadRecord, SourceError, input_change
 from streamprep.sources.local import FULL_HASH_BYTES
 
-REPO = Path(__file__).resolve().parents[1]
 RECORDS = [{"text": f"record number {i} " + "filler " * (i % 40), "id": i} for i in range(3000)]
 JSONL = "".join(json.dumps(r) + "\n" for r in RECORDS).encode()
 def _head(k: int) -> bytes:
