@@ -122,7 +122,7 @@ SPEC: dict[str, Any] = {
     },
 }
 INT32_MAX = 2**31 - 1
-# Every number key of SPEC / DATASET_SPEC has a range (tests/test_config.py checks that none is missing).
+# Every number key of SPEC / DATASET_SPEC has a range (tests/test_streamprep/test_config.py checks that none is missing).
 BOUNDS: dict[str, Range] = {
     "run.seed": Range(0, 2**63 - 1),
     "tokenizer.train.vocab_size": Range(300, INT32_MAX),   # 256 bytes + special tokens; ids are int32

@@ -85,3 +85,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.slow)
+
+
+# -- the tokenized run dir the exports and verify tests export (tests/export_run.py) -------------------------
+@pytest.fixture(scope="session")
+def base_run(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    """A tokenized run dir (no exports yet) and its ShardRefs; built once a session."""
+    from export_run import build_run  # numpy, tokenizers: only for the sessions that use it
+
+    run = tmp_path_factory.mktemp("base") / "run"
+    return run, build_run(run, shared_data)
+
+
+@pytest.fixture()
+def run(base_run: tuple[Path, list], tmp_path: Path) -> tuple[Path, list]:
+    """A private copy of the tokenized run dir (no exports yet)."""
+    from export_run import relocate
+
+    src, refs = base_run
+    dst = tmp_path / "run"
+    shutil.copytree(src, dst)
+    return dst, relocate(refs, src, dst)

@@ -6,7 +6,7 @@ the test pins that hash, the counts per `failed_check` and the per-gate counters
 the chain as it was before the gates were batched (issue 27). `evaluate_batch` (what ingest calls)
 and per-record `evaluate` must agree record for record.
 
-    PYTHONPATH=$PWD python tests/test_quality_verdicts.py /tmp/qc_verdicts.json   # full per-record dump
+    PYTHONPATH=$PWD python tests/test_quality/test_control.py /tmp/qc_verdicts.json   # full per-record dump
 """
 from __future__ import annotations
 

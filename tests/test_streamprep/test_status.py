@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, PHI2, base_config, english_docs
+from helpers import PHI2, REPO, base_config, english_docs, make_inputs
 from streamprep import logs, run_from_dict
 from streamprep.checkpoints import IngestState
 from streamprep.config import dataset
 from streamprep.layout import RunLayout
 from streamprep.progress import ProgressReporter
 from streamprep.status import format_status, run_status
-from test_audit import make_inputs
 
 
 

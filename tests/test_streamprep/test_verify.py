@@ -13,7 +13,7 @@ import pytest
 
 from streamprep import atomic
 from streamprep.verify import verify_run
-from test_exports import base_run, export, parquet_entries, relocate  # noqa: F401  (fixture re-used)
+from export_run import export, parquet_entries, relocate
 from helpers import REPO
 
 

@@ -14,60 +14,9 @@ import numpy as np
 import orjson
 import pytest
 
-from helpers import base_config, english_docs
+from helpers import N_A, make_inputs
 from streamprep import run_from_dict
 from streamprep.audit import build_audit, render_html, summary_from_file, write_audit
-
-SCRIPT_TEXT = "<script>alert(\"pwn\")</script> & 'q' </pre><b>x"
-N_A, DUP_EVERY, BAD_EVERY, EMPTY_EVERY = 100, 10, 30, 25
-
-
-def make_tokenizer(path: Path, texts: list[str]) -> None:
-    """A small byte-level BPE whose normaliser deletes 'x' and whitespace: 'xxx xxx' encodes to nothing."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.normalizer = normalizers.Replace(Regex(r"[xX\s]"), "")
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=2, special_tokens=["</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    tok.save(str(path))
-
-
-def make_inputs(root: Path) -> dict:
-    """Two datasets with known defects; returns the config dict and what the audit must find."""
-    root.mkdir(parents=True, exist_ok=True)
-    docs = english_docs(150)
-    make_tokenizer(root / "tok.json", docs)
-    expect = {"duplicate": 0, "parse": 0, "schema": 0, "empty_tokens": 0}
-    with open(root / "a.jsonl", "w") as fh:
-        for i, d in enumerate(docs[:N_A]):
-            fh.write(json.dumps({"text": d, "id": f"a{i}"}) + "\n")
-            if i % DUP_EVERY == 0:
-                fh.write(json.dumps({"text": d}) + "\n")
-                expect["duplicate"] += 1
-            if i % BAD_EVERY == 0:
-                fh.write('{"text": "broken\n')
-                expect["parse"] += 1
-            if i % EMPTY_EVERY == 0:  # kept by QC once, then exact duplicates of itself
-                fh.write(json.dumps({"text": "x" * 30 + " " + "x" * 40}) + "\n")
-                if i:
-                    expect["duplicate"] += 1
-                else:
-                    expect["empty_tokens"] += 1
-        fh.write(json.dumps({"text": SCRIPT_TEXT}) + "\n")   # too short: schema
-        fh.write(json.dumps({"body": "no text field"}) + "\n")  # schema
-        expect["schema"] += 2
-    with open(root / "b.jsonl", "w") as fh:
-        for d in docs[N_A:]:
-            fh.write(json.dumps({"text": d}) + "\n")
-    cfg = base_config([{"name": "a", "path": str(root / "a.jsonl")}, {"name": "b", "path": str(root / "b.jsonl")}],
-                      str(root / "tok.json"), output={"shard_records": 30})
-    cfg["quality"]["min_chars"] = 60
-    return {"config": cfg, "expect": expect}
-
 
 @pytest.fixture(scope="module")
 def e2e_run(tmp_path_factory):

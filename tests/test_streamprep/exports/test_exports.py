@@ -15,134 +15,15 @@ import numpy as np
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer
 
 from streamprep import atomic
-from streamprep.binidx import IndexedDataset, IndexedDatasetWriter
-from streamprep.config import DatasetConfig, OutputConfig, dataset, section
+from streamprep.binidx import IndexedDataset
 from streamprep.exports import ExportError, ShardRef, write_exports
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, bucket_of, pack, shuffled
+from export_run import (BUCKETS, DATASETS, EOD, SHARD_SIZE, TOKENIZER_INFO, datasets_cfg, export, output_cfg,
+                        parquet_entries, relocate)
 from helpers import REPO
-
-EOD = 50256  # phi-2 <|endoftext|>
-BUCKETS = [32, 64, 128, 256, 512, 1024]
-SHARD_SIZE = 16_384
-DATASETS = [  # name, split, weight, source file, records, records per part
-    ("c4", "train", 2.0, "web/c4_en_train00000_first1000.jsonl", 300, 100),
-    ("lingua", "train", 1.0, "multilingual/lingua_sentences_75langs.jsonl", 240, 120),
-    ("dclm", "valid", 1.0, "web/dclm_quality_agreement_data.jsonl", 60, 60),
-]
-EMPTY_AT = {("c4", 1): [0, 17]}   # (dataset, part) -> lines whose text is empty (tokenize to nothing)
-ALL_EMPTY_PART = ("lingua", 2)    # an extra part whose every record is empty: no .bin/.idx, receipt only
-
-
-def _texts(shared: Path, rel: str, n: int) -> list[str]:
-    out = []
-    with open(shared / rel, "rb") as fh:
-        for line in fh:
-            text = orjson.loads(line).get("text")
-            if isinstance(text, str) and text.strip():
-                out.append(text)
-            if len(out) == n:
-                break
-    return out
-
-
-def _write_part(run: Path, tok: Tokenizer, name: str, split: str, part_no: int, texts: list[str],
-                first_index: int) -> ShardRef:
-    part = f"part-{part_no:05d}"
-    ingest = run / "ingest" / name / f"{part}.jsonl"
-    lines = [orjson.dumps({"text": t, "meta": {"lang": "x", "source": {"dataset": name, "index": first_index + i}}})
-             + b"\n" for i, t in enumerate(texts)]
-    atomic.write_bytes(ingest, b"".join(lines))
-    arrays, dropped = [], []
-    for i, enc in enumerate(tok.encode_batch(texts, add_special_tokens=False)):
-        if not enc.ids:
-            dropped.append(i)
-            continue
-        arrays.append(np.array(enc.ids + [EOD], dtype=np.uint16))
-    prefix = run / "binidx" / name / f"{part}_text_document"
-    files = {}
-    if arrays:
-        w = IndexedDatasetWriter(prefix, np.uint16)
-        w.add_documents(arrays)
-        w.close()
-        for kind in ("bin", "idx"):
-            p = Path(f"{prefix}.{kind}")
-            files[kind] = {"path": str(p.relative_to(run)), "bytes": p.stat().st_size, "sha256": atomic.sha256_file(p)}
-    receipt = {"status": "completed", "dataset": name, "split": split, "part": part, "plan_hash": "test",
-               "input_sha256": atomic.sha256_file(ingest), "tokenizer_fingerprint": "sha256:phi2", "eod_id": EOD,
-               "dtype": "uint16", "files": files,
-               "stats": {"num_documents": len(arrays), "num_tokens": int(sum(len(a) for a in arrays)),
-                         "dropped_empty": dropped}}
-    receipt_path = run / "receipts" / name / f"{part}.json"
-    atomic.write_json(receipt_path, receipt)
-    return ShardRef(name, split, part, ingest, prefix if arrays else None, receipt, receipt_path)
-
-
-def build_run(run: Path, shared: Path) -> list[ShardRef]:
-    tok = Tokenizer.from_file(str(shared / "tokenizers" / "phi-2" / "tokenizer.json"))
-    refs = []
-    for name, split, _w, rel, n, per_part in DATASETS:
-        texts = _texts(shared, rel, n)
-        index = 0
-        for part_no, start in enumerate(range(0, n, per_part)):
-            chunk = list(texts[start:start + per_part])
-            for line in EMPTY_AT.get((name, part_no), []):
-                chunk[line] = ""
-            refs.append(_write_part(run, tok, name, split, part_no, chunk, index))
-            index += len(chunk)
-        if name == ALL_EMPTY_PART[0]:
-            refs.append(_write_part(run, tok, name, split, ALL_EMPTY_PART[1], ["", ""], index))
-    return refs
-
-
-def datasets_cfg() -> list[DatasetConfig]:
-    return [dataset({"name": n, "path": "-", "weight": w}, blend_split=s) for n, s, w, *_ in DATASETS]
-
-
-def output_cfg(**over) -> OutputConfig:
-    cfg = {"parquet": {"length_buckets": BUCKETS, "shard_size_bytes": SHARD_SIZE, "compression": "snappy",
-                       "row_group_size": 7},
-           "mixtures": {"phases": {}}, "num_shards_multiple_of": 1}
-    for k, v in over.items():
-        if k in cfg["parquet"]:
-            cfg["parquet"][k] = v
-        else:
-            cfg[k] = v
-    return section("output", cfg)
-
-
-TOKENIZER_INFO = {"fingerprint": "sha256:phi2", "vocab_size": 50295, "eod_id": EOD}
-
-
-def export(run: Path, refs: list[ShardRef], seed: int = 1234, workers: int = 1, **over) -> dict:
-    return write_exports(run, refs, output_cfg(**over), datasets_cfg(), seed, TOKENIZER_INFO, "cfghash0123",
-                         workers=workers)
-
-
-def relocate(refs: list[ShardRef], old: Path, new: Path) -> list[ShardRef]:
-    def move(p: Path | None) -> Path | None:
-        return None if p is None else new / p.relative_to(old)
-    return [ShardRef(r.dataset, r.split, r.part, move(r.ingest_path), move(r.prefix), r.receipt, move(r.receipt_path))
-            for r in refs]
-
-
-@pytest.fixture(scope="session")
-def base_run(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[ShardRef]]:
-    run = tmp_path_factory.mktemp("base") / "run"
-    return run, build_run(run, shared_data)
-
-
-@pytest.fixture()
-def run(base_run: tuple[Path, list[ShardRef]], tmp_path: Path) -> tuple[Path, list[ShardRef]]:
-    """A private copy of the tokenized run dir (no exports yet)."""
-    src, refs = base_run
-    dst = tmp_path / "run"
-    shutil.copytree(src, dst)
-    return dst, relocate(refs, src, dst)
-
 
 # -- helpers reading the outputs --------------------------------------------------------------
 def expected_records(run: Path, refs: list[ShardRef]) -> dict[tuple[str, int], tuple[str, list[int], int]]:
@@ -160,10 +41,6 @@ def expected_records(run: Path, refs: list[ShardRef]) -> dict[tuple[str, int], t
             rec = orjson.loads(lines[line_no])
             out[(ref.dataset, rec["meta"]["source"]["index"])] = (rec["text"], ds[seq].tolist(), len(lines[line_no]))
     return out
-
-
-def parquet_entries(run: Path) -> list[dict]:
-    return [s for s in atomic.read_json(run / "manifest.json")["shards"] if s["kind"] == "parquet"]
 
 
 def rows(run: Path, entry: dict) -> list[dict]:
@@ -517,7 +394,7 @@ def test_parquet_written_without_importing_pandas(run, tmp_path):
     run_dir, refs = run
     job = tmp_path / "job.pkl"
     job.write_bytes(pickle.dumps((run_dir, refs)))
-    code = ("import pickle, sys; sys.path.insert(0, sys.argv[1]); import test_exports as t; "
+    code = ("import pickle, sys; sys.path.insert(0, sys.argv[1]); import export_run as t; "
             "run, refs = pickle.loads(open(sys.argv[2], 'rb').read()); assert 'pandas' not in sys.modules; "
             "t.export(run, refs); print('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "tests"), str(job)], capture_output=True,
