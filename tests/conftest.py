@@ -45,15 +45,19 @@ def reap_what_killed_runs_leave():
     remove those created during it that no live process still uses (mapped, or a socket still bound)."""
     t0 = time.time()
     yield
-    shm, tmp = Path("/dev/shm"), Path(tempfile.gettempdir())
+    sweep(t0)
+
+
+def sweep(t0: float, shm: Path = Path("/dev/shm"), tmp: Path = Path(tempfile.gettempdir())) -> None:
+    """Remove the semaphores and forkserver dirs created since `t0` that no live process uses."""
     # Listed before the live processes are read: one created in between (another session's job on this
     # machine) is then not in the list, instead of looking unused and being removed under its pool.
     sems, dirs = list(shm.glob("sem.mp-*")), list(tmp.glob("pymp-*"))
-    mapped = _in_use("/proc/*/maps")
+    mapped = _mapped_shm_inodes()
     for sem in sems:
-        if _created_since(sem, t0) and str(sem) not in mapped:
+        if _created_since(sem, t0) and _inode(sem) not in mapped:
             sem.unlink(missing_ok=True)
-    bound = _in_use("/proc/net/unix")
+    bound = _bound_sockets()
     for d in dirs:
         if _created_since(d, t0) and not any(str(d) in line for line in bound):
             shutil.rmtree(d, ignore_errors=True)
@@ -66,18 +70,35 @@ def _created_since(path: Path, t0: float) -> bool:
         return False
 
 
-def _in_use(pattern: str) -> set[str]:
-    """Paths named in /proc's maps (one per process) or unix-socket table: what a live process holds."""
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _mapped_shm_inodes() -> set[int]:
+    """Inodes of /dev/shm files any live process maps. By inode, not name: glibc's sem_open creates a semaphore
+    under a temporary name, maps it, then links it to its real name, so its creator's maps show the temporary
+    name "(deleted)" (regression: a sweep by name removed the semaphores of another session's running pool)."""
     import glob
 
-    found: set[str] = set()
-    for name in glob.glob(pattern):
+    found: set[int] = set()
+    for name in glob.glob("/proc/*/maps"):
         try:
             with open(name) as fh:
-                found.update(line.split()[-1] for line in fh if "/" in line)
-        except OSError:  # a process that exited meanwhile, or one we may not read
+                found.update(int(f[4]) for line in fh if "/dev/shm/" in line and len(f := line.split()) >= 6)
+        except (OSError, ValueError):  # a process that exited meanwhile, or one we may not read
             continue
     return found
+
+
+def _bound_sockets() -> list[str]:
+    """The lines of the unix-socket table: the paths live processes have bound."""
+    try:
+        return Path("/proc/net/unix").read_text().splitlines()
+    except OSError:
+        return []
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,0 +1,26 @@
+"""The session's sweep of what killed jobs leave (tests/conftest.py) never removes what a live job still uses."""
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+from conftest import sweep
+
+
+def test_the_sweep_keeps_a_live_pools_semaphore_and_removes_an_orphan(tmp_path: Path) -> None:
+    """Regression: its creator maps a semaphore under glibc's temporary name, so a sweep by name removed the
+    semaphores of another session's running pool (BrokenProcessPool in a concurrent benchmark)."""
+    t0 = time.time() - 1
+    shm = Path("/dev/shm")
+    before = set(shm.glob("sem.mp-*"))
+    lock = multiprocessing.get_context("forkserver").Lock()  # a named semaphore, as a process pool's queues hold
+    live, = set(shm.glob("sem.mp-*")) - before
+    orphan = shm / "sem.mp-streamprep-test-orphan"
+    orphan.write_bytes(bytes(32))  # a semaphore file no process maps: what a SIGKILLed job leaves
+    try:
+        sweep(t0, tmp=tmp_path)
+        assert live.exists() and not orphan.exists()
+    finally:
+        orphan.unlink(missing_ok=True)
+        del lock
