@@ -10,6 +10,16 @@ import sys
 import traceback
 from pathlib import Path
 
+import orjson
+
+from streamprep import audit
+from streamprep.config import ConfigError
+from streamprep.layout import RunLayout
+from streamprep.logtail import tail
+from streamprep.pipeline import Interrupted, run_config_file
+from streamprep.status import NotARunDir, format_status, run_status
+from streamprep.verify import verify_run
+
 EPILOG_INGEST = """examples:
   streamprep ingest --config configs/demo.yaml
   streamprep ingest --config cfg.yaml --run-dir /data/runs/web-v2 --fresh
@@ -83,9 +93,6 @@ def _count(text: str) -> int:
 
 
 def _require_run_dir(path: str) -> Path:
-    from streamprep.config import ConfigError
-    from streamprep.layout import RunLayout
-
     run_dir = Path(path)
     if not RunLayout(run_dir).run_json.is_file():
         raise ConfigError(f"{run_dir}: not a streamprep run directory (no run.json)")
@@ -93,8 +100,6 @@ def _require_run_dir(path: str) -> Path:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from streamprep.pipeline import run_config_file
-
     result = run_config_file(args.config, args.run_dir, args.fresh)
     summary = _audit_summary(Path(result.run_dir)) if result.status == "complete" else None
     if summary:
@@ -105,8 +110,6 @@ def _ingest(args: argparse.Namespace) -> int:
 
 def _audit_summary(run_dir: Path) -> str | None:
     """The audit summary the run wrote (audit/audit.json); written here if the run did not write one."""
-    from streamprep import audit
-
     try:
         return audit.summary_from_file(run_dir) or audit.write_audit(run_dir)
     except Exception as exc:  # the run itself succeeded; a report problem must not turn it into a failure
@@ -116,10 +119,6 @@ def _audit_summary(run_dir: Path) -> str | None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import orjson
-
-    from streamprep.status import format_status, run_status
-
     st = run_status(_require_run_dir(args.run_dir))
     if args.json:
         sys.stdout.write(orjson.dumps(st, option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -129,21 +128,15 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from streamprep.logtail import tail
-
     return tail(_require_run_dir(args.run_dir), args.lines, args.follow, poll_s=max(args.poll_interval, 0.01))
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from streamprep.audit import write_audit
-
-    print(write_audit(_require_run_dir(args.run_dir)))
+    print(audit.write_audit(_require_run_dir(args.run_dir)))
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from streamprep.verify import verify_run
-
     problems = verify_run(_require_run_dir(args.run_dir))
     for p in problems:
         print(p)
@@ -166,7 +159,7 @@ def entry() -> None:
     """
     try:
         code = main()
-    except KeyboardInterrupt:  # before the job installed its handlers (e.g. during imports): nothing unsafe
+    except KeyboardInterrupt:  # before the job installed its handlers: nothing unsafe
         print(INTERRUPTED, file=sys.stderr)
         code = 1
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -189,20 +182,12 @@ def _remove_multiprocessing_tmp() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from streamprep.config import ConfigError
-    from streamprep.status import NotARunDir
-
-    interrupted: tuple[type[BaseException], ...] = ()
-    if args.command == "ingest":  # only ingest needs the pipeline (and, through it, the quality package)
-        from streamprep.pipeline import Interrupted
-
-        interrupted = (Interrupted,)
     try:
         return COMMANDS[args.command](args)
     except (ConfigError, NotARunDir) as exc:
         print(f"streamprep: error: {exc}", file=sys.stderr)
         return 2
-    except interrupted as exc:
+    except Interrupted as exc:
         print(f"streamprep: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import aiofiles
 
 from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
-from streamprep import atomic, logs, stats, unit_worker, units
+from streamprep import atomic, logs, ray_cluster, stats, unit_worker, units
 from streamprep.children import exit_with
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
@@ -141,8 +141,6 @@ class RayQCRunner:
     waiting forever."""
 
     def __init__(self, quality: QualitySettings, mode: Mode, workers: int, address: str):
-        from streamprep import ray_cluster
-
         self._cluster = ray_cluster
         ray_cluster.connect(address, workers)
         self.workers = max(1, workers)

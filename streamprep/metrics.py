@@ -28,7 +28,9 @@ from prometheus_client.registry import Collector
 
 from streamprep import logs
 from streamprep.config import ConfigError
-from streamprep.layout import RunLayout
+from streamprep.layout import NotARunDir, RunLayout
+from streamprep.sources.hf import hub_stats
+from streamprep.status import run_status
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig, ExecutionConfig
@@ -105,9 +107,6 @@ class JobCollector(Collector):
 def job_snapshot(run_dir: Path, progress: Mapping[str, Any], hub: Callable[[], dict[str, Any]] | None) -> Snapshot:
     """`snapshot()` for a running job: `progress` maps datasets to live states offering `to_json()` (the
     checkpoint's shape); `hub()` gives the live Hub counters (None: the run reads no hf:// dataset)."""
-    from streamprep.layout import NotARunDir
-    from streamprep.status import run_status
-
     def live() -> dict[str, dict[str, Any]]:
         for _ in range(5):  # the ingest loop mutates the states while we copy them: take a clean copy
             try:
@@ -156,8 +155,6 @@ def serving(execution: ExecutionConfig, run_dir: Path, datasets: Sequence[Datase
         return
     hub = None
     if any(d.path.startswith("hf://") for d in datasets):
-        from streamprep.sources.hf import hub_stats
-
         hub = hub_stats(RunLayout(run_dir).hf_cache).snapshot
     server = MetricsServer(execution.metrics_port, job_snapshot(run_dir, progress, hub))
     try:

@@ -17,17 +17,19 @@ from typing import Any, Callable
 
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
-from streamprep import backends, engines, metrics, tokenizer as tokmod
+from streamprep import audit, backends, engines, metrics, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
 from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
-from streamprep.exports import pool_size
+from streamprep.exports import export_run, pool_size
 from streamprep.exports.pool import Workers
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
 from streamprep.layout import CheckpointLayout, RunLayout
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
+from streamprep.progress import ProgressReporter
+from streamprep.sources.hf import set_retry_policy
 from streamprep.tokenize import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
 from streamprep.tokenizer import TokenizerInfo
 
@@ -235,8 +237,6 @@ class Job:
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self.signals = Signals()
         self.progress: dict[str, Any] = {}  # dataset -> live IngestState, read by the progress reporter
-        from streamprep.progress import ProgressReporter
-
         self.reporter = ProgressReporter(self.progress, self.config.execution.progress_interval_s,
                                          tty=None if console_log else False, datasets=config.datasets, run_dir=run_dir)
 
@@ -267,8 +267,6 @@ class Job:
         self._save_record("running", started_at=time.time())
         ex = self.config.execution
         if any(d.path.startswith("hf://") for d in self.config.datasets):
-            from streamprep.sources.hf import set_retry_policy
-
             set_retry_policy(ex.hf_retries, ex.hf_retry_max_s)
         self.signals.install()
         try:  # our handlers stay installed until the audit is written (a late signal is handled too)
@@ -292,9 +290,7 @@ class Job:
             # run.json is the root of verify's hash chain: it records manifest.json's SHA-256
             self._save_record("complete", finished_at=time.time(), summary=summary,
                               manifest_sha256=summary["exports"]["manifest_sha256"])
-            from streamprep.audit import write_audit
-
-            write_audit(self.run_dir)  # after run.json is final: the audit reports its timings
+            audit.write_audit(self.run_dir)  # after run.json is final: the audit reports its timings
         finally:
             self.signals.restore()
         log.info("run complete", run_dir=str(self.run_dir), **{k: v for k, v in summary.items() if k != "tokenize"})
@@ -415,8 +411,6 @@ class Job:
 
     def _exports(self, tasks: list[ShardTask], states: dict[str, IngestState], info: TokenizerInfo,
                  export_pool: Workers) -> dict[str, Any]:
-        from streamprep.exports import export_run
-
         log.info("writing exports", shards=len(tasks))
         return {"kept": {n: s.kept for n, s in states.items()}, "rejected": {n: s.rejected for n, s in states.items()},
                 **export_run(self.run_dir, tasks, info.to_json(), self.config.output, self.config.datasets,

@@ -2,7 +2,7 @@
 
 Imported by the package `__init__`, so every process (driver, QC workers, Ray actors) has the registries
 filled before a config is validated; nothing here imports a plug-in's module (the local engine never loads
-Ray or Xenna, `import streamprep` stays light). `STREAMPREP_PLUGINS` (comma-separated module names) names
+Ray or Xenna). `STREAMPREP_PLUGINS` (comma-separated module names) names
 modules of your own to import as well, in every process: their one registration line then runs there too.
 """
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 import os
 
-from streamprep.registry import CHECKS, ENGINES, MODES, SCHEMES, SECTIONS, SOURCE_FORMATS, TOKENIZER_BACKENDS
+from streamprep.registry import (CHECKS, ENGINES, MODES, SCHEMES, SECTIONS, SOURCE_FORMATS, TOKENIZER_BACKENDS,
+                                 WRITERS)
 
 ENGINES.register("xenna", "streamprep.engines.xenna:XennaEngine")
 ENGINES.register("local", "streamprep.engines.local:LocalEngine")
@@ -22,9 +23,9 @@ TOKENIZER_BACKENDS.register("hf")
 for _fmt in ("jsonl", "parquet", "txt", "document"):  # read by streamprep.sources.local itself
     SOURCE_FORMATS.register(_fmt)
 
-SCHEMES.register("", "streamprep.sources.local:LocalSource", check="streamprep.sources.local:check_entry")
+SCHEMES.register("", "streamprep.sources.local:LocalSource.open", check="streamprep.sources.local:check_entry")
 for _scheme in ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "memory://"):
-    SCHEMES.register(_scheme, "streamprep.sources.local:LocalSource", fsspec=True,
+    SCHEMES.register(_scheme, "streamprep.sources.local:LocalSource.open", fsspec=True,
                      check="streamprep.sources.local:check_entry")
 SCHEMES.register("hf://", "streamprep.sources.hf:HFSource", requires=("split",),
                  formats=("jsonl", "json", "parquet", "txt", "text", "csv", "arrow"))  # = hf.FORMAT_TO_BUILDER
@@ -38,6 +39,11 @@ CHECKS.register("output.mixtures", "streamprep.exports.mixtures:check_options")
 CHECKS.register("tokenizer", "streamprep.tokenizer:check_section")  # last: it loads the tokenizer
 
 MODES.register("sft", "streamprep.sft.mode:SftMode.of")
+
+# in this order, before any writer of your own: mixtures.json lists the Parquet shards the first one wrote
+WRITERS.register("parquet", "streamprep.exports.parquet:export")
+WRITERS.register("blend", "streamprep.exports.blend:export")
+WRITERS.register("mixtures", "streamprep.exports.mixtures:export")
 
 for _module in filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGINS", "").split(","))):
     importlib.import_module(_module)

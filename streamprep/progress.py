@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from streamprep import logs
 from streamprep.layout import RunLayout
+from streamprep.sources.local import expand
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig
@@ -42,8 +43,6 @@ def _local_sizes(ds: DatasetConfig) -> list[int] | None:
     if "://" in path:
         return None
     try:
-        from streamprep.sources.local import expand
-
         return [Path(p).stat().st_size for p in expand(path)]
     except Exception:  # progress is best effort: no total means no byte-based ETA
         return None

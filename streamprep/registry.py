@@ -3,7 +3,7 @@
 A leaf: it imports nothing of streamprep's, so `config.py` (also a leaf) validates through it and the families
 import config, never the reverse. The built-ins are declared in `streamprep/plugins.py` (imported by the
 package, so every process has them before a config is validated) as "module:attr" strings, loaded on first
-use: `import streamprep` stays light and the local engine never imports Ray. A plug-in registers its object
+use: the local engine never imports Ray or Xenna. A plug-in registers its object
 with one line (docs/architecture.md, "Where to add …"):
 
     registry.ENGINES.register("mine", MyEngine)
@@ -82,8 +82,10 @@ TOKENIZER_BACKENDS = Registry("tokenizer backend")
 # a plug-in's target is `read(fh: BinaryIO, path: str) -> Iterator[dict | sources.base.BadRecord]` over the
 # file's bytes, meta `suffixes` (file name endings that select it when `format` is unset)
 SOURCE_FORMATS = Registry("source format")
-# path prefixes that are not local paths: meta `formats` (if the scheme has its own), `requires` (dataset keys
-# it needs) and `fsspec` (takes storage_options); "" is the local filesystem. meta `check`: `(key, ds)` on the
+# path prefixes that are not local paths; "" is the local filesystem. Target: `open(dataset: DatasetConfig,
+# cache_dir: Path, max_concurrent_downloads: int, **options) -> sources.base.Source` (options: the hf_* download
+# limits, prefetch_files, cache_max_gb, keep_cache; ignore what you do not use). meta `formats` (if the scheme has
+# its own), `requires` (dataset keys it needs), `fsspec` (takes storage_options) and `check`: `(key, ds)` on the
 # dataset entry with its path resolved; raises config.ConfigError, or config.MissingInput (optional: skipped)
 SCHEMES = Registry("source scheme")
 # config checks that need a family's code, in order, after the schema: `check(cfg)` on the validated dict
@@ -93,8 +95,9 @@ CHECKS = Registry("config check")
 SECTIONS = Registry("config section")
 # run modes by config section ("sft"): a factory `(section: SftConfig | dict) -> modes.Mode`
 MODES = Registry("mode")
-# extra output writers, after the built-in exports and before the manifest that lists their files:
-# `write(ctx: exports.WriterContext) -> list[str]` (run-dir-relative paths it wrote)
+# output writers, in registration order (the built-ins first: Parquet + TSV, blend.json, mixtures.json), before the
+# manifest that lists their files under the writer's name: `write(ctx: exports.WriterContext) -> list[str]`
+# (run-dir-relative paths it wrote)
 WRITERS = Registry("output writer")
 
 

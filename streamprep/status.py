@@ -14,6 +14,7 @@ from typing import Any
 
 from streamprep.layout import Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, read_json
 from streamprep.lock import holder_if_running, read_holder
+from streamprep.sources.hf import manifest_sizes
 
 
 def _proc_locks_holder(lock_path: Path) -> tuple[bool, int | None]:
@@ -86,8 +87,6 @@ def _source_sizes(run_dir: Path, ck: dict[str, Any], entry: dict[str, Any] | Non
         return [int(f.get("size") or 0) for f in files]
     sha = (ck.get("position") or {}).get("revision")
     if entry and str(entry.get("path", "")).startswith("hf://") and sha:
-        from streamprep.sources.hf import manifest_sizes
-
         return manifest_sizes(RunLayout(run_dir).hf_cache, entry, sha)
     return None
 

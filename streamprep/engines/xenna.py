@@ -114,7 +114,7 @@ class XennaEngine(Engine):
                 return
             from cosmos_xenna.pipelines import v1 as xenna
 
-            from streamprep.engines.xenna_stage import TokenizeStage
+            from streamprep.engines.xenna_stage import TokenizeStage  # Xenna: it imports cosmos_xenna
 
             if self.ray_address and not ray_cluster.wait_for_qc_actors(lambda: self._stopping is not None) \
                     and self._stopping is None:  # QC runs on this cluster's actors: they are placed first

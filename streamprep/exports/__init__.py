@@ -12,41 +12,23 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from streamprep import registry
-from streamprep.exports.index import DatasetIndex, ExportError, ShardRef
+from streamprep.exports import chain, manifest, parquet, summary
+from streamprep.exports.context import WriterContext
+from streamprep.exports.index import ExportError, ShardRef, build_indexes
+from streamprep.exports.parquet import ShardCountError
+from streamprep.exports.pool import Workers
 from streamprep.layout import RunLayout
+from streamprep.modes import mode_of
+from streamprep.tokenize import read_receipt
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig, OutputConfig
-    from streamprep.exports.pool import Workers
 
 __all__ = ["export_run", "write_exports", "prepare_part", "ShardRef", "ExportError", "ShardCountError", "WriterContext"]
-
-
-@dataclass(frozen=True)
-class WriterContext:
-    """What an output writer of your own (registry.WRITERS) is handed, after the built-in exports: the run dir,
-    the finished shards and per dataset its index (records, tokens, `rows` to read them back), in config order."""
-
-    run_dir: Path
-    shards: list[ShardRef]
-    indexes: list[DatasetIndex]
-    datasets: Sequence[DatasetConfig]
-    output: OutputConfig
-    seed: int
-
-
-def __getattr__(name: str) -> Any:
-    # pyarrow is imported only when Parquet work (or its error type) is needed; config loading stays light.
-    if name == "ShardCountError":
-        from streamprep.exports.parquet import ShardCountError
-
-        return ShardCountError
-    raise AttributeError(name)
 
 
 def _split_of(datasets: Sequence[DatasetConfig], shards: list[ShardRef]) -> dict[str, str]:
@@ -65,11 +47,8 @@ def pool_size(workers: int | None) -> int:
 def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
     """The per-part exports work for one finished tokenization shard (`streamprep.tokenize.ShardTask` and its
     completed receipt), cached beside the receipt; safe in any process, as soon as the receipt exists."""
-    from streamprep.exports.summary import part_summary
-    from streamprep.modes import mode_of
-
     if mode_of(task.sft).text_exports and receipt["stats"]["num_documents"] > 0:
-        part_summary(ShardRef.from_task(task, receipt))
+        summary.part_summary(ShardRef.from_task(task, receipt))
 
 
 def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], output: OutputConfig,
@@ -77,8 +56,6 @@ def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], outpu
                blend: bool) -> dict[str, Any]:
     """The job's exports over its tokenization tasks (all receipts complete), on the job's pool (sized by
     `pool_size`); `blend`: whether the run's mode writes blend.json."""
-    from streamprep.tokenize import read_receipt
-
     receipts = [read_receipt(t) for t in tasks]
     # shards of a mode without text exports (SFT) are listed by their receipts only
     refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if t.mode.text_exports]
@@ -103,8 +80,6 @@ def _check(shards: list[ShardRef], names: list[str]) -> None:
 def _manifest(indexes: list, datasets: Sequence[DatasetConfig], pq_entries: list[dict[str, Any]],
               bin_entries: list[dict[str, Any]], output: OutputConfig, seed: int, tokenizer_info: dict[str, Any],
               config_hash: str, files: list[dict[str, Any]]) -> dict[str, Any]:
-    from streamprep.exports import manifest, parquet
-
     ds_summary = {idx.name: {"split": idx.split, "weight": d.weight, "num_records": len(idx),
                              "num_tokens": idx.num_tokens, "binidx_shards": len(idx.refs),
                              "empty_shards": len(idx.empty_refs),
@@ -133,32 +108,21 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
     Per-part summaries come from their caches or are computed on the workers; then only the work that
     needs every record: index, shuffle and plan (here), Parquet shards (on the workers), the JSON files.
     """
-    from streamprep.exports import blend as blendmod
-    from streamprep.exports import chain, manifest, mixtures, parquet
-    from streamprep.exports.index import build_indexes
-    from streamprep.exports.pool import Workers
-    from streamprep.exports.summary import iter_summaries
-
     run_dir = Path(run_dir)
-    weights = {d.name: d.weight for d in datasets}
-    names = list(weights)
+    names = [d.name for d in datasets]
     _check(shards, names)
     split_of = _split_of(datasets, shards)
     with Workers(workers) if isinstance(workers, int) else nullcontext(workers) as pool:
         indexes = build_indexes([(n, split_of[n], [r for r in shards if r.dataset == n]) for n in names],
-                                iter_summaries(shards, pool))
-        pq_entries = parquet.write_shards(run_dir, indexes, parquet.plan_shards(indexes, output, seed), output.parquet,
-                                          seed, pool)
-    bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]
-    # Parquet files, blend.json, mixtures.json, then the manifest that lists them all, then the stale cleanup.
-    if blend:
-        blendmod.write(run_dir, blendmod.build_from_refs(shards, weights, split_of, output.valid_fraction))
-    mixtures.write(run_dir, mixtures.build(manifest.sorted_shards(pq_entries, bin_entries), weights,
-                                           output.mixtures.phases, split_of))
+                                summary.iter_summaries(shards, pool))
+        bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]
+        ctx = WriterContext(run_dir, shards, indexes, datasets, output, seed, split_of, blend, pool, bin_entries)
+        # the writers in registration order: the built-ins (Parquet + TSV, blend.json, mixtures.json; plugins.py),
+        # then writers of your own; the manifest lists each file a writer returns under the writer's name
+        written = [(rel, w.name) for w in registry.WRITERS.entries() for rel in w.load()(ctx)]
+    pq_entries = ctx.parquet
     if receipts is None:
         receipts = [RunLayout(run_dir).receipt(r.dataset, r.part) for r in shards]
-    ctx = WriterContext(run_dir, shards, indexes, datasets, output, seed)
-    written = [(rel, w.name) for w in registry.WRITERS.entries() for rel in w.load()(ctx)]  # listed, hashed
     files = chain.file_entries(run_dir, chain.chained_files(run_dir, receipts) + written)
     man = _manifest(indexes, datasets, pq_entries, bin_entries, output, seed, tokenizer_info, config_hash, files)
     manifest_sha256 = manifest.write(run_dir, man)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from streamprep import atomic
+from streamprep import atomic, layout
+from streamprep.exports.context import WriterContext
 from streamprep.layout import RunLayout
 from streamprep.exports.index import ShardRef
 
@@ -45,6 +46,14 @@ def build_from_refs(refs: list[ShardRef], weights: Mapping[str, float], split_of
     shards = [{"dataset": r.dataset, "split": r.split, "prefix": r.prefix, "num_tokens": r.receipt["stats"]["num_tokens"]}
               for r in refs]
     return build(shards, weights, valid_fraction, any(s != "train" for s in split_of.values()))
+
+
+def export(ctx: WriterContext) -> list[str]:
+    """The "blend" writer: blend.json for the shards in their order, if the run's mode writes one."""
+    if not ctx.blend:
+        return []
+    write(ctx.run_dir, build_from_refs(ctx.shards, ctx.weights, ctx.split_of, ctx.output.valid_fraction))
+    return [layout.BLEND]
 
 
 def write(run_dir: Path, blend: dict[str, Any]) -> Path:

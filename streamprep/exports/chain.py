@@ -50,10 +50,10 @@ def file_entries(run_dir: Path, rels: list[tuple[str, str]]) -> list[dict[str, A
 
 
 def chained_files(run_dir: Path, receipts: list[Path]) -> list[tuple[str, str]]:
-    """(relative path, role) of every non-shard artifact the manifest must cover, written before it."""
+    """(relative path, role) of the receipts and tokenizer files the manifest must cover; the files the output
+    writers wrote (blend.json, mixtures.json, a plug-in's) are added by `exports.write_exports`."""
     rels = [(str(p.relative_to(run_dir)), "receipt") for p in receipts]
     tok = RunLayout(run_dir).tokenizer_dir
     rels += [(str(p.relative_to(run_dir)), "tokenizer") for p in sorted(tok.rglob("*") if tok.is_dir() else [])
              if p.is_file() and not p.name.startswith(".")]
-    rels += [(name, name[:-len(".json")]) for name in (layout.BLEND, layout.MIXTURES) if (run_dir / name).is_file()]
     return rels

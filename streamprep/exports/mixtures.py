@@ -11,8 +11,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from streamprep import atomic
+from streamprep import atomic, layout
 from streamprep.config import ConfigError
+from streamprep.exports.context import WriterContext
 from streamprep.layout import RunLayout
 
 FORMAT = "streamprep-mixtures"
@@ -95,6 +96,12 @@ def build(shards: list[dict[str, Any]], weights: Mapping[str, float], phases: Ma
             "sources": {k: {"weight": norm[k], "shards": sources[k]["shards"]} for k in norm},
         })
     return {"format": FORMAT, "version": VERSION, "sources": sources, "phases": out_phases}
+
+
+def export(ctx: WriterContext) -> list[str]:
+    """The "mixtures" writer: mixtures.json over every shard, Parquet (written by the "parquet" writer) and .bin/.idx."""
+    write(ctx.run_dir, build(ctx.parquet + ctx.binidx, ctx.weights, ctx.output.mixtures.phases, ctx.split_of))
+    return [layout.MIXTURES]
 
 
 def write(run_dir: Path, mixtures: dict[str, Any]) -> Path:

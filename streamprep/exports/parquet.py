@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from streamprep import atomic
 from streamprep.config import INT32_MAX, ConfigError, OutputConfig, ParquetConfig
+from streamprep.exports.context import WriterContext
 from streamprep.exports.index import DatasetIndex, ExportError, RecordReader, ShardRecords, ShardRows
 from streamprep.exports.pool import Workers
 from streamprep.exports.summary import shard_records
@@ -298,6 +299,14 @@ def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPl
     for plan, entry in zip(plans, (workers or Workers(1)).map(_write_one, jobs)):
         plan.entry = {**entry, "seed": seed}
     return [p.entry for p in plans]
+
+
+def export(ctx: WriterContext) -> list[str]:
+    """The "parquet" writer: the planned shards + TSV on the export workers. They are the manifest's Parquet
+    shards (`ctx.parquet`), not files of its `files` list, so it returns none."""
+    plans = plan_shards(ctx.indexes, ctx.output, ctx.seed)
+    ctx.parquet.extend(write_shards(ctx.run_dir, ctx.indexes, plans, ctx.output.parquet, ctx.seed, ctx.workers))
+    return []
 
 
 def remove_stale(run_dir: Path, keep: set[str]) -> list[str]:

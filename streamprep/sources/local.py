@@ -303,6 +303,13 @@ class LocalSource:
             raise FileNotFoundError(f"no file matches {self.path}")
 
     @classmethod
+    def open(cls, dataset: DatasetConfig, cache_dir: Path, max_concurrent_downloads: int = 8,
+             **options: Any) -> "LocalSource":
+        """The scheme registry's constructor (registry.SCHEMES, "" and the fsspec schemes): files need only their
+        dataset entry, not the cache or the download limits of remote schemes."""
+        return cls(dataset)
+
+    @classmethod
     def reader(cls, fmt: str | None, storage_options: Mapping[str, Any] | None) -> "LocalSource":
         """A source without a file list, for `read_file` alone (a worker reading one unit of the plan)."""
         src = cls.__new__(cls)

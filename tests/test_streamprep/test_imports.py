@@ -1,12 +1,16 @@
 """The import graph of our packages (streamprep, quality): no cycle, counting imports inside functions and under
-TYPE_CHECKING (`from pkg import submodule` is an edge to the submodule), and config.py a leaf."""
+TYPE_CHECKING (`from pkg import submodule` is an edge to the submodule), config.py a leaf, and an import of ours
+inside a function only to defer an optional heavy dependency, which its comment names (MARKER)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from helpers import REPO as ROOT
 PACKAGES = ("streamprep", "quality")
+# the comment on a function-body import of ours names the heavy optional dependency it defers
+MARKER = re.compile(r"#.*\b(ray|xenna|torch)\b", re.IGNORECASE)
 
 
 def _modules() -> dict[str, Path]:
@@ -100,3 +104,48 @@ def test_config_is_a_leaf_and_the_registry_imports_nothing_of_ours() -> None:
     graph = import_graph()
     assert graph["streamprep.config"] == {"streamprep.registry"}
     assert graph["streamprep.registry"] == set()
+
+
+def unmarked_function_imports(source: str) -> list[int]:
+    """Lines of imports of our modules inside a function whose line carries no MARKER comment."""
+    lines = source.splitlines()
+    out = set()
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = ["." if node.level else node.module or ""]
+            else:
+                continue
+            ours = any(n == "." or n.split(".")[0] in PACKAGES for n in names)
+            if ours and not any(MARKER.search(lines[i - 1]) for i in range(node.lineno, node.end_lineno + 1)):
+                out.add(node.lineno)
+    return sorted(out)
+
+
+def test_a_function_body_import_of_ours_only_defers_ray_xenna_or_torch() -> None:
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted(_modules().values())
+             for n in unmarked_function_imports(p.read_text())]
+    assert not found, ("imports of our modules inside a function, without a comment naming the Ray, Xenna or torch "
+                       "import they defer (move them to the top of the module): " + ", ".join(found))
+
+
+def test_the_marker_check_finds_an_unmarked_import() -> None:
+    source = """
+import ray
+from streamprep import config
+
+
+def a():
+    import numpy
+    from streamprep import layout
+    from . import units
+    from streamprep.engines import xenna_stage  # Xenna: imports cosmos_xenna
+    from quality import (  # torch, for the model
+        control)
+    from streamprep import arrays  # arrays of torches: "array" and "torches" are not the names
+"""
+    assert unmarked_function_imports(source) == [8, 9, 13]

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 import pytest
 
-from helpers import base_config, english_docs
+import yaml
+
+from helpers import REPO, base_config, english_docs
 from quality.gates import Doc, Gate, register_gate
 from streamprep import atomic, config, registry, run_from_dict
 from streamprep.binidx import IndexedDataset
@@ -149,3 +154,54 @@ def test_config_lists_a_registered_engine_and_format(tmp_path: Path, toy_plugins
     with pytest.raises(ConfigError, match=r"^config: 'execution\.engine' must be xenna, local or inline, "
                                           r"got 'slurm'$"):
         config.load(cfg)
+
+
+GATE_PLUGIN = """
+import os
+
+from quality.gates import Doc, Gate, register_gate
+
+
+class ForbiddenGate(Gate):
+    name = failed_check = "forbidden"
+
+    def check(self, doc: Doc) -> str | None:
+        at = doc.text.find("FORBIDDEN")
+        return None if at < 0 else f"says FORBIDDEN at char {at} (pid {os.getpid()})"
+
+
+register_gate(lambda settings, text_field: ForbiddenGate())
+"""
+
+
+@pytest.mark.slow  # a whole job, in its own interpreter
+def test_a_gate_named_in_streamprep_plugins_runs_in_every_qc_process(tmp_path: Path) -> None:
+    """With `workers: 2` QC runs in a process pool; a gate whose module is named in STREAMPREP_PLUGINS (and
+    imported nowhere else) is registered in those processes too, and rejects exactly the records it should."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins/toy_gate_plugin.py").write_text(GATE_PLUGIN)
+    docs = english_docs(120)
+    forbidden = {3, 17, 40, 41, 66, 90, 118}
+    (tmp_path / "corpus.jsonl").write_text("".join(
+        json.dumps({"text": f"{d[:60]} FORBIDDEN {d[60:]}" if i in forbidden else d}) + "\n"
+        for i, d in enumerate(docs)))
+    cfg = base_config([{"name": "toy", "path": str(tmp_path / "corpus.jsonl")}], None,
+                      execution={"engine": "local", "workers": 2, "batch_records": 8},
+                      output={"shard_records": 40})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "STREAMPREP_PLUGINS": "toy_gate_plugin",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
+    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
+                             "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+
+    rejects = [json.loads(line) for line in (tmp_path / "run/rejects/toy.jsonl").read_text().splitlines()]
+    ours = [r for r in rejects if r["failed_check"] == "forbidden"]
+    assert sorted(r["source"]["index"] for r in ours) == sorted(forbidden)
+    pids = {int(r["reason"].rpartition("pid ")[2].rstrip(")")) for r in ours}
+    assert proc.pid not in pids and 1 <= len(pids) <= 2  # judged in the pool's processes, not in the driver
+    run = json.loads((tmp_path / "run/run.json").read_text())
+    assert run["summary"]["rejected"]["toy"] == len(rejects)
+    assert run["summary"]["kept"]["toy"] == 120 - len(rejects)
