@@ -26,6 +26,14 @@ _ORD = np.uint32           # ordinal in the log: 4 G kept documents per index
 DUPLICATE_REASON = "exact duplicate of a kept record"
 
 
+def digest_words(digests: Sequence[bytes]) -> np.ndarray:
+    """32-byte `digests` as rows of four little-endian uint64 words; the first is the index's prefix key."""
+    joined = b"".join(digests)
+    if len(joined) != DIGEST_SIZE * len(digests):
+        raise ValueError(f"digests must be {DIGEST_SIZE} bytes each")
+    return np.frombuffer(joined, _KEY).reshape(len(digests), DIGEST_SIZE // 8)
+
+
 def _merge(keys: np.ndarray, ords: np.ndarray, new_keys: np.ndarray, new_ords: np.ndarray
            ) -> tuple[np.ndarray, np.ndarray]:
     """Merge a sorted run into another in O(n) (np.insert at searchsorted positions)."""
@@ -79,13 +87,35 @@ class DedupIndex:
         if digest in self._buf:
             return True
         probe = np.frombuffer(digest, _KEY, 1)[0]
-        for keys, ords in (self._mid, self._base):
-            i = int(keys.searchsorted(probe))
-            while i < len(keys) and keys[i] == probe:  # a true duplicate, or a rare 64-bit prefix collision
-                if os.pread(self._fh.fileno(), DIGEST_SIZE, int(ords[i]) * DIGEST_SIZE) == digest:
-                    return True
-                i += 1
+        return any(self._settle(keys, ords, int(keys.searchsorted(probe)), probe, digest)
+                   for keys, ords in (self._mid, self._base))
+
+    def _settle(self, keys: np.ndarray, ords: np.ndarray, i: int, probe: np.uint64, digest: bytes) -> bool:
+        """Whether `digest` (prefix `probe`) is in the run `keys`/`ords`, whose first key >= `probe` is at `i`:
+        each equal prefix (a true duplicate, or a rare 64-bit prefix collision) is settled on the full logged
+        digest."""
+        while i < len(keys) and keys[i] == probe:
+            if os.pread(self._fh.fileno(), DIGEST_SIZE, int(ords[i]) * DIGEST_SIZE) == digest:
+                return True
+            i += 1
         return False
+
+    def contains_many(self, digests: Sequence[bytes]) -> np.ndarray:
+        """`digest in self` for each of `digests` (32-byte digests: a list, or a numpy object array), at once:
+        the buffer probed, the prefixes of the others searched in each run (vectorised), and only a prefix hit
+        settled one by one on the full digest. The decider's fast path (`streamprep.ingest`)."""
+        found = np.fromiter(map(self._buf.__contains__, digests), bool, len(digests))
+        rest = np.flatnonzero(~found)
+        probes = digest_words(digests)[rest, 0]
+        for keys, ords in (self._mid, self._base):
+            if not len(keys) or not len(rest):
+                continue
+            at = keys.searchsorted(probes)
+            for h in np.flatnonzero(keys[np.minimum(at, len(keys) - 1)] == probes).tolist():
+                found[rest[h]] = self._settle(keys, ords, int(at[h]), probes[h], digests[rest[h]])
+            left = ~found[rest]
+            rest, probes = rest[left], probes[left]
+        return found
 
     def add(self, digest: bytes) -> None:
         """Record a kept digest; adding one already present is a no-op (the log stays duplicate-free)."""
@@ -101,6 +131,20 @@ class DedupIndex:
         self._n += 1
         if len(self._buf) >= self._buffer_size:
             self._spill()
+
+    def add_many(self, digests: Sequence[bytes]) -> None:
+        """`add_new` of each of `digests` in order (distinct, known absent): the same log, runs and buffer,
+        the buffer filled a slice at a time."""
+        if set(map(type, digests)) - {bytes} or set(map(len, digests)) - {DIGEST_SIZE}:
+            raise ValueError(f"digests must be {DIGEST_SIZE} bytes each")
+        done = 0
+        while done < len(digests):
+            chunk = digests[done:done + self._buffer_size - len(self._buf)]
+            self._buf.update(dict.fromkeys(chunk))
+            self._n += len(chunk)
+            done += len(chunk)
+            if len(self._buf) >= self._buffer_size:
+                self._spill()
 
     def flush(self, fsync: bool = True) -> None:
         """Append the digests added since the last flush to the log, in insertion order; fsync it."""
@@ -159,3 +203,51 @@ class DedupDecision:
     def keep(self, digest: bytes) -> None:
         """Record a kept digest that `twin` (or `reason`) has just found new."""
         self.own.add_new(digest)
+
+    @property
+    def names(self) -> list[str]:
+        """The datasets `twin_many`'s codes stand for: this one (""), then the earlier ones in config order."""
+        return ["", *(name for name, _ in self.earlier)]
+
+    def twin_many(self, digests: Sequence[bytes | None], kept: np.ndarray) -> np.ndarray:
+        """`twin`, then `keep` when new and `kept`, record by record over a piece's `digests` in order, done at
+        once: per record the index into `names` of the dataset that kept its text (this one too when a record
+        earlier in the piece was kept with it), or -1 when it is new. The new kept digests are added in order.
+        A None digest (an empty text, never kept) is never a duplicate."""
+        codes = np.full(len(digests), -1, np.int64)
+        try:
+            words = digest_words(digests)
+        except TypeError:  # a None among them
+            at = np.flatnonzero([d is not None for d in digests])
+            codes[at] = self.twin_many([digests[i] for i in at], kept[at])
+            return codes
+        if not len(digests):
+            return codes
+        digests = np.array(digests, dtype=object)  # fancy-indexable without a Python loop
+        new = np.arange(len(digests))
+        for code, (_, index) in enumerate([("", self.own), *self.earlier]):  # the indexes as they stand
+            hit = index.contains_many(digests[new])
+            codes[new[hit]] = code
+            new = new[~hit]
+        if not len(new):
+            return codes
+        # Records with the same digest inside the piece: the first kept one keeps it, every later one is its
+        # duplicate. Group them in a stable order by prefix (by the whole digest if two prefixes collide).
+        w = words[new]
+        order = np.argsort(w[:, 0], kind="stable")
+        same = (w[order[1:]] == w[order[:-1]]).all(axis=1)
+        if (~same & (w[order[1:], 0] == w[order[:-1], 0])).any():
+            order = np.lexsort(w.T[::-1])
+            same = (w[order[1:]] == w[order[:-1]]).all(axis=1)
+        sorted_group = np.concatenate(([0], np.cumsum(~same)))
+        group = np.empty(len(new), np.int64)
+        group[order] = sorted_group
+        k = kept[new][order]
+        kept_group = sorted_group[k]  # the kept records' groups, each group's in piece order
+        head = np.diff(kept_group, prepend=-1) != 0
+        first = np.full(sorted_group[-1] + 1, len(new))  # each group's first kept record (len: none)
+        first[kept_group[head]] = order[k][head]
+        later = np.arange(len(new)) > first[group]
+        codes[new[later]] = 0
+        self.own.add_many(digests[new[kept[new] & ~later]])
+        return codes
