@@ -3,8 +3,8 @@
 The truth is an append-only log of full 32-byte digests, in insertion order (ingest keeps it under the
 checkpoint dir; a bare `DedupIndex()` uses an anonymous temp file). Resident are only 64-bit digest
 prefixes with the uint32 ordinal of their digest in the log, kept as sorted runs (`small`, merged into
-`mid` at 65 536 digests, `mid` into `base` when it reaches 1/8 of it) plus a dict of the latest digests added
-one at a time (a batch, `add_many`, goes to the log and `small` at once). A
+`mid` at a buffer's worth, 65 536 digests; `mid` into `base` when it reaches 1/8 of it) plus a dict of the
+latest digests added one at a time (a batch, `add_many`, goes to the log and `small` at once). A
 prefix hit is settled by reading the full digest back from the log (pread at ordinal * 32), so two
 different texts are never taken for duplicates. Resident: 12 B per digest in the runs, plus the
 bounded buffer. Loading a log is numpy over the file (`np.fromfile` + one sort), not a Python loop.
@@ -108,7 +108,7 @@ class DedupIndex:
         return False
 
     def contains_many(self, digests: Sequence[bytes]) -> np.ndarray:
-        """`digest in self` for each of `digests` (32-byte digests: a list, or a numpy object array), at once:
+        """`digest in self` for each of `digests` (32-byte digests), at once:
         the buffer probed, the prefixes of the others searched in each run, and every prefix hit settled on the
         full digest read back from the log (mapped), all vectorised. The decider's fast path (`streamprep.ingest`)."""
         n = len(digests)

@@ -18,9 +18,9 @@ import multiprocessing
 import os
 import shutil
 import time
+from collections import Counter
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
@@ -529,10 +529,10 @@ class DatasetIngest:
         per record (`docs/performance.md`, "The driver alone")."""
         kinds = np.frombuffer(s.kinds, np.uint8)
         n = len(kinds)
-        judged_kept = kinds == KEPT
+        judged, judged_kept = kinds != BAD, kinds == KEPT
         twin = np.full(n, -1, np.int64)  # per item: -1, or the index into `dedup.names` of the kept copy's dataset
         if self.dedup_on:
-            twin[kinds != BAD] = dedup.twin_many(s.digests, judged_kept[kinds != BAD])
+            twin[judged] = dedup.twin_many(s.digests, judged_kept[judged])
         keep = judged_kept & (twin < 0)
         n_kept = int(np.count_nonzero(keep))
         checks = np.empty(n, object)
