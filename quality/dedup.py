@@ -2,14 +2,16 @@
 
 The truth is an append-only log of full 32-byte digests, in insertion order (ingest keeps it under the
 checkpoint dir; a bare `DedupIndex()` uses an anonymous temp file). Resident are only 64-bit digest
-prefixes with the uint32 ordinal of their digest in the log, kept as two sorted runs (`base`, and a
-`mid` run merged into `base` when it reaches 1/8 of it) plus a small dict of the latest digests. A
+prefixes with the uint32 ordinal of their digest in the log, kept as sorted runs (`small`, merged into
+`mid` at a buffer's worth, 65 536 digests; `mid` into `base` when it reaches 1/8 of it) plus a dict of the
+latest digests added one at a time (a batch, `add_many`, goes to the log and `small` at once). A
 prefix hit is settled by reading the full digest back from the log (pread at ordinal * 32), so two
 different texts are never taken for duplicates. Resident: 12 B per digest in the runs, plus the
 bounded buffer. Loading a log is numpy over the file (`np.fromfile` + one sort), not a Python loop.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from collections.abc import Sequence
@@ -26,17 +28,30 @@ _ORD = np.uint32           # ordinal in the log: 4 G kept documents per index
 DUPLICATE_REASON = "exact duplicate of a kept record"
 
 
+def digest_words(digests: Sequence[bytes]) -> np.ndarray:
+    """32-byte `digests` as rows of four little-endian uint64 words; the first is the index's prefix key."""
+    joined = b"".join(digests)
+    if len(joined) != DIGEST_SIZE * len(digests):
+        raise ValueError(f"digests must be {DIGEST_SIZE} bytes each")
+    return np.frombuffer(joined, _KEY).reshape(len(digests), DIGEST_SIZE // 8)
+
+
 def _merge(keys: np.ndarray, ords: np.ndarray, new_keys: np.ndarray, new_ords: np.ndarray
            ) -> tuple[np.ndarray, np.ndarray]:
-    """Merge a sorted run into another in O(n) (np.insert at searchsorted positions)."""
-    at = np.searchsorted(keys, new_keys)
-    return np.insert(keys, at, new_keys), np.insert(ords, at, new_ords)
+    """Merge a sorted run into another in O(n) (a scatter at searchsorted positions: half np.insert's time)."""
+    at = np.searchsorted(keys, new_keys) + np.arange(len(new_keys))  # where the new ones land
+    old = np.ones(len(keys) + len(new_keys), bool)
+    old[at] = False
+    merged_keys, merged_ords = np.empty(len(old), keys.dtype), np.empty(len(old), ords.dtype)
+    merged_keys[at], merged_ords[at] = new_keys, new_ords
+    merged_keys[old], merged_ords[old] = keys, ords
+    return merged_keys, merged_ords
 
 
 class DedupIndex:
     """The set of kept digests (the one exact-dedup authority of a dataset)."""
 
-    __slots__ = ("_path", "_fh", "_n", "_written", "_buf", "_base", "_mid", "_buffer_size")
+    __slots__ = ("_path", "_fh", "_n", "_written", "_synced", "_buf", "_small", "_mid", "_base", "_buffer_size")
 
     def __init__(self, log: Path | None = None, count: int | None = None, buffer: int = BUFFER) -> None:
         """Open the digest log `log` (created at the first flush), or an anonymous temp file when None.
@@ -53,9 +68,9 @@ class DedupIndex:
             raise ValueError(f"dedup log {log} holds {size // DIGEST_SIZE} digests, {count} expected")
         if size > count * DIGEST_SIZE:
             self._fh.truncate(count * DIGEST_SIZE)
-        self._n = self._written = count
+        self._n = self._written = self._synced = count
         self._buf: dict[bytes, None] = {}  # the latest digests in full, insertion-ordered, not yet in a run
-        self._mid = (np.empty(0, _KEY), np.empty(0, _ORD))
+        self._small = self._mid = (np.empty(0, _KEY), np.empty(0, _ORD))
         self._base = self._load(count) if count else self._mid
 
     def _load(self, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,13 +94,44 @@ class DedupIndex:
         if digest in self._buf:
             return True
         probe = np.frombuffer(digest, _KEY, 1)[0]
-        for keys, ords in (self._mid, self._base):
-            i = int(keys.searchsorted(probe))
-            while i < len(keys) and keys[i] == probe:  # a true duplicate, or a rare 64-bit prefix collision
-                if os.pread(self._fh.fileno(), DIGEST_SIZE, int(ords[i]) * DIGEST_SIZE) == digest:
-                    return True
-                i += 1
+        return any(self._settle(keys, ords, int(keys.searchsorted(probe)), probe, digest)
+                   for keys, ords in (self._small, self._mid, self._base))
+
+    def _settle(self, keys: np.ndarray, ords: np.ndarray, i: int, probe: np.uint64, digest: bytes) -> bool:
+        """Whether `digest` (prefix `probe`) is in the run `keys`/`ords`, whose first key >= `probe` is at `i`:
+        each equal prefix (a true duplicate, or a rare 64-bit prefix collision) is settled on the full logged
+        digest."""
+        while i < len(keys) and keys[i] == probe:
+            if os.pread(self._fh.fileno(), DIGEST_SIZE, int(ords[i]) * DIGEST_SIZE) == digest:
+                return True
+            i += 1
         return False
+
+    def contains_many(self, digests: Sequence[bytes]) -> np.ndarray:
+        """`digest in self` for each of `digests` (32-byte digests), at once:
+        the buffer probed, the prefixes of the others searched in each run, and every prefix hit settled on the
+        full digest read back from the log (mapped), all vectorised. The decider's fast path (`streamprep.ingest`)."""
+        n = len(digests)
+        found = np.fromiter(map(self._buf.__contains__, digests), bool, n) if self._buf else np.zeros(n, bool)
+        rest = np.flatnonzero(~found)
+        words = digest_words(digests)
+        for keys, ords in (self._small, self._mid, self._base):
+            if not len(keys) or not len(rest):
+                continue
+            probes = words[rest, 0]
+            at = keys.searchsorted(probes)
+            hits = np.flatnonzero(keys[np.minimum(at, len(keys) - 1)] == probes)
+            if len(hits):  # each key equal to a hit's prefix is a candidate (more than one: a prefix collision)
+                first = at[hits]
+                count = keys.searchsorted(probes[hits], "right") - first
+                probe = np.repeat(hits, count)
+                cand = np.repeat(first - np.cumsum(count) + count, count) + np.arange(len(probe))
+                with mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) as log:
+                    logged = np.frombuffer(log, _KEY).reshape(-1, DIGEST_SIZE // 8)[ords[cand]]
+                    same = (logged == words[rest[probe]]).all(axis=1)
+                found[rest[probe[same]]] = True
+            rest = rest[~found[rest]]
+        return found
 
     def add(self, digest: bytes) -> None:
         """Record a kept digest; adding one already present is a no-op (the log stays duplicate-free)."""
@@ -102,31 +148,56 @@ class DedupIndex:
         if len(self._buf) >= self._buffer_size:
             self._spill()
 
+    def add_many(self, digests: Sequence[bytes]) -> None:
+        """`add_new` of each of `digests` in order (distinct, known absent), as one sorted batch: the buffer
+        moves to the runs first (it holds the latest digests), the batch is appended to the log and merged into
+        the `small` run. The same log and the same set as one by one, without a dict entry per digest."""
+        n = len(digests)
+        if (np.fromiter(map(len, digests), np.intp, n) != DIGEST_SIZE).any():
+            raise ValueError(f"digests must be {DIGEST_SIZE} bytes each")
+        words = digest_words(digests)  # (anything but bytes-like: TypeError)
+        if not n:
+            return
+        if self._buf:
+            self._spill()
+        self._write(words.tobytes())
+        self._n = self._written = self._n + n
+        self._insert(words[:, 0], self._n - n)
+
     def flush(self, fsync: bool = True) -> None:
         """Append the digests added since the last flush to the log, in insertion order; fsync it."""
         pending = self._n - self._written
-        if not pending:
-            return
+        if pending:
+            self._write(b"".join(islice(self._buf, len(self._buf) - pending, None)))
+            self._written = self._n
+        if fsync and self._synced < self._n:  # (also what a spill or `add_many` wrote unsynced)
+            os.fsync(self._fh.fileno())
+            self._synced = self._n
+
+    def _write(self, data: bytes) -> None:
         if self._fh is None:
             self._fh = open(self._path, "x+b") if self._path else tempfile.TemporaryFile()  # noqa: SIM115
         self._fh.seek(0, os.SEEK_END)
-        self._fh.write(b"".join(islice(self._buf, len(self._buf) - pending, None)))
+        self._fh.write(data)
         self._fh.flush()
-        self._written = self._n
-        if fsync:
-            os.fsync(self._fh.fileno())
 
     def _spill(self) -> None:
-        """Move the buffer to the `mid` run (its digests are in the log first); `mid` into `base` at 1/8."""
+        """Move the buffer to the runs (its digests are in the log first)."""
         self.flush(fsync=False)
-        first = self._n - len(self._buf)
-        keys = np.frombuffer(b"".join(d[:8] for d in self._buf), dtype=_KEY)
-        order = np.argsort(keys)
-        self._mid = _merge(*self._mid, keys[order], (order + first).astype(_ORD))
+        self._insert(digest_words(list(self._buf))[:, 0], self._n - len(self._buf))
         self._buf.clear()
-        if len(self._mid[0]) * 8 >= len(self._base[0]):
-            self._base = _merge(*self._base, *self._mid)
-            self._mid = (np.empty(0, _KEY), np.empty(0, _ORD))
+
+    def _insert(self, keys: np.ndarray, first: int) -> None:
+        """Merge logged digests' prefixes `keys` (ordinals `first`, `first` + 1, ...) into the `small` run;
+        `small` into `mid` once it holds a buffer's worth, `mid` into `base` at 1/8 of it."""
+        order = np.argsort(keys)
+        self._small = _merge(*self._small, keys[order], (order + first).astype(_ORD))
+        if len(self._small[0]) >= self._buffer_size:
+            self._mid = _merge(*self._mid, *self._small)
+            self._small = (np.empty(0, _KEY), np.empty(0, _ORD))
+            if len(self._mid[0]) * 8 >= len(self._base[0]):
+                self._base = _merge(*self._base, *self._mid)
+                self._mid = self._small
 
 
 def duplicate_reason(twin: str) -> str:
@@ -159,3 +230,51 @@ class DedupDecision:
     def keep(self, digest: bytes) -> None:
         """Record a kept digest that `twin` (or `reason`) has just found new."""
         self.own.add_new(digest)
+
+    @property
+    def names(self) -> list[str]:
+        """The datasets `twin_many`'s codes stand for: this one (""), then the earlier ones in config order."""
+        return ["", *(name for name, _ in self.earlier)]
+
+    def twin_many(self, digests: Sequence[bytes | None], kept: np.ndarray) -> np.ndarray:
+        """`twin`, then `keep` when new and `kept`, record by record over a piece's `digests` in order, done at
+        once: per record the index into `names` of the dataset that kept its text (this one too when a record
+        earlier in the piece was kept with it), or -1 when it is new. The new kept digests are added in order.
+        A None digest (an empty text, never kept) is never a duplicate."""
+        codes = np.full(len(digests), -1, np.int64)
+        try:
+            words = digest_words(digests)
+        except TypeError:  # a None among them
+            at = np.flatnonzero([d is not None for d in digests])
+            codes[at] = self.twin_many([digests[i] for i in at], kept[at])
+            return codes
+        if not len(digests):
+            return codes
+        digests = np.array(digests, dtype=object)  # fancy-indexable without a Python loop
+        new = np.arange(len(digests))
+        for code, (_, index) in enumerate([("", self.own), *self.earlier]):  # the indexes as they stand
+            hit = index.contains_many(digests[new].tolist())
+            codes[new[hit]] = code
+            new = new[~hit]
+        if not len(new):
+            return codes
+        # Records with the same digest inside the piece: the first kept one keeps it, every later one is its
+        # duplicate. Group them in a stable order by prefix (by the whole digest if two prefixes collide).
+        w = words[new]
+        order = np.argsort(w[:, 0], kind="stable")
+        same = (w[order[1:]] == w[order[:-1]]).all(axis=1)
+        if (~same & (w[order[1:], 0] == w[order[:-1], 0])).any():
+            order = np.lexsort(w.T[::-1])
+            same = (w[order[1:]] == w[order[:-1]]).all(axis=1)
+        sorted_group = np.concatenate(([0], np.cumsum(~same)))
+        group = np.empty(len(new), np.int64)
+        group[order] = sorted_group
+        k = kept[new][order]
+        kept_group = sorted_group[k]  # the kept records' groups, each group's in piece order
+        head = np.diff(kept_group, prepend=-1) != 0
+        first = np.full(sorted_group[-1] + 1, len(new))  # each group's first kept record (len: none)
+        first[kept_group[head]] = order[k][head]
+        later = np.arange(len(new)) > first[group]
+        codes[new[later]] = 0
+        self.own.add_many(digests[new[kept[new] & ~later]].tolist())
+        return codes

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import shutil
 import time
+from collections import Counter
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import aiofiles
+import numpy as np
 
 from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
 from streamprep import atomic, logs, ray_cluster, stats, unit_worker, units
@@ -510,8 +512,64 @@ class DatasetIngest:
 
     def _decide(self, a: Ahead, dedup: DedupDecision, near_dec: near_dedup.NearDecision | None, unit: Unit,
                 s: Summary) -> tuple[Decision, bool]:
-        """One piece's verdicts, record by record in plan order (dedup and caps depend on everything before).
-        Returns the Decision and whether `max_records` or `size_mb` ended the dataset in it."""
+        """One piece's verdicts in plan order (dedup and caps depend on everything before). Returns the Decision
+        and whether `max_records` or `size_mb` ended the dataset in it. On arrays when neither cap can end it
+        inside the piece and near-dedup is off; else record by record."""
+        cap, n = self.ds.max_records, len(s.kinds)
+        if near_dec is None and (cap is None or a.consumed + n <= cap) and \
+                (self.size_cap is None or a.kept_text_bytes + sum(s.text_bytes) < self.size_cap):
+            return self._decide_arrays(a, dedup, unit, s), False
+        return self._decide_records(a, dedup, near_dec, unit, s)
+
+    def _decide_arrays(self, a: Ahead, dedup: DedupDecision, unit: Unit, s: Summary) -> Decision:
+        """`_decide_records` of a piece that no cap ends, without near-dedup, on numpy arrays: the same Decision,
+        counters, dedup index and log (`tests/test_streamprep/test_ingest_decide.py`) at a fraction of the cost
+        per record (`docs/performance.md`, "The driver alone")."""
+        kinds = np.frombuffer(s.kinds, np.uint8)
+        n = len(kinds)
+        judged, judged_kept = kinds != BAD, kinds == KEPT
+        twin = np.full(n, -1, np.int64)  # per item: -1, or the index into `dedup.names` of the kept copy's dataset
+        if self.dedup_on:
+            twin[judged] = dedup.twin_many(s.digests, judged_kept[judged])
+        keep = judged_kept & (twin < 0)
+        n_kept = int(np.count_nonzero(keep))
+        checks = np.empty(n, object)
+        checks[~judged_kept] = s.checks
+        dup = np.flatnonzero(twin >= 0)
+        checks[dup] = "duplicate"
+        ordinal0 = a.consumed
+        a.consumed += n
+        a.kept += n_kept
+        a.rejected += n - n_kept
+        a.dedup_count += n_kept if self.dedup_on else 0
+        a.kept_text_bytes += int(np.array(s.text_bytes, np.int64)[keep[judged_kept]].sum())
+        rejected = np.flatnonzero(~keep)
+        sampled = self._sample(a, checks[rejected], rejected)
+        names = np.array(dedup.names, object)
+        before = a.position["base"] if unit.kind in units.NUMBERED else None
+        return Decision(n, ordinal0, before, keep.astype(np.uint8).tobytes(),
+                        dict(zip(dup.tolist(), names[twin[dup]].tolist())), {}, sampled)
+
+    def _sample(self, a: Ahead, checks: np.ndarray, at: np.ndarray) -> frozenset[int]:
+        """Of rejected items `at` (failed `checks`, in plan order), those whose reject line is written: per check,
+        while fewer than `max_rejects` are sampled; `a.rejects_sampled` counts them (keys in first-sample order)."""
+        if self.max_rejects is None:
+            for check, count in Counter(checks.tolist()).items():
+                a.rejects_sampled[check] = a.rejects_sampled.get(check, 0) + count
+            return frozenset(at.tolist())
+        sampled: list[int] = []
+        for check in dict.fromkeys(checks.tolist()):
+            room = self.max_rejects - a.rejects_sampled.get(check, 0)
+            if room > 0:
+                take = at[checks == check][:room].tolist()
+                a.rejects_sampled[check] = a.rejects_sampled.get(check, 0) + len(take)
+                sampled += take
+        return frozenset(sampled)
+
+    def _decide_records(self, a: Ahead, dedup: DedupDecision, near_dec: near_dedup.NearDecision | None,
+                        unit: Unit, s: Summary) -> tuple[Decision, bool]:
+        """`_decide` record by record: a cap may end the dataset at any record, and near-dedup compares each
+        kept record with the ones kept before it."""
         cap, keep, dup, near, sampled = self.ds.max_records, bytearray(), {}, {}, set()
         digests, text_bytes, checks = iter(s.digests), iter(s.text_bytes), iter(s.checks)
         if near_dec is not None:

@@ -1,0 +1,153 @@
+"""The decider's two paths: a piece decided on arrays gives exactly what the record-by-record loop gives."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from helpers import base_config
+from quality import DedupDecision, DedupIndex
+from streamprep.checkpoints import IngestState
+from streamprep.config import load
+from streamprep.ingest import Ahead, DatasetIngest, IngestContext
+from streamprep.unit_worker import BAD, KEPT, REJECTED, Summary
+from streamprep.units import Unit
+
+CHECKS = ["min_chars", "language", "pii", "json"]
+
+
+def _pool(rng: random.Random, n: int) -> list[bytes]:
+    """Digests to draw records from; every fifth shares its 8-byte prefix with the one before (collisions)."""
+    out: list[bytes] = []
+    for i in range(n):
+        d = hashlib.sha256(f"{rng.random()}".encode()).digest()
+        out.append(out[-1][:8] + d[8:] if i % 5 == 4 else d)
+    return out
+
+
+def _piece(rng: random.Random, pool: list[bytes], n: int) -> Summary:
+    """`n` items: unreadable, rejected (some without a digest: an empty text) and kept, digests drawn with
+    repeats from `pool` (copies inside the piece, of earlier pieces and of the earlier dataset)."""
+    kinds, digests, text_bytes, checks = bytearray(), [], [], []
+    for _ in range(n):
+        kind = rng.choices((BAD, REJECTED, KEPT), (1, 3, 10))[0]
+        kinds.append(kind)
+        if kind == BAD:
+            checks.append("json")
+            continue
+        digests.append(None if kind == REJECTED and rng.random() < 0.2 else rng.choice(pool))
+        if kind == KEPT:
+            text_bytes.append(rng.randrange(1, 5000))
+        else:
+            checks.append(rng.choice(CHECKS))
+    return Summary(bytes(kinds), digests, text_bytes, checks, None, False)
+
+
+def _ingest(tmp_path: Path, max_rejects: int | None, **dataset: Any) -> DatasetIngest:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "unread"}\n')
+    raw = base_config([{"name": "early", "path": str(src)}, {"name": "late", "path": str(src), **dataset}], None,
+                      output={"max_rejects_per_check": max_rejects})
+    raw["quality"].update(dedup="exact", dedup_scope="run")
+    cfg = load(raw)
+    ctx = IngestContext.of(cfg, tmp_path / "run", tmp_path / "run" / "checkpoints", asyncio.Event())
+    return DatasetIngest(cfg.datasets[1], ctx, SimpleNamespace(workers=1), None)
+
+
+def _index(path: Path, digests: list[bytes]) -> DedupIndex:
+    index = DedupIndex(path, buffer=7)  # spills to the sorted runs every 7 digests
+    for d in dict.fromkeys(digests):
+        index.add(d)
+    return index
+
+
+def _same_index(a: DedupIndex, b: DedupIndex, pool: list[bytes]) -> None:
+    """The same digests, logged in the same order (whatever runs hold them), also once reloaded."""
+    a.flush()
+    b.flush()
+    assert len(a) == len(b) and a._path.read_bytes() == b._path.read_bytes()
+    members = [d in a for d in pool]
+    reloaded = DedupIndex(b._path)
+    assert members == [d in b for d in pool] == b.contains_many(pool).tolist() == [d in reloaded for d in pool]
+
+
+@pytest.mark.parametrize("seed, max_rejects, scope", [(1, 3, "run"), (2, None, "run"), (3, 0, "dataset"),
+                                                      (4, 1000, "run")])
+def test_arrays_decide_as_the_loop(tmp_path: Path, seed: int, max_rejects: int | None, scope: str) -> None:
+    rng = random.Random(seed)
+    pool = _pool(rng, 1500)
+    ing = _ingest(tmp_path, max_rejects)
+    earlier = [("early", _index(tmp_path / "early.dedup", rng.sample(pool, 200)))] if scope == "run" else []
+    resumed = rng.sample(pool, 20)  # the dataset's own index as a resume finds it
+    loop = DedupDecision(_index(tmp_path / "loop.dedup", resumed), earlier)
+    arrays = DedupDecision(_index(tmp_path / "arrays.dedup", resumed), earlier)
+    state = IngestState("late")
+    state.consumed = state.kept = state.dedup_count = len(set(resumed))
+    a_loop, a_arrays = Ahead.of(state), Ahead.of(state)
+    dups = {"": 0, "early": 0}
+    for k in range(40):
+        unit = Unit("range", k // 3, "in.jsonl", "jsonl", 0, 10) if k % 4 else Unit("stream", -1)
+        a_loop.position["base"] = a_arrays.position["base"] = k  # the decision carries it for line numbers
+        s = _piece(rng, pool, rng.choice((0, 1, 5, 60, 200)))
+        want, capped = ing._decide_records(a_loop, loop, None, unit, s)
+        got = ing._decide_arrays(a_arrays, arrays, unit, s)
+        assert not capped
+        assert got == want and list(got.dup.items()) == list(want.dup.items())
+        assert a_arrays == a_loop and list(a_arrays.rejects_sampled) == list(a_loop.rejects_sampled)
+        assert all(type(c) is str for c in a_arrays.rejects_sampled)
+        for twin in got.dup.values():
+            dups[twin] += 1
+    assert dups[""] > 50 and (dups["early"] > 20 or scope == "dataset")  # both kinds of copies were met
+    assert a_loop.kept > 500 and a_loop.rejected > 500, a_loop
+    assert sum(a_loop.rejects_sampled.values()) == (
+        a_loop.rejected if max_rejects is None else min(a_loop.rejected, (len(CHECKS) + 1) * max_rejects))
+    _same_index(loop.own, arrays.own, pool)
+
+
+@pytest.mark.parametrize("cap", [{"max_records": 1234}, {"size_mb": 0.5}])
+def test_a_cap_inside_a_piece_is_decided_record_by_record(tmp_path: Path, cap: dict[str, Any]) -> None:
+    """`_decide` takes the arrays only where the cap cannot end the dataset; the outcome is the loop's."""
+    rng = random.Random(9)
+    pool = _pool(rng, 500)
+    ing = _ingest(tmp_path, 5, **cap)
+    loop = DedupDecision(_index(tmp_path / "loop.dedup", []))
+    mixed = DedupDecision(_index(tmp_path / "mixed.dedup", []))
+    a_loop, a_mixed = Ahead.of(IngestState("late")), Ahead.of(IngestState("late"))
+    unit = Unit("range", 0, "in.jsonl", "jsonl", 0, 10)
+    for _ in range(100):
+        s = _piece(rng, pool, 100)
+        want, want_capped = ing._decide_records(a_loop, loop, None, unit, s)
+        got, capped = ing._decide(a_mixed, mixed, None, unit, s)
+        assert (got, capped, a_mixed) == (want, want_capped, a_loop)
+        if capped:
+            break
+    assert capped and 0 < got.applied < 100
+    _same_index(loop.own, mixed.own, pool)
+
+
+def test_contains_many_and_add_many_match_one_by_one(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    pool = _pool(rng, 400)
+    one, many = DedupIndex(tmp_path / "one.dedup", buffer=16), DedupIndex(tmp_path / "many.dedup", buffer=16)
+    for start in range(0, 300, 37):  # through the runs' merges; one by one in between (the buffer, then a batch)
+        fresh = [d for d in dict.fromkeys(pool[start:start + 37]) if d not in one]
+        for d in fresh:
+            one.add_new(d)
+        if start % 2:
+            many.add_many(fresh)
+        else:
+            for d in fresh[:5]:
+                many.add_new(d)
+            many.add_many(fresh[5:])
+        assert many.contains_many(pool).tolist() == [d in one for d in pool] == [d in many for d in pool]
+    _same_index(one, many, pool)
+    for bad in ([b"short"], ["x" * 32]):
+        with pytest.raises((ValueError, TypeError)):
+            many.add_many(bad)
+    with pytest.raises(ValueError):
+        many.contains_many([pool[0], b"short"])
