@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout (tests/ live in subfolders mirroring the packages)
 PHI2 = "tokenizers/phi-2/tokenizer.json"
@@ -121,3 +124,19 @@ def make_inputs(root: Path) -> dict:
                       str(root / "tok.json"), output={"shard_records": 30})
     cfg["quality"]["min_chars"] = 60
     return {"config": cfg, "expect": expect}
+
+
+# -- a running job's metrics, as an operator reads them ------------------------------------------------------
+def port_of(run_dir) -> int | None:
+    """The port a `metrics_port: 0` job picked, as an operator finds it: in the run's log."""
+    log = run_dir / "logs" / "streamprep.log"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    ports = [json.loads(line)["port"] for line in lines if '"metrics server listening"' in line]
+    return ports[-1] if ports else None
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of one scrape."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}

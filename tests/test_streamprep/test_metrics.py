@@ -6,22 +6,13 @@ import json
 import socket
 import threading
 import time
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import base_config, english_docs
+from helpers import base_config, english_docs, port_of, scrape
 from streamprep import run_from_dict, units
 from streamprep.config import ConfigError
 from streamprep.status import run_status
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """{(sample name, sorted labels): value} of one scrape."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 def write_corpus(path, n: int) -> None:
@@ -114,14 +105,6 @@ def test_scraped_while_running_and_equal_to_status_at_the_end(tmp_path, slow_sou
     # the endpoint is gone with the job: nothing left listening
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port_of(run_dir)), timeout=1).close()
-
-
-def port_of(run_dir) -> int | None:
-    """The port a `metrics_port: 0` job picked, as an operator finds it: in the run's log."""
-    log = run_dir / "logs" / "streamprep.log"
-    lines = log.read_text().splitlines() if log.is_file() else []
-    ports = [json.loads(line)["port"] for line in lines if '"metrics server listening"' in line]
-    return ports[-1] if ports else None
 
 
 def test_metrics_off_by_default_and_a_taken_port_is_exit_2(tmp_path):

@@ -764,7 +764,7 @@ def test_job_on_a_hub_that_pushes_back_gives_identical_tokens_and_never_writes_t
     hub.fault_cycle = ["429", None, "reset", None, "503", None]
     hub.api_faults = ["503"]  # the revision lookup, once
     import streamprep.audit as audit
-    from test_metrics import port_of, scrape
+    from helpers import port_of, scrape
 
     scraped: dict = {}
     real_audit = audit.write_audit
