@@ -256,6 +256,24 @@ def test_near_log_repair_resumes_to_identical_outputs(shared_data: Path, tmp_pat
 
 
 @pytest.mark.slow
+def _kill_after_checkpoints(cmd: list[str], ckpt: Path, rng: random.Random, max_delay: float) -> list[int]:
+    """Five runs of `cmd`, each SIGKILLed a random moment (up to `max_delay` s) after its checkpoint `ckpt` moved
+    on; returns the records consumed per the checkpoint just before each kill."""
+    killed_at: list[int] = []
+    for _ in range(5):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        start = json.loads(ckpt.read_text())["consumed"] if ckpt.exists() else 0
+        while proc.poll() is None and (not ckpt.exists() or json.loads(ckpt.read_text())["consumed"] <= start):
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, max_delay))
+        state = json.loads(ckpt.read_text())
+        if proc.poll() is None and not state["done"]:
+            proc.send_signal(signal.SIGKILL)
+            killed_at.append(state["consumed"])
+        proc.wait(timeout=120)
+    return killed_at
+
+
 def test_kill_9_during_ingest_then_resume_is_byte_identical(shared_data: Path, tmp_path: Path) -> None:
     """SIGKILL the CLI at random moments of ingest, resume each time: outputs and the .near log end
     byte-identical to an uninterrupted run."""
@@ -270,18 +288,7 @@ def test_kill_9_during_ingest_then_resume_is_byte_identical(shared_data: Path, t
     rng = random.Random(9)
     cmd = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
     ckpt = run_dir / "checkpoints" / "web.json"
-    killed_at: list[int] = []  # records consumed per the checkpoint just before each kill
-    for _ in range(5):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        start = json.loads(ckpt.read_text())["consumed"] if ckpt.exists() else 0
-        while proc.poll() is None and (not ckpt.exists() or json.loads(ckpt.read_text())["consumed"] <= start):
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.05))
-        state = json.loads(ckpt.read_text())
-        if proc.poll() is None and not state["done"]:
-            proc.send_signal(signal.SIGKILL)
-            killed_at.append(state["consumed"])
-        proc.wait(timeout=120)
+    killed_at = _kill_after_checkpoints(cmd, ckpt, rng, 0.05)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(killed_at) >= 3 and len(set(killed_at)) >= 2, killed_at
@@ -376,18 +383,7 @@ def test_run_scope_kill_9_while_the_later_dataset_decides_resumes_byte_identical
     rng = random.Random(4)
     cmd = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
     ckpt = run_dir / "checkpoints" / "b.json"
-    killed_at: list[int] = []
-    for _ in range(5):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        start = json.loads(ckpt.read_text())["consumed"] if ckpt.exists() else 0
-        while proc.poll() is None and (not ckpt.exists() or json.loads(ckpt.read_text())["consumed"] <= start):
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.03))
-        state = json.loads(ckpt.read_text())
-        if proc.poll() is None and not state["done"]:
-            proc.send_signal(signal.SIGKILL)
-            killed_at.append(state["consumed"])
-        proc.wait(timeout=120)
+    killed_at = _kill_after_checkpoints(cmd, ckpt, rng, 0.03)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(killed_at) >= 3 and len(set(killed_at)) >= 2, killed_at
