@@ -36,17 +36,22 @@ def cluster():
     from streamprep.ray_cluster import RAY_ENV, ray_processes, stop_and_reap
 
     os.environ.update(RAY_ENV)
+    # Ray's state API takes RAY_ADDRESS over the address it is given: set by an earlier test's connection to the
+    # session's cluster, it made every query here ask that cluster (regression: CI saw no actor of these jobs)
+    unset = {k: os.environ.pop(k) for k in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS") if k in os.environ}
     before = {p.pid for p in ray_processes()}  # the session fixture's cluster, if up, is not ours to stop
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True, "dashboard_port": port})
     c.dashboard_url = f"http://127.0.0.1:{port}"
+    c.before = before  # processes of Ray's that were up before this module's cluster (the session's): not ours
     try:
         c.add_node(num_cpus=1)
         c.wait_for_nodes()
         yield c
     finally:
+        os.environ.update(unset)
         stop_and_reap(c.shutdown, [p for p in ray_processes() if p.pid not in before])
         for p in psutil.process_iter(["cmdline"]):  # nothing titled ray:: may outlive the module (ours only)
             if p.pid not in before and (p.info["cmdline"] or [""])[0].startswith("ray::"):
@@ -146,12 +151,13 @@ def _local_reference(cfg: dict, run_dir: Path) -> dict[str, str]:
     return tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",))
 
 
-def _job_processes() -> list[str]:
-    """`ray::` processes on this machine that are not Ray's own per-node agents or idle pooled workers."""
+def _job_processes(c) -> list[str]:
+    """`ray::` processes on this machine that are not Ray's own per-node agents or idle pooled workers, nor
+    older than the module's cluster (the session cluster's, when an earlier test module used it)."""
     out = []
     for p in psutil.process_iter(["pid", "cmdline", "memory_info"]):
         title = " ".join(p.info["cmdline"] or [])
-        if title.startswith("ray::") and not title.startswith(RAY_AGENTS):
+        if title.startswith("ray::") and not title.startswith(RAY_AGENTS) and p.info["pid"] not in c.before:
             out.append(f"{p.info['pid']} {title.split()[0]} {p.info['memory_info'].rss >> 20} MB")
     return out
 
@@ -162,6 +168,7 @@ def _alive_of_jobs(c, driver_pids: set[int]) -> list[str]:
 
     jobs = {j.job_id for j in list_jobs(address=c.dashboard_url)
             if j.driver_info is not None and int(j.driver_info.pid) in driver_pids}
+    assert jobs, f"the state API at {c.dashboard_url} lists none of the jobs {sorted(driver_pids)}"  # not vacuous
     found = [f"actor {a.class_name} {a.state}" for a in list_actors(address=c.dashboard_url, limit=10000)
              if a.job_id in jobs and a.state != "DEAD"]
     found += [f"placement group {g.placement_group_id} {g.state}"
@@ -175,7 +182,7 @@ def _assert_nothing_left(c, driver_pids: set[int]) -> float:
     seconds it took."""
     t0 = time.monotonic()
     while True:
-        left = _job_processes() + _alive_of_jobs(c, driver_pids)
+        left = _job_processes(c) + _alive_of_jobs(c, driver_pids)
         if not left:
             return time.monotonic() - t0
         if time.monotonic() - t0 > GONE_WITHIN_S:
