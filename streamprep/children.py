@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import threading
 import time
+
+
+def serve_driver(driver: int) -> None:
+    """A pool worker's start: ignore SIGINT (a terminal's Ctrl-C goes to the driver, which stops the pool) and
+    end with the job's `driver` process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with(driver)
 
 
 def exit_with(pid: int) -> None:

@@ -105,9 +105,9 @@ class QCRunner:
             try:
                 return await asyncio.wrap_future(pool.submit(fn, *args))
             except BrokenProcessPool as exc:
-                if self.restarts >= POOL_RESTARTS and pool is self.pool:
-                    raise
                 if pool is self.pool:  # the first call to see this pool broken replaces it
+                    if self.restarts >= POOL_RESTARTS:
+                        raise
                     self.restarts += 1
                     log.warning("a quality-control worker process died; its calls run again on a new pool",
                                 restarts=self.restarts, error=str(exc)[:200])

@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import threading
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
-from streamprep.children import exit_with
+from streamprep.children import serve_driver
 from streamprep.engines.base import Engine, Result, run_shard
 from streamprep.tokenize import ShardTask, TokenizerCache
 
 _tokenizers = TokenizerCache()  # the tokenizer of the process running the tasks (driver thread or child)
-
-
-def _init_child(driver: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_with(driver)
 
 
 def _run(task: ShardTask) -> Result:
@@ -37,7 +31,7 @@ class LocalEngine(Engine):
         self._pool: Executor
         if workers > 1:
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver"),
-                                             initializer=_init_child, initargs=(os.getpid(),))
+                                             initializer=serve_driver, initargs=(os.getpid(),))
         else:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
         self._futures: list[Future] = []

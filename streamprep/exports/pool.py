@@ -9,12 +9,11 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
-import signal
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
-from streamprep.children import exit_with
+from streamprep.children import serve_driver
 
 
 # What a warmed worker has loaded. By name, not by import: the writers use this pool (no import cycle), and the
@@ -25,8 +24,7 @@ PRELOAD = ("streamprep.exports.parquet", "streamprep.exports.summary")
 def _init_worker(driver: int) -> None:
     """Ignore SIGINT, end with the job's `driver` process (a killed job leaves no worker); import the writers now,
     so a warmed worker has nothing left to load."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_with(driver)
+    serve_driver(driver)
     for name in PRELOAD:
         importlib.import_module(name)
 
