@@ -256,9 +256,16 @@ def test_near_log_repair_resumes_to_identical_outputs(shared_data: Path, tmp_pat
 
 
 @pytest.mark.slow
-def _kill_after_checkpoints(cmd: list[str], ckpt: Path, rng: random.Random, max_delay: float) -> list[int]:
-    """Five runs of `cmd`, each SIGKILLed a random moment (up to `max_delay` s) after its checkpoint `ckpt` moved
-    on; returns the records consumed per the checkpoint just before each kill."""
+def _kill_after_checkpoints(cfg: dict, tmp_path: Path, dataset: str, rng: random.Random,
+                            max_delay: float) -> tuple[Path, list[str], list[int]]:
+    """Five CLI runs of `cfg` into TMP/killed, each SIGKILLed a random moment (up to `max_delay` s) after
+    `dataset`'s checkpoint moved on; returns the run dir, the command (to finish the run with) and the records
+    consumed per the checkpoint just before each kill."""
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
+    ckpt = run_dir / "checkpoints" / f"{dataset}.json"
     killed_at: list[int] = []
     for _ in range(5):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
@@ -271,7 +278,7 @@ def _kill_after_checkpoints(cmd: list[str], ckpt: Path, rng: random.Random, max_
             proc.send_signal(signal.SIGKILL)
             killed_at.append(state["consumed"])
         proc.wait(timeout=120)
-    return killed_at
+    return run_dir, cmd, killed_at
 
 
 def test_kill_9_during_ingest_then_resume_is_byte_identical(shared_data: Path, tmp_path: Path) -> None:
@@ -282,13 +289,7 @@ def test_kill_9_during_ingest_then_resume_is_byte_identical(shared_data: Path, t
     cfg = _cfg(tmp_path, texts, unit_mb=0.02)  # units of ~20 kB: many checkpoints to kill between
     ref = tmp_path / "ref"
     run_from_dict(cfg, run_dir=ref, console_log=False)
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    run_dir = tmp_path / "killed"
-    rng = random.Random(9)
-    cmd = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
-    ckpt = run_dir / "checkpoints" / "web.json"
-    killed_at = _kill_after_checkpoints(cmd, ckpt, rng, 0.05)
+    run_dir, cmd, killed_at = _kill_after_checkpoints(cfg, tmp_path, "web", random.Random(9), 0.05)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(killed_at) >= 3 and len(set(killed_at)) >= 2, killed_at
@@ -377,13 +378,7 @@ def test_run_scope_kill_9_while_the_later_dataset_decides_resumes_byte_identical
     run_from_dict(cfg, run_dir=ref, console_log=False)
     ref_b = json.loads((ref / "checkpoints" / "b.json").read_text())
     assert (ref_b["kept"], ref_b["rejected"]) == (20, 41 * 4 - 20)
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    run_dir = tmp_path / "killed"
-    rng = random.Random(4)
-    cmd = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
-    ckpt = run_dir / "checkpoints" / "b.json"
-    killed_at = _kill_after_checkpoints(cmd, ckpt, rng, 0.03)
+    run_dir, cmd, killed_at = _kill_after_checkpoints(cfg, tmp_path, "b", random.Random(4), 0.03)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(killed_at) >= 3 and len(set(killed_at)) >= 2, killed_at
