@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from quality.dedup import DedupDecision, DedupIndex
 from quality.gates import Doc, build_gates
+from quality.gates.text import NormalizeStep
 from quality.near_dedup import Signer
 from quality.settings import QualitySettings, load_quality_settings
 
@@ -26,6 +27,9 @@ class Verdict(NamedTuple):
     meta: dict[str, Any]  # signals; on reject also failed_check and reason
     digest: bytes | None  # SHA-256 of the normalised text; None when the record has no usable text
     signature: bytes | None = None  # MinHash of the kept text when near_dedup is on (for the writer's index)
+
+
+MEMO_SIZE = 65_536  # texts whose verdict a QualityControl remembers (~0.6 KB each: ~38 MB at most)
 
 
 def _counters() -> dict[str, Any]:
@@ -59,6 +63,12 @@ class QualityControl:
             "gates": {name: _counters() for name in gate_names},
         }
         self._chain = [(g, self.stats["gates"][g.name]) for g in self.gates]  # counters are reset in place
+        # Verdicts of the gates after normalisation by the normalised text's digest (see `_recall`), when all
+        # of them are text-only: insertion order, the oldest dropped past MEMO_SIZE.
+        after = next((i + 1 for i, g in enumerate(self.gates) if isinstance(g, NormalizeStep)), len(self.gates))
+        text_only = after < len(self.gates) and all(g.text_only for g in self.gates[after:])
+        self._memo_from = after if text_only else None
+        self._memo: dict[bytes, tuple[int | None, tuple[tuple[str, Any], ...]]] = {}
 
     def _run(self, record: Any) -> Verdict:
         """Every gate but dedup, cheapest first, stopping at the first failure. One clock read per gate:
@@ -92,8 +102,14 @@ class QualityControl:
         for doc in docs:
             doc.meta["domain"] = domain
         verdicts: list[Verdict | None] = [None] * len(docs)
+        failed_at: dict[int, int] = {}  # doc -> the chain position of the gate that rejected it
         alive = list(range(len(docs)))
-        for gate, counters in self._chain:
+        judged: list[int] = []  # docs the gates after normalisation saw (not recalled)
+        marks: list[int] = []   # and how many meta keys each had then
+        for pos, (gate, counters) in enumerate(self._chain):
+            if pos == self._memo_from:
+                alive = judged = self._recall(docs, alive, verdicts)
+                marks = [len(docs[i].meta) for i in judged]
             if not alive:
                 break
             t0 = perf_counter()
@@ -117,6 +133,7 @@ class QualityControl:
                 else:
                     doc.meta["failed_check"], doc.meta["reason"] = check, reason
                     verdicts[i] = Verdict(False, None, doc.meta, doc.digest)
+                    failed_at[i] = pos
             counters["seconds"] += perf_counter() - t0
             counters["seen"] += len(alive)
             counters["kept"] += len(survivors)
@@ -126,7 +143,53 @@ class QualityControl:
         for i in alive:
             doc = docs[i]
             verdicts[i] = Verdict(True, doc.text if normalize else doc.raw, doc.meta, doc.digest)
+        self._remember(docs, judged, marks, failed_at)
         return verdicts  # type: ignore[return-value]  # every slot is set above
+
+    def _recall(self, docs: list[Doc], alive: list[int], verdicts: list[Verdict | None]) -> list[int]:
+        """Docs whose normalised text the gates after normalisation judged before get that verdict again (the
+        meta those gates added, copied), each gate's counters as if it had run: the same text meets the same
+        text-only gates. Return the others. Web crawls repeat texts a lot; exact dedup drops repeats only
+        after QC."""
+        memo, normalize = self._memo, self.settings.normalize
+        rest: list[int] = []
+        reached = [0] * (len(self._chain) + 1)  # recalled docs that left at each position (end: kept)
+        for i in alive:
+            doc = docs[i]
+            hit = memo.get(doc.digest) if doc.digest is not None else None
+            if hit is None:
+                rest.append(i)
+                continue
+            pos, added = hit
+            doc.meta.update((k, dict(v) if type(v) is dict else v) for k, v in added)
+            if pos is None:
+                verdicts[i] = Verdict(True, doc.text if normalize else doc.raw, doc.meta, doc.digest)
+                reached[-1] += 1
+            else:
+                verdicts[i] = Verdict(False, None, doc.meta, doc.digest)
+                reached[pos] += 1
+        if len(rest) < len(alive):
+            passing = len(alive) - len(rest)
+            for pos in range(self._memo_from or 0, len(self._chain)):
+                counters = self._chain[pos][1]
+                counters["seen"] += passing
+                counters["rejected"] += reached[pos]
+                passing -= reached[pos]
+                counters["kept"] += passing
+        return rest
+
+    def _remember(self, docs: list[Doc], judged: list[int], marks: list[int], failed_at: dict[int, int]) -> None:
+        """Store what `_recall` reuses: where each judged doc left the chain (None: kept) and the meta items
+        the gates after normalisation added (a copy: the verdict's own meta travels on)."""
+        memo = self._memo
+        for i, mark in zip(judged, marks):
+            doc = docs[i]
+            if doc.digest is None or doc.digest in memo:
+                continue
+            if len(memo) >= MEMO_SIZE:
+                del memo[next(iter(memo))]
+            added = tuple((k, dict(v) if type(v) is dict else v) for k, v in list(doc.meta.items())[mark:])
+            memo[doc.digest] = (failed_at.get(i), added)
 
     def _count(self, keep: bool, meta: dict[str, Any]) -> None:
         records = self.stats["records"]

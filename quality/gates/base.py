@@ -35,6 +35,9 @@ class Gate(ABC):
 
     name: ClassVar[str]
     failed_check: ClassVar[str]
+    # True when `check` reads nothing but `doc.text` (and `doc.lower`) and writes only `doc.meta`: the same
+    # normalised text then always gets the same verdict, so `QualityControl` may reuse it. Off by default.
+    text_only: ClassVar[bool] = False
 
     @abstractmethod
     def check(self, doc: Doc) -> str | None:

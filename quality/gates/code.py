@@ -56,6 +56,7 @@ def code_score(sample: str, min_score: float = 0.0) -> tuple[float, dict[str, fl
 
 
 class CodeGate(Gate):
+    text_only = True
     name = failed_check = "domain"
 
     def __init__(self, min_score: float, sample_chars: int):

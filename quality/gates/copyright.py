@@ -14,6 +14,7 @@ _CUES = ("copyright", "\u00a9", "&copy;", "(c)", "rights")  # cheap `in` tests b
 class CopyrightGate(Gate):
     """Rejects on "copyright", "©", "(c) 2019" or "all rights reserved", case-insensitively."""
 
+    text_only = True
     name = failed_check = "copyright"
 
     def __init__(self) -> None:

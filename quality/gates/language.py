@@ -8,6 +8,7 @@ from quality.language import bounded_sample, make_detector
 class LanguageGate(Gate):
     """Detects the language of a bounded prefix; records the top language and its figure."""
 
+    text_only = True
     name = failed_check = "language"
 
     def __init__(self, expected: str, min_prob: float, detector: str, sample_chars: int):

@@ -71,6 +71,7 @@ def load_vocabulary() -> Vocabulary:
 
 
 class MedicalGate(Gate):
+    text_only = True
     name = failed_check = "domain"
 
     def __init__(self, min_hits: int, min_density: float, min_categories: int, sample_chars: int):

@@ -126,6 +126,7 @@ class PiiGate(Gate):
     stopped, which already exceeds the limit (a lower bound).
     """
 
+    text_only = True
     name = failed_check = "pii"
 
     def __init__(self, max_density: float):

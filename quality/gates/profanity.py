@@ -52,6 +52,7 @@ def masked_forms(words: frozenset[str]) -> frozenset[str]:
 class ProfanityGate(Gate):
     """Rejects when profane tokens / word tokens exceeds `profanity_max_density`."""
 
+    text_only = True
     name = failed_check = "profanity"
 
     def __init__(self, max_density: float):

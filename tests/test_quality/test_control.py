@@ -161,6 +161,45 @@ def test_batch_and_per_record_evaluate_agree(all_corpora: dict[str, list[Any]]) 
         {k: c["rejected"] for k, c in batch.stats["gates"].items()}
 
 
+def test_a_repeated_text_gets_the_verdict_it_got_before(all_corpora: dict[str, list[Any]]) -> None:
+    """The memo of judged texts: every record seen again (in later batches, with other raw spacing that
+    normalises alike) gets the verdict, meta and gate counters the gates gave it, and skips the gates."""
+    from quality.gates.language import LanguageGate
+
+    base = [r for r in all_corpora["synthetic/perturbed_c4"][::7] if isinstance(r, dict)]
+    records = base + [{**r, "text": r["text"] + "  "} if isinstance(r.get("text"), str) else r for r in base] + base
+    one = QualityControl({})
+    per_record = [verdict_row(one.evaluate(dict(r))) for r in records]
+    batch = QualityControl({})
+    calls = 0
+    check = LanguageGate.check
+
+    def counted(gate: LanguageGate, doc: Any) -> str | None:
+        nonlocal calls
+        calls += 1
+        return check(gate, doc)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LanguageGate, "check", counted)
+        n = len(base)
+        batched = [verdict_row(v) for part in (records[:n], records[n:2 * n], records[2 * n:])
+                   for v in batch.evaluate_batch([dict(r) for r in part])]
+    assert batched == per_record
+    assert {k: (c["seen"], c["kept"], c["rejected"]) for k, c in one.stats["gates"].items()} == \
+        {k: (c["seen"], c["kept"], c["rejected"]) for k, c in batch.stats["gates"].items()}
+    reached = batch.stats["gates"]["language"]["seen"]
+    assert 0 < calls == reached // 3  # the language gate judged each distinct text once
+
+
+def test_a_gate_that_reads_the_record_turns_the_memo_off() -> None:
+    """`required_metadata` adds a gate that reads more than the text: nothing is recalled then."""
+    qc = QualityControl({"required_metadata": ["url"]})
+    text = "The same sentence, said five times to be long enough to keep. " * 5
+    records = [{"text": text, "url": "a"}, {"text": text}]
+    assert [v.keep for v in qc.evaluate_batch(records)] == [True, False]
+    assert qc._memo == {}
+
+
 def _texts(all_corpora: dict[str, list[Any]], step: int) -> list[str]:
     """Normalised texts of every corpus (every `step`-th record), plus copies with gate bait spliced in."""
     from quality.normalize import normalize_text
