@@ -150,18 +150,21 @@ def test_a_mismatch_sends_auto_to_hf_and_stops_forced_gigatoken(tmp_path: Path, 
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A gigatoken that disagrees with HF (simulated: one id off on texts with a combining acute) is caught by the
     run's check and by a worker's check; auto's shard is then written by HF, byte for byte."""
-    real = backends.GigatokenBackend.encode_batch
+    def off_by_one(method: str) -> Any:
+        real = getattr(backends.GigatokenBackend, method)
 
-    def off_by_one(self: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        flat, lengths = real(self, texts)
-        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        for i, t in enumerate(texts):
-            if "\u0301" in t and lengths[i]:
-                flat = flat.copy()
-                flat[starts[i]] += 1
-        return flat, lengths
+        def encode(self: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+            flat, lengths = real(self, texts)
+            starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+            for i, t in enumerate(texts):
+                if "\u0301" in t and lengths[i]:
+                    flat = flat.copy()
+                    flat[starts[i]] += 1
+            return flat, lengths
+        return encode
 
-    monkeypatch.setattr(backends.GigatokenBackend, "encode_batch", off_by_one)
+    for method in ("encode_batch", "encode_batch_lists"):  # the workers' route and the run check's
+        monkeypatch.setattr(backends.GigatokenBackend, method, off_by_one(method))
     tok = shared_data / PHI2
     rec = backends.select("auto", tok)  # a probe holds U+0301
     assert rec["name"] == "hf" and rec["check"] == {"texts": len(backends.PROBES), "identical": False}
@@ -265,6 +268,50 @@ def test_job_writes_identical_bytes_under_hf_and_gigatoken(tokenizer: str | None
     if tokenizer is None:  # a trained tokenizer's check includes the first sampled texts
         assert json.loads((runs["gigatoken"] / "run.json").read_text())["tokenizer_backend"]["check"] == \
             {"texts": len(backends.PROBES) + backends.CHECK_DOCS, "identical": True}
+
+
+class _Loads:
+    """Counts the tokenizer loads of this process (any thread): HF `tokenizers` constructors and gigatoken's."""
+
+    def __init__(self) -> None:
+        self.hf = self.gigatoken = 0
+        self.constructors = [Tokenizer.from_file, Tokenizer.from_str, Tokenizer.from_buffer, Tokenizer.from_pretrained]
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and any(arg is f for f in self.constructors):
+            self.hf += 1
+        elif event == "call" and frame.f_code.co_name in ("from_json", "from_sentencepiece") \
+                and "gigatoken" in frame.f_code.co_filename:
+            self.gigatoken += 1
+
+
+@pytest.mark.slow
+def test_the_driver_loads_the_tokenizer_once(tmp_path: Path, shared_data: Path) -> None:
+    """A fresh `engine: local` job (tokenizing in its own process) loads each backend once in the driver: the
+    config check, the fingerprint, the identity check and the audit share one HF load; gigatoken loads once."""
+    import threading
+
+    lines = (shared_data / "web/c4_en_train00000_first1000.jsonl").read_bytes().splitlines()[:150]
+    (tmp_path / "web.jsonl").write_bytes(b"\n".join(lines + lines[:30]) + b"\n")  # 30 exact copies: rejects
+    cfg = base_config([{"name": "web", "path": str(tmp_path / "web.jsonl")}], str(shared_data / PHI2))
+    cfg["execution"]["workers"] = 2
+    backends._loaded.clear()  # an earlier test's load of the same file does not count for this job
+    loads = _Loads()
+    sys.setprofile(loads)
+    threading.setprofile(loads)
+    try:
+        result = run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert result.status == "complete"
+    assert (loads.hf, loads.gigatoken) == (1, 1)
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["tokenizer_backend"] == {"requested": "auto", "name": "gigatoken",
+                                           "version": record["versions"]["gigatoken"],
+                                           "check": {"texts": len(backends.PROBES), "identical": True}}
+    audit = json.loads((tmp_path / "run" / "audit" / "audit.json").read_text())["datasets"]["web"]
+    assert audit["lengths"]["tokens"]["rejected_sample_records"] >= 30  # the audit tokenized the rejects with that load
 
 
 def test_backend_is_not_in_the_plan_hash(tmp_path: Path, shared_data: Path) -> None:
