@@ -16,9 +16,9 @@ the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (h
 the caller adds. It runs (1) when the run's tokenizer is prepared (probes + up to CHECK_DOCS sampled texts
 for a trained tokenizer; the outcome is recorded in checkpoints/tokenizer_backend.json and run.json) and (2) in
 each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
-(ShardEncoder). The run's check (1) reads gigatoken's ids through its list API (the same encoder; the driver
-then never imports awkward), the workers' (2) through encode_batch, the path their shards take. On a failed load or a mismatch, auto uses HF and logs the reason once; `backend: gigatoken`
-turns it into an error. The backend never enters a shard's plan hash: both give the same ids, so a run
+(ShardEncoder). The run's check (1) reads gigatoken's ids one text at a time (the same encoder; the driver then
+never imports awkward), the workers' (2) through encode_batch, the path their shards take. On a failed load or
+a mismatch, auto uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend never enters a shard's plan hash: both give the same ids, so a run
 resumed under the other backend keeps its shards.
 
 Memory: gigatoken 0.10.0's encode caches grow without bound. When the installed gigatoken has
@@ -122,13 +122,6 @@ def hf_tokenizer(tokenizer_json: str | Path) -> Tokenizer:
     return _loaded[key]
 
 
-def _flat(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Lists of ids → (uint32 ids back to back, int64 id count per list)."""
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
-    return flat, lengths
-
-
 class HFBackend:
     """HF `tokenizers` (the reference): `encode_batch_fast`, ids copied once into one flat array."""
 
@@ -142,7 +135,10 @@ class HFBackend:
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.uint32), np.zeros(0, np.int64)
-        return _flat([e.ids for e in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)])
+        ids = [e.ids for e in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
+        return flat, lengths
 
 
 def _rss() -> int:
@@ -206,11 +202,13 @@ class GigatokenBackend:
             self.rebuilds += 1
         return flat, lengths
 
-    def encode_batch_lists(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """encode_batch's result through gigatoken's list API on the calling thread: the same encoder's ids
-        without awkward, for the run's identity check in the driver, which encodes nothing else (awkward's
-        import costs the driver ~0.25 CPU-s). The workers' checks go through encode_batch itself."""
-        return _flat(self.tokenizer.encode_batch_list(list(texts), parallel=False))
+    def encode_each(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """encode_batch's result from gigatoken's one-text `encode` (numpy ids): the same encoder without
+        awkward, which its batch APIs import, for the run's identity check in the driver, which encodes
+        nothing else (awkward's import costs ~0.25 CPU-s). The workers' checks go through encode_batch."""
+        ids = [self.tokenizer.encode(t) for t in texts]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        return (np.concatenate(ids).astype(np.uint32, copy=False) if ids else np.zeros(0, np.uint32)), lengths
 
 
 def load(name: str, tokenizer_json: str | Path) -> Backend:
@@ -263,7 +261,7 @@ def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()
         first_line = (str(exc).strip().splitlines() or [""])[0][:200]
         reason = f"gigatoken cannot load {Path(tokenizer_json).name}: {type(exc).__name__}: {first_line}"
     else:
-        reason = _difference(hf, hf.encode_batch(sample), giga, giga.encode_batch_lists(sample), sample)
+        reason = _difference(hf, hf.encode_batch(sample), giga, giga.encode_each(sample), sample)
         check = {"texts": len(sample), "identical": reason is None}
         if reason is None:
             return {"requested": requested, "name": "gigatoken", "version": giga.version, "check": check}

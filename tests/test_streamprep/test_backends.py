@@ -94,6 +94,8 @@ def test_gigatoken_ids_equal_hf_on_every_corpus(name: str, tokenizer_files: dict
         texts = [*backends.PROBES, *texts]
         h_flat, h_len = hf.encode_batch(texts)
         g_flat, g_len = giga.encode_batch(texts)
+        e_flat, e_len = giga.encode_each(texts)  # the run check's route: the same ids
+        assert np.array_equal(e_len, g_len) and np.array_equal(e_flat, g_flat) and e_flat.dtype == np.uint32
         assert h_flat.dtype == g_flat.dtype == np.uint32 and h_len.dtype == g_len.dtype == np.int64
         assert np.array_equal(h_len, g_len), (name, corpus)
         assert np.array_equal(h_flat, g_flat), (name, corpus)
@@ -163,7 +165,7 @@ def test_a_mismatch_sends_auto_to_hf_and_stops_forced_gigatoken(tmp_path: Path, 
             return flat, lengths
         return encode
 
-    for method in ("encode_batch", "encode_batch_lists"):  # the workers' route and the run check's
+    for method in ("encode_batch", "encode_each"):  # the workers' route and the run check's
         monkeypatch.setattr(backends.GigatokenBackend, method, off_by_one(method))
     tok = shared_data / PHI2
     rec = backends.select("auto", tok)  # a probe holds U+0301
