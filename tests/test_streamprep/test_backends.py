@@ -288,15 +288,18 @@ class _Loads:
 
 
 @pytest.mark.slow
-def test_the_driver_loads_the_tokenizer_once(tmp_path: Path, shared_data: Path) -> None:
-    """A fresh `engine: local` job (tokenizing in its own process) loads each backend once in the driver: the
-    config check, the fingerprint, the identity check and the audit share one HF load; gigatoken loads once."""
+@pytest.mark.parametrize("backend", backends.BACKENDS)
+def test_the_driver_loads_the_tokenizer_once(backend: str, tmp_path: Path, shared_data: Path) -> None:
+    """A fresh `engine: local` job (tokenizing in its own process) loads each backend at most once in the driver:
+    the config check, the fingerprint, the identity check and the audit share one HF load; gigatoken loads once
+    for the identity check (a forced gigatoken's config-time check is the run's), never for `hf`."""
     import threading
 
     lines = (shared_data / "web/c4_en_train00000_first1000.jsonl").read_bytes().splitlines()[:150]
     (tmp_path / "web.jsonl").write_bytes(b"\n".join(lines + lines[:30]) + b"\n")  # 30 exact copies: rejects
     cfg = base_config([{"name": "web", "path": str(tmp_path / "web.jsonl")}], str(shared_data / PHI2))
     cfg["execution"]["workers"] = 2
+    cfg["tokenizer"]["backend"] = backend
     backends._loaded.clear()  # an earlier test's load of the same file does not count for this job
     loads = _Loads()
     sys.setprofile(loads)
@@ -307,11 +310,13 @@ def test_the_driver_loads_the_tokenizer_once(tmp_path: Path, shared_data: Path) 
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
     assert result.status == "complete"
-    assert (loads.hf, loads.gigatoken) == (1, 1)
+    assert (loads.hf, loads.gigatoken) == (1, 0 if backend == "hf" else 1)
     record = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert record["tokenizer_backend"] == {"requested": "auto", "name": "gigatoken",
-                                           "version": record["versions"]["gigatoken"],
-                                           "check": {"texts": len(backends.PROBES), "identical": True}}
+    assert record["tokenizer_backend"] == ({"requested": "hf", "name": "hf", "version": record["versions"]["tokenizers"]}
+                                           if backend == "hf" else
+                                           {"requested": backend, "name": "gigatoken",
+                                            "version": record["versions"]["gigatoken"],
+                                            "check": {"texts": len(backends.PROBES), "identical": True}})
     audit = json.loads((tmp_path / "run" / "audit" / "audit.json").read_text())["datasets"]["web"]
     assert audit["lengths"]["tokens"]["rejected_sample_records"] >= 30  # the audit tokenized the rejects with that load
 
