@@ -18,8 +18,9 @@ for a trained tokenizer; the outcome is recorded in checkpoints/tokenizer_backen
 each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
 (ShardEncoder). The run's check (1) reads gigatoken's ids one text at a time (the same encoder; the driver then
 never imports awkward), the workers' (2) through encode_batch, the path their shards take. On a failed load or
-a mismatch, auto uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend never enters a shard's plan hash: both give the same ids, so a run
-resumed under the other backend keeps its shards.
+a mismatch, auto uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend
+never enters a shard's plan hash: both give the same ids, so a run resumed under the other backend keeps its
+shards.
 
 Memory: gigatoken 0.10.0's encode caches grow without bound. When the installed gigatoken has
 `set_max_cache_bytes` it is given CACHE_BUDGET_BYTES; otherwise the tokenizer object is rebuilt (its

@@ -272,6 +272,21 @@ def test_job_writes_identical_bytes_under_hf_and_gigatoken(tokenizer: str | None
             {"texts": len(backends.PROBES) + backends.CHECK_DOCS, "identical": True}
 
 
+def test_hf_tokenizer_is_loaded_once_for_the_same_bytes(tmp_path: Path) -> None:
+    """The configured file and the run's copy of it share one load; other bytes at the same path load again."""
+    path = _unloadable(tmp_path)
+    copy = tmp_path / "copy" / "tokenizer.json"
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())
+    first = backends.hf_tokenizer(path)
+    assert backends.hf_tokenizer(copy) is first and backends.HFBackend(copy).tokenizer is first
+    path.write_bytes(path.read_bytes().replace(b'"</s>"', b'"<eos>"'))
+    second = backends.hf_tokenizer(path)
+    assert second is not first and second.token_to_id("<eos>") == first.token_to_id("</s>")
+    with pytest.raises(Exception, match="No such file"):
+        backends.hf_tokenizer(tmp_path / "missing.json")
+
+
 class _Loads:
     """Counts the tokenizer loads of this process (any thread): HF `tokenizers` constructors and gigatoken's."""
 
@@ -312,11 +327,10 @@ def test_the_driver_loads_the_tokenizer_once(backend: str, tmp_path: Path, share
     assert result.status == "complete"
     assert (loads.hf, loads.gigatoken) == (1, 0 if backend == "hf" else 1)
     record = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert record["tokenizer_backend"] == ({"requested": "hf", "name": "hf", "version": record["versions"]["tokenizers"]}
-                                           if backend == "hf" else
-                                           {"requested": backend, "name": "gigatoken",
-                                            "version": record["versions"]["gigatoken"],
-                                            "check": {"texts": len(backends.PROBES), "identical": True}})
+    hf = {"requested": "hf", "name": "hf", "version": record["versions"]["tokenizers"]}
+    assert record["tokenizer_backend"] == (hf if backend == "hf" else {
+        "requested": backend, "name": "gigatoken", "version": record["versions"]["gigatoken"],
+        "check": {"texts": len(backends.PROBES), "identical": True}})
     audit = json.loads((tmp_path / "run" / "audit" / "audit.json").read_text())["datasets"]["web"]
     assert audit["lengths"]["tokens"]["rejected_sample_records"] >= 30  # the audit tokenized the rejects with that load
 
