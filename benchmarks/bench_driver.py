@@ -9,8 +9,11 @@ the driver's CPU-s per input GB and how many cores of this box's per-core rate o
 (the tree's CPU-s per GB over the driver's), and the 2-worker speed-up. Issue 28's targets: driver share
 ≤ 3 % with the default gates, `workers: 2` ≥ 1.8x `workers: 1`. With --marginal-mb, `workers: 2` runs
 again on a corpus of that size and the driver's and the tree's CPU-s per GB are printed for the megabytes
-between the two (the driver's fixed start-up, ~1 CPU-s of imports and the tokenizer backend's check, drops
-out): what one driver costs per GB of a long job, and how many cores of work it can keep fed.
+between the two (the driver's fixed start-up, ~1 CPU-s of imports, the tokenizer's load and check and the
+audit, drops out): what one driver costs per GB of a long job, and how many cores of work it can keep fed.
+
+The job runs this checkout's code, whatever the current directory and PYTHONPATH (`python -m` would put the
+current directory first): to compare two revisions, run each one's copy of this script.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import GATES_OFF, PHI2, TreeSampler  # noqa: E402
-from corpus import build  # noqa: E402
+from corpus import REPO, build  # noqa: E402
 
 
 def run(corpus: Path, work: Path, workers: int, quality: dict) -> dict:
@@ -39,7 +42,8 @@ def run(corpus: Path, work: Path, workers: int, quality: dict) -> dict:
     cfg_path.write_text(yaml.safe_dump(cfg))
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
-                             str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             str(run_dir)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sampler = TreeSampler(proc.pid)
     _, err = proc.communicate()
     sampler.stop()
@@ -57,6 +61,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-bench"))
     ap.add_argument("--marginal-mb", type=int, default=0, help="a second, larger corpus for the marginal rates")
     a = ap.parse_args()
+    a.work = a.work.resolve()  # the job runs in the checkout
     a.work.mkdir(parents=True, exist_ok=True)
     corpus = build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
     gb = corpus.stat().st_size / 1e9

@@ -16,9 +16,11 @@ the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (h
 the caller adds. It runs (1) when the run's tokenizer is prepared (probes + up to CHECK_DOCS sampled texts
 for a trained tokenizer; the outcome is recorded in checkpoints/tokenizer_backend.json and run.json) and (2) in
 each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
-(ShardEncoder). On a failed load or a mismatch, auto uses HF and logs the reason once; `backend: gigatoken`
-turns it into an error. The backend never enters a shard's plan hash: both give the same ids, so a run
-resumed under the other backend keeps its shards.
+(ShardEncoder). The run's check (1) reads gigatoken's ids one text at a time (the same encoder; the driver then
+never imports awkward), the workers' (2) through encode_batch, the path their shards take. On a failed load or
+a mismatch, auto uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend
+never enters a shard's plan hash: both give the same ids, so a run resumed under the other backend keeps its
+shards.
 
 Memory: gigatoken 0.10.0's encode caches grow without bound. When the installed gigatoken has
 `set_max_cache_bytes` it is given CACHE_BUDGET_BYTES; otherwise the tokenizer object is rebuilt (its
@@ -30,6 +32,7 @@ allocator residue once, which does not grow further).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import itertools
 from importlib import metadata
 from pathlib import Path
@@ -37,6 +40,7 @@ from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 import psutil
+from tokenizers import Tokenizer
 
 from streamprep import logs
 
@@ -98,15 +102,34 @@ def installed_version(name: str) -> str:
     return _version({"hf": "tokenizers", "gigatoken": "gigatoken"}.get(name, name))
 
 
+_loaded: dict[str, Tokenizer] = {}  # the last tokenizer hf_tokenizer loaded, by the SHA-256 of its file
+
+
+def hf_tokenizer(tokenizer_json: str | Path) -> Tokenizer:
+    """HF `tokenizers`' Tokenizer of a local tokenizer.json, loaded once per process for the same bytes.
+
+    The driver asks for it four times (config check, fingerprint's EOD lookup, the identity check's reference,
+    the audit's histogram), from the configured file and from the run's copy: one load (~0.1 CPU-s for phi-2)
+    instead of four. Only the last file is kept. Callers only encode and look up: none changes its settings
+    (padding, truncation), so sharing it cannot change an id."""
+    try:
+        key = hashlib.sha256(Path(tokenizer_json).read_bytes()).hexdigest()
+    except OSError:  # unreadable: tokenizers' own error, as a direct load gives
+        return Tokenizer.from_file(str(tokenizer_json))
+    if key not in _loaded:
+        tok = Tokenizer.from_file(str(tokenizer_json))
+        _loaded.clear()
+        _loaded[key] = tok
+    return _loaded[key]
+
+
 class HFBackend:
     """HF `tokenizers` (the reference): `encode_batch_fast`, ids copied once into one flat array."""
 
     name = "hf"
 
     def __init__(self, tokenizer_json: str | Path):
-        from tokenizers import Tokenizer
-
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        self.tokenizer = hf_tokenizer(tokenizer_json)
         self.version = _version("tokenizers")
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -180,6 +203,14 @@ class GigatokenBackend:
             self.rebuilds += 1
         return flat, lengths
 
+    def encode_each(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """encode_batch's result from gigatoken's one-text `encode` (numpy ids): the same encoder without
+        awkward, which its batch APIs import, for the run's identity check in the driver, which encodes
+        nothing else (awkward's import costs ~0.25 CPU-s). The workers' checks go through encode_batch."""
+        ids = [self.tokenizer.encode(t) for t in texts]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        return (np.concatenate(ids).astype(np.uint32, copy=False) if ids else np.zeros(0, np.uint32)), lengths
+
 
 def load(name: str, tokenizer_json: str | Path) -> Backend:
     """The named backend ("hf" or "gigatoken") over a local tokenizer.json."""
@@ -194,8 +225,13 @@ def mismatch(reference: Backend, candidate: Backend, texts: Sequence[str]) -> st
     """None when both give the same ids for every text, else the first difference, in words."""
     if not texts:
         return None
-    ref_flat, ref_len = reference.encode_batch(texts)
-    got_flat, got_len = candidate.encode_batch(texts)
+    return _difference(reference, reference.encode_batch(texts), candidate, candidate.encode_batch(texts), texts)
+
+
+def _difference(reference: Backend, ref_ids: tuple[np.ndarray, np.ndarray], candidate: Backend,
+                got_ids: tuple[np.ndarray, np.ndarray], texts: Sequence[str]) -> str | None:
+    """mismatch's verdict on ids already encoded: (flat, lengths) of each backend for `texts`."""
+    (ref_flat, ref_len), (got_flat, got_len) = ref_ids, got_ids
     if np.array_equal(ref_len, got_len) and np.array_equal(ref_flat, got_flat):
         return None
     ends = np.concatenate(([0], np.cumsum(ref_len)))
@@ -215,9 +251,9 @@ def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()
     `gigatoken`: the same check, but a failure raises BackendError. `hf`: no check."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown tokenizer backend {requested!r}")
-    hf = HFBackend(tokenizer_json)
     if requested == "hf":
-        return {"requested": requested, "name": "hf", "version": hf.version}
+        return {"requested": requested, "name": "hf", "version": _version("tokenizers")}
+    hf = HFBackend(tokenizer_json)
     sample = [*PROBES, *itertools.islice(texts, CHECK_DOCS)]
     check = None
     try:
@@ -226,7 +262,7 @@ def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()
         first_line = (str(exc).strip().splitlines() or [""])[0][:200]
         reason = f"gigatoken cannot load {Path(tokenizer_json).name}: {type(exc).__name__}: {first_line}"
     else:
-        reason = mismatch(hf, giga, sample)
+        reason = _difference(hf, hf.encode_batch(sample), giga, giga.encode_each(sample), sample)
         check = {"texts": len(sample), "identical": reason is None}
         if reason is None:
             return {"requested": requested, "name": "gigatoken", "version": giga.version, "check": check}

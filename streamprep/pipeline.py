@@ -236,6 +236,7 @@ class Job:
                             "checkpoint_dir": str(self.checkpoint_dir)})
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self.signals = Signals()
+        self._backend_of: tuple[TokenizerInfo, str] | None = None  # _shard_backend's last tokenizer and choice
         self.progress: dict[str, Any] = {}  # dataset -> live IngestState, read by the progress reporter
         self.reporter = ProgressReporter(self.progress, self.config.execution.progress_interval_s,
                                          tty=None if console_log else False, datasets=config.datasets, run_dir=run_dir)
@@ -379,12 +380,20 @@ class Job:
         dtype = token_dtype(self.config.output.dtype, info.vocab_size)
         eod = info.eod_id if self.config.tokenizer.append_eod and self.mode.appends_eod else None
         split = next(d.blend_split for d in self.config.datasets if d.name == name)
-        backend = info.backend_name if self.mode.name == "pretrain" else "hf"  # SFT masks need HF's offsets
-        self.record["tokenizer_backend"] = dict(info.backend) if backend != "hf" or info.backend.get("name") == "hf" \
-            else {"requested": info.backend.get("requested"), "name": "hf", "version": backends.installed_version("hf"),
-                  "reason": "sft: loss masks need character offsets, which only hf gives"}
+        backend = self._shard_backend(info)
         return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype,
                          self.sft_section, backend, sha256)
+
+    def _shard_backend(self, info: TokenizerInfo) -> str:
+        """The backend shard tasks load, with run.json's `tokenizer_backend`: set once per tokenizer, not per part."""
+        if self._backend_of is None or self._backend_of[0] is not info:
+            backend = info.backend_name if self.mode.name == "pretrain" else "hf"  # SFT masks need HF's offsets
+            sft_hf = backend == "hf" and info.backend.get("name") != "hf"
+            self.record["tokenizer_backend"] = dict(info.backend) if not sft_hf else {
+                "requested": info.backend.get("requested"), "name": "hf", "version": backends.installed_version("hf"),
+                "reason": "sft: loss masks need character offsets, which only hf gives"}
+            self._backend_of = (info, backend)
+        return self._backend_of[1]
 
     def _plan(self, states: dict[str, IngestState], feeder: ShardFeeder) -> list[ShardTask]:
         """Every sealed part's task in config then part order; the feeder planned (and hashed) each one

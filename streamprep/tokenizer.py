@@ -23,6 +23,9 @@ log = logs.get("tokenizer")
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<unk>", "<mask>"]
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
 SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+# check_config's identity check of a forced gigatoken, by (backend, fingerprint): the run's tokenizer, a copy of
+# the same bytes, takes it instead of loading gigatoken and checking again (same inputs, same record)
+_validated: dict[tuple[str, str], dict[str, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ def _eod(tok: Tokenizer, config_dir: Path | None, wanted: str | None) -> tuple[s
 
 
 def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
-    tok = Tokenizer.from_file(str(saved))
+    tok = backends.hf_tokenizer(saved)
     name, tid = _eod(tok, saved.parent, eod_token)
     digest = hashlib.sha256(saved.read_bytes()).hexdigest()
     return TokenizerInfo(saved, f"sha256:{digest}", tok.get_vocab_size(with_added_tokens=True), tid, name)
@@ -97,13 +100,15 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path) -> TokenizerInfo | 
 
 
 def _with_backend(info: TokenizerInfo, tok_cfg: TokenizerConfig, record_file: Path,
-                  recorded: Mapping[str, Any] | None = None, texts: Iterable[str] = ()) -> TokenizerInfo:
+                  recorded: Mapping[str, Any] | None = None, texts: Sequence[str] = ()) -> TokenizerInfo:
     """`info` with its backend: the one recorded (`record_file`, bookkeeping beside the checkpoints) when it was
     chosen for the same `tokenizer.backend` and library version, else chosen now (identity check) and recorded."""
     if not (isinstance(recorded, Mapping) and recorded.get("requested") == tok_cfg.backend
             and recorded.get("version") == backends.installed_version(recorded.get("name", ""))):
+        validated = _validated.pop((tok_cfg.backend, info.fingerprint), None)
         try:
-            recorded = backends.select(tok_cfg.backend, info.path, texts)
+            recorded = validated if validated is not None and not texts else \
+                backends.select(tok_cfg.backend, info.path, texts)
         except backends.BackendError as exc:
             raise RuntimeError(str(exc)) from None
         atomic.write_json(record_file, recorded)
@@ -168,7 +173,7 @@ def check_config(tok_cfg: TokenizerConfig) -> None:
         return
     src = _source_file(Path(tok_cfg.path))
     try:
-        tok = Tokenizer.from_file(str(src))
+        tok = backends.hf_tokenizer(src)  # the same load serves the run's fingerprint, backend check and audit
     except Exception as exc:  # tokenizers raises a bare Exception for unparsable files
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         raise ConfigError(f"config: 'tokenizer.path': {src} is not a tokenizer.json ({reason})") from None
@@ -176,9 +181,11 @@ def check_config(tok_cfg: TokenizerConfig) -> None:
     _check_eod(TokenizerInfo(src, "", tok.get_vocab_size(with_added_tokens=True), tid, name), tok_cfg)
     if tok_cfg.backend == "gigatoken":  # forced: a tokenizer gigatoken cannot encode exactly fails here
         try:
-            backends.select("gigatoken", src)
+            record = backends.select("gigatoken", src)
         except backends.BackendError as exc:
             raise ConfigError(f"config: 'tokenizer.backend': {exc}") from None
+        _validated.clear()
+        _validated["gigatoken", f"sha256:{hashlib.sha256(src.read_bytes()).hexdigest()}"] = record
 
 
 def _check_eod(info: TokenizerInfo, tok_cfg: TokenizerConfig) -> TokenizerInfo:
@@ -250,7 +257,7 @@ def prepare_from_sample(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable
     if training_report(run_dir) is None:
         if not held_out:  # a reused tokenizer whose report was lost: rebuild the held-out half only
             held_out = [t for i, t in enumerate(texts) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
-        tok = Tokenizer.from_file(str(info.path))
+        tok = backends.hf_tokenizer(info.path)
         n_bytes = sum(len(t.encode("utf-8")) for t in held_out)
         n_tokens = sum(len(e.ids) for e in tok.encode_batch(held_out, add_special_tokens=False))
         atomic.write_json(RunLayout(run_dir).tokenizer_training, {"sample_mb": tok_cfg.train.sample_mb, "held_out_documents": len(held_out),

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from streamprep import stats
+from streamprep.backends import hf_tokenizer
 from streamprep.layout import (Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, part_name,
                                read_json as _read_json)
 from streamprep.tokenizer import training_report
@@ -90,9 +91,7 @@ def _load_tokenizer(run_dir: Path) -> Any:
     if not path.is_file():
         return None
     try:
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(path))
+        return hf_tokenizer(path)  # the run's own load when the audit ends a job: not loaded again
     except Exception:  # a report must not fail on an unreadable tokenizer; the histogram is then omitted
         return None
 
@@ -148,7 +147,7 @@ def _rejected_token_hist(tokenizer: Any, sample: list[dict[str, Any]], eod: bool
         return {}, 0
     texts = [r["text"] for r in sample[:MAX_TOKENIZED_REJECTS] if isinstance(r.get("text"), str)]
     hist: dict[str, Any] = {}
-    for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
+    for enc in tokenizer.encode_batch_fast(texts, add_special_tokens=False):  # ids only: no offsets to compute
         stats.add_tokens(hist, "r", len(enc.ids) + (1 if eod else 0))
     return hist.get("tokens_hist_r", {}), len(texts)
 

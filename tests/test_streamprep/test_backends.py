@@ -94,6 +94,8 @@ def test_gigatoken_ids_equal_hf_on_every_corpus(name: str, tokenizer_files: dict
         texts = [*backends.PROBES, *texts]
         h_flat, h_len = hf.encode_batch(texts)
         g_flat, g_len = giga.encode_batch(texts)
+        e_flat, e_len = giga.encode_each(texts)  # the run check's route: the same ids
+        assert np.array_equal(e_len, g_len) and np.array_equal(e_flat, g_flat) and e_flat.dtype == np.uint32
         assert h_flat.dtype == g_flat.dtype == np.uint32 and h_len.dtype == g_len.dtype == np.int64
         assert np.array_equal(h_len, g_len), (name, corpus)
         assert np.array_equal(h_flat, g_flat), (name, corpus)
@@ -150,18 +152,21 @@ def test_a_mismatch_sends_auto_to_hf_and_stops_forced_gigatoken(tmp_path: Path, 
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A gigatoken that disagrees with HF (simulated: one id off on texts with a combining acute) is caught by the
     run's check and by a worker's check; auto's shard is then written by HF, byte for byte."""
-    real = backends.GigatokenBackend.encode_batch
+    def off_by_one(method: str) -> Any:
+        real = getattr(backends.GigatokenBackend, method)
 
-    def off_by_one(self: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        flat, lengths = real(self, texts)
-        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        for i, t in enumerate(texts):
-            if "\u0301" in t and lengths[i]:
-                flat = flat.copy()
-                flat[starts[i]] += 1
-        return flat, lengths
+        def encode(self: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+            flat, lengths = real(self, texts)
+            starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+            for i, t in enumerate(texts):
+                if "\u0301" in t and lengths[i]:
+                    flat = flat.copy()
+                    flat[starts[i]] += 1
+            return flat, lengths
+        return encode
 
-    monkeypatch.setattr(backends.GigatokenBackend, "encode_batch", off_by_one)
+    for method in ("encode_batch", "encode_each"):  # the workers' route and the run check's
+        monkeypatch.setattr(backends.GigatokenBackend, method, off_by_one(method))
     tok = shared_data / PHI2
     rec = backends.select("auto", tok)  # a probe holds U+0301
     assert rec["name"] == "hf" and rec["check"] == {"texts": len(backends.PROBES), "identical": False}
@@ -265,6 +270,69 @@ def test_job_writes_identical_bytes_under_hf_and_gigatoken(tokenizer: str | None
     if tokenizer is None:  # a trained tokenizer's check includes the first sampled texts
         assert json.loads((runs["gigatoken"] / "run.json").read_text())["tokenizer_backend"]["check"] == \
             {"texts": len(backends.PROBES) + backends.CHECK_DOCS, "identical": True}
+
+
+def test_hf_tokenizer_is_loaded_once_for_the_same_bytes(tmp_path: Path) -> None:
+    """The configured file and the run's copy of it share one load; other bytes at the same path load again."""
+    path = _unloadable(tmp_path)
+    copy = tmp_path / "copy" / "tokenizer.json"
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())
+    first = backends.hf_tokenizer(path)
+    assert backends.hf_tokenizer(copy) is first and backends.HFBackend(copy).tokenizer is first
+    path.write_bytes(path.read_bytes().replace(b'"</s>"', b'"<eos>"'))
+    second = backends.hf_tokenizer(path)
+    assert second is not first and second.token_to_id("<eos>") == first.token_to_id("</s>")
+    with pytest.raises(Exception, match="No such file"):
+        backends.hf_tokenizer(tmp_path / "missing.json")
+
+
+class _Loads:
+    """Counts the tokenizer loads of this process (any thread): HF `tokenizers` constructors and gigatoken's."""
+
+    def __init__(self) -> None:
+        self.hf = self.gigatoken = 0
+        self.constructors = [Tokenizer.from_file, Tokenizer.from_str, Tokenizer.from_buffer, Tokenizer.from_pretrained]
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and any(arg is f for f in self.constructors):
+            self.hf += 1
+        elif event == "call" and frame.f_code.co_name in ("from_json", "from_sentencepiece") \
+                and "gigatoken" in frame.f_code.co_filename:
+            self.gigatoken += 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", backends.BACKENDS)
+def test_the_driver_loads_the_tokenizer_once(backend: str, tmp_path: Path, shared_data: Path) -> None:
+    """A fresh `engine: local` job (tokenizing in its own process) loads each backend at most once in the driver:
+    the config check, the fingerprint, the identity check and the audit share one HF load; gigatoken loads once
+    for the identity check (a forced gigatoken's config-time check is the run's), never for `hf`."""
+    import threading
+
+    lines = (shared_data / "web/c4_en_train00000_first1000.jsonl").read_bytes().splitlines()[:150]
+    (tmp_path / "web.jsonl").write_bytes(b"\n".join(lines + lines[:30]) + b"\n")  # 30 exact copies: rejects
+    cfg = base_config([{"name": "web", "path": str(tmp_path / "web.jsonl")}], str(shared_data / PHI2))
+    cfg["execution"]["workers"] = 2
+    cfg["tokenizer"]["backend"] = backend
+    backends._loaded.clear()  # an earlier test's load of the same file does not count for this job
+    loads = _Loads()
+    sys.setprofile(loads)
+    threading.setprofile(loads)
+    try:
+        result = run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert result.status == "complete"
+    assert (loads.hf, loads.gigatoken) == (1, 0 if backend == "hf" else 1)
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    hf = {"requested": "hf", "name": "hf", "version": record["versions"]["tokenizers"]}
+    assert record["tokenizer_backend"] == (hf if backend == "hf" else {
+        "requested": backend, "name": "gigatoken", "version": record["versions"]["gigatoken"],
+        "check": {"texts": len(backends.PROBES), "identical": True}})
+    audit = json.loads((tmp_path / "run" / "audit" / "audit.json").read_text())["datasets"]["web"]
+    assert audit["lengths"]["tokens"]["rejected_sample_records"] >= 30  # the audit tokenized the rejects with that load
 
 
 def test_backend_is_not_in_the_plan_hash(tmp_path: Path, shared_data: Path) -> None:
