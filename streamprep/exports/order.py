@@ -1,0 +1,243 @@
+"""The Parquet row order: a keyed sort made part by part and merged by streaming (rule in docs/exports.md).
+
+Record `i` of a dataset (its position among the dataset's kept records in ingest order: parts by name, lines
+in order, from 0) in length bucket `b` gets the sort key `order_keys(seed, b, i)`: output `i` of a SplitMix64
+generator whose state starts at the first 8 bytes (little-endian) of a BLAKE2b of `seed` and `b`. SplitMix64's
+outputs are a bijection of the counter, so keys never tie inside a (dataset, bucket), and the key of a record
+depends only on (seed, bucket, its ordinal): each part computes its own records' keys as soon as the ordinal
+of its first record is known (a prefix sum of the receipts' document counts).
+
+`make_run` (on the export workers, one part at a time) writes the part's *run*: its records sorted by
+(bucket, key) with their packing estimates, to a scratch file. `merged` streams one (dataset, bucket) in key
+order out of all its parts' runs with a bounded buffer per part; `gather` reads back the records of one key
+range (a shard) from every run. The job process thus holds per part a few numbers and a bounded buffer, never
+a per-record array of a whole dataset.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import orjson
+
+from streamprep import logs
+from streamprep.exports import summary
+from streamprep.exports.index import ExportError, ShardRef
+from streamprep.layout import RunLayout
+
+log = logs.get("exports")
+
+FORMAT = "streamprep-order-run"
+VERSION = 1
+SCRATCH = ".order"           # parquet/.order/<dataset>/<part>.run: hidden, removed when the exports end
+MERGE_BYTES = 32 << 20       # the merge's buffers over all parts of one dataset ...
+MIN_CHUNK = 1024             # ... but at least this many records a part (16 B each)
+GAMMA = np.uint64(0x9E3779B97F4A7C15)
+MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+MIX2 = np.uint64(0x94D049BB133111EB)
+MAX_KEY = np.iinfo(np.uint64).max
+
+
+def bucket_of(n_tokens: np.ndarray, bounds: Sequence[int]) -> np.ndarray:
+    """Bucket index per record: b with bounds[b-1] < n <= bounds[b]; len(bounds) for the overflow."""
+    return np.searchsorted(np.asarray(bounds, dtype=np.int64), np.asarray(n_tokens, dtype=np.int64), side="left")
+
+
+def bucket_state(seed: int, bucket: int) -> np.uint64:
+    """The SplitMix64 start state of one bucket: BLAKE2b-64 of "streamprep-parquet-order:<seed>:<bucket>"."""
+    digest = hashlib.blake2b(f"streamprep-parquet-order:{seed}:{bucket}".encode(), digest_size=8).digest()
+    return np.uint64(int.from_bytes(digest, "little"))
+
+
+def _splitmix(state: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = state + (ordinals.astype(np.uint64) + np.uint64(1)) * GAMMA
+        z = (z ^ (z >> np.uint64(30))) * MIX1
+        z = (z ^ (z >> np.uint64(27))) * MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def order_keys(seed: int, buckets: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+    """uint64 sort key per record from its bucket and its ordinal in the dataset (wrapping uint64 arithmetic)."""
+    buckets = np.asarray(buckets, dtype=np.int64)
+    states = np.array([bucket_state(seed, b) for b in range(int(buckets.max(initial=-1)) + 1)], dtype=np.uint64)
+    return _splitmix(states[buckets], np.asarray(ordinals, dtype=np.int64))
+
+
+# -- one part's run ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PartRun:
+    """What the job keeps of one part: where its run is and how many records each bucket has there."""
+
+    path: Path
+    offsets: np.ndarray   # int64 (buckets + 1): bucket b's records are [offsets[b], offsets[b + 1]) of the run
+    data_offset: int      # bytes before the columns: keys (uint64), rows (int64), estimates (int64), n each
+    num_tokens: int
+    dtype: str            # token dtype of the part's `.bin`
+    summary: str          # "cached", "computed" (none was there) or "recomputed" (one was stale or damaged)
+
+    @property
+    def n(self) -> int:
+        return int(self.offsets[-1])
+
+    def _read(self, column: int, dtype: type, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.empty(0, dtype=dtype)
+        size = 8 * (stop - start)
+        with open(self.path, "rb") as fh:
+            raw = os.pread(fh.fileno(), size, self.data_offset + 8 * (column * self.n + start))
+        if len(raw) != size:
+            raise ExportError(f"{self.path}: order run shorter than its header says")
+        return np.frombuffer(raw, dtype=dtype)
+
+    def keys(self, start: int, stop: int) -> np.ndarray:
+        return self._read(0, np.uint64, start, stop)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        return self._read(1, np.int64, start, stop)
+
+    def est(self, start: int, stop: int) -> np.ndarray:
+        return self._read(2, np.int64, start, stop)
+
+    def key_range(self, bucket: int, lo: int, hi: int) -> tuple[int, int]:
+        """[start, stop) of the records of `bucket` whose keys lie in [lo, hi], by binary search on the file."""
+        a, b = int(self.offsets[bucket]), int(self.offsets[bucket + 1])
+        if a == b:
+            return a, a
+        keys = np.memmap(self.path, dtype=np.uint64, mode="r", offset=self.data_offset + 8 * a, shape=(b - a,))
+        try:
+            start = a + int(np.searchsorted(keys, np.uint64(lo), side="left"))
+            stop = a + int(np.searchsorted(keys, np.uint64(hi), side="right"))
+        finally:
+            del keys  # unmaps: no page of it stays resident
+        return start, stop
+
+
+def scratch_dir(run_dir: Path) -> Path:
+    return RunLayout(run_dir).parquet_dir / SCRATCH
+
+
+def remove_scratch(run_dir: Path) -> None:
+    shutil.rmtree(scratch_dir(run_dir), ignore_errors=True)
+
+
+def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> PartRun:
+    """One part's run (an export worker's task): its summary (cached, or computed and cached), bucket and key
+    per record, sorted by (bucket, key), written to `path`. `first`: the dataset ordinal of its first record;
+    `expected`: its receipt's document count."""
+    ref, first, expected, seed, bounds, bpt, path = job
+    cached = summary.load_cached(ref)
+    state = "cached"
+    if cached is None:
+        state = "recomputed" if summary.cache_path(ref).exists() else "computed"
+        cached = summary.compute_and_cache(ref)
+    recs = cached.records
+    if len(recs) != expected:
+        raise ExportError(f"{ref.dataset}/{ref.part}: part summary has {len(recs)} records, "
+                          f"its receipt {expected} documents")
+    n_tokens = recs["n_tokens"]
+    est = n_tokens * bpt + recs["line_bytes"]
+    buckets = bucket_of(n_tokens, bounds)
+    keys = order_keys(seed, buckets, np.arange(first, first + len(recs), dtype=np.int64))
+    order = np.lexsort((keys, buckets))
+    offsets = np.zeros(len(bounds) + 2, dtype=np.int64)
+    np.cumsum(np.bincount(buckets, minlength=len(bounds) + 1), out=offsets[1:])
+    header = orjson.dumps({"format": FORMAT, "version": VERSION, "part": f"{ref.dataset}/{ref.part}",
+                           "offsets": offsets.tolist()}) + b"\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:  # scratch of this exports step only: rewritten every time, never reused
+        fh.write(header)
+        for column in (keys[order], order.astype(np.int64), est[order]):
+            fh.write(np.ascontiguousarray(column).tobytes())
+    return PartRun(path, offsets, len(header), int(n_tokens.sum()), cached.dtype, state)
+
+
+# -- streaming over all parts ----------------------------------------------------------------------
+class _Cursor:
+    """One part's records of one bucket, read CHUNK at a time."""
+
+    def __init__(self, run: PartRun, bucket: int, chunk: int):
+        self.run, self.chunk = run, chunk
+        self.pos, self.end = int(run.offsets[bucket]), int(run.offsets[bucket + 1])
+        self.keys = self.est = np.empty(0, dtype=np.uint64)
+        self.fill()
+
+    @property
+    def more(self) -> bool:
+        """Records left in the file beyond the buffer."""
+        return self.pos < self.end
+
+    def fill(self) -> None:
+        stop = min(self.pos + self.chunk, self.end)
+        self.keys, self.est = self.run.keys(self.pos, stop), self.run.est(self.pos, stop)
+        self.pos = stop
+
+
+def chunk_size(parts: int) -> int:
+    """Records buffered per part while merging: MERGE_BYTES over all parts, at least MIN_CHUNK each."""
+    return max(MIN_CHUNK, MERGE_BYTES // (16 * max(parts, 1)))
+
+
+def merged(runs: list[PartRun], bucket: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(keys, estimates) of one bucket of one dataset in key order, block by block, from the parts' sorted runs.
+
+    Each round takes from every buffer the keys up to the smallest last key among the buffers that still have
+    records on disk (nothing later can sort before it), sorts them and yields them; a buffer emptied is refilled.
+    Memory: `chunk_size` records a part."""
+    chunk = chunk_size(len(runs))
+    cursors = [c for c in (_Cursor(r, bucket, chunk) for r in runs) if len(c.keys)]
+    while cursors:
+        waiting = [c.keys[-1] for c in cursors if c.more]
+        bound = min(waiting) if waiting else MAX_KEY
+        keys, est = [], []
+        for c in cursors:
+            j = int(np.searchsorted(c.keys, bound, side="right"))
+            keys.append(c.keys[:j])
+            est.append(c.est[:j])
+            c.keys, c.est = c.keys[j:], c.est[j:]
+            if not len(c.keys) and c.more:
+                c.fill()
+        k = np.concatenate(keys)
+        order = np.argsort(k, kind="stable")
+        yield k[order], np.concatenate(est)[order]
+        cursors = [c for c in cursors if len(c.keys)]
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """The records of one key range of one bucket, in key order: which part (position in the runs) and row."""
+
+    part: np.ndarray   # int32
+    row: np.ndarray    # int64: row in the part (its summary's and `.idx`'s order)
+    keys: np.ndarray   # uint64
+    est: np.ndarray    # int64
+
+
+def gather(runs: list[PartRun], bucket: int, lo: int, hi: int) -> Gathered:
+    """Every record of `bucket` with a key in [lo, hi], from all runs, in key order."""
+    parts, rows, keys, est = [], [], [], []
+    for i, run in enumerate(runs):
+        a, b = run.key_range(bucket, lo, hi)
+        if b > a:
+            parts.append(np.full(b - a, i, dtype=np.int32))
+            rows.append(run.rows(a, b))
+            keys.append(run.keys(a, b))
+            est.append(run.est(a, b))
+    if not parts:
+        return Gathered(np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.uint64), np.empty(0, np.int64))
+    k = np.concatenate(keys)
+    order = np.argsort(k, kind="stable")
+    return Gathered(np.concatenate(parts)[order], np.concatenate(rows)[order], k[order], np.concatenate(est)[order])
+
+
+def runs_for(refs: list[ShardRef], starts: np.ndarray, seed: int, bounds: Sequence[int], bpt: int,
+             run_dir: Path) -> list[tuple[Any, ...]]:
+    """The `make_run` jobs of one dataset's parts (with documents, in part order)."""
+    folder = scratch_dir(run_dir)
+    return [(r, int(starts[i]), int(starts[i + 1] - starts[i]), seed, list(bounds), bpt,
+             folder / r.dataset / f"{r.part}.run") for i, r in enumerate(refs)]
