@@ -5,7 +5,7 @@ refs) and `prepare_part` (the per-part work for one finished shard, cached besid
 end of the job only does what needs every record). The manifest is written last and covers every other
 artifact (exports/chain.py); the caller records the SHA-256 it returns in run.json. Re-running on the
 same inputs rewrites the same bytes and removes Parquet/TSV files of an earlier attempt that the new
-manifest no longer lists. File formats, the bucketing / shuffle / packing rules and the chain:
+manifest no longer lists. File formats, the bucketing / order / packing rules and the chain:
 docs/exports.md.
 """
 from __future__ import annotations

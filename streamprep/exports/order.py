@@ -35,8 +35,9 @@ log = logs.get("exports")
 FORMAT = "streamprep-order-run"
 VERSION = 1
 SCRATCH = ".order"           # parquet/.order/<dataset>/<part>.run: hidden, removed when the exports end
-MERGE_BYTES = 32 << 20       # the merge's buffers over all parts of one dataset ...
-MIN_CHUNK = 1024             # ... but at least this many records a part (16 B each)
+MERGE_BYTES = 8 << 20        # the merge's buffers over all parts of one dataset ...
+MIN_CHUNK = 256              # ... but at least this many records a part (16 B each)
+FAN_IN = 512                 # parts merged at once; more are merged in groups first (scratch files)
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 MIX2 = np.uint64(0x94D049BB133111EB)
@@ -158,39 +159,61 @@ def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> P
 
 
 # -- streaming over all parts ----------------------------------------------------------------------
-class _Cursor:
-    """One part's records of one bucket, read CHUNK at a time."""
+@dataclass(frozen=True)
+class _Sorted:
+    """Records [start, end) of a file holding a key column (uint64) and an estimate column (int64), sorted by
+    key: one bucket of a part's run, or a merged group of them (`_spill`)."""
 
-    def __init__(self, run: PartRun, bucket: int, chunk: int):
-        self.run, self.chunk = run, chunk
-        self.pos, self.end = int(run.offsets[bucket]), int(run.offsets[bucket + 1])
-        self.keys = self.est = np.empty(0, dtype=np.uint64)
+    path: Path
+    keys_at: int   # byte offset of record 0's key
+    est_at: int    # byte offset of record 0's estimate
+    start: int
+    end: int
+
+    @classmethod
+    def of_run(cls, run: PartRun, bucket: int) -> "_Sorted":
+        return cls(run.path, run.data_offset, run.data_offset + 16 * run.n, int(run.offsets[bucket]),
+                   int(run.offsets[bucket + 1]))
+
+    def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        size = 8 * (stop - start)
+        with open(self.path, "rb") as fh:  # opened per chunk: an abandoned merge leaves no descriptor open
+            keys = os.pread(fh.fileno(), size, self.keys_at + 8 * start)
+            est = os.pread(fh.fileno(), size, self.est_at + 8 * start)
+        if len(keys) != size or len(est) != size:
+            raise ExportError(f"{self.path}: order run shorter than its header says")
+        return np.frombuffer(keys, dtype=np.uint64), np.frombuffer(est, dtype=np.int64)
+
+
+class _Cursor:
+    """One sorted source, read `chunk` records at a time."""
+
+    def __init__(self, src: _Sorted, chunk: int):
+        self.src, self.chunk, self.pos = src, chunk, src.start
         self.fill()
 
     @property
     def more(self) -> bool:
         """Records left in the file beyond the buffer."""
-        return self.pos < self.end
+        return self.pos < self.src.end
 
     def fill(self) -> None:
-        stop = min(self.pos + self.chunk, self.end)
-        self.keys, self.est = self.run.keys(self.pos, stop), self.run.est(self.pos, stop)
+        stop = min(self.pos + self.chunk, self.src.end)
+        self.keys, self.est = self.src.read(self.pos, stop)
         self.pos = stop
 
 
-def chunk_size(parts: int) -> int:
-    """Records buffered per part while merging: MERGE_BYTES over all parts, at least MIN_CHUNK each."""
-    return max(MIN_CHUNK, MERGE_BYTES // (16 * max(parts, 1)))
+def chunk_size(sources: int) -> int:
+    """Records buffered per source while merging: MERGE_BYTES over all sources, at least MIN_CHUNK each."""
+    return max(MIN_CHUNK, MERGE_BYTES // (16 * max(sources, 1)))
 
 
-def merged(runs: list[PartRun], bucket: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(keys, estimates) of one bucket of one dataset in key order, block by block, from the parts' sorted runs.
-
-    Each round takes from every buffer the keys up to the smallest last key among the buffers that still have
-    records on disk (nothing later can sort before it), sorts them and yields them; a buffer emptied is refilled.
-    Memory: `chunk_size` records a part."""
-    chunk = chunk_size(len(runs))
-    cursors = [c for c in (_Cursor(r, bucket, chunk) for r in runs) if len(c.keys)]
+def _merge(sources: list[_Sorted]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each round takes from every buffer the keys up to the smallest last key among the buffers that still
+    have records on disk (nothing later can sort before it), sorts them and yields them; a buffer emptied is
+    refilled. Memory: `chunk_size` records a source, and one round's output."""
+    chunk = chunk_size(len(sources))
+    cursors = [c for c in (_Cursor(src, chunk) for src in sources) if len(c.keys)]
     while cursors:
         waiting = [c.keys[-1] for c in cursors if c.more]
         bound = min(waiting) if waiting else MAX_KEY
@@ -206,6 +229,35 @@ def merged(runs: list[PartRun], bucket: int) -> Iterator[tuple[np.ndarray, np.nd
         order = np.argsort(k, kind="stable")
         yield k[order], np.concatenate(est)[order]
         cursors = [c for c in cursors if len(c.keys)]
+
+
+def _spill(sources: list[_Sorted], path: Path) -> _Sorted:
+    """Merge `sources` into one sorted file (keys, then estimates) at `path`."""
+    n = sum(src.end - src.start for src in sources)
+    out, pos = _Sorted(path, 0, 8 * n, 0, n), 0
+    with open(path, "wb") as fh:
+        for keys, est in _merge(sources):
+            os.pwrite(fh.fileno(), keys.tobytes(), out.keys_at + 8 * pos)
+            os.pwrite(fh.fileno(), est.tobytes(), out.est_at + 8 * pos)
+            pos += len(keys)
+    return out
+
+
+def merged(runs: list[PartRun], bucket: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(keys, estimates) of one bucket of one dataset in key order, block by block, from the parts' sorted runs.
+
+    Up to FAN_IN parts are merged at once; more are first merged FAN_IN at a time into scratch files (and
+    so on), so the buffers stay within max(MERGE_BYTES, FAN_IN × MIN_CHUNK × 16 B) whatever the parts and
+    records."""
+    sources = [src for src in (_Sorted.of_run(r, bucket) for r in runs) if src.end > src.start]
+    level = 0
+    while len(sources) > FAN_IN:
+        folder = runs[0].path.parent / f".merge-b{bucket}-l{level}"
+        folder.mkdir(exist_ok=True)
+        sources = [_spill(sources[i:i + FAN_IN], folder / f"{i // FAN_IN}")
+                   for i in range(0, len(sources), FAN_IN)]
+        level += 1
+    yield from _merge(sources)
 
 
 @dataclass(frozen=True)

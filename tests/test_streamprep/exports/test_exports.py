@@ -548,7 +548,8 @@ def test_rows_in_keyed_order_and_every_bucket_complete(run, seed):
 
 @pytest.mark.slow
 def test_small_merge_buffers_same_bytes(run, tmp_path, monkeypatch):
-    """The merge's bounded buffers (a few records a part here, many rounds) give the bytes of one big round."""
+    """The merge's bounded buffers (a few records a part here, many rounds) and its merge of parts in groups
+    through scratch files (2 at a time here) give the bytes of one big round."""
     from streamprep.exports import order
 
     run_dir, refs = run
@@ -557,8 +558,14 @@ def test_small_merge_buffers_same_bytes(run, tmp_path, monkeypatch):
     export(run_dir, refs, num_shards_multiple_of=4)
     monkeypatch.setattr(order, "MERGE_BYTES", 0)
     monkeypatch.setattr(order, "MIN_CHUNK", 3)
+    monkeypatch.setattr(order, "FAN_IN", 2)
+    spilled = []
+    spill = order._spill
+    monkeypatch.setattr(order, "_spill", lambda sources, path: spilled.append(path) or spill(sources, path))
     export(other, relocate(refs, run_dir, other), num_shards_multiple_of=4)
     assert file_hashes(other) == file_hashes(run_dir)
+    assert len({p.parent for p in spilled}) >= 5  # c4's 3 parts were merged in 2 groups first, bucket by bucket
+    assert not (other / "parquet" / ".order").exists()
 
 
 @pytest.mark.slow
