@@ -94,7 +94,8 @@ def plan_child(run_dir: Path, workers: int) -> None:
     datasets = [("web", "train", refs)]
     with Workers(workers) as pool:
         pool.warm()
-        rss0 = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:"))  # KiB
+        with open("/proc/self/status") as fh:
+            rss0 = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))  # KiB
         tracemalloc.start()
         t0 = time.perf_counter()
         if hasattr(parquet, "shuffled"):  # the tree before the keyed order

@@ -35,7 +35,7 @@ log = logs.get("exports")
 FORMAT = "streamprep-order-run"
 VERSION = 1
 SCRATCH = ".order"           # parquet/.order/<dataset>/<part>.run: hidden, removed when the exports end
-MERGE_BYTES = 8 << 20        # the merge's buffers over all parts of one dataset ...
+MERGE_BYTES = 4 << 20        # the merge's buffers over all parts of one dataset ...
 MIN_CHUNK = 256              # ... but at least this many records a part (16 B each)
 FAN_IN = 512                 # parts merged at once; more are merged in groups first (scratch files)
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -186,20 +186,24 @@ class _Sorted:
 
 
 class _Cursor:
-    """One sorted source, read `chunk` records at a time."""
+    """One sorted source, its buffer topped up to `chunk` records whenever it falls below half of that."""
 
     def __init__(self, src: _Sorted, chunk: int):
         self.src, self.chunk, self.pos = src, chunk, src.start
-        self.fill()
+        self.keys, self.est = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
+        self.top_up()
 
     @property
     def more(self) -> bool:
         """Records left in the file beyond the buffer."""
         return self.pos < self.src.end
 
-    def fill(self) -> None:
-        stop = min(self.pos + self.chunk, self.src.end)
-        self.keys, self.est = self.src.read(self.pos, stop)
+    def top_up(self) -> None:
+        if not self.more or 2 * len(self.keys) >= self.chunk:
+            return
+        stop = min(self.pos + self.chunk - len(self.keys), self.src.end)
+        keys, est = self.src.read(self.pos, stop)
+        self.keys, self.est = np.concatenate((self.keys, keys)), np.concatenate((self.est, est))
         self.pos = stop
 
 
@@ -210,21 +214,22 @@ def chunk_size(sources: int) -> int:
 
 def _merge(sources: list[_Sorted]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Each round takes from every buffer the keys up to the smallest last key among the buffers that still
-    have records on disk (nothing later can sort before it), sorts them and yields them; a buffer emptied is
-    refilled. Memory: `chunk_size` records a source, and one round's output."""
+    have records on disk (nothing later can sort before it), sorts them and yields them, then tops the
+    buffers up. The keys are uniform, so a round takes most of every buffer: the rounds are about the
+    chunks a source has. Memory: `chunk_size` records a source, and one round's output."""
     chunk = chunk_size(len(sources))
-    cursors = [c for c in (_Cursor(src, chunk) for src in sources) if len(c.keys)]
+    cursors = [_Cursor(src, chunk) for src in sources]
     while cursors:
         waiting = [c.keys[-1] for c in cursors if c.more]
         bound = min(waiting) if waiting else MAX_KEY
         keys, est = [], []
         for c in cursors:
-            j = int(np.searchsorted(c.keys, bound, side="right"))
-            keys.append(c.keys[:j])
-            est.append(c.est[:j])
-            c.keys, c.est = c.keys[j:], c.est[j:]
-            if not len(c.keys) and c.more:
-                c.fill()
+            j = int(c.keys.searchsorted(bound, side="right"))
+            if j:
+                keys.append(c.keys[:j])
+                est.append(c.est[:j])
+                c.keys, c.est = c.keys[j:], c.est[j:]
+                c.top_up()
         k = np.concatenate(keys)
         order = np.argsort(k, kind="stable")
         yield k[order], np.concatenate(est)[order]
