@@ -83,7 +83,7 @@ def plan_child(run_dir: Path, workers: int) -> None:
     from streamprep import atomic
     from streamprep.config import section
     from streamprep.exports import parquet, summary
-    from streamprep.exports.index import ShardRef, build_indexes
+    from streamprep.exports.index import ShardRef
     from streamprep.exports.pool import Workers
 
     refs = []
@@ -99,13 +99,18 @@ def plan_child(run_dir: Path, workers: int) -> None:
         tracemalloc.start()
         t0 = time.perf_counter()
         if hasattr(parquet, "shuffled"):  # the tree before the keyed order
+            from streamprep.exports.index import build_indexes
             indexes = build_indexes(datasets, summary.iter_summaries(refs, pool))
             plans = parquet.plan_shards(indexes, output, 1234)
         else:
+            from streamprep.exports.order import build_indexes
             indexes = build_indexes(datasets, pool, 1234, output.parquet.length_buckets, parquet.BYTES_PER_TOKEN,
                                     run_dir)
             plans = parquet.plan_shards(indexes, output)
         seconds = time.perf_counter() - t0
+        if not hasattr(parquet, "shuffled"):
+            from streamprep.exports.order import remove_scratch
+            remove_scratch(run_dir)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from streamprep import registry
 from streamprep.exports import chain, manifest, order, parquet, summary
 from streamprep.exports.context import WriterContext
-from streamprep.exports.index import ExportError, ShardRef, build_indexes
+from streamprep.exports.index import ExportError, ShardRef
+from streamprep.exports.order import build_indexes
 from streamprep.exports.parquet import ShardCountError
 from streamprep.exports.pool import Workers
 from streamprep.layout import RunLayout

@@ -15,14 +15,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
 
-from streamprep import binidx, logs
-
-log = logs.get("exports")
+from streamprep import binidx
 
 
 class ExportError(ValueError):
@@ -133,38 +131,6 @@ class ShardRecords:
 
     def est_bytes(self, bytes_per_token: int) -> np.ndarray:
         return self.n_tokens * bytes_per_token + self.line_bytes
-
-
-def build_indexes(datasets: list[tuple[str, str, list[ShardRef]]], workers: Any, seed: int,
-                  bounds: Sequence[int], bytes_per_token: int, run_dir: Path) -> list[DatasetIndex]:
-    """One index per (name, split, shards) in `datasets`. Part ordinals come from the receipts' document counts;
-    each part's summary (cached, or computed and cached) and sorted run are made on `workers`, which hand back
-    a few numbers per part: the job process reads no summary."""
-    from streamprep.exports import order, summary  # they import this module
-
-    indexes, jobs = [], []
-    for name, split, refs in datasets:
-        refs = sorted(refs, key=lambda r: r.part)
-        full = [r for r in refs if r.prefix is not None]
-        starts = np.zeros(len(full) + 1, dtype=np.int64)
-        np.cumsum([r.receipt["stats"]["num_documents"] for r in full], out=starts[1:])
-        indexes.append(DatasetIndex(name=name, split=split, refs=full, empty_refs=[r for r in refs if r.prefix is None],
-                                    starts=starts, part_tokens=np.zeros(len(full), dtype=np.int64),
-                                    dtypes=[], runs=[]))
-        jobs += order.runs_for(full, starts, seed, bounds, bytes_per_token, run_dir)
-    owners = [idx for idx in indexes for _ in idx.refs]
-    states: dict[str, int] = {}
-    for idx, job, run in zip(owners, jobs, workers.map(order.make_run, jobs)):
-        idx.part_tokens[len(idx.runs)] = run.num_tokens
-        idx.dtypes.append(np.dtype(run.dtype))
-        idx.runs.append(run)
-        states[run.summary] = states.get(run.summary, 0) + 1
-        if run.summary == "recomputed":
-            log.warning("part summary unusable (stale or damaged); recomputed", file=str(summary.cache_path(job[0])))
-    if states.get("computed") or states.get("recomputed"):
-        log.info("part summaries computed", parts=states.get("computed", 0) + states.get("recomputed", 0),
-                 reused=states.get("cached", 0))
-    return indexes
 
 
 class RecordReader:

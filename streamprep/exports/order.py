@@ -27,7 +27,7 @@ import orjson
 
 from streamprep import logs
 from streamprep.exports import summary
-from streamprep.exports.index import ExportError, ShardRef
+from streamprep.exports.index import DatasetIndex, ExportError, ShardRef
 from streamprep.layout import RunLayout
 
 log = logs.get("exports")
@@ -298,3 +298,33 @@ def runs_for(refs: list[ShardRef], starts: np.ndarray, seed: int, bounds: Sequen
     folder = scratch_dir(run_dir)
     return [(r, int(starts[i]), int(starts[i + 1] - starts[i]), seed, list(bounds), bpt,
              folder / r.dataset / f"{r.part}.run") for i, r in enumerate(refs)]
+
+
+def build_indexes(datasets: list[tuple[str, str, list[ShardRef]]], workers: Any, seed: int,
+                  bounds: Sequence[int], bytes_per_token: int, run_dir: Path) -> list[DatasetIndex]:
+    """One index per (name, split, shards) in `datasets`. Part ordinals come from the receipts' document counts;
+    each part's summary (cached, or computed and cached) and sorted run are made on `workers`, which hand back
+    a few numbers per part: the job process reads no summary."""
+    indexes, jobs = [], []
+    for name, split, refs in datasets:
+        refs = sorted(refs, key=lambda r: r.part)
+        full = [r for r in refs if r.prefix is not None]
+        starts = np.zeros(len(full) + 1, dtype=np.int64)
+        np.cumsum([r.receipt["stats"]["num_documents"] for r in full], out=starts[1:])
+        indexes.append(DatasetIndex(name=name, split=split, refs=full, empty_refs=[r for r in refs if r.prefix is None],
+                                    starts=starts, part_tokens=np.zeros(len(full), dtype=np.int64),
+                                    dtypes=[], runs=[]))
+        jobs += runs_for(full, starts, seed, bounds, bytes_per_token, run_dir)
+    owners = [idx for idx in indexes for _ in idx.refs]
+    states: dict[str, int] = {}
+    for idx, job, run in zip(owners, jobs, workers.map(make_run, jobs)):
+        idx.part_tokens[len(idx.runs)] = run.num_tokens
+        idx.dtypes.append(np.dtype(run.dtype))
+        idx.runs.append(run)
+        states[run.summary] = states.get(run.summary, 0) + 1
+        if run.summary == "recomputed":
+            log.warning("part summary unusable (stale or damaged); recomputed", file=str(summary.cache_path(job[0])))
+    if states.get("computed") or states.get("recomputed"):
+        log.info("part summaries computed", parts=states.get("computed", 0) + states.get("recomputed", 0),
+                 reused=states.get("cached", 0))
+    return indexes

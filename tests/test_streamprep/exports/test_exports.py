@@ -602,7 +602,7 @@ def test_shard_rows_read_back_from_the_summaries(run):
     """A shard's rows, in any order and from any parts, equal the full summaries' rows; a job carries the parts
     its rows lie in, not every part of the dataset; a summary changed after its run was made is an error."""
     from streamprep.exports import summary
-    from streamprep.exports.index import build_indexes
+    from streamprep.exports.order import build_indexes
     from streamprep.exports.pool import Workers
 
     run_dir, refs = run
