@@ -86,38 +86,6 @@ class PartRun:
     def n(self) -> int:
         return int(self.offsets[-1])
 
-    def _read(self, column: int, dtype: type, start: int, stop: int) -> np.ndarray:
-        if stop <= start:
-            return np.empty(0, dtype=dtype)
-        size = 8 * (stop - start)
-        with open(self.path, "rb") as fh:
-            raw = os.pread(fh.fileno(), size, self.data_offset + 8 * (column * self.n + start))
-        if len(raw) != size:
-            raise ExportError(f"{self.path}: order run shorter than its header says")
-        return np.frombuffer(raw, dtype=dtype)
-
-    def keys(self, start: int, stop: int) -> np.ndarray:
-        return self._read(0, np.uint64, start, stop)
-
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        return self._read(1, np.int64, start, stop)
-
-    def est(self, start: int, stop: int) -> np.ndarray:
-        return self._read(2, np.int64, start, stop)
-
-    def key_range(self, bucket: int, lo: int, hi: int) -> tuple[int, int]:
-        """[start, stop) of the records of `bucket` whose keys lie in [lo, hi], by binary search on the file."""
-        a, b = int(self.offsets[bucket]), int(self.offsets[bucket + 1])
-        if a == b:
-            return a, a
-        keys = np.memmap(self.path, dtype=np.uint64, mode="r", offset=self.data_offset + 8 * a, shape=(b - a,))
-        try:
-            start = a + int(np.searchsorted(keys, np.uint64(lo), side="left"))
-            stop = a + int(np.searchsorted(keys, np.uint64(hi), side="right"))
-        finally:
-            del keys  # unmaps: no page of it stays resident
-        return start, stop
-
 
 def scratch_dir(run_dir: Path) -> Path:
     return RunLayout(run_dir).parquet_dir / SCRATCH
@@ -159,30 +127,38 @@ def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> P
 
 
 # -- streaming over all parts ----------------------------------------------------------------------
+COLUMNS = 4  # a sorted file's columns, n values of 8 bytes each: key, row, estimate, part (a part's run: no part)
+
+
 @dataclass(frozen=True)
 class _Sorted:
-    """Records [start, end) of a file holding a key column (uint64) and an estimate column (int64), sorted by
-    key: one bucket of a part's run, or a merged group of them (`_spill`)."""
+    """Records [start, end) of a file of columns sorted by key: one bucket of a part's run (`part` >= 0: every
+    record is of that part), or a merged group of them (`_spill`, `part` = -1: a part column)."""
 
     path: Path
-    keys_at: int   # byte offset of record 0's key
-    est_at: int    # byte offset of record 0's estimate
+    n: int       # values per column
+    base: int    # byte offset of the first column
     start: int
     end: int
+    part: int
 
     @classmethod
-    def of_run(cls, run: PartRun, bucket: int) -> "_Sorted":
-        return cls(run.path, run.data_offset, run.data_offset + 16 * run.n, int(run.offsets[bucket]),
-                   int(run.offsets[bucket + 1]))
+    def of_run(cls, run: PartRun, bucket: int, part: int) -> "_Sorted":
+        return cls(run.path, run.n, run.data_offset, int(run.offsets[bucket]), int(run.offsets[bucket + 1]), part)
 
-    def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        size = 8 * (stop - start)
+    def read(self, start: int, stop: int) -> list[np.ndarray]:
+        """[keys, rows, estimates, parts] of records [start, stop)."""
+        size, out = 8 * (stop - start), []
         with open(self.path, "rb") as fh:  # opened per chunk: an abandoned merge leaves no descriptor open
-            keys = os.pread(fh.fileno(), size, self.keys_at + 8 * start)
-            est = os.pread(fh.fileno(), size, self.est_at + 8 * start)
-        if len(keys) != size or len(est) != size:
-            raise ExportError(f"{self.path}: order run shorter than its header says")
-        return np.frombuffer(keys, dtype=np.uint64), np.frombuffer(est, dtype=np.int64)
+            for column, dtype in enumerate((np.uint64, np.int64, np.int64) if self.part >= 0 else
+                                           (np.uint64, np.int64, np.int64, np.int64)):
+                raw = os.pread(fh.fileno(), size, self.base + 8 * (column * self.n + start))
+                if len(raw) != size:
+                    raise ExportError(f"{self.path}: order run shorter than its header says")
+                out.append(np.frombuffer(raw, dtype=dtype))
+        if self.part >= 0:
+            out.append(np.full(stop - start, self.part, dtype=np.int64))
+        return out
 
 
 class _Cursor:
@@ -190,7 +166,7 @@ class _Cursor:
 
     def __init__(self, src: _Sorted, chunk: int):
         self.src, self.chunk, self.pos = src, chunk, src.start
-        self.keys, self.est = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
+        self.cols = [np.empty(0, dtype=np.uint64)] + [np.empty(0, dtype=np.int64)] * (COLUMNS - 1)
         self.top_up()
 
     @property
@@ -199,62 +175,64 @@ class _Cursor:
         return self.pos < self.src.end
 
     def top_up(self) -> None:
-        if not self.more or 2 * len(self.keys) >= self.chunk:
+        if not self.more or 2 * len(self.cols[0]) >= self.chunk:
             return
-        stop = min(self.pos + self.chunk - len(self.keys), self.src.end)
-        keys, est = self.src.read(self.pos, stop)
-        self.keys, self.est = np.concatenate((self.keys, keys)), np.concatenate((self.est, est))
+        stop = min(self.pos + self.chunk - len(self.cols[0]), self.src.end)
+        self.cols = [np.concatenate((old, new)) for old, new in zip(self.cols, self.src.read(self.pos, stop))]
         self.pos = stop
 
 
 def chunk_size(sources: int) -> int:
     """Records buffered per source while merging: MERGE_BYTES over all sources, at least MIN_CHUNK each."""
-    return max(MIN_CHUNK, MERGE_BYTES // (16 * max(sources, 1)))
+    return max(MIN_CHUNK, MERGE_BYTES // (8 * COLUMNS * max(sources, 1)))
 
 
-def _merge(sources: list[_Sorted]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Each round takes from every buffer the keys up to the smallest last key among the buffers that still
+def _merge(sources: list[_Sorted]) -> Iterator[list[np.ndarray]]:
+    """[keys, rows, estimates, parts] in key order, block by block.
+
+    Each round takes from every buffer the keys up to the smallest last key among the buffers that still
     have records on disk (nothing later can sort before it), sorts them and yields them, then tops the
     buffers up. The keys are uniform, so a round takes most of every buffer: the rounds are about the
     chunks a source has. Memory: `chunk_size` records a source, and one round's output."""
     chunk = chunk_size(len(sources))
-    cursors = [_Cursor(src, chunk) for src in sources]
+    cursors = [c for c in (_Cursor(src, chunk) for src in sources) if len(c.cols[0])]
     while cursors:
-        waiting = [c.keys[-1] for c in cursors if c.more]
+        waiting = [c.cols[0][-1] for c in cursors if c.more]
         bound = min(waiting) if waiting else MAX_KEY
-        keys, est = [], []
+        taken: list[list[np.ndarray]] = [[] for _ in range(COLUMNS)]
         for c in cursors:
-            j = int(c.keys.searchsorted(bound, side="right"))
+            j = int(c.cols[0].searchsorted(bound, side="right"))
             if j:
-                keys.append(c.keys[:j])
-                est.append(c.est[:j])
-                c.keys, c.est = c.keys[j:], c.est[j:]
+                for out, col in zip(taken, c.cols):
+                    out.append(col[:j])
+                c.cols = [col[j:] for col in c.cols]
                 c.top_up()
-        k = np.concatenate(keys)
-        order = np.argsort(k, kind="stable")
-        yield k[order], np.concatenate(est)[order]
-        cursors = [c for c in cursors if len(c.keys)]
+        keys = np.concatenate(taken[0])
+        order = np.argsort(keys, kind="stable")
+        yield [keys[order]] + [np.concatenate(t)[order] for t in taken[1:]]
+        cursors = [c for c in cursors if len(c.cols[0])]
 
 
 def _spill(sources: list[_Sorted], path: Path) -> _Sorted:
-    """Merge `sources` into one sorted file (keys, then estimates) at `path`."""
+    """Merge `sources` into one sorted file (the COLUMNS, one after the other) at `path`."""
     n = sum(src.end - src.start for src in sources)
-    out, pos = _Sorted(path, 0, 8 * n, 0, n), 0
+    pos = 0
     with open(path, "wb") as fh:
-        for keys, est in _merge(sources):
-            os.pwrite(fh.fileno(), keys.tobytes(), out.keys_at + 8 * pos)
-            os.pwrite(fh.fileno(), est.tobytes(), out.est_at + 8 * pos)
-            pos += len(keys)
-    return out
+        for cols in _merge(sources):
+            for column, values in enumerate(cols):
+                os.pwrite(fh.fileno(), values.tobytes(), 8 * (column * n + pos))
+            pos += len(cols[0])
+    return _Sorted(path, n, 0, 0, n, -1)
 
 
-def merged(runs: list[PartRun], bucket: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(keys, estimates) of one bucket of one dataset in key order, block by block, from the parts' sorted runs.
+def merged(runs: list[PartRun], bucket: int) -> Iterator[list[np.ndarray]]:
+    """[keys, rows, estimates, parts (positions in `runs`)] of one bucket of one dataset in key order, block by
+    block, from the parts' sorted runs.
 
     Up to FAN_IN parts are merged at once; more are first merged FAN_IN at a time into scratch files (and
-    so on), so the buffers stay within max(MERGE_BYTES, FAN_IN × MIN_CHUNK × 16 B) whatever the parts and
+    so on), so the buffers stay within max(MERGE_BYTES, FAN_IN × MIN_CHUNK × 32 B) whatever the parts and
     records."""
-    sources = [src for src in (_Sorted.of_run(r, bucket) for r in runs) if src.end > src.start]
+    sources = [src for src in (_Sorted.of_run(r, bucket, i) for i, r in enumerate(runs)) if src.end > src.start]
     level = 0
     while len(sources) > FAN_IN:
         folder = runs[0].path.parent / f".merge-b{bucket}-l{level}"
@@ -266,30 +244,42 @@ def merged(runs: list[PartRun], bucket: int) -> Iterator[tuple[np.ndarray, np.nd
 
 
 @dataclass(frozen=True)
-class Gathered:
-    """The records of one key range of one bucket, in key order: which part (position in the runs) and row."""
+class BucketOrder:
+    """One (dataset, bucket) in key order, as a file of three columns of `n` int64: part (position in the
+    dataset's parts with documents), row in that part, estimate. A shard is a range of positions in it."""
 
-    part: np.ndarray   # int32
-    row: np.ndarray    # int64: row in the part (its summary's and `.idx`'s order)
-    keys: np.ndarray   # uint64
-    est: np.ndarray    # int64
+    path: Path
+    n: int
+
+    def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(parts, rows, estimates) of positions [start, stop)."""
+        size, out = 8 * (stop - start), []
+        with open(self.path, "rb") as fh:
+            for column in range(3):
+                raw = os.pread(fh.fileno(), size, 8 * (column * self.n + start))
+                if len(raw) != size:
+                    raise ExportError(f"{self.path}: bucket order shorter than planned")
+                out.append(np.frombuffer(raw, dtype=np.int64))
+        return out[0], out[1], out[2]
 
 
-def gather(runs: list[PartRun], bucket: int, lo: int, hi: int) -> Gathered:
-    """Every record of `bucket` with a key in [lo, hi], from all runs, in key order."""
-    parts, rows, keys, est = [], [], [], []
-    for i, run in enumerate(runs):
-        a, b = run.key_range(bucket, lo, hi)
-        if b > a:
-            parts.append(np.full(b - a, i, dtype=np.int32))
-            rows.append(run.rows(a, b))
-            keys.append(run.keys(a, b))
-            est.append(run.est(a, b))
-    if not parts:
-        return Gathered(np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.uint64), np.empty(0, np.int64))
-    k = np.concatenate(keys)
-    order = np.argsort(k, kind="stable")
-    return Gathered(np.concatenate(parts)[order], np.concatenate(rows)[order], k[order], np.concatenate(est)[order])
+def write_order(runs: list[PartRun], bucket: int) -> tuple[BucketOrder, Iterator[np.ndarray]]:
+    """The (dataset, bucket)'s order file, and the estimates in its order, block by block: the file is written
+    as the blocks are consumed (complete once they are all)."""
+    n = sum(int(r.offsets[bucket + 1] - r.offsets[bucket]) for r in runs)
+    order = BucketOrder(runs[0].path.parent / f"b{bucket}.order", n) if runs else BucketOrder(Path(), 0)
+
+    def blocks() -> Iterator[np.ndarray]:
+        if not n:
+            return
+        pos = 0
+        with open(order.path, "wb") as fh:
+            for _, rows, est, parts in merged(runs, bucket):
+                for column, values in enumerate((parts, rows, est)):
+                    os.pwrite(fh.fileno(), values.tobytes(), 8 * (column * n + pos))
+                pos += len(rows)
+                yield est
+    return order, blocks()
 
 
 def runs_for(refs: list[ShardRef], starts: np.ndarray, seed: int, bounds: Sequence[int], bpt: int,

@@ -11,7 +11,8 @@ Plan first (numbers only), then write. For each dataset, in config order:
    (estimate per record: 4 bytes/token + the bytes of its JSON line in the ingest part); a record
    larger than the limit gets a shard of its own; a last shard estimated below 25% of the limit is
    merged into the one before it (which may then reach 1.25 × the limit) unless that one is a lone
-   oversized record. A shard is a key range of its (dataset, bucket): the plan holds no record ids.
+   oversized record. The merged order of a (dataset, bucket) is written to a scratch file as it streams, and a
+   shard is a range of positions in it: the plan holds no record ids.
 
 Then `num_shards_multiple_of: H`: within each split, while the shard count is not a multiple of H,
 the shard with the largest estimate (first in order on ties, at least 2 records) is cut in two at
@@ -36,7 +37,7 @@ from streamprep import atomic
 from streamprep.config import INT32_MAX, ConfigError, OutputConfig, ParquetConfig
 from streamprep.exports.context import WriterContext
 from streamprep.exports.index import DatasetIndex, ExportError, RecordReader, ShardRecords, ShardRows
-from streamprep.exports.order import Gathered, PartRun, gather, merged
+from streamprep.exports.order import BucketOrder, write_order
 from streamprep.exports.pool import Workers
 from streamprep.exports.summary import shard_records
 from streamprep.layout import RunLayout
@@ -83,62 +84,62 @@ def bucket_table(bounds: Sequence[int]) -> list[dict[str, Any]]:
     return out
 
 
-Cut = tuple[int, int, int, int]  # first key, last key, records, estimated bytes of one shard
+Cut = tuple[int, int, int]  # [start, end) positions in the stream, estimated bytes of one shard
 
 
-def pack_stream(blocks: Iterable[tuple[np.ndarray, np.ndarray]], limit: int,
-                tail_fraction: float = TAIL_FRACTION) -> list[Cut]:
-    """Greedy cuts of records streamed in order as blocks of (keys, estimated sizes) into shards of total
-    <= limit; a shard is (first key, last key, records, estimate). Holds one block at a time.
+def pack_stream(blocks: Iterable[np.ndarray], limit: int, tail_fraction: float = TAIL_FRACTION) -> list[Cut]:
+    """Greedy cuts of records streamed in order as blocks of estimated sizes into shards of total <= limit: a
+    shard is (start, end, estimate) in stream positions. Holds one block at a time.
 
     A record bigger than `limit` alone makes a shard. A last shard below `tail_fraction × limit` joins the
     shard before it, unless that one is a lone record bigger than `limit`.
     """
     cuts: list[Cut] = []
-    n = total = first = last = 0
-    for keys, est in blocks:
+    first = total = offset = 0  # the open shard's first position and estimate; the block's first position
+    for est in blocks:
         cs = np.cumsum(np.asarray(est, dtype=np.int64))
         pos, size = 0, len(cs)
         while pos < size:
             base = int(cs[pos - 1]) if pos else 0
-            j = max(int(np.searchsorted(cs, base + limit - total, side="right")), pos + (n == 0))
-            if j > pos:
-                if n == 0:
-                    first = int(keys[pos])
-                n, total, last = n + j - pos, total + int(cs[j - 1]) - base, int(keys[j - 1])
+            empty = first == offset + pos
+            j = max(int(np.searchsorted(cs, base + limit - total, side="right")), pos + empty)
+            total += int(cs[j - 1]) - base if j > pos else 0
             if j >= size:
                 break
-            cuts.append((first, last, n, total))  # record j does not fit
-            n = total = 0
-            pos = j
-    if n:
-        cuts.append((first, last, n, total))
+            cuts.append((first, offset + j, total))  # record j does not fit
+            first, total, pos = offset + j, 0, j
+        offset += size
+    if offset > first:
+        cuts.append((first, offset, total))
     if len(cuts) >= 2:
         prev, tail = cuts[-2], cuts[-1]
-        if tail[3] < tail_fraction * limit and prev[3] <= limit:  # never grow a lone oversized record's shard
-            cuts[-2:] = [(prev[0], tail[1], prev[2] + tail[2], prev[3] + tail[3])]
+        if tail[2] < tail_fraction * limit and prev[2] <= limit:  # never grow a lone oversized record's shard
+            cuts[-2:] = [(prev[0], tail[1], prev[2] + tail[2])]
     return cuts
 
 
 def pack(est: np.ndarray, limit: int, tail_fraction: float = TAIL_FRACTION) -> list[tuple[int, int]]:
     """`pack_stream` over one in-memory list of sizes: [start, end) cuts."""
-    keys = np.arange(len(est), dtype=np.uint64)
-    return [(first, last + 1) for first, last, _, _ in pack_stream([(keys, est)], limit, tail_fraction)]
+    return [(start, end) for start, end, _ in pack_stream([est], limit, tail_fraction)]
 
 
 @dataclass
 class ShardPlan:
-    """One Parquet shard to write: the records of its (dataset, bucket) with keys in [first_key, last_key]."""
+    """One Parquet shard to write: positions [start, stop) of its (dataset, bucket)'s order."""
 
     dataset: str
     split: str
     bucket: int
-    first_key: int
-    last_key: int
-    num_records: int
+    order: BucketOrder
+    start: int
+    stop: int
     est_bytes: int
     index: int = -1
     entry: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_records(self) -> int:
+        return self.stop - self.start
 
     @property
     def shard_id(self) -> str:
@@ -149,28 +150,16 @@ class ShardPlan:
         return f"parquet/shard_{self.shard_id}.parquet"
 
 
-def _gather(plan: ShardPlan, runs: list[PartRun]) -> Gathered:
-    """The plan's records in row order, read from the parts' runs; their count must be the plan's."""
-    got = gather(runs, plan.bucket, plan.first_key, plan.last_key)
-    if len(got.row) != plan.num_records:
-        raise ExportError(f"shard {plan.dataset}/b{plan.bucket:02d} [{plan.first_key}, {plan.last_key}]: "
-                          f"{len(got.row)} records in the order runs, {plan.num_records} planned")
-    return got
-
-
-def _split_in_two(plan: ShardPlan, runs: list[PartRun]) -> tuple[ShardPlan, ShardPlan]:
-    got = _gather(plan, runs)
-    cs = np.cumsum(got.est)
+def _split_in_two(plan: ShardPlan) -> tuple[ShardPlan, ShardPlan]:
+    cs = np.cumsum(plan.order.read(plan.start, plan.stop)[2])
     k = int(np.searchsorted(cs, cs[-1] / 2, side="left")) + 1
     k = min(max(k, 1), plan.num_records - 1)
-    a = ShardPlan(plan.dataset, plan.split, plan.bucket, plan.first_key, int(got.keys[k - 1]), k, int(cs[k - 1]))
-    b = ShardPlan(plan.dataset, plan.split, plan.bucket, int(got.keys[k]), plan.last_key, plan.num_records - k,
-                  int(cs[-1] - cs[k - 1]))
+    a = ShardPlan(plan.dataset, plan.split, plan.bucket, plan.order, plan.start, plan.start + k, int(cs[k - 1]))
+    b = ShardPlan(plan.dataset, plan.split, plan.bucket, plan.order, plan.start + k, plan.stop, int(cs[-1] - cs[k - 1]))
     return a, b
 
 
-def _make_multiple(plans: list[ShardPlan], split: str, multiple: int,
-                   runs_of: dict[str, list[PartRun]]) -> list[ShardPlan]:
+def _make_multiple(plans: list[ShardPlan], split: str, multiple: int) -> list[ShardPlan]:
     """Split shards of one split (deterministically) until their count is a multiple of `multiple`."""
     count = len(plans)
     if multiple <= 1 or count % multiple == 0:
@@ -186,28 +175,28 @@ def _make_multiple(plans: list[ShardPlan], split: str, multiple: int,
     while len(plans) < target:
         best = max((i for i, p in enumerate(plans) if p.num_records >= 2),
                    key=lambda i: (plans[i].est_bytes, -i))
-        plans[best:best + 1] = _split_in_two(plans[best], runs_of[plans[best].dataset])
+        plans[best:best + 1] = _split_in_two(plans[best])
     return plans
 
 
 def plan_shards(indexes: list[DatasetIndex], output: OutputConfig) -> list[ShardPlan]:
     """All Parquet shards, numbered, in write order (bucket-major numbering; see the module doc). The keys
-    (seed included) are in the indexes' runs."""
+    (seed included) are in the indexes' runs; each (dataset, bucket)'s order is written beside them."""
     groups: list[list[ShardPlan]] = []  # per dataset (config order): its shards, bucket by bucket
     for idx in indexes:
         plans = []
         for b in range(len(output.parquet.length_buckets) + 1):
-            for first, last, n, est in pack_stream(merged(idx.runs, b), output.parquet.shard_size_bytes):
-                plans.append(ShardPlan(idx.name, idx.split, b, first, last, n, est))
+            order, blocks = write_order(idx.runs, b)
+            for start, stop, est in pack_stream(blocks, output.parquet.shard_size_bytes):
+                plans.append(ShardPlan(idx.name, idx.split, b, order, start, stop, est))
         groups.append(plans)
 
     by_split: dict[str, list[ShardPlan]] = {}
     for plans in groups:
         for p in plans:
             by_split.setdefault(p.split, []).append(p)
-    runs_of = {idx.name: idx.runs for idx in indexes}
     adjusted = [p for split in sorted(by_split)
-                for p in _make_multiple(by_split[split], split, output.num_shards_multiple_of, runs_of)]
+                for p in _make_multiple(by_split[split], split, output.num_shards_multiple_of)]
     # Order: dataset (config order), then bucket, then position; halves of a split shard stay adjacent.
     order = {name: i for i, name in enumerate(idx.name for idx in indexes)}
     adjusted.sort(key=lambda p: (order[p.dataset], p.bucket))  # stable: keeps positions within a group
@@ -312,8 +301,8 @@ def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPl
     by_name = {idx.name: idx for idx in indexes}
 
     def rows(plan: ShardPlan) -> ShardRows:
-        got = _gather(plan, by_name[plan.dataset].runs)
-        return by_name[plan.dataset].rows_of(got.part, got.row)
+        part, row, _ = plan.order.read(plan.start, plan.stop)
+        return by_name[plan.dataset].rows_of(part, row)
     jobs = ((run_dir, p, rows(p), opts) for p in plans)
     for plan, entry in zip(plans, (workers or Workers(1)).map(_write_one, jobs)):
         plan.entry = {**entry, "seed": seed}

@@ -139,16 +139,28 @@ def test_pack_rule_units():
 
 
 def test_pack_stream_equals_pack_over_any_blocks():
-    """The plan cuts records streamed block by block exactly as `pack` cuts the whole list."""
+    """The plan cuts records streamed block by block exactly as the whole list is cut at once (the rule as it was
+    written before the stream: a cumulative sum and a binary search per shard)."""
+    def whole(est: np.ndarray, limit: int) -> list[tuple[int, int]]:
+        cs, cuts, start, base = np.cumsum(est), [], 0, 0
+        while start < len(est):
+            end = max(int(np.searchsorted(cs, base + limit, side="right")), start + 1)
+            cuts.append((start, end))
+            base, start = int(cs[end - 1]), end
+        if len(cuts) >= 2:
+            (ps, pe), (s, e) = cuts[-2], cuts[-1]
+            if cs[e - 1] - cs[s - 1] < 0.25 * limit and cs[pe - 1] - (cs[ps - 1] if ps else 0) <= limit:
+                cuts[-2:] = [(ps, e)]
+        return cuts
+
     rng = np.random.default_rng(5)
     for _ in range(500):
         n, limit = int(rng.integers(0, 50)), int(rng.integers(1, 300))
         est = rng.integers(1, 200, n)
-        keys = np.arange(n, dtype=np.uint64) * np.uint64(3)
         bounds = sorted({0, n, *rng.integers(0, n + 1, int(rng.integers(0, 6))).tolist()})
-        cuts = pack_stream([(keys[a:b], est[a:b]) for a, b in zip(bounds, bounds[1:])], limit)
-        assert [(int(f) // 3, int(last) // 3 + 1) for f, last, _, _ in cuts] == pack(est, limit)
-        assert [(c, e) for _, _, c, e in cuts] == [(e - s, int(est[s:e].sum())) for s, e in pack(est, limit)]
+        cuts = pack_stream([est[a:b] for a, b in zip(bounds, bounds[1:])], limit)
+        assert [(a, b) for a, b, _ in cuts] == pack(est, limit) == whole(est, limit)
+        assert [e for _, _, e in cuts] == [int(est[a:b].sum()) for a, b in whole(est, limit)]
 
 
 def test_order_keys_rule():
