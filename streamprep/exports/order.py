@@ -8,10 +8,11 @@ depends only on (seed, bucket, its ordinal): each part computes its own records'
 of its first record is known (a prefix sum of the receipts' document counts).
 
 `make_run` (on the export workers, one part at a time) writes the part's *run*: its records sorted by
-(bucket, key) with their packing estimates, to a scratch file. `merged` streams one (dataset, bucket) in key
-order out of all its parts' runs with a bounded buffer per part; `gather` reads back the records of one key
-range (a shard) from every run. The job process thus holds per part a few numbers and a bounded buffer, never
-a per-record array of a whole dataset.
+(bucket, key) with their rows and packing estimates, to a scratch file. `merged` streams one (dataset, bucket)
+in key order out of all its parts' runs with bounded buffers; `write_order` writes that stream to the
+bucket's order file (part, row, estimate per record) while the plan cuts it into shards, so a shard is a range
+of positions in it. The job process thus holds per part a few numbers and bounded buffers, never a
+per-record array of a whole dataset. All these files are scratch of one exports step (`parquet/.order/`).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ FORMAT = "streamprep-order-run"
 VERSION = 1
 SCRATCH = ".order"           # parquet/.order/<dataset>/<part>.run: hidden, removed when the exports end
 MERGE_BYTES = 4 << 20        # the merge's buffers over all parts of one dataset ...
-MIN_CHUNK = 256              # ... but at least this many records a part (16 B each)
+MIN_CHUNK = 256              # ... but at least this many records a part (32 B each)
 FAN_IN = 512                 # parts merged at once; more are merged in groups first (scratch files)
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 MIX1 = np.uint64(0xBF58476D1CE4E5B9)
