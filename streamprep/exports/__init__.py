@@ -5,7 +5,7 @@ refs) and `prepare_part` (the per-part work for one finished shard, cached besid
 end of the job only does what needs every record). The manifest is written last and covers every other
 artifact (exports/chain.py); the caller records the SHA-256 it returns in run.json. Re-running on the
 same inputs rewrites the same bytes and removes Parquet/TSV files of an earlier attempt that the new
-manifest no longer lists. File formats, the bucketing / shuffle / packing rules and the chain:
+manifest no longer lists. File formats, the bucketing / order / packing rules and the chain:
 docs/exports.md.
 """
 from __future__ import annotations
@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from streamprep import registry
-from streamprep.exports import chain, manifest, parquet, summary
+from streamprep.exports import chain, manifest, order, parquet, summary
 from streamprep.exports.context import WriterContext
-from streamprep.exports.index import ExportError, ShardRef, build_indexes
+from streamprep.exports.index import ExportError, ShardRef
+from streamprep.exports.order import build_indexes
 from streamprep.exports.parquet import ShardCountError
 from streamprep.exports.pool import Workers
 from streamprep.layout import RunLayout
@@ -105,21 +106,26 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
     `receipts`: every receipt of the run (SFT ones too); default: those of `shards`. The summary's
     `manifest_sha256` is the root of the hash chain, for run.json.
 
-    Per-part summaries come from their caches or are computed on the workers; then only the work that
-    needs every record: index, shuffle and plan (here), Parquet shards (on the workers), the JSON files.
+    Per part, on the workers: its summary (cached, or computed) and its sorted run (bucket and order key per
+    record); then here the plan, a streaming merge of the runs (numbers only); the Parquet shards on the
+    workers; the JSON files from per-part and per-shard numbers.
     """
     run_dir = Path(run_dir)
     names = [d.name for d in datasets]
     _check(shards, names)
     split_of = _split_of(datasets, shards)
-    with Workers(workers) if isinstance(workers, int) else nullcontext(workers) as pool:
-        indexes = build_indexes([(n, split_of[n], [r for r in shards if r.dataset == n]) for n in names],
-                                summary.iter_summaries(shards, pool))
-        bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]
-        ctx = WriterContext(run_dir, shards, indexes, datasets, output, seed, split_of, blend, pool, bin_entries)
-        # the writers in registration order: the built-ins (Parquet + TSV, blend.json, mixtures.json; plugins.py),
-        # then writers of your own; the manifest lists each file a writer returns under the writer's name
-        written = [(rel, w.name) for w in registry.WRITERS.entries() for rel in w.load()(ctx)]
+    order.remove_scratch(run_dir)  # an interrupted attempt's runs: remade below
+    try:
+        with Workers(workers) if isinstance(workers, int) else nullcontext(workers) as pool:
+            indexes = build_indexes([(n, split_of[n], [r for r in shards if r.dataset == n]) for n in names], pool,
+                                    seed, output.parquet.length_buckets, parquet.BYTES_PER_TOKEN, run_dir)
+            bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]
+            ctx = WriterContext(run_dir, shards, indexes, datasets, output, seed, split_of, blend, pool, bin_entries)
+            # the writers in registration order: the built-ins (Parquet + TSV, blend.json, mixtures.json;
+            # plugins.py), then writers of your own; the manifest lists each file a writer returns under its name
+            written = [(rel, w.name) for w in registry.WRITERS.entries() for rel in w.load()(ctx)]
+    finally:
+        order.remove_scratch(run_dir)
     pq_entries = ctx.parquet
     if receipts is None:
         receipts = [RunLayout(run_dir).receipt(r.dataset, r.part) for r in shards]

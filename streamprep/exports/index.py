@@ -1,12 +1,12 @@
-"""What the exports read: completed tokenization shards, a slim per-record index over them for the plan,
+"""What the exports read: completed tokenization shards, per dataset an index of its parts for the plan,
 and the full per-record numbers of one Parquet shard's rows when that shard is written.
 
-`DatasetIndex` holds, per kept record, only what the plan needs (its token count and the bytes of its
-ingest line: 12 bytes), so the job's memory grows by that, not by the whole per-record summary. Everything
-else per record (its line's byte offset, where its tokens start in the part's `.bin`, their sum, the
-SHA-256 of its text) stays in the parts' summaries on disk (`exports/summary.py`) and is read back for
-just the rows of the shard being written (`ShardRecords`). Texts and tokens are read by positioned reads
-(`RecordReader`).
+`DatasetIndex` holds per part only a few numbers (where its records start in the dataset, its tokens, its
+token dtype, its sorted run: `exports/order.py`), so the job's memory grows with the parts, not the records.
+Everything per record (its line's byte offset and bytes, where its tokens start in the part's `.bin`, how
+many, their sum, the SHA-256 of its text) stays in the parts' summaries on disk (`exports/summary.py`) and is
+read back for just the rows of the shard being written (`ShardRecords`). Texts and tokens are read by
+positioned reads (`RecordReader`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import orjson
@@ -61,45 +61,42 @@ def load_record(raw: bytes, path: Path, line_no: int) -> dict[str, Any]:
 
 @dataclass
 class DatasetIndex:
-    """What the Parquet plan needs per record of one dataset, records in ingest order (part order, then line
-    order); record `i` of part `p` is id `starts[p] + i`."""
+    """One dataset's parts and per part what the plan and the manifest need (its records' count and tokens, its
+    token dtype, its sorted run: `exports/order.py`); record `i` of part `p` is record `starts[p] + i` of the
+    dataset (ingest order: part order, then line order). Nothing per record: those numbers stay in the runs."""
 
     name: str
     split: str
     refs: list[ShardRef]          # shards with documents, in part order
     empty_refs: list[ShardRef]    # shards that ended with 0 documents
-    starts: np.ndarray            # int64 (len(refs) + 1): the first id of each part, then the record count
-    n_tokens: np.ndarray          # int32: tokens of the record (EOD included), as in `.idx`
-    line_bytes: np.ndarray        # int64: bytes of its ingest line (JSON record + newline)
+    starts: np.ndarray            # int64 (len(refs) + 1): the first record of each part, then the record count
+    part_tokens: np.ndarray       # int64 per part: its tokens (EOD included), as in `.idx`
     dtypes: list[np.dtype]        # token dtype per part
+    runs: list[Any]               # `order.PartRun` per part
 
     def __len__(self) -> int:
-        return len(self.n_tokens)
+        return int(self.starts[-1])
 
     @property
     def num_tokens(self) -> int:
-        return int(self.n_tokens.sum(dtype=np.int64))
+        return int(self.part_tokens.sum())
 
     def part_slice(self, part: int) -> slice:
         return slice(int(self.starts[part]), int(self.starts[part + 1]))
-
-    def est_bytes(self, bytes_per_token: int) -> np.ndarray:
-        """The packing estimate per record: `bytes_per_token × tokens + bytes of its JSON line`."""
-        return self.n_tokens.astype(np.int64) * bytes_per_token + self.line_bytes
 
     @cached_property
     def file_refs(self) -> list[ShardRef]:
         """`refs` without their receipts: what a shard writer is sent (it reads only files)."""
         return [replace(r, receipt={}) for r in self.refs]
 
-    def rows_of(self, ids: np.ndarray) -> "ShardRows":
-        """What a shard writer needs to read the records `ids` (in row order) back: where each lies, and the
-        parts it reads (not every part of the dataset: what a job carries grows with what it reads)."""
-        ids = np.asarray(ids, np.int64)
-        part = np.searchsorted(self.starts, ids, side="right") - 1
+    def rows_of(self, part: np.ndarray, row: np.ndarray) -> "ShardRows":
+        """What a shard writer needs to read records back, given as (position in `refs`, row in that part) in
+        row order: where each lies, and the parts it reads (not every part of the dataset: what a job carries
+        grows with what it reads)."""
+        part = np.asarray(part, np.int64)
         used = np.unique(part)
         return ShardRows([self.file_refs[i] for i in used.tolist()], [self.dtypes[i] for i in used.tolist()],
-                         np.searchsorted(used, part).astype(np.int32), ids - self.starts[part])
+                         np.searchsorted(used, part).astype(np.int32), np.asarray(row, np.int64))
 
 
 @dataclass(frozen=True)
@@ -134,37 +131,6 @@ class ShardRecords:
 
     def est_bytes(self, bytes_per_token: int) -> np.ndarray:
         return self.n_tokens * bytes_per_token + self.line_bytes
-
-
-def build_indexes(datasets: list[tuple[str, str, list[ShardRef]]],
-                  summaries: Iterable[tuple[ShardRef, Any]]) -> list[DatasetIndex]:
-    """One index per (name, split, shards) in `datasets`, records in part order. Columns are sized from the
-    receipts' document counts and filled one part summary (`exports/summary.py`) at a time: the job holds the
-    slim index and the summary being copied, never every summary."""
-    indexes, slots = [], {}
-    for name, split, refs in datasets:
-        refs = sorted(refs, key=lambda r: r.part)
-        full = [r for r in refs if r.prefix is not None]
-        starts = np.zeros(len(full) + 1, dtype=np.int64)
-        np.cumsum([r.receipt["stats"]["num_documents"] for r in full], out=starts[1:])
-        n = int(starts[-1])
-        idx = DatasetIndex(name=name, split=split, refs=full, empty_refs=[r for r in refs if r.prefix is None],
-                           starts=starts, n_tokens=np.empty(n, dtype=np.int32), line_bytes=np.empty(n, dtype=np.int64),
-                           dtypes=[None] * len(full))  # type: ignore[list-item]
-        slots.update({(name, r.part): (idx, i) for i, r in enumerate(full)})
-        indexes.append(idx)
-    for ref, summary in summaries:
-        idx, i = slots.pop((ref.dataset, ref.part))
-        rows = idx.part_slice(i)
-        if len(summary.records) != rows.stop - rows.start:
-            raise ExportError(f"{ref.dataset}/{ref.part}: part summary has {len(summary.records)} records, "
-                              f"its receipt {rows.stop - rows.start} documents")
-        idx.n_tokens[rows] = summary.records["n_tokens"]
-        idx.line_bytes[rows] = summary.records["line_bytes"]
-        idx.dtypes[i] = np.dtype(summary.dtype)
-    if slots:
-        raise ExportError(f"no part summary for {', '.join(sorted('/'.join(k) for k in slots))}")
-    return indexes
 
 
 class RecordReader:

@@ -9,7 +9,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow
 
 from streamprep import atomic
@@ -40,7 +39,7 @@ def binidx_entries(run_dir: Path, index: DatasetIndex, seed: int) -> list[dict[s
             "kind": "binidx", "shard_id": f"binidx/{ref.dataset}/{ref.part}",
             "path": str(Path(ref.prefix).relative_to(run_dir)), "bucket": None,
             "source": ref.dataset, "split": index.split,
-            "num_records": rows.stop - rows.start, "num_tokens": int(index.n_tokens[rows].sum(dtype=np.int64)),
+            "num_records": rows.stop - rows.start, "num_tokens": int(index.part_tokens[part_no]),
             "dtype": str(index.dtypes[part_no]),
             # the data file's hash and size at top level (as for Parquet); both files under "files"
             "file_sha256": listed["bin"]["file_sha256"], "size_bytes": listed["bin"]["size_bytes"],

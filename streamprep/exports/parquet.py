@@ -1,17 +1,18 @@
-"""Parquet shards bucketed by token count, shuffled, packed by size (rules in docs/exports.md).
+"""Parquet shards bucketed by token count, in a keyed random order, packed by size (rules in docs/exports.md).
 
 Plan first (numbers only), then write. For each dataset, in config order:
 
 1. bucket every record by its token count (EOD included): bucket b holds
    `bounds[b-1] < n_tokens <= bounds[b]`, bucket 0 starts at 1, bucket `len(bounds)` is the overflow;
-2. for each bucket b, the dataset's record ids in that bucket (in ingest order) are shuffled with a
-   fresh `random.Random(seed + b)`; the dataset thus enters through its own id list, and the same
-   seed shuffles every dataset's bucket b with the same generator stream;
-3. the shuffled list is cut greedily into shards of estimated size <= `shard_size_bytes`
+2. within bucket b the records are in the order of their keys `order.order_keys(seed, b, ordinal)` (ordinal:
+   the record's position in the dataset, ingest order); each part sorts its own records (its run), and the
+   plan merges the parts' runs by streaming, so no process holds every record of a dataset;
+3. the ordered records are cut greedily into shards of estimated size <= `shard_size_bytes`
    (estimate per record: 4 bytes/token + the bytes of its JSON line in the ingest part); a record
    larger than the limit gets a shard of its own; a last shard estimated below 25% of the limit is
    merged into the one before it (which may then reach 1.25 × the limit) unless that one is a lone
-   oversized record.
+   oversized record. The merged order of a (dataset, bucket) is written to a scratch file as it streams, and a
+   shard is a range of positions in it: the plan holds no record ids.
 
 Then `num_shards_multiple_of: H`: within each split, while the shard count is not a multiple of H,
 the shard with the largest estimate (first in order on ties, at least 2 records) is cut in two at
@@ -19,16 +20,14 @@ its estimated-byte midpoint. Fewer records in a split than the next multiple nee
 
 Names: `parquet/shard_b{bucket:02d}_s{index:05d}.parquet`; `index` counts the shards of one bucket
 across all datasets in config order (so names are unique, and a dataset's shards in a bucket are
-consecutive). Rows keep the shuffled order.
+consecutive). Rows keep the key order.
 """
 from __future__ import annotations
 
-import random
 import re
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +37,7 @@ from streamprep import atomic
 from streamprep.config import INT32_MAX, ConfigError, OutputConfig, ParquetConfig
 from streamprep.exports.context import WriterContext
 from streamprep.exports.index import DatasetIndex, ExportError, RecordReader, ShardRecords, ShardRows
+from streamprep.exports.order import BucketOrder, write_order
 from streamprep.exports.pool import Workers
 from streamprep.exports.summary import shard_records
 from streamprep.layout import RunLayout
@@ -84,53 +84,62 @@ def bucket_table(bounds: Sequence[int]) -> list[dict[str, Any]]:
     return out
 
 
-def bucket_of(n_tokens: np.ndarray, bounds: Sequence[int]) -> np.ndarray:
-    """Bucket index per record: b with bounds[b-1] < n <= bounds[b]; len(bounds) for the overflow."""
-    return np.searchsorted(np.asarray(bounds, dtype=np.int64), np.asarray(n_tokens, dtype=np.int64), side="left")
+Cut = tuple[int, int, int]  # [start, end) positions in the stream, estimated bytes of one shard
 
 
-def shuffled(ids: np.ndarray, seed: int) -> np.ndarray:
-    """`ids` permuted by `random.Random(seed).shuffle` (8 bytes per id, no Python list)."""
-    buf = array("q", np.ascontiguousarray(ids, dtype=np.int64).tobytes())
-    random.Random(seed).shuffle(buf)
-    return np.frombuffer(buf, dtype=np.int64).copy()
+def pack_stream(blocks: Iterable[np.ndarray], limit: int, tail_fraction: float = TAIL_FRACTION) -> list[Cut]:
+    """Greedy cuts of records streamed in order as blocks of estimated sizes into shards of total <= limit: a
+    shard is (start, end, estimate) in stream positions. Holds one block at a time.
+
+    A record bigger than `limit` alone makes a shard. A last shard below `tail_fraction × limit` joins the
+    shard before it, unless that one is a lone record bigger than `limit`.
+    """
+    cuts: list[Cut] = []
+    first = total = offset = 0  # the open shard's first position and estimate; the block's first position
+    for est in blocks:
+        cs = np.cumsum(np.asarray(est, dtype=np.int64))
+        pos, size = 0, len(cs)
+        while pos < size:
+            base = int(cs[pos - 1]) if pos else 0
+            empty = first == offset + pos
+            j = max(int(np.searchsorted(cs, base + limit - total, side="right")), pos + empty)
+            total += int(cs[j - 1]) - base if j > pos else 0
+            if j >= size:
+                break
+            cuts.append((first, offset + j, total))  # record j does not fit
+            first, total, pos = offset + j, 0, j
+        offset += size
+    if offset > first:
+        cuts.append((first, offset, total))
+    if len(cuts) >= 2:
+        prev, tail = cuts[-2], cuts[-1]
+        if tail[2] < tail_fraction * limit and prev[2] <= limit:  # never grow a lone oversized record's shard
+            cuts[-2:] = [(prev[0], tail[1], prev[2] + tail[2])]
+    return cuts
 
 
 def pack(est: np.ndarray, limit: int, tail_fraction: float = TAIL_FRACTION) -> list[tuple[int, int]]:
-    """Greedy [start, end) cuts of `est` (record sizes, in order) into runs of total <= limit.
-
-    A record bigger than `limit` alone makes a run. A last run below `tail_fraction × limit` joins
-    the run before it, unless that run is a lone record bigger than `limit`.
-    """
-    n = len(est)
-    if n == 0:
-        return []
-    cs = np.cumsum(np.asarray(est, dtype=np.int64))
-    cuts, start, base = [], 0, 0
-    while start < n:
-        end = max(int(np.searchsorted(cs, base + limit, side="right")), start + 1)
-        cuts.append((start, end))
-        base, start = int(cs[end - 1]), end
-    if len(cuts) >= 2:
-        (ps, pe), (s, e) = cuts[-2], cuts[-1]
-        tail = int(cs[e - 1] - cs[s - 1])
-        prev = int(cs[pe - 1] - (cs[ps - 1] if ps else 0))
-        if tail < tail_fraction * limit and prev <= limit:  # never grow a lone oversized record's shard
-            cuts[-2:] = [(ps, e)]
-    return cuts
+    """`pack_stream` over one in-memory list of sizes: [start, end) cuts."""
+    return [(start, end) for start, end, _ in pack_stream([est], limit, tail_fraction)]
 
 
 @dataclass
 class ShardPlan:
-    """One Parquet shard to write: its records (ids into the dataset index, in row order)."""
+    """One Parquet shard to write: positions [start, stop) of its (dataset, bucket)'s order."""
 
     dataset: str
     split: str
     bucket: int
-    records: np.ndarray
+    order: BucketOrder
+    start: int
+    stop: int
     est_bytes: int
     index: int = -1
     entry: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_records(self) -> int:
+        return self.stop - self.start
 
     @property
     def shard_id(self) -> str:
@@ -141,23 +150,22 @@ class ShardPlan:
         return f"parquet/shard_{self.shard_id}.parquet"
 
 
-def _split_in_two(plan: ShardPlan, est: np.ndarray) -> tuple[ShardPlan, ShardPlan]:
-    sizes = est[plan.records]
-    cs = np.cumsum(sizes)
+def _split_in_two(plan: ShardPlan) -> tuple[ShardPlan, ShardPlan]:
+    cs = np.cumsum(plan.order.read(plan.start, plan.stop)[2])
     k = int(np.searchsorted(cs, cs[-1] / 2, side="left")) + 1
-    k = min(max(k, 1), len(plan.records) - 1)
-    a = ShardPlan(plan.dataset, plan.split, plan.bucket, plan.records[:k], int(cs[k - 1]))
-    b = ShardPlan(plan.dataset, plan.split, plan.bucket, plan.records[k:], int(cs[-1] - cs[k - 1]))
+    k = min(max(k, 1), plan.num_records - 1)
+    a = ShardPlan(plan.dataset, plan.split, plan.bucket, plan.order, plan.start, plan.start + k, int(cs[k - 1]))
+    b = ShardPlan(plan.dataset, plan.split, plan.bucket, plan.order, plan.start + k, plan.stop, int(cs[-1] - cs[k - 1]))
     return a, b
 
 
-def _make_multiple(plans: list[ShardPlan], split: str, multiple: int, est_of: dict[str, np.ndarray]) -> list[ShardPlan]:
+def _make_multiple(plans: list[ShardPlan], split: str, multiple: int) -> list[ShardPlan]:
     """Split shards of one split (deterministically) until their count is a multiple of `multiple`."""
     count = len(plans)
     if multiple <= 1 or count % multiple == 0:
         return plans
     target = -(-count // multiple) * multiple
-    records = sum(len(p.records) for p in plans)
+    records = sum(p.num_records for p in plans)
     if records < target:
         raise ShardCountError(
             f"'output.num_shards_multiple_of' = {multiple}: split {split!r} has {records} record(s) in "
@@ -165,26 +173,22 @@ def _make_multiple(plans: list[ShardPlan], split: str, multiple: int, est_of: di
             f"bucket per shard). Lower it (1 disables it) or add data.")
     plans = list(plans)
     while len(plans) < target:
-        best = max((i for i, p in enumerate(plans) if len(p.records) >= 2),
+        best = max((i for i, p in enumerate(plans) if p.num_records >= 2),
                    key=lambda i: (plans[i].est_bytes, -i))
-        plans[best:best + 1] = _split_in_two(plans[best], est_of[plans[best].dataset])
+        plans[best:best + 1] = _split_in_two(plans[best])
     return plans
 
 
-def plan_shards(indexes: list[DatasetIndex], output: OutputConfig, seed: int) -> list[ShardPlan]:
-    """All Parquet shards, numbered, in write order (bucket-major numbering; see the module doc)."""
+def plan_shards(indexes: list[DatasetIndex], output: OutputConfig) -> list[ShardPlan]:
+    """All Parquet shards, numbered, in write order (bucket-major numbering; see the module doc). The keys
+    (seed included) are in the indexes' runs; each (dataset, bucket)'s order is written beside them."""
     groups: list[list[ShardPlan]] = []  # per dataset (config order): its shards, bucket by bucket
-    est_of: dict[str, np.ndarray] = {}
     for idx in indexes:
-        est = idx.est_bytes(BYTES_PER_TOKEN)
-        est_of[idx.name] = est
-        buckets = bucket_of(idx.n_tokens, output.parquet.length_buckets)
         plans = []
         for b in range(len(output.parquet.length_buckets) + 1):
-            ids = shuffled(np.flatnonzero(buckets == b), seed + b)
-            sizes = est[ids]
-            for s, e in pack(sizes, output.parquet.shard_size_bytes):
-                plans.append(ShardPlan(idx.name, idx.split, b, ids[s:e], int(sizes[s:e].sum())))
+            order, blocks = write_order(idx.runs, b)
+            for start, stop, est in pack_stream(blocks, output.parquet.shard_size_bytes):
+                plans.append(ShardPlan(idx.name, idx.split, b, order, start, stop, est))
         groups.append(plans)
 
     by_split: dict[str, list[ShardPlan]] = {}
@@ -192,7 +196,7 @@ def plan_shards(indexes: list[DatasetIndex], output: OutputConfig, seed: int) ->
         for p in plans:
             by_split.setdefault(p.split, []).append(p)
     adjusted = [p for split in sorted(by_split)
-                for p in _make_multiple(by_split[split], split, output.num_shards_multiple_of, est_of)]
+                for p in _make_multiple(by_split[split], split, output.num_shards_multiple_of)]
     # Order: dataset (config order), then bucket, then position; halves of a split shard stay adjacent.
     order = {name: i for i, name in enumerate(idx.name for idx in indexes)}
     adjusted.sort(key=lambda p: (order[p.dataset], p.bucket))  # stable: keeps positions within a group
@@ -279,7 +283,7 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
         raise
     return {
         "kind": "parquet", "shard_id": plan.shard_id, "path": plan.rel_path, "bucket": plan.bucket,
-        "source": plan.dataset, "split": plan.split, "num_records": int(len(plan.records)),
+        "source": plan.dataset, "split": plan.split, "num_records": plan.num_records,
         "num_tokens": records.num_tokens, "est_bytes": plan.est_bytes,
         "file_sha256": atomic.sha256_file(final), "size_bytes": final.stat().st_size,
         "tsv": {"path": str(tsv_final.relative_to(run_dir)), "file_sha256": atomic.sha256_file(tsv_final),
@@ -295,7 +299,11 @@ def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPl
     do not depend on the pool and the job process holds no more than the plan.
     """
     by_name = {idx.name: idx for idx in indexes}
-    jobs = ((run_dir, p, by_name[p.dataset].rows_of(p.records), opts) for p in plans)
+
+    def rows(plan: ShardPlan) -> ShardRows:
+        part, row, _ = plan.order.read(plan.start, plan.stop)
+        return by_name[plan.dataset].rows_of(part, row)
+    jobs = ((run_dir, p, rows(p), opts) for p in plans)
     for plan, entry in zip(plans, (workers or Workers(1)).map(_write_one, jobs)):
         plan.entry = {**entry, "seed": seed}
     return [p.entry for p in plans]
@@ -304,7 +312,7 @@ def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPl
 def export(ctx: WriterContext) -> list[str]:
     """The "parquet" writer: the planned shards + TSV on the export workers. They are the manifest's Parquet
     shards (`ctx.parquet`), not files of its `files` list, so it returns none."""
-    plans = plan_shards(ctx.indexes, ctx.output, ctx.seed)
+    plans = plan_shards(ctx.indexes, ctx.output)
     ctx.parquet.extend(write_shards(ctx.run_dir, ctx.indexes, plans, ctx.output.parquet, ctx.seed, ctx.workers))
     return []
 

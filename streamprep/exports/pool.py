@@ -18,7 +18,7 @@ from streamprep.children import serve_driver
 
 # What a warmed worker has loaded. By name, not by import: the writers use this pool (no import cycle), and the
 # job's forkserver may already run with the QC pool's preload, which then decides what a fork inherits.
-PRELOAD = ("streamprep.exports.parquet", "streamprep.exports.summary")
+PRELOAD = ("streamprep.exports.parquet", "streamprep.exports.order", "streamprep.exports.summary")
 
 
 def _init_worker(driver: int) -> None:

@@ -19,16 +19,12 @@ import mmap
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import orjson
 
-from streamprep import atomic, binidx, logs
+from streamprep import atomic, binidx
 from streamprep.exports.index import ExportError, ShardRecords, ShardRef, ShardRows, load_record
-from streamprep.exports.pool import Workers
-
-log = logs.get("exports")
 
 FORMAT = "streamprep-part-summary"
 VERSION = 1
@@ -162,28 +158,10 @@ def part_summary(ref: ShardRef) -> PartSummary:
     return load_cached(ref) or compute_and_cache(ref)
 
 
-def iter_summaries(refs: list[ShardRef], workers: Workers) -> Iterator[tuple[ShardRef, PartSummary]]:
-    """(ref, summary) of every shard with documents, one at a time so the caller can keep just what it copies
-    out: cached ones loaded here, then the rest computed (and cached) on `workers`."""
-    missing, reused = [], 0
-    for ref in (r for r in refs if r.prefix is not None):
-        cached = load_cached(ref)
-        if cached is None:
-            missing.append(ref)
-            path = cache_path(ref)
-            if path.exists():
-                log.warning("part summary unusable (stale or damaged); recomputing", file=str(path))
-        else:
-            reused += 1
-            yield ref, cached
-    yield from zip(missing, workers.map(compute_and_cache, missing))
-    if missing:
-        log.info("part summaries computed", parts=len(missing), reused=reused)
-
-
 def _cached_rows(ref: ShardRef, rows: np.ndarray) -> np.ndarray:
-    """RECORD rows `rows` of a part from its cache file (checked and current: `iter_summaries` ran this job),
-    through a map of the file closed at once, so only the pages of these rows are read and none stay mapped."""
+    """RECORD rows `rows` of a part from its cache file (checked and current: this exports step made the part's
+    run from it), through a map of the file closed at once, so only the pages of these rows are read and none
+    stay mapped."""
     path = cache_path(ref)
     with open(path, "rb") as fh:
         fh.readline()

@@ -20,7 +20,8 @@ from streamprep import atomic
 from streamprep.binidx import IndexedDataset
 from streamprep.exports import ExportError, ShardRef, write_exports
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
-from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, bucket_of, pack, shuffled
+from streamprep.exports.order import bucket_of, order_keys
+from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, pack, pack_stream
 from export_run import (BUCKETS, DATASETS, EOD, SHARD_SIZE, TOKENIZER_INFO, datasets_cfg, export, output_cfg,
                         parquet_entries, relocate)
 from helpers import REPO
@@ -135,12 +136,54 @@ def test_pack_rule_units():
     assert pack(np.array([90, 20, 30]), 100) == [(0, 1), (1, 3)]
     assert pack(np.array([10]), 100) == [(0, 1)] and pack(np.array([], dtype=np.int64), 100) == []
     assert bucket_of(np.array([1, 32, 33, 64, 1024, 1025]), BUCKETS).tolist() == [0, 0, 1, 1, 5, 6]
-    ids = np.arange(10, 30)
-    assert shuffled(ids, 7).tolist() == shuffled(ids, 7).tolist() != shuffled(ids, 8).tolist()
-    import random
-    ref = list(range(10, 30))
-    random.Random(7).shuffle(ref)
-    assert shuffled(ids, 7).tolist() == ref
+
+
+def test_pack_stream_equals_pack_over_any_blocks():
+    """The plan cuts records streamed block by block exactly as the whole list is cut at once (the rule as it was
+    written before the stream: a cumulative sum and a binary search per shard)."""
+    def whole(est: np.ndarray, limit: int) -> list[tuple[int, int]]:
+        cs, cuts, start, base = np.cumsum(est), [], 0, 0
+        while start < len(est):
+            end = max(int(np.searchsorted(cs, base + limit, side="right")), start + 1)
+            cuts.append((start, end))
+            base, start = int(cs[end - 1]), end
+        if len(cuts) >= 2:
+            (ps, pe), (s, e) = cuts[-2], cuts[-1]
+            if cs[e - 1] - cs[s - 1] < 0.25 * limit and cs[pe - 1] - (cs[ps - 1] if ps else 0) <= limit:
+                cuts[-2:] = [(ps, e)]
+        return cuts
+
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        n, limit = int(rng.integers(0, 50)), int(rng.integers(1, 300))
+        est = rng.integers(1, 200, n)
+        bounds = sorted({0, n, *rng.integers(0, n + 1, int(rng.integers(0, 6))).tolist()})
+        cuts = pack_stream([est[a:b] for a, b in zip(bounds, bounds[1:])], limit)
+        assert [(a, b) for a, b, _ in cuts] == pack(est, limit) == whole(est, limit)
+        assert [e for _, _, e in cuts] == [int(est[a:b].sum()) for a, b in whole(est, limit)]
+
+
+def test_order_keys_rule():
+    """SplitMix64 output `ordinal` from a state keyed by (seed, bucket): unique per bucket, the same computed in
+    pieces as at once, different per seed and bucket."""
+    import hashlib
+
+    ords = np.arange(200_000)
+    keys = order_keys(7, np.zeros(len(ords), int), ords)
+    assert len(np.unique(keys)) == len(ords)
+    pieces = np.concatenate([order_keys(7, np.zeros(e - s, int), np.arange(s, e)) for s, e in
+                             [(0, 3), (3, 70_001), (70_001, 200_000)]])
+    assert np.array_equal(keys, pieces)
+    assert not np.array_equal(keys, order_keys(8, np.zeros(len(ords), int), ords))
+    assert not np.array_equal(keys, order_keys(7, np.ones(len(ords), int), ords))
+    # the rule written out in plain Python integers (docs/exports.md)
+    mask = (1 << 64) - 1
+    state = int.from_bytes(hashlib.blake2b(b"streamprep-parquet-order:7:0", digest_size=8).digest(), "little")
+    for i in (0, 1, 12345, 199_999):
+        z = (state + (i + 1) * 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        assert int(keys[i]) == z ^ (z >> 31)
 
 
 @pytest.mark.slow
@@ -444,86 +487,157 @@ def test_warmed_pool_started_before_exports_same_bytes(run, tmp_path):
 
 
 @pytest.mark.slow
-def test_index_built_one_part_summary_at_a_time(run, monkeypatch):
-    """Regression: every part summary (the same per-record numbers as the index, ~80 bytes a record) was loaded
-    before the index was built and stayed alive while the Parquet shards were written; the job held them twice
-    (+94 MB at 500 k records). Now at most the summary being copied and the one before it are alive."""
+def test_job_process_holds_no_summary_and_no_record_array(run, monkeypatch):
+    """The job process loads part summaries only inside a part's task (in this process with 1 worker: one at a
+    time, none left when the shards are written) and keeps per part a few numbers (no array per record)."""
     import gc
 
-    from streamprep.exports import parquet, summary
+    from streamprep.exports import order, parquet
     from streamprep.exports.summary import PartSummary
 
     run_dir, refs = run
     alive_in_build: list[int] = []
-    alive_at_write: list[int] = []
-    iter_summaries, write_shards = summary.iter_summaries, parquet.write_shards
+    held: list[int] = []
+    make_run, write_shards = order.make_run, parquet.write_shards
 
     def alive() -> int:
         gc.collect()
         return sum(type(o) is PartSummary for o in gc.get_objects())
 
-    def counting_iter(*args, **kw):
-        for item in iter_summaries(*args, **kw):
-            alive_in_build.append(alive())
-            yield item
+    def counting_make_run(job):
+        out = make_run(job)
+        alive_in_build.append(alive())
+        return out
 
-    def counting_write(*args, **kw):
-        alive_at_write.append(alive())
-        return write_shards(*args, **kw)
+    def measuring_write(run_dir, indexes, plans, *args, **kw):
+        held.append(alive())
+        held.append(sum(v.nbytes for idx in indexes for v in vars(idx).values() if isinstance(v, np.ndarray)))
+        held.append(sum(r.offsets.nbytes for idx in indexes for r in idx.runs))
+        assert not any(isinstance(v, np.ndarray) for p in plans for v in vars(p).values())  # key ranges only
+        return write_shards(run_dir, indexes, plans, *args, **kw)
 
-    monkeypatch.setattr(summary, "iter_summaries", counting_iter)
-    monkeypatch.setattr(parquet, "write_shards", counting_write)
-    export(run_dir, refs)
-    assert len(alive_in_build) == len([r for r in refs if r.prefix is not None]) > 2
-    assert max(alive_in_build) <= 2 and alive_at_write == [0]
+    monkeypatch.setattr(order, "make_run", counting_make_run)
+    monkeypatch.setattr(parquet, "write_shards", measuring_write)
+    out = export(run_dir, refs)
+    n_parts = out["binidx_shards"]
+    assert len(alive_in_build) == n_parts == 6 and max(alive_in_build) == 0
+    assert held == [0, 8 * (2 * n_parts + len(DATASETS)), 8 * (len(BUCKETS) + 2) * n_parts]
+    assert not (run_dir / "parquet" / ".order").exists()  # the runs are scratch of the exports step
+
+
+def ordinals(want: dict) -> dict[tuple[str, int], int]:
+    """(dataset, source index) -> the record's ordinal in its dataset: kept records in ingest order."""
+    out: dict[tuple[str, int], int] = {}
+    for name in {k[0] for k in want}:
+        for i, key in enumerate(sorted(k for k in want if k[0] == name)):
+            out[key] = i
+    return out
 
 
 @pytest.mark.slow
-def test_job_index_is_12_bytes_a_record_and_shard_rows_read_back(run, monkeypatch):
-    """Regression: the job held every per-record number of the summaries (84 bytes a record: offsets, token
-    starts and sums, text SHA-256) through the whole exports, ~170 MB at 2 M records. Now it holds what the plan
-    needs (token count and line bytes: 12 bytes a record); a writer reads its shard's rows from the summaries."""
-    from streamprep.exports import parquet, summary
-    from streamprep.exports.index import build_indexes
+@pytest.mark.parametrize("seed", [1234, 99])
+def test_rows_in_keyed_order_and_every_bucket_complete(run, seed):
+    """Each (dataset, bucket) holds exactly its records, and its shards, in index order, list them in the order
+    of `order_keys(seed, bucket, ordinal)`: a key range a shard, ascending inside it."""
+    run_dir, refs = run
+    export(run_dir, refs, seed=seed)
+    want = expected_records(run_dir, refs)
+    ordinal = ordinals(want)
+    got: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for entry in sorted(parquet_entries(run_dir), key=lambda e: e["shard_id"]):
+        for r in rows(run_dir, entry):
+            meta = orjson.loads(r["meta"])
+            got.setdefault((entry["source"], entry["bucket"]), []).append(
+                (meta["source"]["index"], int(entry["shard_id"][-5:])))
+    buckets = {k: int(bucket_of(np.array([len(v[1])]), BUCKETS)[0]) for k, v in want.items()}
+    assert sorted(got) == sorted({(k[0], b) for k, b in buckets.items()})
+    for (name, b), items in got.items():
+        assert sorted(i for i, _ in items) == sorted(k[1] for k, bb in buckets.items() if k[0] == name and bb == b)
+        ords = np.array([ordinal[(name, i)] for i, _ in items])
+        keys = order_keys(seed, np.full(len(ords), b), ords)
+        assert np.all(keys[1:] > keys[:-1]), (name, b)  # rows of the shards in index order: ascending keys
+
+
+@pytest.mark.slow
+def test_small_merge_buffers_same_bytes(run, tmp_path, monkeypatch):
+    """The merge's bounded buffers (a few records a part here, many rounds) and its merge of parts in groups
+    through scratch files (2 at a time here) give the bytes of one big round."""
+    from streamprep.exports import order
+
+    run_dir, refs = run
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    export(run_dir, refs, num_shards_multiple_of=4)
+    monkeypatch.setattr(order, "MERGE_BYTES", 0)
+    monkeypatch.setattr(order, "MIN_CHUNK", 3)
+    monkeypatch.setattr(order, "FAN_IN", 2)
+    spilled = []
+    spill = order._spill
+    monkeypatch.setattr(order, "_spill", lambda sources, path: spilled.append(path) or spill(sources, path))
+    export(other, relocate(refs, run_dir, other), num_shards_multiple_of=4)
+    assert file_hashes(other) == file_hashes(run_dir)
+    assert len({p.parent for p in spilled}) >= 5  # c4's 3 parts were merged in 2 groups first, bucket by bucket
+    assert not (other / "parquet" / ".order").exists()
+
+
+@pytest.mark.slow
+def test_interrupted_exports_resume_to_the_same_bytes(run, tmp_path, monkeypatch):
+    """Exports stopped after some shards were written (runs and shards of the attempt left behind) and run again:
+    the bytes of an uninterrupted run, and no scratch left."""
+    from streamprep.exports import parquet
+
+    run_dir, refs = run
+    clean = tmp_path / "clean"
+    shutil.copytree(run_dir, clean)
+    export(clean, relocate(refs, run_dir, clean), workers=2)
+    write_one, done = parquet._write_one, []
+
+    def dying(job):
+        if len(done) == 5:
+            raise KeyboardInterrupt
+        done.append(job[1].shard_id)
+        return write_one(job)
+    monkeypatch.setattr(parquet, "_write_one", dying)
+    monkeypatch.setattr("streamprep.exports.order.remove_scratch", lambda run_dir: None)  # as after a kill
+    with pytest.raises(KeyboardInterrupt):
+        export(run_dir, refs)
+    assert len(list((run_dir / "parquet").glob("*.parquet"))) == 5 and (run_dir / "parquet" / ".order").is_dir()
+    assert not (run_dir / "manifest.json").exists()
+    monkeypatch.undo()
+    export(run_dir, refs)
+    assert file_hashes(run_dir) == file_hashes(clean)
+    assert not (run_dir / "parquet" / ".order").exists()
+
+
+@pytest.mark.slow
+def test_shard_rows_read_back_from_the_summaries(run):
+    """A shard's rows, in any order and from any parts, equal the full summaries' rows; a job carries the parts
+    its rows lie in, not every part of the dataset; a summary changed after its run was made is an error."""
+    from streamprep.exports import summary
+    from streamprep.exports.order import build_indexes
     from streamprep.exports.pool import Workers
 
     run_dir, refs = run
-    held: list[int] = []
-    write_shards = parquet.write_shards
-
-    def measuring_write(run_dir, indexes, *args, **kw):
-        held.append(sum(v.nbytes for idx in indexes for v in vars(idx).values() if isinstance(v, np.ndarray)))
-        return write_shards(run_dir, indexes, *args, **kw)
-
-    monkeypatch.setattr(parquet, "write_shards", measuring_write)
-    out = export(run_dir, refs)
-    n_records, n_parts = sum(out["records"].values()), out["binidx_shards"]
-    assert held == [12 * n_records + 8 * (n_parts + len(DATASETS))]
-
-    # a shard's rows, in any order and from any parts, equal the full summaries' rows
-    by_name = {}
     with Workers(1) as pool:
-        for idx in build_indexes([(n, s, [r for r in refs if r.dataset == n]) for n, s, *_ in DATASETS],
-                                 summary.iter_summaries(refs, pool)):
-            by_name[idx.name] = idx
-    idx = by_name["c4"]
-    full = np.concatenate([summary.summarize_part(r).records for r in idx.refs])
-    ids = np.random.default_rng(7).permutation(len(idx))[:150]
-    got = summary.shard_records(idx.rows_of(ids))
+        indexes = build_indexes([(n, s, [r for r in refs if r.dataset == n]) for n, s, *_ in DATASETS], pool,
+                                1234, BUCKETS, BYTES_PER_TOKEN, run_dir)
+    idx = indexes[0]
+    assert idx.name == "c4" and len(idx) == 298 and idx.num_tokens == sum(
+        r.receipt["stats"]["num_tokens"] for r in refs if r.dataset == "c4")
+    full = [summary.summarize_part(r).records for r in idx.refs]
+    rng = np.random.default_rng(7)
+    part = rng.integers(0, len(idx.refs), 150)
+    row = np.array([rng.integers(0, len(full[p])) for p in part])
+    got = summary.shard_records(idx.rows_of(part, row))
     for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens", "token_sum", "text_sha256"):
-        assert np.array_equal(getattr(got, k), full[k][ids]), k
-    global_part = np.searchsorted(idx.starts, ids, side="right") - 1
-    assert [got.refs[p].part for p in got.part] == [idx.refs[p].part for p in global_part]
-    assert got.dtypes == [idx.dtypes[p] for p in np.unique(global_part)]
-    # a job carries the parts its rows lie in, not every part of the dataset
-    last = idx.part_slice(len(idx.refs) - 1)
-    one_part = idx.rows_of(np.arange(last.start, last.stop)[::-1])
+        assert np.array_equal(getattr(got, k), np.stack([full[p][r][k] for p, r in zip(part, row)])), k
+    assert [got.refs[p].part for p in got.part] == [idx.refs[p].part for p in part]
+    one_part = idx.rows_of(np.full(5, len(idx.refs) - 1), np.arange(5)[::-1])
     assert [r.part for r in one_part.refs] == [idx.refs[-1].part] and len(idx.refs) > 1
-    assert np.array_equal(summary.shard_records(one_part).line, full["line"][last][::-1])
+    assert np.array_equal(summary.shard_records(one_part).line, full[-1]["line"][:5][::-1])
 
-    # a summary that changed after the index was built is an error naming it, not wrong rows
     victim = summary.cache_path(idx.refs[-1])
     payload = victim.read_bytes().partition(b"\n")[2]
     victim.write_bytes(summary.encode(summary.PartSummary("uint16", np.load(io.BytesIO(payload))[:3]), {}))
     with pytest.raises(ExportError, match=str(victim)):
-        summary.shard_records(idx.rows_of(np.array([len(idx) - 1])))
+        summary.shard_records(idx.rows_of(np.array([len(idx.refs) - 1]), np.array([len(full[-1]) - 1])))
