@@ -1,6 +1,7 @@
 """Asyncio ingest: per dataset, its units of work (streamprep.units) judged by workers and decided in plan order.
 
-    reader ──unit (or, for hf://, a batch the driver read)──▶ worker: judge_piece (stage the judged columns)
+    reader ──unit (or a batch the driver read from a source without files)──▶ worker: judge_piece (stage the judged
+       columns; an hf:// unit's file is downloaded by the worker, within the driver's download window)
        ◀──Summary: kind, digest, kept bytes, failed check per item (no record bytes)──
     decider (one per dataset, plan order): ordinals, exact/near dedup, caps, rejects sample ──Decision──▶
        worker: finalize_piece (kept lines, reject lines, audit stats)
@@ -38,12 +39,13 @@ from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.sources import open_source
 from streamprep.sources.base import SourceError, input_change, one_line
+from streamprep.sources.hf import DownloadWindow, HFSource
 from streamprep.unit_worker import BAD, KEPT, Decision, Summary
 from streamprep.units import Unit
 
 log = logs.get("ingest")
 STOP = object()  # what a coroutine gets instead of an item once a stop is requested
-# A dataset's position: the next piece is piece `piece` of unit `unit` (an hf:// stream continues at `source`);
+# A dataset's position: the next piece is piece `piece` of unit `unit` (a stream unit continues at `source`);
 # `base` counts the items of the unit's file in earlier units; `skip_file`: a file whose rest did not decode.
 START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip_file": None}
 # QC processes run this much nicer than the job: the tokenizer, downstream, comes first on a shared core.
@@ -51,7 +53,7 @@ START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip
 # (sixth round: `git show c594e76:docs/performance.md`).
 QC_NICE = 10
 POOL_RESTARTS = 4  # QC pools replaced after a worker process died, per job; then the job fails (and resumes)
-# An hf:// QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
+# A stream unit's QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
 # text so far): a process-pool round trip costs ~3 ms of the driver's CPU
 # (eighth round: `git show c594e76:docs/performance.md`).
 QC_CALL_BATCHES = 4
@@ -283,8 +285,12 @@ class DatasetIngest:
         # `dedup_scope: run` applies to exact dedup and near-dedup alike
         self.run_scope = (self.dedup_on or self.near is not None) and quality.dedup_scope == "run"
         self.size_cap = int(ds.size_mb * 1024 * 1024) if ds.size_mb else None
-        self.options = thaw(ds.storage_options or {})  # the workers open the dataset's object-store files with it
+        # how the workers open the dataset's files: its storage options (object stores), or an hf.FileReader
+        self.options: Any = thaw(ds.storage_options or {})
         self.depth = 2 * qc.workers + 1  # pieces in flight between each pair of steps: bounded memory
+        self.window: DownloadWindow | None = None  # hf://: the files handed out and not yet checkpointed past
+        self._room = asyncio.Event()  # set when the window lets go of files
+        self.capped = False  # max_records / size_mb ended the dataset: no more units are handed out
 
     async def run(self) -> IngestState:
         name = self.ds.name
@@ -304,7 +310,7 @@ class DatasetIngest:
         self.source = source = open_source(self.ds, self.ctx.hf_cache, ex.max_concurrent_downloads,
                                            prefetch_files=ex.hf_prefetch_files, cache_max_gb=ex.hf_cache_max_gb,
                                            keep_cache=ex.hf_keep_cache)
-        if not self.ds.path.startswith("hf://"):  # hf:// pins its commit in the position itself
+        if not isinstance(source, HFSource):  # hf:// pins its commit in the plan
             inputs = await self._blocking(source.fingerprint)
             if inputs is STOP:
                 return state
@@ -360,12 +366,23 @@ class DatasetIngest:
         (the input identity check has already refused changed files)."""
         path = CheckpointLayout(self.ctx.checkpoint_dir).plan(self.ds.name)
         saved = read_json(path) if state.consumed else None
+        hf = isinstance(self.source, HFSource)
         if isinstance(saved, list):
-            return [Unit(**u) for u in saved]
-        files = getattr(self.source, "files", None)
-        plan = units.plan_dataset(files, self.ds.format, int(self.ctx.execution.unit_mb * (1 << 20)), self.options)
-        atomic.write_json(path, [u.to_json() for u in plan])
-        log.info("units planned", dataset=self.ds.name, units=len(plan), files=len(files or ()))
+            plan = [Unit(**u) for u in saved]
+            if hf and any(u.kind == "stream" for u in plan):
+                raise ConfigError(f"dataset {self.ds.name}: its checkpoint is from an earlier streamprep that read "
+                                  f"hf:// as one stream and cannot be resumed; start over with a new --run-dir")
+        elif hf:
+            plan = self.source.units()
+            state.inputs = self.source.fingerprint()  # the pinned commit and its files, for status
+        else:
+            files = getattr(self.source, "files", None)
+            plan = units.plan_dataset(files, self.ds.format, int(self.ctx.execution.unit_mb * (1 << 20)), self.options)
+        if not isinstance(saved, list):
+            atomic.write_json(path, [u.to_json() for u in plan])
+            log.info("units planned", dataset=self.ds.name, units=len(plan))
+        if hf:
+            self.options, self.window = self.source.reader(plan), DownloadWindow(self.source, plan)
         return plan
 
     def _load_near(self) -> near_dedup.NearDupIndex | None:
@@ -399,12 +416,19 @@ class DatasetIngest:
     # -- reading: units to the workers, in plan order ------------------------------------------------
     async def _read(self, pos: dict[str, Any], consumed: int, queue: asyncio.Queue) -> None:
         """Queue items `(unit, piece, source position after it, last piece of the unit, judge call)` in plan
-        order, then None; a failure ends the queue with its exception."""
+        order, then None; a failure ends the queue with its exception. An hf:// unit is handed out once the
+        download window has room for its file, and none once a cap has ended the dataset."""
         try:
             for u in range(pos["unit"], len(self.units)):
                 unit = self.units[u]
-                if self.ctx.stop.is_set():
+                if self.window is not None:
+                    while not self.window.fits(u):
+                        self._room.clear()
+                        await self._room.wait()
+                if self.ctx.stop.is_set() or self.capped:
                     return
+                if self.window is not None:
+                    self.window.take(u)
                 if unit.kind != "stream":
                     await queue.put((u, 0, None, True, self.qc.submit(
                         unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch, self._stage(u, 0), unit,
@@ -419,7 +443,7 @@ class DatasetIngest:
 
     def _batches_per_call(self) -> int:
         """How many batches the next QC call carries: about QC_CALL_BYTES of text at the mean kept so far. One under
-        `size_mb`, whose reads must not run further ahead of the cap (an hf:// source downloads what is read)."""
+        `size_mb`, whose reads must not run further ahead of the cap (a remote source fetches what is read)."""
         state = self.ctx.progress[self.ds.name]
         if not state.kept or self.size_cap is not None:
             return 1
@@ -428,8 +452,8 @@ class DatasetIngest:
 
     async def _read_stream(self, u: int, k: int, start: dict[str, Any] | None, consumed: int,
                            queue: asyncio.Queue) -> int:
-        """The hf:// stream, read here in QC calls (pieces) of batches cut exactly as one read per batch would
-        cut them, and never past `max_records` (an hf:// source downloads what is read)."""
+        """A stream unit, read here in QC calls (pieces) of batches cut exactly as one read per batch would
+        cut them, and never past `max_records` (a remote source fetches what is read)."""
         loop = asyncio.get_running_loop()
         it = self.source.iter_records(start)
         cap = self.ds.max_records
@@ -488,6 +512,7 @@ class DatasetIngest:
                         a.position["skip_file"] = unit.file
                 self._advance(a, u, k, source, last, len(summary.kinds))
                 fin = self.qc.submit(unit_worker.finalize_piece, self.ds.name, stage, d) if d and d.applied else None
+                self.capped = capped
                 await decided.put((stage, d, a.snapshot(), fin))
                 if capped:
                     await decided.put(None)
@@ -673,9 +698,17 @@ class DatasetIngest:
     async def _save(self, state: IngestState, own: DedupIndex) -> None:
         await asyncio.to_thread(own.flush)  # the log holds at least the checkpoint's `dedup_count` digests
         await asyncio.to_thread(save, self.files, state)
-        if hasattr(self.source, "checkpointed"):  # the source may drop the data this checkpoint has moved past
-            await asyncio.to_thread(self.source.checkpointed, state.position["source"])
+        if self.window is not None:  # the files of the units this checkpoint has passed leave the window
+            await self.release_files(state.position["unit"])
         self._checkpointed(state)
+
+    async def release_files(self, before: int) -> None:
+        """hf://: the files of units before `before` are no longer needed by any resume; delete them (unless
+        `hf_keep_cache`) and let the reader hand out more."""
+        evict = self.window.release(before)
+        self._room.set()
+        if evict is not None:
+            await asyncio.to_thread(evict)
 
     def _checkpointed(self, state: IngestState) -> None:
         if self.ctx.on_checkpoint is not None:
@@ -702,7 +735,8 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
         else QCRunner(ctx.quality, ctx.mode, workers)
     reader_pool = ThreadPoolExecutor(max(1, len(ctx.datasets)), thread_name_prefix="reader")
     t0 = time.monotonic()
-    jobs = [asyncio.ensure_future(DatasetIngest(ds, ctx, qc, reader_pool).run()) for ds in ctx.datasets]
+    ingests = [DatasetIngest(ds, ctx, qc, reader_pool) for ds in ctx.datasets]
+    jobs = [asyncio.ensure_future(d.run()) for d in ingests]
     try:
         results = await asyncio.gather(*jobs)
     finally:
@@ -711,6 +745,9 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
         await asyncio.gather(*jobs, return_exceptions=True)
         reader_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(qc.close)
+        for d in ingests:  # no worker runs now: a done hf:// dataset's files downloaded past a cap go too
+            if d.window is not None and (st := ctx.progress.get(d.ds.name)) is not None and st.done:
+                await d.release_files(len(d.units))
     log.info("ingest done", seconds=round(time.monotonic() - t0, 3), stopped=ctx.stop.is_set())
     return {s.dataset: s for s in results}
 

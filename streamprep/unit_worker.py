@@ -1,7 +1,8 @@
 """What a worker does with a piece of a dataset: judge it, then write its lines once the driver has decided.
 
-A *piece* is one unit a worker reads itself (streamprep.units), or one QC call of batches the driver read
-(an `hf://` stream). Two calls per piece, both in a QC worker process (or Ray actor):
+A *piece* is one unit a worker reads itself (streamprep.units: a range or row group of a file, a whole file, a
+file of an `hf://` snapshot, which the worker downloads), or one QC call of batches the driver read (the `stream`
+unit of a source without a file list). Two calls per piece, both in a QC worker process (or Ray actor):
 
     judge_piece     read (or take) the items, screen and judge them, stage the judged columns on disk
                     (`<stage>.judged`) and return a `Summary`: per item its kind, digest, kept text
@@ -128,8 +129,12 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
     return cols, qc.take_gate_stats(), signatures
 
 
-def _read(unit: Unit, options: units.Options) -> list[Any]:
-    """A unit's items; a range or row group whose bytes stop decoding ends with one REST_OF reject."""
+def _read(unit: Unit, options: Any) -> list[Any]:
+    """A unit's items; a range or row group whose bytes stop decoding ends with one REST_OF reject. An `hf` unit's
+    file is downloaded here and read by `options`, its dataset's `hf.FileReader` (a failed download raises
+    `HFSourceUnavailable`: the job stops, resumable)."""
+    if unit.kind == "hf":
+        return options.read(unit)
     items: list[Any] = []
     try:
         items.extend(units.read_unit(unit, options))
@@ -143,8 +148,9 @@ def _read(unit: Unit, options: units.Options) -> list[Any]:
 
 
 def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit | None,
-                items: list[Any] | None = None, options: units.Options = None) -> Summary:
-    """Judge a unit (read here, with the dataset's storage `options`) or the items the driver read, in batches
+                items: list[Any] | None = None, options: Any = None) -> Summary:
+    """Judge a unit (read here, with the dataset's storage `options`, or for an `hf` unit its `hf.FileReader`)
+    or the items the driver read (a source without a file list), in batches
     of `batch`; stage the judged columns at `stage`.judged (atomic) and return the summary the driver decides on."""
     if items is None:
         items = _read(unit, options)
