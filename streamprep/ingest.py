@@ -462,7 +462,7 @@ class DatasetIngest:
             n = n if cap is None else min(n, cap - consumed)
             items = await loop.run_in_executor(self.reader_pool, _take, it, n) if n > 0 else []
             consumed += len(items)
-            last = len(items) < n
+            last = len(items) < n or not items  # none: the cap was reached with the last call
             fut = self.qc.submit(unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch,
                                  self._stage(u, k), None, [r for r, _ in items])
             await queue.put((u, k, items[-1][1] if items else start, last, fut))
@@ -511,14 +511,40 @@ class DatasetIngest:
                     if summary.rest_failed:
                         a.position["skip_file"] = unit.file
                 self._advance(a, u, k, source, last, len(summary.kinds))
-                fin = self.qc.submit(unit_worker.finalize_piece, self.ds.name, stage, d) if d and d.applied else None
                 self.capped = capped
+                fin = None
+                if d and d.applied and capped and unit.kind == "hf":
+                    fin = asyncio.ensure_future(self._finalize_capped(u, stage, d, len(summary.kinds), a.consumed))
+                elif d and d.applied:
+                    fin = self.qc.submit(unit_worker.finalize_piece, self.ds.name, stage, d)
                 await decided.put((stage, d, a.snapshot(), fin))
                 if capped:
                     await decided.put(None)
                     return
         except Exception as exc:
             await decided.put(exc)
+
+    async def _finalize_capped(self, u: int, stage: str, d: Decision, items: int, consumed: int) -> tuple:
+        """Finalize the hf:// unit `u` in which a cap ended the dataset after `consumed` items. Its gate counters
+        are those of the items a stream read of the dataset judged: up to the cap (`max_records`), or to the end of
+        the stream's batch of `batch_records` (`size_mb` stops inside one), which may reach into the next files."""
+        end = -(-consumed // self.batch) * self.batch
+        if self.ds.max_records is not None:
+            end = min(end, self.ds.max_records)
+        count = end - d.ordinal
+        rejects, st, kept_bytes = await self.qc.submit(
+            unit_worker.finalize_piece, self.ds.name, stage, d,
+            unit_worker.GatesTo(min(count, items), self.ds.text_field, self.units[u], self.options))
+        count -= items
+        for v in range(u + 1, len(self.units)):
+            if count <= 0:
+                break
+            self.window.take(v)  # its file goes when the dataset is done
+            gates, got = await self.qc.submit(unit_worker.judge_gates, self.ds.name, self.ds.text_field,
+                                              self.units[v], self.options, 0, count)
+            stats.add_gates(st, gates)
+            count -= got
+        return rejects, st, kept_bytes
 
     def _advance(self, a: Ahead, u: int, k: int, source: Any, last: bool, items: int) -> None:
         """The position after piece `k` of unit `u` (`items` read from it). `file` and `offset` say where the

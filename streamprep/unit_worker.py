@@ -178,19 +178,45 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
     return Summary(bytes(kinds), digests, text_bytes, checks, signatures if near_on else None, rest_failed)
 
 
-def finalize_piece(name: str, stage: str, d: Decision) -> tuple[bytes, dict[str, Any], int]:
+class GatesTo(NamedTuple):
+    """The gate counters of a capped `hf` unit cover its first `count` items, the items a stream read of the
+    dataset judged (not its whole batches): the batch `count` cuts is judged again, from the unit re-read."""
+
+    count: int
+    text_field: str
+    unit: Unit
+    options: Any
+
+
+def judge_gates(name: str, text_field: str, unit: Unit, options: Any, start: int, stop: int) -> tuple[dict, int]:
+    """The QC gate counters of items `[start, stop)` of an `hf` unit (read again through `options`, its
+    `hf.FileReader`, no further than `stop`), and how many items it has up to `stop`."""
+    items = options.read(unit, stop)
+    return (_judge(name, text_field, items[start:stop])[1] if start < len(items) else {}), len(items)
+
+
+def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None = None) -> tuple[bytes, dict[str, Any], int]:
     """Write the piece's kept lines (`stage`.kept, offsets in `.kept.off`) as the driver numbered them;
-    return (its sampled reject lines, its audit stats, the kept lines' bytes)."""
+    return (its sampled reject lines, its audit stats, the kept lines' bytes). The gate counters are those of
+    the batches with an applied item, or with `gates_to` those of the unit's first `gates_to.count` items."""
     with open(stage + ".judged", "rb") as fh:
         judged = pickle.load(fh)
     st: dict[str, Any] = {}
     kept, rejects = [], []
-    j = 0
+    at = 0  # the batch's first item
     for cols, gates, _ in judged:
-        if j >= d.applied:
-            break
-        stats.add_gates(st, gates)
-        for t in range(min(len(cols.bad), d.applied - j)):
+        size = len(cols.bad)
+        if gates_to is None:
+            if at >= d.applied:
+                break
+            stats.add_gates(st, gates)
+        elif at + size <= gates_to.count:
+            stats.add_gates(st, gates)
+        elif at < gates_to.count:
+            stats.add_gates(st, judge_gates(name, gates_to.text_field, gates_to.unit, gates_to.options, at,
+                                            gates_to.count)[0])
+        for j in range(at, min(at + size, d.applied)):
+            t = j - at
             ordinal = d.ordinal + j
             source = {"dataset": name, "index": ordinal}
             bad, keep = cols.bad[t], d.keep[j]
@@ -220,7 +246,7 @@ def finalize_piece(name: str, stage: str, d: Decision) -> tuple[bytes, dict[str,
                 rejects.append(orjson.dumps({"failed_check": meta.get("failed_check", "unknown"),
                                              "reason": meta.get("reason"), "meta": meta, "source": source,
                                              "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n")
-            j += 1
+        at += size
     offsets = np.zeros(len(kept) + 1, np.int64)
     np.cumsum([len(line) for line in kept], out=offsets[1:])
     atomic.write_bytes(stage + ".kept", b"".join(kept))

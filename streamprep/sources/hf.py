@@ -769,7 +769,8 @@ class FileReader:
     retries: int
     retry_max_s: float
 
-    def read(self, unit: Unit) -> list[dict[str, Any] | BadRecord]:
+    def read(self, unit: Unit, limit: int | None = None) -> list[dict[str, Any] | BadRecord]:
+        """The unit's items (its first `limit`)."""
         sha, path = _unit_file(self.repo_id, unit)
         set_retry_policy(self.retries, self.retry_max_s)
         install_retrying_client()
@@ -777,7 +778,7 @@ class FileReader:
         with _held(lambda: download(self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache)),
                    _reading_dir(cache, unit)) as local:
             return [item for item, _ in _stream([local], unit.fmt, self.builder_kwargs, split=self.split,
-                                                flt=self.filter, max_records=None, start=None,
+                                                flt=self.filter, max_records=limit, start=None,
                                                 cache_dir=cache / "datasets", extra={}, names=[path])]
 
 
