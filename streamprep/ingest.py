@@ -39,7 +39,7 @@ from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.sources import open_source
 from streamprep.sources.base import SourceError, input_change, one_line
-from streamprep.sources.hf import DownloadWindow, HFSource
+from streamprep.sources.hf import DownloadWindow, HFSource, clear_leftovers
 from streamprep.unit_worker import BAD, KEPT, Decision, Summary
 from streamprep.units import Unit
 
@@ -383,6 +383,7 @@ class DatasetIngest:
             log.info("units planned", dataset=self.ds.name, units=len(plan))
         if hf:
             self.options, self.window = self.source.reader(plan), DownloadWindow(self.source, plan)
+            self.window.drop_passed((state.position or START)["unit"])
         return plan
 
     def _load_near(self) -> near_dedup.NearDupIndex | None:
@@ -760,6 +761,7 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
     qc = RayQCRunner(ctx.quality, ctx.mode, workers, ex.ray_address) if ex.ray_address \
         else QCRunner(ctx.quality, ctx.mode, workers)
     reader_pool = ThreadPoolExecutor(max(1, len(ctx.datasets)), thread_name_prefix="reader")
+    await asyncio.to_thread(clear_leftovers, ctx.hf_cache)  # nothing downloads into the run's cache yet
     t0 = time.monotonic()
     ingests = [DatasetIngest(ds, ctx, qc, reader_pool) for ds in ctx.datasets]
     jobs = [asyncio.ensure_future(d.run()) for d in ingests]

@@ -842,11 +842,26 @@ class DownloadWindow:
         readers = [_reading_dir(self.cache_dir, x) for x in gone]
         return lambda: _evict(links, others, readers)
 
+    def drop_passed(self, start: int) -> None:
+        """Before a (resumed) dataset hands out unit `start`: delete the files of the units before it that a killed
+        job left behind (between its checkpoint and its deleting), unless `hf_keep_cache`."""
+        if not self.keep:
+            _evict([self._local(x) for x in self.plan[:start]], [], [_reading_dir(self.cache_dir, x) for x in self.plan[:start]])
+
     def _local(self, unit: Unit) -> Path:
         from huggingface_hub.file_download import repo_folder_name
 
         sha, path = _unit_file(self.repo_id, unit)
         return self.cache_dir / repo_folder_name(repo_id=self.repo_id, repo_type="dataset") / "snapshots" / sha / path
+
+
+def clear_leftovers(cache_dir: Path) -> None:
+    """Before a job downloads anything into its run's HF cache: remove what killed processes left there, the
+    partial downloads (`huggingface_hub` names each attempt's file anew, so none is resumed) and the readers'
+    hard links, which would hold disk the download window does not count."""
+    for partial in Path(cache_dir).glob("datasets--*/blobs/*.incomplete"):
+        partial.unlink(missing_ok=True)
+    shutil.rmtree(Path(cache_dir) / "streamprep" / "reading", ignore_errors=True)
 
 
 def _evict(links: list[Path], others: list[Path], readers: list[Path]) -> None:
@@ -857,10 +872,13 @@ def _evict(links: list[Path], others: list[Path], readers: list[Path]) -> None:
         shutil.rmtree(d, ignore_errors=True)
     shared = {p.resolve() for p in others if p.is_symlink()}
     for link in links:
-        blob = link.resolve() if link.is_symlink() else None
-        link.unlink(missing_ok=True)
-        if blob is not None and blob not in shared:
+        if not link.is_symlink():  # a cache without symlinks holds copies
+            link.unlink(missing_ok=True)
+            continue
+        blob = link.resolve()
+        if blob not in shared:  # first: a job killed in between leaves a dangling link, not an unlisted blob
             blob.unlink(missing_ok=True)
+        link.unlink(missing_ok=True)
         log.debug("hf cache file deleted", file=str(link))
 
 

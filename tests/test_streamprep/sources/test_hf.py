@@ -919,7 +919,7 @@ def test_the_drivers_window_bounds_the_files_on_disk(many, tmp_path, window, bou
         assert peak[0] >= 2 and many.max_in_flight >= 2, "the two workers never downloaded at the same time"
     else:
         assert many.max_in_flight == 1
-    assert _blobs(run / "cache/hf") == set()
+    assert _blobs(run / "cache/hf") == set(), sorted(str(p.relative_to(run)) for p in (run / "cache/hf").rglob("*") if p.is_file() or p.is_symlink())
     assert not any((run / "cache/hf/streamprep/reading").iterdir())
 
 
@@ -951,7 +951,7 @@ def test_max_records_stops_handing_out_units(many, tmp_path):
     st = _ingest(raw, run)
     assert st["consumed"] == 50 and st["kept"] == 50
     assert set(MANY_FILES[:2]) <= _data_gets(many) <= set(MANY_FILES[:4]), sorted(_data_gets(many))
-    assert _blobs(run / "cache/hf") == set()
+    assert _blobs(run / "cache/hf") == set(), sorted(str(p.relative_to(run)) for p in (run / "cache/hf").rglob("*") if p.is_file() or p.is_symlink())
 
 
 def test_a_plan_from_the_stream_version_is_refused(hub, tmp_path):
@@ -975,3 +975,70 @@ def test_a_plan_from_the_stream_version_is_refused(hub, tmp_path):
                                           r"hf:// as one stream and cannot be resumed; start over") as err:
         asyncio.run(ingest_all(IngestContext.of(load(raw), run, ck, asyncio.Event())))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_kill_9_anywhere_then_resume_gives_the_same_bytes(many, tmp_path):
+    """`streamprep ingest` on 12 hf:// files (2 workers downloading them, ~0.8 s a file) killed with SIGKILL at
+    random moments, mid-download included, then resumed: parts, rejects and token files equal an uninterrupted
+    run's, and no downloaded file is left in the cache."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from helpers import tree_hashes
+
+    many.rate = 50_000
+    raw = _ingest_config(MANY_REPO, workers=2, hf_prefetch_files=2)
+    raw["datasets"][0].pop("filter")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "HF_ENDPOINT": many.url, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+           "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("HF_TOKEN", None)
+
+    def start(run):
+        return subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
+                                 str(run)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    ref = tmp_path / "ref"
+    proc = start(ref)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    rng = random.Random(7)
+    run = tmp_path / "run"
+    ck = run / "checkpoints" / "web.json"
+    log = run / "logs" / "streamprep.log"
+
+    def consumed() -> int:
+        try:
+            return json.loads(ck.read_text())["consumed"]
+        except (OSError, ValueError):  # not yet written (it is replaced atomically)
+            return 0
+
+    inside = []  # items checkpointed when a kill landed inside ingest
+    for cycle in range(5):  # the first kill lands before the first commit, the others after one
+        seen, before = (log.stat().st_size if log.exists() else 0), consumed()
+        proc = start(run)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:  # planned (downloads start), or a unit committed
+            if (consumed() > before) if cycle else (log.exists() and b"units planned" in log.read_bytes()[seen:]):
+                break
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.5 if cycle else 1.5))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        if 0 < consumed() < 480:
+            inside.append(consumed())
+    proc = start(run)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    assert len(inside) >= 3, inside
+    compared = ("ingest", "rejects", "binidx")
+    assert tree_hashes(run, *compared) == tree_hashes(ref, *compared)
+    assert _blobs(run / "cache/hf") == set(), sorted(str(p.relative_to(run)) for p in (run / "cache/hf").rglob("*")
+                                                      if (p.is_file() or p.is_symlink()) and ".locks" not in p.parts)
