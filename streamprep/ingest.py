@@ -348,7 +348,6 @@ class DatasetIngest:
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
         if state.done:
-            await asyncio.to_thread(shutil.rmtree, self.stage_dir, True)
             if self.run_scope:
                 self.ctx.publish(name, own, self.near)
         return state
@@ -773,9 +772,11 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
         await asyncio.gather(*jobs, return_exceptions=True)
         reader_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(qc.close)
-        for d in ingests:  # no worker runs now: a done hf:// dataset's files downloaded past a cap go too
-            if d.window is not None and (st := ctx.progress.get(d.ds.name)) is not None and st.done:
-                await d.release_files(len(d.units))
+        for d in ingests:  # no worker runs now: a done dataset's staged files (units judged past a cap included)
+            if (st := ctx.progress.get(d.ds.name)) is not None and st.done:  # and hf:// files go
+                await asyncio.to_thread(shutil.rmtree, d.stage_dir, True)
+                if d.window is not None:
+                    await d.release_files(len(d.units))
     log.info("ingest done", seconds=round(time.monotonic() - t0, 3), stopped=ctx.stop.is_set())
     return {s.dataset: s for s in results}
 
