@@ -289,8 +289,11 @@ class DatasetIngest:
         self.options: Any = thaw(ds.storage_options or {})
         self.depth = 2 * qc.workers + 1  # pieces in flight between each pair of steps: bounded memory
         self.window: DownloadWindow | None = None  # hf://: the files handed out and not yet checkpointed past
-        self._room = asyncio.Event()  # set when the window lets go of files
+        self._room = asyncio.Event()  # set when the window lets go of files, or a unit is decided
         self.capped = False  # max_records / size_mb ended the dataset: no more units are handed out
+        self._handed = self._decided = 0  # hf:// units handed out / decided, in plan order, set in run()
+        self._yield = Yield()  # what this run's decided hf:// units gave, per byte of their files
+        self._ahead: Ahead | None = None  # the decider's counters
 
     async def run(self) -> IngestState:
         name = self.ds.name
@@ -321,6 +324,7 @@ class DatasetIngest:
         if plan is STOP:
             return state
         self.units = plan
+        self._handed = self._decided = (state.position or START)["unit"]
         judged: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
         decided: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
         reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, judged))
@@ -330,8 +334,9 @@ class DatasetIngest:
             if earlier is not None:
                 near = near_dedup.NearDecision(self.near, [(n, i) for n, _, i in earlier if i is not None]) \
                     if self.near is not None else None
+                self._ahead = Ahead.of(state)
                 decider = asyncio.create_task(self._decide_all(
-                    Ahead.of(state), DedupDecision(own, [(n, i) for n, i, _ in earlier]), near, judged, decided))
+                    self._ahead, DedupDecision(own, [(n, i) for n, i, _ in earlier]), near, judged, decided))
                 await self._commit_all(state, own, decided)
         finally:
             for task in (reader, decider):
@@ -422,13 +427,14 @@ class DatasetIngest:
             for u in range(pos["unit"], len(self.units)):
                 unit = self.units[u]
                 if self.window is not None:
-                    while not self.window.fits(u):
+                    while not (self.window.fits(u) and self._may_need(u)) and not self.capped:
                         self._room.clear()
                         await self._room.wait()
                 if self.ctx.stop.is_set() or self.capped:
                     return
                 if self.window is not None:
                     self.window.take(u)
+                    self._handed = u + 1
                 if unit.kind != "stream":
                     await queue.put((u, 0, None, True, self.qc.submit(
                         unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch, self._stage(u, 0), unit,
@@ -506,12 +512,18 @@ class DatasetIngest:
                 d, capped = None, False
                 if not (unit.kind in units.NUMBERED and unit.file == a.position["skip_file"]):
                     d, capped = self._decide(a, dedup, near, unit, summary)
+                    # a piece that reaches max_records exactly ends the dataset too: nothing after it is read
+                    capped = capped or (self.ds.max_records is not None and a.consumed >= self.ds.max_records)
                     if self.near is not None and (near_log := self.near.take_log()):
                         await _append(self.files.near_dedup, near_log)
                     if summary.rest_failed:
                         a.position["skip_file"] = unit.file
                 self._advance(a, u, k, source, last, len(summary.kinds))
                 self.capped = capped
+                if unit.kind == "hf":
+                    self._decided = u + 1
+                    self._yield.add(unit.end, len(summary.kinds), sum(summary.text_bytes))
+                    self._room.set()
                 fin = None
                 if d and d.applied and capped and unit.kind == "hf":
                     fin = asyncio.ensure_future(self._finalize_capped(u, stage, d, len(summary.kinds), a.consumed))
@@ -523,6 +535,20 @@ class DatasetIngest:
                     return
         except Exception as exc:
             await decided.put(exc)
+
+    def _may_need(self, u: int) -> bool:
+        """Whether hf:// unit `u` may be needed under the dataset's caps: the units handed out and not decided yet
+        are expected to fall short of them, at what this run's decided units gave per byte of file (the first
+        unit goes alone). Scheduling only: the decider stops at the exact record whatever was handed out."""
+        cap, size_cap = self.ds.max_records, self.size_cap
+        if (cap is None and size_cap is None) or u == self._decided:
+            return True
+        if not self._yield.bytes:
+            return False
+        pending = sum(self.units[v].end for v in range(self._decided, self._handed))
+        a = self._ahead
+        return (cap is None or a.consumed + pending * self._yield.items / self._yield.bytes < cap) and \
+            (size_cap is None or a.kept_text_bytes + pending * self._yield.kept / self._yield.bytes < size_cap)
 
     async def _finalize_capped(self, u: int, stage: str, d: Decision, items: int, consumed: int) -> tuple:
         """Finalize the hf:// unit `u` in which a cap ended the dataset after `consumed` items. Its gate counters
@@ -731,14 +757,27 @@ class DatasetIngest:
     async def release_files(self, before: int) -> None:
         """hf://: the files of units before `before` are no longer needed by any resume; delete them (unless
         `hf_keep_cache`) and let the reader hand out more."""
-        evict = self.window.release(before)
-        self._room.set()
+        evict = self.window.evictor(before)
         if evict is not None:
             await asyncio.to_thread(evict)
+        self.window.release(before)  # once deleted: the files on disk never exceed the window
+        self._room.set()
 
     def _checkpointed(self, state: IngestState) -> None:
         if self.ctx.on_checkpoint is not None:
             self.ctx.on_checkpoint(state)
+
+
+@dataclass
+class Yield:
+    """Items and kept text bytes that decided hf:// units gave, and the bytes of their files."""
+
+    bytes: int = 0
+    items: int = 0
+    kept: int = 0
+
+    def add(self, size: int, items: int, kept: int) -> None:
+        self.bytes, self.items, self.kept = self.bytes + size, self.items + items, self.kept + kept
 
 
 def _remove(paths: list[str]) -> None:

@@ -687,7 +687,7 @@ class HFSource:
             self._snap = self._resolve(sha)
         return FileReader(self.repo_id, str(self.cache_dir), self.endpoint, self.workers, self._snap.builder_kwargs,
                           _split_name(self.split), dict(self.filter) if self.filter else None,
-                          _POLICY.retries, _POLICY.max_s)
+                          _POLICY.retries, _POLICY.max_s, self.max_records)
 
     # -- the Source protocol --
     def fingerprint(self) -> dict[str, Any]:
@@ -768,9 +768,12 @@ class FileReader:
     filter: dict[str, Any] | None
     retries: int
     retry_max_s: float
+    max_records: int | None  # no unit's item past this index is ever used: its ordinal is past the cap
 
     def read(self, unit: Unit, limit: int | None = None) -> list[dict[str, Any] | BadRecord]:
-        """The unit's items (its first `limit`)."""
+        """The unit's items (its first `limit`; never more than `max_records`)."""
+        if self.max_records is not None:
+            limit = self.max_records if limit is None else min(limit, self.max_records)
         sha, path = _unit_file(self.repo_id, unit)
         set_retry_policy(self.retries, self.retry_max_s)
         install_retrying_client()
@@ -813,9 +816,10 @@ def _held(fetch: Callable[[], Path], mine: Path) -> Iterator[Path]:
 class DownloadWindow:
     """The driver's bound on one hf:// dataset's files on disk, kept by handing units out (`fits`, `take`): at most
     `hf_prefetch_files` + 1 units between the oldest one no checkpoint has passed and the newest handed out, and
-    at most `hf_cache_max_gb` of their files (the oldest one is always handed out). `release(n)`, after a
-    checkpoint at unit `n`, deletes the files of the units before it from the cache (unless `hf_keep_cache`).
-    Only the event loop calls it; `release` does its deleting in a thread, one call at a time."""
+    at most `hf_cache_max_gb` of their files (the oldest one is always handed out). After a checkpoint at unit
+    `n`, `evictor(n)` deletes the files of the units before it from the cache (unless `hf_keep_cache`), then
+    `release(n)` lets go of them: the files on disk never exceed the window. Only the event loop calls it; the
+    deleting runs in a thread, one call at a time."""
 
     def __init__(self, src: HFSource, plan: Sequence[Unit]):
         self.plan = plan
@@ -832,15 +836,20 @@ class DownloadWindow:
     def take(self, u: int) -> None:
         self.held[u] = self.plan[u]
 
-    def release(self, before: int) -> Callable[[], None] | None:
-        """Units before `before` are checkpointed: drop them from the window; returns the deleting to run in a
-        thread (None: nothing to delete)."""
-        gone = [self.held.pop(u) for u in sorted(self.held) if u < before]
+    def evictor(self, before: int) -> Callable[[], None] | None:
+        """The deleting, to run in a thread, of the files of the held units before `before`, which a checkpoint
+        has passed (None: nothing to delete); `release` then lets go of them."""
+        gone = [x for u, x in self.held.items() if u < before]
         if not gone or self.keep:
             return None
-        links, others = [self._local(x) for x in gone], [self._local(x) for x in self.held.values()]
+        links = [self._local(x) for x in gone]
+        others = [self._local(x) for u, x in self.held.items() if u >= before]
         readers = [_reading_dir(self.cache_dir, x) for x in gone]
         return lambda: _evict(links, others, readers)
+
+    def release(self, before: int) -> None:
+        for u in [u for u in self.held if u < before]:
+            del self.held[u]
 
     def drop_passed(self, start: int) -> None:
         """Before a (resumed) dataset hands out unit `start`: delete the files of the units before it that a killed

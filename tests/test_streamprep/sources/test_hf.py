@@ -803,10 +803,12 @@ def _ingest(raw: dict, run) -> dict:
 
 
 def _blobs(cache) -> set[tuple[int, int]]:
-    """The distinct data files on disk in an HF cache: blobs (complete or being written) and the readers' own
-    hard links to them (one inode each). Sampled while downloads run: a file that vanished is not counted."""
+    """The distinct data files in an HF cache: blobs (complete or being written) and the readers' own hard links
+    to them (one inode each)."""
     out = set()
     for p in [*cache.glob("datasets--*/blobs/*"), *cache.glob("streamprep/reading/*/*")]:
+        if p.name.startswith("tmp_"):  # huggingface_hub's empty probe of whether symlinks work here
+            continue
         try:
             st = p.lstat()
         except FileNotFoundError:
@@ -877,17 +879,52 @@ def test_a_size_cap_counts_the_gates_of_the_streams_last_batch_into_the_next_fil
     assert want["consumed"] == 33 and want["stats"]["gate_seen"]["normalize"] == 50
 
 
-def _watch(cache, peak: list[int]) -> tuple[threading.Event, threading.Thread]:
-    stop = threading.Event()
+_WATCHER = """
+import os, stat, sys, time
+cache, out = sys.argv[1], sys.argv[2]
+def files():  # distinct inodes: blobs (complete or being written) and the readers' hard links to them
+    seen = set()
+    for d in [os.path.join(cache, r, "blobs") for r in (os.listdir(cache) if os.path.isdir(cache) else [])
+              if r.startswith("datasets--")] + [os.path.join(cache, "streamprep", "reading", k) for k in
+              (os.listdir(os.path.join(cache, "streamprep", "reading"))
+               if os.path.isdir(os.path.join(cache, "streamprep", "reading")) else [])]:
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            continue
+        for n in names:
+            if n.startswith("tmp_"):  # huggingface_hub's empty probe of whether symlinks work here
+                continue
+            try:
+                st = os.lstat(os.path.join(d, n))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                seen.add((st.st_dev, st.st_ino))
+    return len(seen)
+peak = 0
+while not os.path.exists(out + ".stop"):
+    peak = max(peak, files())
+    time.sleep(0.001)
+open(out, "w").write(str(peak))
+"""
 
-    def watch():
-        while not stop.is_set():
-            peak[0] = max(peak[0], len(_blobs(cache)))
-            stop.wait(0.002)
 
-    t = threading.Thread(target=watch)
-    t.start()
-    return stop, t
+@contextmanager
+def _peak_files(cache, result: list[int]):
+    """The most data files on disk at once in an HF cache while the block runs, sampled by a process of its own
+    (a thread of this one waits for the GIL the driver holds, and its samples could mix two moments)."""
+    import subprocess
+    import sys
+
+    out = cache.parent / "peak.txt"
+    proc = subprocess.Popen([sys.executable, "-c", _WATCHER, str(cache), str(out)])
+    try:
+        yield
+    finally:
+        (cache.parent / "peak.txt.stop").write_text("")
+        proc.wait(timeout=30)
+        result.append(int(out.read_text()))
 
 
 @pytest.mark.slow
@@ -904,13 +941,10 @@ def test_the_drivers_window_bounds_the_files_on_disk(many, tmp_path, window, bou
     raw = _ingest_config(MANY_REPO, workers=2, max_concurrent_downloads=8, **window)
     raw["datasets"][0].pop("filter")
     run = tmp_path / "run"
-    peak = [0]
-    stop, watcher = _watch(run / "cache/hf", peak)
-    try:
+    peak: list[int] = []
+    (run / "cache").mkdir(parents=True)
+    with _peak_files(run / "cache/hf", peak):
         st = _ingest(raw, run)
-    finally:
-        stop.set()
-        watcher.join()
     assert st["kept"] == 480
     assert many.file_requests("GET") == {"README.md": 1, **{p: 1 for p in MANY_FILES}} or \
         many.file_requests("GET") == {p: 1 for p in MANY_FILES}
