@@ -133,7 +133,7 @@ class HubStats:
 
     def _add(self, cause: str | None = None, gave_up: int = 0, files: int = 0, size: int = 0) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock, open(self.path.with_suffix(".lock"), "a+b") as lock:
+        with self.lock, open(self.path.with_name("hub_stats.flock"), "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # other processes of the run add to the same file
             st = self._read()
             if cause is not None:
