@@ -438,7 +438,7 @@ class DatasetIngest:
                 if unit.kind != "stream":
                     await queue.put((u, 0, None, True, self.qc.submit(
                         unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch, self._stage(u, 0), unit,
-                        None, self.options)))
+                        None, self.options, self._ahead_of(u))))
                     continue
                 first = pos["piece"] if u == pos["unit"] else 0
                 consumed = await self._read_stream(u, first, pos["source"] if u == pos["unit"] else None,
@@ -535,6 +535,19 @@ class DatasetIngest:
                     return
         except Exception as exc:
             await decided.put(exc)
+
+    def _ahead_of(self, u: int) -> tuple[Unit, ...]:
+        """hf:// without a cap: the unit the worker of `u` is likely to get next (`workers` units on, the pool
+        serving calls in order), handed out now if the window has room for it and the units between, for that
+        worker to download while it judges `u`: downloads overlap the judging, as the driver's reader thread's
+        download-ahead once did. Scheduling only."""
+        v = u + self.qc.workers
+        if self.window is None or self.ds.max_records is not None or self.size_cap is not None \
+                or v >= len(self.units) or v in self.window.held or not self.window.fits_ahead(u, v):
+            return ()
+        self.window.take(v)
+        self._handed = v + 1
+        return (self.units[v],)
 
     def _may_need(self, u: int) -> bool:
         """Whether hf:// unit `u` may be needed under the dataset's caps: the units handed out and not decided yet

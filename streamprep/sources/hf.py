@@ -39,6 +39,7 @@ import re
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,7 +296,7 @@ class _ResumingStream(httpx2.SyncByteStream):
         self.stream = response.stream
 
     def __iter__(self) -> Iterator[bytes]:
-        at = _range_start(self.response)  # next byte of the file to hand over
+        at = first = _range_start(self.response)  # next byte of the file to hand over
         skip, attempt = 0, 0
         etag = self.response.headers.get("ETag")
         while True:
@@ -308,6 +309,8 @@ class _ResumingStream(httpx2.SyncByteStream):
                         at += len(chunk)
                         attempt = 0
                         yield chunk
+                if (stats := getattr(_current, "downloading", None)) is not None:  # a file's body, all of it
+                    stats.downloaded(at - first)
                 return
             except RESET_ERRORS:
                 self.stream.close()
@@ -732,15 +735,16 @@ def download(repo_id: str, path: str, sha: str, cache_dir: Path, endpoint: str, 
     hit = try_to_load_from_cache(repo_id, path, cache_dir=cache_dir, revision=sha, repo_type="dataset")
     if isinstance(hit, str):
         return Path(hit)
-    _current.stats = stats
+    # the file is counted when its body arrives whole, not when another thread or process fetched it meanwhile
+    _current.stats = _current.downloading = stats
     try:
         with _download_slots(slots):
-            got = Path(hf_hub_download(repo_id, path, repo_type="dataset", revision=sha, cache_dir=cache_dir,
-                                       endpoint=endpoint))
-        stats.downloaded(got.stat().st_size)
-        return got
+            return Path(hf_hub_download(repo_id, path, repo_type="dataset", revision=sha, cache_dir=cache_dir,
+                                        endpoint=endpoint))
     except Exception as exc:
         raise HFSourceUnavailable(f"hf://{repo_id}@{sha}: download of {path} failed ({_one_line(exc)})") from None
+    finally:
+        _current.downloading = None
 
 
 def unit_path(repo_id: str, sha: str, path: str) -> str:
@@ -751,6 +755,9 @@ def _unit_file(repo_id: str, unit: Unit) -> tuple[str, str]:
     """(commit sha, repo path) of an `hf` unit."""
     sha, _, path = unit.path.removeprefix(f"hf://datasets/{repo_id}@").partition("/")
     return sha, path
+
+
+_PREFETCH = ThreadPoolExecutor(1, thread_name_prefix="hf-prefetch")  # one file ahead per process
 
 
 @dataclass(frozen=True)
@@ -769,6 +776,21 @@ class FileReader:
     retries: int
     retry_max_s: float
     max_records: int | None  # no unit's item past this index is ever used: its ordinal is past the cap
+
+    def prefetch(self, units: Sequence[Unit]) -> None:
+        """Start downloading `units` (handed out by the driver already, so inside its window) in a thread of this
+        process while it judges its own unit; whichever worker reads one later finds it in the cache, or waits for
+        it on `huggingface_hub`'s lock. A failure here is only logged: the reader downloads it again."""
+        for unit in units:
+            _PREFETCH.submit(self._prefetch_one, unit)
+
+    def _prefetch_one(self, unit: Unit) -> None:
+        sha, path = _unit_file(self.repo_id, unit)
+        cache = Path(self.cache_dir)
+        try:
+            download(self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache))
+        except Exception as exc:  # HFSourceUnavailable and the like: the unit's reader reports it
+            log.info("hf prefetch failed; the reader downloads the file", file=path, error=_one_line(exc))
 
     def read(self, unit: Unit, limit: int | None = None) -> list[dict[str, Any] | BadRecord]:
         """The unit's items (its first `limit`; never more than `max_records`)."""
@@ -828,10 +850,17 @@ class DownloadWindow:
         self.held: dict[int, Unit] = {}  # handed out, not yet passed by a checkpoint
 
     def fits(self, u: int) -> bool:
-        if not self.held:
+        if not self.held or u in self.held:
             return True
         return u - min(self.held) < self.files and \
             sum(x.end for x in self.held.values()) + self.plan[u].end <= self.max_bytes
+
+    def fits_ahead(self, u: int, v: int) -> bool:
+        """Whether unit `v` can be handed out before the units between `u` (handed out) and it, with room kept for
+        them all: they will fit when their turn comes, so an early hand-out never blocks the window."""
+        between = sum(self.plan[w].end for w in range(u + 1, v + 1) if w not in self.held)
+        return v - min(self.held, default=u) < self.files and \
+            sum(x.end for x in self.held.values()) + between <= self.max_bytes
 
     def take(self, u: int) -> None:
         self.held[u] = self.plan[u]

@@ -1078,3 +1078,28 @@ def test_kill_9_anywhere_then_resume_gives_the_same_bytes(many, tmp_path):
     assert tree_hashes(run, *compared) == tree_hashes(ref, *compared)
     assert _blobs(run / "cache/hf") == set(), sorted(str(p.relative_to(run)) for p in (run / "cache/hf").rglob("*")
                                                       if (p.is_file() or p.is_symlink()) and ".locks" not in p.parts)
+
+
+@pytest.mark.slow
+def test_a_worker_downloads_the_next_file_while_it_judges(many, tmp_path, monkeypatch):
+    """Downloads overlap the judging: while its worker judges unit 0, unit 1's file (the next it gets, with
+    1 worker) is already being fetched; each file is still fetched once."""
+    import time
+
+    from streamprep import unit_worker
+
+    seen: list[set] = []
+    real = unit_worker._judge
+
+    def judge(name, text_field, items):
+        if items and not isinstance(items[0], BadRecord) and items[0]["id"] == 0:
+            time.sleep(0.5)  # the prefetch thread has started by now (a file takes ~0.1 s)
+            seen.append(_data_gets(many))
+        return real(name, text_field, items)
+
+    monkeypatch.setattr(unit_worker, "_judge", judge)
+    raw = _ingest_config(MANY_REPO, workers=1, hf_prefetch_files=4)
+    raw["datasets"][0].pop("filter")
+    assert _ingest(raw, tmp_path / "run")["kept"] == 480
+    assert seen == [set(MANY_FILES[:2])]
+    assert many.file_requests("GET") == {p: 1 for p in MANY_FILES}
