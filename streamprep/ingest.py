@@ -1,6 +1,7 @@
 """Asyncio ingest: per dataset, its units of work (streamprep.units) judged by workers and decided in plan order.
 
-    reader ──unit (or, for hf://, a batch the driver read)──▶ worker: judge_piece (stage the judged columns)
+    reader ──unit (or a batch the driver read from a source without files)──▶ worker: judge_piece (stage the judged
+       columns; an hf:// unit's file is downloaded by the worker, within the driver's download window)
        ◀──Summary: kind, digest, kept bytes, failed check per item (no record bytes)──
     decider (one per dataset, plan order): ordinals, exact/near dedup, caps, rejects sample ──Decision──▶
        worker: finalize_piece (kept lines, reject lines, audit stats)
@@ -38,12 +39,13 @@ from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.sources import open_source
 from streamprep.sources.base import SourceError, input_change, one_line
+from streamprep.sources.hf import DownloadWindow, HFSource, clear_leftovers
 from streamprep.unit_worker import BAD, KEPT, Decision, Summary
 from streamprep.units import Unit
 
 log = logs.get("ingest")
 STOP = object()  # what a coroutine gets instead of an item once a stop is requested
-# A dataset's position: the next piece is piece `piece` of unit `unit` (an hf:// stream continues at `source`);
+# A dataset's position: the next piece is piece `piece` of unit `unit` (a stream unit continues at `source`);
 # `base` counts the items of the unit's file in earlier units; `skip_file`: a file whose rest did not decode.
 START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip_file": None}
 # QC processes run this much nicer than the job: the tokenizer, downstream, comes first on a shared core.
@@ -51,7 +53,7 @@ START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip
 # (sixth round: `git show c594e76:docs/performance.md`).
 QC_NICE = 10
 POOL_RESTARTS = 4  # QC pools replaced after a worker process died, per job; then the job fails (and resumes)
-# An hf:// QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
+# A stream unit's QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
 # text so far): a process-pool round trip costs ~3 ms of the driver's CPU
 # (eighth round: `git show c594e76:docs/performance.md`).
 QC_CALL_BATCHES = 4
@@ -283,8 +285,15 @@ class DatasetIngest:
         # `dedup_scope: run` applies to exact dedup and near-dedup alike
         self.run_scope = (self.dedup_on or self.near is not None) and quality.dedup_scope == "run"
         self.size_cap = int(ds.size_mb * 1024 * 1024) if ds.size_mb else None
-        self.options = thaw(ds.storage_options or {})  # the workers open the dataset's object-store files with it
+        # how the workers open the dataset's files: its storage options (object stores), or an hf.FileReader
+        self.options: Any = thaw(ds.storage_options or {})
         self.depth = 2 * qc.workers + 1  # pieces in flight between each pair of steps: bounded memory
+        self.window: DownloadWindow | None = None  # hf://: the files handed out and not yet checkpointed past
+        self._room = asyncio.Event()  # set when the window lets go of files, or a unit is decided
+        self.capped = False  # max_records / size_mb ended the dataset: no more units are handed out
+        self._handed = self._decided = 0  # hf:// units handed out / decided, in plan order, set in run()
+        self._yield = Yield()  # what this run's decided hf:// units gave, per byte of their files
+        self._ahead: Ahead | None = None  # the decider's counters
 
     async def run(self) -> IngestState:
         name = self.ds.name
@@ -304,7 +313,7 @@ class DatasetIngest:
         self.source = source = open_source(self.ds, self.ctx.hf_cache, ex.max_concurrent_downloads,
                                            prefetch_files=ex.hf_prefetch_files, cache_max_gb=ex.hf_cache_max_gb,
                                            keep_cache=ex.hf_keep_cache)
-        if not self.ds.path.startswith("hf://"):  # hf:// pins its commit in the position itself
+        if not isinstance(source, HFSource):  # hf:// pins its commit in the plan
             inputs = await self._blocking(source.fingerprint)
             if inputs is STOP:
                 return state
@@ -315,6 +324,7 @@ class DatasetIngest:
         if plan is STOP:
             return state
         self.units = plan
+        self._handed = self._decided = (state.position or START)["unit"]
         judged: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
         decided: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
         reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, judged))
@@ -324,8 +334,9 @@ class DatasetIngest:
             if earlier is not None:
                 near = near_dedup.NearDecision(self.near, [(n, i) for n, _, i in earlier if i is not None]) \
                     if self.near is not None else None
+                self._ahead = Ahead.of(state)
                 decider = asyncio.create_task(self._decide_all(
-                    Ahead.of(state), DedupDecision(own, [(n, i) for n, i, _ in earlier]), near, judged, decided))
+                    self._ahead, DedupDecision(own, [(n, i) for n, i, _ in earlier]), near, judged, decided))
                 await self._commit_all(state, own, decided)
         finally:
             for task in (reader, decider):
@@ -342,7 +353,6 @@ class DatasetIngest:
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
         if state.done:
-            await asyncio.to_thread(shutil.rmtree, self.stage_dir, True)
             if self.run_scope:
                 self.ctx.publish(name, own, self.near)
         return state
@@ -360,12 +370,24 @@ class DatasetIngest:
         (the input identity check has already refused changed files)."""
         path = CheckpointLayout(self.ctx.checkpoint_dir).plan(self.ds.name)
         saved = read_json(path) if state.consumed else None
+        hf = isinstance(self.source, HFSource)
         if isinstance(saved, list):
-            return [Unit(**u) for u in saved]
-        files = getattr(self.source, "files", None)
-        plan = units.plan_dataset(files, self.ds.format, int(self.ctx.execution.unit_mb * (1 << 20)), self.options)
-        atomic.write_json(path, [u.to_json() for u in plan])
-        log.info("units planned", dataset=self.ds.name, units=len(plan), files=len(files or ()))
+            plan = [Unit(**u) for u in saved]
+            if hf and any(u.kind == "stream" for u in plan):
+                raise ConfigError(f"dataset {self.ds.name}: its checkpoint is from an earlier streamprep that read "
+                                  f"hf:// as one stream and cannot be resumed; start over with a new --run-dir")
+        elif hf:
+            plan = self.source.units()
+            state.inputs = self.source.fingerprint()  # the pinned commit and its files, for status
+        else:
+            files = getattr(self.source, "files", None)
+            plan = units.plan_dataset(files, self.ds.format, int(self.ctx.execution.unit_mb * (1 << 20)), self.options)
+        if not isinstance(saved, list):
+            atomic.write_json(path, [u.to_json() for u in plan])
+            log.info("units planned", dataset=self.ds.name, units=len(plan))
+        if hf:
+            self.options, self.window = self.source.reader(plan), DownloadWindow(self.source, plan)
+            self.window.drop_passed((state.position or START)["unit"])
         return plan
 
     def _load_near(self) -> near_dedup.NearDupIndex | None:
@@ -399,16 +421,24 @@ class DatasetIngest:
     # -- reading: units to the workers, in plan order ------------------------------------------------
     async def _read(self, pos: dict[str, Any], consumed: int, queue: asyncio.Queue) -> None:
         """Queue items `(unit, piece, source position after it, last piece of the unit, judge call)` in plan
-        order, then None; a failure ends the queue with its exception."""
+        order, then None; a failure ends the queue with its exception. An hf:// unit is handed out once the
+        download window has room for its file, and none once a cap has ended the dataset."""
         try:
             for u in range(pos["unit"], len(self.units)):
                 unit = self.units[u]
-                if self.ctx.stop.is_set():
+                if self.window is not None:
+                    while not (self.window.fits(u) and self._may_need(u)) and not self.capped:
+                        self._room.clear()
+                        await self._room.wait()
+                if self.ctx.stop.is_set() or self.capped:
                     return
+                if self.window is not None:
+                    self.window.take(u)
+                    self._handed = u + 1
                 if unit.kind != "stream":
                     await queue.put((u, 0, None, True, self.qc.submit(
                         unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch, self._stage(u, 0), unit,
-                        None, self.options)))
+                        None, self.options, self._ahead_of(u))))
                     continue
                 first = pos["piece"] if u == pos["unit"] else 0
                 consumed = await self._read_stream(u, first, pos["source"] if u == pos["unit"] else None,
@@ -419,7 +449,7 @@ class DatasetIngest:
 
     def _batches_per_call(self) -> int:
         """How many batches the next QC call carries: about QC_CALL_BYTES of text at the mean kept so far. One under
-        `size_mb`, whose reads must not run further ahead of the cap (an hf:// source downloads what is read)."""
+        `size_mb`, whose reads must not run further ahead of the cap (a remote source fetches what is read)."""
         state = self.ctx.progress[self.ds.name]
         if not state.kept or self.size_cap is not None:
             return 1
@@ -428,8 +458,8 @@ class DatasetIngest:
 
     async def _read_stream(self, u: int, k: int, start: dict[str, Any] | None, consumed: int,
                            queue: asyncio.Queue) -> int:
-        """The hf:// stream, read here in QC calls (pieces) of batches cut exactly as one read per batch would
-        cut them, and never past `max_records` (an hf:// source downloads what is read)."""
+        """A stream unit, read here in QC calls (pieces) of batches cut exactly as one read per batch would
+        cut them, and never past `max_records` (a remote source fetches what is read)."""
         loop = asyncio.get_running_loop()
         it = self.source.iter_records(start)
         cap = self.ds.max_records
@@ -438,7 +468,7 @@ class DatasetIngest:
             n = n if cap is None else min(n, cap - consumed)
             items = await loop.run_in_executor(self.reader_pool, _take, it, n) if n > 0 else []
             consumed += len(items)
-            last = len(items) < n
+            last = len(items) < n or not items  # none: the cap was reached with the last call
             fut = self.qc.submit(unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch,
                                  self._stage(u, k), None, [r for r, _ in items])
             await queue.put((u, k, items[-1][1] if items else start, last, fut))
@@ -482,18 +512,78 @@ class DatasetIngest:
                 d, capped = None, False
                 if not (unit.kind in units.NUMBERED and unit.file == a.position["skip_file"]):
                     d, capped = self._decide(a, dedup, near, unit, summary)
+                    # a piece that reaches max_records exactly ends the dataset too: nothing after it is read
+                    capped = capped or (self.ds.max_records is not None and a.consumed >= self.ds.max_records)
                     if self.near is not None and (near_log := self.near.take_log()):
                         await _append(self.files.near_dedup, near_log)
                     if summary.rest_failed:
                         a.position["skip_file"] = unit.file
                 self._advance(a, u, k, source, last, len(summary.kinds))
-                fin = self.qc.submit(unit_worker.finalize_piece, self.ds.name, stage, d) if d and d.applied else None
+                self.capped = capped
+                if unit.kind == "hf":
+                    self._decided = u + 1
+                    self._yield.add(unit.end, len(summary.kinds), sum(summary.text_bytes))
+                    self._room.set()
+                fin = None
+                if d and d.applied and capped and unit.kind == "hf":
+                    fin = asyncio.ensure_future(self._finalize_capped(u, stage, d, len(summary.kinds), a.consumed))
+                elif d and d.applied:
+                    fin = self.qc.submit(unit_worker.finalize_piece, self.ds.name, stage, d)
                 await decided.put((stage, d, a.snapshot(), fin))
                 if capped:
                     await decided.put(None)
                     return
         except Exception as exc:
             await decided.put(exc)
+
+    def _ahead_of(self, u: int) -> tuple[Unit, ...]:
+        """hf:// without a cap: the unit the worker of `u` is likely to get next (`workers` units on, the pool
+        serving calls in order), handed out now if the window has room for it and the units between, for that
+        worker to download while it judges `u`: downloads overlap the judging, as the driver's reader thread's
+        download-ahead once did. Scheduling only."""
+        v = u + self.qc.workers
+        if self.window is None or self.ds.max_records is not None or self.size_cap is not None \
+                or v >= len(self.units) or v in self.window.held or not self.window.fits_ahead(u, v):
+            return ()
+        self.window.take(v)
+        self._handed = v + 1
+        return (self.units[v],)
+
+    def _may_need(self, u: int) -> bool:
+        """Whether hf:// unit `u` may be needed under the dataset's caps: the units handed out and not decided yet
+        are expected to fall short of them, at what this run's decided units gave per byte of file (the first
+        unit goes alone). Scheduling only: the decider stops at the exact record whatever was handed out."""
+        cap, size_cap = self.ds.max_records, self.size_cap
+        if (cap is None and size_cap is None) or u == self._decided:
+            return True
+        if not self._yield.bytes:
+            return False
+        pending = sum(self.units[v].end for v in range(self._decided, self._handed))
+        a = self._ahead
+        return (cap is None or a.consumed + pending * self._yield.items / self._yield.bytes < cap) and \
+            (size_cap is None or a.kept_text_bytes + pending * self._yield.kept / self._yield.bytes < size_cap)
+
+    async def _finalize_capped(self, u: int, stage: str, d: Decision, items: int, consumed: int) -> tuple:
+        """Finalize the hf:// unit `u` in which a cap ended the dataset after `consumed` items. Its gate counters
+        are those of the items a stream read of the dataset judged: up to the cap (`max_records`), or to the end of
+        the stream's batch of `batch_records` (`size_mb` stops inside one), which may reach into the next files."""
+        end = -(-consumed // self.batch) * self.batch
+        if self.ds.max_records is not None:
+            end = min(end, self.ds.max_records)
+        count = end - d.ordinal
+        rejects, st, kept_bytes = await self.qc.submit(
+            unit_worker.finalize_piece, self.ds.name, stage, d,
+            unit_worker.GatesTo(min(count, items), self.ds.text_field, self.units[u], self.options))
+        count -= items
+        for v in range(u + 1, len(self.units)):
+            if count <= 0:
+                break
+            self.window.take(v)  # its file goes when the dataset is done
+            gates, got = await self.qc.submit(unit_worker.judge_gates, self.ds.name, self.ds.text_field,
+                                              self.units[v], self.options, 0, count)
+            stats.add_gates(st, gates)
+            count -= got
+        return rejects, st, kept_bytes
 
     def _advance(self, a: Ahead, u: int, k: int, source: Any, last: bool, items: int) -> None:
         """The position after piece `k` of unit `u` (`items` read from it). `file` and `offset` say where the
@@ -673,13 +763,34 @@ class DatasetIngest:
     async def _save(self, state: IngestState, own: DedupIndex) -> None:
         await asyncio.to_thread(own.flush)  # the log holds at least the checkpoint's `dedup_count` digests
         await asyncio.to_thread(save, self.files, state)
-        if hasattr(self.source, "checkpointed"):  # the source may drop the data this checkpoint has moved past
-            await asyncio.to_thread(self.source.checkpointed, state.position["source"])
+        if self.window is not None:  # the files of the units this checkpoint has passed leave the window
+            await self.release_files(state.position["unit"])
         self._checkpointed(state)
+
+    async def release_files(self, before: int) -> None:
+        """hf://: the files of units before `before` are no longer needed by any resume; delete them (unless
+        `hf_keep_cache`) and let the reader hand out more."""
+        evict = self.window.evictor(before)
+        if evict is not None:
+            await asyncio.to_thread(evict)
+        self.window.release(before)  # once deleted: the files on disk never exceed the window
+        self._room.set()
 
     def _checkpointed(self, state: IngestState) -> None:
         if self.ctx.on_checkpoint is not None:
             self.ctx.on_checkpoint(state)
+
+
+@dataclass
+class Yield:
+    """Items and kept text bytes that decided hf:// units gave, and the bytes of their files."""
+
+    bytes: int = 0
+    items: int = 0
+    kept: int = 0
+
+    def add(self, size: int, items: int, kept: int) -> None:
+        self.bytes, self.items, self.kept = self.bytes + size, self.items + items, self.kept + kept
 
 
 def _remove(paths: list[str]) -> None:
@@ -701,8 +812,10 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
     qc = RayQCRunner(ctx.quality, ctx.mode, workers, ex.ray_address) if ex.ray_address \
         else QCRunner(ctx.quality, ctx.mode, workers)
     reader_pool = ThreadPoolExecutor(max(1, len(ctx.datasets)), thread_name_prefix="reader")
+    await asyncio.to_thread(clear_leftovers, ctx.hf_cache)  # nothing downloads into the run's cache yet
     t0 = time.monotonic()
-    jobs = [asyncio.ensure_future(DatasetIngest(ds, ctx, qc, reader_pool).run()) for ds in ctx.datasets]
+    ingests = [DatasetIngest(ds, ctx, qc, reader_pool) for ds in ctx.datasets]
+    jobs = [asyncio.ensure_future(d.run()) for d in ingests]
     try:
         results = await asyncio.gather(*jobs)
     finally:
@@ -711,6 +824,11 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
         await asyncio.gather(*jobs, return_exceptions=True)
         reader_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(qc.close)
+        for d in ingests:  # no worker runs now: a done dataset's staged files (units judged past a cap included)
+            if (st := ctx.progress.get(d.ds.name)) is not None and st.done:  # and hf:// files go
+                await asyncio.to_thread(shutil.rmtree, d.stage_dir, True)
+                if d.window is not None:
+                    await d.release_files(len(d.units))
     log.info("ingest done", seconds=round(time.monotonic() - t0, 3), stopped=ctx.stop.is_set())
     return {s.dataset: s for s in results}
 

@@ -1,7 +1,8 @@
 """What a worker does with a piece of a dataset: judge it, then write its lines once the driver has decided.
 
-A *piece* is one unit a worker reads itself (streamprep.units), or one QC call of batches the driver read
-(an `hf://` stream). Two calls per piece, both in a QC worker process (or Ray actor):
+A *piece* is one unit a worker reads itself (streamprep.units: a range or row group of a file, a whole file, a
+file of an `hf://` snapshot, which the worker downloads), or one QC call of batches the driver read (the `stream`
+unit of a source without a file list). Two calls per piece, both in a QC worker process (or Ray actor):
 
     judge_piece     read (or take) the items, screen and judge them, stage the judged columns on disk
                     (`<stage>.judged`) and return a `Summary`: per item its kind, digest, kept text
@@ -128,8 +129,13 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
     return cols, qc.take_gate_stats(), signatures
 
 
-def _read(unit: Unit, options: units.Options) -> list[Any]:
-    """A unit's items; a range or row group whose bytes stop decoding ends with one REST_OF reject."""
+def _read(unit: Unit, options: Any, ahead: tuple[Unit, ...] = ()) -> list[Any]:
+    """A unit's items; a range or row group whose bytes stop decoding ends with one REST_OF reject. An `hf` unit's
+    file is downloaded here and read by `options`, its dataset's `hf.FileReader` (a failed download raises
+    `HFSourceUnavailable`: the job stops, resumable), which starts downloading the `ahead` units meanwhile."""
+    if unit.kind == "hf":
+        options.prefetch(ahead)
+        return options.read(unit)
     items: list[Any] = []
     try:
         items.extend(units.read_unit(unit, options))
@@ -143,11 +149,12 @@ def _read(unit: Unit, options: units.Options) -> list[Any]:
 
 
 def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit | None,
-                items: list[Any] | None = None, options: units.Options = None) -> Summary:
-    """Judge a unit (read here, with the dataset's storage `options`) or the items the driver read, in batches
+                items: list[Any] | None = None, options: Any = None, ahead: tuple[Unit, ...] = ()) -> Summary:
+    """Judge a unit (read here, with the dataset's storage `options`, or for an `hf` unit its `hf.FileReader`)
+    or the items the driver read (a source without a file list), in batches
     of `batch`; stage the judged columns at `stage`.judged (atomic) and return the summary the driver decides on."""
     if items is None:
-        items = _read(unit, options)
+        items = _read(unit, options, ahead)
     judged = [_judge(name, text_field, items[i:i + batch]) for i in range(0, len(items), batch)]
     atomic.write_bytes(stage + ".judged", pickle.dumps(judged, protocol=pickle.HIGHEST_PROTOCOL))
     kinds, digests, text_bytes, checks, signatures = bytearray(), [], [], [], []
@@ -172,19 +179,45 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
     return Summary(bytes(kinds), digests, text_bytes, checks, signatures if near_on else None, rest_failed)
 
 
-def finalize_piece(name: str, stage: str, d: Decision) -> tuple[bytes, dict[str, Any], int]:
+class GatesTo(NamedTuple):
+    """The gate counters of a capped `hf` unit cover its first `count` items, the items a stream read of the
+    dataset judged (not its whole batches): the batch `count` cuts is judged again, from the unit re-read."""
+
+    count: int
+    text_field: str
+    unit: Unit
+    options: Any
+
+
+def judge_gates(name: str, text_field: str, unit: Unit, options: Any, start: int, stop: int) -> tuple[dict, int]:
+    """The QC gate counters of items `[start, stop)` of an `hf` unit (read again through `options`, its
+    `hf.FileReader`, no further than `stop`), and how many items it has up to `stop`."""
+    items = options.read(unit, stop)
+    return (_judge(name, text_field, items[start:stop])[1] if start < len(items) else {}), len(items)
+
+
+def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None = None) -> tuple[bytes, dict[str, Any], int]:
     """Write the piece's kept lines (`stage`.kept, offsets in `.kept.off`) as the driver numbered them;
-    return (its sampled reject lines, its audit stats, the kept lines' bytes)."""
+    return (its sampled reject lines, its audit stats, the kept lines' bytes). The gate counters are those of
+    the batches with an applied item, or with `gates_to` those of the unit's first `gates_to.count` items."""
     with open(stage + ".judged", "rb") as fh:
         judged = pickle.load(fh)
     st: dict[str, Any] = {}
     kept, rejects = [], []
-    j = 0
+    at = 0  # the batch's first item
     for cols, gates, _ in judged:
-        if j >= d.applied:
-            break
-        stats.add_gates(st, gates)
-        for t in range(min(len(cols.bad), d.applied - j)):
+        size = len(cols.bad)
+        if gates_to is None:
+            if at >= d.applied:
+                break
+            stats.add_gates(st, gates)
+        elif at + size <= gates_to.count:
+            stats.add_gates(st, gates)
+        elif at < gates_to.count:
+            stats.add_gates(st, judge_gates(name, gates_to.text_field, gates_to.unit, gates_to.options, at,
+                                            gates_to.count)[0])
+        for j in range(at, min(at + size, d.applied)):
+            t = j - at
             ordinal = d.ordinal + j
             source = {"dataset": name, "index": ordinal}
             bad, keep = cols.bad[t], d.keep[j]
@@ -214,7 +247,7 @@ def finalize_piece(name: str, stage: str, d: Decision) -> tuple[bytes, dict[str,
                 rejects.append(orjson.dumps({"failed_check": meta.get("failed_check", "unknown"),
                                              "reason": meta.get("reason"), "meta": meta, "source": source,
                                              "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n")
-            j += 1
+        at += size
     offsets = np.zeros(len(kept) + 1, np.int64)
     np.cumsum([len(line) for line in kept], out=offsets[1:])
     atomic.write_bytes(stage + ".kept", b"".join(kept))

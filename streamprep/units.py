@@ -3,9 +3,10 @@
 A unit is one input file, or a range of a large one: an uncompressed JSONL/text file is cut into byte
 ranges of about `execution.unit_mb` at newlines, a Parquet file into single row groups; any other local file
 (compressed, `format: document`, special or unsupported) is one `file` unit. The worker that judges a
-unit reads it: the driver never reads its records. An `hf://` dataset is one `stream` unit, read in
-order by the driver's reader thread (it owns the pinned snapshot's bounded download window) and shipped
-to the workers in batches.
+unit reads it: the driver never reads its records. An `hf://` dataset's data files at its pinned commit are one
+`hf` unit each, planned by the source (`HFSource.units`); the worker downloads the file itself. A source
+without a file list (a plug-in scheme) is one `stream` unit, read in order by the driver's reader thread
+and shipped to the workers in batches.
 
 The plan depends only on the input files and `unit_mb`, never on the worker or node count; it is
 written once to the checkpoint dir (`<dataset>.plan.json`) and a resume uses the saved plan.
@@ -34,7 +35,9 @@ RECORD_MARK = "\x00record\x00"  # ... and for the count of the file's records be
 @dataclass(frozen=True)
 class Unit:
     """`kind`: "range" (bytes [start, end) of a text file), "row_group" (Parquet row group `start`), "file"
-    (a whole local file), or "stream" (the whole `hf://` dataset, read by the driver; `file` -1)."""
+    (a whole local file), "hf" (data file `file` of an `hf://` snapshot: `path` hf://datasets/<repo>@<sha>/<file>,
+    `fmt` its `datasets` builder, `end` its size), or "stream" (a source without a file list, read by the
+    driver; `file` -1)."""
 
     kind: str
     file: int
@@ -61,8 +64,8 @@ def global_reason(reason: str, before: int) -> str:
 
 
 def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int, options: Options = None) -> list[Unit]:
-    """The units of one dataset entry, in dataset order. `files` None: a source without a file list (`hf://`)
-    is read whole, as one stream unit. A file the reader must see whole (compressed, UTF-16/32, not a
+    """The units of one dataset entry, in dataset order. `files` None: a source without a file list (a plug-in
+    scheme) is read whole, as one stream unit. A file the reader must see whole (compressed, UTF-16/32, not a
     regular file, a symlink loop, unsupported) is one `file` unit."""
     if files is None:
         return [Unit("stream", -1)]

@@ -1,19 +1,20 @@
-"""`hf://org/name` dataset repos: pinned, parallel pre-download into a cache, then network-free streaming.
+"""`hf://org/name` dataset repos: resolved to a commit once, then read file by file, each file a unit of work.
 
 1. **Resolve** (network, once): `HfApi.dataset_info(revision=...)` turns the requested branch/tag/sha into a
    commit sha and lists the repo's files. The data files of `subset`/`split` are chosen the way `datasets` does it:
    the `configs:` YAML of the repo's README.md when present, else `datasets`' default data-file patterns
    (`data/{split}-00000-of-00001.*`, `train*`/`*-train-*`, `train/**`, ...), then the builder is inferred from the
    file extensions (or given by the entry's `format`). The selection is written to a manifest in the cache.
-2. **Download ahead** (network, background threads): the data files are fetched in stream order with
-   `hf_hub_download`, pinned to the commit sha, into `cache_dir` (the standard HF cache layout), at most
-   `max_concurrent_downloads` at a time in the whole process (sources downloading together share the limit), at
-   most `prefetch_files` files ahead of the file being read and `cache_max_gb` of files no saved checkpoint has
-   passed (`_Window`). Ingest calls `checkpointed(position)` after each save: files before the position's file are
-   deleted unless `keep_cache`.
-3. **Stream** (no network in the reader): each file, in repo-path order, once local, through
-   `datasets.load_dataset(<builder>, data_files=[file], streaming=True)` with the entry's `filter`.
+2. **Plan** (ingest): one unit per data file, in repo-path order (`HFSource.units`); the plan pins the commit.
+3. **Download and read, in the workers**: a QC worker given a unit downloads its file with `hf_hub_download`,
+   pinned to the commit sha, into `cache_dir` (the standard HF cache layout; a cached file costs no request), at
+   most `max_concurrent_downloads` at a time per process, and streams it through
+   `datasets.load_dataset(<builder>, data_files=[file], streaming=True)` with the entry's `filter`
+   (`FileReader`). The driver keeps the bounded download window by handing units out (`DownloadWindow`): at most
+   `prefetch_files` + 1 files and `cache_max_gb` of files no saved checkpoint has passed; a file is deleted from
+   the cache once a checkpoint passes its unit, unless `keep_cache`.
 
+`iter_records` streams the same files in order in one process (each downloaded when the stream reaches it).
 Positions are `{"revision": sha, "file": i, "record": r, "consumed": n, "state": IterableDataset.state_dict()}`:
 `r` records of file `i` (after the filter) and `n` items overall were yielded. Resuming pins the commit in the
 position, restores file `i`'s stream with `load_state_dict` (or, without a usable state, re-reads it and skips
@@ -29,12 +30,17 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import fcntl
+import hashlib
+import os
 import posixpath
 import random
 import re
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -45,6 +51,7 @@ import httpx2
 from streamprep import atomic, logs
 from streamprep.config import ConfigError, DatasetConfig
 from streamprep.sources.base import BadRecord
+from streamprep.units import Unit
 
 log = logs.get("sources.hf")
 
@@ -106,32 +113,37 @@ class RetryPolicy:
 class HubStats:
     """Retries by cause ("429", "503", "reset", ...), retries given up, and files/bytes downloaded, for one run.
 
-    Persisted (atomically, on every retry and finished download) to `hub_stats.json` beside the HF cache, so
-    `streamprep status` in another process reports what the metrics endpoint serves from this object."""
+    Kept in `hub_stats.json` beside the HF cache, which every process downloading for the run (the QC workers
+    download their units' files) adds to under an flock, so `streamprep status` and the driver's metrics endpoint
+    read the run's totals from it."""
 
     def __init__(self, path: Path):
         self.path = path
         self.lock = threading.RLock()
-        saved = atomic.read_json(path) if path.is_file() else {}
+
+    def _read(self) -> dict[str, Any]:
+        saved = atomic.read_json(self.path) if self.path.is_file() else {}
         saved = saved if isinstance(saved, dict) else {}
-        self.retries: dict[str, int] = {str(k): int(v) for k, v in (saved.get("retries") or {}).items()}
-        self.gave_up = int(saved.get("gave_up", 0))
-        self.files = int(saved.get("files", 0))
-        self.bytes = int(saved.get("bytes", 0))
+        return {"retries": {str(k): int(v) for k, v in sorted((saved.get("retries") or {}).items())},
+                "gave_up": int(saved.get("gave_up", 0)), "files": int(saved.get("files", 0)),
+                "bytes": int(saved.get("bytes", 0))}
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            return {"retries": dict(sorted(self.retries.items())), "gave_up": self.gave_up, "files": self.files,
-                    "bytes": self.bytes}
+            return self._read()
 
     def _add(self, cause: str | None = None, gave_up: int = 0, files: int = 0, size: int = 0) -> None:
-        with self.lock:  # held while saving: the downloads of one run share the file
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock, open(self.path.with_name("hub_stats.flock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # other processes of the run add to the same file
+            st = self._read()
             if cause is not None:
-                self.retries[cause] = self.retries.get(cause, 0) + 1
-            self.gave_up += gave_up
-            self.files += files
-            self.bytes += size
-            atomic.write_json(self.path, self.snapshot())
+                st["retries"][cause] = st["retries"].get(cause, 0) + 1
+                st["retries"] = dict(sorted(st["retries"].items()))
+            st["gave_up"] += gave_up
+            st["files"] += files
+            st["bytes"] += size
+            atomic.write_json(self.path, st)
 
     def retried(self, cause: str) -> None:
         self._add(cause=cause)
@@ -284,7 +296,7 @@ class _ResumingStream(httpx2.SyncByteStream):
         self.stream = response.stream
 
     def __iter__(self) -> Iterator[bytes]:
-        at = _range_start(self.response)  # next byte of the file to hand over
+        at = first = _range_start(self.response)  # next byte of the file to hand over
         skip, attempt = 0, 0
         etag = self.response.headers.get("ETag")
         while True:
@@ -297,6 +309,8 @@ class _ResumingStream(httpx2.SyncByteStream):
                         at += len(chunk)
                         attempt = 0
                         yield chunk
+                if (stats := getattr(_current, "downloading", None)) is not None:  # a file's body, all of it
+                    stats.downloaded(at - first)
                 return
             except RESET_ERRORS:
                 self.stream.close()
@@ -534,11 +548,12 @@ def manifest_sizes(cache_dir: Path, entry: Mapping[str, Any], sha: str) -> list[
 
 
 class HFSource:
-    """One `hf://` dataset entry: `iter_records()` streams while downloading ahead; `checkpointed()` frees the cache."""
+    """One `hf://` dataset entry: its pinned snapshot, planned as one unit per data file (`units`), each read by
+    a QC worker through `reader`; `iter_records` streams the files in order in this process."""
 
     def __init__(self, dataset: DatasetConfig, cache_dir: str | Path, max_concurrent_downloads: int = 8,
                  *, prefetch_files: int = 4, cache_max_gb: float = 10.0, keep_cache: bool = False,
-                 endpoint: str | None = None, token: str | bool | None = None):
+                 endpoint: str | None = None):
         from huggingface_hub import constants
 
         self.repo_id, path_rev = parse_repo_id(dataset.path)
@@ -552,12 +567,11 @@ class HFSource:
         self.max_records = dataset.max_records
         self.cache_dir = Path(cache_dir)
         self.workers = max(1, int(max_concurrent_downloads))
+        # the download window ingest keeps for this dataset (DownloadWindow)
         self.prefetch_files = max(1, int(prefetch_files))
         self.cache_max_bytes = int(cache_max_gb * 1024 ** 3)
         self.keep_cache = keep_cache
-        self._window: _Window | None = None
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
-        self.token = token
         self._snap: Snapshot | None = None
         self.stats = hub_stats(self.cache_dir)
         install_retrying_client()
@@ -605,7 +619,7 @@ class HFSource:
         where = f"hf://{self.repo_id}@{revision}"
         _current.stats = self.stats
         try:
-            info = HfApi(endpoint=self.endpoint, token=self.token).dataset_info(
+            info = HfApi(endpoint=self.endpoint).dataset_info(
                 self.repo_id, revision=revision, files_metadata=True)
         except RevisionNotFoundError:
             raise HFSourceError(f"hf://{self.repo_id}: revision {revision!r} not found") from None
@@ -657,24 +671,26 @@ class HFSource:
 
     # -- downloads --
     def _download_one(self, item: tuple[str, str]) -> Path:
-        """Download one (repo path, sha) into the HF cache, holding a run-wide download slot; a cached file costs
-        no request."""
-        from huggingface_hub import hf_hub_download, try_to_load_from_cache
-
         path, sha = item
-        hit = try_to_load_from_cache(self.repo_id, path, cache_dir=self.cache_dir, revision=sha, repo_type="dataset")
-        if isinstance(hit, str):
-            return Path(hit)
-        _current.stats = self.stats
-        try:
-            with _download_slots(self.workers):
-                got = Path(hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
-                                           cache_dir=self.cache_dir, endpoint=self.endpoint, token=self.token))
-            self.stats.downloaded(got.stat().st_size)
-            return got
-        except Exception as exc:
-            raise HFSourceUnavailable(f"hf://{self.repo_id}@{sha}: download of {path} failed "
-                                      f"({_one_line(exc)})") from None
+        return download(self.repo_id, path, sha, self.cache_dir, self.endpoint, self.workers, self.stats)
+
+    # -- units of work --
+    def units(self) -> list[Unit]:
+        """The plan of this dataset: one `hf` unit per data file of the resolved snapshot, in read order. A unit's
+        `path` names the file at its commit (`hf://datasets/<repo>@<sha>/<file>`), `fmt` the builder, `end` the size."""
+        snap = self._snapshot()
+        return [Unit("hf", i, unit_path(self.repo_id, snap.sha, f["path"]), snap.builder, 0, int(f.get("size") or 0))
+                for i, f in enumerate(snap.files)]
+
+    def reader(self, plan: Sequence[Unit]) -> "FileReader":
+        """What a worker reads the plan's units with, pinned to the plan's commit (a resume finishes on the data it
+        started with, wherever the branch has moved since: the commit's saved manifest, no Hub request)."""
+        sha = _unit_file(self.repo_id, plan[0])[0] if plan else self._snapshot().sha
+        if self._snap is None or self._snap.sha != sha:
+            self._snap = self._resolve(sha)
+        return FileReader(self.repo_id, str(self.cache_dir), self.endpoint, self.workers, self._snap.builder_kwargs,
+                          _split_name(self.split), dict(self.filter) if self.filter else None,
+                          _POLICY.retries, _POLICY.max_s, self.max_records)
 
     # -- the Source protocol --
     def fingerprint(self) -> dict[str, Any]:
@@ -684,114 +700,224 @@ class HFSource:
                 "files": [{"path": f["path"], "size": f["size"]} for f in snap.files]}
 
     def iter_records(self, start: dict[str, Any] | None = None) -> Iterator[tuple[dict[str, Any] | BadRecord, dict[str, Any]]]:
-        """A generator: nothing happens until the first `next()`, which runs in ingest's reader thread."""
+        """The snapshot's records in order, each file downloaded when the stream reaches it (ingest reads the files
+        as units in its workers instead). A position pins its commit: resuming on a moved branch finishes on it."""
         snap = self._snapshot()
         pinned = (start or {}).get("revision")
-        if pinned and pinned != snap.sha:  # the branch moved since the checkpoint: finish on the data we started
+        if pinned and pinned != snap.sha:
             log.warning("resuming on the checkpoint's commit, not the branch's current one", repo=self.repo_id,
                         checkpoint_sha=pinned, current_sha=snap.sha)
-            snap = self._resolve(pinned)
-            self._snap = snap
-        window = _Window(self, snap, int((start or {}).get("file", 0)))
-        self._window = window
-        try:
-            yield from _stream(window, snap.builder, snap.builder_kwargs, split=_split_name(self.split),
-                               flt=self.filter, max_records=self.max_records, start=start,
-                               cache_dir=self.cache_dir / "datasets", extra={"revision": snap.sha},
-                               names=[f["path"] for f in snap.files])
-        finally:
-            window.close()
-
-    def checkpointed(self, position: Mapping[str, Any] | None) -> None:
-        """A checkpoint at `position` was saved: the files before its file are no longer needed by any resume, so
-        they leave the download window (and the cache, unless `keep_cache`)."""
-        if position and self._window is not None:
-            self._window.release_before(int(position.get("file", 0)))
+            snap = self._snap = self._resolve(pinned)
+        files = _OnDemand(self, snap)
+        yield from _stream(files, snap.builder, snap.builder_kwargs, split=_split_name(self.split), flt=self.filter,
+                           max_records=self.max_records, start=start, cache_dir=self.cache_dir / "datasets",
+                           extra={"revision": snap.sha}, names=[f["path"] for f in snap.files])
 
 
-class _Window:
-    """The data files of one stream, downloaded ahead of the reader in a bounded window.
+class _OnDemand:
+    """A snapshot's data files as local paths, each downloaded when first asked for."""
 
-    A background pool (`max_concurrent_downloads` threads, sharing the run-wide slots) fetches files in stream order,
-    at most `prefetch_files` files ahead of the one being read and, counting every file not yet passed by a saved
-    checkpoint, at most `cache_max_bytes` (the file the reader waits for is always fetched). `window[i]` blocks until
-    file `i` is local. Files a checkpoint has moved past are deleted from the cache unless `keep_cache`.
-    """
-
-    def __init__(self, src: HFSource, snap: Snapshot, first: int):
+    def __init__(self, src: HFSource, snap: Snapshot):
         self.src, self.snap = src, snap
-        self.sizes = [int(f.get("size") or 0) for f in snap.files]
-        self.reading = self.released = self.next = first
-        self.held = 0  # bytes of files in [released, next): fetched or being fetched, not passed by a checkpoint
-        self.done: dict[int, Path | BaseException] = {}
-        self.cond = threading.Condition()
-        self.pool = ThreadPoolExecutor(max_workers=src.workers, thread_name_prefix="hf-download")
-        self.closed = False
-        with self.cond:
-            self._schedule()
 
     def __len__(self) -> int:
         return len(self.snap.files)
 
     def __getitem__(self, i: int) -> Path:
-        with self.cond:
-            self.reading = i
-            self._schedule()
-            while i not in self.done:
-                self.cond.wait()
-            got = self.done[i]
-        if isinstance(got, BaseException):
-            raise got
-        return got
+        return self.src._download_one((self.snap.files[i]["path"], self.snap.sha))
 
-    def _schedule(self) -> None:
-        """Start the downloads the window allows (called with the lock held)."""
-        while not self.closed and self.next < len(self.sizes):
-            j, size = self.next, self.sizes[self.next]
-            if j > self.reading and (j - self.reading > self.src.prefetch_files
-                                     or self.held + size > self.src.cache_max_bytes):
-                return
-            self.held += size
-            self.next += 1
-            self.pool.submit(self._fetch, j)
 
-    def _fetch(self, j: int) -> None:
+def download(repo_id: str, path: str, sha: str, cache_dir: Path, endpoint: str, slots: int, stats: HubStats) -> Path:
+    """Download one repo file at commit `sha` into the HF cache, holding one of this process's `slots` download
+    slots; a cached file costs no request."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    hit = try_to_load_from_cache(repo_id, path, cache_dir=cache_dir, revision=sha, repo_type="dataset")
+    if isinstance(hit, str):
+        return Path(hit)
+    # the file is counted when its body arrives whole, not when another thread or process fetched it meanwhile
+    _current.stats = _current.downloading = stats
+    try:
+        with _download_slots(slots):
+            return Path(hf_hub_download(repo_id, path, repo_type="dataset", revision=sha, cache_dir=cache_dir,
+                                        endpoint=endpoint))
+    except Exception as exc:
+        raise HFSourceUnavailable(f"hf://{repo_id}@{sha}: download of {path} failed ({_one_line(exc)})") from None
+    finally:
+        _current.downloading = None
+
+
+def unit_path(repo_id: str, sha: str, path: str) -> str:
+    return f"hf://datasets/{repo_id}@{sha}/{path}"
+
+
+def _unit_file(repo_id: str, unit: Unit) -> tuple[str, str]:
+    """(commit sha, repo path) of an `hf` unit."""
+    sha, _, path = unit.path.removeprefix(f"hf://datasets/{repo_id}@").partition("/")
+    return sha, path
+
+
+_PREFETCH = ThreadPoolExecutor(1, thread_name_prefix="hf-prefetch")  # one file ahead per process
+
+
+@dataclass(frozen=True)
+class FileReader:
+    """How a QC worker reads an `hf` unit: downloads its file (the retrying, Range-resuming client; the Hub
+    token is the worker's own HF_TOKEN, never an argument) and streams it through `datasets` as `iter_records`
+    does, so its items are the stream's. Sent with each call: plain data."""
+
+    repo_id: str
+    cache_dir: str
+    endpoint: str
+    slots: int  # execution.max_concurrent_downloads, per process
+    builder_kwargs: dict[str, Any]
+    split: str
+    filter: dict[str, Any] | None
+    retries: int
+    retry_max_s: float
+    max_records: int | None  # no unit's item past this index is ever used: its ordinal is past the cap
+
+    def prefetch(self, units: Sequence[Unit]) -> None:
+        """Start downloading `units` (handed out by the driver already, so inside its window) in a thread of this
+        process while it judges its own unit; whichever worker reads one later finds it in the cache, or waits for
+        it on `huggingface_hub`'s lock. A failure here is only logged: the reader downloads it again."""
+        for unit in units:
+            _PREFETCH.submit(self._prefetch_one, unit)
+
+    def _prefetch_one(self, unit: Unit) -> None:
+        sha, path = _unit_file(self.repo_id, unit)
+        cache = Path(self.cache_dir)
         try:
-            got: Path | BaseException = self.src._download_one((self.snap.files[j]["path"], self.snap.sha))
-        except BaseException as exc:  # handed to the reader, which raises it
-            got = exc
-        with self.cond:
-            self.done[j] = got
-            self.cond.notify_all()
+            download(self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache))
+        except Exception as exc:  # HFSourceUnavailable and the like: the unit's reader reports it
+            log.info("hf prefetch failed; the reader downloads the file", file=path, error=_one_line(exc))
 
-    def release_before(self, f: int) -> None:
-        with self.cond:
-            gone = [i for i in range(self.released, min(f, self.next)) if i in self.done]
-            for i in gone:
-                self.held -= self.sizes[i]
-                path = self.done.pop(i)
-                if not self.src.keep_cache and isinstance(path, Path):
-                    _evict(path, shared={p.resolve() for p in self.done.values() if isinstance(p, Path)})
-            self.released = max(self.released, gone[-1] + 1) if gone else self.released
-            self._schedule()
-
-    def close(self) -> None:
-        """Stop starting downloads; those in flight finish in the background."""
-        with self.cond:
-            self.closed = True
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def read(self, unit: Unit, limit: int | None = None) -> list[dict[str, Any] | BadRecord]:
+        """The unit's items (its first `limit`; never more than `max_records`)."""
+        if self.max_records is not None:
+            limit = self.max_records if limit is None else min(limit, self.max_records)
+        sha, path = _unit_file(self.repo_id, unit)
+        set_retry_policy(self.retries, self.retry_max_s)
+        install_retrying_client()
+        cache = Path(self.cache_dir)
+        with _held(lambda: download(self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache)),
+                   _reading_dir(cache, unit)) as local:
+            return [item for item, _ in _stream([local], unit.fmt, self.builder_kwargs, split=self.split,
+                                                flt=self.filter, max_records=limit, start=None,
+                                                cache_dir=cache / "datasets", extra={}, names=[path])]
 
 
-def _evict(path: Path, shared: set[Path]) -> None:
-    """Delete a downloaded file from the HF cache: the snapshot's symlink, and the blob it points to unless another
-    fetched file of the window has the same content (`shared`)."""
-    blob = path.resolve()
-    for p in (path,) if blob in shared else (path, blob):
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
-    log.debug("hf cache file deleted", file=str(path))
+def _reading_dir(cache_dir: Path, unit: Unit) -> Path:
+    """Where the reader of `unit` links its file: one directory per unit, so a reader killed mid-way leaves one
+    that the unit's next reader, or the driver's eviction of the unit, removes."""
+    return cache_dir / "streamprep" / "reading" / hashlib.sha1(unit.path.encode()).hexdigest()[:20]
+
+
+@contextmanager
+def _held(fetch: Callable[[], Path], mine: Path) -> Iterator[Path]:
+    """The fetched file under a hard link of this reader's own in `mine`, named like it (`datasets` infers
+    compression from the name): the driver may delete the blob of another unit with the same content at any moment
+    (the HF cache shares a blob between equal files), which must not pull this file away from under the reader. A
+    blob deleted between the fetch and the link is fetched again."""
+    shutil.rmtree(mine, ignore_errors=True)
+    mine.mkdir(parents=True)
+    try:
+        for _ in range(3):
+            got = fetch()
+            try:
+                os.link(got.resolve(), mine / got.name)
+            except FileNotFoundError:
+                continue
+            yield mine / got.name
+            return
+        raise HFSourceUnavailable(f"{got}: deleted while being fetched, three times")
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+
+
+class DownloadWindow:
+    """The driver's bound on one hf:// dataset's files on disk, kept by handing units out (`fits`, `take`): at most
+    `hf_prefetch_files` + 1 units between the oldest one no checkpoint has passed and the newest handed out, and
+    at most `hf_cache_max_gb` of their files (the oldest one is always handed out). After a checkpoint at unit
+    `n`, `evictor(n)` deletes the files of the units before it from the cache (unless `hf_keep_cache`), then
+    `release(n)` lets go of them: the files on disk never exceed the window. Only the event loop calls it; the
+    deleting runs in a thread, one call at a time."""
+
+    def __init__(self, src: HFSource, plan: Sequence[Unit]):
+        self.plan = plan
+        self.repo_id, self.cache_dir = src.repo_id, src.cache_dir
+        self.files, self.max_bytes, self.keep = src.prefetch_files + 1, src.cache_max_bytes, src.keep_cache
+        self.held: dict[int, Unit] = {}  # handed out, not yet passed by a checkpoint
+
+    def fits(self, u: int) -> bool:
+        if not self.held or u in self.held:
+            return True
+        return u - min(self.held) < self.files and \
+            sum(x.end for x in self.held.values()) + self.plan[u].end <= self.max_bytes
+
+    def fits_ahead(self, u: int, v: int) -> bool:
+        """Whether unit `v` can be handed out before the units between `u` (handed out) and it, with room kept for
+        them all: they will fit when their turn comes, so an early hand-out never blocks the window."""
+        between = sum(self.plan[w].end for w in range(u + 1, v + 1) if w not in self.held)
+        return v - min(self.held, default=u) < self.files and \
+            sum(x.end for x in self.held.values()) + between <= self.max_bytes
+
+    def take(self, u: int) -> None:
+        self.held[u] = self.plan[u]
+
+    def evictor(self, before: int) -> Callable[[], None] | None:
+        """The deleting, to run in a thread, of the files of the held units before `before`, which a checkpoint
+        has passed (None: nothing to delete); `release` then lets go of them."""
+        gone = [x for u, x in self.held.items() if u < before]
+        if not gone or self.keep:
+            return None
+        links = [self._local(x) for x in gone]
+        others = [self._local(x) for u, x in self.held.items() if u >= before]
+        readers = [_reading_dir(self.cache_dir, x) for x in gone]
+        return lambda: _evict(links, others, readers)
+
+    def release(self, before: int) -> None:
+        for u in [u for u in self.held if u < before]:
+            del self.held[u]
+
+    def drop_passed(self, start: int) -> None:
+        """Before a (resumed) dataset hands out unit `start`: delete the files of the units before it that a killed
+        job left behind (between its checkpoint and its deleting), unless `hf_keep_cache`."""
+        if not self.keep:
+            _evict([self._local(x) for x in self.plan[:start]], [], [_reading_dir(self.cache_dir, x) for x in self.plan[:start]])
+
+    def _local(self, unit: Unit) -> Path:
+        from huggingface_hub.file_download import repo_folder_name
+
+        sha, path = _unit_file(self.repo_id, unit)
+        return self.cache_dir / repo_folder_name(repo_id=self.repo_id, repo_type="dataset") / "snapshots" / sha / path
+
+
+def clear_leftovers(cache_dir: Path) -> None:
+    """Before a job downloads anything into its run's HF cache: remove what killed processes left there, the
+    partial downloads (`huggingface_hub` names each attempt's file anew, so none is resumed) and the readers'
+    hard links, which would hold disk the download window does not count."""
+    for partial in Path(cache_dir).glob("datasets--*/blobs/*.incomplete"):
+        partial.unlink(missing_ok=True)
+    shutil.rmtree(Path(cache_dir) / "streamprep" / "reading", ignore_errors=True)
+
+
+def _evict(links: list[Path], others: list[Path], readers: list[Path]) -> None:
+    """Delete each file's snapshot link and its blob, unless the link of a file still held points to the same
+    blob (equal content; a held file still downloading may link it a moment later: its reader holds a hard link
+    of its own, `_held`, or fetches the file again), and the hard link a killed reader left behind."""
+    for d in readers:
+        shutil.rmtree(d, ignore_errors=True)
+    shared = {p.resolve() for p in others if p.is_symlink()}
+    for link in links:
+        if not link.is_symlink():  # a cache without symlinks holds copies
+            link.unlink(missing_ok=True)
+            continue
+        blob = link.resolve()
+        if blob not in shared:  # first: a job killed in between leaves a dangling link, not an unlisted blob
+            blob.unlink(missing_ok=True)
+        link.unlink(missing_ok=True)
+        log.debug("hf cache file deleted", file=str(link))
 
 
 def _split_name(split: str) -> str:

@@ -75,7 +75,7 @@ async def test_qc_processes_yield_the_cores_to_the_tokenizer(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_stream_qc_calls_carry_several_batches_with_the_same_outputs(tmp_path, monkeypatch):
-    """A stream the driver reads (an hf:// dataset; here a local file behind a source without a file list)
+    """A stream the driver reads (a plug-in source without a file list; here a local file behind one)
     goes to the workers in QC calls of up to QC_CALL_BATCHES batches (one pool round trip for several),
     each a piece with its own checkpoint; the parts, rejects and final checkpoint are exactly those of one
     call per batch."""

@@ -65,7 +65,7 @@ def test_plan_kinds(tmp_path: Path) -> None:
                                                           ("row_group", 1, 2), ("range", 2, 0)]
     assert [i["text"] for u in plan[:4] for i in units.read_unit(u)] == ["x", "a", "b", "c"]
     assert [i.reason for i in units.read_unit(plan[4])] == [f"empty file {files[2]}"]
-    assert units.plan_dataset(None, None, 100) == [units.Unit("stream", -1)]  # hf://: the reader streams the snapshot
+    assert units.plan_dataset(None, None, 100) == [units.Unit("stream", -1)]  # a source without files: one stream
     assert [u.kind for u in units.plan_dataset(files, None, 4 << 20)] == ["file", "file", "range"]  # small: not read
     assert isinstance(next(units.read_unit(plan[4])), BadRecord)
 

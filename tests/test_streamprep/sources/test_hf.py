@@ -170,16 +170,13 @@ def roundtrip(pos: dict) -> dict:
 
 
 # ---- downloads ------------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_streaming_downloads_each_file_once_in_parallel(hub, tmp_path):
-    hub.delay = 0.1  # each transfer takes a while, so parallel ones overlap at the server
+def test_streaming_downloads_each_file_once(hub, tmp_path):
     src = HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=4)
     assert records(src.iter_records()) == TRAIN
-    # the files are in the HF cache under the commit sha (and no checkpoint passed them, so they are still there)
+    # the files are in the HF cache under the commit sha (a stream deletes nothing: ingest's window does)
     paths = [tmp_path / "cache" / f"datasets--org--corpus/snapshots/{hub.sha}" / f for f in TRAIN_FILES]
     assert [p.read_bytes() for p in paths] == [CORPUS[f] for f in TRAIN_FILES]
     assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}
-    assert hub.max_in_flight >= 3, "downloads were not concurrent"
     # the revision was resolved once, and files were fetched at the commit sha, never at "main"
     assert [p for (m, p) in hub.requests if "/resolve/main/" in p] == []
     assert hub.requests[("GET", f"/api/datasets/{REPO}/revision/main")] == 1
@@ -238,12 +235,11 @@ def test_records_in_order_and_fingerprint(hub, tmp_path):
 
 
 @pytest.mark.slow
-def test_processing_is_network_free(hub, tmp_path):
+def test_a_cached_revision_needs_no_hub(hub, tmp_path):
     src = HFSource(cfg(), tmp_path / "cache")
     fp = src.fingerprint()
-    with no_network():  # the reader opens no connection, not even to the stand-in: only the window's threads do
-        assert records(src.iter_records()) == TRAIN
-    assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}  # downloaded meanwhile
+    assert records(src.iter_records()) == TRAIN
+    assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}
 
     hub.reset_counts()
     hub.stop()  # a second run, with the Hub gone: resolution falls back to the cache, and so do the files
@@ -509,60 +505,21 @@ def _cache_bytes(root) -> int:
 
 
 @pytest.mark.slow
-def test_first_record_before_the_last_file_is_downloaded(many, tmp_path):
+def test_a_stream_downloads_each_file_when_it_reaches_it(many, tmp_path):
     src = HFSource(_many_cfg(), tmp_path / "cache", max_concurrent_downloads=2, prefetch_files=2)
     it = src.iter_records()
     first, _ = next(it)
     assert first["id"] == 0
-    fetched = _data_gets(many)
-    assert fetched <= set(MANY_FILES[:3]), f"more than the file read + 2 ahead requested: {sorted(fetched)}"
+    assert _data_gets(many) == set(MANY_FILES[:1])
     rest = [rec["id"] for rec, _ in it]
     assert [0, *rest] == list(range(480))  # same records, same order as a full download
     assert many.file_requests("GET") == {**{p: 1 for p in MANY_FILES}}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("keep", [False, True])
-def test_cache_never_holds_more_than_the_budget(many, tmp_path, keep):
-    sizes = [len(jsonl(_many_rows(f))) for f in range(12)]
-    size = max(sizes)
-    cache = tmp_path / "cache"
-    src = HFSource(_many_cfg(), cache, max_concurrent_downloads=4, prefetch_files=10,
-                   cache_max_gb=2.5 * size / 1024 ** 3, keep_cache=keep)
-    peak, at, stop = [0], [0], threading.Event()
-
-    def watch():  # with hf_keep_cache the budget bounds the bytes of files the checkpoint has not passed
-        while not stop.is_set():
-            peak[0] = max(peak[0], _cache_bytes(cache) - (sum(sizes[:at[0]]) if keep else 0))
-            stop.wait(0.002)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        ids = []
-        for rec, pos in src.iter_records():  # a writer checkpointing after every record
-            ids.append(rec["id"])
-            at[0] = pos["file"]
-            src.checkpointed(roundtrip(pos))
-    finally:
-        stop.set()
-        watcher.join()
-    assert ids == list(range(480))
-    assert 0 < peak[0] <= 2.5 * size, f"cache peaked at {peak[0] / size:.2f} files"
-    # the last file is where the checkpoint stands: kept; the rest deleted unless hf_keep_cache
-    left = sorted(p.name for p in (cache / f"datasets--org--many/snapshots/{src.fingerprint()['revision']}/data").iterdir())
-    assert left == ([p.rsplit("/", 1)[1] for p in MANY_FILES] if keep else ["train-00011.jsonl"])
-    assert _cache_bytes(cache) == (sum(sizes) if keep else sizes[-1])
-
-
-@pytest.mark.slow
-def test_max_records_fetches_at_most_one_file_plus_the_window(many, tmp_path):
+def test_a_stream_with_max_records_downloads_only_the_files_it_reads(many, tmp_path):
     src = HFSource(_many_cfg(max_records=50), tmp_path / "cache", max_concurrent_downloads=8, prefetch_files=2)
     assert [rec["id"] for rec, _ in src.iter_records()] == list(range(50))  # 50 records: files 0 and 1
-    import time
-
-    time.sleep(0.3)  # downloads the window started may still land; none may start now
-    assert _data_gets(many) <= set(MANY_FILES[:1 + 1 + 2]), sorted(_data_gets(many))
+    assert _data_gets(many) == set(MANY_FILES[:2])
 
 
 def test_hf_prefetch_config_keys_are_validated(tmp_path):
@@ -600,7 +557,7 @@ async def test_pipeline_streams_and_a_resume_downloads_only_what_it_needs(many, 
     while "many" not in ctx.progress or ctx.progress["many"].kept == 0:
         await asyncio.sleep(0.002)
     assert MANY_FILES[-1] not in _data_gets(many), "a record was kept only after the last file was requested"
-    assert len(_data_gets(many)) <= 4  # the reader runs up to ~5 batches (files 0-2) ahead of the writer, + 1
+    assert len(_data_gets(many)) <= 3  # hf_prefetch_files 1: two units handed out, + 1 once the first is committed
     assert (await task)["many"].kept == 480
 
     run = tmp_path / "run"
@@ -786,3 +743,363 @@ def test_job_on_a_hub_that_pushes_back_gives_identical_tokens_and_never_writes_t
     leaks = [str(p) for p in (tmp_path / "pushback").rglob("*") if p.is_file() and secret in p.read_bytes()]
     assert leaks == [] and TOKEN not in out + err
     assert "hub request retried" in (tmp_path / "pushback/logs/streamprep.log").read_text()
+
+
+# ---- ingest: the snapshot's files are units, downloaded by the workers within the driver's window ---------------
+class _Stream:
+    """The earlier hf:// path, kept in ingest for sources without a file list: the driver reads the dataset as one
+    `stream` unit (HFSource.iter_records, in QC calls of batches). The reference the per-file units must equal."""
+
+    def __init__(self, src: HFSource):
+        self.src = src
+
+    def fingerprint(self) -> dict:
+        return self.src.fingerprint()
+
+    def iter_records(self, start=None):
+        return self.src.iter_records(start)
+
+
+MIXED_REPO = "org/mixed"
+
+
+def _mixed_corpus() -> dict[str, bytes]:
+    """Five files: a duplicate across files, records the filter drops, a file pyarrow cannot parse (one reject for
+    its rest), a record that fails QC (too short)."""
+    from helpers import english_docs
+
+    docs = english_docs(900, seed=11)
+    rows = [[{"text": t, "lang": "en" if i % 7 else "fr", "id": f"{f}-{i}"} for i, t in enumerate(docs[f * 180:(f + 1) * 180])]
+            for f in range(5)]
+    rows[3][5] = dict(rows[0][9], id="dup")  # an exact duplicate of an earlier file's record
+    rows[1][2] = {"text": "short", "lang": "en", "id": "short"}
+    files = {f"data/train-{f:05d}.jsonl": jsonl(r) for f, r in enumerate(rows)}
+    files["data/train-00002.jsonl"] = jsonl(rows[2][:50]) + b'{"text": broken\n' + jsonl(rows[2][50:])
+    return files
+
+
+def _ingest_config(repo: str, **execution) -> dict:
+    from helpers import base_config
+
+    raw = base_config([{"name": "web", "path": f"hf://{repo}", "split": "train", "filter": {"lang": "en"}}], None,
+                      output={"shard_records": 100})
+    raw["execution"].update(batch_records=25, **execution)
+    return raw
+
+
+def _ingest(raw: dict, run) -> dict:
+    import asyncio
+
+    from streamprep.config import load
+    from streamprep.ingest import IngestContext, ingest_all
+
+    async def go():
+        return await ingest_all(IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event()))
+
+    st = asyncio.run(go())["web"]
+    assert st.done
+    st.stats.pop("gate_us", None)  # time spent in each gate
+    return {k: v for k, v in st.to_json().items() if k not in ("inputs", "position", "open_pieces", "started_at", "updated_at")}
+
+
+def _blobs(cache) -> set[tuple[int, int]]:
+    """The distinct data files in an HF cache: blobs (complete or being written) and the readers' own hard links
+    to them (one inode each)."""
+    out = set()
+    for p in [*cache.glob("datasets--*/blobs/*"), *cache.glob("streamprep/reading/*/*")]:
+        if p.name.startswith("tmp_"):  # huggingface_hub's empty probe of whether symlinks work here
+            continue
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
+def _stream_then_units(hub, tmp_path, monkeypatch, repo: str, raw: dict, files: int) -> dict:
+    """Ingest `raw` the earlier way (one stream unit), then as one unit per file with 1 and 2 workers: the same
+    counters, checkpointed stats, parts and rejects; each file downloaded at most once and deleted after. Returns
+    the stream's state."""
+    from helpers import tree_hashes
+    from streamprep import ingest
+
+    real_open = ingest.open_source
+    with monkeypatch.context() as m:
+        m.setattr(ingest, "open_source", lambda *a, **k: _Stream(real_open(*a, **k)))
+        want = _ingest(raw, tmp_path / "stream")
+    assert (json.loads((tmp_path / "stream/checkpoints/web.plan.json").read_text())
+            == [{"kind": "stream", "file": -1, "path": "", "fmt": "", "start": 0, "end": 0}])
+    for workers in (1, 2):
+        hub.reset_counts()
+        run = tmp_path / f"units{workers}"
+        raw["execution"]["workers"] = workers
+        got = _ingest(raw, run)
+        assert {k: v for k, v in got["stats"].items() if got["stats"][k] != want["stats"].get(k)} == {}, workers
+        assert got == want, workers
+        assert tree_hashes(run, "ingest", "rejects") == tree_hashes(tmp_path / "stream", "ingest", "rejects")
+        plan = json.loads((run / "checkpoints/web.plan.json").read_text())
+        assert [(u["kind"], u["path"]) for u in plan] == \
+            [("hf", f"hf://datasets/{repo}@{hub.sha_of(repo)}/data/train-{f:05d}.jsonl") for f in range(files)]
+        gets = hub.file_requests("GET")
+        assert set(gets.values()) == {1}, gets
+        assert _blobs(run / "cache/hf") == set(), "downloaded files left in the cache"
+    return want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", [None, {"max_records": 500}, {"size_mb": 0.1}], ids=["all", "max_records", "size_mb"])
+def test_file_units_write_the_stream_paths_bytes(hub, tmp_path, monkeypatch, cap):
+    """Parts, rejects, counters and checkpointed stats of an hf:// dataset read as one unit per file, by 1 or 2
+    workers, equal the driver-read stream's, with and without a cap."""
+    hub.add_dataset(MIXED_REPO, _mixed_corpus())
+    raw = _ingest_config(MIXED_REPO, workers=1)
+    raw["datasets"][0].update(cap or {})
+    want = _stream_then_units(hub, tmp_path, monkeypatch, MIXED_REPO, raw, 5)
+    if cap is None:
+        assert want["consumed"] == 4 * 154 + 1  # 154 "en" rows a file; file 2 is one reject (pyarrow fails its block)
+        assert want["rejected"] == 3  # the short record, the duplicate, the unreadable rest of file 2
+        assert set(hub.file_requests("GET")) >= {f"data/train-{f:05d}.jsonl" for f in range(5)}
+
+
+@pytest.mark.slow
+def test_a_size_cap_counts_the_gates_of_the_streams_last_batch_into_the_next_files(hub, tmp_path, monkeypatch):
+    """Files of 10 records, batches of 25: `size_mb` stops at record 33, in the stream's batch [25, 50), whose
+    gate counters (QC judged all of it) reach into files 3 and 4; the units' counters are the same."""
+    from helpers import english_docs
+
+    docs = english_docs(80, seed=5)
+    hub.add_dataset("org/tiny", {f"data/train-{f:05d}.jsonl": jsonl([{"text": t} for t in docs[f * 10:(f + 1) * 10]])
+                                 for f in range(8)})
+    raw = _ingest_config("org/tiny", workers=1)
+    raw["datasets"][0].pop("filter")
+    raw["datasets"][0]["size_mb"] = sum(len(t.encode()) for t in docs[:33]) / (1 << 20)
+    want = _stream_then_units(hub, tmp_path, monkeypatch, "org/tiny", raw, 8)
+    assert want["consumed"] == 33 and want["stats"]["gate_seen"]["normalize"] == 50
+
+
+_WATCHER = """
+import os, stat, sys, time
+cache, out = sys.argv[1], sys.argv[2]
+def files():  # distinct inodes: blobs (complete or being written) and the readers' hard links to them
+    seen = set()
+    for d in [os.path.join(cache, r, "blobs") for r in (os.listdir(cache) if os.path.isdir(cache) else [])
+              if r.startswith("datasets--")] + [os.path.join(cache, "streamprep", "reading", k) for k in
+              (os.listdir(os.path.join(cache, "streamprep", "reading"))
+               if os.path.isdir(os.path.join(cache, "streamprep", "reading")) else [])]:
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            continue
+        for n in names:
+            if n.startswith("tmp_"):  # huggingface_hub's empty probe of whether symlinks work here
+                continue
+            try:
+                st = os.lstat(os.path.join(d, n))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                seen.add((st.st_dev, st.st_ino))
+    return len(seen)
+peak = 0
+while not os.path.exists(out + ".stop"):
+    peak = max(peak, files())
+    time.sleep(0.001)
+open(out, "w").write(str(peak))
+"""
+
+
+@contextmanager
+def _peak_files(cache, result: list[int]):
+    """The most data files on disk at once in an HF cache while the block runs, sampled by a process of its own
+    (a thread of this one waits for the GIL the driver holds, and its samples could mix two moments)."""
+    import subprocess
+    import sys
+
+    out = cache.parent / "peak.txt"
+    proc = subprocess.Popen([sys.executable, "-c", _WATCHER, str(cache), str(out)])
+    try:
+        yield
+    finally:
+        (cache.parent / "peak.txt.stop").write_text("")
+        proc.wait(timeout=30)
+        result.append(int(out.read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window, bound", [({"hf_prefetch_files": 1}, 2), ({"hf_prefetch_files": 10}, 11),
+                                           ({"hf_prefetch_files": 10, "hf_cache_max_gb": 1.5}, 1)],
+                         ids=["prefetch1", "prefetch10", "budget"])
+def test_the_drivers_window_bounds_the_files_on_disk(many, tmp_path, window, bound):
+    """2 workers download their units' files: never more files on disk at once than the window allows (files
+    handed out and not yet passed by a checkpoint), each fetched once, downloads overlapping, none left after;
+    the run's Hub counters add up both workers' downloads."""
+    size = max(len(jsonl(_many_rows(f))) for f in range(12))
+    if "hf_cache_max_gb" in window:
+        window = dict(window, hf_cache_max_gb=window["hf_cache_max_gb"] * size / 1024 ** 3)
+    many.delay = 0.05
+    raw = _ingest_config(MANY_REPO, workers=2, max_concurrent_downloads=8, **window)
+    raw["datasets"][0].pop("filter")
+    run = tmp_path / "run"
+    peak: list[int] = []
+    (run / "cache").mkdir(parents=True)
+    with _peak_files(run / "cache/hf", peak):
+        st = _ingest(raw, run)
+    assert st["kept"] == 480
+    assert many.file_requests("GET") == {p: 1 for p in MANY_FILES}
+    hub_stats = json.loads((run / "cache/hf/streamprep/hub_stats.json").read_text())  # summed over the workers
+    assert (hub_stats["files"], hub_stats["bytes"]) == (12, sum(len(jsonl(_many_rows(f))) for f in range(12)))
+    assert 1 <= peak[0] <= bound, (peak[0], bound)
+    if bound > 1:
+        assert peak[0] >= 2 and many.max_in_flight >= 2, "the two workers never downloaded at the same time"
+    else:
+        assert many.max_in_flight == 1
+    assert _blobs(run / "cache/hf") == set(), sorted(str(p.relative_to(run)) for p in (run / "cache/hf").rglob("*") if p.is_file() or p.is_symlink())
+    assert not any((run / "cache/hf/streamprep/reading").iterdir())
+
+
+@pytest.mark.slow
+def test_keep_cache_keeps_every_file_and_a_rerun_downloads_nothing(many, tmp_path):
+    raw = _ingest_config(MANY_REPO, workers=1, hf_prefetch_files=2, hf_keep_cache=True)
+    raw["datasets"][0].pop("filter")
+    run = tmp_path / "run"
+    first = _ingest(raw, run)
+    snap = run / f"cache/hf/datasets--org--many/snapshots/{many.sha_of(MANY_REPO)}"
+    assert [(snap / p).read_bytes() for p in MANY_FILES] == [jsonl(_many_rows(f)) for f in range(12)]
+    many.reset_counts()
+    import shutil
+
+    for sub in ("ingest", "checkpoints", "rejects"):
+        shutil.rmtree(run / sub, ignore_errors=True)
+    assert _ingest(raw, run) == first
+    assert _data_gets(many) == set()
+
+
+@pytest.mark.slow
+def test_max_records_stops_handing_out_units(many, tmp_path):
+    """A cap in file 1: the driver hands out no unit once it is decided, so at most the window's files past it
+    (hf_prefetch_files 2: files 2 and 3) are fetched; the dataset's files are all deleted at the end."""
+    raw = _ingest_config(MANY_REPO, workers=1, hf_prefetch_files=2)
+    raw["datasets"][0].pop("filter")
+    raw["datasets"][0]["max_records"] = 50
+    run = tmp_path / "run"
+    st = _ingest(raw, run)
+    assert st["consumed"] == 50 and st["kept"] == 50
+    assert set(MANY_FILES[:2]) <= _data_gets(many) <= set(MANY_FILES[:4]), sorted(_data_gets(many))
+    assert _blobs(run / "cache/hf") == set(), sorted(str(p.relative_to(run)) for p in (run / "cache/hf").rglob("*") if p.is_file() or p.is_symlink())
+
+
+def test_a_plan_from_the_stream_version_is_refused(hub, tmp_path):
+    """A run dir whose hf:// dataset was checkpointed as one stream unit (an earlier streamprep) is refused in one
+    line: its position is inside the stream, which per-file units cannot continue."""
+    import asyncio
+
+    from streamprep.config import load
+    from streamprep.ingest import IngestContext, ingest_all
+
+    raw = _ingest_config(REPO, workers=1)
+    run = tmp_path / "run"
+    _ingest(raw, run)
+    ck = run / "checkpoints"
+    (ck / "web.plan.json").write_text(json.dumps([{"kind": "stream", "file": -1, "path": "", "fmt": "", "start": 0,
+                                                    "end": 0}]))
+    state = json.loads((ck / "web.json").read_text())
+    state.update(done=False)
+    (ck / "web.json").write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match=r"dataset web: its checkpoint is from an earlier streamprep that read "
+                                          r"hf:// as one stream and cannot be resumed; start over") as err:
+        asyncio.run(ingest_all(IngestContext.of(load(raw), run, ck, asyncio.Event())))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_kill_9_anywhere_then_resume_gives_the_same_bytes(many, tmp_path):
+    """`streamprep ingest` on 12 hf:// files (2 workers downloading them, ~0.8 s a file) killed with SIGKILL at
+    random moments, mid-download included, then resumed: parts, rejects and token files equal an uninterrupted
+    run's, and no downloaded file is left in the cache."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from helpers import tree_hashes
+
+    many.rate = 50_000
+    raw = _ingest_config(MANY_REPO, workers=2, hf_prefetch_files=2)
+    raw["datasets"][0].pop("filter")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "HF_ENDPOINT": many.url, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+           "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("HF_TOKEN", None)
+
+    def start(run):
+        return subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
+                                 str(run)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    ref = tmp_path / "ref"
+    proc = start(ref)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    rng = random.Random(7)
+    run = tmp_path / "run"
+    ck = run / "checkpoints" / "web.json"
+    log = run / "logs" / "streamprep.log"
+
+    def consumed() -> int:
+        try:
+            return json.loads(ck.read_text())["consumed"]
+        except (OSError, ValueError):  # not yet written (it is replaced atomically)
+            return 0
+
+    inside = []  # items checkpointed when a kill landed inside ingest
+    for cycle in range(5):  # the first kill lands before the first commit, the others after one
+        seen, before = (log.stat().st_size if log.exists() else 0), consumed()
+        proc = start(run)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:  # planned (downloads start), or a unit committed
+            if (consumed() > before) if cycle else (log.exists() and b"units planned" in log.read_bytes()[seen:]):
+                break
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.5 if cycle else 1.5))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        if 0 < consumed() < 480:
+            inside.append(consumed())
+    proc = start(run)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    assert len(inside) >= 3, inside
+    compared = ("ingest", "rejects", "binidx")
+    assert tree_hashes(run, *compared) == tree_hashes(ref, *compared)
+    assert _blobs(run / "cache/hf") == set(), sorted(str(p.relative_to(run)) for p in (run / "cache/hf").rglob("*")
+                                                      if (p.is_file() or p.is_symlink()) and ".locks" not in p.parts)
+
+
+@pytest.mark.slow
+def test_a_worker_downloads_the_next_file_while_it_judges(many, tmp_path, monkeypatch):
+    """Downloads overlap the judging: while its worker judges unit 0, unit 1's file (the next it gets, with
+    1 worker) is already being fetched; each file is still fetched once."""
+    import time
+
+    from streamprep import unit_worker
+
+    seen: list[set] = []
+    real = unit_worker._judge
+
+    def judge(name, text_field, items):
+        if items and not isinstance(items[0], BadRecord) and items[0]["id"] == 0:
+            time.sleep(0.5)  # the prefetch thread has started by now (a file takes ~0.1 s)
+            seen.append(_data_gets(many))
+        return real(name, text_field, items)
+
+    monkeypatch.setattr(unit_worker, "_judge", judge)
+    raw = _ingest_config(MANY_REPO, workers=1, hf_prefetch_files=4)
+    raw["datasets"][0].pop("filter")
+    assert _ingest(raw, tmp_path / "run")["kept"] == 480
+    assert seen == [set(MANY_FILES[:2])]
+    assert many.file_requests("GET") == {p: 1 for p in MANY_FILES}
