@@ -13,6 +13,7 @@ import logging
 import logging.handlers
 import sys
 from pathlib import Path
+from typing import Any, Callable, TextIO
 
 _HIDE_RICH = "structlog" not in sys.modules and "rich" not in sys.modules
 if _HIDE_RICH:
@@ -56,9 +57,9 @@ def _rich_for_exceptions(_, __, event_dict: dict) -> dict:
     return event_dict
 
 
-def _console_exception(colors: bool):
+def _console_exception(colors: bool) -> Callable[[TextIO, Any], None]:
     """The exception renderer structlog's ConsoleRenderer picks by default when rich is installed."""
-    def render(sio, exc_info) -> None:
+    def render(sio: TextIO, exc_info: Any) -> None:
         _load_rich()
         if structlog.dev.rich is None:
             structlog.dev.plain_traceback(sio, exc_info)
