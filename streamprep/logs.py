@@ -1,6 +1,11 @@
 """structlog set-up: human lines on the console, JSON lines in a size-rotated run log.
 
 Every line carries `timestamp`, `level` and `component` (the logger name: ingest, tokenize, exports …).
+
+`import structlog` imports rich (~70 ms, a third of a command's imports) only to render exceptions, and our
+lines carry none. So structlog is imported with rich hidden, unless something already loaded either, and a
+line that does carry an exception loads rich first (`_load_rich`): structlog's renderers look rich up at each
+call, so every byte they write, console and file, is what they write when rich is imported up front.
 """
 from __future__ import annotations
 
@@ -8,8 +13,16 @@ import logging
 import logging.handlers
 import sys
 from pathlib import Path
+from typing import Any, Callable, TextIO
 
-import structlog
+_HIDE_RICH = "structlog" not in sys.modules and "rich" not in sys.modules
+if _HIDE_RICH:
+    sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` now fails fast
+try:
+    import structlog
+finally:
+    if _HIDE_RICH:
+        del sys.modules["rich"]
 
 from streamprep.layout import RunLayout
 
@@ -21,6 +34,38 @@ _shared = [
     structlog.stdlib.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
 ]
+
+
+def _load_rich() -> None:
+    """Give structlog the rich its import skipped (see the module docstring); a no-op once done or without rich."""
+    if structlog.tracebacks.rich is not None:
+        return
+    try:  # rich only here: ~70 ms of imports, paid by the first line that carries an exception
+        import rich
+        import rich.pretty
+        from rich.console import Console
+        from rich.traceback import Traceback
+    except ImportError:  # not installed: structlog's plain renderers, as without rich
+        return
+    structlog.tracebacks.rich = structlog.dev.rich = rich
+    structlog.dev.Console, structlog.dev.Traceback = Console, Traceback
+
+
+def _rich_for_exceptions(_, __, event_dict: dict) -> dict:
+    if event_dict.get("exc_info"):
+        _load_rich()
+    return event_dict
+
+
+def _console_exception(colors: bool) -> Callable[[TextIO, Any], None]:
+    """The exception renderer structlog's ConsoleRenderer picks by default when rich is installed."""
+    def render(sio: TextIO, exc_info: Any) -> None:
+        _load_rich()
+        if structlog.dev.rich is None:
+            structlog.dev.plain_traceback(sio, exc_info)
+        else:
+            structlog.dev.RichTracebackFormatter(color_system="truecolor" if colors else None)(sio, exc_info)
+    return render
 
 
 def _component(_, __, event_dict: dict) -> dict:
@@ -47,10 +92,12 @@ def configure(run_dir: Path | None = None, level: str = "INFO", console: bool = 
     root.propagate = False
     pre = [*_shared, _component]
     if console:
+        colors = sys.stderr.isatty()
         h = logging.StreamHandler(sys.stderr)
         h.setFormatter(structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event_to=0)],
+                        structlog.dev.ConsoleRenderer(colors=colors, pad_event_to=0,
+                                                      exception_formatter=_console_exception(colors))],
             foreign_pre_chain=pre))
         root.addHandler(h)
     if run_dir is not None:
@@ -60,7 +107,8 @@ def configure(run_dir: Path | None = None, level: str = "INFO", console: bool = 
                                                   encoding="utf-8")
         fh.setFormatter(structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                        structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer(sort_keys=True)],
+                        _rich_for_exceptions, structlog.processors.dict_tracebacks,
+                        structlog.processors.JSONRenderer(sort_keys=True)],
             foreign_pre_chain=pre))
         root.addHandler(fh)
 

@@ -95,6 +95,19 @@ def test_console_script_entry_point(tmp_path):
     assert proc.returncode == 2 and proc.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["status", "RUN"], ["logs", "RUN"]])
+def test_help_status_and_logs_do_not_import_the_pipeline(tmp_path, argv):
+    """Commands are loaded by name (cli.COMMANDS): the read-only ones skip the pipeline and its heavy imports."""
+    (tmp_path / "run.json").write_text("{}")
+    code = ("import sys; from streamprep.cli import main\n"
+            "try: rc = main([a.replace('RUN', sys.argv[1]) for a in sys.argv[2:]])\n"
+            "except SystemExit as e: rc = e.code\n"
+            "heavy = {'streamprep.pipeline', 'streamprep.ingest', 'numpy', 'pyarrow', 'rich', 'prometheus_client'}\n"
+            "print(sorted(heavy & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path), *argv], capture_output=True, text=True, cwd=REPO)
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stderr
+
+
 def _ingest_config(tmp_path: Path, **output) -> Path:
     import yaml
 

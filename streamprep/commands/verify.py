@@ -1,0 +1,15 @@
+"""`streamprep verify RUN_DIR`: re-check every file against manifest.json and the receipts; exit 1 on a mismatch."""
+from __future__ import annotations
+
+import argparse
+
+from streamprep.commands import require_run_dir
+from streamprep.verify import verify_run
+
+
+def run(args: argparse.Namespace) -> int:
+    problems = verify_run(require_run_dir(args.run_dir))
+    for p in problems:
+        print(p)
+    print(f"streamprep: verify: {len(problems)} problem(s)" if problems else "streamprep: verify: all files match")
+    return 1 if problems else 0
