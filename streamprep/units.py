@@ -14,12 +14,11 @@ written once to the checkpoint dir (`<dataset>.plan.json`) and a resume uses the
 from __future__ import annotations
 
 import codecs
-from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping
 
 import pyarrow.parquet as pq
 
-from streamprep.sources.base import BadRecord
+from streamprep.sources.base import BadRecord, Unit
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, _compression, _special, _symlink_loop,
                                       detect_format, filesystem, open_input)
 
@@ -30,24 +29,6 @@ PROBE_BYTES = 1 << 16  # what the planner reads at a cut point or a Parquet foot
 NUMBERED = ("range", "row_group")  # kinds that start inside a file: line numbers are filled in by the driver
 LINE_MARK = "\x00line\x00"  # stands for a file-global line number in a worker's reject reason
 RECORD_MARK = "\x00record\x00"  # ... and for the count of the file's records before it
-
-
-@dataclass(frozen=True)
-class Unit:
-    """`kind`: "range" (bytes [start, end) of a text file), "row_group" (Parquet row group `start`), "file"
-    (a whole local file), "hf" (data file `file` of an `hf://` snapshot: `path` hf://datasets/<repo>@<sha>/<file>,
-    `fmt` its `datasets` builder, `end` its size), or "stream" (a source without a file list, read by the
-    driver; `file` -1)."""
-
-    kind: str
-    file: int
-    path: str = ""
-    fmt: str = ""
-    start: int = 0
-    end: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class _Mark:

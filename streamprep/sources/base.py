@@ -1,7 +1,7 @@
 """What every source yields: raw records with a resume position, or a counted parse failure."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Protocol
 
 
@@ -15,6 +15,25 @@ class BadRecord:
     reason: str
     raw: str  # a bounded excerpt of what was read, for the rejects file
     check: str = "parse"  # the failed_check it is counted under
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit of work over a source, as `streamprep.units` plans it (defined here, beside the records, so that
+    naming a unit does not load the planners' readers: pyarrow). `kind`: "range" (bytes [start, end) of a text file), "row_group" (Parquet row group `start`), "file"
+    (a whole local file), "hf" (data file `file` of an `hf://` snapshot: `path` hf://datasets/<repo>@<sha>/<file>,
+    `fmt` its `datasets` builder, `end` its size), or "stream" (a source without a file list, read by the
+    driver; `file` -1)."""
+
+    kind: str
+    file: int
+    path: str = ""
+    fmt: str = ""
+    start: int = 0
+    end: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 REJECT_EXCERPT = 2000  # characters of a rejected record's text kept in the rejects file

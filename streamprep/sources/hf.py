@@ -50,8 +50,7 @@ import httpx2
 
 from streamprep import atomic, logs
 from streamprep.config import ConfigError, DatasetConfig
-from streamprep.sources.base import BadRecord
-from streamprep.units import Unit
+from streamprep.sources.base import BadRecord, Unit
 
 log = logs.get("sources.hf")
 
