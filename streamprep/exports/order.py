@@ -7,12 +7,16 @@ outputs are a bijection of the counter, so keys never tie inside a (dataset, buc
 depends only on (seed, bucket, its ordinal): each part computes its own records' keys as soon as the ordinal
 of its first record is known (a prefix sum of the receipts' document counts).
 
-`make_run` (on the export workers, one part at a time) writes the part's *run*: its records sorted by
-(bucket, key) with their rows and packing estimates, to a scratch file. `merged` streams one (dataset, bucket)
+`encode_run` makes a part's *run*: its records sorted by (bucket, key) with their rows and packing estimates,
+in a file whose header names every input its bytes depend on. The worker that tokenized the part writes it
+(`cache_run`, from `exports.prepare_part`; its task carries the part's first ordinal, the seed and the bucket
+bounds); at the end `make_run` (on the export workers, one part at a time) reuses it when `load_run` finds it
+current, else makes it from the part's summary. `merged` streams one (dataset, bucket)
 in key order out of all its parts' runs with bounded buffers; `write_order` writes that stream to the
 bucket's order file (part, row, estimate per record) while the plan cuts it into shards, so a shard is a range
 of positions in it. The job process thus holds per part a few numbers and bounded buffers, never a
-per-record array of a whole dataset. All these files are scratch of one exports step (`parquet/.order/`).
+per-record array of a whole dataset. All these files are scratch (`parquet/.order/`), removed when an exports
+step ends.
 """
 from __future__ import annotations
 
@@ -116,7 +120,8 @@ def _identity(ref: ShardRef, first: int, seed: int, bounds: Sequence[int], bpt: 
     """What a run's bytes depend on: the shard (its receipt's hash, as the summary's key), the ordinal of its
     first record, the seed, the bucket bounds and the bytes-per-token estimate."""
     return {"format": FORMAT, "version": VERSION, "part": f"{ref.dataset}/{ref.part}",
-            "key": summary.receipt_key(ref.receipt), "first": int(first), "seed": int(seed), "bounds": [int(b) for b in bounds], "bpt": int(bpt)}
+            "key": summary.receipt_key(ref.receipt), "first": int(first), "seed": int(seed),
+            "bounds": [int(b) for b in bounds], "bpt": int(bpt)}
 
 
 def encode_run(ref: ShardRef, part: summary.PartSummary, first: int, seed: int, bounds: Sequence[int],
