@@ -10,7 +10,7 @@ import platform
 import signal
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
@@ -381,8 +381,16 @@ class Job:
         eod = info.eod_id if self.config.tokenizer.append_eod and self.mode.appends_eod else None
         split = next(d.blend_split for d in self.config.datasets if d.name == name)
         backend = self._shard_backend(info)
-        return make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype,
+        task = make_task(self.run_dir, name, split, part, info.path, info.fingerprint, eod, dtype,
                          self.sft_section, backend, sha256)
+        if not self.mode.text_exports:
+            return task
+        # ingest seals every part but a dataset's last with exactly `shard_records` lines, in order, so the lines
+        # before this part are known now; the exports check this ordinal against the receipts (records that
+        # tokenized to nothing are not counted there) and remake the part's run if it differs
+        lines_per_part = self.config.output.shard_records or 100_000  # as ingest (DatasetIngest.shard_records)
+        return replace(task, first_ordinal=int(part.stem.split("-")[1]) * lines_per_part,
+                       order_seed=self.config.run.seed, length_buckets=tuple(self.config.output.parquet.length_buckets))
 
     def _shard_backend(self, info: TokenizerInfo) -> str:
         """The backend shard tasks load, with run.json's `tokenizer_backend`: set once per tokenizer, not per part."""

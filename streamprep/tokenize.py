@@ -42,6 +42,11 @@ class ShardTask:
     dtype: str           # "uint16" | "int32"
     sft: dict[str, Any] | None = None  # the validated `sft:` section: masks/sequences instead of plain text
     backend: str = "hf"  # TokenizerInfo.backend_name: hf | gigatoken | auto; not in the plan hash (same ids)
+    # The exports' row order of the part (exports/order.py), so its worker makes the part's sorted run too; none of
+    # it is in the plan hash (the shard's bytes do not depend on it). None / (): the exports make the run.
+    first_ordinal: int | None = None     # its first record's ordinal in the dataset (lines of the parts before it)
+    order_seed: int | None = None        # run.seed
+    length_buckets: tuple[int, ...] = ()  # output.parquet.length_buckets
 
     @property
     def mode(self) -> Mode:

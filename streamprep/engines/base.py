@@ -16,9 +16,11 @@ PING = "ping"  # a serving engine's first task: its answer tells the driver a st
 
 
 def run_shard(task: ShardTask, tokenizer: Any) -> Result:
-    """What every engine's worker does with a task: `run_task`, then the part's exports summary (tokens read
-    back, text hashes), cached beside its receipt while the part is warm in this worker's page cache; the
-    exports at the end only do what needs every record, and the driver reads no record for them."""
+    """What every engine's worker does with a task: `run_task`, then the part's exports work (`prepare_part`)
+    while the part is warm in this worker's page cache: its summary (tokens read back, text hashes), cached
+    beside its receipt, and its sorted run for the Parquet order (the task carries its first ordinal, the seed
+    and the bucket bounds). The exports at the end then only merge the runs and write the shards, and the
+    driver reads no record for them."""
     result = run_task(task, tokenizer)
     if not result["skipped"]:
         prepare_part(task, read_receipt(task))

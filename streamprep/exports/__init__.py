@@ -47,9 +47,15 @@ def pool_size(workers: int | None) -> int:
 
 def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
     """The per-part exports work for one finished tokenization shard (`streamprep.tokenize.ShardTask` and its
-    completed receipt), cached beside the receipt; safe in any process, as soon as the receipt exists."""
+    completed receipt): its summary, cached beside the receipt, and (when the task names its first ordinal and
+    the order settings) its sorted run, where the exports look for it; safe in any process, as soon as the
+    receipt exists."""
     if mode_of(task.sft).text_exports and receipt["stats"]["num_documents"] > 0:
-        summary.part_summary(ShardRef.from_task(task, receipt))
+        ref = ShardRef.from_task(task, receipt)
+        part = summary.part_summary(ref)
+        if task.first_ordinal is not None and task.order_seed is not None and task.length_buckets:
+            order.cache_run(ref, part, task.first_ordinal, task.order_seed, task.length_buckets,
+                            parquet.BYTES_PER_TOKEN, Path(task.run_dir))
 
 
 def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], output: OutputConfig,
@@ -106,15 +112,16 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
     `receipts`: every receipt of the run (SFT ones too); default: those of `shards`. The summary's
     `manifest_sha256` is the root of the hash chain, for run.json.
 
-    Per part, on the workers: its summary (cached, or computed) and its sorted run (bucket and order key per
-    record); then here the plan, a streaming merge of the runs (numbers only); the Parquet shards on the
-    workers; the JSON files from per-part and per-shard numbers.
+    Per part, on the workers: its sorted run (bucket and order key per record), the one its tokenizing worker
+    made when current, else made from its summary (cached, or computed); then here the plan, a streaming merge
+    of the runs (numbers only); the Parquet shards on the workers; the JSON files from per-part and per-shard
+    numbers.
     """
     run_dir = Path(run_dir)
     names = [d.name for d in datasets]
     _check(shards, names)
     split_of = _split_of(datasets, shards)
-    order.remove_scratch(run_dir)  # an interrupted attempt's runs: remade below
+    order.remove_scratch(run_dir, keep_runs=True)  # an earlier attempt's merge files; current runs are reused
     try:
         with Workers(workers) if isinstance(workers, int) else nullcontext(workers) as pool:
             indexes = build_indexes([(n, split_of[n], [r for r in shards if r.dataset == n]) for n in names], pool,

@@ -7,12 +7,16 @@ outputs are a bijection of the counter, so keys never tie inside a (dataset, buc
 depends only on (seed, bucket, its ordinal): each part computes its own records' keys as soon as the ordinal
 of its first record is known (a prefix sum of the receipts' document counts).
 
-`make_run` (on the export workers, one part at a time) writes the part's *run*: its records sorted by
-(bucket, key) with their rows and packing estimates, to a scratch file. `merged` streams one (dataset, bucket)
+`encode_run` makes a part's *run*: its records sorted by (bucket, key) with their rows and packing estimates,
+in a file whose header names every input its bytes depend on. The worker that tokenized the part writes it
+(`cache_run`, from `exports.prepare_part`; its task carries the part's first ordinal, the seed and the bucket
+bounds); at the end `make_run` (on the export workers, one part at a time) reuses it when `load_run` finds it
+current, else makes it from the part's summary. `merged` streams one (dataset, bucket)
 in key order out of all its parts' runs with bounded buffers; `write_order` writes that stream to the
 bucket's order file (part, row, estimate per record) while the plan cuts it into shards, so a shard is a range
 of positions in it. The job process thus holds per part a few numbers and bounded buffers, never a
-per-record array of a whole dataset. All these files are scratch of one exports step (`parquet/.order/`).
+per-record array of a whole dataset. All these files are scratch (`parquet/.order/`), removed when an exports
+step ends.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import orjson
 
-from streamprep import logs
+from streamprep import atomic, logs
 from streamprep.exports import summary
 from streamprep.exports.index import DatasetIndex, ExportError, ShardRef
 from streamprep.layout import RunLayout
@@ -34,8 +38,9 @@ from streamprep.layout import RunLayout
 log = logs.get("exports")
 
 FORMAT = "streamprep-order-run"
-VERSION = 1
+VERSION = 2                  # 2: the header names the inputs, so a run made by a tokenizing worker is reused
 SCRATCH = ".order"           # parquet/.order/<dataset>/<part>.run: hidden, removed when the exports end
+RUN_SUFFIX = ".run"
 MERGE_BYTES = 4 << 20        # the merge's buffers over all parts of one dataset ...
 MIN_CHUNK = 256              # ... but at least this many records a part (32 B each)
 FAN_IN = 512                 # parts merged at once; more are merged in groups first (scratch files)
@@ -82,6 +87,7 @@ class PartRun:
     num_tokens: int
     dtype: str            # token dtype of the part's `.bin`
     summary: str          # "cached", "computed" (none was there) or "recomputed" (one was stale or damaged)
+    reused: bool          # the run its tokenizing worker cached (else made by the exports)
 
     @property
     def n(self) -> int:
@@ -92,24 +98,37 @@ def scratch_dir(run_dir: Path) -> Path:
     return RunLayout(run_dir).parquet_dir / SCRATCH
 
 
-def remove_scratch(run_dir: Path) -> None:
-    shutil.rmtree(scratch_dir(run_dir), ignore_errors=True)
+def remove_scratch(run_dir: Path, keep_runs: bool = False) -> None:
+    """Remove the exports' scratch; with `keep_runs`, all but the parts' runs (self-checking, reused when current:
+    `load_run`), e.g. the merge files of an interrupted attempt."""
+    folder = scratch_dir(run_dir)
+    if not keep_runs:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for path in sorted(folder.glob("*/*")) if folder.is_dir() else []:  # <dataset>/<file or merge folder>
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.suffix != RUN_SUFFIX:
+            path.unlink()
 
 
-def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> PartRun:
-    """One part's run (an export worker's task): its summary (cached, or computed and cached), bucket and key
-    per record, sorted by (bucket, key), written to `path`. `first`: the dataset ordinal of its first record;
-    `expected`: its receipt's document count."""
-    ref, first, expected, seed, bounds, bpt, path = job
-    cached = summary.load_cached(ref)
-    state = "cached"
-    if cached is None:
-        state = "recomputed" if summary.cache_path(ref).exists() else "computed"
-        cached = summary.compute_and_cache(ref)
-    recs = cached.records
-    if len(recs) != expected:
-        raise ExportError(f"{ref.dataset}/{ref.part}: part summary has {len(recs)} records, "
-                          f"its receipt {expected} documents")
+def run_path(run_dir: Path, dataset: str, part: str) -> Path:
+    return scratch_dir(run_dir) / dataset / f"{part}{RUN_SUFFIX}"
+
+
+def _identity(ref: ShardRef, first: int, seed: int, bounds: Sequence[int], bpt: int) -> dict[str, Any]:
+    """What a run's bytes depend on: the shard (its receipt's hash, as the summary's key), the ordinal of its
+    first record, the seed, the bucket bounds and the bytes-per-token estimate."""
+    return {"format": FORMAT, "version": VERSION, "part": f"{ref.dataset}/{ref.part}",
+            "key": summary.receipt_key(ref.receipt), "first": int(first), "seed": int(seed),
+            "bounds": [int(b) for b in bounds], "bpt": int(bpt)}
+
+
+def encode_run(ref: ShardRef, part: summary.PartSummary, first: int, seed: int, bounds: Sequence[int],
+               bpt: int) -> tuple[bytes, np.ndarray]:
+    """A part's run file (header line, then the columns) and its bucket offsets: its records sorted by
+    (bucket, key), with their rows and packing estimates. Pure: the same inputs give the same bytes."""
+    recs = part.records
     n_tokens = recs["n_tokens"]
     est = n_tokens * bpt + recs["line_bytes"]
     buckets = bucket_of(n_tokens, bounds)
@@ -117,14 +136,66 @@ def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> P
     order = np.lexsort((keys, buckets))
     offsets = np.zeros(len(bounds) + 2, dtype=np.int64)
     np.cumsum(np.bincount(buckets, minlength=len(bounds) + 1), out=offsets[1:])
-    header = orjson.dumps({"format": FORMAT, "version": VERSION, "part": f"{ref.dataset}/{ref.part}",
-                           "offsets": offsets.tolist()}) + b"\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as fh:  # scratch of this exports step only: rewritten every time, never reused
-        fh.write(header)
-        for column in (keys[order], order.astype(np.int64), est[order]):
-            fh.write(np.ascontiguousarray(column).tobytes())
-    return PartRun(path, offsets, len(header), int(n_tokens.sum()), cached.dtype, state)
+    payload = b"".join(np.ascontiguousarray(c).tobytes() for c in (keys[order], order.astype(np.int64), est[order]))
+    header = {**_identity(ref, first, seed, bounds, bpt), "offsets": offsets.tolist(),
+              "num_tokens": int(n_tokens.sum()), "dtype": part.dtype, "summary": summary.cached_identity(ref),
+              "payload_sha256": hashlib.sha256(payload).hexdigest()}
+    return orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n" + payload, offsets
+
+
+def cache_run(ref: ShardRef, part: summary.PartSummary, first: int, seed: int, bounds: Sequence[int], bpt: int,
+              run_dir: Path) -> None:
+    """Write a part's run where the exports look for it (a tokenizing worker, right after the part's summary
+    is cached). `first` is the ordinal of the part's first record when no earlier record of the dataset
+    tokenized to nothing; the exports check it against the receipts and remake the run when it differs."""
+    data, _ = encode_run(ref, part, first, seed, bounds, bpt)
+    atomic.write_bytes(run_path(run_dir, ref.dataset, ref.part), data)
+
+
+def load_run(path: Path, ref: ShardRef, first: int, expected: int, seed: int, bounds: Sequence[int],
+             bpt: int) -> PartRun | None:
+    """The run at `path` when it is intact and made for exactly these inputs, with its part's summary cache
+    still the one it was made from (the Parquet writers read rows from it), else None."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head, _, payload = data.partition(b"\n")
+    try:
+        header = orjson.loads(head)
+    except orjson.JSONDecodeError:
+        return None
+    expect = _identity(ref, first, seed, bounds, bpt)
+    if not isinstance(header, dict) or any(header.get(k) != v for k, v in expect.items()):
+        return None
+    offsets = np.asarray(header.get("offsets", []), dtype=np.int64)
+    if len(offsets) != len(bounds) + 2 or int(offsets[-1]) != expected or len(payload) != 24 * expected \
+            or header.get("payload_sha256") != hashlib.sha256(payload).hexdigest() \
+            or header.get("summary") is None or header.get("summary") != summary.cached_identity(ref):
+        return None
+    return PartRun(path, offsets, len(head) + 1, int(header["num_tokens"]), str(header["dtype"]), "cached", True)
+
+
+def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> PartRun:
+    """One part's run (an export worker's task): the one its tokenizing worker cached when it is current, else
+    made here from its summary (cached, or computed and cached) and written to `path`. `first`: the dataset
+    ordinal of its first record; `expected`: its receipt's document count."""
+    ref, first, expected, seed, bounds, bpt, path = job
+    reused = load_run(path, ref, first, expected, seed, bounds, bpt)
+    if reused is not None:
+        return reused
+    cached = summary.load_cached(ref)
+    state = "cached"
+    if cached is None:
+        state = "recomputed" if summary.cache_path(ref).exists() else "computed"
+        cached = summary.compute_and_cache(ref)
+    if len(cached.records) != expected:
+        raise ExportError(f"{ref.dataset}/{ref.part}: part summary has {len(cached.records)} records, "
+                          f"its receipt {expected} documents")
+    data, offsets = encode_run(ref, cached, first, seed, bounds, bpt)
+    atomic.write_bytes(path, data)
+    return PartRun(path, offsets, data.index(b"\n") + 1, int(cached.records["n_tokens"].sum()), cached.dtype, state,
+                   False)
 
 
 # -- streaming over all parts ----------------------------------------------------------------------
@@ -286,16 +357,16 @@ def write_order(runs: list[PartRun], bucket: int) -> tuple[BucketOrder, Iterator
 def runs_for(refs: list[ShardRef], starts: np.ndarray, seed: int, bounds: Sequence[int], bpt: int,
              run_dir: Path) -> list[tuple[Any, ...]]:
     """The `make_run` jobs of one dataset's parts (with documents, in part order)."""
-    folder = scratch_dir(run_dir)
     return [(r, int(starts[i]), int(starts[i + 1] - starts[i]), seed, list(bounds), bpt,
-             folder / r.dataset / f"{r.part}.run") for i, r in enumerate(refs)]
+             run_path(run_dir, r.dataset, r.part)) for i, r in enumerate(refs)]
 
 
 def build_indexes(datasets: list[tuple[str, str, list[ShardRef]]], workers: Any, seed: int,
                   bounds: Sequence[int], bytes_per_token: int, run_dir: Path) -> list[DatasetIndex]:
     """One index per (name, split, shards) in `datasets`. Part ordinals come from the receipts' document counts;
-    each part's summary (cached, or computed and cached) and sorted run are made on `workers`, which hand back
-    a few numbers per part: the job process reads no summary."""
+    each part's sorted run (the one its tokenizing worker cached when current, else made from its summary,
+    cached or computed) is checked or made on `workers`, which hand back a few numbers per part: the job
+    process reads no summary."""
     indexes, jobs = [], []
     for name, split, refs in datasets:
         refs = sorted(refs, key=lambda r: r.part)
@@ -308,13 +379,17 @@ def build_indexes(datasets: list[tuple[str, str, list[ShardRef]]], workers: Any,
         jobs += runs_for(full, starts, seed, bounds, bytes_per_token, run_dir)
     owners = [idx for idx in indexes for _ in idx.refs]
     states: dict[str, int] = {}
+    reused = 0
     for idx, job, run in zip(owners, jobs, workers.map(make_run, jobs)):
+        reused += run.reused
         idx.part_tokens[len(idx.runs)] = run.num_tokens
         idx.dtypes.append(np.dtype(run.dtype))
         idx.runs.append(run)
         states[run.summary] = states.get(run.summary, 0) + 1
         if run.summary == "recomputed":
             log.warning("part summary unusable (stale or damaged); recomputed", file=str(summary.cache_path(job[0])))
+    if reused < len(jobs):
+        log.info("part runs made by the exports", parts=len(jobs) - reused, reused=reused)
     if states.get("computed") or states.get("recomputed"):
         log.info("part summaries computed", parts=states.get("computed", 0) + states.get("recomputed", 0),
                  reused=states.get("cached", 0))

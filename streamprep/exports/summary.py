@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import mmap
+import os
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,7 +111,7 @@ def cache_path(ref: ShardRef) -> Path:
     return Path(ref.receipt_path).with_suffix(SUFFIX)
 
 
-def _key(receipt: dict) -> str:
+def receipt_key(receipt: dict) -> str:
     """What a summary depends on: the receipt names the input's and the `.bin/.idx` files' SHA-256."""
     return hashlib.sha256(orjson.dumps(receipt, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -119,7 +120,7 @@ def encode(summary: PartSummary, receipt: dict) -> bytes:
     buf = io.BytesIO()
     np.save(buf, summary.records, allow_pickle=False)
     payload = buf.getvalue()
-    header = {"format": FORMAT, "version": VERSION, "key": _key(receipt), "dtype": summary.dtype,
+    header = {"format": FORMAT, "version": VERSION, "key": receipt_key(receipt), "dtype": summary.dtype,
               "payload_sha256": hashlib.sha256(payload).hexdigest()}
     return orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n" + payload
 
@@ -132,7 +133,7 @@ def decode(data: bytes, receipt: dict) -> PartSummary | None:
     except orjson.JSONDecodeError:
         return None
     if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != VERSION \
-            or header.get("key") != _key(receipt) or header.get("payload_sha256") != hashlib.sha256(payload).hexdigest():
+            or header.get("key") != receipt_key(receipt) or header.get("payload_sha256") != hashlib.sha256(payload).hexdigest():
         return None
     records = np.load(io.BytesIO(payload), allow_pickle=False)
     return PartSummary(str(header["dtype"]), records) if records.dtype == RECORD else None
@@ -144,6 +145,23 @@ def load_cached(ref: ShardRef) -> PartSummary | None:
         return decode(cache_path(ref).read_bytes(), ref.receipt)
     except OSError:
         return None
+
+
+def cached_identity(ref: ShardRef) -> list | None:
+    """[payload SHA-256, file size] of the cache file of `ref` as its header states them (one line read, the
+    payload not hashed): a part's sorted run records the summary it was made from, whose rows the Parquet
+    writers read; None when there is no readable cache for the current receipt."""
+    path = cache_path(ref)
+    try:
+        with open(path, "rb") as fh:
+            header = orjson.loads(fh.readline())
+            size = os.fstat(fh.fileno()).st_size
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != VERSION \
+            or header.get("key") != receipt_key(ref.receipt):
+        return None
+    return [header.get("payload_sha256"), size]
 
 
 def compute_and_cache(ref: ShardRef) -> PartSummary:

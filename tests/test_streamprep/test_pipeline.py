@@ -114,10 +114,13 @@ def test_outputs_identical_across_worker_counts_and_tokenizer_training(tmp_path:
         run_dir = tmp_path / f"w{workers}"
         run_from_dict(cfg, run_dir=run_dir, console_log=False)
         hashes.append(tree_hashes(run_dir, *OUTPUTS, names=("manifest.json", "mixtures.json")))
-        # each part's exports summary was made by the worker that tokenized it, none by the exports at the end
+        # each part's exports summary and sorted run were made by the worker that tokenized it, none by the
+        # exports at the end (which leave no scratch)
         receipts = sorted((run_dir / "receipts/gen").glob("*.json"))
         assert len(receipts) == 5 and [r.with_suffix(SUFFIX).exists() for r in receipts] == [True] * 5
-        assert '"part summaries computed"' not in (run_dir / "logs/streamprep.log").read_text()
+        log_text = (run_dir / "logs/streamprep.log").read_text()
+        assert '"part summaries computed"' not in log_text and '"part runs made by the exports"' not in log_text
+        assert not (run_dir / "parquet/.order").exists()
     assert hashes[0] == hashes[1]
     run = json.loads((tmp_path / "w1/run.json").read_text())
     assert run["summary"]["kept"] == {"gen": 900} and run["summary"]["rejected"] == {"gen": 3}

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -17,6 +18,8 @@ import yaml
 from cosmos_xenna.pipelines import v1 as xenna
 
 from helpers import base_config, english_docs, tree_hashes
+from streamprep.exports import ShardRef, order, summary
+from streamprep.exports.parquet import BYTES_PER_TOKEN
 from streamprep import run_from_dict
 from streamprep.ray_cluster import RAY_NICE
 from streamprep.tokenize import make_task, read_receipt, run_task
@@ -40,7 +43,8 @@ def test_stage_without_ray(tmp_path: Path) -> None:
     part.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
     tok_path = tmp_path / "tok.json"
     tok_path.write_text(train_bpe(iter(docs), 400, 2).to_str())
-    task = make_task(tmp_path, "gen", "train", part, tok_path, "sha256:x", 1, "uint16")
+    task = replace(make_task(tmp_path, "gen", "train", part, tok_path, "sha256:x", 1, "uint16"),
+                   first_ordinal=0, order_seed=7, length_buckets=(16, 64))
     stage = TokenizeStage()
     stage.setup(xenna.WorkerMetadata.make_dummy())
     first = stage.process_data([task])
@@ -49,6 +53,12 @@ def test_stage_without_ray(tmp_path: Path) -> None:
     assert first[0]["pid"] == os.getpid() and first[0]["node"]
     assert read_receipt(task)["stats"]["num_documents"] == 50
     assert run_task(task, stage.tokenizers.get(task))["skipped"] is True
+    # the stage's worker also made the part's exports summary and sorted run, which the exports would reuse
+    ref = ShardRef.from_task(task, read_receipt(task))
+    assert summary.cache_path(ref).is_file()
+    made = order.load_run(order.run_path(tmp_path, "gen", "part-00000"), ref, 0, 50, 7, (16, 64), BYTES_PER_TOKEN)
+    assert made is not None and made.reused and made.n == 50
+    assert order.load_run(order.run_path(tmp_path, "gen", "part-00000"), ref, 0, 50, 8, (16, 64), BYTES_PER_TOKEN) is None
 
 
 @pytest.mark.ray

@@ -380,20 +380,102 @@ def test_part_summaries_cached_and_reused(run, monkeypatch):
 
 
 @pytest.mark.slow
-def test_prepare_part_ahead_of_exports(run, monkeypatch):
+def prepared_task(run_dir: Path, r: ShardRef, first: int | None, seed: int = 1234, buckets=BUCKETS):
+    """The ShardTask fields `prepare_part` reads, as the pipeline sets them (`first`: lines of the parts before)."""
     from types import SimpleNamespace
 
+    return SimpleNamespace(dataset=r.dataset, split=r.split, part=r.part, input_path=str(r.ingest_path),
+                           prefix=str(r.prefix or f"{run_dir}/binidx/{r.dataset}/{r.part}_text_document"),
+                           receipt_path=str(r.receipt_path), sft=None, run_dir=str(run_dir), first_ordinal=first,
+                           order_seed=seed, length_buckets=tuple(buckets))
+
+
+def line_ordinals(refs: list[ShardRef]) -> dict[str, int]:
+    """dataset/part -> the lines of its dataset's parts before it: the first ordinal the pipeline gives a task."""
+    out, lines = {}, {}
+    for r in sorted(refs, key=lambda r: (r.dataset, r.part)):
+        out[f"{r.dataset}/{r.part}"] = lines.get(r.dataset, 0)
+        lines[r.dataset] = out[f"{r.dataset}/{r.part}"] + len(r.ingest_path.read_bytes().splitlines())
+    return out
+
+
+def counting_runs(monkeypatch) -> list[str]:
+    """Patch encode_run to record which parts' runs are made."""
+    from streamprep.exports import order
+
+    calls: list[str] = []
+    real = order.encode_run
+
+    def spy(ref, *args):
+        calls.append(f"{ref.dataset}/{ref.part}")
+        return real(ref, *args)
+    monkeypatch.setattr(order, "encode_run", spy)
+    return calls
+
+
+@pytest.mark.slow
+def test_prepare_part_ahead_of_exports(run, tmp_path, monkeypatch):
+    """Each part's summary and sorted run made as its shard finishes: the exports only merge and write, with the
+    bytes of exports that made everything themselves. A run made with a first ordinal the receipts contradict
+    (c4's part-00002: part-00001 dropped 2 empty records) is remade."""
     from streamprep.exports import prepare_part
+    from streamprep.exports.order import run_path
 
     run_dir, refs = run
+    clean = tmp_path / "clean"
+    shutil.copytree(run_dir, clean)
+    export(clean, relocate(refs, run_dir, clean))
+    firsts = line_ordinals(refs)
     for r in refs:  # as each shard finishes: a ShardTask and its receipt
-        prepare_part(SimpleNamespace(dataset=r.dataset, split=r.split, part=r.part, input_path=str(r.ingest_path),
-                                     prefix=str(r.prefix or f"{run_dir}/binidx/{r.dataset}/{r.part}_text_document"),
-                                     receipt_path=str(r.receipt_path), sft=None), r.receipt)
+        prepare_part(prepared_task(run_dir, r, firsts[f"{r.dataset}/{r.part}"]), r.receipt)
     assert len(summary_files(run_dir)) == 6
-    calls = counting_summarize(monkeypatch)
+    assert sorted(p.name for p in (run_dir / "parquet" / ".order").rglob("*")) == sorted(
+        ["c4", "lingua", "dclm"] + [run_path(run_dir, r.dataset, r.part).name for r in refs if r.prefix is not None])
+    calls, runs = counting_summarize(monkeypatch), counting_runs(monkeypatch)
     export(run_dir, refs)
-    assert calls == []
+    assert calls == [] and runs == ["c4/part-00002"]
+    assert file_hashes(run_dir) == file_hashes(clean)
+    assert not (run_dir / "parquet" / ".order").exists()
+
+
+@pytest.mark.slow
+def test_prepared_runs_reused_only_when_current(run, tmp_path, monkeypatch):
+    """A prepared run is remade (same output bytes) when it was made for another seed or bucket bounds, when it is
+    damaged, truncated or torn, or when its part's summary is not the one it was made from; runs of an earlier
+    attempt (merge files, runs) left in the scratch folder are reused or ignored."""
+    from streamprep.exports import prepare_part, summary
+    from streamprep.exports.order import run_path
+
+    run_dir, refs = run
+    clean = tmp_path / "clean"
+    shutil.copytree(run_dir, clean)
+    export(clean, relocate(refs, run_dir, clean))
+    firsts = line_ordinals(refs)
+    full = [r for r in refs if r.prefix is not None]
+    assert [f"{r.dataset}/{r.part}" for r in full] == ["c4/part-00000", "c4/part-00001", "c4/part-00002",
+                                                        "lingua/part-00000", "lingua/part-00001", "dclm/part-00000"]
+    for r, seed, buckets in zip(full, [99, 1234, 1234, 1234, 1234, 1234], [BUCKETS] * 3 + [BUCKETS[:-1]] + [BUCKETS] * 2):
+        prepare_part(prepared_task(run_dir, r, firsts[f"{r.dataset}/{r.part}"], seed, buckets), r.receipt)
+    c4_1 = run_path(run_dir, "c4", "part-00001")
+    raw = c4_1.read_bytes()
+    c4_1.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))                       # one flipped bit
+    lingua_1 = run_path(run_dir, "lingua", "part-00001")
+    lingua_1.write_bytes(lingua_1.read_bytes()[:-8])                        # truncated
+    summary.cache_path(full[-1]).write_bytes(b"stale\n")                   # dclm's summary: not the run's any more
+    (run_dir / "parquet" / ".order" / "c4" / "b3.order").write_bytes(b"an earlier attempt's merge")
+    calls, runs = counting_summarize(monkeypatch), counting_runs(monkeypatch)
+    export(run_dir, refs)
+    # c4/part-00000: another seed; part-00002: another first ordinal; lingua/part-00000: other bounds
+    assert sorted(runs) == sorted(f"{r.dataset}/{r.part}" for r in full) and calls == ["dclm/part-00000"]
+    assert file_hashes(run_dir) == file_hashes(clean)
+    assert not (run_dir / "parquet" / ".order").exists()
+    runs.clear()
+    for r in full:  # all current now (the ordinals from the receipts): nothing is remade
+        first = firsts[f"{r.dataset}/{r.part}"] - (2 if r.part == "part-00002" else 0) * (r.dataset == "c4")
+        prepare_part(prepared_task(run_dir, r, first), r.receipt)
+    export(run_dir, refs)
+    assert runs == [f"{r.dataset}/{r.part}" for r in full]  # each made once, by prepare_part
+    assert file_hashes(run_dir) == file_hashes(clean)
 
 
 @pytest.mark.slow
@@ -598,7 +680,7 @@ def test_interrupted_exports_resume_to_the_same_bytes(run, tmp_path, monkeypatch
         done.append(job[1].shard_id)
         return write_one(job)
     monkeypatch.setattr(parquet, "_write_one", dying)
-    monkeypatch.setattr("streamprep.exports.order.remove_scratch", lambda run_dir: None)  # as after a kill
+    monkeypatch.setattr("streamprep.exports.order.remove_scratch", lambda run_dir, keep_runs=False: None)  # a kill
     with pytest.raises(KeyboardInterrupt):
         export(run_dir, refs)
     assert len(list((run_dir / "parquet").glob("*.parquet"))) == 5 and (run_dir / "parquet" / ".order").is_dir()
