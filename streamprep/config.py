@@ -580,6 +580,12 @@ class OutputConfig(FrozenSection):
     num_shards_multiple_of: int
     max_rejects_per_check: int | None
 
+    @property
+    def part_lines(self) -> int:
+        """Kept lines a sealed part holds (every part of a dataset but its last): `shard_records`, null meaning
+        the default. Ingest seals by it; the exports' keyed order counts ordinals by it."""
+        return self.shard_records or 100_000
+
 
 @dataclass(frozen=True)
 class ExecutionConfig(FrozenSection):

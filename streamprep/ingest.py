@@ -275,7 +275,7 @@ class DatasetIngest:
         self.stage_dir = self.files.stage
         self.source: Any = None  # opened in run()
         self.units: list[Unit] = []
-        self.shard_records = ctx.output.shard_records or 100_000
+        self.shard_records = ctx.output.part_lines
         self.max_rejects = ctx.output.max_rejects_per_check
         self.batch = ctx.execution.batch_records
         quality = ctx.quality

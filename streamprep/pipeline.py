@@ -388,7 +388,7 @@ class Job:
         # ingest seals every part but a dataset's last with exactly `shard_records` lines, in order, so the lines
         # before this part are known now; the exports check this ordinal against the receipts (records that
         # tokenized to nothing are not counted there) and remake the part's run if it differs
-        lines_per_part = self.config.output.shard_records or 100_000  # as ingest (DatasetIngest.shard_records)
+        lines_per_part = self.config.output.part_lines
         return replace(task, first_ordinal=int(part.stem.split("-")[1]) * lines_per_part,
                        order_seed=self.config.run.seed, length_buckets=tuple(self.config.output.parquet.length_buckets))
 
