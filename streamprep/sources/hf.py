@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import quote
 
 import httpx2
+import pyarrow.parquet as pq
 
 from streamprep import atomic, logs
 from streamprep.config import ConfigError, DatasetConfig
@@ -450,15 +451,32 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
     first, skip_to = int(start.get("file", 0)), int(start.get("record", 0))
     consumed, state = int(start.get("consumed", 0)), start.get("state")
     names = list(names) if names is not None else [str(f) for f in files]
-    def open_file(i: int):
-        ds = datasets.load_dataset(builder, data_files={split: [str(files[i])]}, split=split, streaming=True,
+
+    def open_file(path: Path, filtered: bool = True):
+        ds = datasets.load_dataset(builder, data_files={split: [str(path)]}, split=split, streaming=True,
                                    cache_dir=None if cache_dir is None else str(cache_dir), **builder_kwargs)
-        return ds.filter(_matches(flt)) if flt else ds
+        return ds.filter(_matches(flt)) if flt and filtered else ds
+
+    def reject(i: int, reason: str) -> tuple[BadRecord, dict[str, Any]]:
+        """One counted item for file `i` as a whole (the stream goes on with the next file)."""
+        return BadRecord(reason, ""), {**extra, "file": i + 1, "record": 0, "consumed": consumed, "state": None}
 
     for i in range(first, len(files)):
         if max_records is not None and consumed >= max_records:
             return
-        ds = open_file(i)
+        path = Path(files[i])  # an hf:// file is downloaded here
+        whole = not (i == first and skip_to)  # read from its start: its records have not been counted yet
+        if whole and _no_rows(path, builder):
+            consumed += 1
+            yield reject(i, f"empty file {names[i]}")
+            continue
+        try:
+            ds = open_file(path)
+        except Exception as exc:  # StopIteration: the json builder found no row to infer the features from
+            consumed += 1
+            yield reject(i, f"empty file {names[i]}" if isinstance(exc, StopIteration) else
+                         f"unreadable {builder} file {names[i]}, skipped: {_one_line(exc)}")
+            continue
         stateful = hasattr(ds, "state_dict") and hasattr(ds, "load_state_dict")
         n, skip, restored = 0, 0, False
         if i == first and skip_to:
@@ -478,19 +496,22 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
             try:
                 rec = next(it)
             except StopIteration:
+                # a file that gave nothing, not even to the filter (blank lines only, a CSV header, `[]`)
+                if whole and n == 0 and (not flt or next(iter(open_file(path, filtered=False)), None) is None):
+                    consumed += 1
+                    yield reject(i, f"empty file {names[i]}")
                 break
             except Exception as exc:
                 if restored:  # datasets applies a loaded state lazily: a state it cannot use fails here
                     log.warning("cannot restore the stream state; re-reading and skipping", file=names[i],
                                 records=skip_to, error=_one_line(exc))
-                    ds, skip, restored = open_file(i), skip_to, False
+                    ds, skip, restored = open_file(path), skip_to, False
                     it = iter(ds)
                     continue
                 # the builder gave up on this file (e.g. the pyarrow JSON reader on a malformed line)
                 consumed += 1
-                bad = BadRecord(f"unreadable {builder} file {names[i]} after {n} records, rest of the file "
-                                f"skipped: {_one_line(exc)}", "")
-                yield bad, {**extra, "file": i + 1, "record": 0, "consumed": consumed, "state": None}
+                yield reject(i, f"unreadable {builder} file {names[i]} after {n} records, rest of the file "
+                                f"skipped: {_one_line(exc)}")
                 break
             restored = False
             if skip:
@@ -504,6 +525,20 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
                          "state": ds.state_dict() if stateful else None}
             if max_records is not None and consumed >= max_records:
                 return
+
+
+def _no_rows(path: Path, builder: str) -> bool:
+    """A file with no bytes, or a Parquet file whose footer counts no rows (`datasets` would fail on either, or
+    read nothing): an "empty file" reject, as a local source reports it. A footer that cannot be read is left to
+    the builder, which reports the file unreadable."""
+    if path.stat().st_size == 0:
+        return True
+    if builder != "parquet":
+        return False
+    try:
+        return pq.read_metadata(path).num_rows == 0
+    except Exception:  # pyarrow raises ArrowInvalid/OSError subclasses for a bad footer
+        return False
 
 
 def stream_local_with_datasets(files: Sequence[str | Path], builder: str, *, split: str = "train",

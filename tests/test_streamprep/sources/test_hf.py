@@ -377,6 +377,37 @@ def test_malformed_jsonl_file_is_one_bad_record(hub, tmp_path):
     assert records(src.iter_records(roundtrip(pos))) == good2
 
 
+def test_empty_files_are_counted_rejects_and_the_stream_goes_on(hub, tmp_path):
+    """A data file with no records (0 bytes, blank lines only, an empty .gz, a zero-row or 0-byte Parquet file) is one
+    "empty file" reject and the next file is read (the json builder used to raise StopIteration at load_dataset, and
+    the 0-byte Parquet file ArrowInvalid: the job crashed); a file the filter empties is not a reject; a Parquet file
+    that is not Parquet is one "unreadable" reject."""
+    import gzip
+
+    a, b = [{"text": "a", "lang": "en"}], [{"text": "b", "lang": "en"}]
+    hub.add_dataset("org/empties", {"data/train-0.jsonl": jsonl(a), "data/train-1.jsonl": b"",
+                                    "data/train-2.jsonl": b"\n  \n", "data/train-3.jsonl.gz": gzip.compress(b""),
+                                    "data/train-4.jsonl": jsonl([{"text": "f", "lang": "fr"}]),
+                                    "data/train-5.jsonl": jsonl(b)})
+    src = HFSource(cfg(path="hf://org/empties", filter={"lang": "en"}), tmp_path / "cache")
+    items = list(src.iter_records())
+    assert records(items) == [a[0], *(BadRecord(f"empty file data/train-{f}.jsonl{'.gz' if f == 3 else ''}", "")
+                                      for f in (1, 2, 3)), b[0]]
+    assert [(p["file"], p["record"], p["consumed"]) for _, p in items] == [(0, 1, 1), (2, 0, 2), (3, 0, 3), (4, 0, 4),
+                                                                           (5, 1, 5)]
+    assert records(src.iter_records(roundtrip(items[1][1]))) == records(items[2:])  # resumed after a reject
+
+    no_rows = io.BytesIO()
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), no_rows)
+    hub.add_dataset("org/empty-parquet", {"data/train-0.parquet": parquet(a), "data/train-1.parquet": b"",
+                                          "data/train-2.parquet": no_rows.getvalue(),
+                                          "data/train-3.parquet": b"not parquet", "data/train-4.parquet": parquet(b)})
+    got = records(HFSource(cfg(path="hf://org/empty-parquet"), tmp_path / "cache").iter_records())
+    assert got[:3] == [a[0], BadRecord("empty file data/train-1.parquet", ""),
+                       BadRecord("empty file data/train-2.parquet", "")] and got[4:] == b
+    assert got[3].reason.startswith("unreadable parquet file data/train-3.parquet, skipped: ArrowInvalid: ")
+
+
 @pytest.mark.parametrize("entry, message", [
     (dict(path="hf://org/missing"), r"hf://org/missing: dataset repo not found"),
     (dict(revision="v9"), r"hf://org/corpus: revision 'v9' not found"),
@@ -877,6 +908,28 @@ def test_a_size_cap_counts_the_gates_of_the_streams_last_batch_into_the_next_fil
     raw["datasets"][0]["size_mb"] = sum(len(t.encode()) for t in docs[:33]) / (1 << 20)
     want = _stream_then_units(hub, tmp_path, monkeypatch, "org/tiny", raw, 8)
     assert want["consumed"] == 33 and want["stats"]["gate_seen"]["normalize"] == 50
+
+
+@pytest.mark.slow
+def test_an_empty_file_unit_is_a_counted_reject_and_the_job_goes_on(hub, tmp_path, monkeypatch):
+    """An empty data file read as a unit by 1 or 2 workers is one "empty file" reject, the same as in the stream
+    (counters, parts, rejects: the same bytes); a file the filter empties is no reject. Without the fix the worker
+    raised "generator raised StopIteration" and the job stopped."""
+    from helpers import english_docs
+
+    docs = english_docs(60, seed=3)
+    hub.add_dataset("org/holes", {
+        "data/train-00000.jsonl": jsonl([{"text": t, "lang": "en"} for t in docs[:30]]),
+        "data/train-00001.jsonl": b"",
+        "data/train-00002.jsonl": jsonl([{"text": "Ceci est un document", "lang": "fr"}]),
+        "data/train-00003.jsonl": jsonl([{"text": t, "lang": "en"} for t in docs[30:]])})
+    raw = _ingest_config("org/holes", workers=1)
+    want = _stream_then_units(hub, tmp_path, monkeypatch, "org/holes", raw, 4)
+    assert (want["consumed"], want["kept"], want["rejected"]) == (61, 60, 1)
+    for run in ("stream", "units1", "units2"):
+        lines = [json.loads(x) for p in sorted((tmp_path / run / "rejects").rglob("*.jsonl")) for x in p.read_text().splitlines()]
+        assert [(r["failed_check"], r["reason"], r["source"]["index"]) for r in lines] == \
+            [("parse", "empty file data/train-00001.jsonl", 30)], run
 
 
 _WATCHER = """
