@@ -932,6 +932,78 @@ def test_an_empty_file_unit_is_a_counted_reject_and_the_job_goes_on(hub, tmp_pat
             [("parse", "empty file data/train-00001.jsonl", 30)], run
 
 
+def _two_datasets(datasets: list[dict], run) -> dict:
+    import asyncio
+
+    from helpers import base_config
+    from streamprep.config import load
+    from streamprep.ingest import IngestContext, ingest_all
+
+    raw = base_config(datasets, None, output={"shard_records": 100})
+    raw["execution"].update(batch_records=25, workers=2, hf_prefetch_files=1)
+
+    async def go():
+        return await ingest_all(IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event()))
+
+    return {n: (st.done, st.consumed, st.kept, st.rejected) for n, st in asyncio.run(go()).items()}
+
+
+@pytest.mark.slow
+def test_two_datasets_on_one_repo_share_its_cache(hub, tmp_path):
+    """Two datasets of one config read the same split with other filters, a third the same repo's other split, at
+    once: each writes the bytes it writes alone. They used to resolve the repo at the same time and write its
+    manifest through the same temp file (FileNotFoundError on the rename: the job stopped), and one dataset's
+    window deleted the files another was about to read ("deleted while being fetched", or a file read as an
+    "unreadable" reject when its reader's link was removed)."""
+    from helpers import tree_hashes
+
+    hub.add_dataset(WEB_REPO, {**{f"data/train-{f:05d}.jsonl": jsonl(_web_rows(f)) for f in range(6)},
+                               "data/validation-00000.jsonl": jsonl(_web_rows(9))})
+    hub.rate = 2_000_000
+    entries = [{"name": "en", "path": f"hf://{WEB_REPO}", "split": "train", "filter": {"lang": "en"}},
+               {"name": "fr", "path": f"hf://{WEB_REPO}", "split": "train", "filter": {"lang": "fr"}},
+               {"name": "val", "path": f"hf://{WEB_REPO}", "split": "validation"}]
+    assert _two_datasets(entries, tmp_path / "all") == \
+        {"en": (True, 1440, 1440, 0), "fr": (True, 360, 360, 0), "val": (True, 300, 300, 0)}
+    for e in entries:
+        assert _two_datasets([e], tmp_path / e["name"])[e["name"]][0]
+        got = tree_hashes(tmp_path / "all", f"ingest/{e['name']}", f"rejects/{e['name']}")
+        assert got and got == tree_hashes(tmp_path / e["name"], f"ingest/{e['name']}", f"rejects/{e['name']}"), e
+    assert _blobs(tmp_path / "all/cache/hf") == set(), "downloaded files left in the cache"
+    assert sorted(p.name for p in (tmp_path / "all/cache/hf/streamprep").rglob("*.json") if p.parent.name == "_default") \
+        == ["train.json", "validation.json"]
+
+
+def test_a_window_keeps_the_files_another_dataset_holds(many, tmp_path):
+    """Two datasets' windows on one cache: a checkpoint of one deletes only the files the other does not hold."""
+    from streamprep.sources.hf import DownloadWindow
+
+    cache = tmp_path / "cache"
+    a, b = (HFSource(_many_cfg(name=n), cache) for n in ("a", "b"))
+    plan = a.units()
+    for u in plan[:3]:
+        a._download_one((_unit_file(u), many.sha_of(MANY_REPO)))
+    wa, wb = DownloadWindow(a, plan), DownloadWindow(b, plan)
+    try:
+        for u in (0, 1, 2):
+            wa.take(u)
+        wb.take(1)
+        wa.evictor(3)()
+        wa.release(3)
+        on_disk = lambda: [(p.is_symlink(), p.exists()) for p in map(wa._local, plan[:3])]  # noqa: E731
+        assert on_disk() == [(False, False), (True, True), (False, False)]  # file 1: b holds it
+        wb.evictor(2)()
+        wb.release(2)
+        assert on_disk() == [(False, False)] * 3 and _blobs(cache) == set()
+    finally:
+        wa.close()
+        wb.close()
+
+
+def _unit_file(unit) -> str:
+    return unit.path.rsplit("@", 1)[1].split("/", 1)[1]
+
+
 _WATCHER = """
 import os, stat, sys, time
 cache, out = sys.argv[1], sys.argv[2]
