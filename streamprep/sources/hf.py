@@ -581,9 +581,9 @@ def parse_repo_id(path: str) -> tuple[str, str | None]:
 def _manifest_file(cache_dir: Path, repo_id: str, sha: str, subset: str | None, split: str, fmt: str | None) -> Path:
     """Where the choice of data files of one commit/subset/split (and `format` override) is saved, beside the HF
     cache: datasets of a config that read the same split with another `format` each have their own."""
-    name = quote(split, safe="") + (f".{quote(fmt, safe='')}" if fmt else "")
+    stem = quote(split, safe="") + (f".{quote(fmt, safe='')}" if fmt else "")
     return (Path(cache_dir) / "streamprep" / ("datasets--" + repo_id.replace("/", "--")) / sha
-            / quote(subset or "_default", safe="") / f"{name}.json")
+            / quote(subset or "_default", safe="") / f"{stem}.json")
 
 
 @contextmanager
