@@ -408,6 +408,31 @@ def test_empty_files_are_counted_rejects_and_the_stream_goes_on(hub, tmp_path):
     assert got[3].reason.startswith("unreadable parquet file data/train-3.parquet, skipped: ArrowInvalid: ")
 
 
+def test_a_file_that_vanishes_stops_the_stream_instead_of_becoming_a_reject(tmp_path, monkeypatch):
+    """Only faults of a file's bytes are rejects: one of the environment (the file gone, also wrapped by the
+    builder) is raised, so the job stops and a re-run reads the file."""
+    import datasets
+    import pyarrow
+
+    (tmp_path / "a.jsonl").write_bytes(jsonl(TRAIN[:2]))
+
+    def fails(exc):
+        def load_dataset(*a, **k):
+            raise exc
+        return load_dataset
+
+    gone = FileNotFoundError(2, "No such file or directory")
+    wrapped = RuntimeError("the builder failed")
+    wrapped.__cause__ = gone
+    for exc in (gone, wrapped):
+        monkeypatch.setattr(datasets, "load_dataset", fails(exc))
+        with pytest.raises(type(exc)):
+            list(stream_local_with_datasets([tmp_path / "a.jsonl"], "json"))
+    monkeypatch.setattr(datasets, "load_dataset", fails(pyarrow.ArrowInvalid("bad bytes")))
+    assert records(stream_local_with_datasets([tmp_path / "a.jsonl"], "json")) == \
+        [BadRecord(f"unreadable json file {tmp_path / 'a.jsonl'}, skipped: ArrowInvalid: bad bytes", "")]
+
+
 @pytest.mark.parametrize("entry, message", [
     (dict(path="hf://org/missing"), r"hf://org/missing: dataset repo not found"),
     (dict(revision="v9"), r"hf://org/corpus: revision 'v9' not found"),
