@@ -829,6 +829,9 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
                 await asyncio.to_thread(shutil.rmtree, d.stage_dir, True)
                 if d.window is not None:
                     await d.release_files(len(d.units))
+        for d in ingests:  # whatever ended, a window holds no file for the other datasets any more
+            if d.window is not None:
+                d.window.close()
     log.info("ingest done", seconds=round(time.monotonic() - t0, 3), stopped=ctx.stop.is_set())
     return {s.dataset: s for s in results}
 

@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import quote
 
 import httpx2
+import pyarrow.parquet as pq
 
 from streamprep import atomic, logs
 from streamprep.config import ConfigError, DatasetConfig
@@ -449,15 +450,33 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
     first, skip_to = int(start.get("file", 0)), int(start.get("record", 0))
     consumed, state = int(start.get("consumed", 0)), start.get("state")
     names = list(names) if names is not None else [str(f) for f in files]
-    def open_file(i: int):
-        ds = datasets.load_dataset(builder, data_files={split: [str(files[i])]}, split=split, streaming=True,
+
+    def open_file(path: Path, filtered: bool = True):
+        ds = datasets.load_dataset(builder, data_files={split: [str(path)]}, split=split, streaming=True,
                                    cache_dir=None if cache_dir is None else str(cache_dir), **builder_kwargs)
-        return ds.filter(_matches(flt)) if flt else ds
+        return ds.filter(_matches(flt)) if flt and filtered else ds
+
+    def reject(i: int, reason: str) -> tuple[BadRecord, dict[str, Any]]:
+        """One counted item for file `i` as a whole (the stream goes on with the next file)."""
+        return BadRecord(reason, ""), {**extra, "file": i + 1, "record": 0, "consumed": consumed, "state": None}
 
     for i in range(first, len(files)):
         if max_records is not None and consumed >= max_records:
             return
-        ds = open_file(i)
+        path = Path(files[i])  # an hf:// file is downloaded here
+        whole = not (i == first and skip_to)  # read from its start: its records have not been counted yet
+        if whole and _no_rows(path, builder):
+            consumed += 1
+            yield reject(i, f"empty file {names[i]}")
+            continue
+        try:
+            ds = open_file(path)
+        except Exception as exc:  # StopIteration: the json builder found no row to infer the features from
+            _raise_if_environment(exc)
+            consumed += 1
+            yield reject(i, f"empty file {names[i]}" if isinstance(exc, StopIteration) else
+                         f"unreadable {builder} file {names[i]}, skipped: {_one_line(exc)}")
+            continue
         stateful = hasattr(ds, "state_dict") and hasattr(ds, "load_state_dict")
         n, skip, restored = 0, 0, False
         if i == first and skip_to:
@@ -477,19 +496,23 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
             try:
                 rec = next(it)
             except StopIteration:
+                # a file that gave nothing, not even to the filter (blank lines only, a CSV header, `[]`)
+                if whole and n == 0 and (not flt or next(iter(open_file(path, filtered=False)), None) is None):
+                    consumed += 1
+                    yield reject(i, f"empty file {names[i]}")
                 break
             except Exception as exc:
                 if restored:  # datasets applies a loaded state lazily: a state it cannot use fails here
                     log.warning("cannot restore the stream state; re-reading and skipping", file=names[i],
                                 records=skip_to, error=_one_line(exc))
-                    ds, skip, restored = open_file(i), skip_to, False
+                    ds, skip, restored = open_file(path), skip_to, False
                     it = iter(ds)
                     continue
                 # the builder gave up on this file (e.g. the pyarrow JSON reader on a malformed line)
+                _raise_if_environment(exc)
                 consumed += 1
-                bad = BadRecord(f"unreadable {builder} file {names[i]} after {n} records, rest of the file "
-                                f"skipped: {_one_line(exc)}", "")
-                yield bad, {**extra, "file": i + 1, "record": 0, "consumed": consumed, "state": None}
+                yield reject(i, f"unreadable {builder} file {names[i]} after {n} records, rest of the file "
+                                f"skipped: {_one_line(exc)}")
                 break
             restored = False
             if skip:
@@ -503,6 +526,30 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
                          "state": ds.state_dict() if stateful else None}
             if max_records is not None and consumed >= max_records:
                 return
+
+
+def _raise_if_environment(exc: Exception) -> None:
+    """A fault of the environment, not of the file's bytes (the file vanished, I/O error, permissions), also when
+    `datasets` wraps it, stops the job instead of becoming a reject: a re-run would read the file."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno is not None:
+            raise exc
+        seen = seen.__cause__ or seen.__context__
+
+
+def _no_rows(path: Path, builder: str) -> bool:
+    """A file with no bytes, or a Parquet file whose footer counts no rows (`datasets` would fail on either, or
+    read nothing): an "empty file" reject, as a local source reports it. A footer that cannot be read is left to
+    the builder, which reports the file unreadable."""
+    if path.stat().st_size == 0:
+        return True
+    if builder != "parquet":
+        return False
+    try:
+        return pq.read_metadata(path).num_rows == 0
+    except Exception:  # pyarrow raises ArrowInvalid/OSError subclasses for a bad footer
+        return False
 
 
 def stream_local_with_datasets(files: Sequence[str | Path], builder: str, *, split: str = "train",
@@ -530,17 +577,30 @@ def parse_repo_id(path: str) -> tuple[str, str | None]:
     return "/".join(parts), rev or None
 
 
-def _manifest_file(cache_dir: Path, repo_id: str, sha: str, subset: str | None, split: str) -> Path:
-    """Where the choice of data files of one commit/subset/split is saved, beside the HF cache."""
+def _manifest_file(cache_dir: Path, repo_id: str, sha: str, subset: str | None, split: str, fmt: str | None) -> Path:
+    """Where the choice of data files of one commit/subset/split (and `format` override) is saved, beside the HF
+    cache: datasets of a config that read the same split with another `format` each have their own."""
+    stem = quote(split, safe="") + (f".{quote(fmt, safe='')}" if fmt else "")
     return (Path(cache_dir) / "streamprep" / ("datasets--" + repo_id.replace("/", "--")) / sha
-            / quote(subset or "_default", safe="") / f"{quote(split, safe='')}.json")
+            / quote(subset or "_default", safe="") / f"{stem}.json")
+
+
+@contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold `lock_file` (an flock: against other threads of this process, each opening it anew, and other
+    processes)."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def manifest_sizes(cache_dir: Path, entry: Mapping[str, Any], sha: str) -> list[int] | None:
     """The data file sizes (read order) of a dataset entry (a config mapping) at `sha`, from its saved manifest."""
     try:
         repo_id, _ = parse_repo_id(str(entry["path"]))
-        m = atomic.read_json(_manifest_file(cache_dir, repo_id, sha, entry.get("subset"), str(entry.get("split"))))
+        m = atomic.read_json(_manifest_file(cache_dir, repo_id, sha, entry.get("subset"), str(entry.get("split")),
+                                            entry.get("format")))
         return [int(f.get("size") or 0) for f in m["files"]]
     except (HFSourceError, OSError, ValueError, KeyError, TypeError):
         return None
@@ -555,6 +615,7 @@ class HFSource:
                  endpoint: str | None = None):
         from huggingface_hub import constants
 
+        self.name = dataset.name
         self.repo_id, path_rev = parse_repo_id(dataset.path)
         self.revision = dataset.revision or path_rev or "main"
         self.split = dataset.split
@@ -581,7 +642,7 @@ class HFSource:
         return self.cache_dir / "streamprep" / ("datasets--" + self.repo_id.replace("/", "--"))
 
     def _manifest_path(self, sha: str) -> Path:
-        return _manifest_file(self.cache_dir, self.repo_id, sha, self.subset, self.split)
+        return _manifest_file(self.cache_dir, self.repo_id, sha, self.subset, self.split, self.format)
 
     def _ref_path(self, revision: str) -> Path:
         return self._meta_dir / "refs" / quote(revision, safe="")
@@ -637,16 +698,19 @@ class HFSource:
         sha = info.sha
         if not sha:
             raise HFSourceUnavailable(f"{where}: the Hub returned no commit sha")
-        if (snap := self._load_manifest(sha)) is None:
-            sizes = {s.rfilename: s.size for s in info.siblings or []}
-            card = self._card_data(sha, sizes)
-            files, builder, kwargs = select_data_files(self.repo_id, sorted(sizes), self.split, self.subset, card,
-                                                       self.format)
-            snap = Snapshot(sha=sha, builder=builder, builder_kwargs=kwargs,
-                            files=[{"path": f, "size": sizes[f]} for f in files])
-            self._save_manifest(snap)
-        if revision != sha:
-            atomic.write_bytes(self._ref_path(revision), sha.encode())
+        # datasets of one config reading the same repo resolve it at the same time, in threads of the driver: one
+        # of them writes the manifest (atomic.tmp_path is per process, so two writers would share a temp file)
+        with _exclusive(self._meta_dir / "resolve.flock"):
+            if (snap := self._load_manifest(sha)) is None:
+                sizes = {s.rfilename: s.size for s in info.siblings or []}
+                card = self._card_data(sha, sizes)
+                files, builder, kwargs = select_data_files(self.repo_id, sorted(sizes), self.split, self.subset,
+                                                           card, self.format)
+                snap = Snapshot(sha=sha, builder=builder, builder_kwargs=kwargs,
+                                files=[{"path": f, "size": sizes[f]} for f in files])
+                self._save_manifest(snap)
+            if revision != sha:
+                atomic.write_bytes(self._ref_path(revision), sha.encode())
         log.info("resolved hf dataset", repo=self.repo_id, revision=revision, sha=sha, split=self.split,
                  subset=self.subset, builder=snap.builder, files=len(snap.files))
         return snap
@@ -687,8 +751,8 @@ class HFSource:
         sha = _unit_file(self.repo_id, plan[0])[0] if plan else self._snapshot().sha
         if self._snap is None or self._snap.sha != sha:
             self._snap = self._resolve(sha)
-        return FileReader(self.repo_id, str(self.cache_dir), self.endpoint, self.workers, self._snap.builder_kwargs,
-                          _split_name(self.split), dict(self.filter) if self.filter else None,
+        return FileReader(self.name, self.repo_id, str(self.cache_dir), self.endpoint, self.workers,
+                          self._snap.builder_kwargs, _split_name(self.split), dict(self.filter) if self.filter else None,
                           _POLICY.retries, _POLICY.max_s, self.max_records)
 
     # -- the Source protocol --
@@ -765,6 +829,7 @@ class FileReader:
     token is the worker's own HF_TOKEN, never an argument) and streams it through `datasets` as `iter_records`
     does, so its items are the stream's. Sent with each call: plain data."""
 
+    dataset: str  # its name: its readers' hard links are its own
     repo_id: str
     cache_dir: str
     endpoint: str
@@ -800,16 +865,17 @@ class FileReader:
         install_retrying_client()
         cache = Path(self.cache_dir)
         with _held(lambda: download(self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache)),
-                   _reading_dir(cache, unit)) as local:
+                   _reading_dir(cache, self.dataset, unit)) as local:
             return [item for item, _ in _stream([local], unit.fmt, self.builder_kwargs, split=self.split,
                                                 flt=self.filter, max_records=limit, start=None,
                                                 cache_dir=cache / "datasets", extra={}, names=[path])]
 
 
-def _reading_dir(cache_dir: Path, unit: Unit) -> Path:
-    """Where the reader of `unit` links its file: one directory per unit, so a reader killed mid-way leaves one
-    that the unit's next reader, or the driver's eviction of the unit, removes."""
-    return cache_dir / "streamprep" / "reading" / hashlib.sha1(unit.path.encode()).hexdigest()[:20]
+def _reading_dir(cache_dir: Path, dataset: str, unit: Unit) -> Path:
+    """Where the reader of `unit` links its file: one directory per dataset and unit (two datasets may read the same
+    file at once), so a reader killed mid-way leaves one that the unit's next reader, or the driver's eviction of
+    the unit, removes."""
+    return cache_dir / "streamprep" / "reading" / hashlib.sha1(f"{dataset}\0{unit.path}".encode()).hexdigest()[:20]
 
 
 @contextmanager
@@ -834,19 +900,29 @@ def _held(fetch: Callable[[], Path], mine: Path) -> Iterator[Path]:
         shutil.rmtree(mine, ignore_errors=True)
 
 
+_WINDOWS: list["DownloadWindow"] = []  # the open windows of this process: one per hf:// dataset of the job
+_WINDOWS_LOCK = threading.Lock()  # their `held`, and the deleting of their files
+
+
 class DownloadWindow:
     """The driver's bound on one hf:// dataset's files on disk, kept by handing units out (`fits`, `take`): at most
     `hf_prefetch_files` + 1 units between the oldest one no checkpoint has passed and the newest handed out, and
     at most `hf_cache_max_gb` of their files (the oldest one is always handed out). After a checkpoint at unit
     `n`, `evictor(n)` deletes the files of the units before it from the cache (unless `hf_keep_cache`), then
     `release(n)` lets go of them: the files on disk never exceed the window. Only the event loop calls it; the
-    deleting runs in a thread, one call at a time."""
+    deleting runs in a thread, one call at a time.
+
+    Datasets of one job reading the same repo share its cache, so a file is deleted only when no other open window
+    holds it (nor, with equal content, its blob); a dataset that reaches a file another one has already deleted
+    downloads it again. `close` (at the end of the job) removes the window from that count."""
 
     def __init__(self, src: HFSource, plan: Sequence[Unit]):
         self.plan = plan
-        self.repo_id, self.cache_dir = src.repo_id, src.cache_dir
+        self.repo_id, self.cache_dir, self.name = src.repo_id, src.cache_dir, src.name
         self.files, self.max_bytes, self.keep = src.prefetch_files + 1, src.cache_max_bytes, src.keep_cache
         self.held: dict[int, Unit] = {}  # handed out, not yet passed by a checkpoint
+        with _WINDOWS_LOCK:
+            _WINDOWS.append(self)
 
     def fits(self, u: int) -> bool:
         if not self.held or u in self.held:
@@ -862,7 +938,8 @@ class DownloadWindow:
             sum(x.end for x in self.held.values()) + between <= self.max_bytes
 
     def take(self, u: int) -> None:
-        self.held[u] = self.plan[u]
+        with _WINDOWS_LOCK:  # not while another window decides what to delete
+            self.held[u] = self.plan[u]
 
     def evictor(self, before: int) -> Callable[[], None] | None:
         """The deleting, to run in a thread, of the files of the held units before `before`, which a checkpoint
@@ -870,20 +947,34 @@ class DownloadWindow:
         gone = [x for u, x in self.held.items() if u < before]
         if not gone or self.keep:
             return None
-        links = [self._local(x) for x in gone]
-        others = [self._local(x) for u, x in self.held.items() if u >= before]
-        readers = [_reading_dir(self.cache_dir, x) for x in gone]
-        return lambda: _evict(links, others, readers)
+        return lambda: self._delete([self._local(x) for x in gone], [_reading_dir(self.cache_dir, self.name, x)
+                                                                    for x in gone], before)
+
+    def _delete(self, links: list[Path], readers: list[Path], before: int) -> None:
+        """Delete `links` but those a window still holds (this one from `before` on), deciding and deleting under
+        the lock `take` waits for: a file another dataset hands out meanwhile is either kept or handed out after."""
+        with _WINDOWS_LOCK:
+            held = {w._local(x) for w in _WINDOWS if w.cache_dir == self.cache_dir
+                    for u, x in w.held.items() if w is not self or u >= before}
+            _evict([p for p in links if p not in held], list(held), readers)
 
     def release(self, before: int) -> None:
-        for u in [u for u in self.held if u < before]:
-            del self.held[u]
+        with _WINDOWS_LOCK:
+            for u in [u for u in self.held if u < before]:
+                del self.held[u]
+
+    def close(self) -> None:
+        """The job is over: this window holds nothing for the others any more."""
+        with _WINDOWS_LOCK:
+            if self in _WINDOWS:
+                _WINDOWS.remove(self)
 
     def drop_passed(self, start: int) -> None:
         """Before a (resumed) dataset hands out unit `start`: delete the files of the units before it that a killed
         job left behind (between its checkpoint and its deleting), unless `hf_keep_cache`."""
         if not self.keep:
-            _evict([self._local(x) for x in self.plan[:start]], [], [_reading_dir(self.cache_dir, x) for x in self.plan[:start]])
+            self._delete([self._local(x) for x in self.plan[:start]],
+                         [_reading_dir(self.cache_dir, self.name, x) for x in self.plan[:start]], 0)
 
     def _local(self, unit: Unit) -> Path:
         from huggingface_hub.file_download import repo_folder_name

@@ -377,6 +377,62 @@ def test_malformed_jsonl_file_is_one_bad_record(hub, tmp_path):
     assert records(src.iter_records(roundtrip(pos))) == good2
 
 
+def test_empty_files_are_counted_rejects_and_the_stream_goes_on(hub, tmp_path):
+    """A data file with no records (0 bytes, blank lines only, an empty .gz, a zero-row or 0-byte Parquet file) is one
+    "empty file" reject and the next file is read (the json builder used to raise StopIteration at load_dataset, and
+    the 0-byte Parquet file ArrowInvalid: the job crashed); a file the filter empties is not a reject; a Parquet file
+    that is not Parquet is one "unreadable" reject."""
+    import gzip
+
+    a, b = [{"text": "a", "lang": "en"}], [{"text": "b", "lang": "en"}]
+    hub.add_dataset("org/empties", {"data/train-0.jsonl": jsonl(a), "data/train-1.jsonl": b"",
+                                    "data/train-2.jsonl": b"\n  \n", "data/train-3.jsonl.gz": gzip.compress(b""),
+                                    "data/train-4.jsonl": jsonl([{"text": "f", "lang": "fr"}]),
+                                    "data/train-5.jsonl": jsonl(b)})
+    src = HFSource(cfg(path="hf://org/empties", filter={"lang": "en"}), tmp_path / "cache")
+    items = list(src.iter_records())
+    assert records(items) == [a[0], *(BadRecord(f"empty file data/train-{f}.jsonl{'.gz' if f == 3 else ''}", "")
+                                      for f in (1, 2, 3)), b[0]]
+    assert [(p["file"], p["record"], p["consumed"]) for _, p in items] == [(0, 1, 1), (2, 0, 2), (3, 0, 3), (4, 0, 4),
+                                                                           (5, 1, 5)]
+    assert records(src.iter_records(roundtrip(items[1][1]))) == records(items[2:])  # resumed after a reject
+
+    no_rows = io.BytesIO()
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), no_rows)
+    hub.add_dataset("org/empty-parquet", {"data/train-0.parquet": parquet(a), "data/train-1.parquet": b"",
+                                          "data/train-2.parquet": no_rows.getvalue(),
+                                          "data/train-3.parquet": b"not parquet", "data/train-4.parquet": parquet(b)})
+    got = records(HFSource(cfg(path="hf://org/empty-parquet"), tmp_path / "cache").iter_records())
+    assert got[:3] == [a[0], BadRecord("empty file data/train-1.parquet", ""),
+                       BadRecord("empty file data/train-2.parquet", "")] and got[4:] == b
+    assert got[3].reason.startswith("unreadable parquet file data/train-3.parquet, skipped: ArrowInvalid: ")
+
+
+def test_a_file_that_vanishes_stops_the_stream_instead_of_becoming_a_reject(tmp_path, monkeypatch):
+    """Only faults of a file's bytes are rejects: one of the environment (the file gone, also wrapped by the
+    builder) is raised, so the job stops and a re-run reads the file."""
+    import datasets
+    import pyarrow
+
+    (tmp_path / "a.jsonl").write_bytes(jsonl(TRAIN[:2]))
+
+    def fails(exc):
+        def load_dataset(*a, **k):
+            raise exc
+        return load_dataset
+
+    gone = FileNotFoundError(2, "No such file or directory")
+    wrapped = RuntimeError("the builder failed")
+    wrapped.__cause__ = gone
+    for exc in (gone, wrapped):
+        monkeypatch.setattr(datasets, "load_dataset", fails(exc))
+        with pytest.raises(type(exc)):
+            list(stream_local_with_datasets([tmp_path / "a.jsonl"], "json"))
+    monkeypatch.setattr(datasets, "load_dataset", fails(pyarrow.ArrowInvalid("bad bytes")))
+    assert records(stream_local_with_datasets([tmp_path / "a.jsonl"], "json")) == \
+        [BadRecord(f"unreadable json file {tmp_path / 'a.jsonl'}, skipped: ArrowInvalid: bad bytes", "")]
+
+
 @pytest.mark.parametrize("entry, message", [
     (dict(path="hf://org/missing"), r"hf://org/missing: dataset repo not found"),
     (dict(revision="v9"), r"hf://org/corpus: revision 'v9' not found"),
@@ -877,6 +933,100 @@ def test_a_size_cap_counts_the_gates_of_the_streams_last_batch_into_the_next_fil
     raw["datasets"][0]["size_mb"] = sum(len(t.encode()) for t in docs[:33]) / (1 << 20)
     want = _stream_then_units(hub, tmp_path, monkeypatch, "org/tiny", raw, 8)
     assert want["consumed"] == 33 and want["stats"]["gate_seen"]["normalize"] == 50
+
+
+@pytest.mark.slow
+def test_an_empty_file_unit_is_a_counted_reject_and_the_job_goes_on(hub, tmp_path, monkeypatch):
+    """An empty data file read as a unit by 1 or 2 workers is one "empty file" reject, the same as in the stream
+    (counters, parts, rejects: the same bytes); a file the filter empties is no reject. Without the fix the worker
+    raised "generator raised StopIteration" and the job stopped."""
+    from helpers import english_docs
+
+    docs = english_docs(60, seed=3)
+    hub.add_dataset("org/holes", {
+        "data/train-00000.jsonl": jsonl([{"text": t, "lang": "en"} for t in docs[:30]]),
+        "data/train-00001.jsonl": b"",
+        "data/train-00002.jsonl": jsonl([{"text": "Ceci est un document", "lang": "fr"}]),
+        "data/train-00003.jsonl": jsonl([{"text": t, "lang": "en"} for t in docs[30:]])})
+    raw = _ingest_config("org/holes", workers=1)
+    want = _stream_then_units(hub, tmp_path, monkeypatch, "org/holes", raw, 4)
+    assert (want["consumed"], want["kept"], want["rejected"]) == (61, 60, 1)
+    for run in ("stream", "units1", "units2"):
+        lines = [json.loads(x) for p in sorted((tmp_path / run / "rejects").rglob("*.jsonl")) for x in p.read_text().splitlines()]
+        assert [(r["failed_check"], r["reason"], r["source"]["index"]) for r in lines] == \
+            [("parse", "empty file data/train-00001.jsonl", 30)], run
+
+
+def _two_datasets(datasets: list[dict], run) -> dict:
+    import asyncio
+
+    from helpers import base_config
+    from streamprep.config import load
+    from streamprep.ingest import IngestContext, ingest_all
+
+    raw = base_config(datasets, None, output={"shard_records": 100})
+    raw["execution"].update(batch_records=25, workers=2, hf_prefetch_files=1)
+
+    async def go():
+        return await ingest_all(IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event()))
+
+    return {n: (st.done, st.consumed, st.kept, st.rejected) for n, st in asyncio.run(go()).items()}
+
+
+@pytest.mark.slow
+def test_two_datasets_on_one_repo_share_its_cache(hub, tmp_path):
+    """Two datasets of one config read the same split with other filters, a third the same repo's other split, at
+    once: each writes the bytes it writes alone. They used to resolve the repo at the same time and write its
+    manifest through the same temp file (FileNotFoundError on the rename: the job stopped), and one dataset's
+    window deleted the files another was about to read ("deleted while being fetched", or a file read as an
+    "unreadable" reject when its reader's link was removed)."""
+    from helpers import tree_hashes
+
+    hub.add_dataset(WEB_REPO, {**{f"data/train-{f:05d}.jsonl": jsonl(_web_rows(f)) for f in range(6)},
+                               "data/validation-00000.jsonl": jsonl(_web_rows(9))})
+    hub.rate = 2_000_000
+    entries = [{"name": "en", "path": f"hf://{WEB_REPO}", "split": "train", "filter": {"lang": "en"}},
+               {"name": "fr", "path": f"hf://{WEB_REPO}", "split": "train", "filter": {"lang": "fr"}},
+               {"name": "val", "path": f"hf://{WEB_REPO}", "split": "validation"}]
+    assert _two_datasets(entries, tmp_path / "all") == \
+        {"en": (True, 1440, 1440, 0), "fr": (True, 360, 360, 0), "val": (True, 300, 300, 0)}
+    for e in entries:
+        assert _two_datasets([e], tmp_path / e["name"])[e["name"]][0]
+        got = tree_hashes(tmp_path / "all", f"ingest/{e['name']}", f"rejects/{e['name']}")
+        assert got and got == tree_hashes(tmp_path / e["name"], f"ingest/{e['name']}", f"rejects/{e['name']}"), e
+    assert _blobs(tmp_path / "all/cache/hf") == set(), "downloaded files left in the cache"
+    assert sorted(p.name for p in (tmp_path / "all/cache/hf/streamprep").rglob("*.json") if p.parent.name == "_default") \
+        == ["train.json", "validation.json"]
+
+
+def test_a_window_keeps_the_files_another_dataset_holds(many, tmp_path):
+    """Two datasets' windows on one cache: a checkpoint of one deletes only the files the other does not hold."""
+    from streamprep.sources.hf import DownloadWindow
+
+    cache = tmp_path / "cache"
+    a, b = (HFSource(_many_cfg(name=n), cache) for n in ("a", "b"))
+    plan = a.units()
+    for u in plan[:3]:
+        a._download_one((_unit_file(u), many.sha_of(MANY_REPO)))
+    wa, wb = DownloadWindow(a, plan), DownloadWindow(b, plan)
+    try:
+        for u in (0, 1, 2):
+            wa.take(u)
+        wb.take(1)
+        wa.evictor(3)()
+        wa.release(3)
+        on_disk = lambda: [(p.is_symlink(), p.exists()) for p in map(wa._local, plan[:3])]  # noqa: E731
+        assert on_disk() == [(False, False), (True, True), (False, False)]  # file 1: b holds it
+        wb.evictor(2)()
+        wb.release(2)
+        assert on_disk() == [(False, False)] * 3 and _blobs(cache) == set()
+    finally:
+        wa.close()
+        wb.close()
+
+
+def _unit_file(unit) -> str:
+    return unit.path.rsplit("@", 1)[1].split("/", 1)[1]
 
 
 _WATCHER = """
