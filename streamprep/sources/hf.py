@@ -47,7 +47,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import quote
 
 import httpx2
-import pyarrow.parquet as pq
 
 from streamprep import atomic, logs
 from streamprep.config import ConfigError, DatasetConfig
@@ -546,6 +545,8 @@ def _no_rows(path: Path, builder: str) -> bool:
         return True
     if builder != "parquet":
         return False
+    import pyarrow.parquet as pq  # here, not at the top: `streamprep status` imports this module (manifest_sizes)
+
     try:
         return pq.read_metadata(path).num_rows == 0
     except Exception:  # pyarrow raises ArrowInvalid/OSError subclasses for a bad footer
