@@ -61,34 +61,31 @@ def test_last_lines_reaches_into_rotated_files(tmp_path, log_writer, capsys):
     assert _seqs(capsys.readouterr().out.splitlines()) == [37, 38, 39]
 
 
-def test_follow_in_process_burst_of_rotations_between_polls(tmp_path, log_writer):
-    """Dozens of rollovers between two polls: followed file by file, every line once, in order."""
-    run_dir = _run_dir(tmp_path)
-    log = log_writer(run_dir, max_bytes=1200, backups=200)
+def _burst_between_polls(run_dir, log_writer, backups: int, lines: int) -> tuple[list[int], list[str]]:
+    """Follow from the end, log `lines` lines at once (rotating many times), poll once: (seqs read, warnings)."""
+    log = log_writer(run_dir, max_bytes=1200, backups=backups)
     log.info("line", seq=0)
     warnings: list[str] = []
     f = Follower(log_path(run_dir), start_at_end=True, warn=warnings.append)
     got = list(f.head.splitlines())
-    for i in range(1, 400):
+    for i in range(1, lines):
         log.info("line", seq=i)
     got += f.poll()
     f.close()
+    return _seqs(got), warnings
+
+
+def test_follow_in_process_burst_of_rotations_between_polls(tmp_path, log_writer):
+    """Dozens of rollovers between two polls: followed file by file, every line once, in order."""
+    run_dir = _run_dir(tmp_path)
+    got, warnings = _burst_between_polls(run_dir, log_writer, backups=200, lines=400)
     assert len(_rotated_files(run_dir)) > 30
-    assert _seqs(got) == list(range(400))
+    assert got == list(range(400))
     assert not warnings
 
 
 def test_follow_when_files_are_deleted_before_read_warns_and_never_repeats(tmp_path, log_writer):
-    run_dir = _run_dir(tmp_path)
-    log = log_writer(run_dir, max_bytes=1200, backups=2)
-    log.info("line", seq=0)
-    warnings: list[str] = []
-    f = Follower(log_path(run_dir), start_at_end=True, warn=warnings.append)
-    got = _seqs(f.head.splitlines())
-    for i in range(1, 200):
-        log.info("line", seq=i)
-    got += _seqs(f.poll())
-    f.close()
+    got, warnings = _burst_between_polls(_run_dir(tmp_path), log_writer, backups=2, lines=200)
     assert warnings and "missing" in warnings[0]
     assert got == sorted(set(got)) and got[-1] == 199  # in order, no repeats, reaches the end
 
