@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, logs
-from streamprep.layout import CheckpointLayout, RunLayout, planned_parts
+from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, planned_parts
 
 VERSION = 3  # 2: positions name a unit of the plan (streamprep.units); 3: parts written whole from staged pieces
 DIGEST = 32
@@ -246,7 +246,7 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
         _clear(files)
         return IngestState(dataset=files.dataset)
     for extra in files.parts():
-        if int(extra.stem.split("-")[1]) >= state.part_index:
+        if part_index_of(extra) >= state.part_index:
             log.warning("removing part sealed after the last checkpoint", dataset=files.dataset, part=extra.name)
             extra.unlink()
     for path, want in _logs(files, state):

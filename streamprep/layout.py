@@ -31,6 +31,11 @@ def part_name(index: int) -> str:
     return f"part-{index:05d}"
 
 
+def part_index_of(path: Path) -> int:
+    """7 for `.../part-00007.jsonl` (or any file named by `part_name`)."""
+    return int(path.stem.split("-")[1])
+
+
 def _stem(part: int | str) -> str:
     """A part given by index or by its stem ("part-00007")."""
     return part if isinstance(part, str) else part_name(part)

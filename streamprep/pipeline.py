@@ -25,7 +25,7 @@ from streamprep.exports import export_run, pool_size
 from streamprep.exports.pool import Workers
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all
-from streamprep.layout import CheckpointLayout, RunLayout
+from streamprep.layout import CheckpointLayout, RunLayout, part_index_of
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
@@ -389,7 +389,7 @@ class Job:
         # before this part are known now; the exports check this ordinal against the receipts (records that
         # tokenized to nothing are not counted there) and remake the part's run if it differs
         lines_per_part = self.config.output.part_lines
-        return replace(task, first_ordinal=int(part.stem.split("-")[1]) * lines_per_part,
+        return replace(task, first_ordinal=part_index_of(part) * lines_per_part,
                        order_seed=self.config.run.seed, length_buckets=tuple(self.config.output.parquet.length_buckets))
 
     def _shard_backend(self, info: TokenizerInfo) -> str:
