@@ -160,20 +160,18 @@ def load_run(path: Path, ref: ShardRef, first: int, expected: int, seed: int, bo
         data = path.read_bytes()
     except OSError:
         return None
-    head, _, payload = data.partition(b"\n")
-    try:
-        header = orjson.loads(head)
-    except orjson.JSONDecodeError:
+    if (split := summary.split_header(data)) is None:
         return None
+    header, payload = split
     expect = _identity(ref, first, seed, bounds, bpt)
-    if not isinstance(header, dict) or any(header.get(k) != v for k, v in expect.items()):
+    if any(header.get(k) != v for k, v in expect.items()):
         return None
     offsets = np.asarray(header.get("offsets", []), dtype=np.int64)
     if len(offsets) != len(bounds) + 2 or int(offsets[-1]) != expected or len(payload) != 24 * expected \
             or header.get("payload_sha256") != hashlib.sha256(payload).hexdigest() \
             or header.get("summary") is None or header.get("summary") != summary.cached_identity(ref):
         return None
-    return PartRun(path, offsets, len(head) + 1, int(header["num_tokens"]), str(header["dtype"]), "cached", True)
+    return PartRun(path, offsets, len(data) - len(payload), int(header["num_tokens"]), str(header["dtype"]), "cached", True)
 
 
 def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> PartRun:

@@ -20,6 +20,7 @@ import os
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -125,14 +126,23 @@ def encode(summary: PartSummary, receipt: dict) -> bytes:
     return orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n" + payload
 
 
-def decode(data: bytes, receipt: dict) -> PartSummary | None:
-    """The summary in `data` if it is intact and made for `receipt`, else None."""
+def split_header(data: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """(header, payload) of a cache file written as one JSON object line then its payload (a part's summary, its
+    sorted run), or None when that first line is not a JSON object."""
     head, _, payload = data.partition(b"\n")
     try:
         header = orjson.loads(head)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != VERSION \
+    return (header, payload) if isinstance(header, dict) else None
+
+
+def decode(data: bytes, receipt: dict) -> PartSummary | None:
+    """The summary in `data` if it is intact and made for `receipt`, else None."""
+    if (split := split_header(data)) is None:
+        return None
+    header, payload = split
+    if header.get("format") != FORMAT or header.get("version") != VERSION \
             or header.get("key") != receipt_key(receipt) or header.get("payload_sha256") != hashlib.sha256(payload).hexdigest():
         return None
     records = np.load(io.BytesIO(payload), allow_pickle=False)
