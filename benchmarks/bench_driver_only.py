@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ DOC_BYTES = 1000     # a kept record's text, as the fake workers report it
 
 
 class FakeRunner:
-    """The QC runner's interface (`submit`, `workers`, `close`) answering at once, reading and writing nothing."""
+    """The executor's interface (`submit`, `workers`, `close`) answering at once, reading and writing nothing."""
 
     def __init__(self, quality: Any, mode: Any, workers: int, records: int = 100):
         from streamprep import unit_worker
@@ -50,9 +51,9 @@ class FakeRunner:
             unit_worker.judge_piece: self._judge, unit_worker.finalize_piece: self._finalize,
             unit_worker.assemble_part: self._assemble}
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         t0 = time.thread_time()
-        fut = asyncio.get_running_loop().create_future()
+        fut: Future = Future()
         fut.set_result(self.calls[fn](*args))
         self.spent += time.thread_time() - t0
         return fut
@@ -94,11 +95,11 @@ def one(n_units: int, records: int, work: Path, dedup: str) -> dict[str, Any]:
                                                  for i in range(n_units)]
     runners: list[FakeRunner] = []
 
-    def runner(quality: Any, mode: Any, workers: int) -> FakeRunner:
-        runners.append(FakeRunner(quality, mode, workers, records))
+    def runner(execution: Any, quality: Any, mode: Any) -> FakeRunner:
+        runners.append(FakeRunner(quality, mode, execution.workers, records))
         return runners[-1]
 
-    ingest.QCRunner = runner  # the seam: where ingest_all makes its worker runner
+    ingest.worker_executor = runner  # the seam: where ingest_all makes its executor
     run = work / "run"
     ctx = ingest.IngestContext.of(cfg, run, run / "checkpoints", asyncio.Event())
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -84,7 +84,7 @@ def plan_child(run_dir: Path, workers: int) -> None:
     from streamprep.config import section
     from streamprep.exports import parquet, summary
     from streamprep.exports.index import ShardRef
-    from streamprep.exports.pool import Workers
+    from streamprep.executor import LocalExecutor
 
     refs = []
     for path in sorted((run_dir / "receipts" / "web").glob("*.json")):
@@ -92,7 +92,7 @@ def plan_child(run_dir: Path, workers: int) -> None:
                              run_dir / "binidx" / f"{path.stem}_text_document", atomic.read_json(path), path))
     output = section("output", {})
     datasets = [("web", "train", refs)]
-    with Workers(workers) as pool:
+    with LocalExecutor(workers) as pool:
         pool.warm()
         with open("/proc/self/status") as fh:
             rss0 = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))  # KiB

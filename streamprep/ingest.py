@@ -15,13 +15,11 @@ it sees per-record summaries (kind, 32-byte digest, sizes) and the bounded sampl
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import shutil
 import time
 from collections import Counter
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
@@ -31,10 +29,10 @@ import aiofiles
 import numpy as np
 
 from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
-from streamprep import atomic, logs, ray_cluster, stats, unit_worker, units
-from streamprep.children import exit_with
+from streamprep import atomic, executor as executors, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
+from streamprep.executor import Executor
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.sources import open_source
@@ -48,141 +46,11 @@ STOP = object()  # what a coroutine gets instead of an item once a stop is reque
 # A dataset's position: the next piece is piece `piece` of unit `unit` (a stream unit continues at `source`);
 # `base` counts the items of the unit's file in earlier units; `skip_file`: a file whose rest did not decode.
 START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip_file": None}
-# QC processes run this much nicer than the job: the tokenizer, downstream, comes first on a shared core.
-# 10 rather than 5: the first shard came ~20 % sooner, the whole job no slower
-# (sixth round: `git show c594e76:docs/performance.md`).
-QC_NICE = 10
-POOL_RESTARTS = 4  # QC pools replaced after a worker process died, per job; then the job fails (and resumes)
 # A stream unit's QC call carries up to QC_CALL_BATCHES batches, about QC_CALL_BYTES of text in all (sized from the mean kept
 # text so far): a process-pool round trip costs ~3 ms of the driver's CPU
 # (eighth round: `git show c594e76:docs/performance.md`).
 QC_CALL_BATCHES = 4
 QC_CALL_BYTES = 4 << 20
-
-
-def _init_qc(quality: QualitySettings, mode: Mode) -> None:
-    """A QC process (pool worker or Ray actor) yields the cores to the tokenizer when both want them: sealed parts are tokenized as
-    they come instead of piling up behind ingest (the job's total work does not change, only its order)."""
-    os.nice(QC_NICE)
-    unit_worker.init_worker(quality, mode)
-
-
-def _init_pool_worker(quality: QualitySettings, mode: Mode, driver: int) -> None:
-    """A pool worker also ends with the job's `driver` process (a Ray actor is ended by Ray)."""
-    exit_with(driver)
-    _init_qc(quality, mode)
-
-
-class QCRunner:
-    """Runs worker calls (`unit_worker.judge_piece`, `finalize_piece`, `assemble_part`): in one thread for 1 worker,
-    else in a process pool. A pool process that dies (kill -9, the OOM killer) breaks the whole pool: a new pool
-    takes its place and every call the broken one held runs again there (each writes its files atomically and
-    depends only on its arguments), up to POOL_RESTARTS times a job; the job goes on, nothing duplicated."""
-
-    def __init__(self, quality: QualitySettings, mode: Mode, workers: int):
-        self.workers = max(1, workers)
-        self.restarts = 0
-        self.pool: Executor
-        self._args = (quality, mode)
-        if self.workers == 1:
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="qc")
-            self.pool.submit(unit_worker.init_worker, quality, mode).result()
-        else:
-            self.pool = self._new_pool()
-
-    def _new_pool(self) -> ProcessPoolExecutor:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["streamprep.unit_worker"])  # workers fork with quality already imported
-        return ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_pool_worker,
-                                   initargs=(*self._args, os.getpid()))
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-        if self.workers == 1:
-            return asyncio.wrap_future(self.pool.submit(fn, *args))
-        return asyncio.ensure_future(self._call(fn, args))
-
-    async def _call(self, fn: Callable[..., Any], args: tuple) -> Any:
-        while True:
-            pool = self.pool
-            try:
-                return await asyncio.wrap_future(pool.submit(fn, *args))
-            except BrokenProcessPool as exc:
-                if pool is self.pool:  # the first call to see this pool broken replaces it
-                    if self.restarts >= POOL_RESTARTS:
-                        raise
-                    self.restarts += 1
-                    log.warning("a quality-control worker process died; its calls run again on a new pool",
-                                restarts=self.restarts, error=str(exc)[:200])
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    self.pool = self._new_pool()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-class _QCActor:
-    """One QC worker on a Ray cluster (`execution.ray_address`)."""
-
-    def __init__(self, quality: QualitySettings, mode: Mode):
-        import ray  # only ever imported in a Ray worker process, where it is loaded already
-
-        _init_qc(quality, mode)  # its own process: on a shared node the stage workers come first
-        self.node = ray.get_runtime_context().get_node_id()  # a restart after a lost node runs this again
-
-    def ready(self) -> bool:
-        return True
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
-        """(this actor's node, the call's result): the driver counts where the work ran."""
-        return self.node, fn(*args)
-
-
-class RayQCRunner:
-    """Worker calls on Ray actors of an existing cluster (the stage files are on the run's shared filesystem);
-    the driver awaits them in plan order, so outputs equal the process-pool run's. An actor lost with its node is
-    restarted by Ray on a node left and its calls retried (every call writes its files atomically and depends only
-    on its arguments); with no node left to run on, a call fails after `ray_cluster.NO_NODE_WAIT_S` instead of
-    waiting forever."""
-
-    def __init__(self, quality: QualitySettings, mode: Mode, workers: int, address: str):
-        self._cluster = ray_cluster
-        ray_cluster.connect(address, workers)
-        self.workers = max(1, workers)
-        self.actors = ray_cluster.spread_actors(_QCActor, self.workers, quality, mode)
-        self._next = 0
-        self.calls: dict[str, dict[str, int]] = {}  # node -> worker function -> calls answered there
-        log.info("quality control on Ray actors", actors=self.workers, address=address)
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-        actor = self.actors[self._next % self.workers]
-        self._next += 1
-        call = asyncio.wrap_future(actor.run.remote(fn, *args).future())
-        return asyncio.ensure_future(self._answer(fn.__name__, call))
-
-    async def _answer(self, name: str, call: asyncio.Future) -> Any:
-        try:
-            while not (await asyncio.wait({call}, timeout=1.0))[0]:
-                if why := self._cluster.no_node_left():
-                    raise self._cluster.NoNodeLeft(f"quality control: {why}; re-run the same command to resume")
-            node, result = call.result()
-            on_node = self.calls.setdefault(node, {})
-            on_node[name] = on_node.get(name, 0) + 1
-            return result
-        finally:
-            call.cancel()  # (a no-op once it has an answer)
-
-    def close(self) -> None:
-        import ray
-
-        log.info("quality control calls per node", calls=self.calls)  # units judged on every node, or not
-        if self._cluster.no_node_left():  # the cluster is gone: nothing to ask, nothing to end (Ray would block)
-            return
-        restarts = self._cluster.actor_restarts(self.actors)
-        if restarts:
-            log.warning("quality control actors restarted after lost nodes; their calls were retried",
-                        restarts=restarts)
-        for a in self.actors:
-            ray.kill(a)
 
 
 # ---- per-dataset ingest ----------------------------------------------------------------------
@@ -203,14 +71,16 @@ class IngestContext:
     finished: dict[str, DedupIndex] = field(default_factory=dict)  # final dedup index of each done dataset
     finished_near: dict[str, near_dedup.NearDupIndex | None] = field(default_factory=dict)  # and its near index
     _done: dict[str, asyncio.Event] = field(default_factory=dict)
+    executor: Executor | None = None  # the job's; None: ingest makes its own (`worker_executor`) and closes it
 
     @classmethod
     def of(cls, config: Config, run_dir: Path, checkpoint_dir: Path, stop: asyncio.Event,
            progress: dict[str, IngestState] | None = None,
-           on_checkpoint: Callable[[IngestState], None] | None = None) -> "IngestContext":
+           on_checkpoint: Callable[[IngestState], None] | None = None,
+           executor: Executor | None = None) -> "IngestContext":
         """The context of `config`'s ingest: its sections, nothing else."""
         return cls(config.datasets, config.execution, config.output, config.quality, mode_of(config.sft), run_dir,
-                   checkpoint_dir, stop, {} if progress is None else progress, on_checkpoint)
+                   checkpoint_dir, stop, {} if progress is None else progress, on_checkpoint, executor=executor)
 
     def publish(self, name: str, index: DedupIndex, near: near_dedup.NearDupIndex | None = None) -> None:
         """Dataset `name` is done; `index` is its final dedup index, `near` its near-dedup index when on
@@ -269,7 +139,7 @@ class Ahead:
 class DatasetIngest:
     """Ingest of one dataset entry, resumable from its checkpoint."""
 
-    def __init__(self, ds: DatasetConfig, ctx: IngestContext, qc: QCRunner | RayQCRunner, reader_pool: Executor):
+    def __init__(self, ds: DatasetConfig, ctx: IngestContext, qc: Executor, reader_pool: ThreadPoolExecutor):
         self.ds, self.ctx, self.qc, self.reader_pool = ds, ctx, qc, reader_pool
         self.files = DatasetFiles(ctx.run_dir, ctx.checkpoint_dir, ds.name)
         self.stage_dir = self.files.stage
@@ -415,6 +285,10 @@ class DatasetIngest:
             earlier.append((ds.name, self.ctx.finished[ds.name], self.ctx.finished_near[ds.name]))
         return earlier
 
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """A worker call on the job's executor, awaitable on this loop."""
+        return asyncio.wrap_future(self.qc.submit(fn, *args))
+
     def _stage(self, u: int, k: int) -> str:
         return str(self.stage_dir / f"u{u:07d}-{k:07d}")
 
@@ -436,7 +310,7 @@ class DatasetIngest:
                     self.window.take(u)
                     self._handed = u + 1
                 if unit.kind != "stream":
-                    await queue.put((u, 0, None, True, self.qc.submit(
+                    await queue.put((u, 0, None, True, self._submit(
                         unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch, self._stage(u, 0), unit,
                         None, self.options, self._ahead_of(u))))
                     continue
@@ -469,7 +343,7 @@ class DatasetIngest:
             items = await loop.run_in_executor(self.reader_pool, _take, it, n) if n > 0 else []
             consumed += len(items)
             last = len(items) < n or not items  # none: the cap was reached with the last call
-            fut = self.qc.submit(unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch,
+            fut = self._submit(unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch,
                                  self._stage(u, k), None, [r for r, _ in items])
             await queue.put((u, k, items[-1][1] if items else start, last, fut))
             if last:
@@ -528,7 +402,7 @@ class DatasetIngest:
                 if d and d.applied and capped and unit.kind == "hf":
                     fin = asyncio.ensure_future(self._finalize_capped(u, stage, d, len(summary.kinds), a.consumed))
                 elif d and d.applied:
-                    fin = self.qc.submit(unit_worker.finalize_piece, self.ds.name, stage, d)
+                    fin = self._submit(unit_worker.finalize_piece, self.ds.name, stage, d)
                 await decided.put((stage, d, a.snapshot(), fin))
                 if capped:
                     await decided.put(None)
@@ -571,7 +445,7 @@ class DatasetIngest:
         if self.ds.max_records is not None:
             end = min(end, self.ds.max_records)
         count = end - d.ordinal
-        rejects, st, kept_bytes = await self.qc.submit(
+        rejects, st, kept_bytes = await self._submit(
             unit_worker.finalize_piece, self.ds.name, stage, d,
             unit_worker.GatesTo(min(count, items), self.ds.text_field, self.units[u], self.options))
         count -= items
@@ -579,7 +453,7 @@ class DatasetIngest:
             if count <= 0:
                 break
             self.window.take(v)  # its file goes when the dataset is done
-            gates, got = await self.qc.submit(unit_worker.judge_gates, self.ds.name, self.ds.text_field,
+            gates, got = await self._submit(unit_worker.judge_gates, self.ds.name, self.ds.text_field,
                                               self.units[v], self.options, 0, count)
             stats.add_gates(st, gates)
             count -= got
@@ -753,7 +627,7 @@ class DatasetIngest:
                     done_with.append(state.open_pieces.pop(0)[0])
                 else:
                     state.open_pieces[0] = [name, first + m, n - m]
-            sha, size = await self.qc.submit(unit_worker.assemble_part, str(self.files.part(state.part_index)), slices)
+            sha, size = await self._submit(unit_worker.assemble_part, str(self.files.part(state.part_index)), slices)
             state.sealed.append([sha, size])
             state.part_index += 1
             state.part_lines -= sum(n for _, _, n in slices)
@@ -793,6 +667,13 @@ class Yield:
         self.bytes, self.items, self.kept = self.bytes + size, self.items + items, self.kept + kept
 
 
+def worker_executor(execution: ExecutionConfig, quality: QualitySettings, mode: Mode) -> Executor:
+    """The job's executor, its workers set up to judge units (`unit_worker.init_worker`); `workers` unset = one
+    per CPU."""
+    return executors.create(execution.workers or os.cpu_count() or 1, execution.ray_address,
+                            (unit_worker.init_worker, (quality, mode)))
+
+
 def _remove(paths: list[str]) -> None:
     for p in paths:
         Path(p).unlink(missing_ok=True)
@@ -807,10 +688,7 @@ async def _append(path: Path, data: bytes) -> None:
 
 async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
     """Ingest every dataset concurrently (one producer task each); returns their final states."""
-    ex = ctx.execution
-    workers = ex.workers or os.cpu_count() or 1
-    qc = RayQCRunner(ctx.quality, ctx.mode, workers, ex.ray_address) if ex.ray_address \
-        else QCRunner(ctx.quality, ctx.mode, workers)
+    qc = ctx.executor or worker_executor(ctx.execution, ctx.quality, ctx.mode)
     reader_pool = ThreadPoolExecutor(max(1, len(ctx.datasets)), thread_name_prefix="reader")
     await asyncio.to_thread(clear_leftovers, ctx.hf_cache)  # nothing downloads into the run's cache yet
     t0 = time.monotonic()
@@ -823,7 +701,8 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
         reader_pool.shutdown(wait=False, cancel_futures=True)
-        await asyncio.to_thread(qc.close)
+        if ctx.executor is None:
+            await asyncio.to_thread(qc.close)
         for d in ingests:  # no worker runs now: a done dataset's staged files (units judged past a cap included)
             if (st := ctx.progress.get(d.ds.name)) is not None and st.done:  # and hf:// files go
                 await asyncio.to_thread(shutil.rmtree, d.stage_dir, True)

@@ -21,10 +21,10 @@ from streamprep import audit, backends, engines, metrics, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
 from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
-from streamprep.exports import export_run, pool_size
-from streamprep.exports.pool import Workers
+from streamprep.executor import Executor
+from streamprep.exports import export_run
 from streamprep.feeder import ShardFeeder
-from streamprep.ingest import IngestContext, completed_parts, ingest_all
+from streamprep.ingest import IngestContext, completed_parts, ingest_all, worker_executor
 from streamprep.layout import CheckpointLayout, RunLayout, part_index_of
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
@@ -272,12 +272,13 @@ class Job:
         self.signals.install()
         try:  # our handlers stay installed until the audit is written (a late signal is handled too)
             try:
-                with self._engine() as engine, Workers(pool_size(self.config.execution.workers)) as export_pool:
-                    # a long-lived engine comes up while ingest starts
+                # one executor runs the job's calls: units, tokenize tasks (engine: local), exports
+                with worker_executor(ex, self.config.quality, self.mode) as executor, \
+                        self._engine(executor) as engine:  # a long-lived engine comes up while ingest starts
                     with self.reporter.in_thread():
-                        states, tasks, results, info = self._ingest_and_tokenize(engine, export_pool)
+                        states, tasks, results, info = self._ingest_and_tokenize(engine, executor)
                     engine.stop()  # Xenna and its Ray cluster wind down while the exports are written
-                    summary = self._timed("exports", lambda: self._exports(tasks, states, info, export_pool))
+                    summary = self._timed("exports", lambda: self._exports(tasks, states, info, executor))
                 summary["tokenize"] = results
                 if (training := tokmod.training_report(self.run_dir)) is not None:
                     summary["tokenizer_training"] = training
@@ -298,23 +299,20 @@ class Job:
         return RunResult(self.run_dir, "complete", summary)
 
     # -- stages ------------------------------------------------------------------------------
-    def _engine(self) -> Engine:
-        return engines.create(self.config.execution)
+    def _engine(self, executor: Executor) -> Engine:
+        return engines.create(self.config.execution, executor)
 
-    def _ingest_and_tokenize(self, engine: Engine, export_pool: Workers) -> tuple[dict[str, IngestState],
+    def _ingest_and_tokenize(self, engine: Engine, executor: Executor) -> tuple[dict[str, IngestState],
                                                                                  list[ShardTask], dict[str, Any],
                                                                                  TokenizerInfo]:
-        """Ingest with the engine already up: each sealed part is tokenized while ingest goes on. Once ingest is
-        done, the exports' processes start while the last shards are tokenized."""
+        """Ingest with the engine already up: each sealed part is tokenized while ingest goes on."""
         info = self._timed("tokenizer", self._given_tokenizer)
         feeder = ShardFeeder(engine, self._task, {d.name: self._files(d.name) for d in self.config.datasets},
                              info, self._train_tokenizer, self._sample_ready())
         self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
         try:
-            states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint))
+            states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint, executor))
             self.reporter.phase = "tokenize"
-            if self.mode.text_exports:
-                export_pool.warm()
             info = self._timed("tokenizer", lambda: feeder.finish(states))
             tasks = self._plan(states, feeder)
             results = self._timed("tokenize", lambda: self._tokenize(engine, tasks))
@@ -322,10 +320,10 @@ class Job:
             feeder.close()
         return states, tasks, results, info
 
-    def _ingest(self, on_checkpoint: Callable[[IngestState], None]) -> dict[str, IngestState]:
+    def _ingest(self, on_checkpoint: Callable[[IngestState], None], executor: Executor) -> dict[str, IngestState]:
         async def main() -> dict[str, IngestState]:
             ctx = IngestContext.of(self.config, self.run_dir, self.checkpoint_dir, asyncio.Event(), self.progress,
-                                   on_checkpoint)
+                                   on_checkpoint, executor)
             loop = asyncio.get_running_loop()
             self.signals.on_first = lambda: loop.call_soon_threadsafe(ctx.stop.set)
             try:
@@ -420,18 +418,18 @@ class Job:
         log.info("tokenization done", engine=engine.name, shards=len(tasks), tokenized=len(results) - skipped,
                  skipped=skipped, tail_wait_seconds=round(time.monotonic() - t0, 2),
                  shard_seconds=round(sum(r.get("seconds", 0.0) for r in results), 2),
-                 in_driver=sum(1 for r in results if r.get("where") == "driver"))
+                 local_before_stage=sum(1 for r in results if r.get("where") == "local"))
         missing = [f"{t.dataset}/{t.part}: {p}" for t in tasks if (p := receipt_problem(t, read_receipt(t), False))]
         if missing:
             raise RuntimeError(f"tokenization left {len(missing)} shard(s) incomplete: {'; '.join(missing[:5])}")
         return {"shards": len(tasks), "tokenized": len(results) - skipped, "skipped": skipped}
 
     def _exports(self, tasks: list[ShardTask], states: dict[str, IngestState], info: TokenizerInfo,
-                 export_pool: Workers) -> dict[str, Any]:
+                 executor: Executor) -> dict[str, Any]:
         log.info("writing exports", shards=len(tasks))
         return {"kept": {n: s.kept for n, s in states.items()}, "rejected": {n: s.rejected for n, s in states.items()},
                 **export_run(self.run_dir, tasks, info.to_json(), self.config.output, self.config.datasets,
-                             self.config.run.seed, self.record["config_hash"], workers=export_pool,
+                             self.config.run.seed, self.record["config_hash"], workers=executor,
                              blend=self.mode.text_exports)}
 
     def _still_complete(self) -> bool:

@@ -1,4 +1,4 @@
-"""The job's one Ray cluster, shared by the QC actors and the Xenna tokenize stage.
+"""The job's one Ray cluster, shared by the executor's worker actors and the Xenna tokenize stage.
 
 Follows xenna-notes.md: we call `ray.init` ourselves and pin RAY_ADDRESS so Xenna's monitor finds exactly
 this cluster. Without `execution.ray_address` the job starts its cluster in a `streamprep.ray_head`
@@ -44,11 +44,11 @@ _head: subprocess.Popen | None = None  # the `streamprep.ray_head` process of a 
 _head_tmp = ""  # its TMPDIR, removed with it
 _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one per process: Ray caches it
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
-# Every Ray worker process of the job (QC actors, Xenna's actors, tasks) on every node runs this at start-up.
+# Every Ray worker process of the job (worker actors, Xenna's actors, tasks) on every node runs this at start-up.
 JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
-_qc_placed = threading.Event()  # this job's QC actors hold their CPUs (set by ingest, awaited by the stage)
-QC_PLACEMENT_WAIT_S = 120.0
-ACTOR_RESTARTS = 4  # a QC actor lost with its node is restarted elsewhere this often per job, its calls retried
+_actors_placed = threading.Event()  # the job's worker actors hold their CPUs (set by its executor, awaited by the stage)
+ACTOR_PLACEMENT_WAIT_S = 120.0
+ACTOR_RESTARTS = 4  # a worker actor lost with its node is restarted elsewhere this often per job, its calls retried
 
 
 def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:
@@ -179,7 +179,7 @@ def _stop_head() -> None:
 
 
 def cpus_per_worker(workers: int) -> float:
-    """Logical CPUs for one QC actor or one stage worker: both pools of `workers` share the cluster for
+    """Logical CPUs for one worker actor or one stage worker: both pools of `workers` share the cluster for
     the whole job (ingest and tokenization overlap), so together they must fit in its CPUs."""
     import ray
 
@@ -289,7 +289,7 @@ def _gcs_answers() -> bool:
 
 def spread_actors(cls: type, workers: int, *args: object) -> list:
     """`workers` actors of `cls`, one logical CPU share each, spread over the nodes and started before this
-    returns. The stage is placed after them (`wait_for_qc_actors`) and fills what they left node by node,
+    returns. The stage is placed after them (`wait_for_actors`) and fills what they left node by node,
     so on N nodes both pools cover all N whoever asked Ray first."""
     import ray
 
@@ -297,7 +297,7 @@ def spread_actors(cls: type, workers: int, *args: object) -> list:
                        max_task_retries=ACTOR_RESTARTS)(cls)
     actors = [actor.remote(*args) for _ in range(workers)]
     ray.get([a.ready.remote() for a in actors])
-    _qc_placed.set()
+    _actors_placed.set()
     return actors
 
 
@@ -311,16 +311,16 @@ def actor_restarts(actors: list) -> int:
         return 0
 
 
-def expect_qc_actors() -> None:
-    """Called when a job's engine starts: the QC actors it will wait for are this job's, not a previous one's."""
-    _qc_placed.clear()
+def actors_released() -> None:
+    """Called when a job's executor closes: the actors a later job's stage waits for are that job's own."""
+    _actors_placed.clear()
 
 
-def wait_for_qc_actors(cancelled: Callable[[], bool]) -> bool:
-    """Block until this job's QC actors are placed; False after QC_PLACEMENT_WAIT_S or once `cancelled()`
-    (a job that failed before QC started stops its engine: that must not wait out the limit)."""
-    deadline = time.monotonic() + QC_PLACEMENT_WAIT_S
-    while not _qc_placed.wait(0.1):
+def wait_for_actors(cancelled: Callable[[], bool]) -> bool:
+    """Block until this job's worker actors are placed; False after ACTOR_PLACEMENT_WAIT_S or once `cancelled()`
+    (a job that failed before its executor started stops its engine: that must not wait out the limit)."""
+    deadline = time.monotonic() + ACTOR_PLACEMENT_WAIT_S
+    while not _actors_placed.wait(0.1):
         if cancelled() or time.monotonic() > deadline:
             return False
     return True

@@ -74,7 +74,7 @@ class Registry:
         return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-# execution.engine: a factory `(workers=, ray_address=) -> engines.base.Engine`
+# execution.engine: a factory `(executor=, workers=, ray_address=) -> engines.base.Engine` (the job's executor)
 ENGINES = Registry("engine")
 # tokenizer.backend: names only (streamprep/backends.py loads them); never changes bytes
 TOKENIZER_BACKENDS = Registry("tokenizer backend")

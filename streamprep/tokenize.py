@@ -131,6 +131,15 @@ class TokenizerCache:
         return self._tokenizer
 
 
+def drop_tmp_files(task: ShardTask) -> None:
+    """Temporary files of `task`'s outputs that a writer killed mid-way left (with its process or node); a retry,
+    never run beside a live first attempt, removes them and writes its own."""
+    for target in (Path(task.prefix), Path(task.receipt_path)):
+        for tmp in target.parent.glob(f".{target.name}*{atomic.TMP_MARK}*"):
+            if atomic.is_tmp_name(tmp.name):
+                tmp.unlink(missing_ok=True)
+
+
 def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     """The whole unit of work a stage runs: skip if current, else tokenize and write the receipt."""
     if receipt_problem(task, read_receipt(task)) is None:

@@ -1,6 +1,6 @@
 """Tokenization engines, chosen by `execution.engine`: each takes ShardTasks and returns their results.
 
-    engine = create(config.execution)   # an ExecutionConfig: the engine sees only its section
+    engine = create(config.execution, executor)   # its section, and the job's executor (streamprep.executor)
     with engine:                 # start(): a long-lived engine comes up while ingest runs
         engine.submit(task)      # as each part is sealed
         results = engine.drain() # every submitted task done (receipts written)
@@ -14,12 +14,14 @@ import os
 
 from streamprep.config import ExecutionConfig
 from streamprep.engines.base import Engine
+from streamprep.executor import Executor
 from streamprep.registry import ENGINES
 
 
-def create(execution: ExecutionConfig) -> Engine:
-    """The engine named by `execution.engine` (validated by config); `workers` unset = one per CPU."""
-    return ENGINES.get(execution.engine)(workers=execution.workers or os.cpu_count() or 1,
+def create(execution: ExecutionConfig, executor: Executor) -> Engine:
+    """The engine named by `execution.engine` (validated by config), given the job's executor (`local` runs its
+    tasks there; `xenna` only until its stage answers); `workers` unset = one per CPU."""
+    return ENGINES.get(execution.engine)(executor=executor, workers=execution.workers or os.cpu_count() or 1,
                                          ray_address=execution.ray_address)
 
 

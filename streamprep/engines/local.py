@@ -1,46 +1,41 @@
-"""`engine: local`: shard tasks on this machine, one at a time, no Ray or Xenna imported.
+"""`engine: local`: shard tasks on the job's executor (`streamprep.executor`), no Ray or Xenna imported.
 
-One tokenizer at a time is enough: `encode_batch` runs in Rust on every core. With `workers: 1` it runs in a
-thread of the driver (one process does everything). With more workers it runs in one child process, as QC
-does: the driver then only keeps the books, and its GIL is not shared with the tokenizer's Python parts (part
-reading, `.bin` writing). The child ignores SIGINT (the driver stops it) and ends with the driver.
+A task is one more call on the workers that judge the units: with `workers: 1` the job's one worker thread,
+else its worker processes, each keeping the tokenizer its first task loaded (`encode_batch` runs in Rust on
+every core). The driver then only keeps the books: its GIL is not shared with the tokenizer's Python parts
+(part reading, `.bin` writing), and the tokenizer needs no process of its own.
 """
 from __future__ import annotations
 
-import multiprocessing
-import os
 import threading
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future
 
-from streamprep.children import serve_driver
 from streamprep.engines.base import Engine, Result, run_shard
-from streamprep.tokenize import ShardTask, TokenizerCache
+from streamprep.executor import Executor
+from streamprep.tokenize import ShardTask, TokenizerCache, drop_tmp_files
 
-_tokenizers = TokenizerCache()  # the tokenizer of the process running the tasks (driver thread or child)
+_tokenizers = TokenizerCache()  # the tokenizer of the worker running the tasks (thread or process)
 
 
-def _run(task: ShardTask) -> Result:
+def run_local(task: ShardTask) -> Result:
+    """One task in a worker of the job's executor (a retry after a worker died first drops what it left)."""
+    drop_tmp_files(task)
     return run_shard(task, _tokenizers.get(task))
 
 
 class LocalEngine(Engine):
     name = "local"
 
-    def __init__(self, workers: int = 1, ray_address: str | None = None):
+    def __init__(self, executor: Executor, workers: int = 1, ray_address: str | None = None):
         super().__init__()
-        self._pool: Executor
-        if workers > 1:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver"),
-                                             initializer=serve_driver, initargs=(os.getpid(),))
-        else:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+        self._executor = executor
         self._futures: list[Future] = []
         self._counted = threading.Condition()  # tasks answered and counted
         self._answered = 0
 
     def submit(self, task: ShardTask) -> None:
         self.submitted += 1
-        future = self._pool.submit(_run, task)
+        future = self._executor.submit(run_local, task)
         future.add_done_callback(self._finished)
         self._futures.append(future)
 
@@ -61,7 +56,5 @@ class LocalEngine(Engine):
         return results
 
     def stop(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def join(self) -> None:
-        self._pool.shutdown(wait=True)
+        for future in self._futures:  # not started yet: the executor's own close waits for the running ones
+            future.cancel()

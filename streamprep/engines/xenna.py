@@ -6,14 +6,15 @@ the serving source queue as they come and results arrive on the sink (xenna 0.3
 every submitted result first. Receipts stay the record of completion: a kill while shards are queued or
 running resumes exactly.
 
-On a cluster the job starts itself (no `ray_address`: this machine is the whole cluster) the driver
-tokenizes sealed parts in one thread until the stage answers its first task, a ping: Ray and Xenna's
-start-up (10-15 s on 2 cores) then no longer delays the first shards. Shard bytes do not depend on who
-tokenized them; results say `where` they ran, and the summary counts both. If that cluster cannot come
-up at all (Ray gives its raylet 30 s, which a niced start-up on a busy machine can miss), the driver does
-every shard and the log says why. Nor is the stage started when Ray comes up after ingest is done and the
-driver's remaining shards take less time than the cluster took to come up: a stage worker starting on the
-same busy cores would not answer before the driver is through, and its start-up only slows the driver.
+On a cluster the job starts itself (no `ray_address`: this machine is the whole cluster) the job's executor
+(`streamprep.executor`, its worker processes on this machine) tokenizes sealed parts one at a time until the
+stage answers its first task, a ping: Ray and Xenna's start-up (10-15 s on 2 cores) then no longer delays
+the first shards. Shard bytes do not depend on who tokenized them; results say `where` they ran ("local" or
+"stage"), and the summary counts both. If that cluster cannot come up at all (Ray gives its raylet 30 s,
+which a niced start-up on a busy machine can miss), the executor does every shard and the log says why. Nor
+is the stage started when Ray comes up after ingest is done and the remaining local shards take less time
+than the cluster took to come up: a stage worker starting on the same busy cores would not answer before
+the local workers are through, and its start-up only slows them.
 
 A node lost under the stage (its raylet dies, a machine goes) costs no rerun: Xenna 0.3 has no fault
 tolerance of its own (its pipeline raises once an actor dies), so the engine starts the serving pipeline again
@@ -34,10 +35,12 @@ from typing import Any
 
 import orjson
 
-from streamprep import atomic, logs, ray_cluster
+from streamprep import logs, ray_cluster
 from streamprep.layout import RunLayout
-from streamprep.engines.base import PING, Engine, Result, run_shard
-from streamprep.tokenize import ShardTask, TokenizerCache
+from streamprep.engines.base import PING, Engine, Result
+from streamprep.engines.local import run_local
+from streamprep.executor import Executor, LocalExecutor
+from streamprep.tokenize import ShardTask, drop_tmp_files
 
 log = logs.get("tokenize")
 POLL_S = 0.2
@@ -55,8 +58,10 @@ RETRIES_FILE = "retries.jsonl"  # in the run's logs dir: one line per shard hand
 class XennaEngine(Engine):
     name = "xenna"
 
-    def __init__(self, workers: int = 1, ray_address: str | None = None):
+    def __init__(self, executor: Executor | None = None, workers: int = 1, ray_address: str | None = None):
         super().__init__()
+        self._own = executor is None  # without the job's executor (a unit test), one thread of its own
+        self._executor = LocalExecutor(1) if executor is None else executor
         self.workers = max(1, workers)
         self.ray_address = ray_address
         self._source: queue.Queue = queue.Queue()
@@ -67,12 +72,12 @@ class XennaEngine(Engine):
         self.started_at: float | None = None
         self._stopping: float | None = None
         self.ready_at: float | None = None
-        self._early = ray_address is None  # the driver tokenizes until the stage answers the ping
+        self._early = ray_address is None  # the executor tokenizes until the stage answers the ping
         self._pending: deque[ShardTask] = deque()
         self._cv = threading.Condition()
         self._stage_answered = False
         self._draining = False  # every task is submitted (ingest is done)
-        self._driver_only: str | None = None  # why the job's own cluster is not used (the driver tokenizes all)
+        self._local_only: str | None = None  # why the job's own cluster is not used (the executor tokenizes all)
         self._in_flight: dict[Any, Any] = {}  # task key -> task, handed to the stage and not answered (under _cv)
         self._queued: deque = deque()  # tasks for the stage, waiting for room in flight (under _cv)
         self._room = IN_FLIGHT_PER_WORKER  # tasks in flight at most: per stage worker, set when the stage starts
@@ -85,7 +90,6 @@ class XennaEngine(Engine):
         # to fill its config vars: on Python 3.11 a reader can see them half-filled (AttributeError: 'userbase',
         # 3 of ~20 runs on a shared cluster). Filled here, before any thread, they are complete.
         sysconfig.get_config_vars()
-        ray_cluster.expect_qc_actors()
         self._thread = threading.Thread(target=self._serve, name="xenna", daemon=True)
         self._thread.start()
         threading.Thread(target=self._collect, name="xenna-results", daemon=True).start()
@@ -101,25 +105,25 @@ class XennaEngine(Engine):
             except ray_cluster.HeadStartError as exc:
                 if not self._early:
                     raise
-                self._driver_only = str(exc)  # this machine is the whole cluster: the driver does every shard
-                log.warning("ray did not come up; the driver tokenizes every shard", reason=self._driver_only)
+                self._local_only = str(exc)  # this machine is the whole cluster: the executor does every shard
+                log.warning("ray did not come up; the local workers tokenize every shard", reason=self._local_only)
                 return
-            if address is None or self._stopping is not None:  # the driver did every shard while Ray came up
+            if address is None or self._stopping is not None:  # the executor did every shard while Ray came up
                 log.info("job done before the xenna stage was needed; not starting it",
                          ray_up=address is not None, seconds=round(time.monotonic() - (self.started_at or 0.0), 2))
                 return
-            if (why := self._driver_ends_first()) is not None:
-                self._driver_only = why
-                log.info("not starting the xenna stage: the driver ends its remaining shards first", reason=why)
+            if (why := self._local_ends_first()) is not None:
+                self._local_only = why
+                log.info("not starting the xenna stage: the local workers end the remaining shards first", reason=why)
                 return
             from cosmos_xenna.pipelines import v1 as xenna
 
             from streamprep.engines.xenna_stage import TokenizeStage  # Xenna: it imports cosmos_xenna
 
-            if self.ray_address and not ray_cluster.wait_for_qc_actors(lambda: self._stopping is not None) \
-                    and self._stopping is None:  # QC runs on this cluster's actors: they are placed first
-                log.warning("QC actors not placed in time; placing the stage anyway",
-                            seconds=ray_cluster.QC_PLACEMENT_WAIT_S)
+            if self.ray_address and not ray_cluster.wait_for_actors(lambda: self._stopping is not None) \
+                    and self._stopping is None:  # the executor's actors on this cluster are placed first
+                log.warning("worker actors not placed in time; placing the stage anyway",
+                            seconds=ray_cluster.ACTOR_PLACEMENT_WAIT_S)
             self.ready_at = time.monotonic()
             self._run_stage(xenna, TokenizeStage)
         except BaseException as exc:  # surfaced by drain()/stop() in the job's thread
@@ -185,27 +189,27 @@ class XennaEngine(Engine):
         shards = [t for t in tasks if t != PING and _key(t) not in self._retried]
         self._retried.update(_key(t) for t in shards)
         for task in shards:
-            _drop_tmp_files(task)
+            drop_tmp_files(task)
             log.warning("shard retried", dataset=task.dataset, part=task.part, reason=reason)
         if shards:
             _record_retries(shards, reason)
 
-    def _driver_ends_first(self) -> str | None:
-        """On the job's own cluster, once every task is submitted: why the driver's remaining shards end before
+    def _local_ends_first(self) -> str | None:
+        """On the job's own cluster, once every task is submitted: why the remaining local shards end before
         a stage could take one (they need less time than Ray took to come up), or None."""
         if not self._early or not self._draining:
             return None
         with self._cv:
-            left = len(self._pending) + 1  # + the shard the driver is on
+            left = len(self._pending) + 1  # + the shard the executor is on
         with self._lock:
-            seconds = [r["seconds"] for r in self._results if r["where"] == "driver" and not r["skipped"]]
+            seconds = [r["seconds"] for r in self._results if r["where"] == "local" and not r["skipped"]]
         if not seconds:
             return None
         ray_up = time.monotonic() - (self.started_at or time.monotonic())
-        driver_left = left * sum(seconds) / len(seconds)
-        if driver_left >= ray_up:
+        local_left = left * sum(seconds) / len(seconds)
+        if local_left >= ray_up:
             return None
-        return f"{left} shard(s), about {driver_left:.1f} s in the driver; ray took {ray_up:.1f} s to come up"
+        return f"{left} shard(s), about {local_left:.1f} s on the local workers; ray took {ray_up:.1f} s to come up"
 
     def submit(self, task: ShardTask) -> None:
         self.submitted += 1
@@ -230,8 +234,8 @@ class XennaEngine(Engine):
             self._source.put(task)
 
     def _tokenize_early(self) -> None:
-        """Run pending tasks in the driver until the stage has answered (then they go to the stage)."""
-        tokenizers = TokenizerCache()
+        """Run pending tasks on the executor, one at a time, until the stage has answered (then they go to the
+        stage)."""
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._pending or self._stage_answered or self._stopping)
@@ -239,7 +243,7 @@ class XennaEngine(Engine):
                     return
                 task = self._pending.popleft()
             try:
-                result = {**run_shard(task, tokenizers.get(task)), "where": "driver"}
+                result = {**self._executor.submit(run_local, task).result(), "where": "local"}
             except BaseException as exc:  # surfaced by drain()
                 self._error = exc
                 return
@@ -253,7 +257,7 @@ class XennaEngine(Engine):
                 self._to_stage(self._pending.popleft())
             self._cv.notify_all()
         log.info("xenna stage answering", seconds=round(time.monotonic() - (self.started_at or 0.0), 2),
-                 shards_in_driver=self.completed)
+                 shards_local=self.completed)
 
     def _keep(self, result: Result) -> None:
         with self._lock:
@@ -267,7 +271,7 @@ class XennaEngine(Engine):
         if self._error is not None:
             raise RuntimeError(f"xenna tokenize stage failed: {type(self._error).__name__}: {self._error}") \
                 from self._error
-        if self._driver_only is not None:
+        if self._local_only is not None:
             return
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("xenna tokenize stage stopped before every shard was done")
@@ -310,6 +314,8 @@ class XennaEngine(Engine):
                 self._source.put(None)  # Xenna's end-of-serving signal; its thread then shuts Ray down
 
     def join(self) -> None:
+        if self._own:
+            self._executor.close()
         if self._thread is None:
             return
         wait = LOST_STOP_WAIT_S if self._cluster_lost else STOP_WAIT_S  # Xenna blocks on the gone cluster
@@ -329,14 +335,6 @@ def _key(task: Any) -> Any:
     if isinstance(task, dict):
         return task["dataset"], task["part"]
     return task.dataset, task.part
-
-
-def _drop_tmp_files(task: ShardTask) -> None:
-    """Temporary files of `task`'s outputs (a writer killed with its node); the retry writes them anew."""
-    for target in (Path(task.prefix), Path(task.receipt_path)):
-        for tmp in target.parent.glob(f".{target.name}*{atomic.TMP_MARK}*"):
-            if atomic.is_tmp_name(tmp.name):
-                tmp.unlink(missing_ok=True)
 
 
 def _record_retries(tasks: list[ShardTask], reason: str) -> None:

@@ -10,7 +10,6 @@ docs/exports.md.
 """
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -21,7 +20,7 @@ from streamprep.exports.context import WriterContext
 from streamprep.exports.index import ExportError, ShardRef
 from streamprep.exports.order import build_indexes
 from streamprep.exports.parquet import ShardCountError
-from streamprep.exports.pool import Workers
+from streamprep.executor import Executor, LocalExecutor
 from streamprep.layout import RunLayout
 from streamprep.modes import mode_of
 from streamprep.tokenize import read_receipt
@@ -40,11 +39,6 @@ def _split_of(datasets: Sequence[DatasetConfig], shards: list[ShardRef]) -> dict
     return out
 
 
-def pool_size(workers: int | None) -> int:
-    """Processes the exports use for `execution.workers` (None: all cores)."""
-    return workers or os.cpu_count() or 1
-
-
 def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
     """The per-part exports work for one finished tokenization shard (`streamprep.tokenize.ShardTask` and its
     completed receipt): its summary, cached beside the receipt, and (when the task names its first ordinal and
@@ -59,10 +53,10 @@ def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
 
 
 def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], output: OutputConfig,
-               datasets: Sequence[DatasetConfig], seed: int, config_hash: str, *, workers: Workers,
+               datasets: Sequence[DatasetConfig], seed: int, config_hash: str, *, workers: Executor,
                blend: bool) -> dict[str, Any]:
-    """The job's exports over its tokenization tasks (all receipts complete), on the job's pool (sized by
-    `pool_size`); `blend`: whether the run's mode writes blend.json."""
+    """The job's exports over its tokenization tasks (all receipts complete), on the job's executor;
+    `blend`: whether the run's mode writes blend.json."""
     receipts = [read_receipt(t) for t in tasks]
     # shards of a mode without text exports (SFT) are listed by their receipts only
     refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if t.mode.text_exports]
@@ -104,7 +98,7 @@ def _manifest(indexes: list, datasets: Sequence[DatasetConfig], pq_entries: list
 
 
 def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, datasets: Sequence[DatasetConfig],
-                  seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, workers: int | Workers = 1,
+                  seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, workers: int | Executor = 1,
                   blend: bool = False, receipts: list[Path] | None = None) -> dict[str, Any]:
     """Write parquet/, (with `blend`) blend.json, mixtures.json and manifest.json for the completed
     `shards`, on `workers` processes or a started pool (the bytes do not depend on it); return a summary.
@@ -123,7 +117,7 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
     split_of = _split_of(datasets, shards)
     order.remove_scratch(run_dir, keep_runs=True)  # an earlier attempt's merge files; current runs are reused
     try:
-        with Workers(workers) if isinstance(workers, int) else nullcontext(workers) as pool:
+        with LocalExecutor(workers) if isinstance(workers, int) else nullcontext(workers) as pool:
             indexes = build_indexes([(n, split_of[n], [r for r in shards if r.dataset == n]) for n in names], pool,
                                     seed, output.parquet.length_buckets, parquet.BYTES_PER_TOKEN, run_dir)
             bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from streamprep.exports.index import DatasetIndex, ShardRef
-from streamprep.exports.pool import Workers
+from streamprep.executor import Executor
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig, OutputConfig
@@ -28,7 +28,7 @@ class WriterContext:
     seed: int
     split_of: Mapping[str, str]
     blend: bool
-    workers: Workers
+    workers: Executor
     binidx: list[dict[str, Any]]
     parquet: list[dict[str, Any]] = field(default_factory=list)
 

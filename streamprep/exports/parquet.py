@@ -38,7 +38,7 @@ from streamprep.config import INT32_MAX, ConfigError, OutputConfig, ParquetConfi
 from streamprep.exports.context import WriterContext
 from streamprep.exports.index import DatasetIndex, ExportError, RecordReader, ShardRecords, ShardRows
 from streamprep.exports.order import BucketOrder, write_order
-from streamprep.exports.pool import Workers
+from streamprep.executor import Executor
 from streamprep.exports.summary import shard_records
 from streamprep.layout import RunLayout
 
@@ -292,8 +292,8 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
 
 
 def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPlan], opts: ParquetConfig,
-                 seed: int, workers: Workers | None = None) -> list[dict[str, Any]]:
-    """Write every planned shard (+ TSV) atomically, on `workers` if given; manifest entries in plan order.
+                 seed: int, workers: Executor) -> list[dict[str, Any]]:
+    """Write every planned shard (+ TSV) atomically, on `workers`; manifest entries in plan order.
 
     Each shard is written from its own rows, read back from the part summaries by the worker, so the bytes
     do not depend on the pool and the job process holds no more than the plan.
@@ -304,7 +304,7 @@ def write_shards(run_dir: Path, indexes: list[DatasetIndex], plans: list[ShardPl
         part, row, _ = plan.order.read(plan.start, plan.stop)
         return by_name[plan.dataset].rows_of(part, row)
     jobs = ((run_dir, p, rows(p), opts) for p in plans)
-    for plan, entry in zip(plans, (workers or Workers(1)).map(_write_one, jobs)):
+    for plan, entry in zip(plans, workers.map(_write_one, jobs)):
         plan.entry = {**entry, "seed": seed}
     return [p.entry for p in plans]
 

@@ -45,30 +45,31 @@ async def test_stop_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
 
 
-async def test_qc_processes_yield_the_cores_to_the_tokenizer(tmp_path: Path) -> None:
-    """QC pool processes run QC_NICE steps nicer than the job, so sealed parts are tokenized as they come
-    (measured: first shard 3.5x -> 1.9x one part's ingest, whole job -10 %, sixth round of `git show c594e76:docs/performance.md`)."""
+async def test_worker_processes_yield_the_cores_to_the_driver(tmp_path: Path) -> None:
+    """The executor's worker processes run WORKER_NICE steps nicer than the job's process, so the driver's
+    bookkeeping never waits behind them, and each has run the job's set-up before its first call."""
     import os
     import time
 
     import psutil
 
     from quality import validate_quality_config
-    from streamprep.ingest import QC_NICE, QCRunner
+    from streamprep.executor import WORKER_NICE, LocalExecutor
     from streamprep.modes import PRETRAIN
-    from streamprep.unit_worker import KEPT, judge_piece
+    from streamprep.unit_worker import KEPT, init_worker, judge_piece
 
-    qc = QCRunner(validate_quality_config({"min_chars": 20}), PRETRAIN, 2)
+    qc = LocalExecutor(2, (init_worker, (validate_quality_config({"min_chars": 20}), PRETRAIN)))
     try:
-        calls = await asyncio.gather(*(qc.submit(judge_piece, "d", "text", 64, str(tmp_path / f"p{i}"), None,
-                                                 [{"text": t}]) for i, t in enumerate(english_docs(2))))
+        calls = await asyncio.gather(*(asyncio.wrap_future(qc.submit(judge_piece, "d", "text", 64, str(tmp_path / f"p{i}"),
+                                                                     None, [{"text": t}]))
+                                       for i, t in enumerate(english_docs(2))))
         assert [(c.kinds, len(c.digests), len(c.text_bytes)) for c in calls] == [(bytes([KEPT]), 1, 1)] * 2
-        workers = [psutil.Process(pid) for pid in qc.pool._processes]  # the pool's own worker processes
+        workers = [psutil.Process(pid) for pid in qc.processes]
         assert len(workers) == 2
         deadline = time.monotonic() + 20  # a worker that got no batch may still be running its initializer
-        while {p.nice() for p in workers} != {os.nice(0) + QC_NICE} and time.monotonic() < deadline:
+        while {p.nice() for p in workers} != {os.nice(0) + WORKER_NICE} and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert {p.nice() for p in workers} == {os.nice(0) + QC_NICE}
+        assert {p.nice() for p in workers} == {os.nice(0) + WORKER_NICE}
     finally:
         qc.close()
 
@@ -104,13 +105,15 @@ def test_stream_qc_calls_carry_several_batches_with_the_same_outputs(tmp_path, m
 
     calls: list[int] = []  # items per QC call
     saved: list[int] = []  # consumed at each checkpoint
-    submit, save = ingest.QCRunner.submit, ingest.save
+    from streamprep.executor import LocalExecutor
+
+    submit, save = LocalExecutor.submit, ingest.save
 
     def run(name: str, batches_per_call: int) -> tuple[list[int], list[int], dict]:
         calls.clear(), saved.clear()
         monkeypatch.setattr(ingest, "open_source", Stream)
         monkeypatch.setattr(ingest, "QC_CALL_BATCHES", batches_per_call)
-        monkeypatch.setattr(ingest.QCRunner, "submit", lambda self, fn, *args: (
+        monkeypatch.setattr(LocalExecutor, "submit", lambda self, fn, *args: (
             calls.append(len(args[-1])) if fn.__name__ == "judge_piece" else None) or submit(self, fn, *args))
         monkeypatch.setattr(ingest, "save", lambda files, state: saved.append(state.consumed) or save(files, state))
         out = tmp_path / name

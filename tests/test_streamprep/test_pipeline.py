@@ -179,25 +179,34 @@ def test_tokenize_part_encodes_in_batches_of_at_most_1024_records(tmp_path: Path
     assert [ds[i].tolist() for i in range(len(ds))] == expected
 
 
-def test_local_engine_tokenizes_in_a_child_process_with_more_than_one_worker() -> None:
-    """`engine: local`: with `workers: 1` the shard core runs in a thread of the driver; with more it runs in one
-    child process (the driver only keeps the books), which is gone once the engine is joined."""
-    import os
-
+def test_local_engine_tokenizes_on_the_jobs_executor_and_starts_no_process(tmp_path: Path, shared_data: Path) -> None:
+    """`engine: local` has no worker of its own: a shard task is one more call on the job's executor (its thread
+    with `workers: 1`, else its worker processes). No process starts or ends for it, the receipt is written, and
+    the shard's bytes are the same either way."""
     import psutil
 
+    from streamprep import tokenize
     from streamprep.engines.local import LocalEngine
+    from streamprep.executor import LocalExecutor
 
-    one = LocalEngine(workers=1)
-    assert one._pool.submit(os.getpid).result() == os.getpid()
-    one.stop()
-    one.join()
-    two = LocalEngine(workers=2)
-    child = two._pool.submit(os.getpid).result()
-    assert child != os.getpid() and psutil.pid_exists(child)
-    two.stop()
-    two.join()
-    deadline = time.monotonic() + 10
-    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the tokenizer process outlived the engine"
-        time.sleep(0.05)
+    texts = english_docs(300)
+    shards = {}
+    for workers in (1, 2):
+        run = tmp_path / f"w{workers}"
+        part = run / "ingest/d/part-00000.jsonl"
+        part.parent.mkdir(parents=True)
+        part.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
+        task = tokenize.make_task(run, "d", "train", part, shared_data / PHI2, "sha256:x", 50256, "uint16")
+        with LocalExecutor(workers) as executor:
+            executor.warm()
+            deadline = time.monotonic() + 30
+            while len(executor.processes) < (workers if workers > 1 else 0) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            before = {p.pid for p in psutil.Process().children(recursive=True)}
+            engine = LocalEngine(executor)
+            [result] = engine.run([task])
+            assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+            assert set(executor.processes) <= before and len(executor.processes) == (workers if workers > 1 else 0)
+        assert result["skipped"] is False and tokenize.read_receipt(task)["status"] == "completed"
+        shards[workers] = Path(task.prefix + ".bin").read_bytes()
+    assert shards[1] == shards[2] and len(shards[1]) > 2 * 300

@@ -57,7 +57,7 @@ class InlineEngine(Engine):
     name = "inline"
     ran: list[str] = []
 
-    def __init__(self, workers: int = 1, ray_address: str | None = None):
+    def __init__(self, executor: Any = None, workers: int = 1, ray_address: str | None = None):
         super().__init__()
         self._results: list[Result] = []
         self._tokenizers = TokenizerCache()

@@ -157,7 +157,7 @@ async def test_a_killed_worker_process_costs_a_retry_not_the_job(tmp_path: Path)
 
     import psutil
 
-    from streamprep.ingest import QC_NICE
+    from streamprep.executor import WORKER_NICE
 
     cfg = _cfg(tmp_path, 2, unit_mb=3000 / 2**20)
     ref = tmp_path / "ref"
@@ -169,7 +169,7 @@ async def test_a_killed_worker_process_costs_a_retry_not_the_job(tmp_path: Path)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not killed:
             stage = run / "checkpoints" / "stage" / "d"
-            workers = [p for p in psutil.Process().children(recursive=True) if p.nice() == QC_NICE]
+            workers = [p for p in psutil.Process().children(recursive=True) if p.nice() == WORKER_NICE]
             if workers and stage.exists() and sum(1 for _ in stage.iterdir()) >= 6:  # units judged, more to come
                 workers[0].send_signal(signal.SIGKILL)
                 killed.append(workers[0].pid)

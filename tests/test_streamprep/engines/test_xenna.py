@@ -24,6 +24,7 @@ from streamprep import run_from_dict
 from streamprep.ray_cluster import RAY_NICE
 from streamprep.tokenize import make_task, read_receipt, run_task
 from streamprep.tokenizer import train_bpe
+from streamprep.engines import local as local_engine
 from streamprep.engines.xenna_stage import TokenizeStage
 
 OUTPUTS = ("ingest", "binidx", "receipts", "parquet", "tokenizer")
@@ -153,7 +154,7 @@ def test_ray_address_runs_qc_on_ray_actors_with_identical_outputs(ray_cluster, t
         run_from_dict(cfg, run_dir=tmp_path / name, console_log=False)
         hashes[name] = tree_hashes(tmp_path / name, *OUTPUTS, "rejects", names=("manifest.json",))
     assert hashes["ray"] == hashes["pool"]
-    assert "quality control on Ray actors" in (tmp_path / "ray/logs/streamprep.log").read_text()
+    assert "workers on Ray actors" in (tmp_path / "ray/logs/streamprep.log").read_text()
 
 
 @pytest.mark.ray
@@ -166,7 +167,7 @@ def test_cli_attaches_to_an_existing_cluster_and_leaves_it_running(ray_cluster, 
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (tmp_path / "run/logs/streamprep.log").read_text()
-    assert "quality control on Ray actors" in log and ray_cluster.address_info["gcs_address"] in log
+    assert "workers on Ray actors" in log and ray_cluster.address_info["gcs_address"] in log
     assert ray.cluster_resources().get("CPU") == 2  # the cluster it attached to is still up
     assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
 
@@ -205,7 +206,7 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
     lines = [json.loads(x) for x in (tmp_path / "multi/logs/streamprep.log").read_text().splitlines()]
     nodes = {x["node"] for x in lines if x["event"] == "shard done"}
     assert len(nodes) == 2 and None not in nodes, nodes
-    calls, = [x["calls"] for x in lines if x["event"] == "quality control calls per node"]
+    calls, = [x["calls"] for x in lines if x["event"] == "worker calls per node"]
     assert set(calls) == nodes and all(c.get("judge_piece", 0) > 0 for c in calls.values()), calls  # units too
     assert sum(c["judge_piece"] for c in calls.values()) == len(json.loads(
         (tmp_path / "multi/checkpoints/gen.plan.json").read_text()))  # each unit judged once
@@ -234,27 +235,28 @@ class _T(str):
 
     dataset = "d"
     part = property(str.__str__)
+    prefix = receipt_path = "/nonexistent-streamprep-test/p"  # a retry's leftover temp files: none to drop
 
 
 @pytest.mark.slow
-def test_the_stage_waits_for_this_jobs_qc_actors_and_a_stopped_job_does_not_wait() -> None:
-    """Placement order is what makes a 2-node run use both nodes: the stage waits until the QC actors
+def test_the_stage_waits_for_this_jobs_worker_actors_and_a_stopped_job_does_not_wait() -> None:
+    """Placement order is what makes a 2-node run use both nodes: the stage waits until the executor's actors
     hold their CPUs; a previous job's placement does not count, and a stopped engine stops waiting."""
     from streamprep import ray_cluster
 
-    ray_cluster.expect_qc_actors()
+    ray_cluster.actors_released()
     t0 = time.monotonic()
-    assert ray_cluster.wait_for_qc_actors(lambda: time.monotonic() - t0 > 0.3) is False
+    assert ray_cluster.wait_for_actors(lambda: time.monotonic() - t0 > 0.3) is False
     assert 0.3 <= time.monotonic() - t0 < 5
-    threading.Timer(0.2, ray_cluster._qc_placed.set).start()
-    assert ray_cluster.wait_for_qc_actors(lambda: False) is True
-    ray_cluster.expect_qc_actors()
-    assert ray_cluster.wait_for_qc_actors(lambda: True) is False
+    threading.Timer(0.2, ray_cluster._actors_placed.set).start()
+    assert ray_cluster.wait_for_actors(lambda: False) is True
+    ray_cluster.actors_released()
+    assert ray_cluster.wait_for_actors(lambda: True) is False
 
 
-def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(monkeypatch) -> None:
+def test_local_workers_tokenize_until_the_stage_answers_then_the_stage_takes_the_rest(monkeypatch) -> None:
     """Hybrid start (engine xenna, private cluster): tasks submitted before the stage answers its ping run
-    in the driver; at the ping the pending ones move to the stage in order; drain returns every result."""
+    on the job's executor (here its one thread); at the ping the pending ones move to the stage in order; drain returns every result."""
     from streamprep.engines import xenna as xmod
 
     stage_up, ran_in_driver, ran_in_stage, engines = threading.Event(), [], [], []
@@ -275,8 +277,8 @@ def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(
                 ran_in_stage.append(task)
                 self._sink.put({"task": {"dataset": "d", "part": task}, "skipped": False, "node_id": "n1"})
 
-    monkeypatch.setattr(xmod, "run_shard", fake_run_shard)
-    monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
+    monkeypatch.setattr(local_engine, "run_shard", fake_run_shard)
+    monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
     monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
     engine = xmod.XennaEngine(workers=1)
     engines.append(engine)
@@ -296,7 +298,7 @@ def test_driver_tokenizes_until_the_stage_answers_then_the_stage_takes_the_rest(
     engine.join()
     assert sorted(r["task"]["part"] for r in results) == ["p0", "p1", "p2", "p3"]
     assert ran_in_driver == ["p0"] and ran_in_stage == ["p1", "p2", "p3"]
-    assert {r["task"]["part"]: r["where"] for r in results} == {"p0": "driver", "p1": "stage", "p2": "stage",
+    assert {r["task"]["part"]: r["where"] for r in results} == {"p0": "local", "p1": "stage", "p2": "stage",
                                                                  "p3": "stage"}
 
 
@@ -310,12 +312,12 @@ def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None
     monkeypatch.setattr(ray_cluster, "connect", lambda address, workers, cancelled: (ray_up.wait(10), "127.0.0.1:1")[1])
     monkeypatch.setattr(ray_cluster, "release", lambda: released.append(True))
     monkeypatch.setattr(xenna, "run_pipeline", pipelines.append)
-    monkeypatch.setattr(xmod, "run_shard", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
+    monkeypatch.setattr(local_engine, "run_shard", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
                                                                "seconds": 0.01})
-    monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
+    monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
     engine.start()
-    assert [r["where"] for r in engine.run([_T("p0"), _T("p1")])] == ["driver", "driver"]
+    assert [r["where"] for r in engine.run([_T("p0"), _T("p1")])] == ["local", "local"]
     engine.stop()
     ray_up.set()
     engine.join()
@@ -334,16 +336,16 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
 
     monkeypatch.setattr(ray_cluster, "connect", no_head)
     monkeypatch.setattr(ray_cluster, "release", lambda: None)
-    monkeypatch.setattr(xmod, "run_shard", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
+    monkeypatch.setattr(local_engine, "run_shard", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
                                                                "seconds": 0.01})
-    monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
+    monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
     engine.start()
     results = engine.run([_T("p0"), _T("p1"), _T("p2")])
     engine.stop()
     engine.join()
-    assert [(r["task"]["part"], r["where"]) for r in results] == [("p0", "driver"), ("p1", "driver"), ("p2", "driver")]
-    assert engine._error is None and "before its cluster was up" in (engine._driver_only or "")
+    assert [(r["task"]["part"], r["where"]) for r in results] == [("p0", "local"), ("p1", "local"), ("p2", "local")]
+    assert engine._error is None and "before its cluster was up" in (engine._local_only or "")
 
     attached = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
     attached.start()
@@ -379,8 +381,8 @@ def _late_cluster(monkeypatch, shard_seconds: float) -> tuple:
             pass
 
     monkeypatch.setattr(xenna, "run_pipeline", fake_pipeline)
-    monkeypatch.setattr(xmod, "run_shard", fake_run_shard)
-    monkeypatch.setattr(xmod.TokenizerCache, "get", lambda self, task: None)
+    monkeypatch.setattr(local_engine, "run_shard", fake_run_shard)
+    monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(workers=1)
     engine.start()
     for part in ("p0", "p1", "p2"):
@@ -407,16 +409,16 @@ def test_a_cluster_up_after_ingest_is_not_used_when_the_driver_ends_first(monkey
     and the driver's remaining shards take less time than Ray took to come up, the cluster is released and
     the stage never starts."""
     engine, results, released, pipelines = _late_cluster(monkeypatch, shard_seconds=0.01)
-    assert [r["where"] for r in results] == ["driver"] * 3
+    assert [r["where"] for r in results] == ["local"] * 3
     assert pipelines == [] and released == [True] and engine._error is None
-    assert "ray took" in (engine._driver_only or "")
+    assert "ray took" in (engine._local_only or "")
 
 
 def test_a_cluster_up_with_more_work_left_than_its_start_up_starts_the_stage(monkeypatch) -> None:
     """The same late cluster when the driver's remaining shards take longer than Ray took: the stage starts."""
     engine, results, released, pipelines = _late_cluster(monkeypatch, shard_seconds=100.0)
-    assert len(pipelines) == 1 and engine._driver_only is None
-    assert [r["where"] for r in results] == ["driver"] * 3  # this stage never answers its ping
+    assert len(pipelines) == 1 and engine._local_only is None
+    assert [r["where"] for r in results] == ["local"] * 3  # this stage never answers its ping
 
 
 def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None:
@@ -428,7 +430,7 @@ def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None
             self._sink.put({"task": {"dataset": "d", "part": task}, "skipped": False})
 
     monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
-    monkeypatch.setattr(xmod, "run_shard", lambda task, tok: pytest.fail("tokenized in the driver"))
+    monkeypatch.setattr(local_engine, "run_shard", lambda task, tok: pytest.fail("tokenized in the driver"))
     engine = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
     engine.start()
     results = engine.run([_T("p0"), _T("p1")])

@@ -551,18 +551,18 @@ def test_warmed_pool_started_before_exports_same_bytes(run, tmp_path):
     first task, and exports on it write the bytes a serial run writes."""
     import time
 
-    from streamprep.exports.pool import Workers
+    from streamprep.executor import LocalExecutor
 
     run_dir, refs = run
     other = tmp_path / "other"
     shutil.copytree(run_dir, other)
     export(run_dir, refs)
-    with Workers(2) as pool:
+    with LocalExecutor(2) as pool:
         pool.warm()
         deadline = time.monotonic() + 30
-        while len(pool._pool._processes) < 2 and time.monotonic() < deadline:  # type: ignore[union-attr]
+        while len(pool.processes) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(pool._pool._processes) == 2  # type: ignore[union-attr]
+        assert len(pool.processes) == 2
         write_exports(other, relocate(refs, run_dir, other), output_cfg(), datasets_cfg(), 1234, TOKENIZER_INFO,
                       "cfghash0123", workers=pool)
     assert file_hashes(other) == file_hashes(run_dir)
@@ -697,10 +697,10 @@ def test_shard_rows_read_back_from_the_summaries(run):
     its rows lie in, not every part of the dataset; a summary changed after its run was made is an error."""
     from streamprep.exports import summary
     from streamprep.exports.order import build_indexes
-    from streamprep.exports.pool import Workers
+    from streamprep.executor import LocalExecutor
 
     run_dir, refs = run
-    with Workers(1) as pool:
+    with LocalExecutor(1) as pool:
         indexes = build_indexes([(n, s, [r for r in refs if r.dataset == n]) for n, s, *_ in DATASETS], pool,
                                 1234, BUCKETS, BYTES_PER_TOKEN, run_dir)
     idx = indexes[0]

@@ -1,0 +1,284 @@
+"""The job's executor: one way to run every call a job hands out, on this machine or on a Ray cluster.
+
+A job's work outside the driver is a sequence of calls, each a module-level function and its picklable
+arguments: judging, finalizing and assembling a unit's pieces (`streamprep.unit_worker`), tokenizing a
+sealed part (`engines.base.run_shard`, with `engine: local`), and the exports' per-part runs and Parquet
+shards (`streamprep.exports`). One `Executor` runs them all for the whole job:
+
+- `LocalExecutor`: `workers` processes forked from a forkserver (or one thread of the job's process for
+  `workers: 1`), which end with the job's process;
+- `RayExecutor`: `workers` actors spread over an existing Ray cluster (`execution.ray_address`), so the
+  driver's machine runs only the planning and the bookkeeping.
+
+With `engine: xenna` the tokenize calls go to the Xenna stage instead (`engines.xenna`), which runs the
+same `run_shard`. Every call writes its files atomically and depends only on its arguments, so an
+executor may run a call again (after a worker process died, or an actor was lost with its node) without
+changing a byte, and results come back in whatever order calls finish: callers wait for them in plan order.
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections import deque
+from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Iterable, Iterator
+
+from streamprep import logs, ray_cluster
+from streamprep.children import serve_driver
+
+log = logs.get("executor")
+# Worker processes run this much nicer than the job's process: the driver's bookkeeping (the decider, the
+# checkpoints) comes first on a shared core, so the workers never wait on it.
+WORKER_NICE = 10
+POOL_RESTARTS = 4  # process pools replaced after a worker process died, per job; then the job fails (and resumes)
+# What a worker process has loaded before its first call, by name: the forkserver imports them once and
+# every fork inherits them (the unit worker brings quality and pyarrow; the exports their writers).
+PRELOAD = ("streamprep.unit_worker", "streamprep.engines.local", "streamprep.exports.parquet",
+           "streamprep.exports.order", "streamprep.exports.summary")
+Setup = tuple[Callable[..., None], tuple]  # run once in each worker before its first call: fn, args
+
+
+class Executor(ABC):
+    """Runs calls `fn(*args)`; `submit` may be called from any thread, and returns at once."""
+
+    workers: int
+
+    @abstractmethod
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Queue one call; its future holds the result or the call's exception."""
+
+    def map(self, fn: Callable[[Any], Any], jobs: Iterable[Any]) -> Iterator[Any]:
+        """Results of `fn` over `jobs` in job order, at most 2 calls per worker ahead of the one awaited."""
+        pending: deque[Future] = deque()
+        for job in jobs:
+            pending.append(self.submit(fn, job))
+            if len(pending) >= 2 * self.workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+    def warm(self) -> None:
+        """Start the workers now rather than at their first call."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Cancel what has not started, wait for what runs, end the workers."""
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _start_worker(driver: int, setup: Setup | None) -> None:
+    """A pool worker's start: ignore SIGINT and end with the job's `driver` process (`children.serve_driver`),
+    yield the cores to the driver, then the job's own set-up."""
+    serve_driver(driver)
+    os.nice(WORKER_NICE)
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if setup is not None:
+        setup[0](*setup[1])
+
+
+class LocalExecutor(Executor):
+    """Calls on this machine: in one thread for 1 worker, else on a pool of `workers` processes.
+
+    A pool process that dies (kill -9, the OOM killer) breaks the whole pool: a new pool takes its place and
+    every call the broken one held runs again there, up to POOL_RESTARTS times a job; the job goes on,
+    nothing duplicated."""
+
+    def __init__(self, workers: int, setup: Setup | None = None):
+        self.workers = max(1, workers)
+        self.restarts = 0
+        self._setup = setup
+        self._lock = threading.Lock()
+        self._closed = False
+        self._threads: ThreadPoolExecutor | None = None
+        self._pool: ProcessPoolExecutor | None = None
+        if self.workers == 1:
+            init = setup or (int, ())
+            self._threads = ThreadPoolExecutor(1, thread_name_prefix="worker", initializer=init[0], initargs=init[1])
+        else:
+            self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))
+        return ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_start_worker,
+                                   initargs=(os.getpid(), self._setup))
+
+    @property
+    def processes(self) -> list[int]:
+        """The pids of the pool's worker processes (none for the thread)."""
+        return list(self._pool._processes) if self._pool is not None else []  # type: ignore[attr-defined]
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._threads is not None:
+            return self._threads.submit(fn, *args)
+        outer: Future = Future()
+        self._send(outer, fn, args)
+        return outer
+
+    def _send(self, outer: Future, fn: Callable[..., Any], args: tuple) -> None:
+        with self._lock:
+            pool = self._pool
+        assert pool is not None
+        try:
+            inner = pool.submit(fn, *args)
+        except BrokenProcessPool as exc:  # broken before this call reached it
+            self._retry(outer, pool, exc, fn, args)
+            return
+        except RuntimeError as exc:  # shut down: the job is ending
+            _settle(outer, exc=exc)
+            return
+        inner.add_done_callback(lambda f: self._answered(outer, f, pool, fn, args))
+
+    def _answered(self, outer: Future, inner: Future, pool: ProcessPoolExecutor, fn: Callable[..., Any],
+                  args: tuple) -> None:
+        if inner.cancelled():  # cancelled by close(), or by the replacement of a broken pool
+            if self._closed or pool is self._pool:
+                outer.cancel()
+            else:
+                self._send(outer, fn, args)
+            return
+        exc = inner.exception()
+        if isinstance(exc, BrokenProcessPool) and not self._closed:
+            self._retry(outer, pool, exc, fn, args)
+        elif exc is not None:
+            _settle(outer, exc=exc)
+        else:
+            _settle(outer, result=inner.result())
+
+    def _retry(self, outer: Future, pool: ProcessPoolExecutor, exc: BaseException, fn: Callable[..., Any],
+               args: tuple) -> None:
+        """Run the call again on a new pool; the first call to see `pool` broken replaces it."""
+        with self._lock:
+            if pool is self._pool:
+                if self.restarts >= POOL_RESTARTS or self._closed:
+                    _settle(outer, exc=exc)
+                    return
+                self.restarts += 1
+                log.warning("a worker process died; its calls run again on a new pool", restarts=self.restarts,
+                            error=str(exc)[:200])
+                pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = self._new_pool()
+        self._send(outer, fn, args)
+
+    def warm(self) -> None:
+        if self._pool is not None:
+            for _ in range(self.workers):
+                self._pool.submit(int)  # a no-op call: each submit starts at most one process
+
+    def close(self) -> None:
+        self._closed = True
+        for pool in (self._threads, self._pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _settle(fut: Future, result: Any = None, exc: BaseException | None = None) -> None:
+    """Give `fut` its outcome unless its caller cancelled it meanwhile."""
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+class _Actor:
+    """One worker on a Ray cluster (`execution.ray_address`)."""
+
+    def __init__(self, setup: Setup | None):
+        import ray  # only ever imported in a Ray worker process, where it is loaded already
+
+        os.nice(WORKER_NICE)  # its own process: on a shared node the stage workers come first
+        if setup is not None:
+            setup[0](*setup[1])
+        self.node = ray.get_runtime_context().get_node_id()  # a restart after a lost node runs this again
+
+    def ready(self) -> bool:
+        return True
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+        """(this actor's node, the call's result): the driver counts where the work ran."""
+        return self.node, fn(*args)
+
+
+class RayExecutor(Executor):
+    """Calls on Ray actors of an existing cluster, round robin (the run dir is on the cluster's shared
+    filesystem). An actor lost with its node is restarted by Ray on a node left and its calls retried; with no
+    node left to run on, waiting calls fail after `ray_cluster.NO_NODE_WAIT_S` instead of waiting forever."""
+
+    def __init__(self, workers: int, address: str, setup: Setup | None = None):
+        self._cluster = ray_cluster
+        ray_cluster.connect(address, workers)
+        self.workers = max(1, workers)
+        self.actors = ray_cluster.spread_actors(_Actor, self.workers, setup)
+        self._next = 0
+        self._lock = threading.Lock()
+        self._waiting: set[Future] = set()
+        self._done = threading.Event()
+        self.calls: dict[str, dict[str, int]] = {}  # node -> function -> calls answered there
+        threading.Thread(target=self._watch, name="ray-executor", daemon=True).start()
+        log.info("workers on Ray actors", actors=self.workers, address=address)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        outer: Future = Future()
+        with self._lock:
+            actor = self.actors[self._next % self.workers]
+            self._next += 1
+            self._waiting.add(outer)
+        inner = actor.run.remote(fn, *args).future()
+        inner.add_done_callback(lambda f: self._answered(outer, f, fn.__name__))
+        return outer
+
+    def _answered(self, outer: Future, inner: Future, name: str) -> None:
+        with self._lock:
+            self._waiting.discard(outer)
+        if inner.cancelled():
+            outer.cancel()
+        elif (exc := inner.exception()) is not None:
+            _settle(outer, exc=exc)
+        else:
+            node, result = inner.result()
+            with self._lock:
+                on_node = self.calls.setdefault(node, {})
+                on_node[name] = on_node.get(name, 0) + 1
+            _settle(outer, result=result)
+
+    def _watch(self) -> None:
+        """Fail the waiting calls once the cluster has had no usable node for a while."""
+        while not self._done.wait(1.0):
+            with self._lock:
+                waiting = list(self._waiting) if self._waiting else []
+            if waiting and (why := self._cluster.no_node_left()):
+                error = self._cluster.NoNodeLeft(f"workers: {why}; re-run the same command to resume")
+                for fut in waiting:
+                    _settle(fut, exc=error)
+
+    def close(self) -> None:
+        import ray
+
+        self._done.set()
+        log.info("worker calls per node", calls=self.calls)  # units judged on every node, or not
+        self._cluster.actors_released()
+        if self._cluster.no_node_left():  # the cluster is gone: nothing to ask, nothing to end (Ray would block)
+            return
+        restarts = self._cluster.actor_restarts(self.actors)
+        if restarts:
+            log.warning("worker actors restarted after lost nodes; their calls were retried", restarts=restarts)
+        for a in self.actors:
+            ray.kill(a)
+
+
+def create(workers: int, ray_address: str | None, setup: Setup | None = None) -> Executor:
+    """The job's executor: Ray actors with `ray_address`, else this machine's processes."""
+    return RayExecutor(workers, ray_address, setup) if ray_address else LocalExecutor(workers, setup)

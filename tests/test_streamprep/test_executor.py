@@ -1,0 +1,111 @@
+"""The job's executor on this machine: order, errors, a dead worker process, and a shard task retried after one."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from helpers import PHI2, english_docs
+from streamprep import executor as executors
+from streamprep.executor import LocalExecutor
+
+
+def _processes(ex: LocalExecutor, n: int) -> list[int]:
+    ex.warm()
+    deadline = time.monotonic() + 30
+    while len(ex.processes) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(ex.processes) == n
+    return ex.processes
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_map_gives_results_in_job_order_and_a_calls_error_is_its_own(workers: int) -> None:
+    with LocalExecutor(workers) as ex:
+        assert list(ex.map(math.factorial, range(40))) == [math.factorial(n) for n in range(40)]
+        with pytest.raises(ValueError, match="math domain error"):
+            ex.submit(math.sqrt, -1).result(30)
+        assert ex.submit(math.sqrt, 16).result(30) == 4.0  # the worker survived its call's error
+        assert ex.restarts == 0
+
+
+def test_a_killed_worker_process_costs_its_calls_a_retry_on_a_new_pool() -> None:
+    """kill -9 of one worker mid-call breaks the whole pool: every call it held runs again on a new one and
+    answers, none is lost; the workers are niced and new ones are too."""
+    with LocalExecutor(2) as ex:
+        victim, other = _processes(ex, 2)
+        calls = [ex.submit(time.sleep, 0.5) for _ in range(4)] + [ex.submit(os.getpid)]
+        time.sleep(0.2)  # both workers are inside a call
+        os.kill(victim, signal.SIGKILL)
+        assert [c.result(60) for c in calls[:4]] == [None] * 4
+        ran_on = calls[4].result(60)
+        assert ex.restarts == 1 and victim not in ex.processes and ran_on in ex.processes
+        assert {psutil.Process(p).nice() for p in ex.processes} == {os.nice(0) + executors.WORKER_NICE}
+    assert not psutil.pid_exists(other) or psutil.Process(other).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_pool_that_keeps_dying_fails_its_calls_after_the_restart_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executors, "POOL_RESTARTS", 1)
+    with LocalExecutor(2) as ex:
+        for expect_retry in (True, False):
+            victim = _processes(ex, 2)[0]
+            call = ex.submit(time.sleep, 0.5)
+            time.sleep(0.2)
+            os.kill(victim, signal.SIGKILL)
+            if expect_retry:
+                assert call.result(60) is None and ex.restarts == 1
+            else:
+                with pytest.raises(BrokenProcessPool):
+                    call.result(60)
+
+
+@pytest.mark.slow  # tokenizes a part twice
+def test_a_shard_task_whose_worker_dies_is_tokenized_again_to_the_same_bytes(tmp_path: Path,
+                                                                              shared_data: Path) -> None:
+    """`engine: local` tokenizes on the executor's workers: when one dies mid-shard the task runs again on the
+    new pool, drops the temporary files the dead writer left, and writes the bytes of an undisturbed run."""
+    from streamprep import tokenize
+    from streamprep.engines.local import LocalEngine
+
+    texts = english_docs(6000)
+
+    def task(run: Path) -> tokenize.ShardTask:
+        part = run / "ingest/d/part-00000.jsonl"
+        part.parent.mkdir(parents=True)
+        part.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
+        return tokenize.make_task(run, "d", "train", part, shared_data / PHI2, "sha256:x", 50256, "uint16")
+
+    ref, hit = task(tmp_path / "ref"), task(tmp_path / "hit")
+    with LocalExecutor(1) as ex:
+        LocalEngine(ex).run([ref])
+    killed: list[int] = []
+    with LocalExecutor(2) as ex:
+        _processes(ex, 2)
+        bin_dir = Path(hit.prefix).parent
+
+        def kill_the_writer() -> None:
+            deadline = time.monotonic() + 60
+            while not killed and time.monotonic() < deadline:
+                if bin_dir.exists() and any(p.name.startswith(".") for p in bin_dir.iterdir()):  # a tmp file: writing
+                    pid = int(next(p for p in bin_dir.iterdir() if p.name.startswith(".")).name.rsplit(".", 1)[1])
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                time.sleep(0.002)
+
+        killer = threading.Thread(target=kill_the_writer)
+        killer.start()
+        [result] = LocalEngine(ex).run([hit])
+        killer.join()
+        assert killed and ex.restarts == 1 and result["skipped"] is False
+    assert Path(hit.prefix + ".bin").read_bytes() == Path(ref.prefix + ".bin").read_bytes()
+    assert Path(hit.prefix + ".idx").read_bytes() == Path(ref.prefix + ".idx").read_bytes()
+    assert sorted(p.name for p in Path(hit.prefix).parent.iterdir()) == ["part-00000_text_document.bin",
+                                                                           "part-00000_text_document.idx"]
