@@ -10,6 +10,7 @@ import platform
 import signal
 import time
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -270,11 +271,13 @@ class Job:
         if any(d.path.startswith("hf://") for d in self.config.datasets):
             set_retry_policy(ex.hf_retries, ex.hf_retry_max_s)
         self.signals.install()
-        try:  # our handlers stay installed until the audit is written (a late signal is handled too)
+        # our handlers stay installed until the audit is written (a late signal is handled too)
+        with ExitStack() as job:
+            job.callback(self.signals.restore)
             try:
-                # one executor runs the job's calls: units, tokenize tasks (engine: local), exports
-                with worker_executor(ex, self.config.quality, self.mode) as executor, \
-                        self._engine(executor) as engine:  # a long-lived engine comes up while ingest starts
+                # one executor runs the job's calls: units, tokenize tasks (engine: local), exports, the audit
+                executor = job.enter_context(worker_executor(ex, self.config.quality, self.mode))
+                with self._engine(executor) as engine:  # a long-lived engine comes up while ingest starts
                     with self.reporter.in_thread():
                         states, tasks, results, info = self._ingest_and_tokenize(engine, executor)
                     engine.stop()  # Xenna and its Ray cluster wind down while the exports are written
@@ -292,9 +295,8 @@ class Job:
             # run.json is the root of verify's hash chain: it records manifest.json's SHA-256
             self._save_record("complete", finished_at=time.time(), summary=summary,
                               manifest_sha256=summary["exports"]["manifest_sha256"])
-            audit.write_audit(self.run_dir)  # after run.json is final: the audit reports its timings
-        finally:
-            self.signals.restore()
+            # after run.json is final (the audit reports its timings), on a worker: it reads rejected records
+            audit.write_audit(self.run_dir, executor=executor)
         log.info("run complete", run_dir=str(self.run_dir), **{k: v for k, v in summary.items() if k != "tokenize"})
         return RunResult(self.run_dir, "complete", summary)
 

@@ -14,11 +14,15 @@ appear under `rejects_by_check` next to the QC reasons, marked as dropped after 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamprep import atomic
 from streamprep.audit.gather import VERSION, build_audit, public_audit
 from streamprep.audit.render import render_html, summary_text
 from streamprep.layout import RunLayout, read_json
+
+if TYPE_CHECKING:
+    from streamprep.executor import Executor
 
 __all__ = ["build_audit", "render_html", "summary_from_file", "summary_text", "write_audit"]
 
@@ -32,12 +36,16 @@ def summary_from_file(run_dir: str | Path) -> str | None:
     return summary_text(audit, path.with_name("audit.html"))
 
 
-def write_audit(run_dir: str | Path, timings: dict[str, float] | None = None) -> str:
+def write_audit(run_dir: str | Path, timings: dict[str, float] | None = None,
+                executor: Executor | None = None) -> str:
     """Write audit/audit.json and audit/audit.html for `run_dir`; return the short text summary.
 
-    `timings` overrides run.json's (the pipeline passes its live timings before run.json is final)."""
+    `timings` overrides run.json's (the pipeline passes its live timings before run.json is final). A job
+    passes its executor: gathering reads rejected and dropped records and tokenizes the rejects' sample, so it
+    runs in a worker and the driver touches no record bytes."""
     run_dir = Path(run_dir)
-    audit, examples = build_audit(run_dir, timings)
+    audit, examples = executor.submit(build_audit, run_dir, timings).result() if executor is not None \
+        else build_audit(run_dir, timings)
     out_dir = RunLayout(run_dir).audit_dir
     public = public_audit(audit)
     atomic.write_bytes(out_dir / "audit.json", atomic.dumps_json(public))

@@ -305,9 +305,10 @@ class _Loads:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", backends.BACKENDS)
 def test_the_driver_loads_the_tokenizer_once(backend: str, tmp_path: Path, shared_data: Path) -> None:
-    """A fresh `engine: local` job (tokenizing in its own process) loads each backend at most once in the driver:
-    the config check, the fingerprint, the identity check and the audit share one HF load; gigatoken loads once
-    for the identity check (a forced gigatoken's config-time check is the run's), never for `hf`."""
+    """A fresh `engine: local` job (tokenizing and gathering its audit on its worker processes) loads each backend
+    at most once in the driver: the config check, the fingerprint and the identity check share one HF load;
+    gigatoken loads once for the identity check (a forced gigatoken's config-time check is the run's), never for
+    `hf`."""
     import threading
 
     lines = (shared_data / "web/c4_en_train00000_first1000.jsonl").read_bytes().splitlines()[:150]
@@ -332,7 +333,7 @@ def test_the_driver_loads_the_tokenizer_once(backend: str, tmp_path: Path, share
         "requested": backend, "name": "gigatoken", "version": record["versions"]["gigatoken"],
         "check": {"texts": len(backends.PROBES), "identical": True}})
     audit = json.loads((tmp_path / "run" / "audit" / "audit.json").read_text())["datasets"]["web"]
-    assert audit["lengths"]["tokens"]["rejected_sample_records"] >= 30  # the audit tokenized the rejects with that load
+    assert audit["lengths"]["tokens"]["rejected_sample_records"] >= 30  # a worker tokenized the rejects
 
 
 def test_backend_is_not_in_the_plan_hash(tmp_path: Path, shared_data: Path) -> None:

@@ -50,9 +50,9 @@ def test_scraped_while_running_and_equal_to_status_at_the_end(tmp_path, slow_sou
 
     real_audit = audit.write_audit
 
-    def audit_then_scrape(rd):  # the job's last step, with every figure final and the endpoint still up
+    def audit_then_scrape(rd, **kw):  # the job's last step, with every figure final and the endpoint still up
         final["scrape"] = scrape(port_of(run_dir))
-        return real_audit(rd)
+        return real_audit(rd, **kw)
 
     monkeypatch.setattr(audit, "write_audit", audit_then_scrape)
     mid: list[dict] = []

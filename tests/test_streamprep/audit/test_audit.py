@@ -241,3 +241,22 @@ def test_log2_counts_of_an_array_use_the_bins_of_one_value() -> None:
     for v in values:
         stats.add_tokens(one, "kept", v)
     assert batch == one["tokens_hist_kept"]
+
+
+@pytest.mark.slow
+def test_a_job_gathers_its_audit_in_a_worker_not_the_driver(tmp_path, monkeypatch):
+    """Gathering reads rejected and dropped records and tokenizes the rejects' sample (issue 28: the driver
+    touches no record bytes): a job with worker processes gathers its audit in one of them, and it is the
+    audit the same run dir gives when gathered here."""
+    from streamprep.audit import gather
+
+    inputs = make_inputs(tmp_path / "data")
+    inputs["config"]["execution"]["workers"] = 2
+    real = gather._rejected_token_hist
+    monkeypatch.setattr(gather, "_rejected_token_hist", lambda *a: pytest.fail("the driver read the rejects"))
+    assert run_from_dict(inputs["config"], tmp_path / "run", console_log=False).status == "complete"
+    by_worker = (tmp_path / "run" / "audit" / "audit.json").read_bytes()
+    assert json.loads(by_worker)["datasets"]["a"]["lengths"]["tokens"]["rejected_sample_records"] > 0
+    monkeypatch.setattr(gather, "_rejected_token_hist", real)
+    write_audit(tmp_path / "run")
+    assert (tmp_path / "run" / "audit" / "audit.json").read_bytes() == by_worker

@@ -781,7 +781,8 @@ def test_job_on_a_hub_that_pushes_back_gives_identical_tokens_and_never_writes_t
 
     scraped: dict = {}
     real_audit = audit.write_audit
-    monkeypatch.setattr(audit, "write_audit", lambda rd: (scraped.update(scrape(port_of(rd))), real_audit(rd))[1])
+    monkeypatch.setattr(audit, "write_audit", lambda rd, **kw: (scraped.update(scrape(port_of(rd))),
+                                                                real_audit(rd, **kw))[1])
     raw["execution"]["metrics_port"] = 0
     assert run_from_dict(raw, tmp_path / "pushback", console_log=True).status == "complete"
     assert hub.faults_served["429"] and hub.faults_served["503"] >= 2 and hub.faults_served["reset"]
