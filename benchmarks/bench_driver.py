@@ -1,6 +1,6 @@
 """How much of a job's CPU the driver process spends, and how the job scales from 1 to 2 workers.
 
-    python benchmarks/bench_driver.py --mb 62 [--gates default|off] [--repeats 1] [--marginal-mb 250]
+    python benchmarks/bench_driver.py --mb 62 [--gates default|off] [--repeats 1] [--marginal-mb 250] [--unit-mb 4]
 
 Runs `streamprep ingest` (`engine: local`) with `workers: 1` and `workers: 2` on the same corpus and
 samples every process of the job's tree every 50 ms (psutil CPU times; a process's last < 50 ms before it
@@ -32,12 +32,12 @@ from bench_pipeline import GATES_OFF, PHI2, TreeSampler  # noqa: E402
 from corpus import REPO, build  # noqa: E402
 
 
-def run(corpus: Path, work: Path, workers: int, quality: dict) -> dict:
+def run(corpus: Path, work: Path, workers: int, quality: dict, unit_mb: float | None = None) -> dict:
     run_dir = work / f"run_w{workers}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     cfg = {"run": {"name": "bench"}, "datasets": [{"name": "web", "path": str(corpus)}],
            "tokenizer": {"path": str(PHI2)}, "quality": quality, "output": {"shard_records": 5000},
-           "execution": {"engine": "local", "workers": workers}}
+           "execution": {"engine": "local", "workers": workers, **({"unit_mb": unit_mb} if unit_mb else {})}}
     cfg_path = run_dir.with_suffix(".yaml")
     cfg_path.write_text(yaml.safe_dump(cfg))
     t0 = time.perf_counter()
@@ -60,14 +60,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-bench"))
     ap.add_argument("--marginal-mb", type=int, default=0, help="a second, larger corpus for the marginal rates")
+    ap.add_argument("--unit-mb", type=float, default=None, help="execution.unit_mb (default: the config default)")
     a = ap.parse_args()
     a.work = a.work.resolve()  # the job runs in the checkout
     a.work.mkdir(parents=True, exist_ok=True)
     corpus = build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
     gb = corpus.stat().st_size / 1e9
     quality = GATES_OFF if a.gates == "off" else {}
-    runs = {w: [run(corpus, a.work, w, quality) for _ in range(a.repeats)] for w in (1, 2)}
-    print(f"corpus {corpus.stat().st_size / 1e6:.1f} MB, gates {a.gates}, median of {a.repeats}, "
+    runs = {w: [run(corpus, a.work, w, quality, a.unit_mb) for _ in range(a.repeats)] for w in (1, 2)}
+    print(f"corpus {corpus.stat().st_size / 1e6:.1f} MB, gates {a.gates}, unit_mb {a.unit_mb or 'default'}, "
+          f"median of {a.repeats}, "
           f"load average {os.getloadavg()[0]:.1f}")
     med = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
     for w, m in med.items():
@@ -77,7 +79,7 @@ def main() -> None:
     print(f"workers 2 / workers 1 speed-up: {med[1]['seconds'] / med[2]['seconds']:.2f}x")
     if a.marginal_mb:
         big = build(a.work / f"corpus_{a.marginal_mb}mb.jsonl", a.marginal_mb)
-        rs = [run(big, a.work, 2, quality) for _ in range(a.repeats)]
+        rs = [run(big, a.work, 2, quality, a.unit_mb) for _ in range(a.repeats)]
         m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         d_gb = big.stat().st_size / 1e9 - gb
         driver, tree = (m["driver"] - med[2]["driver"]) / d_gb, (m["tree"] - med[2]["tree"]) / d_gb

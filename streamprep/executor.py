@@ -204,8 +204,9 @@ class _Actor:
             setup[0](*setup[1])
         self.node = ray.get_runtime_context().get_node_id()  # a restart after a lost node runs this again
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> str:
+        """This actor's node, once it is up (`ray_cluster.spread_actors` logs the placement)."""
+        return self.node
 
     def run(self, fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
         """(this actor's node, the call's result): the driver counts where the work ran."""
@@ -214,16 +215,20 @@ class _Actor:
 
 class RayExecutor(Executor):
     """Calls on Ray actors of an existing cluster, round robin (the run dir is on the cluster's shared
-    filesystem). An actor lost with its node is restarted by Ray on a node left and its calls retried; with no
-    node left to run on, waiting calls fail after `ray_cluster.NO_NODE_WAIT_S` instead of waiting forever."""
+    filesystem). An actor lost with its node is replaced on a node left and the calls it held run again there,
+    up to `ray_cluster.ACTOR_REPLACEMENTS` times a job; with no node left to run on, waiting calls fail after
+    `ray_cluster.NO_NODE_WAIT_S` instead of waiting forever."""
 
     def __init__(self, workers: int, address: str, setup: Setup | None = None):
         self._cluster = ray_cluster
         ray_cluster.connect(address, workers)
         self.workers = max(1, workers)
+        self._setup = setup
         self.actors = ray_cluster.spread_actors(_Actor, self.workers, setup)
+        self.replaced = 0
         self._next = 0
         self._lock = threading.Lock()
+        self._replacing = threading.Lock()  # one replacement at a time: the first call to see an actor dead
         self._waiting: set[Future] = set()
         self._done = threading.Event()
         self.calls: dict[str, dict[str, int]] = {}  # node -> function -> calls answered there
@@ -233,26 +238,64 @@ class RayExecutor(Executor):
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         outer: Future = Future()
         with self._lock:
-            actor = self.actors[self._next % self.workers]
+            slot = self._next % self.workers
             self._next += 1
             self._waiting.add(outer)
-        inner = actor.run.remote(fn, *args).future()
-        inner.add_done_callback(lambda f: self._answered(outer, f, fn.__name__))
+        self._send(outer, slot, fn, args)
         return outer
 
-    def _answered(self, outer: Future, inner: Future, name: str) -> None:
+    def _send(self, outer: Future, slot: int, fn: Callable[..., Any], args: tuple) -> None:
+        actor = self.actors[slot]
+        inner = actor.run.remote(fn, *args).future()
+        inner.add_done_callback(lambda f: self._answered(outer, f, slot, actor, fn, args))
+
+    def _answered(self, outer: Future, inner: Future, slot: int, actor: Any, fn: Callable[..., Any],
+                  args: tuple) -> None:
+        from ray.exceptions import RayActorError
+
+        exc = None if inner.cancelled() else inner.exception()
+        if isinstance(exc, RayActorError) and not self._done.is_set():  # the actor is gone, not the call's error
+            threading.Thread(target=self._resend, args=(outer, slot, actor, exc, fn, args), daemon=True).start()
+            return  # (off Ray's callback thread: placing an actor waits for it)
         with self._lock:
             self._waiting.discard(outer)
         if inner.cancelled():
             outer.cancel()
-        elif (exc := inner.exception()) is not None:
+        elif exc is not None:
             _settle(outer, exc=exc)
         else:
             node, result = inner.result()
             with self._lock:
                 on_node = self.calls.setdefault(node, {})
-                on_node[name] = on_node.get(name, 0) + 1
+                on_node[fn.__name__] = on_node.get(fn.__name__, 0) + 1
             _settle(outer, result=result)
+
+    def _resend(self, outer: Future, slot: int, actor: Any, exc: BaseException, fn: Callable[..., Any],
+                args: tuple) -> None:
+        """Run a call whose actor died again, on the actor that takes its slot (placed by the first such call)."""
+        import ray
+
+        with self._replacing:
+            if self.actors[slot] is actor:
+                if self.replaced >= ray_cluster.ACTOR_REPLACEMENTS:
+                    self._fail(outer, exc)
+                    return
+                self.replaced += 1
+                log.warning("a worker actor was lost; its calls run again on a new one", slot=slot,
+                            replaced=self.replaced, error=str(exc)[:200])
+                try:
+                    new = ray_cluster.place_actor(_Actor, slot, self._setup)
+                    ray.get(new.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S)
+                except Exception as err:  # no node to place it on (the watch fails the calls too)
+                    self._fail(outer, err)
+                    return
+                self.actors[slot] = new
+        self._send(outer, slot, fn, args)
+
+    def _fail(self, outer: Future, exc: BaseException) -> None:
+        with self._lock:
+            self._waiting.discard(outer)
+        _settle(outer, exc=exc)
 
     def _watch(self) -> None:
         """Fail the waiting calls once the cluster has had no usable node for a while."""
@@ -268,13 +311,10 @@ class RayExecutor(Executor):
         import ray
 
         self._done.set()
-        log.info("worker calls per node", calls=self.calls)  # units judged on every node, or not
+        log.info("worker calls per node", calls=self.calls, actors_replaced=self.replaced)  # units on every node?
         self._cluster.actors_released()
         if self._cluster.no_node_left():  # the cluster is gone: nothing to ask, nothing to end (Ray would block)
             return
-        restarts = self._cluster.actor_restarts(self.actors)
-        if restarts:
-            log.warning("worker actors restarted after lost nodes; their calls were retried", restarts=restarts)
         for a in self.actors:
             ray.kill(a)
 

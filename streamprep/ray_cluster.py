@@ -19,7 +19,8 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Callable
+from collections import Counter
+from typing import Any, Callable
 
 import psutil
 
@@ -46,9 +47,9 @@ _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one pe
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
 # Every Ray worker process of the job (worker actors, Xenna's actors, tasks) on every node runs this at start-up.
 JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
-_actors_placed = threading.Event()  # the job's worker actors hold their CPUs (set by its executor, awaited by the stage)
+_actors_placed = threading.Event()  # the job's worker actors are placed (set by its executor, awaited by the stage)
 ACTOR_PLACEMENT_WAIT_S = 120.0
-ACTOR_RESTARTS = 4  # a worker actor lost with its node is restarted elsewhere this often per job, its calls retried
+ACTOR_REPLACEMENTS = 4  # worker actors lost with their node and replaced on a node left, per job; then calls fail
 
 
 def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:
@@ -179,8 +180,8 @@ def _stop_head() -> None:
 
 
 def cpus_per_worker(workers: int) -> float:
-    """Logical CPUs for one worker actor or one stage worker: both pools of `workers` share the cluster for
-    the whole job (ingest and tokenization overlap), so together they must fit in its CPUs."""
+    """Logical CPUs Xenna's allocator gives one stage worker: half a node share, since the executor's `workers`
+    actors share the cluster's cores with the stage for the whole job (ingest and tokenization overlap)."""
     import ray
 
     cpus = float(ray.cluster_resources().get("CPU", 1))
@@ -287,28 +288,34 @@ def _gcs_answers() -> bool:
         return False
 
 
+def place_actor(cls: type, slot: int, *args: object) -> Any:
+    """An actor of `cls` on the `slot`-th node with CPUs (round robin over their sorted ids: the same cluster gets
+    the same placement); SPREAD if no node has CPUs yet.
+
+    It asks Ray for no logical CPU, as Xenna's stage workers do not (its allocator counts cores itself): the
+    actors live for the whole job, and Xenna's per-node resource monitor asks for one whole free CPU, which an
+    actor holding a share of a 1-CPU node would keep from it for good (the stage never started: the 2-node
+    test hung). The affinity is hard: a soft one put both actors on one node of two whenever the job has a
+    runtime env (ours: the setup hook), measured with `ray.cluster_utils`. So Ray never moves an actor: one
+    lost with its node is replaced by the executor (`executor.RayExecutor`)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = sorted(usable_nodes())
+    where = NodeAffinitySchedulingStrategy(nodes[slot % len(nodes)], soft=False) if nodes else "SPREAD"
+    return ray.remote(num_cpus=0, max_restarts=0)(cls).options(scheduling_strategy=where).remote(*args)
+
+
 def spread_actors(cls: type, workers: int, *args: object) -> list:
-    """`workers` actors of `cls`, one logical CPU share each, spread over the nodes and started before this
-    returns. The stage is placed after them (`wait_for_actors`) and fills what they left node by node,
-    so on N nodes both pools cover all N whoever asked Ray first."""
+    """`workers` actors of `cls` over the nodes (`place_actor`), started before this returns; the stage is placed
+    after them (`wait_for_actors`)."""
     import ray
 
-    actor = ray.remote(num_cpus=cpus_per_worker(workers), scheduling_strategy="SPREAD", max_restarts=ACTOR_RESTARTS,
-                       max_task_retries=ACTOR_RESTARTS)(cls)
-    actors = [actor.remote(*args) for _ in range(workers)]
-    ray.get([a.ready.remote() for a in actors])
+    actors = [place_actor(cls, i, *args) for i in range(workers)]
+    placed = ray.get([a.ready.remote() for a in actors])  # each actor's node
+    log.info("worker actors placed", nodes=len(usable_nodes()), per_node=sorted(Counter(placed).values(), reverse=True))
     _actors_placed.set()
     return actors
-
-
-def actor_restarts(actors: list) -> int:
-    """How many times Ray restarted `actors` (each restart follows a lost worker or node); 0 if it cannot tell."""
-    try:
-        from ray.util.state import get_actor
-
-        return sum(int(getattr(get_actor(a._actor_id.hex()), "num_restarts", 0) or 0) for a in actors)
-    except Exception:  # the state API is best effort here: the count only goes to the log
-        return 0
 
 
 def actors_released() -> None:

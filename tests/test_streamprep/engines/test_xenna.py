@@ -175,7 +175,7 @@ def test_cli_attaches_to_an_existing_cluster_and_leaves_it_running(ray_cluster, 
 @pytest.mark.ray
 def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_path: Path) -> None:
     """Multi-node (docs/multi-node.md): a head and a worker node on this machine, each with 1 CPU; the job
-    attaches with `ray_address`, its QC actors and stage workers spread over both (units are judged and shards
+    attaches with `ray_address`, its worker actors and stage workers spread over both (units are judged and shards
     tokenized on both nodes, each unit once), bytes equal a local run."""
     from ray.cluster_utils import Cluster
 
@@ -186,7 +186,7 @@ def test_two_node_cluster_runs_shards_on_both_nodes_with_identical_outputs(tmp_p
     # 30 shards of a few ms each: with 15 the worker that started first sometimes did all of them before the
     # other was up (one CI run, and one of 9 runs of this test alone, today); more shards keep the race open longer
     cfg = base_config([source], None, output={"shard_records": 50})
-    cfg["execution"].update(engine="local", workers=1, unit_mb=0.05)  # ~12 units, for the QC actors of both nodes
+    cfg["execution"].update(engine="local", workers=1, unit_mb=0.05)  # ~12 units, for the worker actors of both nodes
     run_from_dict(cfg, run_dir=tmp_path / "single", console_log=False)
     with socket.socket() as s:  # the session fixture's cluster may hold the default dashboard port
         s.bind(("127.0.0.1", 0))
