@@ -1,6 +1,6 @@
 """Do two git revisions write the same bytes? Runs configs at both and compares every file of the run dirs.
 
-    python benchmarks/compare_revisions.py BASE [HEAD] [--config configs/demo.yaml ...] [--engine local]
+    python benchmarks/compare_revisions.py BASE [HEAD] [--config configs/demo.yaml ...] [--engine local] [--workers 2]
 
 Each revision is checked out (`git worktree add --detach`) beside a `shared` link to ../shared; both
 read the inputs as the first revision's config resolves them (the demo reads the repo's own docs). The first revision runs each config twice: files that
@@ -35,11 +35,13 @@ def checkout(rev: str, work: Path) -> Path:
     return tree
 
 
-def run(tree: Path, inputs: Path, config: str, engine: str, run_dir: Path) -> None:
+def run(tree: Path, inputs: Path, config: str, engine: str, workers: int | None, run_dir: Path) -> None:
     """Run `config` with `tree`'s code on `inputs`' files (its relative paths resolved in the `inputs` tree:
     the demo reads the repo's own docs, which differ between revisions)."""
     cfg = yaml.safe_load((tree / config).read_text())
     cfg.setdefault("execution", {})["engine"] = engine
+    if workers is not None:  # else the config's own
+        cfg["execution"]["workers"] = workers
     base = (inputs / config).parent
     for ds in cfg["datasets"]:
         ds["path"] = ds["path"] if "://" in ds["path"] else os.path.normpath(base / ds["path"])
@@ -57,13 +59,13 @@ def hashes(run_dir: Path) -> dict[str, str]:
             for p in sorted(run_dir.rglob("*")) if p.is_file() and "logs" not in p.relative_to(run_dir).parts}
 
 
-def compare(config: str, trees: list[Path], engine: str, work: Path) -> bool:
+def compare(config: str, trees: list[Path], engine: str, workers: int | None, work: Path) -> bool:
     name = Path(config).stem
     runs = [(trees[0], "a1"), (trees[0], "a2"), (trees[1], "b")]
     h = {}
     for tree, tag in runs:
         out = work / "run"  # one path for every run: outputs that name their run dir compare equal
-        run(tree, trees[0], config, engine, out)
+        run(tree, trees[0], config, engine, workers, out)
         h[tag] = hashes(out)
         out.rename(work / f"{name}-{tag}")
     volatile = sorted(k for k in h["a1"] if h["a1"][k] != h["a2"].get(k))
@@ -84,13 +86,14 @@ def main() -> None:
     ap.add_argument("head", nargs="?", default="HEAD")
     ap.add_argument("--config", action="append", help=f"default: {' '.join(DEFAULT_CONFIGS)}")
     ap.add_argument("--engine", default="local")
+    ap.add_argument("--workers", type=int, default=None, help="execution.workers for every run (default: the config's)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="streamprep-compare-") as tmp:
         work = Path(tmp)
         (work / "shared").symlink_to(SHARED)
         trees = [checkout(a.base, work), checkout(a.head, work)]
         try:
-            ok = all([compare(c, trees, a.engine, work) for c in a.config or DEFAULT_CONFIGS])
+            ok = all([compare(c, trees, a.engine, a.workers, work) for c in a.config or DEFAULT_CONFIGS])
         finally:
             for tree in trees:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
