@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from streamprep import stats
-from streamprep.backends import hf_tokenizer
+from streamprep import backends
 from streamprep.layout import (Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, part_name,
                                read_json as _read_json)
 from streamprep.tokenizer import training_report
@@ -86,14 +86,20 @@ def _near_pairs(run_dir: Path, sample: list[dict[str, Any]], k: int) -> list[dic
     return out
 
 
-def _load_tokenizer(run_dir: Path) -> Any:
-    path = RunLayout(run_dir).tokenizer_json
-    if not path.is_file():
+def _load_encoder(run_dir: Path) -> backends.Backend | None:
+    """The backend the run tokenized with (run.json), over the run's tokenizer copy: gigatoken's ids are HF's
+    (the run's identity check), so the histogram is the same at a twentieth of HF's CPU."""
+    layout = RunLayout(run_dir)
+    if not layout.tokenizer_json.is_file():
         return None
-    try:
-        return hf_tokenizer(path)  # the run's own load when the audit ends a job: not loaded again
-    except Exception:  # a report must not fail on an unreadable tokenizer; the histogram is then omitted
-        return None
+    record = _read_json(layout.run_json)
+    name = ((record if isinstance(record, dict) else {}).get("tokenizer_backend") or {}).get("name")
+    for candidate in dict.fromkeys(("gigatoken", "hf") if name == "gigatoken" else ("hf",)):
+        try:
+            return backends.load(candidate, layout.tokenizer_json)
+        except Exception:  # a report must not fail on an unreadable tokenizer: HF next, or no histogram
+            continue
+    return None
 
 
 def _empty_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]], k: int) -> list[dict[str, Any]]:
@@ -141,14 +147,15 @@ def _examples_by_reason(sample: list[dict[str, Any]]) -> dict[str, list]:
     return examples
 
 
-def _rejected_token_hist(tokenizer: Any, sample: list[dict[str, Any]], eod: bool) -> tuple[dict[str, int], int]:
+def _rejected_token_hist(encoder: backends.Backend | None, sample: list[dict[str, Any]],
+                         eod: bool) -> tuple[dict[str, int], int]:
     """Token-length histogram of (up to MAX_TOKENIZED_REJECTS) sampled rejects, and how many were tokenized."""
-    if tokenizer is None or not sample:
+    if encoder is None or not sample:
         return {}, 0
     texts = [r["text"] for r in sample[:MAX_TOKENIZED_REJECTS] if isinstance(r.get("text"), str)]
     hist: dict[str, Any] = {}
-    for enc in tokenizer.encode_batch_fast(texts, add_special_tokens=False):  # ids only: no offsets to compute
-        stats.add_tokens(hist, "r", len(enc.ids) + (1 if eod else 0))
+    for n in encoder.encode_batch(texts)[1].tolist():
+        stats.add_tokens(hist, "r", n + (1 if eod else 0))
     return hist.get("tokens_hist_r", {}), len(texts)
 
 
@@ -211,7 +218,8 @@ def _density(st: dict[str, Any]) -> dict[str, Any]:
             for key in stats.DENSITY_KEYS}
 
 
-def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> tuple[dict[str, Any], dict[str, list]]:
+def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
+                   encoder: backends.Backend | None) -> tuple[dict[str, Any], dict[str, list]]:
     cp = Checkpoint.load(CheckpointLayout(ckpt_dir).checkpoint(name))
     ck = cp.raw
     st: dict[str, Any] = ck.get("stats") or {}
@@ -237,7 +245,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, tokenizer: Any) -> 
     examples = _examples_by_reason(sample)
     if empty:
         examples[EMPTY_TOKENS] = _empty_examples(run_dir, name, receipts, EXAMPLES_PER_REASON)
-    tokens_hist_rejected, tokenized_sample = _rejected_token_hist(tokenizer, sample, eod)
+    tokens_hist_rejected, tokenized_sample = _rejected_token_hist(encoder, sample, eod)
 
     langs_kept, langs_rej = (stats.merge_counts([st.get(k)]) for k in ("languages_kept", "languages_rejected"))
     chars_kept, chars_rej = st.get("chars_hist_kept") or {}, st.get("chars_hist_rejected") or {}
@@ -285,10 +293,10 @@ def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) ->
     names = [d["name"] for d in cfg.get("datasets", []) if isinstance(d, dict)]
     if not names and ckpt_dir.is_dir():
         names = sorted(p.stem for p in ckpt_dir.glob("*.json"))
-    tokenizer = _load_tokenizer(run_dir)
+    encoder = _load_encoder(run_dir)
     datasets, examples = {}, {}
     for n in names:
-        datasets[n], examples[n] = _dataset_audit(run_dir, ckpt_dir, n, tokenizer)
+        datasets[n], examples[n] = _dataset_audit(run_dir, ckpt_dir, n, encoder)
 
     def total(key: str) -> int:
         return sum(d["records"][key] for d in datasets.values())

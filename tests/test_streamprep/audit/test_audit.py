@@ -260,3 +260,25 @@ def test_a_job_gathers_its_audit_in_a_worker_not_the_driver(tmp_path, monkeypatc
     monkeypatch.setattr(gather, "_rejected_token_hist", real)
     write_audit(tmp_path / "run")
     assert (tmp_path / "run" / "audit" / "audit.json").read_bytes() == by_worker
+
+
+def test_the_rejects_histogram_is_the_same_under_either_backend(e2e_run, tmp_path, shared_data):
+    """The audit tokenizes the rejects' sample with the backend the run used (run.json's `tokenizer_backend`;
+    here over phi-2, which gigatoken loads): gigatoken's lengths are HF's, so every figure of the report is too."""
+    from helpers import PHI2
+    from streamprep.audit import gather
+    from streamprep.layout import RunLayout
+
+    run = tmp_path / "run"
+    shutil.copytree(e2e_run["run_dir"], run)
+    shutil.copyfile(shared_data / PHI2, RunLayout(run).tokenizer_json)
+    record = json.loads((run / "run.json").read_text())
+    lengths = {}
+    for name in ("hf", "gigatoken"):
+        record["tokenizer_backend"]["name"] = name
+        (run / "run.json").write_text(json.dumps(record))
+        assert gather._load_encoder(run).name == name
+        audit, _ = build_audit(run)
+        lengths[name] = {n: d["lengths"] for n, d in audit["datasets"].items()}
+    assert lengths["hf"] == lengths["gigatoken"]
+    assert sum(v["tokens"]["rejected_sample_records"] for v in lengths["hf"].values()) > 0
