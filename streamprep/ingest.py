@@ -477,12 +477,14 @@ class DatasetIngest:
     def _decide(self, a: Ahead, dedup: DedupDecision, near_dec: near_dedup.NearDecision | None, unit: Unit,
                 s: Summary) -> tuple[Decision, bool]:
         """One piece's verdicts in plan order (dedup and caps depend on everything before). Returns the Decision
-        and whether `max_records` or `size_mb` ended the dataset in it. On arrays when neither cap can end it
-        inside the piece and near-dedup is off; else record by record."""
+        and whether `max_records` or `size_mb` ended the dataset in it. On arrays when near-dedup is off and
+        `size_mb` cannot end the dataset inside the piece (`max_records` can: the arrays then decide the items
+        before it); else record by record."""
         cap, n = self.ds.max_records, len(s.kinds)
-        if near_dec is None and (cap is None or a.consumed + n <= cap) and \
-                (self.size_cap is None or a.kept_text_bytes + sum(s.text_bytes) < self.size_cap):
-            return self._decide_arrays(a, dedup, unit, s), False
+        if near_dec is None and (self.size_cap is None or a.kept_text_bytes + sum(s.text_bytes) < self.size_cap):
+            if cap is None or a.consumed + n <= cap:
+                return self._decide_arrays(a, dedup, unit, s), False
+            return self._decide_arrays(a, dedup, unit, s.head(cap - a.consumed)), True
         return self._decide_records(a, dedup, near_dec, unit, s)
 
     def _decide_arrays(self, a: Ahead, dedup: DedupDecision, unit: Unit, s: Summary) -> Decision:

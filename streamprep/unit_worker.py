@@ -71,6 +71,13 @@ class Summary(NamedTuple):
     signatures: list | None
     rest_failed: bool
 
+    def head(self, m: int) -> Summary:
+        """The summary of the first `m` items: the part of a piece that `max_records` leaves to decide."""
+        kinds = self.kinds[:m]
+        judged, kept = m - kinds.count(BAD), kinds.count(KEPT)
+        return Summary(kinds, self.digests[:judged], self.text_bytes[:kept], self.checks[:m - kept],
+                       None if self.signatures is None else self.signatures[:judged], False)
+
 
 class Decision(NamedTuple):
     """The driver's verdict on a piece: items `[0, applied)` are consumed, the first as dataset ordinal

@@ -109,19 +109,25 @@ def test_arrays_decide_as_the_loop(tmp_path: Path, seed: int, max_rejects: int |
     _same_index(loop.own, arrays.own, pool)
 
 
-@pytest.mark.parametrize("cap", [{"max_records": 1234}, {"size_mb": 0.5}])
-def test_a_cap_inside_a_piece_is_decided_record_by_record(tmp_path: Path, cap: dict[str, Any]) -> None:
-    """`_decide` takes the arrays only where the cap cannot end the dataset; the outcome is the loop's."""
+@pytest.mark.parametrize("cap", [{"max_records": 1234}, {"size_mb": 0.5}, {"max_records": 1300, "size_mb": 0.5}])
+def test_a_cap_inside_a_piece_decides_as_the_loop(tmp_path: Path, cap: dict[str, Any],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a cap ends the dataset inside a piece the outcome is the loop's: `max_records` alone is decided on
+    the arrays (the piece's head up to the cap), `size_mb` record by record (where it stops depends on each
+    kept record's dedup verdict)."""
     rng = random.Random(9)
     pool = _pool(rng, 500)
     ing = _ingest(tmp_path, 5, **cap)
+    if "size_mb" not in cap:  # the loop is the reference below; _decide itself must not take it
+        records = ing._decide_records
+        monkeypatch.setattr(ing, "_decide_records", lambda *a: pytest.fail("decided record by record"))
     loop = DedupDecision(_index(tmp_path / "loop.dedup", []))
     mixed = DedupDecision(_index(tmp_path / "mixed.dedup", []))
     a_loop, a_mixed = Ahead.of(IngestState("late")), Ahead.of(IngestState("late"))
     unit = Unit("range", 0, "in.jsonl", "jsonl", 0, 10)
     for _ in range(100):
         s = _piece(rng, pool, 100)
-        want, want_capped = ing._decide_records(a_loop, loop, None, unit, s)
+        want, want_capped = (records if "size_mb" not in cap else ing._decide_records)(a_loop, loop, None, unit, s)
         got, capped = ing._decide(a_mixed, mixed, None, unit, s)
         assert (got, capped, a_mixed) == (want, want_capped, a_loop)
         if capped:
