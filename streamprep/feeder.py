@@ -3,7 +3,8 @@
 The ingest writer calls `on_checkpoint(state)` after every checkpoint save (event-loop thread). Parts the
 checkpoint has sealed are planned and submitted, in order, by one feeder thread (planning hashes the
 part, which must not stall the event loop). Before the tokenizer exists, sealed parts wait:
-- `tokenizer.path`: it is copied at job start, so tokenization overlaps ingest from the first part;
+- `tokenizer.path`: the feeder thread copies it (and chooses its backend) first thing, while ingest starts,
+  so it is off the job's serial start and tokenization overlaps ingest from the first part;
 - `tokenizer.train.sample_mb`: training starts once every dataset has checkpointed its share of the
   sample (or finished), while ingest continues;
 - otherwise the tokenizer is trained on all kept text after ingest, as before.
@@ -28,10 +29,12 @@ Planner = Callable[[str, Path, str, TokenizerInfo], ShardTask]  # dataset, part,
 
 class ShardFeeder:
     def __init__(self, engine: Engine, plan: Planner, files: dict[str, DatasetFiles],
-                 info: TokenizerInfo | None, train: Callable[[dict[str, IngestState]], TokenizerInfo],
+                 given: Callable[[], TokenizerInfo | None], train: Callable[[dict[str, IngestState]], TokenizerInfo],
                  sample_ready: Callable[[dict[str, IngestState]], bool] | None):
+        """`given()` prepares the configured tokenizer (None: it is to be trained): the feeder thread's first
+        call, so every part it hands on comes after it."""
         self.engine, self._plan, self._files = engine, plan, files
-        self.info = info
+        self.info: TokenizerInfo | None = None
         self._train, self._sample_ready = train, sample_ready
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="feeder")
         self._futures: list[Future] = []
@@ -40,13 +43,21 @@ class ShardFeeder:
         self._waiting: list[tuple[str, Path, str]] = []
         self._training = False
         self.tasks: dict[tuple[str, str], ShardTask] = {}
+        self._given = self._pool.submit(self._take_given, given)
+        self._futures.append(self._given)
+
+    def _take_given(self, given: Callable[[], TokenizerInfo | None]) -> None:
+        self.info = given()
 
     @property
     def sealed(self) -> int:
         return sum(self._sealed.values())
 
     def on_checkpoint(self, state: IngestState) -> None:
-        """Called after `state` was saved; never blocks the event loop."""
+        """Called after `state` was saved; never blocks the event loop. A tokenizer that could not be prepared
+        fails the job here, at the first checkpoint after, not at the end of ingest."""
+        if self._given.done() and (exc := self._given.exception()) is not None:
+            raise exc
         name = state.dataset
         self._checkpointed[name] = copy.copy(state)  # the writer mutates `state` before its next save
         before, now = self._sealed.get(name, 0), state.sealed_parts()
@@ -55,7 +66,7 @@ class ShardFeeder:
             log.info("parts sealed", dataset=name, parts=now, new=now - before)
             for i in range(before, now):
                 self._later(self._hand_on, name, self._files[name].part(i), state.sealed[i][0])
-        if self.info is None and not self._training and self._sample_ready is not None \
+        if self._given.done() and self.info is None and not self._training and self._sample_ready is not None \
                 and self._sample_ready(dict(self._checkpointed)):
             self._training = True
             self._later(self._train_then_flush, dict(self._checkpointed))
@@ -79,6 +90,7 @@ class ShardFeeder:
 
     def finish(self, states: dict[str, IngestState]) -> TokenizerInfo:
         """After ingest: train on everything if nothing did yet, and wait until every sealed part is submitted."""
+        self._given.result()
         if self.info is None and not self._training:
             self._training = True
             self._later(self._train_then_flush, states)

@@ -307,10 +307,11 @@ class Job:
     def _ingest_and_tokenize(self, engine: Engine, executor: Executor) -> tuple[dict[str, IngestState],
                                                                                  list[ShardTask], dict[str, Any],
                                                                                  TokenizerInfo]:
-        """Ingest with the engine already up: each sealed part is tokenized while ingest goes on."""
-        info = self._timed("tokenizer", self._given_tokenizer)
+        """Ingest with the engine already up: each sealed part is tokenized while ingest goes on; the configured
+        tokenizer is prepared by the feeder while ingest starts."""
         feeder = ShardFeeder(engine, self._task, {d.name: self._files(d.name) for d in self.config.datasets},
-                             info, self._train_tokenizer, self._sample_ready())
+                             lambda: self._timed("tokenizer", self._given_tokenizer), self._train_tokenizer,
+                             self._sample_ready())
         self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
         try:
             states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint, executor))
@@ -344,7 +345,8 @@ class Job:
         return {d.name: completed_parts(self._files(d.name), states[d.name]) for d in self.config.datasets}
 
     def _given_tokenizer(self) -> TokenizerInfo | None:
-        """`tokenizer.path` (or a tokenizer this run already trained): ready before ingest starts."""
+        """`tokenizer.path` (or a tokenizer this run already trained), None if it is to be trained: the feeder
+        thread prepares it while ingest starts."""
         tok = self.config.tokenizer
         if tok.path:
             return tokmod.prepare(tok, self.run_dir)

@@ -1,0 +1,72 @@
+"""The feeder prepares the configured tokenizer in its own thread while ingest starts: parts sealed before it is
+ready wait for it and go out in order, and a tokenizer that cannot be prepared fails the job at the next
+checkpoint rather than after the whole ingest."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from streamprep.checkpoints import DatasetFiles, IngestState
+from streamprep.feeder import ShardFeeder
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.submitted: list[Any] = []
+
+    def submit(self, task: Any) -> None:
+        self.submitted.append(task)
+
+
+def _state(parts: int) -> IngestState:
+    state = IngestState("d")
+    state.part_index, state.sealed = parts, [[f"sha{i}", 1] for i in range(parts)]
+    return state
+
+
+def _feeder(tmp_path: Path, given: Any) -> tuple[ShardFeeder, _Engine]:
+    engine = _Engine()
+    plan = lambda name, part, sha, info: SimpleNamespace(info=info, part=part.name, sha=sha)  # noqa: E731 - a ShardTask
+    feeder = ShardFeeder(engine, plan, {"d": DatasetFiles(tmp_path, tmp_path / "ck", "d")}, given,  # type: ignore[arg-type]
+                         lambda states: pytest.fail("trained although a tokenizer was given"), None)
+    return feeder, engine
+
+
+def test_parts_sealed_before_the_given_tokenizer_is_ready_wait_for_it_in_order(tmp_path: Path) -> None:
+    ready = threading.Event()
+
+    def given() -> str:
+        ready.wait(10)
+        return "tok"
+
+    feeder, engine = _feeder(tmp_path, given)
+    try:
+        feeder.on_checkpoint(_state(2))  # ingest goes on while the tokenizer is prepared
+        feeder.on_checkpoint(_state(3))
+        assert engine.submitted == [] and feeder.info is None
+        ready.set()
+        assert feeder.finish({"d": _state(3)}) == "tok"
+    finally:
+        feeder.close()
+    assert [(t.info, t.part, t.sha) for t in engine.submitted] == [("tok", f"part-{i:05d}.jsonl", f"sha{i}")
+                                                                   for i in range(3)]
+
+
+def test_a_tokenizer_that_cannot_be_prepared_fails_at_the_next_checkpoint(tmp_path: Path) -> None:
+    def given() -> str:
+        raise RuntimeError("tokenizer.backend is gigatoken but it cannot load tokenizer.json")
+
+    feeder, engine = _feeder(tmp_path, given)
+    try:
+        with pytest.raises(RuntimeError, match="cannot load"):
+            feeder._given.exception(10)  # prepared (and failed) in the feeder's thread
+            feeder.on_checkpoint(_state(1))
+        with pytest.raises(RuntimeError, match="cannot load"):
+            feeder.finish({"d": _state(1)})
+    finally:
+        feeder.close()
+    assert engine.submitted == []
