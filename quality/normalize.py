@@ -6,7 +6,9 @@ and its quotes (they may sit inside string literals); prose is collapsed and tri
 
 The per-character steps (line endings, controls, punctuation, Unicode spaces) are one table applied in
 one C-level regex pass; the passes whose regex would stop at every space run go only after a plain
-substring test says there is something to change, so already-clean text costs a few scans.
+substring test says there is something to change, so already-clean text costs a few scans. In prose,
+the curly quotes and dashes that make most web text non-ASCII go first, by `str.replace`: a text that
+is ASCII after that skips the NFC check and the regex pass (two thirds of the non-ASCII C4 texts).
 """
 from __future__ import annotations
 
@@ -24,6 +26,10 @@ _PUNCT = {
     **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033", '"'),
     **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),
 }
+# The table's most frequent non-ASCII keys in web text (C4: 4 780 of them in 1 000 docs; every other key
+# together: under 100), each searched by memchr-speed `in` and replaced by its ASCII form. They are starters
+# that compose with nothing, as are their replacements, so replacing them before NFC gives NFC's result.
+_COMMON_PUNCT = tuple((c, _PUNCT[c]) for c in "\u2019\u201c\u201d\u2013\u2014\u2018")
 _UNICODE_SPACES = ["\u00a0", "\u1680", *map(chr, range(0x2000, 0x200B)), "\u202f", "\u205f", "\u3000"]
 _MULTI_SPACE = re.compile(" {2,}")
 _LINE_EDGES = re.compile("[ \t]+\n[ \t]*|\n[ \t]+")
@@ -77,11 +83,21 @@ def _has_line_edge(text: str) -> bool:
     return at != -1 and any(cue in text for cue in _EDGE_CUES)
 
 
+def _common_punct(text: str) -> str:
+    """`text` with the frequent curly quotes and dashes made ASCII (the table would map them alike)."""
+    for char, plain in _COMMON_PUNCT:
+        if char in text:
+            text = text.replace(char, plain)
+    return text
+
+
 def normalize_text(text: str, code: bool = False) -> str:
     """NFC; control characters out (C1 repaired as Windows-1252); then, for prose, curly quotes and
     dashes to ASCII, runs of spaces collapsed, lines and the text trimmed; for code, Unix newlines,
     trailing whitespace and trailing blank lines dropped, indentation left as it is.
     """
+    if not code and not text.isascii():
+        text = _common_punct(text)
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     if code:

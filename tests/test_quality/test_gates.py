@@ -60,6 +60,48 @@ def test_char_pass_ascii_shortcut_equals_the_table(prose: bool) -> None:
     assert char_pass(clean) is clean  # nothing to change: the same object back, no copy
 
 
+def plain_normalize(text: str, code: bool = False) -> str:
+    """`normalize_text` as its docstring says it, one plain step after another (no shortcut)."""
+    import re
+    import unicodedata
+
+    from quality.normalize import _char_map
+
+    table = _char_map(prose=not code)
+    text = "".join(table.get(ch, ch) for ch in unicodedata.normalize("NFC", text).replace("\r\n", "\n"))
+    if code:
+        return re.sub("[ \t]+(?=\n)|[ \t]+$", "", text).rstrip("\n")
+    return re.sub("[ \t]+\n[ \t]*|\n[ \t]+", "\n", re.sub(" {2,}", " ", text)).strip(" \t\n")
+
+
+# Curly quotes and dashes go before NFC (and a text ASCII after that skips it): beside combining marks, CR LF,
+# C1 bytes, Unicode spaces, tabs, surrogate pairs, other table characters and text that stays non-ASCII.
+FUSED_CASES = ["\u2019\u0301", "e\u2019\u0301\u201c\u0338", "\u2014\u0308a", "\u201ccaf\u00e9\u201d", "\u2018\r\n\u2019",
+               "a\x92b\u2019c", "\u2013\u00a0\u2014  \t\n \u2019", "\u201c\U0001f642\u201d", "\u2019\u3000x\u2019",
+               "\u2019\u2019\u2019", " \u2014 ", "\u2018\u2212\u2019\u2011", "\ufeff\u201cq\u201d\x85", "\u2019e\u0301\u2019",
+               "A\u030a\u2019\u212b", "\u2019\t\u2019\n\n\u201c \u201d", "\u1100\u2019\u1161", "x" * 70 + "\u2013\n" * 70]
+
+
+@pytest.mark.parametrize("text", FUSED_CASES)
+def test_normalize_equals_the_plain_steps(text: str) -> None:
+    for code in (False, True):
+        assert normalize_text(text, code) == plain_normalize(text, code)
+
+
+@pytest.mark.slow
+def test_common_punctuation_before_nfc_beside_every_code_point() -> None:
+    """Replacing the frequent quotes and dashes before NFC gives NFC's result beside any assigned character
+    (unassigned and private-use ones neither compose nor decompose)."""
+    import unicodedata
+
+    for cp in range(0x110000):
+        c = chr(cp)
+        if unicodedata.category(c) in ("Cn", "Co", "Cs"):
+            continue
+        for text in (f"\u2019{c}\u201c", f"{c}\u2014{c}\u0301", f"{c}\u0338\u201d"):
+            assert normalize_text(text) == plain_normalize(text), (hex(cp), text)
+
+
 def test_normalize_code_keeps_indentation_and_quotes() -> None:
     raw = "def f(x):\r\n    if x:  \r\n\treturn \u201cq\u201d  # two  spaces\r\n\x00\r\n\r\n   \r\n"
     assert normalize_text(raw, code=True) == "def f(x):\n    if x:\n\treturn \u201cq\u201d  # two  spaces"
