@@ -100,7 +100,7 @@ class ProfanityGate(Gate):
         for _, start, end in found.words:
             if (start == 0 or classes[start - 1] == 32) and (end == n or classes[end] == 32):  # a whole token
                 plain += 1
-        lower = doc.lower
+        raw = found.raw  # a token of letters and symbols only is ASCII: its bytes are its `doc.lower` chars
         obfuscated = 0
         at = classes.find(b"x")
         while at != -1:  # tokens holding a leetspeak or mask symbol and no char a listed word never has
@@ -108,7 +108,7 @@ class ProfanityGate(Gate):
             end = classes.find(b" ", at)
             end = n if end == -1 else end
             if classes.find(b"z", start, end) == -1:
-                obfuscated += self.is_profane(lower[start:end])
+                obfuscated += self.is_profane(raw[start:end].decode())
             at = classes.find(b"x", end)
         if not plain + obfuscated:
             return 0, 0

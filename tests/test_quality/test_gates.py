@@ -177,6 +177,31 @@ def test_profanity_density() -> None:
     assert gate.check(three) == "profanity density 0.02 > 0.01 (2 of 100 tokens)"
 
 
+LATIN1_CASES = ["Caf\u00e9 FUCK \u00e9sh1t \u00bd f*ck\u00c9 \u00dfa$$ \u00b5\u00aa \u00a9 (C) 2019", "\u2026fuck\u2022shit\u20ac\u2122\u200b",
+                "\u00c0\u00de\u00d7\u00f7\u00ff \u00a0all\u00a0rights\u0085reserved", "Stra\u00dfe b!tch \u2026 \u0130 fuck",
+                "\u212a fuck \u2026", "\u00b2\u00b3\u00b9\u00bc x\u00b2 sh\u00b9t", "shit\u2019s"]
+
+
+@pytest.mark.parametrize("text", LATIN1_CASES + [chr(b) * 3 + " a" + chr(b) + "ss " for b in range(0x80, 0x100)])
+def test_latin1_scan_equals_the_handler_scan(text: str) -> None:
+    """The Latin-1 path's bytes are those of `doc.lower` through the codec error handler, so its matches and
+    counts are too; and both equal the token list's."""
+    from quality.gates.lexicon import _SYMBOLS, CLASS, scan
+
+    gate = ProfanityGate(0.01)
+    found = scan(Doc(None, text=text), gate.sorted_words)
+    lower = text.lower()
+    hits, tokens = gate.density_by_tokens(lower)
+    fast = gate.density_by_scan(Doc(None, text=text))
+    assert fast == (hits, tokens) or fast == (0, 0) and hits == 0
+    if any(ord(c) > 255 and c not in _SYMBOLS for c in text):
+        assert found is None or found.cues is None  # not Latin-1: the handler path
+        return
+    raw = lower.encode("ascii", "streamprep.token_class")
+    assert found is not None and found.cues is not None
+    assert (found.raw, found.classes) == (raw, raw.translate(CLASS))
+
+
 # ---- copyright -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("notice", ["Copyright 2021 Acme Inc.", "\u00a9 Acme", "(C) 2019 Acme", "(c)2005 Foo",
                                     "ALL RIGHTS  RESERVED.", "&copy; Foo"])
@@ -184,6 +209,23 @@ def test_copyright_rejects(notice: str) -> None:
     v = QualityControl({**OPEN, "reject_copyright": True}).evaluate({"text": PROSE + notice})
     assert not v.keep and v.meta["failed_check"] == "copyright"
     assert v.meta["reason"].startswith("copyright notice ") and f"at char {len(PROSE.strip()) + 1}" in v.meta["reason"]
+
+
+@pytest.mark.parametrize("text", LATIN1_CASES + [
+    "rights rights rights", "all\t\n rights reserved", "ALL  RIGHTS  RESERVED", "all rights", "ball rights reserved",
+    "rights then Copyright", "(c) later (C) 2019 and copyright", "(c)\u00a02020", "&COPY; x", "(c)19", "rights\u00a9",
+    "x" * 300 + " all\u0085\u00a0rights reserved", "rights", "  rights reserved", "al rights reserved",
+    "r\u0131ghts then all r\u0131ghts reserved, rights", "COPYR\u0130GHT rights", "\u017fights all rights reserved",
+    "\u212a copyright", "all\x1crights reserved", "\u00e9 all rights reserved \u00a9", "\u2026all\u2026rights reserved"])
+def test_copyright_at_cues_equals_the_plain_search(text: str) -> None:
+    """The notice regex tried only where the scan saw a cue finds what one search of the whole text finds,
+    whenever the plain cue test lets the regex run (Unicode case folds and whitespace included)."""
+    from quality.gates.copyright import _CUES, _NOTICE, CopyrightGate
+
+    for t in (text, text.upper(), PROSE + text):
+        m = _NOTICE.search(t) if any(cue in t.lower() for cue in _CUES) else None
+        expected = None if m is None else f"copyright notice {m.group()[:40]!r} at char {m.start()}"
+        assert CopyrightGate().check(Doc(None, text=t)) == expected, t
 
 
 def test_copyright_keeps_lookalikes_and_can_be_off() -> None:
