@@ -5,8 +5,8 @@ regex counts it as a word char, else " ") and its token-class bytes (`bytes.tran
 pass (ahocorasick-rs, overlapping matches) finds the listed profane words and the ASCII copyright cues
 together; the result is cached on the `Doc`, so a second gate reads it instead of scanning again.
 
-A text in Latin-1 (all ASCII text, and most other web text once a few symbols such as "…" are set
-aside) gets its bytes from one `bytes.translate` of its Latin-1 encoding: `str.lower` is char for char
+A text with a Latin-1 view (all ASCII text, and most other web text: `quality.normalize.latin1_view`)
+gets its bytes from one `bytes.translate` of that view: `str.lower` is char for char
 there, so the table lower-cases and classifies at once, with no `str.lower` (25 µs on a 4 000-char
 non-ASCII text) and no per-char Python; its cue positions are kept for the copyright gate. Other text is
 lower-cased and classified by a codec error handler; past `NON_ASCII_BUDGET` extra UTF-8 bytes it is not
@@ -36,9 +36,6 @@ COPYRIGHT_CUES = ("copyright", "&copy;", "(c)", "rights")  # ASCII; "\u00a9" is 
 # one char for one, and non-ASCII non-ASCII).
 LATIN1_RAW = bytes(ord(chr(b).lower()) if b < 128 else ord("_" if _WORD_CHAR.match(chr(b).lower()) else " ")
                    for b in range(256))
-# Frequent non-Latin-1 chars of web text that are no word chars and lower-case to themselves: set to " " (the
-# byte they get anyway), they let the text take the Latin-1 path.
-_SYMBOLS = ("\u2026", "\u2022", "\u20ac", "\u2122", "\u200b")
 
 
 def _classify_non_ascii(err: UnicodeError) -> tuple[str, int]:
@@ -66,29 +63,12 @@ def _automaton(words: tuple[str, ...]) -> ahocorasick_rs.BytesAhoCorasick:
     return ahocorasick_rs.BytesAhoCorasick([w.encode() for w in (*words, *COPYRIGHT_CUES)])
 
 
-def _latin1(text: str) -> bytes | None:
-    """`text` encoded as Latin-1, after `_SYMBOLS` are set to spaces; None when it is not Latin-1 then."""
-    if text.isascii():
-        return text.encode()
-    try:
-        return text.encode("latin-1")
-    except UnicodeEncodeError:
-        pass
-    for symbol in _SYMBOLS:
-        if symbol in text:
-            text = text.replace(symbol, " ")
-    try:
-        return text.encode("latin-1")
-    except UnicodeEncodeError:
-        return None
-
-
 def scan(doc: Doc, words: tuple[str, ...]) -> Scan | None:
     """The shared scan of `doc.lower`, computed once per doc (every caller passes the shipped list,
     sorted); None when the text is too rich in non-ASCII for it."""
     if doc.scan is not None:
         return doc.scan or None  # False: tried, not scannable
-    latin = _latin1(doc.text)
+    latin = doc.latin1
     if latin is not None:
         raw = latin.translate(LATIN1_RAW)
         found = _automaton(words).find_matches_as_indexes(raw, overlapping=True)

@@ -3,8 +3,8 @@
 Each kind is searched only in bounded windows where it can occur: e-mails around each "@", the
 numeric kinds (one alternation: card | IPv4 | phone) inside runs of digits and separators, IPv6
 only in texts with a colon-separated run of hex groups. A text is tested for the numeric kinds only when
-it holds 7 consecutive chars of the run class (one `bytes.translate` and a substring test), which prose
-without such numbers never does. Matches are validated (Luhn for cards, digit counts for phones)
+it holds 7 consecutive chars of the run class (one `bytes.translate` of the text's Latin-1 view, else a
+codec error handler, and a substring test), which prose without such numbers never does. Matches are validated (Luhn for cards, digit counts for phones)
 and counted by length; the scan stops as soon as the matched length certainly exceeds the allowed
 density, so a PII-heavy text costs only the prefix needed to reject it.
 """
@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 
 from quality.gates.base import Doc, Gate, ratio
+from quality.normalize import latin1_view
 
 EMAIL_RE = re.compile(r"(?<![\w.+-])[\w.+-]{1,64}@[\w-]{1,63}(?:\.[\w-]{1,63})*\.[a-z]{2,24}(?![\w-])", re.IGNORECASE)
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
@@ -60,11 +61,12 @@ def _digit_class(err: UnicodeError) -> tuple[str, int]:
 codecs.register_error("streamprep.digit_class", _digit_class)
 
 
-def _number_runs(text: str) -> Iterator[re.Match[str]]:
+def _number_runs(text: str, view: bytes | None) -> Iterator[re.Match[str]]:
     """`_NUMBER_RUN.finditer(text)`, scanning only the maximal stretches of >= 7 digits and " .()+-" chars
-    (a run holds only those, so it never crosses a stretch's edge); one class byte per char finds them."""
-    if text.isascii():
-        classes = text.encode().translate(_RUN_CLASS)
+    (a run holds only those, so it never crosses a stretch's edge); one class byte per char finds them.
+    `view` is `latin1_view(text)`: no char past ASCII in it is a digit, its standin included."""
+    if view is not None:
+        classes = view.translate(_RUN_CLASS)
     elif len(text.encode("utf-8", "surrogatepass")) - len(text) > _NON_ASCII_BUDGET:
         yield from _NUMBER_RUN.finditer(text)
         return
@@ -93,8 +95,8 @@ def _emails(text: str) -> Iterator[tuple[str, int, int]]:
             at = text.find("@", pos)
 
 
-def _numbers(text: str) -> Iterator[tuple[str, int, int]]:
-    for run in _number_runs(text):
+def _numbers(text: str, view: bytes | None) -> Iterator[tuple[str, int, int]]:
+    for run in _number_runs(text, view):
         for m in NUMBER_RE.finditer(text, run.start(), run.end() + 1):  # +1: let the lookahead see the next char
             kind, span = m.lastgroup or "", m.group()
             if kind == "card":
@@ -114,8 +116,13 @@ def _ipv6(text: str) -> Iterator[tuple[str, int, int]]:
 
 def find_pii(text: str) -> Iterator[tuple[str, int, int]]:
     """(kind, start, end) of each validated PII match: e-mails, then numbers, then IPv6."""
+    return _find(text, latin1_view(text))
+
+
+def _find(text: str, view: bytes | None) -> Iterator[tuple[str, int, int]]:
+    """`find_pii` with the text's Latin-1 view given (a `Doc` computes it once for the byte-scanning gates)."""
     yield from _emails(text)
-    yield from _numbers(text)
+    yield from _numbers(text, view)
     yield from _ipv6(text)
 
 
@@ -137,7 +144,7 @@ class PiiGate(Gate):
         limit = self.max_density * len(text)
         matched = 0
         kinds: dict[str, int] = {}
-        for kind, start, end in find_pii(text):
+        for kind, start, end in _find(text, doc.latin1):
             matched += end - start
             kinds[kind] = kinds.get(kind, 0) + 1
             if matched > limit:

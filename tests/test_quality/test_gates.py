@@ -46,18 +46,33 @@ def test_normalize_prose(raw: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize("prose", [True, False])
-def test_char_pass_ascii_shortcut_equals_the_table(prose: bool) -> None:
-    """ASCII text skips the regex scan when a byte pass finds none of the table's characters: every ASCII
-    character, alone, beside CR LF, and next to a non-ASCII one (no shortcut) gives what the table says."""
-    from quality.normalize import _CODE_CHARS, _PROSE_CHARS, _char_map
+def test_char_pass_latin1_shortcut_equals_the_table(prose: bool) -> None:
+    """Latin-1 text skips the regex scan when a byte pass over its view finds none of the table's characters:
+    every Latin-1 character, alone, beside CR LF, beside a standin, and next to a wide one (no view) gives
+    what the table says."""
+    from quality.normalize import _CODE_CHARS, _PROSE_CHARS, LATIN1_STANDINS, _char_map, latin1_view
 
     table, char_pass = _char_map(prose), (_PROSE_CHARS if prose else _CODE_CHARS)
-    for code in range(128):
-        for text in (f"x{chr(code)}y", f"a\r\n{chr(code)}\r", f"\u2019{chr(code)}\u00e9"):
+    for code in range(256):
+        for text in (f"x{chr(code)}y", f"a\r\n{chr(code)}\r", f"\u2019{chr(code)}\u00e9", f"{chr(code)}\u2026\u20ac",
+                     f"\u0100{chr(code)}", "".join(LATIN1_STANDINS) + chr(code)):
             expected = "".join(table.get(ch, ch) for ch in text.replace("\r\n", "\n"))
-            assert char_pass(text) == expected, (code, text)
-    clean = "plain ASCII\twith tabs\nand newlines"
-    assert char_pass(clean) is clean  # nothing to change: the same object back, no copy
+            assert char_pass(text, latin1_view(text)) == expected, (code, text)
+    clean = "plain ASCII\twith tabs\nand newlines, caf\u00e9 \u2026"
+    assert char_pass(clean, latin1_view(clean)) is clean  # nothing to change: the same object back, no copy
+
+
+def test_latin1_text_is_nfc() -> None:
+    """Why a text with a Latin-1 view skips the NFC check: no pair of its chars (standins included) changes."""
+    import unicodedata
+
+    from quality.normalize import LATIN1_STANDINS
+
+    chars = [chr(c) for c in range(256)] + list(LATIN1_STANDINS)
+    for a in chars:
+        assert unicodedata.is_normalized("NFC", a + "".join(chars)), a
+        for b in chars:
+            assert unicodedata.is_normalized("NFC", a + b), (a, b)
 
 
 def plain_normalize(text: str, code: bool = False) -> str:
@@ -141,6 +156,20 @@ def test_find_pii(text: str, found: list) -> None:
     assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
 
 
+def test_pii_runs_from_the_latin1_view_equal_the_regex() -> None:
+    """The run classes from a Latin-1 view: no char past ASCII there is a digit, so runs are the regex's."""
+    from quality.gates import pii
+    from quality.normalize import LATIN1_STANDINS, latin1_view
+
+    assert not any(pii._DIGIT.match(chr(c)) for c in range(128, 256))
+    for text in ["Call (555) 123-4567\u00a0or +44 20 7946 0958 \u2026 555 123 4567\u00b2 ok",
+                 "\u00bd 1 2 3 4 5 6 7 \u20ac 4111 1111 1111 1111 \u00e9 192.168.0.1\u2026",
+                 "".join(LATIN1_STANDINS) + "12345678" + "\u2026".join("1234567"), "\u0663" * 8 + " 1234567 \u2026"]:
+        view = latin1_view(text)
+        assert [m.span() for m in pii._number_runs(text, view)] == [m.span() for m in pii._NUMBER_RUN.finditer(text)]
+        assert list(pii._find(text, view)) == list(pii._find(text, None))  # None: the codec handler's classes
+
+
 def test_pii_density_threshold() -> None:
     email = "jane.doe@example.com"  # 20 chars
     gate = PiiGate(0.01)
@@ -186,7 +215,8 @@ LATIN1_CASES = ["Caf\u00e9 FUCK \u00e9sh1t \u00bd f*ck\u00c9 \u00dfa$$ \u00b5\u0
 def test_latin1_scan_equals_the_handler_scan(text: str) -> None:
     """The Latin-1 path's bytes are those of `doc.lower` through the codec error handler, so its matches and
     counts are too; and both equal the token list's."""
-    from quality.gates.lexicon import _SYMBOLS, CLASS, scan
+    from quality.gates.lexicon import CLASS, scan
+    from quality.normalize import LATIN1_STANDINS
 
     gate = ProfanityGate(0.01)
     found = scan(Doc(None, text=text), gate.sorted_words)
@@ -194,7 +224,7 @@ def test_latin1_scan_equals_the_handler_scan(text: str) -> None:
     hits, tokens = gate.density_by_tokens(lower)
     fast = gate.density_by_scan(Doc(None, text=text))
     assert fast == (hits, tokens) or fast == (0, 0) and hits == 0
-    if any(ord(c) > 255 and c not in _SYMBOLS for c in text):
+    if any(ord(c) > 255 and c not in LATIN1_STANDINS for c in text):
         assert found is None or found.cues is None  # not Latin-1: the handler path
         return
     raw = lower.encode("ascii", "streamprep.token_class")
