@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from functools import lru_cache
 from typing import Callable
+
+import hyperscan
+
+from quality.hs import database, scratch
 
 # C1 controls (U+0080..U+009F) in real web text are almost always Windows-1252 bytes decoded as
 # Latin-1 ("l\x92Ecole"); map them to what the writer typed instead of deleting them.
@@ -108,6 +113,25 @@ def _has_line_edge(text: str) -> bool:
     return at != -1 and any(cue in text for cue in _EDGE_CUES)
 
 
+@lru_cache(maxsize=1)
+def _spacing_db() -> hyperscan.Database:
+    return database([b"  ", b"[ \t]\n|\n[ \t]"], hyperscan.HS_FLAG_SINGLEMATCH)
+
+
+def _spacing(view: bytes) -> tuple[bool, bool]:
+    """("  " in the text, `_has_line_edge(text)`) from one Hyperscan pass over its Latin-1 view (~1 µs where
+    the two substring scans cost ~9 on a C4 text). Collapsing runs of spaces keeps every line edge (a run
+    beside a newline stays one space), so the edges of the text before collapsing are those after."""
+    found = [False, False]
+
+    def record(pattern: int, _start: int, _end: int, _flags: int, _context: object) -> None:
+        found[pattern] = True
+
+    db = _spacing_db()
+    db.scan(view, match_event_handler=record, scratch=scratch(db))
+    return found[0], found[1]
+
+
 def _common_punct(text: str) -> str:
     """`text` with the frequent curly quotes and dashes made ASCII (the table would map them alike)."""
     for char, plain in _COMMON_PUNCT:
@@ -131,9 +155,12 @@ def normalize_text(text: str, code: bool = False) -> str:
         if text.endswith((" ", "\t")) or ("\n" in text and any(cue in text for cue in _TRAILING_CUES)):
             text = _TRAILING.sub("", text)
         return text.rstrip("\n")
-    text = _PROSE_CHARS(text, view)
-    if "  " in text:
-        text = _MULTI_SPACE.sub(" ", text)
-    if _has_line_edge(text):
+    chars = _PROSE_CHARS(text, view)
+    if chars is text and view is not None:
+        double, edge = _spacing(view)
+    else:  # the view is of the text before the pass (or there is none)
+        double, edge = "  " in chars, None
+    text = _MULTI_SPACE.sub(" ", chars) if double else chars
+    if edge if edge is not None else _has_line_edge(text):
         text = _LINE_EDGES.sub("\n", text)
     return text.strip(" \t\n")

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import codecs
 import re
-import threading
 from functools import lru_cache
 from typing import NamedTuple
 
 import hyperscan
 
 from quality.gates.base import Doc
+from quality.hs import database, scratch
 
 _WORD_CHAR = re.compile(r"\w")
 _TOKEN_ASCII = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@$*#!|")
@@ -81,23 +81,7 @@ def _databases(words: tuple[str, ...]) -> tuple[hyperscan.Database, hyperscan.Da
     main = [_SEP + b"(?:" + b"|".join(map(re.escape, (w.encode() for w in words))) + b")" + _SEP,
             _SEP + _OBFUSCABLE + b"*[@$*#!|]" + _OBFUSCABLE + b"*" + _SEP,
             *(re.escape(c.encode()) for c in COPYRIGHT_CUES)]
-    dbs = []
-    for expressions in (main, list(_PAIRS)):
-        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        db.compile(expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions),
-                   flags=[0] * len(expressions))
-        dbs.append(db)
-    return dbs[0], dbs[1]
-
-
-_local = threading.local()  # a Hyperscan scratch is for one scan at a time: one per thread and database
-
-
-def _scratch(db: hyperscan.Database) -> hyperscan.Scratch:
-    scratches = _local.__dict__.setdefault("scratches", {})
-    if id(db) not in scratches:
-        scratches[id(db)] = hyperscan.Scratch(db)
-    return scratches[id(db)]
+    return database(main), database(list(_PAIRS))
 
 
 def _matches(raw: bytes, words: tuple[str, ...]) -> tuple[int, list[int], list[tuple[str, int]]]:
@@ -109,7 +93,7 @@ def _matches(raw: bytes, words: tuple[str, ...]) -> tuple[int, list[int], list[t
     def record(pattern: int, _start: int, end: int, _flags: int, _context: object) -> None:
         found.append((pattern, end))
 
-    main.scan(padded, match_event_handler=record, scratch=_scratch(main))
+    main.scan(padded, match_event_handler=record, scratch=scratch(main))
     plain, candidates, cues = 0, [], []
     for pattern, end in found:  # end: just past the match in `padded`, which is `raw` shifted by one
         if pattern == _WORD:
@@ -120,7 +104,7 @@ def _matches(raw: bytes, words: tuple[str, ...]) -> tuple[int, list[int], list[t
             cue = COPYRIGHT_CUES[pattern - _CUE]
             cues.append((cue, end - 1 - len(cue)))
     found.clear()
-    pairs.scan(padded, match_event_handler=record, scratch=_scratch(pairs))
+    pairs.scan(padded, match_event_handler=record, scratch=scratch(pairs))
     candidates += [end - 2 for _, end in found]  # the pair's second char
     candidates.sort()
     return plain, candidates, cues

@@ -103,6 +103,22 @@ def test_normalize_equals_the_plain_steps(text: str) -> None:
         assert normalize_text(text, code) == plain_normalize(text, code)
 
 
+SPACING_CASES = ["a  b", "a \nb", "a\t\nb", "a\n b", "a\n\tb", "a\nb", "a\u00a0\nb", " ", "  ", "\n", "\n ", " \n", "",
+                 "x\u2026 \u2026\n", "caf\u00e9\u3000\n", "a \t b\n\nc", "\n".join(["line"] * 80) + " \nz", "a\r\n b"]
+
+
+@pytest.mark.parametrize("text", SPACING_CASES)
+def test_spacing_pass_equals_the_substring_checks(text: str) -> None:
+    """One Hyperscan pass over the view answers both spacing checks; collapsing spaces keeps the line edges."""
+    from quality.normalize import _MULTI_SPACE, _has_line_edge, _spacing, latin1_view
+
+    view = latin1_view(text)
+    if view is not None:
+        assert _spacing(view) == ("  " in text, _has_line_edge(text))
+    assert _has_line_edge(_MULTI_SPACE.sub(" ", text)) == _has_line_edge(text)
+    assert normalize_text(text) == plain_normalize(text)
+
+
 @pytest.mark.slow
 def test_common_punctuation_before_nfc_beside_every_code_point() -> None:
     """Replacing the frequent quotes and dashes before NFC gives NFC's result beside any assigned character
