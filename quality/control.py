@@ -132,14 +132,13 @@ class QualityControl:
                     except Exception as exc:
                         reasons.append(f"{gate.name}: internal error {type(exc).__name__}: {exc}"[:300])
                         checks.append("error")
-            survivors = []
-            for i, doc, reason, check in zip(alive, batch, reasons, checks):
-                if reason is None:
-                    survivors.append(i)
-                else:
-                    doc.meta["failed_check"], doc.meta["reason"] = check, reason
-                    verdicts[i] = Verdict(False, None, doc.meta, doc.digest)
-                    failed_at[i] = pos
+            survivors = [i for i, reason in zip(alive, reasons) if reason is None]
+            if len(survivors) < len(alive):  # most gates keep most docs: the rejects get a second loop
+                for i, doc, reason, check in zip(alive, batch, reasons, checks):
+                    if reason is not None:
+                        doc.meta["failed_check"], doc.meta["reason"] = check, reason
+                        verdicts[i] = Verdict(False, None, doc.meta, doc.digest)
+                        failed_at[i] = pos
             counters["seconds"] += perf_counter() - t0
             counters["seen"] += len(alive)
             counters["kept"] += len(survivors)

@@ -145,22 +145,31 @@ def normalize_text(text: str, code: bool = False) -> str:
     dashes to ASCII, runs of spaces collapsed, lines and the text trimmed; for code, Unix newlines,
     trailing whitespace and trailing blank lines dropped, indentation left as it is.
     """
+    return normalize_with_view(text, code)[0]
+
+
+def normalize_with_view(text: str, code: bool = False) -> tuple[str, bytes | None]:
+    """`normalize_text`, and the normalised text's `latin1_view` when it came for free (the text was
+    already normalised but for the frequent quotes and dashes: half of C4), else None."""
     if not code and not text.isascii():
         text = _common_punct(text)
     view = latin1_view(text)
+    viewed = text
     if view is None and not unicodedata.is_normalized("NFC", text):  # Latin-1 text (and its standins) is NFC
         text = unicodedata.normalize("NFC", text)
     if code:
         text = _CODE_CHARS(text, view)
         if text.endswith((" ", "\t")) or ("\n" in text and any(cue in text for cue in _TRAILING_CUES)):
             text = _TRAILING.sub("", text)
-        return text.rstrip("\n")
+        text = text.rstrip("\n")
+        return text, (view if text is viewed else None)
     chars = _PROSE_CHARS(text, view)
-    if chars is text and view is not None:
+    if chars is viewed and view is not None:
         double, edge = _spacing(view)
     else:  # the view is of the text before the pass (or there is none)
         double, edge = "  " in chars, None
     text = _MULTI_SPACE.sub(" ", chars) if double else chars
     if edge if edge is not None else _has_line_edge(text):
         text = _LINE_EDGES.sub("\n", text)
-    return text.strip(" \t\n")
+    text = text.strip(" \t\n")
+    return text, (view if text is viewed else None)

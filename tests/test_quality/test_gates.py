@@ -91,7 +91,7 @@ def plain_normalize(text: str, code: bool = False) -> str:
 
 # Curly quotes and dashes go before NFC (and a text ASCII after that skips it): beside combining marks, CR LF,
 # C1 bytes, Unicode spaces, tabs, surrogate pairs, other table characters and text that stays non-ASCII.
-FUSED_CASES = ["\u2019\u0301", "e\u2019\u0301\u201c\u0338", "\u2014\u0308a", "\u201ccaf\u00e9\u201d", "\u2018\r\n\u2019",
+FUSED_CASES = ["plain ASCII text", "caf\u00e9 \u2026 ok", "\u2019", "\u2018tis \u2026\u20ac", "\u2019\u0301", "e\u2019\u0301\u201c\u0338", "\u2014\u0308a", "\u201ccaf\u00e9\u201d", "\u2018\r\n\u2019",
                "a\x92b\u2019c", "\u2013\u00a0\u2014  \t\n \u2019", "\u201c\U0001f642\u201d", "\u2019\u3000x\u2019",
                "\u2019\u2019\u2019", " \u2014 ", "\u2018\u2212\u2019\u2011", "\ufeff\u201cq\u201d\x85", "\u2019e\u0301\u2019",
                "A\u030a\u2019\u212b", "\u2019\t\u2019\n\n\u201c \u201d", "\u1100\u2019\u1161", "x" * 70 + "\u2013\n" * 70]
@@ -99,8 +99,12 @@ FUSED_CASES = ["\u2019\u0301", "e\u2019\u0301\u201c\u0338", "\u2014\u0308a", "\u
 
 @pytest.mark.parametrize("text", FUSED_CASES)
 def test_normalize_equals_the_plain_steps(text: str) -> None:
+    from quality.normalize import latin1_view, normalize_with_view
+
     for code in (False, True):
         assert normalize_text(text, code) == plain_normalize(text, code)
+        normalized, view = normalize_with_view(text, code)
+        assert view is None or view == latin1_view(normalized)
 
 
 SPACING_CASES = ["a  b", "a \nb", "a\t\nb", "a\n b", "a\n\tb", "a\nb", "a\u00a0\nb", " ", "  ", "\n", "\n ", " \n", "",
