@@ -1,8 +1,9 @@
 """One pass over a doc's lower-case text shared by the word-list gates (profanity, copyright cues).
 
-The text becomes one byte per char of its lower-case form (ASCII as is; another char "_" when the token
-regex counts it as a word char, else " "); its token-class bytes (`bytes.translate`) are built only when a
-gate needs them. Hyperscan (SIMD
+The scan reads one byte per char of the lower-case text: a text's Latin-1 view as it is (the patterns'
+classes hold every byte that stands for a char they take, "F" beside "f"), else the lower-cased text with
+another char "_" when the token regex counts it as a word char, else " "; its token-class bytes
+(`bytes.translate`) are built only when a gate needs them. Hyperscan (SIMD
 multi-pattern matching) then reports, in one pass over those bytes with a separator added at each end:
 every token that is a listed word; every token made of letters, leetspeak digits and leetspeak/mask
 symbols that holds a symbol; every letter beside a leetspeak digit (a token holding both, and no symbol,
@@ -11,10 +12,10 @@ obfuscated listed words, not every token with a digit or a "!" (the pair pattern
 with the others in one, the whole scan ran 4x slower). The result is cached on the `Doc`, so a second gate
 reads it instead of scanning again.
 
-A text with a Latin-1 view (all ASCII text, and most other web text: `quality.normalize.latin1_view`)
-gets its bytes from one `bytes.translate` of that view: `str.lower` is char for char
-there, so the table lower-cases and classifies at once, with no `str.lower` (25 µs on a 4 000-char
-non-ASCII text) and no per-char Python; its cue positions are kept for the copyright gate. Other text is
+A text with a Latin-1 view (all ASCII text, and most other web text: `quality.normalize.latin1_view`) is
+scanned without `str.lower` (25 µs on a 4 000-char non-ASCII text; `str.lower` is char for char in Latin-1,
+so `LATIN1_RAW` says what each byte stands for), with no per-char Python and no copy; its cue positions
+are kept for the copyright gate. Other text is
 lower-cased and classified by a codec error handler; past `NON_ASCII_BUDGET` extra UTF-8 bytes it is not
 scanned (the handler would be called too often): its gates use their plain scans.
 """
@@ -43,15 +44,30 @@ COPYRIGHT_CUES = ("copyright", "&copy;", "(c)", "rights")  # ASCII; "\u00a9" is 
 # one char for one, and non-ASCII non-ASCII).
 LATIN1_RAW = bytes(ord(chr(b).lower()) if b < 128 else ord("_" if _WORD_CHAR.match(chr(b).lower()) else " ")
                    for b in range(256))
-# The patterns, over the scan bytes with b" " added at both ends. A separator is a byte of class b" ".
-_SEP = b"[^" + re.escape(bytes(sorted(_TOKEN_ASCII))) + b"]"
-_OBFUSCABLE = rb"[a-z013457@$*#!|]"  # letters and what the leetspeak tables and masks read: no "z" class
+# The scan reads a text's Latin-1 view as it is; `LATIN1_RAW` gives the byte it stands for (bytes already
+# lower-cased and classified by the codec handler stand for themselves), and `TOKEN_CLASS` its token class.
+TOKEN_CLASS = bytes(CLASS[LATIN1_RAW[b]] for b in range(256))
+
+
+def _byte_class(raw: bytes) -> bytes:
+    """A Hyperscan class of the bytes that stand for one of `raw` (a letter: both cases)."""
+    return b"[" + b"".join(b"\\x%02x" % b for b in range(256) if LATIN1_RAW[b] in raw) + b"]"
+
+
+def _literal(text: str) -> bytes:
+    return b"".join(_byte_class(c.encode()) for c in text)
+
+
+# The patterns, over the bytes with b" " added at both ends. A separator is a byte of token class b" ".
+_SEP = _byte_class(bytes(b for b in range(128) if CLASS[b] == 32))
+_OBFUSCABLE = _byte_class(b"abcdefghijklmnopqrstuvwxyz013457@$*#!|")  # letters, what leetspeak/masks read
 _WORD, _SYMBOL_TOKEN, _CUE = 0, 1, 2   # pattern ids: a listed word; a token with a symbol; cue i is 2 + i
-_PAIRS = (rb"[a-z][013457]", rb"[013457][a-z]")
+_PAIRS = (_byte_class(b"abcdefghijklmnopqrstuvwxyz") + _byte_class(b"013457"),
+          _byte_class(b"013457") + _byte_class(b"abcdefghijklmnopqrstuvwxyz"))
 
 
 class Scan(NamedTuple):
-    raw: bytes                          # one byte per char of `doc.lower` (its token classes: `classes(raw)`)
+    data: bytes                         # one byte per char of `doc.lower`: the Latin-1 view, or the handler's
     plain: int                          # tokens that are listed words
     candidates: list[int]               # sorted positions inside the tokens that may be obfuscated listed words
     copyright_cue: bool                 # a copyright cue occurs in `doc.lower`
@@ -60,9 +76,9 @@ class Scan(NamedTuple):
     cues: list[tuple[str, int]] | None = None
 
 
-def classes(raw: bytes) -> bytes:
+def classes(data: bytes) -> bytes:
     """The token classes of scan bytes (the profanity gate needs them only for a text with a candidate)."""
-    return raw.translate(CLASS)
+    return data.translate(TOKEN_CLASS)
 
 
 def _classify_non_ascii(err: UnicodeError) -> tuple[str, int]:
@@ -78,16 +94,16 @@ codecs.register_error("streamprep.token_class", _classify_non_ascii)
 @lru_cache(maxsize=None)
 def _databases(words: tuple[str, ...]) -> tuple[hyperscan.Database, hyperscan.Database]:
     """The word/symbol-token/cue database and the letter-digit pair database for this word list."""
-    main = [_SEP + b"(?:" + b"|".join(map(re.escape, (w.encode() for w in words))) + b")" + _SEP,
-            _SEP + _OBFUSCABLE + b"*[@$*#!|]" + _OBFUSCABLE + b"*" + _SEP,
-            *(re.escape(c.encode()) for c in COPYRIGHT_CUES)]
+    main = [_SEP + b"(?:" + b"|".join(map(_literal, words)) + b")" + _SEP,
+            _SEP + _OBFUSCABLE + b"*" + _byte_class(b"@$*#!|") + _OBFUSCABLE + b"*" + _SEP,
+            *map(_literal, COPYRIGHT_CUES)]
     return database(main), database(list(_PAIRS))
 
 
-def _matches(raw: bytes, words: tuple[str, ...]) -> tuple[int, list[int], list[tuple[str, int]]]:
-    """(listed-word tokens, candidate positions, (cue, start) of each copyright cue) in `raw`."""
+def _matches(data: bytes, words: tuple[str, ...]) -> tuple[int, list[int], list[tuple[str, int]]]:
+    """(listed-word tokens, candidate positions, (cue, start) of each copyright cue) in scan bytes."""
     main, pairs = _databases(words)
-    padded = b" " + raw + b" "
+    padded = b" " + data + b" "
     found: list[tuple[int, int]] = []
 
     def record(pattern: int, _start: int, end: int, _flags: int, _context: object) -> None:
@@ -95,7 +111,7 @@ def _matches(raw: bytes, words: tuple[str, ...]) -> tuple[int, list[int], list[t
 
     main.scan(padded, match_event_handler=record, scratch=scratch(main))
     plain, candidates, cues = 0, [], []
-    for pattern, end in found:  # end: just past the match in `padded`, which is `raw` shifted by one
+    for pattern, end in found:  # end: just past the match in `padded`, which is `data` shifted by one
         if pattern == _WORD:
             plain += 1
         elif pattern == _SYMBOL_TOKEN:
@@ -117,12 +133,11 @@ def scan(doc: Doc, words: tuple[str, ...]) -> Scan | None:
         return doc.scan or None  # False: tried, not scannable
     latin = doc.latin1
     if latin is not None:
-        raw = latin.translate(LATIN1_RAW)
-        plain, candidates, cues = _matches(raw, words)
+        plain, candidates, cues = _matches(latin, words)
         sign = latin.find(b"\xa9")
         if sign != -1:
             cues.append(("\u00a9", sign))
-        doc.scan = Scan(raw, plain, candidates, bool(cues), cues)
+        doc.scan = Scan(latin, plain, candidates, bool(cues), cues)
         return doc.scan
     lower = doc.lower
     if lower.isascii():

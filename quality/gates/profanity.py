@@ -101,9 +101,9 @@ class ProfanityGate(Gate):
         found = scan(doc, self.sorted_words)
         if found is None:
             return None
-        raw, plain = found.raw, found.plain
-        tokens_of = classes(raw) if found.candidates or plain else b""
-        n = len(raw)
+        data, plain = found.data, found.plain
+        tokens_of = classes(data) if found.candidates or plain else b""
+        n = len(data)
         obfuscated = 0
         end = -1  # the end of the token last looked up: a token may hold several candidate positions
         for at in found.candidates:
@@ -113,7 +113,7 @@ class ProfanityGate(Gate):
             end = tokens_of.find(b" ", at)
             end = n if end == -1 else end
             if tokens_of.find(b"z", start, end) == -1:  # a token of letters and symbols only is ASCII: its
-                obfuscated += self.is_profane(raw[start:end].decode())  # bytes are its `doc.lower` chars
+                obfuscated += self.is_profane(data[start:end].lower().decode())  # lower bytes: `doc.lower`'s
         if not plain + obfuscated:
             return 0, 0
         cls = np.frombuffer(tokens_of, np.uint8)  # a token starts where a separator (32) is followed by a token char

@@ -253,14 +253,15 @@ def test_profanity_density() -> None:
 
 LATIN1_CASES = ["Caf\u00e9 FUCK \u00e9sh1t \u00bd f*ck\u00c9 \u00dfa$$ \u00b5\u00aa \u00a9 (C) 2019", "\u2026fuck\u2022shit\u20ac\u2122\u200b",
                 "\u00c0\u00de\u00d7\u00f7\u00ff \u00a0all\u00a0rights\u0085reserved", "Stra\u00dfe b!tch \u2026 \u0130 fuck",
-                "\u212a fuck \u2026", "\u00b2\u00b3\u00b9\u00bc x\u00b2 sh\u00b9t", "shit\u2019s"]
+                "\u212a fuck \u2026", "\u00b2\u00b3\u00b9\u00bc x\u00b2 sh\u00b9t", "shit\u2019s",
+                "FUCK Sh1T A$$ |SHIT| F*CK MP3 \u00c9FUCK FUCK\u00c9 COPYRIGHT (C) 2019 ALL RIGHTS RESERVED &COPY;"]
 
 
 @pytest.mark.parametrize("text", LATIN1_CASES + [chr(b) * 3 + " a" + chr(b) + "ss " for b in range(0x80, 0x100)])
 def test_latin1_scan_equals_the_handler_scan(text: str) -> None:
     """The Latin-1 path's bytes are those of `doc.lower` through the codec error handler, so its matches and
     counts are too; and both equal the token list's."""
-    from quality.gates.lexicon import scan
+    from quality.gates.lexicon import LATIN1_RAW, _matches, scan
     from quality.normalize import LATIN1_STANDINS
 
     gate = ProfanityGate(0.01)
@@ -274,7 +275,8 @@ def test_latin1_scan_equals_the_handler_scan(text: str) -> None:
         return
     raw = lower.encode("ascii", "streamprep.token_class")
     assert found is not None and found.cues is not None
-    assert found.raw == raw
+    assert found.data.translate(LATIN1_RAW) == raw
+    assert _matches(found.data, gate.sorted_words) == _matches(raw, gate.sorted_words)  # the view as the bytes
 
 
 # ---- copyright -------------------------------------------------------------------------------------
