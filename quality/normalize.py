@@ -80,17 +80,13 @@ def latin1_view(text: str) -> bytes | None:
         return None
 
 
-def _one_pass(table: dict[str, str]) -> Callable[[str, bytes | None], str]:
+def _one_pass(table: dict[str, str]) -> Callable[[str], str]:
     """All of `table` in one regex scan (a scan per step costs as much as the step); CR LF is one LF.
-    A text whose Latin-1 view holds none of the table's Latin-1 characters is returned as it is, after one
-    C-level byte pass: most text is ASCII or Latin-1, and the regex scan cost more than the rest of
-    normalisation (the standins of the view are no keys)."""
+    It runs only on a text whose Latin-1 view shows a table key (or that has no view): most text is ASCII
+    or Latin-1 without any, and the regex scan cost more than the rest of normalisation."""
     pattern = re.compile("[" + "".join(map(re.escape, sorted(table))) + "]")
-    latin1_keys = "".join(c for c in table if ord(c) < 256).encode("latin-1")
 
-    def apply(text: str, view: bytes | None) -> str:
-        if view is not None and len(view.translate(None, latin1_keys)) == len(view):
-            return text
+    def apply(text: str) -> str:
         if "\r\n" in text:
             text = text.replace("\r\n", "\n")
         return pattern.sub(lambda m: table[m.group()], text)
@@ -113,23 +109,27 @@ def _has_line_edge(text: str) -> bool:
     return at != -1 and any(cue in text for cue in _EDGE_CUES)
 
 
-@lru_cache(maxsize=1)
-def _spacing_db() -> hyperscan.Database:
-    return database([b"  ", b"[ \t]\n|\n[ \t]"], hyperscan.HS_FLAG_SINGLEMATCH)
+@lru_cache(maxsize=2)
+def _flags_db(prose: bool) -> hyperscan.Database:
+    keys = sorted(ord(c) for c in _char_map(prose) if ord(c) < 256)  # the standin is no key
+    key_class = b"[" + b"".join(b"\\x%02x" % k for k in keys) + b"]"
+    return database([key_class, b"  ", b"[ \t]\n|\n[ \t]"], hyperscan.HS_FLAG_SINGLEMATCH)
 
 
-def _spacing(view: bytes) -> tuple[bool, bool]:
-    """("  " in the text, `_has_line_edge(text)`) from one Hyperscan pass over its Latin-1 view (~1 µs where
-    the two substring scans cost ~9 on a C4 text). Collapsing runs of spaces keeps every line edge (a run
-    beside a newline stays one space), so the edges of the text before collapsing are those after."""
-    found = [False, False]
+def view_flags(view: bytes, prose: bool = True) -> tuple[bool, bool, bool]:
+    """(a key of the character table, "  ", `_has_line_edge`) for the text whose Latin-1 view this is, from
+    one Hyperscan pass (~2 µs on a C4 text, where a byte pass for the keys and the two substring scans
+    cost ~11). Without a key the character pass leaves the text as it is, so the two spacing answers
+    hold for its output; and collapsing runs of spaces keeps every line edge (a run beside a newline
+    stays one space), so the edges before collapsing are those after."""
+    found = [False, False, False]
 
     def record(pattern: int, _start: int, _end: int, _flags: int, _context: object) -> None:
         found[pattern] = True
 
-    db = _spacing_db()
+    db = _flags_db(prose)
     db.scan(view, match_event_handler=record, scratch=scratch(db))
-    return found[0], found[1]
+    return found[0], found[1], found[2]
 
 
 def _common_punct(text: str) -> str:
@@ -157,18 +157,19 @@ def normalize_with_view(text: str, code: bool = False) -> tuple[str, bytes | Non
     viewed = text
     if view is None and not unicodedata.is_normalized("NFC", text):  # Latin-1 text (and its standins) is NFC
         text = unicodedata.normalize("NFC", text)
+    key, double, edge = view_flags(view, not code) if view is not None else (True, None, None)
     if code:
-        text = _CODE_CHARS(text, view)
+        if key:
+            text = _CODE_CHARS(text)
         if text.endswith((" ", "\t")) or ("\n" in text and any(cue in text for cue in _TRAILING_CUES)):
             text = _TRAILING.sub("", text)
         text = text.rstrip("\n")
         return text, (view if text is viewed else None)
-    chars = _PROSE_CHARS(text, view)
-    if chars is viewed and view is not None:
-        double, edge = _spacing(view)
-    else:  # the view is of the text before the pass (or there is none)
-        double, edge = "  " in chars, None
-    text = _MULTI_SPACE.sub(" ", chars) if double else chars
+    if key:  # the spacing answers are for the text before the pass (or there are none)
+        text = _PROSE_CHARS(text)
+        double, edge = "  " in text, None
+    if double:
+        text = _MULTI_SPACE.sub(" ", text)
     if edge if edge is not None else _has_line_edge(text):
         text = _LINE_EDGES.sub("\n", text)
     text = text.strip(" \t\n")
