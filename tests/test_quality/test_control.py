@@ -247,6 +247,7 @@ def test_fast_scans_equal_their_reference_scans(all_corpora: dict[str, list[Any]
         assert _has_line_edge(text) == ("\n" in text and any(c in text for c in _EDGE_CUES))
         view = latin1_view(text)
         assert view is None or view_flags(view)[1:] == ("  " in text, _has_line_edge(text))
+        assert view is None or pii._cues(view) == (bool(pii._NUMBER_RUN.search(text)), bool(pii._IPV6_CUE.search(text)))
     assert scanned > 10_000
 
 

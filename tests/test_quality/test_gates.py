@@ -184,10 +184,14 @@ def test_pii_runs_from_the_latin1_view_equal_the_regex() -> None:
     assert not any(pii._DIGIT.match(chr(c)) for c in range(128, 256))
     for text in ["Call (555) 123-4567\u00a0or +44 20 7946 0958 \u2026 555 123 4567\u00b2 ok",
                  "\u00bd 1 2 3 4 5 6 7 \u20ac 4111 1111 1111 1111 \u00e9 192.168.0.1\u2026",
-                 "".join(LATIN1_STANDINS) + "12345678" + "\u2026".join("1234567"), "\u0663" * 8 + " 1234567 \u2026"]:
+                 "".join(LATIN1_STANDINS) + "12345678" + "\u2026".join("1234567"), "\u0663" * 8 + " 1234567 \u2026",
+                 "fe80:0:0:0:0:0:0:1 and FE80:AB:CD:EF:1:2:3:4\u00e9", "a:b:c:d:e:f:g:h", "+ . . 1", "(( ))- .+1",
+                 "1 2 3", "::::::::", "\u00bd1 2 3 4 5 6\u00b2"]:
         view = latin1_view(text)
         assert [m.span() for m in pii._number_runs(text, view)] == [m.span() for m in pii._NUMBER_RUN.finditer(text)]
         assert list(pii._find(text, view)) == list(pii._find(text, None))  # None: the codec handler's classes
+        if view is not None:
+            assert pii._cues(view) == (bool(pii._NUMBER_RUN.search(text)), bool(pii._IPV6_CUE.search(text)))
 
 
 def test_pii_density_threshold() -> None:
