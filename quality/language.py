@@ -99,9 +99,9 @@ class Cld2Detector:
         pycld2 = _pycld2()
         try:
             try:
-                reliable, _, details = pycld2.detect(sample, isPlainText=True)
+                reliable, _, details = pycld2.detect(sample, True)  # isPlainText, positional: no kwargs dict
             except (pycld2.error, UnicodeEncodeError):
-                reliable, _, details = pycld2.detect(cld2_input(sample), isPlainText=True)
+                reliable, _, details = pycld2.detect(cld2_input(sample), True)
         except pycld2.error:
             return Detection({}, False, self.name)
         probs: dict[str, float] = {}

@@ -146,14 +146,15 @@ def find_pii(text: str) -> Iterator[tuple[str, int, int]]:
     return _find(text, latin1_view(text))
 
 
-def _find(text: str, view: bytes | None) -> Iterator[tuple[str, int, int]]:
-    """`find_pii` with the text's Latin-1 view given (a `Doc` computes it once for the byte-scanning gates)."""
+def _find(text: str, view: bytes | None, cues: tuple[bool, bool] | None = None) -> Iterator[tuple[str, int, int]]:
+    """`find_pii` with the text's Latin-1 view given (a `Doc` computes it once for the byte-scanning gates),
+    and `_cues(view)` when known."""
     yield from _emails(text)
     if view is None:
         yield from _numbers(text, None)
         yield from _ipv6(text)
         return
-    runs, ipv6 = _cues(view)
+    runs, ipv6 = cues or _cues(view)
     if runs:
         yield from _numbers(text, view)
     yield from _ipv6(text, ipv6)
@@ -173,11 +174,15 @@ class PiiGate(Gate):
         self.max_density = max_density
 
     def check(self, doc: Doc) -> str | None:
-        text = doc.text
+        text, view = doc.text, doc.latin1
+        cues = None if view is None else _cues(view)
+        if cues == (False, False) and "@" not in text:  # nothing any kind could match: density 0
+            doc.meta["pii_density"] = 0.0
+            return None
         limit = self.max_density * len(text)
         matched = 0
         kinds: dict[str, int] = {}
-        for kind, start, end in _find(text, doc.latin1):
+        for kind, start, end in _find(text, view, cues):
             matched += end - start
             kinds[kind] = kinds.get(kind, 0) + 1
             if matched > limit:
