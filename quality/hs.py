@@ -18,8 +18,12 @@ def database(expressions: list[bytes], flags: int = 0) -> hyperscan.Database:
 
 
 def scratch(db: hyperscan.Database) -> hyperscan.Scratch:
-    """This thread's scratch for `db`."""
-    scratches = _local.__dict__.setdefault("scratches", {})
-    if id(db) not in scratches:
-        scratches[id(db)] = hyperscan.Scratch(db)
-    return scratches[id(db)]
+    """This thread's scratch for `db` (databases live as long as the process: their ids stay theirs)."""
+    try:
+        return _local.scratches[id(db)]
+    except AttributeError:
+        _local.scratches = {}
+    except KeyError:
+        pass
+    made = _local.scratches[id(db)] = hyperscan.Scratch(db)
+    return made
