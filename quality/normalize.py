@@ -61,16 +61,19 @@ def _char_map(prose: bool) -> dict[str, str]:
     return out
 
 
-def latin1_view(text: str) -> bytes | None:
+def latin1_view(text: str, standins: bool = True) -> bytes | None:
     """`text` as Latin-1 bytes, one per char, with `LATIN1_STANDINS` as `STANDIN`; None when it holds another
     char past U+00FF. For ASCII it is the UTF-8, for other Latin-1 text a copy of the str's buffer: C-level
-    byte passes over it replace Unicode-aware regex scans and `str.lower` (~5 ns a char on wide text)."""
+    byte passes over it replace Unicode-aware regex scans and `str.lower` (~5 ns a char on wide text).
+    `standins=False`: None also for a text that needs them (code keeps its curly quotes: a second try
+    would rarely pay)."""
     if text.isascii():
         return text.encode()
     try:
         return text.encode("latin-1")
     except UnicodeEncodeError:
-        pass
+        if not standins:
+            return None
     for standin in LATIN1_STANDINS:
         if standin in text:
             text = text.replace(standin, STANDIN)
@@ -113,11 +116,13 @@ def _has_line_edge(text: str) -> bool:
 def _flags_db(prose: bool) -> hyperscan.Database:
     keys = sorted(ord(c) for c in _char_map(prose) if ord(c) < 256)  # the standin is no key
     key_class = b"[" + b"".join(b"\\x%02x" % k for k in keys) + b"]"
-    return database([key_class, b"  ", b"[ \t]\n|\n[ \t]"], hyperscan.HS_FLAG_SINGLEMATCH)
+    spacing = [b"  ", b"[ \t]\n|\n[ \t]"] if prose else []  # code keeps its spacing: only the keys
+    return database([key_class, *spacing], hyperscan.HS_FLAG_SINGLEMATCH)
 
 
 def view_flags(view: bytes, prose: bool = True) -> tuple[bool, bool, bool]:
-    """(a key of the character table, "  ", `_has_line_edge`) for the text whose Latin-1 view this is, from
+    """(a key of the character table, "  ", `_has_line_edge`; for code, False for both) for the text whose
+    Latin-1 view this is, from
     one Hyperscan pass (~2 µs on a C4 text, where a byte pass for the keys and the two substring scans
     cost ~11). Without a key the character pass leaves the text as it is, so the two spacing answers
     hold for its output; and collapsing runs of spaces keeps every line edge (a run beside a newline
@@ -153,7 +158,7 @@ def normalize_with_view(text: str, code: bool = False) -> tuple[str, bytes | Non
     already normalised but for the frequent quotes and dashes: half of C4), else None."""
     if not code and not text.isascii():
         text = _common_punct(text)
-    view = latin1_view(text)
+    view = latin1_view(text, standins=not code)
     viewed = text
     if view is None and not unicodedata.is_normalized("NFC", text):  # Latin-1 text (and its standins) is NFC
         text = unicodedata.normalize("NFC", text)
