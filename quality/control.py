@@ -10,7 +10,8 @@ dedup gate on top, exactly as ingest replicates it around a process pool:
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
+from itertools import islice
 from time import perf_counter
 from typing import Any, NamedTuple
 
@@ -32,10 +33,10 @@ class Verdict(NamedTuple):
 MEMO_SIZE = 65_536  # texts whose verdict a QualityControl remembers (~0.6 KB each: ~38 MB at most)
 
 
-def _copied(items: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+def _copied(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """Meta items with their nested dicts (`pii`) copied: a remembered verdict and the verdicts it is given to
     share no mutable value."""
-    return ((k, dict(v) if type(v) is dict else v) for k, v in items)
+    return [(k, dict(v)) if type(v) is dict else (k, v) for k, v in items]
 
 
 def _counters() -> dict[str, Any]:
@@ -132,14 +133,13 @@ class QualityControl:
                     except Exception as exc:
                         reasons.append(f"{gate.name}: internal error {type(exc).__name__}: {exc}"[:300])
                         checks.append("error")
-            survivors = []
-            for i, doc, reason, check in zip(alive, batch, reasons, checks):
-                if reason is None:
-                    survivors.append(i)
-                else:
-                    doc.meta["failed_check"], doc.meta["reason"] = check, reason
-                    verdicts[i] = Verdict(False, None, doc.meta, doc.digest)
-                    failed_at[i] = pos
+            survivors = [i for i, reason in zip(alive, reasons) if reason is None]
+            if len(survivors) < len(alive):  # most gates keep most docs: the rejects get a second loop
+                for i, doc, reason, check in zip(alive, batch, reasons, checks):
+                    if reason is not None:
+                        doc.meta["failed_check"], doc.meta["reason"] = check, reason
+                        verdicts[i] = Verdict(False, None, doc.meta, doc.digest)
+                        failed_at[i] = pos
             counters["seconds"] += perf_counter() - t0
             counters["seen"] += len(alive)
             counters["kept"] += len(survivors)
@@ -194,7 +194,7 @@ class QualityControl:
                 continue
             if len(memo) >= MEMO_SIZE:
                 del memo[next(iter(memo))]
-            added = tuple(_copied(list(doc.meta.items())[mark:]))
+            added = tuple(_copied(islice(doc.meta.items(), mark, None)))
             memo[doc.digest] = (failed_at.get(i), added)
 
     def _count(self, keep: bool, meta: dict[str, Any]) -> None:

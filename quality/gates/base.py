@@ -9,6 +9,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from quality.normalize import latin1_view
+
 
 @dataclass(slots=True)
 class Doc:
@@ -20,6 +22,7 @@ class Doc:
     digest: bytes | None = None   # SHA-256 of `text`, set by the normalise step
     meta: dict[str, Any] = field(default_factory=dict)
     _lower: str | None = field(default=None, init=False, repr=False)
+    _latin1: bytes | None | bool = field(default=False, init=False, repr=False)  # False: not computed yet
     scan: Any = field(default=None, init=False, repr=False)  # quality.gates.lexicon.scan's result, once computed
 
     @property
@@ -28,6 +31,13 @@ class Doc:
         if self._lower is None:
             self._lower = self.text.lower()
         return self._lower
+
+    @property
+    def latin1(self) -> bytes | None:
+        """`quality.normalize.latin1_view(text)`, computed once for the gates that scan bytes (PII, word lists)."""
+        if self._latin1 is False:
+            self._latin1 = latin1_view(self.text)
+        return self._latin1  # type: ignore[return-value]  # never False here
 
 
 class Gate(ABC):

@@ -20,9 +20,11 @@ class LanguageGate(Gate):
         found = self.detector.detect(sample)
         if not found.probs:
             return f"language: undetectable ({found.source}, {len(sample)}-char sample)"
-        top, top_p = max(found.probs.items(), key=lambda kv: kv[1])
-        doc.meta.update(language=top, language_prob=ratio(top_p), language_detector=found.source)
-        p = found.probs.get(self.expected, 0.0)
+        probs, meta = found.probs, doc.meta
+        top = max(probs, key=probs.__getitem__)  # the first of the highest, as max over the items gives it
+        top_p = probs[top]
+        meta["language"], meta["language_prob"], meta["language_detector"] = top, ratio(top_p), found.source
+        p = probs.get(self.expected, 0.0)
         if p >= self.min_prob:
             return None
         if top == self.expected:

@@ -8,11 +8,12 @@ Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!
    run of letters after the first one may be starred out letter for letter ("f*ck", "f**k", "a**").
 
 The scan does not build the token list (that cost more than the rest of the chain together): it reads
-the shared one-byte-per-char scan of `quality.gates.lexicon` (token classes, listed-word matches). Tokens
-are counted as class-run starts (numpy), a listed word is a hit when its match has a token edge on both
-sides, and only tokens made of letters and leetspeak/mask symbols go through the obfuscation lookup.
-The counts are the token list's exactly (`density_by_tokens`, the reference scan and the one for texts
-too rich in non-ASCII for the shared scan).
+the shared one-byte-per-char scan of `quality.gates.lexicon`, whose Hyperscan pass counts the tokens that
+are listed words and points at the few tokens that may be obfuscated ones (letters, leetspeak digits and
+symbols only, with a symbol or a letter beside a digit); only those go through the obfuscation lookup, and
+tokens are counted as class-run starts (numpy) only in a text with a hit. The counts are the token
+list's exactly (`density_by_tokens`, the reference scan and the one for texts too rich in non-ASCII for
+the shared scan).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from importlib import resources
 import numpy as np
 
 from quality.gates.base import Doc, Gate, ratio
-from quality.gates.lexicon import scan
+from quality.gates.lexicon import classes, scan
 
 _TOKEN = re.compile(r"[\w@$*#!|]+")
 _LEET = [str.maketrans({"0": "o", "1": first, "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s",
@@ -60,14 +61,20 @@ class ProfanityGate(Gate):
         self.words = load_words()
         self.masked = masked_forms(self.words)
         self.sorted_words = tuple(sorted(self.words))
+        self.lengths = range(min(map(len, self.words)), max(map(len, self.words)) + 1)
 
     def is_profane(self, token: str) -> bool:
-        """Whether one lower-case token is a listed word, plainly or obfuscated."""
+        """Whether one lower-case token is a listed word, plainly or obfuscated. The tables map one char to
+        one, so a stripped token of no listed length is none, and one of letters only is itself."""
         if token in self.words:
             return True
         if token.isalpha() or token.isdigit():
             return False
         token = token.strip("!|")
+        if len(token) not in self.lengths:
+            return False
+        if token.isalpha():
+            return token in self.words
         for table in _LEET:
             plain = token.translate(table)
             if plain in self.words or ("*" in plain and plain in self.masked):
@@ -94,26 +101,23 @@ class ProfanityGate(Gate):
         found = scan(doc, self.sorted_words)
         if found is None:
             return None
-        classes = found.classes
-        n = len(classes)
-        plain = 0
-        for _, start, end in found.words:
-            if (start == 0 or classes[start - 1] == 32) and (end == n or classes[end] == 32):  # a whole token
-                plain += 1
-        lower = doc.lower
+        data, plain = found.data, found.plain
+        tokens_of = classes(data) if found.candidates or plain else b""
+        n = len(data)
         obfuscated = 0
-        at = classes.find(b"x")
-        while at != -1:  # tokens holding a leetspeak or mask symbol and no char a listed word never has
-            start = classes.rfind(b" ", 0, at) + 1
-            end = classes.find(b" ", at)
+        end = -1  # the end of the token last looked up: a token may hold several candidate positions
+        for at in found.candidates:
+            if at < end:
+                continue
+            start = tokens_of.rfind(b" ", 0, at) + 1
+            end = tokens_of.find(b" ", at)
             end = n if end == -1 else end
-            if classes.find(b"z", start, end) == -1:
-                obfuscated += self.is_profane(lower[start:end])
-            at = classes.find(b"x", end)
+            if tokens_of.find(b"z", start, end) == -1:  # a token of letters and symbols only is ASCII: its
+                obfuscated += self.is_profane(data[start:end].lower().decode())  # lower bytes: `doc.lower`'s
         if not plain + obfuscated:
             return 0, 0
-        cls = np.frombuffer(classes, np.uint8)  # a token starts where a separator (32) is followed by a token char
-        tokens = int(np.count_nonzero((cls[:-1] == 32) & (cls[1:] != 32))) + (classes[:1] != b" ")
+        cls = np.frombuffer(tokens_of, np.uint8)  # a token starts where a separator (32) is followed by a token char
+        tokens = int(np.count_nonzero((cls[:-1] == 32) & (cls[1:] != 32))) + (tokens_of[:1] != b" ")
         limit = self.max_density * tokens
         return (plain if plain > limit else min(plain + obfuscated, math.floor(limit) + 1)), tokens
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 
 from quality.gates.base import Doc, Gate
-from quality.normalize import normalize_text
+from quality.normalize import normalize_with_view
 
 
 class NormalizeStep(Gate):
@@ -19,10 +19,13 @@ class NormalizeStep(Gate):
         self.code = code
 
     def check(self, doc: Doc) -> str | None:
-        doc.text = normalize_text(doc.raw, code=self.code)
+        doc.text, view = normalize_with_view(doc.raw, code=self.code)
+        if view is not None:
+            doc._latin1 = view  # what `doc.latin1` would compute again for the byte-scanning gates
         doc.meta["chars"] = len(doc.text)
         if doc.text:
-            digest = hashlib.sha256(doc.text.encode("utf-8")).digest()
+            ascii_view = view is not None and doc.text.isascii()  # then the view is the UTF-8
+            digest = hashlib.sha256(view if ascii_view else doc.text.encode("utf-8")).digest()
             doc.digest = digest
             doc.meta["sha256"] = digest.hex()
         return None

@@ -227,7 +227,7 @@ def test_fast_scans_equal_their_reference_scans(all_corpora: dict[str, list[Any]
     from quality.gates.base import Doc
     from quality.gates.copyright import _CUES
     from quality.gates.profanity import ProfanityGate
-    from quality.normalize import _EDGE_CUES, _has_line_edge
+    from quality.normalize import _EDGE_CUES, _has_line_edge, latin1_view, view_flags
 
     gates = [ProfanityGate(0.01), ProfanityGate(0.0)]
     scanned = 0
@@ -241,9 +241,13 @@ def test_fast_scans_equal_their_reference_scans(all_corpora: dict[str, list[Any]
                 assert fast == ref or fast == (0, 0) and ref[0] == 0, text[:200]
             cue = doc.scan.copyright_cue if doc.scan else any(c in lower for c in _CUES)
             assert cue == any(c in lower for c in _CUES)
-        assert [m.span() for m in pii._number_runs(text)] == [m.span() for m in pii._NUMBER_RUN.finditer(text)]
+        assert [m.span() for m in pii._number_runs(text, latin1_view(text))] == \
+            [m.span() for m in pii._NUMBER_RUN.finditer(text)]
         assert bool(pii.IPV6_RE.search(text)) <= bool(pii._IPV6_CUE.search(text))
         assert _has_line_edge(text) == ("\n" in text and any(c in text for c in _EDGE_CUES))
+        view = latin1_view(text)
+        assert view is None or view_flags(view)[1:] == ("  " in text, _has_line_edge(text))
+        assert view is None or pii._cues(view) == (bool(pii._NUMBER_RUN.search(text)), bool(pii._IPV6_CUE.search(text)))
     assert scanned > 10_000
 
 
@@ -260,6 +264,56 @@ def test_cld2_input_drops_exactly_what_the_str_class_drops() -> None:
     sample = "caf\u00e9 \x00 \x85 \ufdd0 \U0001fffe ok \x7f"
     assert cld2_input(sample) == _CLD2_UNSAFE.sub("", sample)
     assert cld2_input("plain\x01 text\x7f") == b"plain text"
+
+
+def _cld2_reference(sample: str) -> Any:
+    """The cld2 detector as it was: pycld2 always on `cld2_input(sample)`; its result, or the exception."""
+    import pycld2
+
+    from quality.language import Detection, cld2_input, normalize_code
+
+    try:
+        reliable, _, details = pycld2.detect(cld2_input(sample), isPlainText=True)
+    except pycld2.error:
+        return Detection({}, False, "cld2")
+    except UnicodeEncodeError as exc:
+        return repr(exc)
+    probs: dict[str, float] = {}
+    for _, code, percent, _ in details:
+        if code != "un" and percent > 0:
+            probs[normalize_code(code)] = probs.get(normalize_code(code), 0.0) + percent / 100.0
+    return Detection(probs, bool(reliable and probs), "cld2")
+
+
+@pytest.mark.parametrize("sample", ["plain English text about the weather today and tomorrow",
+                                    "plain\x01 text\x7f about the weather", "caf\u00e9 \x00 \x85 \ufdd0 \U0001fffe ok \x7f",
+                                    "ok \ud800 surrogate and more words", "\x00\x01", "", "\ufffe", "tabs\tand\r\nlines\x0c ok",
+                                    "Der schnelle braune Fuchs springt \u00fcber den faulen Hund \x9f"])
+def test_cld2_detector_equals_the_input_filtered_call(sample: str) -> None:
+    """The str goes to pycld2 first; what it refuses takes the old filtered call: same result or exception."""
+    from quality.language import Cld2Detector
+
+    try:
+        got: Any = Cld2Detector().detect(sample)
+    except UnicodeEncodeError as exc:
+        got = repr(exc)
+    assert got == _cld2_reference(sample)
+
+
+@pytest.mark.slow
+def test_pycld2_refuses_every_char_cld2_input_drops() -> None:
+    """Why the detector may hand pycld2 the str first: a str it accepts holds nothing `cld2_input` drops."""
+    import pycld2
+
+    from quality.language import _CLD2_UNSAFE
+
+    text = "An ordinary English sentence about the weather and the news. "
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000 or not _CLD2_UNSAFE.match(chr(cp)):
+            continue
+        for sample in (text + chr(cp) + text, chr(cp)):
+            with pytest.raises(pycld2.error):
+                pycld2.detect(sample, isPlainText=True)
 
 
 def main(out: Path) -> None:

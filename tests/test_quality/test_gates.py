@@ -46,18 +46,95 @@ def test_normalize_prose(raw: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize("prose", [True, False])
-def test_char_pass_ascii_shortcut_equals_the_table(prose: bool) -> None:
-    """ASCII text skips the regex scan when a byte pass finds none of the table's characters: every ASCII
-    character, alone, beside CR LF, and next to a non-ASCII one (no shortcut) gives what the table says."""
-    from quality.normalize import _CODE_CHARS, _PROSE_CHARS, _char_map
+def test_char_pass_latin1_shortcut_equals_the_table(prose: bool) -> None:
+    """The regex pass runs only where the Hyperscan pass over the Latin-1 view sees a table key: every
+    Latin-1 character, alone, beside CR LF, beside a standin, and next to a wide one (no view) comes out as
+    the table says."""
+    from quality.normalize import _CODE_CHARS, _PROSE_CHARS, LATIN1_STANDINS, _char_map, latin1_view, view_flags
 
     table, char_pass = _char_map(prose), (_PROSE_CHARS if prose else _CODE_CHARS)
-    for code in range(128):
-        for text in (f"x{chr(code)}y", f"a\r\n{chr(code)}\r", f"\u2019{chr(code)}\u00e9"):
+    for code in range(256):
+        for text in (f"x{chr(code)}y", f"a\r\n{chr(code)}\r", f"\u2019{chr(code)}\u00e9", f"{chr(code)}\u2026\u20ac",
+                     f"\u0100{chr(code)}", "".join(LATIN1_STANDINS) + chr(code)):
             expected = "".join(table.get(ch, ch) for ch in text.replace("\r\n", "\n"))
-            assert char_pass(text) == expected, (code, text)
-    clean = "plain ASCII\twith tabs\nand newlines"
-    assert char_pass(clean) is clean  # nothing to change: the same object back, no copy
+            view = latin1_view(text)
+            key = view is None or view_flags(view, prose)[0]
+            assert (char_pass(text) if key else text) == expected, (code, text)
+
+
+def test_latin1_text_is_nfc() -> None:
+    """Why a text with a Latin-1 view skips the NFC check: no pair of its chars (standins included) changes."""
+    import unicodedata
+
+    from quality.normalize import LATIN1_STANDINS
+
+    chars = [chr(c) for c in range(256)] + list(LATIN1_STANDINS)
+    for a in chars:
+        assert unicodedata.is_normalized("NFC", a + "".join(chars)), a
+        for b in chars:
+            assert unicodedata.is_normalized("NFC", a + b), (a, b)
+
+
+def plain_normalize(text: str, code: bool = False) -> str:
+    """`normalize_text` as its docstring says it, one plain step after another (no shortcut)."""
+    import re
+    import unicodedata
+
+    from quality.normalize import _char_map
+
+    table = _char_map(prose=not code)
+    text = "".join(table.get(ch, ch) for ch in unicodedata.normalize("NFC", text).replace("\r\n", "\n"))
+    if code:
+        return re.sub("[ \t]+(?=\n)|[ \t]+$", "", text).rstrip("\n")
+    return re.sub("[ \t]+\n[ \t]*|\n[ \t]+", "\n", re.sub(" {2,}", " ", text)).strip(" \t\n")
+
+
+# Curly quotes and dashes go before NFC (and a text ASCII after that skips it): beside combining marks, CR LF,
+# C1 bytes, Unicode spaces, tabs, surrogate pairs, other table characters and text that stays non-ASCII.
+FUSED_CASES = ["plain ASCII text", "caf\u00e9 \u2026 ok", "\u2019", "\u2018tis \u2026\u20ac", "\u2019\u0301", "e\u2019\u0301\u201c\u0338", "\u2014\u0308a", "\u201ccaf\u00e9\u201d", "\u2018\r\n\u2019",
+               "a\x92b\u2019c", "\u2013\u00a0\u2014  \t\n \u2019", "\u201c\U0001f642\u201d", "\u2019\u3000x\u2019",
+               "\u2019\u2019\u2019", " \u2014 ", "\u2018\u2212\u2019\u2011", "\ufeff\u201cq\u201d\x85", "\u2019e\u0301\u2019",
+               "A\u030a\u2019\u212b", "\u2019\t\u2019\n\n\u201c \u201d", "\u1100\u2019\u1161", "x" * 70 + "\u2013\n" * 70]
+
+
+@pytest.mark.parametrize("text", FUSED_CASES)
+def test_normalize_equals_the_plain_steps(text: str) -> None:
+    from quality.normalize import latin1_view, normalize_with_view
+
+    for code in (False, True):
+        assert normalize_text(text, code) == plain_normalize(text, code)
+        normalized, view = normalize_with_view(text, code)
+        assert view is None or view == latin1_view(normalized)
+
+
+SPACING_CASES = ["a  b", "a \nb", "a\t\nb", "a\n b", "a\n\tb", "a\nb", "a\u00a0\nb", " ", "  ", "\n", "\n ", " \n", "",
+                 "x\u2026 \u2026\n", "caf\u00e9\u3000\n", "a \t b\n\nc", "\n".join(["line"] * 80) + " \nz", "a\r\n b"]
+
+
+@pytest.mark.parametrize("text", SPACING_CASES)
+def test_spacing_pass_equals_the_substring_checks(text: str) -> None:
+    """One Hyperscan pass over the view answers both spacing checks; collapsing spaces keeps the line edges."""
+    from quality.normalize import _MULTI_SPACE, _has_line_edge, latin1_view, view_flags
+
+    view = latin1_view(text)
+    if view is not None:
+        assert view_flags(view)[1:] == ("  " in text, _has_line_edge(text))
+    assert _has_line_edge(_MULTI_SPACE.sub(" ", text)) == _has_line_edge(text)
+    assert normalize_text(text) == plain_normalize(text)
+
+
+@pytest.mark.slow
+def test_common_punctuation_before_nfc_beside_every_code_point() -> None:
+    """Replacing the frequent quotes and dashes before NFC gives NFC's result beside any assigned character
+    (unassigned and private-use ones neither compose nor decompose)."""
+    import unicodedata
+
+    for cp in range(0x110000):
+        c = chr(cp)
+        if unicodedata.category(c) in ("Cn", "Co", "Cs"):
+            continue
+        for text in (f"\u2019{c}\u201c", f"{c}\u2014{c}\u0301", f"{c}\u0338\u201d"):
+            assert normalize_text(text) == plain_normalize(text), (hex(cp), text)
 
 
 def test_normalize_code_keeps_indentation_and_quotes() -> None:
@@ -99,6 +176,24 @@ def test_find_pii(text: str, found: list) -> None:
     assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
 
 
+def test_pii_runs_from_the_latin1_view_equal_the_regex() -> None:
+    """The run classes from a Latin-1 view: no char past ASCII there is a digit, so runs are the regex's."""
+    from quality.gates import pii
+    from quality.normalize import LATIN1_STANDINS, latin1_view
+
+    assert not any(pii._DIGIT.match(chr(c)) for c in range(128, 256))
+    for text in ["Call (555) 123-4567\u00a0or +44 20 7946 0958 \u2026 555 123 4567\u00b2 ok",
+                 "\u00bd 1 2 3 4 5 6 7 \u20ac 4111 1111 1111 1111 \u00e9 192.168.0.1\u2026",
+                 "".join(LATIN1_STANDINS) + "12345678" + "\u2026".join("1234567"), "\u0663" * 8 + " 1234567 \u2026",
+                 "fe80:0:0:0:0:0:0:1 and FE80:AB:CD:EF:1:2:3:4\u00e9", "a:b:c:d:e:f:g:h", "+ . . 1", "(( ))- .+1",
+                 "1 2 3", "::::::::", "\u00bd1 2 3 4 5 6\u00b2"]:
+        view = latin1_view(text)
+        assert [m.span() for m in pii._number_runs(text, view)] == [m.span() for m in pii._NUMBER_RUN.finditer(text)]
+        assert list(pii._find(text, view)) == list(pii._find(text, None))  # None: the codec handler's classes
+        if view is not None:
+            assert pii._cues(view) == (bool(pii._NUMBER_RUN.search(text)), bool(pii._IPV6_CUE.search(text)))
+
+
 def test_pii_density_threshold() -> None:
     email = "jane.doe@example.com"  # 20 chars
     gate = PiiGate(0.01)
@@ -126,6 +221,31 @@ def test_profanity_innocent(token: str) -> None:
     assert not ProfanityGate(0.01).is_profane(token)
 
 
+def test_is_profane_equals_the_plain_lookup() -> None:
+    """The length and letters-only shortcuts of `is_profane` decide as the two leetspeak lookups do."""
+    from quality.gates.profanity import _LEET
+
+    gate = ProfanityGate(0.01)
+
+    def plain(token: str) -> bool:
+        if token in gate.words:
+            return True
+        if token.isalpha() or token.isdigit():
+            return False
+        token = token.strip("!|")
+        return any(t in gate.words or ("*" in t and t in gate.masked) for t in (token.translate(x) for x in _LEET))
+
+    rng = random.Random(5)
+    chars = "abcfhiklnorstu013457@$*#!|2_\u00e9"
+    tokens = [*gate.words, *gate.masked, "!", "|", "!!fuck||", "f\u00fcck", "\u00e9", "sh1t!", "a$$", "mp3", "14th"]
+    tokens += ["".join(rng.choice(chars) for _ in range(rng.randint(1, 16))) for _ in range(20_000)]
+    leet = {"a": "4@", "e": "3", "i": "1!|", "l": "1|", "o": "0", "s": "5$", "t": "7", "u": "*#"}
+    tokens += ["".join(rng.choice(leet.get(c, "") + c) for c in w) for w in gate.words for _ in range(5)]
+    tokens += [rng.choice("!|") + t + rng.choice(["", "!", "|!"]) for t in list(gate.words)[:40]]
+    assert [gate.is_profane(t) for t in tokens] == [plain(t) for t in tokens]
+    assert sum(map(gate.is_profane, tokens)) > 200
+
+
 def test_profanity_density() -> None:
     gate = ProfanityGate(0.01)
     words = ["word"] * 198
@@ -135,6 +255,34 @@ def test_profanity_density() -> None:
     assert gate.check(three) == "profanity density 0.02 > 0.01 (2 of 100 tokens)"
 
 
+LATIN1_CASES = ["Caf\u00e9 FUCK \u00e9sh1t \u00bd f*ck\u00c9 \u00dfa$$ \u00b5\u00aa \u00a9 (C) 2019", "\u2026fuck\u2022shit\u20ac\u2122\u200b",
+                "\u00c0\u00de\u00d7\u00f7\u00ff \u00a0all\u00a0rights\u0085reserved", "Stra\u00dfe b!tch \u2026 \u0130 fuck",
+                "\u212a fuck \u2026", "\u00b2\u00b3\u00b9\u00bc x\u00b2 sh\u00b9t", "shit\u2019s",
+                "FUCK Sh1T A$$ |SHIT| F*CK MP3 \u00c9FUCK FUCK\u00c9 COPYRIGHT (C) 2019 ALL RIGHTS RESERVED &COPY;"]
+
+
+@pytest.mark.parametrize("text", LATIN1_CASES + [chr(b) * 3 + " a" + chr(b) + "ss " for b in range(0x80, 0x100)])
+def test_latin1_scan_equals_the_handler_scan(text: str) -> None:
+    """The Latin-1 path's bytes are those of `doc.lower` through the codec error handler, so its matches and
+    counts are too; and both equal the token list's."""
+    from quality.gates.lexicon import LATIN1_RAW, _matches, scan
+    from quality.normalize import LATIN1_STANDINS
+
+    gate = ProfanityGate(0.01)
+    found = scan(Doc(None, text=text), gate.sorted_words)
+    lower = text.lower()
+    hits, tokens = gate.density_by_tokens(lower)
+    fast = gate.density_by_scan(Doc(None, text=text))
+    assert fast == (hits, tokens) or fast == (0, 0) and hits == 0
+    if any(ord(c) > 255 and c not in LATIN1_STANDINS for c in text):
+        assert found is None or found.cues is None  # not Latin-1: the handler path
+        return
+    raw = lower.encode("ascii", "streamprep.token_class")
+    assert found is not None and found.cues is not None
+    assert found.data.translate(LATIN1_RAW) == raw
+    assert _matches(found.data, gate.sorted_words) == _matches(raw, gate.sorted_words)  # the view as the bytes
+
+
 # ---- copyright -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("notice", ["Copyright 2021 Acme Inc.", "\u00a9 Acme", "(C) 2019 Acme", "(c)2005 Foo",
                                     "ALL RIGHTS  RESERVED.", "&copy; Foo"])
@@ -142,6 +290,23 @@ def test_copyright_rejects(notice: str) -> None:
     v = QualityControl({**OPEN, "reject_copyright": True}).evaluate({"text": PROSE + notice})
     assert not v.keep and v.meta["failed_check"] == "copyright"
     assert v.meta["reason"].startswith("copyright notice ") and f"at char {len(PROSE.strip()) + 1}" in v.meta["reason"]
+
+
+@pytest.mark.parametrize("text", LATIN1_CASES + [
+    "rights rights rights", "all\t\n rights reserved", "ALL  RIGHTS  RESERVED", "all rights", "ball rights reserved",
+    "rights then Copyright", "(c) later (C) 2019 and copyright", "(c)\u00a02020", "&COPY; x", "(c)19", "rights\u00a9",
+    "x" * 300 + " all\u0085\u00a0rights reserved", "rights", "  rights reserved", "al rights reserved",
+    "r\u0131ghts then all r\u0131ghts reserved, rights", "COPYR\u0130GHT rights", "\u017fights all rights reserved",
+    "\u212a copyright", "all\x1crights reserved", "\u00e9 all rights reserved \u00a9", "\u2026all\u2026rights reserved"])
+def test_copyright_at_cues_equals_the_plain_search(text: str) -> None:
+    """The notice regex tried only where the scan saw a cue finds what one search of the whole text finds,
+    whenever the plain cue test lets the regex run (Unicode case folds and whitespace included)."""
+    from quality.gates.copyright import _CUES, _NOTICE, CopyrightGate
+
+    for t in (text, text.upper(), PROSE + text):
+        m = _NOTICE.search(t) if any(cue in t.lower() for cue in _CUES) else None
+        expected = None if m is None else f"copyright notice {m.group()[:40]!r} at char {m.start()}"
+        assert CopyrightGate().check(Doc(None, text=t)) == expected, t
 
 
 def test_copyright_keeps_lookalikes_and_can_be_off() -> None:
