@@ -16,7 +16,8 @@ def test_drop_tmp_files_removes_this_tasks_temporary_files_and_nothing_else(tmp_
             bins / ".part-00007_text_document.idx.streamprep-tmp.abc",  # not a name atomic.tmp_path makes
             bins / f".part-00070_text_document.bin{atomic.TMP_MARK}12", receipts / "part-00007.json"]
     stale = [atomic.tmp_path(bins / "part-00007_text_document.bin"),
-             bins / f".part-00007_text_document.idx{atomic.TMP_MARK}9", receipts / f".part-00007.json{atomic.TMP_MARK}31"]
+             bins / f".part-00007_text_document.idx{atomic.TMP_MARK}9",
+             receipts / f".part-00007.json{atomic.TMP_MARK}31"]
     for p in kept + stale:
         p.touch()
     task = SimpleNamespace(prefix=str(bins / "part-00007_text_document"),
