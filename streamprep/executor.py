@@ -2,8 +2,8 @@
 
 A job's work outside the driver is a sequence of calls, each a module-level function and its picklable
 arguments: judging, finalizing and assembling a unit's pieces (`streamprep.unit_worker`), tokenizing a
-sealed part (`engines.base.run_shard`, with `engine: local`), and the exports' per-part runs and Parquet
-shards (`streamprep.exports`). One `Executor` runs them all for the whole job:
+sealed part with its exports summary and sorted run (`engines.base.run_shard`, with `engine: local`), the
+exports' Parquet shards (`streamprep.exports`) and the audit. One `Executor` runs them all for the whole job:
 
 - `LocalExecutor`: `workers` processes forked from a forkserver (or one thread of the job's process for
   `workers: 1`), which end with the job's process;
@@ -32,7 +32,7 @@ from streamprep.children import serve_driver
 
 log = logs.get("executor")
 # Worker processes run this much nicer than the job's process: the driver's bookkeeping (the decider, the
-# checkpoints) comes first on a shared core, so the workers never wait on it.
+# checkpoints) comes first on a shared core, so it never waits behind the workers it feeds.
 WORKER_NICE = 10
 POOL_RESTARTS = 4  # process pools replaced after a worker process died, per job; then the job fails (and resumes)
 # What a worker process has loaded before its first call, by name: the forkserver imports them once and

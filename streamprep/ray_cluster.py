@@ -8,6 +8,7 @@ cluster ends with the job, every process of it. One we attached to is left runni
 """
 from __future__ import annotations
 
+import functools
 import os
 import selectors
 import shutil
@@ -288,9 +289,17 @@ def _gcs_answers() -> bool:
         return False
 
 
-def place_actor(cls: type, slot: int, *args: object) -> Any:
-    """An actor of `cls` on the `slot`-th node with CPUs (round robin over their sorted ids: the same cluster gets
-    the same placement); SPREAD if no node has CPUs yet.
+@functools.lru_cache(maxsize=None)
+def _actor_class(cls: type) -> Any:
+    """`cls` as a Ray actor class, made once per process however many actors it places."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=0)(cls)
+
+
+def place_actor(cls: type, slot: int, *args: object, nodes: list[str] | None = None) -> Any:
+    """An actor of `cls` on the `slot`-th node with CPUs (round robin over their sorted ids, `nodes` when the
+    caller has just listed them: the same cluster gets the same placement); SPREAD if no node has CPUs yet.
 
     It asks Ray for no logical CPU, as Xenna's stage workers do not (its allocator counts cores itself): the
     actors live for the whole job, and Xenna's per-node resource monitor asks for one whole free CPU, which an
@@ -298,12 +307,11 @@ def place_actor(cls: type, slot: int, *args: object) -> Any:
     test hung). The affinity is hard: a soft one put both actors on one node of two whenever the job has a
     runtime env (ours: the setup hook), measured with `ray.cluster_utils`. So Ray never moves an actor: one
     lost with its node is replaced by the executor (`executor.RayExecutor`)."""
-    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = sorted(usable_nodes())
+    nodes = sorted(usable_nodes()) if nodes is None else nodes
     where = NodeAffinitySchedulingStrategy(nodes[slot % len(nodes)], soft=False) if nodes else "SPREAD"
-    return ray.remote(num_cpus=0, max_restarts=0)(cls).options(scheduling_strategy=where).remote(*args)
+    return _actor_class(cls).options(scheduling_strategy=where).remote(*args)
 
 
 def spread_actors(cls: type, workers: int, *args: object) -> list:
@@ -311,9 +319,10 @@ def spread_actors(cls: type, workers: int, *args: object) -> list:
     after them (`wait_for_actors`)."""
     import ray
 
-    actors = [place_actor(cls, i, *args) for i in range(workers)]
+    nodes = sorted(usable_nodes())  # listed once for all of them
+    actors = [place_actor(cls, i, *args, nodes=nodes) for i in range(workers)]
     placed = ray.get([a.ready.remote() for a in actors])  # each actor's node
-    log.info("worker actors placed", nodes=len(usable_nodes()), per_node=sorted(Counter(placed).values(), reverse=True))
+    log.info("worker actors placed", nodes=len(nodes), per_node=sorted(Counter(placed).values(), reverse=True))
     _actors_placed.set()
     return actors
 

@@ -10,8 +10,6 @@ Add an engine: a module with an `Engine` subclass, and one line `registry.ENGINE
 """
 from __future__ import annotations
 
-import os
-
 from streamprep.config import ExecutionConfig
 from streamprep.engines.base import Engine
 from streamprep.executor import Executor
@@ -20,8 +18,8 @@ from streamprep.registry import ENGINES
 
 def create(execution: ExecutionConfig, executor: Executor) -> Engine:
     """The engine named by `execution.engine` (validated by config), given the job's executor (`local` runs its
-    tasks there; `xenna` only until its stage answers); `workers` unset = one per CPU."""
-    return ENGINES.get(execution.engine)(executor=executor, workers=execution.workers or os.cpu_count() or 1,
+    tasks there; `xenna` only until its stage answers) and as many workers as it has."""
+    return ENGINES.get(execution.engine)(executor=executor, workers=executor.workers,
                                          ray_address=execution.ray_address)
 
 

@@ -39,7 +39,7 @@ from streamprep import logs, ray_cluster
 from streamprep.layout import RunLayout
 from streamprep.engines.base import PING, Engine, Result
 from streamprep.engines.local import run_local
-from streamprep.executor import Executor, LocalExecutor
+from streamprep.executor import Executor
 from streamprep.tokenize import ShardTask, drop_tmp_files
 
 log = logs.get("tokenize")
@@ -58,10 +58,9 @@ RETRIES_FILE = "retries.jsonl"  # in the run's logs dir: one line per shard hand
 class XennaEngine(Engine):
     name = "xenna"
 
-    def __init__(self, executor: Executor | None = None, workers: int = 1, ray_address: str | None = None):
+    def __init__(self, executor: Executor, workers: int = 1, ray_address: str | None = None):
         super().__init__()
-        self._own = executor is None  # without the job's executor (a unit test), one thread of its own
-        self._executor = LocalExecutor(1) if executor is None else executor
+        self._executor = executor
         self.workers = max(1, workers)
         self.ray_address = ray_address
         self._source: queue.Queue = queue.Queue()
@@ -314,8 +313,6 @@ class XennaEngine(Engine):
                 self._source.put(None)  # Xenna's end-of-serving signal; its thread then shuts Ray down
 
     def join(self) -> None:
-        if self._own:
-            self._executor.close()
         if self._thread is None:
             return
         wait = LOST_STOP_WAIT_S if self._cluster_lost else STOP_WAIT_S  # Xenna blocks on the gone cluster

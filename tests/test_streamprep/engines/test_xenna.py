@@ -9,6 +9,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from streamprep.ray_cluster import RAY_NICE
 from streamprep.tokenize import make_task, read_receipt, run_task
 from streamprep.tokenizer import train_bpe
 from streamprep.engines import local as local_engine
+from streamprep.executor import LocalExecutor
 from streamprep.engines.xenna_stage import TokenizeStage
 
 OUTPUTS = ("ingest", "binidx", "receipts", "parquet", "tokenizer")
@@ -230,6 +232,13 @@ def test_local_engine_imports_neither_ray_nor_xenna(tmp_path: Path) -> None:
     assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
 
 
+@pytest.fixture
+def one_thread() -> Iterator[LocalExecutor]:
+    """The job's executor as `workers: 1` has it: one thread, where the engine's early shards run."""
+    with LocalExecutor(1) as executor:
+        yield executor
+
+
 class _T(str):
     """A stand-in ShardTask for the engine tests: its own part name, in dataset "d" (the fake results' dataset)."""
 
@@ -254,7 +263,7 @@ def test_the_stage_waits_for_this_jobs_worker_actors_and_a_stopped_job_does_not_
     assert ray_cluster.wait_for_actors(lambda: True) is False
 
 
-def test_local_workers_tokenize_until_the_stage_answers_then_the_stage_takes_the_rest(monkeypatch) -> None:
+def test_local_workers_tokenize_until_the_stage_answers_then_the_stage_takes_the_rest(monkeypatch, one_thread) -> None:
     """Hybrid start (engine xenna, private cluster): tasks submitted before the stage answers its ping run
     on the job's executor (here its one thread); at the ping the pending ones move to the stage in order; drain returns every result."""
     from streamprep.engines import xenna as xmod
@@ -280,7 +289,7 @@ def test_local_workers_tokenize_until_the_stage_answers_then_the_stage_takes_the
     monkeypatch.setattr(local_engine, "run_shard", fake_run_shard)
     monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
     monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
-    engine = xmod.XennaEngine(workers=1)
+    engine = xmod.XennaEngine(one_thread, workers=1)
     engines.append(engine)
     engine.start()
     for i in range(3):
@@ -302,7 +311,7 @@ def test_local_workers_tokenize_until_the_stage_answers_then_the_stage_takes_the
                                                                  "p3": "stage"}
 
 
-def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None:
+def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch, one_thread) -> None:
     """The driver did every shard before Ray came up (small job, niced cluster): the stop skips Xenna's
     start-up and teardown and only shuts the cluster down."""
     from streamprep import ray_cluster
@@ -315,7 +324,7 @@ def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None
     monkeypatch.setattr(local_engine, "run_shard", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
                                                                "seconds": 0.01})
     monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
-    engine = xmod.XennaEngine(workers=1)
+    engine = xmod.XennaEngine(one_thread, workers=1)
     engine.start()
     assert [r["where"] for r in engine.run([_T("p0"), _T("p1")])] == ["local", "local"]
     engine.stop()
@@ -324,7 +333,7 @@ def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch) -> None
     assert pipelines == [] and released == [True] and engine._error is None
 
 
-def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatch) -> None:
+def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatch, one_thread) -> None:
     """Regression: on a busy 2-core box the niced head missed Ray's 30 s raylet start-up limit and the whole job
     failed (308 MB, engine xenna). A cluster the job starts itself is only ever extra capacity on the driver's
     machine: the driver tokenizes every shard. With `ray_address` the failure still ends the job."""
@@ -339,7 +348,7 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
     monkeypatch.setattr(local_engine, "run_shard", lambda task, tok: {"task": {"dataset": "d", "part": task}, "skipped": False,
                                                                "seconds": 0.01})
     monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
-    engine = xmod.XennaEngine(workers=1)
+    engine = xmod.XennaEngine(one_thread, workers=1)
     engine.start()
     results = engine.run([_T("p0"), _T("p1"), _T("p2")])
     engine.stop()
@@ -347,7 +356,7 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
     assert [(r["task"]["part"], r["where"]) for r in results] == [("p0", "local"), ("p1", "local"), ("p2", "local")]
     assert engine._error is None and "before its cluster was up" in (engine._local_only or "")
 
-    attached = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
+    attached = xmod.XennaEngine(one_thread, workers=1, ray_address="127.0.0.1:1")
     attached.start()
     attached.submit(_T("p0"))
     with pytest.raises(RuntimeError, match="xenna tokenize stage failed: HeadStartError"):
@@ -356,7 +365,7 @@ def test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver(monkeypatc
     attached.join()
 
 
-def _late_cluster(monkeypatch, shard_seconds: float) -> tuple:
+def _late_cluster(monkeypatch, one_thread, shard_seconds: float) -> tuple:
     """An engine on a job-started cluster that comes up once `ray_up` is set, whose driver is on p1 until
     `p1_may_end` is set; its Xenna pipeline records that it was started and serves nothing."""
     from streamprep import ray_cluster
@@ -383,7 +392,7 @@ def _late_cluster(monkeypatch, shard_seconds: float) -> tuple:
     monkeypatch.setattr(xenna, "run_pipeline", fake_pipeline)
     monkeypatch.setattr(local_engine, "run_shard", fake_run_shard)
     monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
-    engine = xmod.XennaEngine(workers=1)
+    engine = xmod.XennaEngine(one_thread, workers=1)
     engine.start()
     for part in ("p0", "p1", "p2"):
         engine.submit(_T(part))
@@ -403,25 +412,25 @@ def _late_cluster(monkeypatch, shard_seconds: float) -> tuple:
     return engine, drained, released, pipelines
 
 
-def test_a_cluster_up_after_ingest_is_not_used_when_the_driver_ends_first(monkeypatch) -> None:
+def test_a_cluster_up_after_ingest_is_not_used_when_the_driver_ends_first(monkeypatch, one_thread) -> None:
     """Regression: on 306 MB the job's own niced cluster came up after 61-67 s with 4 shards (≈ 12 s) left, and
     starting the stage then only slowed the driver (it answered no shard in 3 runs of 3). When ingest is done
     and the driver's remaining shards take less time than Ray took to come up, the cluster is released and
     the stage never starts."""
-    engine, results, released, pipelines = _late_cluster(monkeypatch, shard_seconds=0.01)
+    engine, results, released, pipelines = _late_cluster(monkeypatch, one_thread, shard_seconds=0.01)
     assert [r["where"] for r in results] == ["local"] * 3
     assert pipelines == [] and released == [True] and engine._error is None
     assert "ray took" in (engine._local_only or "")
 
 
-def test_a_cluster_up_with_more_work_left_than_its_start_up_starts_the_stage(monkeypatch) -> None:
+def test_a_cluster_up_with_more_work_left_than_its_start_up_starts_the_stage(monkeypatch, one_thread) -> None:
     """The same late cluster when the driver's remaining shards take longer than Ray took: the stage starts."""
-    engine, results, released, pipelines = _late_cluster(monkeypatch, shard_seconds=100.0)
+    engine, results, released, pipelines = _late_cluster(monkeypatch, one_thread, shard_seconds=100.0)
     assert len(pipelines) == 1 and engine._local_only is None
     assert [r["where"] for r in results] == ["local"] * 3  # this stage never answers its ping
 
 
-def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None:
+def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch, one_thread) -> None:
     """With `ray_address` the driver's machine may be a login node: nothing is tokenized there."""
     from streamprep.engines import xenna as xmod
 
@@ -431,7 +440,7 @@ def test_an_attached_cluster_gets_every_task_from_the_start(monkeypatch) -> None
 
     monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
     monkeypatch.setattr(local_engine, "run_shard", lambda task, tok: pytest.fail("tokenized in the driver"))
-    engine = xmod.XennaEngine(workers=1, ray_address="127.0.0.1:1")
+    engine = xmod.XennaEngine(one_thread, workers=1, ray_address="127.0.0.1:1")
     engine.start()
     results = engine.run([_T("p0"), _T("p1")])
     engine.stop()
