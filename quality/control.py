@@ -71,10 +71,11 @@ class QualityControl:
         }
         self._chain = [(g, self.stats["gates"][g.name]) for g in self.gates]  # counters are reset in place
         # Verdicts of the gates after normalisation by the normalised text's digest (see `_recall`), when all
-        # of them are text-only: insertion order, the oldest dropped past MEMO_SIZE.
+        # of them are text-only and one is not cheap: insertion order, the oldest dropped past MEMO_SIZE.
         after = next((i + 1 for i, g in enumerate(self.gates) if isinstance(g, NormalizeStep)), len(self.gates))
-        text_only = after < len(self.gates) and all(g.text_only for g in self.gates[after:])
-        self._memo_from = after if text_only else None
+        rest = self.gates[after:]
+        worth = all(g.text_only for g in rest) and not all(g.cheap for g in rest)
+        self._memo_from = after if worth else None
         self._memo: dict[bytes, tuple[int | None, tuple[tuple[str, Any], ...]]] = {}
 
     def _run(self, record: Any) -> Verdict:

@@ -48,6 +48,9 @@ class Gate(ABC):
     # True when `check` reads nothing but `doc.text` (and `doc.lower`) and writes only `doc.meta`: the same
     # normalised text then always gets the same verdict, so `QualityControl` may reuse it. Off by default.
     text_only: ClassVar[bool] = False
+    # True when `check` costs less than looking its verdict up (a length test): a chain of only such gates after
+    # normalisation is run again rather than remembered.
+    cheap: ClassVar[bool] = False
 
     @abstractmethod
     def check(self, doc: Doc) -> str | None:

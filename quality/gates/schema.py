@@ -52,7 +52,7 @@ class SchemaGate(Gate):
 class LengthGate(Gate):
     """`min_chars` / `max_chars` on the normalised text; an empty text is never kept."""
 
-    text_only = True
+    text_only = cheap = True
     name = "length"
     failed_check = "schema"
 

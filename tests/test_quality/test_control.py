@@ -200,6 +200,23 @@ def test_a_gate_that_reads_the_record_turns_the_memo_off() -> None:
     assert qc._memo == {}
 
 
+def test_a_chain_of_cheap_gates_after_normalisation_is_not_remembered() -> None:
+    """With every gate off but the length test, a repeat is judged again (a lookup costs more than the test):
+    nothing is stored, and verdicts and counters are those of `evaluate` per record."""
+    off = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
+           "reject_copyright": False, "dedup": "none"}
+    records = [{"text": "a repeated text"}, {"text": "a repeated text"}, {"text": "   "}, {"text": "other"}]
+    batch, single = QualityControl(off), QualityControl(off)
+    got = batch.evaluate_batch(records)
+    assert [g.name for g in batch.gates][-1] == "length" and batch._memo_from is None and batch._memo == {}
+    want = [single.evaluate(r) for r in records]
+    assert [(v.keep, v.meta) for v in got] == [(v.keep, v.meta) for v in want] and [v.keep for v in got] == \
+        [True, True, False, True]
+    counters = lambda qc: {k: {c: n for c, n in v.items() if c != "seconds"} for k, v in qc.stats["gates"].items()}
+    assert counters(batch) == counters(single)
+    assert QualityControl({})._memo_from is not None  # the default chain (pii, profanity, language...) remembers
+
+
 def _texts(all_corpora: dict[str, list[Any]], step: int) -> list[str]:
     """Normalised texts of every corpus (every `step`-th record), plus copies with gate bait spliced in."""
     from quality.normalize import normalize_text
