@@ -17,8 +17,10 @@ import hashlib
 import io
 import mmap
 import os
+import struct
 from array import array
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +188,17 @@ def part_summary(ref: ShardRef) -> PartSummary:
     return load_cached(ref) or compute_and_cache(ref)
 
 
+@lru_cache(maxsize=16)
+def _npy_header(prefix: bytes) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a `.npy` from its magic and header bytes. Memoized: the parts' headers differ only in
+    their row counts, and a shard writer reads those of every part it touches (literal_eval is slow)."""
+    fh = io.BytesIO(prefix)
+    major, _ = np.lib.format.read_magic(fh)
+    read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(fh)
+    return shape, dtype
+
+
 def _cached_rows(ref: ShardRef, rows: np.ndarray) -> np.ndarray:
     """RECORD rows `rows` of a part from its cache file (checked and current: this exports step made the part's
     run from it), through a map of the file closed at once, so only the pages of these rows are read and none
@@ -193,9 +206,13 @@ def _cached_rows(ref: ShardRef, rows: np.ndarray) -> np.ndarray:
     path = cache_path(ref)
     with open(path, "rb") as fh:
         fh.readline()
-        major, _ = np.lib.format.read_magic(fh)
-        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(fh)
+        magic = fh.read(8)
+        size_format = "<H" if magic[6:7] == b"\x01" else "<I"  # the header's length: 2 bytes in format 1.0, else 4
+        size = fh.read(struct.calcsize(size_format))
+        try:
+            shape, dtype = _npy_header(magic + size + fh.read(struct.unpack(size_format, size)[0]))
+        except (ValueError, struct.error):
+            shape, dtype = (), None
         if dtype != RECORD or len(shape) != 1 or (len(rows) and int(rows.max()) >= shape[0]):
             raise ExportError(f"{path}: part summary changed while the exports were written")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
