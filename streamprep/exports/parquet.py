@@ -225,14 +225,16 @@ def _int32(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values, np.int32))])
 
 
-def _utf8(values: list[bytes]) -> pa.Array:
-    """A string Arrow array of UTF-8 `values`, built from two buffers: pa.array(list) imports pandas in every
-    worker process (~0.3 s each, at the very end of the job)."""
-    offsets = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum([len(v) for v in values], out=offsets[1:])
+def _utf8(data: bytes, lengths: np.ndarray) -> pa.Array:
+    """A string Arrow array of UTF-8 values given back to back, with their byte lengths, built from two buffers:
+    pa.array(list) imports pandas in every worker process (~0.3 s each, at the very end of the job)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > np.iinfo(np.int32).max:
         raise ExportError(f"a Parquet row group of {int(offsets[-1])} text bytes does not fit a string column")
-    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values)))
+    if offsets[-1] != len(data):
+        raise ExportError(f"{len(data)} bytes of strings, but their lengths add up to {int(offsets[-1])}")
+    return pa.StringArray.from_buffers(len(lengths), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))
 
 
 def _tsv_rows(index: ShardRecords, start: int, end: int) -> bytes:
@@ -258,15 +260,15 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
             tsv.write(TSV_HEADER.encode())
             for start, end in _row_groups(records.est_bytes(BYTES_PER_TOKEN), opts.row_group_size):
                 ids = np.arange(start, end)
-                recs = reader.records(ids)
+                texts, metas = reader.columns(ids)
                 lengths = records.n_tokens[start:end].astype(np.int32)
                 offsets = np.zeros(len(ids) + 1, dtype=np.int32)
                 np.cumsum(lengths, out=offsets[1:])
                 table = pa.Table.from_arrays([
-                    _utf8([t.encode() for t, _ in recs]),
+                    _utf8(texts, records.text_bytes[start:end]),
                     pa.ListArray.from_arrays(_int32(offsets), _int32(reader.tokens(ids))),
                     _int32(lengths),
-                    _utf8([m for _, m in recs]),
+                    _utf8(metas, records.meta_bytes[start:end]),
                 ], schema=SCHEMA)
                 writer.write_table(table, row_group_size=opts.row_group_size)
                 tsv.write(_tsv_rows(records, start, end))

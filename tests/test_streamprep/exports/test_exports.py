@@ -540,9 +540,12 @@ def test_utf8_column_equals_pyarrow_conversion():
     from streamprep.exports.parquet import _utf8
 
     values = ["", "plain", "naïve café — “quoted”", "日本語\n\ttab", "\x00nul", "😀" * 3]
-    built = _utf8([v.encode() for v in values])
+    encoded = [v.encode() for v in values]
+    built = _utf8(b"".join(encoded), np.array([len(v) for v in encoded]))
     assert built.equals(pa.array(values, type=pa.string()))
     assert built.to_pylist() == values
+    with pytest.raises(ExportError, match="add up to"):
+        _utf8(b"".join(encoded), np.array([len(v) for v in encoded[:-1]]))
 
 
 @pytest.mark.slow
@@ -711,7 +714,8 @@ def test_shard_rows_read_back_from_the_summaries(run):
     part = rng.integers(0, len(idx.refs), 150)
     row = np.array([rng.integers(0, len(full[p])) for p in part])
     got = summary.shard_records(idx.rows_of(part, row))
-    for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens", "token_sum", "text_sha256"):
+    for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens", "token_sum", "text_sha256", "text_bytes",
+              "meta_bytes"):
         assert np.array_equal(getattr(got, k), np.stack([full[p][r][k] for p, r in zip(part, row)])), k
     assert [got.refs[p].part for p in got.part] == [idx.refs[p].part for p in part]
     one_part = idx.rows_of(np.full(5, len(idx.refs) - 1), np.arange(5)[::-1])
