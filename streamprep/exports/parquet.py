@@ -31,6 +31,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from streamprep import atomic
@@ -225,6 +226,11 @@ def _int32(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values, np.int32))])
 
 
+def _int64(values: np.ndarray) -> pa.Array:
+    """An int64 Arrow array over `values` (as `_int32`)."""
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values, np.int64))])
+
+
 def _utf8(data: bytes, lengths: np.ndarray) -> pa.Array:
     """A string Arrow array of UTF-8 values given back to back, with their byte lengths, built from two buffers:
     pa.array(list) imports pandas in every worker process (~0.3 s each, at the very end of the job)."""
@@ -237,12 +243,26 @@ def _utf8(data: bytes, lengths: np.ndarray) -> pa.Array:
     return pa.StringArray.from_buffers(len(lengths), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))
 
 
+def _fixed_width(data: Any, count: int, width: int) -> pa.Array:
+    """A string Arrow array of `count` values of `width` bytes each, back to back in `data`."""
+    offsets = np.arange(0, count * width + 1, width, dtype=np.int32)
+    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
 def _tsv_rows(index: ShardRecords, start: int, end: int) -> bytes:
-    """TSV lines of rows start..end of a shard (`index` holds its rows), from the per-part summaries."""
-    digests = index.text_sha256[start:end].tobytes().hex()
-    counts, sums = index.n_tokens[start:end].tolist(), index.token_sum[start:end].tolist()
-    return "".join(f"{start + i}\t{n}\t{s}\t{digests[64 * i:64 * i + 64]}\n"
-                   for i, (n, s) in enumerate(zip(counts, sums))).encode()
+    """TSV lines of rows start..end of a shard (`index` holds its rows), from the per-part summaries. Formatted by
+    Arrow kernels (integers to decimal text, one join per line), not by Python per row; the separators are arrays
+    because a scalar argument imports pandas."""
+    count = end - start
+    digests = np.empty((count, 65), dtype=np.uint8)  # hex digest, then the line's end
+    digests[:, :64] = np.frombuffer(index.text_sha256[start:end].tobytes().hex().encode(), np.uint8).reshape(count, 64)
+    digests[:, 64] = ord("\n")
+    numbers = [pc.cast(_int64(v), pa.string())
+               for v in (np.arange(start, end), index.n_tokens[start:end], index.token_sum[start:end])]
+    lines = pc.binary_join_element_wise(*numbers, _fixed_width(digests, count, 65),
+                                        _fixed_width(b"\t" * count, count, 1))
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32, count=count + 1, offset=4 * lines.offset)
+    return lines.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
 
 
 def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[str, Any]:

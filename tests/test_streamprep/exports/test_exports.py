@@ -19,6 +19,7 @@ import pytest
 from streamprep import atomic
 from streamprep.binidx import IndexedDataset
 from streamprep.exports import ExportError, ShardRef, write_exports
+from streamprep.exports.index import ShardRecords
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 from streamprep.exports.order import bucket_of, order_keys
 from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, pack, pack_stream
@@ -727,3 +728,21 @@ def test_shard_rows_read_back_from_the_summaries(run):
     victim.write_bytes(summary.encode(summary.PartSummary("uint16", np.load(io.BytesIO(payload))[:3]), {}))
     with pytest.raises(ExportError, match=str(victim)):
         summary.shard_records(idx.rows_of(np.array([len(idx.refs) - 1]), np.array([len(full[-1]) - 1])))
+
+
+def test_tsv_rows_equal_the_per_row_format():
+    """The Arrow-formatted TSV lines equal one f-string per row, for any numbers and a row range of a shard."""
+    from streamprep.exports.parquet import _tsv_rows
+
+    rng = np.random.default_rng(3)
+    n = 1000
+    index = ShardRecords(refs=[], dtypes=[], part=np.zeros(n, np.int32), line=np.zeros(n, np.int64),
+                         line_offset=np.zeros(n, np.int64), line_bytes=np.zeros(n, np.int64),
+                         token_start=np.zeros(n, np.int64), n_tokens=rng.integers(1, 1 << 31, n),
+                         token_sum=np.r_[0, 9, rng.integers(0, 1 << 62, n - 2)],
+                         text_sha256=rng.integers(0, 256, (n, 32), dtype=np.uint8),
+                         text_bytes=np.zeros(n, np.int64), meta_bytes=np.zeros(n, np.int64))
+    for start, end in ((0, n), (17, 18), (500, 1000)):
+        assert _tsv_rows(index, start, end) == "".join(
+            f"{i}\t{index.n_tokens[i]}\t{index.token_sum[i]}\t{index.text_sha256[i].tobytes().hex()}\n"
+            for i in range(start, end)).encode()
