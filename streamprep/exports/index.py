@@ -11,6 +11,7 @@ positioned reads (`RecordReader`).
 from __future__ import annotations
 
 import os
+import resource
 from collections import OrderedDict
 from itertools import repeat
 from dataclasses import dataclass, replace
@@ -141,7 +142,15 @@ class ShardRecords:
         return self.n_tokens * bytes_per_token + self.line_bytes
 
 
-def _inverse(order: np.ndarray) -> np.ndarray:
+def open_files_budget() -> int:
+    """How many files a RecordReader keeps open: a row group reads its parts in the same order every time, so
+    a budget below the parts of a shard (two files each) reopens every file for every row group. An eighth of
+    the process's soft limit on open files, between 32 and 1024."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1024 if soft == resource.RLIM_INFINITY else max(32, min(1024, soft // 8))
+
+
+def inverse_permutation(order: np.ndarray) -> np.ndarray:
     """The inverse of a permutation: where each position went."""
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
@@ -152,9 +161,9 @@ class RecordReader:
     """Reads texts, metas and tokens of chosen records with positioned reads (os.pread: no seek, no
     buffer, no memory map whose pages would stay resident); keeps at most `max_open` files open."""
 
-    def __init__(self, index: ShardRecords, max_open: int = 32):
+    def __init__(self, index: ShardRecords, max_open: int | None = None):
         self.index = index
-        self.max_open = max_open
+        self.max_open = max_open or open_files_budget()
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
 
     def _fd(self, kind: str, part: int) -> int:
@@ -194,7 +203,7 @@ class RecordReader:
         rows = ids[order]
         lines = [line for _, chunks in self._read("text", rows, idx.line_offset[rows], idx.line_bytes[rows])
                  for line in chunks]
-        lines = list(map(lines.__getitem__, _inverse(order).tolist()))  # in the order of `ids`
+        lines = list(map(lines.__getitem__, inverse_permutation(order).tolist()))  # in the order of `ids`
         try:
             recs = orjson.loads(b"[" + b",".join(lines) + b"]")
             text = "".join([rec["text"] for rec in recs]).encode()
@@ -226,7 +235,7 @@ class RecordReader:
         read = np.concatenate(pieces).astype(np.int32, copy=False)
         starts = np.cumsum(counts[order]) - counts[order]  # where each record's tokens start in `read` ...
         out_starts = np.cumsum(counts) - counts            # ... and in the result
-        return read[np.repeat(starts[_inverse(order)] - out_starts, counts) + np.arange(int(counts.sum()))]
+        return read[np.repeat(starts[inverse_permutation(order)] - out_starts, counts) + np.arange(int(counts.sum()))]
 
     def close(self) -> None:
         for fd in self._fds.values():

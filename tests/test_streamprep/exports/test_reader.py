@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import resource
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,8 @@ import orjson
 import pytest
 
 from streamprep.exports import summary
-from streamprep.exports.index import ExportError, RecordReader, ShardRecords, ShardRef, canonical_meta
+from streamprep.exports.index import (ExportError, RecordReader, ShardRecords, ShardRef, canonical_meta,
+                                     open_files_budget)
 
 
 def _nested(depth: int) -> dict:
@@ -122,3 +125,22 @@ def test_npy_header_of_cached_rows_read_once_per_layout(tmp_path):
     summary.cache_path(ref).write_bytes(b"{}\n" + buf.getvalue())
     with pytest.raises(ExportError, match="part summary changed"):
         summary._cached_rows(ref, np.array([0]))
+
+
+@pytest.mark.parametrize("soft, budget", [(100, 32), (1024, 128), (20000, 1024), (resource.RLIM_INFINITY, 1024)])
+def test_open_files_budget_follows_the_limit(monkeypatch, soft, budget):
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (soft, resource.RLIM_INFINITY))
+    assert open_files_budget() == budget
+
+
+def test_reader_keeps_its_files_open_across_row_groups(tmp_path, monkeypatch):
+    """With a budget above the parts' files, a second row group over the same parts opens no file."""
+    index, _ = _shard(tmp_path, [(1, 3), (0, 0), (1, 0), (0, 2)])
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, flags: opened.append(str(path)) or real_open(path, flags))
+    with RecordReader(index) as reader:
+        for _ in range(2):
+            reader.columns(np.arange(4))
+            reader.tokens(np.arange(4))
+    assert sorted(Path(p).name for p in opened) == ["p0.bin", "p0.jsonl", "p1.bin", "p1.jsonl"]
