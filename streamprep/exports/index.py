@@ -4,18 +4,20 @@ and the full per-record numbers of one Parquet shard's rows when that shard is w
 `DatasetIndex` holds per part only a few numbers (where its records start in the dataset, its tokens, its
 token dtype, its sorted run: `exports/order.py`), so the job's memory grows with the parts, not the records.
 Everything per record (its line's byte offset and bytes, where its tokens start in the part's `.bin`, how
-many, their sum, the SHA-256 of its text) stays in the parts' summaries on disk (`exports/summary.py`) and is
+many, their sum, the SHA-256 and bytes of its text, the bytes of its canonical meta) stays in the parts' summaries on disk (`exports/summary.py`) and is
 read back for just the rows of the shard being written (`ShardRecords`). Texts and tokens are read by
 positioned reads (`RecordReader`).
 """
 from __future__ import annotations
 
 import os
+import resource
 from collections import OrderedDict
+from itertools import repeat
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import orjson
@@ -57,6 +59,11 @@ def load_record(raw: bytes, path: Path, line_no: int) -> dict[str, Any]:
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
         raise ExportError(f"{path}: line {line_no + 1} is not a record with 'text': {exc}") from None
     return rec
+
+
+def canonical_meta(rec: dict[str, Any]) -> bytes:
+    """A record's `meta` as the Parquet `meta` column holds it: compact JSON, keys sorted ({} when absent)."""
+    return orjson.dumps(rec.get("meta", {}), option=orjson.OPT_SORT_KEYS)
 
 
 @dataclass
@@ -124,6 +131,8 @@ class ShardRecords:
     n_tokens: np.ndarray          # int64: tokens of the record (EOD included), as in `.idx`
     token_sum: np.ndarray         # int64: sum of the record's token ids
     text_sha256: np.ndarray       # uint8 (n, 32): SHA-256 of the record's UTF-8 text
+    text_bytes: np.ndarray        # int64: bytes of the record's UTF-8 text
+    meta_bytes: np.ndarray        # int64: bytes of its canonical meta JSON (`canonical_meta`)
 
     @property
     def num_tokens(self) -> int:
@@ -133,13 +142,28 @@ class ShardRecords:
         return self.n_tokens * bytes_per_token + self.line_bytes
 
 
+def open_files_budget() -> int:
+    """How many files a RecordReader keeps open: a row group reads its parts in the same order every time, so
+    a budget below the parts of a shard (two files each) reopens every file for every row group. An eighth of
+    the process's soft limit on open files, between 32 and 1024."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1024 if soft == resource.RLIM_INFINITY else max(32, min(1024, soft // 8))
+
+
+def inverse_permutation(order: np.ndarray) -> np.ndarray:
+    """The inverse of a permutation: where each position went."""
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return inverse
+
+
 class RecordReader:
     """Reads texts, metas and tokens of chosen records with positioned reads (os.pread: no seek, no
     buffer, no memory map whose pages would stay resident); keeps at most `max_open` files open."""
 
-    def __init__(self, index: ShardRecords, max_open: int = 32):
+    def __init__(self, index: ShardRecords, max_open: int | None = None):
         self.index = index
-        self.max_open = max_open
+        self.max_open = max_open or open_files_budget()
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
 
     def _fd(self, kind: str, part: int) -> int:
@@ -154,40 +178,64 @@ class RecordReader:
         self._fds[key] = fd = os.open(path, os.O_RDONLY)
         return fd
 
-    def records(self, ids: np.ndarray) -> list[tuple[str, bytes]]:
-        """(text, canonical meta JSON) per id, in the order of `ids`; reads each part in offset order."""
+    def _read(self, kind: str, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray
+              ) -> Iterator[tuple[int, list[bytes]]]:
+        """(part, its chunks) part by part: `sizes[i]` bytes at `offsets[i]` of the `kind` file of record `rows[i]`
+        (rows grouped by part); one positioned read per record, but no Python statement per record."""
+        parts = self.index.part[rows]
+        bounds = (np.flatnonzero(np.diff(parts)) + 1).tolist()
+        for lo, hi in zip([0] + bounds, bounds + [len(rows)]):
+            part = int(parts[lo])
+            chunks = list(map(os.pread, repeat(self._fd(kind, part), hi - lo), sizes[lo:hi].tolist(),
+                              offsets[lo:hi].tolist()))
+            if sum(map(len, chunks)) != int(sizes[lo:hi].sum()):
+                ref = self.index.refs[part]
+                raise ExportError(f"{ref.ingest_path if kind == 'text' else f'{ref.prefix}.bin'}: shorter than "
+                                  f"its part summary says")
+            yield part, chunks
+
+    def columns(self, ids: np.ndarray) -> tuple[bytes, bytes]:
+        """The UTF-8 texts and the canonical metas (`canonical_meta`) of `ids`, each back to back in the order of
+        `ids` (their lengths: the index's `text_bytes` and `meta_bytes`). The lines are read part by part in
+        offset order and parsed by one orjson call, so the Python work per record is only its read."""
         idx = self.index
-        out: list[tuple[str, bytes] | None] = [None] * len(ids)
         order = np.lexsort((idx.line_offset[ids], idx.part[ids]))
         rows = ids[order]
-        part, fd, path = -1, -1, None
-        for pos, p, offset, size, line in zip(order.tolist(), idx.part[rows].tolist(), idx.line_offset[rows].tolist(),
-                                               idx.line_bytes[rows].tolist(), idx.line[rows].tolist()):
-            if p != part:
-                part, fd, path = p, self._fd("text", p), idx.refs[p].ingest_path
-            rec = load_record(os.pread(fd, size, offset), path, line)
-            out[pos] = (rec["text"], orjson.dumps(rec.get("meta", {}), option=orjson.OPT_SORT_KEYS))
-        return out  # type: ignore[return-value]
+        lines = [line for _, chunks in self._read("text", rows, idx.line_offset[rows], idx.line_bytes[rows])
+                 for line in chunks]
+        lines = list(map(lines.__getitem__, inverse_permutation(order).tolist()))  # in the order of `ids`
+        try:
+            recs = orjson.loads(b"[" + b",".join(lines) + b"]")
+            text = "".join([rec["text"] for rec in recs]).encode()
+            metas = orjson.dumps([rec.get("meta", {}) for rec in recs], option=orjson.OPT_SORT_KEYS)
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError, KeyError, TypeError, AttributeError):
+            # a bad line (named by load_record), or one at orjson's nesting limit only once in a list
+            recs = [load_record(line, idx.refs[p].ingest_path, n)
+                    for line, p, n in zip(lines, idx.part[ids].tolist(), idx.line[ids].tolist())]
+            text = b"".join([rec["text"].encode() for rec in recs])
+            metas = b"[" + b",".join([canonical_meta(rec) for rec in recs]) + b"]"
+        commas = np.cumsum(idx.meta_bytes[ids] + 1)  # after "[", each meta then its comma (the last one's: "]")
+        listed = np.frombuffer(metas, dtype=np.uint8)
+        if (len(text) != int(idx.text_bytes[ids].sum()) or len(listed) != int(commas[-1]) + 1
+                or listed[commas[:-1]].tobytes() != b"," * (len(ids) - 1)):
+            raise ExportError("ingest lines do not match their part summaries (changed after they were made)")
+        return text, np.delete(listed, np.r_[0, commas]).tobytes()
 
     def tokens(self, ids: np.ndarray) -> np.ndarray:
-        """The token ids (EOD included, exactly as in `.bin`) of `ids` back to back, as int32."""
+        """The token ids (EOD included, exactly as in `.bin`) of `ids` back to back, as int32; read part by part in
+        `.bin` order, then put in the order of `ids` by one gather."""
         idx = self.index
         counts = idx.n_tokens[ids]
-        ends = np.cumsum(counts)
-        out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
         order = np.lexsort((idx.token_start[ids], idx.part[ids]))
         rows = ids[order]
-        part, fd, item, dtype = -1, -1, 0, None
-        for p, start, n, end in zip(idx.part[rows].tolist(), idx.token_start[rows].tolist(), counts[order].tolist(),
-                                    ends[order].tolist()):
-            if p != part:
-                part, fd, dtype = p, self._fd("bin", p), idx.dtypes[p]
-                item = dtype.itemsize
-            raw = os.pread(fd, n * item, start * item)
-            if len(raw) != n * item:
-                raise ExportError(f"{idx.refs[part].prefix}.bin: shorter than its .idx says")
-            out[end - n:end] = np.frombuffer(raw, dtype=dtype)
-        return out
+        itemsize = np.array([dtype.itemsize for dtype in idx.dtypes], dtype=np.int64)[idx.part[rows]]
+        pieces = []
+        for part, chunks in self._read("bin", rows, idx.token_start[rows] * itemsize, idx.n_tokens[rows] * itemsize):
+            pieces.append(np.frombuffer(b"".join(chunks), dtype=idx.dtypes[part]))
+        read = np.concatenate(pieces).astype(np.int32, copy=False)
+        starts = np.cumsum(counts[order]) - counts[order]  # where each record's tokens start in `read` ...
+        out_starts = np.cumsum(counts) - counts            # ... and in the result
+        return read[np.repeat(starts[inverse_permutation(order)] - out_starts, counts) + np.arange(int(counts.sum()))]
 
     def close(self) -> None:
         for fd in self._fds.values():

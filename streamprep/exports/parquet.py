@@ -31,6 +31,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from streamprep import atomic
@@ -225,22 +226,43 @@ def _int32(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values, np.int32))])
 
 
-def _utf8(values: list[bytes]) -> pa.Array:
-    """A string Arrow array of UTF-8 `values`, built from two buffers: pa.array(list) imports pandas in every
-    worker process (~0.3 s each, at the very end of the job)."""
-    offsets = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum([len(v) for v in values], out=offsets[1:])
+def _int64(values: np.ndarray) -> pa.Array:
+    """An int64 Arrow array over `values` (as `_int32`)."""
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values, np.int64))])
+
+
+def _utf8(data: bytes, lengths: np.ndarray) -> pa.Array:
+    """A string Arrow array of UTF-8 values given back to back, with their byte lengths, built from two buffers:
+    pa.array(list) imports pandas in every worker process (~0.3 s each, at the very end of the job)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > np.iinfo(np.int32).max:
         raise ExportError(f"a Parquet row group of {int(offsets[-1])} text bytes does not fit a string column")
-    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values)))
+    if offsets[-1] != len(data):
+        raise ExportError(f"{len(data)} bytes of strings, but their lengths add up to {int(offsets[-1])}")
+    return pa.StringArray.from_buffers(len(lengths), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))
+
+
+def _fixed_width(data: Any, count: int, width: int) -> pa.Array:
+    """A string Arrow array of `count` values of `width` bytes each, back to back in `data`."""
+    offsets = np.arange(0, count * width + 1, width, dtype=np.int32)
+    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
 def _tsv_rows(index: ShardRecords, start: int, end: int) -> bytes:
-    """TSV lines of rows start..end of a shard (`index` holds its rows), from the per-part summaries."""
-    digests = index.text_sha256[start:end].tobytes().hex()
-    counts, sums = index.n_tokens[start:end].tolist(), index.token_sum[start:end].tolist()
-    return "".join(f"{start + i}\t{n}\t{s}\t{digests[64 * i:64 * i + 64]}\n"
-                   for i, (n, s) in enumerate(zip(counts, sums))).encode()
+    """TSV lines of rows start..end of a shard (`index` holds its rows), from the per-part summaries. Formatted by
+    Arrow kernels (integers to decimal text, one join per line), not by Python per row; the separators are arrays
+    because a scalar argument imports pandas."""
+    count = end - start
+    digests = np.empty((count, 65), dtype=np.uint8)  # hex digest, then the line's end
+    digests[:, :64] = np.frombuffer(index.text_sha256[start:end].tobytes().hex().encode(), np.uint8).reshape(count, 64)
+    digests[:, 64] = ord("\n")
+    numbers = [pc.cast(_int64(v), pa.string())
+               for v in (np.arange(start, end), index.n_tokens[start:end], index.token_sum[start:end])]
+    lines = pc.binary_join_element_wise(*numbers, _fixed_width(digests, count, 65),
+                                        _fixed_width(b"\t" * count, count, 1))
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32, count=count + 1, offset=4 * lines.offset)
+    return lines.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
 
 
 def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[str, Any]:
@@ -258,15 +280,15 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
             tsv.write(TSV_HEADER.encode())
             for start, end in _row_groups(records.est_bytes(BYTES_PER_TOKEN), opts.row_group_size):
                 ids = np.arange(start, end)
-                recs = reader.records(ids)
+                texts, metas = reader.columns(ids)
                 lengths = records.n_tokens[start:end].astype(np.int32)
                 offsets = np.zeros(len(ids) + 1, dtype=np.int32)
                 np.cumsum(lengths, out=offsets[1:])
                 table = pa.Table.from_arrays([
-                    _utf8([t.encode() for t, _ in recs]),
+                    _utf8(texts, records.text_bytes[start:end]),
                     pa.ListArray.from_arrays(_int32(offsets), _int32(reader.tokens(ids))),
                     _int32(lengths),
-                    _utf8([m for _, m in recs]),
+                    _utf8(metas, records.meta_bytes[start:end]),
                 ], schema=SCHEMA)
                 writer.write_table(table, row_group_size=opts.row_group_size)
                 tsv.write(_tsv_rows(records, start, end))

@@ -1,8 +1,9 @@
 """Per-part export work, done once per finished tokenization shard: what the final exports need per record.
 
-`summarize_part(ref)` reads one shard back — its ingest part (line offsets; the SHA-256 of each kept
-record's text), its `.idx` (where each record's tokens start, how many) and its `.bin` (the sum of each
-record's token ids) — and checks that they agree with each other and with the receipt. It depends on
+`summarize_part(ref)` reads one shard back — its ingest part (line offsets; per kept record the SHA-256 and
+the bytes of its text and the bytes of its canonical meta JSON, so a shard writer parses its lines in bulk),
+its `.idx` (where each record's tokens start, how many) and its `.bin` (the sum of each record's token ids)
+— and checks that they agree with each other and with the receipt. It depends on
 nothing but the shard (not on the export options), so it can run as soon as the receipt exists, in any
 process. `part_summary(ref)` caches it next to the receipt (`receipts/<dataset>/<part>.summary`,
 written atomically, deterministic bytes) keyed by the receipt's content: a resume reuses it; a stale
@@ -17,8 +18,10 @@ import hashlib
 import io
 import mmap
 import os
+import struct
 from array import array
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +29,16 @@ import numpy as np
 import orjson
 
 from streamprep import atomic, binidx
-from streamprep.exports.index import ExportError, ShardRecords, ShardRef, ShardRows, load_record
+from streamprep.exports.index import ExportError, ShardRecords, ShardRef, ShardRows, canonical_meta, load_record
 
 FORMAT = "streamprep-part-summary"
-VERSION = 1
+VERSION = 2  # 2: each record's text and canonical meta byte lengths, so a shard writer cuts its columns unparsed
 SUFFIX = ".summary"
 TEXT_CHUNK = 1 << 22    # bytes of ingest lines read at a time
 TOKEN_CHUNK = 1 << 22   # tokens of `.bin` read at a time
 RECORD = np.dtype([("line", "<i8"), ("line_offset", "<i8"), ("line_bytes", "<i8"), ("token_start", "<i8"),
-                   ("n_tokens", "<i8"), ("token_sum", "<i8"), ("text_sha256", "u1", (32,))])
+                   ("n_tokens", "<i8"), ("token_sum", "<i8"), ("text_sha256", "u1", (32,)), ("text_bytes", "<i8"),
+                   ("meta_bytes", "<i8")])
 
 
 @dataclass(frozen=True)
@@ -43,18 +47,23 @@ class PartSummary:
     records: np.ndarray  # RECORD, one per kept record, in `.idx` order
 
 
-def _scan_ingest(ref: ShardRef, dropped: set[int]) -> tuple[np.ndarray, bytes]:
-    """Byte length of every line of the ingest part, and the SHA-256 of each kept record's text, in order."""
-    lengths, digests, line_no = array("q"), bytearray(), 0
+def _scan_ingest(ref: ShardRef, dropped: set[int]) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
+    """Byte length of every line of the ingest part; per kept record, in order, the SHA-256 of its text, the
+    bytes of its UTF-8 text and of its canonical meta JSON (`index.canonical_meta`)."""
+    lengths, digests, text_bytes, meta_bytes, line_no = array("q"), bytearray(), array("q"), array("q"), 0
     with open(ref.ingest_path, "rb") as fh:
         while lines := fh.readlines(TEXT_CHUNK):
             for line in lines:
                 lengths.append(len(line))
                 if line_no not in dropped:
-                    text = load_record(line, ref.ingest_path, line_no)["text"]
-                    digests += hashlib.sha256(text.encode("utf-8")).digest()
+                    rec = load_record(line, ref.ingest_path, line_no)
+                    text = rec["text"].encode("utf-8")
+                    digests += hashlib.sha256(text).digest()
+                    text_bytes.append(len(text))
+                    meta_bytes.append(len(canonical_meta(rec)))
                 line_no += 1
-    return np.frombuffer(lengths, dtype=np.int64), bytes(digests)
+    return (np.frombuffer(lengths, dtype=np.int64), bytes(digests), np.frombuffer(text_bytes, dtype=np.int64),
+            np.frombuffer(meta_bytes, dtype=np.int64))
 
 
 def _token_sums(bin_path: Path, dtype: np.dtype, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -84,7 +93,7 @@ def summarize_part(ref: ShardRef) -> PartSummary:
         raise ExportError(f"{ref.dataset}/{ref.part}: {problems[0]}")
     stats = ref.receipt.get("stats", {})
     dropped = np.asarray(sorted(stats.get("dropped_empty", [])), dtype=np.int64)
-    lengths, digests = _scan_ingest(ref, set(dropped.tolist()))
+    lengths, digests, text_bytes, meta_bytes = _scan_ingest(ref, set(dropped.tolist()))
     n_lines = len(lengths)
     if len(dropped) and (dropped[0] < 0 or dropped[-1] >= n_lines):
         raise ExportError(f"{ref.dataset}/{ref.part}: receipt drops line {int(dropped[-1])} but "
@@ -104,6 +113,7 @@ def summarize_part(ref: ShardRef) -> PartSummary:
     rec["token_start"], rec["n_tokens"] = ds.pointers // ds.dtype.itemsize, n_tokens
     rec["token_sum"] = _token_sums(ds.bin_path, ds.dtype, rec["token_start"], n_tokens)
     rec["text_sha256"] = np.frombuffer(digests, dtype=np.uint8).reshape(-1, 32)
+    rec["text_bytes"], rec["meta_bytes"] = text_bytes, meta_bytes
     return PartSummary(str(ds.dtype), rec)
 
 
@@ -186,6 +196,17 @@ def part_summary(ref: ShardRef) -> PartSummary:
     return load_cached(ref) or compute_and_cache(ref)
 
 
+@lru_cache(maxsize=16)
+def _npy_header(prefix: bytes) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a `.npy` from its magic and header bytes. Memoized: the parts' headers differ only in
+    their row counts, and a shard writer reads those of every part it touches (literal_eval is slow)."""
+    fh = io.BytesIO(prefix)
+    major, _ = np.lib.format.read_magic(fh)
+    read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(fh)
+    return shape, dtype
+
+
 def _cached_rows(ref: ShardRef, rows: np.ndarray) -> np.ndarray:
     """RECORD rows `rows` of a part from its cache file (checked and current: this exports step made the part's
     run from it), through a map of the file closed at once, so only the pages of these rows are read and none
@@ -193,9 +214,13 @@ def _cached_rows(ref: ShardRef, rows: np.ndarray) -> np.ndarray:
     path = cache_path(ref)
     with open(path, "rb") as fh:
         fh.readline()
-        major, _ = np.lib.format.read_magic(fh)
-        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(fh)
+        magic = fh.read(8)
+        size_format = "<H" if magic[6:7] == b"\x01" else "<I"  # the header's length: 2 bytes in format 1.0, else 4
+        size = fh.read(struct.calcsize(size_format))
+        try:
+            shape, dtype = _npy_header(magic + size + fh.read(struct.unpack(size_format, size)[0]))
+        except (ValueError, struct.error):
+            shape, dtype = (), None
         if dtype != RECORD or len(shape) != 1 or (len(rows) and int(rows.max()) >= shape[0]):
             raise ExportError(f"{path}: part summary changed while the exports were written")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
@@ -215,4 +240,4 @@ def shard_records(rows: ShardRows) -> ShardRecords:
         out[sel] = _cached_rows(rows.refs[int(part[sel[0]])], row[sel])
     return ShardRecords(refs=rows.refs, dtypes=rows.dtypes, part=part,
                         **{k: out[k] for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens",
-                                               "token_sum", "text_sha256")})
+                                               "token_sum", "text_sha256", "text_bytes", "meta_bytes")})

@@ -19,6 +19,7 @@ import pytest
 from streamprep import atomic
 from streamprep.binidx import IndexedDataset
 from streamprep.exports import ExportError, ShardRef, write_exports
+from streamprep.exports.index import ShardRecords
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 from streamprep.exports.order import bucket_of, order_keys
 from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, pack, pack_stream
@@ -540,9 +541,12 @@ def test_utf8_column_equals_pyarrow_conversion():
     from streamprep.exports.parquet import _utf8
 
     values = ["", "plain", "naïve café — “quoted”", "日本語\n\ttab", "\x00nul", "😀" * 3]
-    built = _utf8([v.encode() for v in values])
+    encoded = [v.encode() for v in values]
+    built = _utf8(b"".join(encoded), np.array([len(v) for v in encoded]))
     assert built.equals(pa.array(values, type=pa.string()))
     assert built.to_pylist() == values
+    with pytest.raises(ExportError, match="add up to"):
+        _utf8(b"".join(encoded), np.array([len(v) for v in encoded[:-1]]))
 
 
 @pytest.mark.slow
@@ -711,7 +715,8 @@ def test_shard_rows_read_back_from_the_summaries(run):
     part = rng.integers(0, len(idx.refs), 150)
     row = np.array([rng.integers(0, len(full[p])) for p in part])
     got = summary.shard_records(idx.rows_of(part, row))
-    for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens", "token_sum", "text_sha256"):
+    for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens", "token_sum", "text_sha256", "text_bytes",
+              "meta_bytes"):
         assert np.array_equal(getattr(got, k), np.stack([full[p][r][k] for p, r in zip(part, row)])), k
     assert [got.refs[p].part for p in got.part] == [idx.refs[p].part for p in part]
     one_part = idx.rows_of(np.full(5, len(idx.refs) - 1), np.arange(5)[::-1])
@@ -723,3 +728,21 @@ def test_shard_rows_read_back_from_the_summaries(run):
     victim.write_bytes(summary.encode(summary.PartSummary("uint16", np.load(io.BytesIO(payload))[:3]), {}))
     with pytest.raises(ExportError, match=str(victim)):
         summary.shard_records(idx.rows_of(np.array([len(idx.refs) - 1]), np.array([len(full[-1]) - 1])))
+
+
+def test_tsv_rows_equal_the_per_row_format():
+    """The Arrow-formatted TSV lines equal one f-string per row, for any numbers and a row range of a shard."""
+    from streamprep.exports.parquet import _tsv_rows
+
+    rng = np.random.default_rng(3)
+    n = 1000
+    index = ShardRecords(refs=[], dtypes=[], part=np.zeros(n, np.int32), line=np.zeros(n, np.int64),
+                         line_offset=np.zeros(n, np.int64), line_bytes=np.zeros(n, np.int64),
+                         token_start=np.zeros(n, np.int64), n_tokens=rng.integers(1, 1 << 31, n),
+                         token_sum=np.r_[0, 9, rng.integers(0, 1 << 62, n - 2)],
+                         text_sha256=rng.integers(0, 256, (n, 32), dtype=np.uint8),
+                         text_bytes=np.zeros(n, np.int64), meta_bytes=np.zeros(n, np.int64))
+    for start, end in ((0, n), (17, 18), (500, 1000)):
+        assert _tsv_rows(index, start, end) == "".join(
+            f"{i}\t{index.n_tokens[i]}\t{index.token_sum[i]}\t{index.text_sha256[i].tobytes().hex()}\n"
+            for i in range(start, end)).encode()

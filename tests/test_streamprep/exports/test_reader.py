@@ -1,0 +1,146 @@
+"""RecordReader and the summary fields it relies on, over small hand-made parts: the columns and tokens it
+gathers in bulk equal, byte for byte, what parsing each record on its own gives."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from streamprep.exports import summary
+from streamprep.exports.index import (ExportError, RecordReader, ShardRecords, ShardRef, canonical_meta,
+                                     open_files_budget)
+
+
+def _nested(depth: int) -> dict:
+    meta: dict = {}
+    for _ in range(depth):
+        meta = {"a": meta}
+    return meta
+
+
+RECORDS = [  # (line bytes, tokens): orjson lines as ingest writes them, and lines other writers make
+    (orjson.dumps({"text": "plain", "meta": {"z": 1, "a": [1.5, None], "m": {"y": "é", "b": True}}}), [5, 6, 7]),
+    (orjson.dumps({"text": "naïve \"quoted\"\n\ttab \\ 😀", "meta": {"b": 2, "a": 1}}), [1, 2]),
+    (json.dumps({"meta": {"k": "v", "c": "\u2028"}, "text": "caf\u00e9 ascii-escaped"}).encode(), [9]),
+    (orjson.dumps({"text": "no meta"}), [3, 3, 3, 3]),
+    (orjson.dumps({"text": "null meta", "meta": None}), [4]),
+    (b'{"text":"deep meta","meta":' + orjson.dumps(_nested(253)) + b"}", [8, 8]),  # dumped alone, not in a list
+    (b'{ "text" : "spaced", "extra": [1, 2], "meta" : {"b": [], "a": {}} }', [2, 4, 6]),
+]
+
+
+def _part(tmp: Path, name: str, records: list[tuple[bytes, list[int]]], dtype: str) -> tuple[ShardRef, np.ndarray]:
+    """One part's ingest lines and `.bin`; its summary's rows computed the way `summarize_part` does."""
+    ingest = tmp / f"{name}.jsonl"
+    ingest.write_bytes(b"".join(line + b"\n" for line, _ in records))
+    counts = np.array([len(t) for _, t in records])
+    (tmp / f"{name}.bin").write_bytes(np.concatenate([np.array(t, dtype=dtype) for _, t in records]).tobytes())
+    ref = ShardRef("d", "train", name, ingest, tmp / name, {}, tmp / f"{name}.json")
+    lengths, digests, text_bytes, meta_bytes = summary._scan_ingest(ref, set())
+    rec = np.zeros(len(records), dtype=summary.RECORD)
+    rec["line"] = np.arange(len(records))
+    rec["line_offset"], rec["line_bytes"] = np.cumsum(lengths) - lengths, lengths
+    rec["token_start"], rec["n_tokens"] = np.cumsum(counts) - counts, counts
+    rec["text_sha256"] = np.frombuffer(digests, dtype=np.uint8).reshape(-1, 32)
+    rec["text_bytes"], rec["meta_bytes"] = text_bytes, meta_bytes
+    return ref, rec
+
+
+def _shard(tmp: Path, picks: list[tuple[int, int]]) -> tuple[ShardRecords, list[tuple[dict, list[int]]]]:
+    """A shard of (part, row) picks over two parts (token dtypes differ), and each pick's record and tokens."""
+    parts = [_part(tmp, "p0", RECORDS, "uint16"), _part(tmp, "p1", RECORDS[::-1], "int32")]
+    sources = [RECORDS, RECORDS[::-1]]
+    rows = np.stack([parts[p][1][r] for p, r in picks])
+    index = ShardRecords(refs=[ref for ref, _ in parts], dtypes=[np.dtype("uint16"), np.dtype("int32")],
+                         part=np.array([p for p, _ in picks], dtype=np.int32),
+                         **{k: rows[k] for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens",
+                                                 "token_sum", "text_sha256", "text_bytes", "meta_bytes")})
+    return index, [(orjson.loads(sources[p][r][0]), sources[p][r][1]) for p, r in picks]
+
+
+def test_scan_ingest_lengths_of_text_and_canonical_meta(tmp_path):
+    ref, rec = _part(tmp_path, "p0", RECORDS, "uint16")
+    parsed = [orjson.loads(line) for line, _ in RECORDS]
+    assert rec["text_bytes"].tolist() == [len(r["text"].encode()) for r in parsed]
+    assert rec["meta_bytes"].tolist() == [len(canonical_meta(r)) for r in parsed]
+    assert canonical_meta(parsed[0]) == b'{"a":[1.5,null],"m":{"b":true,"y":"\xc3\xa9"},"z":1}'
+    assert canonical_meta(parsed[3]) == b"{}" and canonical_meta(parsed[4]) == b"null"
+
+
+@pytest.mark.parametrize("picks", [
+    [(1, 3), (0, 0), (0, 6), (1, 0), (0, 2), (1, 6), (0, 1), (1, 2), (0, 4), (1, 5), (0, 3)],  # deep meta absent
+    [(0, 5), (1, 1), (0, 1), (0, 5)],                                                           # deep meta, twice
+])
+def test_columns_and_tokens_equal_each_record_parsed_alone(tmp_path, picks):
+    index, expected = _shard(tmp_path, picks)
+    ids = np.arange(len(picks))
+    with RecordReader(index, max_open=1) as reader:  # every part switch reopens a file
+        texts, metas = reader.columns(ids)
+        tokens = reader.tokens(ids)
+        assert reader.columns(ids[::-1]) == (b"".join(r["text"].encode() for r, _ in expected[::-1]),
+                                             b"".join(canonical_meta(r) for r, _ in expected[::-1]))
+    assert texts == b"".join(r["text"].encode() for r, _ in expected)
+    assert metas == b"".join(canonical_meta(r) for r, _ in expected)
+    assert tokens.dtype == np.int32 and tokens.tolist() == [t for _, toks in expected for t in toks]
+
+
+def test_columns_refuse_lines_unlike_their_summary(tmp_path):
+    index, _ = _shard(tmp_path, [(0, 0), (0, 1)])
+    ingest = index.refs[0].ingest_path
+    data = ingest.read_bytes()
+    ingest.write_bytes(data.replace(b'"plain"', b'"plaiN"'))  # same length, still valid: the hash is not reread
+    with RecordReader(index) as reader:
+        assert reader.columns(np.arange(2))[0].startswith(b"plaiN")
+    ingest.write_bytes(data.replace(b'"plain"', b'"plainer"', 1))  # lengths differ: lines cut wrong, or texts
+    with RecordReader(index) as reader, pytest.raises(ExportError, match=r"p0\.jsonl: line 1 is not a record"):
+        reader.columns(np.arange(2))
+    ingest.write_bytes(data.replace(b'"z":1', b'"z":10', 1).replace(b'"plain"', b'"plai"', 1))
+    with RecordReader(index) as reader, pytest.raises(ExportError, match="do not match their part summaries"):
+        reader.columns(np.arange(1))
+    ingest.write_bytes(data[:20])
+    with RecordReader(index) as reader, pytest.raises(ExportError, match=r"p0\.jsonl: shorter than"):
+        reader.columns(np.arange(2))
+    Path(f"{index.refs[0].prefix}.bin").write_bytes(b"\0" * 4)
+    with RecordReader(index) as reader, pytest.raises(ExportError, match=r"p0\.bin: shorter than"):
+        reader.tokens(np.arange(2))
+
+
+def test_npy_header_of_cached_rows_read_once_per_layout(tmp_path):
+    """The `.npy` header of a summary is parsed once per distinct header (row count), not once per read."""
+    ref, rec = _part(tmp_path, "p0", RECORDS, "uint16")
+    ref = ShardRef(ref.dataset, ref.split, ref.part, ref.ingest_path, ref.prefix, {"stats": {}}, ref.receipt_path)
+    summary.cache_path(ref).write_bytes(summary.encode(summary.PartSummary("uint16", rec), ref.receipt))
+    summary._npy_header.cache_clear()
+    for rows in ([0], [6, 2], [3]):
+        assert summary._cached_rows(ref, np.array(rows)).tobytes() == rec[rows].tobytes()
+    assert summary._npy_header.cache_info().misses == 1 and summary._npy_header.cache_info().hits == 2
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(2, dtype=summary.RECORD.descr[:-2]))  # a version 1 payload
+    summary.cache_path(ref).write_bytes(b"{}\n" + buf.getvalue())
+    with pytest.raises(ExportError, match="part summary changed"):
+        summary._cached_rows(ref, np.array([0]))
+
+
+@pytest.mark.parametrize("soft, budget", [(100, 32), (1024, 128), (20000, 1024), (resource.RLIM_INFINITY, 1024)])
+def test_open_files_budget_follows_the_limit(monkeypatch, soft, budget):
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (soft, resource.RLIM_INFINITY))
+    assert open_files_budget() == budget
+
+
+def test_reader_keeps_its_files_open_across_row_groups(tmp_path, monkeypatch):
+    """With a budget above the parts' files, a second row group over the same parts opens no file."""
+    index, _ = _shard(tmp_path, [(1, 3), (0, 0), (1, 0), (0, 2)])
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, flags: opened.append(str(path)) or real_open(path, flags))
+    with RecordReader(index) as reader:
+        for _ in range(2):
+            reader.columns(np.arange(4))
+            reader.tokens(np.arange(4))
+    assert sorted(Path(p).name for p in opened) == ["p0.bin", "p0.jsonl", "p1.bin", "p1.jsonl"]
