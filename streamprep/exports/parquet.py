@@ -221,14 +221,11 @@ def _row_groups(sizes: np.ndarray, max_rows: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _int32(values: np.ndarray) -> pa.Array:
-    """An int32 Arrow array over `values` (no copy; unlike pa.array(ndarray), does not import pandas, ~0.5 s)."""
-    return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values, np.int32))])
-
-
-def _int64(values: np.ndarray) -> pa.Array:
-    """An int64 Arrow array over `values` (as `_int32`)."""
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(np.ascontiguousarray(values, np.int64))])
+def _ints(values: np.ndarray, dtype: type = np.int32) -> pa.Array:
+    """An Arrow integer array of `dtype` over `values` (no copy; unlike pa.array(ndarray), does not import
+    pandas, ~0.5 s)."""
+    data = np.ascontiguousarray(values, dtype)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(data.dtype), len(data), [None, pa.py_buffer(data)])
 
 
 def _utf8(data: bytes, lengths: np.ndarray) -> pa.Array:
@@ -257,7 +254,7 @@ def _tsv_rows(index: ShardRecords, start: int, end: int) -> bytes:
     digests = np.empty((count, 65), dtype=np.uint8)  # hex digest, then the line's end
     digests[:, :64] = np.frombuffer(index.text_sha256[start:end].tobytes().hex().encode(), np.uint8).reshape(count, 64)
     digests[:, 64] = ord("\n")
-    numbers = [pc.cast(_int64(v), pa.string())
+    numbers = [pc.cast(_ints(v, np.int64), pa.string())
                for v in (np.arange(start, end), index.n_tokens[start:end], index.token_sum[start:end])]
     lines = pc.binary_join_element_wise(*numbers, _fixed_width(digests, count, 65),
                                         _fixed_width(b"\t" * count, count, 1))
@@ -286,8 +283,8 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
                 np.cumsum(lengths, out=offsets[1:])
                 table = pa.Table.from_arrays([
                     _utf8(texts, records.text_bytes[start:end]),
-                    pa.ListArray.from_arrays(_int32(offsets), _int32(reader.tokens(ids))),
-                    _int32(lengths),
+                    pa.ListArray.from_arrays(_ints(offsets), _ints(reader.tokens(ids))),
+                    _ints(lengths),
                     _utf8(metas, records.meta_bytes[start:end]),
                 ], schema=SCHEMA)
                 writer.write_table(table, row_group_size=opts.row_group_size)
