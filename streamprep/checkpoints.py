@@ -61,6 +61,11 @@ class IngestState:
         the dataset is done (an empty last part is never written)."""
         return planned_parts(self.part_index, self.part_lines, self.done)
 
+    def sealed_text_bytes(self) -> int:
+        """A lower bound of the kept text in the sealed parts: the kept text less the open lines' bytes (staged,
+        in no part yet). A line holds its text JSON-encoded, never in fewer bytes than the text's UTF-8."""
+        return self.kept_text_bytes - self.part_bytes
+
     def to_json(self) -> dict[str, Any]:
         return {"version": VERSION, "writer": WRITER, **dataclasses.asdict(self)}
 

@@ -5,8 +5,8 @@ checkpoint has sealed are planned and submitted, in order, by one feeder thread 
 part, which must not stall the event loop). Before the tokenizer exists, sealed parts wait:
 - `tokenizer.path`: the feeder thread copies it (and chooses its backend) first thing, while ingest starts,
   so it is off the job's serial start and tokenization overlaps ingest from the first part;
-- `tokenizer.train.sample_mb`: training starts once every dataset has checkpointed its share of the
-  sample (or finished), while ingest continues;
+- `tokenizer.train.sample_mb`: training starts once every dataset's sealed parts hold its share of the
+  sample (or it finished), while ingest continues; the sample is read from those parts;
 - otherwise the tokenizer is trained on all kept text after ingest, as before.
 What is tokenized never depends on this timing: shard bytes depend on the part and the tokenizer only.
 """

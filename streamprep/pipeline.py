@@ -360,7 +360,7 @@ class Job:
         if sample_mb is None:
             return None
         shares = tokmod.sample_shares(self.config.datasets, sample_mb)
-        return lambda states: tokmod.sample_ready(shares, {n: s.kept_text_bytes for n, s in states.items()},
+        return lambda states: tokmod.sample_ready(shares, {n: s.sealed_text_bytes() for n, s in states.items()},
                                                   {n: s.done for n, s in states.items()})
 
     def _train_tokenizer(self, states: dict[str, IngestState]) -> TokenizerInfo:
@@ -373,8 +373,8 @@ class Job:
                 raise ConfigError("no records were kept, so there is no text to train a tokenizer on "
                                   "(check the quality settings or the sources)")
             return tokmod.prepare(tok, self.run_dir, tokmod.iter_part_texts(parts))
-        open_parts = {n: [self._files(n).part(i) for i in range(s.part_index + 1)] for n, s in states.items()}
-        texts = tokmod.sample_texts(open_parts, tokmod.sample_shares(self.config.datasets, sample_mb))
+        sealed = {n: [self._files(n).part(i) for i in range(s.sealed_parts())] for n, s in states.items()}
+        texts = tokmod.sample_texts(sealed, tokmod.sample_shares(self.config.datasets, sample_mb))
         log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)
         return tokmod.prepare_from_sample(tok, self.run_dir, texts)
 

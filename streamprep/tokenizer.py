@@ -225,21 +225,23 @@ def sample_shares(datasets: Sequence[DatasetConfig], sample_mb: float) -> dict[s
     return {d.name: int(sample_mb * 1024 * 1024 * d.weight / total_w) for d in datasets}
 
 
-def sample_ready(shares: dict[str, int], kept_text_bytes: dict[str, int], done: dict[str, bool]) -> bool:
-    """Every dataset has checkpointed its share (or finished with less)."""
-    return all(done.get(n) or kept_text_bytes.get(n, 0) >= share for n, share in shares.items())
+def sample_ready(shares: dict[str, int], sealed_text: dict[str, int], done: dict[str, bool]) -> bool:
+    """Every dataset's sealed parts hold its share (`IngestState.sealed_text_bytes`), or it finished with less."""
+    return all(done.get(n) or sealed_text.get(n, 0) >= share for n, share in shares.items())
 
 
 def sample_texts(parts: dict[str, list[Path]], shares: dict[str, int]) -> Iterator[str]:
-    """The sample, in dataset (config) order then record order: each dataset's first `share` bytes of kept text.
-    Only checkpointed lines are read: a share is taken only once the checkpoint covers it."""
+    """The sample, in dataset (config) order then record order: each dataset's first `share` bytes of kept text,
+    from its sealed `parts`. A part after the one that completes the share is never opened: it may not exist."""
     for name, share in shares.items():
         taken = 0
+        if share <= 0:
+            continue
         for text in iter_part_texts(parts.get(name, [])):
-            if taken >= share:
-                break
             taken += len(text.encode("utf-8"))
             yield text
+            if taken >= share:
+                break
 
 
 def prepare_from_sample(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str]) -> TokenizerInfo:

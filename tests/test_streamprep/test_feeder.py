@@ -8,8 +8,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
+from streamprep import tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState
 from streamprep.feeder import ShardFeeder
 
@@ -70,3 +72,28 @@ def test_a_tokenizer_that_cannot_be_prepared_fails_at_the_next_checkpoint(tmp_pa
     finally:
         feeder.close()
     assert engine.submitted == []
+
+
+# ---- the training sample (tokenizer.train.sample_mb): read from sealed parts only ----------------------------
+def test_the_sample_waits_for_its_share_in_sealed_parts_not_in_staged_lines() -> None:
+    """Regression: kept text still staged (open lines, in no part yet) counted toward the share, so training
+    started and then opened a part that did not exist (FileNotFoundError in a resumed run's training)."""
+    state = IngestState("d", kept_text_bytes=1000, part_index=1, part_lines=3, part_bytes=700)
+    assert state.sealed_text_bytes() == 300
+    assert not tokmod.sample_ready({"d": 500}, {"d": state.sealed_text_bytes()}, {"d": False})
+    state.part_index, state.part_lines, state.part_bytes = 2, 0, 0  # the open lines were sealed
+    assert tokmod.sample_ready({"d": 500}, {"d": state.sealed_text_bytes()}, {"d": False})
+
+
+def test_the_sample_never_opens_the_part_after_its_share(tmp_path: Path) -> None:
+    """Regression: a share completed by the last text of a sealed part opened the next (unsealed) part."""
+    texts = ["alpha " * 10, "beta " * 10, "gamma " * 10]
+    (tmp_path / "part-00000.jsonl").write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
+    parts = [tmp_path / "part-00000.jsonl", tmp_path / "part-00001.jsonl"]  # the second does not exist
+    share = sum(len(t.encode()) for t in texts)
+    assert list(tokmod.sample_texts({"d": parts}, {"d": share})) == texts
+    assert list(tokmod.sample_texts({"d": parts}, {"d": share - 1})) == texts
+    assert list(tokmod.sample_texts({"d": parts}, {"d": len(texts[0].encode())})) == texts[:1]
+    assert list(tokmod.sample_texts({"d": parts}, {"d": 0})) == []
+    with pytest.raises(FileNotFoundError):  # a share the sealed parts do not hold is an error, not a short sample
+        list(tokmod.sample_texts({"d": parts}, {"d": share + 1}))
