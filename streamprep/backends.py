@@ -16,8 +16,10 @@ the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (h
 the caller adds. It runs (1) when the run's tokenizer is prepared (probes + up to CHECK_DOCS sampled texts
 for a trained tokenizer; the outcome is recorded in checkpoints/tokenizer_backend.json and run.json) and (2) in
 each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
-(ShardEncoder). The run's check (1) reads gigatoken's ids one text at a time (the same encoder; the driver then
-never imports awkward), the workers' (2) through encode_batch, the path their shards take. On a failed load or
+(ShardEncoder). A job runs check (1) on one of its workers, which keeps the gigatoken tokenizer it built for its
+shards (`gigatoken_backend`); with `backend: gigatoken` the config check runs it in the driver too. It reads
+gigatoken's ids one text at a time (the same encoder, without awkward's import); the workers' (2) go through
+encode_batch, the path their shards take. On a failed load or
 a mismatch, auto uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend
 never enters a shard's plan hash: both give the same ids, so a run resumed under the other backend keeps its
 shards.
@@ -108,9 +110,9 @@ _loaded: dict[str, Tokenizer] = {}  # the last tokenizer hf_tokenizer loaded, by
 def hf_tokenizer(tokenizer_json: str | Path) -> Tokenizer:
     """HF `tokenizers`' Tokenizer of a local tokenizer.json, loaded once per process for the same bytes.
 
-    The driver asks for it four times (config check, fingerprint's EOD lookup, the identity check's reference,
-    the audit's histogram), from the configured file and from the run's copy: one load (~0.1 CPU-s for phi-2)
-    instead of four. Only the last file is kept. Callers only encode and look up: none changes its settings
+    The driver asks for it twice (config check, fingerprint's EOD lookup), a worker up to three times (the
+    identity check's reference, the audit's histogram, ShardEncoder's check), from the configured file and from
+    the run's copy: one load (~0.1 CPU-s for phi-2) per process. Only the last file is kept. Callers only encode and look up: none changes its settings
     (padding, truncation), so sharing it cannot change an id."""
     try:
         key = hashlib.sha256(Path(tokenizer_json).read_bytes()).hexdigest()
@@ -205,11 +207,26 @@ class GigatokenBackend:
 
     def encode_each(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """encode_batch's result from gigatoken's one-text `encode` (numpy ids): the same encoder without
-        awkward, which its batch APIs import, for the run's identity check in the driver, which encodes
-        nothing else (awkward's import costs ~0.25 CPU-s). The workers' checks go through encode_batch."""
+        awkward, which its batch APIs import, for `select`, which the config check of `backend: gigatoken` runs
+        in the driver, which encodes nothing else (awkward's import costs ~0.25 CPU-s)."""
         ids = [self.tokenizer.encode(t) for t in texts]
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         return (np.concatenate(ids).astype(np.uint32, copy=False) if ids else np.zeros(0, np.uint32)), lengths
+
+
+_built: dict[str, GigatokenBackend] = {}  # the last gigatoken backend gigatoken_backend built, by file SHA-256
+
+
+def gigatoken_backend(tokenizer_json: str | Path) -> GigatokenBackend:
+    """A GigatokenBackend of a local tokenizer.json, built once per process for the same bytes: the worker that
+    ran the run's identity check (`select`) encodes its shards with the tokenizer it built (~0.2 CPU-s for
+    phi-2). Sharing it cannot change an id (its caches never do); only the last file is kept."""
+    key = hashlib.sha256(Path(tokenizer_json).read_bytes()).hexdigest()
+    if key not in _built:
+        backend = GigatokenBackend(tokenizer_json)
+        _built.clear()
+        _built[key] = backend
+    return _built[key]
 
 
 def load(name: str, tokenizer_json: str | Path) -> Backend:
@@ -217,7 +234,7 @@ def load(name: str, tokenizer_json: str | Path) -> Backend:
     if name == "hf":
         return HFBackend(tokenizer_json)
     if name == "gigatoken":
-        return GigatokenBackend(tokenizer_json)
+        return gigatoken_backend(tokenizer_json)
     raise ValueError(f"unknown tokenizer backend {name!r}")
 
 
@@ -257,7 +274,7 @@ def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()
     sample = [*PROBES, *itertools.islice(texts, CHECK_DOCS)]
     check = None
     try:
-        giga = GigatokenBackend(tokenizer_json)
+        giga = gigatoken_backend(tokenizer_json)
     except Exception as exc:  # ImportError, or gigatoken refusing this tokenizer.json (any exception type)
         first_line = (str(exc).strip().splitlines() or [""])[0][:200]
         reason = f"gigatoken cannot load {Path(tokenizer_json).name}: {type(exc).__name__}: {first_line}"

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
@@ -238,6 +238,7 @@ class Job:
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self.signals = Signals()
         self._backend_of: tuple[TokenizerInfo, str] | None = None  # _shard_backend's last tokenizer and choice
+        self.executor: Executor | None = None  # the job's, from run() on
         self.progress: dict[str, Any] = {}  # dataset -> live IngestState, read by the progress reporter
         self.reporter = ProgressReporter(self.progress, self.config.execution.progress_interval_s,
                                          tty=None if console_log else False, datasets=config.datasets, run_dir=run_dir)
@@ -276,7 +277,8 @@ class Job:
             job.callback(self.signals.restore)
             try:
                 # one executor runs the job's calls: units, tokenize tasks (engine: local), exports, the audit
-                executor = job.enter_context(worker_executor(ex, self.config.quality, self.mode))
+                executor = self.executor = job.enter_context(worker_executor(ex, self.config.quality, self.mode))
+                executor.warm()  # the workers start while the engine, the tokenizer and the plan are prepared
                 with self._engine(executor) as engine:  # a long-lived engine comes up while ingest starts
                     with self.reporter.in_thread():
                         states, tasks, results, info = self._ingest_and_tokenize(engine, executor)
@@ -349,8 +351,8 @@ class Job:
         thread prepares it while ingest starts."""
         tok = self.config.tokenizer
         if tok.path:
-            return tokmod.prepare(tok, self.run_dir)
-        trained = tokmod.saved_tokenizer(tok, self.run_dir)  # a resumed run reuses what it trained
+            return tokmod.prepare(tok, self.run_dir, select=self._select)
+        trained = tokmod.saved_tokenizer(tok, self.run_dir, self._select)  # a resumed run reuses what it trained
         if trained is None or (tok.train.sample_mb is not None and tokmod.training_report(self.run_dir) is None):
             return None
         return trained
@@ -372,11 +374,17 @@ class Job:
             if not parts:
                 raise ConfigError("no records were kept, so there is no text to train a tokenizer on "
                                   "(check the quality settings or the sources)")
-            return tokmod.prepare(tok, self.run_dir, tokmod.iter_part_texts(parts))
+            return tokmod.prepare(tok, self.run_dir, tokmod.iter_part_texts(parts), self._select)
         sealed = {n: [self._files(n).part(i) for i in range(s.sealed_parts())] for n, s in states.items()}
         texts = tokmod.sample_texts(sealed, tokmod.sample_shares(self.config.datasets, sample_mb))
         log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)
-        return tokmod.prepare_from_sample(tok, self.run_dir, texts)
+        return tokmod.prepare_from_sample(tok, self.run_dir, texts, self._select)
+
+    def _select(self, requested: str, path: Path, texts: Sequence[str]) -> dict[str, Any]:
+        """`backends.select` on a worker: the driver loads no gigatoken, and the worker that built it for the
+        identity check keeps it for its shards (`backends.load`)."""
+        assert self.executor is not None
+        return self.executor.submit(backends.select, requested, path, list(texts)).result()
 
     def _task(self, name: str, part: Path, sha256: str, info: TokenizerInfo) -> ShardTask:
         dtype = token_dtype(self.config.output.dtype, info.vocab_size)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import orjson
 from tokenizers import Tokenizer
@@ -23,6 +23,7 @@ log = logs.get("tokenizer")
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<unk>", "<mask>"]
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
 SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+Selector = Callable[[str, Path, Sequence[str]], dict[str, Any]]  # backends.select(requested, path, texts)
 # check_config's identity check of a forced gigatoken, by (backend, fingerprint): the run's tokenizer, a copy of
 # the same bytes, takes it instead of loading gigatoken and checking again (same inputs, same record)
 _validated: dict[tuple[str, str], dict[str, Any]] = {}
@@ -84,7 +85,7 @@ def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
     return TokenizerInfo(saved, f"sha256:{digest}", tok.get_vocab_size(with_added_tokens=True), tid, name)
 
 
-def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path) -> TokenizerInfo | None:
+def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = backends.select) -> TokenizerInfo | None:
     """The run's tokenizer copy when it is intact (same fingerprint as recorded), else None."""
     layout = RunLayout(run_dir)
     saved, fp_file = layout.tokenizer_json, layout.tokenizer_fingerprint
@@ -96,19 +97,20 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path) -> TokenizerInfo | 
         return None
     log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
     recorded = read_json(layout.tokenizer_backend)
-    return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, recorded)
+    return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, select, recorded)
 
 
-def _with_backend(info: TokenizerInfo, tok_cfg: TokenizerConfig, record_file: Path,
+def _with_backend(info: TokenizerInfo, tok_cfg: TokenizerConfig, record_file: Path, select: Selector,
                   recorded: Mapping[str, Any] | None = None, texts: Sequence[str] = ()) -> TokenizerInfo:
     """`info` with its backend: the one recorded (`record_file`, bookkeeping beside the checkpoints) when it was
-    chosen for the same `tokenizer.backend` and library version, else chosen now (identity check) and recorded."""
+    chosen for the same `tokenizer.backend` and library version, else chosen now by `select` (the identity
+    check: `backends.select`, or a job's call of it on a worker) and recorded."""
     if not (isinstance(recorded, Mapping) and recorded.get("requested") == tok_cfg.backend
             and recorded.get("version") == backends.installed_version(recorded.get("name", ""))):
         validated = _validated.pop((tok_cfg.backend, info.fingerprint), None)
         try:
             recorded = validated if validated is not None and not texts else \
-                backends.select(tok_cfg.backend, info.path, texts)
+                select(tok_cfg.backend, info.path, texts)
         except backends.BackendError as exc:
             raise RuntimeError(str(exc)) from None
         atomic.write_json(record_file, recorded)
@@ -116,11 +118,13 @@ def _with_backend(info: TokenizerInfo, tok_cfg: TokenizerConfig, record_file: Pa
     return replace(info, backend=recorded)
 
 
-def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None = None) -> TokenizerInfo:
-    """Copy (or train, from `texts`) the tokenizer into the run dir once; later calls reuse it."""
+def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None = None,
+            select: Selector = backends.select) -> TokenizerInfo:
+    """Copy (or train, from `texts`) the tokenizer into the run dir once; later calls reuse it. `select` chooses
+    the backend (`backends.select`'s signature): a job runs it on a worker, which keeps what it loaded."""
     layout = RunLayout(run_dir)
     out_dir, saved, fp_file = layout.tokenizer_dir, layout.tokenizer_json, layout.tokenizer_fingerprint
-    info = saved_tokenizer(tok_cfg, run_dir)
+    info = saved_tokenizer(tok_cfg, run_dir, select)
     if info is not None:
         return info
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -141,7 +145,7 @@ def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None
     info = _check_eod(_info(saved, tok_cfg.eod_token or (None if tok_cfg.path else "</s>")), tok_cfg)
     # the backend is chosen before fingerprint.json is written: a run killed in between has no fingerprint,
     # redoes this step the same way, and records the same choice (check scope included)
-    info = _with_backend(info, tok_cfg, layout.tokenizer_backend, texts=check_texts)
+    info = _with_backend(info, tok_cfg, layout.tokenizer_backend, select, texts=check_texts)
     atomic.write_json(fp_file, info.to_json())
     return info
 
@@ -244,7 +248,8 @@ def sample_texts(parts: dict[str, list[Path]], shares: dict[str, int]) -> Iterat
                 break
 
 
-def prepare_from_sample(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str]) -> TokenizerInfo:
+def prepare_from_sample(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str],
+                        select: Selector = backends.select) -> TokenizerInfo:
     """Train on 9 of every 10 sampled documents; report bytes per token on the 10th (tokenizer/training.json)."""
     held_out: list[str] = []
 
@@ -255,7 +260,7 @@ def prepare_from_sample(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable
             else:
                 yield text
 
-    info = prepare(tok_cfg, run_dir, train_part())
+    info = prepare(tok_cfg, run_dir, train_part(), select)
     if training_report(run_dir) is None:
         if not held_out:  # a reused tokenizer whose report was lost: rebuild the held-out half only
             held_out = [t for i, t in enumerate(texts) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]

@@ -287,6 +287,25 @@ def test_hf_tokenizer_is_loaded_once_for_the_same_bytes(tmp_path: Path) -> None:
         backends.hf_tokenizer(tmp_path / "missing.json")
 
 
+def test_the_identity_check_and_the_shards_share_one_gigatoken_build(tmp_path: Path, shared_data: Path) -> None:
+    """The worker that ran `select` encodes its shards with the gigatoken tokenizer it built there (same bytes
+    at another path share it too); other bytes build a new one, whose ids are still HF's."""
+    path = shared_data / PHI2
+    copy = tmp_path / "tokenizer.json"
+    copy.write_bytes(path.read_bytes())
+    backends._built.clear()
+    assert backends.select("auto", path)["name"] == "gigatoken"
+    built = backends._built[next(iter(backends._built))]
+    encoder = backends.ShardEncoder("auto", copy)
+    assert encoder.backend is built and backends.load("gigatoken", path) is built
+    other = tmp_path / "bpe.json"
+    other.write_text(train_bpe(["the cat sat on the mat", "don't stop the dog"] * 20, 300, 1).to_str())
+    rebuilt = backends.load("gigatoken", other)
+    assert rebuilt is not built and list(backends._built.values()) == [rebuilt]
+    texts = ["hello world", "don't stop"]
+    assert backends.mismatch(backends.HFBackend(other), rebuilt, texts) is None
+
+
 class _Loads:
     """Counts the tokenizer loads of this process (any thread): HF `tokenizers` constructors and gigatoken's."""
 
@@ -306,9 +325,9 @@ class _Loads:
 @pytest.mark.parametrize("backend", backends.BACKENDS)
 def test_the_driver_loads_the_tokenizer_once(backend: str, tmp_path: Path, shared_data: Path) -> None:
     """A fresh `engine: local` job (tokenizing and gathering its audit on its worker processes) loads each backend
-    at most once in the driver: the config check, the fingerprint and the identity check share one HF load;
-    gigatoken loads once for the identity check (a forced gigatoken's config-time check is the run's), never for
-    `hf`."""
+    at most once in the driver: the config check and the fingerprint share one HF load; the run's identity check
+    runs on a worker, so gigatoken loads in the driver only for a forced gigatoken's config-time check (whose
+    outcome the run reuses), never for `auto` or `hf`."""
     import threading
 
     lines = (shared_data / "web/c4_en_train00000_first1000.jsonl").read_bytes().splitlines()[:150]
@@ -326,7 +345,7 @@ def test_the_driver_loads_the_tokenizer_once(backend: str, tmp_path: Path, share
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
     assert result.status == "complete"
-    assert (loads.hf, loads.gigatoken) == (1, 0 if backend == "hf" else 1)
+    assert (loads.hf, loads.gigatoken) == (1, 1 if backend == "gigatoken" else 0)
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     hf = {"requested": "hf", "name": "hf", "version": record["versions"]["tokenizers"]}
     assert record["tokenizer_backend"] == (hf if backend == "hf" else {
