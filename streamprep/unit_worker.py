@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+from concurrent import futures
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -136,12 +137,11 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
     return cols, qc.take_gate_stats(), signatures
 
 
-def _read(unit: Unit, options: Any, ahead: tuple[Unit, ...] = ()) -> list[Any]:
+def _read(unit: Unit, options: Any) -> list[Any]:
     """A unit's items; a range or row group whose bytes stop decoding ends with one REST_OF reject. An `hf` unit's
     file is downloaded here and read by `options`, its dataset's `hf.FileReader` (a failed download raises
-    `HFSourceUnavailable`: the job stops, resumable), which starts downloading the `ahead` units meanwhile."""
+    `HFSourceUnavailable`: the job stops, resumable)."""
     if unit.kind == "hf":
-        options.prefetch(ahead)
         return options.read(unit)
     items: list[Any] = []
     try:
@@ -159,10 +159,16 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
                 items: list[Any] | None = None, options: Any = None, ahead: tuple[Unit, ...] = ()) -> Summary:
     """Judge a unit (read here, with the dataset's storage `options`, or for an `hf` unit its `hf.FileReader`)
     or the items the driver read (a source without a file list), in batches
-    of `batch`; stage the judged columns at `stage`.judged (atomic) and return the summary the driver decides on."""
-    if items is None:
-        items = _read(unit, options, ahead)
-    judged = [_judge(name, text_field, items[i:i + batch]) for i in range(0, len(items), batch)]
+    of `batch`; stage the judged columns at `stage`.judged (atomic) and return the summary the driver decides on.
+    An `hf` unit's `ahead` units download meanwhile, and the call ends only once they have: a unit after this one
+    is evicted only after this call's result, so no download can land in the cache after its file's eviction."""
+    prefetching = options.prefetch(ahead) if ahead else []
+    try:
+        if items is None:
+            items = _read(unit, options)
+        judged = [_judge(name, text_field, items[i:i + batch]) for i in range(0, len(items), batch)]
+    finally:
+        futures.wait(prefetching)
     atomic.write_bytes(stage + ".judged", pickle.dumps(judged, protocol=pickle.HIGHEST_PROTOCOL))
     kinds, digests, text_bytes, checks, signatures = bytearray(), [], [], [], []
     for cols, _, sigs in judged:

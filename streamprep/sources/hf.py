@@ -39,7 +39,7 @@ import re
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -842,12 +842,12 @@ class FileReader:
     retry_max_s: float
     max_records: int | None  # no unit's item past this index is ever used: its ordinal is past the cap
 
-    def prefetch(self, units: Sequence[Unit]) -> None:
+    def prefetch(self, units: Sequence[Unit]) -> list[Future]:
         """Start downloading `units` (handed out by the driver already, so inside its window) in a thread of this
-        process while it judges its own unit; whichever worker reads one later finds it in the cache, or waits for
-        it on `huggingface_hub`'s lock. A failure here is only logged: the reader downloads it again."""
-        for unit in units:
-            _PREFETCH.submit(self._prefetch_one, unit)
+        process while it judges its own unit, which waits for them before it returns (`judge_piece`); whichever
+        worker reads one later finds it in the cache, or waits for it on `huggingface_hub`'s lock. A failure here
+        is only logged: the reader downloads it again."""
+        return [_PREFETCH.submit(self._prefetch_one, unit) for unit in units]
 
     def _prefetch_one(self, unit: Unit) -> None:
         sha, path = _unit_file(self.repo_id, unit)

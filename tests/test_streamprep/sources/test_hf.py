@@ -1000,6 +1000,35 @@ def test_two_datasets_on_one_repo_share_its_cache(hub, tmp_path):
         == ["train.json", "validation.json"]
 
 
+def test_a_units_call_ends_only_after_the_downloads_it_started_ahead(tmp_path):
+    """Regression (a blob left in the cache after a job, seen once in CI): a worker's prefetch of a later unit ran
+    in a thread after its call had returned and could finish after that unit's file was evicted. The call now waits
+    for it, so a unit's eviction, which follows the results of the units before it, follows its prefetch."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from quality import validate_quality_config
+    from streamprep.modes import PRETRAIN
+    from streamprep.sources.base import Unit
+    from streamprep.unit_worker import KEPT, init_worker, judge_piece
+
+    landed, pool = threading.Event(), ThreadPoolExecutor(1)
+
+    class Reader:  # an hf.FileReader whose download ahead is slower than the unit's own read and judging
+        def prefetch(self, units):
+            return [pool.submit(lambda: (time.sleep(0.5), landed.set())) for _ in units]
+
+        def read(self, unit):
+            return [{"text": "A plain English sentence that is long enough to keep."}]
+
+    init_worker(validate_quality_config({"min_chars": 20}), PRETRAIN)
+    ahead = (Unit("hf", 1, "hf://datasets/o/r@abc/b.jsonl", "json"),)
+    summary = judge_piece("d", "text", 8, str(tmp_path / "p"), Unit("hf", 0, "hf://datasets/o/r@abc/a.jsonl", "json"),
+                          options=Reader(), ahead=ahead)
+    assert landed.is_set() and summary.kinds == bytes([KEPT])
+    pool.shutdown()
+
+
 def test_a_window_keeps_the_files_another_dataset_holds(many, tmp_path):
     """Two datasets' windows on one cache: a checkpoint of one deletes only the files the other does not hold."""
     from streamprep.sources.hf import DownloadWindow
