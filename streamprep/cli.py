@@ -12,6 +12,7 @@ import signal
 import sys
 import traceback
 
+from streamprep import forkserver
 from streamprep.config import ConfigError
 from streamprep.layout import NotARunDir
 from streamprep.registry import Registry
@@ -119,16 +120,20 @@ def entry() -> None:
 
 
 def _remove_multiprocessing_tmp() -> None:
-    """Run multiprocessing's exit finalizers, which `os._exit` skips: the QC forkserver's /tmp/pymp-* folder
-    (its socket) would otherwise stay behind after every run. Its workers are already shut down."""
+    """Run multiprocessing's exit finalizers, which `os._exit` skips: the workers' forkserver's /tmp/pymp-*
+    folder (its socket) would otherwise stay behind after every run; then stop the forkserver and the resource
+    tracker and wait for them. The workers are already shut down."""
     if "multiprocessing" in sys.modules:
         import multiprocessing.util
 
         multiprocessing.util._run_finalizers()  # no public API; atexit's _exit_function calls the same
+        forkserver.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "ingest":  # its workers' forkserver imports beside the pipeline's imports, not after
+        forkserver.start_for(args.config)
     try:
         return COMMANDS.get(args.command)(args)
     except (ConfigError, NotARunDir) as exc:

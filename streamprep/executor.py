@@ -18,7 +18,6 @@ changing a byte, and results come back in whatever order calls finish: callers w
 from __future__ import annotations
 
 import importlib
-import multiprocessing
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -27,7 +26,7 @@ from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor, T
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterable, Iterator
 
-from streamprep import logs, ray_cluster
+from streamprep import forkserver, logs, ray_cluster
 from streamprep.children import serve_driver
 
 log = logs.get("executor")
@@ -35,11 +34,6 @@ log = logs.get("executor")
 # checkpoints) comes first on a shared core, so it never waits behind the workers it feeds.
 WORKER_NICE = 10
 POOL_RESTARTS = 4  # process pools replaced after a worker process died, per job; then the job fails (and resumes)
-# What a worker process has loaded before its first call, by name: the forkserver imports them once and
-# every fork inherits them (the unit worker brings quality and pyarrow; the exports their writers; gigatoken
-# and awkward, which its batch encoder imports, ~0.25 CPU-s a process).
-PRELOAD = ("streamprep.unit_worker", "streamprep.engines.local", "streamprep.exports.parquet",
-           "streamprep.exports.order", "streamprep.exports.summary", "gigatoken", "awkward")
 Setup = tuple[Callable[..., None], tuple]  # run once in each worker before its first call: fn, args
 
 
@@ -81,7 +75,7 @@ def _start_worker(driver: int, setup: Setup | None) -> None:
     yield the cores to the driver, then the job's own set-up."""
     serve_driver(driver)
     os.nice(WORKER_NICE)
-    for name in PRELOAD:
+    for name in forkserver.PRELOAD:
         importlib.import_module(name)
     if setup is not None:
         setup[0](*setup[1])
@@ -109,9 +103,7 @@ class LocalExecutor(Executor):
             self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(list(PRELOAD))
-        return ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_start_worker,
+        return ProcessPoolExecutor(self.workers, mp_context=forkserver.context(), initializer=_start_worker,
                                    initargs=(os.getpid(), self._setup))
 
     @property

@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import json
+import multiprocessing.forkserver
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
+import yaml
 
+from streamprep import forkserver
 from streamprep.cli import main
 from helpers import REPO
 
@@ -166,3 +171,50 @@ def test_run_dir_in_a_read_only_location_is_exit_2(tmp_path, capsys):
     run_dir = parent / "streamprep-run"
     _assert_exit_2_nothing_written(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)], capsys,
                                    "is not writable", run_dir)
+
+
+@pytest.mark.parametrize("execution, started", [
+    ({"workers": 1}, False), ({"workers": 2}, True), ({}, (os.cpu_count() or 1) > 1),
+    ({"workers": 2, "ray_address": "auto"}, False), ({"workers": "two"}, False), (None, "missing"), ("[", "bad")])
+def test_ingest_starts_the_forkserver_early_only_for_local_worker_processes(tmp_path, execution, started):
+    """`streamprep ingest` starts its workers' forkserver before importing the pipeline when the config will fork
+    local workers; a config it cannot peek at is left to the job's load (which names the problem)."""
+    cfg = tmp_path / "cfg.yaml"
+    if started == "bad":
+        cfg.write_text("execution: " + execution)
+    elif execution is not None:
+        cfg.write_text(yaml.safe_dump({"execution": execution}))
+    assert forkserver.start_for(str(cfg)) is (started is True)
+    if started is True:
+        pid = multiprocessing.forkserver._forkserver._forkserver_pid
+        assert pid is not None and psutil.pid_exists(pid)
+
+
+@pytest.mark.slow
+def test_ingest_leaves_no_process_behind(tmp_path):
+    """`streamprep ingest` with worker processes stops its forkserver and multiprocessing's resource tracker and
+    waits for them before it exits: no process of its session is left the moment it has ended (they used to exit
+    on their own a moment later)."""
+    from helpers import base_config, english_docs
+
+    data = tmp_path / "a.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(300)))
+    cfg = base_config([{"name": "a", "path": str(data)}], None)
+    cfg["execution"]["workers"] = 2
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    with open(tmp_path / "err", "wb") as err:  # not a pipe: waiting for its end would wait for every holder
+        proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
+                                 "--run-dir", str(tmp_path / "run")], cwd=REPO, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    proc.wait(timeout=300)
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if os.getsid(p.pid) == proc.pid and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(p.info["cmdline"] or [])[:120])
+                p.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    assert proc.returncode == 0, (tmp_path / "err").read_text()[-2000:]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "complete"
+    assert left == []
