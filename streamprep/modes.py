@@ -15,7 +15,7 @@ from streamprep import binidx, registry
 from streamprep.backends import ShardEncoder
 from streamprep.layout import RunLayout
 from streamprep.sources.base import BadRecord
-from streamprep.textshard import tokenize_part
+from streamprep.textshard import LineScan, tokenize_part
 
 
 class Mode:
@@ -47,10 +47,12 @@ class Mode:
         return ShardEncoder(backend, tokenizer_path)
 
     def tokenize(self, task: Any, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
-        """One ingest part → (the receipt's stats, its output files by kind); no receipt written."""
-        shard_stats = tokenize_part(task, tokenizer)
+        """One ingest part → (the receipt's stats, its output files by kind); no receipt written. The stats also
+        carry the lines' `scan` for the part's summary (`tokenize.PROCESS_ONLY`: never in the receipt)."""
+        scan = LineScan()
+        shard_stats = tokenize_part(task, tokenizer, scan)
         paths = binidx.prefix_paths(task.prefix) if shard_stats["num_documents"] else ()
-        return shard_stats, dict(zip(("bin", "idx"), paths))
+        return {**shard_stats, "scan": scan}, dict(zip(("bin", "idx"), paths))
 
 
 PRETRAIN = Mode()

@@ -5,7 +5,9 @@ pretraining shard. Below tokenize.py and modes.py in the flow, so neither import
 """
 from __future__ import annotations
 
+import hashlib
 import time
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -22,6 +24,36 @@ ENCODE_BATCH = 1024
 ENCODE_BYTES = 1 << 22
 
 
+def canonical_meta(rec: dict[str, Any]) -> bytes:
+    """A record's `meta` as the Parquet `meta` column holds it: compact JSON, keys sorted ({} when absent)."""
+    return orjson.dumps(rec.get("meta", {}), option=orjson.OPT_SORT_KEYS)
+
+
+class LineScan:
+    """What a part's summary (`exports.summary`) needs of its ingest lines: every line's byte length and, per
+    record with tokens (in order), the SHA-256 of its UTF-8 text and the byte lengths of that text and of its
+    canonical meta. `tokenize_part` takes it from the lines it parses anyway, so the summary of a part just
+    tokenized reads and parses nothing again (~5 µs a record)."""
+
+    def __init__(self) -> None:
+        self.line_bytes, self.text_bytes, self.meta_bytes = array("q"), array("q"), array("q")
+        self.digests = bytearray()
+
+    def add_line(self, line: bytes) -> None:
+        self.line_bytes.append(len(line))
+
+    def add_record(self, rec: dict[str, Any]) -> None:
+        text = rec["text"].encode("utf-8")
+        self.digests += hashlib.sha256(text).digest()
+        self.text_bytes.append(len(text))
+        self.meta_bytes.append(len(canonical_meta(rec)))
+
+    def columns(self) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
+        """(line byte lengths, the records' text digests back to back, text bytes, canonical meta bytes)."""
+        return (np.frombuffer(self.line_bytes, dtype=np.int64), bytes(self.digests),
+                np.frombuffer(self.text_bytes, dtype=np.int64), np.frombuffer(self.meta_bytes, dtype=np.int64))
+
+
 def _line_batches(fh: BinaryIO) -> Iterator[list[bytes]]:
     """The part's lines, at most ENCODE_BATCH records and about ENCODE_BYTES at a time."""
     while lines := fh.readlines(ENCODE_BYTES):
@@ -29,23 +61,23 @@ def _line_batches(fh: BinaryIO) -> Iterator[list[bytes]]:
             yield lines[i:i + ENCODE_BATCH]
 
 
-def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder, dataset: str,
-                     ahead: ThreadPoolExecutor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(flat ids, ids per record) of the part's texts, one backend call per line batch; the first batch may
-    be checked against HF (backends.ShardEncoder). The next batch is parsed and encoded in `ahead` (both
-    Rust encoders release the GIL) while the caller writes this one."""
+def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder, dataset: str, ahead: ThreadPoolExecutor
+                     ) -> Iterator[tuple[list[bytes], list[dict[str, Any]], np.ndarray, np.ndarray]]:
+    """(lines, their records, flat ids, ids per record) of the part, one backend call per line batch; the first
+    batch may be checked against HF (backends.ShardEncoder). The next batch is parsed and encoded in `ahead`
+    (both Rust encoders release the GIL) while the caller writes this one."""
     batches = _line_batches(fh)
     first = True
 
-    def encode_next() -> tuple[np.ndarray, np.ndarray] | None:
+    def encode_next() -> tuple[list[bytes], list[dict[str, Any]], np.ndarray, np.ndarray] | None:
         nonlocal first
         lines = next(batches, None)
         if lines is None:
             return None
-        texts = [orjson.loads(line)["text"] for line in lines]
-        out = encoder.encode_batch(texts, check=dataset if first else None)
+        recs = [orjson.loads(line) for line in lines]
+        flat, lengths = encoder.encode_batch([rec["text"] for rec in recs], check=dataset if first else None)
         first = False
-        return out
+        return lines, recs, flat, lengths
 
     pending = ahead.submit(encode_next)
     while (encoded := pending.result()) is not None:
@@ -53,9 +85,9 @@ def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder, dataset: str,
         yield encoded
 
 
-def tokenize_part(task: Any, encoder: backends.ShardEncoder) -> dict[str, Any]:
+def tokenize_part(task: Any, encoder: backends.ShardEncoder, scan: LineScan | None = None) -> dict[str, Any]:
     """Encode one ingest part into `.bin/.idx`: each batch's ids reach the writer as one flat buffer + lengths.
-    Records that encode to nothing are dropped and listed by line number."""
+    Records that encode to nothing are dropped and listed by line number. `scan` takes the parsed lines."""
     dtype = np.dtype(task.dtype)
     top_id = max(encoder.vocab_size - 1, task.eod_id or 0)
     if top_id > np.iinfo(dtype).max:  # checked once for the vocabulary, not per document
@@ -69,8 +101,13 @@ def tokenize_part(task: Any, encoder: backends.ShardEncoder) -> dict[str, Any]:
     try:
         with open(task.input_path, "rb") as fh, ThreadPoolExecutor(1, thread_name_prefix="encode") as ahead:
             line_no = 0
-            for flat, lengths in _encoded_batches(fh, encoder, task.dataset, ahead):
+            for lines, recs, flat, lengths in _encoded_batches(fh, encoder, task.dataset, ahead):
                 empty = lengths == 0
+                if scan is not None:
+                    for line, rec, none in zip(lines, recs, empty.tolist()):
+                        scan.add_line(line)
+                        if not none:
+                            scan.add_record(rec)
                 if empty.any():
                     dropped.extend((line_no + np.flatnonzero(empty)).tolist())
                     lengths = lengths[~empty]

@@ -20,6 +20,8 @@ from streamprep.layout import RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.textshard import tokenize_part
 
+PROCESS_ONLY = ("seconds", "scan")  # stats a mode's `tokenize` returns that stay in the worker, not in the receipt
+
 __all__ = ["ShardTask", "TokenizerCache", "make_task", "plan_hash", "read_receipt", "receipt_problem", "run_task",
            "token_dtype", "tokenize_part", "write_receipt"]
 
@@ -110,7 +112,7 @@ def write_receipt(task: ShardTask, shard_stats: dict[str, Any], outputs: dict[st
     receipt = {"status": "completed", "dataset": task.dataset, "split": task.split, "part": task.part,
                "plan_hash": task.plan_hash, "input_sha256": task.input_sha256,
                "tokenizer_fingerprint": task.tokenizer_fingerprint, "eod_id": task.eod_id, "dtype": task.dtype,
-               "stats": {k: v for k, v in shard_stats.items() if k != "seconds"}, "files": files}
+               "stats": {k: v for k, v in shard_stats.items() if k not in PROCESS_ONLY}, "files": files}
     atomic.write_json(task.receipt_path, receipt)
     return receipt
 
@@ -149,10 +151,12 @@ def drop_tmp_files(task: ShardTask) -> None:
 
 
 def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
-    """The whole unit of work a stage runs: skip if current, else tokenize and write the receipt."""
+    """The whole unit of work a stage runs: skip if current, else tokenize and write the receipt. A result's
+    `scan` (the part's lines as its tokenizing saw them, for its summary) stays in the worker: `run_shard`."""
     if receipt_problem(task, read_receipt(task)) is None:
         return {"task": asdict(task), "skipped": True}
     shard_stats, outputs = task.mode.tokenize(task, tokenizer)
     write_receipt(task, shard_stats, outputs)
-    return {"task": asdict(task), "skipped": False, "seconds": shard_stats["seconds"]}
+    return {"task": asdict(task), "skipped": False, "seconds": shard_stats["seconds"],
+            "scan": shard_stats.get("scan")}
 

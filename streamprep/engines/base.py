@@ -22,8 +22,9 @@ def run_shard(task: ShardTask, tokenizer: Any) -> Result:
     and the bucket bounds). The exports at the end then only merge the runs and write the shards, and the
     driver reads no record for them."""
     result = run_task(task, tokenizer)
+    scan = result.pop("scan", None)  # the lines the tokenizing parsed: the summary reads none again
     if not result["skipped"]:
-        prepare_part(task, read_receipt(task))
+        prepare_part(task, read_receipt(task), scan)
     return result
 
 

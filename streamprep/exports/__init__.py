@@ -23,6 +23,7 @@ from streamprep.exports.parquet import ShardCountError
 from streamprep.executor import Executor, LocalExecutor
 from streamprep.layout import RunLayout
 from streamprep.modes import mode_of
+from streamprep.textshard import LineScan
 from streamprep.tokenize import read_receipt
 
 if TYPE_CHECKING:
@@ -39,14 +40,14 @@ def _split_of(datasets: Sequence[DatasetConfig], shards: list[ShardRef]) -> dict
     return out
 
 
-def prepare_part(task: Any, receipt: dict[str, Any]) -> None:
+def prepare_part(task: Any, receipt: dict[str, Any], scan: LineScan | None = None) -> None:
     """The per-part exports work for one finished tokenization shard (`streamprep.tokenize.ShardTask` and its
     completed receipt): its summary, cached beside the receipt, and (when the task names its first ordinal and
     the order settings) its sorted run, where the exports look for it; safe in any process, as soon as the
-    receipt exists."""
+    receipt exists. `scan`: the part's lines as its tokenizing just parsed them (`textshard.LineScan`)."""
     if mode_of(task.sft).text_exports and receipt["stats"]["num_documents"] > 0:
         ref = ShardRef.from_task(task, receipt)
-        part = summary.part_summary(ref)
+        part = summary.part_summary(ref, scan)
         if task.first_ordinal is not None and task.order_seed is not None and task.length_buckets:
             order.cache_run(ref, part, task.first_ordinal, task.order_seed, task.length_buckets,
                             parquet.BYTES_PER_TOKEN, Path(task.run_dir))

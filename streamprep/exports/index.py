@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from streamprep import binidx
+from streamprep.textshard import canonical_meta
 
 
 class ExportError(ValueError):
@@ -59,11 +60,6 @@ def load_record(raw: bytes, path: Path, line_no: int) -> dict[str, Any]:
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
         raise ExportError(f"{path}: line {line_no + 1} is not a record with 'text': {exc}") from None
     return rec
-
-
-def canonical_meta(rec: dict[str, Any]) -> bytes:
-    """A record's `meta` as the Parquet `meta` column holds it: compact JSON, keys sorted ({} when absent)."""
-    return orjson.dumps(rec.get("meta", {}), option=orjson.OPT_SORT_KEYS)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 `summarize_part(ref)` reads one shard back — its ingest part (line offsets; per kept record the SHA-256 and
 the bytes of its text and the bytes of its canonical meta JSON, so a shard writer parses its lines in bulk),
 its `.idx` (where each record's tokens start, how many) and its `.bin` (the sum of each record's token ids)
-— and checks that they agree with each other and with the receipt. It depends on
+— and checks that they agree with each other and with the receipt; the worker that just tokenized the part
+passes the ingest side as its tokenizing parsed it (`textshard.LineScan`). It depends on
 nothing but the shard (not on the export options), so it can run as soon as the receipt exists, in any
 process. `part_summary(ref)` caches it next to the receipt (`receipts/<dataset>/<part>.summary`,
 written atomically, deterministic bytes) keyed by the receipt's content: a resume reuses it; a stale
@@ -29,7 +30,8 @@ import numpy as np
 import orjson
 
 from streamprep import atomic, binidx
-from streamprep.exports.index import ExportError, ShardRecords, ShardRef, ShardRows, canonical_meta, load_record
+from streamprep.exports.index import ExportError, ShardRecords, ShardRef, ShardRows, load_record
+from streamprep.textshard import LineScan
 
 FORMAT = "streamprep-part-summary"
 VERSION = 2  # 2: each record's text and canonical meta byte lengths, so a shard writer cuts its columns unparsed
@@ -48,22 +50,17 @@ class PartSummary:
 
 
 def _scan_ingest(ref: ShardRef, dropped: set[int]) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
-    """Byte length of every line of the ingest part; per kept record, in order, the SHA-256 of its text, the
-    bytes of its UTF-8 text and of its canonical meta JSON (`index.canonical_meta`)."""
-    lengths, digests, text_bytes, meta_bytes, line_no = array("q"), bytearray(), array("q"), array("q"), 0
+    """`textshard.LineScan` of the ingest part, read and parsed again (a part summarized after its tokenizing
+    process: on resume, or from an older cache)."""
+    scan, line_no = LineScan(), 0
     with open(ref.ingest_path, "rb") as fh:
         while lines := fh.readlines(TEXT_CHUNK):
             for line in lines:
-                lengths.append(len(line))
+                scan.add_line(line)
                 if line_no not in dropped:
-                    rec = load_record(line, ref.ingest_path, line_no)
-                    text = rec["text"].encode("utf-8")
-                    digests += hashlib.sha256(text).digest()
-                    text_bytes.append(len(text))
-                    meta_bytes.append(len(canonical_meta(rec)))
+                    scan.add_record(load_record(line, ref.ingest_path, line_no))
                 line_no += 1
-    return (np.frombuffer(lengths, dtype=np.int64), bytes(digests), np.frombuffer(text_bytes, dtype=np.int64),
-            np.frombuffer(meta_bytes, dtype=np.int64))
+    return scan.columns()
 
 
 def _token_sums(bin_path: Path, dtype: np.dtype, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -83,8 +80,9 @@ def _token_sums(bin_path: Path, dtype: np.dtype, starts: np.ndarray, counts: np.
     return sums
 
 
-def summarize_part(ref: ShardRef) -> PartSummary:
-    """Read one shard with documents back and summarize it per record (pure: writes nothing)."""
+def summarize_part(ref: ShardRef, scan: LineScan | None = None) -> PartSummary:
+    """Read one shard with documents back and summarize it per record (pure: writes nothing); its ingest
+    lines' side from `scan` when its tokenizing took one (same process, just now), else read again."""
     if ref.prefix is None:
         raise ExportError(f"{ref.dataset}/{ref.part}: no .bin/.idx prefix")
     ds = binidx.IndexedDataset.open(ref.prefix)
@@ -93,7 +91,7 @@ def summarize_part(ref: ShardRef) -> PartSummary:
         raise ExportError(f"{ref.dataset}/{ref.part}: {problems[0]}")
     stats = ref.receipt.get("stats", {})
     dropped = np.asarray(sorted(stats.get("dropped_empty", [])), dtype=np.int64)
-    lengths, digests, text_bytes, meta_bytes = _scan_ingest(ref, set(dropped.tolist()))
+    lengths, digests, text_bytes, meta_bytes = scan.columns() if scan else _scan_ingest(ref, set(dropped.tolist()))
     n_lines = len(lengths)
     if len(dropped) and (dropped[0] < 0 or dropped[-1] >= n_lines):
         raise ExportError(f"{ref.dataset}/{ref.part}: receipt drops line {int(dropped[-1])} but "
@@ -184,16 +182,17 @@ def cached_identity(ref: ShardRef) -> list | None:
     return [header.get("payload_sha256"), size]
 
 
-def compute_and_cache(ref: ShardRef) -> PartSummary:
+def compute_and_cache(ref: ShardRef, scan: LineScan | None = None) -> PartSummary:
     """`summarize_part`, then its cache file."""
-    summary = summarize_part(ref)
+    summary = summarize_part(ref, scan)
     atomic.write_bytes(cache_path(ref), encode(summary, ref.receipt))
     return summary
 
 
-def part_summary(ref: ShardRef) -> PartSummary:
-    """The summary of one shard with documents: from its cache when usable, else computed and cached."""
-    return load_cached(ref) or compute_and_cache(ref)
+def part_summary(ref: ShardRef, scan: LineScan | None = None) -> PartSummary:
+    """The summary of one shard with documents: from its cache when usable, else computed (its ingest side from
+    `scan` when given) and cached."""
+    return load_cached(ref) or compute_and_cache(ref, scan)
 
 
 @lru_cache(maxsize=16)

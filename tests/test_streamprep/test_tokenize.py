@@ -4,6 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import orjson
+import pytest
+
 from streamprep import atomic
 from streamprep.tokenize import drop_tmp_files
 
@@ -26,3 +29,37 @@ def test_drop_tmp_files_removes_this_tasks_temporary_files_and_nothing_else(tmp_
     assert [p.exists() for p in kept] == [True] * len(kept) and not any(p.exists() for p in stale)
     nowhere = SimpleNamespace(prefix=str(tmp_path / "none/p"), receipt_path=str(tmp_path / "none/r.json"))
     drop_tmp_files(nowhere)  # type: ignore[arg-type]  # directories not made yet: nothing to drop, no error
+
+
+def test_a_part_summary_from_the_tokenizers_scan_is_the_one_read_back(tmp_path: Path, monkeypatch) -> None:
+    """A worker summarizes a part it just tokenized from the lines its tokenizing parsed (`textshard.LineScan`,
+    `engines.base.run_shard`), without reading them again: the cache file is byte for byte the one
+    `summarize_part` makes from the files, with a record that encodes to nothing (dropped) and metas of every
+    shape; the receipt holds no scan."""
+    from helpers import english_docs
+    from streamprep.engines.base import run_shard
+    from streamprep.exports import ShardRef, summary
+    from streamprep.modes import PRETRAIN
+    from streamprep.tokenize import make_task, read_receipt
+    from streamprep.tokenizer import train_bpe
+
+    docs = english_docs(40)
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text(train_bpe(docs, 400, 2).to_str())
+    part = tmp_path / "ingest" / "d" / "part-00000.jsonl"
+    part.parent.mkdir(parents=True)
+    metas = [{"z": 1, "a": [1.5, None]}, {}, None, {"é": "ü", "b": {"y": True, "c": "x"}}]
+    lines = [orjson.dumps({"text": t, "meta": metas[i % 4]} if i % 5 else {"text": t}) for i, t in enumerate(docs)]
+    lines[7] = orjson.dumps({"text": "", "meta": {"k": 2}})  # no tokens: dropped from the .idx and the summary
+    part.write_bytes(b"\n".join(lines) + b"\n")
+    task = make_task(tmp_path, "d", "train", part, tok, "sha256:t", 0, "uint16")
+    with monkeypatch.context() as m:
+        m.setattr(summary, "_scan_ingest", lambda *a: pytest.fail("the part was read again for its summary"))
+        result = run_shard(task, PRETRAIN.load_tokenizer(str(tok)))
+    receipt = read_receipt(task)
+    assert "scan" not in result and "scan" not in receipt["stats"] and receipt["stats"]["dropped_empty"] == [7]
+    ref = ShardRef.from_task(task, receipt)
+    written = summary.cache_path(ref).read_bytes()
+    assert written == summary.encode(summary.summarize_part(ref), receipt)
+    assert summary.load_cached(ref).records["text_bytes"].tolist() == \
+        [len(d.encode()) for i, d in enumerate(docs) if i != 7]

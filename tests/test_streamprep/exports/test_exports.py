@@ -360,9 +360,9 @@ def counting_summarize(monkeypatch) -> list[str]:
     calls: list[str] = []
     real = summary.summarize_part
 
-    def spy(ref):
+    def spy(ref, scan=None):
         calls.append(f"{ref.dataset}/{ref.part}")
-        return real(ref)
+        return real(ref, scan)
     monkeypatch.setattr(summary, "summarize_part", spy)
     return calls
 
