@@ -112,8 +112,8 @@ def hf_tokenizer(tokenizer_json: str | Path) -> Tokenizer:
 
     The driver asks for it twice (config check, fingerprint's EOD lookup), a worker up to three times (the
     identity check's reference, the audit's histogram, ShardEncoder's check), from the configured file and from
-    the run's copy: one load (~0.1 CPU-s for phi-2) per process. Only the last file is kept. Callers only encode and look up: none changes its settings
-    (padding, truncation), so sharing it cannot change an id."""
+    the run's copy: one load (~0.1 CPU-s for phi-2) per process. Only the last file is kept. Callers only encode
+    and look up: none changes its settings (padding, truncation), so sharing it cannot change an id."""
     try:
         key = hashlib.sha256(Path(tokenizer_json).read_bytes()).hexdigest()
     except OSError:  # unreadable: tokenizers' own error, as a direct load gives

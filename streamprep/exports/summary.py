@@ -20,7 +20,6 @@ import io
 import mmap
 import os
 import struct
-from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -91,7 +90,8 @@ def summarize_part(ref: ShardRef, scan: LineScan | None = None) -> PartSummary:
         raise ExportError(f"{ref.dataset}/{ref.part}: {problems[0]}")
     stats = ref.receipt.get("stats", {})
     dropped = np.asarray(sorted(stats.get("dropped_empty", [])), dtype=np.int64)
-    lengths, digests, text_bytes, meta_bytes = scan.columns() if scan else _scan_ingest(ref, set(dropped.tolist()))
+    lengths, digests, text_bytes, meta_bytes = scan.columns() if scan is not None else \
+        _scan_ingest(ref, set(dropped.tolist()))
     n_lines = len(lengths)
     if len(dropped) and (dropped[0] < 0 or dropped[-1] >= n_lines):
         raise ExportError(f"{ref.dataset}/{ref.part}: receipt drops line {int(dropped[-1])} but "
