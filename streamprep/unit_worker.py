@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+from bisect import bisect_left
 from concurrent import futures
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -217,6 +218,7 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
         judged = pickle.load(fh)
     st: dict[str, Any] = {}
     kept, rejects = [], []
+    marked = sorted((*d.dup, *d.near))  # items whose meta the decision changes
     at = 0  # the batch's first item
     for cols, gates, _ in judged:
         size = len(cols.bad)
@@ -229,7 +231,16 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
         elif at < gates_to.count:
             stats.add_gates(st, judge_gates(name, gates_to.text_field, gates_to.unit, gates_to.options, at,
                                             gates_to.count)[0])
-        for j in range(at, min(at + size, d.applied)):
+        end = min(at + size, d.applied)
+        if at < end and 0 not in d.keep[at:end] and bisect_left(marked, at) == bisect_left(marked, end) \
+                and cols.bad.count(None) == size:
+            # every item kept as judged (every gate off, say): the batch's stats at once, its lines numbered
+            stats.add_kept(st, cols.meta[:end - at], cols.chars[:end - at])
+            kept += [row.replace(_SENTINEL, b'"index":%d' % ordinal, 1)
+                     for row, ordinal in zip(cols.row[:end - at], range(d.ordinal + at, d.ordinal + end))]
+            at += size
+            continue
+        for j in range(at, end):
             t = j - at
             ordinal = d.ordinal + j
             source = {"dataset": name, "index": ordinal}

@@ -157,3 +157,38 @@ def test_contains_many_and_add_many_match_one_by_one(tmp_path: Path) -> None:
             many.add_many(bad)
     with pytest.raises(ValueError):
         many.contains_many([pool[0], b"short"])
+
+
+def test_an_all_kept_piece_is_finalized_as_record_by_record(tmp_path: Path) -> None:
+    """`finalize_piece` takes a batch whose items are all kept as judged at once (`stats.add_kept`, the lines
+    numbered in one pass): its kept lines and audit stats equal the record-by-record fold (`stats.add_record`),
+    with languages, densities (zero ones too) and lengths in many bins."""
+    import pickle
+
+    from helpers import english_docs
+    from quality import validate_quality_config
+    from streamprep import stats
+    from streamprep.modes import PRETRAIN
+    from streamprep.unit_worker import _SENTINEL, Decision, finalize_piece, init_worker, judge_piece
+
+    init_worker(validate_quality_config({"min_chars": 0, "min_language_prob": 0.0, "pii_max_density": 0.99,
+                                         "profanity_max_density": 0.99, "reject_copyright": False}), PRETRAIN)
+    docs = english_docs(40, seed=5)
+    items = [{"text": d[: 60 + 9 * i]} for i, d in enumerate(docs)]
+    items.append({"text": "Damn it, send the shit to my address a@b.co before the meeting starts tomorrow."})
+    stage = str(tmp_path / "piece")
+    assert judge_piece("d", "text", 8, stage, None, items=items).kinds == bytes([KEPT]) * len(items)
+    with open(stage + ".judged", "rb") as fh:
+        judged = pickle.load(fh)
+    decision = Decision(len(items), 100, None, bytes([1]) * len(items), {}, {}, frozenset())
+    _, st, size = finalize_piece("d", stage, decision)
+
+    expected: dict = {}
+    lines = []
+    for cols, gates, _ in judged:
+        stats.add_gates(expected, gates)
+        for row, meta, chars in zip(cols.row, cols.meta, cols.chars):
+            stats.add_record(expected, True, meta, chars)
+            lines.append(row.replace(_SENTINEL, b'"index":%d' % (100 + len(lines)), 1))
+    assert st == expected and "languages_kept" in st and "profanity_density_hist_kept" in st
+    assert Path(stage + ".kept").read_bytes() == b"".join(lines) and size == len(b"".join(lines))
