@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import os
 import re
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -585,6 +586,11 @@ class OutputConfig(FrozenSection):
         """Kept lines a sealed part holds (every part of a dataset but its last): `shard_records`, null meaning
         the default. Ingest seals by it; the exports' keyed order counts ordinals by it."""
         return self.shard_records or 100_000
+
+
+def resolved_workers(workers: int | None) -> int:
+    """`execution.workers` as a job runs it: unset = one per CPU."""
+    return workers or os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,19 @@
 `streamprep ingest` starts it before it imports the pipeline (~0.55 s), when its config will run worker
 processes, so the forkserver's own imports (PRELOAD, ~0.85 s) run on the other core beside the driver's instead
 of after them: the workers begin ~0.7 s sooner. The command stops it (and multiprocessing's resource tracker)
-before it exits and waits for both, so nothing of the job outlives it. Standard library and yaml only: the CLI
-imports this module for every command.
+before it exits and waits for both, so nothing of the job outlives it. Light (the standard library, yaml and
+the config module the CLI loads anyway): the CLI imports this module for every command.
 """
 from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
-import os
 from pathlib import Path
 
 import yaml
+
+from streamprep.config import resolved_workers
 
 # What a worker process has loaded before its first call, by name: the forkserver imports them once and
 # every fork inherits them (the unit worker brings quality and pyarrow; the exports their writers; gigatoken
@@ -39,7 +40,7 @@ def start_for(config_path: str) -> bool:
         workers, address = execution.get("workers"), execution.get("ray_address")
     except Exception:  # unreadable, not YAML, not a mapping: the real load reports it
         return False
-    if address or not isinstance(workers, (int, type(None))) or (workers or os.cpu_count() or 1) < 2:
+    if address or not isinstance(workers, (int, type(None))) or resolved_workers(workers) < 2:
         return False
     context()
     multiprocessing.forkserver.ensure_running()

@@ -31,7 +31,7 @@ import numpy as np
 from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
 from streamprep import atomic, executor as executors, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
-from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
+from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, resolved_workers, thaw
 from streamprep.executor import Executor
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
@@ -672,7 +672,7 @@ class Yield:
 def worker_executor(execution: ExecutionConfig, quality: QualitySettings, mode: Mode) -> Executor:
     """The job's executor, its workers set up to judge units (`unit_worker.init_worker`); `workers` unset = one
     per CPU."""
-    return executors.create(execution.workers or os.cpu_count() or 1, execution.ray_address,
+    return executors.create(resolved_workers(execution.workers), execution.ray_address,
                             (unit_worker.init_worker, (quality, mode)))
 
 

@@ -52,8 +52,8 @@ def add_kept(stats: dict[str, Any], metas: Sequence[dict[str, Any]], chars: Sequ
     if not chars:
         return
     hist = stats.setdefault("chars_hist_kept", {})
-    for b, n in Counter(max(int(c), 0).bit_length() for c in chars).items():
-        _bump(hist, str(b), n)
+    for b, n in Counter(map(_log2_bin, chars)).items():
+        _bump(hist, b, n)
     for meta in metas:
         if not _META_KEYS.isdisjoint(meta):
             _add_meta(stats, "kept", meta)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamprep.config import resolved_workers
 from streamprep.layout import Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, read_json
 from streamprep.lock import holder_if_running, read_holder
 from streamprep.sources.hf import manifest_sizes
@@ -207,7 +208,7 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
         "checkpoint_dir": str(ckpt_dir),
         "datasets": datasets,
         "totals": totals,
-        "workers": workers or os.cpu_count() or 1,  # execution.workers, resolved as the job resolves it
+        "workers": resolved_workers(workers),  # execution.workers, as the job runs it
         "hub": hub,                          # hf:// only: {retries: {cause: n}, gave_up, files, bytes}; else None
         "retries": _retries(run_dir),        # shards re-run on another node after losing theirs (all attempts)
         "outputs": exports,

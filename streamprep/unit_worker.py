@@ -236,8 +236,7 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                 and cols.bad.count(None) == size:
             # every item kept as judged (every gate off, say): the batch's stats at once, its lines numbered
             stats.add_kept(st, cols.meta[:end - at], cols.chars[:end - at])
-            kept += [row.replace(_SENTINEL, b'"index":%d' % ordinal, 1)
-                     for row, ordinal in zip(cols.row[:end - at], range(d.ordinal + at, d.ordinal + end))]
+            kept += map(_numbered, cols.row[:end - at], range(d.ordinal + at, d.ordinal + end))
             at += size
             continue
         for j in range(at, end):
@@ -266,7 +265,7 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                     source.update(cols.extra[t])
             stats.add_record(st, keep, meta, cols.chars[t] if keep else len(excerpt))
             if keep:
-                kept.append(cols.row[t].replace(_SENTINEL, b'"index":%d' % ordinal, 1))
+                kept.append(_numbered(cols.row[t], ordinal))
             elif j in d.sampled:
                 rejects.append(orjson.dumps({"failed_check": meta.get("failed_check", "unknown"),
                                              "reason": meta.get("reason"), "meta": meta, "source": source,
@@ -277,6 +276,11 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
     atomic.write_bytes(stage + ".kept", b"".join(kept))
     atomic.write_bytes(stage + ".kept.off", offsets.tobytes())
     return b"".join(rejects), st, int(offsets[-1])
+
+
+def _numbered(row: bytes, ordinal: int) -> bytes:
+    """A kept line with its dataset ordinal in place of the sentinel `_judge` wrote."""
+    return row.replace(_SENTINEL, b'"index":%d' % ordinal, 1)
 
 
 def assemble_part(path: str, slices: list[tuple[str, int, int]]) -> tuple[str, int]:
