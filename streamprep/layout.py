@@ -16,6 +16,7 @@ import orjson
 RUN_JSON, MANIFEST, BLEND, MIXTURES = "run.json", "manifest.json", "blend.json", "mixtures.json"
 INGEST, REJECTS, RECEIPTS, TOKENIZER = "ingest", "rejects", "receipts", "tokenizer"
 BINIDX, SFT, PARQUET, AUDIT, LOGS, CHECKPOINTS = "binidx", "sft", "parquet", "audit", "logs", "checkpoints"
+EXPORTS_SCRATCH, COLUMNS_SUFFIX = ".order", ".columns"
 LOCK = ".lock"
 # In the checkpoint dir, which may be a user's directory outside the run: distinct dot-names for the lock and
 # the claim (the run_id whose checkpoints it holds), so a user's own `.lock` is never taken for ours.
@@ -178,6 +179,15 @@ class RunLayout:
     @property
     def parquet_dir(self) -> Path:
         return self.run_dir / PARQUET
+
+    @property
+    def exports_scratch(self) -> Path:
+        """parquet/.order: hidden files the exports read (parts' runs and columns), removed when they end."""
+        return self.parquet_dir / EXPORTS_SCRATCH
+
+    def part_columns(self, dataset: str, part: str) -> Path:
+        """A tokenized part's texts and canonical metas, for its Parquet rows (`textshard.ColumnsWriter`)."""
+        return self.exports_scratch / dataset / f"{part}{COLUMNS_SUFFIX}"
 
     @property
     def audit_dir(self) -> Path:

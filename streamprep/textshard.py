@@ -9,6 +9,7 @@ import hashlib
 import time
 from array import array
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -29,29 +30,64 @@ def canonical_meta(rec: dict[str, Any]) -> bytes:
     return orjson.dumps(rec.get("meta", {}), option=orjson.OPT_SORT_KEYS)
 
 
+COLUMNS_FORMAT, COLUMNS_VERSION = "streamprep-part-columns", 1
+
+
+def columns_header(dataset: str, part: str, input_sha256: str, plan_hash: str) -> bytes:
+    """The first line of a part's columns file: what its bytes depend on (the part's input and the shard's plan,
+    which decides the records dropped as empty)."""
+    return orjson.dumps({"format": COLUMNS_FORMAT, "version": COLUMNS_VERSION, "part": f"{dataset}/{part}",
+                         "input_sha256": input_sha256, "plan_hash": plan_hash}, option=orjson.OPT_SORT_KEYS) + b"\n"
+
+
 class LineScan:
     """What a part's summary (`exports.summary`) needs of its ingest lines: every line's byte length and, per
     record with tokens (in order), the SHA-256 of its UTF-8 text and the byte lengths of that text and of its
     canonical meta. `tokenize_part` takes it from the lines it parses anyway, so the summary of a part just
-    tokenized reads and parses nothing again (~5 µs a record)."""
+    tokenized reads and parses nothing again (~5 µs a record). With `columns` (an open file) it also writes each
+    such record's text and canonical meta there, back to back: the Parquet writers cut their text and meta
+    columns from it instead of parsing the lines again (`exports.index.RecordReader`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, columns: BinaryIO | None = None) -> None:
         self.line_bytes, self.text_bytes, self.meta_bytes = array("q"), array("q"), array("q")
         self.digests = bytearray()
+        self.columns_out = columns
 
     def add_line(self, line: bytes) -> None:
         self.line_bytes.append(len(line))
 
     def add_record(self, rec: dict[str, Any]) -> None:
         text = rec["text"].encode("utf-8")
+        meta = canonical_meta(rec)
         self.digests += hashlib.sha256(text).digest()
         self.text_bytes.append(len(text))
-        self.meta_bytes.append(len(canonical_meta(rec)))
+        self.meta_bytes.append(len(meta))
+        if self.columns_out is not None:
+            self.columns_out.write(text)
+            self.columns_out.write(meta)
 
     def columns(self) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
         """(line byte lengths, the records' text digests back to back, text bytes, canonical meta bytes)."""
         return (np.frombuffer(self.line_bytes, dtype=np.int64), bytes(self.digests),
                 np.frombuffer(self.text_bytes, dtype=np.int64), np.frombuffer(self.meta_bytes, dtype=np.int64))
+
+
+@contextmanager
+def columns_file(path: Path | None, header: bytes) -> Iterator[BinaryIO | None]:
+    """An open columns file for `LineScan` (None for no `path`), committed atomically when the block ends without
+    an error, else removed. A columns file is a cache of the exports: a part without one is parsed again."""
+    if path is None:
+        yield None
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic.tmp_path(path)
+    try:
+        with open(tmp, "wb", buffering=1 << 20, opener=atomic.nofollow) as fh:
+            fh.write(header)
+            yield fh
+        atomic.commit(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _line_batches(fh: BinaryIO) -> Iterator[list[bytes]]:

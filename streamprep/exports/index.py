@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import resource
 from collections import OrderedDict
-from itertools import repeat
 from dataclasses import dataclass, replace
 from functools import cached_property
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,7 +23,10 @@ import numpy as np
 import orjson
 
 from streamprep import binidx
-from streamprep.textshard import canonical_meta
+from streamprep.layout import RunLayout
+from streamprep.textshard import canonical_meta, columns_header
+
+COLUMNS_KEY = ("input_sha256", "plan_hash")  # the receipt's fields a part's columns file is made for
 
 
 class ExportError(ValueError):
@@ -41,6 +44,7 @@ class ShardRef:
     prefix: Path | None  # RUN_DIR/binidx/<dataset>/part-00000_text_document (None when 0 documents)
     receipt: dict        # the receipt JSON (status, stats, files, ...)
     receipt_path: Path   # where the receipt is; its part summary is cached beside it
+    columns: Path | None = None  # where its tokenizing may have left its texts and metas (RunLayout.part_columns)
 
     @classmethod
     def from_task(cls, task: Any, receipt: dict) -> "ShardRef":
@@ -48,7 +52,8 @@ class ShardRef:
         has_docs = receipt["stats"]["num_documents"] > 0
         return cls(dataset=task.dataset, split=task.split, part=task.part, ingest_path=Path(task.input_path),
                    prefix=Path(task.prefix) if has_docs else None, receipt=receipt,
-                   receipt_path=Path(task.receipt_path))
+                   receipt_path=Path(task.receipt_path),
+                   columns=RunLayout(Path(task.run_dir)).part_columns(task.dataset, task.part))
 
 
 def load_record(raw: bytes, path: Path, line_no: int) -> dict[str, Any]:
@@ -89,8 +94,9 @@ class DatasetIndex:
 
     @cached_property
     def file_refs(self) -> list[ShardRef]:
-        """`refs` without their receipts: what a shard writer is sent (it reads only files)."""
-        return [replace(r, receipt={}) for r in self.refs]
+        """`refs` without their receipts, but for what a part's columns file must name: what a shard writer is
+        sent (it reads only files)."""
+        return [replace(r, receipt={k: r.receipt.get(k) for k in COLUMNS_KEY}) for r in self.refs]
 
     def rows_of(self, part: np.ndarray, row: np.ndarray) -> "ShardRows":
         """What a shard writer needs to read records back, given as (position in `refs`, row in that part) in
@@ -129,6 +135,7 @@ class ShardRecords:
     text_sha256: np.ndarray       # uint8 (n, 32): SHA-256 of the record's UTF-8 text
     text_bytes: np.ndarray        # int64: bytes of the record's UTF-8 text
     meta_bytes: np.ndarray        # int64: bytes of its canonical meta JSON (`canonical_meta`)
+    column_offset: np.ndarray     # int64: where its text, then its meta, start in the part's columns file payload
 
     @property
     def num_tokens(self) -> int:
@@ -161,6 +168,13 @@ class RecordReader:
         self.index = index
         self.max_open = max_open or open_files_budget()
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._bases: np.ndarray | None = None
+
+    def _path(self, kind: str, part: int) -> Path:
+        ref = self.index.refs[part]
+        if kind == "text":
+            return ref.ingest_path
+        return ref.columns if kind == "columns" else binidx.prefix_paths(ref.prefix)[0]
 
     def _fd(self, kind: str, part: int) -> int:
         key = (kind, part)
@@ -169,10 +183,21 @@ class RecordReader:
             return self._fds[key]
         while len(self._fds) >= self.max_open:
             os.close(self._fds.popitem(last=False)[1])
-        ref = self.index.refs[part]
-        path = ref.ingest_path if kind == "text" else binidx.prefix_paths(ref.prefix)[0]
-        self._fds[key] = fd = os.open(path, os.O_RDONLY)
+        self._fds[key] = fd = os.open(self._path(kind, part), os.O_RDONLY)
         return fd
+
+    def _columns_base(self, part: int) -> int:
+        """Where the payload of the part's columns file starts, when its tokenizing left one made for this shard
+        (its header names the receipt's input and plan), else -1."""
+        ref = self.index.refs[part]
+        key = [ref.receipt.get(k) for k in COLUMNS_KEY]
+        if ref.columns is None or None in key:
+            return -1
+        header = columns_header(ref.dataset, ref.part, *key)
+        try:
+            return len(header) if os.pread(self._fd("columns", part), len(header), 0) == header else -1
+        except FileNotFoundError:
+            return -1
 
     def _read(self, kind: str, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray
               ) -> Iterator[tuple[int, list[bytes]]]:
@@ -185,15 +210,33 @@ class RecordReader:
             chunks = list(map(os.pread, repeat(self._fd(kind, part), hi - lo), sizes[lo:hi].tolist(),
                               offsets[lo:hi].tolist()))
             if sum(map(len, chunks)) != int(sizes[lo:hi].sum()):
-                ref = self.index.refs[part]
-                raise ExportError(f"{ref.ingest_path if kind == 'text' else f'{ref.prefix}.bin'}: shorter than "
-                                  f"its part summary says")
+                raise ExportError(f"{self._path(kind, part)}: shorter than its part summary says")
             yield part, chunks
 
     def columns(self, ids: np.ndarray) -> tuple[bytes, bytes]:
         """The UTF-8 texts and the canonical metas (`canonical_meta`) of `ids`, each back to back in the order of
-        `ids` (their lengths: the index's `text_bytes` and `meta_bytes`). The lines are read part by part in
-        offset order and parsed by one orjson call, so the Python work per record is only its read."""
+        `ids` (their lengths: the index's `text_bytes` and `meta_bytes`): cut from the parts' columns files when
+        every part has one, else parsed from the ingest lines."""
+        if self._bases is None:
+            self._bases = np.array([self._columns_base(p) for p in range(len(self.index.refs))], dtype=np.int64)
+        return self._cut(ids) if (self._bases >= 0).all() else self._parse(ids)
+
+    def _cut(self, ids: np.ndarray) -> tuple[bytes, bytes]:
+        """`columns` from the columns files: one positioned read per record (its text, then its meta), in offset
+        order, then each cut in two at its text's length."""
+        idx = self.index
+        order = np.lexsort((idx.column_offset[ids], idx.part[ids]))
+        rows = ids[order]
+        chunks = [chunk for _, part_chunks in self._read("columns", rows, idx.column_offset[rows] + self._bases[idx.part[rows]],
+                                                         idx.text_bytes[rows] + idx.meta_bytes[rows])
+                  for chunk in part_chunks]
+        chunks = list(map(chunks.__getitem__, inverse_permutation(order).tolist()))  # in the order of `ids`
+        cuts = idx.text_bytes[ids].tolist()
+        return b"".join([c[:t] for c, t in zip(chunks, cuts)]), b"".join([c[t:] for c, t in zip(chunks, cuts)])
+
+    def _parse(self, ids: np.ndarray) -> tuple[bytes, bytes]:
+        """`columns` from the ingest lines, read part by part in offset order and parsed by one orjson call, so
+        the Python work per record is only its read."""
         idx = self.index
         order = np.lexsort((idx.line_offset[ids], idx.part[ids]))
         rows = ids[order]

@@ -33,14 +33,13 @@ import orjson
 from streamprep import atomic, logs
 from streamprep.exports import summary
 from streamprep.exports.index import DatasetIndex, ExportError, ShardRef
-from streamprep.layout import RunLayout
+from streamprep.layout import COLUMNS_SUFFIX, RunLayout
 
 log = logs.get("exports")
 
 FORMAT = "streamprep-order-run"
 VERSION = 2                  # 2: the header names the inputs, so a run made by a tokenizing worker is reused
-SCRATCH = ".order"           # parquet/.order/<dataset>/<part>.run: hidden, removed when the exports end
-RUN_SUFFIX = ".run"
+RUN_SUFFIX = ".run"          # parquet/.order/<dataset>/<part>.run (RunLayout.exports_scratch)
 MERGE_BYTES = 4 << 20        # the merge's buffers over all parts of one dataset ...
 MIN_CHUNK = 256              # ... but at least this many records a part (32 B each)
 FAN_IN = 512                 # parts merged at once; more are merged in groups first (scratch files)
@@ -95,12 +94,12 @@ class PartRun:
 
 
 def scratch_dir(run_dir: Path) -> Path:
-    return RunLayout(run_dir).parquet_dir / SCRATCH
+    return RunLayout(run_dir).exports_scratch
 
 
 def remove_scratch(run_dir: Path, keep_runs: bool = False) -> None:
-    """Remove the exports' scratch; with `keep_runs`, all but the parts' runs (self-checking, reused when current:
-    `load_run`), e.g. the merge files of an interrupted attempt."""
+    """Remove the exports' scratch; with `keep_runs`, all but the parts' runs and columns (self-checking, reused
+    when current: `load_run`, `RecordReader`), e.g. the merge files of an interrupted attempt."""
     folder = scratch_dir(run_dir)
     if not keep_runs:
         shutil.rmtree(folder, ignore_errors=True)
@@ -108,7 +107,7 @@ def remove_scratch(run_dir: Path, keep_runs: bool = False) -> None:
     for path in sorted(folder.glob("*/*")) if folder.is_dir() else []:  # <dataset>/<file or merge folder>
         if path.is_dir():
             shutil.rmtree(path)
-        elif path.suffix != RUN_SUFFIX:
+        elif path.suffix not in (RUN_SUFFIX, COLUMNS_SUFFIX):
             path.unlink()
 
 

@@ -33,13 +33,14 @@ from streamprep.exports.index import ExportError, ShardRecords, ShardRef, ShardR
 from streamprep.textshard import LineScan
 
 FORMAT = "streamprep-part-summary"
-VERSION = 2  # 2: each record's text and canonical meta byte lengths, so a shard writer cuts its columns unparsed
+VERSION = 3  # 2: each record's text and canonical meta byte lengths, so a shard writer cuts its columns unparsed;
+# 3: where they start in the part's columns file (`textshard.LineScan`), so a shard writer reads them unparsed
 SUFFIX = ".summary"
 TEXT_CHUNK = 1 << 22    # bytes of ingest lines read at a time
 TOKEN_CHUNK = 1 << 22   # tokens of `.bin` read at a time
 RECORD = np.dtype([("line", "<i8"), ("line_offset", "<i8"), ("line_bytes", "<i8"), ("token_start", "<i8"),
                    ("n_tokens", "<i8"), ("token_sum", "<i8"), ("text_sha256", "u1", (32,)), ("text_bytes", "<i8"),
-                   ("meta_bytes", "<i8")])
+                   ("meta_bytes", "<i8"), ("column_offset", "<i8")])
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ def summarize_part(ref: ShardRef, scan: LineScan | None = None) -> PartSummary:
     rec["token_sum"] = _token_sums(ds.bin_path, ds.dtype, rec["token_start"], n_tokens)
     rec["text_sha256"] = np.frombuffer(digests, dtype=np.uint8).reshape(-1, 32)
     rec["text_bytes"], rec["meta_bytes"] = text_bytes, meta_bytes
+    rec["column_offset"] = np.cumsum(text_bytes + meta_bytes) - (text_bytes + meta_bytes)
     return PartSummary(str(ds.dtype), rec)
 
 
@@ -239,4 +241,5 @@ def shard_records(rows: ShardRows) -> ShardRecords:
         out[sel] = _cached_rows(rows.refs[int(part[sel[0]])], row[sel])
     return ShardRecords(refs=rows.refs, dtypes=rows.dtypes, part=part,
                         **{k: out[k] for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens",
-                                               "token_sum", "text_sha256", "text_bytes", "meta_bytes")})
+                                               "token_sum", "text_sha256", "text_bytes", "meta_bytes",
+                                               "column_offset")})

@@ -1,6 +1,7 @@
 """A shard task's retry removes exactly the temporary files a killed writer of that task left."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -8,6 +9,7 @@ import orjson
 import pytest
 
 from streamprep import atomic
+from streamprep.textshard import canonical_meta, columns_header
 from streamprep.tokenize import drop_tmp_files
 
 
@@ -21,13 +23,18 @@ def test_drop_tmp_files_removes_this_tasks_temporary_files_and_nothing_else(tmp_
     stale = [atomic.tmp_path(bins / "part-00007_text_document.bin"),
              bins / f".part-00007_text_document.idx{atomic.TMP_MARK}9",
              receipts / f".part-00007.json{atomic.TMP_MARK}31"]
+    columns = tmp_path / "parquet" / ".order" / "d" / "part-00007.columns"  # RunLayout.part_columns
+    columns.parent.mkdir(parents=True)
+    stale.append(atomic.tmp_path(columns))
+    kept.append(columns.with_name(f".part-00070.columns{atomic.TMP_MARK}5"))
     for p in kept + stale:
         p.touch()
-    task = SimpleNamespace(prefix=str(bins / "part-00007_text_document"),
-                           receipt_path=str(receipts / "part-00007.json"))
+    task = SimpleNamespace(prefix=str(bins / "part-00007_text_document"), receipt_path=str(receipts / "part-00007.json"),
+                           run_dir=str(tmp_path), dataset="d", part="part-00007", length_buckets=(8,))
     drop_tmp_files(task)  # type: ignore[arg-type]
     assert [p.exists() for p in kept] == [True] * len(kept) and not any(p.exists() for p in stale)
-    nowhere = SimpleNamespace(prefix=str(tmp_path / "none/p"), receipt_path=str(tmp_path / "none/r.json"))
+    nowhere = SimpleNamespace(prefix=str(tmp_path / "none/p"), receipt_path=str(tmp_path / "none/r.json"),
+                              length_buckets=())
     drop_tmp_files(nowhere)  # type: ignore[arg-type]  # directories not made yet: nothing to drop, no error
 
 
@@ -52,7 +59,8 @@ def test_a_part_summary_from_the_tokenizers_scan_is_the_one_read_back(tmp_path: 
     lines = [orjson.dumps({"text": t, "meta": metas[i % 4]} if i % 5 else {"text": t}) for i, t in enumerate(docs)]
     lines[7] = orjson.dumps({"text": "", "meta": {"k": 2}})  # no tokens: dropped from the .idx and the summary
     part.write_bytes(b"\n".join(lines) + b"\n")
-    task = make_task(tmp_path, "d", "train", part, tok, "sha256:t", 0, "uint16")
+    task = replace(make_task(tmp_path, "d", "train", part, tok, "sha256:t", 0, "uint16"), first_ordinal=0,
+                   order_seed=1, length_buckets=(8, 64))  # a job with Parquet exports: its columns file too
     with monkeypatch.context() as m:
         m.setattr(summary, "_scan_ingest", lambda *a: pytest.fail("the part was read again for its summary"))
         result = run_shard(task, PRETRAIN.load_tokenizer(str(tok)))
@@ -63,3 +71,7 @@ def test_a_part_summary_from_the_tokenizers_scan_is_the_one_read_back(tmp_path: 
     assert written == summary.encode(summary.summarize_part(ref), receipt)
     assert summary.load_cached(ref).records["text_bytes"].tolist() == \
         [len(d.encode()) for i, d in enumerate(docs) if i != 7]
+    records = [orjson.loads(line) for i, line in enumerate(lines) if i != 7]
+    assert ref.columns.read_bytes() == columns_header("d", "part-00000", task.input_sha256, task.plan_hash) + \
+        b"".join(r["text"].encode() + canonical_meta(r) for r in records)
+    assert sorted(p.name for p in ref.columns.parent.iterdir()) == ["part-00000.columns", "part-00000.run"]

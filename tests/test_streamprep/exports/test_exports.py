@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -440,6 +441,35 @@ def test_prepare_part_ahead_of_exports(run, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_parquet_columns_cut_from_the_columns_files_the_tokenizing_left(run, tmp_path, monkeypatch):
+    """Parts whose tokenizing left their columns files (`textshard.LineScan(columns=)`) give the Parquet bytes of
+    parts parsed again, without parsing a line; the files are scratch, removed with the rest of the exports'."""
+    from streamprep.exports.index import RecordReader
+    from streamprep.layout import RunLayout
+    from streamprep.textshard import LineScan, columns_file, columns_header
+
+    run_dir, refs = run
+    clean = tmp_path / "clean"
+    shutil.copytree(run_dir, clean)
+    export(clean, relocate(refs, run_dir, clean))
+    columned = []
+    for r in refs:
+        path = RunLayout(run_dir).part_columns(r.dataset, r.part)
+        dropped = set(r.receipt["stats"]["dropped_empty"])
+        key = (r.receipt["input_sha256"], r.receipt["plan_hash"])
+        with columns_file(path, columns_header(r.dataset, r.part, *key)) as out:
+            scan = LineScan(out)
+            for i, line in enumerate(r.ingest_path.read_bytes().splitlines()):
+                if i not in dropped:
+                    scan.add_record(orjson.loads(line))
+        columned.append(replace(r, columns=path))
+    monkeypatch.setattr(RecordReader, "_parse", lambda *a: pytest.fail("a line was parsed"))
+    export(run_dir, columned)
+    assert file_hashes(run_dir) == file_hashes(clean)
+    assert not (run_dir / "parquet" / ".order").exists()
+
+
+@pytest.mark.slow
 def test_prepared_runs_reused_only_when_current(run, tmp_path, monkeypatch):
     """A prepared run is remade (same output bytes) when it was made for another seed or bucket bounds, when it is
     damaged, truncated or torn, or when its part's summary is not the one it was made from; runs of an earlier
@@ -741,7 +771,8 @@ def test_tsv_rows_equal_the_per_row_format():
                          token_start=np.zeros(n, np.int64), n_tokens=rng.integers(1, 1 << 31, n),
                          token_sum=np.r_[0, 9, rng.integers(0, 1 << 62, n - 2)],
                          text_sha256=rng.integers(0, 256, (n, 32), dtype=np.uint8),
-                         text_bytes=np.zeros(n, np.int64), meta_bytes=np.zeros(n, np.int64))
+                         text_bytes=np.zeros(n, np.int64), meta_bytes=np.zeros(n, np.int64),
+                         column_offset=np.zeros(n, np.int64))
     for start, end in ((0, n), (17, 18), (500, 1000)):
         assert _tsv_rows(index, start, end) == "".join(
             f"{i}\t{index.n_tokens[i]}\t{index.token_sum[i]}\t{index.text_sha256[i].tobytes().hex()}\n"

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import resource
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 from streamprep.exports import summary
 from streamprep.exports.index import (ExportError, RecordReader, ShardRecords, ShardRef, canonical_meta,
                                      open_files_budget)
+from streamprep.textshard import LineScan, columns_header
 
 
 def _nested(depth: int) -> dict:
@@ -49,7 +51,19 @@ def _part(tmp: Path, name: str, records: list[tuple[bytes, list[int]]], dtype: s
     rec["token_start"], rec["n_tokens"] = np.cumsum(counts) - counts, counts
     rec["text_sha256"] = np.frombuffer(digests, dtype=np.uint8).reshape(-1, 32)
     rec["text_bytes"], rec["meta_bytes"] = text_bytes, meta_bytes
+    rec["column_offset"] = np.cumsum(text_bytes + meta_bytes) - (text_bytes + meta_bytes)
     return ref, rec
+
+
+def _with_columns(ref: ShardRef, key: tuple[str, str] = ("in", "plan")) -> ShardRef:
+    """`ref` with the columns file its tokenizing would write (`LineScan(columns=)`), made for receipt `key`."""
+    path = ref.ingest_path.with_suffix(".columns")
+    with open(path, "wb") as fh:
+        fh.write(columns_header(ref.dataset, ref.part, *key))
+        scan = LineScan(fh)
+        for line in ref.ingest_path.read_bytes().splitlines():
+            scan.add_record(orjson.loads(line))
+    return replace(ref, columns=path, receipt={"input_sha256": "in", "plan_hash": "plan"})
 
 
 def _shard(tmp: Path, picks: list[tuple[int, int]]) -> tuple[ShardRecords, list[tuple[dict, list[int]]]]:
@@ -60,7 +74,8 @@ def _shard(tmp: Path, picks: list[tuple[int, int]]) -> tuple[ShardRecords, list[
     index = ShardRecords(refs=[ref for ref, _ in parts], dtypes=[np.dtype("uint16"), np.dtype("int32")],
                          part=np.array([p for p, _ in picks], dtype=np.int32),
                          **{k: rows[k] for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens",
-                                                 "token_sum", "text_sha256", "text_bytes", "meta_bytes")})
+                                                 "token_sum", "text_sha256", "text_bytes", "meta_bytes",
+                                                 "column_offset")})
     return index, [(orjson.loads(sources[p][r][0]), sources[p][r][1]) for p, r in picks]
 
 
@@ -111,6 +126,34 @@ def test_columns_refuse_lines_unlike_their_summary(tmp_path):
         reader.tokens(np.arange(2))
 
 
+def test_columns_are_cut_from_the_parts_columns_files_when_every_part_has_a_current_one(tmp_path):
+    picks = [(1, 3), (0, 0), (0, 6), (1, 0), (0, 5), (1, 6), (0, 1), (1, 2), (0, 4), (1, 5), (0, 3)]
+    index, expected = _shard(tmp_path, picks)
+    want = (b"".join(r["text"].encode() for r, _ in expected), b"".join(canonical_meta(r) for r, _ in expected))
+    lines = [ref.ingest_path.read_bytes() for ref in index.refs]
+    columned = replace(index, refs=[_with_columns(ref) for ref in index.refs])
+    for ref in index.refs:  # the lines are not read: texts of the same lengths but other letters
+        ref.ingest_path.write_bytes(ref.ingest_path.read_bytes().replace(b"plain", b"PLAIN"))
+    ids = np.arange(len(picks))
+    with RecordReader(columned, max_open=1) as reader:
+        assert reader.columns(ids) == want
+        assert reader.columns(ids[::-1])[0] == b"".join(r["text"].encode() for r, _ in expected[::-1])
+    # one part's file made for another input: every part's lines are parsed (here, the changed ones)
+    stale = replace(columned, refs=[_with_columns(columned.refs[0], ("other", "plan")), columned.refs[1]])
+    with RecordReader(stale) as reader:
+        assert reader.columns(ids)[0] == want[0].replace(b"plain", b"PLAIN") != want[0]
+    for ref, data in zip(index.refs, lines):
+        ref.ingest_path.write_bytes(data)
+    missing = replace(columned, refs=[columned.refs[0], replace(columned.refs[1], columns=tmp_path / "none")])
+    with RecordReader(missing) as reader:
+        assert reader.columns(ids) == want
+    _with_columns(index.refs[0])  # current again
+    columns = columned.refs[1].columns
+    columns.write_bytes(columns.read_bytes()[:-3])
+    with RecordReader(columned) as reader, pytest.raises(ExportError, match=r"p1\.columns: shorter than"):
+        reader.columns(ids)
+
+
 def test_npy_header_of_cached_rows_read_once_per_layout(tmp_path):
     """The `.npy` header of a summary is parsed once per distinct header (row count), not once per read."""
     ref, rec = _part(tmp_path, "p0", RECORDS, "uint16")
@@ -121,7 +164,7 @@ def test_npy_header_of_cached_rows_read_once_per_layout(tmp_path):
         assert summary._cached_rows(ref, np.array(rows)).tobytes() == rec[rows].tobytes()
     assert summary._npy_header.cache_info().misses == 1 and summary._npy_header.cache_info().hits == 2
     buf = io.BytesIO()
-    np.save(buf, np.zeros(2, dtype=summary.RECORD.descr[:-2]))  # a version 1 payload
+    np.save(buf, np.zeros(2, dtype=summary.RECORD.descr[:-3]))  # a version 1 payload
     summary.cache_path(ref).write_bytes(b"{}\n" + buf.getvalue())
     with pytest.raises(ExportError, match="part summary changed"):
         summary._cached_rows(ref, np.array([0]))
