@@ -10,6 +10,7 @@ import time
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -53,18 +54,18 @@ class LineScan:
         self.digests = bytearray()
         self.columns_out = columns
 
-    def add_line(self, line: bytes) -> None:
-        self.line_bytes.append(len(line))
-
-    def add_record(self, rec: dict[str, Any]) -> None:
-        text = rec["text"].encode("utf-8")
-        meta = canonical_meta(rec)
-        self.digests += hashlib.sha256(text).digest()
-        self.text_bytes.append(len(text))
-        self.meta_bytes.append(len(meta))
+    def add(self, lines: list[bytes], recs: list[dict[str, Any]], empty: list[bool]) -> None:
+        """A batch of lines, their records, and which of them have no tokens (not in the `.idx`)."""
+        self.line_bytes.extend(map(len, lines))
+        if any(empty):
+            recs = [rec for rec, none in zip(recs, empty) if not none]
+        texts = [rec["text"].encode("utf-8") for rec in recs]
+        metas = list(map(canonical_meta, recs))
+        self.digests += b"".join([hashlib.sha256(text).digest() for text in texts])
+        self.text_bytes.extend(map(len, texts))
+        self.meta_bytes.extend(map(len, metas))
         if self.columns_out is not None:
-            self.columns_out.write(text)
-            self.columns_out.write(meta)
+            self.columns_out.write(b"".join(chain.from_iterable(zip(texts, metas))))
 
     def columns(self) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
         """(line byte lengths, the records' text digests back to back, text bytes, canonical meta bytes)."""
@@ -140,10 +141,7 @@ def tokenize_part(task: Any, encoder: backends.ShardEncoder, scan: LineScan | No
             for lines, recs, flat, lengths in _encoded_batches(fh, encoder, task.dataset, ahead):
                 empty = lengths == 0
                 if scan is not None:
-                    for line, rec, none in zip(lines, recs, empty.tolist()):
-                        scan.add_line(line)
-                        if not none:
-                            scan.add_record(rec)
+                    scan.add(lines, recs, empty.tolist())
                 if empty.any():
                     dropped.extend((line_no + np.flatnonzero(empty)).tolist())
                     lengths = lengths[~empty]

@@ -113,28 +113,30 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
     mode: Mode = _worker["mode"]
     screened, judged = mode.screen([(item, None) for item in items], text_field)
     verdicts = iter(qc.evaluate_batch(judged))
-    cols = ItemColumns(*([] for _ in ItemColumns._fields))
+    rows: list[tuple] = []  # one ItemColumns row per item, transposed at the end
     signatures = []
     for rec, _ in screened:
         if isinstance(rec, BadRecord):
-            for col, v in zip(cols, (rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, None)):
-                col.append(v)
+            rows.append((rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, None))
             continue
         keep, text, meta, digest, signature = next(verdicts)
         signatures.append(signature)
         extra = None
         if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
             extra = {k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))}
-        excerpt = excerpt_of(rec, text_field)
-        row, chars, text_bytes = None, len(excerpt), 0
-        if keep:
-            source = {"dataset": name, "index": SENTINEL_INDEX, **(extra or {})}
-            row = orjson.dumps(mode.kept_row(text, {**meta, "source": source}, rec)) + b"\n"
-            chars, text_bytes = len(text), len(text.encode("utf-8"))
-            if excerpt == text[:REJECT_EXCERPT]:
-                excerpt = None
-        for col, v in zip(cols, (None, None, keep, row, meta, digest, chars, text_bytes, excerpt, extra)):
-            col.append(v)
+        if not keep:
+            excerpt = excerpt_of(rec, text_field)
+            rows.append((None, None, False, None, meta, digest, len(excerpt), 0, excerpt, extra))
+            continue
+        source = {"dataset": name, "index": SENTINEL_INDEX, **(extra or {})}
+        row = orjson.dumps(mode.kept_row(text, {**meta, "source": source}, rec), option=orjson.OPT_APPEND_NEWLINE)
+        # the excerpt a reject line would show; None when it is the kept text's start (always, unnormalized)
+        excerpt = None if isinstance(rec, dict) and rec.get(text_field) is text else excerpt_of(rec, text_field)
+        if excerpt is not None and excerpt == text[:REJECT_EXCERPT]:
+            excerpt = None
+        rows.append((None, None, True, row, meta, digest, len(text),
+                     len(text) if text.isascii() else len(text.encode("utf-8")), excerpt, extra))
+    cols = ItemColumns(*map(list, zip(*rows))) if rows else ItemColumns(*([] for _ in ItemColumns._fields))
     return cols, qc.take_gate_stats(), signatures
 
 

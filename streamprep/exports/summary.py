@@ -55,11 +55,11 @@ def _scan_ingest(ref: ShardRef, dropped: set[int]) -> tuple[np.ndarray, bytes, n
     scan, line_no = LineScan(), 0
     with open(ref.ingest_path, "rb") as fh:
         while lines := fh.readlines(TEXT_CHUNK):
-            for line in lines:
-                scan.add_line(line)
-                if line_no not in dropped:
-                    scan.add_record(load_record(line, ref.ingest_path, line_no))
-                line_no += 1
+            numbers = range(line_no, line_no + len(lines))
+            empty = [n in dropped for n in numbers]
+            scan.add(lines, [{} if none else load_record(line, ref.ingest_path, n)
+                             for line, n, none in zip(lines, numbers, empty)], empty)
+            line_no += len(lines)
     return scan.columns()
 
 

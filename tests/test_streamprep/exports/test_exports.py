@@ -457,11 +457,9 @@ def test_parquet_columns_cut_from_the_columns_files_the_tokenizing_left(run, tmp
         path = RunLayout(run_dir).part_columns(r.dataset, r.part)
         dropped = set(r.receipt["stats"]["dropped_empty"])
         key = (r.receipt["input_sha256"], r.receipt["plan_hash"])
+        lines = r.ingest_path.read_bytes().splitlines(keepends=True)
         with columns_file(path, columns_header(r.dataset, r.part, *key)) as out:
-            scan = LineScan(out)
-            for i, line in enumerate(r.ingest_path.read_bytes().splitlines()):
-                if i not in dropped:
-                    scan.add_record(orjson.loads(line))
+            LineScan(out).add(lines, [orjson.loads(line) for line in lines], [i in dropped for i in range(len(lines))])
         columned.append(replace(r, columns=path))
     monkeypatch.setattr(RecordReader, "_parse", lambda *a: pytest.fail("a line was parsed"))
     export(run_dir, columned)

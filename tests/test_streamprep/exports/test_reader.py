@@ -60,9 +60,8 @@ def _with_columns(ref: ShardRef, key: tuple[str, str] = ("in", "plan")) -> Shard
     path = ref.ingest_path.with_suffix(".columns")
     with open(path, "wb") as fh:
         fh.write(columns_header(ref.dataset, ref.part, *key))
-        scan = LineScan(fh)
-        for line in ref.ingest_path.read_bytes().splitlines():
-            scan.add_record(orjson.loads(line))
+        lines = ref.ingest_path.read_bytes().splitlines(keepends=True)
+        LineScan(fh).add(lines, [orjson.loads(line) for line in lines], [False] * len(lines))
     return replace(ref, columns=path, receipt={"input_sha256": "in", "plan_hash": "plan"})
 
 
