@@ -186,7 +186,7 @@ class RunLayout:
         return self.parquet_dir / EXPORTS_SCRATCH
 
     def part_columns(self, dataset: str, part: str) -> Path:
-        """A tokenized part's texts and canonical metas, for its Parquet rows (`textshard.ColumnsWriter`)."""
+        """A tokenized part's texts and canonical metas, for its Parquet rows (`textshard.columns_file`)."""
         return self.exports_scratch / dataset / f"{part}{COLUMNS_SUFFIX}"
 
     @property

@@ -227,8 +227,8 @@ class RecordReader:
         idx = self.index
         order = np.lexsort((idx.column_offset[ids], idx.part[ids]))
         rows = ids[order]
-        chunks = [chunk for _, part_chunks in self._read("columns", rows, idx.column_offset[rows] + self._bases[idx.part[rows]],
-                                                         idx.text_bytes[rows] + idx.meta_bytes[rows])
+        offsets = idx.column_offset[rows] + self._bases[idx.part[rows]]
+        chunks = [chunk for _, part_chunks in self._read("columns", rows, offsets, idx.text_bytes[rows] + idx.meta_bytes[rows])
                   for chunk in part_chunks]
         chunks = list(map(chunks.__getitem__, inverse_permutation(order).tolist()))  # in the order of `ids`
         cuts = idx.text_bytes[ids].tolist()
