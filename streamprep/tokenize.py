@@ -55,6 +55,12 @@ class ShardTask:
     def mode(self) -> Mode:
         return mode_of(self.sft)
 
+    @property
+    def columns_path(self) -> Path | None:
+        """Where its tokenizing writes the part's columns file for the Parquet writers: only in a job with Parquet
+        exports (the task names their bucket bounds)."""
+        return RunLayout(Path(self.run_dir)).part_columns(self.dataset, self.part) if self.length_buckets else None
+
 
 def token_dtype(output_dtype: str, vocab_size: int) -> str:
     return str(binidx.optimal_dtype(vocab_size)) if output_dtype == "auto" else output_dtype
@@ -139,10 +145,9 @@ def drop_tmp_files(task: ShardTask) -> None:
     never run beside a live first attempt, removes them and writes its own. Every task runs it: one scandir
     and a prefix test per name (a glob's fnmatch cost ~0.85 ms a call over 800 files, ~0.7 CPU-s a job of
     400 parts)."""
-    targets = [Path(task.prefix), Path(task.receipt_path)]
-    if task.length_buckets:
-        targets.append(RunLayout(Path(task.run_dir)).part_columns(task.dataset, task.part))
-    for target in targets:
+    for target in (Path(task.prefix), Path(task.receipt_path), task.columns_path):
+        if target is None:
+            continue
         head = f".{target.name}"
         try:
             with os.scandir(target.parent) as entries:

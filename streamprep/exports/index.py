@@ -23,7 +23,6 @@ import numpy as np
 import orjson
 
 from streamprep import binidx
-from streamprep.layout import RunLayout
 from streamprep.textshard import canonical_meta, columns_header
 
 COLUMNS_KEY = ("input_sha256", "plan_hash")  # the receipt's fields a part's columns file is made for
@@ -44,7 +43,7 @@ class ShardRef:
     prefix: Path | None  # RUN_DIR/binidx/<dataset>/part-00000_text_document (None when 0 documents)
     receipt: dict        # the receipt JSON (status, stats, files, ...)
     receipt_path: Path   # where the receipt is; its part summary is cached beside it
-    columns: Path | None = None  # where its tokenizing may have left its texts and metas (RunLayout.part_columns)
+    columns: Path | None = None  # where its tokenizing may have left its texts and metas (ShardTask.columns_path)
 
     @classmethod
     def from_task(cls, task: Any, receipt: dict) -> "ShardRef":
@@ -52,8 +51,7 @@ class ShardRef:
         has_docs = receipt["stats"]["num_documents"] > 0
         return cls(dataset=task.dataset, split=task.split, part=task.part, ingest_path=Path(task.input_path),
                    prefix=Path(task.prefix) if has_docs else None, receipt=receipt,
-                   receipt_path=Path(task.receipt_path),
-                   columns=RunLayout(Path(task.run_dir)).part_columns(task.dataset, task.part))
+                   receipt_path=Path(task.receipt_path), columns=task.columns_path)
 
 
 def load_record(raw: bytes, path: Path, line_no: int) -> dict[str, Any]:

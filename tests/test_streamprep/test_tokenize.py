@@ -30,11 +30,11 @@ def test_drop_tmp_files_removes_this_tasks_temporary_files_and_nothing_else(tmp_
     for p in kept + stale:
         p.touch()
     task = SimpleNamespace(prefix=str(bins / "part-00007_text_document"), receipt_path=str(receipts / "part-00007.json"),
-                           run_dir=str(tmp_path), dataset="d", part="part-00007", length_buckets=(8,))
+                           columns_path=columns)
     drop_tmp_files(task)  # type: ignore[arg-type]
     assert [p.exists() for p in kept] == [True] * len(kept) and not any(p.exists() for p in stale)
     nowhere = SimpleNamespace(prefix=str(tmp_path / "none/p"), receipt_path=str(tmp_path / "none/r.json"),
-                              length_buckets=())
+                              columns_path=None)
     drop_tmp_files(nowhere)  # type: ignore[arg-type]  # directories not made yet: nothing to drop, no error
 
 

@@ -245,7 +245,7 @@ class _T(str):
     dataset = "d"
     part = property(str.__str__)
     prefix = receipt_path = "/nonexistent-streamprep-test/p"  # a retry's leftover temp files: none to drop
-    length_buckets = ()  # no Parquet exports: no columns file
+    columns_path = None  # no Parquet exports: no columns file
 
 
 @pytest.mark.slow

@@ -386,10 +386,13 @@ def prepared_task(run_dir: Path, r: ShardRef, first: int | None, seed: int = 123
     """The ShardTask fields `prepare_part` reads, as the pipeline sets them (`first`: lines of the parts before)."""
     from types import SimpleNamespace
 
+    from streamprep.layout import RunLayout
+
     return SimpleNamespace(dataset=r.dataset, split=r.split, part=r.part, input_path=str(r.ingest_path),
                            prefix=str(r.prefix or f"{run_dir}/binidx/{r.dataset}/{r.part}_text_document"),
                            receipt_path=str(r.receipt_path), sft=None, run_dir=str(run_dir), first_ordinal=first,
-                           order_seed=seed, length_buckets=tuple(buckets))
+                           order_seed=seed, length_buckets=tuple(buckets),
+                           columns_path=RunLayout(run_dir).part_columns(r.dataset, r.part))
 
 
 def line_ordinals(refs: list[ShardRef]) -> dict[str, int]:
