@@ -430,7 +430,7 @@ class Job:
         log.info("tokenization done", engine=engine.name, shards=len(tasks), tokenized=len(results) - skipped,
                  skipped=skipped, tail_wait_seconds=round(time.monotonic() - t0, 2),
                  shard_seconds=round(sum(r.get("seconds", 0.0) for r in results), 2),
-                 local_before_stage=sum(1 for r in results if r.get("where") == "local"))
+                 shards_local=sum(1 for r in results if r.get("where") == "local"))
         missing = [f"{t.dataset}/{t.part}: {p}" for t in tasks if (p := receipt_problem(t, read_receipt(t), False))]
         if missing:
             raise RuntimeError(f"tokenization left {len(missing)} shard(s) incomplete: {'; '.join(missing[:5])}")

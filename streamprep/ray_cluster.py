@@ -37,8 +37,9 @@ RAY_ENV = {
     "PYTHON_LOG": os.environ.get("PYTHON_LOG", "warning"),
 }
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
-# A cluster the job starts lives on the driver's machine, whose cores the driver's own tokenizing already uses:
-# there it runs at the lowest priority and comes up (and takes shards over) only on cores the driver leaves idle.
+# A cluster the job starts lives on the driver's machine, whose cores the job's workers already use: there it runs
+# at the lowest priority, under SCHED_IDLE (`ray_head`), and comes up (and takes shards over) only on cores the
+# workers leave idle.
 RAY_NICE = 19
 _lock = threading.Lock()
 _started_here = False

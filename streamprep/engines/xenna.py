@@ -6,11 +6,14 @@ the serving source queue as they come and results arrive on the sink (xenna 0.3
 every submitted result first. Receipts stay the record of completion: a kill while shards are queued or
 running resumes exactly.
 
-On a cluster the job starts itself (no `ray_address`: this machine is the whole cluster) the job's executor
-(`streamprep.executor`, its worker processes on this machine) tokenizes sealed parts until the stage answers
-its first task, a ping: Ray and Xenna's start-up (10-15 s on 2 cores) then no longer delays the first shards.
-Like `engine: local`, it gives the executor as many shards at once as it has workers: one at a time left a
-worker idle once ingest was done, and the last shards waited for each other (1.5 s of a 9 s job at 300 MB). Shard bytes do not depend on who tokenized them; results say `where` they ran ("local" or
+On a cluster the job starts itself (no `ray_address`: this machine is the whole cluster) that cluster is extra
+capacity on cores the job's workers leave idle (`ray_head` runs it under SCHED_IDLE), and both take shards
+from one queue: the stage up to its room in flight once it has answered its first task, a ping, and the job's
+executor (`streamprep.executor`, its worker processes on this machine) up to one shard per worker at any
+time. Ray and Xenna's start-up (10-15 s on 2 cores) then never delays a shard, and a stage starved by busy
+cores never holds more than its room: when the stage alone took every shard after its ping, or the executor
+one at a time before it, workers sat idle at the end while the last shards waited (6.4 s of a 46 s job of
+2 M documents; 1.5 s of a 9 s one at 300 MB). Shard bytes do not depend on who tokenized them; results say `where` they ran ("local" or
 "stage"), and the summary counts both. If that cluster cannot come up at all (Ray gives its raylet 30 s,
 which a niced start-up on a busy machine can miss), the executor does every shard and the log says why. Nor
 is the stage started when Ray comes up after ingest is done and the remaining local shards take less time
@@ -73,8 +76,7 @@ class XennaEngine(Engine):
         self.started_at: float | None = None
         self._stopping: float | None = None
         self.ready_at: float | None = None
-        self._early = ray_address is None  # the executor tokenizes until the stage answers the ping
-        self._pending: deque[ShardTask] = deque()
+        self._early = ray_address is None  # the job's own cluster: the executor tokenizes too
         self._running_local = 0  # tasks on the executor (under _cv)
         self._cv = threading.Condition()
         self._stage_answered = False
@@ -97,8 +99,9 @@ class XennaEngine(Engine):
         threading.Thread(target=self._collect, name="xenna-results", daemon=True).start()
         if self._early:
             with self._cv:
-                self._to_stage(PING)
-            threading.Thread(target=self._tokenize_early, name="tokenize-early", daemon=True).start()
+                self._in_flight[PING] = PING
+                self._source.put(PING)
+            threading.Thread(target=self._tokenize_local, name="tokenize-local", daemon=True).start()
 
     def _serve(self) -> None:
         try:
@@ -202,7 +205,7 @@ class XennaEngine(Engine):
         if not self._early or not self._draining:
             return None
         with self._cv:
-            left = len(self._pending) + self._running_local
+            left = len(self._queued) + self._running_local
         with self._lock:
             seconds = [r["seconds"] for r in self._results if r["where"] == "local" and not r["skipped"]]
         if not seconds:
@@ -216,39 +219,34 @@ class XennaEngine(Engine):
     def submit(self, task: ShardTask) -> None:
         self.submitted += 1
         with self._cv:
-            if self._early and not self._stage_answered:
-                self._pending.append(task)
-                self._cv.notify()
-                return
-            self._to_stage(task)
-
-    def _to_stage(self, task: Any) -> None:
-        """Give `task` to the stage as soon as there is room in flight (call with `_cv` held)."""
-        self._queued.append(task)
-        self._pump()
+            self._queued.append(task)
+            self._pump()
+            self._cv.notify_all()
 
     def _pump(self) -> None:
-        """Hand queued tasks to the stage while fewer than `_room` are in flight, remembering each until its
-        answer (call with `_cv` held)."""
+        """Hand queued tasks to the stage, once it may take them, while fewer than `_room` are in flight,
+        remembering each until its answer (call with `_cv` held)."""
+        if self._early and not self._stage_answered:
+            return
         while self._queued and len(self._in_flight) < self._room:
             task = self._queued.popleft()
             self._in_flight[_key(task)] = task
             self._source.put(task)
 
-    def _tokenize_early(self) -> None:
-        """Hand pending tasks to the executor, up to one per worker at a time, until the stage has answered
-        (then they go to the stage; those on the executor finish there)."""
+    def _tokenize_local(self) -> None:
+        """On the job's own cluster: hand queued tasks to the executor, up to one per worker at a time, whether
+        or not the stage is up."""
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._stage_answered or self._stopping or self._error is not None
-                                  or (self._pending and self._running_local < self.workers))
-                if self._stage_answered or self._stopping or self._error is not None:
+                self._cv.wait_for(lambda: self._stopping or self._error is not None
+                                  or (self._queued and self._running_local < self.workers))
+                if self._stopping or self._error is not None:
                     return
-                task = self._pending.popleft()
+                task = self._queued.popleft()
                 self._running_local += 1
-            self._executor.submit(run_local, task).add_done_callback(self._early_done)
+            self._executor.submit(run_local, task).add_done_callback(self._local_done)
 
-    def _early_done(self, future: Future) -> None:
+    def _local_done(self, future: Future) -> None:
         """A task the executor ran: kept as a local result, or its failure surfaced by drain()."""
         try:
             self._keep({**future.result(), "where": "local"})
@@ -259,11 +257,10 @@ class XennaEngine(Engine):
             self._cv.notify_all()
 
     def _on_ping(self) -> None:
-        """The stage is up: it takes every task from now on, the pending ones first, in order."""
+        """The stage is up: from now on it takes queued tasks too, in order, up to its room."""
         with self._cv:
             self._stage_answered = True
-            while self._pending:
-                self._to_stage(self._pending.popleft())
+            self._pump()
             self._cv.notify_all()
         log.info("xenna stage answering", seconds=round(time.monotonic() - (self.started_at or 0.0), 2),
                  shards_local=self.completed)

@@ -267,7 +267,8 @@ def test_the_stage_waits_for_this_jobs_worker_actors_and_a_stopped_job_does_not_
 
 def test_local_workers_tokenize_until_the_stage_answers_then_the_stage_takes_the_rest(monkeypatch, one_thread) -> None:
     """Hybrid start (engine xenna, private cluster): tasks submitted before the stage answers its ping run
-    on the job's executor (here its one thread); at the ping the pending ones move to the stage in order; drain returns every result."""
+    on the job's executor (here its one thread) as it has room; at the ping the queued ones go to the stage in
+    order, up to its room in flight; drain returns every result."""
     from streamprep.engines import xenna as xmod
 
     stage_up, ran_in_driver, ran_in_stage, engines = threading.Event(), [], [], []
@@ -311,6 +312,51 @@ def test_local_workers_tokenize_until_the_stage_answers_then_the_stage_takes_the
     assert ran_in_driver == ["p0"] and ran_in_stage == ["p1", "p2", "p3"]
     assert {r["task"]["part"]: r["where"] for r in results} == {"p0": "local", "p1": "stage", "p2": "stage",
                                                                  "p3": "stage"}
+
+
+def test_on_its_own_cluster_a_stage_that_answered_takes_its_room_and_the_executor_the_rest(monkeypatch,
+                                                                                           one_thread) -> None:
+    """Regression (2 M documents, engine xenna): once the stage answered it took every shard, and under SCHED_IDLE
+    on busy cores its one worker fell behind: 6.4 s of shards were left when ingest ended, the executor idle. Now
+    a stage that answered holds at most its room in flight and the executor takes the other queued shards."""
+    from streamprep.engines import xenna as xmod
+
+    stage_may_answer, ran_local = threading.Event(), []
+
+    def fake_run_shard(task, tokenizer):
+        ran_local.append(str(task))
+        return {"task": {"dataset": "d", "part": task}, "skipped": False, "seconds": 0.01}
+
+    def fake_serve(self):  # answers the ping at once, then holds every shard until `stage_may_answer`
+        while (task := self._source.get()) is not None:
+            if task == xmod.PING:
+                self._sink.put({"ping": True})
+            else:
+                stage_may_answer.wait(10)
+                self._sink.put({"task": {"dataset": "d", "part": task}, "skipped": False})
+
+    monkeypatch.setattr(local_engine, "run_shard", fake_run_shard)
+    monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
+    monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
+    engine = xmod.XennaEngine(one_thread, workers=1)
+    engine.start()
+    deadline = time.monotonic() + 10
+    while not engine._stage_answered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    parts = [f"p{i}" for i in range(xmod.IN_FLIGHT_PER_WORKER + 3)]
+    for part in parts:
+        engine.submit(_T(part))
+    deadline = time.monotonic() + 10
+    while len(ran_local) < 3 and time.monotonic() < deadline:  # the executor is through the overflow ...
+        time.sleep(0.01)
+    stage_may_answer.set()  # ... while the stage still holds its room
+    results = engine.drain()
+    engine.stop()
+    engine.join()
+    where = {r["task"]["part"]: r["where"] for r in results}
+    assert sorted(where) == sorted(parts)
+    assert ran_local == parts[xmod.IN_FLIGHT_PER_WORKER:]
+    assert [p for p in parts if where[p] == "stage"] == parts[:xmod.IN_FLIGHT_PER_WORKER]
 
 
 def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch, one_thread) -> None:
@@ -556,8 +602,8 @@ def test_a_head_that_fails_names_its_cause(monkeypatch) -> None:
 
 @pytest.mark.ray
 def test_a_cluster_started_by_the_job_runs_niced_and_ends_with_it(tmp_path: Path) -> None:
-    """`connect(None, ...)` starts Ray in a head process at RAY_NICE (the driver keeps its own priority) and
-    attaches to it; `release()` leaves no process of that cluster behind."""
+    """`connect(None, ...)` starts Ray in a head process at RAY_NICE and SCHED_IDLE (the driver keeps its own
+    priority) and attaches to it; `release()` leaves no process of that cluster behind."""
     script = """
 import json, os, psutil
 from streamprep import ray_cluster
@@ -567,7 +613,8 @@ cluster = [head, *head.children(recursive=True)]
 import ray
 head_tmp = ray_cluster._head_tmp
 out = {"address": address, "up": ray.is_initialized(), "driver_nice": os.nice(0),
-       "nices": sorted({p.nice() for p in cluster}), "names": sorted({p.name() for p in cluster})}
+       "nices": sorted({p.nice() for p in cluster}), "names": sorted({p.name() for p in cluster}),
+       "policies": sorted({os.sched_getscheduler(p.pid) for p in cluster}), "driver_policy": os.sched_getscheduler(0)}
 ray_cluster.release()
 out["alive"] = [p.pid for p in cluster if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 out["head_tmp_left"] = os.path.exists(head_tmp)
@@ -581,6 +628,7 @@ print(json.dumps(out))
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["up"] and out["address"] and "gcs_server" in out["names"] and "raylet" in out["names"]
     assert out["nices"] == [min(os.nice(0) + RAY_NICE, 19)] and out["driver_nice"] == os.nice(0)
+    assert out["policies"] == [os.SCHED_IDLE] and out["driver_policy"] == os.SCHED_OTHER  # only idle cycles
     assert out["alive"] == [] and out["head_tmp_left"] is False  # nor the pymp-* dirs its killed processes leave
 
 
