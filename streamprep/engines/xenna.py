@@ -13,9 +13,10 @@ executor (`streamprep.executor`, its worker processes on this machine) up to one
 time. Ray and Xenna's start-up (10-15 s on 2 cores) then never delays a shard, and a stage starved by busy
 cores never holds more than its room: when the stage alone took every shard after its ping, or the executor
 one at a time before it, workers sat idle at the end while the last shards waited (6.4 s of a 46 s job of
-2 M documents; 1.5 s of a 9 s one at 300 MB). Shard bytes do not depend on who tokenized them; results say `where` they ran ("local" or
-"stage"), and the summary counts both. If that cluster cannot come up at all (Ray gives its raylet 30 s,
-which a niced start-up on a busy machine can miss), the executor does every shard and the log says why. Nor
+2 M documents; 1.5 s of a 9 s one at 300 MB). Shard bytes do not depend on who tokenized them; results say
+`where` they ran ("local" or "stage"), and the summary counts both. If that cluster cannot come up at all (Ray
+gives its raylet 30 s, which a start-up on a busy machine can miss), the executor does every shard and the log
+says why. Nor
 is the stage started when Ray comes up after ingest is done and the remaining local shards take less time
 than the cluster took to come up: a stage worker starting on the same busy cores would not answer before
 the local workers are through, and its start-up only slows them.
@@ -24,7 +25,9 @@ A node lost under the stage (its raylet dies, a machine goes) costs no rerun: Xe
 tolerance of its own (its pipeline raises once an actor dies), so the engine starts the serving pipeline again
 on the nodes left and hands it every task the dead one held, each counted as a retry in the log and in
 `logs/retries.jsonl` (which `streamprep status` reads). A result that arrives twice is kept once. With no
-node left to run on for `ray_cluster.NO_NODE_WAIT_S`, the job fails, and the same command resumes it.
+node left to run on for `ray_cluster.NO_NODE_WAIT_S`, the job fails, and the same command resumes it. On the
+job's own cluster, spare capacity on this machine, a failed stage is not restarted: its shards go back to the
+executor, counted as retries, and the job goes on without it.
 """
 from __future__ import annotations
 
@@ -104,6 +107,7 @@ class XennaEngine(Engine):
             threading.Thread(target=self._tokenize_local, name="tokenize-local", daemon=True).start()
 
     def _serve(self) -> None:
+        lost: str | None = None  # why the job's own cluster failed under the stage: the executor takes over
         try:
             try:
                 address = ray_cluster.connect(self.ray_address, self.workers, lambda: self._stopping is not None)
@@ -132,12 +136,30 @@ class XennaEngine(Engine):
             self.ready_at = time.monotonic()
             self._run_stage(xenna, TokenizeStage)
         except BaseException as exc:  # surfaced by drain()/stop() in the job's thread
-            self._error = exc
+            if self._early and self._stopping is None and isinstance(exc, Exception):
+                lost = f"{type(exc).__name__}: {str(exc)[:300]}"
+            else:
+                self._error = exc
             if not isinstance(exc, ray_cluster.NoNodeLeft):  # the message alone rarely says where it failed
                 log.warning("xenna stage failed", error=f"{type(exc).__name__}: {exc}",
                             where=traceback.format_exc(limit=-6)[-3000:])
         finally:
             ray_cluster.release()  # Ray must be shut down by the thread that started it
+        if lost is not None:  # after the release: no stage worker still writes a shard the executor now takes
+            self._take_back(lost)
+
+    def _take_back(self, reason: str) -> None:
+        """The job's own cluster failed under the stage: being spare capacity, it takes the job down with it no
+        more than a slow start does. The shards it held go back to the front of the queue, in order, each counted
+        as a retry, for the executor (`run_local` drops what a killed writer left)."""
+        with self._cv:
+            self._local_only = f"the xenna stage failed ({reason}); the local workers tokenize the rest"
+            tasks = [t for t in self._in_flight.values() if t != PING]
+            self._in_flight.clear()
+            self._queued.extendleft(reversed(tasks))
+            self._cv.notify_all()
+        log.warning("xenna stage lost; its shards go to the local workers", shards=len(tasks), reason=reason)
+        self._count_retries(tasks, reason)
 
     def _run_stage(self, xenna: Any, stage_cls: type) -> None:
         """Run the serving pipeline until the job's stop; when it fails because a worker or node died, run it
@@ -165,6 +187,8 @@ class XennaEngine(Engine):
                 xenna.run_pipeline(spec)
                 return
             except Exception as exc:
+                if self._early:  # this machine is the whole cluster: no node to restart on (the executor takes over)
+                    raise
                 lost = nodes - ray_cluster.usable_nodes()
                 if self._stopping is not None or restarts >= MAX_STAGE_RESTARTS \
                         or not (lost or ray_cluster.is_lost_worker(exc)):
@@ -191,10 +215,16 @@ class XennaEngine(Engine):
             if self._stopping is not None:
                 source.put(None)
             self._source = source
+        for task in tasks:
+            if task != PING:
+                drop_tmp_files(task)
+        self._count_retries(tasks, reason)
+
+    def _count_retries(self, tasks: list[Any], reason: str) -> None:
+        """Log each shard handed again and append it to the run's retries file, once a shard."""
         shards = [t for t in tasks if t != PING and _key(t) not in self._retried]
         self._retried.update(_key(t) for t in shards)
         for task in shards:
-            drop_tmp_files(task)
             log.warning("shard retried", dataset=task.dataset, part=task.part, reason=reason)
         if shards:
             _record_retries(shards, reason)
@@ -226,7 +256,7 @@ class XennaEngine(Engine):
     def _pump(self) -> None:
         """Hand queued tasks to the stage, once it may take them, while fewer than `_room` are in flight,
         remembering each until its answer (call with `_cv` held)."""
-        if self._early and not self._stage_answered:
+        if (self._early and not self._stage_answered) or self._local_only is not None:
             return
         while self._queued and len(self._in_flight) < self._room:
             task = self._queued.popleft()
@@ -305,7 +335,8 @@ class XennaEngine(Engine):
             time.sleep(POLL_S / 4)
             if self.completed < self.submitted:
                 self._check_alive()
-                if why := ray_cluster.no_node_left():  # a stage waiting on a cluster that is gone never answers
+                # a stage waiting on a cluster that is gone never answers (the executor's own shards do)
+                if self._local_only is None and (why := ray_cluster.no_node_left()):
                     self._cluster_lost = True
                     raise ray_cluster.NoNodeLeft(f"xenna tokenize stage: {why}; re-run the same command to resume")
         with self._lock:

@@ -359,6 +359,59 @@ def test_on_its_own_cluster_a_stage_that_answered_takes_its_room_and_the_executo
     assert [p for p in parts if where[p] == "stage"] == parts[:xmod.IN_FLIGHT_PER_WORKER]
 
 
+def test_a_stage_lost_on_the_jobs_own_cluster_hands_its_shards_to_the_executor(monkeypatch, one_thread,
+                                                                               tmp_path: Path) -> None:
+    """The job's own cluster is spare capacity (SCHED_IDLE on the job's cores): when it fails under the stage
+    (its raylet killed, say) the job goes on without it. The shards the stage held go back to the executor in
+    order, each counted as a retry, and nothing is waited for or restarted; with `ray_address` the same failure
+    still ends the job (test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver)."""
+    from streamprep import ray_cluster
+    from streamprep.engines import xenna as xmod
+
+    class _R(_T):
+        run_dir = str(tmp_path)
+
+    held, ran_local, released = [], [], []
+
+    def fake_pipeline(spec):  # answers the ping, takes its room of shards, then its cluster dies
+        source, sink = spec.serving_queues.source, spec.serving_queues.sink
+        while len(held) < xmod.IN_FLIGHT_PER_WORKER:
+            task = source.get(timeout=10)
+            if task == xmod.PING:
+                sink.put({"ping": True})
+            else:
+                held.append(str(task))
+        raise RuntimeError("The actor died unexpectedly before finishing this task")
+
+    def fake_run_shard(task, tokenizer):
+        ran_local.append(str(task))
+        return {"task": {"dataset": "d", "part": str(task)}, "skipped": False, "seconds": 0.01}
+
+    monkeypatch.setattr(ray_cluster, "connect", lambda address, workers, cancelled: "127.0.0.1:1")
+    monkeypatch.setattr(ray_cluster, "release", lambda: released.append(True))
+    monkeypatch.setattr(ray_cluster, "cpus_per_worker", lambda workers: 1.0)
+    monkeypatch.setattr(ray_cluster, "usable_nodes", lambda: {"n1"})
+    monkeypatch.setattr(ray_cluster, "no_node_left", lambda: pytest.fail("waited for a node of its own cluster"))
+    monkeypatch.setattr(xenna, "run_pipeline", fake_pipeline)
+    monkeypatch.setattr(local_engine, "run_shard", fake_run_shard)
+    monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
+    engine = xmod.XennaEngine(one_thread, workers=1)
+    engine.start()
+    deadline = time.monotonic() + 10
+    while not engine._stage_answered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    parts = [f"p{i}" for i in range(xmod.IN_FLIGHT_PER_WORKER + 2)]
+    results = engine.run([_R(p) for p in parts])
+    engine.stop()
+    engine.join()
+    assert held == parts[:xmod.IN_FLIGHT_PER_WORKER] and released == [True] and engine._error is None
+    assert sorted(r["task"]["part"] for r in results) == parts and {r["where"] for r in results} == {"local"}
+    assert sorted(ran_local) == parts and [p for p in ran_local if p in held] == held  # each once, in order
+    retried = [json.loads(line) for line in (tmp_path / "logs" / xmod.RETRIES_FILE).read_text().splitlines()]
+    assert [r["part"] for r in retried] == held and "actor died" in retried[0]["reason"]
+    assert "the local workers tokenize the rest" in (engine._local_only or "")
+
+
 def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch, one_thread) -> None:
     """The driver did every shard before Ray came up (small job, niced cluster): the stop skips Xenna's
     start-up and teardown and only shuts the cluster down."""
