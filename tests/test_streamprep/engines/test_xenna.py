@@ -240,6 +240,13 @@ def one_thread() -> Iterator[LocalExecutor]:
         yield executor
 
 
+def _wait_answered(engine) -> None:
+    """Until the engine's stage has answered its ping (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while not engine._stage_answered and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 class _T(str):
     """A stand-in ShardTask for the engine tests: its own part name, in dataset "d" (the fake results' dataset)."""
 
@@ -301,9 +308,7 @@ def test_local_workers_tokenize_until_the_stage_answers_then_the_stage_takes_the
     while not ran_in_driver and time.monotonic() < deadline:
         time.sleep(0.01)
     stage_up.set()  # the driver is busy with p0; p1 and p2 (still pending) go to the stage
-    deadline = time.monotonic() + 10
-    while not engine._stage_answered and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_answered(engine)
     engine.submit(_T("p3"))
     results = engine.drain()
     engine.stop()
@@ -340,9 +345,7 @@ def test_on_its_own_cluster_a_stage_that_answered_takes_its_room_and_the_executo
     monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
     engine = xmod.XennaEngine(one_thread, workers=1)
     engine.start()
-    deadline = time.monotonic() + 10
-    while not engine._stage_answered and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_answered(engine)
     parts = [f"p{i}" for i in range(xmod.IN_FLIGHT_PER_WORKER + 3)]
     for part in parts:
         engine.submit(_T(part))
@@ -397,9 +400,7 @@ def test_a_stage_lost_on_the_jobs_own_cluster_hands_its_shards_to_the_executor(m
     monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
     engine = xmod.XennaEngine(one_thread, workers=1)
     engine.start()
-    deadline = time.monotonic() + 10
-    while not engine._stage_answered and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_answered(engine)
     parts = [f"p{i}" for i in range(xmod.IN_FLIGHT_PER_WORKER + 2)]
     results = engine.run([_R(p) for p in parts])
     engine.stop()
