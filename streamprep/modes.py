@@ -50,7 +50,8 @@ class Mode:
         """One ingest part → (the receipt's stats, its output files by kind); no receipt written. The stats also
         carry the lines' `scan` for the part's summary (`tokenize.PROCESS_ONLY`: never in the receipt). A task
         of a job with Parquet exports also writes the part's columns file (`ShardTask.columns_path`)."""
-        with columns_file(task.columns_path, columns_header(task.dataset, task.part, task.input_sha256, task.plan_hash)) as out:
+        header = columns_header(task.dataset, task.part, task.input_sha256, task.plan_hash)
+        with columns_file(task.columns_path, header) as out:
             scan = LineScan(out)
             shard_stats = tokenize_part(task, tokenizer, scan)
         paths = binidx.prefix_paths(task.prefix) if shard_stats["num_documents"] else ()

@@ -226,8 +226,8 @@ class RecordReader:
         order = np.lexsort((idx.column_offset[ids], idx.part[ids]))
         rows = ids[order]
         offsets = idx.column_offset[rows] + self._bases[idx.part[rows]]
-        chunks = [chunk for _, part_chunks in self._read("columns", rows, offsets, idx.text_bytes[rows] + idx.meta_bytes[rows])
-                  for chunk in part_chunks]
+        sizes = idx.text_bytes[rows] + idx.meta_bytes[rows]
+        chunks = [chunk for _, part_chunks in self._read("columns", rows, offsets, sizes) for chunk in part_chunks]
         chunks = list(map(chunks.__getitem__, inverse_permutation(order).tolist()))  # in the order of `ids`
         cuts = idx.text_bytes[ids].tolist()
         return b"".join([c[:t] for c, t in zip(chunks, cuts)]), b"".join([c[t:] for c, t in zip(chunks, cuts)])

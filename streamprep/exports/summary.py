@@ -113,7 +113,8 @@ def summarize_part(ref: ShardRef, scan: LineScan | None = None) -> PartSummary:
     rec["token_sum"] = _token_sums(ds.bin_path, ds.dtype, rec["token_start"], n_tokens)
     rec["text_sha256"] = np.frombuffer(digests, dtype=np.uint8).reshape(-1, 32)
     rec["text_bytes"], rec["meta_bytes"] = text_bytes, meta_bytes
-    rec["column_offset"] = np.cumsum(text_bytes + meta_bytes) - (text_bytes + meta_bytes)
+    sizes = text_bytes + meta_bytes  # a record's text, then its meta, back to back in the columns file
+    rec["column_offset"] = np.cumsum(sizes) - sizes
     return PartSummary(str(ds.dtype), rec)
 
 
