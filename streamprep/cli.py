@@ -131,6 +131,10 @@ def _remove_multiprocessing_tmp() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # numpy's OpenBLAS starts a pool of threads in every process that imports it (this one, the forkserver, each
+    # worker), and nothing here calls BLAS; those threads still took ~3 % of a short-document job's CPU on 2 cores
+    # (perf: blas_thread_server). One thread, unless the environment says otherwise; set before numpy loads.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = _parser().parse_args(argv)
     if args.command == "ingest":  # its workers' forkserver imports beside the pipeline's imports, not after
         forkserver.start_for(args.config)

@@ -6,10 +6,12 @@ import sys
 from pathlib import Path
 
 from streamprep import audit
+from streamprep.executor import quiet_gc
 from streamprep.pipeline import Interrupted, run_config_file
 
 
 def run(args: argparse.Namespace) -> int:
+    quiet_gc()  # the job's process: the decider's bookkeeping, and with `workers: 1` every call
     try:
         result = run_config_file(args.config, args.run_dir, args.fresh)
     except Interrupted as exc:  # progress is saved: re-running the command resumes

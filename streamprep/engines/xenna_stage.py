@@ -8,6 +8,7 @@ from typing import Any
 from cosmos_xenna.pipelines import v1 as xenna
 
 from streamprep.engines.base import PING, run_shard
+from streamprep.executor import quiet_gc
 from streamprep.tokenize import ShardTask, TokenizerCache
 
 
@@ -25,6 +26,7 @@ class TokenizeStage(xenna.Stage):
 
     def setup(self, worker_metadata: xenna.WorkerMetadata) -> None:
         self.tokenizers = TokenizerCache()
+        quiet_gc()
 
     def process_data(self, in_data: list[ShardTask]) -> list[dict[str, Any]]:
         assert self.tokenizers is not None, "setup() runs before process_data()"
