@@ -106,10 +106,10 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         sent = data[: len(data) // 2] if cut else data
-        self.wfile.write(sent)
-        if is_object:
-            with proxy.lock:
+        if is_object:  # counted before the client can have the bytes: a test reading the count after its read
+            with proxy.lock:  # once saw 0 (the handler thread had written, not yet counted)
                 proxy.served[key] = proxy.served.get(key, 0) + len(sent)
+        self.wfile.write(sent)
         if cut:
             self.wfile.flush()
             self.close_connection = True
