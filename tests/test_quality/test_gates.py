@@ -566,3 +566,18 @@ def test_same_input_same_verdict_and_json_meta() -> None:
     assert a == b
     for v in a:
         assert json.loads(json.dumps(v.meta)) == v.meta
+
+
+def test_remembered_candidate_tokens_give_the_tables_answer_and_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate remembers the lookup of each obfuscation candidate (`1st`, `sh1t`, `f*ck`): the same counts as the
+    token list's on every text, in any order, with at most MEMO_TOKENS remembered."""
+    from quality.gates import profanity
+
+    monkeypatch.setattr(profanity, "MEMO_TOKENS", 3)
+    gate = ProfanityGate(0.5)
+    texts = ["sh1t happens 1st", "f*ck mp3 4x4 you!", "1st sh1t again", "b!tch a$$ 3rd 4th", "mp3 you! 1st"] * 2
+    for text in texts:
+        hits, tokens = gate.density_by_tokens(text.lower())
+        assert gate.density_by_scan(Doc(None, text=text)) == ((hits, tokens) if hits else (0, 0)), text
+        assert len(gate._memo) <= 3
+    assert gate._memo  # it did remember
