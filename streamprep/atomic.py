@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -72,17 +74,28 @@ def commit(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     fsync_dir(Path(final).parent)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Atomically replace `path` with `data`."""
+@contextmanager
+def writing(path: str | os.PathLike, buffering: int = -1) -> Iterator[BinaryIO]:
+    """An open temporary sibling of `path` (no symlink followed) that becomes `path` when the block ends without
+    an error (fsync, rename, directory fsync), and is removed when it raises: for files written piece by piece."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_path(path)
-    with open(tmp, "wb", opener=nofollow) as fh:
+    try:
+        with open(tmp, "wb", buffering=buffering, opener=nofollow) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Atomically replace `path` with `data`."""
+    with writing(path) as fh:
         fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def dumps_json(obj: Any) -> bytes:

@@ -80,15 +80,9 @@ def columns_file(path: Path | None, header: bytes) -> Iterator[BinaryIO | None]:
     if path is None:
         yield None
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic.tmp_path(path)
-    try:
-        with open(tmp, "wb", buffering=1 << 20, opener=atomic.nofollow) as fh:
-            fh.write(header)
-            yield fh
-        atomic.commit(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic.writing(path, buffering=1 << 20) as fh:
+        fh.write(header)
+        yield fh
 
 
 def _line_batches(fh: BinaryIO) -> Iterator[list[bytes]]:

@@ -19,11 +19,9 @@ line numbers (units.LINE_MARK): only the driver knows what came before the piece
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 from bisect import bisect_left
 from concurrent import futures
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -289,9 +287,7 @@ def assemble_part(path: str, slices: list[tuple[str, int, int]]) -> tuple[str, i
     """Write part `path` from kept lines `[first, first + n)` of each staged piece, in order (atomic);
     return its SHA-256 and size."""
     h, size = hashlib.sha256(), 0
-    tmp = atomic.tmp_path(path)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb", opener=atomic.nofollow) as out:
+    with atomic.writing(path) as out:
         for stage, first, n in slices:
             off = np.fromfile(stage + ".kept.off", np.int64)
             with open(stage + ".kept", "rb") as fh:
@@ -300,8 +296,4 @@ def assemble_part(path: str, slices: list[tuple[str, int, int]]) -> tuple[str, i
             h.update(data)
             out.write(data)
             size += len(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    atomic.fsync_dir(Path(path).parent)
     return h.hexdigest(), size

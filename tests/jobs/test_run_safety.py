@@ -138,6 +138,23 @@ def test_writes_and_appends_do_not_follow_a_symlink(tmp_path):
     assert victim.read_bytes() == b"keep"
 
 
+def test_a_file_written_piece_by_piece_appears_whole_or_not_at_all(tmp_path):
+    """`atomic.writing` (parts, columns files, every `write_bytes`): the final name holds either the old bytes or
+    all the new ones; a block that raises leaves the old file and no temporary."""
+    target = tmp_path / "deep" / "part.jsonl"
+    with atomic.writing(target) as fh:
+        fh.write(b"first\n")
+        assert not target.exists() and atomic.tmp_path(target).exists()
+        fh.write(b"second\n")
+    assert target.read_bytes() == b"first\nsecond\n"
+    with pytest.raises(RuntimeError, match="mid-write"):
+        with atomic.writing(target) as fh:
+            fh.write(b"partial")
+            raise RuntimeError("mid-write")
+    assert target.read_bytes() == b"first\nsecond\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["part.jsonl"]
+
+
 class _SvgAttrs(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
