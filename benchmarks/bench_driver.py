@@ -6,7 +6,9 @@ Runs `streamprep ingest` (`engine: local`) with `workers: 1` and `workers: 2` on
 samples every process of the job's tree every 50 ms (psutil CPU times; a process's last < 50 ms before it
 exits are not seen). Prints per run: wall seconds, the driver's CPU seconds and its share of the tree's,
 the driver's CPU-s per input GB and how many cores of this box's per-core rate one driver could feed
-(the tree's CPU-s per GB over the driver's), and the 2-worker speed-up. Issue 28's targets: driver share
+(the tree's CPU-s per GB over the driver's), the 2-worker speed-up, each run's phases from its log (start-up
+before the first line, ingest, the tokenizing left after it, exports and audit, exit) and the speed-up `workers: 2`
+would reach if only ingest ran twice as fast (the bound the other phases set). Issue 28's targets: driver share
 ≤ 3 % with the default gates, `workers: 2` ≥ 1.8x `workers: 1`. With --marginal-mb, `workers: 2` runs
 again on a corpus of that size and the driver's and the tree's CPU-s per GB are printed for the megabytes
 between the two (the driver's fixed start-up, ~1 CPU-s of imports, the tokenizer's load and check and the
@@ -23,8 +25,10 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
+import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,7 +44,7 @@ def run(corpus: Path, work: Path, workers: int, quality: dict, unit_mb: float | 
            "execution": {"engine": "local", "workers": workers, **({"unit_mb": unit_mb} if unit_mb else {})}}
     cfg_path = run_dir.with_suffix(".yaml")
     cfg_path.write_text(yaml.safe_dump(cfg))
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
                              str(run_dir)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -50,7 +54,27 @@ def run(corpus: Path, work: Path, workers: int, quality: dict, unit_mb: float | 
     driver, tree = sampler.cpu.get(proc.pid, 0.0), sum(sampler.cpu.values())
     if proc.returncode:
         raise SystemExit(f"ingest failed: {err.decode()[-2000:]}")
-    return {"seconds": time.perf_counter() - t0, "driver": driver, "tree": tree}
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "driver": driver, "tree": tree, **phases(run_dir, started, seconds)}
+
+
+# (phase, the log event it ends at): the job's steps in order, timed from the process's start
+PHASES = (("start", None), ("ingest", "ingest done"), ("tail", "tokenization done"), ("exports", "run complete"))
+
+
+def phases(run_dir: Path, started: float, seconds: float) -> dict[str, float]:
+    """Seconds of each phase of the job, from its log's timestamps: `start` until the first line (imports, config,
+    tokenizer), `ingest`, `tail` (tokenizing after ingest), `exports` (with the audit), `exit` (after the last line)."""
+    lines = [orjson.loads(x) for x in (run_dir / "logs" / "streamprep.log").read_bytes().splitlines()]
+    at = {e["event"]: _seconds(e) - started for e in lines}
+    ends = [min(_seconds(e) for e in lines) - started] + [at[event] for _, event in PHASES[1:]]
+    out = dict(zip((name for name, _ in PHASES), [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]))
+    return {**out, "exit": seconds - ends[-1]}
+
+
+def _seconds(event: dict) -> float:
+    """A log line's time, in seconds since the epoch."""
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
 def main() -> None:
@@ -77,6 +101,12 @@ def main() -> None:
               f"({100 * m['driver'] / m['tree']:.1f} %); driver {m['driver'] / gb:.1f} CPU-s per input GB; "
               f"one driver feeds ~{m['tree'] / m['driver']:.0f} cores at this rate")
     print(f"workers 2 / workers 1 speed-up: {med[1]['seconds'] / med[2]['seconds']:.2f}x")
+    names = [name for name, _ in PHASES] + ["exit"]
+    for w, m in med.items():
+        print(f"workers {w} phases (s): " + ", ".join(f"{n} {m[n]:.2f}" for n in names))
+    one = med[1]
+    print(f"bound for workers 2 if only ingest ran twice as fast: {one['seconds'] / (one['seconds'] - one['ingest'] / 2):.2f}x "
+          f"(the other phases, {one['seconds'] - one['ingest']:.2f} s of workers 1's job, as they are)")
     if a.marginal_mb:
         big = build(a.work / f"corpus_{a.marginal_mb}mb.jsonl", a.marginal_mb)
         rs = [run(big, a.work, 2, quality, a.unit_mb) for _ in range(a.repeats)]
