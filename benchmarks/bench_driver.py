@@ -66,8 +66,9 @@ def phases(run_dir: Path, started: float, seconds: float) -> dict[str, float]:
     """Seconds of each phase of the job, from its log's timestamps: `start` until the first line (imports, config,
     tokenizer), `ingest`, `tail` (tokenizing after ingest), `exports` (with the audit), `exit` (after the last line)."""
     lines = [orjson.loads(x) for x in (run_dir / "logs" / "streamprep.log").read_bytes().splitlines()]
-    at = {e["event"]: _seconds(e) - started for e in lines}
-    ends = [min(_seconds(e) for e in lines) - started] + [at[event] for _, event in PHASES[1:]]
+    stamps = [(e["event"], _seconds(e) - started) for e in lines]
+    at = dict(stamps)  # an event's last line
+    ends = [min(t for _, t in stamps)] + [at[event] for _, event in PHASES[1:]]
     out = dict(zip((name for name, _ in PHASES), [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]))
     return {**out, "exit": seconds - ends[-1]}
 

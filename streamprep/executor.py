@@ -91,6 +91,11 @@ def _start_worker(driver: int, setup: Setup | None) -> None:
     os.nice(WORKER_NICE)
     for name in forkserver.PRELOAD:
         importlib.import_module(name)
+    _set_up(setup)
+
+
+def _set_up(setup: Setup | None) -> None:
+    """The job's own set-up of a worker (pool process or Ray actor), then its collector tuned for the calls."""
     if setup is not None:
         setup[0](*setup[1])
     quiet_gc()
@@ -208,9 +213,7 @@ class _Actor:
         import ray  # only ever imported in a Ray worker process, where it is loaded already
 
         os.nice(WORKER_NICE)  # its own process: on a shared node the stage workers come first
-        if setup is not None:
-            setup[0](*setup[1])
-        quiet_gc()
+        _set_up(setup)
         self.node = ray.get_runtime_context().get_node_id()  # a restart after a lost node runs this again
 
     def ready(self) -> str:

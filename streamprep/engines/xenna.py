@@ -102,8 +102,7 @@ class XennaEngine(Engine):
         threading.Thread(target=self._collect, name="xenna-results", daemon=True).start()
         if self._early:
             with self._cv:
-                self._in_flight[PING] = PING
-                self._source.put(PING)
+                self._hand(PING)
             threading.Thread(target=self._tokenize_local, name="tokenize-local", daemon=True).start()
 
     def _serve(self) -> None:
@@ -259,9 +258,12 @@ class XennaEngine(Engine):
         if (self._early and not self._stage_answered) or self._local_only is not None:
             return
         while self._queued and len(self._in_flight) < self._room:
-            task = self._queued.popleft()
-            self._in_flight[_key(task)] = task
-            self._source.put(task)
+            self._hand(self._queued.popleft())
+
+    def _hand(self, task: Any) -> None:
+        """Put `task` on the stage's source, remembered in flight until its answer (call with `_cv` held)."""
+        self._in_flight[_key(task)] = task
+        self._source.put(task)
 
     def _tokenize_local(self) -> None:
         """On the job's own cluster: hand queued tasks to the executor, up to one per worker at a time, whether
