@@ -11,7 +11,8 @@ exports' Parquet shards (`streamprep.exports`) and the audit. One `Executor` run
   driver's machine runs only the planning and the bookkeeping.
 
 With `engine: xenna` the tokenize calls go to the Xenna stage instead (`engines.xenna`), which runs the
-same `run_shard`. Every call writes its files atomically and depends only on its arguments, so an
+same `run_shard`; with `engine: xenna` and `ray_address` the job is one Xenna pipeline and every call runs in it
+(`engines.xenna.StageExecutor`: each call a `Call` task of its ingest stage). Every call writes its files atomically and depends only on its arguments, so an
 executor may run a call again (after a worker process died, or an actor was lost with its node) without
 changing a byte, and results come back in whatever order calls finish: callers wait for them in plan order.
 """
@@ -20,9 +21,11 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import pickle
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
+from dataclasses import dataclass
 from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterable, Iterator
@@ -99,6 +102,29 @@ def _set_up(setup: Setup | None) -> None:
     if setup is not None:
         setup[0](*setup[1])
     quiet_gc()
+
+
+@dataclass(frozen=True)
+class Call:
+    """One executor call as the task of a serving pipeline (`engines.xenna`): `key` pairs it with its answer."""
+
+    key: int
+    fn: Callable[..., Any]
+    args: tuple
+
+    def answer(self) -> dict[str, Any]:
+        """Run the call here: {"call": key, "fn": name, "result": ...}, or "error" with the exception it raised
+        (made picklable: the answer crosses Ray, and an unpicklable one would fail the whole pipeline)."""
+        out: dict[str, Any] = {"call": self.key, "fn": self.fn.__name__}
+        try:
+            out["result"] = self.fn(*self.args)
+        except Exception as exc:
+            try:
+                pickle.dumps(exc)
+                out["error"] = exc
+            except Exception:
+                out["error"] = RuntimeError(f"{type(exc).__name__}: {exc}")
+        return out
 
 
 class LocalExecutor(Executor):

@@ -29,9 +29,9 @@ import aiofiles
 import numpy as np
 
 from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
-from streamprep import atomic, executor as executors, logs, stats, unit_worker, units
+from streamprep import atomic, engines, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
-from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, resolved_workers, thaw
+from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
 from streamprep.executor import Executor
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
@@ -670,10 +670,9 @@ class Yield:
 
 
 def worker_executor(execution: ExecutionConfig, quality: QualitySettings, mode: Mode) -> Executor:
-    """The job's executor, its workers set up to judge units (`unit_worker.init_worker`); `workers` unset = one
-    per CPU."""
-    return executors.create(resolved_workers(execution.workers), execution.ray_address,
-                            (unit_worker.init_worker, (quality, mode)))
+    """The job's executor (`engines.create_executor`), its workers set up to judge units
+    (`unit_worker.init_worker`)."""
+    return engines.create_executor(execution, (unit_worker.init_worker, (quality, mode)))
 
 
 def _remove(paths: list[str]) -> None:

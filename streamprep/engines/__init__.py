@@ -10,17 +10,29 @@ Add an engine: a module with an `Engine` subclass, and one line `registry.ENGINE
 """
 from __future__ import annotations
 
-from streamprep.config import ExecutionConfig
+from streamprep import executor as executors
+from streamprep.config import ExecutionConfig, resolved_workers
 from streamprep.engines.base import Engine
-from streamprep.executor import Executor
+from streamprep.executor import Executor, Setup
 from streamprep.registry import ENGINES
 
 
 def create(execution: ExecutionConfig, executor: Executor) -> Engine:
     """The engine named by `execution.engine` (validated by config), given the job's executor (`local` runs its
-    tasks there; `xenna` only until its stage answers) and as many workers as it has."""
+    tasks there; `xenna` only until its stage answers) and as many workers as it has; the executor's own engine
+    when it is one pipeline with it (`Engine.job_executor`)."""
+    if (own := getattr(executor, "engine", None)) is not None:
+        return own
     return ENGINES.get(execution.engine)(executor=executor, workers=executor.workers,
                                          ray_address=execution.ray_address)
 
 
-__all__ = ["ENGINES", "Engine", "create"]
+def create_executor(execution: ExecutionConfig, setup: Setup) -> Executor:
+    """The job's executor: the engine's own (`Engine.job_executor`), else `executor.create`'s; `workers` unset =
+    one per CPU."""
+    workers = resolved_workers(execution.workers)
+    own = ENGINES.get(execution.engine).job_executor(workers, execution.ray_address, setup)
+    return own if own is not None else executors.create(workers, execution.ray_address, setup)
+
+
+__all__ = ["ENGINES", "Engine", "create", "create_executor"]

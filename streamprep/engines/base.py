@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Iterable
 
 from streamprep import logs
+from streamprep.executor import Executor, Setup
 from streamprep.exports import prepare_part
 from streamprep.tokenize import ShardTask, read_receipt, run_task
 
@@ -38,6 +39,12 @@ class Engine(ABC):
         self.submitted = 0
         self.completed = 0
         self._lock = threading.Lock()
+
+    @classmethod
+    def job_executor(cls, workers: int, ray_address: str | None, setup: Setup) -> Executor | None:
+        """An executor that runs the job's calls inside this engine (its `engine` attribute is then the job's
+        engine), or None for `executor.create`'s."""
+        return None
 
     def start(self) -> None:
         """Bring the engine up; long-lived engines do their slow start-up here, in the background."""

@@ -21,6 +21,13 @@ is the stage started when Ray comes up after ingest is done and the remaining lo
 than the cluster took to come up: a stage worker starting on the same busy cores would not answer before
 the local workers are through, and its start-up only slows them.
 
+With `ray_address` the job is one Xenna pipeline, [ingest stage, tokenize stage], for its whole life
+(`StageExecutor`, the job's executor): the driver's calls (judge, finalize and assemble a unit's pieces, the
+exports' shards, the audit) are tasks of the ingest stage, its sealed parts tasks of the tokenize stage, so
+every node reads, checks and tokenizes, and the driver's machine plans and keeps the books. The driver stays
+between the two stages, where plan-order dedup needs it (docs/units.md): a part is tokenized once its
+checkpoint is saved.
+
 A node lost under the stage (its raylet dies, a machine goes) costs no rerun: Xenna 0.3 has no fault
 tolerance of its own (its pipeline raises once an actor dies), so the engine starts the serving pipeline again
 on the nodes left and hands it every task the dead one held, each counted as a retry in the log and in
@@ -31,6 +38,7 @@ executor, counted as retries, and the job goes on without it.
 """
 from __future__ import annotations
 
+import itertools
 import queue
 import sysconfig
 import threading
@@ -47,7 +55,7 @@ from streamprep import logs, ray_cluster
 from streamprep.layout import RunLayout
 from streamprep.engines.base import PING, Engine, Result
 from streamprep.engines.local import run_local
-from streamprep.executor import Executor
+from streamprep.executor import Call, Executor, Setup, _settle
 from streamprep.tokenize import ShardTask, drop_tmp_files
 
 log = logs.get("tokenize")
@@ -66,9 +74,10 @@ RETRIES_FILE = "retries.jsonl"  # in the run's logs dir: one line per shard hand
 class XennaEngine(Engine):
     name = "xenna"
 
-    def __init__(self, executor: Executor, workers: int = 1, ray_address: str | None = None):
+    def __init__(self, executor: Executor | None, workers: int = 1, ray_address: str | None = None,
+                 calls: Setup | None = None):
         super().__init__()
-        self._executor = executor
+        self._executor = executor  # the job's, which tokenizes on the job's own cluster; None with `calls`
         self.workers = max(1, workers)
         self.ray_address = ray_address
         self._source: queue.Queue = queue.Queue()
@@ -90,8 +99,21 @@ class XennaEngine(Engine):
         self._room = IN_FLIGHT_PER_WORKER  # tasks in flight at most: per stage worker, set when the stage starts
         self._retried: set = set()  # shards handed to a restarted stage (each counted once)
         self._cluster_lost = False
+        # set (with `ray_address`): the pipeline also runs the job's calls, in an ingest stage set up with it
+        self._calls = calls
+        self._call_keys = itertools.count()
+        self._futures: dict[int, Future] = {}  # call key -> its future, until answered (under _cv)
+        self.calls_per_node: dict[str, dict[str, int]] = {}  # node -> function -> calls answered there
+        self._closing = False  # with `calls`: stop() and join() wait for this (the executor's close)
+
+    @classmethod
+    def job_executor(cls, workers: int, ray_address: str | None, setup: Setup) -> Executor | None:
+        """With `ray_address` the job is one pipeline: its calls run in the ingest stage (`StageExecutor`)."""
+        return StageExecutor(workers, ray_address, setup) if ray_address else None
 
     def start(self) -> None:
+        if self.started_at is not None:  # with `calls`, the executor started it before the job's `with engine`
+            return
         self.started_at = time.monotonic()
         # Xenna imports loguru in the stage thread, which reads sysconfig's paths while other threads may be first
         # to fill its config vars: on Python 3.11 a reader can see them half-filled (AttributeError: 'userbase',
@@ -128,7 +150,8 @@ class XennaEngine(Engine):
 
             from streamprep.engines.xenna_stage import TokenizeStage  # Xenna: it imports cosmos_xenna
 
-            if self.ray_address and not ray_cluster.wait_for_actors(lambda: self._stopping is not None) \
+            if self.ray_address and self._calls is None and not ray_cluster.wait_for_actors(
+                    lambda: self._stopping is not None) \
                     and self._stopping is None:  # the executor's actors on this cluster are placed first
                 log.warning("worker actors not placed in time; placing the stage anyway",
                             seconds=ray_cluster.ACTOR_PLACEMENT_WAIT_S)
@@ -144,6 +167,7 @@ class XennaEngine(Engine):
                             where=traceback.format_exc(limit=-6)[-3000:])
         finally:
             ray_cluster.release()  # Ray must be shut down by the thread that started it
+            self._fail_calls(self._error or RuntimeError("the xenna pipeline stopped before answering"))
         if lost is not None:  # after the release: no stage worker still writes a shard the executor now takes
             self._take_back(lost)
 
@@ -168,18 +192,24 @@ class XennaEngine(Engine):
             nodes = ray_cluster.usable_nodes()
             per_worker = ray_cluster.cpus_per_worker(self.workers)
             stage_workers = max(1, min(self.workers, len(nodes)))
+            stages = [xenna.StageSpec(stage_cls(cpus=per_worker), num_workers=stage_workers)]
+            if self._calls is not None:  # the job's calls first: `workers` of them, as the pool has
+                from streamprep.engines.xenna_stage import IngestStage
+
+                stages.insert(0, xenna.StageSpec(IngestStage(per_worker, self._calls), num_workers=self.workers))
             with self._cv:
                 source = self._source
-                self._room = IN_FLIGHT_PER_WORKER * stage_workers
+                self._room = IN_FLIGHT_PER_WORKER * (stage_workers + (self.workers if self._calls else 0))
                 self._pump()
             spec = xenna.PipelineSpec(
                 input_data=[],
-                stages=[xenna.StageSpec(stage_cls(cpus=per_worker), num_workers=stage_workers)],
+                stages=stages,
                 config=xenna.PipelineConfig(execution_mode=xenna.ExecutionMode.SERVING, cpu_allocation_percentage=1.0,
                                             logging_interval_s=60, num_run_attempts_python=1),
                 serving_queues=xenna.ServingQueues(source=source, sink=self._sink),
             )
             log.info("xenna serving stage started", workers=stage_workers, cpus_per_worker=per_worker,
+                     ingest_workers=self.workers if self._calls else 0,
                      ray=ray_cluster.address(), restarts=restarts,
                      startup_seconds=round(time.monotonic() - (self.started_at or time.monotonic()), 2))
             try:
@@ -215,13 +245,16 @@ class XennaEngine(Engine):
                 source.put(None)
             self._source = source
         for task in tasks:
-            if task != PING:
+            if _is_shard(task):
                 drop_tmp_files(task)
         self._count_retries(tasks, reason)
 
     def _count_retries(self, tasks: list[Any], reason: str) -> None:
-        """Log each shard handed again and append it to the run's retries file, once a shard."""
-        shards = [t for t in tasks if t != PING and _key(t) not in self._retried]
+        """Log each shard handed again and append it to the run's retries file, once a shard; calls are
+        counted in one line (each writes its files atomically, so running one again changes nothing)."""
+        if calls := [t.fn.__name__ for t in tasks if isinstance(t, Call)]:
+            log.warning("calls retried", calls=len(calls), functions=sorted(set(calls)), reason=reason)
+        shards = [t for t in tasks if _is_shard(t) and _key(t) not in self._retried]
         self._retried.update(_key(t) for t in shards)
         for task in shards:
             log.warning("shard retried", dataset=task.dataset, part=task.part, reason=reason)
@@ -251,6 +284,36 @@ class XennaEngine(Engine):
             self._queued.append(task)
             self._pump()
             self._cv.notify_all()
+
+    def call(self, fn: Any, args: tuple) -> Future:
+        """Queue one of the job's calls for the ingest stage, in order with the shards (`StageExecutor`)."""
+        assert self._calls is not None, "an engine made without `calls` runs shards only"
+        future: Future = Future()
+        call = Call(next(self._call_keys), fn, args)
+        with self._cv:
+            if self._error is not None or self._stopping is not None:
+                _settle(future, exc=RuntimeError("the xenna pipeline is not running"))
+                return future
+            self._futures[call.key] = future
+            self._queued.append(call)
+            self._pump()
+        return future
+
+    def _answer(self, result: dict[str, Any]) -> None:
+        """A call's answer from the ingest stage: counted where it ran, its future settled."""
+        with self._cv:
+            future = self._futures.pop(result["call"], None)
+            on_node = self.calls_per_node.setdefault(str(result.get("node_id")), {})
+            on_node[result["fn"]] = on_node.get(result["fn"], 0) + 1
+        if future is not None:
+            _settle(future, exc=result["error"]) if "error" in result else _settle(future, result=result["result"])
+
+    def _fail_calls(self, exc: BaseException) -> None:
+        """Every call not answered gets `exc`: the pipeline ended (failed, or no node left) without it."""
+        with self._cv:
+            futures, self._futures = list(self._futures.values()), {}
+        for future in futures:
+            _settle(future, exc=exc)
 
     def _pump(self) -> None:
         """Hand queued tasks to the stage, once it may take them, while fewer than `_room` are in flight,
@@ -322,11 +385,13 @@ class XennaEngine(Engine):
             except queue.Empty:
                 continue
             with self._cv:
-                fresh = self._in_flight.pop(PING if result.get("ping") else _key(result["task"]), None) is not None
+                fresh = self._in_flight.pop(_key(result), None) is not None
                 self._pump()
             if not fresh:  # a retried task whose first run answered after all: its result is kept once
                 continue
-            if result.get("ping"):
+            if "call" in result:
+                self._answer(result)
+            elif result.get("ping"):
                 self._on_ping()
             else:
                 self._keep({**result, "where": "stage"})
@@ -346,6 +411,8 @@ class XennaEngine(Engine):
         return out
 
     def stop(self) -> None:
+        if self._calls is not None and not self._closing:  # the job's exports and audit still run here
+            return
         if self._thread is not None and not self._stopping:
             with self._cv:
                 self._stopping = time.monotonic()
@@ -353,7 +420,7 @@ class XennaEngine(Engine):
                 self._source.put(None)  # Xenna's end-of-serving signal; its thread then shuts Ray down
 
     def join(self) -> None:
-        if self._thread is None:
+        if self._thread is None or (self._calls is not None and not self._closing):
             return
         wait = LOST_STOP_WAIT_S if self._cluster_lost else STOP_WAIT_S  # Xenna blocks on the gone cluster
         self._thread.join(timeout=wait)
@@ -365,13 +432,52 @@ class XennaEngine(Engine):
         self._thread = None
 
 
-def _key(task: Any) -> Any:
-    """What identifies a task and its result (a ShardTask, or a result's `task` dict)."""
-    if task == PING:
-        return PING
-    if isinstance(task, dict):
-        return task["dataset"], task["part"]
-    return task.dataset, task.part
+def _key(item: Any) -> Any:
+    """What identifies a task and its result: a ShardTask or a shard's result, a Call or its answer, the ping."""
+    if isinstance(item, Call):
+        return "call", item.key
+    if isinstance(item, dict):
+        if "call" in item:
+            return "call", item["call"]
+        return PING if item.get("ping") else (item["task"]["dataset"], item["task"]["part"])
+    return PING if item == PING else (item.dataset, item.part)
+
+
+def _is_shard(task: Any) -> bool:
+    return task != PING and not isinstance(task, Call)
+
+
+class StageExecutor(Executor):
+    """The job's executor when `engine: xenna` has `ray_address`: every call is a task of the pipeline's ingest
+    stage (`XennaEngine.call`), so the job's engine and executor are one pipeline, started here and stopped at
+    `close()`, after the exports and the audit. A call the pipeline held when a node was lost runs again on the
+    restarted one, as its shards do; with no node left, the waiting calls fail after
+    `ray_cluster.NO_NODE_WAIT_S`."""
+
+    def __init__(self, workers: int, address: str, setup: Setup | None):
+        self.workers = max(1, workers)
+        self.engine = XennaEngine(None, self.workers, address, calls=setup)
+        self.engine.start()
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, name="stage-executor", daemon=True).start()
+        log.info("workers in the xenna ingest stage", workers=self.workers, address=address)
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        return self.engine.call(fn, args)
+
+    def _watch(self) -> None:
+        """Fail the waiting calls once the cluster has had no usable node for a while."""
+        while not self._done.wait(1.0):
+            if self.engine._futures and (why := ray_cluster.no_node_left()):
+                self.engine._cluster_lost = True
+                self.engine._fail_calls(ray_cluster.NoNodeLeft(f"workers: {why}; re-run the same command to resume"))
+
+    def close(self) -> None:
+        self._done.set()
+        log.info("worker calls per node", calls=self.engine.calls_per_node)  # units on every node?
+        self.engine._closing = True
+        self.engine.stop()
+        self.engine.join()
 
 
 def _record_retries(tasks: list[ShardTask], reason: str) -> None:

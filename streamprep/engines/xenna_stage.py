@@ -1,4 +1,9 @@
-"""The tokenization stage: a thin cosmos-xenna adapter over `streamprep.engines.base.run_shard`."""
+"""The Xenna stages: thin cosmos-xenna adapters over the job's calls (`executor.Call`) and `engines.base.run_shard`.
+
+With `ray_address` the job's pipeline is [IngestStage, TokenizeStage]: the ingest stage runs the calls (judging,
+finalizing and assembling units, then the exports and the audit), the tokenize stage the sealed parts; each
+passes the other's items through unchanged, since a Xenna pipeline is one line from its source to its sink. On
+the job's own cluster the pipeline is the tokenize stage alone (the calls run on this machine's processes)."""
 from __future__ import annotations
 
 import os
@@ -8,13 +13,33 @@ from typing import Any
 from cosmos_xenna.pipelines import v1 as xenna
 
 from streamprep.engines.base import PING, run_shard
-from streamprep.executor import quiet_gc
-from streamprep.tokenize import ShardTask, TokenizerCache
+from streamprep.executor import Call, Setup, _set_up, quiet_gc
+from streamprep.tokenize import TokenizerCache
+
+
+class IngestStage(xenna.Stage):
+    """A `Call` in, its answer out (with the node it ran on); anything else passes. Each worker is set up as
+    a pool worker is (`executor._set_up`: the unit worker's gates, the collector tuned), once."""
+
+    def __init__(self, cpus: float, setup: Setup | None):
+        self.cpus, self.setup_call = cpus, setup
+
+    @property
+    def required_resources(self) -> xenna.Resources:
+        return xenna.Resources(cpus=self.cpus, gpus=0)
+
+    def setup(self, worker_metadata: xenna.WorkerMetadata) -> None:
+        _set_up(self.setup_call)
+
+    def process_data(self, in_data: list[Any]) -> list[Any]:
+        node = _node_id()
+        return [{**item.answer(), "node_id": node} if isinstance(item, Call) else item for item in in_data]
 
 
 class TokenizeStage(xenna.Stage):
-    """One ShardTask in, one result dict out. The stage starts before a trained tokenizer exists, so each
-    worker loads the tokenizer its first task names (and keeps it while the fingerprint stays)."""
+    """One ShardTask in, one result dict out; a call's answer passes. The stage starts before a trained
+    tokenizer exists, so each worker loads the tokenizer its first task names (and keeps it while the
+    fingerprint stays)."""
 
     def __init__(self, cpus: float = 1.0):
         self.cpus = cpus
@@ -28,11 +53,11 @@ class TokenizeStage(xenna.Stage):
         self.tokenizers = TokenizerCache()
         quiet_gc()
 
-    def process_data(self, in_data: list[ShardTask]) -> list[dict[str, Any]]:
+    def process_data(self, in_data: list[Any]) -> list[dict[str, Any]]:
         assert self.tokenizers is not None, "setup() runs before process_data()"
         where = {"node": socket.gethostname(), "pid": os.getpid(), "node_id": _node_id()}
-        return [{"ping": True, **where} if task == PING else {**run_shard(task, self.tokenizers.get(task)), **where}
-                for task in in_data]
+        return [item if isinstance(item, dict) else {"ping": True, **where} if item == PING
+                else {**run_shard(item, self.tokenizers.get(item)), **where} for item in in_data]
 
 
 def _node_id() -> str | None:
@@ -43,3 +68,4 @@ def _node_id() -> str | None:
         return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     except Exception:  # outside a Ray worker (unit tests)
         return None
+
