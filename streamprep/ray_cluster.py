@@ -106,7 +106,9 @@ def _exit_now() -> None:
 
 def _ray_initialized() -> bool:
     ray = sys.modules.get("ray")  # never imported: not initialized (importing it costs the driver ~1 s of GIL)
-    return ray is not None and ray.is_initialized()
+    # while another thread imports it, the module is there without its functions yet: not initialized either
+    is_initialized = getattr(ray, "is_initialized", None)
+    return is_initialized is not None and is_initialized()
 
 
 class HeadStartError(RuntimeError):

@@ -75,9 +75,9 @@ class XennaEngine(Engine):
     name = "xenna"
 
     def __init__(self, executor: Executor | None, workers: int = 1, ray_address: str | None = None,
-                 calls: Setup | None = None):
+                 serve_calls: bool = False, setup: Setup | None = None):
         super().__init__()
-        self._executor = executor  # the job's, which tokenizes on the job's own cluster; None with `calls`
+        self._executor = executor  # the job's, which tokenizes on the job's own cluster; None with `serve_calls`
         self.workers = max(1, workers)
         self.ray_address = ray_address
         self._source: queue.Queue = queue.Queue()
@@ -99,12 +99,12 @@ class XennaEngine(Engine):
         self._room = IN_FLIGHT_PER_WORKER  # tasks in flight at most: per stage worker, set when the stage starts
         self._retried: set = set()  # shards handed to a restarted stage (each counted once)
         self._cluster_lost = False
-        # set (with `ray_address`): the pipeline also runs the job's calls, in an ingest stage set up with it
-        self._calls = calls
+        # with `ray_address`: the pipeline also runs the job's calls, in an ingest stage whose workers run `setup`
+        self._serves_calls, self._setup = serve_calls, setup
         self._call_keys = itertools.count()
         self._futures: dict[int, Future] = {}  # call key -> its future, until answered (under _cv)
         self.calls_per_node: dict[str, dict[str, int]] = {}  # node -> function -> calls answered there
-        self._closing = False  # with `calls`: stop() and join() wait for this (the executor's close)
+        self._closing = False  # serving calls: stop() and join() wait for this (the executor's close)
 
     @classmethod
     def job_executor(cls, workers: int, ray_address: str | None, setup: Setup) -> Executor | None:
@@ -112,7 +112,7 @@ class XennaEngine(Engine):
         return StageExecutor(workers, ray_address, setup) if ray_address else None
 
     def start(self) -> None:
-        if self.started_at is not None:  # with `calls`, the executor started it before the job's `with engine`
+        if self.started_at is not None:  # serving calls, the executor started it before the job's `with engine`
             return
         self.started_at = time.monotonic()
         # Xenna imports loguru in the stage thread, which reads sysconfig's paths while other threads may be first
@@ -150,7 +150,7 @@ class XennaEngine(Engine):
 
             from streamprep.engines.xenna_stage import TokenizeStage  # Xenna: it imports cosmos_xenna
 
-            if self.ray_address and self._calls is None and not ray_cluster.wait_for_actors(
+            if self.ray_address and not self._serves_calls and not ray_cluster.wait_for_actors(
                     lambda: self._stopping is not None) \
                     and self._stopping is None:  # the executor's actors on this cluster are placed first
                 log.warning("worker actors not placed in time; placing the stage anyway",
@@ -193,13 +193,13 @@ class XennaEngine(Engine):
             per_worker = ray_cluster.cpus_per_worker(self.workers)
             stage_workers = max(1, min(self.workers, len(nodes)))
             stages = [xenna.StageSpec(stage_cls(cpus=per_worker), num_workers=stage_workers)]
-            if self._calls is not None:  # the job's calls first: `workers` of them, as the pool has
+            if self._serves_calls:  # the job's calls first: `workers` of them, as the pool has
                 from streamprep.engines.xenna_stage import IngestStage
 
-                stages.insert(0, xenna.StageSpec(IngestStage(per_worker, self._calls), num_workers=self.workers))
+                stages.insert(0, xenna.StageSpec(IngestStage(per_worker, self._setup), num_workers=self.workers))
             with self._cv:
                 source = self._source
-                self._room = IN_FLIGHT_PER_WORKER * (stage_workers + (self.workers if self._calls else 0))
+                self._room = IN_FLIGHT_PER_WORKER * (stage_workers + (self.workers if self._serves_calls else 0))
                 self._pump()
             spec = xenna.PipelineSpec(
                 input_data=[],
@@ -209,7 +209,7 @@ class XennaEngine(Engine):
                 serving_queues=xenna.ServingQueues(source=source, sink=self._sink),
             )
             log.info("xenna serving stage started", workers=stage_workers, cpus_per_worker=per_worker,
-                     ingest_workers=self.workers if self._calls else 0,
+                     ingest_workers=self.workers if self._serves_calls else 0,
                      ray=ray_cluster.address(), restarts=restarts,
                      startup_seconds=round(time.monotonic() - (self.started_at or time.monotonic()), 2))
             try:
@@ -287,7 +287,7 @@ class XennaEngine(Engine):
 
     def call(self, fn: Any, args: tuple) -> Future:
         """Queue one of the job's calls for the ingest stage, in order with the shards (`StageExecutor`)."""
-        assert self._calls is not None, "an engine made without `calls` runs shards only"
+        assert self._serves_calls, "an engine made without `serve_calls` runs shards only"
         future: Future = Future()
         call = Call(next(self._call_keys), fn, args)
         with self._cv:
@@ -411,7 +411,7 @@ class XennaEngine(Engine):
         return out
 
     def stop(self) -> None:
-        if self._calls is not None and not self._closing:  # the job's exports and audit still run here
+        if self._serves_calls and not self._closing:  # the job's exports and audit still run here
             return
         if self._thread is not None and not self._stopping:
             with self._cv:
@@ -420,7 +420,7 @@ class XennaEngine(Engine):
                 self._source.put(None)  # Xenna's end-of-serving signal; its thread then shuts Ray down
 
     def join(self) -> None:
-        if self._thread is None or (self._calls is not None and not self._closing):
+        if self._thread is None or (self._serves_calls and not self._closing):
             return
         wait = LOST_STOP_WAIT_S if self._cluster_lost else STOP_WAIT_S  # Xenna blocks on the gone cluster
         self._thread.join(timeout=wait)
@@ -456,7 +456,7 @@ class StageExecutor(Executor):
 
     def __init__(self, workers: int, address: str, setup: Setup | None):
         self.workers = max(1, workers)
-        self.engine = XennaEngine(None, self.workers, address, calls=setup)
+        self.engine = XennaEngine(None, self.workers, address, serve_calls=True, setup=setup)
         self.engine.start()
         self._done = threading.Event()
         threading.Thread(target=self._watch, name="stage-executor", daemon=True).start()

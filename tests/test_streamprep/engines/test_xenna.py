@@ -170,7 +170,7 @@ def test_cli_attaches_to_an_existing_cluster_and_leaves_it_running(ray_cluster, 
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (tmp_path / "run/logs/streamprep.log").read_text()
-    assert "workers on Ray actors" in log and ray_cluster.address_info["gcs_address"] in log
+    assert "workers in the xenna ingest stage" in log and ray_cluster.address_info["gcs_address"] in log
     assert ray.cluster_resources().get("CPU") == 2  # the cluster it attached to is still up
     assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
 
@@ -712,3 +712,98 @@ def test_a_broken_pipe_inside_rays_client_counts_as_a_lost_worker() -> None:
     except RuntimeError as wrapped:
         assert is_lost_worker(wrapped)
     assert not is_lost_worker(OSError("Broken pipe"))  # not from a Ray call at all
+
+
+def test_a_ray_module_still_importing_in_another_thread_is_not_initialized(monkeypatch) -> None:
+    """Regression: the job's executor watches for a lost cluster from its own thread while the pipeline's thread
+    imports Ray; `sys.modules` then holds a module without `is_initialized` yet, and the watch raised
+    "partially initialized module 'ray' has no attribute 'is_initialized'" (the job exited 1)."""
+    import types
+
+    from streamprep import ray_cluster
+
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))  # as it is mid-import
+    assert ray_cluster._ray_initialized() is False
+    assert ray_cluster.no_node_left() is None
+
+
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def _refuse(x: int) -> int:
+    raise ValueError(f"no {x}")
+
+
+def test_the_ingest_stage_answers_calls_and_both_stages_pass_the_others_items(tmp_path: Path) -> None:
+    """The pipeline [ingest, tokenize] without Ray: the ingest stage runs the job's set-up once, answers each
+    Call (its result, or the exception it raised) and passes shards and the ping; the tokenize stage passes the
+    answers and still tokenizes what is its own."""
+    from streamprep.engines.base import PING
+    from streamprep.engines.xenna_stage import IngestStage
+    from streamprep.executor import Call
+
+    marker = tmp_path / "set-up"
+    ingest = IngestStage(0.5, (Path.write_text, (marker, "done")))
+    ingest.setup(xenna.WorkerMetadata.make_dummy())
+    assert marker.read_text() == "done"
+    shard = _T("p0")
+    out = ingest.process_data([Call(0, _double, (21,)), shard, Call(1, _refuse, (3,)), PING])
+    assert out[0] == {"call": 0, "fn": "_double", "result": 42, "node_id": None}
+    assert out[1] is shard and out[3] == PING
+    assert out[2]["call"] == 1 and isinstance(out[2]["error"], ValueError) and str(out[2]["error"]) == "no 3"
+    tokenize = TokenizeStage()
+    tokenize.setup(xenna.WorkerMetadata.make_dummy())
+    passed = tokenize.process_data([out[0], out[3]])
+    assert passed[0] is out[0] and passed[1]["ping"] is True
+
+
+def test_calls_go_to_the_pipeline_in_order_with_shards_and_fail_when_it_ends(monkeypatch) -> None:
+    """With `ray_address` the job's calls are tasks of the engine's pipeline (`StageExecutor`): answered
+    through the sink, in submission order with the shards; the engine's own stop() keeps it serving (the
+    exports and the audit still call it), the executor's close() ends it; a call still waiting when the
+    pipeline ends gets an error, never a hang."""
+    import types
+
+    from streamprep import engines
+    from streamprep.engines import xenna as xmod
+
+    seen: list = []
+    hold = threading.Event()
+
+    def fake_serve(self):
+        try:
+            while (item := self._source.get()) is not None:
+                seen.append(item)
+                if isinstance(item, xmod.Call):
+                    if item.args == (99,):
+                        hold.wait(10)  # answered never: the pipeline ends first
+                        return
+                    self._sink.put({**item.answer(), "node_id": "n1"})
+                else:
+                    self._sink.put({"task": {"dataset": "d", "part": item}, "skipped": False})
+        finally:
+            self._fail_calls(RuntimeError("the xenna pipeline stopped before answering"))
+
+    monkeypatch.setattr(xmod.XennaEngine, "_serve", fake_serve)
+    monkeypatch.setattr(xmod.ray_cluster, "no_node_left", lambda: None)
+    executor = xmod.StageExecutor(2, "127.0.0.1:1", None)
+    engine = engines.create(types.SimpleNamespace(engine="xenna"), executor)
+    assert engine is executor.engine  # the job's engine is its executor's pipeline
+    first = executor.submit(_double, 1)
+    engine.submit(_T("p0"))
+    failing = executor.submit(_refuse, 2)
+    assert list(executor.map(_double, [3, 4])) == [6, 8]
+    assert first.result(5) == 2 and [r["where"] for r in engine.drain()] == ["stage"]
+    with pytest.raises(ValueError, match="no 2"):
+        failing.result(5)
+    assert [getattr(x, "args", x) for x in seen[:3]] == [(1,), "p0", (2,)]
+    engine.stop()
+    engine.join()  # the job's `with engine` ends before its exports: the pipeline still serves
+    assert executor.submit(_double, 5).result(5) == 10
+    waiting = executor.submit(_double, 99)
+    hold.set()
+    with pytest.raises(RuntimeError, match="stopped before answering"):
+        waiting.result(5)
+    executor.close()
+    assert executor.engine.calls_per_node == {"n1": {"_double": 4, "_refuse": 1}}  # 99 never answered
