@@ -807,3 +807,30 @@ def test_calls_go_to_the_pipeline_in_order_with_shards_and_fail_when_it_ends(mon
         waiting.result(5)
     executor.close()
     assert executor.engine.calls_per_node == {"n1": {"_double": 4, "_refuse": 1}}  # 99 never answered
+
+
+def test_a_restarted_pipeline_gets_the_calls_the_failed_one_held_again(monkeypatch) -> None:
+    """A lost node fails the whole Xenna pipeline: every call it held goes to the restarted one's source, in the
+    order first given, logged once as retried calls; none is counted as a shard retry, nor has files dropped."""
+    from streamprep.engines import xenna as xmod
+
+    monkeypatch.setattr(xmod, "drop_tmp_files", lambda task: pytest.fail(f"dropped files of {task}"))
+    monkeypatch.setattr(xmod, "_record_retries", lambda tasks, reason: pytest.fail(f"shards retried: {tasks}"))
+    warned: list = []
+    monkeypatch.setattr(xmod.log, "warning", lambda event, **kw: warned.append((event, kw)))
+    engine = xmod.XennaEngine(None, 2, "127.0.0.1:1", serve_calls=True)
+    futures = [engine.call(_double, (i,)) for i in range(3)]
+    first = engine._source
+    engine._retry_in_flight("lost")
+    assert engine._source is not first
+    again = [engine._source.get_nowait() for _ in range(3)]
+    assert [c.args for c in again] == [(0,), (1,), (2,)] and engine._source.empty()
+    assert warned == [("calls retried", {"calls": 3, "functions": ["_double"], "reason": "lost"})]
+    engine._sink.put({**again[1].answer(), "node_id": "n"})  # answered by the restarted pipeline
+    engine._thread = threading.current_thread()  # _collect runs while its serving thread is alive: this one
+    collector = threading.Thread(target=engine._collect, daemon=True)
+    collector.start()
+    assert futures[1].result(5) == 2 and not futures[0].done()
+    engine._thread = None  # the collector ends
+    collector.join(2)
+    assert not collector.is_alive()
