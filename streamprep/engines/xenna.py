@@ -148,7 +148,7 @@ class XennaEngine(Engine):
                 return
             from cosmos_xenna.pipelines import v1 as xenna
 
-            from streamprep.engines.xenna_stage import TokenizeStage  # Xenna: it imports cosmos_xenna
+            from streamprep.engines.xenna_stage import IngestStage, TokenizeStage  # Xenna: it imports cosmos_xenna
 
             if self.ray_address and not self._serves_calls and not ray_cluster.wait_for_actors(
                     lambda: self._stopping is not None) \
@@ -156,7 +156,7 @@ class XennaEngine(Engine):
                 log.warning("worker actors not placed in time; placing the stage anyway",
                             seconds=ray_cluster.ACTOR_PLACEMENT_WAIT_S)
             self.ready_at = time.monotonic()
-            self._run_stage(xenna, TokenizeStage)
+            self._run_stage(xenna, TokenizeStage, IngestStage)
         except BaseException as exc:  # surfaced by drain()/stop() in the job's thread
             if self._early and self._stopping is None and isinstance(exc, Exception):
                 lost = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -184,7 +184,7 @@ class XennaEngine(Engine):
         log.warning("xenna stage lost; its shards go to the local workers", shards=len(tasks), reason=reason)
         self._count_retries(tasks, reason)
 
-    def _run_stage(self, xenna: Any, stage_cls: type) -> None:
+    def _run_stage(self, xenna: Any, stage_cls: type, ingest_cls: type) -> None:
         """Run the serving pipeline until the job's stop; when it fails because a worker or node died, run it
         again on the nodes left (once one is usable) with the tasks the failed one held."""
         restarts = 0
@@ -194,9 +194,7 @@ class XennaEngine(Engine):
             stage_workers = max(1, min(self.workers, len(nodes)))
             stages = [xenna.StageSpec(stage_cls(cpus=per_worker), num_workers=stage_workers)]
             if self._serves_calls:  # the job's calls first: `workers` of them, as the pool has
-                from streamprep.engines.xenna_stage import IngestStage
-
-                stages.insert(0, xenna.StageSpec(IngestStage(per_worker, self._setup), num_workers=self.workers))
+                stages.insert(0, xenna.StageSpec(ingest_cls(per_worker, self._setup), num_workers=self.workers))
             with self._cv:
                 source = self._source
                 self._room = IN_FLIGHT_PER_WORKER * (stage_workers + (self.workers if self._serves_calls else 0))
