@@ -94,11 +94,12 @@ def _start_worker(driver: int, setup: Setup | None) -> None:
     os.nice(WORKER_NICE)
     for name in forkserver.PRELOAD:
         importlib.import_module(name)
-    _set_up(setup)
+    set_up_worker(setup)
 
 
-def _set_up(setup: Setup | None) -> None:
-    """The job's own set-up of a worker (pool process or Ray actor), then its collector tuned for the calls."""
+def set_up_worker(setup: Setup | None) -> None:
+    """The job's own set-up of a worker (pool process, Ray actor, Xenna ingest stage worker), then its collector
+    tuned for the calls."""
     if setup is not None:
         setup[0](*setup[1])
     quiet_gc()
@@ -174,7 +175,7 @@ class LocalExecutor(Executor):
             self._retry(outer, pool, exc, fn, args)
             return
         except RuntimeError as exc:  # shut down: the job is ending
-            _settle(outer, exc=exc)
+            settle(outer, exc=exc)
             return
         inner.add_done_callback(lambda f: self._answered(outer, f, pool, fn, args))
 
@@ -190,9 +191,9 @@ class LocalExecutor(Executor):
         if isinstance(exc, BrokenProcessPool) and not self._closed:
             self._retry(outer, pool, exc, fn, args)
         elif exc is not None:
-            _settle(outer, exc=exc)
+            settle(outer, exc=exc)
         else:
-            _settle(outer, result=inner.result())
+            settle(outer, result=inner.result())
 
     def _retry(self, outer: Future, pool: ProcessPoolExecutor, exc: BaseException, fn: Callable[..., Any],
                args: tuple) -> None:
@@ -200,7 +201,7 @@ class LocalExecutor(Executor):
         with self._lock:
             if pool is self._pool:
                 if self.restarts >= POOL_RESTARTS or self._closed:
-                    _settle(outer, exc=exc)
+                    settle(outer, exc=exc)
                     return
                 self.restarts += 1
                 log.warning("a worker process died; its calls run again on a new pool", restarts=self.restarts,
@@ -221,7 +222,7 @@ class LocalExecutor(Executor):
                 pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _settle(fut: Future, result: Any = None, exc: BaseException | None = None) -> None:
+def settle(fut: Future, result: Any = None, exc: BaseException | None = None) -> None:
     """Give `fut` its outcome unless its caller cancelled it meanwhile."""
     try:
         if exc is not None:
@@ -239,7 +240,7 @@ class _Actor:
         import ray  # only ever imported in a Ray worker process, where it is loaded already
 
         os.nice(WORKER_NICE)  # its own process: on a shared node the stage workers come first
-        _set_up(setup)
+        set_up_worker(setup)
         self.node = ray.get_runtime_context().get_node_id()  # a restart after a lost node runs this again
 
     def ready(self) -> str:
@@ -300,13 +301,13 @@ class RayExecutor(Executor):
         if inner.cancelled():
             outer.cancel()
         elif exc is not None:
-            _settle(outer, exc=exc)
+            settle(outer, exc=exc)
         else:
             node, result = inner.result()
             with self._lock:
                 on_node = self.calls.setdefault(node, {})
                 on_node[fn.__name__] = on_node.get(fn.__name__, 0) + 1
-            _settle(outer, result=result)
+            settle(outer, result=result)
 
     def _resend(self, outer: Future, slot: int, actor: Any, exc: BaseException, fn: Callable[..., Any],
                 args: tuple) -> None:
@@ -333,7 +334,7 @@ class RayExecutor(Executor):
     def _fail(self, outer: Future, exc: BaseException) -> None:
         with self._lock:
             self._waiting.discard(outer)
-        _settle(outer, exc=exc)
+        settle(outer, exc=exc)
 
     def _watch(self) -> None:
         """Fail the waiting calls once the cluster has had no usable node for a while."""
@@ -343,7 +344,7 @@ class RayExecutor(Executor):
             if waiting and (why := self._cluster.no_node_left()):
                 error = self._cluster.NoNodeLeft(f"workers: {why}; re-run the same command to resume")
                 for fut in waiting:
-                    _settle(fut, exc=error)
+                    settle(fut, exc=error)
 
     def close(self) -> None:
         import ray

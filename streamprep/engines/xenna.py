@@ -55,7 +55,7 @@ from streamprep import logs, ray_cluster
 from streamprep.layout import RunLayout
 from streamprep.engines.base import PING, Engine, Result
 from streamprep.engines.local import run_local
-from streamprep.executor import Call, Executor, Setup, _settle
+from streamprep.executor import Call, Executor, Setup, settle
 from streamprep.tokenize import ShardTask, drop_tmp_files
 
 log = logs.get("tokenize")
@@ -290,7 +290,7 @@ class XennaEngine(Engine):
         call = Call(next(self._call_keys), fn, args)
         with self._cv:
             if self._error is not None or self._stopping is not None:
-                _settle(future, exc=RuntimeError("the xenna pipeline is not running"))
+                settle(future, exc=RuntimeError("the xenna pipeline is not running"))
                 return future
             self._futures[call.key] = future
             self._queued.append(call)
@@ -303,15 +303,17 @@ class XennaEngine(Engine):
             future = self._futures.pop(result["call"], None)
             on_node = self.calls_per_node.setdefault(str(result.get("node_id")), {})
             on_node[result["fn"]] = on_node.get(result["fn"], 0) + 1
-        if future is not None:
-            _settle(future, exc=result["error"]) if "error" in result else _settle(future, result=result["result"])
+        if future is not None and "error" in result:
+            settle(future, exc=result["error"])
+        elif future is not None:
+            settle(future, result=result["result"])
 
     def _fail_calls(self, exc: BaseException) -> None:
         """Every call not answered gets `exc`: the pipeline ended (failed, or no node left) without it."""
         with self._cv:
             futures, self._futures = list(self._futures.values()), {}
         for future in futures:
-            _settle(future, exc=exc)
+            settle(future, exc=exc)
 
     def _pump(self) -> None:
         """Hand queued tasks to the stage, once it may take them, while fewer than `_room` are in flight,

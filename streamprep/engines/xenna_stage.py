@@ -13,13 +13,13 @@ from typing import Any
 from cosmos_xenna.pipelines import v1 as xenna
 
 from streamprep.engines.base import PING, run_shard
-from streamprep.executor import Call, Setup, _set_up, quiet_gc
+from streamprep.executor import Call, Setup, set_up_worker, quiet_gc
 from streamprep.tokenize import TokenizerCache
 
 
 class IngestStage(xenna.Stage):
     """A `Call` in, its answer out (with the node it ran on); anything else passes. Each worker is set up as
-    a pool worker is (`executor._set_up`: the unit worker's gates, the collector tuned), once."""
+    a pool worker is (`executor.set_up_worker`: the unit worker's gates, the collector tuned), once."""
 
     def __init__(self, cpus: float, setup: Setup | None):
         self.cpus, self.setup_call = cpus, setup
@@ -29,7 +29,7 @@ class IngestStage(xenna.Stage):
         return xenna.Resources(cpus=self.cpus, gpus=0)
 
     def setup(self, worker_metadata: xenna.WorkerMetadata) -> None:
-        _set_up(self.setup_call)
+        set_up_worker(self.setup_call)
 
     def process_data(self, in_data: list[Any]) -> list[Any]:
         node = _node_id()
