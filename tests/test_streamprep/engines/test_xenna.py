@@ -749,7 +749,8 @@ def test_the_ingest_stage_answers_calls_and_both_stages_pass_the_others_items(tm
     assert marker.read_text() == "done"
     shard = _T("p0")
     out = ingest.process_data([Call(0, _double, (21,)), shard, Call(1, _refuse, (3,)), PING])
-    assert out[0] == {"call": 0, "fn": "_double", "result": 42, "node_id": None}
+    node = out[0].pop("node_id")  # None, or the session cluster's node when an earlier test attached this process
+    assert out[0] == {"call": 0, "fn": "_double", "result": 42} and (node is None or isinstance(node, str))
     assert out[1] is shard and out[3] == PING
     assert out[2]["call"] == 1 and isinstance(out[2]["error"], ValueError) and str(out[2]["error"]) == "no 3"
     tokenize = TokenizeStage()
