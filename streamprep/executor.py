@@ -7,13 +7,14 @@ exports' Parquet shards (`streamprep.exports`) and the audit. One `Executor` run
 
 - `LocalExecutor`: `workers` processes forked from a forkserver (or one thread of the job's process for
   `workers: 1`), which end with the job's process;
-- `RayExecutor`: `workers` actors spread over an existing Ray cluster (`execution.ray_address`), so the
-  driver's machine runs only the planning and the bookkeeping.
+- `RayExecutor`: `workers` actors spread over an existing Ray cluster (`execution.ray_address`, `engine:
+  local`), so the driver's machine runs only the planning and the bookkeeping;
+- `engines.xenna.StageExecutor` (`ray_address`, `engine: xenna`): the job is one Xenna pipeline, and each call
+  is a `Call` task of its ingest stage.
 
 With `engine: xenna` the tokenize calls go to the Xenna stage instead (`engines.xenna`), which runs the
-same `run_shard`; with `engine: xenna` and `ray_address` the job is one Xenna pipeline and every call runs in it
-(`engines.xenna.StageExecutor`: each call a `Call` task of its ingest stage). Every call writes its files atomically and depends only on its arguments, so an
-executor may run a call again (after a worker process died, or an actor was lost with its node) without
+same `run_shard`. Every call writes its files atomically and depends only on its arguments, so an executor
+may run a call again (after a worker process died, or an actor or a pipeline was lost with its node) without
 changing a byte, and results come back in whatever order calls finish: callers wait for them in plan order.
 """
 from __future__ import annotations
