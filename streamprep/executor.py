@@ -352,7 +352,6 @@ class RayExecutor(Executor):
 
         self._done.set()
         log.info("worker calls per node", calls=self.calls, actors_replaced=self.replaced)  # units on every node?
-        self._cluster.actors_released()
         if self._cluster.no_node_left():  # the cluster is gone: nothing to ask, nothing to end (Ray would block)
             return
         for a in self.actors:

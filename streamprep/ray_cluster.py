@@ -49,8 +49,7 @@ _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one pe
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
 # Every Ray worker process of the job (worker actors, Xenna's actors, tasks) on every node runs this at start-up.
 JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
-_actors_placed = threading.Event()  # the job's worker actors are placed (set by its executor, awaited by the stage)
-ACTOR_PLACEMENT_WAIT_S = 120.0
+ACTOR_PLACEMENT_WAIT_S = 120.0  # a replacement worker actor must be up within this
 ACTOR_REPLACEMENTS = 4  # worker actors lost with their node and replaced on a node left, per job; then calls fail
 
 
@@ -184,8 +183,9 @@ def _stop_head() -> None:
 
 
 def cpus_per_worker(workers: int) -> float:
-    """Logical CPUs Xenna's allocator gives one stage worker: half a node share, since the executor's `workers`
-    actors share the cluster's cores with the stage for the whole job (ingest and tokenization overlap)."""
+    """Logical CPUs Xenna's allocator gives one stage worker: half a node share, since two stages share the
+    cluster's cores for the whole job (ingest and tokenization overlap): with `ray_address` the ingest stage's
+    `workers` and the tokenize stage's, on the job's own cluster the job's workers and the tokenize stage."""
     import ray
 
     cpus = float(ray.cluster_resources().get("CPU", 1))
@@ -318,31 +318,14 @@ def place_actor(cls: type, slot: int, *args: object, nodes: list[str] | None = N
 
 
 def spread_actors(cls: type, workers: int, *args: object) -> list:
-    """`workers` actors of `cls` over the nodes (`place_actor`), started before this returns; the stage is placed
-    after them (`wait_for_actors`)."""
+    """`workers` actors of `cls` over the nodes (`place_actor`), started before this returns."""
     import ray
 
     nodes = sorted(usable_nodes())  # listed once for all of them
     actors = [place_actor(cls, i, *args, nodes=nodes) for i in range(workers)]
     placed = ray.get([a.ready.remote() for a in actors])  # each actor's node
     log.info("worker actors placed", nodes=len(nodes), per_node=sorted(Counter(placed).values(), reverse=True))
-    _actors_placed.set()
     return actors
-
-
-def actors_released() -> None:
-    """Called when a job's executor closes: the actors a later job's stage waits for are that job's own."""
-    _actors_placed.clear()
-
-
-def wait_for_actors(cancelled: Callable[[], bool]) -> bool:
-    """Block until this job's worker actors are placed; False after ACTOR_PLACEMENT_WAIT_S or once `cancelled()`
-    (a job that failed before its executor started stops its engine: that must not wait out the limit)."""
-    deadline = time.monotonic() + ACTOR_PLACEMENT_WAIT_S
-    while not _actors_placed.wait(0.1):
-        if cancelled() or time.monotonic() > deadline:
-            return False
-    return True
 
 
 def release() -> None:

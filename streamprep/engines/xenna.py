@@ -75,9 +75,9 @@ class XennaEngine(Engine):
     name = "xenna"
 
     def __init__(self, executor: Executor | None, workers: int = 1, ray_address: str | None = None,
-                 serve_calls: bool = False, setup: Setup | None = None):
+                 setup: Setup | None = None):
         super().__init__()
-        self._executor = executor  # the job's, which tokenizes on the job's own cluster; None with `serve_calls`
+        self._executor = executor  # the job's, which tokenizes on the job's own cluster; None with `ray_address`
         self.workers = max(1, workers)
         self.ray_address = ray_address
         self._source: queue.Queue = queue.Queue()
@@ -99,12 +99,12 @@ class XennaEngine(Engine):
         self._room = IN_FLIGHT_PER_WORKER  # tasks in flight at most: per stage worker, set when the stage starts
         self._retried: set = set()  # shards handed to a restarted stage (each counted once)
         self._cluster_lost = False
-        # with `ray_address`: the pipeline also runs the job's calls, in an ingest stage whose workers run `setup`
-        self._serves_calls, self._setup = serve_calls, setup
+        # with `ray_address` the pipeline also runs the job's calls (`StageExecutor`), in an ingest stage whose
+        # workers run `setup`, and it ends with the executor (`close`), after the exports and the audit
+        self._serves_calls, self._setup = ray_address is not None, setup
         self._call_keys = itertools.count()
         self._futures: dict[int, Future] = {}  # call key -> its future, until answered (under _cv)
         self.calls_per_node: dict[str, dict[str, int]] = {}  # node -> function -> calls answered there
-        self._closing = False  # serving calls: stop() and join() wait for this (the executor's close)
 
     @classmethod
     def job_executor(cls, workers: int, ray_address: str | None, setup: Setup) -> Executor | None:
@@ -150,11 +150,6 @@ class XennaEngine(Engine):
 
             from streamprep.engines.xenna_stage import IngestStage, TokenizeStage  # Xenna: it imports cosmos_xenna
 
-            if self.ray_address and not self._serves_calls and not ray_cluster.wait_for_actors(
-                    lambda: self._stopping is not None) \
-                    and self._stopping is None:  # the executor's actors on this cluster are placed first
-                log.warning("worker actors not placed in time; placing the stage anyway",
-                            seconds=ray_cluster.ACTOR_PLACEMENT_WAIT_S)
             self.ready_at = time.monotonic()
             self._run_stage(xenna, TokenizeStage, IngestStage)
         except BaseException as exc:  # surfaced by drain()/stop() in the job's thread
@@ -188,16 +183,17 @@ class XennaEngine(Engine):
         """Run the serving pipeline until the job's stop; when it fails because a worker or node died, run it
         again on the nodes left (once one is usable) with the tasks the failed one held."""
         restarts = 0
+        ingest_workers = self.workers if self._serves_calls else 0  # the job's calls: as many workers as a pool has
         while True:
             nodes = ray_cluster.usable_nodes()
             per_worker = ray_cluster.cpus_per_worker(self.workers)
             stage_workers = max(1, min(self.workers, len(nodes)))
             stages = [xenna.StageSpec(stage_cls(cpus=per_worker), num_workers=stage_workers)]
-            if self._serves_calls:  # the job's calls first: `workers` of them, as the pool has
-                stages.insert(0, xenna.StageSpec(ingest_cls(per_worker, self._setup), num_workers=self.workers))
+            if ingest_workers:
+                stages.insert(0, xenna.StageSpec(ingest_cls(per_worker, self._setup), num_workers=ingest_workers))
             with self._cv:
                 source = self._source
-                self._room = IN_FLIGHT_PER_WORKER * (stage_workers + (self.workers if self._serves_calls else 0))
+                self._room = IN_FLIGHT_PER_WORKER * (stage_workers + ingest_workers)
                 self._pump()
             spec = xenna.PipelineSpec(
                 input_data=[],
@@ -207,7 +203,7 @@ class XennaEngine(Engine):
                 serving_queues=xenna.ServingQueues(source=source, sink=self._sink),
             )
             log.info("xenna serving stage started", workers=stage_workers, cpus_per_worker=per_worker,
-                     ingest_workers=self.workers if self._serves_calls else 0,
+                     ingest_workers=ingest_workers,
                      ray=ray_cluster.address(), restarts=restarts,
                      startup_seconds=round(time.monotonic() - (self.started_at or time.monotonic()), 2))
             try:
@@ -285,7 +281,7 @@ class XennaEngine(Engine):
 
     def call(self, fn: Any, args: tuple) -> Future:
         """Queue one of the job's calls for the ingest stage, in order with the shards (`StageExecutor`)."""
-        assert self._serves_calls, "an engine made without `serve_calls` runs shards only"
+        assert self._serves_calls, "on the job's own cluster the calls run on its executor"
         future: Future = Future()
         call = Call(next(self._call_keys), fn, args)
         with self._cv:
@@ -411,16 +407,27 @@ class XennaEngine(Engine):
         return out
 
     def stop(self) -> None:
-        if self._serves_calls and not self._closing:  # the job's exports and audit still run here
-            return
+        if not self._serves_calls:  # serving calls, it ends with the job's executor (`close`)
+            self._stop()
+
+    def join(self) -> None:
+        if not self._serves_calls:
+            self._join()
+
+    def close(self) -> None:
+        """End a pipeline that serves the job's calls too, once the exports and the audit are done."""
+        self._stop()
+        self._join()
+
+    def _stop(self) -> None:
         if self._thread is not None and not self._stopping:
             with self._cv:
                 self._stopping = time.monotonic()
                 self._cv.notify_all()
                 self._source.put(None)  # Xenna's end-of-serving signal; its thread then shuts Ray down
 
-    def join(self) -> None:
-        if self._thread is None or (self._serves_calls and not self._closing):
+    def _join(self) -> None:
+        if self._thread is None:
             return
         wait = LOST_STOP_WAIT_S if self._cluster_lost else STOP_WAIT_S  # Xenna blocks on the gone cluster
         self._thread.join(timeout=wait)
@@ -456,7 +463,7 @@ class StageExecutor(Executor):
 
     def __init__(self, workers: int, address: str, setup: Setup | None):
         self.workers = max(1, workers)
-        self.engine = XennaEngine(None, self.workers, address, serve_calls=True, setup=setup)
+        self.engine = XennaEngine(None, self.workers, address, setup=setup)
         self.engine.start()
         self._done = threading.Event()
         threading.Thread(target=self._watch, name="stage-executor", daemon=True).start()
@@ -475,9 +482,7 @@ class StageExecutor(Executor):
     def close(self) -> None:
         self._done.set()
         log.info("worker calls per node", calls=self.engine.calls_per_node)  # units on every node?
-        self.engine._closing = True
-        self.engine.stop()
-        self.engine.join()
+        self.engine.close()
 
 
 def _record_retries(tasks: list[ShardTask], reason: str) -> None:
