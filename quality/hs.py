@@ -3,6 +3,7 @@ space per thread and database (a scratch serves one scan at a time)."""
 from __future__ import annotations
 
 import threading
+from typing import Any, Callable
 
 import hyperscan
 
@@ -27,3 +28,20 @@ def scratch(db: hyperscan.Database) -> hyperscan.Scratch:
         pass
     made = _local.scratches[id(db)] = hyperscan.Scratch(db)
     return made
+
+
+def flag_match(pattern: int, _start: int, _end: int, _flags: int, found: list[bool]) -> None:
+    """A match handler for `scan`: marks `found[pattern]` (the scan's context) True."""
+    found[pattern] = True
+
+
+def append_match(pattern: int, _start: int, end: int, _flags: int, found: list[tuple[int, int]]) -> None:
+    """A match handler for `scan`: appends (pattern, end) to `found` (the scan's context)."""
+    found.append((pattern, end))
+
+
+def scan(db: hyperscan.Database, data: bytes, on_match: Callable[..., None], context: Any) -> None:
+    """`db.scan` of `data` with this thread's scratch, `on_match(pattern, start, end, flags, context)` per match.
+    Arguments go by position and the handler is a module-level function: the binding's keyword parsing and a
+    closure made per call cost ~0.8 and ~0.3 µs, more than the scan of a 300-byte text (~0.9 µs)."""
+    db.scan(data, on_match, 0, context, scratch(db))

@@ -20,7 +20,8 @@ from typing import Callable
 
 import hyperscan
 
-from quality.hs import database, scratch
+from quality import hs
+from quality.hs import database
 
 # C1 controls (U+0080..U+009F) in real web text are almost always Windows-1252 bytes decoded as
 # Latin-1 ("l\x92Ecole"); map them to what the writer typed instead of deleting them.
@@ -128,12 +129,7 @@ def view_flags(view: bytes, prose: bool = True) -> tuple[bool, bool, bool]:
     hold for its output; and collapsing runs of spaces keeps every line edge (a run beside a newline
     stays one space), so the edges before collapsing are those after."""
     found = [False, False, False]
-
-    def record(pattern: int, _start: int, _end: int, _flags: int, _context: object) -> None:
-        found[pattern] = True
-
-    db = _flags_db(prose)
-    db.scan(view, match_event_handler=record, scratch=scratch(db))
+    hs.scan(_flags_db(prose), view, hs.flag_match, found)
     return found[0], found[1], found[2]
 
 

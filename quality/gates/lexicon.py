@@ -29,7 +29,8 @@ from typing import NamedTuple
 import hyperscan
 
 from quality.gates.base import Doc
-from quality.hs import database, scratch
+from quality import hs
+from quality.hs import database
 
 _WORD_CHAR = re.compile(r"\w")
 _TOKEN_ASCII = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@$*#!|")
@@ -105,11 +106,7 @@ def _matches(data: bytes, words: tuple[str, ...]) -> tuple[int, list[int], list[
     main, pairs = _databases(words)
     padded = b" " + data + b" "
     found: list[tuple[int, int]] = []
-
-    def record(pattern: int, _start: int, end: int, _flags: int, _context: object) -> None:
-        found.append((pattern, end))
-
-    main.scan(padded, match_event_handler=record, scratch=scratch(main))
+    hs.scan(main, padded, hs.append_match, found)
     plain, candidates, cues = 0, [], []
     for pattern, end in found:  # end: just past the match in `padded`, which is `data` shifted by one
         if pattern == _WORD:
@@ -120,7 +117,7 @@ def _matches(data: bytes, words: tuple[str, ...]) -> tuple[int, list[int], list[
             cue = COPYRIGHT_CUES[pattern - _CUE]
             cues.append((cue, end - 1 - len(cue)))
     found.clear()
-    pairs.scan(padded, match_event_handler=record, scratch=scratch(pairs))
+    hs.scan(pairs, padded, hs.append_match, found)
     candidates += [end - 2 for _, end in found]  # the pair's second char
     candidates.sort()
     return plain, candidates, cues

@@ -19,7 +19,8 @@ from functools import lru_cache
 import hyperscan
 
 from quality.gates.base import Doc, Gate, ratio
-from quality.hs import database, scratch
+from quality import hs
+from quality.hs import database
 from quality.normalize import latin1_view
 
 EMAIL_RE = re.compile(r"(?<![\w.+-])[\w.+-]{1,64}@[\w-]{1,63}(?:\.[\w-]{1,63})*\.[a-z]{2,24}(?![\w-])", re.IGNORECASE)
@@ -132,12 +133,7 @@ def _cues(view: bytes) -> tuple[bool, bool]:
     pass (~1.3 µs on a C4 text, where the run classes and the colon count cost ~4): most texts have
     neither and skip both scans."""
     found = [False, False]
-
-    def record(pattern: int, _start: int, _end: int, _flags: int, _context: object) -> None:
-        found[pattern] = True
-
-    db = _cues_db()
-    db.scan(view, match_event_handler=record, scratch=scratch(db))
+    hs.scan(_cues_db(), view, hs.flag_match, found)
     return found[0], found[1]
 
 
