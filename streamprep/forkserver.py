@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import os
 from pathlib import Path
 
 import yaml
@@ -19,9 +20,12 @@ from streamprep.config import resolved_workers
 
 # What a worker process has loaded before its first call, by name: the forkserver imports them once and
 # every fork inherits them (the unit worker brings quality and pyarrow; the exports their writers; gigatoken
-# and awkward, which its batch encoder imports, ~0.25 CPU-s a process).
+# and awkward, which its batch encoder imports, ~0.25 CPU-s a process; last, the run's tokenizer itself).
 PRELOAD = ("streamprep.unit_worker", "streamprep.engines.local", "streamprep.exports.parquet",
-           "streamprep.exports.order", "streamprep.exports.summary", "gigatoken", "awkward")
+           "streamprep.exports.order", "streamprep.exports.summary", "gigatoken", "awkward",
+           "streamprep.forkserver_preload")
+# The config whose tokenizer `streamprep.forkserver_preload` loads in the server (set by `start_for`).
+CONFIG_ENV = "STREAMPREP_FORKSERVER_CONFIG"
 
 
 def context() -> multiprocessing.context.BaseContext:
@@ -43,7 +47,11 @@ def start_for(config_path: str) -> bool:
     if address or not isinstance(workers, (int, type(None))) or resolved_workers(workers) < 2:
         return False
     context()
-    multiprocessing.forkserver.ensure_running()
+    os.environ[CONFIG_ENV] = str(Path(config_path).resolve())  # the server inherits it; nothing else started later
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        del os.environ[CONFIG_ENV]
     return True
 
 

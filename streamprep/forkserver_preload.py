@@ -1,0 +1,44 @@
+"""Imported by the workers' forkserver (`forkserver.PRELOAD`): the run's tokenizer loaded once, before any worker
+is forked, so that every worker inherits it instead of loading its own (phi-2: gigatoken ~0.27 CPU-s, HF
+`tokenizers` ~0.1 CPU-s, per worker). The backends keep what they load by the file's SHA-256, so a worker asking
+for the run's copy of the same file gets the inherited one. Loading starts no thread (forking after it is safe).
+
+Only a peek, as `forkserver.start_for` peeks: the configured local tokenizer.json, nothing when the config names
+none (a tokenizer to train) or cannot be read. Any failure is left to the job's own load, which names it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from streamprep import backends, forkserver
+
+
+def configured_tokenizer(config_path: str) -> tuple[Path, str] | None:
+    """(the local tokenizer.json `tokenizer.path` names, relative to the config file; `tokenizer.backend`)."""
+    raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+    section = raw.get("tokenizer") or {}
+    path, backend = section.get("path"), section.get("backend") or "auto"
+    if not isinstance(path, str):
+        return None
+    file = Path(config_path).parent / path  # an absolute `path` stays itself
+    file = file / "tokenizer.json" if file.is_dir() else file
+    return (file, backend) if file.is_file() else None
+
+
+def load_configured() -> None:
+    """Load the tokenizer of the config in `forkserver.CONFIG_ENV`: HF's (every worker's identity check uses it)
+    and gigatoken's unless `backend: hf`."""
+    config = os.environ.get(forkserver.CONFIG_ENV)
+    try:
+        found = configured_tokenizer(config) if config else None
+        if found is not None:
+            backends.hf_tokenizer(found[0])
+            if found[1] != "hf":
+                backends.gigatoken_backend(found[0])
+    except Exception:  # noqa: BLE001 - a server that raised here would fork no worker; the job reports the cause
+        pass
+
+
+load_configured()

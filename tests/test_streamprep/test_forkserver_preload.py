@@ -1,0 +1,69 @@
+"""streamprep.forkserver_preload: the workers' forkserver loads the run's tokenizer once, and every worker forked
+from it holds that tokenizer before its first call (gigatoken's and HF's), instead of loading its own."""
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from helpers import english_docs
+from streamprep import forkserver
+from streamprep.forkserver_preload import configured_tokenizer
+from streamprep.tokenizer import train_bpe
+
+
+def _config(path: Path, section: dict | None, workers: int = 2) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"execution": {"workers": workers}, **({"tokenizer": section} if section else {})}))
+    return path
+
+
+def test_the_configured_tokenizer_is_the_local_file_relative_to_the_config(tmp_path):
+    tok = tmp_path / "tok" / "tokenizer.json"
+    tok.parent.mkdir()
+    tok.write_text("{}")
+    found = configured_tokenizer(str(_config(tmp_path / "conf" / "c.yaml", {"path": "../tok", "backend": "hf"})))
+    assert found is not None and found[0].resolve() == tok.resolve() and found[1] == "hf"
+    found = configured_tokenizer(str(_config(tmp_path / "c2.yaml", {"path": str(tok)})))
+    assert found == (tok, "auto")
+    assert configured_tokenizer(str(_config(tmp_path / "c3.yaml", {"path": "missing/tokenizer.json",
+                                                                   "if_missing": "train"}))) is None
+    assert configured_tokenizer(str(_config(tmp_path / "c4.yaml", None))) is None
+
+
+def _held() -> tuple[list[str], list[str]]:
+    """In a worker: the files (SHA-256) whose gigatoken and HF tokenizers this process holds."""
+    from streamprep import backends
+
+    return sorted(backends._built), sorted(backends._loaded)
+
+
+def test_workers_forked_after_start_for_hold_the_configured_tokenizer(tmp_path):
+    tok = tmp_path / "tokenizer.json"
+    train_bpe(english_docs(300), vocab_size=400, min_frequency=2).save(str(tok))
+    cfg = _config(tmp_path / "c.yaml", {"path": "tokenizer.json"})
+    forkserver.stop()  # a server an earlier test started would not load it: it loads once, as it starts
+    try:
+        assert forkserver.start_for(str(cfg))
+        assert forkserver.CONFIG_ENV not in os.environ  # only the server was started with it
+        with ProcessPoolExecutor(1, mp_context=forkserver.context()) as pool:
+            built, loaded = pool.submit(_held).result(timeout=60)
+    finally:
+        forkserver.stop()
+    key = hashlib.sha256(tok.read_bytes()).hexdigest()
+    assert built == [key] and loaded == [key]
+
+
+def test_a_tokenizer_that_fails_to_load_leaves_the_server_serving(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("not json")
+    cfg = _config(tmp_path / "c.yaml", {"path": "tokenizer.json"})
+    forkserver.stop()
+    try:
+        assert forkserver.start_for(str(cfg))
+        with ProcessPoolExecutor(1, mp_context=forkserver.context()) as pool:
+            assert pool.submit(_held).result(timeout=60) == ([], [])
+    finally:
+        forkserver.stop()
