@@ -18,7 +18,6 @@ Log2 bin b holds lengths [2^(b-1), 2^b); bin "0" holds 0.
 """
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -52,8 +51,10 @@ def add_kept(stats: dict[str, Any], metas: Sequence[dict[str, Any]], chars: Sequ
     if not chars:
         return
     hist = stats.setdefault("chars_hist_kept", {})
-    for b, n in Counter(map(_log2_bin, chars)).items():
-        _bump(hist, b, n)
+    bins, first, counts = np.unique(np.frexp(np.asarray(chars, dtype=np.float64))[1], return_index=True,
+                                    return_counts=True)  # frexp's exponent of n >= 0: `_log2_bin`'s bit length
+    for i in np.argsort(first, kind="stable").tolist():  # new bins in the order a per-record loop adds them
+        _bump(hist, str(int(bins[i])), int(counts[i]))
     for meta in metas:
         if not _META_KEYS.isdisjoint(meta):
             _add_meta(stats, "kept", meta)

@@ -22,6 +22,7 @@ import hashlib
 import pickle
 from bisect import bisect_left
 from concurrent import futures
+from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -217,7 +218,7 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
     with open(stage + ".judged", "rb") as fh:
         judged = pickle.load(fh)
     st: dict[str, Any] = {}
-    kept, rejects = [], []
+    kept, ordinals, rejects = [], [], []  # kept rows (with the sentinel) and their ordinals
     marked = sorted((*d.dup, *d.near))  # items whose meta the decision changes
     at = 0  # the batch's first item
     for cols, gates, _ in judged:
@@ -236,7 +237,8 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                 and cols.bad.count(None) == size:
             # every item kept as judged (every gate off, say): the batch's stats at once, its lines numbered
             stats.add_kept(st, cols.meta[:end - at], cols.chars[:end - at])
-            kept += map(_numbered, cols.row[:end - at], range(d.ordinal + at, d.ordinal + end))
+            kept += cols.row[:end - at]
+            ordinals += range(d.ordinal + at, d.ordinal + end)
             at += size
             continue
         for j in range(at, end):
@@ -265,22 +267,33 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                     source.update(cols.extra[t])
             stats.add_record(st, keep, meta, cols.chars[t] if keep else len(excerpt))
             if keep:
-                kept.append(_numbered(cols.row[t], ordinal))
+                kept.append(cols.row[t])
+                ordinals.append(ordinal)
             elif j in d.sampled:
                 rejects.append(orjson.dumps({"failed_check": meta.get("failed_check", "unknown"),
                                              "reason": meta.get("reason"), "meta": meta, "source": source,
                                              "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n")
         at += size
-    offsets = np.zeros(len(kept) + 1, np.int64)
-    np.cumsum([len(line) for line in kept], out=offsets[1:])
-    atomic.write_bytes(stage + ".kept", b"".join(kept))
+    lines, offsets = numbered(kept, ordinals)
+    atomic.write_bytes(stage + ".kept", lines)
     atomic.write_bytes(stage + ".kept.off", offsets.tobytes())
     return b"".join(rejects), st, int(offsets[-1])
 
 
-def _numbered(row: bytes, ordinal: int) -> bytes:
-    """A kept line with its dataset ordinal in place of the sentinel `_judge` wrote."""
-    return row.replace(_SENTINEL, b'"index":%d' % ordinal, 1)
+def numbered(rows: list[bytes], ordinals: list[int]) -> tuple[bytes, np.ndarray]:
+    """Kept lines as `_judge` wrote them, each with its dataset ordinal in place of the sentinel, joined, and their
+    byte offsets (len + 1): one split of the joined rows at the sentinel instead of a `replace` per row (~1.3 µs a
+    short record). Each row holds the sentinel once, in its meta: inside a JSON string every quote is escaped, so
+    no text or field value can hold the sentinel's quoted key."""
+    parts = b"".join(rows).split(_SENTINEL)
+    if len(parts) != len(rows) + 1:
+        raise ValueError(f"{len(parts) - 1} ordinal sentinels in {len(rows)} kept lines")
+    numbers = [b'"index":%d' % ordinal for ordinal in ordinals]
+    lines = b"".join(chain.from_iterable(zip(parts, numbers))) + parts[-1]
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, rows), np.int64, len(rows)) + np.fromiter(map(len, numbers), np.int64, len(rows))
+              - len(_SENTINEL), out=offsets[1:])
+    return lines, offsets
 
 
 def assemble_part(path: str, slices: list[tuple[str, int, int]]) -> tuple[str, int]:
