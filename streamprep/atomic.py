@@ -75,26 +75,32 @@ def commit(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
 
 
 @contextmanager
-def writing(path: str | os.PathLike, buffering: int = -1) -> Iterator[BinaryIO]:
+def writing(path: str | os.PathLike, buffering: int = -1, durable: bool = True) -> Iterator[BinaryIO]:
     """An open temporary sibling of `path` (no symlink followed) that becomes `path` when the block ends without
-    an error (fsync, rename, directory fsync), and is removed when it raises: for files written piece by piece."""
+    an error (fsync, rename, directory fsync), and is removed when it raises: for files written piece by piece.
+
+    `durable=False` skips both fsyncs, for a scratch file that no later attempt of the job reads (resume removes
+    it): the rename still shows readers the whole file or none, and a killed process loses nothing it wrote;
+    only a machine crash can, and the resume after one removes the file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_path(path)
     try:
         with open(tmp, "wb", buffering=buffering, opener=nofollow) as fh:
             yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if durable:
+            fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Atomically replace `path` with `data`."""
-    with writing(path) as fh:
+def write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
+    """Atomically replace `path` with `data` (`durable`: see `writing`)."""
+    with writing(path, durable=durable) as fh:
         fh.write(data)
 
 

@@ -155,6 +155,20 @@ def test_a_file_written_piece_by_piece_appears_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == ["part.jsonl"]
 
 
+def test_a_scratch_file_is_renamed_whole_without_fsync_and_a_durable_one_is_synced(tmp_path, monkeypatch):
+    """`durable=False` (the judged staging, which a resume removes) writes through the same temporary and rename but
+    calls no fsync; the default syncs the file and its directory."""
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    target = tmp_path / "u0-0.judged"
+    atomic.write_bytes(target, b"scratch", durable=False)
+    assert target.read_bytes() == b"scratch" and synced == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["u0-0.judged"]
+    atomic.write_bytes(target, b"kept")
+    assert target.read_bytes() == b"kept" and len(synced) == 2  # the file, then its directory
+
+
 class _SvgAttrs(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
