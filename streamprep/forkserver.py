@@ -12,6 +12,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
+import signal
 from pathlib import Path
 
 import yaml
@@ -58,8 +59,20 @@ def start_for(config_path: str) -> bool:
 def stop() -> None:
     """Stop the forkserver and the resource tracker if this process started them, and wait for both (they
     would otherwise exit on their own a moment after this process, seen as left behind). Private API: the
-    standard library has no public one; its atexit hook, which `os._exit` skips, does not stop them either."""
-    for server in (multiprocessing.forkserver._forkserver, multiprocessing.resource_tracker._resource_tracker):
+    standard library has no public one; its atexit hook, which `os._exit` skips, does not stop them either.
+
+    The forkserver is sent SIGTERM first: asked to stop by its closed pipe, it tore down every module it preloaded
+    (~0.28 s here, at the end of every job), and it holds nothing to flush or remove (its workers are gone by
+    now; the address and the folder are this process's to remove). The resource tracker stops the polite way:
+    it unlinks what leaked."""
+    server = multiprocessing.forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:  # already gone
+            pass
+    for server in (server, multiprocessing.resource_tracker._resource_tracker):
         try:
             server._stop()
         except (AttributeError, OSError):  # another Python's internals, or already gone

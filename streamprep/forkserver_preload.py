@@ -30,8 +30,8 @@ def configured_tokenizer(config_path: str) -> tuple[Path, str] | None:
 def load_configured() -> None:
     """Load the tokenizer of the config in `forkserver.CONFIG_ENV`: HF's (every worker's identity check uses it)
     and gigatoken's unless `backend: hf`."""
-    config = os.environ.get(forkserver.CONFIG_ENV)
     try:
+        config = os.environ.get(forkserver.CONFIG_ENV)
         found = configured_tokenizer(config) if config else None
         if found is not None:
             backends.hf_tokenizer(found[0])

@@ -1,6 +1,7 @@
 """Shared fixtures: the real corpora in ../shared/data (skip without them, fail under CI=true)."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -58,8 +59,9 @@ def sweep(t0: float, shm: Path = Path("/dev/shm"), tmp: Path = Path(tempfile.get
         if _created_since(sem, t0) and _inode(sem) not in mapped:
             sem.unlink(missing_ok=True)
     bound = _bound_sockets()
+    own = multiprocessing.current_process()._config.get("tempdir")  # this process's finalizer removes it
     for d in dirs:
-        if _created_since(d, t0) and not any(str(d) in line for line in bound):
+        if _created_since(d, t0) and str(d) != own and not any(str(d) in line for line in bound):
             shutil.rmtree(d, ignore_errors=True)
 
 

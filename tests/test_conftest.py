@@ -24,3 +24,13 @@ def test_the_sweep_keeps_a_live_pools_semaphore_and_removes_an_orphan(tmp_path: 
     finally:
         orphan.unlink(missing_ok=True)
         del lock
+
+
+def test_the_sweep_keeps_this_processs_own_multiprocessing_folder(tmp_path: Path) -> None:
+    """Regression: once a test stopped the session's forkserver, its folder held no bound socket and the sweep
+    removed it, and multiprocessing's exit finalizer then failed on the missing folder."""
+    import multiprocessing.util
+
+    own = Path(multiprocessing.util.get_temp_dir())
+    sweep(time.time() - 1, tmp=own.parent)
+    assert own.is_dir()
