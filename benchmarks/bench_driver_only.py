@@ -58,7 +58,8 @@ class FakeRunner:
         self.spent += time.thread_time() - t0
         return fut
 
-    def _judge(self, name: str, text_field: str, batch: int, stage: str, unit: Any, items: Any, options: Any) -> Any:
+    def _judge(self, name: str, text_field: str, batch: int, stage: str, unit: Any, items: Any, options: Any,
+               ahead: tuple = ()) -> Any:
         """Distinct digests per record, except every 20th, a copy of the previous unit's (an exact duplicate)."""
         u = unit.file
         digests = [struct.pack("<QQQQ", (u - 1) * self.records + j - 1 if j % 20 == 10 and u else u * self.records + j,
