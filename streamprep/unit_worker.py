@@ -178,6 +178,11 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
     kinds, digests, text_bytes, checks, signatures = bytearray(), [], [], [], []
     for cols, _, sigs in judged:
         signatures += sigs
+        if all(cols.keep):  # every item read and kept (every gate off, say): the batch's columns as they are
+            kinds += bytes([KEPT]) * len(cols.keep)
+            digests += cols.digest
+            text_bytes += cols.text_bytes
+            continue
         for bad, check, keep, meta, digest, tb in zip(cols.bad, cols.check, cols.keep, cols.meta, cols.digest,
                                                       cols.text_bytes):
             if bad is not None:

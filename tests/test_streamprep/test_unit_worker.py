@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from streamprep.unit_worker import SENTINEL_INDEX, _SENTINEL, numbered
+from helpers import base_config
+from streamprep.unit_worker import BAD, KEPT, REJECTED, SENTINEL_INDEX, _SENTINEL, numbered
 
 
 def _row(text: str, **extra: object) -> bytes:
@@ -42,3 +43,30 @@ def test_an_sft_record_spelling_the_sentinel_after_the_meta_keeps_it_and_the_met
 def test_no_kept_rows_is_an_empty_piece():
     lines, offsets = numbered([], [])
     assert lines == b"" and offsets.tolist() == [0]
+
+
+def test_a_piece_summary_takes_all_kept_batches_whole_and_the_others_item_by_item(tmp_path):
+    """judge_piece's summary: a batch whose items were all read and kept is taken as its columns; a batch with an
+    unreadable line or a reject goes item by item. Same kinds, digests, kept sizes and checks in item order."""
+    import hashlib
+
+    from streamprep import config, unit_worker
+    from streamprep.modes import PRETRAIN
+    from streamprep.units import Unit
+
+    lines = [b'{"text": "alpha one"}', b'{"text": "beta two"}', b'{"text": "gamma"}', b"{not json",
+             b'{"text": "delta four"}', b'{"text": ""}']
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    cfg = base_config([{"name": "web", "path": str(path)}], None)
+    cfg["quality"] = {"dedup": "none", "expected_language": None, "min_chars": 1, "normalize": False,
+                      "pii_max_density": 1.0, "profanity_max_density": 1.0, "reject_copyright": False}
+    quality = config.load(cfg).quality
+    unit_worker.init_worker(quality, PRETRAIN)
+    unit = Unit("range", 0, str(path), "jsonl", 0, path.stat().st_size)
+    s = unit_worker.judge_piece("web", "text", 2, str(tmp_path / "u0"), unit)  # batches of 2: kept, mixed, mixed
+    assert s.kinds == bytes([KEPT, KEPT, KEPT, BAD, KEPT, REJECTED])
+    texts = [b"alpha one", b"beta two", b"gamma", b"delta four", b""]
+    assert s.digests == [hashlib.sha256(t).digest() for t in texts[:4]] + [None]
+    assert s.text_bytes == [9, 8, 5, 10]
+    assert len(s.checks) == 2 and s.checks[1] == "schema"
