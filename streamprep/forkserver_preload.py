@@ -12,7 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from streamprep import backends, forkserver
+from streamprep import backends, forkserver, tokenizer
+from streamprep.config import ConfigError
 
 
 def configured_tokenizer(config_path: str) -> tuple[Path, str] | None:
@@ -22,9 +23,10 @@ def configured_tokenizer(config_path: str) -> tuple[Path, str] | None:
     path, backend = section.get("path"), section.get("backend") or "auto"
     if not isinstance(path, str):
         return None
-    file = Path(config_path).parent / path  # an absolute `path` stays itself
-    file = file / "tokenizer.json" if file.is_dir() else file
-    return (file, backend) if file.is_file() else None
+    try:  # an absolute `path` stays itself
+        return tokenizer.source_file(Path(config_path).parent / Path(path).expanduser()), backend
+    except ConfigError:  # none there (a tokenizer to train, or a mistake the job's load names)
+        return None
 
 
 def load_configured() -> None:

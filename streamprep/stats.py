@@ -50,11 +50,7 @@ def add_kept(stats: dict[str, Any], metas: Sequence[dict[str, Any]], chars: Sequ
     common case, every gate off, is one histogram update a batch instead of one call a record)."""
     if not chars:
         return
-    hist = stats.setdefault("chars_hist_kept", {})
-    bins, first, counts = np.unique(np.frexp(np.asarray(chars, dtype=np.float64))[1], return_index=True,
-                                    return_counts=True)  # frexp's exponent of n >= 0: `_log2_bin`'s bit length
-    for i in np.argsort(first, kind="stable").tolist():  # new bins in the order a per-record loop adds them
-        _bump(hist, str(int(bins[i])), int(counts[i]))
+    add_log2_counts(stats.setdefault("chars_hist_kept", {}), chars)
     for meta in metas:
         if not _META_KEYS.isdisjoint(meta):
             _add_meta(stats, "kept", meta)
@@ -110,12 +106,13 @@ def gate_table(stats: dict[str, Any]) -> list[dict[str, Any]]:
              "us_per_record": round(us.get(n, 0) / seen[n], 1)} for n in order]
 
 
-def add_log2_counts(hist: dict[str, int], values: np.ndarray) -> None:
+def add_log2_counts(hist: dict[str, int], values: Sequence[int] | np.ndarray) -> None:
     """Count a whole array into log2 bins at once, the bins of `_log2_bin` (frexp's exponent of n >= 0 is its
-    bit length; exact below 2^53)."""
-    bins, counts = np.unique(np.frexp(np.asarray(values, dtype=np.float64))[1], return_counts=True)
-    for b, c in zip(bins.tolist(), counts.tolist()):
-        _bump(hist, str(b), c)
+    bit length; exact below 2^53), new bins added in the order a loop over `values` would add them."""
+    bins, first, counts = np.unique(np.frexp(np.asarray(values, dtype=np.float64))[1], return_index=True,
+                                    return_counts=True)
+    for i in np.argsort(first, kind="stable").tolist():
+        _bump(hist, str(int(bins[i])), int(counts[i]))
 
 
 def add_tokens(stats: dict[str, Any], side: str, n_tokens: int) -> None:

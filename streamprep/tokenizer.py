@@ -52,7 +52,8 @@ class TokenizerInfo:
                 "eod_token": self.eod_token}
 
 
-def _source_file(path: Path) -> Path:
+def source_file(path: Path) -> Path:
+    """The tokenizer.json `tokenizer.path` names: the file itself, or the one in that folder."""
     if path.is_file():
         return path
     if (path / "tokenizer.json").is_file():
@@ -130,7 +131,7 @@ def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None
     out_dir.mkdir(parents=True, exist_ok=True)
     check_texts: list[str] = []  # the first texts the tokenizer is trained on join the backend's identity check
     if tok_cfg.path:
-        src = _source_file(Path(tok_cfg.path))
+        src = source_file(Path(tok_cfg.path))
         atomic.write_bytes(saved, src.read_bytes())
         for side in SIDE_FILES:
             if (src.parent / side).is_file():
@@ -175,7 +176,7 @@ def check_config(tok_cfg: TokenizerConfig) -> None:
             raise ConfigError(f"config: 'tokenizer.eod_token': a trained tokenizer has only the special tokens "
                               f"{', '.join(SPECIAL_TOKENS)}, got {wanted!r}")
         return
-    src = _source_file(Path(tok_cfg.path))
+    src = source_file(Path(tok_cfg.path))
     try:
         tok = backends.hf_tokenizer(src)  # the same load serves the run's fingerprint, backend check and audit
     except Exception as exc:  # tokenizers raises a bare Exception for unparsable files
