@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import resource
-import struct
 import subprocess
 import sys
 import tempfile
@@ -31,8 +30,13 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 UNIT_BYTES = 10**9   # what each planned unit declares: 1 GB
 DOC_BYTES = 1000     # a kept record's text, as the fake workers report it
+
+
+SPREAD = 0x9E3779B97F4A7C15  # odd: x -> x * SPREAD mod 2^64 maps distinct ids to distinct, evenly spread keys
 
 
 class FakeRunner:
@@ -45,7 +49,7 @@ class FakeRunner:
         self._uw = unit_worker
         n = records
         self.kinds = bytes(unit_worker.REJECTED if j % 20 == 19 else unit_worker.KEPT for j in range(n))
-        self.kept_bytes = [DOC_BYTES] * sum(k == unit_worker.KEPT for k in self.kinds)
+        self.kept_bytes = np.full(sum(k == unit_worker.KEPT for k in self.kinds), DOC_BYTES, np.int64)
         self.checks = ["min_chars"] * (n - len(self.kept_bytes))
         self.calls: dict[Callable[..., Any], Callable[..., Any]] = {
             unit_worker.judge_piece: self._judge, unit_worker.finalize_piece: self._finalize,
@@ -60,11 +64,18 @@ class FakeRunner:
 
     def _judge(self, name: str, text_field: str, batch: int, stage: str, unit: Any, items: Any, options: Any,
                ahead: tuple = ()) -> Any:
-        """Distinct digests per record, except every 20th, a copy of the previous unit's (an exact duplicate)."""
-        u = unit.file
-        digests = [struct.pack("<QQQQ", (u - 1) * self.records + j - 1 if j % 20 == 10 and u else u * self.records + j,
-                               0, 0, 0) for j in range(self.records)]
-        return self._uw.Summary(self.kinds, digests, self.kept_bytes, self.checks, None, False)
+        """Distinct random-looking digests per record, except every 20th, a copy of the previous unit's (an exact
+        duplicate)."""
+        u, j = unit.file, np.arange(self.records, dtype=np.uint64)
+        ids = u * self.records + j
+        if u:
+            copies = j % 20 == 10
+            ids[copies] = (u - 1) * self.records + j[copies] - 1
+        words = np.zeros((self.records, 4), np.uint64)
+        words[:, 0] = ids * np.uint64(SPREAD)  # spread over the key space as SHA-256 digests are (sequential keys
+        # would find the index's searches in cache)
+        words[:, 1] = 1  # never NO_DIGEST (all zeros)
+        return self._uw.Summary(self.kinds, words.tobytes(), self.kept_bytes, self.checks, None, False)
 
     def _finalize(self, name: str, stage: str, d: Any) -> tuple[bytes, dict[str, Any], int]:
         kept = sum(d.keep)

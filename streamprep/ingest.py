@@ -29,6 +29,7 @@ import aiofiles
 import numpy as np
 
 from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
+from quality.dedup import digest_words
 from streamprep import atomic, engines, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
@@ -396,7 +397,7 @@ class DatasetIngest:
                 self.capped = capped
                 if unit.kind == "hf":
                     self._decided = u + 1
-                    self._yield.add(unit.end, len(summary.kinds), sum(summary.text_bytes))
+                    self._yield.add(unit.end, len(summary.kinds), int(summary.text_bytes.sum()))
                     self._room.set()
                 fin = None
                 if d and d.applied and capped and unit.kind == "hf":
@@ -481,7 +482,7 @@ class DatasetIngest:
         `size_mb` cannot end the dataset inside the piece (`max_records` can: the arrays then decide the items
         before it); else record by record."""
         cap, n = self.ds.max_records, len(s.kinds)
-        if near_dec is None and (self.size_cap is None or a.kept_text_bytes + sum(s.text_bytes) < self.size_cap):
+        if near_dec is None and (self.size_cap is None or a.kept_text_bytes + int(s.text_bytes.sum()) < self.size_cap):
             if cap is None or a.consumed + n <= cap:
                 return self._decide_arrays(a, dedup, unit, s), False
             return self._decide_arrays(a, dedup, unit, s.head(cap - a.consumed)), True
@@ -496,7 +497,7 @@ class DatasetIngest:
         judged, judged_kept = kinds != BAD, kinds == KEPT
         twin = np.full(n, -1, np.int64)  # per item: -1, or the index into `dedup.names` of the kept copy's dataset
         if self.dedup_on:
-            twin[judged] = dedup.twin_many(s.digests, judged_kept[judged])
+            twin[judged] = dedup.twin_many(digest_words(s.digests), judged_kept[judged])
         keep = judged_kept & (twin < 0)
         n_kept = int(np.count_nonzero(keep))
         checks = np.empty(n, object)
@@ -508,7 +509,7 @@ class DatasetIngest:
         a.kept += n_kept
         a.rejected += n - n_kept
         a.dedup_count += n_kept if self.dedup_on else 0
-        a.kept_text_bytes += int(np.array(s.text_bytes, np.int64)[keep[judged_kept]].sum())
+        a.kept_text_bytes += int(s.text_bytes[keep[judged_kept]].sum())
         rejected = np.flatnonzero(~keep)
         sampled = self._sample(a, checks[rejected], rejected)
         names = np.array(dedup.names, object)
@@ -537,9 +538,10 @@ class DatasetIngest:
         """`_decide` record by record: a cap may end the dataset at any record, and near-dedup compares each
         kept record with the ones kept before it."""
         cap, keep, dup, near, sampled = self.ds.max_records, bytearray(), {}, {}, set()
-        digests, text_bytes, checks = iter(s.digests), iter(s.text_bytes), iter(s.checks)
+        digests, text_bytes, checks = s.digest_list(), iter(s.text_bytes.tolist()), iter(s.checks)
         if near_dec is not None:
-            near_dec.prepare(s.signatures or [None] * len(s.digests))
+            near_dec.prepare(s.signatures or [None] * len(digests))
+        digests = iter(digests)
         ordinal0, capped = a.consumed, False
         for j, kind in enumerate(s.kinds):
             if cap is not None and a.consumed >= cap:

@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 
 from quality import QualityControl, QualitySettings, near_dedup
-from quality.dedup import duplicate_reason
+from quality.dedup import DIGEST_SIZE, NO_DIGEST, duplicate_reason
 from streamprep import atomic, stats, units
 from streamprep.modes import Mode
 from streamprep.sources.base import REJECT_EXCERPT, BadRecord, SourceError, excerpt_of, one_line
@@ -61,13 +61,15 @@ class ItemColumns(NamedTuple):
 
 
 class Summary(NamedTuple):
-    """What the driver decides a piece on: `kinds` (one byte per item), `digests` (per judged item),
-    `text_bytes` (per kept item), `checks` (per item not kept), near-dedup `signatures` (per judged item,
-    or None), and `rest_failed`: a unit whose file stopped decoding (its file's later units are skipped)."""
+    """What the driver decides a piece on, as columns (one bytes or array each, not an object per record, so the
+    driver's unpickling and deciding cost no Python object per record): `kinds` (one byte per item), `digests`
+    (32 bytes per judged item, back to back; `NO_DIGEST` for a text with none), `text_bytes` (int64 per kept
+    item), `checks` (per item not kept), near-dedup `signatures` (per judged item, or None), and `rest_failed`:
+    a unit whose file stopped decoding (its file's later units are skipped)."""
 
     kinds: bytes
-    digests: list
-    text_bytes: list
+    digests: bytes
+    text_bytes: np.ndarray
     checks: list
     signatures: list | None
     rest_failed: bool
@@ -76,8 +78,14 @@ class Summary(NamedTuple):
         """The summary of the first `m` items: the part of a piece that `max_records` leaves to decide."""
         kinds = self.kinds[:m]
         judged, kept = m - kinds.count(BAD), kinds.count(KEPT)
-        return Summary(kinds, self.digests[:judged], self.text_bytes[:kept], self.checks[:m - kept],
+        return Summary(kinds, self.digests[:judged * DIGEST_SIZE], self.text_bytes[:kept], self.checks[:m - kept],
                        None if self.signatures is None else self.signatures[:judged], False)
+
+    def digest_list(self) -> list[bytes | None]:
+        """The judged items' digests one by one (None for NO_DIGEST): the record-by-record decider's view."""
+        d = self.digests
+        return [None if d[i:i + DIGEST_SIZE] == NO_DIGEST else d[i:i + DIGEST_SIZE]
+                for i in range(0, len(d), DIGEST_SIZE)]
 
 
 class Decision(NamedTuple):
@@ -180,7 +188,7 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
         signatures += sigs
         if all(cols.keep):  # every item read and kept (every gate off, say): the batch's columns as they are
             kinds += bytes([KEPT]) * len(cols.keep)
-            digests += cols.digest
+            digests += cols.digest if None not in cols.digest else [d or NO_DIGEST for d in cols.digest]
             text_bytes += cols.text_bytes
             continue
         for bad, check, keep, meta, digest, tb in zip(cols.bad, cols.check, cols.keep, cols.meta, cols.digest,
@@ -189,7 +197,7 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
                 kinds.append(BAD)
                 checks.append(check)
                 continue
-            digests.append(digest)
+            digests.append(digest or NO_DIGEST)
             if keep:
                 kinds.append(KEPT)
                 text_bytes.append(tb)
@@ -199,7 +207,8 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
     rest_failed = unit is not None and unit.kind in units.NUMBERED and bool(items) \
         and isinstance(items[-1], BadRecord) and items[-1].reason.startswith(REST_OF)
     near_on = any(s is not None for s in signatures)
-    return Summary(bytes(kinds), digests, text_bytes, checks, signatures if near_on else None, rest_failed)
+    return Summary(bytes(kinds), b"".join(digests), np.array(text_bytes, np.int64), checks,
+                   signatures if near_on else None, rest_failed)
 
 
 class GatesTo(NamedTuple):

@@ -63,7 +63,7 @@ async def test_worker_processes_yield_the_cores_to_the_driver(tmp_path: Path) ->
         calls = await asyncio.gather(*(asyncio.wrap_future(qc.submit(judge_piece, "d", "text", 64, str(tmp_path / f"p{i}"),
                                                                      None, [{"text": t}]))
                                        for i, t in enumerate(english_docs(2))))
-        assert [(c.kinds, len(c.digests), len(c.text_bytes)) for c in calls] == [(bytes([KEPT]), 1, 1)] * 2
+        assert [(c.kinds, len(c.digests), len(c.text_bytes)) for c in calls] == [(bytes([KEPT]), 32, 1)] * 2
         workers = [psutil.Process(pid) for pid in qc.processes]
         assert len(workers) == 2
         deadline = time.monotonic() + 20  # a worker that got no batch may still be running its initializer

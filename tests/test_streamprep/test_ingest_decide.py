@@ -8,10 +8,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from helpers import base_config
 from quality import DedupDecision, DedupIndex
+from quality.dedup import NO_DIGEST, _prefix_order, digest_words
 from streamprep.checkpoints import IngestState
 from streamprep.config import load
 from streamprep.ingest import Ahead, DatasetIngest, IngestContext
@@ -40,12 +42,12 @@ def _piece(rng: random.Random, pool: list[bytes], n: int) -> Summary:
         if kind == BAD:
             checks.append("json")
             continue
-        digests.append(None if kind == REJECTED and rng.random() < 0.2 else rng.choice(pool))
+        digests.append(NO_DIGEST if kind == REJECTED and rng.random() < 0.2 else rng.choice(pool))
         if kind == KEPT:
             text_bytes.append(rng.randrange(1, 5000))
         else:
             checks.append(rng.choice(CHECKS))
-    return Summary(bytes(kinds), digests, text_bytes, checks, None, False)
+    return Summary(bytes(kinds), b"".join(digests), np.array(text_bytes, np.int64), checks, None, False)
 
 
 def _ingest(tmp_path: Path, max_rejects: int | None, **dataset: Any) -> DatasetIngest:
@@ -73,7 +75,7 @@ def _same_index(a: DedupIndex, b: DedupIndex, pool: list[bytes]) -> None:
     assert len(a) == len(b) and a._path.read_bytes() == b._path.read_bytes()
     members = [d in a for d in pool]
     reloaded = DedupIndex(b._path)
-    assert members == [d in b for d in pool] == b.contains_many(pool).tolist() == [d in reloaded for d in pool]
+    assert members == [d in b for d in pool] == b.contains_many(digest_words(pool)).tolist() == [d in reloaded for d in pool]
 
 
 @pytest.mark.parametrize("seed, max_rejects, scope", [(1, 3, "run"), (2, None, "run"), (3, 0, "dataset"),
@@ -145,18 +147,18 @@ def test_contains_many_and_add_many_match_one_by_one(tmp_path: Path) -> None:
         for d in fresh:
             one.add_new(d)
         if start % 2:
-            many.add_many(fresh)
+            many.add_many(digest_words(fresh))
         else:
             for d in fresh[:5]:
                 many.add_new(d)
-            many.add_many(fresh[5:])
-        assert many.contains_many(pool).tolist() == [d in one for d in pool] == [d in many for d in pool]
+            many.add_many(digest_words(fresh[5:]))
+        assert many.contains_many(digest_words(pool)).tolist() == [d in one for d in pool] == [d in many for d in pool]
     _same_index(one, many, pool)
-    for bad in ([b"short"], ["x" * 32]):
-        with pytest.raises((ValueError, TypeError)):
+    for bad in (np.zeros((2, 3), np.uint64), np.zeros((2, 4), np.int64), np.zeros(8, np.uint64)):
+        with pytest.raises(ValueError, match="rows of 4"):
             many.add_many(bad)
     with pytest.raises(ValueError):
-        many.contains_many([pool[0], b"short"])
+        digest_words([pool[0], b"short"])
 
 
 def test_an_all_kept_piece_is_finalized_as_record_by_record(tmp_path: Path) -> None:
@@ -192,3 +194,23 @@ def test_an_all_kept_piece_is_finalized_as_record_by_record(tmp_path: Path) -> N
             lines.append(row.replace(_SENTINEL, b'"index":%d' % (100 + len(lines)), 1))
     assert st == expected and "languages_kept" in st and "profanity_density_hist_kept" in st
     assert Path(stage + ".kept").read_bytes() == b"".join(lines) and size == len(b"".join(lines))
+
+
+def test_prefix_order_is_the_stable_argsort() -> None:
+    """twin_many's one sort of a piece: a quicksort with ties put back in piece order equals the stable argsort."""
+    rng = np.random.default_rng(5)
+    for n, span in ((1, 3), (50, 4), (1000, 40), (5000, 2**63)):
+        keys = rng.integers(0, span, n).astype(np.uint64)
+        assert (_prefix_order(keys) == np.argsort(keys, kind="stable")).all()
+
+
+def test_a_digest_with_a_zero_prefix_is_not_taken_for_no_digest(tmp_path: Path) -> None:
+    """NO_DIGEST (32 zero bytes) is never a duplicate and never added; a real digest whose first 8 bytes are zero
+    is an ordinary one: its second copy is a duplicate."""
+    zero_prefix = bytes(8) + hashlib.sha256(b"x").digest()[8:]
+    other = hashlib.sha256(b"y").digest()
+    decision = DedupDecision(DedupIndex(tmp_path / "d.dedup"))
+    blob = b"".join([NO_DIGEST, zero_prefix, NO_DIGEST, zero_prefix, other])
+    codes = decision.twin_many(digest_words(blob), np.array([False, True, False, True, True]))
+    assert codes.tolist() == [-1, -1, -1, 0, -1]
+    assert len(decision.own) == 2 and zero_prefix in decision.own and NO_DIGEST not in decision.own

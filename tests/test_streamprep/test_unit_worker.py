@@ -69,8 +69,9 @@ def test_a_piece_summary_takes_all_kept_batches_whole_and_the_others_item_by_ite
     s = unit_worker.judge_piece("web", "text", 2, str(tmp_path / "u0"), unit)  # batches of 2: kept, mixed, mixed
     assert s.kinds == bytes([KEPT, KEPT, KEPT, BAD, KEPT, REJECTED])
     texts = [b"alpha one", b"beta two", b"gamma", b"delta four", b""]
-    assert s.digests == [hashlib.sha256(t).digest() for t in texts[:4]] + [None]
-    assert s.text_bytes == [9, 8, 5, 10]
+    assert s.digests == b"".join(hashlib.sha256(t).digest() for t in texts[:4]) + bytes(32)  # NO_DIGEST: no text
+    assert s.digest_list() == [hashlib.sha256(t).digest() for t in texts[:4]] + [None]
+    assert s.text_bytes.dtype == np.int64 and s.text_bytes.tolist() == [9, 8, 5, 10]
     assert len(s.checks) == 2 and s.checks[1] == "schema"
 
 
