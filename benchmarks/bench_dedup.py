@@ -74,12 +74,13 @@ def measure(path: Path, n: int) -> dict[str, float]:
     for d in new:
         index.add(d)
     insert_us = (time.perf_counter() - t0) / INSERTS * 1e6
-    # the rare big step: `mid` (n/8 digests) merged into `base`; amortised over the n/8 inserts that filled it
-    mid_keys = np.sort(np.frombuffer(os.urandom(n // 8 * 8), dtype="<u8"))
+    # the rare big step: a run of n/7 digests merged into the loaded one (the last of a tier's merges);
+    # amortised over the n/7 inserts that filled it
+    run_keys = np.sort(np.frombuffer(os.urandom(n // 7 * 8), dtype="<u8"))
     t0 = time.perf_counter()
-    _merge(*index._base, mid_keys, np.arange(n // 8, dtype=np.uint32))
+    _merge(*index._runs[0], run_keys, np.arange(n // 7, dtype=np.uint32))
     merge_s = time.perf_counter() - t0
-    insert_us += merge_s / (n // 8) * 1e6
+    insert_us += merge_s / (n // 7) * 1e6
     return {"n": n, "load_s": load, "resident_b_per_doc": resident / n, "load_peak_b_per_doc": peak / n,
             "hit_us": hit_us, "miss_us": miss_us, "insert_us": insert_us, "merge_s": merge_s}
 

@@ -2,12 +2,15 @@
 
 The truth is an append-only log of full 32-byte digests, in insertion order (ingest keeps it under the
 checkpoint dir; a bare `DedupIndex()` uses an anonymous temp file). Resident are only 64-bit digest
-prefixes with the uint32 ordinal of their digest in the log, kept as sorted runs (`small`, merged into
-`mid` at a buffer's worth, 65 536 digests; `mid` into `base` when it reaches 1/8 of it) plus a dict of the
-latest digests added one at a time (a batch, `add_many`, goes to the log and `small` at once). A
-prefix hit is settled by reading the full digest back from the log (pread at ordinal * 32), so two
-different texts are never taken for duplicates. Resident: 12 B per digest in the runs, plus the
-bounded buffer. Loading a log is numpy over the file (`np.fromfile` + one sort), not a Python loop.
+prefixes with the uint32 ordinal of their digest in the log, kept as sorted runs, plus a dict of the
+latest digests added one at a time (a batch, `add_many`, goes to the log and becomes a run at once). Runs
+are merged tiered: once the newest `_TIER` runs are of about one size, they become one, so a digest is
+copied about log_8(n / batch) times. In front of the runs, a one-hash bit filter over the prefixes
+(`_PrefixFilter`, 8-32 bits a digest) answers most digests that no run holds with one word, without a
+search per run. A prefix hit is settled by reading the full digest back from the log (pread at
+ordinal * 32), so two different texts are never taken for duplicates. Resident: 12 B per digest in the
+runs, 1-4 B in the filter, plus the bounded buffer. Loading a log is numpy over the file (`np.fromfile` +
+one sort), not a Python loop.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import numpy as np
 DIGEST_SIZE = 32
 _LOAD_CHUNK = 1 << 20
 BUFFER = 1 << 16           # digests held in full (dict) before they move to the sorted runs
+_TIER = 8                  # this many newest runs of about one size are merged into one
+_FILTER_MIN_BITS = 20      # the prefix filter's least size: 2^20 slots (128 KiB)
 _KEY = np.dtype("<u8")     # the first 8 digest bytes, read little-endian
 _ORD = np.uint32           # ordinal in the log: 4 G kept documents per index
 _SCATTER_FROM = 1 << 20    # runs this long are merged into by a scatter (`_merge`)
@@ -62,7 +67,7 @@ def _merge(keys: np.ndarray, ords: np.ndarray, new_keys: np.ndarray, new_ords: n
 class DedupIndex:
     """The set of kept digests (the one exact-dedup authority of a dataset)."""
 
-    __slots__ = ("_path", "_fh", "_n", "_written", "_synced", "_buf", "_small", "_mid", "_base", "_buffer_size")
+    __slots__ = ("_path", "_fh", "_n", "_written", "_synced", "_buf", "_runs", "_filter", "_buffer_size")
 
     def __init__(self, log: Path | None = None, count: int | None = None, buffer: int = BUFFER) -> None:
         """Open the digest log `log` (created at the first flush), or an anonymous temp file when None.
@@ -81,8 +86,8 @@ class DedupIndex:
             self._fh.truncate(count * DIGEST_SIZE)
         self._n = self._written = self._synced = count
         self._buf: dict[bytes, None] = {}  # the latest digests in full, insertion-ordered, not yet in a run
-        self._small = self._mid = (np.empty(0, _KEY), np.empty(0, _ORD))
-        self._base = self._load(count) if count else self._mid
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = [self._load(count)] if count else []  # oldest first
+        self._filter = _PrefixFilter(self._runs, count)
 
     def _load(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         """Prefixes of the first `count` logged digests, sorted, with their ordinals (vectorised; read
@@ -105,8 +110,8 @@ class DedupIndex:
         if digest in self._buf:
             return True
         probe = np.frombuffer(digest, _KEY, 1)[0]
-        return any(self._settle(keys, ords, int(keys.searchsorted(probe)), probe, digest)
-                   for keys, ords in (self._small, self._mid, self._base))
+        return bool(self._filter.maybe(probe.reshape(1))[0]) and any(
+            self._settle(keys, ords, int(keys.searchsorted(probe)), probe, digest) for keys, ords in self._runs)
 
     def _settle(self, keys: np.ndarray, ords: np.ndarray, i: int, probe: np.uint64, digest: bytes) -> bool:
         """Whether `digest` (prefix `probe`) is in the run `keys`/`ords`, whose first key >= `probe` is at `i`:
@@ -130,10 +135,11 @@ class DedupIndex:
         else:
             found = np.zeros(n, bool)
         rest = np.flatnonzero(~found)
+        rest = rest[self._filter.maybe(words[rest, 0])]  # most new digests stop here
         # probed in key order: each binary search starts where the last one ended, so a large run's upper levels
-        # stay in cache (a piece of random digests against 5 M keys: ~5x fewer cycles than in piece order)
+        # stay in cache (random digests against 5 M keys: ~5x fewer cycles than in piece order)
         rest = rest[np.argsort(words[rest, 0])]
-        for keys, ords in (self._small, self._mid, self._base):
+        for keys, ords in reversed(self._runs):  # newest first: the small runs, where recent copies are
             if not len(keys) or not len(rest):
                 continue
             probes = words[rest, 0]
@@ -207,16 +213,57 @@ class DedupIndex:
         self._buf.clear()
 
     def _insert(self, keys: np.ndarray, first: int) -> None:
-        """Merge logged digests' prefixes `keys` (ordinals `first`, `first` + 1, ...) into the `small` run;
-        `small` into `mid` once it holds a buffer's worth, `mid` into `base` at 1/8 of it."""
+        """Logged digests' prefixes `keys` (ordinals `first`, `first` + 1, ...) as a new sorted run; the newest
+        `_TIER` runs merged into one while the oldest of them is at most twice the newest's size (tiered)."""
         order = np.argsort(keys)
-        self._small = _merge(*self._small, keys[order], (order + first).astype(_ORD))
-        if len(self._small[0]) >= self._buffer_size:
-            self._mid = _merge(*self._mid, *self._small)
-            self._small = (np.empty(0, _KEY), np.empty(0, _ORD))
-            if len(self._mid[0]) * 8 >= len(self._base[0]):
-                self._base = _merge(*self._base, *self._mid)
-                self._mid = self._small
+        run = (keys[order], (order + first).astype(_ORD))
+        self._runs.append(run)
+        if not self._filter.add(run[0], self._n):  # too full for its error rate: one twice or four times larger
+            self._filter = _PrefixFilter(self._runs, self._n)
+        runs = self._runs
+        while len(runs) >= _TIER and len(runs[-_TIER][0]) <= 2 * len(runs[-1][0]):
+            runs[-_TIER:] = [_merge_runs(runs[-_TIER:])]
+
+
+class _PrefixFilter:
+    """A blocked Bloom filter over the runs' prefixes: a digest sets two bits (from its prefix's low 12 bits) in one
+    64-bit word (chosen by its top bits), and a digest whose two bits are not both set is in no run. Sized at 2^b
+    bits, the largest power of two within 32 a digest (at least 2^_FILTER_MIN_BITS); remade larger once the digests
+    pass one in 8 bits, so it holds 8-32 bits (1-4 B) a digest and lets ~0.4-5 % of new digests through to the runs
+    (one bit a digest let 3-12 % through)."""
+
+    __slots__ = ("_words", "_shift", "_room")
+
+    def __init__(self, runs: list[tuple[np.ndarray, np.ndarray]], count: int) -> None:
+        b = max(_FILTER_MIN_BITS, (32 * max(count, 1)).bit_length() - 1)
+        self._words = np.zeros(1 << (b - 6), np.uint64)
+        self._shift, self._room = np.uint64(64 - (b - 6)), 1 << (b - 3)
+        for keys, _ in runs:
+            self.add(keys, count)
+
+    def _slots(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each key's word and its two bits there."""
+        one, low = np.uint64(1), np.uint64(63)
+        return (keys >> self._shift).astype(np.intp), (one << (keys & low)) | (one << ((keys >> np.uint64(6)) & low))
+
+    def add(self, keys: np.ndarray, count: int) -> bool:
+        """Set the bits of `keys`; False when `count` digests leave it too full to keep."""
+        np.bitwise_or.at(self._words, *self._slots(keys))
+        return count <= self._room
+
+    def maybe(self, keys: np.ndarray) -> np.ndarray:
+        """Per key, whether a run may hold it (False: none does)."""
+        word, bits = self._slots(keys)
+        return (self._words[word] & bits) == bits
+
+
+def _merge_runs(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted runs as one: by `_merge`, the smaller ones first."""
+    runs = sorted(runs, key=lambda r: len(r[0]))
+    merged = runs[0]
+    for keys, ords in runs[1:]:
+        merged = _merge(keys, ords, *merged)
+    return merged
 
 
 def _prefix_order(keys: np.ndarray) -> np.ndarray:
@@ -277,38 +324,36 @@ class DedupDecision:
             at = np.setdiff1d(np.arange(len(words)), zero[~real])
             codes[at] = self.twin_many(words[at], kept[at])
             return codes
-        # One sort of the piece by prefix, piece order within an equal prefix (a copy, or a 64-bit collision),
-        # serves every index's probes (searched in key order) and the grouping of copies inside the piece.
-        order = _prefix_order(words[:, 0])
-        w, k = words[order], kept[order]
-        new = np.arange(len(w))  # positions in key order of the records no index holds
+        new = np.arange(len(words))  # the records no index holds
         for code, (_, index) in enumerate([("", self.own), *self.earlier]):  # the indexes as they stand
             if not len(new):
                 return codes
-            hit = index.contains_many(w[new])
-            codes[order[new[hit]]] = code
+            hit = index.contains_many(words[new])
+            codes[new[hit]] = code
             new = new[~hit]
         if not len(new):
             return codes
         # Records with the same digest inside the piece: the first kept one keeps it, every later one is its
-        # duplicate. Groups are runs of equal digests in key order (sorted by the whole digest, in piece order
-        # within, where two different digests share a prefix).
-        w, k, order = w[new], k[new], order[new]
-        eq = w[1:, 0] == w[:-1, 0]
+        # duplicate. Groups are runs of equal digests in one sort by prefix, piece order within an equal prefix
+        # (a copy, or a 64-bit collision, where the whole digests decide).
+        order = new[_prefix_order(words[new, 0])]
+        key, k = words[order, 0], kept[order]
+        eq = key[1:] == key[:-1]
         same = eq.copy()
         if eq.any():
             pair = np.flatnonzero(eq)
-            same[pair] = (w[pair + 1] == w[pair]).all(axis=1)
+            same[pair] = (words[order[pair + 1]] == words[order[pair]]).all(axis=1)
             if not same[pair].all():  # a prefix collision: whole digests, then piece order
+                w = words[order]
                 by = np.lexsort((order, *w.T[::-1]))
                 w, k, order = w[by], k[by], order[by]
                 same = (w[1:] == w[:-1]).all(axis=1)
         group = np.concatenate(([0], np.cumsum(~same)))
         kept_group = group[k]  # the kept records' groups, each group's in piece order
         head = np.diff(kept_group, prepend=-1) != 0
-        first = np.full(group[-1] + 1, len(new))  # each group's first kept record, a position here (len: none)
+        first = np.full(group[-1] + 1, len(order))  # each group's first kept record, a position here (len: none)
         first[kept_group[head]] = np.flatnonzero(k)[head]
-        later = np.arange(len(new)) > first[group]
+        later = np.arange(len(order)) > first[group]
         codes[order[later]] = 0
         add = np.sort(order[k & ~later])  # the new kept digests, back in piece order (the log's)
         self.own.add_many(words[add])

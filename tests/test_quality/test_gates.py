@@ -13,6 +13,7 @@ import pytest
 
 from quality import (QUALITY_DEFAULTS, DedupIndex, NearDedupSettings, QualityConfigError, QualityControl,
                      QualitySettings, Verdict, load_quality_settings, validate_quality_config)
+from quality.dedup import digest_words
 from quality.gates.base import Doc
 from quality.gates.code import code_score
 from quality.gates.pii import PiiGate, find_pii, luhn_valid
@@ -495,6 +496,57 @@ def test_dedup_index_matches_a_set(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert len(index) == len(seen) == len(DedupIndex(tmp_path / "d.dedup"))
     reloaded = DedupIndex(tmp_path / "d.dedup")
     assert all((d in reloaded) == (d in seen) for d in pool)
+
+
+def test_dedup_index_matches_a_set_through_merges_and_filter_rebuilds(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches (`add_many`) and single adds mixed, with a tiny prefix filter remade larger several times and the
+    runs merged tier by tier: membership, one by one and at once, equals a plain set's; so does a reload."""
+    monkeypatch.setattr("quality.dedup._FILTER_MIN_BITS", 8)
+    rng = random.Random(11)
+    pool = [rng.randbytes(32) for _ in range(4000)]
+    pool += [pool[i][:8] + rng.randbytes(24) for i in range(0, 400, 4)]  # 64-bit prefix collisions
+    index, seen = DedupIndex(tmp_path / "d.dedup", buffer=16), set()
+    for step in range(60):
+        batch = list(dict.fromkeys(d for d in rng.sample(pool, 90) if d not in seen))
+        if step % 3:
+            index.add_many(digest_words(batch))
+        else:
+            for d in batch:
+                index.add_new(d)
+        seen.update(batch)
+        probe = rng.sample(pool, 200)
+        assert index.contains_many(digest_words(probe)).tolist() == [d in seen for d in probe] == [d in index for d in probe]
+    assert len(index._runs) < 60 and index._filter._room > 1 << (8 - 3)  # merged, and the filter was remade
+    index.flush()
+    reloaded = DedupIndex(tmp_path / "d.dedup")
+    assert len(reloaded) == len(seen) and all((d in reloaded) == (d in seen) for d in pool)
+
+
+def test_dedup_index_stays_within_16_bytes_a_document(tmp_path: Path) -> None:
+    """Issue 28: exact-dedup memory <= 16 B a kept document. A million random digests added in pieces of 20 000,
+    then reloaded from the log: what stays allocated (runs, filter) is measured by tracemalloc."""
+    import tracemalloc
+
+    import numpy as np
+
+    n, piece = 1_000_000, 20_000
+    words = np.frombuffer(random.Random(3).randbytes(32 * n), np.uint64).reshape(n, 4)
+    tracemalloc.start()
+    try:
+        index = DedupIndex(tmp_path / "d.dedup")
+        for start in range(0, n, piece):
+            index.add_many(words[start:start + piece])
+        grown = tracemalloc.get_traced_memory()[0]
+        index.flush()
+        del index
+        base = tracemalloc.get_traced_memory()[0]
+        reloaded = DedupIndex(tmp_path / "d.dedup")
+        loaded = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert grown / n <= 16 and loaded / n <= 16, (grown / n, loaded / n)
+    assert len(reloaded) == n and reloaded.contains_many(words[::997]).all()
 
 
 def test_clean_record_dedup_semantics() -> None:
