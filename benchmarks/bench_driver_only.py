@@ -72,8 +72,8 @@ class FakeRunner:
             copies = j % 20 == 10
             ids[copies] = (u - 1) * self.records + j[copies] - 1
         words = np.zeros((self.records, 4), np.uint64)
-        words[:, 0] = ids * np.uint64(SPREAD)  # spread over the key space as SHA-256 digests are (sequential keys
-        # would find the index's searches in cache)
+        # spread over the key space as SHA-256 digests are (sequential keys would keep the index's searches in cache)
+        words[:, 0] = ids * np.uint64(SPREAD)
         words[:, 1] = 1  # never NO_DIGEST (all zeros)
         return self._uw.Summary(self.kinds, words.tobytes(), self.kept_bytes, self.checks, None, False)
 

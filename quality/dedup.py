@@ -5,12 +5,12 @@ checkpoint dir; a bare `DedupIndex()` uses an anonymous temp file). Resident are
 prefixes with the uint32 ordinal of their digest in the log, kept as sorted runs, plus a dict of the
 latest digests added one at a time (a batch, `add_many`, goes to the log and becomes a run at once). Runs
 are merged tiered: once the newest `_TIER` runs are of about one size, they become one, so a digest is
-copied about log_8(n / batch) times. In front of the runs, a one-hash bit filter over the prefixes
-(`_PrefixFilter`, 8-32 bits a digest) answers most digests that no run holds with one word, without a
-search per run. A prefix hit is settled by reading the full digest back from the log (pread at
-ordinal * 32), so two different texts are never taken for duplicates. Resident: 12 B per digest in the
-runs, 1-4 B in the filter, plus the bounded buffer. Loading a log is numpy over the file (`np.fromfile` +
-one sort), not a Python loop.
+copied about log_8(n / batch) times. In front of the runs, a blocked Bloom filter over the prefixes
+(`_PrefixFilter`, two bits in one 64-bit word a digest, 8-32 bits a digest) answers most digests that no
+run holds with one word, without a search per run. A prefix hit is settled by reading the full digest
+back from the log (pread at ordinal * 32), so two different texts are never taken for duplicates.
+Resident: 12 B per digest in the runs, 1-4 B in the filter, plus the bounded buffer. Loading a log is numpy
+over the file (`np.fromfile` + one sort), not a Python loop.
 """
 from __future__ import annotations
 
@@ -48,9 +48,8 @@ def digest_words(digests: bytes | Sequence[bytes]) -> np.ndarray:
 def _merge(keys: np.ndarray, ords: np.ndarray, new_keys: np.ndarray, new_ords: np.ndarray
            ) -> tuple[np.ndarray, np.ndarray]:
     """Merge a sorted run into another in O(n). Below 2^20 keys, a stable argsort of the two runs back to back
-    (timsort finds the two runs and merges them: 2.5x quicker than the scatter for a piece into `small`); above,
-    a scatter at searchsorted positions, which allocates no index per key (1.5x quicker for `mid` into a 5 M
-    `base`)."""
+    (timsort finds the two runs and merges them: 2.5x quicker than the scatter for 20 k keys into 65 k); above, a
+    scatter at searchsorted positions, which allocates no index per key (1.5x quicker for 600 k keys into 5 M)."""
     if len(keys) < _SCATTER_FROM:
         both = np.concatenate((keys, new_keys))
         order = np.argsort(both, kind="stable")
@@ -125,8 +124,9 @@ class DedupIndex:
 
     def contains_many(self, words: np.ndarray) -> np.ndarray:
         """`digest in self` for each row of `words` (digests as `digest_words` gives them), at once:
-        the buffer probed, the prefixes of the others searched in each run, and every prefix hit settled on the
-        full digest read back from the log (mapped), all vectorised. The decider's fast path (`streamprep.ingest`)."""
+        the buffer probed, the others' prefixes through the filter and then searched in each run, and every
+        prefix hit settled on the full digest read back from the log (mapped), all vectorised. The decider's fast
+        path (`streamprep.ingest`)."""
         n = len(words)
         if self._buf:  # (empty on the decider's path: add_many spills it)
             blob = words.tobytes()
@@ -175,8 +175,8 @@ class DedupIndex:
     def add_many(self, words: np.ndarray) -> None:
         """`add_new` of each row of `words` in order (digests as `digest_words` gives them; distinct, known
         absent), as one sorted batch: the buffer moves to the runs first (it holds the latest digests), the batch
-        is appended to the log and merged into the `small` run. The same log and the same set as one by one,
-        without a dict entry per digest."""
+        is appended to the log and becomes a run. The same log and the same set as one by one, without a dict
+        entry per digest."""
         if words.dtype != _KEY or words.ndim != 2 or words.shape[1] != DIGEST_SIZE // 8:
             raise ValueError(f"digests must be rows of {DIGEST_SIZE // 8} {_KEY} words, got {words.dtype} "
                              f"{words.shape}")

@@ -482,7 +482,8 @@ class DatasetIngest:
         `size_mb` cannot end the dataset inside the piece (`max_records` can: the arrays then decide the items
         before it); else record by record."""
         cap, n = self.ds.max_records, len(s.kinds)
-        if near_dec is None and (self.size_cap is None or a.kept_text_bytes + int(s.text_bytes.sum()) < self.size_cap):
+        size_left = self.size_cap is None or a.kept_text_bytes + int(s.text_bytes.sum()) < self.size_cap
+        if near_dec is None and size_left:
             if cap is None or a.consumed + n <= cap:
                 return self._decide_arrays(a, dedup, unit, s), False
             return self._decide_arrays(a, dedup, unit, s.head(cap - a.consumed)), True

@@ -516,7 +516,8 @@ def test_dedup_index_matches_a_set_through_merges_and_filter_rebuilds(tmp_path: 
                 index.add_new(d)
         seen.update(batch)
         probe = rng.sample(pool, 200)
-        assert index.contains_many(digest_words(probe)).tolist() == [d in seen for d in probe] == [d in index for d in probe]
+        expected = [d in seen for d in probe]
+        assert index.contains_many(digest_words(probe)).tolist() == expected == [d in index for d in probe]
     assert len(index._runs) < 60 and index._filter._room > 1 << (8 - 3)  # merged, and the filter was remade
     index.flush()
     reloaded = DedupIndex(tmp_path / "d.dedup")
