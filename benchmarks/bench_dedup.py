@@ -122,7 +122,7 @@ def main() -> None:
                 print(f"new index n={n:,}: resident {r['resident_b_per_doc']:.2f} B/doc (load peak "
                       f"{r['load_peak_b_per_doc']:.1f}), load {r['load_s']:.2f} s, lookup hit {r['hit_us']:.2f} µs, "
                       f"miss {r['miss_us']:.2f} µs, insert {r['insert_us']:.2f} µs (amortised, incl. a {r['merge_s']:.2f} s "
-                      f"base merge per n/8 inserts)")
+                      f"merge into the loaded run per n/7 inserts)")
             path.unlink()
     print(f"load average at end: {os.getloadavg()}")
 

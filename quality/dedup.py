@@ -248,7 +248,8 @@ class _PrefixFilter:
 
     def add(self, keys: np.ndarray, count: int) -> bool:
         """Set the bits of `keys`; False when `count` digests leave it too full to keep."""
-        np.bitwise_or.at(self._words, *self._slots(keys))
+        for start in range(0, len(keys), _LOAD_CHUNK):  # in chunks: a loaded log's run would need 16 B a key at once
+            np.bitwise_or.at(self._words, *self._slots(keys[start:start + _LOAD_CHUNK]))
         return count <= self._room
 
     def maybe_one(self, key: int) -> bool:
