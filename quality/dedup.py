@@ -218,8 +218,10 @@ class DedupIndex:
         order = np.argsort(keys)
         run = (keys[order], (order + first).astype(_ORD))
         self._runs.append(run)
-        if not self._filter.add(run[0], self._n):  # too full for its error rate: one twice or four times larger
+        if self._n > self._filter.room:  # too full for its error rate: remade two or four times larger
             self._filter = _PrefixFilter(self._runs, self._n)
+        else:
+            self._filter.add(run[0])
         runs = self._runs
         while len(runs) >= _TIER and len(runs[-_TIER][0]) <= 2 * len(runs[-1][0]):
             runs[-_TIER:] = [_merge_runs(runs[-_TIER:])]
@@ -232,25 +234,25 @@ class _PrefixFilter:
     pass one in 8 bits, so it holds 8-32 bits (1-4 B) a digest and lets ~0.4-5 % of new digests through to the runs
     (one bit a digest let 3-12 % through)."""
 
-    __slots__ = ("_words", "_shift", "_room")
+    __slots__ = ("_words", "_shift", "room")
 
     def __init__(self, runs: list[tuple[np.ndarray, np.ndarray]], count: int) -> None:
         b = max(_FILTER_MIN_BITS, (32 * max(count, 1)).bit_length() - 1)
         self._words = np.zeros(1 << (b - 6), np.uint64)
-        self._shift, self._room = np.uint64(64 - (b - 6)), 1 << (b - 3)
+        self._shift = np.uint64(64 - (b - 6))
+        self.room = 1 << (b - 3)  # the digests it holds at 8 bits each; beyond, it is remade
         for keys, _ in runs:
-            self.add(keys, count)
+            self.add(keys)
 
     def _slots(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each key's word and its two bits there."""
         one, low = np.uint64(1), np.uint64(63)
         return (keys >> self._shift).astype(np.intp), (one << (keys & low)) | (one << ((keys >> np.uint64(6)) & low))
 
-    def add(self, keys: np.ndarray, count: int) -> bool:
-        """Set the bits of `keys`; False when `count` digests leave it too full to keep."""
+    def add(self, keys: np.ndarray) -> None:
+        """Set the bits of `keys`."""
         for start in range(0, len(keys), _LOAD_CHUNK):  # in chunks: a loaded log's run would need 16 B a key at once
             np.bitwise_or.at(self._words, *self._slots(keys[start:start + _LOAD_CHUNK]))
-        return count <= self._room
 
     def maybe_one(self, key: int) -> bool:
         """`maybe` of one key, in Python ints (a numpy call on one element costs ~1 µs)."""

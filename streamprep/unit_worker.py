@@ -84,8 +84,8 @@ class Summary(NamedTuple):
     def digest_list(self) -> list[bytes | None]:
         """The judged items' digests one by one (None for NO_DIGEST): the record-by-record decider's view."""
         d = self.digests
-        return [None if d[i:i + DIGEST_SIZE] == NO_DIGEST else d[i:i + DIGEST_SIZE]
-                for i in range(0, len(d), DIGEST_SIZE)]
+        return [None if digest == NO_DIGEST else digest
+                for digest in (d[i:i + DIGEST_SIZE] for i in range(0, len(d), DIGEST_SIZE))]
 
 
 class Decision(NamedTuple):

@@ -518,7 +518,7 @@ def test_dedup_index_matches_a_set_through_merges_and_filter_rebuilds(tmp_path: 
         probe = rng.sample(pool, 200)
         expected = [d in seen for d in probe]
         assert index.contains_many(digest_words(probe)).tolist() == expected == [d in index for d in probe]
-    assert len(index._runs) < 60 and index._filter._room > 1 << (8 - 3)  # merged, and the filter was remade
+    assert len(index._runs) < 60 and index._filter.room > 1 << (8 - 3)  # merged, and the filter was remade
     index.flush()
     reloaded = DedupIndex(tmp_path / "d.dedup")
     assert len(reloaded) == len(seen) and all((d in reloaded) == (d in seen) for d in pool)
