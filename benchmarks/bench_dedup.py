@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quality.dedup import DIGEST_SIZE, DedupIndex, _merge
+from quality.dedup import DIGEST_SIZE, DedupIndex, _merge_runs
 
 PROBES = 200_000
 INSERTS = 300_000
@@ -78,7 +78,7 @@ def measure(path: Path, n: int) -> dict[str, float]:
     # amortised over the n/7 inserts that filled it
     run_keys = np.sort(np.frombuffer(os.urandom(n // 7 * 8), dtype="<u8"))
     t0 = time.perf_counter()
-    _merge(*index._runs[0], run_keys, np.arange(n // 7, dtype=np.uint32))
+    _merge_runs([index._runs[0], (run_keys, np.arange(n // 7, dtype=np.uint32))])
     merge_s = time.perf_counter() - t0
     insert_us += merge_s / (n // 7) * 1e6
     return {"n": n, "load_s": load, "resident_b_per_doc": resident / n, "load_peak_b_per_doc": peak / n,

@@ -8,6 +8,7 @@ import pickle
 import random
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -509,8 +510,9 @@ def test_dedup_index_matches_a_set_through_merges_and_filter_rebuilds(tmp_path: 
     index, seen = DedupIndex(tmp_path / "d.dedup", buffer=16), set()
     for step in range(60):
         batch = list(dict.fromkeys(d for d in rng.sample(pool, 90) if d not in seen))
-        if step % 3:
-            index.add_many(digest_words(batch))
+        if step % 3:  # every other batch with the order that sorts its prefixes, as DedupDecision passes it
+            words = digest_words(batch)
+            index.add_many(words, np.argsort(words[:, 0]) if step % 3 == 2 else None)
         else:
             for d in batch:
                 index.add_new(d)
@@ -524,12 +526,35 @@ def test_dedup_index_matches_a_set_through_merges_and_filter_rebuilds(tmp_path: 
     assert len(reloaded) == len(seen) and all((d in reloaded) == (d in seen) for d in pool)
 
 
+def test_prefix_filter_sets_the_bits_of_keys_sharing_a_word() -> None:
+    """The filter's buffered `|=` keeps one key's bits per word; the keys sharing a word (many, in a small
+    filter) are set again unbuffered. Sorted or not, its words equal `bitwise_or.at` over every key's bits."""
+    from quality.dedup import _PrefixFilter
+
+    keys = np.frombuffer(random.Random(5).randbytes(8 * 50_000), np.uint64)
+    for run in (np.sort(keys), keys):
+        built = _PrefixFilter([(run, np.arange(len(run), dtype=np.uint32))], 1)  # 2^14 words: ~3 keys a word
+        expected = np.zeros_like(built._words)
+        np.bitwise_or.at(expected, *built._slots(run))
+        assert (built._words == expected).all() and built.maybe(run).all()
+
+
+def test_merged_runs_are_sorted_with_their_ordinals() -> None:
+    from quality.dedup import _merge_runs
+
+    rng = np.random.default_rng(2)
+    runs = [(np.sort(rng.integers(0, 1 << 20, size, dtype=np.uint64)), rng.permutation(size).astype(np.uint32))
+            for size in (5, 300, 300, 1, 7000)]  # small keys: equal ones across runs
+    pairs = sorted((int(k), int(o)) for keys, ords in runs for k, o in zip(keys, ords))
+    keys, ords = _merge_runs(list(runs))
+    assert (np.diff(keys.astype(np.int64)) >= 0).all()
+    assert sorted(zip(keys.tolist(), ords.tolist())) == pairs
+
+
 def test_dedup_index_stays_within_16_bytes_a_document(tmp_path: Path) -> None:
     """Issue 28: exact-dedup memory <= 16 B a kept document. A million random digests added in pieces of 20 000,
     then reloaded from the log: what stays allocated (runs, filter) is measured by tracemalloc."""
     import tracemalloc
-
-    import numpy as np
 
     n, piece = 1_000_000, 20_000
     words = np.frombuffer(random.Random(3).randbytes(32 * n), np.uint64).reshape(n, 4)
