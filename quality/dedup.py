@@ -29,6 +29,7 @@ BUFFER = 1 << 16           # digests held in full (dict) before they move to the
 _TIER = 8                  # this many newest runs of about one size are merged into one
 _FILTER_MIN_BITS = 20      # the prefix filter's least size: 2^20 slots (128 KiB)
 _BITS = 4                  # bits a digest sets in its filter word
+_FILTER_CHUNK = 1 << 14    # keys the filter takes at a time: its temporaries stay in cache (1 M at once: 4x slower)
 _KEY = np.dtype("<u8")     # the first 8 digest bytes, read little-endian
 _ORD = np.uint32           # ordinal in the log: 4 G kept documents per index
 DUPLICATE_REASON = "exact duplicate of a kept record"
@@ -168,7 +169,7 @@ class DedupIndex:
             return
         if self._buf:
             self._spill()
-        self._write(words.tobytes())
+        self._write(np.ascontiguousarray(words))  # its buffer, not a copy of it
         self._n = self._written = self._n + n
         self._insert(words[:, 0], self._n - n, order)
 
@@ -182,7 +183,7 @@ class DedupIndex:
             os.fsync(self._fh.fileno())
             self._synced = self._n
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | np.ndarray) -> None:
         if self._fh is None:
             self._fh = open(self._path, "x+b") if self._path else tempfile.TemporaryFile()  # noqa: SIM115
         self._fh.seek(0, os.SEEK_END)
@@ -242,8 +243,8 @@ class _PrefixFilter:
         """Set the bits of `keys` (a run's, sorted): one buffered `|=` at their words, then `bitwise_or.at` for the
         few keys sharing a word with the next or the previous, whose bits a buffered `|=` keeps only one set of
         (sorted, they are neighbours; 2x quicker than `at` for all, 59 -> 29 ns a key for a piece)."""
-        for start in range(0, len(keys), _LOAD_CHUNK):  # in chunks: a loaded log's run would need 16 B a key at once
-            word, bits = self._slots(keys[start:start + _LOAD_CHUNK])
+        for start in range(0, len(keys), _FILTER_CHUNK):
+            word, bits = self._slots(keys[start:start + _FILTER_CHUNK])
             if len(word) > 1 and (word[1:] < word[:-1]).any():  # not sorted after all: the unbuffered way
                 np.bitwise_or.at(self._words, word, bits)
                 continue
@@ -262,8 +263,11 @@ class _PrefixFilter:
 
     def maybe(self, keys: np.ndarray) -> np.ndarray:
         """Per key, whether a run may hold it (False: none does)."""
-        word, bits = self._slots(keys)
-        return (self._words[word] & bits) == bits
+        out = np.empty(len(keys), bool)
+        for start in range(0, len(keys), _FILTER_CHUNK):
+            word, bits = self._slots(keys[start:start + _FILTER_CHUNK])
+            out[start:start + _FILTER_CHUNK] = (self._words[word] & bits) == bits
+        return out
 
 
 def _merge_runs(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -277,7 +281,7 @@ def _merge_runs(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, 
     return keys[order], ords[order]
 
 
-def _prefix_order(keys: np.ndarray) -> np.ndarray:
+def prefix_order(keys: np.ndarray) -> np.ndarray:
     """The stable argsort of `keys`, from a quicksort (a stable sort of random uint64 is ~3x slower): equal keys,
     rare, are put back in index order."""
     order = np.argsort(keys)
@@ -286,6 +290,13 @@ def _prefix_order(keys: np.ndarray) -> np.ndarray:
         tied = np.union1d(eq, eq + 1)  # positions inside runs of equal keys, whose runs are contiguous
         order[tied] = order[tied][np.lexsort((order[tied], keys[order[tied]]))]
     return order
+
+
+def _sorts(order: np.ndarray, key: np.ndarray) -> bool:
+    """Whether `order`, a row per row of a piece, is its `prefix_order`, given `key`, the rows' prefixes in that order:
+    keys never going down, equal keys in row order (all that the decision reads of it; a repeated or missing row
+    would also have to break one of these)."""
+    return not ((key[1:] < key[:-1]) | ((key[1:] == key[:-1]) & (order[1:] <= order[:-1]))).any()
 
 
 def duplicate_reason(twin: str) -> str:
@@ -324,22 +335,27 @@ class DedupDecision:
         """The datasets `twin_many`'s codes stand for: this one (""), then the earlier ones in config order."""
         return ["", *(name for name, _ in self.earlier)]
 
-    def twin_many(self, words: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    def twin_many(self, words: np.ndarray, kept: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
         """`twin`, then `keep` when new and `kept`, record by record over a piece's digests in order (`words`, as
         `digest_words` gives them), done at once: per record the index into `names` of the dataset that kept its
         text (this one too when a record earlier in the piece was kept with it), or -1 when it is new. The new
-        kept digests are added in order. A NO_DIGEST row (an empty text, never kept) is never a duplicate."""
+        kept digests are added in order. A NO_DIGEST row (an empty text, never kept) is never a duplicate. `order`:
+        the rows sorted by prefix as `prefix_order` sorts them (a worker's Summary carries it), else sorted here; one
+        that does not sort the prefixes is not used."""
         codes = np.full(len(words), -1, np.int64)
         zero = np.flatnonzero(words[:, 0] == 0)  # a NO_DIGEST row's prefix, and a real digest's once in 2^64
         if len(zero) and not (real := words[zero].any(axis=1)).all():
             at = np.setdiff1d(np.arange(len(words)), zero[~real])
             codes[at] = self.twin_many(words[at], kept[at])
             return codes
+        key = None if order is None or len(order) != len(words) else words[order, 0]  # the prefixes in order
+        if key is None or not _sorts(order, key):
+            order = key = None
         new = np.arange(len(words))  # the records no index holds
         for code, (_, index) in enumerate([("", self.own), *self.earlier]):  # the indexes as they stand
             if not len(new):
                 return codes
-            hit = index.contains_many(words[new])
+            hit = index.contains_many(words if len(new) == len(words) else words[new])
             codes[new[hit]] = code
             new = new[~hit]
         if not len(new):
@@ -347,8 +363,15 @@ class DedupDecision:
         # Records with the same digest inside the piece: the first kept one keeps it, every later one is its
         # duplicate. Groups are runs of equal digests in one sort by prefix, piece order within an equal prefix
         # (a copy, or a 64-bit collision, where the whole digests decide).
-        order = new[_prefix_order(words[new, 0])]
-        key, k = words[order, 0], kept[order]
+        if order is None:
+            order = new[prefix_order(words[new, 0])]
+            key = words[order, 0]
+        elif len(new) < len(words):  # the worker's order, less the rows an index holds
+            left = np.zeros(len(words), bool)
+            left[new] = True
+            keep_on = left[order]
+            order, key = order[keep_on], key[keep_on]
+        k = kept[order]
         eq = key[1:] == key[:-1]
         same = eq.copy()
         if eq.any():
@@ -367,8 +390,9 @@ class DedupDecision:
         later = np.arange(len(order)) > first[group]
         codes[order[later]] = 0
         fresh = order[k & ~later]  # the new kept digests, in prefix order
-        add = np.sort(fresh)  # ... back in piece order (the log's)
-        at = np.empty(len(words), np.intp)
-        at[add] = np.arange(len(add))
-        self.own.add_many(words[add], at[fresh])  # with the order that sorts them: no second sort of the run
+        added = np.zeros(len(words), bool)
+        added[fresh] = True
+        add = np.flatnonzero(added)  # ... back in piece order (the log's), without a sort
+        rank = np.cumsum(added) - 1  # a row's place in `add`
+        self.own.add_many(words[add], rank[fresh])  # with the order that sorts them: no second sort of the run
         return codes

@@ -498,7 +498,7 @@ class DatasetIngest:
         judged, judged_kept = kinds != BAD, kinds == KEPT
         twin = np.full(n, -1, np.int64)  # per item: -1, or the index into `dedup.names` of the kept copy's dataset
         if self.dedup_on:
-            twin[judged] = dedup.twin_many(digest_words(s.digests), judged_kept[judged])
+            twin[judged] = dedup.twin_many(digest_words(s.digests), judged_kept[judged], s.order)
         keep = judged_kept & (twin < 0)
         n_kept = int(np.count_nonzero(keep))
         checks = np.empty(n, object)

@@ -13,7 +13,7 @@ import pytest
 
 from helpers import base_config
 from quality import DedupDecision, DedupIndex
-from quality.dedup import NO_DIGEST, _prefix_order, digest_words
+from quality.dedup import NO_DIGEST, prefix_order, digest_words
 from streamprep.checkpoints import IngestState
 from streamprep.config import load
 from streamprep.ingest import Ahead, DatasetIngest, IngestContext
@@ -47,7 +47,10 @@ def _piece(rng: random.Random, pool: list[bytes], n: int) -> Summary:
             text_bytes.append(rng.randrange(1, 5000))
         else:
             checks.append(rng.choice(CHECKS))
-    return Summary(bytes(kinds), b"".join(digests), np.array(text_bytes, np.int64), checks, None, False)
+    blob = b"".join(digests)
+    # half the pieces carry the worker's sort by prefix (a Summary of exact dedup does), the others are sorted here
+    order = prefix_order(digest_words(blob)[:, 0]).astype(np.uint32) if rng.random() < 0.5 else None
+    return Summary(bytes(kinds), blob, np.array(text_bytes, np.int64), checks, None, False, order)
 
 
 def _ingest(tmp_path: Path, max_rejects: int | None, **dataset: Any) -> DatasetIngest:
@@ -197,12 +200,36 @@ def test_an_all_kept_piece_is_finalized_as_record_by_record(tmp_path: Path) -> N
     assert Path(stage + ".kept").read_bytes() == b"".join(lines) and size == len(b"".join(lines))
 
 
-def test_prefix_order_is_the_stable_argsort() -> None:
+def testprefix_order_is_the_stable_argsort() -> None:
     """twin_many's one sort of a piece: a quicksort with ties put back in piece order equals the stable argsort."""
     rng = np.random.default_rng(5)
     for n, span in ((1, 3), (50, 4), (1000, 40), (5000, 2**63)):
         keys = rng.integers(0, span, n).astype(np.uint64)
-        assert (_prefix_order(keys) == np.argsort(keys, kind="stable")).all()
+        assert (prefix_order(keys) == np.argsort(keys, kind="stable")).all()
+
+
+def test_an_order_that_does_not_sort_the_piece_is_not_used(tmp_path: Path) -> None:
+    """twin_many checks the order a Summary carries: ties out of piece order, a key going down or a row too few
+    (each would misgroup the copies) and it sorts the piece itself; the codes and the log are those of no order."""
+    rng = random.Random(4)
+    pool = _pool(rng, 50)
+    digests = [rng.choice(pool) for _ in range(200)]
+    words = digest_words(digests)
+    kept = np.array([rng.random() < 0.8 for _ in digests])
+    good = prefix_order(words[:, 0])
+    tie = int(np.flatnonzero(words[good[1:], 0] == words[good[:-1], 0])[0])
+    swapped = good.copy()
+    swapped[[tie, tie + 1]] = swapped[[tie + 1, tie]]
+    down = good.copy()
+    down[[0, -1]] = down[[-1, 0]]
+    reference = DedupDecision(DedupIndex(tmp_path / "ref.dedup"))
+    want = reference.twin_many(words, kept)
+    reference.own.flush()
+    for i, order in enumerate((good, swapped, down, good[:-1])):
+        decision = DedupDecision(DedupIndex(tmp_path / f"{i}.dedup"))
+        assert decision.twin_many(words, kept, order.astype(np.uint32)).tolist() == want.tolist()
+        decision.own.flush()
+        assert (tmp_path / f"{i}.dedup").read_bytes() == (tmp_path / "ref.dedup").read_bytes()
 
 
 def test_a_digest_with_a_zero_prefix_is_not_taken_for_no_digest(tmp_path: Path) -> None:
