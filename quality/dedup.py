@@ -28,7 +28,7 @@ _LOAD_CHUNK = 1 << 20
 BUFFER = 1 << 16           # digests held in full (dict) before they move to the sorted runs
 _TIER = 8                  # this many newest runs of about one size are merged into one
 _FILTER_MIN_BITS = 20      # the prefix filter's least size: 2^20 slots (128 KiB)
-_BITS = 4                  # bits a digest sets in its filter word
+_BITS = 4                  # bits a digest sets in its filter word (`_PrefixFilter.maybe_one` spells them out)
 _FILTER_CHUNK = 1 << 14    # keys the filter takes at a time: its temporaries stay in cache (1 M at once: 4x slower)
 _KEY = np.dtype("<u8")     # the first 8 digest bytes, read little-endian
 _ORD = np.uint32           # ordinal in the log: 4 G kept documents per index
@@ -255,10 +255,9 @@ class _PrefixFilter:
                 np.bitwise_or.at(self._words, word[both], bits[both])
 
     def maybe_one(self, key: int) -> bool:
-        """`maybe` of one key, in Python ints (a numpy call on one element costs ~1 µs)."""
-        bits = 0
-        for field in range(_BITS):
-            bits |= 1 << ((key >> 6 * field) & 63)
+        """`maybe` of one key, in Python ints (a numpy call on one element costs ~1 µs; `_slots`' four fields written
+        out, as a loop costs ~0.5 µs more; the membership tests compare the two)."""
+        bits = 1 << (key & 63) | 1 << (key >> 6 & 63) | 1 << (key >> 12 & 63) | 1 << (key >> 18 & 63)
         return int(self._words[key >> int(self._shift)]) & bits == bits
 
     def maybe(self, keys: np.ndarray) -> np.ndarray:
