@@ -208,6 +208,20 @@ def testprefix_order_is_the_stable_argsort() -> None:
         assert (prefix_order(keys) == np.argsort(keys, kind="stable")).all()
 
 
+def test_the_head_of_a_summary_keeps_the_sort_of_its_digests() -> None:
+    """`Summary.head(m)` (the piece a `max_records` cap cuts) carries the order of its own judged items: the
+    worker's order less the rows past the head, which is `prefix_order` of the head's digests."""
+    rng = random.Random(8)
+    pool = _pool(rng, 40)
+    for _ in range(20):
+        s = _piece(rng, pool, 60)
+        if s.order is None:
+            continue
+        for m in (0, 1, 17, 59, 60):
+            head = s.head(m)
+            assert (head.order == prefix_order(digest_words(head.digests)[:, 0])).all()
+
+
 def test_an_order_that_does_not_sort_the_piece_is_not_used(tmp_path: Path) -> None:
     """twin_many checks the order a Summary carries: ties out of piece order, a key going down or a row too few
     (each would misgroup the copies) and it sorts the piece itself; the codes and the log are those of no order."""

@@ -2,6 +2,8 @@
 and the driver-only benchmark's stand-in for the worker calls."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import orjson
 import pytest
@@ -73,6 +75,11 @@ def test_a_piece_summary_takes_all_kept_batches_whole_and_the_others_item_by_ite
     assert s.digest_list() == [hashlib.sha256(t).digest() for t in texts[:4]] + [None]
     assert s.text_bytes.dtype == np.int64 and s.text_bytes.tolist() == [9, 8, 5, 10]
     assert len(s.checks) == 2 and s.checks[1] == "schema"
+    assert s.order is None  # no exact dedup: nothing for the decider to sort
+    unit_worker.init_worker(dataclasses.replace(quality, dedup="exact"), PRETRAIN)
+    exact = unit_worker.judge_piece("web", "text", 2, str(tmp_path / "u1"), unit)
+    keys = np.frombuffer(exact.digests, np.uint64)[::4]  # each digest's first 8 bytes, the index's prefix
+    assert exact.order.dtype == np.uint32 and exact.order.tolist() == np.argsort(keys, kind="stable").tolist()
 
 
 @pytest.mark.slow
