@@ -155,12 +155,12 @@ class DedupIndex:
         if len(self._buf) >= self._buffer_size:
             self._spill()
 
-    def add_many(self, words: np.ndarray, order: np.ndarray | None = None) -> None:
+    def add_many(self, words: np.ndarray, order: np.ndarray | None = None, keys: np.ndarray | None = None) -> None:
         """`add_new` of each row of `words` in order (digests as `digest_words` gives them; distinct, known
         absent), as one sorted batch: the buffer moves to the runs first (it holds the latest digests), the batch
         is appended to the log and becomes a run. The same log and the same set as one by one, without a dict
         entry per digest. `order`: the permutation of the rows that sorts their prefixes, when the caller has it
-        (the run is then not sorted again)."""
+        (the run is then not sorted again), and `keys`, those prefixes in that order (not gathered again)."""
         if words.dtype != _KEY or words.ndim != 2 or words.shape[1] != DIGEST_SIZE // 8:
             raise ValueError(f"digests must be rows of {DIGEST_SIZE // 8} {_KEY} words, got {words.dtype} "
                              f"{words.shape}")
@@ -171,7 +171,7 @@ class DedupIndex:
             self._spill()
         self._write(np.ascontiguousarray(words))  # its buffer, not a copy of it
         self._n = self._written = self._n + n
-        self._insert(words[:, 0], self._n - n, order)
+        self._insert(words[:, 0], self._n - n, order, keys)
 
     def flush(self, fsync: bool = True) -> None:
         """Append the digests added since the last flush to the log, in insertion order; fsync it."""
@@ -196,13 +196,14 @@ class DedupIndex:
         self._insert(digest_words(list(self._buf))[:, 0], self._n - len(self._buf))
         self._buf.clear()
 
-    def _insert(self, keys: np.ndarray, first: int, order: np.ndarray | None = None) -> None:
-        """Logged digests' prefixes `keys` (ordinals `first`, `first` + 1, ...; sorted by `order`, or here) as a new
-        sorted run; the newest `_TIER` runs merged into one while the oldest of them is at most twice the newest's
-        size (tiered)."""
+    def _insert(self, keys: np.ndarray, first: int, order: np.ndarray | None = None,
+                ordered: np.ndarray | None = None) -> None:
+        """Logged digests' prefixes `keys` (ordinals `first`, `first` + 1, ...; sorted by `order`, or here; `ordered`:
+        `keys[order]` when the caller has it) as a new sorted run; the newest `_TIER` runs merged into one while the
+        oldest of them is at most twice the newest's size (tiered)."""
         if order is None:
             order = np.argsort(keys)
-        run = (keys[order], (order + first).astype(_ORD))
+        run = (keys[order] if ordered is None else ordered, (order + first).astype(_ORD))
         self._runs.append(run)
         if self._n > self._filter.room:  # too full for its error rate: remade two or four times larger
             self._filter = _PrefixFilter(self._runs, self._n)
@@ -373,26 +374,29 @@ class DedupDecision:
             order, key = order[keep_on], key[keep_on]
         k = kept[order]
         eq = key[1:] == key[:-1]
-        same = eq.copy()
-        if eq.any():
+        if eq.any():  # (a piece without two equal prefixes, most, has no copies inside: every kept record is new)
+            same = eq.copy()
             pair = np.flatnonzero(eq)
             same[pair] = (words[order[pair + 1]] == words[order[pair]]).all(axis=1)
             if not same[pair].all():  # a prefix collision: whole digests, then piece order
+                # (rows move only inside runs of one prefix, so `key` still gives each position's prefix)
                 w = words[order]
                 by = np.lexsort((order, *w.T[::-1]))
                 w, k, order = w[by], k[by], order[by]
                 same = (w[1:] == w[:-1]).all(axis=1)
-        group = np.concatenate(([0], np.cumsum(~same)))
-        kept_group = group[k]  # the kept records' groups, each group's in piece order
-        head = np.diff(kept_group, prepend=-1) != 0
-        first = np.full(group[-1] + 1, len(order))  # each group's first kept record, a position here (len: none)
-        first[kept_group[head]] = np.flatnonzero(k)[head]
-        later = np.arange(len(order)) > first[group]
-        codes[order[later]] = 0
-        fresh = order[k & ~later]  # the new kept digests, in prefix order
+            group = np.concatenate(([0], np.cumsum(~same)))
+            kept_group = group[k]  # the kept records' groups, each group's in piece order
+            head = np.diff(kept_group, prepend=-1) != 0
+            first = np.full(group[-1] + 1, len(order))  # each group's first kept record, a position here (len: none)
+            first[kept_group[head]] = np.flatnonzero(k)[head]
+            later = np.arange(len(order)) > first[group]
+            codes[order[later]] = 0
+            k = k & ~later  # now: kept and new
+        fresh = order[k]  # the new kept digests, in prefix order
         added = np.zeros(len(words), bool)
         added[fresh] = True
         add = np.flatnonzero(added)  # ... back in piece order (the log's), without a sort
         rank = np.cumsum(added) - 1  # a row's place in `add`
-        self.own.add_many(words[add], rank[fresh])  # with the order that sorts them: no second sort of the run
+        # with the order that sorts them and their prefixes in it: the run is neither sorted nor gathered again
+        self.own.add_many(words[add], rank[fresh], key[k])
         return codes

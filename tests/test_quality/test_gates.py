@@ -510,9 +510,10 @@ def test_dedup_index_matches_a_set_through_merges_and_filter_rebuilds(tmp_path: 
     index, seen = DedupIndex(tmp_path / "d.dedup", buffer=16), set()
     for step in range(60):
         batch = list(dict.fromkeys(d for d in rng.sample(pool, 90) if d not in seen))
-        if step % 3:  # every other batch with the order that sorts its prefixes, as DedupDecision passes it
+        if step % 3:  # every other batch with the order that sorts its prefixes and them, as DedupDecision passes it
             words = digest_words(batch)
-            index.add_many(words, np.argsort(words[:, 0]) if step % 3 == 2 else None)
+            order = np.argsort(words[:, 0])
+            index.add_many(words, *((order, words[order, 0]) if step % 3 == 2 else ()))
         else:
             for d in batch:
                 index.add_new(d)
