@@ -5,7 +5,8 @@
 Runs the real ingest driver (`ingest.ingest_all`: plan written to the run dir, reader, decider with exact
 dedup, committer, part sealing, checkpoints with fsync) over N planned units of a declared 1 GB each, with
 a fake worker runner in place of the QC pool: `judge_piece` returns a Summary of `--records` records per
-unit without reading anything (90 % kept, 5 % exact copies of the previous unit's records, 5 % rejected),
+unit without reading anything (90 % kept, 5 % exact copies of the previous unit's records, 5 % rejected; with
+the digests' sort, which a worker sends with exact dedup and which counts as the fake workers' CPU),
 `finalize_piece` and `assemble_part` return at once. No input data exists beyond one tiny file the source
 fingerprints. Each N runs in a fresh child process, so its peak RSS is its own.
 
