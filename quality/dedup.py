@@ -6,7 +6,7 @@ prefixes with the uint32 ordinal of their digest in the log, kept as sorted runs
 latest digests added one at a time (a batch, `add_many`, goes to the log and becomes a run at once). Runs
 are merged tiered: once the newest `_TIER` runs are of about one size, they become one, so a digest is
 copied about log_8(n / batch) times. In front of the runs, a blocked Bloom filter over the prefixes
-(`_PrefixFilter`, two bits in one 64-bit word a digest, 8-32 bits a digest) answers most digests that no
+(`_PrefixFilter`, four bits in one 64-bit word a digest, 8-32 bits a digest) answers most digests that no
 run holds with one word, without a search per run. A prefix hit is settled by reading the full digest
 back from the log (pread at ordinal * 32), so two different texts are never taken for duplicates.
 Resident: 12 B per digest in the runs, 1-4 B in the filter, plus the bounded buffer. Loading a log is numpy
@@ -217,11 +217,11 @@ class DedupIndex:
 
 
 class _PrefixFilter:
-    """A blocked Bloom filter over the runs' prefixes: a digest sets two bits (from its prefix's low 12 bits) in one
-    64-bit word (chosen by its top bits), and a digest whose two bits are not both set is in no run. Sized at 2^b
+    """A blocked Bloom filter over the runs' prefixes: a digest sets `_BITS` bits (from its prefix's low 24 bits) in
+    one 64-bit word (chosen by its top bits), and a digest whose bits are not all set is in no run. Sized at 2^b
     bits, the largest power of two within 32 a digest (at least 2^_FILTER_MIN_BITS); remade larger once the digests
-    pass one in 8 bits, so it holds 8-32 bits (1-4 B) a digest and lets ~0.4-5 % of new digests through to the runs
-    (one bit a digest let 3-12 % through)."""
+    pass one in 8 bits, so it holds 8-32 bits (1-4 B) a digest and lets ~0.5 % of new digests through to the runs at
+    10-20 M digests (two bits a digest let ~1.5 % through, one bit 3-12 %)."""
 
     __slots__ = ("_words", "_shift", "room")
 
