@@ -262,11 +262,7 @@ class Job:
         if other:
             raise ConfigError(f"run.checkpoint_dir: {self.checkpoint_dir} holds the checkpoints of another run "
                               f"(run_id {other}, see {CheckpointLayout(self.checkpoint_dir).owner.name} there); choose another run.checkpoint_dir")
-        orphans = atomic.sweep_tmp(self.run_dir)
-        if self.checkpoint_dir.exists() and not self.checkpoint_dir.is_relative_to(self.run_dir):
-            orphans += atomic.sweep_tmp(self.checkpoint_dir)
-        if orphans:
-            log.info("removed temporary files of an interrupted run", count=len(orphans))
+        self._sweep_tmp("removed temporary files of an interrupted run")
         self._save_record("running", started_at=time.time())
         ex = self.config.execution
         if any(d.path.startswith("hf://") for d in self.config.datasets):
@@ -299,8 +295,19 @@ class Job:
                               manifest_sha256=summary["exports"]["manifest_sha256"])
             # after run.json is final (the audit reports its timings), on a worker: it reads rejected records
             audit.write_audit(self.run_dir, executor=executor)
+        # every writer of the job has ended: a temporary file left now is one whose writer died during the run (a
+        # worker killed mid-write, a stage worker lost with its node) while its call ran again elsewhere
+        self._sweep_tmp("removed temporary files of writers that died during the run")
         log.info("run complete", run_dir=str(self.run_dir), **{k: v for k, v in summary.items() if k != "tokenize"})
         return RunResult(self.run_dir, "complete", summary)
+
+    def _sweep_tmp(self, event: str) -> None:
+        """Remove the temporary files (`atomic.tmp_path` names) no writer of this run holds; the run's lock is held."""
+        orphans = atomic.sweep_tmp(self.run_dir)
+        if self.checkpoint_dir.exists() and not self.checkpoint_dir.is_relative_to(self.run_dir):
+            orphans += atomic.sweep_tmp(self.checkpoint_dir)
+        if orphans:
+            log.info(event, count=len(orphans))
 
     # -- stages ------------------------------------------------------------------------------
     def _engine(self, executor: Executor) -> Engine:

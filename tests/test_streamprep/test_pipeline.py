@@ -210,3 +210,33 @@ def test_local_engine_tokenizes_on_the_jobs_executor_and_starts_no_process(tmp_p
         assert result["skipped"] is False and tokenize.read_receipt(task)["status"] == "completed"
         shards[workers] = Path(task.prefix + ".bin").read_bytes()
     assert shards[1] == shards[2] and len(shards[1]) > 2 * 300
+
+
+def test_a_writer_that_died_during_the_run_leaves_no_temporary_file(tmp_path: Path, monkeypatch) -> None:
+    """Regression: a stage worker lost with its node while it wrote a part's summary left that summary's temporary
+    file in receipts/ (the call ran again on the head and the job completed), and the run's outputs differed from a
+    clean run's by it (tests/test_streamprep/test_ray_cluster.py, the lost-node test, now and then). The job now
+    removes, once its writers have ended, every temporary file a writer left. Here a writer that died is one whose
+    temporary file appears beside the first part's receipt while the part is tokenized."""
+    from streamprep import atomic
+    from streamprep.engines import base
+
+    prepare = base.prepare_part
+    left: list[Path] = []
+
+    def dying_writer(task, receipt, scan=None):
+        if not left:  # the first part: a writer of another process died mid-write here
+            left.append(Path(str(atomic.tmp_path(Path(task.receipt_path).with_suffix(SUFFIX))) + "0"))
+            left[0].write_bytes(b"half a summary")
+        return prepare(task, receipt, scan)
+
+    monkeypatch.setattr(base, "prepare_part", dying_writer)
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(500)))
+    run_dir = tmp_path / "run"
+    run_from_dict(base_config([{"name": "gen", "path": str(src)}], None), run_dir=run_dir, console_log=False)
+    assert left and not left[0].exists() and atomic.is_tmp_name(left[0].name)
+    assert not [p for p in run_dir.rglob("*") if atomic.is_tmp_name(p.name)]
+    events = [orjson.loads(line) for line in (run_dir / "logs/streamprep.log").read_bytes().splitlines()]
+    assert [e["count"] for e in events if e["event"] == "removed temporary files of writers that died during the run"] \
+        == [1]
