@@ -14,6 +14,10 @@ again on a corpus of that size and the driver's and the tree's CPU-s per GB are 
 between the two (the driver's fixed start-up, ~1 CPU-s of imports, the tokenizer's load and check and the
 audit, drops out): what one driver costs per GB of a long job, and how many cores of work it can keep fed.
 
+Before the jobs, the default QC chain judges the corpus's first 1 000 records in a process pinned to each CPU in
+turn, twice: the two cores' speeds on this kind of work at the time (on a shared host they differ, by up to 2×
+for minutes at a time, which bounds what `workers: 2` can gain then).
+
 The job runs this checkout's code, whatever the current directory and PYTHONPATH (`python -m` would put the
 current directory first): to compare two revisions, run each one's copy of this script.
 """
@@ -58,6 +62,32 @@ def run(corpus: Path, work: Path, workers: int, quality: dict, unit_mb: float | 
     return {"seconds": seconds, "driver": driver, "tree": tree, **phases(run_dir, started, seconds)}
 
 
+# A child's work for `core_speeds`: the default QC chain over the corpus's first 1 000 records, best of 3 passes.
+CHAIN_PROBE = """
+import itertools, sys, time, orjson
+from quality import QualityControl, load_quality_settings
+records = [orjson.loads(line) for line in itertools.islice(open(sys.argv[1], "rb"), 1000)]
+passes = []
+for _ in range(3):  # a new QualityControl each pass: one would recall the verdicts of texts it judged
+    qc, t = QualityControl(load_quality_settings({})), time.process_time()
+    qc.evaluate_batch(records)
+    passes.append(time.process_time() - t)
+print(min(passes) / len(records) * 1e6)
+"""
+
+
+def core_speeds(corpus: Path, rounds: int = 2) -> dict[int, list[float]]:
+    """µs a record of the default QC chain in a process pinned to each CPU, `rounds` times in turn."""
+    cpus, out = sorted(os.sched_getaffinity(0)), {}
+    for _ in range(rounds):
+        for cpu in cpus:
+            proc = subprocess.run([sys.executable, "-c", CHAIN_PROBE, str(corpus)], cwd=REPO, capture_output=True,
+                                  text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                  preexec_fn=lambda cpu=cpu: os.sched_setaffinity(0, {cpu}))
+            out.setdefault(cpu, []).append(float(proc.stdout))
+    return out
+
+
 # (phase, the log event it ends at): the job's steps in order, timed from the process's start
 PHASES = (("start", None), ("ingest", "ingest done"), ("tail", "tokenization done"), ("exports", "run complete"))
 
@@ -92,10 +122,13 @@ def main() -> None:
     corpus = build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
     gb = corpus.stat().st_size / 1e9
     quality = GATES_OFF if a.gates == "off" else {}
+    speeds = core_speeds(corpus)
     runs = {w: [run(corpus, a.work, w, quality, a.unit_mb) for _ in range(a.repeats)] for w in (1, 2)}
     print(f"corpus {corpus.stat().st_size / 1e6:.1f} MB, gates {a.gates}, unit_mb {a.unit_mb or 'default'}, "
           f"median of {a.repeats}, "
           f"load average {os.getloadavg()[0]:.1f}")
+    print("default QC chain, µs a record, pinned to each CPU in turn (before the jobs): " +
+          "; ".join(f"CPU {cpu} {' / '.join(f'{v:.0f}' for v in vs)}" for cpu, vs in speeds.items()))
     med = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
     for w, m in med.items():
         print(f"workers {w}: {m['seconds']:.2f} s wall; driver {m['driver']:.2f} of {m['tree']:.2f} CPU-s "
