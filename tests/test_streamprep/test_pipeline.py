@@ -212,7 +212,8 @@ def test_local_engine_tokenizes_on_the_jobs_executor_and_starts_no_process(tmp_p
     assert shards[1] == shards[2] and len(shards[1]) > 2 * 300
 
 
-def test_a_writer_that_died_during_the_run_leaves_no_temporary_file(tmp_path: Path, monkeypatch) -> None:
+def test_a_writer_that_died_during_the_run_leaves_no_temporary_file(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: a stage worker lost with its node while it wrote a part's summary left that summary's temporary
     file in receipts/ (the call ran again on the head and the job completed), and the run's outputs differed from a
     clean run's by it (tests/test_streamprep/test_ray_cluster.py, the lost-node test, now and then). The job now
