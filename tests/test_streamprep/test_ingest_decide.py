@@ -200,7 +200,7 @@ def test_an_all_kept_piece_is_finalized_as_record_by_record(tmp_path: Path) -> N
     assert Path(stage + ".kept").read_bytes() == b"".join(lines) and size == len(b"".join(lines))
 
 
-def testprefix_order_is_the_stable_argsort() -> None:
+def test_prefix_order_is_the_stable_argsort() -> None:
     """twin_many's one sort of a piece: a quicksort with ties put back in piece order equals the stable argsort."""
     rng = np.random.default_rng(5)
     for n, span in ((1, 3), (50, 4), (1000, 40), (5000, 2**63)):
