@@ -44,11 +44,10 @@ class FakeRunner:
     """The executor's interface (`submit`, `workers`, `close`) answering at once, reading and writing nothing."""
 
     def __init__(self, quality: Any, mode: Any, workers: int, records: int = 100):
-        from quality.dedup import prefix_order
         from streamprep import unit_worker
 
         self.workers, self.records, self.spent = max(1, workers), records, 0.0
-        self._uw, self._prefix_order = unit_worker, prefix_order
+        self._uw = unit_worker
         n = records
         self.kinds = bytes(unit_worker.REJECTED if j % 20 == 19 else unit_worker.KEPT for j in range(n))
         self.kept_bytes = np.full(sum(k == unit_worker.KEPT for k in self.kinds), DOC_BYTES, np.int64)
@@ -77,8 +76,9 @@ class FakeRunner:
         # spread over the key space as SHA-256 digests are (sequential keys would keep the index's searches in cache)
         words[:, 0] = ids * np.uint64(SPREAD)
         words[:, 1] = 1  # never NO_DIGEST (all zeros)
-        return self._uw.Summary(self.kinds, words.tobytes(), self.kept_bytes, self.checks, None, False,
-                                self._prefix_order(words[:, 0]).astype(np.uint32))  # the worker's sort
+        blob = words.tobytes()
+        return self._uw.Summary(self.kinds, blob, self.kept_bytes, self.checks, None, False,
+                                self._uw.digest_order(blob))  # the worker's sort
 
     def _finalize(self, name: str, stage: str, d: Any) -> tuple[bytes, dict[str, Any], int]:
         kept = sum(d.keep)

@@ -214,9 +214,14 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
         and isinstance(items[-1], BadRecord) and items[-1].reason.startswith(REST_OF)
     near_on = any(s is not None for s in signatures)
     blob = b"".join(digests)
-    order = prefix_order(digest_words(blob)[:, 0]).astype(np.uint32) if _worker["quality"].dedup == "exact" else None
+    order = digest_order(blob) if _worker["quality"].dedup == "exact" else None
     return Summary(bytes(kinds), blob, np.array(text_bytes, np.int64), checks, signatures if near_on else None,
                    rest_failed, order)
+
+
+def digest_order(digests: bytes) -> np.ndarray:
+    """`Summary.order` of judged items with these digests (back to back): their rows sorted by prefix, uint32."""
+    return prefix_order(digest_words(digests)[:, 0]).astype(np.uint32)
 
 
 class GatesTo(NamedTuple):

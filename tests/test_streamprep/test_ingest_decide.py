@@ -17,7 +17,7 @@ from quality.dedup import NO_DIGEST, prefix_order, digest_words
 from streamprep.checkpoints import IngestState
 from streamprep.config import load
 from streamprep.ingest import Ahead, DatasetIngest, IngestContext
-from streamprep.unit_worker import BAD, KEPT, REJECTED, Summary
+from streamprep.unit_worker import BAD, KEPT, REJECTED, Summary, digest_order
 from streamprep.units import Unit
 
 CHECKS = ["min_chars", "language", "pii", "json"]
@@ -49,7 +49,7 @@ def _piece(rng: random.Random, pool: list[bytes], n: int) -> Summary:
             checks.append(rng.choice(CHECKS))
     blob = b"".join(digests)
     # half the pieces carry the worker's sort by prefix (a Summary of exact dedup does), the others are sorted here
-    order = prefix_order(digest_words(blob)[:, 0]).astype(np.uint32) if rng.random() < 0.5 else None
+    order = digest_order(blob) if rng.random() < 0.5 else None
     return Summary(bytes(kinds), blob, np.array(text_bytes, np.int64), checks, None, False, order)
 
 
