@@ -336,6 +336,30 @@ class DedupDecision:
         """The datasets `twin_many`'s codes stand for: this one (""), then the earlier ones in config order."""
         return ["", *(name for name, _ in self.earlier)]
 
+    def _probe(self, words: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """Set `codes` of the rows an index holds (the index into `names` of the first that does); returns the
+        others' rows."""
+        new = np.arange(len(words))
+        for code, (_, index) in enumerate([("", self.own), *self.earlier]):  # the indexes as they stand
+            if not len(new):
+                break
+            hit = index.contains_many(words if len(new) == len(words) else words[new])
+            codes[new[hit]] = code
+            new = new[~hit]
+        return new
+
+    def probe_many(self, words: np.ndarray) -> np.ndarray:
+        """`twin` of each row of `words` against the indexes as they stand (no copies inside the rows looked for,
+        nothing added): the index into `names`, or -1. An all-zero row (NO_DIGEST) is never a duplicate."""
+        codes = np.full(len(words), -1, np.int64)
+        self._probe(words, codes)
+        codes[~words.any(axis=1)] = -1
+        return codes
+
+    def add_many(self, words: np.ndarray) -> None:
+        """`keep` these new digests, in order."""
+        self.own.add_many(np.ascontiguousarray(words))
+
     def twin_many(self, words: np.ndarray, kept: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
         """`twin`, then `keep` when new and `kept`, record by record over a piece's digests in order (`words`, as
         `digest_words` gives them), done at once: per record the index into `names` of the dataset that kept its
@@ -352,13 +376,7 @@ class DedupDecision:
         key = None if order is None or len(order) != len(words) else words[order, 0]  # the prefixes in order
         if key is None or not _sorts(order, key):
             order = key = None
-        new = np.arange(len(words))  # the records no index holds
-        for code, (_, index) in enumerate([("", self.own), *self.earlier]):  # the indexes as they stand
-            if not len(new):
-                return codes
-            hit = index.contains_many(words if len(new) == len(words) else words[new])
-            codes[new[hit]] = code
-            new = new[~hit]
+        new = self._probe(words, codes)  # the records no index holds
         if not len(new):
             return codes
         # Records with the same digest inside the piece: the first kept one keeps it, every later one is its

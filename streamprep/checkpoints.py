@@ -5,7 +5,8 @@ A checkpoint describes a consistent prefix of a dataset's outputs:
                                    their SHA-256 and size in `sealed`
     <checkpoint_dir>/stage/<ds>/   the kept lines of the open part: `open_pieces` [piece, first line, lines]
     rejects/<ds>.jsonl             (`rejects_bytes` bytes, append-only)
-    <checkpoint_dir>/<ds>.dedup    (`dedup_count` 32-byte digests of kept texts, append-only)
+    <checkpoint_dir>/<ds>.dedup    (`dedup_count` 32-byte digests of kept texts, append-only; with P dedup
+                                   holders one log each, `<ds>.dedup.<p>-of-<P>`, `dedup_counts[p]` digests)
     <checkpoint_dir>/<ds>.near     (`near_dedup_bytes` of kept texts' MinHash records, when near_dedup is on)
 Ingest writes and fsyncs all of these *before* it atomically replaces the checkpoint, so a checkpoint
 never runs ahead of its data.
@@ -49,6 +50,7 @@ class IngestState:
     rejects_bytes: int = 0
     rejects_sampled: dict[str, int] = field(default_factory=dict)  # lines written per failed_check (bounded sample)
     dedup_count: int = 0
+    dedup_counts: list[int] = field(default_factory=list)  # per dedup holder when the run has several
     near_dedup_bytes: int = 0
     stats: dict[str, Any] = field(default_factory=dict)  # audit aggregates (streamprep.stats)
     done: bool = False
@@ -108,6 +110,14 @@ class DatasetFiles:
     @property
     def dedup(self) -> Path:
         return CheckpointLayout(self.checkpoint_dir).dedup_log(self.dataset)
+
+    def dedup_logs(self, state: IngestState) -> list[tuple[Path, int]]:
+        """The exact-dedup logs `state` describes and the digests each holds: one log, or one per dedup holder."""
+        counts = state.dedup_counts
+        if not counts:
+            return [(self.dedup, state.dedup_count)]
+        layout = CheckpointLayout(self.checkpoint_dir)
+        return [(layout.dedup_log(self.dataset, p, len(counts)), n) for p, n in enumerate(counts)]
 
     @property
     def near_dedup(self) -> Path:
@@ -197,15 +207,16 @@ def _truncate(p: Path, size: int) -> None:
 def _clear(files: DatasetFiles) -> None:
     for p in files.parts():
         p.unlink()
-    for p in (files.rejects, files.dedup, files.near_dedup, files.checkpoint,
-              CheckpointLayout(files.checkpoint_dir).plan(files.dataset)):
+    layout = CheckpointLayout(files.checkpoint_dir)
+    for p in (files.rejects, *layout.dedup_logs(files.dataset), files.near_dedup, files.checkpoint,
+              layout.plan(files.dataset)):
         p.unlink(missing_ok=True)
     shutil.rmtree(files.stage, ignore_errors=True)
 
 
 def _logs(files: DatasetFiles, state: IngestState) -> tuple[tuple[Path, int], ...]:
     """The append-only logs and the byte length `state` describes."""
-    return ((files.rejects, state.rejects_bytes), (files.dedup, state.dedup_count * DIGEST),
+    return ((files.rejects, state.rejects_bytes), *((path, n * DIGEST) for path, n in files.dedup_logs(state)),
             (files.near_dedup, state.near_dedup_bytes))
 
 
@@ -232,7 +243,8 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
     """
     files.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     if not files.checkpoint.exists():
-        if files.parts() or files.rejects.exists() or files.dedup.exists() or files.near_dedup.exists() \
+        if files.parts() or files.rejects.exists() or CheckpointLayout(files.checkpoint_dir).dedup_logs(files.dataset) \
+                or files.near_dedup.exists() \
                 or files.stage.exists():
             log.warning("no checkpoint, removing partial outputs and starting over", dataset=files.dataset)
             _clear(files)

@@ -118,6 +118,7 @@ SPEC: dict[str, Any] = {
         "hf_retry_max_s": (NUM, 60.0),
         "batch_records": ((int,), 512),
         "unit_mb": (NUM, 4.0),
+        "dedup_holders": ((int, None), None),
         "progress_interval_s": (NUM, 10.0),
         "metrics_port": ((int, None), None),
     },
@@ -144,6 +145,7 @@ BOUNDS: dict[str, Range] = {
     "execution.metrics_port": Range(0, 65_535),
     "execution.batch_records": Range(1, 1_000_000),
     "execution.unit_mb": Range(0, 1 << 20, lo_open=True),
+    "execution.dedup_holders": Range(0, 4096),
     "execution.progress_interval_s": Range(0.1, 86_400),
 }
 DATASET_BOUNDS: dict[str, Range] = {
@@ -606,6 +608,7 @@ class ExecutionConfig(FrozenSection):
     hf_retry_max_s: float
     batch_records: int
     unit_mb: float
+    dedup_holders: int | None
     progress_interval_s: float
     metrics_port: int | None
 

@@ -28,12 +28,13 @@ from typing import Any, Callable, Iterator
 import aiofiles
 import numpy as np
 
-from quality import DedupDecision, DedupIndex, QualitySettings, near_dedup
+from quality import QualitySettings, near_dedup
 from quality.dedup import digest_words
-from streamprep import atomic, engines, logs, stats, unit_worker, units
+from streamprep import atomic, engines, holders, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
 from streamprep.executor import Executor
+from streamprep.holders import Dedup, HeldDedup, Holders
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.sources import open_source
@@ -69,24 +70,24 @@ class IngestContext:
     stop: asyncio.Event
     progress: dict[str, IngestState] = field(default_factory=dict)
     on_checkpoint: Callable[[IngestState], None] | None = None  # after every save: hands sealed parts on
-    finished: dict[str, DedupIndex] = field(default_factory=dict)  # final dedup index of each done dataset
-    finished_near: dict[str, near_dedup.NearDupIndex | None] = field(default_factory=dict)  # and its near index
+    finished_near: dict[str, near_dedup.NearDupIndex | None] = field(default_factory=dict)  # done: its near index
     _done: dict[str, asyncio.Event] = field(default_factory=dict)
     executor: Executor | None = None  # the job's; None: ingest makes its own (`worker_executor`) and closes it
+    holders: Holders | None = None  # the job's dedup holders; None: ingest starts its own and closes them
 
     @classmethod
     def of(cls, config: Config, run_dir: Path, checkpoint_dir: Path, stop: asyncio.Event,
            progress: dict[str, IngestState] | None = None,
            on_checkpoint: Callable[[IngestState], None] | None = None,
-           executor: Executor | None = None) -> "IngestContext":
+           executor: Executor | None = None, holders: Holders | None = None) -> "IngestContext":
         """The context of `config`'s ingest: its sections, nothing else."""
         return cls(config.datasets, config.execution, config.output, config.quality, mode_of(config.sft), run_dir,
-                   checkpoint_dir, stop, {} if progress is None else progress, on_checkpoint, executor=executor)
+                   checkpoint_dir, stop, {} if progress is None else progress, on_checkpoint, executor=executor,
+                   holders=holders)
 
-    def publish(self, name: str, index: DedupIndex, near: near_dedup.NearDupIndex | None = None) -> None:
-        """Dataset `name` is done; `index` is its final dedup index, `near` its near-dedup index when on
-        (`dedup_scope: run` checks them)."""
-        self.finished[name] = index
+    def publish(self, name: str, near: near_dedup.NearDupIndex | None = None) -> None:
+        """Dataset `name` is done: its exact-dedup index stays in the holders, `near` is its near-dedup index when
+        on (`dedup_scope: run` checks them)."""
         self.finished_near[name] = near
         self._done.setdefault(name, asyncio.Event()).set()
 
@@ -97,7 +98,7 @@ class IngestContext:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for t in tasks:
             t.cancel()
-        return name in self.finished
+        return name in self.finished_near
 
     @property
     def hf_cache(self) -> Path:
@@ -120,21 +121,24 @@ class Ahead:
     near_dedup_bytes: int
     rejects_sampled: dict[str, int]
     position: dict[str, Any]
+    dedup_counts: list[int]  # per dedup holder, when the run has several
 
     @classmethod
     def of(cls, st: IngestState) -> "Ahead":
         return cls(st.consumed, st.kept, st.rejected, st.kept_text_bytes, st.dedup_count, st.near_dedup_bytes,
-                   dict(st.rejects_sampled), dict(st.position or START))
+                   dict(st.rejects_sampled), dict(st.position or START), list(st.dedup_counts))
 
     def snapshot(self) -> "Ahead":
         """The counters as they stand after one piece (the decider goes on changing its own)."""
-        return replace(self, rejects_sampled=dict(self.rejects_sampled), position=dict(self.position))
+        return replace(self, rejects_sampled=dict(self.rejects_sampled), position=dict(self.position),
+                       dedup_counts=list(self.dedup_counts))
 
     def onto(self, st: IngestState) -> None:
         """Copy a snapshot (taken after one piece) onto the state the committer checkpoints."""
         for k in ("consumed", "kept", "rejected", "kept_text_bytes", "dedup_count", "near_dedup_bytes"):
             setattr(st, k, getattr(self, k))
         st.rejects_sampled, st.position = dict(self.rejects_sampled), dict(self.position)
+        st.dedup_counts = list(self.dedup_counts)
 
 
 class DatasetIngest:
@@ -174,10 +178,10 @@ class DatasetIngest:
         if state.done:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
             if self.run_scope:
-                self.ctx.publish(name, await asyncio.to_thread(self._open_index, state),
-                                 await asyncio.to_thread(self._load_near))
+                await asyncio.to_thread(self._open_index, state)
+                self.ctx.publish(name, await asyncio.to_thread(self._load_near))
             return state
-        own = await asyncio.to_thread(self._open_index, state)
+        counts = await asyncio.to_thread(self._open_index, state)
         if self.near is not None:
             await asyncio.to_thread(self._load_near)
         ex = self.ctx.execution
@@ -200,15 +204,16 @@ class DatasetIngest:
         decided: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
         reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, judged))
         decider: asyncio.Task | None = None
+        dedup: HeldDedup | None = None
         try:
             earlier = await self._earlier_indexes()
             if earlier is not None:
-                near = near_dedup.NearDecision(self.near, [(n, i) for n, _, i in earlier if i is not None]) \
+                near = near_dedup.NearDecision(self.near, [(n, i) for n, i in earlier if i is not None]) \
                     if self.near is not None else None
                 self._ahead = Ahead.of(state)
-                decider = asyncio.create_task(self._decide_all(
-                    self._ahead, DedupDecision(own, [(n, i) for n, i, _ in earlier]), near, judged, decided))
-                await self._commit_all(state, own, decided)
+                dedup = HeldDedup(self.ctx.holders, name, [n for n, _ in earlier], counts)
+                decider = asyncio.create_task(self._decide_all(self._ahead, dedup, near, judged, decided))
+                await self._commit_all(state, dedup, decided)
         finally:
             for task in (reader, decider):
                 if task is not None:
@@ -225,7 +230,7 @@ class DatasetIngest:
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
         if state.done:
             if self.run_scope:
-                self.ctx.publish(name, own, self.near)
+                self.ctx.publish(name, self.near)
         return state
 
     def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:
@@ -267,14 +272,24 @@ class DatasetIngest:
             self.near.load()
         return self.near
 
-    def _open_index(self, state: IngestState) -> DedupIndex:
-        """The dataset's dedup index, loaded from its digest log (checkpointed `dedup_count` digests)."""
-        return DedupIndex(self.files.dedup, state.dedup_count) if self.dedup_on else DedupIndex()
+    def _open_index(self, state: IngestState) -> list[int]:
+        """Open the dataset's exact-dedup index in the holders, each from its log at the checkpoint's count;
+        returns those counts."""
+        parts = self.ctx.holders.parts
+        counts = list(state.dedup_counts) or ([0] * parts if not state.dedup_count else [state.dedup_count])
+        if len(counts) != parts:
+            raise ConfigError(f"dataset {self.ds.name}: its checkpoint has {len(counts)} dedup holder logs and this "
+                              f"run has {parts} ({CheckpointLayout(self.ctx.checkpoint_dir).dedup_holders.name}); "
+                              f"start over with a new --run-dir")
+        if self.dedup_on:
+            self.ctx.holders.open(self.ds.name, self.ctx.checkpoint_dir, counts)
+        return counts
 
-    async def _earlier_indexes(self) -> list[tuple[str, DedupIndex, near_dedup.NearDupIndex | None]] | None:
-        """`dedup_scope: run`: the final exact and near-dedup indexes of the datasets listed before this one, once
-        they are all done (None if the job stops first). Deciding nothing before then makes the earlier dataset
-        win a cross-dataset (near-)duplicate whatever the timing; workers still judge ahead (bounded by the queue)."""
+    async def _earlier_indexes(self) -> list[tuple[str, near_dedup.NearDupIndex | None]] | None:
+        """`dedup_scope: run`: the datasets listed before this one (their exact indexes stay in the holders) and
+        their near-dedup indexes, once they are all done (None if the job stops first). Deciding nothing before
+        then makes the earlier dataset win a cross-dataset (near-)duplicate whatever the timing; workers still
+        judge ahead (bounded by the queue)."""
         if not self.run_scope:
             return []
         earlier = []
@@ -283,7 +298,7 @@ class DatasetIngest:
                 break
             if not await self.ctx.wait_done(ds.name):
                 return None
-            earlier.append((ds.name, self.ctx.finished[ds.name], self.ctx.finished_near[ds.name]))
+            earlier.append((ds.name, self.ctx.finished_near[ds.name]))
         return earlier
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
@@ -371,7 +386,7 @@ class DatasetIngest:
         return await self._or_stop(asyncio.get_running_loop().run_in_executor(self.reader_pool, fn))
 
     # -- deciding: in plan order, on summaries -------------------------------------------------------
-    async def _decide_all(self, a: Ahead, dedup: DedupDecision, near: near_dedup.NearDecision | None,
+    async def _decide_all(self, a: Ahead, dedup: HeldDedup, near: near_dedup.NearDecision | None,
                           judged: asyncio.Queue, decided: asyncio.Queue) -> None:
         """Queue items `(stage, decision or None, counters after it, finalize call or None)`, then None (the
         dataset ends: all read, or a cap reached); a failure ends the queue with its exception."""
@@ -387,6 +402,8 @@ class DatasetIngest:
                 d, capped = None, False
                 if not (unit.kind in units.NUMBERED and unit.file == a.position["skip_file"]):
                     d, capped = self._decide(a, dedup, near, unit, summary)
+                    if self.dedup_on and len(dedup.counts) > 1:
+                        a.dedup_counts = list(dedup.counts)
                     # a piece that reaches max_records exactly ends the dataset too: nothing after it is read
                     capped = capped or (self.ds.max_records is not None and a.consumed >= self.ds.max_records)
                     if self.near is not None and (near_log := self.near.take_log()):
@@ -475,7 +492,7 @@ class DatasetIngest:
                       "file": nxt.file if nxt else unit.file + 1,
                       "offset": nxt.start if nxt and nxt.kind == "range" else None}
 
-    def _decide(self, a: Ahead, dedup: DedupDecision, near_dec: near_dedup.NearDecision | None, unit: Unit,
+    def _decide(self, a: Ahead, dedup: Dedup, near_dec: near_dedup.NearDecision | None, unit: Unit,
                 s: Summary) -> tuple[Decision, bool]:
         """One piece's verdicts in plan order (dedup and caps depend on everything before). Returns the Decision
         and whether `max_records` or `size_mb` ended the dataset in it. On arrays when near-dedup is off and
@@ -489,7 +506,7 @@ class DatasetIngest:
             return self._decide_arrays(a, dedup, unit, s.head(cap - a.consumed)), True
         return self._decide_records(a, dedup, near_dec, unit, s)
 
-    def _decide_arrays(self, a: Ahead, dedup: DedupDecision, unit: Unit, s: Summary) -> Decision:
+    def _decide_arrays(self, a: Ahead, dedup: Dedup, unit: Unit, s: Summary) -> Decision:
         """`_decide_records` of a piece that no cap ends, without near-dedup, on numpy arrays: the same Decision,
         counters, dedup index and log (`tests/test_streamprep/test_ingest_decide.py`) at a fraction of the cost
         per record (`docs/performance.md`, "The driver alone")."""
@@ -534,14 +551,17 @@ class DatasetIngest:
                 sampled += take
         return frozenset(sampled)
 
-    def _decide_records(self, a: Ahead, dedup: DedupDecision, near_dec: near_dedup.NearDecision | None,
+    def _decide_records(self, a: Ahead, dedup: Dedup, near_dec: near_dedup.NearDecision | None,
                         unit: Unit, s: Summary) -> tuple[Decision, bool]:
         """`_decide` record by record: a cap may end the dataset at any record, and near-dedup compares each
-        kept record with the ones kept before it."""
+        kept record with the ones kept before it. The piece's digests are probed at once, the records it keeps added
+        at once after the walk (a copy of a record kept earlier in the piece is one of this dataset's)."""
         cap, keep, dup, near, sampled = self.ds.max_records, bytearray(), {}, {}, set()
         digests, text_bytes, checks = s.digest_list(), iter(s.text_bytes.tolist()), iter(s.checks)
         if near_dec is not None:
             near_dec.prepare(s.signatures or [None] * len(digests))
+        names, kept_here = dedup.names, {}  # kept_here: the digests kept in this piece, in order
+        probed = iter(dedup.probe_many(digest_words(s.digests)).tolist() if self.dedup_on else ())
         digests = iter(digests)
         ordinal0, capped = a.consumed, False
         for j, kind in enumerate(s.kinds):
@@ -556,7 +576,8 @@ class DatasetIngest:
             if kind != BAD:
                 digest = next(digests)
                 twin = near_dec.next_twin() if near_dec is not None else None
-                twin_ds = dedup.twin(digest) if self.dedup_on else None
+                code = next(probed, -1)
+                twin_ds = None if not self.dedup_on else "" if digest in kept_here else names[code] if code >= 0 else None
                 if twin_ds is not None:  # the kept copy's dataset: this one, or an earlier one (dedup_scope: run)
                     kept, check, dup[j] = False, "duplicate", twin_ds
                 elif kept and twin is not None:  # the kept twin's dataset ("" = this one), its ordinal, Jaccard
@@ -564,7 +585,7 @@ class DatasetIngest:
             keep.append(kept)
             if kept:
                 if self.dedup_on:
-                    dedup.keep(digest)
+                    kept_here[digest] = None
                     a.dedup_count += 1
                 if self.near is not None:
                     a.near_dedup_bytes += self.near.add(ordinal)
@@ -579,11 +600,13 @@ class DatasetIngest:
                 if self.max_rejects is None or a.rejects_sampled.get(check, 0) < self.max_rejects:
                     a.rejects_sampled[check] = a.rejects_sampled.get(check, 0) + 1
                     sampled.add(j)
+        if kept_here:
+            dedup.add_many(digest_words(list(kept_here)))
         before = a.position["base"] if unit.kind in units.NUMBERED else None
         return Decision(len(keep), ordinal0, before, bytes(keep), dup, near, frozenset(sampled)), capped
 
     # -- committing: in plan order, checkpointed -----------------------------------------------------
-    async def _commit_all(self, state: IngestState, own: DedupIndex, decided: asyncio.Queue) -> None:
+    async def _commit_all(self, state: IngestState, dedup: HeldDedup, decided: asyncio.Queue) -> None:
         while not self.ctx.stop.is_set():
             got = await self._or_stop(decided.get())
             if got is STOP:
@@ -596,7 +619,7 @@ class DatasetIngest:
             if got is None:
                 await self._seal_parts(state, final=True)
                 state.done = True
-                await self._save(state, own)
+                await self._save(state, dedup)
                 return
             stage, d, after, fin = got
             rejects, st, kept_bytes = await fin if fin is not None else (b"", {}, 0)
@@ -613,7 +636,7 @@ class DatasetIngest:
                 state.part_lines += n_kept
                 state.part_bytes += kept_bytes
             done_with = await self._seal_parts(state, final=False) + ([] if n_kept else [Path(stage).name])
-            await self._save(state, own)
+            await self._save(state, dedup)
             staged = [str(self.stage_dir / name) + ext for name in done_with for ext in (".kept", ".kept.off")]
             await asyncio.to_thread(_remove, [stage + ".judged", *staged])
 
@@ -639,8 +662,9 @@ class DatasetIngest:
             state.part_bytes -= size
         return done_with
 
-    async def _save(self, state: IngestState, own: DedupIndex) -> None:
-        await asyncio.to_thread(own.flush)  # the log holds at least the checkpoint's `dedup_count` digests
+    async def _save(self, state: IngestState, dedup: HeldDedup) -> None:
+        if self.dedup_on:  # each holder's log holds at least the checkpoint's count of digests
+            await asyncio.to_thread(dedup.flush)
         await asyncio.to_thread(save, self.files, state)
         if self.window is not None:  # the files of the units this checkpoint has passed leave the window
             await self.release_files(state.position["unit"])
@@ -678,6 +702,14 @@ def worker_executor(execution: ExecutionConfig, quality: QualitySettings, mode: 
     return engines.create_executor(execution, (unit_worker.init_worker, (quality, mode)))
 
 
+def start_holders(ctx: IngestContext) -> Holders:
+    """The job's dedup holders (`streamprep.holders`); a run with a checkpoint and no saved holder count was
+    started by an earlier streamprep, with one log per dataset."""
+    layout = CheckpointLayout(ctx.checkpoint_dir)
+    started = any(layout.checkpoint(ds.name).exists() for ds in ctx.datasets)
+    return holders.start(ctx.execution, ctx.checkpoint_dir, started)
+
+
 def _remove(paths: list[str]) -> None:
     for p in paths:
         Path(p).unlink(missing_ok=True)
@@ -693,6 +725,9 @@ async def _append(path: Path, data: bytes) -> None:
 async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
     """Ingest every dataset concurrently (one producer task each); returns their final states."""
     qc = ctx.executor or worker_executor(ctx.execution, ctx.quality, ctx.mode)
+    own_holders = ctx.holders is None
+    if own_holders:
+        ctx.holders = await asyncio.to_thread(start_holders, ctx)
     reader_pool = ThreadPoolExecutor(max(1, len(ctx.datasets)), thread_name_prefix="reader")
     await asyncio.to_thread(clear_leftovers, ctx.hf_cache)  # nothing downloads into the run's cache yet
     t0 = time.monotonic()
@@ -707,6 +742,9 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
         reader_pool.shutdown(wait=False, cancel_futures=True)
         if ctx.executor is None:
             await asyncio.to_thread(qc.close)
+        if own_holders:
+            await asyncio.to_thread(ctx.holders.close)
+            ctx.holders = None
         for d in ingests:  # no worker runs now: a done dataset's staged files (units judged past a cap included)
             if (st := ctx.progress.get(d.ds.name)) is not None and st.done:  # and hf:// files go
                 await asyncio.to_thread(shutil.rmtree, d.stage_dir, True)

@@ -6,6 +6,7 @@ status/audit/verify read the run without each keeping its own tolerant JSON load
 """
 from __future__ import annotations
 
+import glob
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,18 @@ class CheckpointLayout:
     def checkpoint(self, dataset: str) -> Path:
         return Path(self.checkpoint_dir) / f"{dataset}.json"
 
-    def dedup_log(self, dataset: str) -> Path:
-        return Path(self.checkpoint_dir) / f"{dataset}.dedup"
+    def dedup_log(self, dataset: str, part: int = 0, parts: int = 1) -> Path:
+        """The dataset's exact-dedup log; with `parts` dedup holders, holder `part`'s (`streamprep.holders`)."""
+        return Path(self.checkpoint_dir) / (f"{dataset}.dedup" if parts == 1 else f"{dataset}.dedup.{part}-of-{parts}")
+
+    def dedup_logs(self, dataset: str) -> list[Path]:
+        """Whatever exact-dedup logs of the dataset exist, of one holder or several."""
+        return sorted(Path(self.checkpoint_dir).glob(f"{glob.escape(dataset)}.dedup*"))
+
+    @property
+    def dedup_holders(self) -> Path:
+        """The run's dedup holder count, fixed when it started."""
+        return Path(self.checkpoint_dir) / "dedup_holders.json"
 
     def near_log(self, dataset: str) -> Path:
         return Path(self.checkpoint_dir) / f"{dataset}.near"

@@ -1,0 +1,264 @@
+"""Exact-dedup holders: the run's kept-digest indexes, hash-partitioned over processes (Ray actors with
+`execution.ray_address`), so the job's process holds no digest and its memory stays flat in record count.
+
+Holder `p` of `P` owns the digests whose first 8-byte word is `p` mod `P`: one `DedupIndex` per dataset, each
+with its own log (`P = 1`: the dataset's `<ds>.dedup`, as ever; else `<ds>.dedup.<p>-of-<P>`). Equal digests
+share a holder, so the copies inside a piece are settled there too. The decider stays the clock: piece by piece
+in plan order it sends each holder its rows and scatters the answers back, and a holder runs its calls in the
+order they were sent, so every index and log grows in plan order whatever the worker count, and the checkpoint
+records each holder's count (`IngestState.dedup_counts`). `P` is fixed when a run starts
+(`<checkpoint_dir>/dedup_holders.json`); a resume keeps it. `docs/units.md`, "Dedup holders".
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from quality.dedup import DedupDecision, DedupIndex
+from streamprep import atomic, forkserver, logs, ray_cluster
+from streamprep.children import serve_driver
+from streamprep.config import ExecutionConfig, resolved_workers
+from streamprep.layout import CheckpointLayout, read_json
+
+log = logs.get("holders")
+
+
+class Holder:
+    """One partition's indexes, a `DedupIndex` per dataset, wherever its transport runs it."""
+
+    def __init__(self) -> None:
+        self.indexes: dict[str, DedupIndex] = {}
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def open(self, dataset: str, log_path: str, count: int) -> None:
+        """The dataset's index from its log, cut to the checkpoint's `count` digests."""
+        self.indexes[dataset] = DedupIndex(Path(log_path), count)
+
+    def _decision(self, dataset: str, earlier: list[str]) -> DedupDecision:
+        return DedupDecision(self.indexes[dataset], [(n, self.indexes[n]) for n in earlier])
+
+    def twin_many(self, dataset: str, earlier: list[str], words: np.ndarray, kept: np.ndarray,
+                  order: np.ndarray | None) -> np.ndarray:
+        """`DedupDecision.twin_many` over this partition's rows of a piece (the new kept digests are added)."""
+        return self._decision(dataset, earlier).twin_many(words, kept, order).astype(np.int16)
+
+    def probe_many(self, dataset: str, earlier: list[str], words: np.ndarray) -> np.ndarray:
+        """`DedupDecision.probe_many`: nothing added."""
+        return self._decision(dataset, earlier).probe_many(words).astype(np.int16)
+
+    def add_many(self, dataset: str, words: np.ndarray) -> None:
+        self.indexes[dataset].add_many(words)
+
+    def flush(self, dataset: str) -> None:
+        self.indexes[dataset].flush()
+
+    def digests(self) -> dict[str, int]:
+        return {name: len(index) for name, index in self.indexes.items()}
+
+
+# -- transports: where a holder runs ---------------------------------------------------------------------------
+class _Inline:
+    """A holder in the job's process (`dedup_holders: 0`, or the default with one worker): calls run at once,
+    under a lock (the committer flushes from a thread while the decider probes)."""
+
+    def __init__(self) -> None:
+        self.holder, self._lock = Holder(), threading.Lock()
+
+    def call(self, method: str, *args: Any) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            try:
+                fut.set_result(getattr(self.holder, method)(*args))
+            except Exception as exc:
+                fut.set_exception(exc)
+        return fut
+
+    def close(self) -> None:
+        pass
+
+
+_HOLDER: Holder | None = None  # a holder process's own
+
+
+def _start_holder(driver: int) -> None:
+    serve_driver(driver)
+    global _HOLDER
+    _HOLDER = Holder()
+
+
+def _serve(method: str, *args: Any) -> Any:
+    return getattr(_HOLDER, method)(*args)
+
+
+class _Process:
+    """A holder in a process of its own: a one-process pool runs its calls one at a time, in the order sent.
+    A holder that dies fails the job (its index is behind the decisions made): a re-run resumes."""
+
+    def __init__(self) -> None:
+        self._pool = ProcessPoolExecutor(1, mp_context=forkserver.context(), initializer=_start_holder,
+                                         initargs=(os.getpid(),))
+
+    def call(self, method: str, *args: Any) -> Future:
+        return self._pool.submit(_serve, method, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _Actor:
+    """A holder as a Ray actor on the `slot`-th node (`ray_cluster.place_actor`); an actor runs the calls of
+    one caller in the order sent. An actor lost with its node fails the job: a re-run resumes."""
+
+    def __init__(self, slot: int) -> None:
+        self._actor = ray_cluster.place_actor(Holder, slot)
+
+    def call(self, method: str, *args: Any) -> Future:
+        return getattr(self._actor, method).remote(*args).future()
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self._actor)
+
+
+class Holders:
+    """The run's `parts` holders, wherever they run; `HeldDedup` is one dataset's view of them."""
+
+    def __init__(self, parts: int, where: str) -> None:
+        self.parts, self.where = parts, where
+        make = {"inline": lambda p: _Inline(), "process": lambda p: _Process(), "ray": _Actor}[where]
+        self._holders = [make(p) for p in range(parts)]
+        if where != "inline":
+            for h in self._holders:
+                h.call("ready").result()  # started now: a holder that cannot start fails the job here
+        log.info("dedup holders up", holders=parts, where=where)
+
+    def call(self, p: int, method: str, *args: Any) -> Future:
+        return self._holders[p].call(method, *args)
+
+    def all(self, method: str, *args: Any) -> list[Any]:
+        """`method` on every holder, their answers in holder order."""
+        return [f.result() for f in [self.call(p, method, *args) for p in range(self.parts)]]
+
+    def open(self, dataset: str, checkpoint_dir: Path, counts: list[int]) -> None:
+        """Open the dataset's index in every holder, each from its log at the checkpoint's count."""
+        layout = CheckpointLayout(checkpoint_dir)
+        for f in [self.call(p, "open", dataset, str(layout.dedup_log(dataset, p, self.parts)), counts[p])
+                  for p in range(self.parts)]:
+            f.result()
+
+    def digests(self) -> list[dict[str, int]]:
+        return self.all("digests")
+
+    def close(self) -> None:
+        for h in self._holders:
+            h.close()
+
+    def __enter__(self) -> "Holders":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Dedup(Protocol):
+    """What the decider asks of exact dedup: `HeldDedup`, or a `DedupDecision` in the process (the tests')."""
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def twin_many(self, words: np.ndarray, kept: np.ndarray, order: np.ndarray | None = None) -> np.ndarray: ...
+
+    def probe_many(self, words: np.ndarray) -> np.ndarray: ...
+
+    def add_many(self, words: np.ndarray) -> None: ...
+
+
+class HeldDedup:
+    """One dataset's exact dedup over the holders, with `DedupDecision`'s array interface: the decider's rows
+    split by partition, each holder's answer scattered back. `counts`: the digests each holder has been told to
+    keep so far (the decider's, ahead of the checkpoint)."""
+
+    def __init__(self, holders: Holders, dataset: str, earlier: list[str], counts: list[int]) -> None:
+        self.holders, self.dataset, self.earlier, self.counts = holders, dataset, earlier, list(counts)
+
+    @property
+    def names(self) -> list[str]:
+        return ["", *self.earlier]
+
+    def _rows(self, words: np.ndarray) -> list[np.ndarray | None]:
+        """Each holder's rows of `words` in piece order (None: all of them, one holder)."""
+        if self.holders.parts == 1:
+            return [None]
+        part = words[:, 0] % np.uint64(self.holders.parts)
+        return [np.flatnonzero(part == p) for p in range(self.holders.parts)]
+
+    def _ask(self, method: str, words: np.ndarray, *more: np.ndarray | None) -> tuple[list, np.ndarray]:
+        rows = self._rows(words)
+        sent = [(p, r, self.holders.call(p, method, self.dataset, self.earlier,
+                                         *((words, *more) if r is None else (words[r], *(m[r] for m in more)))))
+                for p, r in enumerate(rows) if r is None or len(r)]
+        codes = np.empty(len(words), np.int64)
+        for _, r, fut in sent:
+            codes[slice(None) if r is None else r] = fut.result()
+        return [(p, r) for p, r, _ in sent], codes
+
+    def twin_many(self, words: np.ndarray, kept: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+        """`DedupDecision.twin_many`: per row the index into `names` of the dataset that kept its text, or -1;
+        each holder adds its new kept rows. `order` (the worker's sort by prefix) is passed to a lone holder."""
+        if self.holders.parts == 1:
+            codes = self.holders.call(0, "twin_many", self.dataset, self.earlier, words, kept, order).result()
+            self.counts[0] += int(np.count_nonzero(kept & (codes < 0)))
+            return codes.astype(np.int64)
+        sent, codes = self._ask("twin_many", words, kept)
+        for p, r in sent:
+            self.counts[p] += int(np.count_nonzero(kept[r] & (codes[r] < 0)))
+        return codes
+
+    def probe_many(self, words: np.ndarray) -> np.ndarray:
+        """Per row the index into `names` of the dataset whose index holds it, or -1; nothing added."""
+        return self._ask("probe_many", words)[1]
+
+    def add_many(self, words: np.ndarray) -> None:
+        """Keep these new digests, in order."""
+        for p, r in enumerate(self._rows(words)):
+            rows = words if r is None else words[r]
+            if len(rows):
+                self.holders.call(p, "add_many", self.dataset, rows)
+                self.counts[p] += len(rows)
+
+    def flush(self) -> None:
+        """Every holder's log holds at least what it has been told to keep (before a checkpoint)."""
+        self.holders.all("flush", self.dataset)
+
+
+def partitions(checkpoint_dir: Path, wanted: int, started: bool) -> int:
+    """The run's holder count: the one it started with (`dedup_holders.json`), or `wanted` for a new run (1 for a
+    run that an earlier streamprep started: its one log per dataset)."""
+    path = CheckpointLayout(checkpoint_dir).dedup_holders
+    saved = read_json(path)
+    if isinstance(saved, dict) and isinstance(saved.get("holders"), int) and saved["holders"] >= 1:
+        if saved["holders"] != wanted:
+            log.info("dedup holders kept as this run started", holders=saved["holders"], configured=wanted)
+        return saved["holders"]
+    parts = 1 if started else wanted
+    atomic.write_json(path, {"holders": parts})
+    return parts
+
+
+def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool) -> Holders:
+    """The job's holders: `execution.dedup_holders` of them (unset: one beside two workers or more, or in the
+    job's process for one; 0: in the job's process), Ray actors with `ray_address`."""
+    wanted = execution.dedup_holders
+    if wanted is None:
+        wanted = 1 if execution.ray_address or resolved_workers(execution.workers) > 1 else 0
+    parts = partitions(checkpoint_dir, max(1, wanted), started)
+    where = "inline" if wanted == 0 else "ray" if execution.ray_address else "process"
+    return Holders(parts, where)
