@@ -45,7 +45,7 @@ class Holder:
         return DedupDecision(self.indexes[dataset], [(n, self.indexes[n]) for n in earlier])
 
     def twin_many(self, dataset: str, earlier: list[str], words: np.ndarray, kept: np.ndarray,
-                  order: np.ndarray | None) -> np.ndarray:
+                  order: np.ndarray | None = None) -> np.ndarray:
         """`DedupDecision.twin_many` over this partition's rows of a piece (the new kept digests are added)."""
         return self._decision(dataset, earlier).twin_many(words, kept, order).astype(np.int16)
 

@@ -1,5 +1,6 @@
 """`quality.dedup_scope: run`: a record duplicating one kept by a dataset listed earlier is rejected naming that
-dataset, deterministically (worker count, stop/resume, kill -9 + resume give byte-identical outputs)."""
+dataset, deterministically (worker count, dedup holder count, stop/resume, kill -9 + resume give byte-identical
+outputs)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,10 +14,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from helpers import base_config, english_docs, ingest_stopped_after, tree_hashes
+from quality import dedup
 from streamprep.checkpoints import DatasetFiles
 from streamprep.config import Config, load
 from streamprep.ingest import IngestContext, ingest_all
@@ -62,11 +65,11 @@ async def test_dataset_scope_keeps_cross_dataset_copies(shared_data: Path, tmp_p
     assert (states["agreement"].kept, states["majority"].kept, states["majority"].rejected) == (281, 499, 0)
 
 
-def _overlap(tmp: Path, workers: int) -> Config:
-    return load(_overlap_raw(tmp, workers))
+def _overlap(tmp: Path, workers: int, holders: int | None = None) -> Config:
+    return load(_overlap_raw(tmp, workers, holders))
 
 
-def _overlap_raw(tmp: Path, workers: int) -> dict:
+def _overlap_raw(tmp: Path, workers: int, holders: int | None = None) -> dict:
     """Three datasets; b repeats half of a, c repeats half of b and a few of a: 2000 cross-dataset duplicates."""
     docs = english_docs(3000, seed=11)
     spans = {"a": docs[:1200], "b": docs[600:1800], "c": docs[1200:2400] + docs[:200]}
@@ -75,7 +78,7 @@ def _overlap_raw(tmp: Path, workers: int) -> dict:
     raw = base_config([{"name": n, "path": str(tmp / f"{n}.jsonl")} for n in spans], None,
                       quality={"expected_language": None, "min_chars": 20, "dedup_scope": "run"},
                       output={"shard_records": 250, "max_rejects_per_check": None})
-    raw["execution"].update(batch_records=32, workers=workers, unit_mb=0.01)  # ~40 units a dataset
+    raw["execution"].update(batch_records=32, workers=workers, unit_mb=0.01, dedup_holders=holders)  # ~40 units each
     return raw
 
 
@@ -114,7 +117,7 @@ def test_run_scope_kill_9_then_resume_gives_identical_outputs(overlap_reference:
     its ingest before a kill lands: then another episode, in a fresh run dir)."""
     ref, _ = overlap_reference
     cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(_overlap_raw(tmp_path, workers=2)))
+    cfg_path.write_text(yaml.safe_dump(_overlap_raw(tmp_path, workers=2, holders=2)))  # two holder processes
     rng, mid_ingest = random.Random(5), 0
     for episode in range(6):
         run = tmp_path / f"run{episode}"
@@ -141,3 +144,47 @@ def test_run_scope_kill_9_then_resume_gives_identical_outputs(overlap_reference:
         if mid_ingest >= 3:
             break
     assert mid_ingest >= 3
+
+
+def _digests(path: Path) -> np.ndarray:
+    return np.frombuffer(path.read_bytes(), np.uint64).reshape(-1, 4)
+
+
+@pytest.mark.slow
+async def test_three_dedup_holders_write_the_same_bytes(overlap_reference: tuple[Path, dict], tmp_path: Path) -> None:
+    """`execution.dedup_holders: 3`: the same ingest and rejects as one index in the job's process; holder `p` logs
+    the kept digests whose first word is `p` mod 3, in the one index's order, and the checkpoint counts each. A run
+    stopped and resumed with another holder count keeps the 3 it started with."""
+    ref, _ = overlap_reference
+    want = tree_hashes(ref, "ingest", "rejects")
+    run = tmp_path / "p3"
+    await _ingest(_overlap(tmp_path, workers=2, holders=3), run)
+    assert tree_hashes(run, "ingest", "rejects") == want
+    for name in "abc":
+        ck = json.loads((run / "checkpoints" / f"{name}.json").read_text())
+        one = _digests(ref / "checkpoints" / f"{name}.dedup")
+        assert len(one) == ck["kept"] == ck["dedup_count"] == sum(ck["dedup_counts"]) and len(ck["dedup_counts"]) == 3
+        for p in range(3):
+            mine = _digests(run / "checkpoints" / f"{name}.dedup.{p}-of-3")
+            assert len(mine) == ck["dedup_counts"][p] and (mine == one[one[:, 0] % np.uint64(3) == p]).all()
+        assert not (run / "checkpoints" / f"{name}.dedup").exists()
+    stopped = tmp_path / "stopped"
+    assert not (await ingest_stopped_after(_overlap(tmp_path, workers=2, holders=3), stopped, "b", 300)).done
+    await _ingest(_overlap(tmp_path, workers=2, holders=2), stopped)
+    assert json.loads((stopped / "checkpoints" / "dedup_holders.json").read_text()) == {"holders": 3}
+    assert tree_hashes(stopped, "ingest", "rejects") == want
+
+
+@pytest.mark.slow
+async def test_the_job_process_holds_no_dedup_index(overlap_reference: tuple[Path, dict], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two workers the exact-dedup indexes live in a holder process (forked from the forkserver, which this
+    patch does not reach): the job's process never builds one, and the outputs are the same."""
+    ref, _ = overlap_reference
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a DedupIndex was built in the job's process")
+
+    monkeypatch.setattr(dedup.DedupIndex, "__init__", refuse)
+    await _ingest(_overlap(tmp_path, workers=2), tmp_path / "run")
+    assert tree_hashes(tmp_path / "run", "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")

@@ -15,7 +15,9 @@ from helpers import base_config
 from quality import DedupDecision, DedupIndex
 from quality.dedup import NO_DIGEST, prefix_order, digest_words
 from streamprep.checkpoints import IngestState
+from streamprep.layout import CheckpointLayout
 from streamprep.config import load
+from streamprep.holders import HeldDedup, Holders
 from streamprep.ingest import Ahead, DatasetIngest, IngestContext
 from streamprep.unit_worker import BAD, KEPT, REJECTED, Summary, digest_order
 from streamprep.units import Unit
@@ -256,3 +258,45 @@ def test_a_digest_with_a_zero_prefix_is_not_taken_for_no_digest(tmp_path: Path) 
     codes = decision.twin_many(digest_words(blob), np.array([False, True, False, True, True]))
     assert codes.tolist() == [-1, -1, -1, 0, -1]
     assert len(decision.own) == 2 and zero_prefix in decision.own and NO_DIGEST not in decision.own
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_holders_decide_as_the_index_in_the_process(tmp_path: Path, parts: int) -> None:
+    """Exact dedup over `parts` holders (`streamprep.holders`, here in this process): the same codes, probes and
+    kept digests as one `DedupDecision`, the copies inside a piece and those of an earlier dataset included; holder
+    `p` logs the digests whose first word is `p` mod `parts`, in the order the one log has them."""
+    rng = random.Random(parts)
+    pool = _pool(rng, 600)
+    held_dir, one_dir = tmp_path / "held", tmp_path / "one"
+    held_dir.mkdir()
+    one_dir.mkdir()
+    early = rng.sample(pool, 100)
+    holders = Holders(parts, "inline")
+    for name in ("early", "late"):
+        holders.open(name, held_dir, [0] * parts)
+    HeldDedup(holders, "early", [], [0] * parts).add_many(digest_words(early))
+    held = HeldDedup(holders, "late", ["early"], [0] * parts)
+    one = DedupDecision(_index(one_dir / "late.dedup", []), [("early", _index(one_dir / "early.dedup", early))])
+    assert held.names == one.names == ["", "early"]
+    for k in range(30):
+        s = _piece(rng, pool, rng.choice((0, 1, 50, 300)))
+        words = digest_words(s.digests)
+        kinds = np.frombuffer(s.kinds, np.uint8)
+        kept = (kinds == KEPT)[kinds != BAD]
+        assert held.probe_many(words).tolist() == one.probe_many(words).tolist()
+        if k % 3:
+            assert held.twin_many(words, kept, s.order).tolist() == one.twin_many(words, kept, s.order).tolist()
+        else:  # the record-by-record path's add: new digests, in order
+            fresh = [d for d in dict.fromkeys(pool[k * 10:k * 10 + 40]) if d not in one.own and
+                     not any(d in i for _, i in one.earlier)]
+            held.add_many(digest_words(fresh))
+            one.add_many(digest_words(fresh))
+    held.flush()
+    one.own.flush()
+    logged = digest_words((one_dir / "late.dedup").read_bytes())
+    assert len(logged) > 400 and sum(held.counts) == len(logged)
+    for p in range(parts):
+        log_p = CheckpointLayout(held_dir).dedup_log("late", p, parts)
+        mine = logged[logged[:, 0] % np.uint64(parts) == p]
+        assert held.counts[p] == len(mine) and log_p.read_bytes() == mine.tobytes()
+    assert [d["late"] for d in holders.digests()] == held.counts
