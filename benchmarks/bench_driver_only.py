@@ -1,6 +1,7 @@
 """Can one driver keep up with a cluster? The driver's own work per unit, with workers that do none.
 
     python benchmarks/bench_driver_only.py [--units 1000 10000] [--records 100] [--slope-records 2000] [--dedup none]
+                                           [--holders N]
 
 Runs the real ingest driver (`ingest.ingest_all`: plan written to the run dir, reader, decider with exact
 dedup, committer, part sealing, checkpoints with fsync) over N planned units of a declared 1 GB each, with
@@ -8,7 +9,9 @@ a fake worker runner in place of the QC pool: `judge_piece` returns a Summary of
 unit without reading anything (90 % kept, 5 % exact copies of the previous unit's records, 5 % rejected; with
 the digests' sort, which a worker sends with exact dedup and which counts as the fake workers' CPU),
 `finalize_piece` and `assemble_part` return at once. No input data exists beyond one tiny file the source
-fingerprints. Each N runs in a fresh child process, so its peak RSS is its own.
+fingerprints. Each N runs in a fresh child process, so its peak RSS is its own. The exact-dedup indexes live in
+the dedup holders (`streamprep.holders`; `--holders`, default: the config's, one process beside two workers),
+whose CPU and peak RSS are printed apart: the driver's RSS stays flat in records, a holder's grows ~16 B a kept one.
 
 Prints per N: units/hour, the GB/s of planned input that rate feeds, the driver's CPU-s (the fake workers'
 share, measured, is subtracted), and peak RSS; then the RSS ratio between the largest and the smallest N
@@ -93,7 +96,7 @@ class FakeRunner:
         pass
 
 
-def one(n_units: int, records: int, work: Path, dedup: str) -> dict[str, Any]:
+def one(n_units: int, records: int, work: Path, dedup: str, holders: int | None) -> dict[str, Any]:
     """Run the driver over `n_units` fake units in this process; its figures."""
     from streamprep import ingest, units
     from streamprep.config import load
@@ -105,7 +108,7 @@ def one(n_units: int, records: int, work: Path, dedup: str) -> dict[str, Any]:
     cfg = load({"run": {"name": "driver-only"}, "datasets": [{"name": "web", "path": str(src)}],
                 "tokenizer": {"path": None}, "quality": {"expected_language": None, "dedup": dedup},
                 "output": {"shard_records": 100_000},
-                "execution": {"engine": "local", "workers": 2}})
+                "execution": {"engine": "local", "workers": 2, "dedup_holders": holders}})
     units.plan_dataset = lambda files, *a, **k: [Unit("range", i, str(src), "jsonl", 0, UNIT_BYTES)
                                                  for i in range(n_units)]
     runners: list[FakeRunner] = []
@@ -117,21 +120,30 @@ def one(n_units: int, records: int, work: Path, dedup: str) -> dict[str, Any]:
     ingest.worker_executor = runner  # the seam: where ingest_all makes its executor
     run = work / "run"
     ctx = ingest.IngestContext.of(cfg, run, run / "checkpoints", asyncio.Event())
+    ctx.holders = ingest.start_holders(ctx)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0, c0 = time.perf_counter(), time.process_time()
+    held0 = ctx.holders.usage()
     states = asyncio.run(ingest.ingest_all(ctx))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    held = ctx.holders.usage()
+    ctx.holders.close()
+    inline = ctx.holders.where == "inline"  # then its CPU and RSS are the driver's own
     st = states["web"]
     assert st.done and st.consumed == n_units * records, (st.done, st.consumed)
     return {"units": n_units, "records": records, "wall": wall, "cpu": cpu - runners[0].spent,
             "fake_cpu": runners[0].spent, "rss_before_mb": rss0 / 1024,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "kept": st.kept, "rejected": st.rejected, "parts": st.part_index}
+            "kept": st.kept, "rejected": st.rejected, "parts": st.part_index,
+            "holder_cpu": 0.0 if inline else sum(h["cpu_s"] for h in held) - sum(h["cpu_s"] for h in held0),
+            "holder_rss_mb": 0.0 if inline else max(h["peak_rss_mb"] for h in held)}
 
 
-def child(n_units: int, records: int, work: Path, dedup: str) -> dict[str, Any]:
+def child(n_units: int, records: int, work: Path, dedup: str, holders: int | None) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "--one", str(n_units), "--records", str(records),
-                          "--work", str(work), "--dedup", dedup], capture_output=True, text=True, check=False)
+                          "--work", str(work), "--dedup", dedup]
+                         + ([] if holders is None else ["--holders", str(holders)]),
+                         capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"run of {n_units} units failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -145,23 +157,28 @@ def main() -> None:
                     help="records per unit of one more run (at the smallest N) for the cost per record; 0: skip")
     ap.add_argument("--dedup", default="exact",
                     help="quality.dedup: exact (its index grows 12 B a kept record) or none")
+    ap.add_argument("--holders", type=int, default=None,
+                    help="execution.dedup_holders (0: the index in the driver's process, as before round 26)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, default=None)
     a = ap.parse_args()
     if a.one is not None:
-        print(json.dumps(one(a.one, a.records, a.work, a.dedup)))
+        print(json.dumps(one(a.one, a.records, a.work, a.dedup, a.holders)))
         return
     with tempfile.TemporaryDirectory(prefix="driver-only-") as tmp:
-        runs = [child(n, a.records, Path(tmp) / f"n{n}", a.dedup) for n in a.units]
-        slope = child(min(a.units), a.slope_records, Path(tmp) / "slope", a.dedup) if a.slope_records else None
+        runs = [child(n, a.records, Path(tmp) / f"n{n}", a.dedup, a.holders) for n in a.units]
+        slope = child(min(a.units), a.slope_records, Path(tmp) / "slope", a.dedup, a.holders) \
+            if a.slope_records else None
     print(f"{'units':>7} {'rec/unit':>8} {'wall s':>7} {'units/hour':>11} {'GB/s planned':>12} {'driver CPU-s':>12} "
-          f"{'CPU-ms/unit':>11} {'fake CPU-s':>10} {'RSS before MB':>13} {'peak RSS MB':>11}")
+          f"{'CPU-ms/unit':>11} {'fake CPU-s':>10} {'RSS before MB':>13} {'peak RSS MB':>11} "
+          f"{'holder CPU-s':>12} {'holder RSS MB':>13}")
     for r in runs + ([slope] if slope else []):
         per_h = r["units"] / r["wall"] * 3600
         gbs = per_h / 3600 * UNIT_BYTES / 1e9
         print(f"{r['units']:>7} {r['records']:>8} {r['wall']:>7.2f} {per_h:>11,.0f} {gbs:>12.1f} "
               f"{r['cpu']:>12.2f} {1000 * r['cpu'] / r['units']:>11.2f} {r['fake_cpu']:>10.2f} "
-              f"{r['rss_before_mb']:>13.1f} {r['peak_rss_mb']:>11.1f}")
+              f"{r['rss_before_mb']:>13.1f} {r['peak_rss_mb']:>11.1f} {r['holder_cpu']:>12.2f} "
+              f"{r['holder_rss_mb']:>13.1f}")
     lo, hi = runs[0], runs[-1]
     print(f"peak RSS {hi['units']} / {lo['units']} units: {hi['peak_rss_mb'] / lo['peak_rss_mb']:.3f}x "
           f"(growth during ingest {lo['peak_rss_mb'] - lo['rss_before_mb']:.1f} -> "
@@ -172,6 +189,11 @@ def main() -> None:
         unit_s = base["cpu"] / base["units"] + us  # per unit, plus 10^6 records at `us` microseconds
         print(f"driver CPU per record decided: {us:.2f} us; a 1 GB unit of 10^6 ~1 KB records costs the driver "
               f"~{unit_s:.2f} CPU-s: {3600 / unit_s:,.0f} units/hour ({UNIT_BYTES / unit_s / 1e9:.2f} GB/s)")
+        more = slope["units"] * (slope["records"] - base["records"])  # records decided more than in `base`
+        held_us = 1e6 * (slope["holder_cpu"] - base["holder_cpu"]) / more
+        print(f"per record decided more: the driver's peak RSS "
+              f"{(slope['peak_rss_mb'] - base['peak_rss_mb']) * 2**20 / more:+.2f} B, the holders' "
+              f"{(slope['holder_rss_mb'] - base['holder_rss_mb']) * 2**20 / more:+.2f} B and {held_us:.2f} us of CPU")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,11 @@ records each holder's count (`IngestState.dedup_counts`). `P` is fixed when a ru
 from __future__ import annotations
 
 import os
+import pickle
+import resource
 import threading
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections import deque
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,57 +62,96 @@ class Holder:
     def flush(self, dataset: str) -> None:
         self.indexes[dataset].flush()
 
-    def digests(self) -> dict[str, int]:
-        return {name: len(index) for name, index in self.indexes.items()}
+    def usage(self) -> dict[str, Any]:
+        """The digests it holds per dataset, and its process's CPU seconds and peak RSS (the job's own when
+        inline)."""
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return {"digests": {name: len(index) for name, index in self.indexes.items()},
+                "cpu_s": round(ru.ru_utime + ru.ru_stime, 3), "peak_rss_mb": round(ru.ru_maxrss / 1024, 1)}
 
 
-# -- transports: where a holder runs ---------------------------------------------------------------------------
+# -- transports: where a holder runs; each takes calls (`send`) and gives their answers (`recv`) in order -------
 class _Inline:
-    """A holder in the job's process (`dedup_holders: 0`, or the default with one worker): calls run at once,
-    under a lock (the committer flushes from a thread while the decider probes)."""
+    """A holder in the job's process (`dedup_holders: 0`, or the default with one worker)."""
 
     def __init__(self) -> None:
-        self.holder, self._lock = Holder(), threading.Lock()
+        self.holder, self._answers = Holder(), deque()
 
-    def call(self, method: str, *args: Any) -> Future:
-        fut: Future = Future()
-        with self._lock:
-            try:
-                fut.set_result(getattr(self.holder, method)(*args))
-            except Exception as exc:
-                fut.set_exception(exc)
-        return fut
+    def send(self, method: str, args: tuple) -> None:
+        try:
+            self._answers.append((True, getattr(self.holder, method)(*args)))
+        except Exception as exc:
+            self._answers.append((False, exc))
+
+    def recv(self) -> Any:
+        ok, answer = self._answers.popleft()
+        if not ok:
+            raise answer
+        return answer
 
     def close(self) -> None:
         pass
 
 
-_HOLDER: Holder | None = None  # a holder process's own
-
-
-def _start_holder(driver: int) -> None:
+def _serve(conn: Connection, driver: int) -> None:
+    """A holder process: answer the calls on `conn` in order until it closes; end with the job's process."""
     serve_driver(driver)
-    global _HOLDER
-    _HOLDER = Holder()
+    holder = Holder()
+    while True:
+        try:
+            call = conn.recv()
+        except EOFError:
+            return
+        if call is None:
+            return
+        try:
+            conn.send((True, getattr(holder, call[0])(*call[1])))
+        except Exception as exc:
+            conn.send((False, exc if _picklable(exc) else RuntimeError(f"{type(exc).__name__}: {exc}")))
 
 
-def _serve(method: str, *args: Any) -> Any:
-    return getattr(_HOLDER, method)(*args)
+def _picklable(exc: Exception) -> bool:
+    try:
+        pickle.dumps(exc)
+        return True
+    except Exception:
+        return False
 
 
 class _Process:
-    """A holder in a process of its own: a one-process pool runs its calls one at a time, in the order sent.
+    """A holder in a process of its own, forked from the forkserver, on a pipe (a call's round trip ~0.1 ms).
     A holder that dies fails the job (its index is behind the decisions made): a re-run resumes."""
 
     def __init__(self) -> None:
-        self._pool = ProcessPoolExecutor(1, mp_context=forkserver.context(), initializer=_start_holder,
-                                         initargs=(os.getpid(),))
+        ctx = forkserver.context()
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(theirs, os.getpid()), name="dedup-holder", daemon=True)
+        self._proc.start()
+        theirs.close()
 
-    def call(self, method: str, *args: Any) -> Future:
-        return self._pool.submit(_serve, method, *args)
+    def send(self, method: str, args: tuple) -> None:
+        self._conn.send((method, args))
+
+    def recv(self) -> Any:
+        try:
+            ok, answer = self._conn.recv()
+        except EOFError:
+            raise HolderLost(f"a dedup holder process ended (exit code {self._proc.exitcode}); "
+                             f"re-run the same command to resume") from None
+        if not ok:
+            raise answer
+        return answer
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            self._conn.send(None)
+        except OSError:
+            pass
+        self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
 
 
 class _Actor:
@@ -117,47 +159,65 @@ class _Actor:
     one caller in the order sent. An actor lost with its node fails the job: a re-run resumes."""
 
     def __init__(self, slot: int) -> None:
-        self._actor = ray_cluster.place_actor(Holder, slot)
+        self._actor, self._refs = ray_cluster.place_actor(Holder, slot), deque()
 
-    def call(self, method: str, *args: Any) -> Future:
-        return getattr(self._actor, method).remote(*args).future()
+    def send(self, method: str, args: tuple) -> None:
+        self._refs.append(getattr(self._actor, method).remote(*args))
+
+    def recv(self) -> Any:
+        import ray  # only with ray_address, where it is loaded already
+
+        return ray.get(self._refs.popleft())
 
     def close(self) -> None:
-        import ray
+        import ray  # as above
 
         ray.kill(self._actor)
 
 
+class HolderLost(RuntimeError):
+    """A dedup holder ended during the job."""
+
+
 class Holders:
-    """The run's `parts` holders, wherever they run; `HeldDedup` is one dataset's view of them."""
+    """The run's `parts` holders, wherever they run; `HeldDedup` is one dataset's view of them. Calls may come
+    from any thread (the decider's, the committer's flush): one lock keeps each holder's calls and answers paired."""
 
     def __init__(self, parts: int, where: str) -> None:
         self.parts, self.where = parts, where
         make = {"inline": lambda p: _Inline(), "process": lambda p: _Process(), "ray": _Actor}[where]
         self._holders = [make(p) for p in range(parts)]
-        if where != "inline":
-            for h in self._holders:
-                h.call("ready").result()  # started now: a holder that cannot start fails the job here
+        self._lock = threading.Lock()
+        self.all("ready")  # started now: a holder that cannot start fails the job here
         log.info("dedup holders up", holders=parts, where=where)
 
-    def call(self, p: int, method: str, *args: Any) -> Future:
-        return self._holders[p].call(method, *args)
+    def ask(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
+        """Calls `(holder, method, args)`, sent to all before any answer is awaited: the holders work at once."""
+        with self._lock:
+            for p, method, args in calls:
+                self._holders[p].send(method, args)
+            return [self._holders[p].recv() for p, _, _ in calls]
 
     def all(self, method: str, *args: Any) -> list[Any]:
         """`method` on every holder, their answers in holder order."""
-        return [f.result() for f in [self.call(p, method, *args) for p in range(self.parts)]]
+        return self.ask([(p, method, args) for p in range(self.parts)])
 
     def open(self, dataset: str, checkpoint_dir: Path, counts: list[int]) -> None:
         """Open the dataset's index in every holder, each from its log at the checkpoint's count."""
         layout = CheckpointLayout(checkpoint_dir)
-        for f in [self.call(p, "open", dataset, str(layout.dedup_log(dataset, p, self.parts)), counts[p])
-                  for p in range(self.parts)]:
-            f.result()
+        self.ask([(p, "open", (dataset, str(layout.dedup_log(dataset, p, self.parts)), counts[p]))
+                  for p in range(self.parts)])
 
-    def digests(self) -> list[dict[str, int]]:
-        return self.all("digests")
+    def usage(self) -> list[dict[str, Any]]:
+        """`Holder.usage` of each holder."""
+        return self.all("usage")
 
     def close(self) -> None:
+        if self.where != "inline":
+            try:
+                log.info("dedup holders done", usage=self.usage())
+            except Exception as exc:  # a holder that died: the job is failing already
+                log.warning("a dedup holder did not answer", error=str(exc)[:200])
         for h in self._holders:
             h.close()
 
@@ -201,25 +261,22 @@ class HeldDedup:
         return [np.flatnonzero(part == p) for p in range(self.holders.parts)]
 
     def _ask(self, method: str, words: np.ndarray, *more: np.ndarray | None) -> tuple[list, np.ndarray]:
-        rows = self._rows(words)
-        sent = [(p, r, self.holders.call(p, method, self.dataset, self.earlier,
-                                         *((words, *more) if r is None else (words[r], *(m[r] for m in more)))))
-                for p, r in enumerate(rows) if r is None or len(r)]
+        """`method` on each holder with its rows (and the same rows of `more`); the codes scattered back."""
+        rows = [(p, r) for p, r in enumerate(self._rows(words)) if r is None or len(r)]
+        answers = self.holders.ask([(p, method, (self.dataset, self.earlier, *((words, *more) if r is None else
+                                                                               (words[r], *(m[r] for m in more)))))
+                                    for p, r in rows])
         codes = np.empty(len(words), np.int64)
-        for _, r, fut in sent:
-            codes[slice(None) if r is None else r] = fut.result()
-        return [(p, r) for p, r, _ in sent], codes
+        for (_, r), got in zip(rows, answers):
+            codes[slice(None) if r is None else r] = got
+        return rows, codes
 
     def twin_many(self, words: np.ndarray, kept: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
         """`DedupDecision.twin_many`: per row the index into `names` of the dataset that kept its text, or -1;
         each holder adds its new kept rows. `order` (the worker's sort by prefix) is passed to a lone holder."""
-        if self.holders.parts == 1:
-            codes = self.holders.call(0, "twin_many", self.dataset, self.earlier, words, kept, order).result()
-            self.counts[0] += int(np.count_nonzero(kept & (codes < 0)))
-            return codes.astype(np.int64)
-        sent, codes = self._ask("twin_many", words, kept)
-        for p, r in sent:
-            self.counts[p] += int(np.count_nonzero(kept[r] & (codes[r] < 0)))
+        rows, codes = self._ask("twin_many", words, kept, *([order] if self.holders.parts == 1 else []))
+        for p, r in rows:
+            self.counts[p] += int(np.count_nonzero((kept & (codes < 0)) if r is None else kept[r] & (codes[r] < 0)))
         return codes
 
     def probe_many(self, words: np.ndarray) -> np.ndarray:
@@ -228,11 +285,11 @@ class HeldDedup:
 
     def add_many(self, words: np.ndarray) -> None:
         """Keep these new digests, in order."""
-        for p, r in enumerate(self._rows(words)):
-            rows = words if r is None else words[r]
-            if len(rows):
-                self.holders.call(p, "add_many", self.dataset, rows)
-                self.counts[p] += len(rows)
+        rows = [(p, words if r is None else words[r]) for p, r in enumerate(self._rows(words))]
+        rows = [(p, w) for p, w in rows if len(w)]
+        self.holders.ask([(p, "add_many", (self.dataset, w)) for p, w in rows])
+        for p, w in rows:
+            self.counts[p] += len(w)
 
     def flush(self) -> None:
         """Every holder's log holds at least what it has been told to keep (before a checkpoint)."""

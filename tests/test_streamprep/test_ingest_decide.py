@@ -299,4 +299,4 @@ def test_holders_decide_as_the_index_in_the_process(tmp_path: Path, parts: int) 
         log_p = CheckpointLayout(held_dir).dedup_log("late", p, parts)
         mine = logged[logged[:, 0] % np.uint64(parts) == p]
         assert held.counts[p] == len(mine) and log_p.read_bytes() == mine.tobytes()
-    assert [d["late"] for d in holders.digests()] == held.counts
+    assert [u["digests"]["late"] for u in holders.usage()] == held.counts
