@@ -59,8 +59,11 @@ class Holder:
     def add_many(self, dataset: str, words: np.ndarray) -> None:
         self.indexes[dataset].add_many(words)
 
-    def flush(self, dataset: str) -> None:
-        self.indexes[dataset].flush()
+    def flush(self, dataset: str) -> int:
+        """Log what the index holds; returns that count (what a new holder reads back)."""
+        index = self.indexes[dataset]
+        index.flush()
+        return len(index)
 
     def usage(self) -> dict[str, Any]:
         """The digests it holds per dataset, and its process's CPU seconds and peak RSS (the job's own when
@@ -130,12 +133,15 @@ class _Process:
         theirs.close()
 
     def send(self, method: str, args: tuple) -> None:
-        self._conn.send((method, args))
+        try:
+            self._conn.send((method, args))
+        except OSError:  # it has ended: `recv` says so
+            pass
 
     def recv(self) -> Any:
         try:
             ok, answer = self._conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # (a reset, when it died with a call unread)
             raise HolderLost(f"a dedup holder process ended (exit code {self._proc.exitcode}); "
                              f"re-run the same command to resume") from None
         if not ok:
@@ -159,20 +165,34 @@ class _Actor:
     one caller in the order sent. An actor lost with its node fails the job: a re-run resumes."""
 
     def __init__(self, slot: int) -> None:
+        import ray  # as below
+
         self._actor, self._refs = ray_cluster.place_actor(Holder, slot), deque()
+        ray.get(self._actor.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S)  # no node to place it on
 
     def send(self, method: str, args: tuple) -> None:
         self._refs.append(getattr(self._actor, method).remote(*args))
 
     def recv(self) -> Any:
-        import ray  # only with ray_address, where it is loaded already
+        import ray  # as below
+        from ray.exceptions import RayActorError
 
-        return ray.get(self._refs.popleft())
+        try:
+            return ray.get(self._refs.popleft())
+        except RayActorError as exc:
+            raise HolderLost(f"a dedup holder actor was lost: {exc}") from exc
 
     def close(self) -> None:
-        import ray  # as above
+        import ray  # only with ray_address, where it is loaded already
 
-        ray.kill(self._actor)
+        try:
+            ray.kill(self._actor)
+        except Exception as exc:  # gone with its node, or the cluster is
+            log.info("dedup holder actor already gone", error=str(exc)[:200])
+
+
+CHANGING = ("twin_many", "add_many")  # the calls that change a holder's indexes
+REPLACEMENTS = 4  # holders replaced in one job; then the job fails (and a re-run resumes)
 
 
 class HolderLost(RuntimeError):
@@ -181,22 +201,62 @@ class HolderLost(RuntimeError):
 
 class Holders:
     """The run's `parts` holders, wherever they run; `HeldDedup` is one dataset's view of them. Calls may come
-    from any thread (the decider's, the committer's flush): one lock keeps each holder's calls and answers paired."""
+    from any thread (the decider's, the committer's flush): one lock keeps each holder's calls and answers paired.
+
+    A holder lost during the job (its process killed, its node gone with its actor) is replaced in the job, up to
+    REPLACEMENTS times: the new one reads each of its logs back to the count last flushed and is sent again the
+    calls that changed its indexes since (kept here until the next flush), so it holds what the lost one held."""
 
     def __init__(self, parts: int, where: str) -> None:
         self.parts, self.where = parts, where
-        make = {"inline": lambda p: _Inline(), "process": lambda p: _Process(), "ray": _Actor}[where]
-        self._holders = [make(p) for p in range(parts)]
+        self._make = {"inline": lambda p: _Inline(), "process": lambda p: _Process(), "ray": _Actor}[where]
+        self._holders = [self._make(p) for p in range(parts)]
         self._lock = threading.Lock()
-        self.all("ready")  # started now: a holder that cannot start fails the job here
+        self._logs: list[dict[str, tuple[str, int]]] = [{} for _ in range(parts)]  # dataset -> (log, flushed count)
+        self._since: list[list[tuple[str, tuple]]] = [[] for _ in range(parts)]  # changing calls since then
+        self.replaced = 0
+        self.pids = self.all("ready")  # started now: a holder that cannot start fails the job here
         log.info("dedup holders up", holders=parts, where=where)
 
     def ask(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
         """Calls `(holder, method, args)`, sent to all before any answer is awaited: the holders work at once."""
         with self._lock:
             for p, method, args in calls:
+                if method in CHANGING:
+                    self._since[p].append((method, args))
                 self._holders[p].send(method, args)
-            return [self._holders[p].recv() for p, _, _ in calls]
+            return [self._answer(p, method, args) for p, method, args in calls]
+
+    def _answer(self, p: int, method: str, args: tuple) -> Any:
+        try:
+            got = self._holders[p].recv()
+        except HolderLost as exc:
+            got = self._replace(p, method, args, exc)
+        if method in ("open", "flush"):  # what a new holder would read back of this dataset
+            dataset = args[0]
+            path = args[1] if method == "open" else self._logs[p][dataset][0]
+            self._logs[p][dataset] = (path, args[2] if method == "open" else got)
+            self._since[p] = [c for c in self._since[p] if c[1][0] != dataset]
+        return got
+
+    def _replace(self, p: int, method: str, args: tuple, exc: HolderLost) -> Any:
+        """A new holder `p` in place of a lost one, brought to where the lost one was; the answer to the call
+        the lost one did not give (every call sent to it before that one was answered)."""
+        if self.replaced >= REPLACEMENTS:
+            raise exc
+        self.replaced += 1
+        log.warning("a dedup holder was lost; a new one reads its logs back and is sent again the calls since",
+                    holder=p, replaced=self.replaced, calls=len(self._since[p]), error=str(exc)[:200])
+        self._holders[p].close()
+        new = self._holders[p] = self._make(p)
+        new.send("ready", ())
+        self.pids[p] = new.recv()
+        calls = [("open", (ds, path, n)) for ds, (path, n) in self._logs[p].items()]
+        calls += self._since[p] if method in CHANGING else [*self._since[p], (method, args)]
+        for m, a in calls:  # the unanswered call is the last sent to it: a changing one is in `_since` already
+            new.send(m, a)
+            got = new.recv()
+        return got
 
     def all(self, method: str, *args: Any) -> list[Any]:
         """`method` on every holder, their answers in holder order."""

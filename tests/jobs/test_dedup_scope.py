@@ -22,7 +22,7 @@ from helpers import base_config, english_docs, ingest_stopped_after, tree_hashes
 from quality import dedup
 from streamprep.checkpoints import DatasetFiles
 from streamprep.config import Config, load
-from streamprep.ingest import IngestContext, ingest_all
+from streamprep.ingest import IngestContext, ingest_all, start_holders
 
 OPEN = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
         "reject_copyright": False}
@@ -150,6 +150,20 @@ def _digests(path: Path) -> np.ndarray:
     return np.frombuffer(path.read_bytes(), np.uint64).reshape(-1, 4)
 
 
+def _same_digests_partitioned(run: Path, ref: Path, parts: int) -> None:
+    """Holder `p` of `parts` logged the reference's kept digests whose first word is `p` mod `parts`, in its
+    order, and each dataset's checkpoint counts them."""
+    for name in "abc":
+        ck = json.loads((run / "checkpoints" / f"{name}.json").read_text())
+        one = _digests(ref / "checkpoints" / f"{name}.dedup")
+        assert len(one) == ck["kept"] == ck["dedup_count"] == sum(ck["dedup_counts"])
+        assert len(ck["dedup_counts"]) == parts
+        for p in range(parts):
+            mine = _digests(run / "checkpoints" / f"{name}.dedup.{p}-of-{parts}")
+            assert len(mine) == ck["dedup_counts"][p] and (mine == one[one[:, 0] % np.uint64(parts) == p]).all()
+        assert not (run / "checkpoints" / f"{name}.dedup").exists()
+
+
 @pytest.mark.slow
 async def test_three_dedup_holders_write_the_same_bytes(overlap_reference: tuple[Path, dict], tmp_path: Path) -> None:
     """`execution.dedup_holders: 3`: the same ingest and rejects as one index in the job's process; holder `p` logs
@@ -160,14 +174,7 @@ async def test_three_dedup_holders_write_the_same_bytes(overlap_reference: tuple
     run = tmp_path / "p3"
     await _ingest(_overlap(tmp_path, workers=2, holders=3), run)
     assert tree_hashes(run, "ingest", "rejects") == want
-    for name in "abc":
-        ck = json.loads((run / "checkpoints" / f"{name}.json").read_text())
-        one = _digests(ref / "checkpoints" / f"{name}.dedup")
-        assert len(one) == ck["kept"] == ck["dedup_count"] == sum(ck["dedup_counts"]) and len(ck["dedup_counts"]) == 3
-        for p in range(3):
-            mine = _digests(run / "checkpoints" / f"{name}.dedup.{p}-of-3")
-            assert len(mine) == ck["dedup_counts"][p] and (mine == one[one[:, 0] % np.uint64(3) == p]).all()
-        assert not (run / "checkpoints" / f"{name}.dedup").exists()
+    _same_digests_partitioned(run, ref, 3)
     stopped = tmp_path / "stopped"
     assert not (await ingest_stopped_after(_overlap(tmp_path, workers=2, holders=3), stopped, "b", 300)).done
     await _ingest(_overlap(tmp_path, workers=2, holders=2), stopped)
@@ -188,3 +195,25 @@ async def test_the_job_process_holds_no_dedup_index(overlap_reference: tuple[Pat
     monkeypatch.setattr(dedup.DedupIndex, "__init__", refuse)
     await _ingest(_overlap(tmp_path, workers=2), tmp_path / "run")
     assert tree_hashes(tmp_path / "run", "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+
+
+@pytest.mark.slow
+async def test_a_killed_dedup_holder_is_replaced_inside_the_job(overlap_reference: tuple[Path, dict],
+                                                                tmp_path: Path) -> None:
+    """kill -9 of a holder process while the second dataset is decided: a new holder reads the logs back, is sent
+    again the calls since their last flush, and the job goes on to the same bytes and the same digest logs."""
+    ref, _ = overlap_reference
+    run = tmp_path / "run"
+    ctx = IngestContext.of(_overlap(tmp_path, workers=2, holders=2), run, run / "checkpoints", asyncio.Event())
+    ctx.holders = start_holders(ctx)
+    try:
+        task = asyncio.create_task(ingest_all(ctx))
+        while "b" not in ctx.progress or ctx.progress["b"].consumed < 300:
+            await asyncio.sleep(0.001)
+        os.kill(ctx.holders.pids[1], signal.SIGKILL)
+        await task
+        assert ctx.holders.replaced == 1 and ctx.holders.pids[1] is not None
+    finally:
+        ctx.holders.close()
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+    _same_digests_partitioned(run, ref, 2)
