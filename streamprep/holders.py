@@ -378,4 +378,6 @@ def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool) -> Ho
         wanted = 1 if execution.ray_address or resolved_workers(execution.workers) > 1 else 0
     parts = partitions(checkpoint_dir, max(1, wanted), started)
     where = "inline" if wanted == 0 else "ray" if execution.ray_address else "process"
+    if where == "ray":  # attached now if the engine's thread has not yet (engine: xenna attaches there)
+        ray_cluster.connect(execution.ray_address, resolved_workers(execution.workers))
     return Holders(parts, where)
