@@ -216,7 +216,7 @@ class Holders:
         self._since: list[list[tuple[str, tuple]]] = [[] for _ in range(parts)]  # changing calls since then
         self.replaced = 0
         self.pids = self.all("ready")  # started now: a holder that cannot start fails the job here
-        log.info("dedup holders up", holders=parts, where=where)
+        log.info("dedup holders up", holders=parts, where=where, pids=self.pids)
 
     def ask(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
         """Calls `(holder, method, args)`, sent to all before any answer is awaited: the holders work at once."""
