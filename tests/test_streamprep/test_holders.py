@@ -1,0 +1,49 @@
+"""The dedup holders' bookkeeping: the holder count a run keeps, a holder process's answers and errors."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quality.dedup import digest_words
+from streamprep.holders import HeldDedup, Holders, partitions
+from streamprep.layout import CheckpointLayout
+
+
+def test_the_holder_count_is_fixed_when_a_run_starts(tmp_path: Path) -> None:
+    """A new run writes the configured count and every later start keeps it; a run that an earlier streamprep
+    started (a checkpoint, no saved count) keeps its one log per dataset."""
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir()
+    old.mkdir()
+    assert partitions(new, 3, started=False) == 3
+    assert partitions(new, 2, started=True) == partitions(new, 1, started=False) == 3
+    assert json.loads(CheckpointLayout(new).dedup_holders.read_text()) == {"holders": 3}
+    assert partitions(old, 4, started=True) == 1 and partitions(old, 4, started=True) == 1
+
+
+@pytest.mark.slow
+def test_a_holder_process_answers_in_order_and_sends_errors_back(tmp_path: Path) -> None:
+    """Two holder processes: the digests split by their first word, a copy found on its holder, and a call that
+    fails there (an unopened dataset) raised in the caller, the holder still serving afterwards."""
+    digests = [hashlib.sha256(str(i).encode()).digest() for i in range(200)]
+    words = digest_words(digests)
+    with Holders(2, "process") as holders:
+        assert len(set(holders.pids)) == 2
+        holders.open("d", tmp_path, [0, 0])
+        held = HeldDedup(holders, "d", [], [0, 0])
+        assert (held.twin_many(words, np.ones(200, bool)) == -1).all()
+        odd = int(np.count_nonzero(words[:, 0] % np.uint64(2)))
+        assert held.counts == [200 - odd, odd] and 0 < odd < 200
+        again = held.twin_many(words[::-1], np.ones(200, bool))
+        assert (again == 0).all() and held.counts == [200 - odd, odd]
+        with pytest.raises(KeyError, match="other"):
+            HeldDedup(holders, "other", [], [0, 0]).probe_many(words)
+        assert (held.probe_many(words) == 0).all()
+        held.flush()
+        assert [u["digests"] for u in holders.usage()] == [{"d": 200 - odd}, {"d": odd}]
+    for p, n in enumerate((200 - odd, odd)):
+        assert CheckpointLayout(tmp_path).dedup_log("d", p, 2).stat().st_size == 32 * n
