@@ -204,7 +204,6 @@ class DatasetIngest:
         decided: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
         reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, judged))
         decider: asyncio.Task | None = None
-        dedup: HeldDedup | None = None
         try:
             earlier = await self._earlier_indexes()
             if earlier is not None:
