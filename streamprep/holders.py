@@ -225,7 +225,7 @@ class Holders:
         call that raised raises here, once every answer is in (so none is left to pair with a later call)."""
         with self._lock:
             for p, method, args in calls:
-                if method in CHANGING:
+                if method in CHANGING and self.where != "inline":  # (one in the job's process is never lost)
                     self._since[p].append((method, args))
                 self._holders[p].send(method, args)
             answers, failed = [], None
