@@ -121,12 +121,18 @@ class Call:
         try:
             out["result"] = self.fn(*self.args)
         except Exception as exc:
-            try:
-                pickle.dumps(exc)
-                out["error"] = exc
-            except Exception:
-                out["error"] = RuntimeError(f"{type(exc).__name__}: {exc}")
+            out["error"] = picklable_error(exc)
         return out
+
+
+def picklable_error(exc: Exception) -> Exception:
+    """`exc`, or a RuntimeError naming it when it cannot be pickled: an answer that carries it crosses processes,
+    and an unpicklable one would fail the whole call (a pipeline, a holder's pipe)."""
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 class LocalExecutor(Executor):

@@ -12,7 +12,6 @@ records each holder's count (`IngestState.dedup_counts`). `P` is fixed when a ru
 from __future__ import annotations
 
 import os
-import pickle
 import resource
 import threading
 from collections import deque
@@ -26,6 +25,7 @@ from quality.dedup import DedupDecision, DedupIndex
 from streamprep import atomic, forkserver, logs, ray_cluster
 from streamprep.children import serve_driver
 from streamprep.config import ExecutionConfig, resolved_workers
+from streamprep.executor import picklable_error
 from streamprep.layout import CheckpointLayout, read_json
 
 log = logs.get("holders")
@@ -110,15 +110,7 @@ def _serve(conn: Connection, driver: int) -> None:
         try:
             conn.send((True, getattr(holder, call[0])(*call[1])))
         except Exception as exc:
-            conn.send((False, exc if _picklable(exc) else RuntimeError(f"{type(exc).__name__}: {exc}")))
-
-
-def _picklable(exc: Exception) -> bool:
-    try:
-        pickle.dumps(exc)
-        return True
-    except Exception:
-        return False
+            conn.send((False, picklable_error(exc)))
 
 
 class _Process:
@@ -349,8 +341,9 @@ class HeldDedup:
         """`DedupDecision.twin_many`: per row the index into `names` of the dataset that kept its text, or -1;
         each holder adds its new kept rows. `order` (the worker's sort by prefix) is passed to a lone holder."""
         rows, codes = self._ask("twin_many", words, kept, *([order] if self.holders.parts == 1 else []))
+        added = kept & (codes < 0)  # the new kept rows, which their holders added
         for p, r in rows:
-            self.counts[p] += int(np.count_nonzero((kept & (codes < 0)) if r is None else kept[r] & (codes[r] < 0)))
+            self.counts[p] += int(np.count_nonzero(added if r is None else added[r]))
         return codes
 
     def probe_many(self, words: np.ndarray) -> np.ndarray:
