@@ -377,10 +377,11 @@ def partitions(checkpoint_dir: Path, wanted: int, started: bool) -> int:
     return parts
 
 
-def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool) -> Holders:
+def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool, exact: bool = True) -> Holders:
     """The job's holders: `execution.dedup_holders` of them (unset: one beside two workers or more, or in the
-    job's process for one; 0: in the job's process), Ray actors with `ray_address`."""
-    wanted = execution.dedup_holders
+    job's process for one; 0: in the job's process), Ray actors with `ray_address`. Without exact dedup
+    (`exact` False: `quality.dedup: none`) they would hold nothing: none is started, whatever the count."""
+    wanted = execution.dedup_holders if exact else 0
     if wanted is None:
         wanted = 1 if execution.ray_address or resolved_workers(execution.workers) > 1 else 0
     parts = partitions(checkpoint_dir, max(1, wanted), started)

@@ -706,7 +706,7 @@ def start_holders(ctx: IngestContext) -> Holders:
     started by an earlier streamprep, with one log per dataset."""
     layout = CheckpointLayout(ctx.checkpoint_dir)
     started = any(layout.checkpoint(ds.name).exists() for ds in ctx.datasets)
-    return holders.start(ctx.execution, ctx.checkpoint_dir, started)
+    return holders.start(ctx.execution, ctx.checkpoint_dir, started, exact=ctx.quality.dedup != "none")
 
 
 def _remove(paths: list[str]) -> None:

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from quality.dedup import digest_words
-from streamprep.holders import HeldDedup, Holders, partitions
+from streamprep.config import SPEC, ExecutionConfig
+from streamprep.holders import HeldDedup, Holders, partitions, start
 from streamprep.layout import CheckpointLayout
 
 
@@ -23,6 +25,18 @@ def test_the_holder_count_is_fixed_when_a_run_starts(tmp_path: Path) -> None:
     assert partitions(new, 2, started=True) == partitions(new, 1, started=False) == 3
     assert json.loads(CheckpointLayout(new).dedup_holders.read_text()) == {"holders": 3}
     assert partitions(old, 4, started=True) == 1 and partitions(old, 4, started=True) == 1
+
+
+def test_no_holder_process_is_started_without_exact_dedup(tmp_path: Path) -> None:
+    """`quality.dedup: none` leaves nothing to hold: the job's process stands in (no fork, no pipe), even for a
+    configured count; with exact dedup the same config starts holder processes. Found in round 27: a 2 M-record
+    job with dedup off forked a holder of ~100 MB that held nothing."""
+    defaults = {key: default for key, (_, default) in SPEC["execution"].items()}
+    execution = ExecutionConfig.from_dict({**defaults, "workers": 2, "dedup_holders": 3})
+    with start(execution, tmp_path / "off", started=False, exact=False) as holders:
+        assert holders.where == "inline" and holders.pids == [os.getpid()]
+    with start(execution, tmp_path / "on", started=False) as holders:
+        assert holders.where == "process" and len(set(holders.pids)) == 3
 
 
 @pytest.mark.slow
