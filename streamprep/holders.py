@@ -7,7 +7,9 @@ share a holder, so the copies inside a piece are settled there too. The decider 
 in plan order it sends each holder its rows and scatters the answers back, and a holder runs its calls in the
 order they were sent, so every index and log grows in plan order whatever the worker count, and the checkpoint
 records each holder's count (`IngestState.dedup_counts`). `P` is fixed when a run starts
-(`<checkpoint_dir>/dedup_holders.json`); a resume keeps it. `docs/units.md`, "Dedup holders".
+(`<checkpoint_dir>/dedup_holders.json`); a resume keeps it. Holder 0 also keeps the near-dedup indexes (band
+indexes do not split by digest) and walks the pieces that near-dedup or `size_mb` decide record by record
+(`walk`), so their indexes leave the job's process too. `docs/units.md`, "Dedup holders".
 """
 from __future__ import annotations
 
@@ -17,25 +19,88 @@ import threading
 from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 import numpy as np
 
 from quality.dedup import DedupDecision, DedupIndex
+from quality.near_dedup import NearDecision, NearDupIndex
+from quality.settings import NearDedupSettings
 from streamprep import atomic, forkserver, logs, ray_cluster
 from streamprep.children import serve_driver
 from streamprep.config import ExecutionConfig, resolved_workers
 from streamprep.executor import picklable_error
 from streamprep.layout import CheckpointLayout, read_json
+from streamprep.unit_worker import BAD, KEPT
 
 log = logs.get("holders")
 
 
+class Walk(NamedTuple):
+    """A piece decided record by record (`walk`)."""
+
+    n: int                                   # records walked (a cap stops the walk)
+    capped: bool                             # `max_records` or `size_mb` ended the dataset in the piece
+    size_capped: bool                        # `size_mb` did, at the last record walked
+    keep: bytes                              # one byte per record walked
+    dup: dict[int, int]                      # record -> index in the decider's `names` of the dataset keeping its text
+    near: dict[int, tuple[str, int, float]]  # record -> (the twin's dataset, "" = this one; its source index; Jaccard)
+    near_bytes: int                          # what the records kept add to the near-dedup log
+
+
+def walk(kinds: bytes, text_bytes: np.ndarray, digests: list[bytes | None], codes: list[int], signatures: list | None,
+         consumed: int, cap: int | None, kept_bytes: int, size_cap: int | None, dedup_on: bool,
+         near: NearDecision | None = None) -> Walk:
+    """A piece's verdicts record by record from the dataset's counters (`consumed`, `kept_bytes`): `codes`, the
+    exact-dedup probe of its judged records (the indexes as they stood, nothing added), a copy of a record kept
+    earlier in the piece being this dataset's; `near`, the near-dedup decision, into whose own index each record
+    kept is added (a twin is looked for among the records kept before it, in this piece too). `max_records` stops
+    the walk before a record, `size_mb` after the kept record that reaches it."""
+    keep, dup, near_of, kept_here = bytearray(), {}, {}, set()
+    sizes, digest_of, code_of = iter(text_bytes.tolist()), iter(digests), iter(codes)
+    if near is not None:
+        near.prepare(signatures or [None] * len(digests))
+    capped = size_capped = False
+    near_bytes = 0
+    for j, kind in enumerate(kinds):
+        if cap is not None and consumed >= cap:
+            capped = True
+            break
+        ordinal = consumed
+        consumed += 1
+        kept = kind == KEPT
+        size = next(sizes) if kept else 0
+        if kind != BAD:
+            digest = next(digest_of)
+            twin = near.next_twin() if near is not None else None  # (always: the index follows the piece)
+            code = next(code_of, -1)
+            if dedup_on and digest in kept_here:
+                code = 0  # kept earlier in this piece: by this dataset
+            if code >= 0:
+                kept, dup[j] = False, code
+            elif kept and twin is not None:
+                kept, near_of[j] = False, (twin[0], *twin[1])
+        keep.append(kept)
+        if kept:
+            if dedup_on:
+                kept_here.add(digest)
+            if near is not None:
+                near_bytes += near.own.add(ordinal)
+            kept_bytes += size
+            if size_cap is not None and kept_bytes >= size_cap:
+                capped = size_capped = True
+                break
+    return Walk(len(keep), capped, size_capped, bytes(keep), dup, near_of, near_bytes)
+
+
 class Holder:
-    """One partition's indexes, a `DedupIndex` per dataset, wherever its transport runs it."""
+    """One partition's indexes, a `DedupIndex` per dataset, wherever its transport runs it; holder 0 also the
+    near-dedup index of each dataset (`NearDupIndex`), whose records it logs at each `flush`."""
 
     def __init__(self) -> None:
         self.indexes: dict[str, DedupIndex] = {}
+        self.near: dict[str, NearDupIndex] = {}
+        self.near_logs: dict[str, BinaryIO] = {}  # each near index's log, appended to after each walk
 
     def ready(self) -> int:
         return os.getpid()
@@ -59,18 +124,52 @@ class Holder:
     def add_many(self, dataset: str, words: np.ndarray) -> None:
         self.indexes[dataset].add_many(words)
 
-    def flush(self, dataset: str) -> int:
-        """Log what the index holds; returns that count (what a new holder reads back)."""
-        index = self.indexes[dataset]
-        index.flush()
-        return len(index)
+    def open_near(self, dataset: str, log_path: str, nbytes: int, near: NearDedupSettings) -> None:
+        """The dataset's near-dedup index from its log, cut to the checkpoint's `nbytes` (a log written past
+        them, by a holder lost while logging, loses that tail: the calls since are sent again)."""
+        path = Path(log_path)
+        if path.exists() and path.stat().st_size > nbytes:
+            os.truncate(path, nbytes)
+        index = self.near[dataset] = NearDupIndex(near, path)
+        index.load()
+        self.near_logs[dataset] = open(path, "ab", opener=atomic.nofollow)  # noqa: SIM115 - closed by `close`
+
+    def walk(self, dataset: str, earlier: list[str], *args: Any) -> Walk:
+        """`walk` of a piece with the near-dedup indexes here: the dataset's own, and the datasets' listed before it
+        (`earlier`: `dedup_scope: run`). The records it keeps are appended to the log at once (a later twin is
+        read back from there), and fsynced at the next `flush`."""
+        own = self.near[dataset]
+        result = walk(*args, near=NearDecision(own, [(name, self.near[name]) for name in earlier]))
+        if data := own.take_log():
+            self.near_logs[dataset].write(data)
+            self.near_logs[dataset].flush()
+        return result
+
+    def flush(self, dataset: str) -> tuple[int, int]:
+        """Log what the indexes hold (fsynced); returns (digests, near-dedup log bytes): what a new holder reads
+        back."""
+        count = nbytes = 0
+        if (index := self.indexes.get(dataset)) is not None:
+            index.flush()
+            count = len(index)
+        if (near := self.near.get(dataset)) is not None:
+            os.fsync(self.near_logs[dataset].fileno())
+            nbytes = len(near) * near.record_size
+        return count, nbytes
 
     def usage(self) -> dict[str, Any]:
-        """The digests it holds per dataset, and its process's CPU seconds and peak RSS (the job's own when
-        inline)."""
+        """The digests and near-dedup records it holds per dataset, and its process's CPU seconds and peak RSS
+        (the job's own when inline)."""
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        return {"digests": {name: len(index) for name, index in self.indexes.items()},
+        near = {"near": {name: len(index) for name, index in self.near.items()}} if self.near else {}
+        return {"digests": {name: len(index) for name, index in self.indexes.items()}, **near,
                 "cpu_s": round(ru.ru_utime + ru.ru_stime, 3), "peak_rss_mb": round(ru.ru_maxrss / 1024, 1)}
+
+    def close(self) -> None:
+        for index in self.near.values():
+            index.close()
+        for fh in self.near_logs.values():
+            fh.close()
 
 
 # -- transports: where a holder runs; each takes calls (`send`) and gives their answers (`recv`) in order -------
@@ -93,7 +192,7 @@ class _Inline:
         return answer
 
     def close(self) -> None:
-        pass
+        self.holder.close()
 
 
 def _serve(conn: Connection, driver: int) -> None:
@@ -185,7 +284,8 @@ class _Actor:
             log.info("dedup holder actor already gone", error=str(exc)[:200])
 
 
-CHANGING = ("twin_many", "add_many")  # the calls that change a holder's indexes
+CHANGING = ("twin_many", "add_many", "walk")  # the calls that change a holder's indexes
+OPENS = ("open", "open_near")  # the calls that open an index from its log; `flush` answers their counts in order
 REPLACEMENTS = 4  # holders replaced in one job; then the job fails (and a re-run resumes)
 
 
@@ -206,7 +306,8 @@ class Holders:
         self._make = {"inline": lambda p: _Inline(), "process": lambda p: _Process(), "ray": _Actor}[where]
         self._holders = [self._make(p) for p in range(parts)]
         self._lock = threading.Lock()
-        self._logs: list[dict[str, tuple[str, int]]] = [{} for _ in range(parts)]  # dataset -> (log, flushed count)
+        # (open call, dataset) -> its arguments, the count (or bytes) as last flushed: what a new holder reads back
+        self._opened: list[dict[tuple[str, str], list]] = [{} for _ in range(parts)]
         self._since: list[list[tuple[str, tuple]]] = [[] for _ in range(parts)]  # changing calls since then
         self.replaced = 0
         self.pids = self.all("ready")  # started now: a holder that cannot start fails the job here
@@ -235,10 +336,14 @@ class Holders:
             got = self._holders[p].recv()
         except HolderLost as exc:
             got = self._replace(p, method, args, exc)
-        if method in ("open", "flush"):  # what a new holder would read back of this dataset
+        if method in OPENS or method == "flush":  # what a new holder would read back of this dataset
             dataset = args[0]
-            path = args[1] if method == "open" else self._logs[p][dataset][0]
-            self._logs[p][dataset] = (path, args[2] if method == "open" else got)
+            if method == "flush":
+                for opener, flushed in zip(OPENS, got):
+                    if (opener, dataset) in self._opened[p]:
+                        self._opened[p][opener, dataset][2] = flushed
+            else:
+                self._opened[p][method, dataset] = list(args)
             self._since[p] = [c for c in self._since[p] if c[1][0] != dataset]
         return got
 
@@ -254,7 +359,7 @@ class Holders:
         new = self._holders[p] = self._make(p)
         new.send("ready", ())
         self.pids[p] = new.recv()
-        calls = [("open", (ds, path, n)) for ds, (path, n) in self._logs[p].items()]
+        calls = [(opener, tuple(args)) for (opener, _), args in self._opened[p].items()]
         calls += self._since[p] if method in CHANGING else [*self._since[p], (method, args)]
         for m, a in calls:  # the unanswered call is the last sent to it: a changing one is in `_since` already
             new.send(m, a)
@@ -270,6 +375,14 @@ class Holders:
         layout = CheckpointLayout(checkpoint_dir)
         self.ask([(p, "open", (dataset, str(layout.dedup_log(dataset, p, self.parts)), counts[p]))
                   for p in range(self.parts)])
+
+    def open_near(self, dataset: str, log_path: Path, nbytes: int, near: NearDedupSettings) -> None:
+        """Open the dataset's near-dedup index in holder 0 from its log at the checkpoint's `nbytes`."""
+        self.ask([(0, "open_near", (dataset, str(log_path), nbytes, near))])
+
+    def walk(self, dataset: str, earlier: list[str], *args: Any) -> Walk:
+        """`Holder.walk` on holder 0, which keeps the near-dedup indexes."""
+        return self.ask([(0, "walk", (dataset, earlier, *args))])[0]
 
     def usage(self) -> list[dict[str, Any]]:
         """`Holder.usage` of each holder."""
@@ -377,11 +490,11 @@ def partitions(checkpoint_dir: Path, wanted: int, started: bool) -> int:
     return parts
 
 
-def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool, exact: bool = True) -> Holders:
+def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool, holding: bool = True) -> Holders:
     """The job's holders: `execution.dedup_holders` of them (unset: one beside two workers or more, or in the
-    job's process for one; 0: in the job's process), Ray actors with `ray_address`. Without exact dedup
-    (`exact` False: `quality.dedup: none`) they would hold nothing: none is started, whatever the count."""
-    wanted = execution.dedup_holders if exact else 0
+    job's process for one; 0: in the job's process), Ray actors with `ray_address`. Without exact dedup or
+    near-dedup (`holding` False) they would hold nothing: none is started, whatever the count."""
+    wanted = execution.dedup_holders if holding else 0
     if wanted is None:
         wanted = 1 if execution.ray_address or resolved_workers(execution.workers) > 1 else 0
     parts = partitions(checkpoint_dir, max(1, wanted), started)

@@ -3,10 +3,10 @@
     reader ──unit (or a batch the driver read from a source without files)──▶ worker: judge_piece (stage the judged
        columns; an hf:// unit's file is downloaded by the worker, within the driver's download window)
        ◀──Summary: kind, digest, kept bytes, failed check per item (no record bytes)──
-    decider (one per dataset, plan order): ordinals, exact/near dedup, caps, rejects sample ──Decision──▶
+    decider (one per dataset, plan order): ordinals, dedup (the holders'), caps, rejects sample ──Decision──▶
        worker: finalize_piece (kept lines, reject lines, audit stats)
     committer (plan order): stats and rejects appended, each full part assembled by a worker
-       (assemble_part), dedup log flushed, then checkpoints.save (atomic)
+       (assemble_part), the holders' dedup logs flushed, then checkpoints.save (atomic)
 
 Outputs depend only on the input order and the config, never on the worker count or on where a
 previous attempt was interrupted: decisions and commits follow plan order. The driver reads no record:
@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import aiofiles
 import numpy as np
 
-from quality import QualitySettings, near_dedup
+from quality import QualitySettings
 from quality.dedup import digest_words
 from streamprep import atomic, engines, holders, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
@@ -70,7 +70,7 @@ class IngestContext:
     stop: asyncio.Event
     progress: dict[str, IngestState] = field(default_factory=dict)
     on_checkpoint: Callable[[IngestState], None] | None = None  # after every save: hands sealed parts on
-    finished_near: dict[str, near_dedup.NearDupIndex | None] = field(default_factory=dict)  # done: its near index
+    finished: set[str] = field(default_factory=set)  # the datasets done (their indexes stay in the holders)
     _done: dict[str, asyncio.Event] = field(default_factory=dict)
     executor: Executor | None = None  # the job's; None: ingest makes its own (`worker_executor`) and closes it
     holders: Holders | None = None  # the job's dedup holders; None: ingest starts its own and closes them
@@ -85,10 +85,10 @@ class IngestContext:
                    checkpoint_dir, stop, {} if progress is None else progress, on_checkpoint, executor=executor,
                    holders=holders)
 
-    def publish(self, name: str, near: near_dedup.NearDupIndex | None = None) -> None:
-        """Dataset `name` is done: its exact-dedup index stays in the holders, `near` is its near-dedup index when
-        on (`dedup_scope: run` checks them)."""
-        self.finished_near[name] = near
+    def publish(self, name: str) -> None:
+        """Dataset `name` is done: its exact- and near-dedup indexes stay in the holders (`dedup_scope: run`
+        checks them)."""
+        self.finished.add(name)
         self._done.setdefault(name, asyncio.Event()).set()
 
     async def wait_done(self, name: str) -> bool:
@@ -98,7 +98,7 @@ class IngestContext:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for t in tasks:
             t.cancel()
-        return name in self.finished_near
+        return name in self.finished
 
     @property
     def hf_cache(self) -> Path:
@@ -155,10 +155,10 @@ class DatasetIngest:
         self.batch = ctx.execution.batch_records
         quality = ctx.quality
         self.dedup_on = quality.dedup != "none"
-        near = quality.near_dedup
-        self.near = near_dedup.NearDupIndex(near, self.files.near_dedup) if near.enabled else None
+        self.near = quality.near_dedup if quality.near_dedup.enabled else None  # its index: in holder 0
         # `dedup_scope: run` applies to exact dedup and near-dedup alike
         self.run_scope = (self.dedup_on or self.near is not None) and quality.dedup_scope == "run"
+        self.earlier: list[str] = []  # `dedup_scope: run`: the datasets listed before this one
         self.size_cap = int(ds.size_mb * 1024 * 1024) if ds.size_mb else None
         # how the workers open the dataset's files: its storage options (object stores), or an hf.FileReader
         self.options: Any = thaw(ds.storage_options or {})
@@ -179,11 +179,9 @@ class DatasetIngest:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
             if self.run_scope:
                 await asyncio.to_thread(self._open_index, state)
-                self.ctx.publish(name, await asyncio.to_thread(self._load_near))
+                self.ctx.publish(name)
             return state
         counts = await asyncio.to_thread(self._open_index, state)
-        if self.near is not None:
-            await asyncio.to_thread(self._load_near)
         ex = self.ctx.execution
         self.source = source = open_source(self.ds, self.ctx.hf_cache, ex.max_concurrent_downloads,
                                            prefetch_files=ex.hf_prefetch_files, cache_max_gb=ex.hf_cache_max_gb,
@@ -205,21 +203,18 @@ class DatasetIngest:
         reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, judged))
         decider: asyncio.Task | None = None
         try:
-            earlier = await self._earlier_indexes()
+            earlier = await self._earlier_datasets()
             if earlier is not None:
-                near = near_dedup.NearDecision(self.near, [(n, i) for n, i in earlier if i is not None]) \
-                    if self.near is not None else None
+                self.earlier = earlier
                 self._ahead = Ahead.of(state)
-                dedup = HeldDedup(self.ctx.holders, name, [n for n, _ in earlier], counts)
-                decider = asyncio.create_task(self._decide_all(self._ahead, dedup, near, judged, decided))
+                dedup = HeldDedup(self.ctx.holders, name, earlier, counts)
+                decider = asyncio.create_task(self._decide_all(self._ahead, dedup, judged, decided))
                 await self._commit_all(state, dedup, decided)
         finally:
             for task in (reader, decider):
                 if task is not None:
                     task.cancel()
             await asyncio.gather(*(t for t in (reader, decider) if t is not None), return_exceptions=True)
-            if self.near is not None:
-                self.near.close()
             for q in (judged, decided):  # drop work done ahead; the checkpoint does not include it
                 while not q.empty():
                     item = q.get_nowait()
@@ -227,9 +222,8 @@ class DatasetIngest:
                         item[-1].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
-        if state.done:
-            if self.run_scope:
-                self.ctx.publish(name, self.near)
+        if state.done and self.run_scope:
+            self.ctx.publish(name)
         return state
 
     def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:
@@ -265,15 +259,10 @@ class DatasetIngest:
             self.window.drop_passed((state.position or START)["unit"])
         return plan
 
-    def _load_near(self) -> near_dedup.NearDupIndex | None:
-        """The dataset's near-dedup index, rebuilt from its log (already repaired to the checkpoint's length)."""
-        if self.near is not None:
-            self.near.load()
-        return self.near
-
     def _open_index(self, state: IngestState) -> list[int]:
-        """Open the dataset's exact-dedup index in the holders, each from its log at the checkpoint's count;
-        returns those counts."""
+        """Open the dataset's exact-dedup index in the holders, each from its log at the checkpoint's count, and its
+        near-dedup index in holder 0 from its log (already repaired to the checkpoint's length); returns the
+        counts."""
         parts = self.ctx.holders.parts
         counts = list(state.dedup_counts) or ([0] * parts if not state.dedup_count else [state.dedup_count])
         if len(counts) != parts:
@@ -282,13 +271,14 @@ class DatasetIngest:
                               f"start over with a new --run-dir")
         if self.dedup_on:
             self.ctx.holders.open(self.ds.name, self.ctx.checkpoint_dir, counts)
+        if self.near is not None:
+            self.ctx.holders.open_near(self.ds.name, self.files.near_dedup, state.near_dedup_bytes, self.near)
         return counts
 
-    async def _earlier_indexes(self) -> list[tuple[str, near_dedup.NearDupIndex | None]] | None:
-        """`dedup_scope: run`: the datasets listed before this one (their exact indexes stay in the holders) and
-        their near-dedup indexes, once they are all done (None if the job stops first). Deciding nothing before
-        then makes the earlier dataset win a cross-dataset (near-)duplicate whatever the timing; workers still
-        judge ahead (bounded by the queue)."""
+    async def _earlier_datasets(self) -> list[str] | None:
+        """`dedup_scope: run`: the datasets listed before this one (their indexes stay in the holders), once they
+        are all done (None if the job stops first). Deciding nothing before then makes the earlier dataset win a
+        cross-dataset (near-)duplicate whatever the timing; workers still judge ahead (bounded by the queue)."""
         if not self.run_scope:
             return []
         earlier = []
@@ -297,7 +287,7 @@ class DatasetIngest:
                 break
             if not await self.ctx.wait_done(ds.name):
                 return None
-            earlier.append((ds.name, self.ctx.finished_near[ds.name]))
+            earlier.append(ds.name)
         return earlier
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
@@ -385,8 +375,7 @@ class DatasetIngest:
         return await self._or_stop(asyncio.get_running_loop().run_in_executor(self.reader_pool, fn))
 
     # -- deciding: in plan order, on summaries -------------------------------------------------------
-    async def _decide_all(self, a: Ahead, dedup: HeldDedup, near: near_dedup.NearDecision | None,
-                          judged: asyncio.Queue, decided: asyncio.Queue) -> None:
+    async def _decide_all(self, a: Ahead, dedup: HeldDedup, judged: asyncio.Queue, decided: asyncio.Queue) -> None:
         """Queue items `(stage, decision or None, counters after it, finalize call or None)`, then None (the
         dataset ends: all read, or a cap reached); a failure ends the queue with its exception."""
         try:
@@ -400,13 +389,11 @@ class DatasetIngest:
                 unit, stage = self.units[u], self._stage(u, k)
                 d, capped = None, False
                 if not (unit.kind in units.NUMBERED and unit.file == a.position["skip_file"]):
-                    d, capped = self._decide(a, dedup, near, unit, summary)
+                    d, capped = self._decide(a, dedup, unit, summary)
                     if self.dedup_on and len(dedup.counts) > 1:
                         a.dedup_counts = list(dedup.counts)
                     # a piece that reaches max_records exactly ends the dataset too: nothing after it is read
                     capped = capped or (self.ds.max_records is not None and a.consumed >= self.ds.max_records)
-                    if self.near is not None and (near_log := self.near.take_log()):
-                        await _append(self.files.near_dedup, near_log)
                     if summary.rest_failed:
                         a.position["skip_file"] = unit.file
                 self._advance(a, u, k, source, last, len(summary.kinds))
@@ -491,19 +478,18 @@ class DatasetIngest:
                       "file": nxt.file if nxt else unit.file + 1,
                       "offset": nxt.start if nxt and nxt.kind == "range" else None}
 
-    def _decide(self, a: Ahead, dedup: Dedup, near_dec: near_dedup.NearDecision | None, unit: Unit,
-                s: Summary) -> tuple[Decision, bool]:
+    def _decide(self, a: Ahead, dedup: Dedup, unit: Unit, s: Summary) -> tuple[Decision, bool]:
         """One piece's verdicts in plan order (dedup and caps depend on everything before). Returns the Decision
         and whether `max_records` or `size_mb` ended the dataset in it. On arrays when near-dedup is off and
         `size_mb` cannot end the dataset inside the piece (`max_records` can: the arrays then decide the items
         before it); else record by record."""
         cap, n = self.ds.max_records, len(s.kinds)
         size_left = self.size_cap is None or a.kept_text_bytes + int(s.text_bytes.sum()) < self.size_cap
-        if near_dec is None and size_left:
+        if self.near is None and size_left:
             if cap is None or a.consumed + n <= cap:
                 return self._decide_arrays(a, dedup, unit, s), False
             return self._decide_arrays(a, dedup, unit, s.head(cap - a.consumed)), True
-        return self._decide_records(a, dedup, near_dec, unit, s)
+        return self._decide_records(a, dedup, unit, s)
 
     def _decide_arrays(self, a: Ahead, dedup: Dedup, unit: Unit, s: Summary) -> Decision:
         """`_decide_records` of a piece that no cap ends, without near-dedup, on numpy arrays: the same Decision,
@@ -550,59 +536,41 @@ class DatasetIngest:
                 sampled += take
         return frozenset(sampled)
 
-    def _decide_records(self, a: Ahead, dedup: Dedup, near_dec: near_dedup.NearDecision | None,
-                        unit: Unit, s: Summary) -> tuple[Decision, bool]:
-        """`_decide` record by record: a cap may end the dataset at any record, and near-dedup compares each
-        kept record with the ones kept before it. The piece's digests are probed at once, the records it keeps added
-        at once after the walk (a copy of a record kept earlier in the piece is one of this dataset's)."""
-        cap, keep, dup, near, sampled = self.ds.max_records, bytearray(), {}, {}, set()
-        digests, text_bytes, checks = s.digest_list(), iter(s.text_bytes.tolist()), iter(s.checks)
-        if near_dec is not None:
-            near_dec.prepare(s.signatures or [None] * len(digests))
-        names, kept_here = dedup.names, {}  # kept_here: the digests kept in this piece, in order
-        probed = iter(dedup.probe_many(digest_words(s.digests)).tolist() if self.dedup_on else ())
-        digests = iter(digests)
-        ordinal0, capped = a.consumed, False
-        for j, kind in enumerate(s.kinds):
-            if cap is not None and a.consumed >= cap:
-                capped = True
-                break
-            ordinal = a.consumed
-            a.consumed += 1
-            kept = kind == KEPT
-            tb = next(text_bytes) if kept else 0
-            check = next(checks) if not kept else None
-            if kind != BAD:
-                digest = next(digests)
-                twin = near_dec.next_twin() if near_dec is not None else None
-                code = next(probed, -1)
-                twin_ds = None if not self.dedup_on else "" if digest in kept_here else names[code] if code >= 0 else None
-                if twin_ds is not None:  # the kept copy's dataset: this one, or an earlier one (dedup_scope: run)
-                    kept, check, dup[j] = False, "duplicate", twin_ds
-                elif kept and twin is not None:  # the kept twin's dataset ("" = this one), its ordinal, Jaccard
-                    kept, check, near[j] = False, "near_duplicate", (twin[0], *twin[1])
-            keep.append(kept)
-            if kept:
-                if self.dedup_on:
-                    kept_here[digest] = None
-                    a.dedup_count += 1
-                if self.near is not None:
-                    a.near_dedup_bytes += self.near.add(ordinal)
-                a.kept += 1
-                a.kept_text_bytes += tb
-                if self.size_cap is not None and a.kept_text_bytes >= self.size_cap:
-                    capped = True
-                    log.info("size_mb cap reached", dataset=self.ds.name, kept_text_bytes=a.kept_text_bytes)
-                    break
-            else:
-                a.rejected += 1
-                if self.max_rejects is None or a.rejects_sampled.get(check, 0) < self.max_rejects:
-                    a.rejects_sampled[check] = a.rejects_sampled.get(check, 0) + 1
-                    sampled.add(j)
-        if kept_here:
-            dedup.add_many(digest_words(list(kept_here)))
+    def _decide_records(self, a: Ahead, dedup: Dedup, unit: Unit, s: Summary) -> tuple[Decision, bool]:
+        """`_decide` record by record (`holders.walk`): a cap may end the dataset at any record, and near-dedup
+        compares each kept record with the ones kept before it. The piece's digests are probed at once, the walk
+        runs where the near-dedup indexes are (holder 0; here without near-dedup), the records it keeps are added at
+        once after it; counters and the reject sample as `_decide_arrays` takes them."""
+        digests = s.digest_list()
+        codes = dedup.probe_many(digest_words(s.digests)).tolist() if self.dedup_on else []
+        args = (s.kinds, s.text_bytes, digests, codes, s.signatures, a.consumed, self.ds.max_records,
+                a.kept_text_bytes, self.size_cap, self.dedup_on)
+        w = self.ctx.holders.walk(self.ds.name, self.earlier, *args) if self.near is not None else holders.walk(*args)
+        kinds = np.frombuffer(s.kinds, np.uint8)[:w.n]
+        keep, judged_kept = np.frombuffer(w.keep, np.uint8).astype(bool), kinds == KEPT
+        checks = np.empty(w.n, object)
+        checks[~judged_kept] = s.checks[:w.n - int(np.count_nonzero(judged_kept))]
+        checks[list(w.dup)] = "duplicate"
+        checks[list(w.near)] = "near_duplicate"
+        n_kept = int(np.count_nonzero(keep))
+        ordinal0 = a.consumed
+        a.consumed += w.n
+        a.kept += n_kept
+        a.rejected += w.n - n_kept
+        a.kept_text_bytes += int(s.text_bytes[:int(np.count_nonzero(judged_kept))][keep[judged_kept]].sum())
+        a.near_dedup_bytes += w.near_bytes
+        if self.dedup_on and n_kept:
+            a.dedup_count += n_kept
+            judged = np.cumsum(kinds != BAD) - 1  # each record's place among the judged ones (digests, codes)
+            dedup.add_many(digest_words([digests[i] for i in judged[keep].tolist()]))
+        if w.size_capped:
+            log.info("size_mb cap reached", dataset=self.ds.name, kept_text_bytes=a.kept_text_bytes)
+        rejected = np.flatnonzero(~keep)
+        sampled = self._sample(a, checks[rejected], rejected)
+        names = dedup.names
         before = a.position["base"] if unit.kind in units.NUMBERED else None
-        return Decision(len(keep), ordinal0, before, bytes(keep), dup, near, frozenset(sampled)), capped
+        return Decision(w.n, ordinal0, before, w.keep, {j: names[code] for j, code in w.dup.items()}, w.near,
+                        sampled), w.capped
 
     # -- committing: in plan order, checkpointed -----------------------------------------------------
     async def _commit_all(self, state: IngestState, dedup: HeldDedup, decided: asyncio.Queue) -> None:
@@ -662,7 +630,7 @@ class DatasetIngest:
         return done_with
 
     async def _save(self, state: IngestState, dedup: HeldDedup) -> None:
-        if self.dedup_on:  # each holder's log holds at least the checkpoint's count of digests
+        if self.dedup_on or self.near is not None:  # each log holds at least what the checkpoint counts
             await asyncio.to_thread(dedup.flush)
         await asyncio.to_thread(save, self.files, state)
         if self.window is not None:  # the files of the units this checkpoint has passed leave the window
@@ -706,7 +674,8 @@ def start_holders(ctx: IngestContext) -> Holders:
     started by an earlier streamprep, with one log per dataset."""
     layout = CheckpointLayout(ctx.checkpoint_dir)
     started = any(layout.checkpoint(ds.name).exists() for ds in ctx.datasets)
-    return holders.start(ctx.execution, ctx.checkpoint_dir, started, exact=ctx.quality.dedup != "none")
+    holding = ctx.quality.dedup != "none" or ctx.quality.near_dedup.enabled
+    return holders.start(ctx.execution, ctx.checkpoint_dir, started, holding)
 
 
 def _remove(paths: list[str]) -> None:

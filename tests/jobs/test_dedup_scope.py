@@ -208,7 +208,7 @@ async def test_a_killed_dedup_holder_is_replaced_inside_the_job(overlap_referenc
     ctx.holders = start_holders(ctx)
     try:
         task = asyncio.create_task(ingest_all(ctx))
-        while "b" not in ctx.progress or ctx.progress["b"].consumed < 300:
+        while not task.done() and ("b" not in ctx.progress or ctx.progress["b"].consumed < 300):
             await asyncio.sleep(0.001)
         os.kill(ctx.holders.pids[1], signal.SIGKILL)
         await task

@@ -2,7 +2,9 @@
 ingest writer's decisions — deterministic, worker-count independent and crash-safe (kill -9 + resume)."""
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
 import signal
 import subprocess
@@ -18,9 +20,12 @@ import yaml
 
 from helpers import base_config, tree_hashes
 from quality import QualityConfigError, QualityControl, load_quality_settings, validate_quality_config
+from quality import near_dedup
 from quality.near_dedup import NearDupIndex, Signer, band_hashes
 from streamprep import run_from_dict
 from streamprep.checkpoints import DatasetFiles
+from streamprep.config import load
+from streamprep.ingest import IngestContext, ingest_all, start_holders
 
 NEAR_CFG = {"enabled": True, "threshold": 0.8, "ngram": 5, "bands": 14, "rows": 8, "seed": 1}
 NEAR = load_quality_settings({"near_dedup": NEAR_CFG}).near_dedup
@@ -385,3 +390,37 @@ def test_run_scope_kill_9_while_the_later_dataset_decides_resumes_byte_identical
     assert tree_hashes(run_dir, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
     for n in "ab":
         assert (run_dir / f"checkpoints/{n}.near").read_bytes() == (ref / f"checkpoints/{n}.near").read_bytes()
+
+
+@pytest.mark.slow
+async def test_a_holder_process_keeps_the_near_indexes_and_is_replaced_when_killed(
+        shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two workers the near-dedup indexes live in holder 0's process, which walks the pieces: the job's
+    process never builds one. kill -9 of that holder while b decides against a's index: a new one reads both .near
+    logs back to their last flush and is sent the walks since, and ingest ends with the bytes and logs of one
+    process doing it all."""
+    ref = tmp_path / "ref"
+    await ingest_all(IngestContext.of(load(_two_datasets(shared_data, tmp_path, "run", copies=4)), ref,
+                                      ref / "checkpoints", asyncio.Event()))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a NearDupIndex was built in the job's process")
+
+    monkeypatch.setattr(near_dedup.NearDupIndex, "__init__", refuse)
+    raw = _two_datasets(shared_data, tmp_path, "run", workers=2, copies=4)
+    raw["execution"]["dedup_holders"] = 2
+    run = tmp_path / "run"
+    ctx = IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event())
+    ctx.holders = start_holders(ctx)
+    try:
+        task = asyncio.create_task(ingest_all(ctx))
+        while not task.done() and ("b" not in ctx.progress or ctx.progress["b"].consumed < 40):
+            await asyncio.sleep(0.001)
+        os.kill(ctx.holders.pids[0], signal.SIGKILL)
+        await task
+        assert ctx.holders.replaced == 1
+    finally:
+        ctx.holders.close()
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+    for n in "ab":
+        assert (run / f"checkpoints/{n}.near").read_bytes() == (ref / f"checkpoints/{n}.near").read_bytes()

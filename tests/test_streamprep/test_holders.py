@@ -28,12 +28,12 @@ def test_the_holder_count_is_fixed_when_a_run_starts(tmp_path: Path) -> None:
 
 
 def test_no_holder_process_is_started_without_exact_dedup(tmp_path: Path) -> None:
-    """`quality.dedup: none` leaves nothing to hold: the job's process stands in (no fork, no pipe), even for a
+    """`quality.dedup: none` without near-dedup leaves nothing to hold: the job's process stands in (no fork, no pipe), even for a
     configured count; with exact dedup the same config starts holder processes. Found in round 27: a 2 M-record
     job with dedup off forked a holder of ~100 MB that held nothing."""
     defaults = {key: default for key, (_, default) in SPEC["execution"].items()}
     execution = ExecutionConfig.from_dict({**defaults, "workers": 2, "dedup_holders": 3})
-    with start(execution, tmp_path / "off", started=False, exact=False) as holders:
+    with start(execution, tmp_path / "off", started=False, holding=False) as holders:
         assert holders.where == "inline" and holders.pids == [os.getpid()]
     with start(execution, tmp_path / "on", started=False) as holders:
         assert holders.where == "process" and len(set(holders.pids)) == 3

@@ -102,7 +102,7 @@ def test_arrays_decide_as_the_loop(tmp_path: Path, seed: int, max_rejects: int |
         unit = Unit("range", k // 3, "in.jsonl", "jsonl", 0, 10) if k % 4 else Unit("stream", -1)
         a_loop.position["base"] = a_arrays.position["base"] = k  # the decision carries it for line numbers
         s = _piece(rng, pool, rng.choice((0, 1, 5, 60, 200)))
-        want, capped = ing._decide_records(a_loop, loop, None, unit, s)
+        want, capped = ing._decide_records(a_loop, loop, unit, s)
         got = ing._decide_arrays(a_arrays, arrays, unit, s)
         assert not capped
         assert got == want and list(got.dup.items()) == list(want.dup.items())
@@ -135,8 +135,8 @@ def test_a_cap_inside_a_piece_decides_as_the_loop(tmp_path: Path, cap: dict[str,
     unit = Unit("range", 0, "in.jsonl", "jsonl", 0, 10)
     for _ in range(100):
         s = _piece(rng, pool, 100)
-        want, want_capped = (records if "size_mb" not in cap else ing._decide_records)(a_loop, loop, None, unit, s)
-        got, capped = ing._decide(a_mixed, mixed, None, unit, s)
+        want, want_capped = (records if "size_mb" not in cap else ing._decide_records)(a_loop, loop, unit, s)
+        got, capped = ing._decide(a_mixed, mixed, unit, s)
         assert (got, capped, a_mixed) == (want, want_capped, a_loop)
         if capped:
             break
