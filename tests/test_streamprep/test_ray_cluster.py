@@ -282,10 +282,11 @@ def test_a_lost_node_costs_a_retry_not_a_rerun(cluster, tmp_path: Path) -> None:
 
 @pytest.mark.ray
 def test_a_dedup_holder_actor_killed_mid_ingest_is_replaced_inside_the_job(cluster, tmp_path: Path) -> None:
-    """Two dedup holders, Ray actors (one on each node); kill -9 of one's process while units are judged: the job
-    places a new one, which reads its logs back and is sent again the calls since, and ends with exit 0 and the
-    bytes of a local run."""
+    """Two dedup holders, Ray actors (one on each node), near-dedup on; kill -9 of holder 0's process (a share of the
+    digests and the near-dedup index) while units are judged: the job places a new one, which reads its logs back
+    and is sent again the calls since (walks included), and ends with exit 0 and the bytes of a local run."""
     cfg = _config(tmp_path, 16000, 100, engine="local", workers=2, ray_address=cluster.address, dedup_holders=2)
+    cfg["quality"] = {"near_dedup": {"enabled": True}}  # the default gates, and near-dedup
     reference = _local_reference(cfg, tmp_path / "local")
     run_dir = tmp_path / "killed"
     proc = _start(cfg, tmp_path, run_dir)
@@ -293,12 +294,12 @@ def test_a_dedup_holder_actor_killed_mid_ingest_is_replaced_inside_the_job(clust
         up, = _wait_for_log(run_dir, "dedup holders up", proc)
         assert up["where"] == "ray" and len(up["pids"]) == 2
         _wait_for_log(run_dir, "units planned", proc)
-        os.kill(up["pids"][1], signal.SIGKILL)  # the nodes of ray.cluster_utils are processes of this machine
+        os.kill(up["pids"][0], signal.SIGKILL)  # the nodes of ray.cluster_utils are processes of this machine
     finally:
         code, err, left = _finish(proc)
     assert code == 0 and not left, (left, err[-3000:])
     lost = [x for x in _log(run_dir) if x["event"].startswith("a dedup holder was lost")]
-    assert len(lost) == 1 and lost[0]["holder"] == 1, lost
+    assert len(lost) == 1 and lost[0]["holder"] == 0, lost
     assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == reference
 
 
