@@ -108,8 +108,8 @@ class NearDupIndex:
     """Band index of kept documents for one dataset, backed by its append-only signature log.
 
     Per batch, in source order: `prepare(signatures)`, then for each of its documents `next_twin()` and,
-    if that document is kept, `add(source_index)`; finally `take_log()` gives the bytes to append and
-    fsync before the checkpoint.
+    if that document is kept, `add(source_index)`; finally `take_log()` gives the bytes to append (before a
+    twin is looked for in a later batch: it reads them back) and fsync before the checkpoint.
     """
 
     GROWTH = 4   # a level is merged into the one before it until that one is GROWTH times larger
@@ -121,12 +121,15 @@ class NearDupIndex:
         self.dtype = np.dtype([("src", "<u8"), ("sig", "<u4", (self.num_perm,))])
         self.path = log_path
         self.levels: list[np.ndarray] = []  # (bands, m) uint64, each row sorted
-        self.buffer: list[dict[int, list[int]]] = [{} for _ in range(self.bands)]  # the current batch's keys
         self.flushed = 0                  # records already handed out by `take_log`
-        self.pending: list[bytes] = []    # records of kept documents not yet handed out
+        self.pending: list[np.ndarray] = []  # records of earlier batches' kept documents not yet handed out
         self._fh: Any = None
         self._sigs: list[bytes | None] = []
-        self._batch: list[tuple[set[int], list[int]] | None] = []
+        self._batch: list[tuple[set[int], int] | None] = []  # per document: (level candidates, its row), or None
+        self._bh = np.empty((0, self.bands), np.uint32)   # the batch's band hashes, a row per signed document
+        self._shared: dict[int, list[tuple[int, int]]] = {}  # row -> its (band, hash) keys another row also has
+        self._buffer: dict[tuple[int, int], list[int]] = {}  # such a key -> the ordinals of the kept rows with it
+        self._kept: list[tuple[int, int]] = []   # the batch's kept documents: (batch position, source index)
         self._k = -1  # the batch document last passed to `next_twin`
 
     @property
@@ -134,7 +137,7 @@ class NearDupIndex:
         return self.dtype.itemsize
 
     def __len__(self) -> int:
-        return self.flushed + len(self.pending)
+        return self.flushed + sum(map(len, self.pending)) + len(self._kept)
 
     LOAD_CHUNK = 1 << 18  # log records read at a time on rebuild: bounded memory beside the index
 
@@ -156,51 +159,68 @@ class NearDupIndex:
             self._fh = None
 
     def nbytes(self) -> int:
-        """Bytes held by the sorted levels (the current batch's dict is bounded by the batch size)."""
+        """Bytes held by the sorted levels (the current batch's arrays are bounded by the batch size)."""
         return sum(a.nbytes for a in self.levels)
 
     def prepare(self, signatures: Sequence[bytes | None]) -> None:
-        """Look a batch up in the sorted levels at once (only the buffer changes during a batch)."""
+        """Look a batch up in the sorted levels at once, and find the band hashes that two of its documents share
+        (one sort per band): only those can make a document of the batch a candidate for a later one, so only
+        they are kept per document (most documents share none)."""
+        self._absorb()
         self._sigs, self._k = list(signatures), -1
-        self._batch = self._candidates(self._sigs)
+        self._batch, self._bh = self._candidates(self._sigs)
+        self._shared, self._buffer = {}, {}
+        for b in range(self.bands):
+            column = self._bh[:, b]
+            ranked = np.sort(column)
+            repeated = np.unique(ranked[1:][ranked[1:] == ranked[:-1]])
+            for row in np.flatnonzero(np.isin(column, repeated)).tolist():
+                self._shared.setdefault(row, []).append((b, int(column[row])))
 
-    def _candidates(self, sigs: Sequence[bytes | None]) -> list[tuple[set[int], list[int]] | None]:
-        """Per document, the ordinals sharing a band with it in the sorted levels and its band hashes
-        (None for a document without a signature)."""
+    def _candidates(self, sigs: Sequence[bytes | None]) -> tuple[list[tuple[set[int], int] | None], np.ndarray]:
+        """Per document, the ordinals sharing a band with it in the sorted levels and its row in the band hashes
+        (None for a document without a signature); and the band hashes."""
         present = [s for s in sigs if s is not None]
         if not present:
-            return [None] * len(sigs)
+            return [None] * len(sigs), np.empty((0, self.bands), np.uint32)
         bh = band_hashes(np.frombuffer(b"".join(present), "<u4").reshape(len(present), self.num_perm),
                          self.bands, self.rows)
         cands: list[set[int]] = [set() for _ in present]
         for b in range(self.bands):
-            lo_keys = bh[:, b].astype(np.uint64) << np.uint64(32)
+            # the batch's keys searched in ascending order: numpy's searchsorted then starts each search where the
+            # last one ended, so the level is walked once, not probed at random (~3x faster on a large level)
+            order = np.argsort(bh[:, b], kind="stable")
+            lo_keys = bh[order, b].astype(np.uint64) << np.uint64(32)
             for level in self.levels:
                 arr = level[b]
                 lo = np.searchsorted(arr, lo_keys, "left")
                 hi = np.searchsorted(arr, lo_keys | self._LOW, "right")
                 for i in np.flatnonzero(hi > lo):
-                    cands[i].update((arr[lo[i]:hi[i]] & self._LOW).tolist())
-        rows = iter(zip(cands, bh.tolist()))
-        return [next(rows) if s is not None else None for s in sigs]
+                    cands[order[i]].update((arr[lo[i]:hi[i]] & self._LOW).tolist())
+        found: list[tuple[set[int], int] | None] = []
+        row = 0
+        for s in sigs:
+            found.append(None if s is None else (cands[row], row))
+            row += s is not None
+        return found, bh
 
     def next_twin(self) -> Twin | None:
         """The kept twin of the batch's next document: the highest estimated Jaccard >= threshold among
         kept documents sharing a band (the earliest on ties), or None."""
         self._k += 1
-        k = self._k
-        entry = self._batch[k]
+        entry = self._batch[self._k]
         if entry is None:
             return None
-        cands, bands = entry
-        for b, h in enumerate(bands):
-            cands.update(self.buffer[b].get(h, ()))
-        return self._best(cands, self._sigs[k])
+        cands, row = entry
+        for key in self._shared.get(row, ()):
+            cands.update(self._buffer.get(key, ()))
+        return self._best(cands, self._sigs[self._k])
 
     def twins(self, signatures: Sequence[bytes | None]) -> list[Twin | None]:
         """Each document's kept twin in the index as it stands, adding nothing: the final index of a
-        dataset listed earlier, under `dedup_scope: run` (its buffer is empty once its last batch is logged)."""
-        return [None if e is None else self._best(e[0], s) for e, s in zip(self._candidates(signatures), signatures)]
+        dataset listed earlier, under `dedup_scope: run` (its last batch is logged)."""
+        found = self._candidates(signatures)[0]
+        return [None if e is None else self._best(e[0], s) for e, s in zip(found, signatures)]
 
     def _best(self, cands: set[int], sig: bytes | None) -> Twin | None:
         """The candidate with the highest estimated Jaccard >= threshold (the earliest on ties), or None."""
@@ -214,41 +234,57 @@ class NearDupIndex:
         return best
 
     def _record(self, ordinal: int) -> tuple[int, np.ndarray]:
-        """(source index, signature) of a kept document: from memory if not yet logged, else the log."""
-        if ordinal >= self.flushed:
-            raw = self.pending[ordinal - self.flushed]
-        else:
+        """(source index, signature) of a kept document: from the log, the records not yet handed out, or the
+        batch."""
+        if ordinal < self.flushed:
             if self._fh is None:
                 self._fh = open(self.path, "rb")
-            raw = os.pread(self._fh.fileno(), self.record_size, ordinal * self.record_size)
-        rec = np.frombuffer(raw, self.dtype)[0]
-        return int(rec["src"]), rec["sig"]
+            rec = np.frombuffer(os.pread(self._fh.fileno(), self.record_size, ordinal * self.record_size), self.dtype)[0]
+            return int(rec["src"]), rec["sig"]
+        i = ordinal - self.flushed
+        for records in self.pending:
+            if i < len(records):
+                return int(records[i]["src"]), records[i]["sig"]
+            i -= len(records)
+        k, src = self._kept[i]
+        return src, np.frombuffer(self._sigs[k], "<u4")
 
     def add(self, source_index: int) -> int:
         """Enter the document last passed to `next_twin` (it was kept) under the next ordinal; returns the
         bytes it adds to the log, which the caller counts at once (a checkpoint snapshot taken mid-batch,
         such as a part's start, must describe the log up to that record)."""
-        entry, sig = self._batch[self._k], self._sigs[self._k]
-        if entry is None or sig is None:
+        entry = self._batch[self._k]
+        if entry is None:
             return 0
         ordinal = len(self)
-        self.pending.append(np.uint64(source_index).tobytes() + sig)
-        for b, h in enumerate(entry[1]):
-            self.buffer[b].setdefault(h, []).append(ordinal)
+        for key in self._shared.get(entry[1], ()):
+            self._buffer.setdefault(key, []).append(ordinal)
+        self._kept.append((self._k, source_index))
         return self.record_size
 
+    def _absorb(self) -> None:
+        """The batch's kept documents become a level (merged as GROWTH says) and records to hand out."""
+        if not self._kept:
+            return
+        first = len(self) - len(self._kept)
+        records = np.empty(len(self._kept), self.dtype)
+        records["src"] = [src for _, src in self._kept]
+        records["sig"] = np.frombuffer(b"".join([self._sigs[k] for k, _ in self._kept]), "<u4").reshape(-1, self.num_perm)
+        rows = [self._batch[k][1] for k, _ in self._kept]
+        ordinals = np.arange(first, first + len(rows), dtype=np.uint64)
+        self.levels.append(np.sort(self._bh[rows].T.astype(np.uint64) << np.uint64(32) | ordinals, axis=1))
+        self.pending.append(records)
+        self._kept, self._buffer = [], {}
+        while len(self.levels) > 1 and self.levels[-2].shape[1] < self.GROWTH * self.levels[-1].shape[1]:
+            last = self.levels.pop()
+            self.levels[-1] = np.sort(np.concatenate((self.levels[-1], last), axis=1), axis=1, kind="stable")
+
     def take_log(self) -> bytes:
-        """The records to append (and fsync) before the next checkpoint; the batch's keys become a level."""
-        data = b"".join(self.pending)
-        self.flushed += len(self.pending)
+        """The records to append (and fsync before the next checkpoint); the batch's keys become a level."""
+        self._absorb()
+        data = b"".join(records.tobytes() for records in self.pending)
+        self.flushed += sum(map(len, self.pending))
         self.pending = []
-        if self.buffer[0]:
-            rows = [[(h << 32) | o for h, ords in buf.items() for o in ords] for buf in self.buffer]
-            self.levels.append(np.sort(np.array(rows, dtype=np.uint64), axis=1))
-            self.buffer = [{} for _ in range(self.bands)]
-            while len(self.levels) > 1 and self.levels[-2].shape[1] < self.GROWTH * self.levels[-1].shape[1]:
-                last = self.levels.pop()
-                self.levels[-1] = np.sort(np.concatenate((self.levels[-1], last), axis=1), axis=1, kind="stable")
         return data
 
 

@@ -121,6 +121,33 @@ def test_index_finds_twins_in_source_order_and_rebuilds_equal(shared_data: Path,
     assert all(found[pos][0] == twins[pos] and found[pos][1] >= 0.8 for pos in found)
 
 
+def test_a_twin_earlier_in_the_batch_is_found_past_documents_not_kept(shared_data: Path, tmp_path: Path) -> None:
+    """In one batch, a document finds its kept twin however many documents sharing its bands came between, kept
+    or not (another gate rejected them): the same twins as with batches of one document, where every earlier
+    one is in the sorted levels."""
+    rng = random.Random(8)
+    base = _c4(shared_data, 3)
+    texts = [base[0], base[0], _edit(base[0], 0.01, rng), base[1], _edit(base[0], 0.01, rng),
+             _edit(base[1], 0.01, rng), base[2]]
+    skipped = {1, 3}  # rejected by another gate (1: as an exact copy, sharing every band): not entered
+    sigs = Signer(NEAR).signatures(texts)
+    found = {}
+    for batch in (1, len(texts)):
+        index, out = NearDupIndex(NEAR, tmp_path / f"b{batch}.near"), []
+        with open(index.path, "ab") as fh:
+            for start in range(0, len(sigs), batch):
+                index.prepare(sigs[start:start + batch])
+                for pos in range(start, min(start + batch, len(sigs))):
+                    twin = index.next_twin()
+                    out.append(None if twin is None else twin.source_index)
+                    if twin is None and pos not in skipped:
+                        index.add(pos)
+                fh.write(index.take_log())
+                fh.flush()  # read back by the next batch's lookups
+        found[batch] = out
+    assert found[1] == found[len(texts)] == [None, 0, 0, None, 0, None, None]
+
+
 def test_rebuilt_index_decides_like_the_live_one(shared_data: Path, tmp_path: Path) -> None:
     """Resume semantics: the first half through a live index, the rest through one rebuilt from its log."""
     texts, _ = _corpus(shared_data)
