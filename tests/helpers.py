@@ -60,10 +60,39 @@ async def ingest_stopped_after(config: Any, run_dir: Path, dataset: str, consume
 
     ctx = IngestContext.of(config, run_dir, run_dir / "checkpoints", asyncio.Event())
     task = asyncio.create_task(ingest_all(ctx))
-    while dataset not in ctx.progress or ctx.progress[dataset].consumed < consumed:
-        await asyncio.sleep(0.001)
+    await _until_consumed(ctx, task, dataset, consumed)
     ctx.stop.set()
     return (await task)[dataset]
+
+
+async def ingest_killing_a_holder(config: Any, run_dir: Path, dataset: str, consumed: int, holder: int) -> int:
+    """Run the asyncio ingest with its own dedup holders and kill -9 holder `holder`'s process once `dataset` has
+    consumed `consumed` items; the number of holders the job replaced."""
+    import asyncio
+    import os
+    import signal
+
+    from streamprep.ingest import IngestContext, ingest_all, start_holders
+
+    ctx = IngestContext.of(config, run_dir, run_dir / "checkpoints", asyncio.Event())
+    ctx.holders = start_holders(ctx)
+    try:
+        task = asyncio.create_task(ingest_all(ctx))
+        await _until_consumed(ctx, task, dataset, consumed)
+        os.kill(ctx.holders.pids[holder], signal.SIGKILL)
+        await task
+        return ctx.holders.replaced
+    finally:
+        ctx.holders.close()
+
+
+async def _until_consumed(ctx: Any, task: Any, dataset: str, consumed: int) -> None:
+    """Until `dataset` has consumed `consumed` items, or the ingest `task` has ended (awaiting it then raises what
+    it raised, instead of this waiting for ever)."""
+    import asyncio
+
+    while not task.done() and (dataset not in ctx.progress or ctx.progress[dataset].consumed < consumed):
+        await asyncio.sleep(0.001)
 
 
 def local_source(path: Any, fmt: str | None = None) -> Any:

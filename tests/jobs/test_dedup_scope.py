@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import yaml
 
-from helpers import base_config, english_docs, ingest_stopped_after, tree_hashes
+from helpers import base_config, english_docs, ingest_killing_a_holder, ingest_stopped_after, tree_hashes
 from quality import dedup
 from streamprep.checkpoints import DatasetFiles
 from streamprep.config import Config, load
-from streamprep.ingest import IngestContext, ingest_all, start_holders
+from streamprep.ingest import IngestContext, ingest_all
 
 OPEN = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
         "reject_copyright": False}
@@ -204,16 +204,6 @@ async def test_a_killed_dedup_holder_is_replaced_inside_the_job(overlap_referenc
     again the calls since their last flush, and the job goes on to the same bytes and the same digest logs."""
     ref, _ = overlap_reference
     run = tmp_path / "run"
-    ctx = IngestContext.of(_overlap(tmp_path, workers=2, holders=2), run, run / "checkpoints", asyncio.Event())
-    ctx.holders = start_holders(ctx)
-    try:
-        task = asyncio.create_task(ingest_all(ctx))
-        while not task.done() and ("b" not in ctx.progress or ctx.progress["b"].consumed < 300):
-            await asyncio.sleep(0.001)
-        os.kill(ctx.holders.pids[1], signal.SIGKILL)
-        await task
-        assert ctx.holders.replaced == 1 and ctx.holders.pids[1] is not None
-    finally:
-        ctx.holders.close()
+    assert await ingest_killing_a_holder(_overlap(tmp_path, workers=2, holders=2), run, "b", 300, holder=1) == 1
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
     _same_digests_partitioned(run, ref, 2)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
@@ -18,14 +17,14 @@ import orjson
 import pytest
 import yaml
 
-from helpers import base_config, tree_hashes
+from helpers import base_config, ingest_killing_a_holder, tree_hashes
 from quality import QualityConfigError, QualityControl, load_quality_settings, validate_quality_config
 from quality import near_dedup
 from quality.near_dedup import NearDupIndex, Signer, band_hashes
 from streamprep import run_from_dict
 from streamprep.checkpoints import DatasetFiles
 from streamprep.config import load
-from streamprep.ingest import IngestContext, ingest_all, start_holders
+from streamprep.ingest import IngestContext, ingest_all
 
 NEAR_CFG = {"enabled": True, "threshold": 0.8, "ngram": 5, "bands": 14, "rows": 8, "seed": 1}
 NEAR = load_quality_settings({"near_dedup": NEAR_CFG}).near_dedup
@@ -437,17 +436,7 @@ async def test_a_holder_process_keeps_the_near_indexes_and_is_replaced_when_kill
     raw = _two_datasets(shared_data, tmp_path, "run", workers=2, copies=4)
     raw["execution"]["dedup_holders"] = 2
     run = tmp_path / "run"
-    ctx = IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event())
-    ctx.holders = start_holders(ctx)
-    try:
-        task = asyncio.create_task(ingest_all(ctx))
-        while not task.done() and ("b" not in ctx.progress or ctx.progress["b"].consumed < 40):
-            await asyncio.sleep(0.001)
-        os.kill(ctx.holders.pids[0], signal.SIGKILL)
-        await task
-        assert ctx.holders.replaced == 1
-    finally:
-        ctx.holders.close()
+    assert await ingest_killing_a_holder(load(raw), run, "b", 40, holder=0) == 1
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
     for n in "ab":
         assert (run / f"checkpoints/{n}.near").read_bytes() == (ref / f"checkpoints/{n}.near").read_bytes()
