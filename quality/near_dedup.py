@@ -3,13 +3,15 @@
 Two halves, split like exact dedup:
 - `Signer` runs in the QC workers: text -> MinHash signature (`num_perm` uint32), computed for a whole
   batch at once (rensa's Rust MinHash over n-gram hashes built with numpy).
-- `NearDupIndex` lives in the one writer of a dataset: it holds the band hashes of KEPT documents only,
-  in source order, and answers "is this an estimated-Jaccard >= threshold twin of a kept document?".
+- `NearDupIndex` lives in dedup holder 0 (`streamprep.holders`), one per dataset: it holds the band hashes of
+  KEPT documents only, in source order, and answers "is this an estimated-Jaccard >= threshold twin of a kept
+  document?".
 
 Memory: keys (32-bit band hash << 32 | kept ordinal) as uint64, i.e. 8 bytes per band per document
 (14 bands: 112 B/doc), in a few levels of per-band sorted arrays of geometrically growing size (each
 batch's keys become a level; small levels merge, so inserting is amortised O(log n) and a lookup is a
-handful of vectorised binary searches), plus a dict of the current batch only.
+handful of vectorised binary searches), plus, for the current batch only, the band hashes two of its
+documents share (the only ones by which a document of the batch can be a later one's candidate).
 Full signatures stay on disk, in the append-only log that also makes the index crash-safe:
 
     <checkpoint_dir>/<dataset>.near   records of (uint64 source index, num_perm x uint32 signature)

@@ -95,7 +95,8 @@ def walk(kinds: bytes, text_bytes: np.ndarray, digests: list[bytes | None], code
 
 class Holder:
     """One partition's indexes, a `DedupIndex` per dataset, wherever its transport runs it; holder 0 also the
-    near-dedup index of each dataset (`NearDupIndex`), whose records it logs at each `flush`."""
+    near-dedup index of each dataset (`NearDupIndex`), whose records it appends to the log after each walk and
+    fsyncs at each `flush`."""
 
     def __init__(self, own_process: bool = False) -> None:
         if own_process:  # as every worker: the near walk's per-record containers made CPython's collector 30 %
