@@ -496,29 +496,38 @@ class DatasetIngest:
         counters, dedup index and log (`tests/test_streamprep/test_ingest_decide.py`) at a fraction of the cost
         per record (`docs/performance.md`, "The driver alone")."""
         kinds = np.frombuffer(s.kinds, np.uint8)
-        n = len(kinds)
         judged, judged_kept = kinds != BAD, kinds == KEPT
-        twin = np.full(n, -1, np.int64)  # per item: -1, or the index into `dedup.names` of the kept copy's dataset
+        # per item: -1, or the index into `dedup.names` of the dataset that kept its text
+        twin = np.full(len(kinds), -1, np.int64)
         if self.dedup_on:
             twin[judged] = dedup.twin_many(digest_words(s.digests), judged_kept[judged], s.order)
-        keep = judged_kept & (twin < 0)
-        n_kept = int(np.count_nonzero(keep))
-        checks = np.empty(n, object)
-        checks[~judged_kept] = s.checks
         dup = np.flatnonzero(twin >= 0)
-        checks[dup] = "duplicate"
+        names = np.array(dedup.names, object)
+        return self._tally(a, unit, s, judged_kept & (twin < 0), dict(zip(dup.tolist(), names[twin[dup]].tolist())),
+                           {})
+
+    def _tally(self, a: Ahead, unit: Unit, s: Summary, keep: np.ndarray, dup: dict[int, str],
+               near: dict[int, tuple[str, int, float]]) -> Decision:
+        """The Decision on the first `len(keep)` items of a piece, whichever path decided them (`keep` per item; `dup`
+        and `near`: the duplicates' verdicts), and the counters and reject sample it moves `a` by."""
+        n = len(keep)
+        judged_kept = np.frombuffer(s.kinds, np.uint8)[:n] == KEPT
+        qc_kept = int(np.count_nonzero(judged_kept))  # the items QC kept: their sizes lead `s.text_bytes`
+        checks = np.empty(n, object)
+        checks[~judged_kept] = s.checks[:n - qc_kept]
+        checks[list(dup)] = "duplicate"
+        checks[list(near)] = "near_duplicate"
+        n_kept = int(np.count_nonzero(keep))
         ordinal0 = a.consumed
         a.consumed += n
         a.kept += n_kept
         a.rejected += n - n_kept
         a.dedup_count += n_kept if self.dedup_on else 0
-        a.kept_text_bytes += int(s.text_bytes[keep[judged_kept]].sum())
+        a.kept_text_bytes += int(s.text_bytes[:qc_kept][keep[judged_kept]].sum())
         rejected = np.flatnonzero(~keep)
         sampled = self._sample(a, checks[rejected], rejected)
-        names = np.array(dedup.names, object)
         before = a.position["base"] if unit.kind in units.NUMBERED else None
-        return Decision(n, ordinal0, before, keep.astype(np.uint8).tobytes(),
-                        dict(zip(dup.tolist(), names[twin[dup]].tolist())), {}, sampled)
+        return Decision(n, ordinal0, before, keep.astype(np.uint8).tobytes(), dup, near, sampled)
 
     def _sample(self, a: Ahead, checks: np.ndarray, at: np.ndarray) -> frozenset[int]:
         """Of rejected items `at` (failed `checks`, in plan order), those whose reject line is written: per check,
@@ -540,37 +549,22 @@ class DatasetIngest:
         """`_decide` record by record (`holders.walk`): a cap may end the dataset at any record, and near-dedup
         compares each kept record with the ones kept before it. The piece's digests are probed at once, the walk
         runs where the near-dedup indexes are (holder 0; here without near-dedup), the records it keeps are added at
-        once after it; counters and the reject sample as `_decide_arrays` takes them."""
+        once after it; counters and the reject sample as for `_decide_arrays` (`_tally`)."""
         digests = s.digest_list()
         codes = dedup.probe_many(digest_words(s.digests)).tolist() if self.dedup_on else []
         args = (s.kinds, s.text_bytes, digests, codes, s.signatures, a.consumed, self.ds.max_records,
                 a.kept_text_bytes, self.size_cap, self.dedup_on)
         w = self.ctx.holders.walk(self.ds.name, self.earlier, *args) if self.near is not None else holders.walk(*args)
-        kinds = np.frombuffer(s.kinds, np.uint8)[:w.n]
-        keep, judged_kept = np.frombuffer(w.keep, np.uint8).astype(bool), kinds == KEPT
-        checks = np.empty(w.n, object)
-        checks[~judged_kept] = s.checks[:w.n - int(np.count_nonzero(judged_kept))]
-        checks[list(w.dup)] = "duplicate"
-        checks[list(w.near)] = "near_duplicate"
-        n_kept = int(np.count_nonzero(keep))
-        ordinal0 = a.consumed
-        a.consumed += w.n
-        a.kept += n_kept
-        a.rejected += w.n - n_kept
-        a.kept_text_bytes += int(s.text_bytes[:int(np.count_nonzero(judged_kept))][keep[judged_kept]].sum())
-        a.near_dedup_bytes += w.near_bytes
-        if self.dedup_on and n_kept:
-            a.dedup_count += n_kept
-            judged = np.cumsum(kinds != BAD) - 1  # each record's place among the judged ones (digests, codes)
+        keep = np.frombuffer(w.keep, np.uint8).astype(bool)
+        if self.dedup_on and keep.any():  # the kept digests, in order (each item's place among the judged ones)
+            judged = np.cumsum(np.frombuffer(s.kinds, np.uint8)[:w.n] != BAD) - 1
             dedup.add_many(digest_words([digests[i] for i in judged[keep].tolist()]))
+        names = dedup.names
+        d = self._tally(a, unit, s, keep, {j: names[code] for j, code in w.dup.items()}, w.near)
+        a.near_dedup_bytes += w.near_bytes
         if w.size_capped:
             log.info("size_mb cap reached", dataset=self.ds.name, kept_text_bytes=a.kept_text_bytes)
-        rejected = np.flatnonzero(~keep)
-        sampled = self._sample(a, checks[rejected], rejected)
-        names = dedup.names
-        before = a.position["base"] if unit.kind in units.NUMBERED else None
-        return Decision(w.n, ordinal0, before, w.keep, {j: names[code] for j, code in w.dup.items()}, w.near,
-                        sampled), w.capped
+        return d, w.capped
 
     # -- committing: in plan order, checkpointed -----------------------------------------------------
     async def _commit_all(self, state: IngestState, dedup: HeldDedup, decided: asyncio.Queue) -> None:
