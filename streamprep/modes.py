@@ -8,6 +8,7 @@ which shard files `verify` expects. The SFT half lives in streamprep/sft/mode.py
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -15,7 +16,7 @@ from streamprep import binidx, registry
 from streamprep.backends import ShardEncoder
 from streamprep.layout import RunLayout
 from streamprep.sources.base import BadRecord
-from streamprep.textshard import LineScan, columns_file, columns_header, tokenize_part
+from streamprep.textshard import RUN_COLUMNS_BYTES, LineScan, columns_file, columns_header, tokenize_part
 
 
 class Mode:
@@ -49,10 +50,12 @@ class Mode:
     def tokenize(self, task: Any, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Path]]:
         """One ingest part → (the receipt's stats, its output files by kind); no receipt written. The stats also
         carry the lines' `scan` for the part's summary (`tokenize.PROCESS_ONLY`: never in the receipt). A task
-        of a job with Parquet exports also writes the part's columns file (`ShardTask.columns_path`)."""
+        of a job with Parquet exports also writes the part's columns file (`ShardTask.columns_path`): in its run's
+        order once the run is known (`exports.prepare_part`) when the part is small enough to keep, else now."""
         header = columns_header(task.dataset, task.part, task.input_sha256, task.plan_hash)
-        with columns_file(task.columns_path, header) as out:
-            scan = LineScan(out)
+        keep = task.columns_path is not None and os.path.getsize(task.input_path) <= RUN_COLUMNS_BYTES
+        with columns_file(None if keep else task.columns_path, header) as out:
+            scan = LineScan(out, keep)
             shard_stats = tokenize_part(task, tokenizer, scan)
         paths = binidx.prefix_paths(task.prefix) if shard_stats["num_documents"] else ()
         return {**shard_stats, "scan": scan}, dict(zip(("bin", "idx"), paths))

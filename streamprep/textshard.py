@@ -32,6 +32,9 @@ def canonical_meta(rec: dict[str, Any]) -> bytes:
 
 
 COLUMNS_FORMAT, COLUMNS_VERSION = "streamprep-part-columns", 1
+# Parts of at most this many bytes of ingest lines keep their texts and metas in memory while they are tokenized,
+# for a columns file in their run's order (format 2, `exports.columns`); larger ones stream format 1 as they go.
+RUN_COLUMNS_BYTES = 64 << 20
 
 
 def columns_header(dataset: str, part: str, input_sha256: str, plan_hash: str) -> bytes:
@@ -47,12 +50,16 @@ class LineScan:
     canonical meta. `tokenize_part` takes it from the lines it parses anyway, so the summary of a part just
     tokenized reads and parses nothing again (~5 µs a record). With `columns` (an open file) it also writes each
     such record's text and canonical meta there, back to back: the Parquet writers cut their text and meta
-    columns from it instead of parsing the lines again (`exports.index.RecordReader`)."""
+    columns from it instead of parsing the lines again (`exports.index.RecordReader`). With `keep`, it keeps
+    them, each back to back (`texts`, `metas`), for the run-ordered columns file written once the part's run is
+    known."""
 
-    def __init__(self, columns: BinaryIO | None = None) -> None:
+    def __init__(self, columns: BinaryIO | None = None, keep: bool = False) -> None:
         self.line_bytes, self.text_bytes, self.meta_bytes = array("q"), array("q"), array("q")
         self.digests = bytearray()
         self.columns_out = columns
+        self.texts: bytearray | None = bytearray() if keep else None
+        self.metas: bytearray | None = bytearray() if keep else None
 
     def add(self, lines: list[bytes], recs: list[dict[str, Any]], empty: list[bool]) -> None:
         """A batch of lines, their records, and which of them have no tokens (not in the `.idx`)."""
@@ -66,6 +73,9 @@ class LineScan:
         self.meta_bytes.extend(map(len, metas))
         if self.columns_out is not None:
             self.columns_out.write(b"".join(chain.from_iterable(zip(texts, metas))))
+        if self.texts is not None and self.metas is not None:
+            self.texts += b"".join(texts)
+            self.metas += b"".join(metas)
 
     def columns(self) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
         """(line byte lengths, the records' text digests back to back, text bytes, canonical meta bytes)."""

@@ -50,7 +50,7 @@ def prepare_part(task: Any, receipt: dict[str, Any], scan: LineScan | None = Non
         part = summary.part_summary(ref, scan)
         if task.first_ordinal is not None and task.order_seed is not None and task.length_buckets:
             order.cache_run(ref, part, task.first_ordinal, task.order_seed, task.length_buckets,
-                            parquet.BYTES_PER_TOKEN, Path(task.run_dir))
+                            parquet.BYTES_PER_TOKEN, Path(task.run_dir), scan)
 
 
 def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], output: OutputConfig,

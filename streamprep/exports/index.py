@@ -15,17 +15,19 @@ import resource
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
-from itertools import repeat
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import orjson
 
 from streamprep import binidx
+from streamprep.exports import columns
+from streamprep.exports.columns import take
 from streamprep.textshard import canonical_meta, columns_header
 
 COLUMNS_KEY = ("input_sha256", "plan_hash")  # the receipt's fields a part's columns file is made for
+PARSE, IDX_ORDER, RUN_ORDER = 0, 1, 2  # where a part's texts and metas come from (`RecordReader._columns_source`)
 
 
 class ExportError(ValueError):
@@ -92,9 +94,10 @@ class DatasetIndex:
 
     @cached_property
     def file_refs(self) -> list[ShardRef]:
-        """`refs` without their receipts, but for what a part's columns file must name: what a shard writer is
-        sent (it reads only files)."""
-        return [replace(r, receipt={k: r.receipt.get(k) for k in COLUMNS_KEY}) for r in self.refs]
+        """`refs` without their receipts, but for what a part's columns file must name (with the SHA-256 of the run
+        the exports use, under "run"): what a shard writer is sent (it reads only files)."""
+        return [replace(r, receipt={**{k: r.receipt.get(k) for k in COLUMNS_KEY}, "run": run.sha256})
+                for r, run in zip(self.refs, self.runs)]
 
     def rows_of(self, part: np.ndarray, row: np.ndarray) -> "ShardRows":
         """What a shard writer needs to read records back, given as (position in `refs`, row in that part) in
@@ -124,6 +127,7 @@ class ShardRecords:
     refs: list[ShardRef]          # the parts its rows lie in
     dtypes: list[np.dtype]        # token dtype per part in `refs`
     part: np.ndarray              # int32: position in `refs`
+    row: np.ndarray               # int64: its row in that part's summary (`.idx` order)
     line: np.ndarray              # int64: line number in the ingest part
     line_offset: np.ndarray       # int64: byte offset of the line
     line_bytes: np.ndarray        # int64: bytes of the line (JSON record + newline)
@@ -166,16 +170,25 @@ class RecordReader:
         self.index = index
         self.max_open = max_open or open_files_budget()
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
-        self._bases: np.ndarray | None = None
+        self._kind: np.ndarray | None = None              # per part: PARSE, IDX_ORDER or RUN_ORDER
+        self._sources: list[Any] = []                      # per part: what `_columns_source` found
+        self._places: tuple[bytes, np.ndarray] | None = None  # the last `_run_offsets`
+
+    def _file(self, kind: str, part: int) -> str:
+        """"text" (the ingest part), "columns" or "bin"; "tokens" is the columns file of a part with a format-2 one,
+        else the `.bin`."""
+        if kind == "tokens":
+            return "columns" if self._kinds()[part] == RUN_ORDER else "bin"
+        return kind
 
     def _path(self, kind: str, part: int) -> Path:
-        ref = self.index.refs[part]
+        ref, kind = self.index.refs[part], self._file(kind, part)
         if kind == "text":
             return ref.ingest_path
         return ref.columns if kind == "columns" else binidx.prefix_paths(ref.prefix)[0]
 
     def _fd(self, kind: str, part: int) -> int:
-        key = (kind, part)
+        key = (self._file(kind, part), part)
         if key in self._fds:
             self._fds.move_to_end(key)
             return self._fds[key]
@@ -184,53 +197,139 @@ class RecordReader:
         self._fds[key] = fd = os.open(self._path(kind, part), os.O_RDONLY)
         return fd
 
-    def _columns_base(self, part: int) -> int:
-        """Where the payload of the part's columns file starts, when its tokenizing left one made for this shard
-        (its header names the receipt's input and plan), else -1."""
+    def _columns_source(self, part: int) -> tuple[int, int | columns.Sections | None]:
+        """How the part's texts and metas are read: (RUN_ORDER, where its format-2 file's sections start) when its
+        tokenizing left one made for this shard and the exports' run, (IDX_ORDER, where its format-1 file's payload
+        starts) for one of those (its header names the receipt's input and plan), else (PARSE, None)."""
         ref = self.index.refs[part]
-        key = [ref.receipt.get(k) for k in COLUMNS_KEY]
-        if ref.columns is None or None in key:
-            return -1
-        header = columns_header(ref.dataset, ref.part, *key)
+        keys = {k: ref.receipt.get(k) for k in COLUMNS_KEY}
+        if ref.columns is None or None in keys.values():
+            return PARSE, None
         try:
-            return len(header) if os.pread(self._fd("columns", part), len(header), 0) == header else -1
+            head = os.pread(self._fd("columns", part), columns.HEADER_READ, 0)
         except FileNotFoundError:
-            return -1
+            return PARSE, None
+        v1 = columns_header(ref.dataset, ref.part, *keys.values())
+        if head.startswith(v1):
+            return IDX_ORDER, len(v1)
+        found = columns.sections(head, f"{ref.dataset}/{ref.part}", keys, ref.receipt.get("run"))
+        return (PARSE, None) if found is None else (RUN_ORDER, found)
 
-    def _read(self, kind: str, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray
-              ) -> Iterator[tuple[int, list[bytes]]]:
-        """(part, its chunks) part by part: `sizes[i]` bytes at `offsets[i]` of the `kind` file of record `rows[i]`
-        (rows grouped by part); one positioned read per record, but no Python statement per record."""
+    def _kinds(self) -> np.ndarray:
+        """PARSE, IDX_ORDER or RUN_ORDER per part (`_columns_source`, asked once)."""
+        if self._kind is None:
+            found = [self._columns_source(p) for p in range(len(self.index.refs))]
+            self._kind = np.array([kind for kind, _ in found], dtype=np.int8)
+            self._sources = [source for _, source in found]
+        return self._kind
+
+    def _read(self, kind: str, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
+        """`sizes[i]` bytes at `offsets[i]` of the `kind` file of record `rows[i]`'s part, for every i, back to back
+        (rows grouped by part): one positioned read per run of records back to back in a file (one per record
+        where none are), and no Python statement per record or per part."""
+        if not len(rows):
+            return b""
         parts = self.index.part[rows]
-        bounds = (np.flatnonzero(np.diff(parts)) + 1).tolist()
-        for lo, hi in zip([0] + bounds, bounds + [len(rows)]):
-            part = int(parts[lo])
-            chunks = list(map(os.pread, repeat(self._fd(kind, part), hi - lo), sizes[lo:hi].tolist(),
-                              offsets[lo:hi].tolist()))
-            if sum(map(len, chunks)) != int(sizes[lo:hi].sum()):
-                raise ExportError(f"{self._path(kind, part)}: shorter than its part summary says")
-            yield part, chunks
+        new = np.ones(len(rows), dtype=bool)  # where a record does not follow the one before in the same file
+        new[1:] = (parts[1:] != parts[:-1]) | (offsets[1:] != offsets[:-1] + sizes[:-1])
+        starts = np.flatnonzero(new)
+        spans = np.add.reduceat(sizes, starts)
+        blocks = [os.pread(self._fd(kind, part), span, at)
+                  for part, span, at in zip(parts[starts].tolist(), spans.tolist(), offsets[starts].tolist())]
+        if sum(map(len, blocks)) != int(spans.sum()):
+            short = next(i for i, block in enumerate(blocks) if len(block) != spans[i])
+            raise ExportError(f"{self._path(kind, int(parts[starts[short]]))}: shorter than its part summary says")
+        return b"".join(blocks)
 
     def columns(self, ids: np.ndarray) -> tuple[bytes, bytes]:
         """The UTF-8 texts and the canonical metas (`canonical_meta`) of `ids`, each back to back in the order of
-        `ids` (their lengths: the index's `text_bytes` and `meta_bytes`): cut from the parts' columns files when
-        every part has one, else parsed from the ingest lines."""
-        if self._bases is None:
-            self._bases = np.array([self._columns_base(p) for p in range(len(self.index.refs))], dtype=np.int64)
-        return self._cut(ids) if (self._bases >= 0).all() else self._parse(ids)
+        `ids` (their lengths: the index's `text_bytes` and `meta_bytes`): each part's from its columns file when it
+        has a current one (`_columns_source`), else parsed from its ingest lines."""
+        kinds = self._kinds()[self.index.part[ids]]
+        read = (self._parse, self._cut, self._cut_run)
+        if (kinds == kinds[0]).all():
+            return read[int(kinds[0])](ids)
+        texts: list[bytes] = [b""] * len(ids)
+        metas: list[bytes] = [b""] * len(ids)
+        for kind in np.unique(kinds).tolist():
+            sel = np.flatnonzero(kinds == kind)
+            text, meta = read[kind](ids[sel])
+            for out, data, sizes in ((texts, text, self.index.text_bytes), (metas, meta, self.index.meta_bytes)):
+                ends = np.cumsum(sizes[ids[sel]])
+                for i, start, end in zip(sel.tolist(), (ends - sizes[ids[sel]]).tolist(), ends.tolist()):
+                    out[i] = data[start:end]
+        return b"".join(texts), b"".join(metas)
 
     def _cut(self, ids: np.ndarray) -> tuple[bytes, bytes]:
-        """`columns` from the columns files: one positioned read per record (its text, then its meta), in offset
-        order, then each cut in two at its text's length."""
+        """`columns` from format-1 columns files: one positioned read per record (its text, then its meta), in
+        offset order, then each cut in two at its text's length."""
         idx = self.index
         order = np.lexsort((idx.column_offset[ids], idx.part[ids]))
         rows = ids[order]
-        offsets = idx.column_offset[rows] + self._bases[idx.part[rows]]
+        bases = np.array([s if k == IDX_ORDER else 0 for k, s in zip(self._kinds().tolist(), self._sources)])
+        offsets = idx.column_offset[rows] + bases[idx.part[rows]]
         sizes = idx.text_bytes[rows] + idx.meta_bytes[rows]
-        chunks = [chunk for _, part_chunks in self._read("columns", rows, offsets, sizes) for chunk in part_chunks]
-        chunks = list(map(chunks.__getitem__, inverse_permutation(order).tolist()))  # in the order of `ids`
-        cuts = idx.text_bytes[ids].tolist()
-        return b"".join([c[:t] for c, t in zip(chunks, cuts)]), b"".join([c[t:] for c, t in zip(chunks, cuts)])
+        data = self._read("columns", rows, offsets, sizes)
+        halves = np.stack([idx.text_bytes[rows], idx.meta_bytes[rows]], axis=1).ravel()  # each record cut in two
+        inverse = inverse_permutation(order) * 2
+        return take(data, halves, inverse), take(data, halves, inverse + 1)
+
+    def _run_offsets(self, ids: np.ndarray) -> np.ndarray:
+        """Where the text, the meta and the tokens of each of `ids` (of parts with format-2 files) start in its part's
+        file: int64 (len(ids), 3). A row group's records of one part are a range of the part's run, in run order
+        (module doc of `exports.columns`), so each part's group is placed from its first record's table row and
+        checked against the run's line numbers there, one read each; if any group is not such a range (a reader
+        given other rows), every record's table row is read. Remembered for the row group's `tokens` call."""
+        key = ids.tobytes()
+        if self._places is not None and self._places[0] == key:
+            return self._places[1]
+        idx = self.index
+        order = np.argsort(idx.part[ids], kind="stable")
+        rows = ids[order]
+        parts = idx.part[rows]
+        first = np.flatnonzero(np.concatenate([[True], parts[1:] != parts[:-1]]))
+        count = np.diff(np.append(first, len(rows)))
+        group = np.repeat(np.arange(len(first)), count)
+        at = np.array([self._sources[p] for p in parts[first].tolist()], dtype=np.int64).reshape(len(first), 5)
+        entries = self._table(rows[first], at[:, 0] + idx.row[rows[first]] * columns.TABLE.itemsize)
+        in_run = (at[:, 2] - at[:, 1]) // columns.LINE.itemsize - entries["pos"]  # records from there to the end
+        itemsize = np.array([dtype.itemsize for dtype in idx.dtypes], dtype=np.int64)[parts]
+        sizes = np.stack([idx.text_bytes[rows], idx.meta_bytes[rows], idx.n_tokens[rows] * itemsize], axis=1)
+        if (count <= in_run).all() and np.array_equal(idx.line[rows], self._ints(
+                rows[first], at[:, 1] + entries["pos"] * columns.LINE.itemsize, count * columns.LINE.itemsize)):
+            within = np.cumsum(sizes, axis=0) - sizes
+            starts = within - within[first][group] + np.stack([entries[k] for k in ("text", "meta", "tokens")], 1)[group]
+        else:
+            entries = self._table(rows, at[group, 0] + idx.row[rows] * columns.TABLE.itemsize)
+            starts = np.stack([entries[k] for k in ("text", "meta", "tokens")], 1)
+        out = np.empty_like(starts)
+        out[order] = starts + at[group, 2:]
+        self._places = (key, out)
+        return out
+
+    def _table(self, rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """The format-2 table rows at `offsets` of the files of `rows`' parts (rows grouped by part)."""
+        size = np.full(len(rows), columns.TABLE.itemsize, dtype=np.int64)
+        return np.frombuffer(self._bytes(rows, offsets, size), dtype=columns.TABLE)
+
+    def _ints(self, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        return np.frombuffer(self._bytes(rows, offsets, sizes), dtype=columns.LINE)
+
+    def _bytes(self, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
+        return self._read("columns", rows, offsets, sizes)
+
+    def _gather(self, ids: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
+        """`sizes[i]` bytes at `offsets[i]` of the columns file of `ids[i]`'s part, in the order of `ids`, back to
+        back; read in file order."""
+        order = np.lexsort((offsets, self.index.part[ids]))
+        return take(self._read("columns", ids[order], offsets[order], sizes[order]), sizes[order],
+                    inverse_permutation(order))
+
+    def _cut_run(self, ids: np.ndarray) -> tuple[bytes, bytes]:
+        """`columns` from format-2 files: per part, the row group's texts, then its metas, each one range."""
+        at = self._run_offsets(ids)
+        return (self._gather(ids, at[:, 0], self.index.text_bytes[ids]),
+                self._gather(ids, at[:, 1], self.index.meta_bytes[ids]))
 
     def _parse(self, ids: np.ndarray) -> tuple[bytes, bytes]:
         """`columns` from the ingest lines, read part by part in offset order and parsed by one orjson call, so
@@ -238,8 +337,9 @@ class RecordReader:
         idx = self.index
         order = np.lexsort((idx.line_offset[ids], idx.part[ids]))
         rows = ids[order]
-        lines = [line for _, chunks in self._read("text", rows, idx.line_offset[rows], idx.line_bytes[rows])
-                 for line in chunks]
+        data = self._read("text", rows, idx.line_offset[rows], idx.line_bytes[rows])
+        ends = np.cumsum(idx.line_bytes[rows])
+        lines = list(map(data.__getitem__, map(slice, (ends - idx.line_bytes[rows]).tolist(), ends.tolist())))
         lines = list(map(lines.__getitem__, inverse_permutation(order).tolist()))  # in the order of `ids`
         try:
             recs = orjson.loads(b"[" + b",".join(lines) + b"]")
@@ -260,19 +360,29 @@ class RecordReader:
 
     def tokens(self, ids: np.ndarray) -> np.ndarray:
         """The token ids (EOD included, exactly as in `.bin`) of `ids` back to back, as int32; read part by part in
-        `.bin` order, then put in the order of `ids` by one gather."""
+        file order (a part's format-2 columns file, else its `.bin`), then put in the order of `ids` by one gather."""
         idx = self.index
         counts = idx.n_tokens[ids]
-        order = np.lexsort((idx.token_start[ids], idx.part[ids]))
+        itemsize = np.array([dtype.itemsize for dtype in idx.dtypes], dtype=np.int64)[idx.part[ids]]
+        offsets = idx.token_start[ids] * itemsize
+        run = self._kinds()[idx.part[ids]] == RUN_ORDER
+        if run.any():
+            offsets[run] = self._run_offsets(ids[run])[:, 2]
+        order = np.lexsort((offsets, idx.part[ids]))
         rows = ids[order]
-        itemsize = np.array([dtype.itemsize for dtype in idx.dtypes], dtype=np.int64)[idx.part[rows]]
-        pieces = []
-        for part, chunks in self._read("bin", rows, idx.token_start[rows] * itemsize, idx.n_tokens[rows] * itemsize):
-            pieces.append(np.frombuffer(b"".join(chunks), dtype=idx.dtypes[part]))
-        read = np.concatenate(pieces).astype(np.int32, copy=False)
-        starts = np.cumsum(counts[order]) - counts[order]  # where each record's tokens start in `read` ...
-        out_starts = np.cumsum(counts) - counts            # ... and in the result
-        return read[np.repeat(starts[inverse_permutation(order)] - out_starts, counts) + np.arange(int(counts.sum()))]
+        nbytes = counts[order] * itemsize[order]
+        data = self._read("tokens", rows, offsets[order], nbytes)
+        parts = idx.part[rows]
+        dtypes = {idx.dtypes[part] for part in np.unique(parts).tolist()}
+        if len(dtypes) == 1:
+            read = np.frombuffer(data, dtype=dtypes.pop())
+        else:  # each part's tokens in its own dtype
+            ends = np.cumsum(nbytes).tolist()
+            first = np.flatnonzero(np.concatenate([[True], parts[1:] != parts[:-1]])).tolist()
+            read = np.concatenate([np.frombuffer(data[ends[lo] - nbytes[lo]:ends[hi - 1]], dtype=idx.dtypes[parts[lo]])
+                                   for lo, hi in zip(first, first[1:] + [len(rows)])])
+        read = read.astype(np.int32, copy=False)
+        return np.frombuffer(take(read, counts[order] * 4, inverse_permutation(order)), dtype=np.int32)
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -25,15 +25,16 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import orjson
 
-from streamprep import atomic, logs
-from streamprep.exports import summary
-from streamprep.exports.index import DatasetIndex, ExportError, ShardRef
+from streamprep import atomic, binidx, logs
+from streamprep.exports import columns, summary
+from streamprep.exports.index import COLUMNS_KEY, DatasetIndex, ExportError, ShardRef
 from streamprep.layout import COLUMNS_SUFFIX, RunLayout
+from streamprep.textshard import LineScan
 
 log = logs.get("exports")
 
@@ -87,6 +88,7 @@ class PartRun:
     dtype: str            # token dtype of the part's `.bin`
     summary: str          # "cached", "computed" (none was there) or "recomputed" (one was stale or damaged)
     reused: bool          # the run its tokenizing worker cached (else made by the exports)
+    sha256: str           # its payload's SHA-256: what a run-ordered columns file names (`exports.columns`)
 
     @property
     def n(self) -> int:
@@ -123,10 +125,17 @@ def _identity(ref: ShardRef, first: int, seed: int, bounds: Sequence[int], bpt: 
             "bounds": [int(b) for b in bounds], "bpt": int(bpt)}
 
 
+class EncodedRun(NamedTuple):
+    data: bytes           # the run file: header line, then the columns
+    offsets: np.ndarray   # as PartRun.offsets
+    order: np.ndarray     # the `.idx` row at each position of the run
+    sha256: str           # the payload's SHA-256
+
+
 def encode_run(ref: ShardRef, part: summary.PartSummary, first: int, seed: int, bounds: Sequence[int],
-               bpt: int) -> tuple[bytes, np.ndarray]:
-    """A part's run file (header line, then the columns) and its bucket offsets: its records sorted by
-    (bucket, key), with their rows and packing estimates. Pure: the same inputs give the same bytes."""
+               bpt: int) -> EncodedRun:
+    """A part's run: its records sorted by (bucket, key), with their rows and packing estimates. Pure: the same
+    inputs give the same bytes."""
     recs = part.records
     n_tokens = recs["n_tokens"]
     est = n_tokens * bpt + recs["line_bytes"]
@@ -136,19 +145,25 @@ def encode_run(ref: ShardRef, part: summary.PartSummary, first: int, seed: int, 
     offsets = np.zeros(len(bounds) + 2, dtype=np.int64)
     np.cumsum(np.bincount(buckets, minlength=len(bounds) + 1), out=offsets[1:])
     payload = b"".join(np.ascontiguousarray(c).tobytes() for c in (keys[order], order.astype(np.int64), est[order]))
+    sha256 = hashlib.sha256(payload).hexdigest()
     header = {**_identity(ref, first, seed, bounds, bpt), "offsets": offsets.tolist(),
               "num_tokens": int(n_tokens.sum()), "dtype": part.dtype, "summary": summary.cached_identity(ref),
-              "payload_sha256": hashlib.sha256(payload).hexdigest()}
-    return orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n" + payload, offsets
+              "payload_sha256": sha256}
+    return EncodedRun(orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n" + payload, offsets, order, sha256)
 
 
 def cache_run(ref: ShardRef, part: summary.PartSummary, first: int, seed: int, bounds: Sequence[int], bpt: int,
-              run_dir: Path) -> None:
+              run_dir: Path, scan: LineScan | None = None) -> None:
     """Write a part's run where the exports look for it (a tokenizing worker, right after the part's summary
     is cached). `first` is the ordinal of the part's first record when no earlier record of the dataset
-    tokenized to nothing; the exports check it against the receipts and remake the run when it differs."""
-    data, _ = encode_run(ref, part, first, seed, bounds, bpt)
-    atomic.write_bytes(run_path(run_dir, ref.dataset, ref.part), data)
+    tokenized to nothing; the exports check it against the receipts and remake the run when it differs.
+    When `scan` kept the part's texts and metas, its columns file follows, in the run's order."""
+    run = encode_run(ref, part, first, seed, bounds, bpt)
+    atomic.write_bytes(run_path(run_dir, ref.dataset, ref.part), run.data)
+    if scan is not None and scan.texts is not None and scan.metas is not None and ref.columns is not None:
+        tokens = np.fromfile(binidx.prefix_paths(ref.prefix)[0], dtype=part.dtype)
+        columns.write(ref.columns, f"{ref.dataset}/{ref.part}", {k: ref.receipt.get(k) for k in COLUMNS_KEY},
+                      run.sha256, run.order, scan.texts, scan.metas, tokens, part.records)
 
 
 def load_run(path: Path, ref: ShardRef, first: int, expected: int, seed: int, bounds: Sequence[int],
@@ -170,7 +185,8 @@ def load_run(path: Path, ref: ShardRef, first: int, expected: int, seed: int, bo
             or header.get("payload_sha256") != hashlib.sha256(payload).hexdigest() \
             or header.get("summary") is None or header.get("summary") != summary.cached_identity(ref):
         return None
-    return PartRun(path, offsets, len(data) - len(payload), int(header["num_tokens"]), str(header["dtype"]), "cached", True)
+    return PartRun(path, offsets, len(data) - len(payload), int(header["num_tokens"]), str(header["dtype"]), "cached", True,
+                   header["payload_sha256"])
 
 
 def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> PartRun:
@@ -189,10 +205,10 @@ def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> P
     if len(cached.records) != expected:
         raise ExportError(f"{ref.dataset}/{ref.part}: part summary has {len(cached.records)} records, "
                           f"its receipt {expected} documents")
-    data, offsets = encode_run(ref, cached, first, seed, bounds, bpt)
-    atomic.write_bytes(path, data)
-    return PartRun(path, offsets, data.index(b"\n") + 1, int(cached.records["n_tokens"].sum()), cached.dtype, state,
-                   False)
+    run = encode_run(ref, cached, first, seed, bounds, bpt)
+    atomic.write_bytes(path, run.data)
+    return PartRun(path, run.offsets, run.data.index(b"\n") + 1, int(cached.records["n_tokens"].sum()), cached.dtype,
+                   state, False, run.sha256)
 
 
 # -- streaming over all parts ----------------------------------------------------------------------

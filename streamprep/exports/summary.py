@@ -240,7 +240,7 @@ def shard_records(rows: ShardRows) -> ShardRecords:
     bounds = np.flatnonzero(np.diff(part[order])) + 1
     for sel in np.split(order, bounds) if len(order) else []:
         out[sel] = _cached_rows(rows.refs[int(part[sel[0]])], row[sel])
-    return ShardRecords(refs=rows.refs, dtypes=rows.dtypes, part=part,
+    return ShardRecords(refs=rows.refs, dtypes=rows.dtypes, part=part, row=row,
                         **{k: out[k] for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens",
                                                "token_sum", "text_sha256", "text_bytes", "meta_bytes",
                                                "column_offset")})

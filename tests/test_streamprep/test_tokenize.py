@@ -5,6 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import orjson
 import pytest
 
@@ -38,14 +39,18 @@ def test_drop_tmp_files_removes_this_tasks_temporary_files_and_nothing_else(tmp_
     drop_tmp_files(nowhere)  # type: ignore[arg-type]  # directories not made yet: nothing to drop, no error
 
 
-def test_a_part_summary_from_the_tokenizers_scan_is_the_one_read_back(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("run_ordered", [True, False])
+def test_a_part_summary_from_the_tokenizers_scan_is_the_one_read_back(tmp_path: Path, monkeypatch,
+                                                                       run_ordered: bool) -> None:
     """A worker summarizes a part it just tokenized from the lines its tokenizing parsed (`textshard.LineScan`,
     `engines.base.run_shard`), without reading them again: the cache file is byte for byte the one
     `summarize_part` makes from the files, with a record that encodes to nothing (dropped) and metas of every
-    shape; the receipt holds no scan."""
+    shape; the receipt holds no scan. Its columns file holds the part's texts, metas and tokens in its run's order
+    (format 2), or for a part too large to keep, texts and metas in `.idx` order (format 1)."""
     from helpers import english_docs
+    from streamprep import modes
     from streamprep.engines.base import run_shard
-    from streamprep.exports import ShardRef, summary
+    from streamprep.exports import ShardRef, columns, summary
     from streamprep.modes import PRETRAIN
     from streamprep.tokenize import make_task, read_receipt
     from streamprep.tokenizer import train_bpe
@@ -63,6 +68,8 @@ def test_a_part_summary_from_the_tokenizers_scan_is_the_one_read_back(tmp_path: 
                    order_seed=1, length_buckets=(8, 64))  # a job with Parquet exports: its columns file too
     with monkeypatch.context() as m:
         m.setattr(summary, "_scan_ingest", lambda *a: pytest.fail("the part was read again for its summary"))
+        if not run_ordered:  # a part over the size kept in memory: its columns streamed in `.idx` order
+            m.setattr(modes, "RUN_COLUMNS_BYTES", part.stat().st_size - 1)
         result = run_shard(task, PRETRAIN.load_tokenizer(str(tok)))
     receipt = read_receipt(task)
     assert "scan" not in result and "scan" not in receipt["stats"] and receipt["stats"]["dropped_empty"] == [7]
@@ -72,6 +79,24 @@ def test_a_part_summary_from_the_tokenizers_scan_is_the_one_read_back(tmp_path: 
     assert summary.load_cached(ref).records["text_bytes"].tolist() == \
         [len(d.encode()) for i, d in enumerate(docs) if i != 7]
     records = [orjson.loads(line) for i, line in enumerate(lines) if i != 7]
-    assert ref.columns.read_bytes() == columns_header("d", "part-00000", task.input_sha256, task.plan_hash) + \
-        b"".join(r["text"].encode() + canonical_meta(r) for r in records)
+    data = ref.columns.read_bytes()
     assert sorted(p.name for p in ref.columns.parent.iterdir()) == ["part-00000.columns", "part-00000.run"]
+    if not run_ordered:
+        assert data == columns_header("d", "part-00000", task.input_sha256, task.plan_hash) + \
+            b"".join(r["text"].encode() + canonical_meta(r) for r in records)
+        return
+    run = (ref.columns.parent / "part-00000.run").read_bytes()
+    run_header, payload = orjson.loads(run.split(b"\n", 1)[0]), run.split(b"\n", 1)[1]
+    order = np.frombuffer(payload, dtype="<i8")[len(records):2 * len(records)]  # keys, rows, estimates
+    at = columns.sections(data[:columns.HEADER_READ], "d/part-00000",
+                          {"input_sha256": task.input_sha256, "plan_hash": task.plan_hash}, run_header["payload_sha256"])
+    assert at is not None and sorted(order.tolist()) == list(range(len(records)))
+    ordered = [records[i] for i in order.tolist()]
+    tokens = np.fromfile(f"{task.prefix}.bin", dtype=np.uint16)
+    assert data[at.lines:at.text] == np.array([[i for i in range(len(lines)) if i != 7][j] for j in order.tolist()],
+                                              dtype="<i8").tobytes()
+    assert data[at.text:at.meta] == b"".join(r["text"].encode() for r in ordered)
+    assert data[at.meta:at.tokens] == b"".join(canonical_meta(r) for r in ordered)
+    n_tokens = summary.load_cached(ref).records["n_tokens"]
+    ends = np.cumsum(n_tokens)
+    assert data[at.tokens:] == b"".join(tokens[ends[i] - n_tokens[i]:ends[i]].tobytes() for i in order.tolist())

@@ -471,6 +471,44 @@ def test_parquet_columns_cut_from_the_columns_files_the_tokenizing_left(run, tmp
 
 
 @pytest.mark.slow
+def test_parquet_columns_from_the_run_ordered_files_the_tokenizing_left(run, tmp_path, monkeypatch):
+    """Parts whose tokenizing kept their texts and metas (`LineScan(keep=True)`, as for parts of at most
+    RUN_COLUMNS_BYTES) leave a columns file in their run's order (format 2): the Parquet rows come from it, with the
+    bytes of parts parsed again. c4/part-00002's run is remade by the exports (part-00001 dropped 2 empty records),
+    so its file, made for the other order, is not used: only its lines are parsed."""
+    from streamprep.exports import prepare_part
+    from streamprep.exports.index import RecordReader
+    from streamprep.textshard import LineScan
+
+    run_dir, refs = run
+    clean = tmp_path / "clean"
+    shutil.copytree(run_dir, clean)
+    export(clean, relocate(refs, run_dir, clean))
+    firsts = line_ordinals(refs)
+    for r in refs:  # as each shard finishes: its task, its receipt and the lines its tokenizing parsed
+        lines = r.ingest_path.read_bytes().splitlines(keepends=True)
+        dropped = set(r.receipt["stats"]["dropped_empty"])
+        scan = LineScan(keep=True)
+        scan.add(lines, [orjson.loads(line) for line in lines], [i in dropped for i in range(len(lines))])
+        prepare_part(prepared_task(run_dir, r, firsts[f"{r.dataset}/{r.part}"]), r.receipt, scan)
+    made = sorted(run_dir.glob("parquet/.order/*/*.columns"))
+    assert len(made) == 6 and all(b'"version":2' in p.read_bytes().split(b"\n", 1)[0] for p in made)
+    parsed: list[str] = []
+    real_parse = RecordReader._parse
+
+    def spy(self, ids):
+        parsed.extend({f"{self.index.refs[p].dataset}/{self.index.refs[p].part}" for p in self.index.part[ids]})
+        return real_parse(self, ids)
+    monkeypatch.setattr(RecordReader, "_parse", spy)
+    monkeypatch.setattr(RecordReader, "_cut", lambda *a: pytest.fail("no part has a format-1 file"))
+    export(run_dir, [replace(r, columns=run_dir / "parquet" / ".order" / r.dataset / f"{r.part}.columns")
+                     for r in refs])
+    assert set(parsed) == {"c4/part-00002"}
+    assert file_hashes(run_dir) == file_hashes(clean)
+    assert not (run_dir / "parquet" / ".order").exists()
+
+
+@pytest.mark.slow
 def test_prepared_runs_reused_only_when_current(run, tmp_path, monkeypatch):
     """A prepared run is remade (same output bytes) when it was made for another seed or bucket bounds, when it is
     damaged, truncated or torn, or when its part's summary is not the one it was made from; runs of an earlier
@@ -767,7 +805,8 @@ def test_tsv_rows_equal_the_per_row_format():
 
     rng = np.random.default_rng(3)
     n = 1000
-    index = ShardRecords(refs=[], dtypes=[], part=np.zeros(n, np.int32), line=np.zeros(n, np.int64),
+    index = ShardRecords(refs=[], dtypes=[], part=np.zeros(n, np.int32), row=np.zeros(n, np.int64),
+                         line=np.zeros(n, np.int64),
                          line_offset=np.zeros(n, np.int64), line_bytes=np.zeros(n, np.int64),
                          token_start=np.zeros(n, np.int64), n_tokens=rng.integers(1, 1 << 31, n),
                          token_sum=np.r_[0, 9, rng.integers(0, 1 << 62, n - 2)],

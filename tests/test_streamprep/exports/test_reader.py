@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
-from streamprep.exports import summary
+from streamprep.exports import columns, summary
 from streamprep.exports.index import (ExportError, RecordReader, ShardRecords, ShardRef, canonical_meta,
                                      open_files_budget)
 from streamprep.textshard import LineScan, columns_header
@@ -71,7 +71,7 @@ def _shard(tmp: Path, picks: list[tuple[int, int]]) -> tuple[ShardRecords, list[
     sources = [RECORDS, RECORDS[::-1]]
     rows = np.stack([parts[p][1][r] for p, r in picks])
     index = ShardRecords(refs=[ref for ref, _ in parts], dtypes=[np.dtype("uint16"), np.dtype("int32")],
-                         part=np.array([p for p, _ in picks], dtype=np.int32),
+                         part=np.array([p for p, _ in picks], dtype=np.int32), row=np.array([r for _, r in picks]),
                          **{k: rows[k] for k in ("line", "line_offset", "line_bytes", "token_start", "n_tokens",
                                                  "token_sum", "text_sha256", "text_bytes", "meta_bytes",
                                                  "column_offset")})
@@ -137,10 +137,12 @@ def test_columns_are_cut_from_the_parts_columns_files_when_every_part_has_a_curr
     with RecordReader(columned, max_open=1) as reader:
         assert reader.columns(ids) == want
         assert reader.columns(ids[::-1])[0] == b"".join(r["text"].encode() for r, _ in expected[::-1])
-    # one part's file made for another input: every part's lines are parsed (here, the changed ones)
+    # one part's file made for another input: that part's lines are parsed (here, the changed ones), the other
+    # part's texts still come from its file
     stale = replace(columned, refs=[_with_columns(columned.refs[0], ("other", "plan")), columned.refs[1]])
     with RecordReader(stale) as reader:
-        assert reader.columns(ids)[0] == want[0].replace(b"plain", b"PLAIN") != want[0]
+        assert reader.columns(ids)[0] == b"".join(
+            r["text"].replace("plain", "PLAIN" if p == 0 else "plain").encode() for (p, _), (r, _) in zip(picks, expected))
     for ref, data in zip(index.refs, lines):
         ref.ingest_path.write_bytes(data)
     missing = replace(columned, refs=[columned.refs[0], replace(columned.refs[1], columns=tmp_path / "none")])
@@ -186,3 +188,89 @@ def test_reader_keeps_its_files_open_across_row_groups(tmp_path, monkeypatch):
             reader.columns(np.arange(4))
             reader.tokens(np.arange(4))
     assert sorted(Path(p).name for p in opened) == ["p0.bin", "p0.jsonl", "p1.bin", "p1.jsonl"]
+
+
+# -- format 2: a part's columns in its run's order (exports/columns.py) ----------------------------------------
+RUNS = [np.array([3, 0, 6, 2, 5, 1, 4]), np.array([6, 5, 0, 1, 2, 3, 4])]  # per part: the `.idx` row at each position
+
+
+def _with_run_columns(ref: ShardRef, rec: np.ndarray, order: np.ndarray, run: str = "run-sha") -> ShardRef:
+    """`ref` with the format-2 columns file its tokenizing worker would write after the run `order`
+    (`order.cache_run`), as a shard writer is sent it (the run's SHA-256 under "run")."""
+    lines = ref.ingest_path.read_bytes().splitlines(keepends=True)
+    scan = LineScan(keep=True)
+    scan.add(lines, [orjson.loads(line) for line in lines], [False] * len(lines))
+    path = ref.ingest_path.with_suffix(".columns")
+    tokens = np.fromfile(f"{ref.prefix}.bin", dtype=np.uint16 if ref.part == "p0" else np.int32)
+    columns.write(path, f"{ref.dataset}/{ref.part}", {"input_sha256": "in", "plan_hash": "plan"}, run, order,
+                  scan.texts, scan.metas, tokens, rec)
+    return replace(ref, columns=path, receipt={"input_sha256": "in", "plan_hash": "plan", "run": "run-sha"})
+
+
+def _run_shard(tmp: Path, picks: list[tuple[int, int]]) -> tuple[ShardRecords, list[tuple[dict, list[int]]]]:
+    """`_shard` of picks given as (part, position in that part's run), every part with a format-2 file."""
+    index, expected = _shard(tmp, [(p, int(RUNS[p][pos])) for p, pos in picks])
+    recs = [_part(tmp, "p0", RECORDS, "uint16")[1], _part(tmp, "p1", RECORDS[::-1], "int32")[1]]
+    return replace(index, refs=[_with_run_columns(ref, rec, run) for ref, rec, run in zip(index.refs, recs, RUNS)]), \
+        expected
+
+
+def _counting_reads(monkeypatch) -> list[int]:
+    sizes: list[int] = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: sizes.append(n) or real(fd, n, at))
+    return sizes
+
+
+def test_run_ordered_columns_read_a_range_per_part_and_row_group(tmp_path, monkeypatch):
+    """A row group's records of each part are a range of that part's run, in run order (as a shard's rows always
+    are): texts, metas and tokens come from the part's format-2 file with one read per part for each of them, plus
+    its table row and line numbers, never from the ingest lines or the `.bin`."""
+    picks = [(1, 0), (0, 0), (0, 1), (1, 1), (1, 2), (0, 2), (0, 3), (1, 3), (0, 4), (0, 5), (1, 4), (0, 6), (1, 5)]
+    index, expected = _run_shard(tmp_path, picks)
+    for ref in index.refs:  # neither is read: their bytes no longer match the summaries
+        ref.ingest_path.write_bytes(b"")
+        Path(f"{ref.prefix}.bin").write_bytes(b"")
+    ids = np.arange(len(picks))
+    reads = _counting_reads(monkeypatch)
+    with RecordReader(index) as reader:
+        texts, metas = reader.columns(ids)
+        tokens = reader.tokens(ids)
+    assert texts == b"".join(r["text"].encode() for r, _ in expected)
+    assert metas == b"".join(canonical_meta(r) for r, _ in expected)
+    assert tokens.dtype == np.int32 and tokens.tolist() == [t for _, toks in expected for t in toks]
+    assert len(reads) == 2 * 6  # per part: its header, its first record's table row, line numbers, texts, metas, tokens
+
+
+@pytest.mark.parametrize("picks", [
+    [(1, 6), (0, 3), (0, 0), (1, 0), (0, 3), (1, 5)],  # out of run order, one record twice
+    [(0, 1), (0, 0)],                                  # a range, backwards
+    [(0, 0), (0, 2), (0, 1), (0, 3)],                  # the first and last of a range, the middle swapped
+])
+def test_run_ordered_columns_give_other_rows_too(tmp_path, picks):
+    """Rows that are not ranges of the runs in run order (a reader given other rows) are read record by record
+    from the same files, with the same bytes as parsing each record alone."""
+    index, expected = _run_shard(tmp_path, picks)
+    ids = np.arange(len(picks))
+    with RecordReader(index) as reader:
+        assert reader.columns(ids) == (b"".join(r["text"].encode() for r, _ in expected),
+                                       b"".join(canonical_meta(r) for r, _ in expected))
+        assert reader.tokens(ids).tolist() == [t for _, toks in expected for t in toks]
+
+
+def test_run_ordered_columns_used_only_for_their_run(tmp_path):
+    """A format-2 file made for another run (its order is another) is not read: that part's lines are parsed; a
+    truncated one is refused by name."""
+    picks = [(0, 0), (1, 5), (0, 1), (1, 6)]  # p1's last records: their tokens end its file
+    index, expected = _run_shard(tmp_path, picks)
+    other = replace(index.refs[0], receipt={**index.refs[0].receipt, "run": "another-run"})
+    for ref in index.refs:
+        ref.ingest_path.write_bytes(ref.ingest_path.read_bytes().replace(b"plain", b"PLAIN"))
+    ids = np.arange(len(picks))
+    with RecordReader(replace(index, refs=[other, index.refs[1]])) as reader:
+        assert reader.columns(ids)[0] == b"".join(
+            r["text"].replace("plain", "PLAIN" if p == 0 else "plain").encode() for (p, _), (r, _) in zip(picks, expected))
+    path = index.refs[1].columns
+    path.write_bytes(path.read_bytes()[:-3])
+    with RecordReader(index) as reader, pytest.raises(ExportError, match=r"p1\.columns: shorter than"):
+        reader.tokens(ids)

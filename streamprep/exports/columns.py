@@ -1,0 +1,117 @@
+"""A part's texts, metas and tokens in its run's order: the columns file of format version 2.
+
+Why: a Parquet shard is a range of its bucket's key order, and the merge keeps each part's run order, so the
+records one row group takes from a part are a contiguous range of that part's run, but scattered in `.idx`
+order. Laid out in run order, they are read with one positioned read per (row group, part) and column where
+the `.idx`-ordered files (format 1, `textshard.columns_file`) took two reads a record: on 2 M short documents
+those reads were ~10 % of the job's CPU (docs/performance.md, round 28).
+
+Written by the worker that tokenized the part, right after its run (`order.cache_run`), from the texts and
+metas its `textshard.LineScan` kept and the `.bin` it just wrote; only for parts of at most
+`textshard.RUN_COLUMNS_BYTES` of ingest lines, which it holds in memory until then. Larger parts keep format 1
+(their records are few and long, so a read each costs little beside their bytes).
+
+Layout (`parquet/.order/<dataset>/<part>.columns`, scratch like the runs): one line of canonical JSON (`format`,
+`version` 2, `part`, the part's `input_sha256` and `plan_hash` as in format 1, `run`: the payload SHA-256 of the
+run whose order it follows, `n` records, the sections' byte sizes `text`, `meta`, `tokens`); then a table of `n`
+rows in `.idx` order (`TABLE`: the record's position in the run, where its text, its meta and its tokens start
+in their sections); then in run order each record's ingest line number (int64: what a reader checks a range
+against), the texts, the canonical metas, and the tokens (the `.bin`'s values and dtype, EOD included). A reader uses a file only when its header names the part's receipt and the run the
+exports use (a run remade for another first ordinal has another order).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from streamprep import atomic
+from streamprep.textshard import COLUMNS_FORMAT
+
+VERSION = 2
+TABLE = np.dtype([("pos", "<i8"), ("text", "<i8"), ("meta", "<i8"), ("tokens", "<i8")])
+LINE = np.dtype("<i8")  # the lines section: each record's ingest line, in run order
+HEADER_READ = 4096  # bytes read to find the header line (a few hundred bytes)
+
+
+class Sections(NamedTuple):
+    """Where a format-2 file's parts start (file offsets)."""
+
+    table: int
+    lines: int
+    text: int
+    meta: int
+    tokens: int
+
+
+def take(data: bytes, sizes: np.ndarray, positions: np.ndarray) -> bytes:
+    """Values of `sizes[i]` bytes each, back to back in `data`, taken at `positions` and joined: by Arrow's `take`
+    (a copy per value in C++; a Python slice per value cost ~6x more)."""
+    if not len(positions):
+        return b""
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    if int(offsets[-1]) != memoryview(data).nbytes:
+        raise ValueError(f"{memoryview(data).nbytes} bytes of values, but their sizes add up to {int(offsets[-1])}")
+    values = pa.Array.from_buffers(pa.large_binary(), len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    taken = values.take(pa.Array.from_buffers(pa.int64(), len(positions), [None, pa.py_buffer(positions)]))
+    bounds = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=len(taken) + 1, offset=8 * taken.offset)
+    return taken.buffers()[2][int(bounds[0]):int(bounds[-1])].to_pybytes()
+
+
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    return np.cumsum(sizes) - sizes
+
+
+def encode(part: str, keys: dict[str, Any], run_sha256: str, order: np.ndarray, texts: bytes, metas: bytes,
+           tokens: np.ndarray, records: np.ndarray) -> bytes:
+    """The file of one part (`part`: "<dataset>/<part>") whose records, in `.idx` order, have these texts and metas
+    (each back to back), tokens (the `.bin`'s values) and summary rows (`records`: `summary.RECORD`, whose
+    `text_bytes` and `meta_bytes` cut `texts` and `metas`); `order`: the run, i.e. the `.idx` row at each run
+    position; `keys`: the receipt's `input_sha256` and `plan_hash`. Pure: the same inputs give the same bytes."""
+    counts = records["n_tokens"][order]
+    text = take(texts, records["text_bytes"], order)
+    meta = take(metas, records["meta_bytes"], order)
+    token_bytes = take(tokens, records["n_tokens"] * tokens.dtype.itemsize, order)  # `.idx` order: back to back
+    table = np.zeros(len(order), dtype=TABLE)
+    table["pos"][order] = np.arange(len(order))
+    table["text"][order] = _starts(records["text_bytes"][order])
+    table["meta"][order] = _starts(records["meta_bytes"][order])
+    table["tokens"][order] = _starts(counts) * tokens.dtype.itemsize
+    header = {"format": COLUMNS_FORMAT, "version": VERSION, "part": part, **keys, "run": run_sha256,
+              "n": len(order), "text": len(text), "meta": len(meta), "tokens": len(token_bytes)}
+    lines = np.ascontiguousarray(records["line"][order], dtype="<i8").tobytes()
+    return b"".join([orjson.dumps(header, option=orjson.OPT_SORT_KEYS), b"\n", table.tobytes(), lines, text, meta,
+                     token_bytes])
+
+
+def write(path: Path, *args: Any) -> None:
+    """`encode(*args)` written atomically to `path`."""
+    atomic.write_bytes(path, encode(*args))
+
+
+def sections(head: bytes, part: str, keys: dict[str, Any], run_sha256: str | None) -> Sections | None:
+    """Where the sections of a format-2 file start, given its first bytes, when it was made for this part, receipt
+    (`keys`) and run; else None (another format, another run, or not a header at all)."""
+    end = head.find(b"\n")
+    if end == -1 or run_sha256 is None:
+        return None
+    try:
+        header = orjson.loads(head[:end])
+    except orjson.JSONDecodeError:
+        return None
+    expect = {"format": COLUMNS_FORMAT, "version": VERSION, "part": part, **keys, "run": run_sha256}
+    if not isinstance(header, dict) or any(header.get(k) != v for k, v in expect.items()):
+        return None
+    try:
+        table, n = end + 1, int(header["n"])
+        lines = table + n * TABLE.itemsize
+        text = lines + n * LINE.itemsize
+        meta = text + int(header["text"])
+        return Sections(table, lines, text, meta, meta + int(header["meta"]))
+    except (KeyError, TypeError, ValueError):
+        return None
