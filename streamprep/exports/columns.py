@@ -68,11 +68,12 @@ def _starts(sizes: np.ndarray) -> np.ndarray:
 
 
 def encode(part: str, keys: dict[str, Any], run_sha256: str, order: np.ndarray, texts: bytes, metas: bytes,
-           tokens: np.ndarray, records: np.ndarray) -> bytes:
+           tokens: np.ndarray, records: np.ndarray) -> list[bytes]:
     """The file of one part (`part`: "<dataset>/<part>") whose records, in `.idx` order, have these texts and metas
     (each back to back), tokens (the `.bin`'s values) and summary rows (`records`: `summary.RECORD`, whose
     `text_bytes` and `meta_bytes` cut `texts` and `metas`); `order`: the run, i.e. the `.idx` row at each run
-    position; `keys`: the receipt's `input_sha256` and `plan_hash`. Pure: the same inputs give the same bytes."""
+    position; `keys`: the receipt's `input_sha256` and `plan_hash`. Pure: the same inputs give the same bytes,
+    returned in pieces (written one after the other, not joined first)."""
     counts = records["n_tokens"][order]
     text = take(texts, records["text_bytes"], order)
     meta = take(metas, records["meta_bytes"], order)
@@ -85,13 +86,14 @@ def encode(part: str, keys: dict[str, Any], run_sha256: str, order: np.ndarray, 
     header = {"format": COLUMNS_FORMAT, "version": VERSION, "part": part, **keys, "run": run_sha256,
               "n": len(order), "text": len(text), "meta": len(meta), "tokens": len(token_bytes)}
     lines = np.ascontiguousarray(records["line"][order], dtype="<i8").tobytes()
-    return b"".join([orjson.dumps(header, option=orjson.OPT_SORT_KEYS), b"\n", table.tobytes(), lines, text, meta,
-                     token_bytes])
+    return [orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n", table.tobytes(), lines, text, meta, token_bytes]
 
 
 def write(path: Path, *args: Any) -> None:
     """`encode(*args)` written atomically to `path`."""
-    atomic.write_bytes(path, encode(*args))
+    with atomic.writing(path) as fh:
+        for piece in encode(*args):
+            fh.write(piece)
 
 
 def sections(head: bytes, part: str, keys: dict[str, Any], run_sha256: str | None) -> Sections | None:
