@@ -4,7 +4,8 @@ Why: a Parquet shard is a range of its bucket's key order, and the merge keeps e
 records one row group takes from a part are a contiguous range of that part's run, but scattered in `.idx`
 order. Laid out in run order, they are read with one positioned read per (row group, part) and column where
 the `.idx`-ordered files (format 1, `textshard.columns_file`) took two reads a record: on 2 M short documents
-those reads were ~10 % of the job's CPU (docs/performance.md, round 28).
+the writers' reads and the Python that put each record in row order were ~12 % of the job's CPU
+(docs/performance.md, round 28).
 
 Written by the worker that tokenized the part, right after its run (`order.cache_run`), from the texts and
 metas its `textshard.LineScan` kept and the `.bin` it just wrote; only for parts of at most
@@ -16,8 +17,9 @@ Layout (`parquet/.order/<dataset>/<part>.columns`, scratch like the runs): one l
 run whose order it follows, `n` records, the sections' byte sizes `text`, `meta`, `tokens`); then a table of `n`
 rows in `.idx` order (`TABLE`: the record's position in the run, where its text, its meta and its tokens start
 in their sections); then in run order each record's ingest line number (int64: what a reader checks a range
-against), the texts, the canonical metas, and the tokens (the `.bin`'s values and dtype, EOD included). A reader uses a file only when its header names the part's receipt and the run the
-exports use (a run remade for another first ordinal has another order).
+against), the texts, the canonical metas, and the tokens (the `.bin`'s values and dtype, EOD included). A reader
+uses a file only when its header names the part's receipt and the run the exports use (a run remade for another
+first ordinal has another order).
 """
 from __future__ import annotations
 
@@ -47,11 +49,11 @@ class Sections(NamedTuple):
     tokens: int
 
 
-def take(data: bytes, sizes: np.ndarray, positions: np.ndarray) -> bytes:
-    """Values of `sizes[i]` bytes each, back to back in `data`, taken at `positions` and joined: by Arrow's `take`
-    (a copy per value in C++; a Python slice per value cost ~6x more)."""
+def take(data: Any, sizes: np.ndarray, positions: np.ndarray) -> pa.Buffer:
+    """Values of `sizes[i]` bytes each, back to back in `data` (any buffer), taken at `positions` and joined: by
+    Arrow's `take` (a copy per value in C++; a Python slice per value cost ~6x more), in an Arrow buffer."""
     if not len(positions):
-        return b""
+        return pa.py_buffer(b"")
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     if int(offsets[-1]) != memoryview(data).nbytes:
@@ -60,7 +62,7 @@ def take(data: bytes, sizes: np.ndarray, positions: np.ndarray) -> bytes:
     positions = np.ascontiguousarray(positions, dtype=np.int64)
     taken = values.take(pa.Array.from_buffers(pa.int64(), len(positions), [None, pa.py_buffer(positions)]))
     bounds = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=len(taken) + 1, offset=8 * taken.offset)
-    return taken.buffers()[2][int(bounds[0]):int(bounds[-1])].to_pybytes()
+    return taken.buffers()[2][int(bounds[0]):int(bounds[-1])]
 
 
 def _starts(sizes: np.ndarray) -> np.ndarray:
@@ -68,12 +70,12 @@ def _starts(sizes: np.ndarray) -> np.ndarray:
 
 
 def encode(part: str, keys: dict[str, Any], run_sha256: str, order: np.ndarray, texts: bytes, metas: bytes,
-           tokens: np.ndarray, records: np.ndarray) -> list[bytes]:
+           tokens: np.ndarray, records: np.ndarray) -> list[Any]:
     """The file of one part (`part`: "<dataset>/<part>") whose records, in `.idx` order, have these texts and metas
     (each back to back), tokens (the `.bin`'s values) and summary rows (`records`: `summary.RECORD`, whose
     `text_bytes` and `meta_bytes` cut `texts` and `metas`); `order`: the run, i.e. the `.idx` row at each run
     position; `keys`: the receipt's `input_sha256` and `plan_hash`. Pure: the same inputs give the same bytes,
-    returned in pieces (written one after the other, not joined first)."""
+    returned in pieces (buffers written one after the other, not joined first)."""
     counts = records["n_tokens"][order]
     text = take(texts, records["text_bytes"], order)
     meta = take(metas, records["meta_bytes"], order)
@@ -84,7 +86,7 @@ def encode(part: str, keys: dict[str, Any], run_sha256: str, order: np.ndarray, 
     table["meta"][order] = _starts(records["meta_bytes"][order])
     table["tokens"][order] = _starts(counts) * tokens.dtype.itemsize
     header = {"format": COLUMNS_FORMAT, "version": VERSION, "part": part, **keys, "run": run_sha256,
-              "n": len(order), "text": len(text), "meta": len(meta), "tokens": len(token_bytes)}
+              "n": len(order), "text": text.size, "meta": meta.size, "tokens": token_bytes.size}
     lines = np.ascontiguousarray(records["line"][order], dtype="<i8").tobytes()
     return [orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n", table.tobytes(), lines, text, meta, token_bytes]
 

@@ -155,6 +155,11 @@ def open_files_budget() -> int:
     return 1024 if soft == resource.RLIM_INFINITY else max(32, min(1024, soft // 8))
 
 
+def _starts_of(entries: np.ndarray) -> np.ndarray:
+    """(text, meta, tokens) section offsets of format-2 table rows, int64 (n, 3)."""
+    return np.stack([entries[k] for k in ("text", "meta", "tokens")], axis=1)
+
+
 def inverse_permutation(order: np.ndarray) -> np.ndarray:
     """The inverse of a permutation: where each position went."""
     inverse = np.empty_like(order)
@@ -226,7 +231,7 @@ class RecordReader:
     def _read(self, kind: str, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
         """`sizes[i]` bytes at `offsets[i]` of the `kind` file of record `rows[i]`'s part, for every i, back to back
         (rows grouped by part): one positioned read per run of records back to back in a file (one per record
-        where none are), and no Python statement per record or per part."""
+        where none are), and no Python statement per record."""
         if not len(rows):
             return b""
         parts = self.index.part[rows]
@@ -272,7 +277,7 @@ class RecordReader:
         data = self._read("columns", rows, offsets, sizes)
         halves = np.stack([idx.text_bytes[rows], idx.meta_bytes[rows]], axis=1).ravel()  # each record cut in two
         inverse = inverse_permutation(order) * 2
-        return take(data, halves, inverse), take(data, halves, inverse + 1)
+        return take(data, halves, inverse).to_pybytes(), take(data, halves, inverse + 1).to_pybytes()
 
     def _run_offsets(self, ids: np.ndarray) -> np.ndarray:
         """Where the text, the meta and the tokens of each of `ids` (of parts with format-2 files) start in its part's
@@ -295,13 +300,13 @@ class RecordReader:
         in_run = (at[:, 2] - at[:, 1]) // columns.LINE.itemsize - entries["pos"]  # records from there to the end
         itemsize = np.array([dtype.itemsize for dtype in idx.dtypes], dtype=np.int64)[parts]
         sizes = np.stack([idx.text_bytes[rows], idx.meta_bytes[rows], idx.n_tokens[rows] * itemsize], axis=1)
-        if (count <= in_run).all() and np.array_equal(idx.line[rows], self._ints(
-                rows[first], at[:, 1] + entries["pos"] * columns.LINE.itemsize, count * columns.LINE.itemsize)):
-            within = np.cumsum(sizes, axis=0) - sizes
-            starts = within - within[first][group] + np.stack([entries[k] for k in ("text", "meta", "tokens")], 1)[group]
+        if (count <= in_run).all() and np.array_equal(idx.line[rows], np.frombuffer(self._read(
+                "columns", rows[first], at[:, 1] + entries["pos"] * columns.LINE.itemsize,
+                count * columns.LINE.itemsize), dtype=columns.LINE)):
+            within = np.cumsum(sizes, axis=0) - sizes  # after the group's first record, its sizes add up
+            starts = within - within[first][group] + _starts_of(entries)[group]
         else:
-            entries = self._table(rows, at[group, 0] + idx.row[rows] * columns.TABLE.itemsize)
-            starts = np.stack([entries[k] for k in ("text", "meta", "tokens")], 1)
+            starts = _starts_of(self._table(rows, at[group, 0] + idx.row[rows] * columns.TABLE.itemsize))
         out = np.empty_like(starts)
         out[order] = starts + at[group, 2:]
         self._places = (key, out)
@@ -310,20 +315,14 @@ class RecordReader:
     def _table(self, rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """The format-2 table rows at `offsets` of the files of `rows`' parts (rows grouped by part)."""
         size = np.full(len(rows), columns.TABLE.itemsize, dtype=np.int64)
-        return np.frombuffer(self._bytes(rows, offsets, size), dtype=columns.TABLE)
-
-    def _ints(self, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        return np.frombuffer(self._bytes(rows, offsets, sizes), dtype=columns.LINE)
-
-    def _bytes(self, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
-        return self._read("columns", rows, offsets, sizes)
+        return np.frombuffer(self._read("columns", rows, offsets, size), dtype=columns.TABLE)
 
     def _gather(self, ids: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
         """`sizes[i]` bytes at `offsets[i]` of the columns file of `ids[i]`'s part, in the order of `ids`, back to
         back; read in file order."""
         order = np.lexsort((offsets, self.index.part[ids]))
         return take(self._read("columns", ids[order], offsets[order], sizes[order]), sizes[order],
-                    inverse_permutation(order))
+                    inverse_permutation(order)).to_pybytes()
 
     def _cut_run(self, ids: np.ndarray) -> tuple[bytes, bytes]:
         """`columns` from format-2 files: per part, the row group's texts, then its metas, each one range."""

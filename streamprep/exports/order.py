@@ -185,8 +185,8 @@ def load_run(path: Path, ref: ShardRef, first: int, expected: int, seed: int, bo
             or header.get("payload_sha256") != hashlib.sha256(payload).hexdigest() \
             or header.get("summary") is None or header.get("summary") != summary.cached_identity(ref):
         return None
-    return PartRun(path, offsets, len(data) - len(payload), int(header["num_tokens"]), str(header["dtype"]), "cached", True,
-                   header["payload_sha256"])
+    return PartRun(path, offsets, len(data) - len(payload), int(header["num_tokens"]), str(header["dtype"]), "cached",
+                   True, header["payload_sha256"])
 
 
 def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> PartRun:
