@@ -24,7 +24,7 @@ first ordinal has another order).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import orjson
@@ -119,3 +119,43 @@ def sections(head: bytes, part: str, keys: dict[str, Any], run_sha256: str | Non
         return Sections(table, lines, text, meta, meta + int(header["meta"]))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _starts_of(entries: np.ndarray) -> np.ndarray:
+    """(text, meta, tokens) section offsets of table rows, int64 (n, 3)."""
+    return np.stack([entries[k] for k in ("text", "meta", "tokens")], axis=1)
+
+
+def record_offsets(index: Any, ids: np.ndarray, sections: list[Any],
+                   read: Callable[[np.ndarray, np.ndarray, np.ndarray], bytes]) -> np.ndarray:
+    """Where the text, the meta and the tokens of each of `ids` start in its part's file: int64 (len(ids), 3).
+    `index`: the shard's `exports.index.ShardRecords`, whose parts of `ids` all have a format-2 file (`sections`:
+    per part, its `Sections`); `read(rows, offsets, sizes)`: those bytes of the files of `rows`' parts, back to back.
+
+    A row group's records of one part are a range of the part's run, in run order (module doc), so each part's
+    group is placed from its first record's table row and checked against the run's line numbers there, one read
+    each; if any group is not such a range (a reader given other rows), every record's table row is read."""
+    order = np.argsort(index.part[ids], kind="stable")
+    rows = ids[order]
+    parts = index.part[rows]
+    first = np.flatnonzero(np.concatenate([[True], parts[1:] != parts[:-1]]))
+    count = np.diff(np.append(first, len(rows)))
+    group = np.repeat(np.arange(len(first)), count)
+    at = np.array([sections[p] for p in parts[first].tolist()], dtype=np.int64).reshape(len(first), 5)
+
+    def table(of: np.ndarray, tables: np.ndarray) -> np.ndarray:
+        where = tables + index.row[of] * TABLE.itemsize
+        return np.frombuffer(read(of, where, np.full(len(of), TABLE.itemsize, dtype=np.int64)), dtype=TABLE)
+    entries = table(rows[first], at[:, 0])
+    in_run = (at[:, 2] - at[:, 1]) // LINE.itemsize - entries["pos"]  # records from there to the run's end
+    itemsize = np.array([dtype.itemsize for dtype in index.dtypes], dtype=np.int64)[parts]
+    sizes = np.stack([index.text_bytes[rows], index.meta_bytes[rows], index.n_tokens[rows] * itemsize], axis=1)
+    if (count <= in_run).all() and np.array_equal(index.line[rows], np.frombuffer(
+            read(rows[first], at[:, 1] + entries["pos"] * LINE.itemsize, count * LINE.itemsize), dtype=LINE)):
+        within = np.cumsum(sizes, axis=0) - sizes  # after the group's first record, its sizes add up
+        starts = within - within[first][group] + _starts_of(entries)[group]
+    else:
+        starts = _starts_of(table(rows, at[group, 0]))
+    out = np.empty_like(starts)
+    out[order] = starts + at[group, 2:]
+    return out

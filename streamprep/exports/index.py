@@ -155,11 +155,6 @@ def open_files_budget() -> int:
     return 1024 if soft == resource.RLIM_INFINITY else max(32, min(1024, soft // 8))
 
 
-def _starts_of(entries: np.ndarray) -> np.ndarray:
-    """(text, meta, tokens) section offsets of format-2 table rows, int64 (n, 3)."""
-    return np.stack([entries[k] for k in ("text", "meta", "tokens")], axis=1)
-
-
 def inverse_permutation(order: np.ndarray) -> np.ndarray:
     """The inverse of a permutation: where each position went."""
     inverse = np.empty_like(order)
@@ -280,42 +275,12 @@ class RecordReader:
         return take(data, halves, inverse).to_pybytes(), take(data, halves, inverse + 1).to_pybytes()
 
     def _run_offsets(self, ids: np.ndarray) -> np.ndarray:
-        """Where the text, the meta and the tokens of each of `ids` (of parts with format-2 files) start in its part's
-        file: int64 (len(ids), 3). A row group's records of one part are a range of the part's run, in run order
-        (module doc of `exports.columns`), so each part's group is placed from its first record's table row and
-        checked against the run's line numbers there, one read each; if any group is not such a range (a reader
-        given other rows), every record's table row is read. Remembered for the row group's `tokens` call."""
+        """`columns.record_offsets` of `ids` (of parts with format-2 files), remembered for the row group's `tokens`."""
         key = ids.tobytes()
-        if self._places is not None and self._places[0] == key:
-            return self._places[1]
-        idx = self.index
-        order = np.argsort(idx.part[ids], kind="stable")
-        rows = ids[order]
-        parts = idx.part[rows]
-        first = np.flatnonzero(np.concatenate([[True], parts[1:] != parts[:-1]]))
-        count = np.diff(np.append(first, len(rows)))
-        group = np.repeat(np.arange(len(first)), count)
-        at = np.array([self._sources[p] for p in parts[first].tolist()], dtype=np.int64).reshape(len(first), 5)
-        entries = self._table(rows[first], at[:, 0] + idx.row[rows[first]] * columns.TABLE.itemsize)
-        in_run = (at[:, 2] - at[:, 1]) // columns.LINE.itemsize - entries["pos"]  # records from there to the end
-        itemsize = np.array([dtype.itemsize for dtype in idx.dtypes], dtype=np.int64)[parts]
-        sizes = np.stack([idx.text_bytes[rows], idx.meta_bytes[rows], idx.n_tokens[rows] * itemsize], axis=1)
-        if (count <= in_run).all() and np.array_equal(idx.line[rows], np.frombuffer(self._read(
-                "columns", rows[first], at[:, 1] + entries["pos"] * columns.LINE.itemsize,
-                count * columns.LINE.itemsize), dtype=columns.LINE)):
-            within = np.cumsum(sizes, axis=0) - sizes  # after the group's first record, its sizes add up
-            starts = within - within[first][group] + _starts_of(entries)[group]
-        else:
-            starts = _starts_of(self._table(rows, at[group, 0] + idx.row[rows] * columns.TABLE.itemsize))
-        out = np.empty_like(starts)
-        out[order] = starts + at[group, 2:]
-        self._places = (key, out)
-        return out
-
-    def _table(self, rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """The format-2 table rows at `offsets` of the files of `rows`' parts (rows grouped by part)."""
-        size = np.full(len(rows), columns.TABLE.itemsize, dtype=np.int64)
-        return np.frombuffer(self._read("columns", rows, offsets, size), dtype=columns.TABLE)
+        if self._places is None or self._places[0] != key:
+            self._places = (key, columns.record_offsets(self.index, ids, self._sources,
+                                                        lambda *where: self._read("columns", *where)))
+        return self._places[1]
 
     def _gather(self, ids: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
         """`sizes[i]` bytes at `offsets[i]` of the columns file of `ids[i]`'s part, in the order of `ids`, back to
