@@ -381,7 +381,6 @@ def test_part_summaries_cached_and_reused(run, monkeypatch):
     assert calls == [] and file_hashes(run_dir) == first and summary_files(run_dir) == caches
 
 
-@pytest.mark.slow
 def prepared_task(run_dir: Path, r: ShardRef, first: int | None, seed: int = 1234, buckets=BUCKETS):
     """The ShardTask fields `prepare_part` reads, as the pipeline sets them (`first`: lines of the parts before)."""
     from types import SimpleNamespace
