@@ -34,9 +34,9 @@ def canonical_meta(rec: dict[str, Any]) -> bytes:
 COLUMNS_FORMAT, COLUMNS_VERSION = "streamprep-part-columns", 1
 # Parts of at most this many bytes of ingest lines keep their texts and metas in memory while they are tokenized,
 # for a columns file in their run's order (format 2, `exports.columns`); larger ones stream format 1 as they go.
-# What format 2 saves is per record (~3.5 µs in the exports), what it costs is memory per byte (~3x the part's at
-# its peak, in the worker): its parts are those of many short records (5 000 lines of ~1.6 KB at most).
-RUN_COLUMNS_BYTES = 8 << 20
+# What format 2 saves is per record (~3.5 µs in the exports), what it costs is memory per byte (the kept texts and
+# metas, and the `.bin`, until the file is written in chunks): parts of many short records (5 000 lines of ~3 KB).
+RUN_COLUMNS_BYTES = 16 << 20
 
 
 def columns_header(dataset: str, part: str, input_sha256: str, plan_hash: str) -> bytes:

@@ -24,7 +24,7 @@ first ordinal has another order).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import orjson
@@ -37,6 +37,7 @@ VERSION = 2
 TABLE = np.dtype([("pos", "<i8"), ("text", "<i8"), ("meta", "<i8"), ("tokens", "<i8")])
 LINE = np.dtype("<i8")  # the lines section: each record's ingest line, in run order
 HEADER_READ = 4096  # bytes read to find the header line (a few hundred bytes)
+CHUNK_BYTES = 4 << 20  # values put in run order at a time when a file is written
 
 
 class Sections(NamedTuple):
@@ -70,25 +71,29 @@ def _starts(sizes: np.ndarray) -> np.ndarray:
 
 
 def encode(part: str, keys: dict[str, Any], run_sha256: str, order: np.ndarray, texts: bytes, metas: bytes,
-           tokens: np.ndarray, records: np.ndarray) -> list[Any]:
+           tokens: np.ndarray, records: np.ndarray) -> Iterator[Any]:
     """The file of one part (`part`: "<dataset>/<part>") whose records, in `.idx` order, have these texts and metas
     (each back to back), tokens (the `.bin`'s values) and summary rows (`records`: `summary.RECORD`, whose
     `text_bytes` and `meta_bytes` cut `texts` and `metas`); `order`: the run, i.e. the `.idx` row at each run
     position; `keys`: the receipt's `input_sha256` and `plan_hash`. Pure: the same inputs give the same bytes,
-    returned in pieces (buffers written one after the other, not joined first)."""
-    counts = records["n_tokens"][order]
-    text = take(texts, records["text_bytes"], order)
-    meta = take(metas, records["meta_bytes"], order)
-    token_bytes = take(tokens, records["n_tokens"] * tokens.dtype.itemsize, order)  # `.idx` order: back to back
+    as buffers to write one after the other, the values in chunks of about CHUNK_BYTES (so what the file costs in
+    memory beyond its inputs is a chunk, not another copy of them)."""
+    sizes = [(texts, records["text_bytes"]), (metas, records["meta_bytes"]),
+             (tokens, records["n_tokens"] * tokens.dtype.itemsize)]  # tokens: `.idx` order, back to back
     table = np.zeros(len(order), dtype=TABLE)
     table["pos"][order] = np.arange(len(order))
-    table["text"][order] = _starts(records["text_bytes"][order])
-    table["meta"][order] = _starts(records["meta_bytes"][order])
-    table["tokens"][order] = _starts(counts) * tokens.dtype.itemsize
-    header = {"format": COLUMNS_FORMAT, "version": VERSION, "part": part, **keys, "run": run_sha256,
-              "n": len(order), "text": text.size, "meta": meta.size, "tokens": token_bytes.size}
-    lines = np.ascontiguousarray(records["line"][order], dtype="<i8").tobytes()
-    return [orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n", table.tobytes(), lines, text, meta, token_bytes]
+    for name, (_, size) in zip(("text", "meta", "tokens"), sizes):
+        table[name][order] = _starts(size[order])
+    header = {"format": COLUMNS_FORMAT, "version": VERSION, "part": part, **keys, "run": run_sha256, "n": len(order),
+              **{name: int(size.sum()) for name, (_, size) in zip(("text", "meta", "tokens"), sizes)}}
+    yield orjson.dumps(header, option=orjson.OPT_SORT_KEYS) + b"\n"
+    yield table.tobytes()
+    yield np.ascontiguousarray(records["line"][order], dtype="<i8").tobytes()
+    for data, size in sizes:
+        ends = np.cumsum(size[order])
+        cuts = np.searchsorted(ends, np.arange(CHUNK_BYTES, int(ends[-1]) if len(ends) else 0, CHUNK_BYTES))
+        for chunk in np.split(order, np.unique(cuts[cuts < len(order)])):
+            yield take(data, size, chunk)
 
 
 def write(path: Path, *args: Any) -> None:
