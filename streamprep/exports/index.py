@@ -172,6 +172,7 @@ class RecordReader:
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._kind: np.ndarray | None = None              # per part: PARSE, IDX_ORDER or RUN_ORDER
         self._sources: list[Any] = []                      # per part: what `_columns_source` found
+        self._bases = np.zeros(0, dtype=np.int64)          # per part: its format-1 file's payload start (else 0)
         self._places: tuple[bytes, np.ndarray] | None = None  # the last `_run_offsets`
 
     def _file(self, kind: str, part: int) -> str:
@@ -221,6 +222,7 @@ class RecordReader:
             found = [self._columns_source(p) for p in range(len(self.index.refs))]
             self._kind = np.array([kind for kind, _ in found], dtype=np.int8)
             self._sources = [source for _, source in found]
+            self._bases = np.array([s if k == IDX_ORDER else 0 for k, s in found], dtype=np.int64)
         return self._kind
 
     def _read(self, kind: str, rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
@@ -249,16 +251,12 @@ class RecordReader:
         read = (self._parse, self._cut, self._cut_run)
         if (kinds == kinds[0]).all():
             return read[int(kinds[0])](ids)
-        texts: list[bytes] = [b""] * len(ids)
-        metas: list[bytes] = [b""] * len(ids)
-        for kind in np.unique(kinds).tolist():
-            sel = np.flatnonzero(kinds == kind)
-            text, meta = read[kind](ids[sel])
-            for out, data, sizes in ((texts, text, self.index.text_bytes), (metas, meta, self.index.meta_bytes)):
-                ends = np.cumsum(sizes[ids[sel]])
-                for i, start, end in zip(sel.tolist(), (ends - sizes[ids[sel]]).tolist(), ends.tolist()):
-                    out[i] = data[start:end]
-        return b"".join(texts), b"".join(metas)
+        order = np.argsort(kinds, kind="stable")  # each kind's records read together, then put in the order of `ids`
+        bounds = np.flatnonzero(np.diff(kinds[order])) + 1
+        got = [read[int(kinds[sel[0]])](ids[sel]) for sel in np.split(order, bounds)]
+        inverse, rows = inverse_permutation(order), ids[order]
+        return (take(b"".join(text for text, _ in got), self.index.text_bytes[rows], inverse).to_pybytes(),
+                take(b"".join(meta for _, meta in got), self.index.meta_bytes[rows], inverse).to_pybytes())
 
     def _cut(self, ids: np.ndarray) -> tuple[bytes, bytes]:
         """`columns` from format-1 columns files: one positioned read per record (its text, then its meta), in
@@ -266,8 +264,7 @@ class RecordReader:
         idx = self.index
         order = np.lexsort((idx.column_offset[ids], idx.part[ids]))
         rows = ids[order]
-        bases = np.array([s if k == IDX_ORDER else 0 for k, s in zip(self._kinds().tolist(), self._sources)])
-        offsets = idx.column_offset[rows] + bases[idx.part[rows]]
+        offsets = idx.column_offset[rows] + self._bases[idx.part[rows]]  # `columns` asked `_kinds` first
         sizes = idx.text_bytes[rows] + idx.meta_bytes[rows]
         data = self._read("columns", rows, offsets, sizes)
         halves = np.stack([idx.text_bytes[rows], idx.meta_bytes[rows]], axis=1).ravel()  # each record cut in two
