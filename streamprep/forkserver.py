@@ -20,11 +20,12 @@ import yaml
 from streamprep.config import resolved_workers
 
 # What a worker process has loaded before its first call, by name: the forkserver imports them once and
-# every fork inherits them (the unit worker brings quality and pyarrow; the exports their writers; gigatoken
-# and awkward, which its batch encoder imports, ~0.25 CPU-s a process; last, the run's tokenizer itself).
-PRELOAD = ("streamprep.unit_worker", "streamprep.engines.local", "streamprep.exports.parquet",
-           "streamprep.exports.order", "streamprep.exports.summary", "gigatoken", "awkward",
-           "streamprep.forkserver_preload")
+# every fork inherits them (the unit worker and its QC chain; the exports' writers and the pyarrow modules they
+# import only where they write, so that the job's driver, which imports their modules, does not; gigatoken and
+# awkward, which its batch encoder imports, ~0.25 CPU-s a process; last, the run's tokenizer itself).
+PRELOAD = ("streamprep.unit_worker", "quality.control", "streamprep.engines.local", "streamprep.exports.parquet",
+           "pyarrow.compute", "pyarrow.parquet", "streamprep.exports.order", "streamprep.exports.summary", "gigatoken",
+           "awkward", "streamprep.forkserver_preload")
 # The config whose tokenizer `streamprep.forkserver_preload` loads in the server (set by `start_for`).
 CONFIG_ENV = "STREAMPREP_FORKSERVER_CONFIG"
 

@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
-from quality import QualityControl, QualitySettings, load_quality_settings, near_dedup
+import quality
+from quality import QualitySettings, load_quality_settings, near_dedup
 from quality.dedup import DIGEST_SIZE, NO_DIGEST, digest_words, duplicate_reason, prefix_order
 from streamprep import atomic, stats, units
 from streamprep.modes import Mode
@@ -111,10 +112,10 @@ class Decision(NamedTuple):
 _worker: dict[str, Any] = {}  # this worker's quality settings, mode and QualityControl per text field
 
 
-def init_worker(quality: QualitySettings | dict[str, Any], mode: Mode) -> None:
+def init_worker(settings: QualitySettings | dict[str, Any], mode: Mode) -> None:
     """This process's settings (a validated `quality:` mapping is taken too, as QualityControl takes it)."""
     _worker.clear()
-    _worker.update(quality=quality if isinstance(quality, QualitySettings) else load_quality_settings(quality),
+    _worker.update(quality=settings if isinstance(settings, QualitySettings) else load_quality_settings(settings),
                    mode=mode, qc={})
 
 
@@ -122,7 +123,9 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
     """One batch of records / BadRecords: screened by the mode, judged by QC, kept ones serialised."""
     qc = _worker["qc"].get(text_field)
     if qc is None:
-        qc = _worker["qc"][text_field] = QualityControl(_worker["quality"], text_field=text_field)
+        # `quality.QualityControl` loads the gates on first use (`quality.__getattr__`): not in the driver, which
+        # imports this module for the Summary and Decision it exchanges with the workers
+        qc = _worker["qc"][text_field] = quality.QualityControl(_worker["quality"], text_field=text_field)
     mode: Mode = _worker["mode"]
     screened, judged = mode.screen([(item, None) for item in items], text_field)
     verdicts = iter(qc.evaluate_batch(judged))

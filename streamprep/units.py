@@ -16,8 +16,6 @@ from __future__ import annotations
 import codecs
 from typing import Any, Iterator, Mapping
 
-import pyarrow.parquet as pq
-
 from streamprep.sources.base import BadRecord, Unit
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, _compression, _special, _symlink_loop,
                                       detect_format, filesystem, open_input)
@@ -99,6 +97,8 @@ def _cuts(path: str, size: int, unit_bytes: int, options: Options) -> list[tuple
 def _row_groups(path: str, options: Options) -> int:
     """Row groups of a Parquet file with rows; 0 when it cannot be read or is empty (read as a `file` unit,
     its reader reports it as a reject)."""
+    import pyarrow.parquet as pq  # here and in `read_unit`: a plan without Parquet files never needs it
+
     fs, stripped = filesystem(path, options)
     try:
         with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:  # the footer only
@@ -117,6 +117,8 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
             yield item
         return
     if unit.kind == "row_group":
+        import pyarrow.parquet as pq
+
         with open_input(unit.path, options) as fh:
             pf = pq.ParquetFile(fh)
             for batch in pf.read_row_group(unit.start).to_batches(PARQUET_BATCH):

@@ -31,8 +31,6 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from streamprep import atomic
 from streamprep.config import INT32_MAX, ConfigError, OutputConfig, ParquetConfig
@@ -250,6 +248,8 @@ def _tsv_rows(index: ShardRecords, start: int, end: int) -> bytes:
     """TSV lines of rows start..end of a shard (`index` holds its rows), from the per-part summaries. Formatted by
     Arrow kernels (integers to decimal text, one join per line), not by Python per row; the separators are arrays
     because a scalar argument imports pandas."""
+    import pyarrow.compute as pc  # here, not at the top, as `pq` in `_write_one`: the job's driver imports this module
+
     count = end - start
     digests = np.empty((count, 65), dtype=np.uint8)  # hex digest, then the line's end
     digests[:, :64] = np.frombuffer(index.text_sha256[start:end].tobytes().hex().encode(), np.uint8).reshape(count, 64)
@@ -264,6 +264,8 @@ def _tsv_rows(index: ShardRecords, start: int, end: int) -> bytes:
 
 def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[str, Any]:
     """Write one planned shard + TSV; `rows` are exactly its records, in row order."""
+    import pyarrow.parquet as pq
+
     run_dir, plan, rows, opts = job
     records = shard_records(rows)
     final = run_dir / plan.rel_path

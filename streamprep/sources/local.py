@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Mapping
 import fsspec
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 import zstandard
 
 from streamprep import registry
@@ -451,6 +450,8 @@ class LocalSource:
 
     def _parquet(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Only the footer and the row groups from `row_group` on are read (ranged reads on an object store)."""
+        import pyarrow.parquet as pq  # here, not at the top: the job's driver imports this module
+
         n = pos.get("record", 0)
         with open_input(path, self.storage_options) as fh:
             try:

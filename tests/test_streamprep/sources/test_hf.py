@@ -659,13 +659,13 @@ def quick_retries():
 def test_429_503_and_resets_on_a_cycle_of_downloads(many, tmp_path, quick_retries, monkeypatch):
     """Every data GET in turn is refused (429 + Retry-After, then 503) or cut mid-body: the stream is the same
     and each file is resumed from where it was cut, not fetched again from byte 0."""
-    from streamprep.sources import hf
+    from streamprep.sources import hub_http
 
     logged: list[dict] = []
-    real_warning = hf.log.warning
-    monkeypatch.setattr(hf, "log", type("Spy", (), {  # whatever the logging setup, see what is logged
+    real_warning = hub_http.log.warning
+    monkeypatch.setattr(hub_http, "log", type("Spy", (), {  # whatever the logging setup, see what is logged
         "warning": staticmethod(lambda event, **kw: (logged.append({"event": event, **kw}), real_warning(event, **kw))),
-        "info": staticmethod(hf.log.info), "debug": staticmethod(hf.log.debug)})())
+        "info": staticmethod(hub_http.log.info), "debug": staticmethod(hub_http.log.debug)})())
     healthy = [rec["id"] for rec, _ in HFSource(_many_cfg(), tmp_path / "healthy").iter_records()]
     many.reset_counts()
     many.rate = 0
@@ -719,7 +719,8 @@ def test_api_retries_honour_retry_after_as_seconds_or_date(hub, tmp_path, quick_
 
 
 def test_backoff_is_jittered_bounded_and_honours_retry_after():
-    from streamprep.sources.hf import RetryPolicy, _retry_after
+    from streamprep.sources.hf import RetryPolicy
+    from streamprep.sources.hub_http import _retry_after
 
     p = RetryPolicy(retries=8, max_s=5.0)
     waits = [p.wait(3, None) for _ in range(200)]

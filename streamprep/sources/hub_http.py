@@ -1,0 +1,189 @@
+"""The Hub's HTTP as streamprep's downloads see it: huggingface_hub's client on a transport that retries 429/5xx
+and resets with backoff (`hf.RetryPolicy`, process-wide) and resumes a body cut mid-transfer.
+
+Apart from `streamprep.sources.hf` because httpx is most of that module's import time (~40 ms of CPU) and only a
+process that talks to the Hub needs it (`hf` imports this module where it installs the client): the job's driver
+on local files never does. Its log lines keep the component `sources.hf`.
+"""
+from __future__ import annotations
+
+import datetime
+import email.utils
+import re
+import threading
+import time
+from typing import Iterator
+
+import httpx2
+
+from streamprep import logs
+from streamprep.sources.hf import _POLICY, _current
+
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+_IDEMPOTENT = ("GET", "HEAD")
+_INSTALL_LOCK = threading.Lock()
+_CLIENT_INSTALLED = False
+log = logs.get("sources.hf")
+
+
+class HubRetriesExhausted(OSError):
+    """A Hub request still failed after `hf_retries` retries. Not an httpx error on purpose: huggingface_hub's own
+    backoff, which would start another round of retries, does not catch it."""
+
+
+def _retry_after(value: str | None) -> float | None:
+    """`Retry-After` as seconds: delay-seconds or an HTTP date (RFC 9110); None if absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+
+
+def install_retrying_client() -> None:
+    """Route huggingface_hub's HTTP through `_RetryingTransport` (once per process). Its own backoff stays in
+    place but never triggers: 429/5xx are retried (or given up) underneath it, and a body cut mid-transfer is
+    resumed underneath it, so `hf_hub_download` sees one whole response."""
+    global _CLIENT_INSTALLED
+    with _INSTALL_LOCK:
+        if _CLIENT_INSTALLED:
+            return
+        from huggingface_hub import set_client_factory
+        from huggingface_hub.utils._http import hf_request_event_hook
+
+        def factory() -> httpx2.Client:  # huggingface_hub's default client, on the retrying transport
+            return httpx2.Client(event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True,
+                                 timeout=None, transport=_RetryingTransport(httpx2.HTTPTransport()))
+
+        set_client_factory(factory)
+        _CLIENT_INSTALLED = True
+
+
+# ECONNRESET / EPIPE (ReadError, WriteError) and a connection closed early (RemoteProtocolError). Not ConnectError:
+# a Hub that cannot be reached at all falls back to the cache at once.
+RESET_ERRORS = (httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)
+
+
+def _where(request: httpx2.Request) -> str:
+    return f"{request.method} {request.url.path}"  # never the headers (the token) nor the query
+
+
+def _backoff(request: httpx2.Request, cause: str, attempt: int, retry_after: float | None) -> None:
+    """Count, log and sleep before retry `attempt` of `request`."""
+    wait = _POLICY.wait(attempt, retry_after)
+    stats = getattr(_current, "stats", None)
+    if stats is not None:
+        stats.retried(cause)
+    log.warning("hub request retried", cause=cause, request=_where(request), attempt=attempt,
+                retries=_POLICY.retries, wait_s=round(wait, 2), retry_after=retry_after)
+    time.sleep(wait)
+
+
+def _give_up(request: httpx2.Request, cause: str) -> HubRetriesExhausted:
+    stats = getattr(_current, "stats", None)
+    if stats is not None:
+        stats.exhausted()
+    return HubRetriesExhausted(f"{_where(request)}: {cause} after {_POLICY.retries} retries")
+
+
+class _RetryingTransport(httpx2.BaseTransport):
+    """An httpx transport over another: idempotent requests answered 429/5xx (or reset before an answer) are
+    retried per `_POLICY`; a GET body cut mid-transfer is resumed with `Range: bytes=N-` (`_ResumingStream`)."""
+
+    def __init__(self, inner: httpx2.BaseTransport):
+        self.inner = inner
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = self.send(request)
+        if request.method == "GET" and response.status_code in (200, 206):
+            return httpx2.Response(response.status_code, headers=response.headers, extensions=response.extensions,
+                                   stream=_ResumingStream(self, request, response))
+        return response
+
+    def send(self, request: httpx2.Request) -> httpx2.Response:
+        """One answer to `request`, retrying 429/5xx and resets before the status line."""
+        if request.method not in _IDEMPOTENT:
+            return self.inner.handle_request(request)
+        attempt = 0
+        while True:
+            try:
+                response = self.inner.handle_request(request)
+            except RESET_ERRORS:
+                cause, retry_after = "reset", None
+            else:
+                if response.status_code not in RETRY_STATUSES:
+                    return response
+                cause, retry_after = str(response.status_code), _retry_after(response.headers.get("Retry-After"))
+                response.close()
+            attempt += 1
+            if attempt > _POLICY.retries:
+                raise _give_up(request, f"HTTP {cause}" if cause != "reset" else "connection reset")
+            _backoff(request, cause, attempt, retry_after)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _range_start(response: httpx2.Response) -> int:
+    """Where a 200/206 body starts in the file."""
+    m = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", "")) if response.status_code == 206 else None
+    return int(m[1]) if m else 0
+
+
+class _ResumingStream(httpx2.SyncByteStream):
+    """A GET body that survives connection resets: after a cut it asks for the rest (`Range: bytes=N-`, with
+    `If-Range` on the ETag so a changed file is sent whole) and goes on where it stopped; bytes a server resends
+    anyway (a 200 instead of a 206) are skipped. Up to `hf_retries` cuts in a row without a new byte."""
+
+    def __init__(self, transport: _RetryingTransport, request: httpx2.Request, response: httpx2.Response):
+        self.transport, self.request, self.response = transport, request, response
+        self.stream = response.stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        at = first = _range_start(self.response)  # next byte of the file to hand over
+        skip, attempt = 0, 0
+        etag = self.response.headers.get("ETag")
+        while True:
+            try:
+                for chunk in self.stream:
+                    if skip:
+                        cut, skip = min(skip, len(chunk)), skip - min(skip, len(chunk))
+                        chunk = chunk[cut:]
+                    if chunk:
+                        at += len(chunk)
+                        attempt = 0
+                        yield chunk
+                if (stats := getattr(_current, "downloading", None)) is not None:  # a file's body, all of it
+                    stats.downloaded(at - first)
+                return
+            except RESET_ERRORS:
+                self.stream.close()
+                attempt += 1
+                if attempt > _POLICY.retries:
+                    raise _give_up(self.request, "connection reset mid-body") from None
+                _backoff(self.request, "reset", attempt, None)
+            headers = {k: v for k, v in self.request.headers.items() if k.lower() not in ("range", "if-range")}
+            headers["Range"] = f"bytes={at}-"
+            if etag:
+                headers["If-Range"] = etag
+            again = self.transport.send(httpx2.Request("GET", self.request.url, headers=headers,
+                                                       extensions=self.request.extensions))
+            if again.status_code not in (200, 206):
+                again.close()
+                raise _give_up(self.request, f"HTTP {again.status_code} when resuming at byte {at}")
+            start = _range_start(again)
+            if start > at:
+                again.close()
+                raise _give_up(self.request, f"resumed at byte {start}, not {at}")
+            self.stream, skip = again.stream, at - start
+            log.info("hub download resumed", request=_where(self.request), at_byte=at, status=again.status_code)
+
+    def close(self) -> None:
+        self.stream.close()
