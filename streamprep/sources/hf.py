@@ -84,7 +84,7 @@ class Snapshot:
     files: list[dict[str, Any]]  # [{"path": repo path, "size": bytes}], sorted by path
 
 
-# ---- a Hub that pushes back: retries with backoff and jitter, resumed bodies ------------------------
+# ---- a Hub that pushes back: the retry policy and the run's counters (the transport: hub_http.py) ---
 RETRY_BASE_S = 1.0
 
 
