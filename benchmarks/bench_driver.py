@@ -11,7 +11,7 @@ before the first line, ingest, the tokenizing left after it, exports and audit, 
 would reach if only ingest ran twice as fast (the bound the other phases set). Issue 28's targets: driver share
 ≤ 3 % with the default gates, `workers: 2` ≥ 1.8x `workers: 1`. With --marginal-mb, `workers: 2` runs
 again on a corpus of that size and the driver's and the tree's CPU-s per GB are printed for the megabytes
-between the two (the driver's fixed start-up, ~1 CPU-s of imports, the tokenizer's load and check and the
+between the two (the driver's fixed start-up, ~0.3 CPU-s of imports, the tokenizer's load and check and the
 audit, drops out): what one driver costs per GB of a long job, and how many cores of work it can keep fed.
 
 Before the jobs, the default QC chain judges the corpus's first 1 000 records in a process pinned to each CPU in
