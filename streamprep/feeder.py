@@ -69,7 +69,7 @@ class ShardFeeder:
         if self._given.done() and self.info is None and not self._training and self._sample_ready is not None \
                 and self._sample_ready(dict(self._checkpointed)):
             self._training = True
-            log.info("tokenizer training queued", sealed_parts=self.sealed)  # in ingest's own thread: before "ingest done"
+            log.info("tokenizer training queued", sealed_parts=self.sealed)  # ingest's own thread: before "ingest done"
             self._later(self._train_then_flush, dict(self._checkpointed))
 
     def _later(self, fn: Callable[..., Any], *args: Any) -> None:

@@ -156,7 +156,7 @@ _current = threading.local()  # .stats: the HubStats of the source whose request
 def _install_client() -> None:
     """huggingface_hub's HTTP on the retrying, resuming transport. `hub_http` is loaded by name when first needed:
     it brings httpx, which only a process that talks to the Hub uses (never the job's driver on local files)."""
-    importlib.import_module("streamprep.sources.hub_http").install_retrying_client()
+    importlib.import_module("streamprep.sources.hub_http").install_retrying_client(_POLICY, _current)
 
 
 def set_retry_policy(retries: int, max_s: float) -> None:

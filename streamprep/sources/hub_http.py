@@ -12,18 +12,25 @@ import email.utils
 import re
 import threading
 import time
-from typing import Iterator
+from typing import Iterator, Protocol
 
 import httpx2
 
 from streamprep import logs
-from streamprep.sources.hf import _POLICY, _current
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 _IDEMPOTENT = ("GET", "HEAD")
 _INSTALL_LOCK = threading.Lock()
 _CLIENT_INSTALLED = False
 log = logs.get("sources.hf")
+
+
+class Policy(Protocol):
+    """`hf.RetryPolicy`, as the transport reads it."""
+
+    retries: int
+
+    def wait(self, attempt: int, retry_after: float | None) -> float: ...
 
 
 class HubRetriesExhausted(OSError):
@@ -47,10 +54,11 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
-def install_retrying_client() -> None:
-    """Route huggingface_hub's HTTP through `_RetryingTransport` (once per process). Its own backoff stays in
-    place but never triggers: 429/5xx are retried (or given up) underneath it, and a body cut mid-transfer is
-    resumed underneath it, so `hf_hub_download` sees one whole response."""
+def install_retrying_client(policy: Policy, current: threading.local) -> None:
+    """Route huggingface_hub's HTTP through `_RetryingTransport` (once per process), retrying per `policy` and
+    counting in `current.stats`. Its own backoff stays in place but never triggers: 429/5xx are retried (or given
+    up) underneath it, and a body cut mid-transfer is resumed underneath it, so `hf_hub_download` sees one whole
+    response."""
     global _CLIENT_INSTALLED
     with _INSTALL_LOCK:
         if _CLIENT_INSTALLED:
@@ -60,7 +68,7 @@ def install_retrying_client() -> None:
 
         def factory() -> httpx2.Client:  # huggingface_hub's default client, on the retrying transport
             return httpx2.Client(event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True,
-                                 timeout=None, transport=_RetryingTransport(httpx2.HTTPTransport()))
+                                 timeout=None, transport=_RetryingTransport(httpx2.HTTPTransport(), policy, current))
 
         set_client_factory(factory)
         _CLIENT_INSTALLED = True
@@ -75,30 +83,30 @@ def _where(request: httpx2.Request) -> str:
     return f"{request.method} {request.url.path}"  # never the headers (the token) nor the query
 
 
-def _backoff(request: httpx2.Request, cause: str, attempt: int, retry_after: float | None) -> None:
-    """Count, log and sleep before retry `attempt` of `request`."""
-    wait = _POLICY.wait(attempt, retry_after)
-    stats = getattr(_current, "stats", None)
-    if stats is not None:
-        stats.retried(cause)
-    log.warning("hub request retried", cause=cause, request=_where(request), attempt=attempt,
-                retries=_POLICY.retries, wait_s=round(wait, 2), retry_after=retry_after)
-    time.sleep(wait)
-
-
-def _give_up(request: httpx2.Request, cause: str) -> HubRetriesExhausted:
-    stats = getattr(_current, "stats", None)
-    if stats is not None:
-        stats.exhausted()
-    return HubRetriesExhausted(f"{_where(request)}: {cause} after {_POLICY.retries} retries")
-
-
 class _RetryingTransport(httpx2.BaseTransport):
     """An httpx transport over another: idempotent requests answered 429/5xx (or reset before an answer) are
-    retried per `_POLICY`; a GET body cut mid-transfer is resumed with `Range: bytes=N-` (`_ResumingStream`)."""
+    retried per `policy`; a GET body cut mid-transfer is resumed with `Range: bytes=N-` (`_ResumingStream`).
+    `current`: the thread-local naming the HubStats of the source whose request a thread makes (.stats, and
+    .downloading while a file's body is read)."""
 
-    def __init__(self, inner: httpx2.BaseTransport):
-        self.inner = inner
+    def __init__(self, inner: httpx2.BaseTransport, policy: Policy, current: threading.local):
+        self.inner, self.policy, self.current = inner, policy, current
+
+    def backoff(self, request: httpx2.Request, cause: str, attempt: int, retry_after: float | None) -> None:
+        """Count, log and sleep before retry `attempt` of `request`."""
+        wait = self.policy.wait(attempt, retry_after)
+        stats = getattr(self.current, "stats", None)
+        if stats is not None:
+            stats.retried(cause)
+        log.warning("hub request retried", cause=cause, request=_where(request), attempt=attempt,
+                    retries=self.policy.retries, wait_s=round(wait, 2), retry_after=retry_after)
+        time.sleep(wait)
+
+    def give_up(self, request: httpx2.Request, cause: str) -> HubRetriesExhausted:
+        stats = getattr(self.current, "stats", None)
+        if stats is not None:
+            stats.exhausted()
+        return HubRetriesExhausted(f"{_where(request)}: {cause} after {self.policy.retries} retries")
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         response = self.send(request)
@@ -123,9 +131,9 @@ class _RetryingTransport(httpx2.BaseTransport):
                 cause, retry_after = str(response.status_code), _retry_after(response.headers.get("Retry-After"))
                 response.close()
             attempt += 1
-            if attempt > _POLICY.retries:
-                raise _give_up(request, f"HTTP {cause}" if cause != "reset" else "connection reset")
-            _backoff(request, cause, attempt, retry_after)
+            if attempt > self.policy.retries:
+                raise self.give_up(request, f"HTTP {cause}" if cause != "reset" else "connection reset")
+            self.backoff(request, cause, attempt, retry_after)
 
     def close(self) -> None:
         self.inner.close()
@@ -160,15 +168,16 @@ class _ResumingStream(httpx2.SyncByteStream):
                         at += len(chunk)
                         attempt = 0
                         yield chunk
-                if (stats := getattr(_current, "downloading", None)) is not None:  # a file's body, all of it
+                # a file's body, all of it
+                if (stats := getattr(self.transport.current, "downloading", None)) is not None:
                     stats.downloaded(at - first)
                 return
             except RESET_ERRORS:
                 self.stream.close()
                 attempt += 1
-                if attempt > _POLICY.retries:
-                    raise _give_up(self.request, "connection reset mid-body") from None
-                _backoff(self.request, "reset", attempt, None)
+                if attempt > self.transport.policy.retries:
+                    raise self.transport.give_up(self.request, "connection reset mid-body") from None
+                self.transport.backoff(self.request, "reset", attempt, None)
             headers = {k: v for k, v in self.request.headers.items() if k.lower() not in ("range", "if-range")}
             headers["Range"] = f"bytes={at}-"
             if etag:
@@ -177,11 +186,11 @@ class _ResumingStream(httpx2.SyncByteStream):
                                                        extensions=self.request.extensions))
             if again.status_code not in (200, 206):
                 again.close()
-                raise _give_up(self.request, f"HTTP {again.status_code} when resuming at byte {at}")
+                raise self.transport.give_up(self.request, f"HTTP {again.status_code} when resuming at byte {at}")
             start = _range_start(again)
             if start > at:
                 again.close()
-                raise _give_up(self.request, f"resumed at byte {start}, not {at}")
+                raise self.transport.give_up(self.request, f"resumed at byte {start}, not {at}")
             self.stream, skip = again.stream, at - start
             log.info("hub download resumed", request=_where(self.request), at_byte=at, status=again.status_code)
 
