@@ -1,6 +1,6 @@
 """Can one driver keep up with a cluster? The driver's own work per unit, with workers that do none.
 
-    python benchmarks/bench_driver_only.py [--units 1000 10000] [--records 100] [--slope-records 2000] [--dedup none]
+    python benchmarks/bench_driver_only.py [--units 1000 10000] [--records 100] [--slope-records 20000] [--dedup none]
                                            [--holders N]
 
 Runs the real ingest driver (`ingest.ingest_all`: plan written to the run dir, reader, decider with exact
@@ -153,8 +153,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--units", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--records", type=int, default=100, help="records per unit the fake workers report")
-    ap.add_argument("--slope-records", type=int, default=2000,
-                    help="records per unit of one more run (at the smallest N) for the cost per record; 0: skip")
+    ap.add_argument("--slope-records", type=int, default=20000,
+                    help="records per unit of one more run (at the smallest N) for the cost per record; 0: skip "
+                         "(with 2 000, the difference was below the two runs' noise)")
     ap.add_argument("--dedup", default="exact",
                     help="quality.dedup: exact (its index grows 12 B a kept record) or none")
     ap.add_argument("--holders", type=int, default=None,
@@ -186,9 +187,13 @@ def main() -> None:
     if slope:
         base = next(r for r in runs if r["units"] == slope["units"])
         us = 1e6 * (slope["cpu"] - base["cpu"]) / (slope["units"] * (slope["records"] - base["records"]))
-        unit_s = base["cpu"] / base["units"] + us  # per unit, plus 10^6 records at `us` microseconds
-        print(f"driver CPU per record decided: {us:.2f} us; a 1 GB unit of 10^6 ~1 KB records costs the driver "
-              f"~{unit_s:.2f} CPU-s: {3600 / unit_s:,.0f} units/hour ({UNIT_BYTES / unit_s / 1e9:.2f} GB/s)")
+        if us <= 0:  # the extra records cost less than the two runs differ by chance: no rate can be derived
+            print(f"driver CPU per record decided: {us:.2f} us, below what these two runs resolve (use more "
+                  f"--slope-records)")
+        else:
+            unit_s = base["cpu"] / base["units"] + us  # per unit, plus 10^6 records at `us` microseconds
+            print(f"driver CPU per record decided: {us:.2f} us; a 1 GB unit of 10^6 ~1 KB records costs the driver "
+                  f"~{unit_s:.2f} CPU-s: {3600 / unit_s:,.0f} units/hour ({UNIT_BYTES / unit_s / 1e9:.2f} GB/s)")
         more = slope["units"] * (slope["records"] - base["records"])  # records decided more than in `base`
         held_us = 1e6 * (slope["holder_cpu"] - base["holder_cpu"]) / more
         print(f"per record decided more: the driver's peak RSS "
