@@ -117,7 +117,7 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
             yield item
         return
     if unit.kind == "row_group":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # as in `_row_groups`
 
         with open_input(unit.path, options) as fh:
             pf = pq.ParquetFile(fh)

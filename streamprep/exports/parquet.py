@@ -264,7 +264,7 @@ def _tsv_rows(index: ShardRecords, start: int, end: int) -> bytes:
 
 def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[str, Any]:
     """Write one planned shard + TSV; `rows` are exactly its records, in row order."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # here, as `pc` in `_tsv_rows`: the job's driver imports this module
 
     run_dir, plan, rows, opts = job
     records = shard_records(rows)
