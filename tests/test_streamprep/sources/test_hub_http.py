@@ -1,0 +1,81 @@
+"""The Hub's retrying transport on its own, over httpx's MockTransport (the whole downloads, against a stand-in
+Hub, are `test_hf.py`'s): what is retried, what is counted, when it gives up, and what its error names."""
+from __future__ import annotations
+
+import threading
+
+import httpx2
+import pytest
+
+from streamprep.sources.hub_http import RESET_ERRORS, HubRetriesExhausted, _RetryingTransport, _retry_after
+
+
+class Policy:
+    """`hf.RetryPolicy` without the sleeping: the waits asked for are recorded."""
+
+    def __init__(self, retries: int):
+        self.retries, self.waits = retries, []
+
+    def wait(self, attempt: int, retry_after: float | None) -> float:
+        self.waits.append((attempt, retry_after))
+        return 0.0
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.retries: list[str] = []
+        self.gave_up = 0
+
+    def retried(self, cause: str) -> None:
+        self.retries.append(cause)
+
+    def exhausted(self) -> None:
+        self.gave_up += 1
+
+
+def _transport(answers: list, retries: int = 4) -> tuple[_RetryingTransport, Policy, Stats, list[str]]:
+    """A transport over a mock that gives `answers` in turn (a status, (status, Retry-After) or an exception)."""
+    seen: list[str] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request.method)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        status, retry_after = answer if isinstance(answer, tuple) else (answer, None)
+        return httpx2.Response(status, headers={"Retry-After": retry_after} if retry_after else {}, content=b"body")
+
+    current, stats, policy = threading.local(), Stats(), Policy(retries)
+    current.stats = stats
+    return _RetryingTransport(httpx2.MockTransport(handler), policy, current), policy, stats, seen
+
+
+def test_429_and_5xx_and_resets_are_retried_and_counted_by_cause() -> None:
+    reset = RESET_ERRORS[0]("connection reset by peer")
+    transport, policy, stats, seen = _transport([(429, "7"), 503, reset, 200])
+    with httpx2.Client(transport=transport) as client:
+        response = client.get("https://hub.test/api/datasets/org/name?token=x")
+    assert response.status_code == 200 and response.content == b"body"
+    assert seen == ["GET"] * 4 and stats.retries == ["429", "503", "reset"] and stats.gave_up == 0
+    assert policy.waits == [(1, 7.0), (2, None), (3, None)]  # Retry-After read as seconds
+
+
+def test_it_gives_up_after_the_policy_s_retries_naming_the_request_but_not_its_query() -> None:
+    transport, _, stats, seen = _transport([503, 503, 503], retries=2)
+    with httpx2.Client(transport=transport) as client, pytest.raises(HubRetriesExhausted) as err:
+        client.get("https://hub.test/datasets/org/name/resolve/main/x.jsonl?token=secret")
+    assert str(err.value) == "GET /datasets/org/name/resolve/main/x.jsonl: HTTP 503 after 2 retries"
+    assert len(seen) == 3 and stats.retries == ["503", "503"] and stats.gave_up == 1
+
+
+def test_a_request_that_is_not_idempotent_is_sent_once() -> None:
+    transport, _, stats, seen = _transport([503])
+    with httpx2.Client(transport=transport) as client:
+        assert client.post("https://hub.test/api/x", content=b"{}").status_code == 503
+    assert seen == ["POST"] and stats.retries == []
+
+
+def test_retry_after_reads_seconds_or_an_http_date() -> None:
+    assert _retry_after("7") == 7.0 and _retry_after(" 7 ") == 7.0
+    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past: no wait
+    assert _retry_after(None) is None and _retry_after("") is None and _retry_after("soon") is None
