@@ -260,3 +260,26 @@ def test_ingest_leaves_no_process_behind(tmp_path):
     assert proc.returncode == 0, (tmp_path / "err").read_text()[-2000:]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "complete"
     assert left == []
+
+
+@pytest.mark.slow
+def test_the_ingest_driver_loads_no_gates_no_httpx_and_no_pyarrow_writers(tmp_path):
+    """Issue 28: the driver of a job with local workers plans and keeps the books; the QC gates (their Hyperscan
+    databases, word lists and detectors), httpx and `pyarrow.compute` / `pyarrow.parquet` load only in the processes
+    that use them (the workers, from the forkserver's preload). A whole job, its driver's modules read at the end."""
+    from helpers import base_config, english_docs
+
+    data = tmp_path / "a.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(600, seed=2)))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(data)}], None,
+                                              execution={"engine": "local", "workers": 2, "batch_records": 64})))
+    code = ("import sys; from streamprep.cli import main\n"
+            "rc = main(['ingest', '--config', sys.argv[1], '--run-dir', sys.argv[2]])\n"
+            "heavy = {'quality.control', 'quality.gates', 'hyperscan', 'pycld2', 'httpx2', 'pyarrow.compute',\n"
+            "         'pyarrow.parquet', 'streamprep.sources.hub_http'}\n"
+            "print(rc, sorted(heavy & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg), str(tmp_path / "run")], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "complete"
