@@ -153,8 +153,8 @@ def record_offsets(index: Any, ids: np.ndarray, sections: list[Any],
         return np.frombuffer(read(of, where, np.full(len(of), TABLE.itemsize, dtype=np.int64)), dtype=TABLE)
     entries = table(rows[first], at[:, 0])
     in_run = (at[:, 2] - at[:, 1]) // LINE.itemsize - entries["pos"]  # records from there to the run's end
-    itemsize = np.array([dtype.itemsize for dtype in index.dtypes], dtype=np.int64)[parts]
-    sizes = np.stack([index.text_bytes[rows], index.meta_bytes[rows], index.n_tokens[rows] * itemsize], axis=1)
+    sizes = np.stack([index.text_bytes[rows], index.meta_bytes[rows], index.n_tokens[rows] * index.itemsizes(rows)],
+                     axis=1)
     if (count <= in_run).all() and np.array_equal(index.line[rows], np.frombuffer(
             read(rows[first], at[:, 1] + entries["pos"] * LINE.itemsize, count * LINE.itemsize), dtype=LINE)):
         within = np.cumsum(sizes, axis=0) - sizes  # after the group's first record, its sizes add up

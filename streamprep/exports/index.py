@@ -146,6 +146,10 @@ class ShardRecords:
     def est_bytes(self, bytes_per_token: int) -> np.ndarray:
         return self.n_tokens * bytes_per_token + self.line_bytes
 
+    def itemsizes(self, ids: np.ndarray) -> np.ndarray:
+        """Bytes a token of each of `ids` takes in its part's `.bin` (the part's dtype), int64."""
+        return np.array([dtype.itemsize for dtype in self.dtypes], dtype=np.int64)[self.part[ids]]
+
 
 def open_files_budget() -> int:
     """How many files a RecordReader keeps open: a row group reads its parts in the same order every time, so
@@ -324,7 +328,7 @@ class RecordReader:
         file order (a part's format-2 columns file, else its `.bin`), then put in the order of `ids` by one gather."""
         idx = self.index
         counts = idx.n_tokens[ids]
-        itemsize = np.array([dtype.itemsize for dtype in idx.dtypes], dtype=np.int64)[idx.part[ids]]
+        itemsize = idx.itemsizes(ids)
         offsets = idx.token_start[ids] * itemsize
         run = self._kinds()[idx.part[ids]] == RUN_ORDER
         if run.any():
