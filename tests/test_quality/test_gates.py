@@ -116,13 +116,44 @@ SPACING_CASES = ["a  b", "a \nb", "a\t\nb", "a\n b", "a\n\tb", "a\nb", "a\u00a0\
 @pytest.mark.parametrize("text", SPACING_CASES)
 def test_spacing_pass_equals_the_substring_checks(text: str) -> None:
     """One Hyperscan pass over the view answers both spacing checks; collapsing spaces keeps the line edges."""
-    from quality.normalize import _MULTI_SPACE, _has_line_edge, latin1_view, view_flags
+    from quality.normalize import _collapse_spaces, _has_line_edge, latin1_view, utf8_flags, view_flags
 
     view = latin1_view(text)
     if view is not None:
         assert view_flags(view)[1:] == ("  " in text, _has_line_edge(text))
-    assert _has_line_edge(_MULTI_SPACE.sub(" ", text)) == _has_line_edge(text)
+    assert utf8_flags(text)[1:] == ("  " in text, _has_line_edge(text))
+    assert _has_line_edge(_collapse_spaces(text)) == _has_line_edge(text)
     assert normalize_text(text) == plain_normalize(text)
+
+
+# Characters the normalisation treats apart: spacing, line ends, controls, C1, table keys past Latin-1 (curly
+# quotes, Unicode spaces, the BOM), a standin, combining marks, wide text, a surrogate pair, a lone surrogate.
+TRICKY = [" ", " ", " ", "\t", "\n", "\n", "\r", "a", "Z", "\x00", "\x85", "\x92", "\u00a0", "\u00e9", "\u2019",
+          "\u201c", "\u2014", "\u2212", "\u3000", "\u2009", "\ufeff", "\u2026", "\u0301", "\u0338", "\u4e2d",
+          "\U0001f642", "\ud800"]
+
+
+def test_fast_steps_equal_the_plain_ones_on_random_text() -> None:
+    """The shortcuts on random strings of the characters that matter: the UTF-8 flags pass answers the three
+    questions as the plain checks do, the space and line-edge steps equal their regexes, and the whole
+    normalisation equals the plain steps (prose and code)."""
+    import re
+
+    from quality.normalize import _char_map, _collapse_spaces, _has_line_edge, _strip_line_edges, utf8_flags
+
+    keys = {prose: set(_char_map(prose)) for prose in (True, False)}
+    rng = random.Random(7)
+    for _ in range(20_000):
+        text = "".join(rng.choices(TRICKY, k=rng.randrange(0, 24)))
+        for prose in (True, False):
+            key, double, edge = utf8_flags(text, prose)
+            assert key == any(c in keys[prose] for c in text), (prose, text)
+            assert (double, edge) == (("  " in text, _has_line_edge(text)) if prose else (False, False)), text
+        assert _collapse_spaces(text) == re.sub(" {2,}", " ", text), text
+        assert _strip_line_edges(text).strip(" \t\n") == re.sub("[ \t]+\n[ \t]*|\n[ \t]+", "\n", text).strip(" \t\n")
+        if "\ud800" not in text:  # NFC of a lone surrogate is left to the schema gate, which rejects it first
+            for code in (False, True):
+                assert normalize_text(text, code) == plain_normalize(text, code), (code, text)
 
 
 @pytest.mark.slow
