@@ -13,7 +13,9 @@ so does most of the rest: a Latin-1 text is NFC, and its bytes tell at C speed w
 """
 from __future__ import annotations
 
+import codecs
 import re
+import threading
 import unicodedata
 from functools import lru_cache
 from operator import methodcaller
@@ -38,12 +40,12 @@ _PUNCT = {
 # together: under 100), each searched by memchr-speed `in` and replaced by its ASCII form. They are starters
 # that compose with nothing, as are their replacements, so replacing them before NFC gives NFC's result.
 _COMMON_PUNCT = tuple((c, _PUNCT[c]) for c in "\u2019\u201c\u201d\u2013\u2014\u2018")
-# Frequent non-Latin-1 chars of web text that no step here, nor the word and number scans, treats specially:
-# no table key, NFC-inert (no canonical decomposition, compose with nothing), no word char or digit, their
-# own lower case. In a text's Latin-1 view they stand as "\u00a4", a Latin-1 char of the same kind, and let
-# two thirds of such texts have a view.
-LATIN1_STANDINS = ("\u2026", "\u2022", "\u20ac", "\u2122", "\u200b")
-STANDIN = "\u00a4"
+# In a text's Latin-1 view a char past U+00FF that no step here, nor the byte scans of the gates, treats apart
+# stands as a Latin-1 char of its kind (`_standin`): a word char as "\u00aa", another as "\u00a4". Up to
+# STANDIN_BUDGET of them: web text that is not Latin-1 mostly has a few (an emoji, an arrow, a Greek letter;
+# C4: 32 of the 38 such texts in 1 000), and the view lets every byte scan read it (~4x cheaper).
+WORD_STANDIN, STANDIN = "\u00aa", "\u00a4"
+STANDIN_BUDGET = 64
 _UNICODE_SPACES = ["\u00a0", "\u1680", *map(chr, range(0x2000, 0x200B)), "\u202f", "\u205f", "\u3000"]
 _EDGE_CUES = (" \n", "\t\n", "\n ", "\n\t")
 _EDGE_LOOKS = 64  # newlines looked at one by one before four whole-text scans are cheaper
@@ -61,12 +63,59 @@ def _char_map(prose: bool) -> dict[str, str]:
     return out
 
 
+_PROSE_KEYS = frozenset(_char_map(prose=True))
+_WORD_CHAR = re.compile(r"\w")
+_ASCII_LETTER = re.compile("[a-z]", re.IGNORECASE)  # past U+00FF it takes \u0130 \u0131 \u017f \u212a
+_HANGUL_JAMO = ((0x1100, 0x11FF), (0xA960, 0xA97F), (0xD7B0, 0xD7FF))  # vowels and finals compose with syllables
+
+
+@lru_cache(maxsize=1 << 16)
+def _standin(char: str) -> str:
+    """The Latin-1 char that `char` (past U+00FF) stands as in a view, "" when it can have none. It must be a
+    char that every byte scan may read as its standin and that no step changes: no table key, space, digit
+    or number; NFC alone and no mark or Hangul jamo (the chars that can compose with the one before, NFC's
+    quick-check "maybe", are marks or jamo: so a view's text passes the quick check, and is NFC); not a
+    control, unassigned or a surrogate; one char in lower case, not ASCII there, and no ASCII letter's under
+    IGNORECASE (the copyright regex's). Its standin has the word-char class of its lower case, which the
+    word lists' tokens read."""
+    cat, lower, code = unicodedata.category(char), char.lower(), ord(char)
+    if (cat[0] in "MZ" or (cat[0] == "C" and cat not in ("Cf", "Co")) or char in _PROSE_KEYS or char.isspace()
+            or char.isnumeric() or not unicodedata.is_normalized("NFC", char)
+            or any(a <= code <= b for a, b in _HANGUL_JAMO) or len(lower) != 1 or lower.isascii()
+            or _ASCII_LETTER.match(char)):
+        return ""
+    return WORD_STANDIN if _WORD_CHAR.match(lower) else STANDIN
+
+
+class _NoView(Exception):
+    """A text has a char without a standin, or more than STANDIN_BUDGET of them."""
+
+
+_left = threading.local()  # standins a text may still take, while `latin1_view` encodes it
+
+
+def _standins(err: UnicodeError) -> tuple[str, int]:
+    """Codec error handler of `latin1_view`: a run of chars past U+00FF becomes their standins."""
+    assert isinstance(err, UnicodeEncodeError)
+    chunk = err.object[err.start:err.end]
+    _left.n -= len(chunk)
+    if _left.n < 0:
+        raise _NoView
+    out = "".join(map(_standin, chunk))
+    if len(out) != len(chunk):
+        raise _NoView
+    return out, err.end
+
+
+codecs.register_error("streamprep.latin1_standin", _standins)
+
+
 def latin1_view(text: str, standins: bool = True) -> bytes | None:
-    """`text` as Latin-1 bytes, one per char, with `LATIN1_STANDINS` as `STANDIN`; None when it holds another
-    char past U+00FF. For ASCII it is the UTF-8, for other Latin-1 text a copy of the str's buffer: C-level
-    byte passes over it replace Unicode-aware regex scans and `str.lower` (~5 ns a char on wide text).
-    `standins=False`: None also for a text that needs them (code keeps its curly quotes: a second try
-    would rarely pay)."""
+    """`text` as Latin-1 bytes, one per char, a char past U+00FF as its standin (`_standin`); None when it
+    holds one without, or more than STANDIN_BUDGET. For ASCII it is the UTF-8, for other Latin-1 text a copy
+    of the str's buffer: C-level byte passes over it replace Unicode-aware regex scans and `str.lower`
+    (~5 ns a char on wide text). `standins=False`: None also for a text that needs them (code keeps its
+    curly quotes: a second try would rarely pay)."""
     if text.isascii():
         return text.encode()
     try:
@@ -74,12 +123,10 @@ def latin1_view(text: str, standins: bool = True) -> bytes | None:
     except UnicodeEncodeError:
         if not standins:
             return None
-    for standin in LATIN1_STANDINS:
-        if standin in text:
-            text = text.replace(standin, STANDIN)
+    _left.n = STANDIN_BUDGET
     try:
-        return text.encode("latin-1")
-    except UnicodeEncodeError:
+        return text.encode("latin-1", "streamprep.latin1_standin")
+    except _NoView:
         return None
 
 
@@ -189,12 +236,22 @@ def normalize_text(text: str, code: bool = False) -> str:
     return normalize_with_view(text, code)[0]
 
 
-def normalize_with_view(text: str, code: bool = False) -> tuple[str, bytes | None]:
-    """`normalize_text`, and the normalised text's `latin1_view` when it came for free (the text was
-    already normalised but for the frequent quotes and dashes: half of C4), else None."""
+def prepare(text: str, code: bool = False) -> tuple[str, bytes | None]:
+    """The first step of `normalize_with_view`: for prose, the frequent quotes and dashes made ASCII; and the
+    Latin-1 view of the result. The schema gate computes it for a non-ASCII text and hands it on
+    (`Doc.prepared`): a text with a view holds no lone surrogate (none has a standin), which spares it the
+    UTF-8 encode that would prove so (~4 µs on a C4 text with a curly quote)."""
     if not code and not text.isascii():
         text = _common_punct(text)
-    view = latin1_view(text, standins=not code)
+    return text, latin1_view(text, standins=not code)
+
+
+def normalize_with_view(text: str, code: bool = False,
+                        prepared: tuple[str, bytes | None] | None = None) -> tuple[str, bytes | None]:
+    """`normalize_text`, and the normalised text's `latin1_view` when it came for free (the text was
+    already normalised but for the frequent quotes and dashes: half of C4), else None. `prepared`: what
+    `prepare(text, code)` returned, when it has run."""
+    text, view = prepared or prepare(text, code)
     viewed = text
     if view is None and not unicodedata.is_normalized("NFC", text):  # Latin-1 text (and its standins) is NFC
         text = unicodedata.normalize("NFC", text)

@@ -32,7 +32,7 @@ def build_gates(s: QualitySettings, text_field: str) -> list[Gate]:
     skipped, so stats and timings show only what runs."""
     code = s.domain == "code"
     gates: list[Gate] = [
-        SchemaGate(text_field, s.required_fields, s.max_chars),
+        SchemaGate(text_field, s.required_fields, s.max_chars, code),
         NormalizeStep(code=code),
         LengthGate(s.min_chars, s.max_chars),
     ]

@@ -24,6 +24,8 @@ class Doc:
     _lower: str | None = field(default=None, init=False, repr=False)
     _latin1: bytes | None | bool = field(default=False, init=False, repr=False)  # False: not computed yet
     scan: Any = field(default=None, init=False, repr=False)  # quality.gates.lexicon.scan's result, once computed
+    # `quality.normalize.prepare(raw)`, when the schema gate computed it for a non-ASCII text (normalisation's start)
+    prepared: tuple[str, bytes | None] | None = field(default=None, init=False, repr=False)
 
     @property
     def lower(self) -> str:

@@ -5,6 +5,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quality.gates.base import Doc, Gate
+from quality.normalize import prepare
 
 _MISSING = object()
 
@@ -21,10 +22,11 @@ class SchemaGate(Gate):
 
     name = failed_check = "schema"
 
-    def __init__(self, text_field: str, required_fields: Sequence[str], max_chars: int):
+    def __init__(self, text_field: str, required_fields: Sequence[str], max_chars: int, code: bool = False):
         self.text_field = text_field
         self.required = [f for f in required_fields if f not in ("text", text_field)]  # "text" means text_field
         self.max_chars = max_chars
+        self.code = code  # the normalise step's mode, whose first step this gate runs (`prepare`)
 
     def check(self, doc: Doc) -> str | None:
         record = doc.record
@@ -41,10 +43,12 @@ class SchemaGate(Gate):
         if len(text) > self.max_chars:
             return f"schema: {len(text)} chars > max_chars {self.max_chars}"
         if not text.isascii():
-            try:
-                text.encode()  # C speed; fails exactly at the first lone surrogate
-            except UnicodeEncodeError as exc:
-                return f"schema: {self.text_field} has an unpaired surrogate at char {exc.start}"
+            doc.prepared = prepare(text, self.code)  # with a Latin-1 view, no lone surrogate: else look for one
+            if doc.prepared[1] is None:
+                try:
+                    text.encode()  # C speed; fails exactly at the first lone surrogate
+                except UnicodeEncodeError as exc:
+                    return f"schema: {self.text_field} has an unpaired surrogate at char {exc.start}"
         doc.raw = text
         return None
 

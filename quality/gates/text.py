@@ -19,7 +19,7 @@ class NormalizeStep(Gate):
         self.code = code
 
     def check(self, doc: Doc) -> str | None:
-        doc.text, view = normalize_with_view(doc.raw, code=self.code)
+        doc.text, view = normalize_with_view(doc.raw, self.code, doc.prepared)
         if view is not None:
             doc._latin1 = view  # what `doc.latin1` would compute again for the byte-scanning gates
         doc.meta["chars"] = len(doc.text)

@@ -29,6 +29,12 @@ PROSE = ("The committee met on Tuesday to review the annual budget and agreed to
          "the park renovation and two additional bus routes serving the northern districts of the city. ")
 
 
+# Chars past U+00FF that have standins in a Latin-1 view: ellipsis, bullet, euro, trade mark, zero-width space,
+# emoji, arrow, a CJK ideograph, Cyrillic and Greek letters (upper case too), fullwidth A, a private-use char,
+# precomposed letters (a with ogonek, short i, e with circumflex and acute) and l with stroke.
+STANDINS = "\u2026\u2022\u20ac\u2122\u200b\U0001f642\u2192\u4e2d\u0416\u0436\u03bb\u039b\uff21\ue000\u0105\u0439\u1ebf\u0142"
+
+
 def open_qc(**overrides) -> QualityControl:
     return QualityControl({**OPEN, **overrides})
 
@@ -52,12 +58,12 @@ def test_char_pass_latin1_shortcut_equals_the_table(prose: bool) -> None:
     """The regex pass runs only where the Hyperscan pass over the Latin-1 view sees a table key: every
     Latin-1 character, alone, beside CR LF, beside a standin, and next to a wide one (no view) comes out as
     the table says."""
-    from quality.normalize import _CODE_CHARS, _PROSE_CHARS, LATIN1_STANDINS, _char_map, latin1_view, view_flags
+    from quality.normalize import _CODE_CHARS, _PROSE_CHARS, _char_map, latin1_view, view_flags
 
     table, char_pass = _char_map(prose), (_PROSE_CHARS if prose else _CODE_CHARS)
     for code in range(256):
         for text in (f"x{chr(code)}y", f"a\r\n{chr(code)}\r", f"\u2019{chr(code)}\u00e9", f"{chr(code)}\u2026\u20ac",
-                     f"\u0100{chr(code)}", "".join(LATIN1_STANDINS) + chr(code)):
+                     f"\u0100{chr(code)}", STANDINS + chr(code)):
             expected = "".join(table.get(ch, ch) for ch in text.replace("\r\n", "\n"))
             view = latin1_view(text)
             key = view is None or view_flags(view, prose)[0]
@@ -68,9 +74,7 @@ def test_latin1_text_is_nfc() -> None:
     """Why a text with a Latin-1 view skips the NFC check: no pair of its chars (standins included) changes."""
     import unicodedata
 
-    from quality.normalize import LATIN1_STANDINS
-
-    chars = [chr(c) for c in range(256)] + list(LATIN1_STANDINS)
+    chars = [chr(c) for c in range(256)] + list(STANDINS)
     for a in chars:
         assert unicodedata.is_normalized("NFC", a + "".join(chars)), a
         for b in chars:
@@ -156,6 +160,78 @@ def test_fast_steps_equal_the_plain_ones_on_random_text() -> None:
                 assert normalize_text(text, code) == plain_normalize(text, code), (code, text)
 
 
+def _with_standins() -> list[str]:
+    """Every char past U+00FF that has a standin in a Latin-1 view."""
+    from quality.normalize import _standin
+
+    return [chr(cp) for cp in range(0x100, 0x110000) if _standin(chr(cp))]
+
+
+@pytest.mark.slow
+def test_standins_are_nfc_inert_and_read_alike() -> None:
+    """What lets a text with a view skip NFC and be read byte by byte, for every char that has a standin: NFC
+    alone, no combining class, and never the second char of a canonical composition (from every
+    decomposition in the Unicode data, and the Hangul jamo that compose by rule); no digit or space; its
+    lower case one char, past ASCII, of its standin's word-char class."""
+    import re
+    import unicodedata
+
+    from quality.normalize import _standin
+
+    seconds = set()
+    for cp in range(0x110000):
+        parts = unicodedata.decomposition(chr(cp)).split()
+        if len(parts) == 2 and not parts[0].startswith("<"):
+            seconds.add(chr(int(parts[1], 16)))
+    seconds |= {chr(cp) for cp in [*range(0x1161, 0x1176), *range(0x11A8, 0x11C3)]}
+    chars = _with_standins()
+    assert len(chars) > 100_000 and not seconds & set(chars)
+    word, digit = re.compile(r"\w"), re.compile(r"\d")
+    for c in chars:
+        assert unicodedata.normalize("NFC", c) == c and unicodedata.combining(c) == 0, hex(ord(c))
+        assert not digit.match(c) and not c.isspace() and len(c.lower()) == 1 and not c.lower().isascii()
+        assert bool(word.match(c.lower())) == (_standin(c) == "\u00aa"), hex(ord(c))
+    rng = random.Random(5)
+    hangul = [c for c in chars if 0xAC00 <= ord(c) <= 0xD7A3]
+    composed = [c for c in chars if unicodedata.decomposition(c)[:1] not in ("", "<")]  # "\u0105", "\u0439"
+    assert "\u0105" in composed and "\u0439" in composed
+    for _ in range(3_000):  # and a text of them beside Latin-1 is NFC
+        pool = hangul if rng.random() < 0.2 else composed if rng.random() < 0.3 else chars
+        text = "".join(rng.choice(pool) if rng.random() < 0.5 else chr(rng.randrange(256)) for _ in range(12))
+        assert unicodedata.is_normalized("NFC", text), text
+
+
+def test_views_with_standins_read_as_the_text() -> None:
+    """Texts that hold chars with standins beside bait for every byte scan: the word lists' counts and cues,
+    the number runs and PII, the copyright verdict and the normalisation equal their str-level references."""
+    from quality.gates import pii
+    from quality.gates.copyright import _NOTICE, CopyrightGate
+    from quality.normalize import _standin, latin1_view
+
+    rng = random.Random(11)
+    chars = list(STANDINS) + [c for c in (chr(rng.randrange(0x100, 0x30000)) for _ in range(3_000)) if _standin(c)]
+    assert all(_standin(c) for c in STANDINS) and len(chars) > 500
+    bait = ["fuck", "sh1t", "a$$", "F*CK", "b!tch", "copyright", "(c) 2019", "all rights reserved", "\u00a9",
+            "555 123 4567", "4111 1111 1111 1111", "192.168.0.1", "fe80:0:0:0:0:0:0:1", "a@b.com", "  ", " \n ",
+            "\u00e9", "x", "1", " ", " ", "\n"]
+    gate, copyright_gate = ProfanityGate(0.01), CopyrightGate()
+    viewed = 0
+    for _ in range(3_000):
+        text = "".join(rng.choice(chars) if rng.random() < 0.3 else rng.choice(bait) for _ in range(rng.randrange(1, 14)))
+        view = latin1_view(text)
+        viewed += view is not None
+        fast = gate.density_by_scan(Doc(None, text=text))
+        hits, tokens = gate.density_by_tokens(text.lower())
+        assert fast == (hits, tokens) or fast == (0, 0) and hits == 0, text
+        m = _NOTICE.search(text)
+        expected = None if m is None else f"copyright notice {m.group()[:40]!r} at char {m.start()}"
+        assert copyright_gate.check(Doc(None, text=text)) == expected, text
+        assert [m.span() for m in pii._number_runs(text, view)] == [m.span() for m in pii._NUMBER_RUN.finditer(text)]
+        assert list(pii._find(text, view)) == list(pii._find(text, None)), text
+        assert normalize_text(text) == plain_normalize(text), text
+    assert viewed > 2_000
+
+
 @pytest.mark.slow
 def test_common_punctuation_before_nfc_beside_every_code_point() -> None:
     """Replacing the frequent quotes and dashes before NFC gives NFC's result beside any assigned character
@@ -212,12 +288,12 @@ def test_find_pii(text: str, found: list) -> None:
 def test_pii_runs_from_the_latin1_view_equal_the_regex() -> None:
     """The run classes from a Latin-1 view: no char past ASCII there is a digit, so runs are the regex's."""
     from quality.gates import pii
-    from quality.normalize import LATIN1_STANDINS, latin1_view
+    from quality.normalize import latin1_view
 
     assert not any(pii._DIGIT.match(chr(c)) for c in range(128, 256))
     for text in ["Call (555) 123-4567\u00a0or +44 20 7946 0958 \u2026 555 123 4567\u00b2 ok",
                  "\u00bd 1 2 3 4 5 6 7 \u20ac 4111 1111 1111 1111 \u00e9 192.168.0.1\u2026",
-                 "".join(LATIN1_STANDINS) + "12345678" + "\u2026".join("1234567"), "\u0663" * 8 + " 1234567 \u2026",
+                 STANDINS + "12345678" + "\u2026".join("1234567") + "\u4e2d".join("1234567"), "\u0663" * 8 + " 1234567 \u2026",
                  "fe80:0:0:0:0:0:0:1 and FE80:AB:CD:EF:1:2:3:4\u00e9", "a:b:c:d:e:f:g:h", "+ . . 1", "(( ))- .+1",
                  "1 2 3", "::::::::", "\u00bd1 2 3 4 5 6\u00b2"]:
         view = latin1_view(text)
@@ -299,7 +375,7 @@ def test_latin1_scan_equals_the_handler_scan(text: str) -> None:
     """The Latin-1 path's bytes are those of `doc.lower` through the codec error handler, so its matches and
     counts are too; and both equal the token list's."""
     from quality.gates.lexicon import LATIN1_RAW, _matches, scan
-    from quality.normalize import LATIN1_STANDINS
+    from quality.normalize import latin1_view
 
     gate = ProfanityGate(0.01)
     found = scan(Doc(None, text=text), gate.sorted_words)
@@ -307,7 +383,7 @@ def test_latin1_scan_equals_the_handler_scan(text: str) -> None:
     hits, tokens = gate.density_by_tokens(lower)
     fast = gate.density_by_scan(Doc(None, text=text))
     assert fast == (hits, tokens) or fast == (0, 0) and hits == 0
-    if any(ord(c) > 255 and c not in LATIN1_STANDINS for c in text):
+    if latin1_view(text) is None:
         assert found is None or found.cues is None  # not Latin-1: the handler path
         return
     raw = lower.encode("ascii", "streamprep.token_class")
@@ -363,6 +439,24 @@ BAD_INPUTS = [
     ({"text": "a" * 3_000_000}, "schema: 3000000 chars > max_chars 2000000"),
     ({"text": PROSE + "\ud83d"}, f"schema: text has an unpaired surrogate at char {len(PROSE)}"),
 ]
+
+
+@pytest.mark.parametrize("domain", ["general", "code"])
+@pytest.mark.parametrize("text, at", [("\u2019tis \ud800", 5), ("\u201cq\u201d \u2026 \udfff x", 6), ("\u4e2d\U0001f642\ud83d", 2),
+                                      ("caf\u00e9 \udc00", 5), ("\ud800", 0), ("\u2019" * 70 + "\ud800\u2019", 70),
+                                      ("\u0105\u2014\udbff\u0301", 2)])
+def test_a_lone_surrogate_is_found_beside_every_kind_of_text(text: str, at: int, domain: str) -> None:
+    """The schema gate looks for a lone surrogate only in a text without a Latin-1 view (of its start of
+    normalisation), which every text holding one is: the reject names the char, whatever is around it;
+    and the normalise step's result is the same from the gate's start as from its own."""
+    from quality.normalize import normalize_with_view, prepare
+
+    v = QualityControl({**OPEN, "domain": domain}).evaluate({"text": text})
+    assert (v.keep, v.meta["failed_check"]) == (False, "schema")
+    assert v.meta["reason"] == f"schema: text has an unpaired surrogate at char {at}"
+    for clean in (text.replace(text[at], "\u00e9"), text.replace(text[at], "\u4e2d")):
+        for code in (False, True):
+            assert normalize_with_view(clean, code, prepare(clean, code)) == normalize_with_view(clean, code)
 
 
 @pytest.mark.parametrize("record, reason", BAD_INPUTS)
