@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import codecs
 import re
-import threading
 import unicodedata
 from functools import lru_cache
 from operator import methodcaller
@@ -46,6 +45,8 @@ _COMMON_PUNCT = tuple((c, _PUNCT[c]) for c in "\u2019\u201c\u201d\u2013\u2014\u2
 # C4: all but 1 of its 1 000 texts then have a view), and the view lets every byte scan read it (~3x cheaper).
 WORD_STANDIN, STANDIN = "\u00aa", "\u00a4"
 STANDIN_BUDGET = 64
+STANDIN_TABLE = 1 << 16  # distinct chars past U+00FF whose standin a process remembers
+STANDIN_COUNT_UPTO = 1024  # chars of a text whose wide chars are counted before the standins are looked up
 _UNICODE_SPACES = ["\u00a0", "\u1680", *map(chr, range(0x2000, 0x200B)), "\u202f", "\u205f", "\u3000"]
 _EDGE_CUES = (" \n", "\t\n", "\n ", "\n\t")
 _EDGE_LOOKS = 64  # newlines looked at one by one before four whole-text scans are cheaper
@@ -69,7 +70,6 @@ _ASCII_LETTER = re.compile("[a-z]", re.IGNORECASE)  # past U+00FF it takes \u013
 _HANGUL_JAMO = ((0x1100, 0x11FF), (0xA960, 0xA97F), (0xD7B0, 0xD7FF))  # vowels and finals compose with syllables
 
 
-@lru_cache(maxsize=1 << 16)
 def _standin(char: str) -> str:
     """The Latin-1 char that `char` (past U+00FF) stands as in a view, "" when it can have none. It must be a
     char that every byte scan may read as its standin and that no step changes: no table key, space, digit
@@ -87,22 +87,35 @@ def _standin(char: str) -> str:
     return WORD_STANDIN if _WORD_CHAR.match(lower) else STANDIN
 
 
+class _Standins(dict):
+    """`str.translate`'s table of the chars past U+00FF met so far: code point -> its standin, or None (the
+    char is dropped, which tells `_standins` it has none). A char is classed once (`_standin`); at most
+    STANDIN_TABLE of them are kept."""
+
+    def __missing__(self, code: int) -> str | None:
+        if len(self) >= STANDIN_TABLE:
+            self.clear()
+        found = self[code] = _standin(chr(code)) or None
+        return found
+
+
+_STANDINS = _Standins()
+
+
 class _NoView(Exception):
-    """A text has a char without a standin, or more than STANDIN_BUDGET of them."""
+    """A text holds a char past U+00FF without a standin."""
 
 
-_left = threading.local()  # standins a text may still take, while `latin1_view` encodes it
+_left = [0]  # standins the text `latin1_view` encodes may still take (threads may race on it: it bounds work only)
 
 
 def _standins(err: UnicodeError) -> tuple[str, int]:
     """Codec error handler of `latin1_view`: a run of chars past U+00FF becomes their standins."""
     assert isinstance(err, UnicodeEncodeError)
     chunk = err.object[err.start:err.end]
-    _left.n -= len(chunk)
-    if _left.n < 0:
-        raise _NoView
-    out = "".join(map(_standin, chunk))
-    if len(out) != len(chunk):
+    _left[0] -= len(chunk)
+    out = chunk.translate(_STANDINS)
+    if len(out) != len(chunk) or _left[0] < 0:
         raise _NoView
     return out, err.end
 
@@ -123,7 +136,9 @@ def latin1_view(text: str, standins: bool = True) -> bytes | None:
     except UnicodeEncodeError:
         if not standins:
             return None
-    _left.n = STANDIN_BUDGET
+    if len(text) <= STANDIN_COUNT_UPTO and len(text) - len(text.encode("latin-1", "ignore")) > STANDIN_BUDGET:
+        return None  # a short text, counted at C speed: cheaper than the handler's calls up to the budget
+    _left[0] = STANDIN_BUDGET
     try:
         return text.encode("latin-1", "streamprep.latin1_standin")
     except _NoView:

@@ -201,6 +201,20 @@ def test_standins_are_nfc_inert_and_read_alike() -> None:
         assert unicodedata.is_normalized("NFC", text), text
 
 
+@pytest.mark.parametrize("pad", [0, 2_000])  # a short text is counted first; a long one, in the error handler
+def test_a_view_takes_up_to_the_budget_of_standins(pad: int) -> None:
+    """Up to STANDIN_BUDGET chars with standins, alone or in runs, a text has a view; one more, or one char
+    without a standin anywhere, and it has none."""
+    from quality.normalize import STANDIN_BUDGET, latin1_view
+
+    for word in ("\u0436", "\u0436\u0443\u043a", "\U0001f642" * 5):
+        n = STANDIN_BUDGET // len(word)
+        text = "x" * pad + " ".join([word] * n)
+        assert latin1_view(text) is not None and latin1_view(text).count(b"\xaa") + latin1_view(text).count(b"\xa4") == n * len(word)
+        assert latin1_view(text + " " + word * (STANDIN_BUDGET - n * len(word) + 1)) is None
+        assert latin1_view(text[:-1] + "\u0301") is None and latin1_view("\u3000" + text) is None
+
+
 def test_views_with_standins_read_as_the_text() -> None:
     """Texts that hold chars with standins beside bait for every byte scan: the word lists' counts and cues,
     the number runs and PII, the copyright verdict and the normalisation equal their str-level references."""
