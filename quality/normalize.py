@@ -114,8 +114,10 @@ def _standins(err: UnicodeError) -> tuple[str, int]:
     assert isinstance(err, UnicodeEncodeError)
     chunk = err.object[err.start:err.end]
     _left[0] -= len(chunk)
+    if _left[0] < 0:  # before the lookups: a long run past the budget is neither classed nor kept in the table
+        raise _NoView
     out = chunk.translate(_STANDINS)
-    if len(out) != len(chunk) or _left[0] < 0:
+    if len(out) != len(chunk):
         raise _NoView
     return out, err.end
 
