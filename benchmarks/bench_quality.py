@@ -1,6 +1,7 @@
 """Quality-gate throughput and language-detector accuracy/cost on the shared real corpora.
 
     python benchmarks/bench_quality.py [--data DIR] [--runs 3] [--lingua-step 1] [--clock cpu|wall] [--chain-only]
+    python benchmarks/bench_quality.py --against 50a34e7 [--rounds 30]
 
 Prints Markdown tables (medians over --runs runs, after one warm-up pass that loads the detectors):
 1. the default chain on the C4 sample: µs/doc per gate (per doc reaching the gate) and for the whole chain;
@@ -9,6 +10,13 @@ Prints Markdown tables (medians over --runs runs, after one warm-up pass that lo
 4. detector accuracy on the 75-language sentences (expected en, p >= 0.9) and cost per sentence / 1 000-char doc;
 5. mixed-language docs built from those sentences: how much non-English text each detector lets through.
 
+`--against REV` times only the default chain on the C4 sample, against REV's `quality/` package (issue 27's
+baseline: 50a34e7) taken from this checkout's git history and imported beside this checkout's in the same process
+as `quality_base`: each round judges the 1 000 docs with a fresh chain of each, in alternating order, so both see
+the same seconds of the box (on a shared host its speed swings by up to 2x within minutes, which pairs of whole
+processes minutes apart do not cancel). Prints each round's µs/doc and their ratio, the median ratio, and
+checks that both keep the same docs with the same `failed_check`.
+
 `--clock cpu` (the default) times the chain tables with the evaluating thread's CPU time (`time.thread_time`,
 read where the chain reads its clock), so figures do not move with the load other processes put on a
 shared box; `--clock wall` gives wall time, as `QualityControl.stats` reports it in a run.
@@ -16,10 +24,16 @@ shared box; `--clock wall` gives wall time, as `QualityControl.stats` reports it
 from __future__ import annotations
 
 import argparse
+import importlib
+import io
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -154,6 +168,55 @@ def mixed_documents(sentences: list[dict[str, Any]], per_share: int = 100) -> No
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+def baseline_control(rev: str, into: Path) -> Any:
+    """`rev`'s `quality.control`, imported as `quality_base.control`: its package is extracted from this checkout's
+    git history into `into` and its own imports and data lookups renamed to `quality_base`."""
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev, "quality"], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(into, filter="data")
+    (into / "quality").rename(into / "quality_base")
+    for path in (into / "quality_base").rglob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        source = re.sub(r"\b(from|import) quality\b", r"\1 quality_base", source)
+        path.write_text(re.sub(r"""(["'])quality([."'])""", r"\1quality_base\2", source), encoding="utf-8")
+    sys.path.insert(0, str(into))
+    return importlib.import_module("quality_base.control")
+
+
+def against(docs: list[dict[str, Any]], rev: str, rounds: int, clock: Callable[[], float]) -> None:
+    """The default chain of this checkout and of `rev`, interleaved round by round in this process."""
+    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:  # its gates read their data files later
+        interleaved(docs, rev, baseline_control(rev, Path(tmp)), rounds, clock)
+
+
+def interleaved(docs: list[dict[str, Any]], rev: str, base: Any, rounds: int, clock: Callable[[], float]) -> None:
+    chains = (quality.control, base)
+    for module in chains:
+        module.QualityControl({}).evaluate_batch(docs[:50])  # warm-up: detector profiles, word lists
+
+    def judge(module: Any) -> tuple[float, list[tuple[bool, Any]]]:
+        qc = module.QualityControl({})  # fresh each round: a chain recalls the verdicts of texts it judged
+        t0 = clock()
+        verdicts = qc.evaluate_batch(docs)
+        return (clock() - t0) / len(docs) * 1e6, [(v.keep, v.meta.get("failed_check")) for v in verdicts]
+
+    print(f"\n### Default chain on C4 ({len(docs)} docs): this checkout against {rev}'s quality/, "
+          f"interleaved, {rounds} rounds\n")
+    print(f"| round | this checkout µs/doc | {rev} µs/doc | ratio |")
+    print("|---:|---:|---:|---:|")
+    ratios = []
+    for i in range(rounds):
+        results = {id(m): judge(m) for m in (chains if i % 2 == 0 else chains[::-1])}
+        (ours, ours_verdicts), (theirs, their_verdicts) = results[id(quality.control)], results[id(base)]
+        if ours_verdicts != their_verdicts:
+            differ = sum(a != b for a, b in zip(ours_verdicts, their_verdicts))
+            raise SystemExit(f"the chains disagree on {differ} of {len(docs)} docs (keep, failed_check)")
+        ratios.append(ours / theirs)
+        print(f"| {i + 1} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.3f} |")
+    print(f"\nratio: median **{statistics.median(ratios):.3f}** (min {min(ratios):.3f}, max {max(ratios):.3f}); "
+          f"same keep and failed_check on every doc. Issue 27's target from {rev}: 0.240 (80 of 334 µs/doc)")
+
+
 def main() -> None:
     default_data = Path(os.environ.get("STREAMPREP_SHARED_DATA", REPO.parent / "shared" / "data"))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -163,12 +226,17 @@ def main() -> None:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="chain tables: the thread's CPU time (default; load-independent) or wall time")
     ap.add_argument("--chain-only", action="store_true", help="only the three chain tables")
+    ap.add_argument("--against", metavar="REV", help="only the default chain, interleaved with REV's (e.g. 50a34e7)")
+    ap.add_argument("--rounds", type=int, default=30, help="with --against: rounds of each chain")
     args = ap.parse_args()
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
 
     docs = read_jsonl(args.data / "web" / "c4_en_train00000_first1000.jsonl")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
           f"default detector: {QUALITY_DEFAULTS['language_detector']}; chain clock: {args.clock}")
+    if args.against:
+        against(docs, args.against, args.rounds, clock)
+        return
     chain_table(docs, {}, args.runs, "Default chain on C4", clock)
     chain_table(docs, {**OPEN, "domain": "medical"}, args.runs, "Medical domain gate on C4 (other gates open)", clock)
     chain_table(docs, {**OPEN, "domain": "code"}, args.runs, "Code domain gate on C4 (other gates open)", clock)
