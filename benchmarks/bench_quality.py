@@ -191,8 +191,8 @@ def against(docs: list[dict[str, Any]], rev: str, rounds: int, clock: Callable[[
 
 def interleaved(docs: list[dict[str, Any]], rev: str, base: Any, rounds: int, clock: Callable[[], float]) -> None:
     chains = (quality.control, base)
-    for module in chains:
-        module.QualityControl({}).evaluate_batch(docs[:50])  # warm-up: detector profiles, word lists
+    for module in chains:  # warm-up on every doc: detector profiles, word lists, databases a rare text compiles
+        module.QualityControl({}).evaluate_batch(docs)
 
     def judge(module: Any) -> tuple[float, list[tuple[bool, Any]]]:
         qc = module.QualityControl({})  # fresh each round: a chain recalls the verdicts of texts it judged
