@@ -161,6 +161,23 @@ def test_fast_steps_equal_the_plain_ones_on_random_text() -> None:
                 assert normalize_text(text, code) == plain_normalize(text, code), (code, text)
 
 
+def test_collapse_spaces_equals_the_regex_on_texts_with_many_runs() -> None:
+    """`_collapse_spaces` finds the first RUNS_FOUND runs one by one and replaces the rest: the same text as the
+    regex on either side of the switch, a run at the cut included, in ASCII and wider strings."""
+    import re
+
+    from quality.normalize import RUNS_FOUND, _collapse_spaces
+
+    rng = random.Random(11)
+    texts = ["a  " * n for n in (RUNS_FOUND - 1, RUNS_FOUND, RUNS_FOUND + 1, 3 * RUNS_FOUND)]
+    texts += [" " * 5 + "b    " * RUNS_FOUND + "   ", "\u2014  " * (RUNS_FOUND + 2) + "x"]
+    texts += ["".join(rng.choices(" a\u00e9\u2014\U0001F600\n", weights=(6, 3, 1, 1, 1, 1), k=rng.randrange(600)))
+              for _ in range(3_000)]
+    assert sum(len(re.findall(" {2,}", t)) > RUNS_FOUND for t in texts) > 100  # the switch is exercised
+    for text in texts:
+        assert _collapse_spaces(text) == re.sub(" {2,}", " ", text), text
+
+
 def _with_standins() -> list[str]:
     """Every char past U+00FF that has a standin in a Latin-1 view."""
     from quality.normalize import _standin
