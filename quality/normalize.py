@@ -41,10 +41,13 @@ _PUNCT = {
 _COMMON_PUNCT = tuple((c, _PUNCT[c]) for c in "\u2019\u201c\u201d\u2013\u2014\u2018")
 # In a text's Latin-1 view a char past U+00FF that no step here, nor the byte scans of the gates, treats apart
 # stands as a Latin-1 char of its kind (`_standin`): a word char as "\u00aa", another as "\u00a4". Up to
-# STANDIN_BUDGET of them: web text that is not Latin-1 mostly has a few (an emoji, an arrow, a Greek letter;
-# C4: all but 1 of its 1 000 texts then have a view), and the view lets every byte scan read it (~3x cheaper).
+# STANDIN_BUDGET of them, or one in STANDIN_SHARE chars of a longer text: web text that is not Latin-1 mostly has
+# a few (an emoji, an arrow, a Greek letter; C4: all but 1 of its 1 000 texts then have a view), and the view lets
+# every byte scan read it (~3x cheaper). A standin costs a lookup (~1-2 µs a run of them); a long page without a
+# view costs its gates' str scans (~100 ns a char: a 54 000-char page with ~150 Greek or IPA letters, 5 ms).
 WORD_STANDIN, STANDIN = "\u00aa", "\u00a4"
 STANDIN_BUDGET = 64
+STANDIN_SHARE = 256
 STANDIN_TABLE = 1 << 16  # distinct chars past U+00FF whose standin a process remembers
 STANDIN_COUNT_UPTO = 1024  # a text up to this long has its wide chars counted (at C speed) before any lookup
 _UNICODE_SPACES = ["\u00a0", "\u1680", *map(chr, range(0x2000, 0x200B)), "\u202f", "\u205f", "\u3000"]
@@ -127,7 +130,7 @@ codecs.register_error("streamprep.latin1_standin", _standins)
 
 def latin1_view(text: str, standins: bool = True) -> bytes | None:
     """`text` as Latin-1 bytes, one per char, a char past U+00FF as its standin (`_standin`); None when it
-    holds one without, or more than STANDIN_BUDGET. For ASCII it is the UTF-8, for other Latin-1 text a copy
+    holds one without, or more than its budget (STANDIN_BUDGET, or one in STANDIN_SHARE chars). For ASCII it is the UTF-8, for other Latin-1 text a copy
     of the str's buffer: C-level byte passes over it replace Unicode-aware regex scans and `str.lower`
     (~5 ns a char on wide text). `standins=False`: None also for a text that needs them (code keeps its
     curly quotes: a second try would rarely pay)."""
@@ -140,7 +143,7 @@ def latin1_view(text: str, standins: bool = True) -> bytes | None:
             return None
     if len(text) <= STANDIN_COUNT_UPTO and len(text) - len(text.encode("latin-1", "ignore")) > STANDIN_BUDGET:
         return None  # a short text, counted at C speed: cheaper than the handler's calls up to the budget
-    _left[0] = STANDIN_BUDGET
+    _left[0] = max(STANDIN_BUDGET, len(text) // STANDIN_SHARE)
     try:
         return text.encode("latin-1", "streamprep.latin1_standin")
     except _NoView:

@@ -219,18 +219,33 @@ def test_standins_are_nfc_inert_and_read_alike() -> None:
         assert unicodedata.is_normalized("NFC", text), text
 
 
-@pytest.mark.parametrize("pad", [0, 2_000])  # a short text is counted first; a long one, in the error handler
+@pytest.mark.parametrize("pad", [0, 2_000, 60_000])
 def test_a_view_takes_up_to_the_budget_of_standins(pad: int) -> None:
-    """Up to STANDIN_BUDGET chars with standins, alone or in runs, a text has a view; one more, or one char
-    without a standin anywhere, and it has none."""
-    from quality.normalize import STANDIN_BUDGET, latin1_view
+    """Up to its budget of chars with standins (STANDIN_BUDGET, or one in STANDIN_SHARE chars of a longer text),
+    alone or in runs, a text has a view; one more, or one char without a standin anywhere, and it has none. A
+    short text is counted first, a longer one in the error handler, and one of 60 000 chars has a larger budget."""
+    from quality.normalize import STANDIN_BUDGET, STANDIN_SHARE, latin1_view
+
+    def budget(text: str) -> int:
+        return max(STANDIN_BUDGET, len(text) // STANDIN_SHARE)
+
+    def wide(text: str) -> int:
+        return len(text) - len(text.encode("latin-1", "ignore"))
 
     for word in ("\u0436", "\u0436\u0443\u043a", "\U0001f642" * 5):
-        n = STANDIN_BUDGET // len(word)
+        n = 1
+        while wide(" ".join([word] * (n + 1))) <= budget("x" * pad + " ".join([word] * (n + 1))):
+            n += 1
         text = "x" * pad + " ".join([word] * n)
-        assert latin1_view(text) is not None and latin1_view(text).count(b"\xaa") + latin1_view(text).count(b"\xa4") == n * len(word)
-        assert latin1_view(text + " " + word * (STANDIN_BUDGET - n * len(word) + 1)) is None
+        assert budget(text) - len(word) < wide(text) <= budget(text)  # the text sits at its budget
+        view = latin1_view(text)
+        assert view is not None and view.count(b"\xaa") + view.count(b"\xa4") == wide(text)
+        over = text + " "
+        while wide(over) <= budget(over):
+            over += word[0]
+        assert latin1_view(over) is None
         assert latin1_view(text[:-1] + "\u0301") is None and latin1_view("\u3000" + text) is None
+    assert budget("x" * 60_000) > STANDIN_BUDGET
 
 
 def test_views_with_standins_read_as_the_text() -> None:
@@ -238,7 +253,7 @@ def test_views_with_standins_read_as_the_text() -> None:
     the number runs and PII, the copyright verdict and the normalisation equal their str-level references."""
     from quality.gates import pii
     from quality.gates.copyright import _NOTICE, CopyrightGate
-    from quality.normalize import _standin, latin1_view
+    from quality.normalize import STANDIN_BUDGET, _standin, latin1_view
 
     rng = random.Random(11)
     chars = list(STANDINS) + [c for c in (chr(rng.randrange(0x100, 0x30000)) for _ in range(3_000)) if _standin(c)]
@@ -247,21 +262,27 @@ def test_views_with_standins_read_as_the_text() -> None:
             "555 123 4567", "4111 1111 1111 1111", "192.168.0.1", "fe80:0:0:0:0:0:0:1", "a@b.com", "  ", " \n ",
             "\u00e9", "x", "1", " ", " ", "\n"]
     gate, copyright_gate = ProfanityGate(0.01), CopyrightGate()
-    viewed = 0
-    for _ in range(3_000):
-        text = "".join(rng.choice(chars) if rng.random() < 0.3 else rng.choice(bait) for _ in range(rng.randrange(1, 14)))
+
+    def check(text: str) -> bool:
         view = latin1_view(text)
-        viewed += view is not None
-        fast = gate.density_by_scan(Doc(None, text=text))
+        fast = gate.density_by_scan(Doc(None, text=text))  # None: no scan (a long text past its budget)
         hits, tokens = gate.density_by_tokens(text.lower())
-        assert fast == (hits, tokens) or fast == (0, 0) and hits == 0, text
+        assert fast == (hits, tokens) or fast == (0, 0) and hits == 0 or fast is None and view is None, text
         m = _NOTICE.search(text)
         expected = None if m is None else f"copyright notice {m.group()[:40]!r} at char {m.start()}"
         assert copyright_gate.check(Doc(None, text=text)) == expected, text
         assert [m.span() for m in pii._number_runs(text, view)] == [m.span() for m in pii._NUMBER_RUN.finditer(text)]
         assert list(pii._find(text, view)) == list(pii._find(text, None)), text
         assert normalize_text(text) == plain_normalize(text), text
-    assert viewed > 2_000
+        return view is not None
+
+    pieces = lambda k: [rng.choice(chars) if rng.random() < 0.3 else rng.choice(bait) for _ in range(k)]  # noqa: E731
+    assert sum(check("".join(pieces(rng.randrange(1, 14)))) for _ in range(3_000)) > 2_000
+    # long pages with more standins than a short text may take (one in STANDIN_SHARE chars), between long words
+    long_texts = [" ".join(pieces(rng.randrange(300, 500)) + ["w" * rng.randrange(30, 90) for _ in range(600)])
+                  for _ in range(40)]
+    assert sum(check(text) for text in long_texts) > 20
+    assert max(len(t) - len(t.encode("latin-1", "ignore")) for t in long_texts if latin1_view(t)) > STANDIN_BUDGET
 
 
 @pytest.mark.slow
