@@ -130,10 +130,10 @@ codecs.register_error("streamprep.latin1_standin", _standins)
 
 def latin1_view(text: str, standins: bool = True) -> bytes | None:
     """`text` as Latin-1 bytes, one per char, a char past U+00FF as its standin (`_standin`); None when it
-    holds one without, or more than its budget (STANDIN_BUDGET, or one in STANDIN_SHARE chars). For ASCII it is the UTF-8, for other Latin-1 text a copy
-    of the str's buffer: C-level byte passes over it replace Unicode-aware regex scans and `str.lower`
-    (~5 ns a char on wide text). `standins=False`: None also for a text that needs them (code keeps its
-    curly quotes: a second try would rarely pay)."""
+    holds one without, or more than its budget (STANDIN_BUDGET, or one in STANDIN_SHARE chars). For ASCII it
+    is the UTF-8, for other Latin-1 text a copy of the str's buffer: C-level byte passes over it replace
+    Unicode-aware regex scans and `str.lower` (~5 ns a char on wide text). `standins=False`: None also for a
+    text that needs them (code keeps its curly quotes: a second try would rarely pay)."""
     if text.isascii():
         return text.encode()
     try:
