@@ -141,9 +141,10 @@ def latin1_view(text: str, standins: bool = True) -> bytes | None:
     except UnicodeEncodeError:
         if not standins:
             return None
-    if len(text) <= STANDIN_COUNT_UPTO and len(text) - len(text.encode("latin-1", "ignore")) > STANDIN_BUDGET:
+    budget = max(STANDIN_BUDGET, len(text) // STANDIN_SHARE)
+    if len(text) <= STANDIN_COUNT_UPTO and len(text) - len(text.encode("latin-1", "ignore")) > budget:
         return None  # a short text, counted at C speed: cheaper than the handler's calls up to the budget
-    _left[0] = max(STANDIN_BUDGET, len(text) // STANDIN_SHARE)
+    _left[0] = budget
     try:
         return text.encode("latin-1", "streamprep.latin1_standin")
     except _NoView:
@@ -179,12 +180,17 @@ def _has_line_edge(text: str) -> bool:
     return at != -1 and any(cue in text for cue in _EDGE_CUES)
 
 
+def _spacing_patterns(prose: bool) -> list[bytes]:
+    """The flags databases' "  " and line-edge patterns (pattern ids 1 and 2): none for code, which keeps its
+    spacing. Both databases take these, so a text's answers agree whether or not it has a view."""
+    return [b"  ", b"[ \t]\n|\n[ \t]"] if prose else []
+
+
 @lru_cache(maxsize=2)
 def _flags_db(prose: bool) -> hyperscan.Database:
     keys = sorted(ord(c) for c in _char_map(prose) if ord(c) < 256)  # the standin is no key
     key_class = b"[" + b"".join(b"\\x%02x" % k for k in keys) + b"]"
-    spacing = [b"  ", b"[ \t]\n|\n[ \t]"] if prose else []  # code keeps its spacing: only the keys
-    return database([key_class, *spacing], hyperscan.HS_FLAG_SINGLEMATCH)
+    return database([key_class, *_spacing_patterns(prose)], hyperscan.HS_FLAG_SINGLEMATCH)
 
 
 @lru_cache(maxsize=2)
@@ -195,8 +201,7 @@ def _utf8_flags_db(prose: bool) -> hyperscan.Database:
     keys' alternation (in 131 of 30 000 random texts; tests/test_quality/test_gates.py tries 20 000)."""
     keys = b"|".join(b"".join(b"\\x%02x" % b for b in c.encode("utf-8", "surrogatepass"))
                      for c in sorted(_char_map(prose)))
-    spacing = [b"  ", b"[ \t]\n|\n[ \t]"] if prose else []
-    return database([b"(?:" + keys + b")", *spacing])
+    return database([b"(?:" + keys + b")", *_spacing_patterns(prose)])
 
 
 def utf8_flags(text: str, prose: bool = True) -> tuple[bool, bool, bool]:

@@ -178,6 +178,11 @@ def test_collapse_spaces_equals_the_regex_on_texts_with_many_runs() -> None:
         assert _collapse_spaces(text) == re.sub(" {2,}", " ", text), text
 
 
+def _wide(text: str) -> int:
+    """How many chars of `text` lie past U+00FF (each needs a standin for a view)."""
+    return len(text) - len(text.encode("latin-1", "ignore"))
+
+
 def _with_standins() -> list[str]:
     """Every char past U+00FF that has a standin in a Latin-1 view."""
     from quality.normalize import _standin
@@ -229,19 +234,16 @@ def test_a_view_takes_up_to_the_budget_of_standins(pad: int) -> None:
     def budget(text: str) -> int:
         return max(STANDIN_BUDGET, len(text) // STANDIN_SHARE)
 
-    def wide(text: str) -> int:
-        return len(text) - len(text.encode("latin-1", "ignore"))
-
     for word in ("\u0436", "\u0436\u0443\u043a", "\U0001f642" * 5):
         n = 1
-        while wide(" ".join([word] * (n + 1))) <= budget("x" * pad + " ".join([word] * (n + 1))):
+        while _wide(" ".join([word] * (n + 1))) <= budget("x" * pad + " ".join([word] * (n + 1))):
             n += 1
         text = "x" * pad + " ".join([word] * n)
-        assert budget(text) - len(word) < wide(text) <= budget(text)  # the text sits at its budget
+        assert budget(text) - len(word) < _wide(text) <= budget(text)  # the text sits at its budget
         view = latin1_view(text)
-        assert view is not None and view.count(b"\xaa") + view.count(b"\xa4") == wide(text)
+        assert view is not None and view.count(b"\xaa") + view.count(b"\xa4") == _wide(text)
         over = text + " "
-        while wide(over) <= budget(over):
+        while _wide(over) <= budget(over):
             over += word[0]
         assert latin1_view(over) is None
         assert latin1_view(text[:-1] + "\u0301") is None and latin1_view("\u3000" + text) is None
@@ -282,7 +284,7 @@ def test_views_with_standins_read_as_the_text() -> None:
     long_texts = [" ".join(pieces(rng.randrange(300, 500)) + ["w" * rng.randrange(30, 90) for _ in range(600)])
                   for _ in range(40)]
     assert sum(check(text) for text in long_texts) > 20
-    assert max(len(t) - len(t.encode("latin-1", "ignore")) for t in long_texts if latin1_view(t)) > STANDIN_BUDGET
+    assert max(_wide(t) for t in long_texts if latin1_view(t)) > STANDIN_BUDGET
 
 
 @pytest.mark.slow
