@@ -87,6 +87,22 @@ def test_scan_ingest_lengths_of_text_and_canonical_meta(tmp_path):
     assert canonical_meta(parsed[3]) == b"{}" and canonical_meta(parsed[4]) == b"null"
 
 
+@pytest.mark.parametrize("dtype", ["uint16", "int32"])
+def test_token_sums_equal_each_records_own_sum_across_chunks(tmp_path, monkeypatch, dtype):
+    """Per-record sums of the `.bin` read in chunks (one longer than a chunk, records cut at chunk ends) equal
+    each record's tokens summed alone, in int64 however large the ids."""
+    monkeypatch.setattr(summary, "TOKEN_CHUNK", 100)
+    rng = np.random.default_rng(3)
+    counts = np.r_[rng.integers(1, 40, 50), 350, rng.integers(1, 3, 30)].astype(np.int64)
+    top = np.iinfo(dtype).max
+    tokens = rng.integers(top - 5, top, int(counts.sum()), endpoint=True).astype(dtype)
+    (tmp_path / "p.bin").write_bytes(tokens.tobytes())
+    starts = np.cumsum(counts) - counts
+    got = summary._token_sums(tmp_path / "p.bin", np.dtype(dtype), starts, counts)
+    assert got.tolist() == [int(tokens[s:s + n].astype(np.int64).sum()) for s, n in zip(starts, counts)]
+    assert got.dtype == np.int64 and (dtype == "uint16" or int(got.max()) > np.iinfo(np.int32).max)
+
+
 @pytest.mark.parametrize("picks", [
     [(1, 3), (0, 0), (0, 6), (1, 0), (0, 2), (1, 6), (0, 1), (1, 2), (0, 4), (1, 5), (0, 3)],  # deep meta absent
     [(0, 5), (1, 1), (0, 1), (0, 5)],                                                           # deep meta, twice
