@@ -28,6 +28,7 @@ class Verdict(NamedTuple):
     meta: dict[str, Any]  # signals; on reject also failed_check and reason
     digest: bytes | None  # SHA-256 of the normalised text; None when the record has no usable text
     signature: bytes | None = None  # MinHash of the kept text when near_dedup is on (for the writer's index)
+    text_bytes: int | None = None  # UTF-8 bytes of the kept text when normalisation counted them (it is its text)
 
 
 MEMO_SIZE = 65_536  # texts whose verdict a QualityControl remembers (~0.6 KB each: ~38 MB at most)
@@ -99,7 +100,7 @@ class QualityControl:
                 meta["failed_check"], meta["reason"] = check, reason
                 return Verdict(False, None, meta, doc.digest)
             counters["kept"] += 1
-        return Verdict(True, doc.text if self.settings.normalize else doc.raw, meta, doc.digest)
+        return self._kept(doc)
 
     def _run_batch(self, records: list[Any]) -> list[Verdict]:
         """`_run` on every record, gate by gate over the batch (one clock read per gate per batch, and a
@@ -146,19 +147,24 @@ class QualityControl:
             counters["kept"] += len(survivors)
             counters["rejected"] += len(alive) - len(survivors)
             alive = survivors
-        normalize = self.settings.normalize
         for i in alive:
-            doc = docs[i]
-            verdicts[i] = Verdict(True, doc.text if normalize else doc.raw, doc.meta, doc.digest)
+            verdicts[i] = self._kept(docs[i])
         self._remember(docs, judged, marks, failed_at)
         return verdicts  # type: ignore[return-value]  # every slot is set above
+
+    def _kept(self, doc: Doc) -> Verdict:
+        """A kept doc's verdict: its normalised text (whose UTF-8 size normalisation counted), or with
+        `normalize: false` its raw text."""
+        if self.settings.normalize:
+            return Verdict(True, doc.text, doc.meta, doc.digest, text_bytes=doc.text_bytes)
+        return Verdict(True, doc.raw, doc.meta, doc.digest)
 
     def _recall(self, docs: list[Doc], alive: list[int], verdicts: list[Verdict | None]) -> list[int]:
         """Docs whose normalised text the gates after normalisation judged before get that verdict again (the
         meta those gates added, copied), each gate's counters as if it had run: the same text meets the same
         text-only gates. Return the others. Web crawls repeat texts a lot; exact dedup drops repeats only
         after QC."""
-        memo, normalize = self._memo, self.settings.normalize
+        memo = self._memo
         rest: list[int] = []
         reached = [0] * (len(self._chain) + 1)  # recalled docs that left at each position (end: kept)
         for i in alive:
@@ -170,7 +176,7 @@ class QualityControl:
             pos, added = hit
             doc.meta.update(_copied(added))
             if pos is None:
-                verdicts[i] = Verdict(True, doc.text if normalize else doc.raw, doc.meta, doc.digest)
+                verdicts[i] = self._kept(doc)
                 reached[-1] += 1
             else:
                 verdicts[i] = Verdict(False, None, doc.meta, doc.digest)

@@ -135,7 +135,7 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
         if isinstance(rec, BadRecord):
             rows.append((rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, None))
             continue
-        keep, text, meta, digest, signature = next(verdicts)
+        keep, text, meta, digest, signature, text_bytes = next(verdicts)
         signatures.append(signature)
         extra = None
         if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
@@ -150,8 +150,9 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
         excerpt = None if isinstance(rec, dict) and rec.get(text_field) is text else excerpt_of(rec, text_field)
         if excerpt is not None and excerpt == text[:REJECT_EXCERPT]:
             excerpt = None
-        rows.append((None, None, True, row, meta, digest, len(text),
-                     len(text) if text.isascii() else len(text.encode("utf-8")), excerpt, extra))
+        if text_bytes is None:  # not counted by normalisation (`normalize: false` keeps the raw text)
+            text_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))
+        rows.append((None, None, True, row, meta, digest, len(text), text_bytes, excerpt, extra))
     cols = ItemColumns(*map(list, zip(*rows))) if rows else ItemColumns(*([] for _ in ItemColumns._fields))
     return cols, qc.take_gate_stats(), signatures
 

@@ -20,6 +20,7 @@ class Doc:
     raw: str = ""                 # the record's text as given (set by the schema gate)
     text: str = ""                # the normalised text every content gate looks at
     digest: bytes | None = None   # SHA-256 of `text`, set by the normalise step
+    text_bytes: int | None = None  # UTF-8 bytes of `text`, set by the normalise step (it encodes them to hash)
     meta: dict[str, Any] = field(default_factory=dict)
     _lower: str | None = field(default=None, init=False, repr=False)
     _latin1: bytes | None | bool = field(default=False, init=False, repr=False)  # False: not computed yet

@@ -25,7 +25,8 @@ class NormalizeStep(Gate):
         doc.meta["chars"] = len(doc.text)
         if doc.text:
             ascii_view = view is not None and doc.text.isascii()  # then the view is the UTF-8
-            digest = hashlib.sha256(view if ascii_view else doc.text.encode("utf-8")).digest()
-            doc.digest = digest
+            data = view if ascii_view else doc.text.encode("utf-8")
+            digest = hashlib.sha256(data).digest()
+            doc.digest, doc.text_bytes = digest, len(data)
             doc.meta["sha256"] = digest.hex()
         return None

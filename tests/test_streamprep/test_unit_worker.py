@@ -82,6 +82,31 @@ def test_a_piece_summary_takes_all_kept_batches_whole_and_the_others_item_by_ite
     assert exact.order.dtype == np.uint32 and exact.order.tolist() == np.argsort(keys, kind="stable").tolist()
 
 
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_kept_sizes_are_the_utf8_bytes_of_the_kept_text(tmp_path, normalize):
+    """A kept text's size is its UTF-8 bytes: with `normalize: true` the normalised text's (as normalisation counted
+    them when it hashed it), else the raw text's."""
+    from streamprep import config, unit_worker
+    from streamprep.modes import PRETRAIN
+    from streamprep.units import Unit
+    from quality.normalize import normalize_text
+
+    texts = ["caf\u00e9  au  lait", "na\u00efve \u201cquotes\u201d \u2014 dash", "\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac  text",
+             "plain ascii", "emoji \U0001f600  here", "e\u0301 composed"]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
+    cfg = base_config([{"name": "web", "path": str(path)}], None)
+    cfg["quality"] = {"dedup": "none", "expected_language": None, "min_chars": 1, "normalize": normalize,
+                      "pii_max_density": 1.0, "profanity_max_density": 1.0, "reject_copyright": False}
+    unit_worker.init_worker(config.load(cfg).quality, PRETRAIN)
+    unit = Unit("range", 0, str(path), "jsonl", 0, path.stat().st_size)
+    s = unit_worker.judge_piece("web", "text", 4, str(tmp_path / "u0"), unit)
+    kept = [normalize_text(t) for t in texts] if normalize else texts
+    assert kept != texts or not normalize  # normalisation changed some: the sizes below tell the two apart
+    assert s.kinds == bytes([KEPT] * len(texts))
+    assert s.text_bytes.tolist() == [len(t.encode("utf-8")) for t in kept]
+
 @pytest.mark.slow
 def test_the_driver_only_benchmark_fakes_the_worker_calls_the_driver_makes(tmp_path):
     """Regression: judge_piece gained an argument (`ahead`, the hf prefetch) and benchmarks/bench_driver_only.py's
