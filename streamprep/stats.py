@@ -51,12 +51,12 @@ def add_kept(stats: dict[str, Any], metas: Sequence[dict[str, Any]], chars: Sequ
     if not chars:
         return
     add_log2_counts(stats.setdefault("chars_hist_kept", {}), chars)
-    for meta in metas:
-        if not _META_KEYS.isdisjoint(meta):
+    for meta in metas:  # None: a meta without these keys (`unit_worker.ItemColumns`)
+        if meta is not None and not META_KEYS.isdisjoint(meta):
             _add_meta(stats, "kept", meta)
 
 
-_META_KEYS = frozenset(("language", *DENSITY_KEYS))  # what `_add_meta` reads of a record's meta
+META_KEYS = frozenset(("language", *DENSITY_KEYS))  # what `_add_meta` reads of a record's meta
 
 
 def _add_meta(stats: dict[str, Any], side: str, meta: dict[str, Any]) -> None:

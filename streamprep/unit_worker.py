@@ -45,8 +45,10 @@ BAD, REJECTED, KEPT = 0, 1, 2  # an item's kind in a Summary: unreadable, reject
 
 class ItemColumns(NamedTuple):
     """One batch's judged items in order, one list per field. `bad`: a BadRecord's reason (None for a judged
-    record); `check`: its failed_check. `row`: a kept record's ingest line with SENTINEL_INDEX; `excerpt`:
-    what a reject line shows (None for a kept record whose excerpt is its text's start); `extra`: the
+    record); `check`: its failed_check. `row`: a kept record's ingest line with SENTINEL_INDEX; `meta`: QC's, but
+    None for a kept record whose meta the audit's stats do not read and its row holds as it is (`row_meta`: every
+    gate off, say; a meta dict per record was half of what a piece's scratch file cost to write and read);
+    `excerpt`: what a reject line shows (None for a kept record whose excerpt is its text's start); `extra`: the
     record's source keys (id, url, licence)."""
 
     bad: list
@@ -152,7 +154,8 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
             excerpt = None
         if text_bytes is None:  # not counted by normalisation (`normalize: false` keeps the raw text)
             text_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))
-        rows.append((None, None, True, row, meta, digest, len(text), text_bytes, excerpt, extra))
+        stored = None if stats.META_KEYS.isdisjoint(meta) and "source" not in meta else meta
+        rows.append((None, None, True, row, stored, digest, len(text), text_bytes, excerpt, extra))
     cols = ItemColumns(*map(list, zip(*rows))) if rows else ItemColumns(*([] for _ in ItemColumns._fields))
     return cols, qc.take_gate_stats(), signatures
 
@@ -245,6 +248,15 @@ def judge_gates(name: str, text_field: str, unit: Unit, options: Any, start: int
     return (_judge(name, text_field, items[start:stop])[1] if start < len(items) else {}), len(items)
 
 
+def row_meta(row: bytes) -> dict[str, Any]:
+    """QC's meta of a kept row, for a record that the decision rejects (a duplicate) and whose meta was not stored
+    (`ItemColumns`): the row's meta without the `source` the row added. JSON keeps the keys' order and floats
+    exact, so it is the meta QC gave, as JSON writes it."""
+    meta = orjson.loads(row)["meta"]
+    del meta["source"]
+    return meta
+
+
 def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None = None) -> tuple[bytes, dict[str, Any], int]:
     """Write the piece's kept lines (`stage`.kept, offsets in `.kept.off`) as the driver numbered them;
     return (its sampled reject lines, its audit stats, the kept lines' bytes). The gate counters are those of
@@ -285,6 +297,8 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                 meta, excerpt = {"failed_check": cols.check[t], "reason": reason}, cols.excerpt[t]
             else:
                 meta = cols.meta[t]
+                if meta is None:  # not stored: the stats read nothing of it
+                    meta = {} if keep else row_meta(cols.row[t])
                 if j in d.dup:
                     twin = d.dup[j]
                     meta = {**meta, "failed_check": "duplicate", "reason": duplicate_reason(twin),

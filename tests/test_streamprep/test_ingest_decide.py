@@ -9,11 +9,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from helpers import base_config
 from quality import DedupDecision, DedupIndex
-from quality.dedup import NO_DIGEST, prefix_order, digest_words
+from quality.dedup import NO_DIGEST, digest_words, duplicate_reason, prefix_order
 from streamprep.checkpoints import IngestState
 from streamprep.layout import CheckpointLayout
 from streamprep.config import load
@@ -201,6 +202,55 @@ def test_an_all_kept_piece_is_finalized_as_record_by_record(tmp_path: Path) -> N
     assert st == expected and "languages_kept" in st and "profanity_density_hist_kept" in st
     assert Path(stage + ".kept").read_bytes() == b"".join(lines) and size == len(b"".join(lines))
 
+
+
+def test_a_duplicate_whose_meta_was_not_stored_reports_the_meta_qc_gave(tmp_path: Path) -> None:
+    """With every gate off a kept item's meta is not stored in the piece's scratch file (the stats read none of
+    it); an item the decision then rejects as a duplicate reports QC's meta all the same, read from its row, and
+    the stats and kept lines equal those of the record-by-record fold."""
+    import pickle
+
+    from quality import QualityControl, validate_quality_config
+    from streamprep import stats
+    from streamprep.modes import PRETRAIN
+    from streamprep.unit_worker import _SENTINEL, Decision, finalize_piece, init_worker, judge_piece
+
+    gates_off = validate_quality_config({"dedup": "exact", "expected_language": None, "min_chars": 0,
+                                         "normalize": False, "pii_max_density": 1.0, "profanity_max_density": 1.0,
+                                         "reject_copyright": False})
+    init_worker(gates_off, PRETRAIN)
+    texts = ["caf\u00e9  au lait", "plain one", "caf\u00e9  au lait", "x \u201cq\u201d", "plain one", "last"]
+    items = [{"text": t, "url": f"http://e/{i}"} for i, t in enumerate(texts)]
+    stage = str(tmp_path / "piece")
+    assert judge_piece("d", "text", 4, stage, None, items=items).kinds == bytes([KEPT]) * len(items)
+    with open(stage + ".judged", "rb") as fh:
+        judged = pickle.load(fh)
+    assert all(meta is None for cols, _, _ in judged for meta in cols.meta)
+    dup = {2: "", 4: "earlier"}
+    decision = Decision(len(items), 10, None, bytes(0 if i in dup else 1 for i in range(len(items))), dup, {},
+                        frozenset(dup))
+    rejects, st, _ = finalize_piece("d", stage, decision)
+
+    qc = QualityControl(gates_off)
+    lines = [orjson.loads(line) for line in rejects.splitlines()]
+    assert [line["source"]["index"] for line in lines] == [12, 14]
+    for line, i in zip(lines, sorted(dup)):
+        given = qc.evaluate(items[i]).meta
+        assert line["meta"] == {**given, "failed_check": "duplicate", "reason": duplicate_reason(dup[i]),
+                                "duplicate_of": dup[i] or "d"}
+        assert "sha256" in given and line["source"]["url"] == f"http://e/{i}"
+    expected: dict = {}
+    for cols, gates, _ in judged:
+        stats.add_gates(expected, gates)
+    for i, text in enumerate(texts):
+        meta = qc.evaluate(items[i]).meta
+        if i in dup:
+            meta = {**meta, "failed_check": "duplicate", "duplicate_of": dup[i] or "d"}
+        stats.add_record(expected, i not in dup, meta, len(text))  # a reject's: its excerpt's, the whole text
+    assert st == expected
+    kept_rows = [row for cols, _, _ in judged for row in cols.row]
+    assert Path(stage + ".kept").read_bytes() == b"".join(
+        kept_rows[i].replace(_SENTINEL, b'"index":%d' % (10 + i), 1) for i in range(len(items)) if i not in dup)
 
 def test_prefix_order_is_the_stable_argsort() -> None:
     """twin_many's one sort of a piece: a quicksort with ties put back in piece order equals the stable argsort."""
