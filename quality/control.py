@@ -156,7 +156,7 @@ class QualityControl:
         """A kept doc's verdict: its normalised text (whose UTF-8 size normalisation counted), or with
         `normalize: false` its raw text."""
         if self.settings.normalize:
-            return Verdict(True, doc.text, doc.meta, doc.digest, text_bytes=doc.text_bytes)
+            return Verdict(True, doc.text, doc.meta, doc.digest, None, doc.text_bytes)  # by position: ~0.2 µs less
         return Verdict(True, doc.raw, doc.meta, doc.digest)
 
     def _recall(self, docs: list[Doc], alive: list[int], verdicts: list[Verdict | None]) -> list[int]:

@@ -92,8 +92,9 @@ def test_kept_sizes_are_the_utf8_bytes_of_the_kept_text(tmp_path, normalize):
     from streamprep.units import Unit
     from quality.normalize import normalize_text
 
-    texts = ["caf\u00e9  au  lait", "na\u00efve \u201cquotes\u201d \u2014 dash", "\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac  text",
-             "plain ascii", "emoji \U0001f600  here", "e\u0301 composed"]
+    texts = ["caf\u00e9  au  lait", "na\u00efve \u201cquotes\u201d \u2014 dash",
+             "\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac  text", "plain ascii", "emoji \U0001f600  here",
+             "e\u0301 composed"]
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
     cfg = base_config([{"name": "web", "path": str(path)}], None)
