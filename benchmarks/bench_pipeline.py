@@ -13,15 +13,24 @@ Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tre
 (c) and (d) once per engine in --engines, with the time to the first finished shard against the time
 ingest takes per part, and each engine's whole-job ratio to the first engine's.
 Each of (b)-(d) runs as its own process; medians over --repeats.
+
+With --against REV, each run of (c) and (d) is followed by the same job at git revision REV (its `streamprep/`
+and `quality/` extracted from this checkout's history into a temporary folder, first on PYTHONPATH): the pairs'
+ratios, REV's seconds over this checkout's, say how many times faster the job is than at REV in the same minutes
+(issue 27's 2 M-document target is ≥ 5x its filing code, 50a34e7), and each pair's token bytes are compared.
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,11 +40,15 @@ import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import SHARED, build, build_short  # noqa: E402
+from corpus import REPO, SHARED, build, build_short  # noqa: E402
 
 PHI2 = SHARED / "tokenizers/phi-2/tokenizer.json"
 GATES_OFF = {"dedup": "none", "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
              "reject_copyright": False, "min_chars": 0, "normalize": False}
+
+
+NAMES = {"a": "raw encode_batch (limit)", "b": "tokenization stage", "c": "ingest, gates off",
+         "d": "ingest, default gates", "e": "ingest, gates + near-dedup"}
 
 
 class TreeSampler:
@@ -102,22 +115,58 @@ def first_shard(run_dir: Path) -> dict:
 
 
 def timed(argv: list[str], what: str, env: dict | None = None) -> tuple[float, int]:
-    """Wall seconds and peak tree RSS of one whole process; SystemExit naming `what` when it fails."""
+    """Wall seconds and peak tree RSS of one whole process; SystemExit naming `what` when it fails. The process
+    runs in a session of its own, and whatever it leaves behind (an older revision's forkserver, say) is gone
+    before the next run starts."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    rss = TreeSampler(proc.pid)
-    _, err = proc.communicate()
-    peak = rss.stop()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        rss = TreeSampler(proc.pid)
+        _, err = proc.communicate()
+        secs, peak = time.perf_counter() - t0, rss.stop()
+    finally:
+        reap_group(proc.pid)
     if proc.returncode:
         raise SystemExit(f"{what} failed: {err.decode()[-2000:]}")
-    return time.perf_counter() - t0, peak
+    return secs, peak
 
 
-def run_cli(cfg: dict, run_dir: Path) -> tuple[float, int]:
+def reap_group(pgid: int, grace: float = 10.0) -> None:
+    """Wait up to `grace` seconds for process group `pgid` to be empty, then kill what is left of it."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_cli(cfg: dict, run_dir: Path, tree: Path | None = None) -> tuple[float, int]:
+    """One `streamprep ingest` of `cfg` into `run_dir`: this checkout's, or the code extracted into `tree`."""
     cfg_path = run_dir.with_suffix(".yaml")
     cfg_path.write_text(yaml.safe_dump(cfg))
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     return timed([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)],
-                 "ingest")
+                 "ingest" if tree is None else f"ingest at {tree}", env)
+
+
+def revision_tree(rev: str, into: Path) -> Path:
+    """`rev`'s `streamprep/` and `quality/` from this checkout's git history, extracted into `into`."""
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev, "streamprep", "quality"], capture_output=True,
+                         check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(into, filter="data")
+    return into
+
+
+def token_bytes(run_dir: Path) -> bytes:
+    """Every `.bin` of a run, in dataset and part order, back to back."""
+    return b"".join(p.read_bytes() for p in sorted((run_dir / "binidx").rglob("*.bin")))
 
 
 STAGE_SCRIPT = """
@@ -155,7 +204,13 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/streamprep-bench"))
     ap.add_argument("--only", default="abcd", help="which measurements, e.g. 'ac'")
     ap.add_argument("--near-dedup", action="store_true", help="add (e): default gates + near-dedup")
+    ap.add_argument("--against", metavar="REV", help="after each run of (c)-(e), the same job at git revision REV")
     a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        run(a, revision_tree(a.against, Path(tmp)) if a.against else None)
+
+
+def run(a: argparse.Namespace, tree: Path | None) -> None:
     if a.near_dedup:
         a.only += "e"
     name = f"corpus_{a.mb}mb" + ("_shuffled" if a.near_dedup else "")
@@ -168,6 +223,7 @@ def main() -> None:
     keys = ["a", "b"] + [f"{k}:{e}" for e in engines for k in "cde"]
     results: dict[str, list] = {k: [] for k in keys}
     rss: dict[str, int] = {}
+    pairs: dict[str, list[tuple[float, float, bool]]] = {}  # (this checkout's s, REV's s, same token bytes)
     for r in range(a.repeats):
         if "a" in a.only:
             results["a"].append(raw_limit(corpus))
@@ -188,7 +244,19 @@ def main() -> None:
                     stage, peak_b = stage_alone(run_dir)
                     results["b"].append(stage)
                     rss["b"] = max(rss.get("b", 0), peak_b)
+                if tree is not None:
+                    rev_dir = a.work / f"run_{key}_{engine}_{r}_at_rev"
+                    subprocess.run(["rm", "-rf", str(rev_dir)], check=True)
+                    rev_secs, _ = run_cli(cfg, rev_dir, tree)
+                    pairs.setdefault(f"{key}:{engine}", []).append(
+                        (secs, rev_secs, token_bytes(run_dir) == token_bytes(rev_dir)))
     report(a, corpus, results, rss, engines)
+    for k, runs in pairs.items():
+        ratios = [rev / ours for ours, rev, _ in runs]
+        print(f"{NAMES[k[0]]} [{k[2:]}] against {a.against}: " + ", ".join(
+            f"{rev:.2f} s / {ours:.2f} s = {rev / ours:.2f}x" for ours, rev, _ in runs)
+              + f"; median {statistics.median(ratios):.2f}x faster than {a.against}; token bytes identical: "
+              + ("yes" if all(same for *_, same in runs) else "NO"))
 
 
 def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: dict[str, int],
@@ -196,8 +264,6 @@ def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: d
     ref = results["a"][0] if results["a"] else raw_limit(corpus)
     mb, docs, tokens = ref["mb"], ref["docs"], ref["tokens"]
     med = {k: statistics.median(x["seconds"] for x in v) for k, v in results.items() if v}
-    names = {"a": "raw encode_batch (limit)", "b": "tokenization stage", "c": "ingest, gates off",
-             "d": "ingest, default gates", "e": "ingest, gates + near-dedup"}
     print(f"corpus: {corpus} ({mb:.1f} MB, {docs} docs, {tokens} tokens); engines={engines} workers={a.workers}; "
           f"median of {a.repeats}; load average {os.getloadavg()[0]:.1f}")
     print(f"{'measurement':36} {'s':>8} {'MB/s':>7} {'docs/s':>8} {'tokens/s':>10} {'peak RSS MB':>11} {'ratio':>6}")
@@ -205,7 +271,7 @@ def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: d
         rss["a"] = max(x["peak"] for x in results["a"])
     for k, secs in med.items():
         ratio = med["a"] / secs if "a" in med else float("nan")
-        name = names[k[0]] + (f" [{k[2:]}]" if ":" in k else "")
+        name = NAMES[k[0]] + (f" [{k[2:]}]" if ":" in k else "")
         print(f"{name:36} {secs:8.2f} {mb / secs:7.2f} {docs / secs:8.0f} {tokens / secs:10.0f} "
               f"{rss.get(k, 0) / 1e6:11.0f} {ratio:6.2f}")
     for k, runs in results.items():
@@ -215,14 +281,14 @@ def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: d
         first = statistics.median(x["first_shard_s"] for x in runs)
         first_part = statistics.median(x["first_part_s"] for x in runs)
         per_part = statistics.median(x["ingest_s_per_part"] for x in runs)
-        print(f"{names[k[0]]} [{k[2:]}] phases (s, median): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items())
+        print(f"{NAMES[k[0]]} [{k[2:]}] phases (s, median): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items())
               + f"; first shard after {first:.2f} s = {first / first_part:.2f} x the first sealed part ({first_part:.2f} s)"
               + f" = {first / per_part:.2f} x ingest time per part ({per_part:.2f} s)"
               + f"; kept {runs[0]['kept']} of {docs}")
     for key in "cde":
         if f"{key}:{engines[0]}" in med:
             for e in engines[1:]:
-                print(f"{names[key]}: {e} whole job = {med[f'{key}:{engines[0]}'] / med[f'{key}:{e}']:.2f} x "
+                print(f"{NAMES[key]}: {e} whole job = {med[f'{key}:{engines[0]}'] / med[f'{key}:{e}']:.2f} x "
                       f"{engines[0]} throughput; peak tree RSS {rss[f'{key}:{e}'] / 1e9:.2f} GB vs "
                       f"{rss[f'{key}:{engines[0]}'] / 1e9:.2f} GB")
 
