@@ -14,7 +14,7 @@ Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tre
 ingest takes per part, and each engine's whole-job ratio to the first engine's.
 Each of (b)-(d) runs as its own process; medians over --repeats.
 
-With --against REV, each run of (c) and (d) is followed by the same job at git revision REV (its `streamprep/`
+With --against REV, each run of (c), (d) and (e) is followed by the same job at git revision REV (its `streamprep/`
 and `quality/` extracted from this checkout's history into a temporary folder, first on PYTHONPATH): the pairs'
 ratios, REV's seconds over this checkout's, say how many times faster the job is than at REV in the same minutes
 (issue 27's 2 M-document target is ≥ 5x its filing code, 50a34e7), and each pair's token bytes are compared.
@@ -22,6 +22,7 @@ ratios, REV's seconds over this checkout's, say how many times faster the job is
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import os
@@ -157,16 +158,22 @@ def run_cli(cfg: dict, run_dir: Path, tree: Path | None = None) -> tuple[float, 
 
 def revision_tree(rev: str, into: Path) -> Path:
     """`rev`'s `streamprep/` and `quality/` from this checkout's git history, extracted into `into`."""
-    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev, "streamprep", "quality"], capture_output=True,
-                         check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+    git = subprocess.run(["git", "-C", str(REPO), "archive", rev, "streamprep", "quality"], capture_output=True)
+    if git.returncode:
+        raise SystemExit(f"--against {rev}: {git.stderr.decode().strip() or 'git archive failed'}")
+    with tarfile.open(fileobj=io.BytesIO(git.stdout)) as archive:
         archive.extractall(into, filter="data")
     return into
 
 
-def token_bytes(run_dir: Path) -> bytes:
-    """Every `.bin` of a run, in dataset and part order, back to back."""
-    return b"".join(p.read_bytes() for p in sorted((run_dir / "binidx").rglob("*.bin")))
+def token_digest(run_dir: Path) -> str:
+    """SHA-256 of every `.bin` of a run, in dataset and part order, back to back."""
+    h = hashlib.sha256()
+    for path in sorted((run_dir / "binidx").rglob("*.bin")):
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 STAGE_SCRIPT = """
@@ -249,7 +256,7 @@ def run(a: argparse.Namespace, tree: Path | None) -> None:
                     subprocess.run(["rm", "-rf", str(rev_dir)], check=True)
                     rev_secs, _ = run_cli(cfg, rev_dir, tree)
                     pairs.setdefault(f"{key}:{engine}", []).append(
-                        (secs, rev_secs, token_bytes(run_dir) == token_bytes(rev_dir)))
+                        (secs, rev_secs, token_digest(run_dir) == token_digest(rev_dir)))
     report(a, corpus, results, rss, engines)
     for k, runs in pairs.items():
         ratios = [rev / ours for ours, rev, _ in runs]
