@@ -203,7 +203,6 @@ def test_an_all_kept_piece_is_finalized_as_record_by_record(tmp_path: Path) -> N
     assert Path(stage + ".kept").read_bytes() == b"".join(lines) and size == len(b"".join(lines))
 
 
-
 def test_a_duplicate_whose_meta_was_not_stored_reports_the_meta_qc_gave(tmp_path: Path) -> None:
     """With every gate off a kept item's meta is not stored in the piece's scratch file (the stats read none of
     it); an item the decision then rejects as a duplicate reports QC's meta all the same, read from its row, and
@@ -251,6 +250,7 @@ def test_a_duplicate_whose_meta_was_not_stored_reports_the_meta_qc_gave(tmp_path
     kept_rows = [row for cols, _, _ in judged for row in cols.row]
     assert Path(stage + ".kept").read_bytes() == b"".join(
         kept_rows[i].replace(_SENTINEL, b'"index":%d' % (10 + i), 1) for i in range(len(items)) if i not in dup)
+
 
 def test_prefix_order_is_the_stable_argsort() -> None:
     """twin_many's one sort of a piece: a quicksort with ties put back in piece order equals the stable argsort."""

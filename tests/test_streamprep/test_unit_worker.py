@@ -82,7 +82,6 @@ def test_a_piece_summary_takes_all_kept_batches_whole_and_the_others_item_by_ite
     assert exact.order.dtype == np.uint32 and exact.order.tolist() == np.argsort(keys, kind="stable").tolist()
 
 
-
 @pytest.mark.parametrize("normalize", [True, False])
 def test_kept_sizes_are_the_utf8_bytes_of_the_kept_text(tmp_path, normalize):
     """A kept text's size is its UTF-8 bytes: with `normalize: true` the normalised text's (as normalisation counted
