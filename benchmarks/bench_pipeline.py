@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -41,7 +39,8 @@ import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import REPO, SHARED, build, build_short  # noqa: E402
+import revision  # noqa: E402
+from corpus import SHARED, build, build_short  # noqa: E402
 
 PHI2 = SHARED / "tokenizers/phi-2/tokenizer.json"
 GATES_OFF = {"dedup": "none", "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
@@ -156,16 +155,6 @@ def run_cli(cfg: dict, run_dir: Path, tree: Path | None = None) -> tuple[float, 
                  "ingest" if tree is None else f"ingest at {tree}", env)
 
 
-def revision_tree(rev: str, into: Path) -> Path:
-    """`rev`'s `streamprep/` and `quality/` from this checkout's git history, extracted into `into`."""
-    git = subprocess.run(["git", "-C", str(REPO), "archive", rev, "streamprep", "quality"], capture_output=True)
-    if git.returncode:
-        raise SystemExit(f"--against {rev}: {git.stderr.decode().strip() or 'git archive failed'}")
-    with tarfile.open(fileobj=io.BytesIO(git.stdout)) as archive:
-        archive.extractall(into, filter="data")
-    return into
-
-
 def token_digest(run_dir: Path) -> str:
     """SHA-256 of every `.bin` of a run, in dataset and part order, back to back."""
     h = hashlib.sha256()
@@ -214,7 +203,7 @@ def main() -> None:
     ap.add_argument("--against", metavar="REV", help="after each run of (c)-(e), the same job at git revision REV")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
-        run(a, revision_tree(a.against, Path(tmp)) if a.against else None)
+        run(a, revision.extract(a.against, ["streamprep", "quality"], Path(tmp)) if a.against else None)
 
 
 def run(a: argparse.Namespace, tree: Path | None) -> None:

@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import io
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +44,7 @@ from quality.gates.base import Doc  # noqa: E402
 from quality.gates.language import LanguageGate  # noqa: E402
 from quality.language import bounded_sample, make_detector, normalize_code  # noqa: E402
 from quality.normalize import normalize_text  # noqa: E402
+from revision import extract as extract_revision  # noqa: E402  (this script's folder, first on sys.path)
 
 DETECTORS = ("langdetect", "cld2", "cascade")
 OPEN = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
@@ -171,9 +169,7 @@ def mixed_documents(sentences: list[dict[str, Any]], per_share: int = 100) -> No
 def baseline_control(rev: str, into: Path) -> Any:
     """`rev`'s `quality.control`, imported as `quality_base.control`: its package is extracted from this checkout's
     git history into `into` and its own imports and data lookups renamed to `quality_base`."""
-    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev, "quality"], capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
-        archive.extractall(into, filter="data")
+    extract_revision(rev, ["quality"], into)
     (into / "quality").rename(into / "quality_base")
     for path in (into / "quality_base").rglob("*.py"):
         source = path.read_text(encoding="utf-8")
