@@ -3,14 +3,16 @@
 `streamprep ingest` starts it before it imports the pipeline (~0.55 s), when its config will run worker
 processes, so the forkserver's own imports (PRELOAD, ~0.85 s) run on the other core beside the driver's instead
 of after them: the workers begin ~0.7 s sooner. The command stops it (and multiprocessing's resource tracker)
-before it exits and waits for both, so nothing of the job outlives it. Light (the standard library, yaml and
-the config module the CLI loads anyway): the CLI imports this module for every command.
+before it exits and waits for both, so nothing of the job outlives it; after a kill -9 of the command the
+forkserver, which then ends on its own, removes the folder of its socket (`forkserver_preload`). Light (the
+standard library, yaml and the config module the CLI loads anyway): the CLI imports this module for every command.
 """
 from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import signal
 from pathlib import Path
@@ -26,8 +28,9 @@ from streamprep.config import resolved_workers
 PRELOAD = ("streamprep.unit_worker", "quality.control", "streamprep.engines.local", "streamprep.exports.parquet",
            "pyarrow.compute", "pyarrow.parquet", "streamprep.exports.order", "streamprep.exports.summary", "gigatoken",
            "awkward", "streamprep.forkserver_preload")
-# The config whose tokenizer `streamprep.forkserver_preload` loads in the server (set by `start_for`).
-CONFIG_ENV = "STREAMPREP_FORKSERVER_CONFIG"
+# The config whose tokenizer `streamprep.forkserver_preload` loads in the server, and the folder of the server's
+# socket (multiprocessing's pymp-* temporary folder), which it removes if it outlives the command (set by `start_for`).
+CONFIG_ENV, SOCKET_DIR_ENV = "STREAMPREP_FORKSERVER_CONFIG", "STREAMPREP_FORKSERVER_SOCKET_DIR"
 
 
 def context() -> multiprocessing.context.BaseContext:
@@ -49,11 +52,13 @@ def start_for(config_path: str) -> bool:
     if address or not isinstance(workers, (int, type(None))) or resolved_workers(workers) < 2:
         return False
     context()
-    os.environ[CONFIG_ENV] = str(Path(config_path).resolve())  # the server inherits it; nothing else started later
+    # the server inherits both; nothing else started later. The folder is the one `ensure_running` puts the socket in
+    os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
+    os.environ[SOCKET_DIR_ENV] = multiprocessing.util.get_temp_dir()
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        del os.environ[CONFIG_ENV]
+        del os.environ[CONFIG_ENV], os.environ[SOCKET_DIR_ENV]
     return True
 
 

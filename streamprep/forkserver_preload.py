@@ -1,5 +1,7 @@
-"""Imported by the workers' forkserver (`forkserver.PRELOAD`): the run's tokenizer loaded once, before any worker
-is forked, so that every worker inherits it instead of loading its own (phi-2: gigatoken ~0.27 CPU-s, HF
+"""Imported by the workers' forkserver (`forkserver.PRELOAD`). It removes the folder of the forkserver's socket
+when the forkserver ends on its own, which it does once the command that started it is gone without stopping it
+(kill -9): the command's own exit would have removed the folder. And it loads the run's tokenizer once, before any
+worker is forked, so that every worker inherits it instead of loading its own (phi-2: gigatoken ~0.27 CPU-s, HF
 `tokenizers` ~0.1 CPU-s, per worker). The backends keep what they load by the file's SHA-256, so a worker asking
 for the run's copy of the same file gets the inherited one. Loading starts no thread (forking after it is safe).
 
@@ -7,7 +9,9 @@ Only a peek, as `forkserver.start_for` peeks: the configured local tokenizer.jso
 none (a tokenizer to train) or cannot be read. Any failure is left to the job's own load, which names it."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 from pathlib import Path
 
 import yaml
@@ -43,4 +47,16 @@ def load_configured() -> None:
         pass
 
 
+def remove_socket_dir_at_exit() -> None:
+    """Have this process remove the folder in `forkserver.SOCKET_DIR_ENV` when it exits normally (Python's exit
+    handlers), which the forkserver does only when every client is gone. Its workers, forked with this handler,
+    end with `os._exit` and skip it; the pid test covers any other child. A command that ends normally removes the
+    folder itself and stops the server by a signal, which runs no handler."""
+    folder = os.environ.get(forkserver.SOCKET_DIR_ENV)
+    if folder:
+        server = os.getpid()
+        atexit.register(lambda: os.getpid() == server and shutil.rmtree(folder, ignore_errors=True))
+
+
+remove_socket_dir_at_exit()
 load_configured()

@@ -41,9 +41,11 @@ def ray_cluster():
 
 @pytest.fixture(scope="session", autouse=True)
 def reap_what_killed_runs_leave():
-    """Tests that SIGKILL `streamprep ingest` leave what its process pool's finalizers would have removed:
-    POSIX semaphores (/dev/shm/sem.mp-*) and forkserver socket dirs (pymp-*). At the end of the session,
-    remove those created during it that no live process still uses (mapped, or a socket still bound)."""
+    """Tests that SIGKILL `streamprep ingest` may leave what its process pool's finalizers would have removed:
+    POSIX semaphores (/dev/shm/sem.mp-*) and forkserver socket dirs (pymp-*). The resource tracker and the
+    forkserver remove them when only the command is killed; a kill that also reaches them, or lands while the
+    command starts them, leaves them. At the end of the session, remove those created during it that no live
+    process still uses (mapped, or a socket still bound)."""
     t0 = time.time()
     yield
     sweep(t0)

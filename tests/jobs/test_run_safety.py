@@ -1,12 +1,15 @@
 """Nothing outside the run is deleted or overwritten: temp-file sweeps, external checkpoint dirs, the
-checkpoint-dir lock, symlinks planted in the run dir; plus run hygiene (no /tmp/pymp-* left, valid SVG)."""
+checkpoint-dir lock, symlinks planted in the run dir; plus run hygiene (no /tmp/pymp-* left, also after a kill -9;
+valid SVG)."""
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -198,6 +201,49 @@ def test_cli_run_leaves_no_pymp_dir_and_audit_svg_is_well_formed(tmp_path):
     for attrs in parser.svgs:
         assert set(attrs) == {"class", "role", "width", "height", "viewBox".lower()}
         assert attrs["viewbox"] == f"0 0 {attrs['width']} {attrs['height']}"
+
+
+def _session_alive(sid: int) -> bool:
+    """Whether any process of session `sid` is left (zombies included: they are gone once reaped)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != b"Z":
+            return True
+    return False
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_command_leaves_no_pymp_dir(tmp_path):
+    """Regression: after a kill -9 of `streamprep ingest` with worker processes, the forkserver's socket folder
+    (pymp-*) stayed in the temporary directory for good; the forkserver, which outlives the command for a moment,
+    now removes it."""
+    private_tmp = tmp_path / "tmpdir"
+    private_tmp.mkdir()
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(_config(tmp_path, workers=2)))
+    env = {**os.environ, "TMPDIR": str(private_tmp), "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
+                             str(run_dir)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    log = run_dir / "logs" / "streamprep.log"
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline \
+            and not (log.exists() and b"units planned" in log.read_bytes()):
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    assert [p.name for p in private_tmp.iterdir() if p.name.startswith("pymp-")]  # the server's, in use
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    while _session_alive(proc.pid) and time.monotonic() < deadline:  # the workers and the server end on their own
+        time.sleep(0.05)
+    assert not _session_alive(proc.pid)
+    assert sorted(p.name for p in private_tmp.iterdir() if p.name.startswith("pymp-")) == []
 
 
 @pytest.mark.slow
