@@ -182,18 +182,29 @@ class _SvgAttrs(HTMLParser):
             self.svgs.append(dict(attrs))
 
 
-@pytest.mark.slow
-def test_cli_run_leaves_no_pymp_dir_and_audit_svg_is_well_formed(tmp_path):
+def _cli_job(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
+    """A `streamprep ingest` command line with 2 worker processes, its environment (a temporary directory of
+    its own, where multiprocessing puts the forkserver's socket folder), and that directory."""
     private_tmp = tmp_path / "tmpdir"
     private_tmp.mkdir()
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(_config(tmp_path, workers=2)))
     env = {**os.environ, "TMPDIR": str(private_tmp), "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
-                           "--run-dir", str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300)
+    argv = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(tmp_path / "run")]
+    return argv, env, private_tmp
+
+
+def _pymp_dirs(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("pymp-"))
+
+
+@pytest.mark.slow
+def test_cli_run_leaves_no_pymp_dir_and_audit_svg_is_well_formed(tmp_path):
+    argv, env, private_tmp = _cli_job(tmp_path)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(p.name for p in private_tmp.iterdir() if p.name.startswith("pymp-")) == []
+    assert _pymp_dirs(private_tmp) == []
 
     parser = _SvgAttrs()
     parser.feed((tmp_path / "run" / "audit" / "audit.html").read_text())
@@ -204,7 +215,7 @@ def test_cli_run_leaves_no_pymp_dir_and_audit_svg_is_well_formed(tmp_path):
 
 
 def _session_alive(sid: int) -> bool:
-    """Whether any process of session `sid` is left (zombies included: they are gone once reaped)."""
+    """Whether a process of session `sid` still runs (a zombie has ended: only its exit status is left)."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -221,29 +232,21 @@ def test_kill_9_of_the_command_leaves_no_pymp_dir(tmp_path):
     """Regression: after a kill -9 of `streamprep ingest` with worker processes, the forkserver's socket folder
     (pymp-*) stayed in the temporary directory for good; the forkserver, which outlives the command for a moment,
     now removes it."""
-    private_tmp = tmp_path / "tmpdir"
-    private_tmp.mkdir()
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(_config(tmp_path, workers=2)))
-    env = {**os.environ, "TMPDIR": str(private_tmp), "PYTHONPATH": str(REPO)}
-    env.pop("RAY_ADDRESS", None)
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
-                             str(run_dir)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    log = run_dir / "logs" / "streamprep.log"
+    argv, env, private_tmp = _cli_job(tmp_path)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "run" / "logs" / "streamprep.log"
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline \
             and not (log.exists() and b"units planned" in log.read_bytes()):
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be killed"
-    assert [p.name for p in private_tmp.iterdir() if p.name.startswith("pymp-")]  # the server's, in use
+    assert _pymp_dirs(private_tmp)  # the server's, in use
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     while _session_alive(proc.pid) and time.monotonic() < deadline:  # the workers and the server end on their own
         time.sleep(0.05)
     assert not _session_alive(proc.pid)
-    assert sorted(p.name for p in private_tmp.iterdir() if p.name.startswith("pymp-")) == []
+    assert _pymp_dirs(private_tmp) == []
 
 
 @pytest.mark.slow
