@@ -40,7 +40,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import revision  # noqa: E402
-from corpus import SHARED, build, build_short  # noqa: E402
+from corpus import REPO, SHARED, build, build_short  # noqa: E402
 
 PHI2 = SHARED / "tokenizers/phi-2/tokenizer.json"
 GATES_OFF = {"dedup": "none", "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
@@ -114,12 +114,13 @@ def first_shard(run_dir: Path) -> dict:
     return {"first_shard_s": t[first] - t[0], "first_part_s": t[sealed] - t[0], "ingest_s_per_part": ingest / max(parts, 1)}
 
 
-def timed(argv: list[str], what: str, env: dict | None = None) -> tuple[float, int]:
+def timed(argv: list[str], what: str, env: dict | None = None, cwd: Path | None = None) -> tuple[float, int]:
     """Wall seconds and peak tree RSS of one whole process; SystemExit naming `what` when it fails. The process
     runs in a session of its own, and whatever it leaves behind (an older revision's forkserver, say) is gone
     before the next run starts."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
     try:
         rss = TreeSampler(proc.pid)
         _, err = proc.communicate()
@@ -147,12 +148,14 @@ def reap_group(pgid: int, grace: float = 10.0) -> None:
 
 
 def run_cli(cfg: dict, run_dir: Path, tree: Path | None = None) -> tuple[float, int]:
-    """One `streamprep ingest` of `cfg` into `run_dir`: this checkout's, or the code extracted into `tree`."""
+    """One `streamprep ingest` of `cfg` into `run_dir`: this checkout's, or the code extracted into `tree`. That
+    folder is the process's current directory too, which `python -m` puts on the path before PYTHONPATH (so the
+    repository's own packages shadowed the extracted ones when the benchmark ran from its root)."""
     cfg_path = run_dir.with_suffix(".yaml")
     cfg_path.write_text(yaml.safe_dump(cfg))
-    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    code = tree or REPO
     return timed([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)],
-                 "ingest" if tree is None else f"ingest at {tree}", env)
+                 "ingest" if tree is None else f"ingest at {tree}", {**os.environ, "PYTHONPATH": str(code)}, code)
 
 
 def token_digest(run_dir: Path) -> str:
@@ -183,7 +186,8 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "tokens": n}))
 
 
 def stage_alone(run_dir: Path) -> tuple[dict, int]:
-    proc = subprocess.Popen([sys.executable, "-c", STAGE_SCRIPT, str(run_dir)], stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", STAGE_SCRIPT, str(run_dir)], stdout=subprocess.PIPE, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
     rss = TreeSampler(proc.pid)
     out, _ = proc.communicate()
     return json.loads(out), rss.stop()
