@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
@@ -60,6 +60,12 @@ def _versions() -> dict[str, str]:
     return out
 
 
+# Where an exception raised by a signal handler can leave a lock held for good: the import machinery. A weakref
+# callback of its module locks takes the global import lock, and an exception there is printed and dropped.
+IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+STOP_RETRY_S = 0.01  # how soon a stop deferred out of the import machinery is tried again
+
+
 class Signals:
     """First SIGINT/SIGTERM asks the job to stop cleanly; a second one exits at once (writes are atomic)."""
 
@@ -68,7 +74,7 @@ class Signals:
         self.on_first: Callable[[], None] | None = None
         self._old: dict[int, Any] = {}
 
-    def handle(self, signum: int, _frame: Any = None) -> None:
+    def handle(self, signum: int, frame: Any = None) -> None:
         self.count += 1
         if self.count > 1:
             os.write(2, b"streamprep: second signal, exiting now; re-run the same command to resume\n")
@@ -77,15 +83,36 @@ class Signals:
         if self.on_first is not None:
             self.on_first()
         else:
-            raise KeyboardInterrupt
+            self._interrupt(frame)
+
+    def _interrupt(self, frame: Any) -> None:
+        """Raise KeyboardInterrupt where the main thread was stopped, unless it was inside the import machinery:
+        then again STOP_RETRY_S later (SIGALRM), until it is out. Regression: a SIGINT during the exports with
+        `workers: 1` hung the job, 1 run in ~150: raised in that callback, the interrupt was dropped with the
+        import lock held, and the worker thread's next import waited for it for ever."""
+        if any(f.f_code.co_filename in IMPORT_MACHINERY for f in _frames(frame)):
+            if signal.SIGALRM not in self._old:
+                self._old[signal.SIGALRM] = signal.signal(signal.SIGALRM, lambda _s, f: self._interrupt(f))
+            signal.setitimer(signal.ITIMER_REAL, STOP_RETRY_S)
+            return
+        raise KeyboardInterrupt
 
     def install(self) -> None:
         for s in (signal.SIGINT, signal.SIGTERM):
             self._old[s] = signal.signal(s, self.handle)
 
     def restore(self) -> None:
+        if signal.SIGALRM in self._old:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         for s, h in self._old.items():
             signal.signal(s, h)
+
+
+def _frames(frame: Any) -> Iterator[Any]:
+    """`frame` and its callers."""
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 def resolve_run_dir(config: Config, run_dir: str | Path | None) -> Path:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ from tokenizers import Tokenizer
 
 from helpers import PHI2, base_config, english_docs, tree_hashes
 from streamprep import run_from_dict
+from streamprep.pipeline import Signals
 from streamprep.exports.summary import SUFFIX
 
 OUTPUTS = ("ingest", "rejects", "binidx", "receipts", "parquet", "tokenizer")
@@ -241,3 +244,31 @@ def test_a_writer_that_died_during_the_run_leaves_no_temporary_file(tmp_path: Pa
     events = [orjson.loads(line) for line in (run_dir / "logs/streamprep.log").read_bytes().splitlines()]
     assert [e["count"] for e in events if e["event"] == "removed temporary files of writers that died during the run"] \
         == [1]
+
+
+def _fake_frame(filename: str, back: object = None) -> types.SimpleNamespace:
+    return types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=filename), f_back=back)
+
+
+def test_a_stop_asked_inside_the_import_machinery_is_raised_once_the_main_thread_is_out():
+    """Regression: a SIGINT during the exports with `workers: 1` hung the job (1 run in ~150): the KeyboardInterrupt,
+    raised inside a weakref callback of importlib's module locks, was dropped with the global import lock held, and
+    the worker thread's next import waited for it for ever. Now the interrupt waits until the main thread is out of
+    the import machinery; elsewhere it is raised at once, as before."""
+    signals = Signals()
+    inside = _fake_frame("/work/x.py", _fake_frame("<frozen importlib._bootstrap>"))  # a caller is importlib's
+    old_alarm = signal.getsignal(signal.SIGALRM)
+    try:
+        try:
+            signals.handle(signal.SIGINT, inside)
+        except KeyboardInterrupt:  # caught: pytest would take it for the user's Ctrl-C
+            pytest.fail("the interrupt was raised inside the import machinery")
+        with pytest.raises(KeyboardInterrupt):  # raised by the retry, in this (ordinary) frame
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                time.sleep(0.001)
+    finally:
+        signals.restore()
+    assert signal.getsignal(signal.SIGALRM) is old_alarm and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    with pytest.raises(KeyboardInterrupt):
+        Signals().handle(signal.SIGINT, _fake_frame("/work/x.py"))
