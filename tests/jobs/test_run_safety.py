@@ -182,27 +182,27 @@ class _SvgAttrs(HTMLParser):
             self.svgs.append(dict(attrs))
 
 
-def _cli_job(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
-    """A `streamprep ingest` command line with 2 worker processes, its environment (a temporary directory of
-    its own, where multiprocessing puts the forkserver's socket folder), and that directory."""
-    private_tmp = tmp_path / "tmpdir"
-    private_tmp.mkdir()
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(_config(tmp_path, workers=2)))
-    env = {**os.environ, "TMPDIR": str(private_tmp), "PYTHONPATH": str(REPO)}
-    env.pop("RAY_ADDRESS", None)
-    argv = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(tmp_path / "run")]
-    return argv, env, private_tmp
-
-
 def _pymp_dirs(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("pymp-"))
 
 
+def _private_tmp_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a `streamprep ingest` with a temporary directory of its own (where multiprocessing puts
+    the forkserver's socket folder), and that directory."""
+    private_tmp = tmp_path / "tmpdir"
+    private_tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(private_tmp), "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    return env, private_tmp
+
+
 @pytest.mark.slow
 def test_cli_run_leaves_no_pymp_dir_and_audit_svg_is_well_formed(tmp_path):
-    argv, env, private_tmp = _cli_job(tmp_path)
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    env, private_tmp = _private_tmp_env(tmp_path)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(_config(tmp_path, workers=2)))
+    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path),
+                           "--run-dir", str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _pymp_dirs(private_tmp) == []
 
@@ -214,49 +214,12 @@ def test_cli_run_leaves_no_pymp_dir_and_audit_svg_is_well_formed(tmp_path):
         assert attrs["viewbox"] == f"0 0 {attrs['width']} {attrs['height']}"
 
 
-def _session_alive(sid: int) -> bool:
-    """Whether a process of session `sid` still runs (a zombie has ended: only its exit status is left)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != b"Z":
-            return True
-    return False
-
-
-@pytest.mark.slow
-def test_kill_9_of_the_command_leaves_no_pymp_dir(tmp_path):
-    """Regression: after a kill -9 of `streamprep ingest` with worker processes, the forkserver's socket folder
-    (pymp-*) stayed in the temporary directory for good; the forkserver, which outlives the command for a moment,
-    now removes it."""
-    argv, env, private_tmp = _cli_job(tmp_path)
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    log = tmp_path / "run" / "logs" / "streamprep.log"
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline \
-            and not (log.exists() and b"units planned" in log.read_bytes()):
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    assert _pymp_dirs(private_tmp)  # the server's, in use
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    while _session_alive(proc.pid) and time.monotonic() < deadline:  # the workers and the server end on their own
-        time.sleep(0.05)
-    assert not _session_alive(proc.pid)
-    assert _pymp_dirs(private_tmp) == []
-
-
 @pytest.mark.slow
 def test_kill_9_of_the_driver_leaves_none_of_its_processes(tmp_path):
     """Regression: after `kill -9` of the driver, its pool workers (children of multiprocessing's forkserver)
     stayed blocked on the dead driver's queue and kept the forkserver and the resource tracker alive for good.
-    Every pool worker now exits with the driver, and the other two follow."""
-    import signal
-    import time
-
+    Every pool worker now exits with the driver, and the other two follow. Regression too: the forkserver's socket
+    folder (pymp-*) then stayed in the temporary directory for good; the forkserver now removes it as it ends."""
     import psutil
 
     from helpers import base_config, english_docs
@@ -266,13 +229,15 @@ def test_kill_9_of_the_driver_leaves_none_of_its_processes(tmp_path):
     cfg = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 2000})
     cfg["execution"].update(workers=2, unit_mb=0.05)
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env, private_tmp = _private_tmp_env(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
-                             "--run-dir", str(tmp_path / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                             "--run-dir", str(tmp_path / "run")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while len(psutil.Process(proc.pid).children(recursive=True)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)  # the resource tracker, the forkserver and its workers are up
     assert proc.poll() is None, "the job ended before its pools started"
+    assert _pymp_dirs(private_tmp)  # the forkserver's, in use
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
@@ -285,6 +250,7 @@ def test_kill_9_of_the_driver_leaves_none_of_its_processes(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert left == []
+    assert _pymp_dirs(private_tmp) == []
 
 
 def _sid(pid: int) -> int | None:
