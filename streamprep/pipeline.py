@@ -9,12 +9,13 @@ import os
 import platform
 import signal
 import time
+import traceback
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
@@ -90,7 +91,7 @@ class Signals:
         then again STOP_RETRY_S later (SIGALRM), until it is out. Regression: a SIGINT during the exports with
         `workers: 1` hung the job, 1 run in ~150: raised in that callback, the interrupt was dropped with the
         import lock held, and the worker thread's next import waited for it for ever."""
-        if any(f.f_code.co_filename in IMPORT_MACHINERY for f in _frames(frame)):
+        if any(f.f_code.co_filename in IMPORT_MACHINERY for f, _ in traceback.walk_stack(frame)):
             if signal.SIGALRM not in self._old:
                 self._old[signal.SIGALRM] = signal.signal(signal.SIGALRM, lambda _s, f: self._interrupt(f))
             signal.setitimer(signal.ITIMER_REAL, STOP_RETRY_S)
@@ -106,13 +107,6 @@ class Signals:
             signal.setitimer(signal.ITIMER_REAL, 0)
         for s, h in self._old.items():
             signal.signal(s, h)
-
-
-def _frames(frame: Any) -> Iterator[Any]:
-    """`frame` and its callers."""
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
 
 
 def resolve_run_dir(config: Config, run_dir: str | Path | None) -> Path:

@@ -247,7 +247,7 @@ def test_a_writer_that_died_during_the_run_leaves_no_temporary_file(tmp_path: Pa
 
 
 def _fake_frame(filename: str, back: object = None) -> types.SimpleNamespace:
-    return types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=filename), f_back=back)
+    return types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=filename), f_back=back, f_lineno=1)
 
 
 def test_a_stop_asked_inside_the_import_machinery_is_raised_once_the_main_thread_is_out():
