@@ -22,7 +22,6 @@ ratios, REV's seconds over this checkout's, say how many times faster the job is
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
@@ -39,8 +38,10 @@ import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import revision  # noqa: E402
 from corpus import REPO, SHARED, build, build_short  # noqa: E402
+from streamprep.atomic import sha256_file  # noqa: E402
 
 PHI2 = SHARED / "tokenizers/phi-2/tokenizer.json"
 GATES_OFF = {"dedup": "none", "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
@@ -158,14 +159,9 @@ def run_cli(cfg: dict, run_dir: Path, tree: Path | None = None) -> tuple[float, 
                  "ingest" if tree is None else f"ingest at {tree}", {**os.environ, "PYTHONPATH": str(code)}, code)
 
 
-def token_digest(run_dir: Path) -> str:
-    """SHA-256 of every `.bin` of a run, in dataset and part order, back to back."""
-    h = hashlib.sha256()
-    for path in sorted((run_dir / "binidx").rglob("*.bin")):
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                h.update(chunk)
-    return h.hexdigest()
+def token_digests(run_dir: Path) -> list[str]:
+    """The SHA-256 of every `.bin` of a run, in dataset and part order."""
+    return [sha256_file(path) for path in sorted((run_dir / "binidx").rglob("*.bin"))]
 
 
 STAGE_SCRIPT = """
@@ -249,7 +245,7 @@ def run(a: argparse.Namespace, tree: Path | None) -> None:
                     subprocess.run(["rm", "-rf", str(rev_dir)], check=True)
                     rev_secs, _ = run_cli(cfg, rev_dir, tree)
                     pairs.setdefault(f"{key}:{engine}", []).append(
-                        (secs, rev_secs, token_digest(run_dir) == token_digest(rev_dir)))
+                        (secs, rev_secs, token_digests(run_dir) == token_digests(rev_dir)))
     report(a, corpus, results, rss, engines)
     for k, runs in pairs.items():
         ratios = [rev / ours for ours, rev, _ in runs]
