@@ -248,11 +248,11 @@ def judge_gates(name: str, text_field: str, unit: Unit, options: Any, start: int
     return (_judge(name, text_field, items[start:stop])[1] if start < len(items) else {}), len(items)
 
 
-def row_meta(row: bytes) -> dict[str, Any]:
-    """QC's meta of a kept row, for a record that the decision rejects (a duplicate) and whose meta was not stored
-    (`ItemColumns`): the row's meta without the `source` the row added. JSON keeps the keys' order and floats
-    exact, so it is the meta QC gave, as JSON writes it."""
-    meta = orjson.loads(row)["meta"]
+def row_meta(row: dict[str, Any]) -> dict[str, Any]:
+    """QC's meta of a kept row (parsed), for a record that the decision rejects (a duplicate) and whose meta was not
+    stored (`ItemColumns`): the row's meta without the `source` the row added. JSON keeps the keys' order and
+    floats exact, so it is the meta QC gave, as JSON writes it."""
+    meta = row["meta"]
     del meta["source"]
     return meta
 
@@ -296,9 +296,13 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                 reason = units.global_reason(bad, d.before + j) if d.before is not None else bad
                 meta, excerpt = {"failed_check": cols.check[t], "reason": reason}, cols.excerpt[t]
             else:
-                meta = cols.meta[t]
-                if meta is None:  # not stored: the stats read nothing of it
-                    meta = {} if keep else row_meta(cols.row[t])
+                meta, excerpt = cols.meta[t], cols.excerpt[t]
+                if not keep and (meta is None or excerpt is None):  # what its reject line lacks, from its kept row
+                    row = orjson.loads(cols.row[t])  # once for both
+                    meta = row_meta(row) if meta is None else meta
+                    excerpt = row["text"][:REJECT_EXCERPT] if excerpt is None else excerpt  # a kept text's start
+                elif meta is None:  # kept and not stored: the stats read nothing of it
+                    meta = {}
                 if j in d.dup:
                     twin = d.dup[j]
                     meta = {**meta, "failed_check": "duplicate", "reason": duplicate_reason(twin),
@@ -308,9 +312,6 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                     meta = near_dedup.reject_meta(meta, twin_ds or name, near_dedup.Twin(src, jaccard))
                     if twin_ds:  # kept by an earlier dataset (dedup_scope: run)
                         stats.add_near_kept_by(st, twin_ds)
-                excerpt = cols.excerpt[t]
-                if excerpt is None and not keep:  # a kept record's excerpt is its text's start
-                    excerpt = orjson.loads(cols.row[t])["text"][:REJECT_EXCERPT]
                 if cols.extra[t]:
                     source.update(cols.extra[t])
             stats.add_record(st, keep, meta, cols.chars[t] if keep else len(excerpt))
