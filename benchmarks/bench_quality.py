@@ -168,12 +168,15 @@ def mixed_documents(sentences: list[dict[str, Any]], per_share: int = 100) -> No
 
 def baseline_control(rev: str, into: Path) -> Any:
     """`rev`'s `quality.control`, imported as `quality_base.control`: its package is extracted from this checkout's
-    git history into `into` and its own imports and data lookups renamed to `quality_base`."""
+    git history into `into` and its own imports and data lookups renamed to `quality_base`, and the codec error
+    handlers it registers too: their names are global, and a handler of one copy raising its own exception class
+    inside the other's encode would be an internal error there."""
     extract_revision(rev, ["quality"], into)
     (into / "quality").rename(into / "quality_base")
     for path in (into / "quality_base").rglob("*.py"):
         source = path.read_text(encoding="utf-8")
         source = re.sub(r"\b(from|import) quality\b", r"\1 quality_base", source)
+        source = re.sub(r"""(["'])streamprep\.(\w+["'])""", r"\1streamprep_base.\2", source)
         path.write_text(re.sub(r"""(["'])quality([."'])""", r"\1quality_base\2", source), encoding="utf-8")
     sys.path.insert(0, str(into))
     return importlib.import_module("quality_base.control")

@@ -481,3 +481,17 @@ def test_the_chain_judges_c4_as_the_issues_baseline_did_and_faster(shared_data: 
     rounds = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rounds) == 2 and all(float(r[2]) < float(r[3]) for r in rounds), proc.stdout  # µs/doc: ours, theirs
     assert "same keep and failed_check on every doc" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_chain_against_its_own_revision_judges_alike(shared_data: Path) -> None:
+    """`--against HEAD` imports a second copy of this very chain: both keep the same docs with the same
+    failed_check. Regression: both copies registered their codec error handlers under one name, so one copy's
+    Latin-1 standin handler raised its own exception class in the other's encode (an internal error on 103 of the
+    1 000 docs)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_quality.py"), "--data", str(shared_data),
+                           "--against", "HEAD", "--rounds", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    assert "same keep and failed_check on every doc" in proc.stdout
