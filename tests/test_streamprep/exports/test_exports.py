@@ -165,6 +165,58 @@ def test_pack_stream_equals_pack_over_any_blocks():
         assert [e for _, _, e in cuts] == [int(est[a:b].sum()) for a, b in whole(est, limit)]
 
 
+def test_cuts_come_out_while_the_blocks_are_read():
+    """`iter_cuts` gives each cut once the next one is made, not after the last block: the shard writers start while
+    the driver still merges the records after them; its cuts are `pack_stream`'s."""
+    from streamprep.exports.parquet import iter_cuts
+
+    rng = np.random.default_rng(3)
+    blocks = [rng.integers(1, 40, 25) for _ in range(40)]  # 1 000 records, ~20 000 estimated bytes
+    read: list[int] = []
+
+    def streamed():
+        for i, block in enumerate(blocks):
+            read.append(i)
+            yield block
+    given_after = []
+    cuts = []
+    for cut in iter_cuts(streamed(), 1000):
+        given_after.append(len(read))
+        cuts.append(cut)
+    assert cuts == pack_stream(blocks, 1000) and len(cuts) > 10
+    assert given_after[0] <= 5 and given_after[-3] < len(blocks)  # the first once the second is cut (~2 000 bytes)
+
+
+@pytest.mark.slow
+def test_parquet_shards_are_written_while_the_plan_goes_on(run, monkeypatch):
+    """The exports hand each Parquet shard to a worker as the plan cuts it: with one worker, the first shard is written
+    before the last one is planned (the pool works at most two calls ahead), and the files are those of a plan made
+    whole first."""
+    from streamprep.exports import parquet
+
+    run_dir, refs = run
+    whole = export(run_dir, refs, num_shards_multiple_of=1)
+    expected = file_hashes(run_dir)
+    events: list[str] = []
+    cut, write_one = parquet._cut, parquet._write_one
+
+    def noting_cut(*args):
+        for plan in cut(*args):
+            events.append("plan")
+            yield plan
+
+    def noting_write(job):
+        events.append("write")
+        return write_one(job)
+
+    monkeypatch.setattr(parquet, "_cut", noting_cut)
+    monkeypatch.setattr(parquet, "_write_one", noting_write)
+    streamed = export(run_dir, refs)
+    assert streamed["parquet_shards"] == whole["parquet_shards"] == events.count("write") == events.count("plan") > 3
+    assert events.index("write") < len(events) - 1 - events[::-1].index("plan")
+    assert file_hashes(run_dir) == expected
+
+
 def test_order_keys_rule():
     """SplitMix64 output `ordinal` from a state keyed by (seed, bucket): unique per bucket, the same computed in
     pieces as at once, different per seed and bucket."""
@@ -664,6 +716,7 @@ def test_job_process_holds_no_summary_and_no_record_array(run, monkeypatch):
         return out
 
     def measuring_write(run_dir, indexes, plans, *args, **kw):
+        plans = list(plans)  # the plan as the writers get it, shard by shard, all at once here
         held.append(alive())
         held.append(sum(v.nbytes for idx in indexes for v in vars(idx).values() if isinstance(v, np.ndarray)))
         held.append(sum(r.offsets.nbytes for idx in indexes for r in idx.runs))
@@ -676,6 +729,7 @@ def test_job_process_holds_no_summary_and_no_record_array(run, monkeypatch):
     n_parts = out["binidx_shards"]
     assert len(alive_in_build) == n_parts == 6 and max(alive_in_build) == 0
     assert held == [0, 8 * (2 * n_parts + len(DATASETS)), 8 * (len(BUCKETS) + 2) * n_parts]
+    assert out["parquet_shards"] == len(list((run_dir / "parquet").glob("*.parquet"))) > 0
     assert not (run_dir / "parquet" / ".order").exists()  # the runs are scratch of the exports step
 
 
