@@ -109,8 +109,8 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
 
     Per part, on the workers: its sorted run (bucket and order key per record), the one its tokenizing worker
     made when current, else made from its summary (cached, or computed); then here the plan, a streaming merge
-    of the runs (numbers only); the Parquet shards on the workers; the JSON files from per-part and per-shard
-    numbers.
+    of the runs (numbers only), each Parquet shard handed to the workers as it is cut; the JSON files from per-part
+    and per-shard numbers.
     """
     run_dir = Path(run_dir)
     names = [d.name for d in datasets]

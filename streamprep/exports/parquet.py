@@ -1,6 +1,7 @@
 """Parquet shards bucketed by token count, in a keyed random order, packed by size (rules in docs/exports.md).
 
-Plan first (numbers only), then write. For each dataset, in config order:
+Planned (numbers only) and written at once: a shard goes to a writer as soon as it is cut. For each dataset, in
+config order:
 
 1. bucket every record by its token count (EOD included): bucket b holds
    `bounds[b-1] < n_tokens <= bounds[b]`, bucket 0 starts at 1, bucket `len(bounds)` is the overflow;
