@@ -191,6 +191,20 @@ def test_a_repeated_text_gets_the_verdict_it_got_before(all_corpora: dict[str, l
     assert 0 < calls == reached // 3  # the language gate judged each distinct text once
 
 
+def test_the_memo_keeps_a_verdicts_meta_and_recalls_only_what_the_gates_added() -> None:
+    """The memo holds each judged verdict's meta itself (no copy) with the span of keys the gates after
+    normalisation added: a key the caller adds to that meta later is not recalled, and a recalled nested value
+    (`pii`) is a copy."""
+    qc = QualityControl({"pii_max_density": 0.5})
+    text = "Write to jane.doe@example.com or call 555-867-5309 about the meeting on the fifth of May, please. " * 3
+    first = qc.evaluate_batch([{"text": text}])[0]
+    assert first.keep and first.meta["pii"] == {"email": 3, "phone": 3}
+    remembered = dict(first.meta)
+    first.meta["added_later"] = True
+    again = qc.evaluate_batch([{"text": text}])[0]
+    assert again.meta == remembered and again.meta["pii"] is not first.meta["pii"]
+
+
 def test_a_gate_that_reads_the_record_turns_the_memo_off() -> None:
     """`required_metadata` adds a gate that reads more than the text: nothing is recalled then."""
     qc = QualityControl({"required_metadata": ["url"]})
