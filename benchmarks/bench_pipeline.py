@@ -40,7 +40,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import revision  # noqa: E402
-from corpus import REPO, SHARED, build, build_short  # noqa: E402
+from corpus import PACKAGES, REPO, SHARED, build, build_short, cache_bytecode  # noqa: E402
 from streamprep.atomic import sha256_file  # noqa: E402
 
 PHI2 = SHARED / "tokenizers/phi-2/tokenizer.json"
@@ -213,6 +213,7 @@ def run(a: argparse.Namespace, tree: Path | None) -> None:
     corpus = build_short(a.work / f"short_{a.short_docs}.jsonl", a.short_docs) if a.short_docs \
         else build(a.work / f"{name}.jsonl", a.mb, shuffle_words=a.near_dedup)
     engines = a.engines.split(",")
+    print(cache_bytecode(*(root / p for root in (REPO, *([tree] if tree else [])) for p in PACKAGES)), flush=True)
     base = {"run": {"name": "bench"}, "datasets": [{"name": "web", "path": str(corpus)}],
             "tokenizer": {"path": str(PHI2)}, "output": {"shard_records": a.shard_records},
             "execution": {"workers": a.workers}}
