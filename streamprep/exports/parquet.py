@@ -87,19 +87,15 @@ def bucket_table(bounds: Sequence[int]) -> list[dict[str, Any]]:
 Cut = tuple[int, int, int]  # [start, end) positions in the stream, estimated bytes of one shard
 
 
-def pack_stream(blocks: Iterable[np.ndarray], limit: int, tail_fraction: float = TAIL_FRACTION) -> list[Cut]:
+def iter_cuts(blocks: Iterable[np.ndarray], limit: int, tail_fraction: float = TAIL_FRACTION) -> Iterator[Cut]:
     """Greedy cuts of records streamed in order as blocks of estimated sizes into shards of total <= limit: a
-    shard is (start, end, estimate) in stream positions. Holds one block at a time.
+    shard is (start, end, estimate) in stream positions. Holds one block at a time, and gives each cut once the
+    next is made (only the last two may still join), so a shard can be written while the records after it are
+    still being merged.
 
     A record bigger than `limit` alone makes a shard. A last shard below `tail_fraction × limit` joins the
     shard before it, unless that one is a lone record bigger than `limit`.
     """
-    return list(iter_cuts(blocks, limit, tail_fraction))
-
-
-def iter_cuts(blocks: Iterable[np.ndarray], limit: int, tail_fraction: float = TAIL_FRACTION) -> Iterator[Cut]:
-    """`pack_stream`'s cuts as the blocks are read: each once the next is made (only the last two may still join),
-    so a shard can be written while the records after it are still being merged."""
     held: Cut | None = None  # the last cut made, given out once another follows it
     first = total = offset = 0  # the open shard's first position and estimate; the block's first position
     for est in blocks:
@@ -125,8 +121,8 @@ def iter_cuts(blocks: Iterable[np.ndarray], limit: int, tail_fraction: float = T
 
 
 def pack(est: np.ndarray, limit: int, tail_fraction: float = TAIL_FRACTION) -> list[tuple[int, int]]:
-    """`pack_stream` over one in-memory list of sizes: [start, end) cuts."""
-    return [(start, end) for start, end, _ in pack_stream([est], limit, tail_fraction)]
+    """`iter_cuts` over one in-memory list of sizes: [start, end) cuts."""
+    return [(start, end) for start, end, _ in iter_cuts([est], limit, tail_fraction)]
 
 
 @dataclass

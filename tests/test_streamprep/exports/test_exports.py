@@ -23,7 +23,7 @@ from streamprep.exports import ExportError, ShardRef, write_exports
 from streamprep.exports.index import ShardRecords
 from streamprep.exports.mixtures import MixtureConfigError, validate_mixtures
 from streamprep.exports.order import bucket_of, order_keys
-from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, pack, pack_stream
+from streamprep.exports.parquet import BYTES_PER_TOKEN, ShardCountError, iter_cuts, pack
 from export_run import (BUCKETS, DATASETS, EOD, SHARD_SIZE, TOKENIZER_INFO, datasets_cfg, export, output_cfg,
                         parquet_entries, relocate)
 from helpers import REPO
@@ -140,7 +140,7 @@ def test_pack_rule_units():
     assert bucket_of(np.array([1, 32, 33, 64, 1024, 1025]), BUCKETS).tolist() == [0, 0, 1, 1, 5, 6]
 
 
-def test_pack_stream_equals_pack_over_any_blocks():
+def test_iter_cuts_equals_pack_over_any_blocks():
     """The plan cuts records streamed block by block exactly as the whole list is cut at once (the rule as it was
     written before the stream: a cumulative sum and a binary search per shard)."""
     def whole(est: np.ndarray, limit: int) -> list[tuple[int, int]]:
@@ -160,16 +160,14 @@ def test_pack_stream_equals_pack_over_any_blocks():
         n, limit = int(rng.integers(0, 50)), int(rng.integers(1, 300))
         est = rng.integers(1, 200, n)
         bounds = sorted({0, n, *rng.integers(0, n + 1, int(rng.integers(0, 6))).tolist()})
-        cuts = pack_stream([est[a:b] for a, b in zip(bounds, bounds[1:])], limit)
+        cuts = list(iter_cuts([est[a:b] for a, b in zip(bounds, bounds[1:])], limit))
         assert [(a, b) for a, b, _ in cuts] == pack(est, limit) == whole(est, limit)
         assert [e for _, _, e in cuts] == [int(est[a:b].sum()) for a, b in whole(est, limit)]
 
 
 def test_cuts_come_out_while_the_blocks_are_read():
     """`iter_cuts` gives each cut once the next one is made, not after the last block: the shard writers start while
-    the driver still merges the records after them; its cuts are `pack_stream`'s."""
-    from streamprep.exports.parquet import iter_cuts
-
+    the driver still merges the records after them; its cuts are those of the blocks given at once."""
     rng = np.random.default_rng(3)
     blocks = [rng.integers(1, 40, 25) for _ in range(40)]  # 1 000 records, ~20 000 estimated bytes
     read: list[int] = []
@@ -183,7 +181,7 @@ def test_cuts_come_out_while_the_blocks_are_read():
     for cut in iter_cuts(streamed(), 1000):
         given_after.append(len(read))
         cuts.append(cut)
-    assert cuts == pack_stream(blocks, 1000) and len(cuts) > 10
+    assert cuts == list(iter_cuts(blocks, 1000)) and len(cuts) > 10
     assert given_after[0] <= 5 and given_after[-3] < len(blocks)  # the first once the second is cut (~2 000 bytes)
 
 
