@@ -37,7 +37,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import GATES_OFF, PHI2, TreeSampler  # noqa: E402
-from corpus import PACKAGES, REPO, build, cache_bytecode  # noqa: E402
+from corpus import REPO, build, cache_bytecode  # noqa: E402
 
 
 def run(corpus: Path, work: Path, workers: int, quality: dict, unit_mb: float | None = None) -> dict:
@@ -122,7 +122,7 @@ def main() -> None:
     corpus = build(a.work / f"corpus_{a.mb}mb.jsonl", a.mb)
     gb = corpus.stat().st_size / 1e9
     quality = GATES_OFF if a.gates == "off" else {}
-    print(cache_bytecode(*(REPO / p for p in PACKAGES)), flush=True)
+    print(cache_bytecode(), flush=True)
     speeds = core_speeds(corpus)
     runs = {w: [run(corpus, a.work, w, quality, a.unit_mb) for _ in range(a.repeats)] for w in (1, 2)}
     print(f"corpus {corpus.stat().st_size / 1e6:.1f} MB, gates {a.gates}, unit_mb {a.unit_mb or 'default'}, "

@@ -31,7 +31,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import GATES_OFF, PHI2  # noqa: E402
-from corpus import PACKAGES, REPO, build, build_short, cache_bytecode  # noqa: E402
+from corpus import REPO, build, build_short, cache_bytecode  # noqa: E402
 
 # Times os.fsync in each process of the job; each process rewrites its own totals file every 50 calls.
 SITECUSTOMIZE = '''
@@ -114,7 +114,7 @@ def main() -> None:
         "run": {"name": "bench"}, "datasets": [{"name": "web", "path": str(corpus)}], "tokenizer": {"path": str(PHI2)},
         "quality": GATES_OFF if a.gates == "off" else {}, "output": {"shard_records": 5000},
         "execution": {"engine": "local", "workers": a.workers}}))
-    print(cache_bytecode(*(REPO / p for p in PACKAGES)), flush=True)
+    print(cache_bytecode(), flush=True)
     run_dir, env = work / "run_durability", {**os.environ, "PYTHONPATH": str(REPO)}
     print(f"corpus {corpus.name} ({corpus.stat().st_size / 1e6:.0f} MB), gates {a.gates}, workers {a.workers}")
     if shutil.which("eatmydata"):

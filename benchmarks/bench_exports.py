@@ -30,7 +30,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import GATES_OFF, PHI2  # noqa: E402
-from corpus import PACKAGES, REPO, build_short, cache_bytecode  # noqa: E402
+from corpus import build_short, cache_bytecode  # noqa: E402
 
 
 def run_job(corpus: Path, run_dir: Path, workers: int, shard_records: int) -> dict[str, float]:
@@ -149,7 +149,7 @@ def main() -> None:
     if a.plan:
         return plan_mode(a.plan, a.workers, a.part_records, a.work)
     corpus = build_short(a.work / f"short_{a.docs}.jsonl", a.docs)
-    print(cache_bytecode(*(REPO / p for p in PACKAGES)), flush=True)
+    print(cache_bytecode(), flush=True)
     print(f"corpus: {corpus} ({corpus.stat().st_size / 1e6:.1f} MB, {a.docs} docs); "
           f"shard_records={a.shard_records}; median of {a.repeats}")
     print(f"{'workers':>7} {'job s':>8} {'exports s':>10} {'exports/job':>11}  phases")

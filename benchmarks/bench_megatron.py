@@ -43,7 +43,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_pipeline import GATES_OFF, PHI2, raw_limit, run_cli, timed  # noqa: E402
-from corpus import PACKAGES, REPO, build, cache_bytecode  # noqa: E402
+from corpus import build, cache_bytecode  # noqa: E402
 
 from streamprep.binidx import IndexedDataset  # noqa: E402
 
@@ -216,7 +216,7 @@ def main() -> None:
     sizes = sorted(float(x) for x in a.mb.split(","))
     a.work.mkdir(parents=True, exist_ok=True)
     checkout = [a.megatron.resolve() / p for p in ("megatron", "tools")] if a.megatron and "m" in a.only else []
-    print(cache_bytecode(*(REPO / p for p in PACKAGES), *checkout), flush=True)
+    print(cache_bytecode(*checkout), flush=True)
     megatron = Megatron(a.megatron.resolve() if a.megatron else None, a.work) if "m" in a.only else None
     if megatron:
         print(megatron.label(), flush=True)

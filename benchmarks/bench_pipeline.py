@@ -213,7 +213,7 @@ def run(a: argparse.Namespace, tree: Path | None) -> None:
     corpus = build_short(a.work / f"short_{a.short_docs}.jsonl", a.short_docs) if a.short_docs \
         else build(a.work / f"{name}.jsonl", a.mb, shuffle_words=a.near_dedup)
     engines = a.engines.split(",")
-    print(cache_bytecode(*(root / p for root in (REPO, *([tree] if tree else [])) for p in PACKAGES)), flush=True)
+    print(cache_bytecode(*(tree / p for p in PACKAGES if tree)), flush=True)
     base = {"run": {"name": "bench"}, "datasets": [{"name": "web", "path": str(corpus)}],
             "tokenizer": {"path": str(PHI2)}, "output": {"shard_records": a.shard_records},
             "execution": {"workers": a.workers}}

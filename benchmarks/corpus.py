@@ -30,10 +30,10 @@ WEB_FILES = ["web/c4_en_train00000_first1000.jsonl", "web/c4_en_llamafactory_dem
 SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
-def cache_bytecode(*trees: Path) -> str:
-    """Have the timed processes run as installed code runs, with compiled bytecode: compile `trees` (packages run
-    from source: this checkout's, a revision's, Megatron-LM's) now, before anything is timed, and let this process
-    and the jobs it starts keep what they compile. Returns the line the benchmarks print about it.
+def cache_bytecode(*others: Path) -> str:
+    """Have the timed processes run as installed code runs, with compiled bytecode: compile this checkout's
+    packages and the `others` run from source (a revision's, Megatron-LM's) now, before anything is timed, and let
+    this process and the jobs it starts keep what they compile. Returns the line the benchmarks print about it.
 
     Why: this sandbox, like many container images, sets PYTHONDONTWRITEBYTECODE=1, so a job run from a checkout
     compiles every module of its own again in every process: here ~0.2 of the driver's ~0.6 CPU-s of imports,
@@ -42,6 +42,7 @@ def cache_bytecode(*trees: Path) -> str:
     compile is left to be compiled where it is imported, as before."""
     was_set = os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None
     sys.dont_write_bytecode = False
+    trees = [*(REPO / p for p in PACKAGES), *others]
     for tree in trees:
         compileall.compile_dir(str(tree), quiet=2)
     return (f"bytecode: cached, as installed code has it ({len(trees)} source trees compiled first"
