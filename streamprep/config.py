@@ -290,6 +290,9 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
         if ds["filter"] is not None and not all(isinstance(k, str) and k for k in ds["filter"]):
             raise ConfigError(f"config: '{key}.filter' must map field names to values, got {ds['filter']!r:.80}")
         scheme = registry.SCHEMES.entry(registry.scheme_of(ds["path"]))
+        if ds["filter"] is not None and not scheme.meta.get("filter"):  # else its records would all be read, unsaid
+            raise ConfigError(f"config: '{key}.filter' applies to hf:// datasets only, not to {ds['path']!r:.80} "
+                              "(its files are read whole: filter them first, or drop the key)")
         formats = scheme.meta.get("formats") or registry.SOURCE_FORMATS.names()
         if ds["format"] not in (None, *formats):
             raise ConfigError(f"config: '{key}.format' must be {', '.join(formats[:-1])} or {formats[-1]}, "

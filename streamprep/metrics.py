@@ -22,6 +22,7 @@ endpoint is off by default, and every command and job imports this module.
 from __future__ import annotations
 
 import contextlib
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
@@ -139,8 +140,8 @@ class MetricsServer:
         ProcessCollector(registry=self.registry)
         try:
             self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as exc:
-            raise ConfigError(f"execution.metrics_port: cannot listen on {addr}:{port} ({exc.strerror or exc})") from None
+        except OSError as exc:  # taken since `check_port` (the job has begun writing by now)
+            raise _unbound(addr, port, exc) from None
         self.port = int(self._server.server_address[1])
         log.info("metrics server listening", url=f"http://{addr}:{self.port}/metrics", port=self.port)
 
@@ -151,11 +152,30 @@ class MetricsServer:
         log.info("metrics server stopped", port=self.port)
 
 
+def _unbound(addr: str, port: int, exc: OSError) -> ConfigError:
+    return ConfigError(f"execution.metrics_port: cannot listen on {addr}:{port} ({exc.strerror or exc})")
+
+
+def check_port(execution: ExecutionConfig, addr: str = "0.0.0.0") -> None:
+    """Bind the configured port once and let it go, before the job creates its run dir: a port in use is then exit 2
+    with nothing written. The server binds it again once the run's log exists, to log where it listens."""
+    port = execution.metrics_port
+    if not port:  # off, or any free port
+        return
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            probe.bind((addr, port))
+            probe.listen()
+        except OSError as exc:
+            raise _unbound(addr, port, exc) from None
+
+
 @contextlib.contextmanager
 def serving(execution: ExecutionConfig, run_dir: Path, datasets: Sequence[DatasetConfig],
             progress: Mapping[str, Any]) -> Iterator[MetricsServer | None]:
     """The endpoint for the duration of a job when `execution.metrics_port` is set; nothing is left listening
-    after it. A port that cannot be bound is a ConfigError (exit 2) raised before the job writes anything."""
+    after it. A port that cannot be bound is a ConfigError (exit 2); `check_port` finds it before the run dir exists."""
     if execution.metrics_port is None:
         yield None
         return

@@ -208,6 +208,7 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         console_log: bool = True) -> RunResult:
     run_dir = resolve_run_dir(config, run_dir)
     previous = _preflight(config, run_dir, fresh)
+    metrics.check_port(config.execution)
     checkpoint_dir = _checkpoint_dir(config, run_dir)
     locks = [RunLock(RunLayout(run_dir).lock), RunLock(CheckpointLayout(checkpoint_dir).lock, "checkpoint dir")]
     try:
