@@ -6,7 +6,7 @@ import hashlib
 import math
 import os
 import re
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, get_type_hints
@@ -233,6 +233,20 @@ def _resolve_path(path: str, base: Path, key: str) -> str:
         raise ConfigError(f"config: '{key}': {exc}") from None
 
 
+# Dataset keys that only the schemes declaring them (meta `reads`) read; given to another, each would do nothing.
+SCHEME_KEYS = {"split": " (a local dataset's blend.json split comes from the per-split form: "
+                        "datasets: {train: [...], valid: [...]})",
+               "subset": "", "revision": "", "filter": " (its files are read whole: filter them first, or drop the key)"}
+
+
+def _scheme_keys(key: str, ds: dict[str, Any], scheme: registry.Entry) -> None:
+    for k, hint in SCHEME_KEYS.items():
+        if ds[k] is not None and k not in scheme.meta.get("reads", ()):
+            readers = [e.name for e in registry.SCHEMES.entries() if k in e.meta.get("reads", ())]
+            raise ConfigError(f"config: '{key}.{k}' applies to {' / '.join(readers) or 'no'} datasets only, "
+                              f"not to {ds['path']!r:.80}{hint}")
+
+
 def _storage_options(key: str, ds: dict[str, Any]) -> None:
     opts = ds["storage_options"]
     if opts is None:
@@ -258,7 +272,8 @@ def public(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
+def _datasets(raw: Any, base: Path, skipped: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The entries, validated; an optional one whose input is missing goes to `skipped` (name, why) instead."""
     if raw is None:
         raise ConfigError("config: 'datasets' is required (a list, or a mapping with train/valid/test lists)")
     if isinstance(raw, Mapping):
@@ -274,7 +289,7 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
         raise ConfigError(f"config: 'datasets' must be a list or a train/valid/test mapping, got {type(raw).__name__}")
     if not entries:
         raise ConfigError("config: 'datasets' is empty")
-    out, names, skipped = [], set(), []
+    out, names = [], set()
     for split, i, entry in entries:
         key = where(split, i)
         ds = _fill(DATASET_SPEC, entry, key)
@@ -290,9 +305,7 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
         if ds["filter"] is not None and not all(isinstance(k, str) and k for k in ds["filter"]):
             raise ConfigError(f"config: '{key}.filter' must map field names to values, got {ds['filter']!r:.80}")
         scheme = registry.SCHEMES.entry(registry.scheme_of(ds["path"]))
-        if ds["filter"] is not None and not scheme.meta.get("filter"):  # else its records would all be read, unsaid
-            raise ConfigError(f"config: '{key}.filter' applies to hf:// datasets only, not to {ds['path']!r:.80} "
-                              "(its files are read whole: filter them first, or drop the key)")
+        _scheme_keys(key, ds, scheme)
         formats = scheme.meta.get("formats") or registry.SOURCE_FORMATS.names()
         if ds["format"] not in (None, *formats):
             raise ConfigError(f"config: '{key}.format' must be {', '.join(formats[:-1])} or {formats[-1]}, "
@@ -305,21 +318,23 @@ def _datasets(raw: Any, base: Path) -> list[dict[str, Any]]:
         try:
             if "check" in scheme.meta:
                 scheme.load(scheme.meta["check"])(key, ds)
-        except MissingInput:
+        except MissingInput as exc:
             if not ds["optional"]:
                 raise
-            skipped.append(ds["name"])
+            skipped.append((ds["name"], str(exc).removeprefix("config: ")))
             continue
         ds["blend_split"] = split
         out.append(ds)
     if not out:
-        raise ConfigError(f"config: 'datasets': no optional dataset has input files ({', '.join(skipped)})")
+        raise ConfigError(f"config: 'datasets': no optional dataset has input files "
+                          f"({', '.join(name for name, _ in skipped)})")
     return out
 
 
-def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
+def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]] | None = None) -> dict[str, Any]:
     """Return the full config with defaults filled and paths absolute, or raise ConfigError. Sections, names
-    and checks that belong to a plug-in family come from the registries (streamprep/registry.py)."""
+    and checks that belong to a plug-in family come from the registries (streamprep/registry.py). The optional
+    datasets left out for want of input are appended to `skipped` (name, why): the job logs them."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
     base = Path(base_dir).resolve()
@@ -328,7 +343,7 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
         if key not in known:
             raise ConfigError(f"config: unknown key '{key}'")
     cfg: dict[str, Any] = {k: _fill(v, raw.get(k), k) for k, v in SPEC.items()}
-    cfg["datasets"] = _datasets(raw.get("datasets"), base)
+    cfg["datasets"] = _datasets(raw.get("datasets"), base, [] if skipped is None else skipped)
     for sec in registry.SECTIONS.entries():
         if sec.meta.get("required") or raw.get(sec.name) is not None:
             cfg[sec.name] = _section_of(sec, raw.get(sec.name))
@@ -344,6 +359,9 @@ def validate(raw: Any, base_dir: str | Path = ".") -> dict[str, Any]:
         raise ConfigError(f"config: 'execution.engine' must be {registry.ENGINES.choices()}, got {ex['engine']!r:.40}")
     if cfg["run"]["checkpoint_dir"] is not None:
         cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base, "run.checkpoint_dir")
+    if cfg["output"]["valid_fraction"] > 0 and any(d["blend_split"] != "train" for d in cfg["datasets"]):
+        raise ConfigError("config: 'output.valid_fraction' splits the training data of a list of datasets; the per-split "
+                          "form names its valid/test datasets itself, and blend.json would ignore it (drop one)")
     if cfg["output"]["dtype"] not in ("auto", "uint16", "int32"):
         raise ConfigError(f"config: 'output.dtype' must be auto, uint16 or int32, got {cfg['output']['dtype']!r}")
     _checks(cfg, "output")  # the writers' options, which the exports would otherwise refuse after tokenization
@@ -647,6 +665,8 @@ class Config:
     # streamprep.sft.config.SftConfig. Typed Any here: config imports none of them.
     quality: Any
     sft: Any = None
+    # optional datasets left out for want of input (name, why), for the job's log; not part of the config's dict
+    skipped: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> "Config":
@@ -666,7 +686,8 @@ class Config:
 
 def load(raw: Any, base_dir: str | Path = ".") -> Config:
     """Validate `raw` once and return it as frozen, typed sections."""
-    return Config.from_dict(validate(raw, base_dir))
+    skipped: list[tuple[str, str]] = []
+    return replace(Config.from_dict(validate(raw, base_dir, skipped)), skipped=tuple(skipped))
 
 
 def section(name: str, given: Mapping[str, Any] | None = None) -> Any:

@@ -286,6 +286,8 @@ class Job:
                               f"(run_id {other}, see {CheckpointLayout(self.checkpoint_dir).owner.name} there); choose another run.checkpoint_dir")
         self._sweep_tmp("removed temporary files of an interrupted run")
         self._save_record("running", started_at=time.time())
+        for name, why in self.config.skipped:
+            log.warning("optional dataset skipped: its input is missing", dataset=name, reason=why)
         ex = self.config.execution
         if any(d.path.startswith("hf://") for d in self.config.datasets):
             set_retry_policy(ex.hf_retries, ex.hf_retry_max_s)

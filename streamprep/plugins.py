@@ -27,7 +27,8 @@ SCHEMES.register("", "streamprep.sources.local:LocalSource.open", check="streamp
 for _scheme in ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "memory://"):
     SCHEMES.register(_scheme, "streamprep.sources.local:LocalSource.open", fsspec=True,
                      check="streamprep.sources.local:check_entry")
-SCHEMES.register("hf://", "streamprep.sources.hf:HFSource", requires=("split",), filter=True,
+SCHEMES.register("hf://", "streamprep.sources.hf:HFSource", requires=("split",),
+                 reads=("split", "subset", "revision", "filter"),
                  formats=("jsonl", "json", "parquet", "txt", "text", "csv", "arrow"))  # = hf.FORMAT_TO_BUILDER
 
 SECTIONS.register("quality", "quality.settings:validate_quality_config",

@@ -85,8 +85,9 @@ SOURCE_FORMATS = Registry("source format")
 # path prefixes that are not local paths; "" is the local filesystem. Target: `open(dataset: DatasetConfig,
 # cache_dir: Path, max_concurrent_downloads: int, **options) -> sources.base.Source` (options: the hf_* download
 # limits, prefetch_files, cache_max_gb, keep_cache; ignore what you do not use). meta `formats` (if the scheme has
-# its own), `requires` (dataset keys it needs), `fsspec` (takes storage_options), `filter` (honours the dataset's
-# `filter`; a config giving one to a scheme without it is an error) and `check`: `(key, ds)` on the
+# its own), `requires` (dataset keys it needs), `reads` (which of `config.SCHEME_KEYS` it reads: split, subset,
+# revision, filter; a config giving one to a scheme that does not is an error), `fsspec` (takes storage_options)
+# and `check`: `(key, ds)` on the
 # dataset entry with its path resolved; raises config.ConfigError, or config.MissingInput (optional: skipped)
 SCHEMES = Registry("source scheme")
 # config checks that need a family's code, in order, after the schema: `check(cfg)` on the validated dict

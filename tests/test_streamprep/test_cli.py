@@ -154,16 +154,19 @@ def test_bad_parquet_setting_is_exit_2_before_the_run_dir_exists(tmp_path, capsy
                                    f"'output.parquet.{key}'", run_dir)
 
 
-def test_a_filter_on_local_files_is_exit_2_before_the_run_dir_exists(tmp_path, capsys):
-    """Regression: `filter` was honoured by hf:// datasets only and silently ignored elsewhere, so a local dataset
-    given `filter: {lang: en}` kept every language. It is now a config error naming the key."""
+@pytest.mark.parametrize("key, value", [("filter", {"lang": "en"}), ("split", "valid"), ("subset", "en"),
+                                        ("revision", "v1")])
+def test_an_hf_key_on_local_files_is_exit_2_before_the_run_dir_exists(tmp_path, capsys, key, value):
+    """Regression: `filter`, `split`, `subset` and `revision` are read by hf:// datasets only and were silently
+    ignored elsewhere: a local dataset given `filter: {lang: en}` kept every language, and `split: valid` still went
+    to blend.json's train split. Each is now a config error naming the key."""
     cfg = _ingest_config(tmp_path)
     raw = yaml.safe_load(cfg.read_text())
-    raw["datasets"][0]["filter"] = {"lang": "en"}
+    raw["datasets"][0][key] = value
     cfg.write_text(yaml.safe_dump(raw))
     run_dir = tmp_path / "run"
     _assert_exit_2_nothing_written(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)], capsys,
-                                   "'datasets[0].filter' applies to hf:// datasets only", run_dir)
+                                   f"'datasets[0].{key}' applies to hf:// datasets only", run_dir)
 
 
 def test_run_dir_under_a_regular_file_is_exit_2(tmp_path, capsys):

@@ -66,6 +66,17 @@ def test_optional_dataset_is_skipped_and_tokenizer_falls_back_to_training(tmp_pa
     assert cfg["tokenizer"]["path"] is None
 
 
+def test_valid_fraction_with_per_split_datasets_is_an_error(tmp_path: Path, data: Path) -> None:
+    """Regression: blend.json ignores `valid_fraction` once a dataset is in the valid or test split, and said nothing."""
+    per_split = {"train": [{"name": "a", "path": str(data)}], "valid": [{"name": "b", "path": str(data)}]}
+    with pytest.raises(ConfigError, match="'output.valid_fraction' splits the training data of a list of datasets"):
+        validate({"datasets": per_split, "output": {"valid_fraction": 0.1}}, base_dir=tmp_path)
+    assert validate({"datasets": per_split}, base_dir=tmp_path)["output"]["valid_fraction"] == 0
+    train_only = {"train": per_split["train"]}  # nothing but train: the fraction still splits it
+    assert validate({"datasets": train_only, "output": {"valid_fraction": 0.1}}, base_dir=tmp_path)["output"][
+        "valid_fraction"] == 0.1
+
+
 def test_drift_keys_name_output_changes_only(data: Path) -> None:
     a = validate({"datasets": [{"name": "a", "path": str(data)}]})
     b = validate({"datasets": [{"name": "a", "path": str(data)}], "quality": {"min_chars": 5},

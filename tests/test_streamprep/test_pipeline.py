@@ -130,6 +130,22 @@ def test_outputs_identical_across_worker_counts_and_tokenizer_training(tmp_path:
     assert json.loads((tmp_path / "w1/tokenizer/tokenizer.json").read_text())["added_tokens"][1]["content"] == "</s>"
 
 
+def test_an_optional_dataset_without_input_is_skipped_with_a_log_line(tmp_path: Path, shared_data: Path) -> None:
+    """Regression: an optional dataset whose path matched nothing was left out without a word (the demo on a bare
+    clone dropped C4 and DCLM silently); the job's log now names it and why."""
+    data = tmp_path / "a.jsonl"
+    data.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in english_docs(30)))
+    cfg = base_config([{"name": "gone", "path": str(tmp_path / "nowhere" / "*.jsonl"), "optional": True},
+                       {"name": "a", "path": str(data)}], str(shared_data / PHI2))
+    run_dir = tmp_path / "run"
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    lines = [json.loads(x) for x in (run_dir / "logs" / "streamprep.log").read_text().splitlines()]
+    skipped = [x for x in lines if x["event"] == "optional dataset skipped: its input is missing"]
+    assert [(x["dataset"], x["level"]) for x in skipped] == [("gone", "warning")]
+    assert skipped[0]["reason"] == f"'datasets[0].path': no file matches {tmp_path / 'nowhere' / '*.jsonl'}"
+    assert [d["name"] for d in json.loads((run_dir / "run.json").read_text())["config"]["datasets"]] == ["a"]
+
+
 def test_tokenize_part_refuses_a_vocabulary_that_does_not_fit_the_dtype(tmp_path: Path) -> None:
     """The id bound is checked once against the vocabulary (not per document): 70 000 ids cannot be uint16."""
     from streamprep.tokenize import make_task, tokenize_part
