@@ -130,6 +130,7 @@ def test_outputs_identical_across_worker_counts_and_tokenizer_training(tmp_path:
     assert json.loads((tmp_path / "w1/tokenizer/tokenizer.json").read_text())["added_tokens"][1]["content"] == "</s>"
 
 
+@pytest.mark.slow
 def test_an_optional_dataset_without_input_is_skipped_with_a_log_line(tmp_path: Path, shared_data: Path) -> None:
     """Regression: an optional dataset whose path matched nothing was left out without a word (the demo on a bare
     clone dropped C4 and DCLM silently); the job's log now names it and why."""
