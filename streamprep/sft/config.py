@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from streamprep.config import FrozenSection
+from streamprep.config import ConfigError, FrozenSection
 
 ACTIONS = ("train", "mask", "value")
 LABELS = ("train", "mask")
@@ -191,6 +191,14 @@ def _source(key: str, raw: Any) -> dict[str, Any]:
     src["sections"] = [_section(f"{key}.sections[{i}]", s, src["list_field"] is not None)
                        for i, s in enumerate(sections)]
     return src
+
+
+def check_output_dtype(cfg: Mapping[str, Any]) -> None:
+    """The run-level keys an `sft:` run would ignore without a word: its token ids take `sft.output.dtype`, so a
+    pretraining `output.dtype` set beside it is an error rather than a setting that does nothing."""
+    if cfg.get("sft") is not None and cfg["output"]["dtype"] != "auto":
+        raise ConfigError(f"config: 'output.dtype' is the pretraining shards' dtype; an sft: run writes its token ids "
+                          f"in 'sft.output.dtype' (set {cfg['output']['dtype']} there)")
 
 
 def validate_sft_config(section: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -522,6 +522,20 @@ def test_example_configs_are_valid(name: str) -> None:
         validate(raw, CONFIGS)               # the rest is a valid streamprep config (paths exist)
 
 
+def test_a_pretraining_dtype_beside_an_sft_section_is_a_config_error(tmp_path: Path) -> None:
+    """Regression: `output.dtype` was accepted with `sft:` and did nothing (an sft: run writes `sft.output.dtype`)."""
+    from streamprep.config import ConfigError, validate
+
+    data = tmp_path / "a.jsonl"
+    data.write_text('{"p": "hello there"}\n')
+    raw = {"datasets": [{"name": "a", "path": str(data)}], "tokenizer": {"if_missing": "train"},
+           "sft": {"input": {"sections": [OK_SECTION]}}}
+    assert validate(raw)["output"]["dtype"] == "auto"
+    with pytest.raises(ConfigError, match=r"^config: 'output.dtype' is the pretraining shards' dtype; .* 'sft.output.dtype'"):
+        validate({**raw, "output": {"dtype": "uint16"}})
+    assert validate({**raw, "sft": None, "output": {"dtype": "uint16"}})["output"]["dtype"] == "uint16"
+
+
 SHAREGPT = {"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
                                     "role_map": {"human": "user", "gpt": "assistant"}, "train_turns": "last"}]},
             "mask": {"gpt": "train"}, "mask_default": "train",
