@@ -397,7 +397,9 @@ class Job:
                                                   {n: s.done for n, s in states.items()})
 
     def _train_tokenizer(self, states: dict[str, IngestState]) -> TokenizerInfo:
-        """Train on the sample (`sample_mb`, held-out report) or, after ingest, on all kept text."""
+        """Train on the sample (`sample_mb`, held-out report) or, after ingest, on all kept text: on a worker,
+        which reads the texts from the sealed parts (and keeps the backend it checks for its shards)."""
+        assert self.executor is not None
         tok = self.config.tokenizer
         sample_mb = tok.train.sample_mb
         if sample_mb is None:
@@ -405,11 +407,11 @@ class Job:
             if not parts:
                 raise ConfigError("no records were kept, so there is no text to train a tokenizer on "
                                   "(check the quality settings or the sources)")
-            return tokmod.prepare(tok, self.run_dir, tokmod.iter_part_texts(parts), self._select)
+            return self.executor.submit(tokmod.train_on_parts, tok, self.run_dir, parts).result()
         sealed = {n: [self._files(n).part(i) for i in range(s.sealed_parts())] for n, s in states.items()}
-        texts = tokmod.sample_texts(sealed, tokmod.sample_shares(self.config.datasets, sample_mb))
         log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)
-        return tokmod.prepare_from_sample(tok, self.run_dir, texts, self._select)
+        return self.executor.submit(tokmod.train_on_sample, tok, self.run_dir, sealed,
+                                    tokmod.sample_shares(self.config.datasets, sample_mb)).result()
 
     def _select(self, requested: str, path: Path, texts: Sequence[str]) -> dict[str, Any]:
         """`backends.select` on a worker: the driver loads no gigatoken, and the worker that built it for the

@@ -274,6 +274,17 @@ def prepare_from_sample(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable
     return info
 
 
+def train_on_parts(tok_cfg: TokenizerConfig, run_dir: Path, parts: list[Path]) -> TokenizerInfo:
+    """`prepare` on every kept text of `parts`: a job runs it on a worker, so its driver reads no record."""
+    return prepare(tok_cfg, run_dir, iter_part_texts(parts))
+
+
+def train_on_sample(tok_cfg: TokenizerConfig, run_dir: Path, sealed: dict[str, list[Path]],
+                    shares: dict[str, int]) -> TokenizerInfo:
+    """`prepare_from_sample` on the sample of the sealed parts (`sample_texts`), on a worker likewise."""
+    return prepare_from_sample(tok_cfg, run_dir, sample_texts(sealed, shares))
+
+
 def training_report(run_dir: Path) -> dict[str, Any] | None:
     """The held-out measurement of a sample-trained tokenizer, if this run trained one that way."""
     p = RunLayout(run_dir).tokenizer_training

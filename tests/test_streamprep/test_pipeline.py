@@ -147,6 +147,34 @@ def test_an_optional_dataset_without_input_is_skipped_with_a_log_line(tmp_path: 
     assert [d["name"] for d in json.loads((run_dir / "run.json").read_text())["config"]["datasets"]] == ["a"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sample_mb", [None, 0.01])
+def test_a_tokenizer_is_trained_on_a_worker_not_in_the_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              sample_mb: float | None) -> None:
+    """Issue 28: the driver reads no record. Training a tokenizer read the kept texts in the driver's feeder thread;
+    now a worker does (here the driver's own training and part reading are made to fail: the workers are fresh
+    processes, which this patch does not reach). The same tokenizer as a `workers: 1` run, which trains in-process."""
+    from streamprep import tokenizer as tokmod
+
+    data = tmp_path / "a.jsonl"
+    data.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in english_docs(400)))
+    cfg = base_config([{"name": "a", "path": str(data)}], None, output={"shard_records": 100})
+    cfg["tokenizer"]["train"]["sample_mb"] = sample_mb
+    run_from_dict(cfg, run_dir=tmp_path / "w1", console_log=False)
+    trained = (tmp_path / "w1" / "tokenizer" / "tokenizer.json").read_bytes()
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("the driver read kept texts to train the tokenizer")
+
+    monkeypatch.setattr(tokmod, "train_bpe", refuse)
+    monkeypatch.setattr(tokmod, "iter_part_texts", refuse)
+    cfg["execution"]["workers"] = 2
+    run_from_dict(cfg, run_dir=tmp_path / "w2", console_log=False)
+    assert (tmp_path / "w2" / "tokenizer" / "tokenizer.json").read_bytes() == trained
+    assert tree_hashes(tmp_path / "w2", "binidx") == tree_hashes(tmp_path / "w1", "binidx")
+    assert ((tmp_path / "w2" / "tokenizer" / "training.json").is_file()) == (sample_mb is not None)
+
+
 def test_tokenize_part_refuses_a_vocabulary_that_does_not_fit_the_dtype(tmp_path: Path) -> None:
     """The id bound is checked once against the vocabulary (not per document): 70 000 ids cannot be uint16."""
     from streamprep.tokenize import make_task, tokenize_part
