@@ -17,8 +17,8 @@ import codecs
 from typing import Any, Iterator, Mapping
 
 from streamprep.sources.base import BadRecord, Unit
-from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, _compression, _special, _symlink_loop,
-                                      detect_format, filesystem, open_input)
+from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _special,
+                                      _symlink_loop, bounded_lines, detect_format, filesystem, long_line, open_input)
 
 Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
 
@@ -77,16 +77,21 @@ def _size(path: str, options: Options) -> int:
 def _cuts(path: str, size: int, unit_bytes: int, options: Options) -> list[tuple[int, int]]:
     """Byte ranges of about `unit_bytes`, each ending just after a newline (or at the end of the file); none for
     a file opening with a UTF-16/32 byte-order mark (its newlines are not b"\\n"). Each cut costs one small
-    read (a ranged GET of PROBE_BYTES on an object store)."""
+    read (a ranged GET of PROBE_BYTES on an object store), or as many as the line it falls in needs: the planner
+    reads to its newline PROBE_BYTES at a time and holds none of it (a file with no newline is read through once)."""
     fs, stripped = filesystem(path, options)
     with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:
         if any(fh.read(4).startswith(bom) for bom, _ in WIDE_BOMS):
             return []
         cuts, start = [], 0
         while start + unit_bytes < size:
-            fh.seek(start + unit_bytes)
-            fh.readline()  # to the end of the line the cut falls in
-            end = fh.tell()
+            end = start + unit_bytes
+            fh.seek(end)
+            while piece := fh.read(PROBE_BYTES):  # to the end of the line the cut falls in
+                newline = piece.find(b"\n")
+                end += len(piece) if newline < 0 else newline + 1
+                if newline >= 0:
+                    break
             if end >= size:
                 break
             cuts.append((start, end))
@@ -132,7 +137,14 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
     with open_input(unit.path, options, start=unit.start, end=unit.end) as fh:
         remaining = unit.end - unit.start  # the range ends after a newline, or at the end of the file
         first = unit.start == 0
-        for line in fh:
+        for line in bounded_lines(fh):
+            if type(line) is LongLine:
+                remaining -= line.size
+                first = False
+                yield long_line(line, unit.path, mark)
+                if remaining <= 0:
+                    return
+                continue
             remaining -= len(line)
             if first and any(line.startswith(bom) for bom, _ in WIDE_BOMS):
                 break  # a small UTF-16/32 file, planned whole without reading: its reader decodes it

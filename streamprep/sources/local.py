@@ -23,7 +23,7 @@ import lzma
 import stat
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Mapping, NamedTuple
 
 import fsspec
 import orjson
@@ -43,6 +43,10 @@ PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # files up to this size are hashed whole; bigger ones by head + tail (+ mtime)
 HEAD_TAIL_BYTES = 64 * 1024
 READ_BUFFER = 1 << 20
+# A record line longer than this is read through in pieces and rejected, never held: no record of text is near it
+# (`quality.max_chars` is 2 M characters by default), and a file without a newline for gigabytes must not cost a
+# worker (or the planner) that much memory.
+MAX_LINE_BYTES = 256 << 20
 ZSTD_READ = 16 * 1024  # compressed bytes decoded at a time (a highly compressed chunk expands a lot)
 # Decode errors of a file's bytes: deterministic, so they become a reject (a resume meets them again).
 CONTENT_FAULTS = (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError, ValueError, pa.ArrowException)
@@ -160,9 +164,12 @@ def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, s
     fs, p = filesystem(path, storage_options)
     if compression is not None and (start or end is not None):
         raise ValueError(f"{path}: a byte range of a {compression} file cannot be decoded")
-    if end is not None:  # a unit of the plan: exactly its bytes, in one ranged read
+    if end is not None and end - start <= MAX_LINE_BYTES:  # a unit of the plan: exactly its bytes, in one ranged read
         return io.BytesIO(fs.cat_file(p, start=start, end=end))
     fh = fs.open(p, "rb")
+    if end is not None:  # a range the plan stretched to a newline far away: streamed, never held whole
+        fh.seek(start)
+        return io.BufferedReader(_Range(fh, end - start), READ_BUFFER)
     if compression == "zstd":
         return io.BufferedReader(_ZstdReader(fh), io.DEFAULT_BUFFER_SIZE)
     if compression is not None:
@@ -210,19 +217,22 @@ class _ZstdReader(io.RawIOBase):
 
 
 class _Range(io.RawIOBase):
-    """`fh` from where it stands, as a raw stream, so that io.BufferedReader gives it fast line iteration, peek()
-    and reads of the size asked for (a decoder raises on the read that meets damage)."""
+    """`fh` from where it stands (`size` bytes of it at most), as a raw stream, so that io.BufferedReader gives it
+    fast line iteration, peek() and reads of the size asked for (a decoder raises on the read that meets damage)."""
 
-    def __init__(self, fh: BinaryIO):
+    def __init__(self, fh: BinaryIO, size: int | None = None):
         super().__init__()
-        self.fh = fh
+        self.fh, self.left = fh, size
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buf: Any) -> int:
-        data = self.fh.read(len(buf))
+        want = len(buf) if self.left is None else min(len(buf), self.left)
+        data = self.fh.read(want) if want else b""
         buf[:len(data)] = data
+        if self.left is not None:
+            self.left -= len(data)
         return len(data)
 
     def close(self) -> None:
@@ -238,6 +248,33 @@ def _content_fault(exc: Exception) -> bool:
     if isinstance(exc, OSError):  # gzip/bz2/pyarrow decode errors are OSErrors without an errno
         return exc.errno is None and not isinstance(exc, ENVIRONMENT_FAULTS)
     return isinstance(exc, CONTENT_FAULTS)
+
+
+class LongLine(NamedTuple):
+    """A line over MAX_LINE_BYTES, as `bounded_lines` gives it: its first bytes and its length."""
+
+    head: bytes
+    size: int
+
+
+def bounded_lines(fh: BinaryIO) -> Iterator[bytes | LongLine]:
+    """`fh`'s lines as iterating it gives them, but a line over MAX_LINE_BYTES as a `LongLine`, read through
+    READ_BUFFER at a time (~0.1 µs a line more than `for line in fh`)."""
+    readline = fh.readline
+    while line := readline(MAX_LINE_BYTES + 1):
+        if len(line) <= MAX_LINE_BYTES:
+            yield line
+            continue
+        head, size = line[:EXCERPT], len(line)
+        while not line.endswith(b"\n") and (line := readline(READ_BUFFER)):
+            size += len(line)
+        yield LongLine(head, size)
+
+
+def long_line(line: LongLine, path: str, n: Any) -> BadRecord:
+    """The reject of a line over MAX_LINE_BYTES (`n`: its line number, or the mark a range's worker writes)."""
+    return BadRecord(f"line {n} of {path} is {line.size} bytes, over the {MAX_LINE_BYTES}-byte limit of a record, "
+                     "skipped", line.head.decode("utf-8", "replace"))
 
 
 def _special(path: str) -> bool:
@@ -368,22 +405,28 @@ class LocalSource:
                 if wide is not None:
                     yield from self._wide_lines(i, path, fmt, n, fh, wide)
                     return
+            lines = bounded_lines(fh)
+            if not offset:
                 offset = None if comp else 0
                 for _ in range(n):  # compressed (or a position without offset): skip what was consumed
-                    line = fh.readline()
-                    if not line:
+                    line = next(lines, None)
+                    if line is None:
                         break
                     if offset is not None:
-                        offset += len(line)
+                        offset += line.size if type(line) is LongLine else len(line)
             empty = n == 0
-            for line in fh:
+            for line in lines:
                 empty = False
                 n += 1
+                long = type(line) is LongLine
                 if offset is not None:
-                    offset += len(line)
+                    offset += line.size if long else len(line)
+                nxt = {"file": i, "record": n, "offset": offset}
+                if long:
+                    yield long_line(line, path, n), nxt
+                    continue
                 if n == 1 and line.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
                     line = line[len(codecs.BOM_UTF8):]
-                nxt = {"file": i, "record": n, "offset": offset}
                 yield (self._parse_json(line, path, n) if fmt == "jsonl" else self._parse_text(line, path, n)), nxt
             if empty:
                 yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}

@@ -50,6 +50,51 @@ def test_cuts_fall_after_newlines_and_cover_the_file(tmp_path: Path) -> None:
     assert "id" in items[0] and items[0]["id"] == "doc-0"  # the BOM is stripped from the file's first line only
 
 
+@pytest.mark.slow
+def test_a_line_over_the_limit_is_one_reject_read_through_not_held(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a line was read whole, by the planner at a cut (`readline()`) and by the worker (the unit's range
+    in one read, then the line), so a file without a newline for gigabytes cost that much memory. A line over
+    MAX_LINE_BYTES (here 64 KiB) is now one reject, read through in pieces; the planner and the reader hold at most
+    a few read buffers of it (a 24 MiB line here: ~4 MiB, as for a 6 MiB one)."""
+    import gzip
+    import tracemalloc
+
+    from streamprep.sources import local
+
+    limit = 1 << 16
+    monkeypatch.setattr(local, "MAX_LINE_BYTES", limit)
+    good = [json.dumps({"text": t}).encode() + b"\n" for t in english_docs(3)]
+    long_json = json.dumps({"text": "b" * (limit + 10)}).encode() + b"\n"  # valid JSON, yet over the limit
+    data = good[0] + b"a" * (24 << 20) + b"\n" + good[1] + long_json + good[2] + b"c" * (limit + 1)
+    f = tmp_path / "a.jsonl"
+    f.write_bytes(data)
+
+    def reasons(items: list) -> list:
+        return [units.global_reason(i.reason, n) if isinstance(i, BadRecord) else i["text"][:10]
+                for n, i in enumerate(items)]
+
+    tracemalloc.start()
+    plan = units.plan_dataset([str(f)], None, 4096)
+    planned = tracemalloc.get_traced_memory()[1]
+    tracemalloc.reset_peak()
+    items = [i for u in plan for i in units.read_unit(u)]
+    read = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert planned < 1 << 20 and read < 8 << 20, (planned, read)  # 1 MiB read buffers, not the 24 MiB line
+    assert plan[0].end - plan[0].start > 24 << 20  # the cut inside the long line went on to its newline
+    over = f"-byte limit of a record, skipped"
+    got = reasons(items)
+    assert got == [json.loads(good[0])["text"][:10], f"line 2 of {f} is {(24 << 20) + 1} bytes, over the {limit}{over}",
+                   json.loads(good[1])["text"][:10], f"line 4 of {f} is {len(long_json)} bytes, over the {limit}{over}",
+                   json.loads(good[2])["text"][:10], f"line 6 of {f} is {limit + 1} bytes, over the {limit}{over}"]
+    assert items[1].raw == "a" * local.EXCERPT
+    gz = tmp_path / "a.jsonl.gz"  # a compressed file is read whole, by `LocalSource`: the same verdicts
+    gz.write_bytes(gzip.compress(data))
+    assert reasons(list(units.read_unit(units.Unit("file", 0, str(gz), "jsonl")))) == [r.replace(str(f), str(gz))
+                                                                                        for r in got]
+
+
 def test_plan_kinds(tmp_path: Path) -> None:
     import gzip
 
