@@ -164,8 +164,10 @@ def _section(key: str, raw: Any, in_list: bool) -> dict[str, Any]:
             raise SftConfigError(f"{key}.parse", "must be null for action: value")
     if s["generation_prompt"] and not s["template"]:
         raise SftConfigError(f"{key}.generation_prompt", "needs template: true")
-    if s["role_map"] and not (s["template"] or s["parse"]):
-        raise SftConfigError(f"{key}.role_map", "applies to messages only: set template: true or parse")
+    if not (s["template"] or s["parse"]):  # a plain section reads no message: these would do nothing
+        for k in ("role_map", "role_key", "content_key", "train_turns"):
+            if s[k] != SECTION_DEFAULTS[k]:
+                raise SftConfigError(f"{key}.{k}", "applies to messages only: set template: true or parse")
     if s["parse"] is not None and action not in (None, "train", "mask"):
         raise SftConfigError(f"{key}.action", f"a parsed transcript is labelled by its turns' roles: leave action "
                                               f"out (or train / mask for all turns), got {action!r}")

@@ -492,6 +492,9 @@ OK_SECTION = {"field": "messages", "template": True}
     ({"input": {"sections": [{"field": "p", "parse": "hh", "action": "user"}]}}, "sft.input.sections[0].action"),
     ({"input": {"sections": [{"field": "p", "train_turns": "first"}]}}, "sft.input.sections[0].train_turns"),
     ({"input": {"sections": [{"field": "p", "role_map": {"gpt": "assistant"}}]}}, "sft.input.sections[0].role_map"),
+    ({"input": {"sections": [{"field": "p", "role_key": "from"}]}}, "sft.input.sections[0].role_key"),  # no messages
+    ({"input": {"sections": [{"field": "p", "content_key": "value"}]}}, "sft.input.sections[0].content_key"),
+    ({"input": {"sections": [{"field": "p", "train_turns": "last"}]}}, "sft.input.sections[0].train_turns"),
     ({"input": {"sections": [OK_SECTION]}, "mask": {"assistant": "yes"}}, "sft.mask.assistant"),
     ({"input": {"sections": [OK_SECTION]}, "mask_default": "maybe"}, "sft.mask_default"),
     ({"input": {"sections": [OK_SECTION]}, "preprocessing": {"max_seq_len": 0}}, "sft.preprocessing.max_seq_len"),
