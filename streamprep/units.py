@@ -89,9 +89,10 @@ def _cuts(path: str, size: int, unit_bytes: int, options: Options) -> list[tuple
             fh.seek(end)
             while piece := fh.read(PROBE_BYTES):  # to the end of the line the cut falls in
                 newline = piece.find(b"\n")
-                end += len(piece) if newline < 0 else newline + 1
                 if newline >= 0:
+                    end += newline + 1
                     break
+                end += len(piece)
             if end >= size:
                 break
             cuts.append((start, end))
@@ -138,20 +139,17 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
         remaining = unit.end - unit.start  # the range ends after a newline, or at the end of the file
         first = unit.start == 0
         for line in bounded_lines(fh):
-            if type(line) is LongLine:
-                remaining -= line.size
-                first = False
-                yield long_line(line, unit.path, mark)
-                if remaining <= 0:
-                    return
-                continue
             remaining -= len(line)
-            if first and any(line.startswith(bom) for bom, _ in WIDE_BOMS):
-                break  # a small UTF-16/32 file, planned whole without reading: its reader decodes it
-            if first and line.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
-                line = line[len(codecs.BOM_UTF8):]
+            if type(line) is LongLine:
+                item = long_line(line, unit.path, mark)
+            else:
+                if first and any(line.startswith(bom) for bom, _ in WIDE_BOMS):
+                    break  # a small UTF-16/32 file, planned whole without reading: its reader decodes it
+                if first and line.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
+                    line = line[len(codecs.BOM_UTF8):]
+                item = parse(line, unit.path, mark)
             first = False
-            yield parse(line, unit.path, mark)
+            yield item
             if remaining <= 0:
                 return
         else:

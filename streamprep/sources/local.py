@@ -23,7 +23,7 @@ import lzma
 import stat
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Mapping
 
 import fsspec
 import orjson
@@ -250,11 +250,17 @@ def _content_fault(exc: Exception) -> bool:
     return isinstance(exc, CONTENT_FAULTS)
 
 
-class LongLine(NamedTuple):
-    """A line over MAX_LINE_BYTES, as `bounded_lines` gives it: its first bytes and its length."""
+class LongLine:
+    """A line over MAX_LINE_BYTES, as `bounded_lines` gives it: its first bytes, and its length as `len()` (so the
+    readers count it as they count any line)."""
 
-    head: bytes
-    size: int
+    __slots__ = ("head", "size")
+
+    def __init__(self, head: bytes, size: int):
+        self.head, self.size = head, size
+
+    def __len__(self) -> int:
+        return self.size
 
 
 def bounded_lines(fh: BinaryIO) -> Iterator[bytes | LongLine]:
@@ -413,16 +419,15 @@ class LocalSource:
                     if line is None:
                         break
                     if offset is not None:
-                        offset += line.size if type(line) is LongLine else len(line)
+                        offset += len(line)
             empty = n == 0
             for line in lines:
                 empty = False
                 n += 1
-                long = type(line) is LongLine
                 if offset is not None:
-                    offset += line.size if long else len(line)
+                    offset += len(line)
                 nxt = {"file": i, "record": n, "offset": offset}
-                if long:
+                if type(line) is LongLine:
                     yield long_line(line, path, n), nxt
                     continue
                 if n == 1 and line.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
