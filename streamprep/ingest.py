@@ -40,6 +40,7 @@ from streamprep.modes import Mode, mode_of
 from streamprep.sources import open_source
 from streamprep.sources.base import SourceError, input_change, one_line
 from streamprep.sources.hf import DownloadWindow, HFSource, clear_leftovers
+from streamprep.sources.local import LocalSource
 from streamprep.unit_worker import BAD, KEPT, Decision, Summary
 from streamprep.units import Unit
 
@@ -187,7 +188,8 @@ class DatasetIngest:
                                            prefetch_files=ex.hf_prefetch_files, cache_max_gb=ex.hf_cache_max_gb,
                                            keep_cache=ex.hf_keep_cache)
         if not isinstance(source, HFSource):  # hf:// pins its commit in the plan
-            inputs = await self._blocking(source.fingerprint)
+            inputs = await self._blocking(lambda: source.fingerprint(state.inputs) if isinstance(source, LocalSource)
+                                           else source.fingerprint())
             if inputs is STOP:
                 return state
             self._check_inputs(state, inputs)
@@ -230,8 +232,9 @@ class DatasetIngest:
         """Refuse to resume over changed input files (positions are byte offsets into them); record them."""
         why = input_change(state.inputs, inputs) if state.consumed and state.inputs is not None else None
         if why:
+            mtime = " (its mtime too: cp -p, rsync -t)" if "mtime_ns" in why else ""
             raise ConfigError(f"dataset {self.ds.name}: {why} since this run started; resuming would mix old "
-                              f"and new data — restore the file, or start over with a new --run-dir")
+                              f"and new data — restore the file{mtime}, or start over with a new --run-dir")
         state.inputs = inputs
 
     def _plan(self, state: IngestState) -> list[Unit]:

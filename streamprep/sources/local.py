@@ -20,6 +20,7 @@ import glob as globmod
 import hashlib
 import io
 import lzma
+import os
 import stat
 import zlib
 from pathlib import Path
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 OBJECT_STORES = ("s3://", "gs://", "gcs://")  # listed at validation: a missing bucket/key is a config error
 EXCERPT = 300
 PARQUET_BATCH = 1024
-FULL_HASH_BYTES = 1 << 20  # files up to this size are hashed whole; bigger ones by head + tail (+ mtime)
+FULL_HASH_BYTES = 1 << 20  # a file `identity` hashes is hashed whole up to this size, else by head + tail
 HEAD_TAIL_BYTES = 64 * 1024
 READ_BUFFER = 1 << 20
 # A record line longer than this is read through in pieces and rejected, never held: no record of text is near it
@@ -300,10 +301,23 @@ def _symlink_loop(path: str) -> bool:
     return False
 
 
-def identity(path: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What tells a replaced file apart. An object with an ETag (S3) or etag/generation (GCS): those, and the
-    size, without reading it. Else size and a sha256 of the whole file, or (above FULL_HASH_BYTES) of its
-    head and tail plus its mtime. Raises SourceError when the file cannot be read."""
+def identity(path: str, storage_options: Mapping[str, Any] | None = None, hashed: bool = False) -> dict[str, Any]:
+    """What tells a changed file apart, without reading it (a dataset of many small files must not be read by
+    the driver at every start): a local file's size and mtime in nanoseconds; an object's ETag (S3) or
+    etag/generation (GCS) and size; else the listing's size and mtime. Only a store that gives neither (plain
+    HTTP), or `hashed` (a checkpoint an earlier streamprep wrote recorded hashes), reads the file: a sha256 of
+    all of it, or above FULL_HASH_BYTES of its head and tail plus its mtime. Raises SourceError when the file
+    cannot be listed or read."""
+    if "://" not in path and not hashed:
+        try:
+            st = os.stat(path)  # one stat: a dataset may have millions of files
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return {"path": path, "symlink_loop": True}
+            raise SourceError(f"cannot read input file {path}: {one_line(exc)}") from exc
+        if not stat.S_ISREG(st.st_mode):
+            return {"path": path, "special": True}
+        return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     if _special(path):
         return {"path": path, "special": True}
     if "://" not in path and _symlink_loop(path):
@@ -313,24 +327,31 @@ def identity(path: str, storage_options: Mapping[str, Any] | None = None) -> dic
         info = fs.info(p)
         size = info.get("size")
         etag = info.get("ETag") or info.get("etag")
-        if etag:
+        if etag and not hashed:
             version = info.get("VersionId") or info.get("generation")
             return {"path": path, "size": size, "etag": str(etag).strip('"'),
                     **({"version": str(version)} if version else {})}
-        h = hashlib.sha256()
-        with fs.open(p, "rb") as fh:
-            if size is None or size <= FULL_HASH_BYTES:
-                for block in iter(lambda: fh.read(HEAD_TAIL_BYTES), b""):
-                    h.update(block)
-                return {"path": path, "size": size, "sha256": h.hexdigest()[:32]}
-            h.update(fh.read(HEAD_TAIL_BYTES))
-            fh.seek(size - HEAD_TAIL_BYTES)
-            h.update(fh.read(HEAD_TAIL_BYTES))
         mtime = info.get("mtime") or info.get("LastModified")  # local / s3-style listings
-        return {"path": path, "size": size, "mtime": str(mtime) if mtime is not None else None,
-                "sha256_head_tail": h.hexdigest()[:32]}
+        if mtime is not None and size is not None and not hashed:
+            return {"path": path, "size": size, "mtime": str(mtime)}
+        return _hashed_identity(fs, p, path, size, mtime)
     except OSError as exc:
         raise SourceError(f"cannot read input file {path}: {one_line(exc)}") from exc
+
+
+def _hashed_identity(fs: Any, p: str, path: str, size: int | None, mtime: Any) -> dict[str, Any]:
+    """The identity that reads the file: its sha256 up to FULL_HASH_BYTES, else of its head and tail plus mtime."""
+    h = hashlib.sha256()
+    with fs.open(p, "rb") as fh:
+        if size is None or size <= FULL_HASH_BYTES:
+            for block in iter(lambda: fh.read(HEAD_TAIL_BYTES), b""):
+                h.update(block)
+            return {"path": path, "size": size, "sha256": h.hexdigest()[:32]}
+        h.update(fh.read(HEAD_TAIL_BYTES))
+        fh.seek(size - HEAD_TAIL_BYTES)
+        h.update(fh.read(HEAD_TAIL_BYTES))
+    return {"path": path, "size": size, "mtime": str(mtime) if mtime is not None else None,
+            "sha256_head_tail": h.hexdigest()[:32]}
 
 
 class LocalSource:
@@ -359,9 +380,12 @@ class LocalSource:
         src.storage_options = thaw(storage_options or {})
         return src
 
-    def fingerprint(self) -> dict[str, Any]:
-        """Every file's identity; checkpoints record it so a resume over a replaced file is refused."""
-        return {"files": [identity(f, self.storage_options) for f in self.files]}
+    def fingerprint(self, recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every file's identity; checkpoints record it so a resume over a changed file is refused. A file whose
+        `recorded` identity holds a hash is hashed again, so a checkpoint an earlier streamprep wrote still resumes."""
+        hashed = {f.get("path") for f in (recorded or {}).get("files") or []
+                  if isinstance(f, dict) and ("sha256" in f or "sha256_head_tail" in f)}
+        return {"files": [identity(f, self.storage_options, f in hashed) for f in self.files]}
 
     def iter_records(self, start: dict[str, Any] | None = None) -> Iterator[tuple[dict[str, Any] | BadRecord, dict[str, Any]]]:
         start = start or {"file": 0, "record": 0}

@@ -33,6 +33,7 @@ from streamprep.checkpoints import DatasetFiles, load_and_repair
 from streamprep.config import Config, ConfigError, load, validate
 from streamprep.ingest import IngestContext, ingest_all
 from streamprep.sources.base import BadRecord, SourceError, input_change
+from streamprep.sources import local as local_mod
 from streamprep.sources.local import FULL_HASH_BYTES
 
 RECORDS = [{"text": f"record number {i} " + "filler " * (i % 40), "id": i} for i in range(3000)]
@@ -225,31 +226,54 @@ def test_job_over_a_directory_with_a_symlink_loop_completes_counting_it(tmp_path
 
 
 # ---- input identity ------------------------------------------------------------------------------------------
-def test_input_identity_names_a_replaced_grown_gone_or_new_file(tmp_path: Path) -> None:
+def test_input_identity_names_a_changed_grown_gone_or_new_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local file's identity is its size and mtime, read from a stat: the driver reads no input byte for it
+    (issue 28), so a dataset of many small files costs a stat each at every start, not a read of all of it."""
     small, big = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     small.write_bytes(_head(80))
     big.write_bytes(JSONL * (FULL_HASH_BYTES // len(JSONL) + 1))
+
+    def unread(*_: object) -> None:
+        raise AssertionError("the identity of a local file read it")
+    monkeypatch.setattr(local_mod, "_hashed_identity", unread)
     src = local_source(tmp_path / "*.jsonl")
     before = src.fingerprint()
+    assert [sorted(f) for f in before["files"]] == [["mtime_ns", "path", "size"]] * 2
     assert input_change(before, src.fingerprint()) is None
-    os.utime(small, (1, 1))  # a small file is hashed whole: a touch alone is no change
+    kept = small.stat()
+    small.write_bytes(_head(80).replace(b"record number 1 ", b"record number X "))  # same size, same mtime:
+    os.utime(small, ns=(kept.st_atime_ns, kept.st_mtime_ns))  # not seen (docs/operations.md says so)
     assert input_change(before, src.fingerprint()) is None
-
-    small.write_bytes(_head(80).replace(b"record number 1 ", b"record number X "))  # same size
-    assert input_change(before, src.fingerprint()) == f"input file {small} changed (sha256)"
-    small.write_bytes(_head(80))
+    os.utime(small, (1, 1))  # a touch is a change: nothing tells it from a rewrite
+    assert input_change(before, src.fingerprint()) == f"input file {small} changed (mtime_ns)"
+    os.utime(small, ns=(kept.st_atime_ns, kept.st_mtime_ns))
     data = big.read_bytes()
-    big.write_bytes(data[:-10] + b"0123456789")  # the tail of a big file
-    assert input_change(before, src.fingerprint()).startswith(f"input file {big} changed (mtime, sha256_head_tail")
+    big.write_bytes(data + b"{}\n")
+    assert input_change(before, src.fingerprint()) == f"input file {big} changed (mtime_ns, size)"
     big.write_bytes(data)
-    os.utime(big, (5, 5))  # middle of a big file: size and mtime are the witnesses
-    assert input_change(before, src.fingerprint()) == f"input file {big} changed (mtime)"
     (tmp_path / "c.jsonl").write_bytes(b"{}\n")
     assert input_change(before, local_source(tmp_path / "*.jsonl").fingerprint()) \
         .startswith(f"input file {big} changed")
     big.unlink()
     assert input_change(before, local_source(tmp_path / "*.jsonl").fingerprint()) \
         == f"input file {big} is gone"
+
+
+def test_a_checkpoint_with_hashed_identities_resumes_and_still_sees_a_change(tmp_path: Path) -> None:
+    """An earlier streamprep recorded hashes (the whole of a file up to 1 MiB, else head and tail plus mtime): a
+    resume of its checkpoint hashes those files again rather than calling an unchanged file changed."""
+    small, big = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    small.write_bytes(_head(80))
+    big.write_bytes(JSONL * (FULL_HASH_BYTES // len(JSONL) + 1))
+    src = local_source(tmp_path / "*.jsonl")
+    recorded = {"files": [local_mod.identity(str(f), None, hashed=True) for f in (small, big)]}
+    assert [sorted(f) for f in recorded["files"]] == [["path", "sha256", "size"],
+                                                      ["mtime", "path", "sha256_head_tail", "size"]]
+    assert input_change(recorded, src.fingerprint(recorded)) is None
+    os.utime(small, (1, 1))  # a small file was hashed whole: a touch alone was no change
+    assert input_change(recorded, src.fingerprint(recorded)) is None
+    small.write_bytes(_head(80).replace(b"record number 1 ", b"record number X "))
+    assert input_change(recorded, src.fingerprint(recorded)) == f"input file {small} changed (sha256)"
 
 
 def _docs_cfg(tmp_path: Path, n: int = 1500, raw: bool = False) -> tuple[Any, Path]:
@@ -274,11 +298,13 @@ async def test_resume_over_a_replaced_input_is_refused_naming_it(tmp_path: Path)
     assert not state.done and state.inputs["files"][0]["path"] == str(src)
     ck = json.loads(DatasetFiles(run, run / "checkpoints", "d").checkpoint.read_text())
     assert ck["inputs"] == state.inputs
-    original = src.read_bytes()
+    original, kept = src.read_bytes(), src.stat()
     src.write_bytes(original.replace(b"Document 1:", b"Document X:"))  # same size, new content
-    with pytest.raises(ConfigError, match=rf"dataset d: input file {src} changed \(sha256\) since this run started"):
+    with pytest.raises(ConfigError, match=rf"dataset d: input file {src} changed \(mtime_ns\) since this run started; "
+                                          r"resuming would mix old and new data — restore the file \(its mtime too"):
         await _ingest(cfg, run)
-    src.write_bytes(original)  # restored: the resume goes on and finishes
+    src.write_bytes(original)  # restored, as `cp -p` would: the resume goes on and finishes
+    os.utime(src, ns=(kept.st_atime_ns, kept.st_mtime_ns))
     assert (await _ingest(cfg, run))["d"].done
 
 
