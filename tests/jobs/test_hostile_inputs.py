@@ -308,6 +308,23 @@ async def test_resume_over_a_replaced_input_is_refused_naming_it(tmp_path: Path)
     assert (await _ingest(cfg, run))["d"].done
 
 
+async def test_a_resume_of_a_checkpoint_with_hashed_identities_goes_on(tmp_path: Path) -> None:
+    """The ingest passes the checkpoint's identities to the source: one an earlier streamprep wrote (hashes) is
+    compared in its own form, and a touch of the file does not stop the resume."""
+    from helpers import ingest_stopped_after
+
+    cfg, src = _docs_cfg(tmp_path)
+    run = tmp_path / "run"
+    await asyncio.wait_for(ingest_stopped_after(cfg, run, "d", 300), 60)
+    ck_path = DatasetFiles(run, run / "checkpoints", "d").checkpoint
+    ck = json.loads(ck_path.read_text())
+    ck["inputs"] = {"files": [local_mod.identity(str(src), None, hashed=True)]}
+    ck_path.write_text(json.dumps(ck))
+    os.utime(src, (1, 1))
+    state = (await _ingest(cfg, run))["d"]
+    assert state.done and state.inputs["files"][0].keys() == {"path", "size", "sha256"}
+
+
 # ---- ingest: a failing or stalled source ends the dataset; a stop always stops -------------------------------
 class FakeSource:
     """`good` records, then `then()` (raise or block) inside the reader thread."""
