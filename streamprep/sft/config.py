@@ -246,6 +246,9 @@ def validate_sft_config(section: Mapping[str, Any] | None) -> dict[str, Any]:
     if pre["max_chars"] is not None and pre["max_chars"] < pre["min_chars"]:
         raise SftConfigError("sft.preprocessing.max_chars", f"must be >= min_chars ({pre['min_chars']}), got {pre['max_chars']}")
     pre["max_items"] = _count("sft.preprocessing.max_items", pre["max_items"], 1)
+    if pre["max_items"] is not None and all(src["list_field"] is None for src in sources.values()):
+        raise SftConfigError("sft.preprocessing.max_items", "applies to sources with list_field only, and none has "
+                                                            "one (it would do nothing)")
 
     out_raw = _mapping("sft.output", sec.get("output"))
     _known("sft.output", out_raw, OUTPUT_DEFAULTS)

@@ -498,6 +498,7 @@ OK_SECTION = {"field": "messages", "template": True}
     ({"input": {"sections": [OK_SECTION]}, "mask": {"assistant": "yes"}}, "sft.mask.assistant"),
     ({"input": {"sections": [OK_SECTION]}, "mask_default": "maybe"}, "sft.mask_default"),
     ({"input": {"sections": [OK_SECTION]}, "preprocessing": {"max_seq_len": 0}}, "sft.preprocessing.max_seq_len"),
+    ({"input": {"sections": [OK_SECTION]}, "preprocessing": {"max_items": 2}}, "sft.preprocessing.max_items"),  # no list
     ({"input": {"sections": [OK_SECTION]}, "preprocessing": {"min_chars": 10, "max_chars": 5}},
      "sft.preprocessing.max_chars"),
     ({"input": {"sections": [OK_SECTION]}, "output": {"dtype": "float16"}}, "sft.output.dtype"),
@@ -542,13 +543,13 @@ def test_a_pretraining_dtype_beside_an_sft_section_is_a_config_error(tmp_path: P
 SHAREGPT = {"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
                                     "role_map": {"human": "user", "gpt": "assistant"}, "train_turns": "last"}]},
             "mask": {"gpt": "train"}, "mask_default": "train",
-            "preprocessing": {"max_seq_len": 10, "overlong": "drop", "max_items": 3},
+            "preprocessing": {"max_seq_len": 10, "overlong": "drop"},
             "output": {"dtype": "auto", "domain_key": "meta.domain"}}
 MULTI = {"input": {"sources": {
     "prompt": {"sections": [{"field": "q", "template": True, "action": "user", "generation_prompt": True}],
                "mask_key": False},
     "answers": {"list_field": "a", "mask_key": "m", "sections": [{"action": "mask"}, {"field": "s", "action": "value"}]}}},
-    "mask": {}}
+    "mask": {}, "preprocessing": {"max_items": 3}}
 
 
 @pytest.mark.parametrize("raw", [*(sft_section(n) for n in ("sft_chat", "sft_instruction", "dpo", "grpo")), SHAREGPT, MULTI])
