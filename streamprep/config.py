@@ -25,11 +25,20 @@ MAX_CONFIG_BYTES = 1 << 20      # a config file larger than this is refused unre
 MAX_CONFIG_NODES = 100_000      # YAML nodes after alias expansion (a billion-laughs bomb stops here)
 MAX_CONFIG_DEPTH = 64           # YAML nesting
 MAX_NAME_CHARS = 64             # run and dataset names become path components
-NAME_RE = re.compile(r"^\w[\w.-]*$")  # starts with a letter, digit or _; no '/', never '.' or '..'
+NAME_RE = re.compile(r"^\w[\w.-]*\Z")  # starts with a letter, digit or _; no '/', never '.' or '..'
+
+
+def printable(text: str) -> str:
+    """`text` with each control character escaped (a newline as `\\n`): a YAML key or name may hold one, and an
+    error naming it must stay one line."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class ConfigError(ValueError):
     """A bad config, argument or path. The CLI prints it as one line and exits 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
 
 
 class MissingInput(ConfigError):
@@ -234,17 +243,21 @@ def _resolve_path(path: str, base: Path, key: str) -> str:
 
 
 # Dataset keys that only the schemes declaring them (meta `reads`) read; given to another, each would do nothing.
-SCHEME_KEYS = {"split": " (a local dataset's blend.json split comes from the per-split form: "
-                        "datasets: {train: [...], valid: [...]})",
+SCHEME_KEYS = {"split": " (a local dataset's blend.json split comes from the per-split form, "
+                        "datasets: {train: [...], valid: [...]}; `split` may only name it, here %r)",
                "subset": "", "revision": "", "filter": " (its files are read whole: filter them first, or drop the key)"}
 
 
-def _scheme_keys(key: str, ds: dict[str, Any], scheme: registry.Entry) -> None:
+def _scheme_keys(key: str, ds: dict[str, Any], scheme: registry.Entry, blend_split: str) -> None:
+    """Refuse a SCHEME_KEYS key the dataset's scheme does not read. `split` naming the split the dataset is in
+    (`blend_split`) says what is so, as the contract's own example does (`split: train` on a local dataset)."""
     for k, hint in SCHEME_KEYS.items():
+        if k == "split" and ds[k] == blend_split:
+            continue
         if ds[k] is not None and k not in scheme.meta.get("reads", ()):
             readers = [e.name for e in registry.SCHEMES.entries() if k in e.meta.get("reads", ())]
             raise ConfigError(f"config: '{key}.{k}' applies to {' / '.join(readers) or 'no'} datasets only, "
-                              f"not to {ds['path']!r:.80}{hint}")
+                              f"not to {ds['path']!r:.80}{hint.replace('%r', repr(blend_split))}")
 
 
 def _storage_options(key: str, ds: dict[str, Any]) -> None:
@@ -305,7 +318,7 @@ def _datasets(raw: Any, base: Path, skipped: list[tuple[str, str]]) -> list[dict
         if ds["filter"] is not None and not all(isinstance(k, str) and k for k in ds["filter"]):
             raise ConfigError(f"config: '{key}.filter' must map field names to values, got {ds['filter']!r:.80}")
         scheme = registry.SCHEMES.entry(registry.scheme_of(ds["path"]))
-        _scheme_keys(key, ds, scheme)
+        _scheme_keys(key, ds, scheme, split)
         formats = scheme.meta.get("formats") or registry.SOURCE_FORMATS.names()
         if ds["format"] not in (None, *formats):
             raise ConfigError(f"config: '{key}.format' must be {', '.join(formats[:-1])} or {formats[-1]}, "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from streamprep import atomic, layout
-from streamprep.config import ConfigError
+from streamprep.config import ConfigError, printable
 from streamprep.exports.context import WriterContext
 from streamprep.layout import RunLayout
 
@@ -25,7 +25,8 @@ class MixtureConfigError(ValueError):
     """A bad `output.mixtures.phases` entry; `key` is the dotted config key, the message one line."""
 
     def __init__(self, key: str, message: str):
-        super().__init__(f"'{key}': {message}")
+        key = printable(key)
+        super().__init__(f"'{key}': {printable(message)}")
         self.key = key
 
 

@@ -45,7 +45,7 @@ from streamprep.layout import RunLayout
 ROW_GROUP_BYTES = 8 << 20  # a row group also ends at ~8 MiB (estimated), so memory is bounded in bytes too
 BYTES_PER_TOKEN = 4
 TAIL_FRACTION = 0.25
-SHARD_FILE = re.compile(r"^shard_b\d{2,}_s\d{5,}\.(parquet|tsv)$")
+SHARD_FILE = re.compile(r"^shard_b\d{2,}_s\d{5,}\.(parquet|tsv)\Z")
 TSV_HEADER = "row\tn_tokens\ttoken_sum\ttext_sha256\n"
 SCHEMA = pa.schema([("text", pa.string()), ("tokens", pa.list_(pa.int32())),
                     ("n_tokens", pa.int32()), ("meta", pa.string())])

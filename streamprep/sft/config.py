@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from streamprep.config import ConfigError, FrozenSection
+from streamprep.config import ConfigError, FrozenSection, printable
 
 ACTIONS = ("train", "mask", "value")
 LABELS = ("train", "mask")
@@ -41,9 +41,9 @@ DEFAULT_MASK_KEY = "loss_mask"
 SINGLE_KEY = "text"                      # output key of the single-output form (input.sections)
 RESERVED_KINDS = ("sequence", "value")   # file kinds; a mask_key may not take these names
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")   # output keys, mask keys (used in file names)
-ROLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-FIELD_RE = re.compile(r"^[^.\s][^\s]*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*\Z")   # output keys, mask keys (used in file names)
+ROLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*\Z")
+FIELD_RE = re.compile(r"^[^.\s][^\s]*\Z")
 
 SECTION_DEFAULTS: dict[str, Any] = {
     "field": None,
@@ -73,6 +73,7 @@ class SftConfigError(ValueError):
     str(e) is `"<key>: <reason>"`, one line."""
 
     def __init__(self, key: str, reason: str):
+        key, reason = printable(key), printable(reason)
         super().__init__(f"{key}: {reason}")
         self.key = key
         self.reason = reason

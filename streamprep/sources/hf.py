@@ -50,7 +50,7 @@ from streamprep.sources.base import BadRecord, Unit
 
 log = logs.get("sources.hf")
 
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA_RE = re.compile(r"^[0-9a-f]{40}\Z")
 # the entry's `format` (the same names local sources use) -> datasets builder
 FORMAT_TO_BUILDER = {"jsonl": "json", "json": "json", "parquet": "parquet", "txt": "text", "text": "text",
                      "csv": "csv", "arrow": "arrow"}

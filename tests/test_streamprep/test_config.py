@@ -30,6 +30,34 @@ def test_defaults_and_list_form(data: Path) -> None:
     assert cfg["execution"]["engine"] == "xenna"
 
 
+def test_an_error_naming_a_key_with_a_newline_stays_one_line(tmp_path: Path, good: dict) -> None:
+    """Regression: a YAML key may hold a newline (`? "a\\nb"`); the error naming it was two lines on the CLI."""
+    with pytest.raises(ConfigError) as exc:
+        validate({**good, "run": {"name": "ok", "bad\nkey": 1}}, base_dir=tmp_path)
+    assert str(exc.value) == "config: unknown key 'run.bad\\nkey'"
+
+
+def test_the_contracts_example_config_is_accepted_as_written(tmp_path: Path, shared_data: Path) -> None:
+    """Regression: `split` on a local dataset became exit 2 (round 37), and the contract's own example puts
+    `split: train` on one (`data/c4/*.jsonl`). A `split` that names the split the dataset is in says what is so and
+    is accepted; another value is still exit 2 (test_cli: an hf key on local files)."""
+    text = (shared_data.parent / "docs" / "contract.md").read_text(encoding="utf-8")
+    (tmp_path / "data" / "c4").mkdir(parents=True)
+    (tmp_path / "data" / "c4" / "a.jsonl").write_text('{"text": "x"}\n')
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(text.split("```yaml\n", 1)[1].split("```", 1)[0], encoding="utf-8")
+    cfg = load_file(cfg_path)
+    assert [(d.name, d.split, d.blend_split) for d in cfg.datasets] == [("c4", "train", "train")]
+    raw = yaml.safe_load(cfg_path.read_text())
+    raw["datasets"] = {"train": [{**raw["datasets"][0], "split": None}],
+                       "valid": [{**raw["datasets"][0], "name": "v", "split": "valid"}]}
+    assert [d["split"] for d in validate(raw, base_dir=tmp_path)["datasets"]] == [None, "valid"]
+    raw["datasets"]["valid"][0]["split"] = "train"
+    with pytest.raises(ConfigError, match=r"^config: 'datasets.valid\[0\].split' applies to hf:// datasets only, .*"
+                                          r"`split` may only name it, here 'valid'\)$"):
+        validate(raw, base_dir=tmp_path)
+
+
 def test_per_split_form_and_relative_paths(tmp_path: Path, data: Path) -> None:
     cfg = validate({"datasets": {"train": [{"name": "a", "path": "a.jsonl"}],
                                  "valid": [{"name": "b", "path": "a.jsonl", "weight": 2}]}}, base_dir=tmp_path)
@@ -130,6 +158,7 @@ BAD_VALUES = [
     ("datasets[0].name", "."), ("datasets[0].name", ""), ("datasets[0].name", "-a"), ("datasets[0].split", ""),
     ("datasets[0].filter", {"": 1}), ("run.name", "../x"), ("run.name", "a/b"), ("run.name", ""),
     ("run.name", "x" * 65), ("run.seed", -1), ("run.checkpoint_dir", ""),
+    ("run.name", "demo\n"), ("datasets[0].name", "web\n"),  # regression: `$` matched before a last newline
     ("execution.progress_interval_s", NAN), ("execution.progress_interval_s", INF),
     ("execution.progress_interval_s", 0), ("execution.progress_interval_s", 0.001),
     ("execution.workers", 0), ("execution.batch_records", 0), ("execution.max_concurrent_downloads", 0),

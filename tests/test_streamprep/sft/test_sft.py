@@ -484,6 +484,9 @@ OK_SECTION = {"field": "messages", "template": True}
     ({"input": {"sources": {"chosen": {"sections": [{"field": "c", "tempalte": True}]}}}},
      "sft.input.sources.chosen.sections[0].tempalte"),
     ({"input": {"sources": {"a b": {"sections": [OK_SECTION]}}}}, "sft.input.sources.a b"),
+    ({"input": {"sources": {"a\n": {"sections": [OK_SECTION]}}}}, "sft.input.sources.a\\n"),  # escaped: one line
+    ({"input": {"sections": [{"field": "text\n"}]}}, "sft.input.sections[0].field"),
+    ({"input": {"sections": [OK_SECTION]}, "mask": {"user\n": "train"}}, "sft.mask.user\\n"),
     ({"input": {"sources": {"x": {"sections": [OK_SECTION], "mask_key": "sequence"}}}}, "sft.input.sources.x.mask_key"),
     ({"input": {"sections": [{"action": "train"}]}}, "sft.input.sections[0].field"),
     ({"input": {"sections": [{"field": "r", "action": "value", "template": True}]}}, "sft.input.sections[0].template"),
