@@ -621,7 +621,7 @@ class OutputConfig(FrozenSection):
     def part_lines(self) -> int:
         """Kept lines a sealed part holds (every part of a dataset but its last): `shard_records`, null meaning
         the default. Ingest seals by it; the exports' keyed order counts ordinals by it."""
-        return self.shard_records or 100_000
+        return self.shard_records or SPEC["output"]["shard_records"][1]
 
 
 def resolved_workers(workers: int | None) -> int:
