@@ -73,8 +73,10 @@ def _overlap_raw(tmp: Path, workers: int, holders: int | None = None) -> dict:
     """Three datasets; b repeats half of a, c repeats half of b and a few of a: 2000 cross-dataset duplicates."""
     docs = english_docs(3000, seed=11)
     spans = {"a": docs[:1200], "b": docs[600:1800], "c": docs[1200:2400] + docs[:200]}
-    for name, texts in spans.items():
-        (tmp / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    for name, texts in spans.items():  # written once: a rewrite is a new mtime, which a resume refuses
+        path, data = tmp / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts)
+        if not path.is_file() or path.read_text() != data:
+            path.write_text(data)
     raw = base_config([{"name": n, "path": str(tmp / f"{n}.jsonl")} for n in spans], None,
                       quality={"expected_language": None, "min_chars": 20, "dedup_scope": "run"},
                       output={"shard_records": 250, "max_rejects_per_check": None})
