@@ -110,6 +110,11 @@ def test_drift_keys_name_output_changes_only(data: Path) -> None:
     b = validate({"datasets": [{"name": "a", "path": str(data)}], "quality": {"min_chars": 5},
                   "execution": {"workers": 3}})
     assert drift_keys(a, b) == ["quality.min_chars"]
+    # `shard_records: null` (the contract's example) is the default, 100 000: a resume may switch between them
+    null = validate({"datasets": [{"name": "a", "path": str(data)}], "output": {"shard_records": None}})
+    assert drift_keys(a, null) == drift_keys(null, a) == []
+    assert drift_keys(null, validate({"datasets": [{"name": "a", "path": str(data)}], "output": {"shard_records": 500}})) \
+        == ["output.shard_records"]
 
 
 def test_cli_bad_config_exits_2_one_line_nothing_written(tmp_path: Path, data: Path) -> None:
