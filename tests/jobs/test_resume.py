@@ -118,6 +118,9 @@ def test_repair_cases_resume_to_identical_outputs(reference: tuple[dict, Path], 
 
     _ingest_only_then(cfg, tmp_path / "run", damage)
     _compare(ref, tmp_path / "run")
+    if case == "dedup_longer":  # the log itself is repaired, not merely unread by the rest of the job
+        logs = ("checkpoints/alpha.dedup",)
+        assert tree_hashes(tmp_path / "run", names=logs) == tree_hashes(ref, names=logs) != {}
 
 
 def test_unreadable_checkpoint_restarts_dataset(tmp_path: Path) -> None:

@@ -286,7 +286,6 @@ def test_near_log_repair_resumes_to_identical_outputs(shared_data: Path, tmp_pat
     assert files.near_dedup.read_bytes() == data == (ref / "checkpoints" / "web.near").read_bytes()
 
 
-@pytest.mark.slow
 def _kill_after_checkpoints(cfg: dict, tmp_path: Path, dataset: str, rng: random.Random,
                             max_delay: float) -> tuple[Path, list[str], list[int]]:
     """Five CLI runs of `cfg` into TMP/killed, each SIGKILLed a random moment (up to `max_delay` s) after
@@ -312,6 +311,7 @@ def _kill_after_checkpoints(cfg: dict, tmp_path: Path, dataset: str, rng: random
     return run_dir, cmd, killed_at
 
 
+@pytest.mark.slow
 def test_kill_9_during_ingest_then_resume_is_byte_identical(shared_data: Path, tmp_path: Path) -> None:
     """SIGKILL the CLI at random moments of ingest, resume each time: outputs and the .near log end
     byte-identical to an uninterrupted run."""

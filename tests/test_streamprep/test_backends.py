@@ -361,6 +361,9 @@ def test_backend_is_not_in_the_plan_hash(tmp_path: Path, shared_data: Path) -> N
     plans = {make_task(tmp_path, "d", "train", part, shared_data / PHI2, "sha256:x", 1, "uint16", backend=b).plan_hash
              for b in ("hf", "gigatoken", "auto")}
     assert len(plans) == 1  # shards written under one backend are kept when resumed under another
+    others = {make_task(tmp_path, "d", "train", part, shared_data / PHI2, *args).plan_hash
+              for args in (("sha256:y", 1, "uint16"), ("sha256:x", 2, "uint16"), ("sha256:x", 1, "int32"))}
+    assert len(others) == 3 and not others & plans  # what does change the ids or their bytes is in it
 
 
 MEMORY_SCRIPT = """

@@ -106,8 +106,8 @@ def test_the_cli_gives_openblas_one_thread_unless_told_otherwise(tmp_path, given
     assert proc.stdout.split() == [expected, "False"], proc.stderr
 
 
-def test_console_script_entry_point(tmp_path):
-    """The installed module entry runs a read-only command without importing an optional heavy dependency."""
+def test_a_read_only_command_imports_no_heavy_dependency(tmp_path):
+    """`cli.main` runs a read-only command (`status`) without importing Ray, Xenna or torch."""
     proc = subprocess.run([sys.executable, "-c", "import sys; from streamprep.cli import main; "
                            "rc = main(['status', sys.argv[1]]); "
                            "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'cosmos_xenna', 'torch'})); "

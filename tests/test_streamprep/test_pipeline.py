@@ -90,12 +90,16 @@ def test_blend_json_is_megatron_per_split_with_token_weights(web_run: Path) -> N
 
 
 def test_rerun_of_finished_run_does_no_work(web_run: Path) -> None:
+    """Not a redo that writes the same bytes again: no output file is written at all (its mtime kept)."""
     before = tree_hashes(web_run, *OUTPUTS, names=("blend.json", "manifest.json"))
+    written = {p: p.stat().st_mtime_ns for p in web_run.rglob("*")
+               if p.is_file() and p.parts[len(web_run.parts)] in (*OUTPUTS, "blend.json", "manifest.json")}
     cfg = json.loads((web_run / "run.json").read_text())["config"]
     t0 = time.monotonic()
     result = run_from_dict(_raw(cfg), run_dir=web_run, console_log=False)
     assert result.status == "complete" and time.monotonic() - t0 < 5
     assert tree_hashes(web_run, *OUTPUTS, names=("blend.json", "manifest.json")) == before
+    assert len(written) > 10 and {p: p.stat().st_mtime_ns for p in written} == written
 
 
 def _raw(cfg: dict) -> dict:

@@ -66,7 +66,13 @@ def test_stage_without_ray(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-def test_xenna_engine_matches_local_engine(ray_cluster, tmp_path: Path) -> None:
+def test_xenna_engine_matches_local_engine(ray_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The xenna stage's shards are the local engine's bytes. On the job's own cluster the engine's local workers
+    tokenize beside the stage, and with 4 small shards they took every one before the stage was up (so this
+    compared local with local): here they are held back, and the stage tokenizes all of them."""
+    from streamprep.engines.xenna import XennaEngine
+
+    monkeypatch.setattr(XennaEngine, "_tokenize_local", lambda self: None)
     source = _source(tmp_path)
     hashes = {}
     for engine, workers in (("local", 1), ("xenna", 2)):
@@ -75,6 +81,9 @@ def test_xenna_engine_matches_local_engine(ray_cluster, tmp_path: Path) -> None:
         run_from_dict(cfg, run_dir=tmp_path / engine, console_log=False)
         hashes[engine] = tree_hashes(tmp_path / engine, *OUTPUTS, names=("manifest.json",))
     assert len(hashes["xenna"]) > 8 and hashes["xenna"] == hashes["local"]
+    done, = [json.loads(line) for line in (tmp_path / "xenna/logs/streamprep.log").read_text().splitlines()
+             if '"tokenization done"' in line]
+    assert done["shards"] == 4 and done["shards_local"] == 0, done
 
 
 def _cli(cfg: dict, tmp_path: Path, run_dir: Path, **env_extra: str) -> tuple[list[str], dict[str, str]]:
@@ -83,6 +92,29 @@ def _cli(cfg: dict, tmp_path: Path, run_dir: Path, **env_extra: str) -> tuple[li
     cfg_path.write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | env_extra
     return [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)], env
+
+
+STAGE_ONLY = """# test only: this `streamprep ingest` process's xenna engine tokenizes nothing on its local workers,
+# so the job waits for its own Ray cluster and the stage tokenizes every shard
+import sys
+if "ingest" in sys.argv:
+    from streamprep.engines.xenna import XennaEngine
+    XennaEngine._tokenize_local = lambda self: None
+"""
+
+
+def _stage_only(tmp_path: Path) -> dict[str, str]:
+    """Environment for `_cli` under which the job's own Ray cluster and its stage must come up and do the work
+    (without it a small job ends on the local workers before Ray is up, and no Ray process is ever started)."""
+    hook = tmp_path / "stage_only"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(STAGE_ONLY)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, (str(hook), os.environ.get("PYTHONPATH"))))}
+
+
+def _log_events(run_dir: Path, event: str) -> list[dict]:
+    return [x for x in map(json.loads, (run_dir / "logs/streamprep.log").read_text().splitlines())
+            if x["event"] == event]
 
 
 def _ray_processes_since(t0: float) -> list[str]:
@@ -100,15 +132,20 @@ def _ray_processes_since(t0: float) -> list[str]:
 
 @pytest.mark.ray
 def test_cli_run_on_xenna_leaves_no_ray_process(tmp_path: Path) -> None:
+    """The job's own Ray cluster comes up, its stage tokenizes every shard, and when the job ends nothing of Ray
+    is left. (Regression: with its local workers free, this job ended before Ray was up, so it started none.)"""
     cfg = base_config([_source(tmp_path, 600)], None, output={"shard_records": 200})
     cfg["execution"].update(engine="xenna", workers=2)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="ray") as ray_tmp:  # its own cluster, not the session fixture's
-        cmd, env = _cli(cfg, tmp_path, tmp_path / "run", RAY_TMPDIR=ray_tmp)
+        cmd, env = _cli(cfg, tmp_path, tmp_path / "run", RAY_TMPDIR=ray_tmp, **_stage_only(tmp_path))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, proc.stderr[-2000:]
         time.sleep(1.0)
         assert _ray_processes_since(t0) == []
+    assert [x["started"] for x in _log_events(tmp_path / "run", "ray connected")] == [True]
+    done, = _log_events(tmp_path / "run", "tokenization done")
+    assert done["shards"] == 3 and done["shards_local"] == 0, done
     receipts = sorted((tmp_path / "run/receipts/gen").glob("*.json"))
     assert len(receipts) == 3
 
@@ -122,8 +159,8 @@ def test_sigint_during_xenna_stage_shuts_ray_down_and_resumes(tmp_path: Path) ->
     run_dir = tmp_path / "run"
     cmd, env = _cli(cfg, tmp_path, run_dir)
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env | _stage_only(tmp_path), stdin=subprocess.DEVNULL)  # every shard on the stage
     log = run_dir / "logs/streamprep.log"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -133,6 +170,8 @@ def test_sigint_during_xenna_stage_shuts_ray_down_and_resumes(tmp_path: Path) ->
     proc.send_signal(signal.SIGINT)  # while the serving stage works through the queued shards
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-2000:]
+    assert [x["started"] for x in _log_events(run_dir, "ray connected")] == [True]  # Ray was up to shut down
+    assert all(x["node"] for x in _log_events(run_dir, "shard done"))  # the stage's, on a Ray node
     assert "re-run the same command to resume" in err
     time.sleep(1.0)
     assert _ray_processes_since(t0) == []
