@@ -155,7 +155,7 @@ def prepare_part(input_path: str | Path, out_prefix: str | Path, tokenizer_dir: 
         raise
     for key, lay in plan.items():
         if not lay["mask"]:
-            stats.keys[key]["trained_tokens"] = None   # no mask written: every token is trained
+            stats.keys[key]["trained_tokens"] = None   # no mask written: nothing counted (docs/sft.md)
     return {"records": stats.records, "documents": stats.documents,
             "dropped": dict(sorted(stats.dropped.items())), "dropped_records": stats.dropped_records,
             "keys": stats.keys, "layout": {k: {kk: vv for kk, vv in v.items()} for k, v in plan.items()},
