@@ -308,7 +308,7 @@ def identity(path: str, storage_options: Mapping[str, Any] | None = None, hashed
     HTTP), or `hashed` (a checkpoint an earlier streamprep wrote recorded hashes), reads the file: a sha256 of
     all of it, or above FULL_HASH_BYTES of its head and tail plus its mtime. Raises SourceError when the file
     cannot be listed or read."""
-    if "://" not in path and not hashed:
+    if "://" not in path:
         try:
             st = os.stat(path)  # one stat: a dataset may have millions of files
         except OSError as exc:
@@ -317,11 +317,8 @@ def identity(path: str, storage_options: Mapping[str, Any] | None = None, hashed
             raise SourceError(f"cannot read input file {path}: {one_line(exc)}") from exc
         if not stat.S_ISREG(st.st_mode):
             return {"path": path, "special": True}
-        return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    if _special(path):
-        return {"path": path, "special": True}
-    if "://" not in path and _symlink_loop(path):
-        return {"path": path, "symlink_loop": True}
+        if not hashed:
+            return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     try:
         fs, p = filesystem(path, storage_options)
         info = fs.info(p)
