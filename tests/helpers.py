@@ -155,6 +155,12 @@ def make_inputs(root: Path) -> dict:
     return {"config": cfg, "expect": expect}
 
 
+def log_events(run_dir, event: str) -> list[dict]:
+    """The lines of the run's log (`logs/streamprep.log`) whose event is `event`, parsed, in order."""
+    lines = (run_dir / "logs" / "streamprep.log").read_text().splitlines()
+    return [x for x in map(json.loads, lines) if x["event"] == event]
+
+
 # -- a running job's metrics, as an operator reads them ------------------------------------------------------
 def port_of(run_dir) -> int | None:
     """The port a `metrics_port: 0` job picked, as an operator finds it: in the run's log."""

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from helpers import PHI2, base_config, english_docs, tree_hashes
+from helpers import PHI2, base_config, english_docs, log_events, tree_hashes
 from streamprep import run_from_dict
 from streamprep.pipeline import Signals
 from streamprep.exports.summary import SUFFIX
@@ -144,8 +144,7 @@ def test_an_optional_dataset_without_input_is_skipped_with_a_log_line(tmp_path: 
                        {"name": "a", "path": str(data)}], str(shared_data / PHI2))
     run_dir = tmp_path / "run"
     run_from_dict(cfg, run_dir=run_dir, console_log=False)
-    lines = [json.loads(x) for x in (run_dir / "logs" / "streamprep.log").read_text().splitlines()]
-    skipped = [x for x in lines if x["event"] == "optional dataset skipped: its input is missing"]
+    skipped = log_events(run_dir, "optional dataset skipped: its input is missing")
     assert [(x["dataset"], x["level"]) for x in skipped] == [("gone", "warning")]
     assert skipped[0]["reason"] == f"'datasets[0].path': no file matches {tmp_path / 'nowhere' / '*.jsonl'}"
     assert [d["name"] for d in json.loads((run_dir / "run.json").read_text())["config"]["datasets"]] == ["a"]

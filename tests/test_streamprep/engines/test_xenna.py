@@ -19,7 +19,7 @@ import pytest
 import yaml
 from cosmos_xenna.pipelines import v1 as xenna
 
-from helpers import base_config, english_docs, tree_hashes
+from helpers import base_config, english_docs, log_events, tree_hashes
 from streamprep.exports import ShardRef, order, summary
 from streamprep.exports.parquet import BYTES_PER_TOKEN
 from streamprep import run_from_dict
@@ -81,8 +81,7 @@ def test_xenna_engine_matches_local_engine(ray_cluster, tmp_path: Path, monkeypa
         run_from_dict(cfg, run_dir=tmp_path / engine, console_log=False)
         hashes[engine] = tree_hashes(tmp_path / engine, *OUTPUTS, names=("manifest.json",))
     assert len(hashes["xenna"]) > 8 and hashes["xenna"] == hashes["local"]
-    done, = [json.loads(line) for line in (tmp_path / "xenna/logs/streamprep.log").read_text().splitlines()
-             if '"tokenization done"' in line]
+    done, = log_events(tmp_path / "xenna", "tokenization done")
     assert done["shards"] == 4 and done["shards_local"] == 0, done
 
 
@@ -112,11 +111,6 @@ def _stage_only(tmp_path: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(filter(None, (str(hook), os.environ.get("PYTHONPATH"))))}
 
 
-def _log_events(run_dir: Path, event: str) -> list[dict]:
-    return [x for x in map(json.loads, (run_dir / "logs/streamprep.log").read_text().splitlines())
-            if x["event"] == event]
-
-
 def _ray_processes_since(t0: float) -> list[str]:
     found = []
     for p in psutil.process_iter(["cmdline", "create_time"]):
@@ -143,8 +137,8 @@ def test_cli_run_on_xenna_leaves_no_ray_process(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-2000:]
         time.sleep(1.0)
         assert _ray_processes_since(t0) == []
-    assert [x["started"] for x in _log_events(tmp_path / "run", "ray connected")] == [True]
-    done, = _log_events(tmp_path / "run", "tokenization done")
+    assert [x["started"] for x in log_events(tmp_path / "run", "ray connected")] == [True]
+    done, = log_events(tmp_path / "run", "tokenization done")
     assert done["shards"] == 3 and done["shards_local"] == 0, done
     receipts = sorted((tmp_path / "run/receipts/gen").glob("*.json"))
     assert len(receipts) == 3
@@ -170,8 +164,8 @@ def test_sigint_during_xenna_stage_shuts_ray_down_and_resumes(tmp_path: Path) ->
     proc.send_signal(signal.SIGINT)  # while the serving stage works through the queued shards
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-2000:]
-    assert [x["started"] for x in _log_events(run_dir, "ray connected")] == [True]  # Ray was up to shut down
-    assert all(x["node"] for x in _log_events(run_dir, "shard done"))  # the stage's, on a Ray node
+    assert [x["started"] for x in log_events(run_dir, "ray connected")] == [True]  # Ray was up to shut down
+    assert all(x["node"] for x in log_events(run_dir, "shard done"))  # the stage's, on a Ray node
     assert "re-run the same command to resume" in err
     time.sleep(1.0)
     assert _ray_processes_since(t0) == []
@@ -180,8 +174,7 @@ def test_sigint_during_xenna_stage_shuts_ray_down_and_resumes(tmp_path: Path) ->
     resumed = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert len(list((run_dir / "receipts/gen").glob("*.json"))) == 30
-    ends = [json.loads(line) for line in (run_dir / "logs/streamprep.log").read_text().splitlines()
-            if '"tokenization done"' in line]
+    ends = log_events(run_dir, "tokenization done")
     assert ends[-1]["skipped"] == done_before and ends[-1]["tokenized"] == 30 - done_before  # finished shards kept
 
 
