@@ -4,7 +4,8 @@
 Checked: manifest.json's SHA-256 against run.json; SHA-256 and size of every file manifest.json lists
 (shards, and under `files` blend.json, mixtures.json, tokenizer/ and receipts/, see exports/chain.py)
 and of every file a receipt lists; each ingest part against its receipt's `input_sha256`; each `.idx` against
-its `.bin` (header, size, dtype, pointers, document indices, record/token counts); every Parquet shard
+its `.bin` (header, size, dtype, pointers, document indices, record/token counts); each SFT shard's files
+against its meta.json (documents, mask lengths and values, counts); every Parquet shard
 against the manifest (rows, tokens, length bucket) and against its TSV (per row: n_tokens, token sum,
 text SHA-256); that Parquet and `.bin/.idx` hold the same records per source; that mixtures.json names
 only listed shards; and that no unlisted file lies in parquet/, binidx/, sft/, receipts/, tokenizer/ or
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import posixpath
 from pathlib import Path
 from typing import Any, Callable
 
@@ -142,18 +144,64 @@ def _check_receipt(c: _Checker, rel: str, rec: dict[str, Any], fingerprint: str 
 
 
 def _check_sft(c: _Checker, rel: str, paths: set[str]) -> None:
-    """SFT shards: every .idx sound against its .bin; each loss mask aligned with its sequence."""
+    """SFT shards: every .idx sound against its .bin, and each shard's files against its meta.json."""
     for idx in sorted(p for p in paths if p.endswith(".idx")):
         prefix = idx[:-len(".idx")]
         if prefix + ".bin" not in paths:
             c.add(f"{rel}: lists {idx} without its .bin")
             continue
         _check_binidx(c, prefix, None, None, None, rel)
-        if prefix.endswith("_sequence") and prefix[:-len("_sequence")] + "_loss_mask.idx" in paths:
-            seq, mask = (c.guarded(p + ".idx", lambda p=p: binidx.IndexedDataset.open(c.run_dir / p))
-                         for p in (prefix, prefix[:-len("_sequence")] + "_loss_mask"))
-            if seq is not None and mask is not None and not np.array_equal(seq.lengths, mask.lengths):
-                c.add(f"{prefix}: loss mask lengths differ from the sequence lengths")
+    for meta in sorted(p for p in paths if p.endswith(".meta.json")):
+        obj = _json_object(c, meta) if (c.run_dir / meta).is_file() else None  # a missing one is reported already
+        if obj is not None:
+            try:
+                _check_sft_shard(c, meta, obj, paths)
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                c.add(f"{meta}: malformed meta.json ({type(exc).__name__}: {exc})")
+
+
+def _check_sft_shard(c: _Checker, meta_rel: str, meta: dict[str, Any], paths: set[str]) -> None:
+    """One SFT shard's files against what its meta.json says of them: a trainer pairs document i of every file
+    and token j of a sequence with token j of its loss mask, whatever the mask is named (`mask_key`)."""
+    for key, entry in meta["keys"].items():
+        files: dict[str, tuple[str, binidx.IndexedDataset]] = {}
+        for kind in ("sequence", "loss_mask", "value"):
+            if kind not in entry:
+                continue
+            prefix = posixpath.join(posixpath.dirname(meta_rel), entry[kind]["prefix"])
+            if prefix + ".idx" not in paths:
+                c.add(f"{meta_rel}: names {prefix}.idx for {key!r}, which its receipt does not list")
+                continue
+            ds = c.guarded(prefix + ".idx", lambda p=prefix: binidx.IndexedDataset.open(c.run_dir / p))
+            if ds is None or not ds.bin_path.is_file():
+                continue
+            files[kind] = (prefix, ds)
+            if str(ds.dtype) != entry[kind]["dtype"]:
+                c.add(f"{prefix}.idx: dtype {ds.dtype}, {meta_rel} says {entry[kind]['dtype']}")
+            if len(ds.doc_indices) - 1 != meta["documents"]:
+                c.add(f"{prefix}.idx: {len(ds.doc_indices) - 1} documents, {meta_rel} says {meta['documents']}")
+        if "sequence" in files:
+            prefix, seq = files["sequence"]
+            tokens = int(seq.lengths.astype(np.int64).sum())
+            if (len(seq), tokens) != (entry["sequence"]["sequences"], entry["sequence"]["tokens"]):
+                c.add(f"{prefix}.idx: {len(seq)} sequences of {tokens} tokens, {meta_rel} says "
+                      f"{entry['sequence']['sequences']} of {entry['sequence']['tokens']}")
+        if "loss_mask" in files:
+            prefix, mask = files["loss_mask"]
+            if "sequence" in files and not (np.array_equal(files["sequence"][1].lengths, mask.lengths)
+                                            and np.array_equal(files["sequence"][1].doc_indices, mask.doc_indices)):
+                c.add(f"{prefix}: loss mask lengths differ from the sequence lengths ({files['sequence'][0]})")
+            values = mask.tokens()  # uint8 0/1 (`mask_dtype: bool` is stored so too)
+            trained = int(values.sum(dtype=np.int64))
+            if len(values) and int(values.max()) > 1:
+                c.add(f"{prefix}.bin: loss mask holds values other than 0 and 1")
+            elif trained != entry["loss_mask"]["trained_tokens"]:
+                c.add(f"{prefix}.bin: {trained} trained tokens, {meta_rel} says {entry['loss_mask']['trained_tokens']}")
+        if "value" in files:
+            prefix, value = files["value"]
+            count = int(value.lengths.astype(np.int64).sum())
+            if count != entry["value"]["values"]:
+                c.add(f"{prefix}.idx: {count} values, {meta_rel} says {entry['value']['values']}")
 
 
 def _check_receipts(c: _Checker, fingerprint: str | None) -> set[str]:

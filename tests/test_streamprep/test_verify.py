@@ -369,3 +369,69 @@ def test_rerun_of_a_pre_chain_run_records_the_chain(pipeline_run, tmp_path):
     assert result.summary["tokenize"]["tokenized"] == 0  # only the exports were redone
     assert verify_run(run) == []
     assert (run / "manifest.json").read_bytes() == (pipeline_run / "manifest.json").read_bytes()
+
+
+def test_sft_shard_files_are_checked_against_their_meta(shared_data, tmp_path):
+    """Each SFT shard's files against its meta.json: a renamed loss mask (`mask_key: m`) is paired with its
+    sequences as `loss_mask` was, and its 0/1 values, trained tokens, documents and values counts are checked.
+    Regression: only masks named `loss_mask` were compared with their sequences (by file name)."""
+    import numpy as np
+    import orjson
+
+    from streamprep import binidx
+    from streamprep.sft import load_chat_tokenizer, load_sft_config, prepare_part
+    from streamprep.verify import _check_sft, _Checker
+
+    cfg = load_sft_config({"input": {"sources": {
+        "answers": {"list_field": "a", "mask_key": "m",
+                    "sections": [{"field": "p", "action": "mask"}, {"field": "s", "action": "train"}]},
+        "scores": {"list_field": "r", "sections": [{"action": "value"}]}}}})
+    part = tmp_path / "p.jsonl"
+    part.write_bytes(b"".join(orjson.dumps({"text": f"question {i}", "meta": {}, "record": {
+        "a": [{"p": f"Question {i}: ", "s": f"answer {k}"} for k in range(1 + i % 3)],
+        "r": [float(k) for k in range(1 + i % 3)]}}) + b"\n" for i in range(6)))
+    tok = load_chat_tokenizer(shared_data / "tokenizers/phi-2/tokenizer.json")
+    stats = prepare_part(part, tmp_path / "run" / "sft" / "x" / "p", tok, cfg, "sha256:test")
+    paths = {f"sft/x/{f}" for f in stats["files"]}
+    assert "sft/x/p_s0000_answers_m.idx" in paths and not any("loss_mask" in p for p in paths)
+
+    def problems() -> list[str]:
+        c = _Checker(tmp_path / "run")
+        _check_sft(c, "receipts/x/p.json", paths)
+        return c.problems
+
+    assert problems() == []
+    folder = tmp_path / "run" / "sft" / "x"
+    mask_prefix, meta_path = folder / "p_s0000_answers_m", folder / "p_s0000.meta.json"
+    mask = binidx.IndexedDataset.open(mask_prefix)
+    docs = [[np.array(mask[j]) for j in range(a, b)] for a, b in zip(mask.doc_indices[:-1], mask.doc_indices[1:])]
+    bins = (mask_prefix.with_suffix(".bin").read_bytes(), mask_prefix.with_suffix(".idx").read_bytes())
+
+    def rewrite(edit) -> None:
+        changed = [[s.copy() for s in doc] for doc in docs]
+        edit(changed)
+        writer = binidx.IndexedDatasetWriter(mask_prefix, np.uint8)
+        for doc in changed:
+            writer.add_document(doc)
+        writer.close()
+
+    rewrite(lambda d: d[2].__setitem__(0, d[2][0][1:]))  # a masked token short: no longer aligned
+    assert problems() == [("sft/x/p_s0000_answers_m: loss mask lengths differ from the sequence lengths "
+                           "(sft/x/p_s0000_answers_sequence)")]
+    rewrite(lambda d: d[0][0].__setitem__(-1, 2))
+    assert problems() == ["sft/x/p_s0000_answers_m.bin: loss mask holds values other than 0 and 1"]
+    trained = orjson.loads(meta_path.read_bytes())["keys"]["answers"]["loss_mask"]["trained_tokens"]
+    rewrite(lambda d: d[0][0].__setitem__(-1, 0))
+    assert problems() == [(f"sft/x/p_s0000_answers_m.bin: {trained - 1} trained tokens, "
+                           f"sft/x/p_s0000.meta.json says {trained}")]
+    mask_prefix.with_suffix(".bin").write_bytes(bins[0])
+    mask_prefix.with_suffix(".idx").write_bytes(bins[1])
+    assert problems() == []
+    meta = orjson.loads(meta_path.read_bytes())
+    meta["documents"] += 1
+    meta["keys"]["scores"]["value"]["values"] += 1
+    meta_path.write_bytes(orjson.dumps(meta))
+    assert sorted(problems()) == sorted(
+        [f"sft/x/p_s0000_{name}.idx: 6 documents, sft/x/p_s0000.meta.json says 7"
+         for name in ("answers_sequence", "answers_m", "scores_value")]
+        + ["sft/x/p_s0000_scores_value.idx: 12 values, sft/x/p_s0000.meta.json says 13"])
