@@ -46,7 +46,7 @@ from urllib.parse import quote
 
 from streamprep import atomic, logs
 from streamprep.config import ConfigError, DatasetConfig
-from streamprep.sources.base import BadRecord, Unit
+from streamprep.sources.base import BadRecord, SourceError, Unit
 
 log = logs.get("sources.hf")
 
@@ -70,8 +70,9 @@ class HFSourceError(ConfigError):
     """A wrong `hf://` entry: unknown repo, revision, subset or split, or no data files. The CLI exits 2."""
 
 
-class HFSourceUnavailable(OSError):
-    """The Hub could not be reached (or a download failed) and the cache cannot stand in: retry later."""
+class HFSourceUnavailable(SourceError, OSError):
+    """The Hub could not be reached (or a download failed) and the cache cannot stand in: retry later. A
+    `SourceError` (a fault of the environment: the job stops, exit 1, naming the file) and an `OSError`."""
 
 
 @dataclass(frozen=True)

@@ -1281,3 +1281,20 @@ def test_a_worker_downloads_the_next_file_while_it_judges(many, tmp_path, monkey
     assert _ingest(raw, tmp_path / "run")["kept"] == 480
     assert seen == [set(MANY_FILES[:2])]
     assert many.file_requests("GET") == {p: 1 for p in MANY_FILES}
+
+
+def test_a_job_whose_download_runs_out_of_retries_stops_with_the_hubs_one_line(many, tmp_path):
+    """Regression: the worker's `HFSourceUnavailable` reached the user wrapped as a source's bug (`dataset D: reading
+    the input failed after item N: HFSourceUnavailable: …`); it is a fault of the environment, as a vanished local
+    file is: exit 1 with the Hub's own line, resumable."""
+    from streamprep import atomic, run_from_dict
+
+    raw = _pipeline_config(MANY_REPO)
+    raw["execution"].update(hf_retries=1, hf_retry_max_s=0.05)
+    many.fault_cycle = ["503"]
+    with pytest.raises(HFSourceUnavailable, match=r"^hf://org/many@[0-9a-f]{40}: download of data/train-0000\d\.jsonl "
+                                                  r"failed \(HubRetriesExhausted: GET .* HTTP 503 after 1 retries\)$"):
+        run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
+    assert atomic.read_json(tmp_path / "run" / "run.json")["status"] == "failed"
+    many.fault_cycle = []
+    assert run_from_dict(raw, run_dir=tmp_path / "run", console_log=False).status == "complete"
