@@ -51,13 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     ing.add_argument("--config", required=True, help="YAML config file")
     ing.add_argument("--run-dir", help="run directory (default: runs/<run.name>)")
     ing.add_argument("--fresh", action="store_true", help="refuse to reuse a non-empty run dir")
-    ing.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
     st = sub.add_parser("status", help="where a run stands: per dataset and stage; complete/resumable/running",
                         epilog=EPILOG_STATUS, formatter_class=fmt)
     st.add_argument("run_dir", metavar="RUN_DIR")
     st.add_argument("--json", action="store_true", help="print the status as JSON")
-    st.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
     lg = sub.add_parser("logs", help="print the run log; --follow keeps tailing across rotation",
                         epilog=EPILOG_LOGS, formatter_class=fmt)
@@ -65,17 +63,16 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("-n", "--lines", type=_count, default=20, metavar="N", help="how many last lines (default 20)")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
     lg.add_argument("--poll-interval", type=float, default=0.2, help=argparse.SUPPRESS)
-    lg.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
     au = sub.add_parser("audit", help="(re)write audit/audit.json + audit.html and print the summary",
                         epilog=EPILOG_AUDIT, formatter_class=fmt)
     au.add_argument("run_dir", metavar="RUN_DIR")
-    au.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
     ver = sub.add_parser("verify", help="re-check every file against manifest.json and receipts",
                          epilog=EPILOG_VERIFY, formatter_class=fmt)
     ver.add_argument("run_dir", metavar="RUN_DIR")
-    ver.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    for command in (ing, st, lg, au, ver):  # after the command too; unset there, so `--debug COMMAND` holds
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
 

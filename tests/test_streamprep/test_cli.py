@@ -59,6 +59,22 @@ def test_missing_dir_and_bad_arguments(tmp_path, capsys):
     assert exc.value.code == 2
 
 
+@pytest.mark.parametrize("argv", (["--debug", "status", "RUN"], ["status", "RUN", "--debug"], ["status", "RUN"]))
+def test_debug_before_or_after_the_command_shows_the_traceback(argv, tmp_path, capsys, monkeypatch):
+    """Regression: each command's own `--debug` (default False) overwrote the top-level one, so
+    `streamprep --debug COMMAND` printed the one line without its traceback."""
+    import streamprep.commands.status
+
+    def fail(args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(streamprep.commands.status, "run", fail)
+    assert main([str(tmp_path) if a == "RUN" else a for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "streamprep: error: RuntimeError: boom"
+    assert ("Traceback (most recent call last)" in err) == ("--debug" in argv)
+
+
 def test_unreadable_run_json_is_exit_2(tmp_path, capsys):
     (tmp_path / "run.json").write_text("{not json")
     assert main(["status", str(tmp_path)]) == 2
