@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import traceback
+from typing import NoReturn
 
 from streamprep import forkserver
 from streamprep.config import ConfigError
@@ -40,8 +41,15 @@ EPILOG_AUDIT = """examples:
 works on a finished run and on a partial one (figures then cover what has been processed so far)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line, as every other exit 2 is (argparse prints its usage block before it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="streamprep", description="Raw text corpora -> quality-controlled, "
+    p = _Parser(prog="streamprep", description="Raw text corpora -> quality-controlled, "
                                 "tokenized, Megatron-ready training data.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

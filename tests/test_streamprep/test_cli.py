@@ -51,12 +51,16 @@ def test_not_a_run_dir_is_exit_2_one_line(command, tmp_path, capsys):
 def test_missing_dir_and_bad_arguments(tmp_path, capsys):
     assert main(["status", str(tmp_path / "nope")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
-    with pytest.raises(SystemExit) as exc:
-        main(["logs", str(tmp_path), "-n", "-3"])
-    assert exc.value.code == 2
-    with pytest.raises(SystemExit) as exc:
-        main(["status"])
-    assert exc.value.code == 2
+    for argv, said in ((["logs", str(tmp_path), "-n", "-3"], "streamprep logs: error: argument -n/--lines:"),
+                       (["status"], "streamprep status: error: the following arguments are required: RUN_DIR"),
+                       (["ingest", "--confg", "x.yaml"], "streamprep ingest: error: the following arguments are "
+                                                          "required: --config"),
+                       (["digest"], "streamprep: error: argument COMMAND: invalid choice: 'digest'")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err  # one line, as every exit 2 (argparse printed its usage block first)
+        assert err.startswith(said) and err.count("\n") == 1 and err.endswith(" --help)\n"), err
 
 
 @pytest.mark.parametrize("argv", (["--debug", "status", "RUN"], ["status", "RUN", "--debug"], ["status", "RUN"]))
