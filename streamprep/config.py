@@ -361,6 +361,7 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
         if sec.meta.get("required") or raw.get(sec.name) is not None:
             cfg[sec.name] = _section_of(sec, raw.get(sec.name))
     _safe_name("run.name", cfg["run"]["name"])
+    _int64(cfg, "")
     for key, rng in BOUNDS.items():
         section, *path = key.split(".")
         value = cfg[section]
@@ -382,6 +383,22 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
     _checks(cfg, "tokenizer")  # last: it loads the tokenizer, so a bad one or EOD token fails before any work
     _checks(cfg, "")
     return cfg
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _int64(value: Any, key: str) -> None:
+    """Every integer of the config fits 64 bits: run.json, the config hash and the workers' arrays store them so, and
+    a larger one (`max_records: 1e30` written out) would fail there, after the run dir exists."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _int64(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _int64(v, f"{key}[{i}]")
+    elif isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise ConfigError(f"config: '{key}' must fit a 64-bit integer (at most {INT64_MAX}), got {value:.3e}")
 
 
 def _section_of(sec: registry.Entry, given: Any) -> dict[str, Any]:
@@ -453,6 +470,32 @@ class _BoundedLoader(yaml.SafeLoader):
         self._sizes[id(node)] = self._nodes - before
         self._depth -= 1
         return node
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """A value PyYAML resolves but cannot build (`seed: 2020-13-45` is read as a date; `!!int abc`) as one line
+        naming its line, not the constructor's bare ValueError."""
+        try:
+            return super().construct_object(node, deep)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+            why = f" ({exc})" if isinstance(exc, (ValueError, OverflowError)) else ""  # else PyYAML's own slip
+            raise ConfigError(f"line {node.start_mark.line + 1}: {node.value!r:.60} is not a valid YAML "
+                              f"{node.tag.rsplit(':', 1)[-1]}{why}; quote it if it is a string") from None
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """Refuse a key given twice in one mapping: YAML's last-one-wins would drop the first silently (two
+        `datasets:` lists, say). Keys a `<<` merge brings in may still be overridden, as YAML means them to be."""
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise ConfigError(f"line {line}: key {key!r} given twice in one mapping (first on line "
+                                      f"{seen[key]}); the later one would silently replace it")
+                if isinstance(key, (str, int, float, bool)):
+                    seen[key] = line
+        return super().construct_mapping(node, deep)
 
 
 def load_file(path: str | Path) -> "Config":

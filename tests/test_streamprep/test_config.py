@@ -327,6 +327,47 @@ def test_yaml_aliases_within_limits_still_work(tmp_path: Path, data: Path) -> No
     assert [(d.name, d.weight) for d in load_file(cfg).datasets] == [("a", 2.0), ("b", 2.0)]
 
 
+@pytest.mark.parametrize("text, message", [
+    ("run: {seed: 2020-13-45}\n", "line 1: '2020-13-45' is not a valid YAML timestamp (month must be in 1..12); "
+                                   "quote it if it is a string"),
+    ("run:\n  seed: !!int abc\n", "line 2: 'abc' is not a valid YAML int (invalid literal for int() with base 10: "
+                                   "'abc'); quote it if it is a string"),
+    ("run: {seed: !!timestamp nope}\n", "line 1: 'nope' is not a valid YAML timestamp; quote it if it is a string"),
+    ("run: {seed: 1}\nexecution: {workers: 1}\nrun: {seed: 2}\n",
+     "line 3: key 'run' given twice in one mapping (first on line 1); the later one would silently replace it"),
+    ("execution:\n  workers: 1\n  engine: local\n  workers: 2\n",
+     "line 4: key 'workers' given twice in one mapping (first on line 2); the later one would silently replace it"),
+], ids=["date", "int", "timestamp", "twice", "twice-nested"])
+def test_yaml_values_that_cannot_be_built_and_keys_given_twice_are_one_line(tmp_path: Path, text: str,
+                                                                          message: str) -> None:
+    """Regression: a value PyYAML resolves but cannot build was a bare ValueError (exit 1, no file, no line), and a
+    key given twice silently kept the last (two `datasets:` lists ingested only the second)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_file(cfg)
+    assert str(err.value) == f"config: {cfg}: {message}"
+
+
+@pytest.mark.parametrize("key, where", [("max_records", "datasets[0].max_records"),
+                                        ("quality", "quality.max_chars"), ("output", "output.max_rejects_per_check")])
+def test_integers_beyond_64_bits_are_refused_naming_the_key(data: Path, key: str, where: str) -> None:
+    """Regression: they passed validation and failed in the run's config hash (orjson), after the run dir existed."""
+    from helpers import base_config
+
+    raw = base_config([{"name": "a", "path": str(data)}], None)
+    big = 10**30
+    if key == "max_records":
+        raw["datasets"][0]["max_records"] = big
+    else:
+        raw.setdefault(key, {})[where.split(".")[1]] = big
+    with pytest.raises(ConfigError, match=rf"^config: '{re.escape(where)}' must fit a 64-bit integer "
+                                          rf"\(at most 9223372036854775807\), got 1\.000e\+30$"):
+        validate(raw)
+    raw = base_config([{"name": "a", "path": str(data), "max_records": 2**63 - 1}], None)
+    assert validate(raw)["datasets"][0]["max_records"] == 2**63 - 1
+
+
 # -- a failed run does not refuse the corrected config (issue #13 item 4) ------------------------------
 
 def _failed_run(run_dir: Path, cfg: dict, status: str = "failed") -> None:
