@@ -746,7 +746,10 @@ class Config:
 def load(raw: Any, base_dir: str | Path = ".") -> Config:
     """Validate `raw` once and return it as frozen, typed sections."""
     skipped: list[tuple[str, str]] = []
-    return replace(Config.from_dict(validate(raw, base_dir, skipped)), skipped=tuple(skipped))
+    try:
+        return replace(Config.from_dict(validate(raw, base_dir, skipped)), skipped=tuple(skipped))
+    except PermissionError as exc:  # a path the config names, behind a folder we may not read (a stat raises)
+        raise ConfigError(f"config: cannot read {exc.filename or 'a path it names'}: {exc.strerror or exc}") from None
 
 
 def section(name: str, given: Mapping[str, Any] | None = None) -> Any:

@@ -207,7 +207,10 @@ def run_config_file(path: str | Path, run_dir: str | Path | None = None, fresh: 
 def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         console_log: bool = True) -> RunResult:
     run_dir = resolve_run_dir(config, run_dir)
-    previous = _preflight(config, run_dir, fresh)
+    try:
+        previous = _preflight(config, run_dir, fresh)
+    except PermissionError as exc:  # the run dir, or the checkpoint dir, behind a folder we may not read
+        raise ConfigError(f"run dir {run_dir}: cannot read {exc.filename or run_dir}: {exc.strerror or exc}") from None
     metrics.check_port(config.execution)
     checkpoint_dir = _checkpoint_dir(config, run_dir)
     locks = [RunLock(RunLayout(run_dir).lock), RunLock(CheckpointLayout(checkpoint_dir).lock, "checkpoint dir")]

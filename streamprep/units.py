@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 
 from streamprep.sources.base import BadRecord, Unit
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _special,
-                                      _symlink_loop, bounded_lines, detect_format, filesystem, long_line, open_input)
+                                      bounded_lines, broken_link, detect_format, filesystem, long_line, open_input)
 
 Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
 
@@ -54,7 +54,7 @@ def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int, opti
             kind = fmt or detect_format(f)
         except ValueError:
             kind = None  # the reader turns it into a counted reject
-        whole = _special(f) or ("://" not in f and _symlink_loop(f))
+        whole = _special(f) or ("://" not in f and broken_link(f) is not None)
         size = None if whole else _size(f, options)
         if whole or kind not in CHUNKED + ("parquet",) or (kind in CHUNKED and _compression(f) is not None):
             units.append(Unit("file", i, f, fmt or ""))

@@ -93,6 +93,14 @@ def check_path(key: str, path: str) -> None:
     """A local path, directory or glob named by config key `key` has input files (URLs are checked elsewhere)."""
     if registry.scheme_of(path):
         return
+    try:
+        _check_local_path(key, path)
+    except OSError as exc:  # a folder on the way that cannot be read or listed (permissions)
+        raise ConfigError(f"config: '{key}': {path}: cannot read {exc.filename or path}: "
+                          f"{exc.strerror or one_line(exc)}") from None
+
+
+def _check_local_path(key: str, path: str) -> None:
     if globmod.has_magic(path):
         if not expand(path):
             raise MissingInput(f"config: '{key}': no file matches {path}")
@@ -138,7 +146,7 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
         if globmod.has_magic(path):
             return sorted(p for p in globmod.glob(path, recursive=True) if not Path(p).is_dir())
         p = Path(path)
-        return sorted(str(x) for x in p.rglob("*") if not x.is_dir() and not x.name.startswith(".")) if p.is_dir() else [path]
+        return sorted(_walk(str(p))) if p.is_dir() else [path]
     fs, stripped = filesystem(path, storage_options)
     if globmod.has_magic(path):
         files = [p for p, info in fs.glob(stripped, detail=True).items() if info.get("type") == "file"]
@@ -147,6 +155,16 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     else:
         files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")] if fs.isdir(stripped) else []
     return [fs.unstrip_protocol(p) for p in sorted(files)]
+
+
+def _walk(top: str) -> Iterator[str]:
+    """The files under a directory, symlinked folders not descended into, hidden names left out (the list
+    `Path.rglob` gave); a folder that cannot be listed raises (rglob skipped it silently, and its files with it)."""
+    def fail(exc: OSError) -> None:
+        raise exc
+
+    for root, _dirs, names in os.walk(top, onerror=fail):
+        yield from (os.path.join(root, name) for name in names if not name.startswith("."))
 
 
 def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -289,16 +307,21 @@ def _special(path: str) -> bool:
     try:
         return "://" not in path and not stat.S_ISREG(Path(path).stat().st_mode)
     except OSError:
-        return False  # gone or a symlink loop: opening it / _symlink_loop report that
+        return False  # gone or a broken symlink: opening it / broken_link report that
 
 
-def _symlink_loop(path: str) -> bool:
-    """A local symlink that leads back to itself (a -> b -> a): the same on every run, so a reject."""
+def broken_link(path: str) -> str | None:
+    """What a local symlink that leads to no file is (a loop, a -> b -> a; or a link whose target is missing), or
+    None: the same on every run while it stays so, so a counted reject naming it, not a stop: a directory of many
+    inputs is not held up by one dead link. Its target appearing later is a changed input (`identity`)."""
     try:
-        Path(path).stat()
+        os.stat(path)
     except OSError as exc:
-        return exc.errno == errno.ELOOP
-    return False
+        if exc.errno == errno.ELOOP:
+            return "is a symlink loop"
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            return f"is a dangling symlink (to {os.readlink(path)})"
+    return None
 
 
 def identity(path: str, storage_options: Mapping[str, Any] | None = None, hashed: bool = False) -> dict[str, Any]:
@@ -314,6 +337,8 @@ def identity(path: str, storage_options: Mapping[str, Any] | None = None, hashed
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return {"path": path, "symlink_loop": True}
+            if exc.errno == errno.ENOENT and os.path.islink(path):
+                return {"path": path, "dangling_symlink": os.readlink(path)}
             raise SourceError(f"cannot read input file {path}: {one_line(exc)}") from exc
         if not stat.S_ISREG(st.st_mode):
             return {"path": path, "special": True}
@@ -398,8 +423,8 @@ class LocalSource:
         if _special(path):
             yield BadRecord(f"{path} is not a regular file (FIFO, socket or device), skipped", ""), nxt
             return
-        if "://" not in path and _symlink_loop(path):
-            yield BadRecord(f"{path} is a symlink loop, skipped", ""), nxt
+        if "://" not in path and (broken := broken_link(path)):
+            yield BadRecord(f"{path} {broken}, skipped", ""), nxt
             return
         try:
             fmt = self.format or detect_format(path)

@@ -207,6 +207,76 @@ def test_symlink_loop_in_a_directory_is_one_reject_naming_it(tmp_path: Path) -> 
         {"path": str(data / "loop1.jsonl"), "symlink_loop": True}
 
 
+def test_dangling_symlink_in_a_directory_is_one_reject_naming_it(tmp_path: Path) -> None:
+    """Regression: a link whose target is missing stopped every run with exit 1 (`cannot read input file`), so a
+    directory holding one could never finish; like a loop it is the same on every run: a counted reject."""
+    data = tmp_path / "in"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(_head(5))
+    (data / "b.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    good, bad = _split(_items(data))
+    assert good == RECORDS[:5]
+    assert [b.reason for b in bad] == [f"{data / 'b.jsonl'} is a dangling symlink (to {tmp_path / 'gone.jsonl'}), skipped"]
+    src = local_source(data)
+    assert _bounded(src.fingerprint)["files"][1] == {"path": str(data / "b.jsonl"),
+                                                     "dangling_symlink": str(tmp_path / "gone.jsonl")}
+    before = src.fingerprint()
+    (tmp_path / "gone.jsonl").write_bytes(_head(2))  # the target appears: a changed input
+    assert input_change(before, src.fingerprint()) is not None
+
+
+def test_a_folder_that_cannot_be_listed_is_exit_2_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: `Path.rglob` skipped a folder it could not list (permissions), and its files with it, without a
+    word. (Simulated: the suite may run as root, for whom `chmod 000` denies nothing.)"""
+    from streamprep.sources.local import check_path
+
+    data = tmp_path / "in"
+    (data / "sub").mkdir(parents=True)
+    (data / "a.jsonl").write_bytes(_head(5))
+    (data / "sub" / "c.jsonl").write_bytes(_head(5))
+    scandir = os.scandir
+
+    def denied(path: Any = ".") -> Any:
+        if str(path).endswith("sub"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+    monkeypatch.setattr(os, "scandir", denied)
+    with pytest.raises(ConfigError) as err:
+        check_path("datasets[0].path", str(data))
+    assert str(err.value) == f"config: 'datasets[0].path': {data}: cannot read {data / 'sub'}: Permission denied"
+    with pytest.raises(PermissionError):
+        local_mod.expand(str(data))
+
+
+@pytest.mark.parametrize("where", ["tokenizer", "run_dir", "dataset"])
+def test_a_path_behind_a_folder_that_cannot_be_read_is_exit_2_naming_it(tmp_path: Path, where: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a stat of a config-named path behind a folder we may not enter raised PermissionError, exit 1
+    (after the run dir existed, for `tokenizer.path`). (Simulated, as above: root is denied nothing.)"""
+    from streamprep.pipeline import run
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    stat = os.stat
+
+    def denied(path: Any, *args: Any, **kw: Any) -> Any:
+        if str(path).startswith(str(locked) + os.sep):
+            raise PermissionError(13, "Permission denied", str(path))
+        return stat(path, *args, **kw)
+    data = tmp_path / "a.jsonl"
+    data.write_bytes(_head(5))
+    raw = base_config([{"name": "d", "path": str(locked / "a.jsonl" if where == "dataset" else data)}],
+                      str(locked / "tokenizer.json") if where == "tokenizer" else None)
+    raw["tokenizer"]["if_missing"] = "train"  # its `exists()` raised before the tokenizer's own check
+    run_dir = (locked if where == "run_dir" else tmp_path) / "run"
+    monkeypatch.setattr(os, "stat", denied)
+    with pytest.raises(ConfigError) as err:
+        run(load(raw), run_dir, console_log=False)
+    named = {"tokenizer": locked / "tokenizer.json", "dataset": locked / "a.jsonl", "run_dir": run_dir}[where]
+    assert f"cannot read {named}: Permission denied" in str(err.value) and "\n" not in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "locked"]  # nothing written
+
+
 def test_job_over_a_directory_with_a_symlink_loop_completes_counting_it(tmp_path: Path) -> None:
     cfg, src = _docs_cfg(tmp_path, 300, raw=True)
     data = tmp_path / "in"
@@ -214,14 +284,16 @@ def test_job_over_a_directory_with_a_symlink_loop_completes_counting_it(tmp_path
     src.rename(data / "docs.jsonl")
     (data / "a").symlink_to(data / "b")
     (data / "b").symlink_to(data / "a")
+    (data / "c").symlink_to(tmp_path / "gone")
     cfg["datasets"][0]["path"] = str(data)
     run = tmp_path / "run"
     assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
     ck = json.loads((run / "checkpoints" / "d.json").read_text())
     rejects = [json.loads(x) for x in (run / "rejects" / "d.jsonl").read_text().splitlines()]
     loops = [r["reason"] for r in rejects if r["failed_check"] == "parse"]
-    assert loops == [f"{data / n} is a symlink loop, skipped" for n in "ab"]
-    assert ck["done"] and ck["kept"] == 300 and ck["rejected"] == 2
+    assert loops == [*(f"{data / n} is a symlink loop, skipped" for n in "ab"),
+                     f"{data / 'c'} is a dangling symlink (to {tmp_path / 'gone'}), skipped"]
+    assert ck["done"] and ck["kept"] == 300 and ck["rejected"] == 3
 
 
 # ---- input identity ------------------------------------------------------------------------------------------
