@@ -32,6 +32,7 @@ from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
 from streamprep.sources.hf import set_retry_policy
+from streamprep.sources.local import reaches_into
 from streamprep.tokenize import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
 from streamprep.tokenizer import TokenizerInfo
 
@@ -150,6 +151,11 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
     _check_writable_dir(run_dir, "run dir")
     if config.run.checkpoint_dir:
         _check_writable_dir(Path(config.run.checkpoint_dir), "'run.checkpoint_dir'")
+    for where, folder in (("run dir", run_dir), ("'run.checkpoint_dir'", _checkpoint_dir(config, run_dir).resolve())):
+        inside = next((d for d in config.datasets if reaches_into(d.path, folder)), None)
+        if inside is not None:  # its run.json, logs and parts would be listed as input, and changed at each resume
+            raise ConfigError(f"{where} {folder} is inside dataset {inside.name}'s path {inside.path}: the job would "
+                              f"read its own outputs as input; choose a {where} outside it")
     run_json = RunLayout(run_dir).run_json
     if not run_json.exists():
         return _adopted(config, run_dir)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import errno
+import fnmatch
 import glob as globmod
 import hashlib
 import io
@@ -155,6 +156,23 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     else:
         files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")] if fs.isdir(stripped) else []
     return [fs.unstrip_protocol(p) for p in sorted(files)]
+
+
+def reaches_into(path: str, folder: Path) -> bool:
+    """Whether listing the local directory or glob `path` (as `expand` does) could list a file under `folder`
+    (resolved): a run dir inside a dataset's folder would have the job read its own outputs as input."""
+    if registry.scheme_of(path) or not globmod.has_magic(path):
+        return not registry.scheme_of(path) and Path(path).is_dir() and folder.is_relative_to(Path(path).resolve())
+    parts = Path(path).parts
+    k = next(i for i, part in enumerate(parts) if globmod.has_magic(part))
+    static = Path(*parts[:k]).resolve()
+    if not folder.is_relative_to(static):
+        return False
+    pattern, rel = parts[k:-1], folder.relative_to(static).parts  # the pattern's folders, the folder's below it
+    if "**" in parts[k:]:
+        return True
+    return len(pattern) >= len(rel) and all(fnmatch.fnmatchcase(r, g) and (g.startswith(".") or not r.startswith("."))
+                                            for r, g in zip(rel, pattern))  # glob's `*` skips hidden names
 
 
 def _walk(top: str) -> Iterator[str]:

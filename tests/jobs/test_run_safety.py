@@ -258,3 +258,35 @@ def _sid(pid: int) -> int | None:
         return os.getsid(pid)
     except OSError:
         return None
+
+
+@pytest.mark.parametrize("layout", ["run dir in the folder", "run dir is the folder", "checkpoint dir in the folder",
+                                    "glob reaching the run dir", "glob not reaching it"])
+def test_a_run_dir_inside_a_datasets_folder_is_refused_before_anything_is_written(tmp_path, capsys, layout):
+    """Regression: the job listed its own run.json, logs and tokenizer as input records (101 160 parse rejects from
+    50 lines), and a resume found those inputs changed and exited 2."""
+    data = tmp_path / "data"
+    (data / "x").mkdir(parents=True)
+    (data / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(5)))
+    raw = _config(tmp_path)
+    raw["datasets"][0]["path"] = str(data / "*/*.json" if layout == "glob reaching the run dir" else
+                                     data / "*.jsonl" if layout == "glob not reaching it" else data)
+    if layout.startswith("glob"):
+        (data / "x" / "b.json").write_text(json.dumps({"text": english_docs(1)[0]}) + "\n")
+    run_dir = data if layout == "run dir is the folder" else \
+        tmp_path / "run" if layout == "checkpoint dir in the folder" else data / "run"
+    if layout == "checkpoint dir in the folder":
+        raw["run"]["checkpoint_dir"] = str(data / "ck")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    before = sorted(tmp_path.rglob("*"))
+    code = main(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)])
+    if layout == "glob not reaching it":
+        assert code == 0
+        return
+    err = capsys.readouterr().err.strip().splitlines()
+    where, folder = ("'run.checkpoint_dir'", data / "ck") if layout.startswith("checkpoint") else ("run dir", run_dir)
+    assert code == 2 and err == [f"streamprep: error: {where} {folder} is inside dataset alpha's path "
+                                 f"{raw['datasets'][0]['path']}: the job would read its own outputs as input; "
+                                 f"choose a {where} outside it"]
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
