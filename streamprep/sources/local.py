@@ -255,18 +255,21 @@ class _ZstdReader(io.RawIOBase):
 
 class _Range(io.RawIOBase):
     """`fh` from where it stands (`size` bytes of it at most), as a raw stream, so that io.BufferedReader gives it
-    fast line iteration, peek() and reads of the size asked for (a decoder raises on the read that meets damage)."""
+    fast line iteration, peek() and reads of the size asked for. A decoder (`decoded`) raises on the read that
+    meets damage and loses what that read had gathered: it is read with `read1`, one decoded chunk at a time, so
+    that read gathered nothing and every line decoded before the damage is kept (as `gzip -dc` keeps them)."""
 
-    def __init__(self, fh: BinaryIO, size: int | None = None):
+    def __init__(self, fh: BinaryIO, size: int | None = None, decoded: bool = False):
         super().__init__()
         self.fh, self.left = fh, size
+        self.read_some = getattr(fh, "read1", fh.read) if decoded else fh.read
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buf: Any) -> int:
         want = len(buf) if self.left is None else min(len(buf), self.left)
-        data = self.fh.read(want) if want else b""
+        data = self.read_some(want) if want else b""
         buf[:len(data)] = data
         if self.left is not None:
             self.left -= len(data)
@@ -467,8 +470,7 @@ class LocalSource:
         n = pos.get("record", 0)
         offset = pos.get("offset") if comp is None else None
         with open_input(path, self.storage_options, start=offset or 0, compression=comp) as raw:
-            # a decoder raises on the read that meets damage: small reads keep the lines before it
-            fh = io.BufferedReader(_Range(raw), io.DEFAULT_BUFFER_SIZE if comp else READ_BUFFER)
+            fh = io.BufferedReader(_Range(raw, decoded=comp is not None), io.DEFAULT_BUFFER_SIZE if comp else READ_BUFFER)
             if not offset:
                 head = fh.peek(4)[:4]
                 wide = next((enc for bom, enc in WIDE_BOMS if head.startswith(bom)), None)
