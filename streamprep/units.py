@@ -18,7 +18,8 @@ from typing import Any, Iterator, Mapping
 
 from streamprep.sources.base import BadRecord, Unit
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _special,
-                                      bounded_lines, broken_link, detect_format, filesystem, long_line, open_input)
+                                      bounded_lines, broken_link, detect_format, filesystem, long_line, open_input,
+                                      parquet_rows)
 
 Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
 
@@ -128,7 +129,7 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
         with open_input(unit.path, options) as fh:
             pf = pq.ParquetFile(fh)
             for batch in pf.read_row_group(unit.start).to_batches(PARQUET_BATCH):
-                yield from batch.to_pylist()
+                yield from parquet_rows(batch, unit.path, lambda r: LINE_MARK)  # the driver numbers it in the file
         return
     parse = LocalSource._parse_json if unit.fmt == "jsonl" else LocalSource._parse_text
     mark = _Mark()

@@ -25,7 +25,7 @@ import os
 import stat
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Mapping
 
 import fsspec
 import orjson
@@ -301,6 +301,35 @@ class LongLine:
 
     def __len__(self) -> int:
         return self.size
+
+
+def parquet_rows(batch: pa.RecordBatch, path: str, number: Callable[[int], Any]) -> list[dict[str, Any] | BadRecord]:
+    """A Parquet batch's rows as dicts. A string column holding bytes that are not UTF-8 (Parquet stores them as
+    written; pyarrow checks them only when converting) fails the whole batch, and the file's rest was lost with it:
+    then row by row, and each such row is one reject, `undecodable bytes in column C at record N of FILE` (`number`:
+    N of the batch's row r), the rows beside it kept."""
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    rows: list[dict[str, Any] | BadRecord] = []
+    for r in range(batch.num_rows):
+        row = batch.slice(r, 1)
+        try:
+            rows += row.to_pylist()
+        except UnicodeDecodeError as exc:
+            column = next((name for name, col in zip(row.schema.names, row.columns) if _undecodable(col)), "?")
+            rows.append(BadRecord(f"undecodable bytes in column {column!r} at record {number(r)} of {path}: "
+                                  f"{exc.reason} at byte {exc.start}", ""))
+    return rows
+
+
+def _undecodable(column: pa.Array) -> bool:
+    try:
+        column.to_pylist()
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def bounded_lines(fh: BinaryIO) -> Iterator[bytes | LongLine]:
@@ -581,7 +610,7 @@ class LocalSource:
                 rows = 0 if g != g0 else skip
                 table = pf.read_row_group(g)
                 for batch in table.slice(rows).to_batches(PARQUET_BATCH):
-                    for rec in batch.to_pylist():
+                    for rec in parquet_rows(batch, path, lambda r, first=n + 1: first + r):
                         n += 1
                         rows += 1
                         yield rec, {"file": i, "record": n, "row_group": g, "row": rows}

@@ -164,6 +164,33 @@ def test_parquet_with_a_corrupt_data_page_keeps_earlier_row_groups(tmp_path: Pat
     assert _items(tmp_path, items[700][1]) == items[701:]  # resume inside row group 1: same reject again
 
 
+def test_parquet_strings_that_are_not_utf8_are_one_reject_each_the_rows_beside_them_kept(tmp_path: Path) -> None:
+    """Regression: one string value that is not UTF-8 failed its whole batch, and the file's rest (intact row groups
+    too) became one `unreadable rest` reject: 2 of 4 rows read. Read whole (one unit) or as row groups (units whose
+    reasons the driver numbers in the file, as `units.global_reason` does here), the same items and reasons."""
+    from streamprep import units
+
+    texts = [d.encode() for d in english_docs(12, seed=4)]
+    texts[5], texts[9] = b"bad \xff byte " + texts[5], texts[9][:7] + b"\xc3"
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": pa.array(texts, pa.binary()).view(pa.string()), "id": list(range(12))}), path,
+                   row_group_size=4)
+    whole = [item for item, _ in _items(path)]
+    want = [f"undecodable bytes in column 'text' at record {n} of {path}: {why}"
+            for n, why in ((6, "invalid start byte at byte 4"), (10, "unexpected end of data at byte 7"))]
+    assert [b.reason for b in whole if isinstance(b, BadRecord)] == want
+    assert [r["id"] for r in whole if not isinstance(r, BadRecord)] == [i for i in range(12) if i not in (5, 9)]
+    plan = units.plan_dataset([str(path)], None, unit_bytes=1)
+    assert [u.kind for u in plan] == ["row_group"] * 3
+    before, by_units = 0, []
+    for unit in plan:
+        got = list(units.read_unit(unit))
+        by_units += [BadRecord(units.global_reason(g.reason, before + j), g.raw) if isinstance(g, BadRecord) else g
+                     for j, g in enumerate(got)]
+        before += len(got)
+    assert by_units == whole
+
+
 def test_directory_with_unsupported_and_special_files_rejects_each_by_name(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_bytes(_head(5))
     (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
