@@ -410,7 +410,8 @@ def _section_of(sec: registry.Entry, given: Any) -> dict[str, Any]:
         if key is None:
             raise
         reason = str(exc).removeprefix(f"{key}: ")
-        raise ConfigError(f"config: '{sec.meta.get('key_prefix', '')}{key}': {reason}") from None
+        named = key if key == sec.name else f"{sec.meta.get('key_prefix', '')}{key}"  # the section as a whole
+        raise ConfigError(f"config: '{named}': {reason}") from None
 
 
 def _checks(cfg: dict[str, Any], prefix: str) -> None:
@@ -505,7 +506,8 @@ def load_file(path: str | Path) -> "Config":
     """
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config: no such file: {p}")
+        raise ConfigError(f"config: {p} is not a regular file (a FIFO, socket or device)" if p.exists() and not p.is_dir()
+                          else f"config: {p} is a directory" if p.is_dir() else f"config: no such file: {p}")
     try:
         with open(p, "rb") as fh:
             data = fh.read(MAX_CONFIG_BYTES + 1)

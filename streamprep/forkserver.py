@@ -15,11 +15,12 @@ import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
 import signal
+import stat
 from pathlib import Path
 
 import yaml
 
-from streamprep.config import resolved_workers
+from streamprep.config import MAX_CONFIG_BYTES, resolved_workers
 
 # What a worker process has loaded before its first call, by name: the forkserver imports them once and
 # every fork inherits them (the unit worker and its QC chain; the exports' writers and the pyarrow modules they
@@ -45,6 +46,9 @@ def start_for(config_path: str) -> bool:
     unset or above 1, no `ray_address`). Only a peek: a config it cannot read is left to the job's own load,
     which names the problem; a server started for a config that then fails dies with the command."""
     try:
+        st = os.stat(config_path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CONFIG_BYTES:
+            return False  # a FIFO would block this read for ever; `load_file` refuses it, and a file too large
         execution = (yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}).get("execution") or {}
         workers, address = execution.get("workers"), execution.get("ray_address")
     except Exception:  # unreadable, not YAML, not a mapping: the real load reports it

@@ -318,3 +318,16 @@ def test_the_ingest_driver_loads_no_gates_no_httpx_and_no_pyarrow_writers(tmp_pa
                           text=True, cwd=REPO, timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stderr[-2000:]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "complete"
+
+
+def test_a_config_that_is_a_fifo_or_a_folder_is_exit_2_not_a_hang(tmp_path):
+    """Regression: the forkserver's early peek read a FIFO config before the config's own checks, and blocked for
+    ever; a FIFO was then reported as `no such file`."""
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    for path, said in ((fifo, f"{fifo} is not a regular file (a FIFO, socket or device)"),
+                       (tmp_path, f"{tmp_path} is a directory")):
+        proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(path), "--run-dir",
+                               str(tmp_path / "run")], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [f"streamprep: error: config: {said}"]
+    assert not (tmp_path / "run").exists()

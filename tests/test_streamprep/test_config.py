@@ -232,6 +232,13 @@ def test_every_quality_number_rejects_nan_inf_negative(tmp_path: Path, good: dic
         validate(_with(good, f"quality.{key}", value), base_dir=tmp_path)
 
 
+@pytest.mark.parametrize("section", ["quality", "sft"])
+def test_a_plug_in_section_that_is_not_a_mapping_is_named_once(tmp_path: Path, good: dict, section: str) -> None:
+    """Regression: `quality: []` was reported as `'quality.quality': section must be a mapping`."""
+    with pytest.raises(ConfigError, match=rf"^config: '{section}': .*mapping"):
+        validate({**good, section: []}, base_dir=tmp_path)
+
+
 SFT_NUMBERS = ["preprocessing.max_seq_len", "preprocessing.min_chars", "preprocessing.max_chars",
                "preprocessing.max_items", "output.max_tokens_per_shard"]
 
