@@ -101,8 +101,13 @@ def check_path(key: str, path: str) -> None:
                           f"{exc.strerror or one_line(exc)}") from None
 
 
+def is_local_glob(path: str) -> bool:
+    """A local path with glob characters that names no file as written (`data[1].jsonl` that exists is that file)."""
+    return globmod.has_magic(path) and not os.path.lexists(path)
+
+
 def _check_local_path(key: str, path: str) -> None:
-    if globmod.has_magic(path):
+    if is_local_glob(path):
         if not expand(path):
             raise MissingInput(f"config: '{key}': no file matches {path}")
     elif not Path(path).exists():
@@ -144,7 +149,7 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     """The sorted file list of a path, directory or glob, local or any fsspec URL (a prefix of an object store
     is a directory). Hidden files of a directory are left out."""
     if "://" not in path:
-        if globmod.has_magic(path):
+        if is_local_glob(path):
             return sorted(p for p in globmod.glob(path, recursive=True) if not Path(p).is_dir())
         p = Path(path)
         return sorted(_walk(str(p))) if p.is_dir() else [path]
@@ -161,7 +166,7 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
 def reaches_into(path: str, folder: Path) -> bool:
     """Whether listing the local directory or glob `path` (as `expand` does) could list a file under `folder`
     (resolved): a run dir inside a dataset's folder would have the job read its own outputs as input."""
-    if registry.scheme_of(path) or not globmod.has_magic(path):
+    if registry.scheme_of(path) or not is_local_glob(path):
         return not registry.scheme_of(path) and Path(path).is_dir() and folder.is_relative_to(Path(path).resolve())
     parts = Path(path).parts
     k = next(i for i, part in enumerate(parts) if globmod.has_magic(part))

@@ -191,6 +191,18 @@ def test_parquet_strings_that_are_not_utf8_are_one_reject_each_the_rows_beside_t
     assert by_units == whole
 
 
+def test_a_file_whose_name_has_glob_characters_is_that_file(tmp_path: Path) -> None:
+    """Regression: `path: data[1].jsonl` was read as a glob (matching `data1.jsonl`), so the file itself was
+    `no file matches`. A name that exists as written is that file; one that does not is still a glob."""
+    from streamprep.sources.local import check_path
+
+    (tmp_path / "data[1].jsonl").write_bytes(_head(3))
+    (tmp_path / "data1.jsonl").write_bytes(_head(2))
+    check_path("datasets[0].path", str(tmp_path / "data[1].jsonl"))
+    assert _split(_items(tmp_path / "data[1].jsonl"))[0] == RECORDS[:3]
+    assert local_mod.expand(str(tmp_path / "data[0-9].jsonl")) == [str(tmp_path / "data1.jsonl")]
+
+
 def test_directory_with_unsupported_and_special_files_rejects_each_by_name(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_bytes(_head(5))
     (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
