@@ -505,9 +505,11 @@ def load_file(path: str | Path) -> "Config":
     Bounded: at most MAX_CONFIG_BYTES, MAX_CONFIG_NODES nodes after alias expansion, MAX_CONFIG_DEPTH levels.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config: {p} is a directory")
     if not p.is_file():
-        raise ConfigError(f"config: {p} is not a regular file (a FIFO, socket or device)" if p.exists() and not p.is_dir()
-                          else f"config: {p} is a directory" if p.is_dir() else f"config: no such file: {p}")
+        raise ConfigError(f"config: {p} is not a regular file (a FIFO, socket or device)" if p.exists()
+                          else f"config: no such file: {p}")
     try:
         with open(p, "rb") as fh:
             data = fh.read(MAX_CONFIG_BYTES + 1)

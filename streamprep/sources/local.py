@@ -504,7 +504,8 @@ class LocalSource:
         n = pos.get("record", 0)
         offset = pos.get("offset") if comp is None else None
         with open_input(path, self.storage_options, start=offset or 0, compression=comp) as raw:
-            fh = io.BufferedReader(_Range(raw, decoded=comp is not None), io.DEFAULT_BUFFER_SIZE if comp else READ_BUFFER)
+            fh = io.BufferedReader(_Range(raw, decoded=comp is not None),
+                                   io.DEFAULT_BUFFER_SIZE if comp else READ_BUFFER)
             if not offset:
                 head = fh.peek(4)[:4]
                 wide = next((enc for bom, enc in WIDE_BOMS if head.startswith(bom)), None)

@@ -288,7 +288,8 @@ def test_dangling_symlink_in_a_directory_is_one_reject_naming_it(tmp_path: Path)
     (data / "b.jsonl").symlink_to(tmp_path / "gone.jsonl")
     good, bad = _split(_items(data))
     assert good == RECORDS[:5]
-    assert [b.reason for b in bad] == [f"{data / 'b.jsonl'} is a dangling symlink (to {tmp_path / 'gone.jsonl'}), skipped"]
+    assert [b.reason for b in bad] == [f"{data / 'b.jsonl'} is a dangling symlink (to {tmp_path / 'gone.jsonl'}), "
+                                       "skipped"]
     src = local_source(data)
     assert _bounded(src.fingerprint)["files"][1] == {"path": str(data / "b.jsonl"),
                                                      "dangling_symlink": str(tmp_path / "gone.jsonl")}
