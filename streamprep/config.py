@@ -398,7 +398,8 @@ def _int64(value: Any, key: str) -> None:
         for i, v in enumerate(value):
             _int64(v, f"{key}[{i}]")
     elif isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX - 1 <= value <= INT64_MAX:
-        raise ConfigError(f"config: '{key}' must fit a 64-bit integer (at most {INT64_MAX}), got {value:.3e}")
+        raise ConfigError(f"config: '{key}' must fit a 64-bit integer (at most {INT64_MAX}), got a "
+                          f"{len(str(abs(value)))}-digit integer")
 
 
 def _section_of(sec: registry.Entry, given: Any) -> dict[str, Any]:
@@ -468,6 +469,8 @@ class _BoundedLoader(yaml.SafeLoader):
         before = self._nodes
         self._count(1)
         node = super().compose_node(parent, index)
+        if isinstance(node, yaml.MappingNode):
+            self._keys_once(node)
         self._sizes[id(node)] = self._nodes - before
         self._depth -= 1
         return node
@@ -484,19 +487,19 @@ class _BoundedLoader(yaml.SafeLoader):
             raise ConfigError(f"line {node.start_mark.line + 1}: {node.value!r:.60} is not a valid YAML "
                               f"{node.tag.rsplit(':', 1)[-1]}{why}; quote it if it is a string") from None
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        """Refuse a key given twice in one mapping: YAML's last-one-wins would drop the first silently (two
-        `datasets:` lists, say). Keys a `<<` merge brings in may still be overridden, as YAML means them to be."""
-        seen: dict[Any, int] = {}
+    @staticmethod
+    def _keys_once(node: yaml.MappingNode) -> None:
+        """Refuse a key written twice in one mapping: YAML's last-one-wins would drop the first silently (two
+        `datasets:` lists, say). Checked on the mapping as written, before a `<<` merge adds keys to it (those
+        may be overridden, as YAML means them to be)."""
+        seen: dict[tuple[str, str], int] = {}
         for key_node, _ in node.value:
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                key, line = self.construct_object(key_node), key_node.start_mark.line + 1
-                if isinstance(key, (str, int, float, bool)) and key in seen:
-                    raise ConfigError(f"line {line}: key {key!r} given twice in one mapping (first on line "
-                                      f"{seen[key]}); the later one would silently replace it")
-                if isinstance(key, (str, int, float, bool)):
-                    seen[key] = line
-        return super().construct_mapping(node, deep)
+                key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
+                if key in seen:
+                    raise ConfigError(f"line {line}: key {key_node.value!r} given twice in one mapping (first on "
+                                      f"line {seen[key]}); the later one would silently replace it")
+                seen[key] = line
 
 
 def load_file(path: str | Path) -> "Config":

@@ -191,9 +191,9 @@ def _check_sft_shard(c: _Checker, meta_rel: str, meta: dict[str, Any], paths: se
             if "sequence" in files and not (np.array_equal(files["sequence"][1].lengths, mask.lengths)
                                             and np.array_equal(files["sequence"][1].doc_indices, mask.doc_indices)):
                 c.add(f"{prefix}: loss mask lengths differ from the sequence lengths ({files['sequence'][0]})")
-            values = mask.tokens()  # uint8 0/1 (`mask_dtype: bool` is stored so too)
-            trained = int(values.sum(dtype=np.int64))
-            if len(values) and int(values.max()) > 1:
+            values = c.guarded(prefix + ".bin", mask.tokens)  # uint8 0/1 (`mask_dtype: bool` is stored so too)
+            trained = int(values.sum(dtype=np.int64)) if values is not None else entry["loss_mask"]["trained_tokens"]
+            if values is not None and len(values) and int(values.max()) > 1:
                 c.add(f"{prefix}.bin: loss mask holds values other than 0 and 1")
             elif trained != entry["loss_mask"]["trained_tokens"]:
                 c.add(f"{prefix}.bin: {trained} trained tokens, {meta_rel} says {entry['loss_mask']['trained_tokens']}")

@@ -165,7 +165,9 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
 
 def reaches_into(path: str, folder: Path) -> bool:
     """Whether listing the local directory or glob `path` (as `expand` does) could list a file under `folder`
-    (resolved): a run dir inside a dataset's folder would have the job read its own outputs as input."""
+    (resolved): a run dir inside a dataset's folder would have the job read its own outputs as input. Erring on the
+    side of refusing: a glob's folders are matched, not its file pattern; and a symlinked folder inside the dataset's
+    folder that leads into the run dir is not followed (`**` would)."""
     if registry.scheme_of(path) or not is_local_glob(path):
         return not registry.scheme_of(path) and Path(path).is_dir() and folder.is_relative_to(Path(path).resolve())
     parts = Path(path).parts
@@ -174,20 +176,24 @@ def reaches_into(path: str, folder: Path) -> bool:
     if not folder.is_relative_to(static):
         return False
     pattern, rel = parts[k:-1], folder.relative_to(static).parts  # the pattern's folders, the folder's below it
-    if "**" in parts[k:]:
-        return True
+    if "**" in parts[k:]:  # any depth, but glob's `**` skips hidden folders as its `*` does
+        return not any(r.startswith(".") for r in rel)
     return len(pattern) >= len(rel) and all(fnmatch.fnmatchcase(r, g) and (g.startswith(".") or not r.startswith("."))
                                             for r, g in zip(rel, pattern))  # glob's `*` skips hidden names
 
 
 def _walk(top: str) -> Iterator[str]:
     """The files under a directory, symlinked folders not descended into, hidden names left out (the list
-    `Path.rglob` gave); a folder that cannot be listed raises (rglob skipped it silently, and its files with it)."""
-    def fail(exc: OSError) -> None:
-        raise exc
-
-    for root, _dirs, names in os.walk(top, onerror=fail):
+    `Path.rglob` gave), and each folder inside it that cannot be listed (permissions; rglob skipped it silently, and
+    its files with it), which its reader makes one counted reject naming it (`lost+found` at a volume's root, say,
+    should not hold a dataset up). `top` itself that cannot be listed raises."""
+    unlisted: list[OSError] = []
+    for root, _dirs, names in os.walk(top, onerror=unlisted.append):
         yield from (os.path.join(root, name) for name in names if not name.startswith("."))
+    for exc in unlisted:
+        if exc.filename == top:
+            raise exc
+        yield exc.filename
 
 
 def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -374,7 +380,7 @@ def broken_link(path: str) -> str | None:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return "is a symlink loop"
-        if exc.errno == errno.ENOENT and os.path.islink(path):
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and os.path.islink(path):
             return f"is a dangling symlink (to {os.readlink(path)})"
     return None
 
@@ -392,7 +398,7 @@ def identity(path: str, storage_options: Mapping[str, Any] | None = None, hashed
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return {"path": path, "symlink_loop": True}
-            if exc.errno == errno.ENOENT and os.path.islink(path):
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR) and os.path.islink(path):
                 return {"path": path, "dangling_symlink": os.readlink(path)}
             raise SourceError(f"cannot read input file {path}: {one_line(exc)}") from exc
         if not stat.S_ISREG(st.st_mode):
@@ -475,6 +481,14 @@ class LocalSource:
         """File `i`'s records from `here`; a failure ends the file with one reject, or raises SourceError (see
         module doc). Ingest reads a compressed or Parquet-less file this way, as one stream unit."""
         nxt = {"file": i + 1, "record": 0}
+        if "://" not in path and os.path.isdir(path):  # a folder of a directory `path` that could not be listed
+            try:
+                os.listdir(path)
+                why = "listed now, not when the dataset's files were"
+            except OSError as exc:
+                why = exc.strerror or one_line(exc)
+            yield BadRecord(f"{path} is a folder that cannot be listed, skipped: {why}", ""), nxt
+            return
         if _special(path):
             yield BadRecord(f"{path} is not a regular file (FIFO, socket or device), skipped", ""), nxt
             return

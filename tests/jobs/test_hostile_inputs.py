@@ -298,27 +298,36 @@ def test_dangling_symlink_in_a_directory_is_one_reject_naming_it(tmp_path: Path)
     assert input_change(before, src.fingerprint()) is not None
 
 
-def test_a_folder_that_cannot_be_listed_is_exit_2_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_folder_that_cannot_be_listed_is_one_reject_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: `Path.rglob` skipped a folder it could not list (permissions), and its files with it, without a
-    word. (Simulated: the suite may run as root, for whom `chmod 000` denies nothing.)"""
+    word. Now it is one counted reject naming it (a root-only `lost+found` at a volume's root does not hold the
+    dataset up); the dataset's own folder that cannot be listed is exit 2. (Simulated: the suite may run as root,
+    for whom `chmod 000` denies nothing.)"""
     from streamprep.sources.local import check_path
 
     data = tmp_path / "in"
     (data / "sub").mkdir(parents=True)
     (data / "a.jsonl").write_bytes(_head(5))
     (data / "sub" / "c.jsonl").write_bytes(_head(5))
-    scandir = os.scandir
+    denied = {data / "sub"}
 
-    def denied(path: Any = ".") -> Any:
-        if str(path).endswith("sub"):
-            raise PermissionError(13, "Permission denied", str(path))
-        return scandir(path)
-    monkeypatch.setattr(os, "scandir", denied)
+    def deny(list_dir: Callable[..., Any]) -> Callable[..., Any]:
+        def call(path: Any = ".") -> Any:
+            if Path(path) in denied:
+                raise PermissionError(13, "Permission denied", str(path))
+            return list_dir(path)
+        return call
+    monkeypatch.setattr(os, "scandir", deny(os.scandir))
+    monkeypatch.setattr(os, "listdir", deny(os.listdir))
+    check_path("datasets[0].path", str(data))
+    assert local_mod.expand(str(data)) == [str(data / "a.jsonl"), str(data / "sub")]
+    good, bad = _split(_items(data))
+    assert good == RECORDS[:5]
+    assert [b.reason for b in bad] == [f"{data / 'sub'} is a folder that cannot be listed, skipped: Permission denied"]
+    denied.add(data)
     with pytest.raises(ConfigError) as err:
         check_path("datasets[0].path", str(data))
-    assert str(err.value) == f"config: 'datasets[0].path': {data}: cannot read {data / 'sub'}: Permission denied"
-    with pytest.raises(PermissionError):
-        local_mod.expand(str(data))
+    assert str(err.value) == f"config: 'datasets[0].path': {data}: cannot read {data}: Permission denied"
 
 
 @pytest.mark.parametrize("where", ["tokenizer", "run_dir", "dataset"])
