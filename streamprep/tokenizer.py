@@ -162,7 +162,7 @@ def _first_kept(texts: Iterable[str], keep: list[str]) -> Iterator[str]:
 def check_section(cfg: dict[str, Any]) -> None:
     """Config validation (registry.CHECKS): `tokenizer.path` (resolved by config) exists and loads, with its EOD."""
     tok = cfg["tokenizer"]
-    if tok["path"] is not None:
+    if tok["path"] is not None and not Path(tok["path"]).is_dir():  # a folder: `source_file` names what it lacks
         check_path("tokenizer.path", tok["path"])
     check_config(TokenizerConfig.from_dict(tok))
 

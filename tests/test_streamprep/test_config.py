@@ -257,6 +257,10 @@ def test_empty_input_directory_and_not_a_tokenizer(tmp_path: Path, good: dict, d
         validate(_with(good, "datasets[0].path", str(tmp_path / "empty")), base_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"'tokenizer.path': .* is not a tokenizer.json"):
         validate(_with(good, "tokenizer.path", str(data)), base_dir=tmp_path)
+    (tmp_path / "tok" / "tokenizer.json").mkdir(parents=True)  # a folder where the file should be
+    for folder in (tmp_path / "empty", tmp_path / "tok"):  # regression: "directory has no input files", a dataset's
+        with pytest.raises(ConfigError, match=rf"^config: 'tokenizer.path': no tokenizer.json in {folder}$"):
+            validate(_with(good, "tokenizer.path", str(folder)), base_dir=tmp_path)
 
 
 def test_trained_tokenizer_eod_must_be_one_of_its_special_tokens(tmp_path: Path, data: Path) -> None:
