@@ -202,7 +202,20 @@ def _pattern_resolver(repo_files: Sequence[str], base: str = "") -> Callable[[st
 
 def select_data_files(repo_id: str, repo_files: Sequence[str], split: str, subset: str | None,
                       card_data: Mapping[str, Any] | None, fmt: str | None = None) -> tuple[list[str], str, dict]:
-    """(sorted data files, builder, builder kwargs) of `subset`/`split`, from README `configs:` or default patterns."""
+    """(sorted data files, builder, builder kwargs) of `subset`/`split`, from README `configs:` or default patterns.
+    A `configs:` of the wrong shape (`configs: [5]`, a `data_dir` that is a number), which `datasets` reads without
+    checking, is a one-line config error naming README.md, not the TypeError it raises deep inside."""
+    try:
+        return _select_data_files(repo_id, repo_files, split, subset, card_data, fmt)
+    except ConfigError:
+        raise
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise HFSourceError(f"hf://{repo_id}: bad 'configs' in README.md: {type(exc).__name__}: "
+                            f"{(str(exc).strip().splitlines() or [''])[0]}") from None
+
+
+def _select_data_files(repo_id: str, repo_files: Sequence[str], split: str, subset: str | None,
+                       card_data: Mapping[str, Any] | None, fmt: str | None) -> tuple[list[str], str, dict]:
     from datasets.data_files import _get_data_files_patterns, sanitize_patterns
     from datasets.load import infer_module_for_data_files_list
     from datasets.packaged_modules import _EXTENSION_TO_MODULE, _MODULE_TO_EXTENSIONS

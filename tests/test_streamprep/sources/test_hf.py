@@ -448,6 +448,21 @@ def test_errors_are_one_line_and_name_the_repo(hub, tmp_path, entry, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("card", [{"configs": [5]}, {"configs": [{"config_name": "default", "data_dir": 5}]},
+                                  {"configs": [{"config_name": "default",
+                                                "data_files": [{"split": "train", "path": [1, 2]}]}]},
+                                  {"configs": [{"config_name": "default", "data_files": [{"split": 5, "path": "x"}]}]}],
+                         ids=["not-a-mapping", "data_dir-number", "path-numbers", "split-number"])
+def test_a_readme_configs_of_the_wrong_shape_is_one_line_naming_it(card):
+    """Regression: `datasets` reads `configs:` without checking its shape; a number where it wants a string raised a
+    bare TypeError/AttributeError, exit 1, naming neither the repo nor README.md."""
+    from streamprep.sources.hf import select_data_files
+
+    with pytest.raises(HFSourceError, match=r"^hf://org/x: bad 'configs' in README.md: \w+: ") as err:
+        select_data_files("org/x", ["data/train.jsonl"], "train", None, card)
+    assert isinstance(err.value, ConfigError) and "\n" not in str(err.value)
+
+
 def test_hub_down_and_nothing_cached_is_resumable_error(hub, tmp_path):
     hub.stop()
     with pytest.raises(HFSourceUnavailable, match=r"hf://org/corpus@main: Hub unreachable and no cached copy"):
