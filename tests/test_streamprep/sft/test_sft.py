@@ -315,14 +315,15 @@ def test_drop_reasons_are_counted_and_keys_stay_aligned(tmp_path: Path, phi3) ->
         {**good, "prompt": 7},                                          # schema
         {**good, "responses": ["x"], "rewards": [1.0], "prompt": "?"},  # min_chars
         {**good, "responses": ["y" * 500], "rewards": [0.0]},          # max_chars
+        {**good, "responses": good["responses"][:2], "rewards": [1e39, -1e39]},  # bad_value: inf in float32
     )] + [orjson.dumps({"text": "no record"}), b"{not json", b""]
     part = tmp_path / "p.jsonl"
     part.write_bytes(b"\n".join(lines) + b"\n")
     stats = prepare_part(part, tmp_path / "o" / "p", phi3, cfg, FP)
-    assert stats["records"] == 8 and stats["documents"] == 1     # the blank last line is not a record
+    assert stats["records"] == 9 and stats["documents"] == 1     # the blank last line is not a record
     assert stats["dropped"] == {"bad_json": 1, "empty": 1, "max_chars": 1, "min_chars": 1, "no_record": 1,
-                                "no_trained_text": 1, "schema": 1}
-    assert [d["line"] for d in stats["dropped_records"]] == [1, 2, 3, 4, 5, 6, 7]
+                                "no_trained_text": 1, "schema": 1, "bad_value": 1}
+    assert [d["line"] for d in stats["dropped_records"]] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert {k: v["documents"] for k, v in stats["keys"].items()} == {"prompt": 1, "responses": 1, "rewards": 1}
     assert qc_check({**good, "responses": ["a"], "rewards": [1.0, 2.0]}, cfg)[1].startswith("list_length_mismatch:")
 
