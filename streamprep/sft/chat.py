@@ -68,6 +68,24 @@ def _token_value(v: Any) -> Any:
     return v.get("content") if isinstance(v, dict) else v
 
 
+def _tokenizer_config(tok_file: Path) -> dict[str, Any]:
+    cfg_file = tok_file.parent / "tokenizer_config.json"
+    return json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+
+
+def chat_template_of(tok_file: Path) -> str | None:
+    """The chat template beside a tokenizer.json: tokenizer_config.json's (its `default` when named), else
+    chat_template.jinja; None without one."""
+    template = _tokenizer_config(tok_file).get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    jinja_file = tok_file.parent / "chat_template.jinja"
+    if template is None and jinja_file.is_file():
+        template = jinja_file.read_text(encoding="utf-8")
+    return template
+
+
 def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
     """Load once per process from a directory (tokenizer.json [+ tokenizer_config.json, chat_template.jinja])
     or a tokenizer.json path; local files only. Reuse the object across parts."""
@@ -77,15 +95,8 @@ def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
     tok_file = p / "tokenizer.json" if p.is_dir() else p
     if not tok_file.is_file():
         raise FileNotFoundError(f"no tokenizer.json at {p}")
-    cfg_file = tok_file.parent / "tokenizer_config.json"
-    tcfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
-    template = tcfg.get("chat_template")
-    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    jinja_file = tok_file.parent / "chat_template.jinja"
-    if template is None and jinja_file.is_file():
-        template = jinja_file.read_text(encoding="utf-8")
+    tcfg = _tokenizer_config(tok_file)
+    template = chat_template_of(tok_file)
     kwargs = {k: _token_value(tcfg[k]) for k in TOKEN_KEYS if isinstance(_token_value(tcfg.get(k)), str)}
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_file), chat_template=template,
                                  clean_up_tokenization_spaces=False, **kwargs)

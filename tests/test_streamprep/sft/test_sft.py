@@ -544,6 +544,25 @@ def test_a_pretraining_dtype_beside_an_sft_section_is_a_config_error(tmp_path: P
     assert validate({**raw, "sft": None, "output": {"dtype": "uint16"}})["output"]["dtype"] == "uint16"
 
 
+def test_a_template_section_needs_a_chat_template_at_config_time(tmp_path: Path, shared_data: Path) -> None:
+    """Regression: `template: true` with a tokenizer that has no chat template (phi-2) failed at the first shard,
+    after the whole ingest, as a resumable failure that re-running could not fix."""
+    from streamprep.config import ConfigError, load
+
+    raw = yaml.safe_load((CONFIGS / "sft_chat.yaml").read_text(encoding="utf-8"))
+    raw["datasets"][0]["path"] = str(shared_data / GLAIVE)
+    raw["tokenizer"]["path"] = str(shared_data / "tokenizers/phi-3-mini")
+    raw["execution"] = {"engine": "local"}
+    load(raw)
+    raw["tokenizer"]["path"] = str(shared_data / "tokenizers/phi-2")
+    with pytest.raises(ConfigError, match=r"^config: 'sft.input.sources.text.sections\[0\].template': needs a chat "
+                                          r"template, and the tokenizer at .*phi-2 has \(.*\) none$"):
+        load(raw)
+    raw["tokenizer"] = {"if_missing": "train"}
+    with pytest.raises(ConfigError, match=r"needs a chat template, and a tokenizer the run trains has none$"):
+        load(raw)
+
+
 SHAREGPT = {"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
                                     "role_map": {"human": "user", "gpt": "assistant"}, "train_turns": "last"}]},
             "mask": {"gpt": "train"}, "mask_default": "train",
