@@ -537,7 +537,7 @@ def test_a_pretraining_dtype_beside_an_sft_section_is_a_config_error(tmp_path: P
     data = tmp_path / "a.jsonl"
     data.write_text('{"p": "hello there"}\n')
     raw = {"datasets": [{"name": "a", "path": str(data)}], "tokenizer": {"if_missing": "train"},
-           "sft": {"input": {"sections": [OK_SECTION]}}}
+           "sft": {"input": {"sections": [{"field": "p", "action": "train"}]}}}  # no template: a trained tokenizer
     assert validate(raw)["output"]["dtype"] == "auto"
     with pytest.raises(ConfigError, match=r"^config: 'output.dtype' is the pretraining shards' dtype; .* 'sft.output.dtype'"):
         validate({**raw, "output": {"dtype": "uint16"}})
