@@ -78,14 +78,16 @@ class Executor(ABC):
         """Start the workers now rather than at their first call."""
 
     @abstractmethod
-    def close(self) -> None:
-        """Cancel what has not started, wait for what runs, end the workers."""
+    def close(self, wait: bool = True) -> None:
+        """Cancel what has not started, wait for what runs (or, not `wait`, stop it), end the workers."""
 
     def __enter__(self) -> "Executor":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        """A job ending on an error or a signal wants no result of the calls still running: one stalled in a read or
+        a download would otherwise hold its stop for as long as that takes (a minute and more on a Hub that hangs)."""
+        self.close(wait=exc_type is None)
 
 
 def _start_worker(driver: int, setup: Setup | None) -> None:
@@ -222,11 +224,17 @@ class LocalExecutor(Executor):
             for _ in range(self.workers):
                 self._pool.submit(int)  # a no-op call: each submit starts at most one process
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Not `wait`: the pool's processes are terminated (what one was writing is a temporary file the next
+        start sweeps, as after kill -9), and the thread of `workers: 1` is left to end on its own (a stalled read
+        in it cannot be interrupted; the command exits without it)."""
         self._closed = True
+        if not wait and self._pool is not None:
+            for process in list(self._pool._processes.values()):  # type: ignore[attr-defined]
+                process.terminate()
         for pool in (self._threads, self._pool):
             if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+                pool.shutdown(wait=wait, cancel_futures=True)
 
 
 def settle(fut: Future, result: Any = None, exc: BaseException | None = None) -> None:
@@ -353,7 +361,7 @@ class RayExecutor(Executor):
                 for fut in waiting:
                     settle(fut, exc=error)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:  # its actors are killed either way
         import ray
 
         self._done.set()

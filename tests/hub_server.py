@@ -18,8 +18,9 @@ file body bytes written.
 
 Faults, for a Hub that pushes back: `fault_cycle` is applied to the GETs of data files (`/resolve/`, README.md
 excepted), the n-th such GET getting `fault_cycle[n % len]`; `api_faults` are consumed in order by the API calls and
-HEADs. A fault is None (served normally), `"429"` (with `Retry-After: retry_after`), `"503"`, or `"reset"`: the
-headers and half the body are sent, then the connection is reset (RST). `faults_served` counts the faults served by
+HEADs. A fault is None (served normally), `"429"` (with `Retry-After: retry_after`), `"503"`, `"reset"`: the
+headers and half the body are sent, then the connection is reset (RST), or `"hang"`: no answer at all until `stop()`
+(a Hub that stalls). `faults_served` counts the faults served by
 kind; `ranges` lists (path, start byte) of every `Range` GET; `authorizations` the `Authorization` headers seen.
 """
 from __future__ import annotations
@@ -79,6 +80,7 @@ class FakeHub:
         self.ranges: list[tuple[str, int]] = []
         self.authorizations: set[str] = set()
         self._data_gets = 0
+        self._stopped = threading.Event()  # ends the requests a `"hang"` fault holds
 
     def _next_fault(self, path: str, head: bool) -> str | None:
         with self._lock:
@@ -147,6 +149,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -178,6 +181,9 @@ class _Handler(BaseHTTPRequestHandler):
             if auth := self.headers.get("Authorization"):
                 hub.authorizations.add(auth)
         fault = hub._next_fault(url.path, head) if url.path != "/api/agent-harnesses" else None
+        if fault == "hang":
+            hub._stopped.wait()
+            return
         if fault in ("429", "503"):
             self._send(int(fault), b'{"error": "slow down"}', {"Content-Type": "application/json",
                                                                **({"Retry-After": hub.retry_after} if fault == "429" else {})})

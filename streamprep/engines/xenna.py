@@ -479,7 +479,7 @@ class StageExecutor(Executor):
                 self.engine._cluster_lost = True
                 self.engine._fail_calls(ray_cluster.NoNodeLeft(f"workers: {why}; re-run the same command to resume"))
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:  # the pipeline's stop ends its workers either way
         self._done.set()
         log.info("worker calls per node", calls=self.engine.calls_per_node)  # units on every node?
         self.engine.close()

@@ -1313,3 +1313,48 @@ def test_a_job_whose_download_runs_out_of_retries_stops_with_the_hubs_one_line(m
     assert atomic.read_json(tmp_path / "run" / "run.json")["status"] == "failed"
     many.fault_cycle = []
     assert run_from_dict(raw, run_dir=tmp_path / "run", console_log=False).status == "complete"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_while_a_download_hangs_stops_the_job_within_seconds(many, tmp_path, workers):
+    """Regression: the job's executor waited for the call still running at a stop, so SIGTERM while a Hub stalled a
+    download took ~56 s (the transport's own timeouts and retries) and up to 6 minutes on a stalled HEAD. A stopping
+    job now wants no result of a running call: the pool's processes are terminated, a worker thread is left behind.
+    The same command then resumes to every record."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import yaml
+
+    raw = _ingest_config(MANY_REPO, workers=workers, hf_prefetch_files=1)
+    raw["datasets"][0].pop("filter")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "HF_ENDPOINT": many.url, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+           "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("HF_TOKEN", None)
+    argv = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(tmp_path / "run")]
+    many.fault_cycle = [None, "hang"]  # the second data file's download never answers
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while many.faults_served["hang"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert many.faults_served["hang"] == 1, proc.stderr.read() if proc.poll() is not None else "no download hung"
+    time.sleep(0.5)
+    children = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=60)
+    took = time.monotonic() - asked
+    assert code == 1 and took < 10, (code, took, proc.stderr.read()[-2000:])
+    assert "re-run the same command to resume" in proc.stderr.read()
+    time.sleep(0.5)
+    assert not [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    many.fault_cycle = []
+    assert subprocess.run(argv, env=env, capture_output=True, timeout=300).returncode == 0
+    assert json.loads((tmp_path / "run" / "checkpoints" / "web.json").read_text())["kept"] == 480
