@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import shutil
 import signal
 import time
 import traceback
@@ -130,11 +131,22 @@ def _check_writable_dir(path: Path, what: str) -> None:
         raise ConfigError(f"{what} {path}: {existing} is not writable")
 
 
+def _start_files(run_dir: Path, checkpoint_dir: Path) -> list[Path]:
+    """What a job writes at its start from its config alone, before its first record: the tokenizer's copy and the
+    backend chosen for it, the holder count, the checkpoint dir's owner. No output: an attempt that failed having
+    written nothing else (an hf:// split that does not exist, say) is started afresh, these removed first (the
+    corrected config may name another tokenizer), and the Hub's download cache kept for it."""
+    layout, ck = RunLayout(run_dir), CheckpointLayout(checkpoint_dir)
+    return [layout.tokenizer_dir, layout.tokenizer_backend, layout.tokenizer_backend_fallback, ck.dedup_holders,
+            ck.owner]
+
+
 def _wrote_outputs(run_dir: Path, checkpoint_dir: Path) -> bool:
-    """Whether a run left anything besides run.json, its logs and its locks (a stage's output or checkpoint)."""
+    """Whether a run left anything besides run.json, its logs, its locks, the Hub's download cache and its start
+    files (`_start_files`): a stage's output or a dataset's checkpoint."""
     layout = RunLayout(run_dir)
-    bookkeeping = {layout.run_json, layout.logs_dir, layout.lock,
-                   CheckpointLayout(checkpoint_dir).lock, CheckpointLayout(checkpoint_dir).owner}
+    bookkeeping = {layout.run_json, layout.logs_dir, layout.lock, layout.hf_cache, CheckpointLayout(checkpoint_dir).lock,
+                   *_start_files(run_dir, checkpoint_dir)}
     for root in (run_dir, checkpoint_dir):
         if root.is_dir() and any(p.is_file() and not any(p == b or b in p.parents for b in bookkeeping)
                                  for p in root.rglob("*")):
@@ -170,6 +182,25 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
                           f"use a new --run-dir (with --fresh) to start over")
     return previous
+
+
+def _forget_failed_start(config: Config, run_dir: Path) -> None:
+    """Under the run's lock, before a run that starts afresh: remove the start files (`_start_files`) of an earlier
+    attempt that failed having written no output, which the new config would otherwise meet (its checkpoint dir's
+    owner, another run id, refused it). A tokenizer the config reads from there is kept."""
+    run_json = RunLayout(run_dir).run_json
+    previous = _read_run_json(run_json) if run_json.exists() else {}
+    checkpoint_dir = Path(previous.get("checkpoint_dir") or _checkpoint_dir(config, run_dir))
+    if previous.get("status") != "failed" or _wrote_outputs(run_dir, checkpoint_dir):
+        return
+    source = Path(config.tokenizer.path).resolve() if config.tokenizer.path else None
+    for path in _start_files(run_dir, checkpoint_dir):
+        if source is not None and (source == path or source.is_relative_to(path)):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _read_run_json(path: Path) -> dict[str, Any]:
@@ -226,6 +257,8 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
                 lock.acquire()
             except RunLocked as exc:
                 raise ConfigError(str(exc)) from None
+        if previous is None:
+            _forget_failed_start(config, run_dir)
         _refuse_unsafe_paths(config, run_dir, checkpoint_dir)
         logs.configure(run_dir, console=console_log)
         for lock in locks:

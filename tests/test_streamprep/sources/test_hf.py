@@ -1358,3 +1358,26 @@ def test_sigterm_while_a_download_hangs_stops_the_job_within_seconds(many, tmp_p
     many.fault_cycle = []
     assert subprocess.run(argv, env=env, capture_output=True, timeout=300).returncode == 0
     assert json.loads((tmp_path / "run" / "checkpoints" / "web.json").read_text())["kept"] == 480
+
+
+def test_a_split_that_does_not_exist_then_the_right_one_in_the_same_run_dir(many, tmp_path):
+    """Regression: the Hub-side refusal (exit 2) came after the job's start had written its tokenizer copy, backend
+    and holder count and claimed the checkpoint dir, so the corrected config was refused in that run dir: `config
+    changed since this run started (datasets[0].split)`. An attempt that failed having written no output is started
+    afresh: its start files go, the download cache stays."""
+    from streamprep import run_from_dict
+    from streamprep.verify import verify_run
+
+    raw = _ingest_config(MANY_REPO, workers=1)
+    raw["datasets"][0].update(split="dev")
+    raw["datasets"][0].pop("filter")
+    run = tmp_path / "run"
+    with pytest.raises(HFSourceError, match=r"unknown split 'dev'"):
+        run_from_dict(raw, run_dir=run, console_log=False)
+    assert (run / "checkpoints" / ".streamprep-run").is_file()  # claimed for the failed attempt's run id
+    raw["datasets"][0].update(split="train")
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+    assert verify_run(run) == []
+    raw["datasets"][0].update(split="validation")  # outputs exist now: a changed config is refused as before
+    with pytest.raises(ConfigError, match=r"config changed since this run started \(datasets\[0\].split\)"):
+        run_from_dict(raw, run_dir=run, console_log=False)
