@@ -108,7 +108,7 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, live: dict[str, An
             ingest_bytes += p.stat().st_size
         except OSError:
             pass
-    shards_done = tokens = docs = empty = 0
+    shards_done = tokens = docs = empty = dropped = 0
     for i in range(planned):
         rec = completed_receipt(layout.receipt(name, i))
         if rec is not None:
@@ -117,6 +117,7 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, live: dict[str, An
             tokens += int(st.get("num_tokens", 0))
             docs += int(st.get("num_documents", 0))
             empty += len(st.get("dropped_empty") or [])
+            dropped += sum(int(n) for n in ((st.get("sft") or {}).get("dropped") or {}).values())
     rejected = int(ck.get("rejected", 0))
     if not started:
         stage = "pending"
@@ -134,7 +135,8 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, live: dict[str, An
                    "bytes_in": _bytes_in(ck, _source_sizes(run_dir, ck, entry)),
                    "updated_at": ck.get("updated_at") or None},
         "tokenize": {"shards_planned": planned, "planned_final": done, "shards_done": shards_done,
-                     "shards_pending": planned - shards_done, "tokens": tokens, "documents": docs, "empty_tokens": empty},
+                     "shards_pending": planned - shards_done, "tokens": tokens, "documents": docs, "empty_tokens": empty,
+                     "sft_dropped": dropped},
     }
 
 

@@ -200,14 +200,22 @@ def _lengths(chars_kept: dict[str, int], chars_rej: dict[str, int], tokens_kept:
     }
 
 
+def sft_dropped(rstats: list[dict[str, Any]]) -> dict[str, int]:
+    """The records an SFT run's shards dropped, by reason (`no_trained_tokens`, `overlong`, ...: docs/sft.md): kept
+    by QC, in no shard. Empty for a pretraining run."""
+    return stats.merge_counts((s.get("sft") or {}).get("dropped") for s in rstats)
+
+
 def _tokenized_checks(complete: bool, rstats: list[dict[str, Any]], kept: int,
                       tokens_hist_kept: dict[str, int]) -> dict[str, bool | None]:
-    """The checks that hold once every part of the dataset is tokenized (None before)."""
-    empty = sum(len(s.get("dropped_empty") or []) for s in rstats)
+    """The checks that hold once every part of the dataset is tokenized (None before). An SFT run's documents are
+    the kept records less the ones its shards dropped, and it keeps no token-length histogram (None)."""
+    empty = sum(len(s.get("dropped_empty") or []) for s in rstats) + sum(sft_dropped(rstats).values())
     docs = sum(int(s.get("num_documents", 0)) for s in rstats)
     input_records = sum(int(s.get("num_input_records", 0)) for s in rstats)
+    sft = any(s.get("sft") is not None for s in rstats)
     return {"tokenized_eq_kept_minus_empty": (docs == kept - empty and input_records == kept) if complete else None,
-            "tokens_hist_counts_match": (stats.hist_total(tokens_hist_kept) == docs) if complete else None}
+            "tokens_hist_counts_match": (stats.hist_total(tokens_hist_kept) == docs) if complete and not sft else None}
 
 
 def _density(st: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +269,8 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
         "tokenization_complete": tokenized_complete,
         "records": {"read": read, "kept": kept, "rejected": rejected, "empty_tokens": empty,
                     "tokenized_documents": docs, "trainable": kept - empty,
-                    "keep_rate": round(kept / read, 4) if read else None},
+                    "keep_rate": round(kept / read, 4) if read else None,
+                    **({"sft_dropped": dropped} if (dropped := sft_dropped(rstats)) else {})},
         "rejects_by_check": rejects_by_check,
         "gates": stats.gate_table(st),  # what each gate did and cost on this run's data, in run order
         "rejects_after_qc": [EMPTY_TOKENS] if empty else [],

@@ -30,8 +30,13 @@ def summary_text(audit: dict[str, Any], html_path: str | Path | None = None) -> 
         top += f", +{more} more" if more > 0 else ""
         lines.append(f"  {n.ljust(width)}  read {r['read']:,}  kept {r['kept']:,} ({_pct(r['kept'], r['read'])})  "
                      f"rejected {r['rejected']:,}" + (f": {top}" if top else "") + f"  tokens {d['tokens']:,}")
+        if dropped := r.get("sft_dropped"):  # kept by QC, dropped by the SFT shards (docs/sft.md)
+            lines.append(f"  {' ' * width}  dropped by its SFT shards: "
+                         + ", ".join(f"{k} {v:,}" for k, v in sorted(dropped.items(), key=lambda kv: (-kv[1], kv[0]))))
     if audit["checks"]["ok"]:
-        lines.append("  counts add up: read = kept + rejected; tokenized = kept - empty_tokens")
+        sft = any(d["records"].get("sft_dropped") for d in audit["datasets"].values())
+        lines.append("  counts add up: read = kept + rejected; tokenized = kept - empty_tokens"
+                     + (" - dropped by the SFT shards" if sft else ""))
     else:
         lines.append("  WARNING: counts do not add up: " + "; ".join(audit["checks"]["failed"]))
     if (tt := audit.get("tokenizer_training")) and tt.get("bytes_per_token"):
@@ -298,7 +303,10 @@ def _dataset_charts(n: str, d: dict[str, Any]) -> list[str]:
     out = [f'<h2 id="ds-{esc(n)}">Dataset {esc(n)}</h2>',
            f'<div class="muted">read {_fmt(r["read"])} = kept {_fmt(r["kept"])} + rejected '
            f'{_fmt(r["rejected"])}; tokenized documents {_fmt(r["tokenized_documents"])} = kept − empty_tokens '
-           f'{_fmt(r["empty_tokens"])}' + ("" if d["tokenization_complete"] else " (tokenization not complete)")
+           f'{_fmt(r["empty_tokens"])}' + (f' − dropped by the SFT shards {_fmt(sum(r["sft_dropped"].values()))} ('
+                                          + esc(", ".join(f"{k} {v}" for k, v in sorted(r["sft_dropped"].items())))
+                                          + ")" if r.get("sft_dropped") else "")
+           + ("" if d["tokenization_complete"] else " (tokenization not complete)")
            + "</div>"]
     items = [(k + (" (after QC)" if k in d["rejects_after_qc"] else ""), v, _reason_color(k))
              for k, v in d["rejects_by_check"].items()]

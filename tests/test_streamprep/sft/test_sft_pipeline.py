@@ -37,6 +37,12 @@ def test_sft_chat_config_end_to_end(shared_data: Path, tmp_path: Path) -> None:
     trained = sum(int(mask[i].sum()) for i in range(len(mask)))
     assert 0.4 < trained / int(seqs.lengths.sum()) < 0.8  # assistant turns trained, the rest masked
     assert verify_run(tmp_path / "run") == []
+    # regression: the records the shards dropped were in no count, and every SFT audit said "counts do not add up"
+    audit = json.loads((tmp_path / "run/audit/audit.json").read_text())
+    dropped = receipt["stats"]["sft"]["dropped"]
+    assert audit["checks"]["ok"] and sum(dropped.values()) == kept - receipt["stats"]["num_documents"] > 0
+    assert audit["datasets"]["glaive_toolcall"]["records"]["sft_dropped"] == dropped
+    assert audit["datasets"]["glaive_toolcall"]["checks"]["tokens_hist_counts_match"] is None  # no histogram in SFT
     again = run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
     assert again.status == "complete"
 
