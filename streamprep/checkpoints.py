@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, logs
-from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, planned_parts
+from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, planned_parts, read_json
 
 VERSION = 3  # 2: positions name a unit of the plan (streamprep.units); 3: parts written whole from staged pieces
 DIGEST = 32
@@ -231,6 +231,32 @@ def _missing(files: DatasetFiles, state: IngestState) -> list[str]:
     return short
 
 
+COUNTERS = ("consumed", "kept", "rejected", "kept_text_bytes", "part_index", "part_lines", "part_bytes", "rejects_bytes",
+            "dedup_count", "near_dedup_bytes")
+
+
+def _unfit(files: DatasetFiles, state: IngestState) -> str | None:
+    """What makes a checkpoint of the right types one no job wrote (a damaged or edited file), which a resume would
+    follow into skipping records without a word: a negative or 64-bit-overflowing count, a part index its sealed
+    parts do not match, a position that is not a place in its plan (the plan empty, or the unit past its end)."""
+    bad = next((k for k in COUNTERS if not 0 <= getattr(state, k) < 1 << 63), None)
+    if bad is not None:
+        return f"{bad} is {getattr(state, bad)}"
+    if len(state.sealed) != state.part_index:
+        return f"part_index {state.part_index} with {len(state.sealed)} sealed parts"
+    pos = state.position
+    if pos is None:
+        return None
+    if any(not isinstance(pos.get(k, 0), int) or isinstance(pos.get(k, 0), bool) or pos.get(k, 0) < 0
+           for k in ("unit", "piece", "base")):
+        return f"position {str(pos)[:80]}"
+    plan = read_json(CheckpointLayout(files.checkpoint_dir).plan(files.dataset)) if state.consumed else None
+    if plan is not None and (not isinstance(plan, list) or not plan or not all(isinstance(u, dict) for u in plan)
+                             or pos.get("unit", 0) > len(plan)):
+        return f"position unit {pos.get('unit', 0)} in a plan of {len(plan) if isinstance(plan, list) else 'no'} units"
+    return None
+
+
 def load_and_repair(files: DatasetFiles) -> IngestState:
     """Load the dataset's checkpoint and bring its files back to exactly what it describes.
 
@@ -254,6 +280,12 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
     except (orjson.JSONDecodeError, ValueError, TypeError) as exc:  # also a wrong shape (IngestState.from_json)
         log.warning("unreadable checkpoint, restarting dataset from scratch", dataset=files.dataset,
                     checkpoint=str(files.checkpoint), error=str(exc)[:200])
+        _clear(files)
+        return IngestState(dataset=files.dataset)
+    unfit = _unfit(files, state)
+    if unfit:
+        log.warning("checkpoint does not hold a state a job writes, restarting dataset from scratch",
+                    dataset=files.dataset, checkpoint=str(files.checkpoint), problem=unfit)
         _clear(files)
         return IngestState(dataset=files.dataset)
     short = _missing(files, state)

@@ -92,6 +92,15 @@ def _source_sizes(run_dir: Path, ck: dict[str, Any], entry: dict[str, Any] | Non
     return None
 
 
+def _numbered(folder: Path, suffix: str) -> list[tuple[int, Path]]:
+    """The `part-NNNNN<suffix>` files in `folder`, with their part numbers."""
+    found = []
+    for path in folder.glob(f"part-*{suffix}") if folder.is_dir() else ():
+        if path.name.endswith(suffix) and path.name[len("part-"):-len(suffix)].isdigit():
+            found.append((int(path.name[len("part-"):-len(suffix)]), path))
+    return sorted(found)
+
+
 def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, live: dict[str, Any] | None = None,
                     entry: dict[str, Any] | None = None) -> dict[str, Any]:
     """One dataset's counters from its saved checkpoint, or from `live` (a running job's in-memory state in the
@@ -102,15 +111,15 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, live: dict[str, An
     started, done = cp.started, cp.done
     part_index, part_lines, planned = cp.part_index, cp.part_lines, cp.planned_parts
     ingest_bytes = 0
-    for i in range(part_index + 1):
-        p = layout.ingest_part(name, i)
-        try:
-            ingest_bytes += p.stat().st_size
-        except OSError:
-            pass
+    for i, p in _numbered(layout.ingest_dir(name), ".jsonl"):  # the files there, not a range: a damaged checkpoint's
+        if i <= part_index:                                     # part index may be anything (a billion: a hang)
+            try:
+                ingest_bytes += p.stat().st_size
+            except OSError:
+                pass
     shards_done = tokens = docs = empty = dropped = 0
-    for i in range(planned):
-        rec = completed_receipt(layout.receipt(name, i))
+    for i, path in _numbered(layout.receipts_dir / name, ".json"):
+        rec = completed_receipt(path) if i < planned else None
         if rec is not None:
             st = rec.get("stats") or {}
             shards_done += 1
@@ -154,7 +163,11 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
     names = _dataset_names(record, ckpt_dir, run_dir)
     entries = {d["name"]: d for d in (record.get("config") or {}).get("datasets", []) if isinstance(d, dict)}
     live = live or {}
-    datasets = {n: _dataset_status(run_dir, ckpt_dir, n, live.get(n), entries.get(n)) for n in names}
+    try:
+        datasets = {n: _dataset_status(run_dir, ckpt_dir, n, live.get(n), entries.get(n)) for n in names}
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a checkpoint or receipt of the wrong shape
+        raise NotARunDir(f"{run_dir}: a checkpoint or receipt is damaged ({type(exc).__name__}: {exc}); "
+                         f"`streamprep ingest` with the run's config repairs it (its dataset starts over)") from None
     holder = lock_holder(run_dir)
     recorded = record.get("status") or "unknown"
 

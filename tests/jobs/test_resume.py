@@ -123,6 +123,39 @@ def test_repair_cases_resume_to_identical_outputs(reference: tuple[dict, Path], 
         assert tree_hashes(tmp_path / "run", names=logs) == tree_hashes(ref, names=logs) != {}
 
 
+@pytest.mark.parametrize("case", ["plan_empty", "unit_past_the_plan", "unit_not_a_number", "part_index_negative",
+                                  "part_index_huge"])
+@pytest.mark.slow
+def test_a_checkpoint_no_job_wrote_restarts_its_dataset(reference: tuple[dict, Path], tmp_path: Path,
+                                                        case: str) -> None:
+    """Regression: a checkpoint of the right types holding a state no job writes was followed. An empty plan or a
+    unit past its end ended the dataset where the interruption had left it (exit 0, `verify` passing, the rest
+    of its records missing); a negative part index removed sealed parts; a unit that is not a number failed every
+    resume. Now its dataset starts over (logged), and the resumed run ends byte-identical."""
+    import asyncio
+
+    from helpers import ingest_stopped_after
+    from streamprep.config import load
+    from streamprep.layout import CheckpointLayout
+
+    cfg, ref = reference
+    run = tmp_path / "run"
+    state = asyncio.run(ingest_stopped_after(load(cfg), run, "alpha", 900))
+    assert not state.done and state.part_index > 0
+    files = DatasetFiles(run, run / "checkpoints", "alpha")
+    ck = json.loads(files.checkpoint.read_text())
+    if case == "plan_empty":
+        CheckpointLayout(run / "checkpoints").plan("alpha").write_text("[]")
+    else:
+        key, value = {"unit_past_the_plan": ("position", {**ck["position"], "unit": 10**6}),
+                      "unit_not_a_number": ("position", {**ck["position"], "unit": "x"}),
+                      "part_index_negative": ("part_index", -2), "part_index_huge": ("part_index", 10**9)}[case]
+        files.checkpoint.write_text(json.dumps({**ck, key: value}))
+    run_from_dict(cfg, run_dir=run, console_log=False)
+    _compare(ref, run)
+    assert "checkpoint does not hold a state a job writes" in (run / "logs" / "streamprep.log").read_text()
+
+
 def test_unreadable_checkpoint_restarts_dataset(tmp_path: Path) -> None:
     files = DatasetFiles(tmp_path, tmp_path / "ck", "d")
     files.ingest_dir.mkdir(parents=True)

@@ -106,6 +106,32 @@ def test_mid_ingest_checkpoint_counts_planned_shards_so_far(done_run, tmp_path):
     assert "2/2+" in format_status(st)
 
 
+def test_a_damaged_checkpoint_neither_hangs_nor_crashes_status(done_run, tmp_path):
+    """Regression: status counted parts and receipts over `range(part_index + 1)`, so a checkpoint saying a billion
+    parts hung it, and a counter of the wrong type (`kept: "x"`) was a bare ValueError, exit 1. Now: the files on
+    disk are counted, and a record of the wrong shape is one line saying how to repair it, exit 2."""
+    import threading
+
+    from streamprep.cli import main
+    from streamprep.layout import NotARunDir
+
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    ck_path = run_dir / "checkpoints" / "a.json"
+    good = json.loads(ck_path.read_text())
+    ck_path.write_text(json.dumps({**good, "part_index": 10**9}))
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.update(st=run_status(run_dir)), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), "status hung on a part index of a billion"
+    assert out["st"]["datasets"]["a"]["ingest"]["bytes"] == run_status(done_run)["datasets"]["a"]["ingest"]["bytes"]
+    ck_path.write_text(json.dumps({**good, "kept": "x"}))
+    with pytest.raises(NotARunDir, match=r"a checkpoint or receipt is damaged \(ValueError: .*\); `streamprep ingest` "
+                                         r"with the run's config repairs it"):
+        run_status(run_dir)
+    assert main(["status", str(run_dir)]) == 2
+
+
 HOLD = """
 import sys, time
 from streamprep.layout import RunLayout
