@@ -28,7 +28,7 @@ from streamprep.executor import Executor
 from streamprep.exports import export_run
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all, worker_executor
-from streamprep.layout import CheckpointLayout, RunLayout, part_index_of
+from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, read_json
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
@@ -270,6 +270,11 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
     finally:
         for lock in locks:
             lock.release()
+
+
+def _stale(what: str) -> bool:
+    log.warning("finished run has a missing, changed or unreadable file; redoing what is needed", file=what)
+    return False
 
 
 def _checkpoint_dir(config: Config, run_dir: Path) -> Path:
@@ -520,15 +525,39 @@ class Job:
                              blend=self.mode.text_exports)}
 
     def _still_complete(self) -> bool:
-        """A finished run re-run: cheap check that its shard files are all still there at their sizes."""
+        """A finished run re-run: a cheap check (sizes; no hash but manifest.json's) that what it wrote is still
+        there: the ingest parts its checkpoints sealed, every file its receipts and its manifest list. Anything
+        missing, resized or unreadable sends the job through its stages, which redo what is needed (a damaged
+        receipt, manifest or Parquet shard had the re-run say "complete" and `verify` fail, or fail every re-run)."""
         layout = RunLayout(self.run_dir)
-        receipts = list(layout.receipts_dir.rglob("*.json"))
-        for r in receipts:
-            rec = atomic.read_json(r)
-            for entry in rec.get("files", {}).values():
-                p = self.run_dir / entry["path"]
-                if not p.is_file() or p.stat().st_size != entry["bytes"]:
-                    log.warning("finished run has a missing or changed shard; redoing what is needed", file=entry["path"])
-                    return False
-        return layout.manifest.is_file() and "manifest_sha256" in self.record and (
-            not self.mode.text_exports or layout.blend.is_file())
+        expected: list[tuple[str, Any]] = []  # (run-dir-relative path, size)
+        for name in (d.name for d in self.config.datasets):
+            ck = read_json(CheckpointLayout(self.checkpoint_dir).checkpoint(name))
+            sealed = ck.get("sealed") if isinstance(ck, dict) else None
+            if not isinstance(sealed, list):
+                return _stale(f"checkpoints/{name}.json")
+            expected += [(str(layout.ingest_part(name, i).relative_to(self.run_dir)), s[1] if isinstance(s, list)
+                          and len(s) == 2 else None) for i, s in enumerate(sealed)]
+        for path in sorted(layout.receipts_dir.rglob("*.json")):
+            rec = read_json(path)
+            files = rec.get("files") if isinstance(rec, dict) else None
+            if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
+                return _stale(str(path.relative_to(self.run_dir)))
+            expected += [(e.get("path"), e.get("bytes")) for e in files.values()]
+        manifest = read_json(layout.manifest)
+        if not isinstance(manifest, dict) or atomic.sha256_file(layout.manifest) != self.record.get("manifest_sha256"):
+            return _stale("manifest.json")
+        shards = manifest.get("shards") or []  # a .bin/.idx shard is listed by its prefix (its files by its receipt)
+        for entry in [*(manifest.get("files") or []), *(s for s in shards if not isinstance(s, dict) or
+                                                         s.get("kind") == "parquet")]:
+            if not isinstance(entry, dict):
+                return _stale("manifest.json")
+            # a file holding the run dir's path (blend.json) is listed by its run-dir-free form: its size is not on disk
+            expected.append((entry.get("path"), None if entry.get("run_dir_relative") else entry.get("size_bytes")))
+            if isinstance(entry.get("tsv"), dict):
+                expected.append((entry["tsv"].get("path"), entry["tsv"].get("size_bytes")))
+        for rel, size in expected:
+            path = self.run_dir / rel if isinstance(rel, str) else None
+            if path is None or not path.is_file() or (size is not None and path.stat().st_size != size):
+                return _stale(str(rel))
+        return not self.mode.text_exports or layout.blend.is_file()

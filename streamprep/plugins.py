@@ -39,7 +39,7 @@ CHECKS.register("output.parquet", "streamprep.exports.parquet:check_options")
 CHECKS.register("output.mixtures", "streamprep.exports.mixtures:check_options")
 CHECKS.register("output.dtype", "streamprep.sft.config:check_output_dtype")  # an sft: run's dtype is its own
 CHECKS.register("tokenizer", "streamprep.tokenizer:check_section")  # last: it loads the tokenizer
-CHECKS.register("sft.template", "streamprep.sft.config:check_chat_template")  # after it: needs its tokenizer.json
+CHECKS.register("sft.template", "streamprep.sft.chat:check_chat_template")  # after it: needs its tokenizer.json
 
 MODES.register("sft", "streamprep.sft.mode:SftMode.of")
 

@@ -24,13 +24,16 @@ the label of the token before them (or after, at the start).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from streamprep.config import ConfigError
 from streamprep.sft.records import RecordError, TemplateUnit, TextUnit
+from streamprep.tokenizer import source_file
 
 SENTINEL = "\ue000\ue001"   # private-use characters: never produced by a template, never in real text
 TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -84,6 +87,22 @@ def chat_template_of(tok_file: Path) -> str | None:
     if template is None and jinja_file.is_file():
         template = jinja_file.read_text(encoding="utf-8")
     return template
+
+
+def check_chat_template(cfg: Mapping[str, Any]) -> None:
+    """A `template: true` section needs the run's tokenizer to have a chat template: without one, the run failed
+    at its first shard, after the whole ingest, and re-running could not fix it (the config check refuses a
+    changed `tokenizer.path`). Runs after the tokenizer's own check, which found its tokenizer.json."""
+    sft = cfg.get("sft")
+    used = next((f"sft.input.sources.{key}.sections[{i}].template" for key, src in (sft or {}).get("input", {})
+                 .get("sources", {}).items() for i, sec in enumerate(src["sections"]) if sec["template"]), None)
+    if used is None:
+        return
+    path = cfg["tokenizer"]["path"]
+    if path is None or chat_template_of(source_file(Path(path))) is None:
+        where = "a tokenizer the run trains has" if path is None else \
+            f"the tokenizer at {path} has (tokenizer_config.json or chat_template.jinja beside its tokenizer.json)"
+        raise ConfigError(f"config: '{used}': needs a chat template, and {where} none")
 
 
 def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:

@@ -23,7 +23,6 @@ import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -203,25 +202,6 @@ def check_output_dtype(cfg: Mapping[str, Any]) -> None:
     if cfg.get("sft") is not None and cfg["output"]["dtype"] != "auto":
         raise ConfigError(f"config: 'output.dtype' is the pretraining shards' dtype; an sft: run writes its token ids "
                           f"in 'sft.output.dtype' (set {cfg['output']['dtype']} there)")
-
-
-def check_chat_template(cfg: Mapping[str, Any]) -> None:
-    """A `template: true` section needs the run's tokenizer to have a chat template: without one, the run failed
-    at its first shard, after the whole ingest, and re-running could not fix it (the config check refuses a
-    changed `tokenizer.path`). Runs after the tokenizer's own check, which found its tokenizer.json."""
-    sft = cfg.get("sft")
-    used = next((f"sft.input.sources.{key}.sections[{i}].template" for key, src in (sft or {}).get("input", {})
-                 .get("sources", {}).items() for i, sec in enumerate(src["sections"]) if sec["template"]), None)
-    if used is None:
-        return
-    from streamprep.sft.chat import chat_template_of  # transformers-free: reads the tokenizer's folder only
-    from streamprep.tokenizer import source_file
-
-    path = cfg["tokenizer"]["path"]
-    if path is None or chat_template_of(source_file(Path(path))) is None:
-        where = "a tokenizer the run trains has" if path is None else \
-            f"the tokenizer at {path} has (tokenizer_config.json or chat_template.jinja beside its tokenizer.json)"
-        raise ConfigError(f"config: '{used}': needs a chat template, and {where} none")
 
 
 def validate_sft_config(section: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -290,3 +290,31 @@ def test_a_run_dir_inside_a_datasets_folder_is_refused_before_anything_is_writte
                                  f"{raw['datasets'][0]['path']}: the job would read its own outputs as input; "
                                  f"choose a {where} outside it"]
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.slow
+def test_a_finished_run_rerun_repairs_what_is_missing_or_damaged(tmp_path):
+    """Regression: a finished run's re-run checked only its shards' sizes and that manifest.json existed, so it
+    said "complete" over a deleted Parquet TSV, a truncated manifest.json or a deleted ingest part (and `verify`
+    failed after it), and a receipt of the wrong shape failed every re-run (AttributeError, exit 1). Each now sends
+    the job through its stages, which redo what is needed, to the same bytes."""
+    from helpers import tree_hashes
+    from streamprep.verify import verify_run
+
+    raw = _config(tmp_path)
+    run = tmp_path / "run"
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
+    before = tree_hashes(run, *compared, names=("manifest.json", "mixtures.json", "blend.json"))
+    tsv = next((run / "parquet").glob("*.tsv"))
+    damages = {"a deleted TSV": tsv.unlink,
+               "a truncated manifest": lambda: (run / "manifest.json").write_bytes(b'{"version": 1, "fil'),
+               "a deleted ingest part": (run / "ingest" / "alpha" / "part-00000.jsonl").unlink,
+               "a receipt that is a list": lambda: (run / "receipts" / "alpha" / "part-00000.json").write_text("[]")}
+    for what, damage in damages.items():
+        damage()
+        assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete", what
+        assert verify_run(run) == [], what
+        assert tree_hashes(run, *compared, names=("manifest.json", "mixtures.json", "blend.json")) == before, what
+    log = (run / "logs" / "streamprep.log").read_text()
+    assert log.count("finished run has a missing, changed or unreadable file") == len(damages)

@@ -1198,7 +1198,7 @@ def test_a_plan_from_the_stream_version_is_refused(hub, tmp_path):
     (ck / "web.plan.json").write_text(json.dumps([{"kind": "stream", "file": -1, "path": "", "fmt": "", "start": 0,
                                                     "end": 0}]))
     state = json.loads((ck / "web.json").read_text())
-    state.update(done=False)
+    state.update(done=False, position={**state["position"], "unit": 0, "piece": 3})  # inside the one stream unit
     (ck / "web.json").write_text(json.dumps(state))
     with pytest.raises(ConfigError, match=r"dataset web: its checkpoint is from an earlier streamprep that read "
                                           r"hf:// as one stream and cannot be resumed; start over") as err:
