@@ -7,6 +7,7 @@ import json
 import socket
 import stat
 import threading
+from pathlib import Path
 from contextlib import contextmanager
 
 import pyarrow as pa
@@ -1206,6 +1207,23 @@ def test_a_plan_from_the_stream_version_is_refused(hub, tmp_path):
     assert "\n" not in str(err.value)
 
 
+def _cli_job(hub: FakeHub, tmp_path, **execution) -> tuple[Path, dict[str, str]]:
+    """A config file for a `streamprep ingest` process on `hub`'s MANY_REPO, and the environment pointing it there."""
+    import os
+    import sys
+
+    import yaml
+
+    raw = _ingest_config(MANY_REPO, **execution)
+    raw["datasets"][0].pop("filter")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+           "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("HF_TOKEN", None)
+    return cfg_path, env
+
+
 @pytest.mark.slow
 def test_kill_9_anywhere_then_resume_gives_the_same_bytes(many, tmp_path):
     """`streamprep ingest` on 12 hf:// files (2 workers downloading them, ~0.8 s a file) killed with SIGKILL at
@@ -1218,18 +1236,10 @@ def test_kill_9_anywhere_then_resume_gives_the_same_bytes(many, tmp_path):
     import sys
     import time
 
-    import yaml
-
     from helpers import tree_hashes
 
     many.rate = 50_000
-    raw = _ingest_config(MANY_REPO, workers=2, hf_prefetch_files=2)
-    raw["datasets"][0].pop("filter")
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "HF_ENDPOINT": many.url, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1",
-           "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("HF_TOKEN", None)
+    cfg_path, env = _cli_job(many, tmp_path, workers=2, hf_prefetch_files=2)
 
     def start(run):
         return subprocess.Popen([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
@@ -1322,22 +1332,14 @@ def test_sigterm_while_a_download_hangs_stops_the_job_within_seconds(many, tmp_p
     download took ~56 s (the transport's own timeouts and retries) and up to 6 minutes on a stalled HEAD. A stopping
     job now wants no result of a running call: the pool's processes are terminated, a worker thread is left behind.
     The same command then resumes to every record."""
-    import os
     import signal
     import subprocess
     import sys
     import time
 
     import psutil
-    import yaml
 
-    raw = _ingest_config(MANY_REPO, workers=workers, hf_prefetch_files=1)
-    raw["datasets"][0].pop("filter")
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "HF_ENDPOINT": many.url, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1",
-           "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("HF_TOKEN", None)
+    cfg_path, env = _cli_job(many, tmp_path, workers=workers, hf_prefetch_files=1)
     argv = [sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(tmp_path / "run")]
     many.fault_cycle = [None, "hang"]  # the second data file's download never answers
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
