@@ -373,6 +373,8 @@ def _check_root(c: _Checker) -> None:
         c.add(f"run.json: status {record.get('status')!r}, not complete")
     if not record.get("manifest_sha256"):
         c.add("run.json: records no manifest_sha256 (written before the hash chain existed?)")
+    elif not isinstance(record["manifest_sha256"], str):
+        c.add("run.json: manifest_sha256 is not a SHA-256 string")
     elif (c.run_dir / layout.MANIFEST).is_file():
         c.file(layout.MANIFEST, None, record["manifest_sha256"], layout.RUN_JSON)
 
@@ -407,6 +409,11 @@ def verify_run(run_dir: str | Path) -> list[str]:
     if man is not None and man.get("format") != "streamprep-manifest":
         c.add("manifest.json: not a streamprep manifest")
         man = None
+    shapes = {"tokenizer": dict, "files": list, "shards": list, "buckets": list}
+    for key, kind in shapes.items() if man is not None else ():
+        if man.get(key) is not None and not isinstance(man[key], kind):  # each is read as its kind below
+            c.add(f"manifest.json: `{key}` is not a {'JSON object' if kind is dict else 'list'}")
+            man = {**man, key: None}
     fingerprint = ((man or {}).get("tokenizer") or {}).get("fingerprint")
     listed = _check_receipts(c, fingerprint)
 

@@ -47,6 +47,18 @@ def test_json_files_of_the_wrong_shape_are_each_reported_once(exported):
     assert len([p for p in problems if p.startswith("run.json:")]) == 1
 
 
+def test_manifest_and_run_json_fields_of_the_wrong_type_are_problems_not_a_crash(exported):
+    """Regression: a manifest whose sections were numbers, or a run.json whose manifest_sha256 was a list, made
+    `verify` fail with a bare AttributeError/TypeError (exit 1) instead of listing the problems."""
+    man = atomic.read_json(exported / "manifest.json")
+    atomic.write_json(exported / "manifest.json", {**man, "tokenizer": 5, "files": 5, "shards": 5, "buckets": 5})
+    atomic.write_json(exported / "run.json", {**atomic.read_json(exported / "run.json"), "manifest_sha256": ["x"]})
+    problems = verify_run(exported)
+    assert problems[:5] == ["run.json: manifest_sha256 is not a SHA-256 string",
+                            "manifest.json: `tokenizer` is not a JSON object", "manifest.json: `files` is not a list",
+                            "manifest.json: `shards` is not a list", "manifest.json: `buckets` is not a list"]
+
+
 def test_megatron_cache_folder_is_tolerated(exported):
     cache = exported / "binidx" / "c4" / "part-00000_text_document" / "cache" / "GPTDataset_indices"
     cache.mkdir(parents=True)
