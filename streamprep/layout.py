@@ -28,6 +28,12 @@ class NotARunDir(ValueError):
     """The path is not a streamprep run directory (the CLI maps it to exit 2)."""
 
 
+def damaged_record(run_dir: Path, exc: Exception) -> NotARunDir:
+    """What `status` and `audit` say of a checkpoint or receipt of the wrong shape: one line, and how to repair it."""
+    return NotARunDir(f"{run_dir}: a checkpoint or receipt is damaged ({type(exc).__name__}: {exc}); `streamprep "
+                      f"ingest` with the run's config repairs it (a checkpoint restarts its dataset, a receipt its shard)")
+
+
 def part_name(index: int) -> str:
     """`part-00007`: the stem shared by an ingest part, its receipt and its binidx/sft outputs."""
     return f"part-{index:05d}"

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from streamprep.config import resolved_workers
-from streamprep.layout import Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, read_json
+from streamprep.layout import (Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, damaged_record,
+                               read_json)
 from streamprep.lock import holder_if_running, read_holder
 from streamprep.sources.hf import manifest_sizes
 
@@ -166,8 +167,7 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
     try:
         datasets = {n: _dataset_status(run_dir, ckpt_dir, n, live.get(n), entries.get(n)) for n in names}
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a checkpoint or receipt of the wrong shape
-        raise NotARunDir(f"{run_dir}: a checkpoint or receipt is damaged ({type(exc).__name__}: {exc}); "
-                         f"`streamprep ingest` with the run's config repairs it (its dataset starts over)") from None
+        raise damaged_record(run_dir, exc) from None
     holder = lock_holder(run_dir)
     recorded = record.get("status") or "unknown"
 

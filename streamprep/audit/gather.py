@@ -12,8 +12,8 @@ import orjson
 
 from streamprep import stats
 from streamprep import backends
-from streamprep.layout import (Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, part_name,
-                               read_json as _read_json)
+from streamprep.layout import (Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, damaged_record,
+                               part_name, read_json as _read_json)
 from streamprep.tokenizer import training_report
 
 
@@ -304,8 +304,11 @@ def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) ->
         names = sorted(p.stem for p in ckpt_dir.glob("*.json"))
     encoder = _load_encoder(run_dir)
     datasets, examples = {}, {}
-    for n in names:
-        datasets[n], examples[n] = _dataset_audit(run_dir, ckpt_dir, n, encoder)
+    try:
+        for n in names:
+            datasets[n], examples[n] = _dataset_audit(run_dir, ckpt_dir, n, encoder)
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a checkpoint or receipt of the wrong shape
+        raise damaged_record(run_dir, exc) from None
 
     def total(key: str) -> int:
         return sum(d["records"][key] for d in datasets.values())

@@ -130,6 +130,7 @@ def test_a_damaged_checkpoint_neither_hangs_nor_crashes_status(done_run, tmp_pat
                                          r"with the run's config repairs it"):
         run_status(run_dir)
     assert main(["status", str(run_dir)]) == 2
+    assert main(["audit", str(run_dir)]) == 2  # the audit reads the same records: the same line
 
 
 HOLD = """
