@@ -318,3 +318,17 @@ def test_a_finished_run_rerun_repairs_what_is_missing_or_damaged(tmp_path):
         assert tree_hashes(run, *compared, names=("manifest.json", "mixtures.json", "blend.json")) == before, what
     log = (run / "logs" / "streamprep.log").read_text()
     assert log.count("finished run has a missing, changed or unreadable file") == len(damages)
+
+
+@pytest.mark.parametrize("rel", [".lock", "logs/streamprep.log", "checkpoints/.streamprep.lock"])
+def test_a_folder_where_the_run_keeps_a_file_is_exit_2_naming_it(tmp_path, capsys, rel):
+    """Regression: a folder in place of the run's lock or log file was a bare IsADirectoryError, exit 1, at every
+    re-run (a failure the same command cannot resume from)."""
+    raw = _config(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    run = tmp_path / "run"
+    (run / rel).mkdir(parents=True)
+    assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"streamprep: error: {run / rel} is a folder where the run keeps a file of its own (a lock or its log); remove it"]
