@@ -163,17 +163,16 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
     _check_writable_dir(run_dir, "run dir")
     if config.run.checkpoint_dir:
         _check_writable_dir(Path(config.run.checkpoint_dir), "'run.checkpoint_dir'")
-    for where, folder in (("run dir", run_dir), ("'run.checkpoint_dir'", _checkpoint_dir(config, run_dir).resolve())):
+    layout, checkpoints = RunLayout(run_dir), CheckpointLayout(_checkpoint_dir(config, run_dir))
+    for where, folder in (("run dir", run_dir), ("'run.checkpoint_dir'", checkpoints.checkpoint_dir.resolve())):
         inside = next((d for d in config.datasets if reaches_into(d.path, folder)), None)
         if inside is not None:  # its run.json, logs and parts would be listed as input, and changed at each resume
             raise ConfigError(f"{where} {folder} is inside dataset {inside.name}'s path {inside.path}: the job would "
                               f"read its own outputs as input; choose a {where} outside it")
-    ours = (RunLayout(run_dir).lock, CheckpointLayout(_checkpoint_dir(config, run_dir)).lock,
-            RunLayout(run_dir).logs_dir / logs.LOG_NAME)
-    folder = next((p for p in ours if p.is_dir()), None)
+    folder = next((p for p in (layout.lock, checkpoints.lock, layout.logs_dir / logs.LOG_NAME) if p.is_dir()), None)
     if folder is not None:  # opening it failed with a bare IsADirectoryError, at every re-run
         raise ConfigError(f"{folder} is a folder where the run keeps a file of its own (a lock or its log); remove it")
-    run_json = RunLayout(run_dir).run_json
+    run_json = layout.run_json
     if not run_json.exists():
         return _adopted(config, run_dir)
     previous = _read_run_json(run_json)

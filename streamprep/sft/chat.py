@@ -76,10 +76,10 @@ def _tokenizer_config(tok_file: Path) -> dict[str, Any]:
     return json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
 
 
-def chat_template_of(tok_file: Path) -> str | None:
-    """The chat template beside a tokenizer.json: tokenizer_config.json's (its `default` when named), else
-    chat_template.jinja; None without one."""
-    template = _tokenizer_config(tok_file).get("chat_template")
+def chat_template_of(tok_file: Path, tcfg: dict[str, Any] | None = None) -> str | None:
+    """The chat template beside a tokenizer.json: tokenizer_config.json's (`tcfg`, when read already; its `default`
+    when named), else chat_template.jinja; None without one."""
+    template = (_tokenizer_config(tok_file) if tcfg is None else tcfg).get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
@@ -115,7 +115,7 @@ def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
     if not tok_file.is_file():
         raise FileNotFoundError(f"no tokenizer.json at {p}")
     tcfg = _tokenizer_config(tok_file)
-    template = chat_template_of(tok_file)
+    template = chat_template_of(tok_file, tcfg)
     kwargs = {k: _token_value(tcfg[k]) for k in TOKEN_KEYS if isinstance(_token_value(tcfg.get(k)), str)}
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_file), chat_template=template,
                                  clean_up_tokenization_spaces=False, **kwargs)

@@ -378,10 +378,20 @@ def broken_link(path: str) -> str | None:
     try:
         os.stat(path)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "is a symlink loop"
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and os.path.islink(path):
-            return f"is a dangling symlink (to {os.readlink(path)})"
+        dead = _dead_link(path, exc)
+        if dead is not None:
+            return "is a symlink loop" if "symlink_loop" in dead else \
+                f"is a dangling symlink (to {dead['dangling_symlink']})"
+    return None
+
+
+def _dead_link(path: str, exc: OSError) -> dict[str, Any] | None:
+    """What the `stat` of `path` that raised `exc` says of a symlink leading to no file (its identity's fields), or
+    None for any other fault."""
+    if exc.errno == errno.ELOOP:
+        return {"symlink_loop": True}
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR) and os.path.islink(path):
+        return {"dangling_symlink": os.readlink(path)}
     return None
 
 
@@ -396,10 +406,8 @@ def identity(path: str, storage_options: Mapping[str, Any] | None = None, hashed
         try:
             st = os.stat(path)  # one stat: a dataset may have millions of files
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return {"path": path, "symlink_loop": True}
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR) and os.path.islink(path):
-                return {"path": path, "dangling_symlink": os.readlink(path)}
+            if (dead := _dead_link(path, exc)) is not None:
+                return {"path": path, **dead}
             raise SourceError(f"cannot read input file {path}: {one_line(exc)}") from exc
         if not stat.S_ISREG(st.st_mode):
             return {"path": path, "special": True}
