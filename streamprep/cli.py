@@ -151,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         return 1
+    except IsADirectoryError as exc:  # a folder where a run keeps one of its files; not ours to remove
+        folder = exc.filename2 or exc.filename  # os.replace(tmp, final) names the final path second
+        print(f"streamprep: error: {folder} is a folder where the run keeps a file; remove it and re-run",
+              file=sys.stderr)
+        return 2
     except BrokenPipeError:  # e.g. `streamprep logs RUN -f | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # keep the final flush quiet
         return 0

@@ -332,3 +332,30 @@ def test_a_folder_where_the_run_keeps_a_file_is_exit_2_naming_it(tmp_path, capsy
     assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"streamprep: error: {run / rel} is a folder where the run keeps a file of its own (a lock or its log); remove it"]
+
+
+@pytest.mark.slow
+def test_a_folder_in_place_of_any_file_of_a_run_is_exit_2_naming_it_and_resumes_once_removed(tmp_path, capsys):
+    """Regression: a folder where the run keeps a shard, receipt, checkpoint, ingest part or run-level file was a
+    bare IsADirectoryError, exit 1, at every re-run (the message named a temporary file, not the folder)."""
+    from helpers import tree_hashes
+
+    raw = _config(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    run = tmp_path / "run"
+    assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0
+    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
+    names = ("manifest.json", "mixtures.json", "blend.json")
+    before = tree_hashes(run, *compared, names=names)
+    for rel in ("binidx/alpha/part-00000_text_document.bin", "receipts/alpha/part-00001.json",
+                "checkpoints/alpha.json", "ingest/alpha/part-00000.jsonl", "manifest.json"):
+        (run / rel).unlink()
+        (run / rel).mkdir()
+        capsys.readouterr()
+        assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 2, rel
+        assert capsys.readouterr().err.splitlines()[-1:] == [
+            f"streamprep: error: {run / rel} is a folder where the run keeps a file; remove it and re-run"], rel
+        (run / rel).rmdir()
+        assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0, rel
+        assert tree_hashes(run, *compared, names=names) == before, rel
