@@ -617,3 +617,12 @@ def test_instruction_config_masks_the_prompt(tmp_path: Path, shared_data: Path) 
         exact += got == r["canonical_solution"]
     # a token merging the prompt's last newline with the solution's first is masked (never trained on prompt text)
     assert exact == 164 - stats["diagnostics"].get("straddling_tokens_masked", 0) >= 160
+
+
+@pytest.mark.parametrize("value, kind", [(123456789, "int"), ({"a": 1}, "dict"), ([{"role": "user", "content": "hi"}], "list")])
+def test_a_template_section_with_a_role_action_names_the_type_it_got(value: Any, kind: str) -> None:
+    """Regression: a prompt that is a number or a mapping was rejected as "got a list"."""
+    cfg = load_sft_config({"input": {"sections": [{"field": "prompt", "action": "user", "template": True},
+                                                  {"field": "response", "action": "train"}]}})
+    assert qc_check({"prompt": value, "response": "ok"}, cfg) == (
+        None, f"schema: prompt: action 'user' needs a string field, got {kind}")
