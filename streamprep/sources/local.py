@@ -23,6 +23,7 @@ import io
 import lzma
 import os
 import stat
+import threading
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Mapping
@@ -59,6 +60,18 @@ ENVIRONMENT_FAULTS = (FileNotFoundError, PermissionError, IsADirectoryError, Not
 # Byte-order marks of UTF-32 before UTF-16: BOM_UTF32_LE starts with BOM_UTF16_LE.
 WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
              (codecs.BOM_UTF16_BE, "utf-16"))
+# What a wide file's decoder gives for bytes it cannot decode: a lone surrogate, which no valid UTF-16/32 decodes to.
+# The decoder works 8 KiB at a time, so an error raised there would lose the lines decoded before it in that chunk.
+WIDE_DAMAGE = "\ud800"
+_wide_damage = threading.local()  # the last such error of this thread, for the reject's reason
+
+
+def _mark_wide_damage(exc: UnicodeError) -> tuple[str, int]:
+    _wide_damage.exc = exc
+    return WIDE_DAMAGE, exc.end
+
+
+codecs.register_error("streamprep.wide-damage", _mark_wide_damage)
 
 
 def detect_format(path: str) -> str:
@@ -563,13 +576,15 @@ class LocalSource:
                     encoding: str) -> Iterator[tuple[Any, dict[str, Any]]]:
         """A file opening with a UTF-16/32 byte-order mark (else its NUL bytes would pass as UTF-8 text), decoded
         in the byte order the mark gives; a resume re-reads and skips `n` lines. Bytes the encoding cannot
-        decode end the file with one reject (UnicodeDecodeError is a content fault)."""
-        text = io.TextIOWrapper(fh, encoding=encoding, newline="\n")
+        decode end the file with one reject (UnicodeDecodeError is a content fault), after every line before them."""
+        text = io.TextIOWrapper(fh, encoding=encoding, errors="streamprep.wide-damage", newline="\n")
         for _ in range(n):
             if not text.readline():
                 break
         empty = n == 0
         for line in text:
+            if WIDE_DAMAGE in line:
+                raise _wide_damage.exc
             empty = False
             n += 1
             item = self._parse_json(line.encode(), path, n) if fmt == "jsonl" else {"text": line.rstrip("\r\n")}

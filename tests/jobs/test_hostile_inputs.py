@@ -265,6 +265,22 @@ def test_utf16_text_with_an_odd_tail_keeps_the_lines_then_one_reject(tmp_path: P
     assert len(bad) == 1 and "t.txt after record 2" in bad[0].reason and "UnicodeDecodeError" in bad[0].reason
 
 
+@pytest.mark.parametrize("encoding, damage", [("utf-16-le", b"\x00\xd8"), ("utf-16-be", b"\xdc\x00"),
+                                              ("utf-32-le", b"\x00\x00\x11\x00")])
+def test_wide_text_damaged_mid_file_keeps_every_line_before_the_damage(tmp_path: Path, encoding: str,
+                                                                       damage: bytes) -> None:
+    """Regression: bytes the decoder rejects (a lone surrogate, a code point past U+10FFFF) lost the lines decoded
+    before them in the same 8 KiB chunk: 300 of 499 good lines were kept."""
+    bom = {"utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE, "utf-32-le": codecs.BOM_UTF32_LE}
+    lines = [f"line {i} of the file" for i in range(1, 1001)]
+    body = ("".join(x + "\n" for x in lines[:499]) + "line 500 ").encode(encoding) + damage \
+        + ("a\n" + "".join(x + "\n" for x in lines[500:])).encode(encoding)
+    (tmp_path / "t.txt").write_bytes(bom[encoding] + body)
+    good, bad = _split(_items(tmp_path / "t.txt"))
+    assert good == [{"text": x} for x in lines[:499]]
+    assert len(bad) == 1 and f"{tmp_path / 't.txt'} after record 499, skipped: UnicodeDecodeError" in bad[0].reason
+
+
 def test_symlink_loop_in_a_directory_is_one_reject_naming_it(tmp_path: Path) -> None:
     data = tmp_path / "in"
     data.mkdir()
