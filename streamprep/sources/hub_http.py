@@ -56,9 +56,10 @@ def _retry_after(value: str | None) -> float | None:
 
 def install_retrying_client(policy: Policy, current: threading.local) -> None:
     """Route huggingface_hub's HTTP through `_RetryingTransport` (once per process), retrying per `policy` and
-    counting in `current.stats`. Its own backoff stays in place but never triggers: 429/5xx are retried (or given
-    up) underneath it, and a body cut mid-transfer is resumed underneath it, so `hf_hub_download` sees one whole
-    response."""
+    counting in `current.stats`. Its own backoff stays in place but does not trigger for what this transport
+    retries: 429/5xx are retried (or given up) underneath it, and a body cut or stalled mid-transfer is resumed
+    underneath it, so `hf_hub_download` sees one whole response. A download whose connection is refused is left to
+    its loop (5 more tries, 1 s apart)."""
     global _CLIENT_INSTALLED
     with _INSTALL_LOCK:
         if _CLIENT_INSTALLED:
@@ -77,6 +78,17 @@ def install_retrying_client(policy: Policy, current: threading.local) -> None:
 # ECONNRESET / EPIPE (ReadError, WriteError) and a connection closed early (RemoteProtocolError). Not ConnectError:
 # a Hub that cannot be reached at all falls back to the cache at once.
 RESET_ERRORS = (httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)
+# No byte for huggingface_hub's timeout (HF_HUB_DOWNLOAD_TIMEOUT, 10 s): a Hub that stalls. Retried here, as a reset
+# is, or huggingface_hub's own loop would resume it 5 times, 1 s apart, unlogged and outside `hf_retries`. Not
+# ConnectTimeout: like a refused connection, a Hub that cannot be reached falls back to the cache at once.
+TIMEOUT_ERRORS = (httpx2.ReadTimeout, httpx2.WriteTimeout, httpx2.PoolTimeout)
+CUT_ERRORS = RESET_ERRORS + TIMEOUT_ERRORS
+CUT_WORDS = {"reset": "connection reset", "timeout": "timed out"}
+
+
+def _cut(exc: Exception) -> str:
+    """The cause a cut connection is retried and counted under."""
+    return "timeout" if isinstance(exc, TIMEOUT_ERRORS) else "reset"
 
 
 def _where(request: httpx2.Request) -> str:
@@ -84,8 +96,8 @@ def _where(request: httpx2.Request) -> str:
 
 
 class _RetryingTransport(httpx2.BaseTransport):
-    """An httpx transport over another: idempotent requests answered 429/5xx (or reset before an answer) are
-    retried per `policy`; a GET body cut mid-transfer is resumed with `Range: bytes=N-` (`_ResumingStream`).
+    """An httpx transport over another: idempotent requests answered 429/5xx (or reset or timed out before an answer)
+    are retried per `policy`; a GET body cut or stalled mid-transfer is resumed with `Range: bytes=N-` (`_ResumingStream`).
     `current`: the thread-local naming the HubStats of the source whose request a thread makes (.stats, and
     .downloading while a file's body is read)."""
 
@@ -116,15 +128,15 @@ class _RetryingTransport(httpx2.BaseTransport):
         return response
 
     def send(self, request: httpx2.Request) -> httpx2.Response:
-        """One answer to `request`, retrying 429/5xx and resets before the status line."""
+        """One answer to `request`, retrying 429/5xx, resets and timeouts before the status line."""
         if request.method not in _IDEMPOTENT:
             return self.inner.handle_request(request)
         attempt = 0
         while True:
             try:
                 response = self.inner.handle_request(request)
-            except RESET_ERRORS:
-                cause, retry_after = "reset", None
+            except CUT_ERRORS as exc:
+                cause, retry_after = _cut(exc), None
             else:
                 if response.status_code not in RETRY_STATUSES:
                     return response
@@ -132,7 +144,7 @@ class _RetryingTransport(httpx2.BaseTransport):
                 response.close()
             attempt += 1
             if attempt > self.policy.retries:
-                raise self.give_up(request, f"HTTP {cause}" if cause != "reset" else "connection reset")
+                raise self.give_up(request, CUT_WORDS.get(cause) or f"HTTP {cause}")
             self.backoff(request, cause, attempt, retry_after)
 
     def close(self) -> None:
@@ -146,7 +158,7 @@ def _range_start(response: httpx2.Response) -> int:
 
 
 class _ResumingStream(httpx2.SyncByteStream):
-    """A GET body that survives connection resets: after a cut it asks for the rest (`Range: bytes=N-`, with
+    """A GET body that survives connection resets and stalls: after a cut it asks for the rest (`Range: bytes=N-`, with
     `If-Range` on the ETag so a changed file is sent whole) and goes on where it stopped; bytes a server resends
     anyway (a 200 instead of a 206) are skipped. Up to `hf_retries` cuts in a row without a new byte."""
 
@@ -172,12 +184,12 @@ class _ResumingStream(httpx2.SyncByteStream):
                 if (stats := getattr(self.transport.current, "downloading", None)) is not None:
                     stats.downloaded(at - first)
                 return
-            except RESET_ERRORS:
+            except CUT_ERRORS as exc:
                 self.stream.close()
                 attempt += 1
                 if attempt > self.transport.policy.retries:
-                    raise self.transport.give_up(self.request, "connection reset mid-body") from None
-                self.transport.backoff(self.request, "reset", attempt, None)
+                    raise self.transport.give_up(self.request, f"{CUT_WORDS[_cut(exc)]} mid-body") from None
+                self.transport.backoff(self.request, _cut(exc), attempt, None)
             headers = {k: v for k, v in self.request.headers.items() if k.lower() not in ("range", "if-range")}
             headers["Range"] = f"bytes={at}-"
             if etag:

@@ -79,3 +79,42 @@ def test_retry_after_reads_seconds_or_an_http_date() -> None:
     assert _retry_after("7") == 7.0 and _retry_after(" 7 ") == 7.0
     assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past: no wait
     assert _retry_after(None) is None and _retry_after("") is None and _retry_after("soon") is None
+
+
+def test_a_request_that_times_out_is_retried_and_counted_as_a_timeout() -> None:
+    """Regression: a Hub that stalled (no byte for huggingface_hub's 10 s) was left to huggingface_hub's own loop,
+    5 resumes 1 s apart, outside `hf_retries`, unlogged and uncounted."""
+    transport, policy, stats, seen = _transport([httpx2.ReadTimeout("timed out"), 200])
+    with httpx2.Client(transport=transport) as client:
+        assert client.get("https://hub.test/api/datasets/org/name").content == b"body"
+    assert seen == ["GET", "GET"] and stats.retries == ["timeout"] and policy.waits == [(1, None)]
+    transport, _, stats, _ = _transport([httpx2.ReadTimeout("timed out")] * 3, retries=2)
+    with httpx2.Client(transport=transport) as client, pytest.raises(HubRetriesExhausted) as err:
+        client.get("https://hub.test/datasets/org/name/resolve/main/x.jsonl")
+    assert str(err.value) == "GET /datasets/org/name/resolve/main/x.jsonl: timed out after 2 retries"
+    assert stats.retries == ["timeout", "timeout"] and stats.gave_up == 1
+
+
+def test_a_body_that_stalls_mid_transfer_is_resumed_where_it_stopped() -> None:
+    """The first answer's body stops after 4 bytes with a read timeout; the transport asks for the rest with a
+    Range and hands over the whole file once."""
+    data = b"0123456789"
+    ranges: list[str | None] = []
+
+    class Stalling(httpx2.SyncByteStream):
+        def __iter__(self):
+            yield data[:4]
+            raise httpx2.ReadTimeout("timed out")
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        ranges.append(request.headers.get("Range"))
+        if len(ranges) == 1:
+            return httpx2.Response(200, headers={"ETag": '"e"'}, stream=Stalling())
+        start = int(request.headers["Range"].removeprefix("bytes=").rstrip("-"))
+        return httpx2.Response(206, headers={"Content-Range": f"bytes {start}-9/10"}, content=data[start:])
+
+    current, stats, policy = threading.local(), Stats(), Policy(4)
+    current.stats = stats
+    with httpx2.Client(transport=_RetryingTransport(httpx2.MockTransport(handler), policy, current)) as client:
+        assert client.get("https://hub.test/datasets/org/name/resolve/main/x.jsonl").content == data
+    assert ranges == [None, "bytes=4-"] and stats.retries == ["timeout"]
