@@ -144,6 +144,13 @@ class HFBackend:
         return flat, lengths
 
 
+def id_bound(tok: Tokenizer) -> int:
+    """One past the highest token id, added tokens included: `len(tokenizer)` unless its ids have gaps, when an id can
+    pass 65 535 in a smaller vocabulary (a uint16 `.bin` would wrap it into another token's id)."""
+    top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+    return max(tok.get_vocab_size(with_added_tokens=True), top + 1)
+
+
 def _rss() -> int:
     return psutil.Process().memory_info().rss
 

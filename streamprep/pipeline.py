@@ -471,7 +471,7 @@ class Job:
         return self.executor.submit(backends.select, requested, path, list(texts)).result()
 
     def _task(self, name: str, part: Path, sha256: str, info: TokenizerInfo) -> ShardTask:
-        dtype = token_dtype(self.config.output.dtype, info.vocab_size)
+        dtype = token_dtype(self.config.output.dtype, max(info.vocab_size, info.id_bound))
         eod = info.eod_id if self.config.tokenizer.append_eod and self.mode.appends_eod else None
         split = next(d.blend_split for d in self.config.datasets if d.name == name)
         backend = self._shard_backend(info)

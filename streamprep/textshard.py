@@ -132,8 +132,8 @@ def tokenize_part(task: Any, encoder: backends.ShardEncoder, scan: LineScan | No
     """Encode one ingest part into `.bin/.idx`: each batch's ids reach the writer as one flat buffer + lengths.
     Records that encode to nothing are dropped and listed by line number. `scan` takes the parsed lines."""
     dtype = np.dtype(task.dtype)
-    top_id = max(encoder.vocab_size - 1, task.eod_id or 0)
-    if top_id > np.iinfo(dtype).max:  # checked once for the vocabulary, not per document
+    top_id, limit = max(encoder.vocab_size - 1, task.eod_id or 0), int(np.iinfo(dtype).max)
+    if top_id > limit:  # checked once for the vocabulary, and below per batch: ids can have gaps past len(tokenizer)
         raise ValueError(f"token id {top_id} does not fit {task.dtype}")
     writer = binidx.IndexedDatasetWriter(task.prefix, dtype)
     dropped: list[int] = []
@@ -145,6 +145,8 @@ def tokenize_part(task: Any, encoder: backends.ShardEncoder, scan: LineScan | No
         with open(task.input_path, "rb") as fh, ThreadPoolExecutor(1, thread_name_prefix="encode") as ahead:
             line_no = 0
             for lines, recs, flat, lengths in _encoded_batches(fh, encoder, task.dataset, ahead):
+                if limit < 1 << 31 and flat.size and (top := int(flat.max())) > limit:  # a .bin must never wrap an id
+                    raise ValueError(f"token id {top} does not fit {task.dtype}")
                 empty = lengths == 0
                 if scan is not None:
                     scan.add(lines, recs, empty.tolist())

@@ -27,6 +27,13 @@ Selector = Callable[[str, Path, Sequence[str]], dict[str, Any]]  # backends.sele
 # check_config's identity check of a forced gigatoken, by (backend, fingerprint): the run's tokenizer, a copy of
 # the same bytes, takes it instead of loading gigatoken and checking again (same inputs, same record)
 _validated: dict[tuple[str, str], dict[str, Any]] = {}
+_id_bounds: dict[str, int] = {}  # backends.id_bound by fingerprint (~20 ms): the config check's file and the run's copy
+
+
+def _id_bound(tok: Tokenizer, fingerprint: str) -> int:
+    if fingerprint not in _id_bounds:
+        _id_bounds[fingerprint] = backends.id_bound(tok)
+    return _id_bounds[fingerprint]
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class TokenizerInfo:
     eod_id: int | None
     eod_token: str | None
     backend: Mapping[str, Any] = field(default_factory=lambda: {"name": "hf"})  # backends.select's record
+    id_bound: int = 0     # one past the highest token id (backends.id_bound): what the shards' dtype must hold
 
     @property
     def backend_name(self) -> str:
@@ -65,7 +73,13 @@ def _eod(tok: Tokenizer, config_dir: Path | None, wanted: str | None) -> tuple[s
     names: list[str] = [wanted] if wanted else []
     cfg_file = config_dir / "tokenizer_config.json" if config_dir else None
     if not wanted and cfg_file and cfg_file.is_file():
-        eos = orjson.loads(cfg_file.read_bytes()).get("eos_token")
+        try:
+            tcfg = orjson.loads(cfg_file.read_bytes())
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"config: 'tokenizer.path': {cfg_file} is not JSON ({exc})") from None
+        if not isinstance(tcfg, dict):
+            raise ConfigError(f"config: 'tokenizer.path': {cfg_file} is a JSON {type(tcfg).__name__}, not an object")
+        eos = tcfg.get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str):
             names.append(eos)
@@ -83,7 +97,8 @@ def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
     tok = backends.hf_tokenizer(saved)
     name, tid = _eod(tok, saved.parent, eod_token)
     digest = hashlib.sha256(saved.read_bytes()).hexdigest()
-    return TokenizerInfo(saved, f"sha256:{digest}", tok.get_vocab_size(with_added_tokens=True), tid, name)
+    return TokenizerInfo(saved, f"sha256:{digest}", tok.get_vocab_size(with_added_tokens=True), tid, name,
+                         id_bound=_id_bound(tok, f"sha256:{digest}"))
 
 
 def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = backends.select) -> TokenizerInfo | None:
@@ -164,24 +179,35 @@ def check_section(cfg: dict[str, Any]) -> None:
     tok = cfg["tokenizer"]
     if tok["path"] is not None and not Path(tok["path"]).is_dir():  # a folder: `source_file` names what it lacks
         check_path("tokenizer.path", tok["path"])
-    check_config(TokenizerConfig.from_dict(tok))
+    bound = check_config(TokenizerConfig.from_dict(tok))
+    key = "sft.output.dtype" if cfg.get("sft") is not None else "output.dtype"
+    dtype = ((cfg.get("sft") or {}).get("output") or {}).get("dtype", "int32") if cfg.get("sft") is not None \
+        else cfg["output"]["dtype"]
+    if dtype == "uint16" and bound > 1 << 16:  # else found after the whole ingest, at every re-run
+        raise ConfigError(f"config: '{key}': uint16 cannot hold the tokenizer's token ids (up to {bound - 1}); "
+                          f"use auto or int32")
 
 
-def check_config(tok_cfg: TokenizerConfig) -> None:
+def check_config(tok_cfg: TokenizerConfig) -> int:
     """Load `tokenizer.path` and find its EOD token at config time: a file that is not a tokenizer, or an
-    EOD token it lacks, fails before anything is written rather than after the whole ingest."""
+    EOD token it lacks, fails before anything is written rather than after the whole ingest. Returns one past
+    the highest token id the run's tokenizer can give (`backends.id_bound`; a trained one's `vocab_size`)."""
     wanted = tok_cfg.eod_token
     if not tok_cfg.path:
         if wanted and wanted not in SPECIAL_TOKENS:
             raise ConfigError(f"config: 'tokenizer.eod_token': a trained tokenizer has only the special tokens "
                               f"{', '.join(SPECIAL_TOKENS)}, got {wanted!r}")
-        return
+        return tok_cfg.train.vocab_size
     src = source_file(Path(tok_cfg.path))
     try:
         tok = backends.hf_tokenizer(src)  # the same load serves the run's fingerprint, backend check and audit
     except Exception as exc:  # tokenizers raises a bare Exception for unparsable files
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         raise ConfigError(f"config: 'tokenizer.path': {src} is not a tokenizer.json ({reason})") from None
+    fingerprint = f"sha256:{hashlib.sha256(src.read_bytes()).hexdigest()}"
+    if dropout := getattr(tok.model, "dropout", None):  # each call samples its own merges: no two runs would agree
+        raise ConfigError(f"config: 'tokenizer.path': {src} sets BPE dropout {dropout:g}, which gives other ids at each "
+                          f"call; set its model.dropout to null")
     name, tid = _eod(tok, src.parent, wanted)
     _check_eod(TokenizerInfo(src, "", tok.get_vocab_size(with_added_tokens=True), tid, name), tok_cfg)
     if tok_cfg.backend == "gigatoken":  # forced: a tokenizer gigatoken cannot encode exactly fails here
@@ -190,7 +216,8 @@ def check_config(tok_cfg: TokenizerConfig) -> None:
         except backends.BackendError as exc:
             raise ConfigError(f"config: 'tokenizer.backend': {exc}") from None
         _validated.clear()
-        _validated["gigatoken", f"sha256:{hashlib.sha256(src.read_bytes()).hexdigest()}"] = record
+        _validated["gigatoken", fingerprint] = record
+    return _id_bound(tok, fingerprint)
 
 
 def _check_eod(info: TokenizerInfo, tok_cfg: TokenizerConfig) -> TokenizerInfo:

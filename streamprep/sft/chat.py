@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from streamprep import backends
 from streamprep.config import ConfigError
 from streamprep.sft.records import RecordError, TemplateUnit, TextUnit
 from streamprep.tokenizer import source_file
@@ -49,6 +50,7 @@ class ChatTokenizer:
     chat_template: str | None
     vocab_size: int
     path: str
+    id_bound: int              # one past the highest token id (backends.id_bound): what `sft.output.dtype` must hold
 
     def render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
         if self.chat_template is None:
@@ -120,7 +122,8 @@ def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_file), chat_template=template,
                                  clean_up_tokenization_spaces=False, **kwargs)
     backend = hf.backend_tokenizer
-    return ChatTokenizer(hf, backend, template, backend.get_vocab_size(with_added_tokens=True), str(tok_file))
+    return ChatTokenizer(hf, backend, template, backend.get_vocab_size(with_added_tokens=True), str(tok_file),
+                         backends.id_bound(backend))
 
 
 def _lcp(a: str, b: str) -> int:

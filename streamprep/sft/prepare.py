@@ -45,11 +45,11 @@ def _plan(cfg: SftConfig) -> dict[str, dict[str, Any]]:
     return {key: {**layout(cfg, key), "list": src.list_field} for key, src in cfg.input.sources.items()}
 
 
-def _dtypes(cfg: SftConfig, vocab_size: int) -> dict[str, np.dtype]:
+def _dtypes(cfg: SftConfig, id_bound: int) -> dict[str, np.dtype]:
     out = cfg.output
-    seq = binidx.optimal_dtype(vocab_size) if out.dtype == "auto" else np.dtype(out.dtype)
-    if vocab_size - 1 > np.iinfo(seq).max:
-        raise ValueError(f"sft.output.dtype {seq} cannot hold token ids up to {vocab_size - 1}")
+    seq = binidx.optimal_dtype(id_bound) if out.dtype == "auto" else np.dtype(out.dtype)
+    if id_bound - 1 > np.iinfo(seq).max:
+        raise ValueError(f"sft.output.dtype {seq} cannot hold token ids up to {id_bound - 1}")
     return {"sequence": seq, "mask": np.dtype(np.uint8), "value": np.dtype(out.value_dtype)}
 
 
@@ -143,7 +143,7 @@ def prepare_part(input_path: str | Path, out_prefix: str | Path, tokenizer_dir: 
     t0 = time.perf_counter()
     tok = tokenizer_for(tokenizer_dir)
     plan = _plan(cfg)
-    dtypes = _dtypes(cfg, tok.vocab_size)
+    dtypes = _dtypes(cfg, tok.id_bound)
     out_prefix = Path(out_prefix)
     header = {"source_part": Path(input_path).name, "tokenizer_fingerprint": fingerprint,
               "vocab_size": tok.vocab_size, "sft_config": config_digest(cfg)}

@@ -1,0 +1,69 @@
+"""What the config check refuses in a tokenizer.json, and ids past len(tokenizer): a tiny BPE trained here, edited."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from helpers import base_config, english_docs
+from streamprep import run_from_dict
+from streamprep.binidx import IndexedDataset
+from streamprep.config import ConfigError, validate
+from streamprep.tokenizer import train_bpe
+
+DOCS = english_docs(120, seed=3)
+
+
+@pytest.fixture
+def trained(tmp_path: Path) -> tuple[dict, Path]:
+    """A byte-level BPE of this corpus (its tokenizer.json as a dict) and the corpus file."""
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    return json.loads(train_bpe(DOCS, 600, 2).to_str()), corpus
+
+
+def _config(tmp_path: Path, tok: dict, corpus: Path, **output) -> dict:
+    (tmp_path / "tok").mkdir(exist_ok=True)
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(tok))
+    return base_config([{"name": "a", "path": str(corpus)}], str(tmp_path / "tok" / "tokenizer.json"),
+                       output={"shard_records": 50, **output})
+
+
+def test_an_id_past_65535_in_a_small_vocabulary_is_written_whole(tmp_path: Path, trained) -> None:
+    """Regression: the dtype followed len(tokenizer) (601 → uint16), so an id of 70001 was written as 70001 - 65536
+    = 4465, another token's id or none, and `verify` passed. Now the highest id decides, and an explicit uint16 that
+    cannot hold it is a config error before anything is written."""
+    tok, corpus = trained
+    vocab = tok["model"]["vocab"]
+    last = max(vocab, key=vocab.get)  # the last merge learned: it occurs in the corpus it was learned from
+    vocab[last] = 70001
+    raw = _config(tmp_path, tok, corpus)
+    assert run_from_dict(raw, run_dir=tmp_path / "run", console_log=False).status == "complete"
+    shards = [IndexedDataset.open(p.with_suffix("")) for p in sorted((tmp_path / "run" / "binidx" / "a").glob("*.bin"))]
+    ids = np.concatenate([s.tokens() for s in shards])
+    hf = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    assert ids.dtype == np.int32 and (ids == 70001).sum() == sum(e.ids.count(70001) for e in hf.encode_batch(DOCS)) > 0
+    with pytest.raises(ConfigError, match=r"^config: 'output.dtype': uint16 cannot hold the tokenizer's token ids "
+                                          r"\(up to 70001\); use auto or int32$"):
+        validate(_config(tmp_path, tok, corpus, dtype="uint16"))
+
+
+def test_a_damaged_tokenizer_config_beside_it_is_a_config_error_naming_it(tmp_path: Path, trained) -> None:
+    """Regression: a truncated or non-object tokenizer_config.json was a bare JSONDecodeError / AttributeError, exit 1."""
+    raw = _config(tmp_path, *trained)
+    cfg_file = tmp_path / "tok" / "tokenizer_config.json"
+    for text, why in (('{"eos_token": "</s', "is not JSON"), ("[]", "is a JSON list, not an object")):
+        cfg_file.write_text(text)
+        with pytest.raises(ConfigError, match=rf"^config: 'tokenizer.path': {cfg_file} {why}"):
+            validate(raw)
+
+
+def test_bpe_dropout_is_refused(tmp_path: Path, trained) -> None:
+    """Regression: with `model.dropout` set, two runs of the same input wrote different shards (both exit 0)."""
+    tok, corpus = trained
+    tok["model"]["dropout"] = 0.3
+    with pytest.raises(ConfigError, match=r"^config: 'tokenizer.path': .* sets BPE dropout 0.3, which gives other ids"):
+        validate(_config(tmp_path, tok, corpus))
