@@ -13,7 +13,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from streamprep import forkserver
+from streamprep import forkserver, registry
 from streamprep.config import ConfigError
 from streamprep.layout import NotARunDir
 from streamprep.registry import Registry
@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     # (perf: blas_thread_server). One thread, unless the environment says otherwise; set before numpy loads.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = _parser().parse_args(argv)
+    if registry.PLUGIN_IMPORT_ERRORS:  # every command: a registry it reads may lack what the module registers
+        print(f"streamprep: error: {registry.PLUGIN_IMPORT_ERRORS[0]}", file=sys.stderr)
+        return 2
     if args.command == "ingest":  # its workers' forkserver imports beside the pipeline's imports, not after
         forkserver.start_for(args.config)
     try:

@@ -348,6 +348,8 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
     """Return the full config with defaults filled and paths absolute, or raise ConfigError. Sections, names
     and checks that belong to a plug-in family come from the registries (streamprep/registry.py). The optional
     datasets left out for want of input are appended to `skipped` (name, why): the job logs them."""
+    if registry.PLUGIN_IMPORT_ERRORS:
+        raise ConfigError(f"config: {registry.PLUGIN_IMPORT_ERRORS[0]}")
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
     base = Path(base_dir).resolve()

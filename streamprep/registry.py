@@ -103,6 +103,11 @@ MODES = Registry("mode")
 WRITERS = Registry("output writer")
 
 
+# A module of STREAMPREP_PLUGINS that failed to import (streamprep/plugins.py): `config.validate` and the CLI report
+# it as a config error, one line, rather than a traceback out of `import streamprep` in every process.
+PLUGIN_IMPORT_ERRORS: list[str] = []
+
+
 def scheme_of(path: str) -> str:
     """The registered scheme `path` starts with (the longest), else "" (a local path)."""
     found = [name for name in SCHEMES.names() if name and path.startswith(name)]

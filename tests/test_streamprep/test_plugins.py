@@ -205,3 +205,27 @@ def test_a_gate_named_in_streamprep_plugins_runs_in_every_qc_process(tmp_path: P
     run = json.loads((tmp_path / "run/run.json").read_text())
     assert run["summary"]["rejected"]["toy"] == len(rejects)
     assert run["summary"]["kept"]["toy"] == 120 - len(rejects)
+
+
+def test_a_plugin_module_that_fails_to_import_is_one_line_exit_2_for_every_command(tmp_path: Path) -> None:
+    """Regression: a STREAMPREP_PLUGINS module that was missing or raised at import was a traceback out of
+    `import streamprep`, exit 1, for every command. Now the CLI says so in one line, exit 2, writing nothing, and
+    the API's `config.validate` raises a ConfigError naming it."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins/broken_plugin.py").write_text("raise RuntimeError('boom at registration\\nsecond line')\n")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(10)))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(corpus)}], None)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
+    for module, why in (("broken_plugin", "RuntimeError: boom at registration"),
+                        ("no_such_plugin", "ModuleNotFoundError: No module named 'no_such_plugin'")):
+        line = f"STREAMPREP_PLUGINS: module {module!r} failed to import ({why})"
+        for command in (["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")],
+                        ["status", str(tmp_path / "run")]):
+            proc = subprocess.run([sys.executable, "-m", "streamprep", *command], cwd=tmp_path, capture_output=True,
+                                  text=True, env={**env, "STREAMPREP_PLUGINS": module}, timeout=120)
+            assert (proc.returncode, proc.stderr) == (2, f"streamprep: error: {line}\n"), command
+        assert not (tmp_path / "run").exists()
+        api = subprocess.run([sys.executable, "-c", "import streamprep.config as c; c.validate({})"], cwd=tmp_path,
+                             capture_output=True, text=True, env={**env, "STREAMPREP_PLUGINS": module}, timeout=120)
+        assert api.stderr.splitlines()[-1] == f"streamprep.config.ConfigError: config: {line}"
