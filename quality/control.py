@@ -22,6 +22,12 @@ from quality.near_dedup import Signer
 from quality.settings import QualitySettings, load_quality_settings
 
 
+def _not_a_reason(gate: Any, reason: Any) -> str:
+    """A verdict that is neither None (keep) nor a reason string (`False`, a number): a gate bug, which costs the
+    record, as a gate that raises does, rather than passing for a reason."""
+    return f"{gate.name}: internal error: check returned {type(reason).__name__} {reason!r}, not None or a reason"[:300]
+
+
 class Verdict(NamedTuple):
     keep: bool
     text: str | None      # the kept text (normalised when config normalize=True); None when rejected
@@ -98,6 +104,8 @@ class QualityControl:
             t0 = t1
             counters["seen"] += 1
             if reason is not None:
+                if type(reason) is not str:
+                    reason, check = _not_a_reason(gate, reason), "error"
                 counters["rejected"] += 1
                 meta["failed_check"], meta["reason"] = check, reason
                 return Verdict(False, None, meta, doc.digest)
@@ -141,6 +149,8 @@ class QualityControl:
             if len(survivors) < len(alive):  # most gates keep most docs: the rejects get a second loop
                 for i, doc, reason, check in zip(alive, batch, reasons, checks):
                     if reason is not None:
+                        if type(reason) is not str:
+                            reason, check = _not_a_reason(gate, reason), "error"
                         doc.meta["failed_check"], doc.meta["reason"] = check, reason
                         verdicts[i] = Verdict(False, None, doc.meta, doc.digest)
                         failed_at[i] = pos

@@ -167,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"streamprep: error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
         return 1
+    except SystemExit as exc:  # nothing of ours calls sys.exit: a plug-in or library did, inside the job
+        if args.debug:
+            traceback.print_exc()
+        print(f"streamprep: error: SystemExit({exc.code!r}) raised inside the command (a plug-in calling sys.exit?); "
+              f"re-run the same command to resume", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

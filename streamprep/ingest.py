@@ -578,7 +578,7 @@ class DatasetIngest:
             if isinstance(got, Exception):  # everything decided before it is committed and checkpointed
                 if isinstance(got, (SourceError, ConfigError)):
                     raise got
-                raise SourceError(f"dataset {self.ds.name}: reading the input failed after item {state.consumed}: "
+                raise SourceError(f"dataset {self.ds.name}: reading or judging the input failed after item {state.consumed}: "
                                   f"{one_line(got)}") from got
             if got is None:
                 await self._seal_parts(state, final=True)

@@ -14,7 +14,7 @@ from quality.gates.schema import LengthGate, MetadataGate, SchemaGate
 from quality.gates.text import NormalizeStep
 from quality.settings import QualitySettings
 
-__all__ = ["Doc", "Gate", "build_gates", "register_gate"]
+__all__ = ["Doc", "Gate", "GatePluginError", "build_gates", "register_gate"]
 
 # Gates of your own, run after the built-ins in registration order: `factory(settings, text_field)` returns the
 # gate, or None where these settings leave it off. One line adds one: `register_gate(MyGate.build)`.
@@ -52,5 +52,24 @@ def build_gates(s: QualitySettings, text_field: str) -> list[Gate]:
                                  s.domain_sample_chars))
     elif code:
         gates.append(CodeGate(s.code_min_score, s.domain_sample_chars))
-    gates += [g for g in (factory(s, text_field) for factory in EXTRA_GATES) if g is not None]
+    gates += [g for g in (_plugin_gate(factory, s, text_field) for factory in EXTRA_GATES) if g is not None]
     return gates
+
+
+class GatePluginError(RuntimeError):
+    """A registered gate factory that fails to give a gate: a bug to fix in the plug-in, named here."""
+
+
+def _plugin_gate(factory: Callable[[QualitySettings, str], Gate | None], s: QualitySettings,
+                 text_field: str) -> Gate | None:
+    where = f"quality gate plug-in {getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
+    try:
+        gate = factory(s, text_field)
+    except Exception as exc:
+        raise GatePluginError(f"{where} failed to build its gate: {type(exc).__name__}: {exc}") from exc
+    if gate is not None and not isinstance(gate, Gate):
+        raise GatePluginError(f"{where} returned {type(gate).__name__}, not a Gate or None")
+    if gate is not None and not all(isinstance(getattr(gate, k, None), str) for k in ("name", "failed_check")):
+        raise GatePluginError(f"{where}: its gate {type(gate).__name__} needs the strings `name` and `failed_check` "
+                              f"(its stats and its rejects' failed_check)")
+    return gate

@@ -525,7 +525,7 @@ async def test_reader_exception_ends_ingest_with_an_error_not_a_hang(tmp_path: P
     cfg, _ = _docs_cfg(tmp_path, 10)
     _fake(monkeypatch, FakeSource(_raise, good=120))  # batches of 50: the third fails inside the reader
     run = tmp_path / "run"
-    with pytest.raises(SourceError, match="dataset d: reading the input failed after item 100: RuntimeError: disk on fire"):
+    with pytest.raises(SourceError, match="dataset d: reading or judging the input failed after item 100: RuntimeError: disk on fire"):
         await _ingest(cfg, run)
     ck = json.loads(DatasetFiles(run, run / "checkpoints", "d").checkpoint.read_text())
     assert ck["consumed"] == 100 and not ck["done"]  # the batches before the failure are written and checkpointed

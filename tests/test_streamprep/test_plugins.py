@@ -229,3 +229,87 @@ def test_a_plugin_module_that_fails_to_import_is_one_line_exit_2_for_every_comma
         api = subprocess.run([sys.executable, "-c", "import streamprep.config as c; c.validate({})"], cwd=tmp_path,
                              capture_output=True, text=True, env={**env, "STREAMPREP_PLUGINS": module}, timeout=120)
         assert api.stderr.splitlines()[-1] == f"streamprep.config.ConfigError: config: {line}"
+
+
+class _Verdicts(Gate):
+    """Returns what its text asks for: a gate whose verdicts are not None or a string."""
+
+    name = failed_check = "odd"
+
+    def check(self, doc: Doc) -> Any:
+        return {"forty-two": 42, "false": False, "why": "a reason"}.get(doc.text.split()[0])
+
+
+@pytest.fixture
+def extra_gate() -> Iterator[Any]:
+    import quality.gates
+
+    added: list[Any] = []
+    yield lambda factory: added.append(register_gate(factory))
+    for factory in added:
+        quality.gates.EXTRA_GATES.remove(factory)
+
+
+def test_a_gate_verdict_that_is_not_none_or_a_string_costs_the_record_as_an_error(extra_gate: Any) -> None:
+    """Regression: `False` or a number was taken for a reason: every such record rejected under the gate's own
+    check with the reason 'False' / '42'. It is a gate bug, which costs the record as a raise does, saying so."""
+    from quality.control import QualityControl
+
+    extra_gate(lambda settings, text_field: _Verdicts())
+    records = [{"text": f"{w} and enough words to pass the length gate"} for w in ("forty-two", "false", "why", "ok")]
+    settings = {"expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0, "min_chars": 0}
+    for judge in ("evaluate", "evaluate_batch"):
+        qc = QualityControl(settings)
+        verdicts = [qc.evaluate(r) for r in records] if judge == "evaluate" else qc.evaluate_batch(records)
+        assert [(v.keep, v.meta.get("failed_check"), v.meta.get("reason")) for v in verdicts] == [
+            (False, "error", "odd: internal error: check returned int 42, not None or a reason"),
+            (False, "error", "odd: internal error: check returned bool False, not None or a reason"),
+            (False, "odd", "a reason"), (True, None, None)], judge
+
+
+def test_a_gate_factory_that_fails_to_give_a_gate_is_named() -> None:
+    """Regression: a factory that raised, returned a non-gate or a gate without a name stopped the job as
+    `reading the input failed: KeyError: ...` (or an AttributeError), naming neither the plug-in nor the gate."""
+    from quality.control import QualityControl
+    from quality.gates import GatePluginError
+
+    class Nameless(Gate):
+        def check(self, doc: Doc) -> str | None:
+            return None
+
+    def broken(settings: Any, text_field: str) -> Gate:
+        raise KeyError("factory broke")
+
+    here = f"quality gate plug-in {__name__}.{broken.__qualname__.removesuffix('broken')}"
+    for factory, message in (
+            (broken, f"{here}broken failed to build its gate: KeyError: 'factory broke'"),
+            (lambda s, t: "a gate", f"{here}<lambda> returned str, not a Gate or None"),
+            (lambda s, t: Nameless(), f"{here}<lambda>: its gate Nameless needs the strings `name` and `failed_check`")):
+        import quality.gates
+
+        register_gate(factory)
+        try:
+            with pytest.raises(GatePluginError) as err:
+                QualityControl({})
+        finally:
+            quality.gates.EXTRA_GATES.remove(factory)
+        assert str(err.value).startswith(message)
+
+
+def test_sys_exit_inside_a_job_is_one_line_exit_1(tmp_path: Path, extra_gate: Any, capsys: Any) -> None:
+    """Regression: a gate calling sys.exit(3) ended the job with exit 3 and nothing on stderr."""
+    from streamprep.cli import main
+
+    class Exits(Gate):
+        name = failed_check = "exits"
+
+        def check(self, doc: Doc) -> str | None:
+            raise SystemExit(3)
+
+    extra_gate(lambda settings, text_field: Exits())
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(10)))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(corpus)}], None)))
+    assert main(["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == ("streamprep: error: SystemExit(3) raised inside the command "
+                                                       "(a plug-in calling sys.exit?); re-run the same command to resume")
