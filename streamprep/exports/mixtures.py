@@ -19,6 +19,7 @@ from streamprep.layout import RunLayout
 FORMAT = "streamprep-mixtures"
 VERSION = 1
 DEFAULT_PHASE = "default"
+MAX_WEIGHT = 1e15  # as `datasets[].weight`: weights are relative, and any sum of them stays finite
 
 
 class MixtureConfigError(ValueError):
@@ -56,8 +57,8 @@ def validate_mixtures(phases: Any, dataset_names: Iterable[str]) -> None:
             wkey = f"{key}.{name}"
             if name not in known:
                 raise MixtureConfigError(wkey, f"unknown dataset {name!r} (known: {', '.join(known) or 'none'})")
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
-                raise MixtureConfigError(wkey, f"weight must be a finite number > 0, got {w!r}")
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w <= MAX_WEIGHT:  # NaN fails too
+                raise MixtureConfigError(wkey, f"weight must be a number in (0, {MAX_WEIGHT:g}], got {w!r}")
 
 
 def _normalise(weights: Mapping[str, float]) -> dict[str, float]:

@@ -60,8 +60,9 @@ def check_options(cfg: dict[str, Any]) -> None:
     tokenization. The codec name is lower-cased in place."""
     pq_cfg = cfg["output"]["parquet"]
     buckets = pq_cfg["length_buckets"]
-    if (not buckets or len(buckets) > MAX_LENGTH_BUCKETS or buckets != sorted(set(buckets))
-            or any(not isinstance(b, int) or isinstance(b, bool) or not 0 < b <= INT32_MAX for b in buckets)):
+    if (not buckets or len(buckets) > MAX_LENGTH_BUCKETS
+            or any(not isinstance(b, int) or isinstance(b, bool) or not 0 < b <= INT32_MAX for b in buckets)
+            or buckets != sorted(set(buckets))):  # after the type test: a nested list is unhashable
         raise ConfigError(f"config: 'output.parquet.length_buckets' must be 1-{MAX_LENGTH_BUCKETS} increasing "
                           f"integers in [1, {INT32_MAX}], got {buckets!r:.80}")
     pq_cfg["compression"] = codec = pq_cfg["compression"].lower()
