@@ -26,6 +26,9 @@ MAX_CONFIG_NODES = 100_000      # YAML nodes after alias expansion (a billion-la
 MAX_CONFIG_DEPTH = 64           # YAML nesting
 MAX_NAME_CHARS = 64             # run and dataset names become path components
 NAME_RE = re.compile(r"^\w[\w.-]*\Z")  # starts with a letter, digit or _; no '/', never '.' or '..'
+# The checkpoint dir keeps each dataset's `<name>.json` beside these (streamprep.layout): a dataset so named would
+# overwrite one, as would one named `<other>.plan`, whose checkpoint is `<other>.plan.json`, the other's plan.
+RESERVED_NAMES = ("dedup_holders", "tokenizer_backend", "tokenizer_backend_fallback")
 
 
 def printable(text: str) -> str:
@@ -312,6 +315,9 @@ def _datasets(raw: Any, base: Path, skipped: list[tuple[str, str]]) -> list[dict
         _safe_name(f"{key}.name", ds["name"])
         if ds["name"].casefold() in names:  # case-insensitive: the names become file names
             raise ConfigError(f"config: '{key}.name': duplicate dataset name {ds['name']!r}")
+        if ds["name"].casefold() in RESERVED_NAMES or ds["name"].casefold().endswith(".plan"):
+            raise ConfigError(f"config: '{key}.name': {ds['name']!r} would share a file name with the checkpoints' "
+                              f"own ({', '.join(RESERVED_NAMES)}, and <name>.plan); choose another name")
         names.add(ds["name"].casefold())
         for k, rng in DATASET_BOUNDS.items():
             rng.check(f"{key}.{k}", ds[k])

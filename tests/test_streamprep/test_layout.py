@@ -64,3 +64,23 @@ def test_planned_parts_and_tolerant_readers(tmp_path: Path) -> None:
     assert completed_receipt(rec) is None
     rec.write_bytes(b'{"status": "completed", "stats": {}}')
     assert completed_receipt(rec) == {"status": "completed", "stats": {}}
+
+
+def test_no_dataset_name_shares_a_file_with_the_checkpoint_dirs_own(tmp_path: Path) -> None:
+    """Regression: a dataset named `dedup_holders`, `tokenizer_backend` or `c4.plan` (beside `c4`) had its
+    checkpoint overwrite the holders' record, the backend record or c4's plan, and its resume restarted datasets.
+    Every fixed name the checkpoint dir holds is refused as a dataset name, and so is `<name>.plan`."""
+    import pytest
+
+    from streamprep.config import RESERVED_NAMES, ConfigError, validate
+
+    ck, run = CheckpointLayout(tmp_path), RunLayout(tmp_path)
+    fixed = {p.name for p in (ck.dedup_holders, run.tokenizer_backend, run.tokenizer_backend_fallback)}
+    assert fixed == {f"{n}.json" for n in RESERVED_NAMES}
+    assert ck.plan("c4") == ck.checkpoint("c4.plan")  # why `<name>.plan` is refused
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "x"}\n')
+    for name in (*RESERVED_NAMES, "Tokenizer_Backend", "c4.plan", "x.PLAN"):
+        with pytest.raises(ConfigError, match=rf"^config: 'datasets\[0\].name': '{name}' would share a file name"):
+            validate({"datasets": [{"name": name, "path": str(data)}]})
+    validate({"datasets": [{"name": "planner", "path": str(data)}, {"name": "c4.plans", "path": str(data)}]})
