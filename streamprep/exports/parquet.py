@@ -71,8 +71,9 @@ def check_options(cfg: dict[str, Any]) -> None:
                           f"(available in this pyarrow), got {codec!r:.40}")
 
 
-class ShardCountError(ExportError):
-    """`output.num_shards_multiple_of` cannot be met without empty shards."""
+class ShardCountError(ExportError, ConfigError):
+    """`output.num_shards_multiple_of` cannot be met without empty shards: a run that cannot go on as configured,
+    whatever re-running it (exit 2); lowering the key resumes it."""
 
 
 def bucket_table(bounds: Sequence[int]) -> list[dict[str, Any]]:

@@ -453,8 +453,9 @@ def test_run_failed_in_exports_resumes_with_the_corrected_config(tmp_path: Path,
     bad = copy.deepcopy(cfg)
     bad["output"]["num_shards_multiple_of"] = 1000
     run_dir = tmp_path / "run"
-    with pytest.raises(ShardCountError):
+    with pytest.raises(ShardCountError) as err:
         run_from_dict(bad, run_dir=run_dir, console_log=False)
+    assert isinstance(err.value, ConfigError)  # regression: exit 1 and "to resume: re-run", which could only fail
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
     assert run_from_dict(cfg, run_dir=run_dir, console_log=False).status == "complete"
     run_from_dict(cfg, run_dir=tmp_path / "fresh", console_log=False)
