@@ -25,7 +25,7 @@ from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_che
 from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
 from streamprep.executor import Executor
-from streamprep.exports import export_run
+from streamprep.exports import chain, export_run
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all, worker_executor
 from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, read_json
@@ -529,10 +529,12 @@ class Job:
                              blend=self.mode.text_exports)}
 
     def _still_complete(self) -> bool:
-        """A finished run re-run: a cheap check (sizes; no hash but manifest.json's) that what it wrote is still
-        there: the ingest parts its checkpoints sealed, every file its receipts and its manifest list. Anything
-        missing, resized or unreadable sends the job through its stages, which redo what is needed (a damaged
-        receipt, manifest or Parquet shard had the re-run say "complete" and `verify` fail, or fail every re-run)."""
+        """A finished run re-run: a cheap check that what it wrote is still there: the ingest parts its checkpoints
+        sealed and every file its receipts and its manifest list, at their sizes; the small files the manifest
+        hashes (blend.json, which holds the run dir's path, mixtures.json, receipts, tokenizer/) by their SHA-256; no
+        Parquet shard it does not list. Anything else sends the job through its stages, which redo what is needed
+        (a damaged receipt, manifest or Parquet shard had the re-run say "complete" and `verify` fail, or fail every
+        re-run). The large files are not read: a byte changed in one is `verify`'s to find (docs/operations.md)."""
         layout = RunLayout(self.run_dir)
         expected: list[tuple[str, Any]] = []  # (run-dir-relative path, size)
         for name in (d.name for d in self.config.datasets):
@@ -552,8 +554,9 @@ class Job:
         if not isinstance(manifest, dict) or atomic.sha256_file(layout.manifest) != self.record.get("manifest_sha256"):
             return _stale("manifest.json")
         shards = manifest.get("shards") or []  # a .bin/.idx shard is listed by its prefix (its files by its receipt)
-        for entry in [*(manifest.get("files") or []), *(s for s in shards if not isinstance(s, dict) or
-                                                         s.get("kind") == "parquet")]:
+        files, parquet = manifest.get("files") or [], [s for s in shards if not isinstance(s, dict)
+                                                         or s.get("kind") == "parquet"]
+        for entry in [*files, *parquet]:
             if not isinstance(entry, dict):
                 return _stale("manifest.json")
             # a file holding the run dir's path (blend.json) is listed by its run-dir-free form: its size is not on disk
@@ -564,4 +567,11 @@ class Job:
             path = self.run_dir / rel if isinstance(rel, str) else None
             if path is None or not path.is_file() or (size is not None and path.stat().st_size != size):
                 return _stale(str(rel))
+        for entry in files:  # small: a changed byte, or a run dir moved since (blend.json names its shards' paths)
+            if chain.digest(self.run_dir, entry["path"]) != (entry.get("sha256"), entry.get("size_bytes")):
+                return _stale(entry["path"])
+        listed = {rel for rel, _ in expected}
+        for path in sorted(layout.parquet_dir.glob("shard_*")) if layout.parquet_dir.is_dir() else []:
+            if str(path.relative_to(self.run_dir)) not in listed:  # the exports remove what they no longer list
+                return _stale(str(path.relative_to(self.run_dir)))
         return not self.mode.text_exports or layout.blend.is_file()

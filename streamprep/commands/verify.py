@@ -11,5 +11,8 @@ def run(args: argparse.Namespace) -> int:
     problems = verify_run(require_run_dir(args.run_dir))
     for p in problems:
         print(p)
+    if problems:  # a finished run's re-run reads no large file whole: a byte changed in one is found here only
+        print("to repair: delete each damaged file named above, then re-run the same `streamprep ingest` command; "
+              "it rewrites what is missing to the same bytes")
     print(f"streamprep: verify: {len(problems)} problem(s)" if problems else "streamprep: verify: all files match")
     return 1 if problems else 0

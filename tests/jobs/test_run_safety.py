@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -307,10 +308,15 @@ def test_a_finished_run_rerun_repairs_what_is_missing_or_damaged(tmp_path):
     compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
     before = tree_hashes(run, *compared, names=("manifest.json", "mixtures.json", "blend.json"))
     tsv = next((run / "parquet").glob("*.tsv"))
+    mixtures = run / "mixtures.json"
     damages = {"a deleted TSV": tsv.unlink,
                "a truncated manifest": lambda: (run / "manifest.json").write_bytes(b'{"version": 1, "fil'),
                "a deleted ingest part": (run / "ingest" / "alpha" / "part-00000.jsonl").unlink,
-               "a receipt that is a list": lambda: (run / "receipts" / "alpha" / "part-00000.json").write_text("[]")}
+               "a receipt that is a list": lambda: (run / "receipts" / "alpha" / "part-00000.json").write_text("[]"),
+               # regression: these two kept the re-run's "nothing to do", and `verify` failing
+               "a byte changed in mixtures.json": lambda: mixtures.write_bytes(mixtures.read_bytes().replace(b"1", b"2", 1)),
+               "a stale Parquet shard": lambda: shutil.copy(tsv.with_suffix(".parquet"),
+                                                            run / "parquet" / "shard_b00_s00099.parquet")}
     for what, damage in damages.items():
         damage()
         assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete", what
@@ -318,6 +324,11 @@ def test_a_finished_run_rerun_repairs_what_is_missing_or_damaged(tmp_path):
         assert tree_hashes(run, *compared, names=("manifest.json", "mixtures.json", "blend.json")) == before, what
     log = (run / "logs" / "streamprep.log").read_text()
     assert log.count("finished run has a missing, changed or unreadable file") == len(damages)
+    moved = tmp_path / "moved"  # regression: blend.json kept naming the shards where the run dir was before
+    run.rename(moved)
+    assert verify_run(moved) != []
+    assert run_from_dict(raw, run_dir=moved, console_log=False).status == "complete"
+    assert verify_run(moved) == [] and str(moved / "binidx") in (moved / "blend.json").read_text()
 
 
 @pytest.mark.parametrize("rel", [".lock", "logs/streamprep.log", "checkpoints/.streamprep.lock"])
