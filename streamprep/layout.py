@@ -112,8 +112,9 @@ class Checkpoint:
 
     @classmethod
     def load(cls, path: Path) -> "Checkpoint":
-        data = read_json(path)
-        return cls(data if isinstance(data, dict) else {})
+        """The checkpoint at `path`, all zero when there is none yet. One that is not a JSON object raises
+        ValueError: a reader (`status`, `audit`) says it is damaged rather than show its dataset as not started."""
+        return cls(_strict_json(path) or {})
 
     @property
     def started(self) -> bool:
@@ -138,9 +139,39 @@ class Checkpoint:
 
 
 def completed_receipt(path: Path) -> dict[str, Any] | None:
-    """The receipt at `path` if it records a completed shard, else None."""
-    rec = read_json(path)
-    return rec if isinstance(rec, dict) and rec.get("status") == "completed" else None
+    """The receipt at `path` if it records a completed shard, else None; ValueError if it is not a JSON object."""
+    rec = _strict_json(path)
+    return rec if rec is not None and rec.get("status") == "completed" else None
+
+
+def _strict_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object at `path`, None when there is no file; ValueError naming it when there is one and it is not
+    a JSON object (writes are atomic: a reader never sees half a file)."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"{path.name} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name} is a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """run.json as `status` and `audit` read it: NotARunDir (one line, exit 2) when there is none, or when it lacks
+    what they read: the config and its datasets, a `checkpoint_dir` path."""
+    record = read_json(RunLayout(run_dir).run_json)
+    if not isinstance(record, dict):
+        raise NotARunDir(f"{run_dir}: not a streamprep run directory (no readable run.json)")
+    cfg = record.get("config")
+    datasets = cfg.get("datasets") if isinstance(cfg, dict) else None
+    if not (isinstance(datasets, list) and all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in datasets)
+            and isinstance(cfg.get("run"), dict) and isinstance(record.get("checkpoint_dir"), (str, type(None)))):
+        raise NotARunDir(f"{RunLayout(run_dir).run_json} is damaged (no 'config' with its datasets, or a "
+                         f"'checkpoint_dir' that is not a path); `streamprep ingest` with the run's config repairs it "
+                         f"once it is removed")
+    return record
 
 
 @dataclass(frozen=True)
@@ -238,10 +269,12 @@ class RunLayout:
         return self.local_checkpoints / "tokenizer_backend_fallback.json"
 
     def checkpoints(self, record: dict[str, Any]) -> Path:
-        """run.json's `checkpoint_dir`, or RUN_DIR/checkpoints when that path is gone (a moved run dir)."""
+        """RUN_DIR/checkpoints unless the run's config named a `run.checkpoint_dir`: then run.json's
+        `checkpoint_dir`, or RUN_DIR/checkpoints when that path is gone (a moved run dir). A copy of a run dir reads
+        its own checkpoints, not the original's (run.json records their absolute path)."""
         local = self.local_checkpoints
         given = record.get("checkpoint_dir")
-        if given:
+        if given and ((record.get("config") or {}).get("run") or {}).get("checkpoint_dir"):
             p = Path(given)
             p = p if p.is_absolute() else self.run_dir / p
             if p.is_dir() or not local.is_dir():

@@ -11,6 +11,7 @@ backup) before it is read. A file truncated in place (same inode, smaller size) 
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -192,7 +193,12 @@ def tail(run_dir: str | Path, n: int = 20, follow: bool = False, out: IO[str] | 
     """Print the last `n` lines; with `follow`, keep printing new ones until KeyboardInterrupt/`stop()`."""
     out = out or sys.stdout
     path = log_path(run_dir)
+    if path.is_dir():  # the CLI's one line: a folder where the run keeps a file
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if not follow:
+        if not path.is_file() and not _backups(path):  # not yet, removed, or a link to nothing: say so
+            print(f"streamprep: logs: no log at {path}", file=sys.stderr)
+            return 0
         for line in last_lines(run_dir, n):
             out.write(line + "\n")
         out.flush()

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from streamprep.config import resolved_workers
-from streamprep.layout import (Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, damaged_record,
-                               read_json)
+from streamprep.layout import (Checkpoint, CheckpointLayout, RunLayout, completed_receipt, damaged_record,
+                               read_json, run_record)
 from streamprep.lock import holder_if_running, read_holder
 from streamprep.sources.hf import manifest_sizes
 
@@ -52,16 +52,6 @@ def lock_holder(run_dir: Path) -> dict[str, Any] | None:
     # No /proc/locks, or a holder record left behind (killed run, or a filesystem /proc/locks does not
     # match): a non-blocking shared-lock probe decides; it is released at once.
     return holder_if_running(RunLayout(run_dir).lock)
-
-
-def _dataset_names(record: dict[str, Any], ckpt_dir: Path, run_dir: Path) -> list[str]:
-    names = [d["name"] for d in (record.get("config") or {}).get("datasets", []) if isinstance(d, dict)]
-    if not names:
-        found = {p.stem for p in ckpt_dir.glob("*.json")} if ckpt_dir.is_dir() else set()
-        receipts = RunLayout(run_dir).receipts_dir
-        found |= {p.name for p in receipts.iterdir()} if receipts.is_dir() else set()
-        names = sorted(found)
-    return names
 
 
 def checkpoint_dir(run_dir: Path, record: dict[str, Any]) -> Path:
@@ -157,12 +147,10 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
     A running job's metrics pass `live` (dataset -> its in-memory state in the checkpoint's shape) and `hub`
     (the live Hub counters): the same figures as the saved files give, only fresher."""
     run_dir = Path(run_dir)
-    record = read_json(RunLayout(run_dir).run_json)
-    if not isinstance(record, dict):
-        raise NotARunDir(f"{run_dir}: not a streamprep run directory (no readable run.json)")
+    record = run_record(run_dir)
     ckpt_dir = checkpoint_dir(run_dir, record)
-    names = _dataset_names(record, ckpt_dir, run_dir)
-    entries = {d["name"]: d for d in (record.get("config") or {}).get("datasets", []) if isinstance(d, dict)}
+    entries = {d["name"]: d for d in record["config"]["datasets"]}
+    names = list(entries)
     live = live or {}
     try:
         datasets = {n: _dataset_status(run_dir, ckpt_dir, n, live.get(n), entries.get(n)) for n in names}

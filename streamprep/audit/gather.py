@@ -12,8 +12,8 @@ import orjson
 
 from streamprep import stats
 from streamprep import backends
-from streamprep.layout import (Checkpoint, CheckpointLayout, NotARunDir, RunLayout, completed_receipt, damaged_record,
-                               part_name, read_json as _read_json)
+from streamprep.layout import (Checkpoint, CheckpointLayout, RunLayout, completed_receipt, damaged_record,
+                               part_name, read_json as _read_json, run_record)
 from streamprep.tokenizer import training_report
 
 
@@ -294,14 +294,10 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
 def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) -> tuple[dict[str, Any], dict]:
     """(audit dict, examples per dataset per reason). Read-only."""
     run_dir = Path(run_dir)
-    record = _read_json(RunLayout(run_dir).run_json)
-    if not isinstance(record, dict):
-        raise NotARunDir(f"{run_dir}: not a streamprep run directory (no readable run.json)")
+    record = run_record(run_dir)
     ckpt_dir = RunLayout(run_dir).checkpoints(record)
-    cfg = record.get("config") or {}
-    names = [d["name"] for d in cfg.get("datasets", []) if isinstance(d, dict)]
-    if not names and ckpt_dir.is_dir():
-        names = sorted(p.stem for p in ckpt_dir.glob("*.json"))
+    cfg = record["config"]
+    names = [d["name"] for d in cfg["datasets"]]
     encoder = _load_encoder(run_dir)
     datasets, examples = {}, {}
     try:

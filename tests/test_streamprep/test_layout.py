@@ -46,20 +46,38 @@ def test_checkpoint_dir_honours_run_json_and_falls_back_when_moved(tmp_path: Pat
     lay = RunLayout(tmp_path)
     external = tmp_path.parent / f"{tmp_path.name}-ckpt"
     external.mkdir()
-    assert lay.checkpoints({"checkpoint_dir": str(external)}) == external
+    configured = {"config": {"run": {"checkpoint_dir": str(external)}}}
+    assert lay.checkpoints({"checkpoint_dir": str(external), **configured}) == external
     assert lay.checkpoints({}) == tmp_path / "checkpoints"
     (tmp_path / "checkpoints").mkdir()
-    assert lay.checkpoints({"checkpoint_dir": str(tmp_path / "gone")}) == tmp_path / "checkpoints"
+    assert lay.checkpoints({"checkpoint_dir": str(tmp_path / "gone"), **configured}) == tmp_path / "checkpoints"
+    # regression: a copy of a run dir read the original's checkpoints, whose absolute path its run.json records
+    assert lay.checkpoints({"checkpoint_dir": str(external), "config": {"run": {"checkpoint_dir": None}}}) \
+        == tmp_path / "checkpoints"
 
 
-def test_planned_parts_and_tolerant_readers(tmp_path: Path) -> None:
+def test_planned_parts_and_strict_readers(tmp_path: Path) -> None:
+    """Regression: a checkpoint or receipt that is not a JSON object read as "not started" / "pending", so `status`
+    showed a finished dataset at 0 and `audit` rewrote a good report with zeros. The readers say it is damaged."""
+    import pytest
+
     assert Checkpoint({"part_index": 2, "part_lines": 5, "done": True}).planned_parts == 3
     assert Checkpoint({"part_index": 2, "part_lines": 5, "done": False}).planned_parts == 2
     assert Checkpoint({"part_index": 2, "part_lines": 0, "done": True}).planned_parts == 2
     bad = CheckpointLayout(tmp_path).checkpoint("c4")
+    assert Checkpoint.load(bad).started is False  # none yet
     bad.write_bytes(b"{not json")
-    assert read_json(bad) is None and Checkpoint.load(bad).started is False
+    assert read_json(bad) is None
+    with pytest.raises(ValueError, match=r"^c4.json is not JSON"):
+        Checkpoint.load(bad)
+    bad.write_bytes(b"[]")
+    with pytest.raises(ValueError, match=r"^c4.json is a JSON list, not an object$"):
+        Checkpoint.load(bad)
     rec = tmp_path / "r.json"
+    assert completed_receipt(rec) is None
+    rec.write_bytes(b'{"status": "compl')
+    with pytest.raises(ValueError, match=r"^r.json is not JSON"):
+        completed_receipt(rec)
     rec.write_bytes(b'{"status": "running"}')
     assert completed_receipt(rec) is None
     rec.write_bytes(b'{"status": "completed", "stats": {}}')

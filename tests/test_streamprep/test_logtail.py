@@ -154,4 +154,8 @@ def test_logs_command_without_a_log_yet(tmp_path, capsys):
 
     run_dir = _run_dir(tmp_path)
     assert main(["logs", str(run_dir)]) == 0
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr() == ("", f"streamprep: logs: no log at {log_path(run_dir)}\n")  # regression: silence
+    log_path(run_dir).mkdir(parents=True)  # regression: a folder there printed nothing, exit 0
+    assert main(["logs", str(run_dir)]) == 2
+    assert capsys.readouterr().err == (f"streamprep: error: {log_path(run_dir)} is a folder where the run keeps a "
+                                       f"file; remove it and re-run\n")

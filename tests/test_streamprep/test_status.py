@@ -133,6 +133,59 @@ def test_a_damaged_checkpoint_neither_hangs_nor_crashes_status(done_run, tmp_pat
     assert main(["audit", str(run_dir)]) == 2  # the audit reads the same records: the same line
 
 
+@pytest.mark.parametrize("damage", ["checkpoint not JSON", "checkpoint a list", "receipt truncated", "receipt a list"])
+def test_a_checkpoint_or_receipt_that_is_not_a_json_object_is_damaged_for_status_and_audit(done_run, tmp_path,
+                                                                                          capsys, damage):
+    """Regression: these read as "not started" / "pending" (exit 0): `status` showed the finished dataset at 0 read
+    and `audit` rewrote audit.json with those zeros. Now the documented line, exit 2, and the audit is untouched."""
+    from streamprep.cli import main
+
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    target = run_dir / ("checkpoints/a.json" if damage.startswith("checkpoint") else "receipts/a/part-00000.json")
+    target.write_bytes(b"[]" if damage.endswith("a list") else target.read_bytes()[:30])
+    audit = (run_dir / "audit" / "audit.json").read_bytes()
+    for command in ("status", "audit"):
+        capsys.readouterr()
+        assert main([command, str(run_dir)]) == 2, command
+        err = capsys.readouterr().err
+        assert f"{run_dir}: a checkpoint or receipt is damaged (ValueError: {target.name} is " in err, (command, err)
+    assert (run_dir / "audit" / "audit.json").read_bytes() == audit
+
+
+@pytest.mark.parametrize("field, value", [("config", "x"), ("config", None), ("checkpoint_dir", 7)])
+def test_a_run_json_without_its_config_or_with_a_bad_checkpoint_dir_is_one_line_for_status_and_audit(
+        done_run, tmp_path, capsys, field, value):
+    """Regression: `config: "x"` or `checkpoint_dir: 7` was a bare AttributeError / TypeError, exit 1; a run.json
+    without `config` listed the checkpoint dir's files (`a.plan`, `tokenizer_backend`) as datasets, and `audit`
+    rewrote audit.json over them."""
+    from streamprep.cli import main
+
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    rec = json.loads((run_dir / "run.json").read_text())
+    if value is None:
+        del rec[field]
+    else:
+        rec[field] = value
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    audit = (run_dir / "audit" / "audit.json").read_bytes()
+    for command in ("status", "audit"):
+        capsys.readouterr()
+        assert main([command, str(run_dir)]) == 2, command
+        assert capsys.readouterr().err.startswith(f"streamprep: error: {run_dir / 'run.json'} is damaged"), command
+    assert (run_dir / "audit" / "audit.json").read_bytes() == audit
+
+
+def test_a_copied_run_dir_reads_its_own_checkpoints(done_run, tmp_path):
+    """Regression: run.json records its checkpoint dir's absolute path, so `status` of a copy read the original's."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(done_run, copy, ignore=shutil.ignore_patterns(".lock"))
+    (copy / "checkpoints" / "a.json").write_text(
+        json.dumps({**json.loads((copy / "checkpoints" / "a.json").read_text()), "kept": 7}))
+    assert run_status(copy)["datasets"]["a"]["ingest"]["kept"] == 7 != run_status(done_run)["datasets"]["a"]["ingest"]["kept"]
+
+
 HOLD = """
 import sys, time
 from streamprep.layout import RunLayout
