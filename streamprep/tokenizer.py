@@ -112,6 +112,10 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = 
         log.warning("tokenizer copy does not match its fingerprint; recreating it", path=str(saved))
         return None
     log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
+    src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
+    if src is not None and (now := f"sha256:{hashlib.sha256(src.read_bytes()).hexdigest()}") != info.fingerprint:
+        log.warning("tokenizer.path's file changed since the run copied it; the run goes on with its copy (a new "
+                    "tokenizer needs a new run dir)", path=str(src), copy=info.fingerprint, now=now)
     recorded = read_json(layout.tokenizer_backend)
     return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, select, recorded)
 

@@ -67,3 +67,26 @@ def test_bpe_dropout_is_refused(tmp_path: Path, trained) -> None:
     tok["model"]["dropout"] = 0.3
     with pytest.raises(ConfigError, match=r"^config: 'tokenizer.path': .* sets BPE dropout 0.3, which gives other ids"):
         validate(_config(tmp_path, tok, corpus))
+
+
+def test_a_tokenizer_file_changed_under_a_run_is_named_in_a_warning(tmp_path: Path, trained) -> None:
+    """Regression: a tokenizer.path file replaced between a kill and the resume was passed over without a word (the
+    run, rightly, goes on with its own copy: every shard with the same ids)."""
+    from structlog.testing import capture_logs
+
+    from streamprep.config import TokenizerConfig
+    from streamprep.tokenizer import saved_tokenizer
+
+    raw = _config(tmp_path, *trained)
+    assert run_from_dict(raw, run_dir=tmp_path / "run", console_log=False).status == "complete"
+    tok_cfg = TokenizerConfig.from_dict(validate(raw)["tokenizer"])
+    with capture_logs() as seen:
+        copy = saved_tokenizer(tok_cfg, tmp_path / "run")
+    assert copy is not None and not [e for e in seen if e["log_level"] == "warning"]
+    source = tmp_path / "tok" / "tokenizer.json"
+    source.write_text(source.read_text() + "\n")  # other bytes, same tokenizer
+    with capture_logs() as seen:
+        assert saved_tokenizer(tok_cfg, tmp_path / "run").fingerprint == copy.fingerprint
+    warned = [e for e in seen if e["log_level"] == "warning"]
+    assert [(e["event"][:38], e["path"], e["copy"]) for e in warned] == [
+        ("tokenizer.path's file changed since th", str(source), copy.fingerprint)]
