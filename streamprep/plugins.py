@@ -21,7 +21,7 @@ TOKENIZER_BACKENDS.register("gigatoken")
 TOKENIZER_BACKENDS.register("hf")
 
 for _fmt in ("jsonl", "parquet", "txt", "document"):  # read by streamprep.sources.local itself
-    SOURCE_FORMATS.register(_fmt)
+    SOURCE_FORMATS.register(_fmt, builtin=True)
 
 SCHEMES.register("", "streamprep.sources.local:LocalSource.open", check="streamprep.sources.local:check_entry")
 for _scheme in ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "memory://"):

@@ -42,7 +42,11 @@ class Registry:
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, target: Any = None, **meta: Any) -> Any:
-        """Add (or replace) `name`; returns `target`, so it also works as a decorator's last line."""
+        """Add (or replace) `name`; returns `target`, so it also works as a decorator's last line. An entry
+        registered with `builtin=True` is not replaced: code outside the registry reads it (a source format's
+        byte-range units), so a replacement would be used in some places only."""
+        if (old := self._entries.get(name)) is not None and old.meta.get("builtin"):
+            raise ValueError(f"{self.family} {name!r} is built in; register yours under another name")
         self._entries[name] = Entry(name, target, meta)
         return target
 

@@ -313,3 +313,11 @@ def test_sys_exit_inside_a_job_is_one_line_exit_1(tmp_path: Path, extra_gate: An
     assert main(["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == ("streamprep: error: SystemExit(3) raised inside the command "
                                                        "(a plug-in calling sys.exit?); re-run the same command to resume")
+
+
+def test_a_source_format_plugin_cannot_replace_a_built_in_one() -> None:
+    """Regression: a reader registered as `jsonl` read `.jsonl.gz` files (whole-file units) but not `.jsonl` ones
+    (byte-range units, read by the local source itself), without a word."""
+    with pytest.raises(ValueError, match=r"^source format 'jsonl' is built in; register yours under another name$"):
+        registry.SOURCE_FORMATS.register("jsonl", read_toy)
+    assert registry.SOURCE_FORMATS.entry("jsonl").target is None
