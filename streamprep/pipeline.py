@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
-from streamprep import audit, backends, engines, metrics, tokenizer as tokmod
+from streamprep import audit, backends, engines, metrics, registry, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
 from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
@@ -185,6 +185,11 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
                           f"use a new --run-dir (with --fresh) to start over")
+    was = previous.get("plugins")  # absent: recorded by a version before plug-ins were
+    if was is not None and was != registry.PLUGIN_MODULES:
+        raise ConfigError(f"STREAMPREP_PLUGINS changed since this run started (was {','.join(was) or 'unset'!r}, now "
+                          f"{','.join(registry.PLUGIN_MODULES) or 'unset'!r}); plug-ins decide verdicts and bytes as "
+                          f"the config does: resume with the same, or use a new --run-dir")
     return previous
 
 
@@ -307,7 +312,7 @@ class Job:
         cfg = config.to_dict()
         self.sft_section = cfg.get("sft")  # plain form, as shard tasks carry it to the workers and hash it
         self.record.update({"config": configmod.public(cfg), "config_hash": configmod.config_hash(cfg), "versions": _versions(),
-                            "checkpoint_dir": str(self.checkpoint_dir)})
+                            "checkpoint_dir": str(self.checkpoint_dir), "plugins": list(registry.PLUGIN_MODULES)})
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self.signals = Signals()
         self._backend_of: tuple[TokenizerInfo, str] | None = None  # _shard_backend's last tokenizer and choice

@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 import os
 
-from streamprep.registry import (CHECKS, ENGINES, MODES, PLUGIN_IMPORT_ERRORS, SCHEMES, SECTIONS, SOURCE_FORMATS,
-                                 TOKENIZER_BACKENDS, WRITERS)
+from streamprep.registry import (CHECKS, ENGINES, MODES, PLUGIN_IMPORT_ERRORS, PLUGIN_MODULES, SCHEMES, SECTIONS,
+                                 SOURCE_FORMATS, TOKENIZER_BACKENDS, WRITERS)
 
 ENGINES.register("xenna", "streamprep.engines.xenna:XennaEngine")
 ENGINES.register("local", "streamprep.engines.local:LocalEngine")
@@ -49,6 +49,7 @@ WRITERS.register("blend", "streamprep.exports.blend:export")
 WRITERS.register("mixtures", "streamprep.exports.mixtures:export")
 
 for _module in filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGINS", "").split(","))):
+    PLUGIN_MODULES.append(_module)
     try:
         importlib.import_module(_module)
     except Exception as _exc:  # reported by config.validate and the CLI (registry.PLUGIN_IMPORT_ERRORS)

@@ -110,6 +110,9 @@ WRITERS = Registry("output writer")
 # A module of STREAMPREP_PLUGINS that failed to import (streamprep/plugins.py): `config.validate` and the CLI report
 # it as a config error, one line, rather than a traceback out of `import streamprep` in every process.
 PLUGIN_IMPORT_ERRORS: list[str] = []
+# The modules STREAMPREP_PLUGINS names, in order: run.json records them, and a resume with others is refused (a
+# plug-in gate, format or writer decides verdicts and bytes, as config does).
+PLUGIN_MODULES: list[str] = []
 
 
 def scheme_of(path: str) -> str:

@@ -321,3 +321,29 @@ def test_a_source_format_plugin_cannot_replace_a_built_in_one() -> None:
     with pytest.raises(ValueError, match=r"^source format 'jsonl' is built in; register yours under another name$"):
         registry.SOURCE_FORMATS.register("jsonl", read_toy)
     assert registry.SOURCE_FORMATS.entry("jsonl").target is None
+
+
+def test_a_resume_with_other_plugins_is_refused_like_a_changed_config(tmp_path: Path) -> None:
+    """Regression: a run killed with a gate plug-in and resumed without it kept other records for the rest of the
+    run, without a word. run.json records STREAMPREP_PLUGINS, and a resume with others is exit 2 naming both."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins/toy_gate_plugin.py").write_text(GATE_PLUGIN)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(corpus)}], None)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
+    env.pop("STREAMPREP_PLUGINS", None)
+    command = [sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir",
+               str(tmp_path / "run")]
+
+    def ingest(plugins: str | None) -> subprocess.CompletedProcess:
+        extra = {"STREAMPREP_PLUGINS": plugins} if plugins is not None else {}
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env={**env, **extra}, timeout=300)
+
+    assert ingest("toy_gate_plugin").returncode == 0
+    assert json.loads((tmp_path / "run/run.json").read_text())["plugins"] == ["toy_gate_plugin"]
+    refused = ingest(None)
+    assert (refused.returncode, refused.stderr.splitlines()[-1]) == (2, (
+        "streamprep: error: STREAMPREP_PLUGINS changed since this run started (was 'toy_gate_plugin', now 'unset'); "
+        "plug-ins decide verdicts and bytes as the config does: resume with the same, or use a new --run-dir"))
+    assert ingest(" toy_gate_plugin ").returncode == 0  # the same modules
