@@ -380,6 +380,9 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
     if ex["engine"] not in registry.ENGINES:
         raise ConfigError(f"config: 'execution.engine' must be {registry.ENGINES.choices()}, got {ex['engine']!r:.40}")
     if cfg["run"]["checkpoint_dir"] is not None:
+        if _is_remote(cfg["run"]["checkpoint_dir"]):  # Path() would make `s3://b/ck` a local folder `s3:/b/ck`
+            raise ConfigError(f"config: 'run.checkpoint_dir' must be a local (or mounted) folder, got "
+                              f"{cfg['run']['checkpoint_dir']!r:.80}: checkpoints are renamed into place atomically")
         cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base, "run.checkpoint_dir")
     if cfg["output"]["valid_fraction"] > 0 and any(d["blend_split"] != "train" for d in cfg["datasets"]):
         raise ConfigError("config: 'output.valid_fraction' splits the training data of a list of datasets; the per-split "

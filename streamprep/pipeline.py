@@ -112,6 +112,9 @@ class Signals:
 
 
 def resolve_run_dir(config: Config, run_dir: str | Path | None) -> Path:
+    if run_dir and "://" in str(run_dir):  # Path() would make `s3://b/out` a local folder `s3:/b/out`
+        raise ConfigError(f"run dir {str(run_dir)!r:.80} must be a local (or mounted) folder: its files are renamed "
+                          f"into place atomically")
     path = Path(run_dir) if run_dir else Path("runs") / config.run.name
     try:
         return path.resolve()

@@ -370,3 +370,16 @@ def test_a_folder_in_place_of_any_file_of_a_run_is_exit_2_naming_it_and_resumes_
         (run / rel).rmdir()
         assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0, rel
         assert tree_hashes(run, *compared, names=names) == before, rel
+
+
+def test_a_run_dir_on_an_object_store_is_exit_2_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """Regression: `--run-dir s3://bucket/out` ran the job into a local folder `s3:/bucket/out`, exit 0."""
+    raw = _config(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    assert main(["ingest", "--config", str(cfg), "--run-dir", "s3://bucket/out"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "streamprep: error: run dir 's3://bucket/out' must be a local (or mounted) folder: its files are renamed into "
+        "place atomically"]
+    assert not (tmp_path / "s3:").exists()

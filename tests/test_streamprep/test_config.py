@@ -163,6 +163,7 @@ BAD_VALUES = [
     ("datasets[0].name", "."), ("datasets[0].name", ""), ("datasets[0].name", "-a"), ("datasets[0].split", ""),
     ("datasets[0].filter", {"": 1}), ("run.name", "../x"), ("run.name", "a/b"), ("run.name", ""),
     ("run.name", "x" * 65), ("run.seed", -1), ("run.checkpoint_dir", ""),
+    ("run.checkpoint_dir", "s3://bucket/ck"),  # regression: written to a local folder `s3:/bucket/ck`
     ("run.name", "demo\n"), ("datasets[0].name", "web\n"),  # regression: `$` matched before a last newline
     ("execution.progress_interval_s", NAN), ("execution.progress_interval_s", INF),
     ("execution.progress_interval_s", 0), ("execution.progress_interval_s", 0.001),
