@@ -167,10 +167,10 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
         p = Path(path)
         return sorted(_walk(str(p))) if p.is_dir() else [path]
     fs, stripped = filesystem(path, storage_options)
-    if globmod.has_magic(path):
+    if fs.isfile(stripped):  # first: on HTTP, isdir would GET the page to list its links; and as on disk, an object
+        files = [stripped]   # named with glob characters as written (`br[1].jsonl`) is that object
+    elif globmod.has_magic(path):
         files = [p for p, info in fs.glob(stripped, detail=True).items() if info.get("type") == "file"]
-    elif fs.isfile(stripped):  # first: on HTTP, isdir would GET the page to list its links
-        files = [stripped]
     else:
         files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")] if fs.isdir(stripped) else []
     return [fs.unstrip_protocol(p) for p in sorted(files)]

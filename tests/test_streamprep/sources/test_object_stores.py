@@ -385,3 +385,17 @@ def test_storage_options_misuse_is_a_config_error(entry: dict, want: str) -> Non
 
     with pytest.raises(ConfigError, match=want):
         validate(base_config([{"name": "d", **entry}], None))
+
+
+def test_an_object_named_with_glob_characters_is_that_object_as_on_disk(s3: Proxy, tmp_path: Path) -> None:
+    """Regression: `s3://b/br[1].jsonl` that exists was "no object matches", and `s3://b/lit/a*.jsonl` that exists
+    also read `ab.jsonl`; on disk a name with glob characters that exists as written is that file (docs/config.md)."""
+    from streamprep.sources.local import expand
+
+    fs = filesystem("s3://x")[0]
+    for key in ("lit/br[1].jsonl", "lit/a*.jsonl", "lit/ab.jsonl"):
+        fs.pipe(f"{BUCKET}/{key}", _jsonl(DOCS[:3]))
+    fs.invalidate_cache()
+    assert expand(f"s3://{BUCKET}/lit/br[1].jsonl") == [f"s3://{BUCKET}/lit/br[1].jsonl"]
+    assert expand(f"s3://{BUCKET}/lit/a*.jsonl") == [f"s3://{BUCKET}/lit/a*.jsonl"]
+    assert expand(f"s3://{BUCKET}/lit/?b.jsonl") == [f"s3://{BUCKET}/lit/ab.jsonl"]  # no such object: a glob
