@@ -131,13 +131,30 @@ def _check_local_path(key: str, path: str) -> None:
         raise MissingInput(f"config: '{key}': directory has no input files: {path}")
 
 
+def _no_credentials() -> tuple[type[BaseException], ...]:
+    """The stores' "no credentials found at all" errors (botocore's for s3fs, google-auth's for gcsfs): a config
+    error, as refused credentials are, rather than a bare exception, exit 1."""
+    found: list[type[BaseException]] = []
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+        found += [NoCredentialsError, PartialCredentialsError]
+    except ImportError:
+        pass
+    try:
+        from google.auth.exceptions import DefaultCredentialsError
+        found.append(DefaultCredentialsError)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
 def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
     """List the bucket now: a missing bucket, key or prefix (or refused credentials) is a config error before
     anything is written. A store that cannot be reached raises on (exit 1: re-run once it is back)."""
     path = ds["path"]
     try:
         found = expand(path, ds["storage_options"])
-    except (FileNotFoundError, PermissionError) as exc:
+    except (FileNotFoundError, PermissionError, *_no_credentials()) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise MissingInput(f"config: '{key}.path': {path}: {first}") from None
     except TypeError as exc:  # an option the filesystem does not take

@@ -399,3 +399,23 @@ def test_an_object_named_with_glob_characters_is_that_object_as_on_disk(s3: Prox
     assert expand(f"s3://{BUCKET}/lit/br[1].jsonl") == [f"s3://{BUCKET}/lit/br[1].jsonl"]
     assert expand(f"s3://{BUCKET}/lit/a*.jsonl") == [f"s3://{BUCKET}/lit/a*.jsonl"]
     assert expand(f"s3://{BUCKET}/lit/?b.jsonl") == [f"s3://{BUCKET}/lit/ab.jsonl"]  # no such object: a glob
+
+
+def test_no_credentials_at_all_is_a_config_error_naming_the_path(s3: Proxy, tmp_path: Path, monkeypatch) -> None:
+    """Regression: with no AWS credentials anywhere the job said `NoCredentialsError: Unable to locate
+    credentials`, exit 1, naming neither the dataset nor the path (refused ones were already exit 2)."""
+    import s3fs
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    s3fs.S3FileSystem.clear_instance_cache()
+    path, run = f"s3://{BUCKET}/corpus/", tmp_path / "run"
+    try:
+        with pytest.raises(ConfigError, match=rf"^config: 'datasets\[0\].path': {path}: Unable to locate credentials$"):
+            run_from_dict(base_config([{"name": "d", "path": path}], None), run_dir=run, console_log=False)
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert not run.exists()
