@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 from typing import Any, Iterator, Mapping
 
-from streamprep.sources.base import BadRecord, Unit
+from streamprep.sources.base import BadRecord, SourceError, Unit, one_line
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _special,
                                       bounded_lines, broken_link, detect_format, filesystem, long_line, open_input,
                                       parquet_rows)
@@ -52,22 +52,29 @@ def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int, opti
     units: list[Unit] = []
     for i, f in enumerate(files):
         try:
-            kind = fmt or detect_format(f)
-        except ValueError:
-            kind = None  # the reader turns it into a counted reject
-        whole = _special(f) or ("://" not in f and broken_link(f) is not None)
-        size = None if whole else _size(f, options)
-        if whole or kind not in CHUNKED + ("parquet",) or (kind in CHUNKED and _compression(f) is not None):
-            units.append(Unit("file", i, f, fmt or ""))
-        elif size <= unit_bytes:  # one unit, planned without reading the file
-            units.append(Unit("range", i, f, kind, 0, size) if kind in CHUNKED else Unit("file", i, f, fmt or ""))
-        elif kind in CHUNKED:
-            cuts = _cuts(f, size, unit_bytes, options)
-            units += [Unit("range", i, f, kind, a, b) for a, b in cuts] if cuts else [Unit("file", i, f, fmt or "")]
-        else:
-            groups = _row_groups(f, options)
-            units += [Unit("row_group", i, f, kind, g) for g in range(groups)] if groups else [Unit("file", i, f)]
+            units += _plan_file(i, f, fmt, unit_bytes, options)
+        except Exception as exc:  # a store that stops answering, a file gone since it was listed: resumable
+            raise SourceError(f"cannot read input file {f} to plan its units: {one_line(exc)}") from exc
     return units
+
+
+def _plan_file(i: int, f: str, fmt: str | None, unit_bytes: int, options: Options) -> list[Unit]:
+    """File `i`'s units (`plan_dataset`)."""
+    try:
+        kind = fmt or detect_format(f)
+    except ValueError:
+        kind = None  # the reader turns it into a counted reject
+    whole = _special(f) or ("://" not in f and broken_link(f) is not None)
+    size = None if whole else _size(f, options)
+    if whole or kind not in CHUNKED + ("parquet",) or (kind in CHUNKED and _compression(f) is not None):
+        return [Unit("file", i, f, fmt or "")]
+    if size <= unit_bytes:  # one unit, planned without reading the file
+        return [Unit("range", i, f, kind, 0, size) if kind in CHUNKED else Unit("file", i, f, fmt or "")]
+    if kind in CHUNKED:
+        cuts = _cuts(f, size, unit_bytes, options)
+        return [Unit("range", i, f, kind, a, b) for a, b in cuts] if cuts else [Unit("file", i, f, fmt or "")]
+    groups = _row_groups(f, options)
+    return [Unit("row_group", i, f, kind, g) for g in range(groups)] if groups else [Unit("file", i, f)]
 
 
 def _size(path: str, options: Options) -> int:

@@ -46,6 +46,11 @@ PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # a file `identity` hashes is hashed whole up to this size, else by head + tail
 HEAD_TAIL_BYTES = 64 * 1024
 READ_BUFFER = 1 << 20
+# botocore's retries of one S3 request, under s3fs's own 5 attempts (each at most 15 s without a byte), unless the
+# dataset's `config_kwargs` or AWS_MAX_ATTEMPTS / AWS_RETRY_MODE say otherwise. botocore's default (legacy, 5) made
+# 25 attempts of each request: a store that stopped answering held the job 3 minutes (closing connections) to ~20
+# (accepting and never answering) before the job could say so.
+S3_RETRIES = {"mode": "standard", "max_attempts": 3}
 # A record line longer than this is read through in pieces and rejected, never held: no record of text is near it
 # (`quality.max_chars` is 2 M characters by default), and a file without a newline for gigabytes must not cost a
 # worker (or the planner) that much memory.
@@ -230,7 +235,10 @@ def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> t
     """The fsspec filesystem of `path` and the path inside it. `storage_options` (a dataset's mapping) go to
     the filesystem; without them s3fs and gcsfs read the standard environment (AWS_ENDPOINT_URL,
     AWS_ACCESS_KEY_ID, ..., GOOGLE_APPLICATION_CREDENTIALS)."""
-    return fsspec.core.url_to_fs(path, **thaw(storage_options or {}))  # plain dicts: fsspec may change them
+    options = thaw(storage_options or {})  # plain dicts: fsspec may change them
+    if path.startswith("s3://") and not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
+        options["config_kwargs"] = {"retries": dict(S3_RETRIES), **(options.get("config_kwargs") or {})}
+    return fsspec.core.url_to_fs(path, **options)
 
 
 def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, start: int = 0,

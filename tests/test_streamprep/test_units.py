@@ -228,3 +228,28 @@ async def test_a_killed_worker_process_costs_a_retry_not_the_job(tmp_path: Path)
     assert not psutil.pid_exists(killed[0]) or psutil.Process(killed[0]).status() == psutil.STATUS_ZOMBIE
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
     assert json.loads((run / "checkpoints" / "d.json").read_text())["done"]
+
+
+def test_a_file_the_planner_cannot_read_is_a_source_error_naming_it(tmp_path: Path) -> None:
+    """Regression: a store that stopped answering while the driver planned (or a file gone since it was listed)
+    was a bare botocore ConnectionClosedError / FileNotFoundError naming neither the file nor what was done."""
+    from streamprep.sources.base import SourceError
+
+    gone = tmp_path / "gone.jsonl"
+    with pytest.raises(SourceError, match=rf"^cannot read input file {gone} to plan its units: FileNotFoundError"):
+        units.plan_dataset([str(gone)], None, 1 << 20)
+
+
+def test_s3_requests_get_three_botocore_attempts_under_s3fs_five_unless_told(monkeypatch) -> None:
+    """Regression: botocore's default (legacy, 5 attempts) under s3fs's 5 made each request 25 attempts: a store that
+    stopped answering held the job 3 to ~20 minutes before it could say so. The dataset's own `config_kwargs` and
+    the AWS_MAX_ATTEMPTS / AWS_RETRY_MODE environment still decide when given."""
+    from streamprep.sources.local import S3_RETRIES, filesystem
+
+    for var in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    assert filesystem("s3://b/x", {"anon": True})[0].config_kwargs == {"retries": S3_RETRIES}
+    mine = {"config_kwargs": {"retries": {"max_attempts": 9}, "read_timeout": 5}}
+    assert filesystem("s3://b/x", mine)[0].config_kwargs == mine["config_kwargs"]
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "7")
+    assert filesystem("s3://b/y", {"anon": True})[0].config_kwargs == {}
