@@ -194,7 +194,8 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     elif globmod.has_magic(path):
         files = [p for p, info in fs.glob(stripped, detail=True).items() if info.get("type") == "file"]
     else:
-        files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")] if fs.isdir(stripped) else []
+        files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")  # hidden, or a folder marker
+                 and not p.endswith("/")] if fs.isdir(stripped) else []  # (`sub/`: S3 consoles, Spark, Hadoop)
     return [fs.unstrip_protocol(p) for p in sorted(files)]
 
 

@@ -419,3 +419,15 @@ def test_no_credentials_at_all_is_a_config_error_naming_the_path(s3: Proxy, tmp_
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
     assert not run.exists()
+
+
+def test_a_folder_marker_object_is_a_folder_not_a_reject(s3: Proxy, tmp_path: Path) -> None:
+    """Regression: the zero-byte `sub/` key an S3 console's "Create folder" (or Spark, Hadoop) writes was listed as a
+    file and counted as a reject, `unsupported file, skipped: s3://…/sub/`, in every audit."""
+    from streamprep.sources.local import expand
+
+    fs = filesystem("s3://x")[0]
+    fs.pipe(f"{BUCKET}/marked/sub/", b"")
+    fs.pipe(f"{BUCKET}/marked/sub/a.jsonl", _jsonl(DOCS[:3]))
+    fs.invalidate_cache()
+    assert expand(f"s3://{BUCKET}/marked/") == [f"s3://{BUCKET}/marked/sub/a.jsonl"]
