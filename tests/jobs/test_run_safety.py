@@ -380,6 +380,6 @@ def test_a_run_dir_on_an_object_store_is_exit_2_before_anything_is_written(tmp_p
     monkeypatch.chdir(tmp_path)
     assert main(["ingest", "--config", str(cfg), "--run-dir", "s3://bucket/out"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "streamprep: error: run dir 's3://bucket/out' must be a local (or mounted) folder: its files are renamed into "
-        "place atomically"]
+        ("streamprep: error: run dir 's3://bucket/out' must be a local (or mounted) folder: its files are renamed "
+         "into place atomically")]
     assert not (tmp_path / "s3:").exists()

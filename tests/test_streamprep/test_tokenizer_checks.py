@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import base_config, english_docs
 from tokenizers import Tokenizer
 
-from helpers import base_config, english_docs
 from streamprep import run_from_dict
 from streamprep.binidx import IndexedDataset
 from streamprep.config import ConfigError, validate

@@ -301,8 +301,8 @@ def test_verify_cli_exit_code_on_tampering(chain_run):
                          env=_env())
     assert out.returncode == 1 and out.stdout.startswith("blend.json: content differs from manifest.json"), out
     assert out.stdout.splitlines()[-2:] == [  # how to repair it: a finished run's re-run reads no large file whole
-        "to repair: delete each damaged file named above, then re-run the same `streamprep ingest` command; it "
-        "rewrites what is missing to the same bytes", "streamprep: verify: 1 problem(s)"], out
+        ("to repair: delete each damaged file named above, then re-run the same `streamprep ingest` command; it "
+         "rewrites what is missing to the same bytes"), "streamprep: verify: 1 problem(s)"], out
 
 
 def test_every_bit_flip_in_blend_breaks_its_link(pipeline_run):
