@@ -14,7 +14,7 @@ import traceback
 from typing import NoReturn
 
 from streamprep import forkserver, registry
-from streamprep.config import ConfigError
+from streamprep.config import ConfigError, printable
 from streamprep.layout import NotARunDir
 from streamprep.registry import Registry
 
@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one line unless --debug; the run log has the details
         if args.debug:
             traceback.print_exc()
-        print(f"streamprep: error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
+        # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
+        print(f"streamprep: error: {printable(f'{type(exc).__name__}: {exc}'.split(chr(10))[0])}", file=sys.stderr)
         return 1
     except SystemExit as exc:  # nothing of ours calls sys.exit: a plug-in or library did, inside the job
         if args.debug:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamprep.config import resolved_workers
+from streamprep.config import printable, resolved_workers
 from streamprep.layout import (Checkpoint, CheckpointLayout, RunLayout, completed_receipt, damaged_record,
                                read_json, run_record)
 from streamprep.lock import holder_if_running, read_holder
@@ -291,7 +291,7 @@ def format_status(st: dict[str, Any]) -> str:
         state += f" ({st['resumable_reason']})"
     lines = [head, f"state: {state}   stage: {st['stage']}   updated: {_when(st.get('updated_at'))}"]
     if st.get("error") and st["state"] != "complete":
-        lines.append(f"last error: {st['error']}")
+        lines.append(f"last error: {printable(str(st['error']))}")  # it may name a file named with ESC or CR
     cols = ("dataset", "stage", "read", "kept", "rejected", "ingest MB", "shards", "tokens")
     rows = []
     for name, d in st["datasets"].items():

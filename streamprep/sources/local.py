@@ -126,14 +126,20 @@ def is_local_glob(path: str) -> bool:
 
 def _check_local_path(key: str, path: str) -> None:
     if is_local_glob(path):
-        if not expand(path):
+        if not (files := expand(path)):
             raise MissingInput(f"config: '{key}': no file matches {path}")
     elif not Path(path).exists():
         raise MissingInput(f"config: '{key}': no such file or directory: {path}")
     elif not (Path(path).is_file() or Path(path).is_dir()):  # reading a FIFO/device blocks and cannot resume
         raise MissingInput(f"config: '{key}': {path} is not a regular file or directory (a FIFO, socket or device)")
-    elif Path(path).is_dir() and not expand(path):
+    elif Path(path).is_dir() and not (files := expand(path)):
         raise MissingInput(f"config: '{key}': directory has no input files: {path}")
+    for f in files if is_local_glob(path) or Path(path).is_dir() else [path]:
+        try:
+            f.encode()
+        except UnicodeEncodeError:  # bytes the file system gave, not UTF-8: no plan or checkpoint can name the file
+            raise ConfigError(f"config: '{key}': {f} has a name that is not UTF-8; rename it (the run records each "
+                              f"input file by name)") from None
 
 
 def _no_credentials() -> tuple[type[BaseException], ...]:

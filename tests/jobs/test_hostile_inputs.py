@@ -719,3 +719,18 @@ def test_sigterm_stops_the_job_within_seconds_while_a_read_is_stalled(tmp_path: 
     assert proc.returncode == 1 and "re-run the same command to resume" in err, err[-2000:]
     assert took < 10, took
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_a_file_name_that_is_not_utf8_in_a_directory_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    """Regression: the plan (JSON) could not hold the name, so every run failed with `TypeError: str is not valid
+    UTF-8`, exit 1, after the run dir existed. Now exit 2 before anything is written, naming the file escaped."""
+    from streamprep.config import ConfigError, validate
+
+    data = tmp_path / "in"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(_head(3))
+    with open(os.fsencode(data) + b"/b\xff.jsonl", "wb") as fh:
+        fh.write(_head(3))
+    with pytest.raises(ConfigError, match=r"^config: 'datasets\[0\].path': .*/in/b\\udcff.jsonl has a name that is "
+                                          r"not UTF-8; rename it"):
+        validate({"datasets": [{"name": "d", "path": str(data)}]})

@@ -79,6 +79,24 @@ def test_debug_before_or_after_the_command_shows_the_traceback(argv, tmp_path, c
     assert ("Traceback (most recent call last)" in err) == ("--debug" in argv)
 
 
+def test_an_error_naming_a_file_with_control_characters_is_escaped(tmp_path, capsys, monkeypatch):
+    """Regression: a file named with ESC, BEL or CR passed them to the terminal in the one-line error (clear screen,
+    OSC 8 links), and a CR cut the line at `splitlines`, naming a file that does not exist. Escaped now; the line is
+    still cut at a real newline."""
+    import streamprep.commands.status
+    from streamprep.sources.base import SourceError
+
+    name = "b\x1b[2J\x07x\rstate: COMPLETE.jsonl"
+
+    def fail(args):
+        raise SourceError(f"cannot read input file /in/{name}: PermissionError\nsecond line")
+
+    monkeypatch.setattr(streamprep.commands.status, "run", fail)
+    assert main(["status", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == ("streamprep: error: SourceError: cannot read input file "
+                                       "/in/b\\x1b[2J\\x07x\\rstate: COMPLETE.jsonl: PermissionError\n")
+
+
 def test_unreadable_run_json_is_exit_2(tmp_path, capsys):
     (tmp_path / "run.json").write_text("{not json")
     assert main(["status", str(tmp_path)]) == 2

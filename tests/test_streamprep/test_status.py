@@ -79,7 +79,7 @@ def _copy_run(src: Path, dst: Path) -> Path:
 def test_resumable_states(done_run, tmp_path, recorded, reason):
     run_dir = _copy_run(done_run, tmp_path / "run")
     rec = json.loads((run_dir / "run.json").read_text())
-    rec["status"], rec["error"] = recorded, "RuntimeError: boom" if recorded == "failed" else None
+    rec["status"], rec["error"] = recorded, "RuntimeError: boom \x1b[2J\r" if recorded == "failed" else None
     (run_dir / "run.json").write_text(json.dumps(rec))
     (run_dir / "receipts" / "a" / "part-00001.json").unlink()
     st = run_status(run_dir)
@@ -89,8 +89,8 @@ def test_resumable_states(done_run, tmp_path, recorded, reason):
     assert tok["shards_done"] == tok["shards_planned"] - 1
     text = format_status(st)
     assert f"RESUMABLE ({reason})" in text and "to resume" in text
-    if recorded == "failed":
-        assert "boom" in text
+    if recorded == "failed":  # regression: the error's control characters reached the terminal
+        assert "last error: RuntimeError: boom \\x1b[2J\\r\n" in text and "\x1b" not in text
 
 
 def test_mid_ingest_checkpoint_counts_planned_shards_so_far(done_run, tmp_path):
