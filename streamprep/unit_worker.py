@@ -114,6 +114,12 @@ class Decision(NamedTuple):
 _worker: dict[str, Any] = {}  # this worker's quality settings, mode and QualityControl per text field
 
 
+def _cut(source: dict[str, Any]) -> dict[str, Any]:
+    """A reject line's `source` with each string cut as its text is (REJECT_EXCERPT): an `id` or `url` of a megabyte
+    made each line, and the audit's examples, that large."""
+    return {k: v[:REJECT_EXCERPT] if isinstance(v, str) else v for k, v in source.items()}
+
+
 def init_worker(settings: QualitySettings | dict[str, Any], mode: Mode) -> None:
     """This process's settings (a validated `quality:` mapping is taken too, as QualityControl takes it)."""
     _worker.clear()
@@ -320,7 +326,7 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                 ordinals.append(ordinal)
             elif j in d.sampled:
                 rejects.append(orjson.dumps({"failed_check": meta.get("failed_check", "unknown"),
-                                             "reason": meta.get("reason"), "meta": meta, "source": source,
+                                             "reason": meta.get("reason"), "meta": meta, "source": _cut(source),
                                              "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n")
         at += size
     lines, offsets = numbered(kept, ordinals)

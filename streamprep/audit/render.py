@@ -49,8 +49,15 @@ def summary_text(audit: dict[str, Any], html_path: str | Path | None = None) -> 
 
 
 # ---- HTML ----------------------------------------------------------------------------------------------
+# Characters an input may hold that HTML escaping leaves as they are: C0/C1 controls but tab and newline (NUL is a
+# parse error; ESC, BEL...) and the bidi overrides and isolates (U+202E turns the tags after it around). Shown as
+# escapes, as `repr` writes them.
+_HIDDEN = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7f, 0xa0), *range(0x202a, 0x202f),
+                                           *range(0x2066, 0x206a)) if chr(c) not in "\t\n"}
+
+
 def esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(str(value).translate(_HIDDEN), quote=True)
 
 
 def _fmt(v: Any) -> str:

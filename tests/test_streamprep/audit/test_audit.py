@@ -285,3 +285,27 @@ def test_the_rejects_histogram_is_the_same_under_either_backend(e2e_run, tmp_pat
         lengths[name] = {n: d["lengths"] for n, d in audit["datasets"].items()}
     assert lengths["hf"] == lengths["gigatoken"]
     assert sum(v["tokens"]["rejected_sample_records"] for v in lengths["hf"].values()) > 0
+
+
+def test_html_shows_control_and_bidi_characters_as_escapes() -> None:
+    """Regression: HTML escaping left NUL (a parse error), ESC, BEL, C1 controls and the bidi overrides (U+202E
+    turns the tags after it around) in the page as they came in a record."""
+    from streamprep.audit.render import esc
+
+    assert esc("a\x00b\x1bc\x85d\u202ee\u2066f\tg\nh<i>\"") == \
+        "a\\x00b\\x1bc\\x85d\\u202ee\\u2066f\tg\nh&lt;i&gt;&quot;"
+
+
+def test_a_rejects_source_fields_are_cut_as_its_text_is(tmp_path) -> None:
+    """Regression: a record's `id` and `url` were copied whole into its reject line and the audit's examples: 30
+    short records with 1 MB ids made a 60 MB rejects file and a 15 MB page."""
+    from helpers import base_config, english_docs
+
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"text": "short", "id": "<" * 1_000_000, "url": f"u{i}" * 400_000}) + "\n"
+                            for i in range(5)) + "".join(json.dumps({"text": t}) + "\n" for t in english_docs(30)))
+    assert run_from_dict(base_config([{"name": "d", "path": str(data)}], None), run_dir=tmp_path / "run",
+                         console_log=False).status == "complete"
+    lines = [orjson.loads(line) for line in (tmp_path / "run" / "rejects" / "d.jsonl").read_bytes().splitlines()]
+    assert len(lines) == 5 and all(len(r["source"]["id"]) == 2000 and len(r["source"]["url"]) == 2000 for r in lines)
+    assert (tmp_path / "run" / "audit" / "audit.html").stat().st_size < 200_000
