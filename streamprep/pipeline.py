@@ -372,7 +372,8 @@ class Job:
                                   f"re-run the same command to resume") from None
             except BaseException as exc:
                 self._save_record("failed", error=f"{type(exc).__name__}: {exc}"[:500])
-                raise
+                log.error("run failed", error=f"{type(exc).__name__}: {exc}"[:2000])  # the log has it too, with
+                raise                                                                  # what led to it
             # run.json is the root of verify's hash chain: it records manifest.json's SHA-256
             self._save_record("complete", finished_at=time.time(), summary=summary,
                               manifest_sha256=summary["exports"]["manifest_sha256"])

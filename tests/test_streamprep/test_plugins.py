@@ -313,6 +313,9 @@ def test_sys_exit_inside_a_job_is_one_line_exit_1(tmp_path: Path, extra_gate: An
     assert main(["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == ("streamprep: error: SystemExit(3) raised inside the command "
                                                        "(a plug-in calling sys.exit?); re-run the same command to resume")
+    failed = [json.loads(line) for line in (tmp_path / "run" / "logs" / "streamprep.log").read_text().splitlines()
+              if '"run failed"' in line]  # regression: the error that stopped a run was in run.json only
+    assert [(e["level"], e["error"]) for e in failed] == [("error", "SystemExit: 3")]
 
 
 def test_a_source_format_plugin_cannot_replace_a_built_in_one() -> None:
