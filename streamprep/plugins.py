@@ -38,6 +38,7 @@ SECTIONS.register("sft", "streamprep.sft.config:validate_sft_config", load="stre
 CHECKS.register("output.parquet", "streamprep.exports.parquet:check_options")
 CHECKS.register("output.mixtures", "streamprep.exports.mixtures:check_options")
 CHECKS.register("output.dtype", "streamprep.sft.config:check_output_dtype")  # an sft: run's dtype is its own
+CHECKS.register("execution.ray_address", "streamprep.ray_cluster:check_address")
 CHECKS.register("tokenizer", "streamprep.tokenizer:check_section")  # last: it loads the tokenizer
 CHECKS.register("sft.template", "streamprep.sft.chat:check_chat_template")  # after it: needs its tokenizer.json
 

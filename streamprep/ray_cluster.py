@@ -26,6 +26,7 @@ from typing import Any, Callable
 import psutil
 
 from streamprep import logs
+from streamprep.config import ConfigError
 
 log = logs.get("ray")
 GRACE_S = 0.5  # after ray.shutdown its processes get this long to exit, then are killed: the work is done
@@ -50,7 +51,27 @@ _env_before: dict[str, str | None] = {}  # those variables as they were before t
 # Every Ray worker process of the job (worker actors, Xenna's actors, tasks) on every node runs this at start-up.
 JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
 ACTOR_PLACEMENT_WAIT_S = 120.0  # a replacement worker actor must be up within this
+ADDRESS_CHECK_S = 5.0  # the config check's TCP connect to `execution.ray_address`
 ACTOR_REPLACEMENTS = 4  # worker actors lost with their node and replaced on a node left, per job; then calls fail
+
+
+def check_address(cfg: dict[str, Any]) -> None:
+    """Config check (registry.CHECKS) of `execution.ray_address`: HOST:PORT or ray://HOST:PORT whose port takes a
+    connection now, or `auto`. A closed port had `ray.init` retry for ever (a stop waiting on it), a malformed one
+    failed after the run dir was written; both are one line, exit 2, before anything is."""
+    address = cfg["execution"]["ray_address"]
+    if address is None or address == "auto":
+        return
+    where = address.removeprefix("ray://")
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"config: 'execution.ray_address' must be HOST:PORT (the cluster's GCS), ray://HOST:PORT or "
+                          f"auto, got {address!r:.80}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_CHECK_S).close()
+    except OSError as exc:
+        raise ConfigError(f"config: 'execution.ray_address': nothing answers at {where} ({exc.strerror or exc}); "
+                          f"is the cluster up?") from None
 
 
 def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:

@@ -385,3 +385,29 @@ def test_with_no_node_left_the_job_fails_in_bounded_time_and_resumes(cluster, tm
     code, err, left = _finish(_start(cfg, tmp_path, run_dir))
     assert code == 0 and not left, (left, err[-3000:])
     assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == reference
+
+
+def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anything_is_written(tmp_path) -> None:
+    """Regression: a closed port had `ray.init` retry for ever (a SIGTERM waited on it), and a malformed address
+    failed after the run dir was written (exit 1). The config check connects to the port once, 5 s at most."""
+    from streamprep.config import ConfigError, validate
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "x"}\n')
+
+    def check(address: str) -> None:
+        validate({"datasets": [{"name": "d", "path": str(data)}], "execution": {"ray_address": address}})
+
+    for bad in ("not-an-address", "host:99999", "ray://:6379"):
+        with pytest.raises(ConfigError, match=r"^config: 'execution.ray_address' must be HOST:PORT"):
+            check(bad)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        check(f"127.0.0.1:{port}")
+        check(f"ray://127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match=rf"^config: 'execution.ray_address': nothing answers at 127.0.0.1:{port} "
+                                          r"\(Connection refused\); is the cluster up\?$"):
+        check(f"127.0.0.1:{port}")
+    check("auto")
