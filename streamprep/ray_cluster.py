@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable
 
 import psutil
@@ -46,12 +47,15 @@ _lock = threading.Lock()
 _started_here = False
 _head: subprocess.Popen | None = None  # the `streamprep.ray_head` process of a cluster started here
 _head_tmp = ""  # its TMPDIR, removed with it
+_head_session = ""  # its cluster's session dir (RAY_TMPDIR/ray/session_*), removed with it
+_here_session = ""  # the session dir of the cluster `init_here` started in this process
 _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one per process: Ray caches it
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
 # Every Ray worker process of the job (worker actors, Xenna's actors, tasks) on every node runs this at start-up.
 JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
 ACTOR_PLACEMENT_WAIT_S = 120.0  # a replacement worker actor must be up within this
 ADDRESS_CHECK_S = 5.0  # the config check's TCP connect to `execution.ray_address`
+HEAD_TMP_PREFIX = "streamprep-ray-head-"  # the TMPDIR of a job's own head process and its cluster
 ACTOR_REPLACEMENTS = 4  # worker actors lost with their node and replaced on a node left, per job; then calls fail
 
 
@@ -142,11 +146,11 @@ def _start_head(num_cpus: int, cancelled: Callable[[], bool]) -> str | None:
     driver's session, so RAY_NICE holds against the driver (the kernel's autogroups share CPU per session).
     The cluster takes this process's token, so the driver can attach to it. Ray's own output goes to a
     temporary file; its last line names the cause if the head fails."""
-    global _head, _head_tmp, _env_before
+    global _head, _head_tmp, _head_session, _env_before
     _env_before = {key: os.environ.get(key) for key in _AUTH}
     os.environ.update(_AUTH)
     err = tempfile.TemporaryFile()
-    _head_tmp = tempfile.mkdtemp(prefix="streamprep-ray-head-")
+    _head_tmp = tempfile.mkdtemp(prefix=HEAD_TMP_PREFIX)
     env = {**os.environ, "TMPDIR": _head_tmp,  # what its processes leave when killed (pymp-* dirs) goes with it
            "RAY_TMPDIR": os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"}  # Ray's own default
     _head = subprocess.Popen(_head_command(num_cpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
@@ -158,7 +162,7 @@ def _start_head(num_cpus: int, cancelled: Callable[[], bool]) -> str | None:
             if cancelled():
                 _stop_head()
                 return None
-        line = _head.stdout.readline().decode().strip()
+        line, _, _head_session = _head.stdout.readline().decode().strip().partition(" ")
         if not line:
             code = _head.wait()
             _stop_head()  # whatever of its cluster it had started
@@ -196,6 +200,7 @@ def _stop_head() -> None:
     stop_and_reap(kill_group, procs, grace=0.0)
     head.wait()
     shutil.rmtree(_head_tmp, ignore_errors=True)
+    remove_session(_head_session)
     for key, value in _env_before.items():  # the user's own Ray settings, if any, are back
         if value is None:
             os.environ.pop(key, None)
@@ -386,19 +391,36 @@ def reap_leaked_ray_workers() -> int:
 def init_here(num_cpus: int) -> object:
     """Start a Ray cluster in this process (what `ray_head` holds for a job; the tests' session cluster);
     returns Ray's context. End it with `shutdown_ray()` from this thread."""
+    global _here_session
     os.environ.update(RAY_ENV)
     import ray
 
-    return ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False,
-                    object_store_memory=OBJECT_STORE_BYTES)
+    ctx = ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False,
+                   object_store_memory=OBJECT_STORE_BYTES)
+    _here_session = ctx.address_info.get("session_dir") or ""
+    return ctx
 
 
 def shutdown_ray() -> None:
-    """Shut down the Ray cluster this process started and wait for its processes to go. Call it from the
-    thread that called `ray.init` (from another, Ray waits ~15 s and leaves its agents running)."""
+    """Shut down the Ray cluster this process started and wait for its processes to go, then remove its
+    session dir. Call it from the thread that called `ray.init` (from another, Ray waits ~15 s and leaves its
+    agents running)."""
     import ray
 
     stop_and_reap(ray.shutdown)
+    remove_session(_here_session)
+
+
+def remove_session(session_dir: str) -> None:
+    """Remove a cluster's session dir (logs, sockets: ~2 MB) once its processes are gone, and Ray's links to it
+    (`session_latest`, the metrics discovery file): each cluster a job started left one in RAY_TMPDIR/ray."""
+    path = Path(session_dir) if session_dir else None
+    if path is None or not path.name.startswith("session_") or path.is_symlink() or not path.is_dir():
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    for link in path.parent.iterdir():
+        if link.is_symlink() and Path(os.readlink(link)).is_relative_to(path):
+            link.unlink(missing_ok=True)
 
 
 def ray_processes() -> list[psutil.Process]:

@@ -4,15 +4,17 @@
 In its own process the start-up can be abandoned: a job that finished before Ray came up kills this
 process group at once, where an in-process `ray.init` can be neither interrupted nor killed under the
 driver (its core worker ends the whole process once the GCS it waits for is gone). It prints the GCS
-address as its only stdout line, then holds the cluster until its stdin closes: the driver closing it,
-or dying.
+address and the cluster's session dir (which the driver removes with it) as its only stdout line, then holds
+the cluster until its stdin closes: the driver closing it, or dying.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
-from streamprep.ray_cluster import init_here, shutdown_ray
+from streamprep.ray_cluster import HEAD_TMP_PREFIX, init_here, shutdown_ray
 
 
 def main() -> None:
@@ -24,10 +26,13 @@ def main() -> None:
     address_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever Ray prints goes to stderr; stdout carries the address alone
     ctx = init_here(num_cpus)
-    address_out.write(ctx.address_info["gcs_address"] + "\n")
+    address_out.write(f"{ctx.address_info['gcs_address']} {ctx.address_info.get('session_dir', '')}\n")
     address_out.flush()
     sys.stdin.read()  # EOF: the driver is done with the cluster (or gone)
     shutdown_ray()
+    tmp = Path(os.environ.get("TMPDIR", ""))
+    if tmp.name.startswith(HEAD_TMP_PREFIX):  # the driver removes it too, unless it was killed (kill -9)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

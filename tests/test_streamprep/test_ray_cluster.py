@@ -411,3 +411,33 @@ def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anyt
                                           r"\(Connection refused\); is the cluster up\?$"):
         check(f"127.0.0.1:{port}")
     check("auto")
+
+
+@pytest.mark.ray
+def test_a_head_whose_driver_is_gone_removes_its_tmpdir_and_its_clusters_session() -> None:
+    """Regression: after a kill -9 of the driver its head's TMPDIR (`/tmp/streamprep-ray-head-*`) stayed, and every
+    cluster a job started left its session dir (~2 MB) in RAY_TMPDIR/ray. The head, seeing its stdin close as the
+    driver dies, removes both once its cluster is down."""
+    import shutil
+    import tempfile
+
+    from streamprep.ray_cluster import HEAD_TMP_PREFIX, _head_command
+
+    head_tmp = Path(tempfile.mkdtemp(prefix=HEAD_TMP_PREFIX))  # short paths: Ray's sockets live under them
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt"))
+    env = {**os.environ, "TMPDIR": str(head_tmp), "RAY_TMPDIR": str(ray_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.Popen(_head_command(1), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, process_group=0)
+    try:
+        address, session = head.stdout.readline().decode().split()
+        assert address and Path(session).is_dir() and Path(session).is_relative_to(ray_tmp)
+        head.stdin.close()  # what a driver's death does
+        assert head.wait(timeout=120) == 0
+        assert not head_tmp.exists() and not Path(session).exists()
+        assert [p.name for p in (ray_tmp / "ray").iterdir() if p.name.startswith("session")] == []
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(head_tmp, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -137,6 +137,8 @@ def test_cli_run_on_xenna_leaves_no_ray_process(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-2000:]
         time.sleep(1.0)
         assert _ray_processes_since(t0) == []
+        # regression: each job left its cluster's session dir (~2 MB of logs and sockets) in RAY_TMPDIR/ray
+        assert [p.name for p in Path(ray_tmp).glob("ray/session*")] == []
     assert [x["started"] for x in log_events(tmp_path / "run", "ray connected")] == [True]
     done, = log_events(tmp_path / "run", "tokenization done")
     assert done["shards"] == 3 and done["shards_local"] == 0, done
