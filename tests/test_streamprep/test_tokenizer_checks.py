@@ -90,3 +90,18 @@ def test_a_tokenizer_file_changed_under_a_run_is_named_in_a_warning(tmp_path: Pa
     warned = [e for e in seen if e["log_level"] == "warning"]
     assert [(e["event"][:38], e["path"], e["copy"]) for e in warned] == [
         ("tokenizer.path's file changed since th", str(source), copy.fingerprint)]
+
+
+@pytest.mark.parametrize("sample_mb", [None, 0.01])
+def test_a_tokenizer_trained_on_a_worker_process_is_in_the_run_log(tmp_path: Path, sample_mb: float | None) -> None:
+    """Regression: with `workers: 2` the training ran in a pool process, whose log lines reach no run log: "tokenizer
+    trained" and "tokenizer backend" were on the console only. The worker returns them and the job logs them, once."""
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    raw = base_config([{"name": "a", "path": str(corpus)}], None, output={"shard_records": 50})
+    raw["execution"]["workers"] = 2
+    if sample_mb is not None:
+        raw["tokenizer"]["train"]["sample_mb"] = sample_mb
+    assert run_from_dict(raw, run_dir=tmp_path / "run", console_log=False).status == "complete"
+    events = [json.loads(line)["event"] for line in (tmp_path / "run" / "logs" / "streamprep.log").read_text().splitlines()]
+    assert events.count("tokenizer trained") == 1 and events.count("tokenizer backend") >= 1
