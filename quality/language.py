@@ -11,8 +11,10 @@ Measured accuracy and costs are in docs/quality.md.
 """
 from __future__ import annotations
 
+import importlib.util
 import re
 from functools import lru_cache
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -154,6 +156,23 @@ class CascadeDetector:
 
 
 DETECTORS: dict[str, type] = {"cld2": Cld2Detector, "langdetect": LangdetectDetector, "cascade": CascadeDetector}
+
+
+@lru_cache(maxsize=None)
+def detectable(detector: str) -> frozenset[str]:
+    """The normalised codes `detector` can report (`expected_language` outside them rejects every record): CLD2's
+    detected languages but its script-only X_* entries, langdetect's profiles (read by name, langdetect not imported), both for the cascade."""
+    codes: set[str] = set()
+    if detector in ("cld2", "cascade"):
+        pycld2 = _pycld2()
+        named = set(pycld2.DETECTED_LANGUAGES)
+        codes |= {normalize_code(code) for name, code in pycld2.LANGUAGES  # X_*: a script, not a language
+                  if name in named and not name.startswith("X_")}
+    if detector in ("langdetect", "cascade"):
+        spec = importlib.util.find_spec("langdetect")
+        profiles = Path(next(iter(spec.submodule_search_locations)), "profiles") if spec else None
+        codes |= {normalize_code(p.name) for p in profiles.iterdir()} if profiles and profiles.is_dir() else set()
+    return frozenset(codes)
 
 
 def make_detector(name: str) -> Detector:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from quality.language import DETECTORS as DETECTOR_CLASSES
-from quality.language import normalize_code
+from quality.language import detectable, normalize_code
 
 DOMAINS = ("general", "medical", "code")
 DETECTORS = tuple(DETECTOR_CLASSES)
@@ -79,8 +79,8 @@ def _flag(key: str, v: Any) -> bool:
 def _names(key: str, v: Any, nullable: bool = False) -> list[str] | None:
     if v is None and nullable:
         return None
-    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x for x in v):
-        what = "a list of non-empty strings" + (" or null" if nullable else "")
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x.strip() for x in v):
+        what = "a list of non-blank strings" + (" or null" if nullable else "")
         raise QualityConfigError(key, f"must be {what}, got {v!r}")
     return list(v)
 
@@ -164,6 +164,11 @@ def validate_quality_config(section: Mapping[str, Any] | None) -> dict[str, Any]
         out[key] = _CHECKS[key](key, value)
     if out["max_chars"] < out["min_chars"]:
         raise QualityConfigError("max_chars", f"must be >= min_chars ({out['min_chars']}), got {out['max_chars']}")
+    lang, detector = out["expected_language"], out["language_detector"]
+    if out["domain"] == "general" and lang is not None and lang not in detectable(detector):
+        raise QualityConfigError("expected_language", f"{lang!r} is not a language the {detector} detector reports "
+                                                      f"(a typo, or use language_detector: cld2 or cascade): every "
+                                                      f"record would be rejected")
     return out
 
 

@@ -577,6 +577,11 @@ def test_config_defaults_and_idempotence() -> None:
     ({"required_fields": "text"}, "required_fields"),
     ({"allowed_licenses": [1]}, "allowed_licenses"),
     ({"expected_language": 5}, "expected_language"),
+    # regression: each of these rejected every record, exit 0
+    ({"expected_language": "english"}, "expected_language"), ({"expected_language": "xx"}, "expected_language"),
+    ({"expected_language": "eu", "language_detector": "langdetect"}, "expected_language"),
+    ({"allowed_licenses": ["  "]}, "allowed_licenses"), ({"required_fields": [" "]}, "required_fields"),
+    ({"required_metadata": ["   "]}, "required_metadata"),
     ([1, 2], "quality"),
 ])
 def test_config_errors_name_the_key(section, key: str) -> None:
@@ -840,3 +845,15 @@ def test_remembered_candidate_tokens_give_the_tables_answer_and_stay_bounded(mon
         assert gate.density_by_scan(Doc(None, text=text)) == ((hits, tokens) if hits else (0, 0)), text
         assert len(gate._memo) <= 3
     assert gate._memo  # it did remember
+
+
+def test_every_language_a_detector_reports_is_a_valid_expected_language() -> None:
+    """The codes `expected_language` is checked against are the detectors' own: langdetect's 55 profiles (Chinese
+    once), CLD2's languages without its script-only entries; the cascade knows both."""
+    from quality.language import detectable
+
+    assert {"en", "de", "zh", "no", "he"} <= detectable("langdetect") and "eu" not in detectable("langdetect")
+    assert {"en", "eu", "zh", "haw"} <= detectable("cld2") and not {"xx", "zzp", "un"} & detectable("cld2")
+    assert detectable("cascade") == detectable("cld2") | detectable("langdetect")
+    for code in ("EN-us", "pt-BR", "eu"):
+        validate_quality_config({"expected_language": code})
