@@ -460,8 +460,10 @@ PINNED = {
         '9a0083e894ebabb8 | domain=2 kept=158 schema=4 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/160/4 pii=160/160/0 profanity=160/160/0 copyright=160/160/0 domain=160/158/2',
     'web/c4_en_train00000_first1000.jsonl|code':
         'dc9f5b9956a46d64 | copyright=12 domain=964 pii=18 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/976/18 profanity=976/976/0 copyright=976/964/12 domain=964/0/964',
+    # round 40: the record of 150 NBSPs, which code normalisation keeps, is "empty after normalisation" (schema), no
+    # longer judged as code (domain, score 0.25): a text of blank and format characters alone is empty
     'synthetic/perturbed_c4|code':
-        'b5a52c6bd3b77150 | copyright=123 domain=346 pii=470 profanity=67 schema=13 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1006/5 pii=1006/536/470 profanity=536/469/67 copyright=469/346/123 domain=346/0/346',
+        '9728b38379819950 | copyright=123 domain=345 pii=470 profanity=67 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/535/470 profanity=535/468/67 copyright=468/345/123 domain=345/0/345',
     'multilingual/lingua|cascade':
         'a77bde4504bfa6ce | kept=52 language=2471 pii=5 profanity=1 | duplicate=0/0/0 schema=2529/2529/0 normalize=2529/2529/0 length=2529/2529/0 pii=2529/2524/5 profanity=2524/2523/1 copyright=2523/2523/0 language=2523/52/2471',
     'multilingual/lingua|langdetect':

@@ -491,6 +491,10 @@ BAD_INPUTS = [
     ({"text": None}, "schema: text is None"),
     ({"text": ""}, "schema: text is empty after normalisation"),
     ({"text": " \n\t\x00 "}, "schema: text is empty after normalisation"),
+    # regression: line/paragraph separators and zero-width or format characters alone were kept as a document
+    ({"text": "\u2028" * 120}, "schema: text is empty after normalisation"),
+    ({"text": " \u2028\n\u2029\t \u2028 " * 40}, "schema: text is empty after normalisation"),
+    ({"text": "\u200b\u200c\u2060\u180e\u00ad\ufeff" * 20}, "schema: text is empty after normalisation"),
     ({"text": "a" * 3_000_000}, "schema: 3000000 chars > max_chars 2000000"),
     ({"text": PROSE + "\ud83d"}, f"schema: text has an unpaired surrogate at char {len(PROSE)}"),
 ]
