@@ -161,7 +161,8 @@ DETECTORS: dict[str, type] = {"cld2": Cld2Detector, "langdetect": LangdetectDete
 @lru_cache(maxsize=None)
 def detectable(detector: str) -> frozenset[str]:
     """The normalised codes `detector` can report (`expected_language` outside them rejects every record): CLD2's
-    detected languages but its script-only X_* entries, langdetect's profiles (read by name, langdetect not imported), both for the cascade."""
+    detected languages but its script-only X_* entries, langdetect's profiles (read by name, langdetect not
+    imported), both for the cascade."""
     codes: set[str] = set()
     if detector in ("cld2", "cascade"):
         pycld2 = _pycld2()
