@@ -578,8 +578,8 @@ class DatasetIngest:
             if isinstance(got, Exception):  # everything decided before it is committed and checkpointed
                 if isinstance(got, (SourceError, ConfigError)):
                     raise got
-                raise SourceError(f"dataset {self.ds.name}: reading or judging the input failed after item {state.consumed}: "
-                                  f"{one_line(got)}") from got
+                raise SourceError(f"dataset {self.ds.name}: reading or judging the input failed after item "
+                                  f"{state.consumed}: {one_line(got)}") from got
             if got is None:
                 await self._seal_parts(state, final=True)
                 state.done = True

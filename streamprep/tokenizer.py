@@ -244,8 +244,8 @@ def check_config(tok_cfg: TokenizerConfig) -> int:
         raise ConfigError(f"config: 'tokenizer.path': {src} is not a tokenizer.json ({reason})") from None
     fingerprint = f"sha256:{hashlib.sha256(src.read_bytes()).hexdigest()}"
     if dropout := getattr(tok.model, "dropout", None):  # each call samples its own merges: no two runs would agree
-        raise ConfigError(f"config: 'tokenizer.path': {src} sets BPE dropout {dropout:g}, which gives other ids at each "
-                          f"call; set its model.dropout to null")
+        raise ConfigError(f"config: 'tokenizer.path': {src} sets BPE dropout {dropout:g}, which gives other ids at "
+                          f"each call; set its model.dropout to null")
     name, tid = _eod(tok, src.parent, wanted)
     _check_eod(TokenizerInfo(src, "", tok.get_vocab_size(with_added_tokens=True), tid, name), tok_cfg)
     if tok_cfg.backend == "gigatoken":  # forced: a tokenizer gigatoken cannot encode exactly fails here

@@ -191,7 +191,8 @@ def _conversation(cfg: SftConfig, s: SectionConfig, value: Any, where: str
         pairs = [(s.action, value)]
     else:
         if s.action not in (None, "train", "mask"):
-            raise RecordError("schema", f"{where}: action {s.action!r} needs a string field, got {type(value).__name__}")
+            raise RecordError("schema",
+                              f"{where}: action {s.action!r} needs a string field, got {type(value).__name__}")
         pairs = _messages(value, s, where)
     rendered = [s.role_map.get(r, r) for r, _ in pairs]
     if isinstance(value, str) and s.parse is None:

@@ -96,8 +96,8 @@ def _where(request: httpx2.Request) -> str:
 
 
 class _RetryingTransport(httpx2.BaseTransport):
-    """An httpx transport over another: idempotent requests answered 429/5xx (or reset or timed out before an answer)
-    are retried per `policy`; a GET body cut or stalled mid-transfer is resumed with `Range: bytes=N-` (`_ResumingStream`).
+    """An httpx transport over another: idempotent requests answered 429/5xx (or reset or timed out before an
+    answer) are retried per `policy`; a GET body cut or stalled mid-transfer is resumed with `Range: bytes=N-` (`_ResumingStream`).
     `current`: the thread-local naming the HubStats of the source whose request a thread makes (.stats, and
     .downloading while a file's body is read)."""
 
