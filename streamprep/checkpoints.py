@@ -231,8 +231,8 @@ def _missing(files: DatasetFiles, state: IngestState) -> list[str]:
     return short
 
 
-COUNTERS = ("consumed", "kept", "rejected", "kept_text_bytes", "part_index", "part_lines", "part_bytes", "rejects_bytes",
-            "dedup_count", "near_dedup_bytes")
+COUNTERS = ("consumed", "kept", "rejected", "kept_text_bytes", "part_index", "part_lines", "part_bytes",
+            "rejects_bytes", "dedup_count", "near_dedup_bytes")
 
 
 def _unfit(files: DatasetFiles, state: IngestState) -> str | None:

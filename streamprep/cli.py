@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
-        print(f"streamprep: error: {printable(f'{type(exc).__name__}: {exc}'.split(chr(10))[0])}", file=sys.stderr)
+        first = f"{type(exc).__name__}: {exc}".split("\n")[0]
+        print(f"streamprep: error: {printable(first)}", file=sys.stderr)
         return 1
     except SystemExit as exc:  # nothing of ours calls sys.exit: a plug-in or library did, inside the job
         if args.debug:

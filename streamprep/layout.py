@@ -31,7 +31,8 @@ class NotARunDir(ValueError):
 def damaged_record(run_dir: Path, exc: Exception) -> NotARunDir:
     """What `status` and `audit` say of a checkpoint or receipt of the wrong shape: one line, and how to repair it."""
     return NotARunDir(f"{run_dir}: a checkpoint or receipt is damaged ({type(exc).__name__}: {exc}); `streamprep "
-                      f"ingest` with the run's config repairs it (a checkpoint restarts its dataset, a receipt its shard)")
+                      f"ingest` with the run's config repairs it (a checkpoint restarts its dataset, a receipt its "
+                      f"shard)")
 
 
 def part_name(index: int) -> str:

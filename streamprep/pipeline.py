@@ -148,8 +148,8 @@ def _wrote_outputs(run_dir: Path, checkpoint_dir: Path) -> bool:
     """Whether a run left anything besides run.json, its logs, its locks, the Hub's download cache and its start
     files (`_start_files`): a stage's output or a dataset's checkpoint."""
     layout = RunLayout(run_dir)
-    bookkeeping = {layout.run_json, layout.logs_dir, layout.lock, layout.hf_cache, CheckpointLayout(checkpoint_dir).lock,
-                   *_start_files(run_dir, checkpoint_dir)}
+    bookkeeping = {layout.run_json, layout.logs_dir, layout.lock, layout.hf_cache,
+                   CheckpointLayout(checkpoint_dir).lock, *_start_files(run_dir, checkpoint_dir)}
     for root in (run_dir, checkpoint_dir):
         if root.is_dir() and any(p.is_file() and not any(p == b or b in p.parents for b in bookkeeping)
                                  for p in root.rglob("*")):

@@ -135,8 +135,8 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, live: dict[str, An
                    "bytes_in": _bytes_in(ck, _source_sizes(run_dir, ck, entry)),
                    "updated_at": ck.get("updated_at") or None},
         "tokenize": {"shards_planned": planned, "planned_final": done, "shards_done": shards_done,
-                     "shards_pending": planned - shards_done, "tokens": tokens, "documents": docs, "empty_tokens": empty,
-                     "sft_dropped": dropped},
+                     "shards_pending": planned - shards_done, "tokens": tokens, "documents": docs,
+                     "empty_tokens": empty, "sft_dropped": dropped},
     }
 
 

@@ -97,8 +97,9 @@ def receipt_problem(task: ShardTask, receipt: dict[str, Any] | None, check_hashe
     """Why this shard must be (re)done, or None when its receipt and files are complete and current."""
     if receipt is None:
         return "no receipt"
-    if not isinstance(receipt, dict) or not isinstance(receipt.get("files", {}), dict) \
-            or not all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in receipt.get("files", {}).values()):
+    files = receipt.get("files", {}) if isinstance(receipt, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("path"), str)
+                                              for e in files.values()):
         return "a receipt of the wrong shape"  # damaged: the shard is done again, its receipt rewritten
     if receipt.get("status") != "completed":
         return f"receipt status {receipt.get('status')!r}"

@@ -103,17 +103,25 @@ def source_file(path: Path) -> Path:
     raise ConfigError(f"config: 'tokenizer.path': no tokenizer.json in {path}")
 
 
+def tokenizer_config(folder: Path) -> dict[str, Any]:
+    """The tokenizer_config.json in `folder` ({} without one): its `eos_token`, the SFT side's chat template and
+    special tokens. One that is not a JSON object is a config error naming it."""
+    cfg_file = folder / "tokenizer_config.json"
+    if not cfg_file.is_file():
+        return {}
+    try:
+        tcfg = orjson.loads(cfg_file.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"config: 'tokenizer.path': {cfg_file} is not JSON ({exc})") from None
+    if not isinstance(tcfg, dict):
+        raise ConfigError(f"config: 'tokenizer.path': {cfg_file} is a JSON {type(tcfg).__name__}, not an object")
+    return tcfg
+
+
 def _eod(tok: Tokenizer, config_dir: Path | None, wanted: str | None) -> tuple[str | None, int | None]:
     names: list[str] = [wanted] if wanted else []
-    cfg_file = config_dir / "tokenizer_config.json" if config_dir else None
-    if not wanted and cfg_file and cfg_file.is_file():
-        try:
-            tcfg = orjson.loads(cfg_file.read_bytes())
-        except orjson.JSONDecodeError as exc:
-            raise ConfigError(f"config: 'tokenizer.path': {cfg_file} is not JSON ({exc})") from None
-        if not isinstance(tcfg, dict):
-            raise ConfigError(f"config: 'tokenizer.path': {cfg_file} is a JSON {type(tcfg).__name__}, not an object")
-        eos = tcfg.get("eos_token")
+    if not wanted and config_dir:
+        eos = tokenizer_config(config_dir).get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str):
             names.append(eos)
@@ -149,7 +157,7 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = 
     src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
     if src is not None and (now := f"sha256:{hashlib.sha256(src.read_bytes()).hexdigest()}") != info.fingerprint:
         _log().warning("tokenizer.path's file changed since the run copied it; the run goes on with its copy (a new "
-                    "tokenizer needs a new run dir)", path=str(src), copy=info.fingerprint, now=now)
+                       "tokenizer needs a new run dir)", path=str(src), copy=info.fingerprint, now=now)
     recorded = read_json(layout.tokenizer_backend)
     return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, select, recorded)
 

@@ -206,15 +206,14 @@ def sft_dropped(rstats: list[dict[str, Any]]) -> dict[str, int]:
     return stats.merge_counts((s.get("sft") or {}).get("dropped") for s in rstats)
 
 
-def _tokenized_checks(complete: bool, rstats: list[dict[str, Any]], kept: int,
-                      tokens_hist_kept: dict[str, int]) -> dict[str, bool | None]:
+def _tokenized_checks(complete: bool, rstats: list[dict[str, Any]], kept: int, empty: int, docs: int,
+                      dropped: dict[str, int], tokens_hist_kept: dict[str, int]) -> dict[str, bool | None]:
     """The checks that hold once every part of the dataset is tokenized (None before). An SFT run's documents are
-    the kept records less the ones its shards dropped, and it keeps no token-length histogram (None)."""
-    empty = sum(len(s.get("dropped_empty") or []) for s in rstats) + sum(sft_dropped(rstats).values())
-    docs = sum(int(s.get("num_documents", 0)) for s in rstats)
+    the kept records less the ones its shards dropped (`dropped`), and it keeps no token-length histogram (None)."""
     input_records = sum(int(s.get("num_input_records", 0)) for s in rstats)
     sft = any(s.get("sft") is not None for s in rstats)
-    return {"tokenized_eq_kept_minus_empty": (docs == kept - empty and input_records == kept) if complete else None,
+    return {"tokenized_eq_kept_minus_empty": (docs == kept - empty - sum(dropped.values()) and input_records == kept)
+            if complete else None,
             "tokens_hist_counts_match": (stats.hist_total(tokens_hist_kept) == docs) if complete and not sft else None}
 
 
@@ -238,6 +237,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
     rstats = [r.get("stats") or {} for _, r in receipts]
     tokenized_complete = done and len(receipts) == planned
     empty = sum(len(s.get("dropped_empty") or []) for s in rstats)
+    dropped = sft_dropped(rstats)
     docs = sum(int(s.get("num_documents", 0)) for s in rstats)
     tokens = sum(int(s.get("num_tokens", 0)) for s in rstats)
     tokens_hist_kept = stats.merge_hists(s.get("tokens_hist") for s in rstats)
@@ -262,7 +262,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
         "read_eq_kept_plus_rejected": read == kept + rejected,
         "rejected_eq_sum_of_qc_reasons": rejected == sum(qc_rejects.values()),
         "chars_hist_counts_match": stats.hist_total(chars_kept) == kept and stats.hist_total(chars_rej) == rejected,
-        **_tokenized_checks(tokenized_complete, rstats, kept, tokens_hist_kept),
+        **_tokenized_checks(tokenized_complete, rstats, kept, empty, docs, dropped, tokens_hist_kept),
     }
     out = {
         "ingest_done": done,
@@ -270,7 +270,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
         "records": {"read": read, "kept": kept, "rejected": rejected, "empty_tokens": empty,
                     "tokenized_documents": docs, "trainable": kept - empty,
                     "keep_rate": round(kept / read, 4) if read else None,
-                    **({"sft_dropped": dropped} if (dropped := sft_dropped(rstats)) else {})},
+                    **({"sft_dropped": dropped} if dropped else {})},
         "rejects_by_check": rejects_by_check,
         "gates": stats.gate_table(st),  # what each gate did and cost on this run's data, in run order
         "rejects_after_qc": [EMPTY_TOKENS] if empty else [],

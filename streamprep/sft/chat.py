@@ -23,7 +23,6 @@ the label of the token before them (or after, at the start).
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ import numpy as np
 from streamprep import backends
 from streamprep.config import ConfigError
 from streamprep.sft.records import RecordError, TemplateUnit, TextUnit
-from streamprep.tokenizer import source_file
+from streamprep.tokenizer import source_file, tokenizer_config
 
 SENTINEL = "\ue000\ue001"   # private-use characters: never produced by a template, never in real text
 TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -73,15 +72,10 @@ def _token_value(v: Any) -> Any:
     return v.get("content") if isinstance(v, dict) else v
 
 
-def _tokenizer_config(tok_file: Path) -> dict[str, Any]:
-    cfg_file = tok_file.parent / "tokenizer_config.json"
-    return json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
-
-
 def chat_template_of(tok_file: Path, tcfg: dict[str, Any] | None = None) -> str | None:
     """The chat template beside a tokenizer.json: tokenizer_config.json's (`tcfg`, when read already; its `default`
     when named), else chat_template.jinja; None without one."""
-    template = (_tokenizer_config(tok_file) if tcfg is None else tcfg).get("chat_template")
+    template = (tokenizer_config(tok_file.parent) if tcfg is None else tcfg).get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
@@ -116,7 +110,7 @@ def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
     tok_file = p / "tokenizer.json" if p.is_dir() else p
     if not tok_file.is_file():
         raise FileNotFoundError(f"no tokenizer.json at {p}")
-    tcfg = _tokenizer_config(tok_file)
+    tcfg = tokenizer_config(tok_file.parent)
     template = chat_template_of(tok_file, tcfg)
     kwargs = {k: _token_value(tcfg[k]) for k in TOKEN_KEYS if isinstance(_token_value(tcfg.get(k)), str)}
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_file), chat_template=template,

@@ -97,7 +97,8 @@ def _where(request: httpx2.Request) -> str:
 
 class _RetryingTransport(httpx2.BaseTransport):
     """An httpx transport over another: idempotent requests answered 429/5xx (or reset or timed out before an
-    answer) are retried per `policy`; a GET body cut or stalled mid-transfer is resumed with `Range: bytes=N-` (`_ResumingStream`).
+    answer) are retried per `policy`; a GET body cut or stalled mid-transfer is resumed with `Range: bytes=N-`
+    (`_ResumingStream`).
     `current`: the thread-local naming the HubStats of the source whose request a thread makes (.stats, and
     .downloading while a file's body is read)."""
 
@@ -158,8 +159,8 @@ def _range_start(response: httpx2.Response) -> int:
 
 
 class _ResumingStream(httpx2.SyncByteStream):
-    """A GET body that survives connection resets and stalls: after a cut it asks for the rest (`Range: bytes=N-`, with
-    `If-Range` on the ETag so a changed file is sent whole) and goes on where it stopped; bytes a server resends
+    """A GET body that survives connection resets and stalls: after a cut it asks for the rest (`Range: bytes=N-`,
+    with `If-Range` on the ETag so a changed file is sent whole) and goes on where it stopped; bytes a server resends
     anyway (a 200 instead of a 206) are skipped. Up to `hf_retries` cuts in a row without a new byte."""
 
     def __init__(self, transport: _RetryingTransport, request: httpx2.Request, response: httpx2.Response):

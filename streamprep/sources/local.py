@@ -132,9 +132,9 @@ def _check_local_path(key: str, path: str) -> None:
         raise MissingInput(f"config: '{key}': no such file or directory: {path}")
     elif not (Path(path).is_file() or Path(path).is_dir()):  # reading a FIFO/device blocks and cannot resume
         raise MissingInput(f"config: '{key}': {path} is not a regular file or directory (a FIFO, socket or device)")
-    elif Path(path).is_dir() and not (files := expand(path)):
+    elif not (files := expand(path)):  # a file's list is itself: only a directory can be empty
         raise MissingInput(f"config: '{key}': directory has no input files: {path}")
-    for f in files if is_local_glob(path) or Path(path).is_dir() else [path]:
+    for f in files:
         try:
             f.encode()
         except UnicodeEncodeError:  # bytes the file system gave, not UTF-8: no plan or checkpoint can name the file
