@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from quality.gates.base import Doc, Gate, ratio
+from quality.gates.base import Doc, Gate, ratio, shown
 from quality.language import bounded_sample
 
 WEIGHTS = (0.45, 0.30, 0.25)
@@ -68,6 +68,6 @@ class CodeGate(Gate):
         if score >= self.min_score:
             return None
         if "keywords" not in parts:
-            return (f"code score <= {ratio(score):g} < {self.min_score:g} "
+            return (f"code score <= {shown(score, self.min_score)} < {self.min_score:g} "
                     f"(indentation {parts['indent']:g}, punctuation {parts['punct']:g})")
-        return f"code score {ratio(score):g} < {self.min_score:g}"
+        return f"code score {shown(score, self.min_score)} < {self.min_score:g}"

@@ -1,7 +1,7 @@
 """The language gate of `domain: general`: the expected language must reach `min_language_prob`."""
 from __future__ import annotations
 
-from quality.gates.base import Doc, Gate, ratio
+from quality.gates.base import Doc, Gate, ratio, shown
 from quality.language import bounded_sample, make_detector
 
 ROUNDED_KEPT = 4096  # top figures whose `ratio` a gate keeps
@@ -37,5 +37,5 @@ class LanguageGate(Gate):
         if p >= self.min_prob:
             return None
         if top == self.expected:
-            return f"language {top} p={ratio(p):g} < {self.min_prob:g}"
-        return f"language {top} p={ratio(top_p):g}, {self.expected} p={ratio(p):g} < {self.min_prob:g}"
+            return f"language {top} p={shown(p, self.min_prob)} < {self.min_prob:g}"
+        return f"language {top} p={ratio(top_p):g}, {self.expected} p={shown(p, self.min_prob)} < {self.min_prob:g}"

@@ -13,7 +13,7 @@ import re
 from functools import lru_cache
 from importlib import resources
 
-from quality.gates.base import Doc, Gate, ratio
+from quality.gates.base import Doc, Gate, ratio, shown
 from quality.language import bounded_sample
 
 _WORD = re.compile(r"[^\W_]+")
@@ -87,7 +87,7 @@ class MedicalGate(Gate):
         if hits < self.min_hits:
             return f"medical terms {hits} < medical_min_hits {self.min_hits}"
         if density < self.min_density:
-            return f"medical term density {ratio(density):g} < medical_min_density {self.min_density:g}"
+            return f"medical term density {shown(density, self.min_density)} < medical_min_density {self.min_density:g}"
         if len(per) < self.min_categories:
             return f"medical categories {len(per)} < medical_min_categories {self.min_categories}"
         return None

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import hyperscan
 
-from quality.gates.base import Doc, Gate, ratio
+from quality.gates.base import Doc, Gate, ratio, shown
 from quality import hs
 from quality.hs import database
 from quality.normalize import latin1_view
@@ -191,5 +191,5 @@ class PiiGate(Gate):
         doc.meta["pii"] = found
         if matched > limit:
             kinds_found = ", ".join(f"{k} {n}" for k, n in found.items())
-            return f"pii density {ratio(density):g} > {self.max_density:g} ({kinds_found})"
+            return f"pii density {shown(density, self.max_density)} > {self.max_density:g} ({kinds_found})"
         return None

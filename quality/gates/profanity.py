@@ -25,7 +25,7 @@ from importlib import resources
 
 import numpy as np
 
-from quality.gates.base import Doc, Gate, ratio
+from quality.gates.base import Doc, Gate, ratio, shown
 from quality.gates.lexicon import classes, scan
 
 MEMO_TOKENS = 65_536  # candidate tokens a gate remembers (~100 B each)
@@ -143,5 +143,5 @@ class ProfanityGate(Gate):
         density = hits / tokens
         doc.meta["profanity_density"] = ratio(density)
         if hits > limit:
-            return f"profanity density {ratio(density):g} > {self.max_density:g} ({hits} of {tokens} tokens)"
+            return f"profanity density {shown(density, self.max_density)} > {self.max_density:g} ({hits} of {tokens} tokens)"
         return None

@@ -362,7 +362,9 @@ if __name__ == "__main__":
     main(Path(sys.argv[1]))
 
 
-# Computed with the chain as it was before issue 27's changes (the commit adding this file).
+# Computed with the chain as it was before issue 27's changes (the commit adding this file). Round 41: in the
+# perturbed-C4 cases two reasons read "pii density 0.01 > 0.01" (a card at 0.010005, an email at 0.01003); they now
+# show the decimals that keep the figure past its limit (quality.gates.base.shown); same verdicts and meta.
 PINNED = {
     'web/c4_en_llamafactory_demo300.jsonl|general':
         'c88a1b2c9802f03d | copyright=10 kept=276 language=3 pii=9 schema=2 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/298/2 pii=298/289/9 profanity=289/289/0 copyright=289/279/10 language=279/276/3',
@@ -413,9 +415,9 @@ PINNED = {
     'chat/hh_rlhf|short':
         'fbba6453604cf874 | kept=4382 language=3 pii=26 profanity=213 | duplicate=0/0/0 schema=4624/4624/0 normalize=4624/4624/0 length=4624/4624/0 pii=4624/4598/26 profanity=4598/4385/213 copyright=4385/4385/0 language=4385/4382/3',
     'synthetic/perturbed_c4|general':
-        '5581265f21d8df31 | copyright=123 kept=337 language=8 pii=471 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/534/471 profanity=534/468/66 copyright=468/345/123 language=345/337/8',
+        '59f7fe55202a280c | copyright=123 kept=337 language=8 pii=471 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/534/471 profanity=534/468/66 copyright=468/345/123 language=345/337/8',
     'synthetic/perturbed_c4|short':
-        '2ca9342e646024f4 | copyright=123 kept=337 language=8 pii=472 profanity=67 schema=12 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1007/4 pii=1007/535/472 profanity=535/468/67 copyright=468/345/123 language=345/337/8',
+        'c3a6db21cd532a00 | copyright=123 kept=337 language=8 pii=472 profanity=67 schema=12 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1007/4 pii=1007/535/472 profanity=535/468/67 copyright=468/345/123 language=345/337/8',
     'code/humaneval_cpp.jsonl.gz|general':
         'f7c6a161dc55613f | kept=161 language=3 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/161/3',
     'code/humaneval_cpp.jsonl.gz|short':
@@ -445,7 +447,7 @@ PINNED = {
     'web/c4_en_train00000_first1000.jsonl|medical':
         'adb079fd17352f20 | copyright=12 domain=937 kept=27 pii=18 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/976/18 profanity=976/976/0 copyright=976/964/12 domain=964/27/937',
     'synthetic/perturbed_c4|medical':
-        '83d2e5354c4bea0e | copyright=123 domain=332 kept=13 pii=471 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/534/471 profanity=534/468/66 copyright=468/345/123 domain=345/13/332',
+        '8fb6360a579fb2c1 | copyright=123 domain=332 kept=13 pii=471 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/534/471 profanity=534/468/66 copyright=468/345/123 domain=345/13/332',
     'code/humaneval_cpp.jsonl.gz|code':
         '2244e9b6d4ad9492 | domain=3 kept=161 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 domain=164/161/3',
     'code/humaneval_go.jsonl.gz|code':
@@ -463,7 +465,7 @@ PINNED = {
     # round 40: the record of 150 NBSPs, which code normalisation keeps, is "empty after normalisation" (schema), no
     # longer judged as code (domain, score 0.25): a text of blank and format characters alone is empty
     'synthetic/perturbed_c4|code':
-        '9728b38379819950 | copyright=123 domain=345 pii=470 profanity=67 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/535/470 profanity=535/468/67 copyright=468/345/123 domain=345/0/345',
+        'effd1138cd049417 | copyright=123 domain=345 pii=470 profanity=67 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/535/470 profanity=535/468/67 copyright=468/345/123 domain=345/0/345',
     'multilingual/lingua|cascade':
         'a77bde4504bfa6ce | kept=52 language=2471 pii=5 profanity=1 | duplicate=0/0/0 schema=2529/2529/0 normalize=2529/2529/0 length=2529/2529/0 pii=2529/2524/5 profanity=2524/2523/1 copyright=2523/2523/0 language=2523/52/2471',
     'multilingual/lingua|langdetect':
@@ -473,7 +475,7 @@ PINNED = {
     'web/c4_en_train00000_first1000.jsonl|langdetect':
         '0eaff63636c3c002 | copyright=1 kept=32 pii=2 | duplicate=0/0/0 schema=35/35/0 normalize=35/35/0 length=35/35/0 pii=35/33/2 profanity=33/33/0 copyright=33/32/1 language=32/32/0',
     'synthetic/perturbed_c4|cascade':
-        '37a93b10da6bbbfc | copyright=19 kept=54 language=2 pii=62 profanity=7 schema=2 | duplicate=0/0/0 schema=146/144/2 normalize=144/144/0 length=144/144/0 pii=144/82/62 profanity=82/75/7 copyright=75/56/19 language=56/54/2',
+        '840bc3c6c1afd0e7 | copyright=19 kept=54 language=2 pii=62 profanity=7 schema=2 | duplicate=0/0/0 schema=146/144/2 normalize=144/144/0 length=144/144/0 pii=144/82/62 profanity=82/75/7 copyright=75/56/19 language=56/54/2',
     'synthetic/perturbed_c4|langdetect':
         '07f51b6b8988316c | copyright=3 kept=15 language=1 pii=16 profanity=1 | duplicate=0/0/0 schema=36/36/0 normalize=36/36/0 length=36/36/0 pii=36/20/16 profanity=20/19/1 copyright=19/16/3 language=16/15/1',
     'multilingual/lingua|de':

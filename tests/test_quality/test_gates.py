@@ -368,6 +368,18 @@ def test_pii_density_threshold() -> None:
     assert rejected.meta["pii_density"] == 0.02
 
 
+def test_a_figure_just_past_its_limit_is_not_shown_equal_to_it() -> None:
+    """A reason printed the figure rounded to 4 decimals: 20 / 1999 read "pii density 0.01 > 0.01" (and a code score
+    of 0.89618 against 0.8962 "0.8962 < 0.8962"). It takes the decimals that keep it on its side; meta stays at 4."""
+    from quality.gates.base import shown
+
+    rejected = Doc(None, text="jane.doe@example.com " + "x" * 1978)  # 20 / 1999
+    assert PiiGate(0.01).check(rejected) == "pii density 0.01001 > 0.01 (email 1)"
+    assert rejected.meta["pii_density"] == 0.01
+    assert [shown(0.89618, 0.8962), shown(0.899996, 0.9), shown(0.5, 0.9), shown(0.1234567, 0.12345678)] == [
+        "0.89618", "0.899996", "0.5", "0.1234567"]
+
+
 def test_pii_reject_through_control() -> None:
     v = QualityControl({**OPEN, "pii_max_density": 0.01}).evaluate({"text": "Call 555-123-4567 now."})
     assert not v.keep and v.meta["failed_check"] == "pii" and v.meta["reason"] == "pii density 0.5455 > 0.01 (phone 1)"
