@@ -7,6 +7,7 @@ A dataset weight `w` means its share of the samples, so each of its shards gets
 """
 from __future__ import annotations
 
+from decimal import Decimal, localcontext
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -22,6 +23,14 @@ def _weight(x: float) -> str:
     return f"{x:.12g}"
 
 
+def split_percents(valid_fraction: float) -> str:
+    """"train,valid,0" in percents, exact and positional: Megatron reads the split with `[.0-9]+`, so "1e-05" (what
+    `:g` printed for a valid fraction of 1e-7) is three numbers, and rounding printed 1e-9 as "100,0,0"."""
+    with localcontext(prec=400):  # exact for any double in (0, 1): at most ~330 digits between 100 and 5e-322
+        valid = (Decimal(repr(valid_fraction)) * 100).normalize()
+        return f"{(100 - valid).normalize():f},{valid:f},0"
+
+
 def build(shards: list[dict[str, Any]], weights: Mapping[str, float], valid_fraction: float,
           per_split: bool) -> dict[str, Any]:
     """`shards`: [{dataset, split, prefix (absolute), num_tokens}] in a fixed order; `weights`: dataset → weight."""
@@ -35,8 +44,7 @@ def build(shards: list[dict[str, Any]], weights: Mapping[str, float], valid_frac
         w = weights[s["dataset"]] * s["num_tokens"] / tokens[s["dataset"]]
         lists[s["split"]] += [_weight(w), str(s["prefix"])]
     if not per_split and valid_fraction > 0:
-        train_pct = round((1 - valid_fraction) * 100, 6)
-        return {"data_paths": lists["train"], "split": f"{train_pct:g},{round(valid_fraction * 100, 6):g},0"}
+        return {"data_paths": lists["train"], "split": split_percents(valid_fraction)}
     return {k: (v or None) for k, v in lists.items()}
 
 

@@ -872,3 +872,19 @@ def test_tsv_rows_equal_the_per_row_format():
         assert _tsv_rows(index, start, end) == "".join(
             f"{i}\t{index.n_tokens[i]}\t{index.token_sum[i]}\t{index.text_sha256[i].tobytes().hex()}\n"
             for i in range(start, end)).encode()
+
+
+@pytest.mark.parametrize(("fraction", "split"), [(0.05, "95,5,0"), (0.001, "99.9,0.1,0"), (0.5, "50,50,0"),
+                                                 (1e-7, "99.99999,0.00001,0"), (1e-9, "99.9999999,0.0000001,0")])
+def test_blend_split_is_exact_and_read_by_megatrons_pattern(fraction: float, split: str) -> None:
+    """Regression: the split was printed with `:g` after rounding to 6 decimals: 1e-7 gave "100,1e-05,0", which
+    Megatron's `re.findall(r"[.0-9]+", split)` reads as four numbers (its assert fails), 1e-9 gave "100,0,0"."""
+    import re
+
+    from streamprep.exports.blend import build
+
+    shards = [{"dataset": "c4", "split": "train", "prefix": "/r/binidx/c4/part-00000_text_document", "num_tokens": 9}]
+    blend = build(shards, {"c4": 1.0}, fraction, per_split=False)
+    assert blend == {"data_paths": ["1", "/r/binidx/c4/part-00000_text_document"], "split": split}
+    train, valid, test = map(float, re.findall(r"[.0-9]+", blend["split"]))
+    assert test == 0 and valid / (train + valid) == pytest.approx(fraction, rel=1e-12)
