@@ -102,10 +102,30 @@ def _start_worker(driver: int, setup: Setup | None) -> None:
 
 def set_up_worker(setup: Setup | None) -> None:
     """The job's own set-up of a worker (pool process, Ray actor, Xenna ingest stage worker), then its collector
-    tuned for the calls."""
+    tuned for the calls. Its log events go back with its answers (`logs.forward_from_worker`)."""
+    logs.forward_from_worker()
     if setup is not None:
         setup[0](*setup[1])
     quiet_gc()
+
+
+def with_events(fn: Callable[..., Any], *args: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """`fn(*args)` in a worker, and the log events it made, for the job's process to write (`logs.replay`); a call
+    that raises carries them on its exception (`worker_events`)."""
+    try:
+        result = fn(*args)
+    except Exception as exc:
+        try:
+            exc.worker_events = logs.taken()  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type without a __dict__: its events are lost with it
+            pass
+        raise
+    return result, logs.taken()
+
+
+def replay_events_of(exc: BaseException | None) -> None:
+    """Write the log events a worker's failed call carried (`with_events`), its own or Ray's wrapped cause's."""
+    logs.replay(getattr(exc, "worker_events", None) or getattr(getattr(exc, "cause", None), "worker_events", ()))
 
 
 @dataclass(frozen=True)
@@ -124,6 +144,7 @@ class Call:
             out["result"] = self.fn(*self.args)
         except Exception as exc:
             out["error"] = picklable_error(exc)
+        out["events"] = logs.taken()
         return out
 
 
@@ -179,7 +200,7 @@ class LocalExecutor(Executor):
             pool = self._pool
         assert pool is not None
         try:
-            inner = pool.submit(fn, *args)
+            inner = pool.submit(with_events, fn, *args)
         except BrokenProcessPool as exc:  # broken before this call reached it
             self._retry(outer, pool, exc, fn, args)
             return
@@ -200,9 +221,12 @@ class LocalExecutor(Executor):
         if isinstance(exc, BrokenProcessPool) and not self._closed:
             self._retry(outer, pool, exc, fn, args)
         elif exc is not None:
+            replay_events_of(exc)
             settle(outer, exc=exc)
         else:
-            settle(outer, result=inner.result())
+            result, events = inner.result()
+            logs.replay(events)
+            settle(outer, result=result)
 
     def _retry(self, outer: Future, pool: ProcessPoolExecutor, exc: BaseException, fn: Callable[..., Any],
                args: tuple) -> None:
@@ -262,9 +286,9 @@ class _Actor:
         """This actor's node, once it is up (`ray_cluster.spread_actors` logs the placement)."""
         return self.node
 
-    def run(self, fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
-        """(this actor's node, the call's result): the driver counts where the work ran."""
-        return self.node, fn(*args)
+    def run(self, fn: Callable[..., Any], *args: Any) -> tuple[str, Any, list[dict[str, Any]]]:
+        """(this actor's node, the call's result, its log events): the driver counts where the work ran."""
+        return (self.node, *with_events(fn, *args))
 
 
 class RayExecutor(Executor):
@@ -316,9 +340,11 @@ class RayExecutor(Executor):
         if inner.cancelled():
             outer.cancel()
         elif exc is not None:
+            replay_events_of(exc)
             settle(outer, exc=exc)
         else:
-            node, result = inner.result()
+            node, result, events = inner.result()
+            logs.replay(events)
             with self._lock:
                 on_node = self.calls.setdefault(node, {})
                 on_node[fn.__name__] = on_node.get(fn.__name__, 0) + 1

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
+import pickle
 import sys
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterable, TextIO
 
 _HIDE_RICH = "structlog" not in sys.modules and "rich" not in sys.modules
 if _HIDE_RICH:
@@ -29,6 +31,8 @@ from streamprep.layout import RunLayout
 LOG_NAME = "streamprep.log"
 MAX_BYTES = 5 * 1024 * 1024
 BACKUPS = 5
+WORKER_EVENTS_KEPT = 1000  # a worker's events kept between two answers; past that they are counted, not kept
+LEVELS = ("debug", "info", "warning", "error", "critical")
 
 _shared = [
     structlog.stdlib.add_log_level,
@@ -116,3 +120,61 @@ def configure(run_dir: Path | None = None, level: str = "INFO", console: bool = 
 def get(component: str) -> structlog.stdlib.BoundLogger:
     """Logger for one component; the component name is on every line it writes."""
     return structlog.get_logger(f"streamprep.{component}", component=component)  # lazy: binds after configure()
+
+
+_kept: list[dict[str, Any]] | None = None  # a worker process's events since its last answer (`forward_from_worker`)
+_dropped = 0
+
+
+def forward_from_worker() -> None:
+    """In a worker process (pool process, Ray actor, Xenna stage worker): keep this process's log events for its
+    answers to carry to the job's process (`taken`, `replay`). A worker writes no run log: its lines went to its
+    stdout, so a retried Hub request or a backend's fallback in a unit never reached logs/streamprep.log."""
+    global _kept, _dropped
+    _kept, _dropped = [], 0
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.format_exc_info, _keep],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.ReturnLoggerFactory(),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _keep(_, __, event_dict: dict) -> dict:
+    global _dropped
+    assert _kept is not None, "configured by forward_from_worker"
+    if len(_kept) >= WORKER_EVENTS_KEPT:
+        _dropped += 1
+        raise structlog.DropEvent
+    event = {**event_dict, "worker": os.getpid()}
+    try:
+        pickle.dumps(event)
+    except Exception:  # it crosses processes: a field that cannot is kept as its repr
+        event = {k: v if isinstance(v, (str, int, float, bool, type(None))) else repr(v) for k, v in event.items()}
+    _kept.append(event)
+    raise structlog.DropEvent
+
+
+def taken() -> list[dict[str, Any]]:
+    """The events kept since the last call (none in a process that does not forward), for an answer to carry."""
+    global _kept, _dropped
+    if _kept is None:
+        return []
+    events, _kept = _kept, []
+    if _dropped:
+        events.append({"event": "worker log events dropped", "level": "warning", "component": "executor",
+                       "dropped": _dropped, "kept": WORKER_EVENTS_KEPT, "worker": os.getpid()})
+        _dropped = 0
+    return events
+
+
+def replay(events: Iterable[dict[str, Any]]) -> None:
+    """Write a worker's events in the job's process, under their component, with the worker's pid and the time
+    the worker logged them (`worker_time`; `timestamp` is when the answer came back)."""
+    for event in events:
+        fields = dict(event)
+        level, text = fields.pop("level", "info"), fields.pop("event", "")
+        component = fields.pop("component", "worker")
+        fields["worker_time"] = fields.pop("timestamp", None)
+        getattr(get(component), level if level in LEVELS else "info")(text, **fields)

@@ -467,15 +467,11 @@ class Job:
             if not parts:
                 raise ConfigError("no records were kept, so there is no text to train a tokenizer on "
                                   "(check the quality settings or the sources)")
-            info, said = self.executor.submit(tokmod.train_on_parts, tok, self.run_dir, parts).result()
-            said.replay()
-            return info
+            return self.executor.submit(tokmod.train_on_parts, tok, self.run_dir, parts).result()
         sealed = {n: [self._files(n).part(i) for i in range(s.sealed_parts())] for n, s in states.items()}
         log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)
-        info, said = self.executor.submit(tokmod.train_on_sample, tok, self.run_dir, sealed,
-                                          tokmod.sample_shares(self.config.datasets, sample_mb)).result()
-        said.replay()
-        return info
+        return self.executor.submit(tokmod.train_on_sample, tok, self.run_dir, sealed,
+                                    tokmod.sample_shares(self.config.datasets, sample_mb)).result()
 
     def _select(self, requested: str, path: Path, texts: Sequence[str]) -> dict[str, Any]:
         """`backends.select` on a worker: the driver loads no gigatoken, and the worker that built it for the

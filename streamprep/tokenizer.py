@@ -7,7 +7,6 @@ identity check). A resumed run finds the saved copy and reuses it instead of ret
 from __future__ import annotations
 
 import hashlib
-import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,39 +34,6 @@ def _id_bound(tok: Tokenizer, fingerprint: str) -> int:
     if fingerprint not in _id_bounds:
         _id_bounds[fingerprint] = backends.id_bound(tok)
     return _id_bounds[fingerprint]
-
-
-_here = threading.local()  # .said: the `Said` this thread's events go to, while it trains on a worker's behalf
-
-
-class Said:
-    """The log events of one call on a worker (`train_on_parts`, `train_on_sample`), kept for the job to log: a
-    pool process writes no run log, so with `workers` > 1 "tokenizer trained" never reached logs/streamprep.log."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __enter__(self) -> "Said":
-        _here.said = self
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _here.said = None
-
-    def info(self, event: str, **fields: Any) -> None:
-        self.events.append(("info", event, fields))
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self.events.append(("warning", event, fields))
-
-    def replay(self) -> None:
-        """Log the events here, in the job's process."""
-        for level, event, fields in self.events:
-            getattr(log, level)(event, **fields)
-
-
-def _log() -> Any:
-    return getattr(_here, "said", None) or log
 
 
 @dataclass(frozen=True)
@@ -151,12 +117,12 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = 
         return None
     info = _info(saved, tok_cfg.eod_token)
     if atomic.read_json(fp_file).get("fingerprint") != info.fingerprint:
-        _log().warning("tokenizer copy does not match its fingerprint; recreating it", path=str(saved))
+        log.warning("tokenizer copy does not match its fingerprint; recreating it", path=str(saved))
         return None
-    _log().info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
+    log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
     src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
     if src is not None and (now := f"sha256:{hashlib.sha256(src.read_bytes()).hexdigest()}") != info.fingerprint:
-        _log().warning("tokenizer.path's file changed since the run copied it; the run goes on with its copy (a new "
+        log.warning("tokenizer.path's file changed since the run copied it; the run goes on with its copy (a new "
                        "tokenizer needs a new run dir)", path=str(src), copy=info.fingerprint, now=now)
     recorded = read_json(layout.tokenizer_backend)
     return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, select, recorded)
@@ -176,7 +142,7 @@ def _with_backend(info: TokenizerInfo, tok_cfg: TokenizerConfig, record_file: Pa
         except backends.BackendError as exc:
             raise RuntimeError(str(exc)) from None
         atomic.write_json(record_file, recorded)
-    _log().info("tokenizer backend", **{k: v for k, v in recorded.items() if k != "check"})
+    log.info("tokenizer backend", **{k: v for k, v in recorded.items() if k != "check"})
     return replace(info, backend=recorded)
 
 
@@ -197,13 +163,13 @@ def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None
         for side in SIDE_FILES:
             if (src.parent / side).is_file():
                 atomic.write_bytes(out_dir / side, (src.parent / side).read_bytes())
-        _log().info("tokenizer loaded", source=str(src))
+        log.info("tokenizer loaded", source=str(src))
     else:
         if texts is None:
             raise ValueError("training a tokenizer needs the run's kept texts")
         bpe = train_bpe(_first_kept(texts, check_texts), tok_cfg.train.vocab_size, tok_cfg.train.min_frequency)
         atomic.write_bytes(saved, bpe.to_str().encode("utf-8"))
-        _log().info("tokenizer trained", vocab_size=tok_cfg.train.vocab_size)
+        log.info("tokenizer trained", vocab_size=tok_cfg.train.vocab_size)
     info = _check_eod(_info(saved, tok_cfg.eod_token or (None if tok_cfg.path else "</s>")), tok_cfg)
     # the backend is chosen before fingerprint.json is written: a run killed in between has no fingerprint,
     # redoes this step the same way, and records the same choice (check scope included)
@@ -347,18 +313,15 @@ def prepare_from_sample(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable
     return info
 
 
-def train_on_parts(tok_cfg: TokenizerConfig, run_dir: Path, parts: list[Path]) -> tuple[TokenizerInfo, Said]:
-    """`prepare` on every kept text of `parts`: a job runs it on a worker, so its driver reads no record. Returns
-    the log events too, for the job to log (`Said`)."""
-    with Said() as said:
-        return prepare(tok_cfg, run_dir, iter_part_texts(parts)), said
+def train_on_parts(tok_cfg: TokenizerConfig, run_dir: Path, parts: list[Path]) -> TokenizerInfo:
+    """`prepare` on every kept text of `parts`: a job runs it on a worker, so its driver reads no record."""
+    return prepare(tok_cfg, run_dir, iter_part_texts(parts))
 
 
 def train_on_sample(tok_cfg: TokenizerConfig, run_dir: Path, sealed: dict[str, list[Path]],
-                    shares: dict[str, int]) -> tuple[TokenizerInfo, Said]:
+                    shares: dict[str, int]) -> TokenizerInfo:
     """`prepare_from_sample` on the sample of the sealed parts (`sample_texts`), on a worker likewise."""
-    with Said() as said:
-        return prepare_from_sample(tok_cfg, run_dir, sample_texts(sealed, shares)), said
+    return prepare_from_sample(tok_cfg, run_dir, sample_texts(sealed, shares))
 
 
 def training_report(run_dir: Path) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -175,3 +176,15 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def log_in_worker(n: int, fail: bool = False) -> int:
+    """An executor call that logs (what a unit's Hub retry or a backend's fallback does in a worker), then returns
+    its process's pid or raises."""
+    from streamprep import logs
+
+    logs.get("probe").warning("probe event", n=n)
+    if fail:
+        logs.get("probe").info("probe failing", n=n)
+        raise ValueError(f"probe {n} failed")
+    return os.getpid()

@@ -380,6 +380,7 @@ class XennaEngine(Engine):
                 result = self._sink.get(timeout=POLL_S)
             except queue.Empty:
                 continue
+            logs.replay(result.pop("events", ()))  # what the stage's worker logged making it
             with self._cv:
                 fresh = self._in_flight.pop(_key(result), None) is not None
                 self._pump()

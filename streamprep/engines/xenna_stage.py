@@ -12,6 +12,7 @@ from typing import Any
 
 from cosmos_xenna.pipelines import v1 as xenna
 
+from streamprep import logs
 from streamprep.engines.base import PING, run_shard
 from streamprep.executor import Call, Setup, set_up_worker, quiet_gc
 from streamprep.tokenize import TokenizerCache
@@ -50,14 +51,16 @@ class TokenizeStage(xenna.Stage):
         return xenna.Resources(cpus=self.cpus, gpus=0)
 
     def setup(self, worker_metadata: xenna.WorkerMetadata) -> None:
+        logs.forward_from_worker()
         self.tokenizers = TokenizerCache()
         quiet_gc()
 
     def process_data(self, in_data: list[Any]) -> list[dict[str, Any]]:
         assert self.tokenizers is not None, "setup() runs before process_data()"
         where = {"node": socket.gethostname(), "pid": os.getpid(), "node_id": _node_id()}
-        return [item if isinstance(item, dict) else {"ping": True, **where} if item == PING
-                else {**run_shard(item, self.tokenizers.get(item)), **where} for item in in_data]
+        return [item if isinstance(item, dict) else {"ping": True, **where, "events": logs.taken()} if item == PING
+                else {**run_shard(item, self.tokenizers.get(item)), **where, "events": logs.taken()}
+                for item in in_data]
 
 
 def _node_id() -> str | None:

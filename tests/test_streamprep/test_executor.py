@@ -121,3 +121,32 @@ def test_a_shard_task_whose_worker_dies_is_tokenized_again_to_the_same_bytes(tmp
     assert Path(hit.prefix + ".idx").read_bytes() == Path(ref.prefix + ".idx").read_bytes()
     assert sorted(p.name for p in Path(hit.prefix).parent.iterdir()) == ["part-00000_text_document.bin",
                                                                            "part-00000_text_document.idx"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_what_a_worker_logs_reaches_the_run_log(tmp_path: Path, workers: int) -> None:
+    """Regression: a pool process writes no run log, and its events went to its stdout: with `workers` > 1 a unit's
+    "hub request retried" or a backend's fallback never reached logs/streamprep.log. Its answers carry them, a
+    failed call's too, and the job's process writes them under their component with the worker's pid and time."""
+    from helpers import log_in_worker
+    from streamprep import logs
+
+    logs.configure(tmp_path, console=False)
+    try:
+        with LocalExecutor(workers) as ex:
+            pids = [ex.submit(log_in_worker, n).result(60) for n in range(3)]
+            with pytest.raises(ValueError, match="probe 7 failed"):
+                ex.submit(log_in_worker, 7, True).result(60)
+    finally:
+        logs.configure(None, console=False)
+    lines = [orjson.loads(line) for line in (tmp_path / "logs/streamprep.log").read_bytes().splitlines()]
+    probes = [(e["event"], e["n"], e["level"], e["component"]) for e in lines if e["event"].startswith("probe")]
+    assert probes == [("probe event", 0, "warning", "probe"), ("probe event", 1, "warning", "probe"),
+                      ("probe event", 2, "warning", "probe"), ("probe event", 7, "warning", "probe"),
+                      ("probe failing", 7, "info", "probe")]
+    if workers == 1:  # the job's own thread logs as the job does
+        assert set(pids) == {os.getpid()} and all("worker" not in e for e in lines)
+    else:
+        assert os.getpid() not in pids
+        assert [e["worker"] for e in lines if e["event"] == "probe event"][:3] == pids
+        assert all(e["worker_time"] <= e["timestamp"] for e in lines if e["event"].startswith("probe"))
