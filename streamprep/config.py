@@ -761,11 +761,26 @@ class Config:
         return out
 
 
+def plain(value: Any) -> Any:
+    """A config built in Python as its YAML would be: paths (`os.PathLike`) as strings, tuples as lists, numpy's
+    scalars as Python's (a `Path` for `datasets[].path`, `np.int64(5000)` for `shard_records`)."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
 def load(raw: Any, base_dir: str | Path = ".") -> Config:
-    """Validate `raw` once and return it as frozen, typed sections."""
+    """Validate `raw` (a YAML document's structure, or the same built in Python: `plain`) once and return it as
+    frozen, typed sections."""
     skipped: list[tuple[str, str]] = []
     try:
-        return replace(Config.from_dict(validate(raw, base_dir, skipped)), skipped=tuple(skipped))
+        return replace(Config.from_dict(validate(plain(raw), base_dir, skipped)), skipped=tuple(skipped))
     except PermissionError as exc:  # a path the config names, behind a folder we may not read (a stat raises)
         raise ConfigError(f"config: cannot read {exc.filename or 'a path it names'}: {exc.strerror or exc}") from None
 

@@ -14,8 +14,9 @@ import logging.handlers
 import os
 import pickle
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, TextIO
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 _HIDE_RICH = "structlog" not in sys.modules and "rich" not in sys.modules
 if _HIDE_RICH:
@@ -115,6 +116,27 @@ def configure(run_dir: Path | None = None, level: str = "INFO", console: bool = 
                         structlog.processors.JSONRenderer(sort_keys=True)],
             foreign_pre_chain=pre))
         root.addHandler(fh)
+
+
+@contextmanager
+def configured(run_dir: Path, console: bool = True) -> Iterator[None]:
+    """`configure` for one run, then the logging of the process as it was: a library call (`run_from_dict`) leaves
+    neither its structlog set-up in place of the application's nor its run log's file open."""
+    saved = structlog.get_config()
+    root = logging.getLogger("streamprep")
+    handlers, level, propagate = list(root.handlers), root.level, root.propagate
+    configure(run_dir, console=console)
+    try:
+        yield
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+            h.close()
+        for h in handlers:
+            root.addHandler(h)
+        root.setLevel(level)
+        root.propagate = propagate
+        structlog.configure(**saved)
 
 
 def get(component: str) -> structlog.stdlib.BoundLogger:

@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 import signal
+import threading
 import time
 import traceback
 import uuid
@@ -42,8 +43,9 @@ VERSIONED = ("tokenizers", "gigatoken", "awkward", "pyarrow", "datasets", "huggi
              "cosmos-xenna", "langdetect", "pycld2")
 
 
-class Interrupted(RuntimeError):
-    """The run was stopped by a signal after saving its progress; re-running the command resumes it."""
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal after saving its progress; re-running the command resumes it. A
+    KeyboardInterrupt, as a Ctrl-C is to any Python code: a caller's `except Exception` does not swallow it."""
 
 
 @dataclass
@@ -101,6 +103,11 @@ class Signals:
         raise KeyboardInterrupt
 
     def install(self) -> None:
+        """Only the main thread may; a job run from another thread (`run_from_dict` in a worker thread of an
+        application) leaves the signals to the application, whose Ctrl-C stops the process as it would."""
+        if threading.current_thread() is not threading.main_thread():
+            log.info("not in the main thread: signals are left to the application")
+            return
         for s in (signal.SIGINT, signal.SIGTERM):
             self._old[s] = signal.signal(s, self.handle)
 
@@ -272,13 +279,13 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         if previous is None:
             _forget_failed_start(config, run_dir)
         _refuse_unsafe_paths(config, run_dir, checkpoint_dir)
-        logs.configure(run_dir, console=console_log)
-        for lock in locks:
-            if lock.taken_over:
-                log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
-        job = Job(config, run_dir, previous, console_log)
-        with metrics.serving(config.execution, run_dir, config.datasets, job.progress):
-            return job.run()
+        with logs.configured(run_dir, console=console_log):
+            for lock in locks:
+                if lock.taken_over:
+                    log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
+            job = Job(config, run_dir, previous, console_log)
+            with metrics.serving(config.execution, run_dir, config.datasets, job.progress):
+                return job.run()
     finally:
         for lock in locks:
             lock.release()
@@ -417,11 +424,18 @@ class Job:
         return states, tasks, results, info
 
     def _ingest(self, on_checkpoint: Callable[[IngestState], None], executor: Executor) -> dict[str, IngestState]:
+        """The ingest's event loop runs in a thread of its own: the calling thread may run a loop already (Jupyter,
+        an async service), where `asyncio.run` refuses, and keeps its current loop, which `asyncio.run` clears."""
+        asked = threading.Event()  # a signal before the loop is up stops it as soon as it is
+        self.signals.on_first = asked.set
+
         async def main() -> dict[str, IngestState]:
             ctx = IngestContext.of(self.config, self.run_dir, self.checkpoint_dir, asyncio.Event(), self.progress,
                                    on_checkpoint, executor)
             loop = asyncio.get_running_loop()
             self.signals.on_first = lambda: loop.call_soon_threadsafe(ctx.stop.set)
+            if asked.is_set():
+                ctx.stop.set()
             try:
                 return await ingest_all(ctx)
             finally:
@@ -429,7 +443,21 @@ class Job:
                 if ctx.stop.is_set():
                     raise Interrupted("stopped during ingest")
 
-        return asyncio.run(main())
+        outcome: dict[str, Any] = {}
+
+        def loop_thread() -> None:
+            try:
+                outcome["states"] = asyncio.run(main())
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=loop_thread, name="ingest-loop")
+        thread.start()
+        thread.join()
+        self.signals.on_first = None
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["states"]
 
     def _files(self, name: str) -> DatasetFiles:
         return DatasetFiles(self.run_dir, self.checkpoint_dir, name)
