@@ -108,14 +108,33 @@ def configure(run_dir: Path | None = None, level: str = "INFO", console: bool = 
     if run_dir is not None:
         log_dir = RunLayout(run_dir).logs_dir
         log_dir.mkdir(parents=True, exist_ok=True)
-        fh = logging.handlers.RotatingFileHandler(log_dir / LOG_NAME, maxBytes=max_bytes, backupCount=backups,
-                                                  encoding="utf-8")
+        fh = _RunLog(log_dir / LOG_NAME, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", delay=True)
         fh.setFormatter(structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                         _rich_for_exceptions, structlog.processors.dict_tracebacks,
                         structlog.processors.JSONRenderer(sort_keys=True)],
             foreign_pre_chain=pre))
         root.addHandler(fh)
+
+
+class _RunLog(logging.handlers.RotatingFileHandler):
+    """The run log, which a job outlives: a line it cannot write (a full disk, a folder made read-only) is said once
+    on stderr and the job goes on. logging's own handler printed a traceback for every line, ~45 lines each."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            self.failed = True
+            err = sys.exc_info()[1]
+            sys.stderr.write(f"streamprep: warning: cannot write the run log {self.baseFilename} "
+                             f"({type(err).__name__}: {err}); the job goes on without it\n")
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # its last buffered line, on a disk that is full: said above, or never written
+            pass
 
 
 @contextmanager

@@ -48,3 +48,21 @@ def test_rich_is_loaded_only_by_a_line_with_an_exception_and_the_output_is_uncha
     assert "ValueError: boom" in lazy_err and "long_local" in lazy_err  # rich's traceback, locals shown
     lines = lazy_file.splitlines()
     assert len(lines) == 3 and '"event": "failed"' in lines[1] and "... +10" in lines[1]  # rich's repr
+
+
+def test_a_run_log_that_cannot_be_written_is_said_once_and_the_job_goes_on(tmp_path, capsys) -> None:
+    """Regression: with the run log's disk full, logging printed a ~45-line traceback for every line (a thousand
+    lines for a 3-second job), and closing the log at the end raised, failing a run that had completed."""
+    import logging
+    from pathlib import Path
+
+    from streamprep import logs
+
+    handler = logs._RunLog(Path("/dev/full"), maxBytes=1 << 20, backupCount=2, encoding="utf-8", delay=True)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for n in range(50):
+        handler.handle(logging.LogRecord("streamprep.probe", logging.INFO, __file__, 1, f"line {n}", None, None))
+    handler.close()  # what was buffered cannot be written either: no error
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["streamprep: warning: cannot write the run log /dev/full (OSError: [Errno 28] No space "
+                                "left on device); the job goes on without it"]
