@@ -46,6 +46,7 @@ from streamprep.units import Unit
 
 log = logs.get("ingest")
 STOP = object()  # what a coroutine gets instead of an item once a stop is requested
+COMMIT_GRACE_S = 2.0  # how long a stop still waits for the piece or part being committed
 # A dataset's position: the next piece is piece `piece` of unit `unit` (a stream unit continues at `source`);
 # `base` counts the items of the unit's file in earlier units; `skip_file`: a file whose rest did not decode.
 START: dict[str, Any] = {"unit": 0, "piece": 0, "base": 0, "source": None, "skip_file": None}
@@ -359,12 +360,15 @@ class DatasetIngest:
             start, k = items[-1][1], k + 1
         return consumed
 
-    async def _or_stop(self, aw: Any) -> Any:
-        """`aw`'s result, or STOP as soon as a stop is requested (even while a read or download is stalled)."""
+    async def _or_stop(self, aw: Any, grace: float = 0.0) -> Any:
+        """`aw`'s result, or STOP as soon as a stop is requested (even while a read or download is stalled), or
+        `grace` seconds after (a piece being committed: a stop keeps it unless it is stuck behind a stall)."""
         work = asyncio.ensure_future(aw)
         stop = asyncio.ensure_future(self.ctx.stop.wait())
         try:
             await asyncio.wait((work, stop), return_when=asyncio.FIRST_COMPLETED)
+            if grace and not work.done():
+                await asyncio.wait((work,), timeout=grace)
         finally:
             stop.cancel()
             done = work.done()
@@ -581,14 +585,21 @@ class DatasetIngest:
                 raise SourceError(f"dataset {self.ds.name}: reading or judging the input failed after item "
                                   f"{state.consumed}: {one_line(got)}") from got
             if got is None:
-                await self._seal_parts(state, final=True)
+                if await self._seal_parts(state, final=True) is STOP:
+                    return
                 state.done = True
-                await self._save(state, dedup)
+                try:
+                    await self._save(state, dedup)
+                except BaseException:  # not on disk: the dataset's staged pieces are what its checkpoint names
+                    state.done = False
+                    raise
                 return
             stage, d, after, fin = got
-            rejects, st, kept_bytes = await fin if fin is not None else (b"", {}, 0)
-            if self.ctx.stop.is_set():  # every piece committed so far is checkpointed
+            # a stop waits a moment, not for ever: this piece's finalizing may queue behind calls stalled in a read
+            finalized = await self._or_stop(fin, COMMIT_GRACE_S) if fin is not None else (b"", {}, 0)
+            if finalized is STOP or self.ctx.stop.is_set():  # every piece committed so far is checkpointed
                 return
+            rejects, st, kept_bytes = finalized
             stats.add_stats(state.stats, st)
             if rejects:
                 await _append(self.files.rejects, rejects)
@@ -599,14 +610,18 @@ class DatasetIngest:
                 state.open_pieces.append([Path(stage).name, 0, n_kept])
                 state.part_lines += n_kept
                 state.part_bytes += kept_bytes
-            done_with = await self._seal_parts(state, final=False) + ([] if n_kept else [Path(stage).name])
+            sealed = await self._seal_parts(state, final=False)
+            if sealed is STOP:
+                return
+            done_with = sealed + ([] if n_kept else [Path(stage).name])
             await self._save(state, dedup)
             staged = [str(self.stage_dir / name) + ext for name in done_with for ext in (".kept", ".kept.off")]
             await asyncio.to_thread(_remove, [stage + ".judged", *staged])
 
-    async def _seal_parts(self, state: IngestState, final: bool) -> list[str]:
+    async def _seal_parts(self, state: IngestState, final: bool) -> Any:
         """Assemble every full part (and, at the end, the last short one) from the open pieces' kept lines,
-        in a worker; returns the pieces no longer needed."""
+        in a worker; returns the pieces no longer needed, or STOP (the in-memory state is then ahead of its
+        checkpoint, which is not saved again)."""
         done_with: list[str] = []
         while state.part_lines >= self.shard_records or (final and state.part_lines):
             take, slices = min(state.part_lines, self.shard_records), []
@@ -619,7 +634,12 @@ class DatasetIngest:
                     done_with.append(state.open_pieces.pop(0)[0])
                 else:
                     state.open_pieces[0] = [name, first + m, n - m]
-            sha, size = await self._submit(unit_worker.assemble_part, str(self.files.part(state.part_index)), slices)
+            assembled = await self._or_stop(self._submit(unit_worker.assemble_part,
+                                                         str(self.files.part(state.part_index)), slices),
+                                            COMMIT_GRACE_S)
+            if assembled is STOP:
+                return STOP
+            sha, size = assembled
             state.sealed.append([sha, size])
             state.part_index += 1
             state.part_lines -= sum(n for _, _, n in slices)

@@ -548,6 +548,76 @@ async def test_stop_while_the_source_is_stalled_returns_within_seconds(tmp_path:
     assert time.monotonic() - t0 < 5 and not state.done and state.consumed == 0
 
 
+@pytest.mark.slow
+async def test_stop_while_a_worker_is_stalled_reading_a_unit_returns_within_seconds(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """Regression (a file replaced by a FIFO mid-run): with the workers stalled reading their units, a SIGINT or
+    SIGTERM never stopped the job, only a second one did: the commit waited for a piece's finalizing (or a part's
+    assembling), queued behind the stalled reads. The first unit is judged; the next one's read stalls."""
+    from streamprep import unit_worker
+    from streamprep.ingest import worker_executor
+    from streamprep.modes import mode_of
+
+    cfg, _ = _docs_cfg(tmp_path, 1500)
+    cfg = dataclasses.replace(cfg, execution=dataclasses.replace(cfg.execution, unit_mb=0.1))
+    release, judged = threading.Event(), []
+    real = unit_worker.judge_piece
+
+    def stalling(*args, **kwargs):
+        judged.append(args[4].start if args[4] is not None else None)
+        if len(judged) > 1:
+            release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(unit_worker, "judge_piece", stalling)
+    stop = asyncio.Event()
+    executor = worker_executor(cfg.execution, cfg.quality, mode_of(cfg.sft))  # workers: 1, a thread: the first
+    # unit's finalizing queues behind the second's read
+    ctx = IngestContext.of(cfg, tmp_path / "run", tmp_path / "run" / "checkpoints", stop, executor=executor)
+    asyncio.get_running_loop().call_later(1.0, stop.set)
+    t0 = time.monotonic()
+    try:
+        state = (await asyncio.wait_for(ingest_all(ctx), 20))["d"]
+    finally:
+        release.set()
+        executor.close(wait=False)
+    assert time.monotonic() - t0 < 8 and len(judged) >= 2  # the stop at 1 s, a commit's grace of 2 s
+    assert not state.done and state.consumed == 0  # nothing committed past its checkpoint
+
+
+async def test_a_final_checkpoint_that_cannot_be_saved_keeps_the_pieces_it_names(tmp_path: Path, monkeypatch) -> None:
+    """Regression (the checkpoint dir's disk full at a dataset's end): the dataset was marked done before its last
+    checkpoint was saved, so the end of ingest removed its staged pieces, which the checkpoint on disk still named;
+    the resume found them missing and ingested the whole dataset again. Now it goes on from that checkpoint."""
+    import errno
+
+    from streamprep import ingest as ingest_mod
+
+    cfg, _ = _docs_cfg(tmp_path, 300)  # shard_records 200: one part sealed, a short one left open at the end
+    run = tmp_path / "run"
+    real = ingest_mod.save
+
+    def full(files, state):
+        if state.done:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(files, state)
+
+    monkeypatch.setattr(ingest_mod, "save", full)
+    with pytest.raises(OSError, match="No space left"):
+        await _ingest(cfg, run)
+    files = DatasetFiles(run, run / "checkpoints", "d")
+    ck = json.loads(files.checkpoint.read_text())
+    assert not ck["done"] and ck["open_pieces"]
+    assert all((files.stage / f"{name}.kept").exists() for name, _, _ in ck["open_pieces"])
+    monkeypatch.setattr(ingest_mod, "save", real)
+    restarts = []
+    from streamprep import checkpoints
+    monkeypatch.setattr(checkpoints.log, "warning", lambda event, **kw: restarts.append(event))
+    state = (await _ingest(cfg, run))["d"]
+    assert state.done and state.consumed == 300 and state.part_index == 2
+    assert restarts == ["removing part sealed after the last checkpoint"]  # not "restarting dataset from scratch"
+
+
 async def test_one_failing_dataset_stops_the_others(tmp_path: Path, monkeypatch) -> None:
     cfg, _ = _docs_cfg(tmp_path, 10)
     cfg = dataclasses.replace(cfg, datasets=tuple(dataclasses.replace(cfg.datasets[0], name=n) for n in ("bad", "slow")))
