@@ -5,6 +5,7 @@ cannot overwrite each other's checkpoints. The lock files' names are streamprep.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -36,19 +37,23 @@ class RunLock:
             holder = read_holder(self.path)
             raise RunLocked(f"{self.what} {self.path.parent} is in use by pid {holder.get('pid', '?')} "
                             f"on {holder.get('host', '?')} (started {holder.get('started', '?')})") from None
+        self.fd = fd  # held from here: `release` ends it whatever happens below
         previous = read_holder(self.path)
         if previous.get("pid"):
             self.taken_over = previous  # a stale lock left by a killed process
-        os.ftruncate(fd, 0)
-        os.write(fd, orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
-        os.fsync(fd)
-        self.fd = fd
+        try:  # who holds it, for a run refused meanwhile; the flock is the lock
+            os.ftruncate(fd, 0)
+            os.write(fd, orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                       "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+            os.fsync(fd)
+        except OSError:  # a full disk: the run goes on without the record (a finished run verifies, writing nothing)
+            pass
         return self
 
     def release(self) -> None:
         if self.fd is not None:
-            os.ftruncate(self.fd, 0)
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None

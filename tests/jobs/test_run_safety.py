@@ -383,3 +383,24 @@ def test_a_run_dir_on_an_object_store_is_exit_2_before_anything_is_written(tmp_p
         ("streamprep: error: run dir 's3://bucket/out' must be a local (or mounted) folder: its files are renamed "
          "into place atomically")]
     assert not (tmp_path / "s3:").exists()
+
+
+def test_a_lock_whose_record_cannot_be_written_is_still_taken_and_released(tmp_path: Path, monkeypatch) -> None:
+    """Regression (a full disk): writing the holder's record raised after the flock was taken, and the open file
+    was neither closed nor kept, so the lock stayed held: a second run in the same process was refused ("in use by
+    pid ?"), and re-running a finished run on a full disk failed with a bare OSError."""
+    import errno
+
+    from streamprep import lock as lockmod
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    path = tmp_path / ".lock"
+    with monkeypatch.context() as m:
+        m.setattr(lockmod.os, "write", full)
+        held = RunLock(path).acquire()
+        with pytest.raises(lockmod.RunLocked):  # it is the lock, record or not
+            RunLock(path).acquire()
+        held.release()
+    RunLock(path).acquire().release()
