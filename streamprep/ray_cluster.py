@@ -48,6 +48,7 @@ _started_here = False
 _head: subprocess.Popen | None = None  # the `streamprep.ray_head` process of a cluster started here
 _head_tmp = ""  # its TMPDIR, removed with it
 _head_session = ""  # its cluster's session dir (RAY_TMPDIR/ray/session_*), removed with it
+_head_ray_tmp = ""  # the RAY_TMPDIR it runs with
 _here_session = ""  # the session dir of the cluster `init_here` started in this process
 _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one per process: Ray caches it
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
@@ -146,13 +147,14 @@ def _start_head(num_cpus: int, cancelled: Callable[[], bool]) -> str | None:
     driver's session, so RAY_NICE holds against the driver (the kernel's autogroups share CPU per session).
     The cluster takes this process's token, so the driver can attach to it. Ray's own output goes to a
     temporary file; its last line names the cause if the head fails."""
-    global _head, _head_tmp, _head_session, _env_before
+    global _head, _head_tmp, _head_session, _head_ray_tmp, _env_before
     _env_before = {key: os.environ.get(key) for key in _AUTH}
     os.environ.update(_AUTH)
     err = tempfile.TemporaryFile()
     _head_tmp = tempfile.mkdtemp(prefix=HEAD_TMP_PREFIX)
-    env = {**os.environ, "TMPDIR": _head_tmp,  # what its processes leave when killed (pymp-* dirs) goes with it
-           "RAY_TMPDIR": os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"}  # Ray's own default
+    _head_session, _head_ray_tmp = "", os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"  # Ray's
+    env = {**os.environ, "TMPDIR": _head_tmp,  # default; what its processes leave when killed (pymp-*) goes with it
+           "RAY_TMPDIR": _head_ray_tmp}
     _head = subprocess.Popen(_head_command(num_cpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                              env=env, process_group=0)
     assert _head.stdout is not None
@@ -200,7 +202,10 @@ def _stop_head() -> None:
     stop_and_reap(kill_group, procs, grace=0.0)
     head.wait()
     shutil.rmtree(_head_tmp, ignore_errors=True)
-    remove_session(_head_session)
+    # a head killed before it said its session dir (a job done before its cluster was up) may have made one: Ray
+    # names it session_<time>_<pid of the process that started the cluster>, the head's
+    for session in [_head_session] if _head_session else sorted(Path(_head_ray_tmp, "ray").glob(f"session_*_{head.pid}")):
+        remove_session(str(session))
     for key, value in _env_before.items():  # the user's own Ray settings, if any, are back
         if value is None:
             os.environ.pop(key, None)

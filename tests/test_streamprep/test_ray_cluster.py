@@ -441,3 +441,27 @@ def test_a_head_whose_driver_is_gone_removes_its_tmpdir_and_its_clusters_session
             os.killpg(head.pid, signal.SIGKILL)
         shutil.rmtree(head_tmp, ignore_errors=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+HEAD_STAND_IN = """
+import os, sys, time
+from pathlib import Path
+Path(os.environ["RAY_TMPDIR"], "ray", f"session_2026-11-30_05-00-00_000001_{os.getpid()}", "logs").mkdir(parents=True)
+time.sleep(60)  # the cluster is coming up: no address printed yet
+"""
+
+
+def test_a_head_stopped_before_it_named_its_session_leaves_no_session_dir(tmp_path: Path, monkeypatch) -> None:
+    """Regression: a job that finished before its own Ray cluster was up killed the head, but the session dir the
+    head's `ray.init` had made (RAY_TMPDIR/ray/session_<time>_<head pid>, ~50 KB) stayed: the driver only knew
+    it from the head's address line. Now the head's own sessions go with it, and no other."""
+    from streamprep import ray_cluster
+
+    other = tmp_path / "ray" / "session_2026-11-30_04-00-00_000001_1"  # another cluster's
+    other.mkdir(parents=True)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setattr(ray_cluster, "_head_command", lambda n: [sys.executable, "-c", HEAD_STAND_IN])
+    made = lambda: any(p != other for p in (tmp_path / "ray").glob("session_*"))  # noqa: E731
+    deadline = time.monotonic() + 30
+    assert ray_cluster._start_head(1, lambda: made() or time.monotonic() > deadline) is None
+    assert sorted(p.name for p in (tmp_path / "ray").iterdir()) == [other.name]
