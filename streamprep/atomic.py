@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -94,6 +95,10 @@ def writing(path: str | os.PathLike, buffering: int = -1, durable: bool = True) 
         os.replace(tmp, path)
         if durable:
             fsync_dir(path.parent)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.filename is None:
+            exc.filename = str(path)  # a write that fails names no file: say which one the disk was too full for
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -6,6 +6,7 @@ imported when that command runs: `--help` and `status` take ~0.1 s, not the ~0.4
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
         first = f"{type(exc).__name__}: {exc}".split("\n")[0]
+        if (full := _disk_full(exc)) is not None:
+            first = f"no space left on the disk{full}: free some and re-run the same command to resume ({first})"
         print(f"streamprep: error: {printable(first)}", file=sys.stderr)
         return 1
     except SystemExit as exc:  # nothing of ours calls sys.exit: a plug-in or library did, inside the job
@@ -175,6 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamprep: error: SystemExit({exc.code!r}) raised inside the command (a plug-in calling sys.exit?); "
               f"re-run the same command to resume", file=sys.stderr)
         return 1
+
+
+def _disk_full(exc: BaseException) -> str | None:
+    """" writing PATH" (or "") when `exc` or what it wraps (a unit's SourceError) is a full disk or quota, else None:
+    a bare "OSError: [Errno 28] No space left on device" named no file and, wrapped, blamed the input."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f" writing {exc.filename}" if exc.filename else ""
+        exc = exc.__cause__
+    return None
 
 
 if __name__ == "__main__":

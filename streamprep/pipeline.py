@@ -33,6 +33,7 @@ from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, read_j
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
+from streamprep.sources.base import one_line
 from streamprep.sources.hf import set_retry_policy
 from streamprep.sources.local import reaches_into
 from streamprep.tokenize import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
@@ -335,6 +336,14 @@ class Job:
         self.record.update(status=status, updated_at=time.time(), timings=self.timings, **extra)
         atomic.write_json(RunLayout(self.run_dir).run_json, self.record)
 
+    def _record_end(self, status: str, **extra: Any) -> None:
+        """run.json's status as the run ends on an error or a stop, unless it cannot be written (a full disk): then
+        the error that ended the run is still the one raised, and `status` says "crashed"."""
+        try:
+            self._save_record(status, **extra)
+        except OSError as exc:
+            log.warning("run.json not updated", status=status, error=one_line(exc))
+
     def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
         t0 = time.monotonic()
         try:
@@ -374,18 +383,21 @@ class Job:
                 if (training := tokmod.training_report(self.run_dir)) is not None:
                     summary["tokenizer_training"] = training
             except (KeyboardInterrupt, Interrupted):
-                self._save_record("interrupted")
+                self._record_end("interrupted")
                 raise Interrupted(f"interrupted; progress saved in {self.run_dir} — "
                                   f"re-run the same command to resume") from None
             except BaseException as exc:
-                self._save_record("failed", error=f"{type(exc).__name__}: {exc}"[:500])
                 log.error("run failed", error=f"{type(exc).__name__}: {exc}"[:2000])  # the log has it too, with
-                raise                                                                  # what led to it
+                self._record_end("failed", error=f"{type(exc).__name__}: {exc}"[:500])  # what led to it
+                raise
             # run.json is the root of verify's hash chain: it records manifest.json's SHA-256
             self._save_record("complete", finished_at=time.time(), summary=summary,
                               manifest_sha256=summary["exports"]["manifest_sha256"])
             # after run.json is final (the audit reports its timings), on a worker: it reads rejected records
-            audit.write_audit(self.run_dir, executor=executor)
+            try:
+                audit.write_audit(self.run_dir, executor=executor)
+            except OSError as exc:  # the run is complete: a report that cannot be written does not undo that
+                log.warning("audit not written; `streamprep audit RUN_DIR` writes it", error=one_line(exc))
         # every writer of the job has ended: a temporary file left now is one whose writer died during the run (a
         # worker killed mid-write, a stage worker lost with its node) while its call ran again elsewhere
         self._sweep_tmp("removed temporary files of writers that died during the run")

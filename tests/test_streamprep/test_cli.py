@@ -349,3 +349,32 @@ def test_a_config_that_is_a_fifo_or_a_folder_is_exit_2_not_a_hang(tmp_path):
                                str(tmp_path / "run")], capture_output=True, text=True, timeout=60, cwd=REPO)
         assert proc.returncode == 2 and proc.stderr.splitlines() == [f"streamprep: error: config: {said}"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_full_disk_is_said_as_such_naming_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Regression: a full disk ended a job with a bare "OSError: [Errno 28] No space left on device" naming no file,
+    and a unit's staged write that failed so read "reading or judging the input failed" (blaming the input)."""
+    import errno
+
+    from streamprep import atomic, cli
+    from streamprep.sources.base import SourceError
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    target = tmp_path / "part-00000.jsonl"
+    with monkeypatch.context() as m:
+        m.setattr(atomic.os, "fsync", full)
+        with pytest.raises(OSError) as err:
+            atomic.write_bytes(target, b"x\n")
+    assert err.value.filename == str(target) and not list(tmp_path.iterdir())
+
+    def ingest(args: object) -> int:
+        raise SourceError("dataset d: reading or judging the input failed after item 0: OSError: ...") from err.value
+
+    monkeypatch.setattr(cli.COMMANDS, "get", lambda name: ingest)
+    monkeypatch.setattr(cli.forkserver, "start_for", lambda config: None)
+    assert cli.main(["ingest", "--config", str(tmp_path / "c.yaml")]) == 1
+    line = capsys.readouterr().err
+    assert line.startswith(f"streamprep: error: no space left on the disk writing {target}: free some and re-run the "
+                           f"same command to resume (SourceError: dataset d:") and line.count("\n") == 1

@@ -320,3 +320,38 @@ def test_a_stop_asked_inside_the_import_machinery_is_raised_once_the_main_thread
     assert signal.getsignal(signal.SIGALRM) is old_alarm and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     with pytest.raises(KeyboardInterrupt):
         Signals().handle(signal.SIGINT, _fake_frame("/work/x.py"))
+
+
+def test_a_full_disk_at_the_end_neither_undoes_a_run_nor_hides_why_it_failed(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regressions (a full disk): the audit, written after run.json said complete, raised and the command exited 1
+    over a complete run; and when run.json could not take "failed", that second OSError replaced the error that
+    ended the run (and the "run failed" line was never logged)."""
+    import errno
+
+    from streamprep import audit, pipeline
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(300)))
+    cfg = base_config([{"name": "gen", "path": str(src)}], None)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(audit, "write_audit", full)
+        assert run_from_dict(cfg, tmp_path / "a", console_log=False).status == "complete"
+    assert [e["error"] for e in log_events(tmp_path / "a", "audit not written; `streamprep audit RUN_DIR` writes it")] \
+        == ["OSError: [Errno 28] No space left on device"]
+    real_save = pipeline.Job._save_record
+
+    def save(job, status, **extra):
+        if status == "failed":
+            full()
+        real_save(job, status, **extra)
+
+    monkeypatch.setattr(pipeline.Job, "_save_record", save)
+    monkeypatch.setattr(pipeline.Job, "_exports", lambda *a: (_ for _ in ()).throw(RuntimeError("exports broke")))
+    with pytest.raises(RuntimeError, match="exports broke"):
+        run_from_dict(cfg, tmp_path / "b", console_log=False)
+    assert [e["error"] for e in log_events(tmp_path / "b", "run failed")] == ["RuntimeError: exports broke"]
