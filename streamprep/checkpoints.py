@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, logs
-from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, planned_parts, read_json
+from streamprep.layout import BINIDX, SFT, CheckpointLayout, RunLayout, part_index_of, planned_parts, read_json
 
 VERSION = 3  # 2: positions name a unit of the plan (streamprep.units); 3: parts written whole from staged pieces
 DIGEST = 32
@@ -205,8 +205,14 @@ def _truncate(p: Path, size: int) -> None:
 
 
 def _clear(files: DatasetFiles) -> None:
+    """The dataset's ingest outputs, and what was tokenized from them: a restart may seal fewer parts, and the
+    receipts and shards of the others would stay behind, stale (`verify` named them, a re-run never removed them)."""
     for p in files.parts():
         p.unlink()
+    run = RunLayout(files.run_dir)
+    for folder in (run.receipts_dir / files.dataset, run.run_dir / BINIDX / files.dataset,
+                   run.run_dir / SFT / files.dataset):
+        shutil.rmtree(folder, ignore_errors=True)
     layout = CheckpointLayout(files.checkpoint_dir)
     for p in (files.rejects, *layout.dedup_logs(files.dataset), files.near_dedup, files.checkpoint,
               layout.plan(files.dataset)):
@@ -293,7 +299,7 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
         log.warning("outputs shorter than checkpoint; restarting dataset from scratch", dataset=files.dataset,
                     problems=short)
         _clear(files)
-        return IngestState(dataset=files.dataset)
+        return IngestState(dataset=files.dataset, inputs=state.inputs)  # still the inputs this run reads
     for extra in files.parts():
         if part_index_of(extra) >= state.part_index:
             log.warning("removing part sealed after the last checkpoint", dataset=files.dataset, part=extra.name)

@@ -189,8 +189,7 @@ class DatasetIngest:
                                            prefetch_files=ex.hf_prefetch_files, cache_max_gb=ex.hf_cache_max_gb,
                                            keep_cache=ex.hf_keep_cache)
         if not isinstance(source, HFSource):  # hf:// pins its commit in the plan
-            inputs = await self._blocking(lambda: source.fingerprint(state.inputs) if isinstance(source, LocalSource)
-                                           else source.fingerprint())
+            inputs = await self._fingerprint(state)
             if inputs is STOP:
                 return state
             self._check_inputs(state, inputs)
@@ -229,9 +228,28 @@ class DatasetIngest:
             self.ctx.publish(name)
         return state
 
+    def _fingerprint(self, state: IngestState) -> Any:
+        source = self.source
+        return self._blocking(lambda: source.fingerprint(state.inputs) if isinstance(source, LocalSource)
+                              else source.fingerprint())
+
+    async def _inputs_unchanged(self, state: IngestState) -> Any:
+        """Before a dataset is done: its input files are still the ones it started on (one stat each, as at the
+        start). Units read their bytes as planned, so a file rewritten or cut short meanwhile gave a mix of old and
+        new data, or lost records, without a word, and the dataset was done with an identity that no longer held."""
+        if isinstance(self.source, HFSource) or state.inputs is None:  # hf:// reads its pinned commit
+            return None
+        inputs = await self._fingerprint(state)
+        if inputs is not STOP and (why := input_change(state.inputs, inputs)):
+            raise SourceError(f"dataset {self.ds.name}: {why} during the run; what was read of it may mix old and new "
+                              f"data — restore the file and re-run the same command, or start over with a new --run-dir")
+        return inputs
+
     def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:
-        """Refuse to resume over changed input files (positions are byte offsets into them); record them."""
-        why = input_change(state.inputs, inputs) if state.consumed and state.inputs is not None else None
+        """Refuse to resume over changed input files (positions are byte offsets into them), also a dataset its
+        checkpoint restarts (a part deleted: the run's other datasets, and its dedup against them, read the files
+        as they were); record them."""
+        why = input_change(state.inputs, inputs) if state.inputs is not None else None
         if why:
             mtime = " (its mtime too: cp -p, rsync -t)" if "mtime_ns" in why else ""
             raise ConfigError(f"dataset {self.ds.name}: {why} since this run started; resuming would mix old "
@@ -585,7 +603,7 @@ class DatasetIngest:
                 raise SourceError(f"dataset {self.ds.name}: reading or judging the input failed after item "
                                   f"{state.consumed}: {one_line(got)}") from got
             if got is None:
-                if await self._seal_parts(state, final=True) is STOP:
+                if await self._inputs_unchanged(state) is STOP or await self._seal_parts(state, final=True) is STOP:
                     return
                 state.done = True
                 try:

@@ -618,6 +618,58 @@ async def test_a_final_checkpoint_that_cannot_be_saved_keeps_the_pieces_it_names
     assert restarts == ["removing part sealed after the last checkpoint"]  # not "restarting dataset from scratch"
 
 
+@pytest.mark.parametrize("change", ["truncate", "rewrite"])
+async def test_an_input_changed_during_the_run_stops_it_naming_the_file(tmp_path: Path, monkeypatch,
+                                                                         change: str) -> None:
+    """Regression: units read their planned bytes of a file however it changed meanwhile: a file cut short lost
+    its records without a reject, one rewritten mixed old and new data, exit 0, and the dataset was done with an
+    identity that no longer held. Its identity is checked again before the dataset is done: the job stops,
+    resumable, naming the file, and the resume refuses it until it is restored."""
+    from streamprep import unit_worker
+
+    cfg, src = _docs_cfg(tmp_path, 1500)
+    cfg = dataclasses.replace(cfg, execution=dataclasses.replace(cfg.execution, unit_mb=0.1))
+    original, real, calls = src.read_bytes(), unit_worker.judge_piece, []
+
+    def changing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # while the second unit is read
+            src.write_bytes(original[: len(original) // 3] if change == "truncate" else original.upper())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(unit_worker, "judge_piece", changing)
+    run = tmp_path / "run"
+    with pytest.raises(SourceError, match=rf"dataset d: input file {src} changed \([a-z_, ]+\) during the run; what was "
+                                          r"read of it may mix old and new data"):
+        await _ingest(cfg, run)
+    assert not json.loads(DatasetFiles(run, run / "checkpoints", "d").checkpoint.read_text())["done"]
+    monkeypatch.setattr(unit_worker, "judge_piece", real)
+    with pytest.raises(ConfigError, match=rf"input file {src} changed"):
+        await _ingest(cfg, run)
+
+
+async def test_a_dataset_restarted_from_scratch_still_refuses_changed_inputs_and_drops_its_old_shards(
+        tmp_path: Path) -> None:
+    """Regression: a dataset whose checkpoint restarts it (a sealed part deleted, as `verify` advises for a damaged
+    one) forgot its inputs' identity, so it read changed inputs without a word (with `dedup_scope: run`, records
+    stayed rejected as duplicates of texts no longer in the run); and the restart left its old receipts and shards,
+    stale beside the new parts (`verify` failed, a re-run never removed them)."""
+    cfg, src = _docs_cfg(tmp_path, 500)
+    run = tmp_path / "run"
+    assert (await _ingest(cfg, run))["d"].done
+    files = DatasetFiles(run, run / "checkpoints", "d")
+    stale = [run / "receipts/d/part-00002.json", run / "binidx/d/part-00002_text_document.bin"]
+    for path in stale:  # what tokenizing the parts left
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    files.part(0).unlink()
+    src.write_bytes(src.read_bytes()[:1000])
+    with pytest.raises(ConfigError, match=rf"dataset d: input file {src} changed \(mtime_ns, size\) since this run "
+                                          r"started"):
+        await _ingest(cfg, run)
+    assert not any(p.exists() for p in stale) and not files.parts()
+
+
 async def test_one_failing_dataset_stops_the_others(tmp_path: Path, monkeypatch) -> None:
     cfg, _ = _docs_cfg(tmp_path, 10)
     cfg = dataclasses.replace(cfg, datasets=tuple(dataclasses.replace(cfg.datasets[0], name=n) for n in ("bad", "slow")))
