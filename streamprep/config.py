@@ -366,7 +366,7 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
     cfg: dict[str, Any] = {k: _fill(v, raw.get(k), k) for k, v in SPEC.items()}
     cfg["datasets"] = _datasets(raw.get("datasets"), base, [] if skipped is None else skipped)
     for sec in registry.SECTIONS.entries():
-        if sec.meta.get("required") or raw.get(sec.name) is not None:
+        if sec.meta.get("required") or sec.name in raw:  # a key left empty is the section's to refuse (`sft:`)
             cfg[sec.name] = _section_of(sec, raw.get(sec.name))
     _safe_name("run.name", cfg["run"]["name"])
     _int64(cfg, "")

@@ -543,3 +543,16 @@ def test_hf_formats_accepted_for_hf_paths_only(data: Path) -> None:
     assert cfg["datasets"][0]["format"] == "csv"
     with pytest.raises(ConfigError, match=r"'datasets\[0\]\.format' must be jsonl, parquet, txt or document, got 'csv'"):
         validate({"datasets": [{"name": "a", "path": str(data), "format": "csv"}]})
+
+
+def test_an_sft_key_left_empty_is_an_error_not_a_pretraining_run(tmp_path: Path) -> None:
+    """Regression: `sft:` with nothing under it was read as no `sft:` at all: a pretraining run over chat records,
+    every one rejected `schema: no 'text' field`, exit 0. An empty `quality:` still means its defaults."""
+    src = tmp_path / "chat.jsonl"
+    src.write_text('{"messages": []}\n')
+    raw = {"datasets": [{"name": "g", "path": str(src)}], "sft": None}
+    with pytest.raises(ConfigError, match=r"^config: 'sft': section is empty \(it needs at least input.sections"):
+        validate(raw, base_dir=tmp_path)
+    datasets = raw["datasets"]
+    assert validate({"datasets": datasets, "quality": None}, base_dir=tmp_path)["quality"] == \
+        validate({"datasets": datasets}, base_dir=tmp_path)["quality"]
