@@ -32,6 +32,7 @@ import numpy as np
 
 from streamprep import backends
 from streamprep.config import ConfigError
+from streamprep.sft.config import SINGLE_KEY
 from streamprep.sft.records import RecordError, TemplateUnit, TextUnit
 from streamprep.tokenizer import source_file, tokenizer_config
 
@@ -89,9 +90,10 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
     """A `template: true` section needs the run's tokenizer to have a chat template: without one, the run failed
     at its first shard, after the whole ingest, and re-running could not fix it (the config check refuses a
     changed `tokenizer.path`). Runs after the tokenizer's own check, which found its tokenizer.json."""
-    sft = cfg.get("sft")
-    used = next((f"sft.input.sources.{key}.sections[{i}].template" for key, src in (sft or {}).get("input", {})
-                 .get("sources", {}).items() for i, sec in enumerate(src["sections"]) if sec["template"]), None)
+    sources = ((cfg.get("sft") or {}).get("input") or {}).get("sources") or {}
+    single = list(sources) == [SINGLE_KEY]  # most likely written as `input.sections`, which validates to this
+    used = next((f"sft.input.{'' if single else f'sources.{key}.'}sections[{i}].template" for key, src in sources.items()
+                 for i, sec in enumerate(src["sections"]) if sec["template"]), None)
     if used is None:
         return
     path = cfg["tokenizer"]["path"]

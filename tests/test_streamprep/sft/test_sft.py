@@ -555,8 +555,11 @@ def test_a_template_section_needs_a_chat_template_at_config_time(tmp_path: Path,
     raw["execution"] = {"engine": "local"}
     load(raw)
     raw["tokenizer"]["path"] = str(shared_data / "tokenizers/phi-2")
-    with pytest.raises(ConfigError, match=r"^config: 'sft.input.sources.text.sections\[0\].template': needs a chat "
+    with pytest.raises(ConfigError, match=r"^config: 'sft.input.sections\[0\].template': needs a chat "
                                           r"template, and the tokenizer at .*phi-2 has \(.*\) none$"):
+        load(raw)  # the key as written (regression: it named 'sft.input.sources.text.sections[0]', which it is not)
+    raw["sft"]["input"] = {"sources": {"chat": raw["sft"]["input"]}}
+    with pytest.raises(ConfigError, match=r"^config: 'sft.input.sources.chat.sections\[0\].template': needs a chat"):
         load(raw)
     raw["tokenizer"] = {"if_missing": "train"}
     with pytest.raises(ConfigError, match=r"needs a chat template, and a tokenizer the run trains has none$"):
