@@ -4,13 +4,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+import orjson
+
 from streamprep.layout import RunLayout
 from streamprep.modes import Mode
 from streamprep.sft.chat import load_chat_tokenizer
 from streamprep.sft.config import SftConfig
 from streamprep.sft.prepare import config_digest, prepare_part
 from streamprep.sft.records import qc_check
-from streamprep.sources.base import BadRecord, excerpt_of
+from streamprep.sources.base import REJECT_EXCERPT, BadRecord, excerpt_of
 
 
 class SftMode(Mode):
@@ -36,7 +38,7 @@ class SftMode(Mode):
             if not isinstance(rec, BadRecord):
                 text, why = qc_check(rec, self.cfg)
                 if text is None:
-                    rec = BadRecord(f"sft: {why}", excerpt_of(rec, text_field), check="schema")
+                    rec = BadRecord(f"sft: {why}", _excerpt(rec, text_field), check="schema")
                 else:
                     judged.append({**rec, text_field: text})
             out.append((rec, pos))
@@ -66,3 +68,11 @@ class SftMode(Mode):
                        "sft": {k: v for k, v in st.items() if k not in ("files", "seconds")},
                        "seconds": st.get("seconds", 0.0)}
         return shard_stats, {f: prefix.parent / f for f in st["files"]}
+
+
+def _excerpt(rec: Any, text_field: str) -> str:
+    """What the reject line shows: the record itself, as JSON (a post-training record has no text field: its
+    excerpt read "None")."""
+    if isinstance(rec, dict) and isinstance(rec.get(text_field), str):
+        return excerpt_of(rec, text_field)
+    return orjson.dumps(rec, default=repr, option=orjson.OPT_NON_STR_KEYS).decode()[:REJECT_EXCERPT]

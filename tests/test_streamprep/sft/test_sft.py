@@ -541,7 +541,8 @@ def test_a_pretraining_dtype_beside_an_sft_section_is_a_config_error(tmp_path: P
     assert validate(raw)["output"]["dtype"] == "auto"
     with pytest.raises(ConfigError, match=r"^config: 'output.dtype' is the pretraining shards' dtype; .* 'sft.output.dtype'"):
         validate({**raw, "output": {"dtype": "uint16"}})
-    assert validate({**raw, "sft": None, "output": {"dtype": "uint16"}})["output"]["dtype"] == "uint16"
+    pretraining = {k: v for k, v in raw.items() if k != "sft"}
+    assert validate({**pretraining, "output": {"dtype": "uint16"}})["output"]["dtype"] == "uint16"
 
 
 def test_a_template_section_needs_a_chat_template_at_config_time(tmp_path: Path, shared_data: Path) -> None:
@@ -629,3 +630,14 @@ def test_a_template_section_with_a_role_action_names_the_type_it_got(value: Any,
                                                   {"field": "response", "action": "train"}]}})
     assert qc_check({"prompt": value, "response": "ok"}, cfg) == (
         None, f"schema: prompt: action 'user' needs a string field, got {kind}")
+
+
+def test_a_record_that_does_not_fit_sft_is_shown_in_its_reject_line() -> None:
+    """Regression: a post-training record has no text field, so its reject line's text read "None"."""
+    from streamprep.sft.mode import SftMode
+    from streamprep.sources.base import BadRecord
+
+    mode = SftMode.of(load_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}}))
+    (bad, _), = mode.screen([({"id": "x1", "messages": "not a list"}, {"record": 1})], "text")[0]
+    assert isinstance(bad, BadRecord) and bad.check == "schema"
+    assert bad.raw == '{"id":"x1","messages":"not a list"}'
