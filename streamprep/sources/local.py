@@ -94,7 +94,8 @@ def detect_format(path: str) -> str:
     for plugin in registry.SOURCE_FORMATS.entries():  # formats of your own, by their suffixes
         if name.endswith(tuple(plugin.meta.get("suffixes", ()))):
             return plugin.name
-    raise ValueError(f"{path}: unknown file type (expected .jsonl, .jsonl.gz, .parquet or .txt; set 'format')")
+    raise ValueError(f"{path}: unknown file type (expected .jsonl/.json/.ndjson, each also .gz/.zst/.bz2/.xz, .parquet "
+                     f"or .txt; set 'format')")
 
 
 def check_entry(key: str, ds: dict[str, Any]) -> None:
