@@ -238,6 +238,8 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
     tokenized_complete = done and len(receipts) == planned
     empty = sum(len(s.get("dropped_empty") or []) for s in rstats)
     dropped = sft_dropped(rstats)
+    unrendered = sum(int(((s.get("sft") or {}).get("diagnostics") or {}).get("messages_not_rendered", 0))
+                     for s in rstats)  # messages a chat template left out: neither trained nor present
     docs = sum(int(s.get("num_documents", 0)) for s in rstats)
     tokens = sum(int(s.get("num_tokens", 0)) for s in rstats)
     tokens_hist_kept = stats.merge_hists(s.get("tokens_hist") for s in rstats)
@@ -270,7 +272,8 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
         "records": {"read": read, "kept": kept, "rejected": rejected, "empty_tokens": empty,
                     "tokenized_documents": docs, "trainable": kept - empty,
                     "keep_rate": round(kept / read, 4) if read else None,
-                    **({"sft_dropped": dropped} if dropped else {})},
+                    **({"sft_dropped": dropped} if dropped else {}),
+                    **({"sft_messages_not_rendered": unrendered} if unrendered else {})},
         "rejects_by_check": rejects_by_check,
         "gates": stats.gate_table(st),  # what each gate did and cost on this run's data, in run order
         "rejects_after_qc": [EMPTY_TOKENS] if empty else [],

@@ -33,6 +33,9 @@ def summary_text(audit: dict[str, Any], html_path: str | Path | None = None) -> 
         if dropped := r.get("sft_dropped"):  # kept by QC, dropped by the SFT shards (docs/sft.md)
             lines.append(f"  {' ' * width}  dropped by its SFT shards: "
                          + ", ".join(f"{k} {v:,}" for k, v in sorted(dropped.items(), key=lambda kv: (-kv[1], kv[0]))))
+        if unrendered := r.get("sft_messages_not_rendered"):  # a role the template leaves out (docs/sft.md)
+            lines.append(f"  {' ' * width}  messages its chat template did not render (neither trained nor in the "
+                         f"sequences; sft role_map?): {unrendered:,}")
     if audit["checks"]["ok"]:
         sft = any(d["records"].get("sft_dropped") for d in audit["datasets"].values())
         lines.append("  counts add up: read = kept + rejected; tokenized = kept - empty_tokens"

@@ -45,6 +45,18 @@ def test_sft_chat_config_end_to_end(shared_data: Path, tmp_path: Path) -> None:
     assert audit["datasets"]["glaive_toolcall"]["checks"]["tokens_hist_counts_match"] is None  # no histogram in SFT
     again = run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
     assert again.status == "complete"
+    # regression: without its role_map the template leaves the function calls and tool turns out, which only each
+    # receipt's diagnostics counted: the audit says how many, in its JSON and its summary
+    assert "sft_messages_not_rendered" not in audit["datasets"]["glaive_toolcall"]["records"]
+    del raw["sft"]["input"]["sections"][0]["role_map"]
+    run_from_dict(raw, run_dir=tmp_path / "bare", console_log=False)
+    receipts = [json.loads(p.read_text()) for p in sorted((tmp_path / "bare/receipts/glaive_toolcall").glob("*.json"))]
+    unrendered = sum(r["stats"]["sft"]["diagnostics"].get("messages_not_rendered", 0) for r in receipts)
+    audit = json.loads((tmp_path / "bare/audit/audit.json").read_text())
+    assert audit["datasets"]["glaive_toolcall"]["records"]["sft_messages_not_rendered"] == unrendered > 0
+    from streamprep.audit import summary_from_file
+    assert f"messages its chat template did not render (neither trained nor in the sequences; sft role_map?): " \
+           f"{unrendered:,}" in summary_from_file(tmp_path / "bare")
 
 
 def test_sft_section_errors_name_the_key(tmp_path: Path) -> None:
