@@ -242,7 +242,8 @@ class DatasetIngest:
         inputs = await self._fingerprint(state)
         if inputs is not STOP and (why := input_change(state.inputs, inputs)):
             raise SourceError(f"dataset {self.ds.name}: {why} during the run; what was read of it may mix old and new "
-                              f"data — restore the file and re-run the same command, or start over with a new --run-dir")
+                              f"data — restore the file and re-run the same command, or start over with a new "
+                              f"--run-dir")
         return inputs
 
     def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:

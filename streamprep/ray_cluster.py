@@ -204,7 +204,8 @@ def _stop_head() -> None:
     shutil.rmtree(_head_tmp, ignore_errors=True)
     # a head killed before it said its session dir (a job done before its cluster was up) may have made one: Ray
     # names it session_<time>_<pid of the process that started the cluster>, the head's
-    for session in [_head_session] if _head_session else sorted(Path(_head_ray_tmp, "ray").glob(f"session_*_{head.pid}")):
+    own = [_head_session] if _head_session else sorted(Path(_head_ray_tmp, "ray").glob(f"session_*_{head.pid}"))
+    for session in own:
         remove_session(str(session))
     for key, value in _env_before.items():  # the user's own Ray settings, if any, are back
         if value is None:

@@ -143,5 +143,6 @@ class ProfanityGate(Gate):
         density = hits / tokens
         doc.meta["profanity_density"] = ratio(density)
         if hits > limit:
-            return f"profanity density {shown(density, self.max_density)} > {self.max_density:g} ({hits} of {tokens} tokens)"
+            return (f"profanity density {shown(density, self.max_density)} > {self.max_density:g} "
+                    f"({hits} of {tokens} tokens)")
         return None

@@ -92,8 +92,8 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
     changed `tokenizer.path`). Runs after the tokenizer's own check, which found its tokenizer.json."""
     sources = ((cfg.get("sft") or {}).get("input") or {}).get("sources") or {}
     single = list(sources) == [SINGLE_KEY]  # most likely written as `input.sections`, which validates to this
-    used = next((f"sft.input.{'' if single else f'sources.{key}.'}sections[{i}].template" for key, src in sources.items()
-                 for i, sec in enumerate(src["sections"]) if sec["template"]), None)
+    used = next((f"sft.input.{'' if single else f'sources.{key}.'}sections[{i}].template"
+                 for key, src in sources.items() for i, sec in enumerate(src["sections"]) if sec["template"]), None)
     if used is None:
         return
     path = cfg["tokenizer"]["path"]
