@@ -136,7 +136,7 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
         qc = _worker["qc"][text_field] = quality.QualityControl(_worker["quality"], text_field=text_field)
     mode: Mode = _worker["mode"]
     screened, judged = mode.screen([(item, None) for item in items], text_field)
-    verdicts = iter(qc.evaluate_batch(judged))
+    verdicts, judged_as = iter(qc.evaluate_batch(judged)), iter(judged)
     rows: list[tuple] = []  # one ItemColumns row per item, transposed at the end
     signatures = []
     for rec, _ in screened:
@@ -144,18 +144,19 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
             rows.append((rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, None))
             continue
         keep, text, meta, digest, signature, text_bytes = next(verdicts)
+        seen = next(judged_as)  # what QC read: the record, or for an `sft:` run its text as the mode extracted it
         signatures.append(signature)
         extra = None
         if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
             extra = {k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))}
         if not keep:
-            excerpt = excerpt_of(rec, text_field)
+            excerpt = excerpt_of(seen, text_field)
             rows.append((None, None, False, None, meta, digest, len(excerpt), 0, excerpt, extra))
             continue
         source = {"dataset": name, "index": SENTINEL_INDEX, **(extra or {})}
         row = orjson.dumps(mode.kept_row(text, {**meta, "source": source}, rec), option=orjson.OPT_APPEND_NEWLINE)
         # the excerpt a reject line would show; None when it is the kept text's start (always, unnormalized)
-        excerpt = None if isinstance(rec, dict) and rec.get(text_field) is text else excerpt_of(rec, text_field)
+        excerpt = None if isinstance(seen, dict) and seen.get(text_field) is text else excerpt_of(seen, text_field)
         if excerpt is not None and excerpt == text[:REJECT_EXCERPT]:
             excerpt = None
         if text_bytes is None:  # not counted by normalisation (`normalize: false` keeps the raw text)

@@ -45,6 +45,11 @@ def test_sft_chat_config_end_to_end(shared_data: Path, tmp_path: Path) -> None:
     assert audit["datasets"]["glaive_toolcall"]["checks"]["tokens_hist_counts_match"] is None  # no histogram in SFT
     again = run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
     assert again.status == "complete"
+    # regression: a reject line showed the record's text field, which a chat record has none of: "None" for every
+    # PII, duplicate or schema reject; now the text QC judged (or the record, as JSON)
+    rejects = [json.loads(line) for line in (tmp_path / "run/rejects/glaive_toolcall.jsonl").open()]
+    assert {r["failed_check"] for r in rejects} >= {"pii", "duplicate"}
+    assert all(r["text"] != "None" and len(r["text"]) > 20 for r in rejects)
     # regression: without its role_map the template leaves the function calls and tool turns out, which only each
     # receipt's diagnostics counted: the audit says how many, in its JSON and its summary
     assert "sft_messages_not_rendered" not in audit["datasets"]["glaive_toolcall"]["records"]
