@@ -610,12 +610,12 @@ async def test_a_final_checkpoint_that_cannot_be_saved_keeps_the_pieces_it_names
     assert not ck["done"] and ck["open_pieces"]
     assert all((files.stage / f"{name}.kept").exists() for name, _, _ in ck["open_pieces"])
     monkeypatch.setattr(ingest_mod, "save", real)
-    restarts = []
-    from streamprep import checkpoints
-    monkeypatch.setattr(checkpoints.log, "warning", lambda event, **kw: restarts.append(event))
-    state = (await _ingest(cfg, run))["d"]
+    from structlog.testing import capture_logs  # (not a patched `log.warning`: that would outlive the test on the
+    with capture_logs() as logged:               # module's lazy logger, which then never reached a run log again)
+        state = (await _ingest(cfg, run))["d"]
     assert state.done and state.consumed == 300 and state.part_index == 2
-    assert restarts == ["removing part sealed after the last checkpoint"]  # not "restarting dataset from scratch"
+    assert [e["event"] for e in logged if e["log_level"] == "warning"] == [
+        "removing part sealed after the last checkpoint"]  # not "restarting dataset from scratch"
 
 
 @pytest.mark.parametrize("change", ["truncate", "rewrite"])
