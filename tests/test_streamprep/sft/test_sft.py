@@ -641,3 +641,15 @@ def test_a_record_that_does_not_fit_sft_is_shown_in_its_reject_line() -> None:
     (bad, _), = mode.screen([({"id": "x1", "messages": "not a list"}, {"record": 1})], "text")[0]
     assert isinstance(bad, BadRecord) and bad.check == "schema"
     assert bad.raw == '{"id":"x1","messages":"not a list"}'
+
+
+def test_distinct_domain_values_get_distinct_directories() -> None:
+    """Regression: the number 7 and the string "7" (and the string "_none" and a missing domain) shared one
+    directory, so a GRPO run's domain split mixed them."""
+    from streamprep.sft.output import MISSING_DOMAIN, domain_dir
+
+    values = ["7", 7, 7.0, True, "True", "_none", None, "add", "add/hard", {"a": 1}]
+    dirs = [domain_dir(v) for v in values]
+    assert len(set(dirs)) == len(values)
+    assert domain_dir("7") == "7" and domain_dir("add") == "add" and domain_dir(None) == MISSING_DOMAIN  # as before
+    assert domain_dir(7) == "7-" + hashlib.sha256(b"int:7").hexdigest()[:8]
