@@ -166,9 +166,11 @@ def validate_quality_config(section: Mapping[str, Any] | None) -> dict[str, Any]
         raise QualityConfigError("max_chars", f"must be >= min_chars ({out['min_chars']}), got {out['max_chars']}")
     lang, detector = out["expected_language"], out["language_detector"]
     if out["domain"] == "general" and lang is not None and lang not in detectable(detector):
+        others = [d for d in DETECTORS if d != detector and lang in detectable(d)]  # it told cld2 users to use cld2
+        hint = f"language_detector: {' or '.join(others)} reports it" if others else \
+            "no detector reports it; a typo? codes are ISO 639-1, such as en, de, zh"
         raise QualityConfigError("expected_language", f"{lang!r} is not a language the {detector} detector reports "
-                                                      f"(a typo, or use language_detector: cld2 or cascade): every "
-                                                      f"record would be rejected")
+                                                      f"({hint}): every record would be rejected")
     return out
 
 

@@ -873,3 +873,14 @@ def test_every_language_a_detector_reports_is_a_valid_expected_language() -> Non
     assert detectable("cascade") == detectable("cld2") | detectable("langdetect")
     for code in ("EN-us", "pt-BR", "eu"):
         validate_quality_config({"expected_language": code})
+
+
+def test_an_expected_language_the_detector_cannot_report_says_which_detector_can() -> None:
+    """Regression: the error told a cld2 user (the default) to "use language_detector: cld2 or cascade", whatever the
+    code: it names the detectors that report the code, or says none does."""
+    with pytest.raises(QualityConfigError, match=r"'eu' is not a language the langdetect detector reports "
+                                                 r"\(language_detector: cld2 or cascade reports it\)"):
+        validate_quality_config({"expected_language": "eu", "language_detector": "langdetect"})
+    with pytest.raises(QualityConfigError, match=r"'english' is not a language the cld2 detector reports \(no detector "
+                                                 r"reports it; a typo\? codes are ISO 639-1, such as en, de, zh\)"):
+        validate_quality_config({"expected_language": "english"})
