@@ -101,12 +101,17 @@ def _eod(tok: Tokenizer, config_dir: Path | None, wanted: str | None) -> tuple[s
     return None, None
 
 
+def fingerprint_of(tok_file: Path) -> str:
+    """A tokenizer.json's fingerprint: "sha256:<hex>" of its bytes."""
+    return f"sha256:{hashlib.sha256(tok_file.read_bytes()).hexdigest()}"
+
+
 def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
     tok = backends.hf_tokenizer(saved)
     name, tid = _eod(tok, saved.parent, eod_token)
-    digest = hashlib.sha256(saved.read_bytes()).hexdigest()
-    return TokenizerInfo(saved, f"sha256:{digest}", tok.get_vocab_size(with_added_tokens=True), tid, name,
-                         id_bound=_id_bound(tok, f"sha256:{digest}"))
+    fingerprint = fingerprint_of(saved)
+    return TokenizerInfo(saved, fingerprint, tok.get_vocab_size(with_added_tokens=True), tid, name,
+                         id_bound=_id_bound(tok, fingerprint))
 
 
 def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = backends.select) -> TokenizerInfo | None:
@@ -121,9 +126,9 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = 
         return None
     log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
     src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
-    if src is not None and (now := f"sha256:{hashlib.sha256(src.read_bytes()).hexdigest()}") != info.fingerprint:
+    if src is not None and (now := fingerprint_of(src)) != info.fingerprint:
         log.warning("tokenizer.path's file changed since the run copied it; the run goes on with its copy (a new "
-                       "tokenizer needs a new run dir)", path=str(src), copy=info.fingerprint, now=now)
+                    "tokenizer needs a new run dir)", path=str(src), copy=info.fingerprint, now=now)
     recorded = read_json(layout.tokenizer_backend)
     return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, select, recorded)
 
@@ -216,7 +221,7 @@ def check_config(tok_cfg: TokenizerConfig) -> int:
     except Exception as exc:  # tokenizers raises a bare Exception for unparsable files
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         raise ConfigError(f"config: 'tokenizer.path': {src} is not a tokenizer.json ({reason})") from None
-    fingerprint = f"sha256:{hashlib.sha256(src.read_bytes()).hexdigest()}"
+    fingerprint = fingerprint_of(src)
     if dropout := getattr(tok.model, "dropout", None):  # each call samples its own merges: no two runs would agree
         raise ConfigError(f"config: 'tokenizer.path': {src} sets BPE dropout {dropout:g}, which gives other ids at "
                           f"each call; set its model.dropout to null")
