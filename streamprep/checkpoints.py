@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, logs
-from streamprep.layout import BINIDX, SFT, CheckpointLayout, RunLayout, part_index_of, planned_parts, read_json
+from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, planned_parts, read_json
 
 VERSION = 3  # 2: positions name a unit of the plan (streamprep.units); 3: parts written whole from staged pieces
 DIGEST = 32
@@ -209,9 +209,7 @@ def _clear(files: DatasetFiles) -> None:
     receipts and shards of the others would stay behind, stale (`verify` named them, a re-run never removed them)."""
     for p in files.parts():
         p.unlink()
-    run = RunLayout(files.run_dir)
-    for folder in (run.receipts_dir / files.dataset, run.run_dir / BINIDX / files.dataset,
-                   run.run_dir / SFT / files.dataset):
+    for folder in RunLayout(files.run_dir).tokenized_dirs(files.dataset):
         shutil.rmtree(folder, ignore_errors=True)
     layout = CheckpointLayout(files.checkpoint_dir)
     for p in (files.rejects, *layout.dedup_logs(files.dataset), files.near_dedup, files.checkpoint,

@@ -296,6 +296,10 @@ class RunLayout:
     def rejects(self, dataset: str) -> Path:
         return self.run_dir / REJECTS / f"{dataset}.jsonl"
 
+    def tokenized_dirs(self, dataset: str) -> tuple[Path, ...]:
+        """The folders of what was tokenized from a dataset's parts: receipts, `.bin/.idx` shards, SFT shards."""
+        return self.receipts_dir / dataset, self.run_dir / BINIDX / dataset, self.run_dir / SFT / dataset
+
     def receipt(self, dataset: str, part: int | str) -> Path:
         return self.receipts_dir / dataset / f"{_stem(part)}.json"
 
