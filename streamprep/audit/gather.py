@@ -102,11 +102,19 @@ def _load_encoder(run_dir: Path) -> backends.Backend | None:
     return None
 
 
-def _empty_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]], k: int) -> list[dict[str, Any]]:
-    """A few records dropped at tokenization, read back from their ingest parts."""
-    out: list[dict[str, Any]] = []
+def _dropped_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]], k: int) -> dict[str, list]:
+    """Up to `k` records of each reason the tokenize stage dropped after QC kept them, read back from their ingest
+    parts: `empty_tokens`, and an SFT run's shard drops as `sft:<reason>` (their receipts list the part's line)."""
+    out: dict[str, list[dict[str, Any]]] = {}
     for i, rec in receipts:
-        wanted = set((rec.get("stats") or {}).get("dropped_empty") or [])
+        st = rec.get("stats") or {}
+        why = {int(line): (EMPTY_TOKENS, "encodes to no tokens (kept by QC)") for line in st.get("dropped_empty") or []}
+        for d in (st.get("sft") or {}).get("dropped_records") or []:
+            why.setdefault(int(d["line"]), (f"sft:{d['reason']}", f"dropped by the SFT shards: {d['detail']}"))
+        wanted: dict[int, tuple[str, str]] = {}
+        for line, (key, reason) in sorted(why.items()):
+            if len(out.get(key, ())) + sum(1 for kk, _ in wanted.values() if kk == key) < k:
+                wanted[line] = (key, reason)
         if not wanted:
             continue
         part = RunLayout(run_dir).ingest_part(name, i)
@@ -116,12 +124,10 @@ def _empty_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]], 
                     if line_no in wanted:
                         doc = orjson.loads(line)
                         meta = doc.get("meta") or {}
-                        out.append({"failed_check": EMPTY_TOKENS, "reason": "encodes to no tokens (kept by QC)",
-                                    "source": meta.get("source") or {"dataset": name, "part": part_name(i),
-                                                                     "line": line_no},
-                                    "text": doc.get("text", "")})
-                        if len(out) >= k:
-                            return out
+                        key, reason = wanted[line_no]
+                        out.setdefault(key, []).append(
+                            {"failed_check": key, "reason": reason, "text": doc.get("text", ""),
+                             "source": meta.get("source") or {"dataset": name, "part": part_name(i), "line": line_no}})
         except (OSError, orjson.JSONDecodeError):
             continue
     return out
@@ -252,9 +258,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
 
     # examples and the rejected token-length sample, from the bounded rejects sample
     sample = _rejects_sample(RunLayout(run_dir).rejects(name), int(ck.get("rejects_bytes", 0)))
-    examples = _examples_by_reason(sample)
-    if empty:
-        examples[EMPTY_TOKENS] = _empty_examples(run_dir, name, receipts, EXAMPLES_PER_REASON)
+    examples = {**_examples_by_reason(sample), **_dropped_examples(run_dir, name, receipts, EXAMPLES_PER_REASON)}
     tokens_hist_rejected, tokenized_sample = _rejected_token_hist(encoder, sample, eod)
 
     langs_kept, langs_rej = (stats.merge_counts([st.get(k)]) for k in ("languages_kept", "languages_rejected"))

@@ -375,9 +375,10 @@ def _dataset_examples(d: dict[str, Any], exs: dict[str, list]) -> list[str]:
     out.append(_near_pairs_html(d["duplicates"].get("near_duplicate_examples") or []))
     if exs:
         out.append("<h3>Example rejected records</h3>")
-        for reason in sorted(exs, key=lambda k: -d["rejects_by_check"].get(k, 0)):
+        counts = {**d["rejects_by_check"], **{f"sft:{k}": v for k, v in (d["records"].get("sft_dropped") or {}).items()}}
+        for reason in sorted(exs, key=lambda k: -counts.get(k, 0)):
             recs = exs[reason]
-            count = d["rejects_by_check"].get(reason, len(recs))
+            count = counts.get(reason, len(recs))
             out.append(f"<details><summary>{esc(reason)} — {_fmt(count)} record(s), "
                        f"{len(recs)} example(s)</summary>" + "".join(_example_html(x) for x in recs) + "</details>")
     return out

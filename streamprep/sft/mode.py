@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 import orjson
 
+from streamprep import logs
 from streamprep.layout import RunLayout
 from streamprep.modes import Mode
 from streamprep.sft.chat import load_chat_tokenizer
@@ -13,6 +14,8 @@ from streamprep.sft.config import SftConfig
 from streamprep.sft.prepare import config_digest, prepare_part
 from streamprep.sft.records import qc_check
 from streamprep.sources.base import REJECT_EXCERPT, BadRecord, excerpt_of
+
+log = logs.get("sft")
 
 
 class SftMode(Mode):
@@ -62,6 +65,10 @@ class SftMode(Mode):
         """Sequences + loss masks per output key (streamprep.sft.prepare); the receipt lists every file."""
         prefix = Path(task.prefix)
         st = prepare_part(task.input_path, prefix, tokenizer, self.cfg, task.tokenizer_fingerprint)
+        if st["dropped"]:  # kept by QC, in no shard: counted in the receipt, named here and in the audit's examples
+            first = st["dropped_records"][0]
+            log.warning("sft shards dropped records", dataset=task.dataset, part=task.part, dropped=st["dropped"],
+                        first_line=first["line"], first_reason=f"{first['reason']}: {first['detail']}")
         keys = st.get("keys", {})
         shard_stats = {"num_documents": st["documents"], "num_tokens": sum(k["tokens"] for k in keys.values()),
                        "num_input_records": st["records"], "dropped_empty": [], "tokens_hist": {},

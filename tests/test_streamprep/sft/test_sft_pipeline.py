@@ -43,6 +43,16 @@ def test_sft_chat_config_end_to_end(shared_data: Path, tmp_path: Path) -> None:
     assert audit["checks"]["ok"] and sum(dropped.values()) == kept - receipt["stats"]["num_documents"] > 0
     assert audit["datasets"]["glaive_toolcall"]["records"]["sft_dropped"] == dropped
     assert audit["datasets"]["glaive_toolcall"]["checks"]["tokens_hist_counts_match"] is None  # no histogram in SFT
+    # regression: those drops were counts only: no example in the audit's report, no line in the run's log
+    from streamprep.audit.gather import build_audit
+    part = (tmp_path / "run/ingest/glaive_toolcall/part-00000.jsonl").read_text().splitlines()
+    listed = receipt["stats"]["sft"]["dropped_records"]
+    for reason, n in dropped.items():
+        shown = build_audit(tmp_path / "run")[1]["glaive_toolcall"][f"sft:{reason}"]
+        lines = [d["line"] for d in listed if d["reason"] == reason][:3]
+        assert len(shown) == min(3, n) and [x["text"] for x in shown] == [json.loads(part[i])["text"] for i in lines]
+    logged = [json.loads(line) for line in (tmp_path / "run/logs/streamprep.log").open()]
+    assert [e["dropped"] for e in logged if e["event"] == "sft shards dropped records"] == [dropped]
     again = run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
     assert again.status == "complete"
     # regression: a reject line showed the record's text field, which a chat record has none of: "None" for every
