@@ -127,8 +127,10 @@ def is_local_glob(path: str) -> bool:
 
 def _check_local_path(key: str, path: str) -> None:
     if is_local_glob(path):
-        if not (files := expand(path)):
-            raise MissingInput(f"config: '{key}': no file matches {path}")
+        files = expand(path)
+        if not any(os.path.isfile(f) for f in files):
+            raise MissingInput(f"config: '{key}': no file matches {path}"
+                               + (" (only folders do: `**` reads folders at any depth)" if files else ""))
     elif not Path(path).exists():
         raise MissingInput(f"config: '{key}': no such file or directory: {path}")
     elif not (Path(path).is_file() or Path(path).is_dir()):  # reading a FIFO/device blocks and cannot resume
@@ -192,7 +194,7 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     is a directory). Hidden files of a directory are left out."""
     if "://" not in path:
         if is_local_glob(path):
-            return sorted(p for p in globmod.glob(path, recursive=True) if not Path(p).is_dir())
+            return sorted(_globbed(path))
         p = Path(path)
         return sorted(_walk(str(p))) if p.is_dir() else [path]
     fs, stripped = filesystem(path, storage_options)
@@ -225,18 +227,59 @@ def reaches_into(path: str, folder: Path) -> bool:
                                             for r, g in zip(rel, pattern))  # glob's `*` skips hidden names
 
 
+def _globbed(pattern: str) -> Iterator[str]:
+    """The files a local glob matches, and each folder it matches without reaching inside (`data/*` over
+    `data/sub/`: a `*` names the folder, not its files), which its reader makes one counted reject naming it; they
+    were left out without a word. A folder with nothing but hidden names in it holds nothing to lose."""
+    matched = globmod.glob(pattern, recursive=True)
+    inside: set[str] = set()   # the folders some match lies in
+    for m in matched:
+        parent = os.path.dirname(os.path.normpath(m))
+        while parent and parent not in inside:
+            inside.add(parent)
+            parent = os.path.dirname(parent)
+    for m in matched:
+        if not os.path.isdir(m):
+            yield m
+        elif os.path.normpath(m) not in inside and _holds_anything(m):
+            yield m
+
+
+def _holds_anything(folder: str) -> bool:
+    try:
+        return any(not name.startswith(".") for name in os.listdir(folder))
+    except OSError:
+        return True   # its reader's reject says why it cannot be listed
+
+
 def _walk(top: str) -> Iterator[str]:
-    """The files under a directory, symlinked folders not descended into, hidden names left out (the list
-    `Path.rglob` gave), and each folder inside it that cannot be listed (permissions; rglob skipped it silently, and
-    its files with it), which its reader makes one counted reject naming it (`lost+found` at a volume's root, say,
-    should not hold a dataset up). `top` itself that cannot be listed raises."""
+    """The files under a directory, hidden names left out (the list `Path.rglob` gave), and each folder inside it
+    that is not read, which its reader makes one counted reject naming it: a symlinked folder (not descended into:
+    it may lead anywhere, the run dir included) and a folder that cannot be listed (permissions; `lost+found` at a
+    volume's root, say, should not hold a dataset up). rglob skipped both silently, and their files with them.
+    `top` itself that cannot be listed raises."""
     unlisted: list[OSError] = []
-    for root, _dirs, names in os.walk(top, onerror=unlisted.append):
+    for root, dirs, names in os.walk(top, onerror=unlisted.append):
         yield from (os.path.join(root, name) for name in names if not name.startswith("."))
+        yield from (os.path.join(root, d) for d in dirs
+                    if not d.startswith(".") and os.path.islink(os.path.join(root, d)))
     for exc in unlisted:
         if exc.filename == top:
             raise exc
         yield exc.filename
+
+
+def _unread_folder(path: str) -> str:
+    """Why a folder among a dataset's files is skipped (`_globbed`, `_walk`). A unit's reader does not know its
+    dataset's path, so a folder that can be listed now says both ways it can have been left unread."""
+    if os.path.islink(path):
+        return "is a symlinked folder, not followed, skipped (name it, or its target, as a dataset path of its own)"
+    try:
+        os.listdir(path)
+    except OSError as exc:
+        return f"is a folder that cannot be listed, skipped: {exc.strerror or one_line(exc)}"
+    return "is a folder not read into when the dataset's files were listed, skipped (a glob's `*` names the " \
+           "folder, not its files: `**` reads folders at any depth; or it could not be listed then)"
 
 
 def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -535,13 +578,8 @@ class LocalSource:
         """File `i`'s records from `here`; a failure ends the file with one reject, or raises SourceError (see
         module doc). Ingest reads a compressed or Parquet-less file this way, as one stream unit."""
         nxt = {"file": i + 1, "record": 0}
-        if "://" not in path and os.path.isdir(path):  # a folder of a directory `path` that could not be listed
-            try:
-                os.listdir(path)
-                why = "listed now, not when the dataset's files were"
-            except OSError as exc:
-                why = exc.strerror or one_line(exc)
-            yield BadRecord(f"{path} is a folder that cannot be listed, skipped: {why}", ""), nxt
+        if "://" not in path and os.path.isdir(path):  # a folder `expand` listed as not read
+            yield BadRecord(f"{path} {_unread_folder(path)}", ""), nxt
             return
         if _special(path):
             yield BadRecord(f"{path} is not a regular file (FIFO, socket or device), skipped", ""), nxt

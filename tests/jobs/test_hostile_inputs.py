@@ -346,6 +346,36 @@ def test_a_folder_that_cannot_be_listed_is_one_reject_naming_it(tmp_path: Path, 
     assert str(err.value) == f"config: 'datasets[0].path': {data}: cannot read {data}: Permission denied"
 
 
+def test_a_folder_the_path_does_not_read_into_is_one_reject_naming_it(tmp_path: Path) -> None:
+    """Regression: a symlinked folder inside a dataset's directory, and a folder a glob's `*` matched, were left out
+    with their files without a word (rglob does not follow links; `*` names the folder, not its files). Each is now
+    one counted reject naming it and saying how to read it; `**` reads both; a glob that matches only folders is
+    exit 2 saying so; an empty folder holds nothing to lose and is no reject."""
+    from streamprep.sources.local import check_path
+
+    data, other = tmp_path / "in", tmp_path / "other"
+    for folder in (data / "sub", data / "empty", other):
+        folder.mkdir(parents=True)
+    (data / "a.jsonl").write_bytes(_head(5))
+    (data / "sub" / "b.jsonl").write_bytes(_head(3))
+    (other / "c.jsonl").write_bytes(_head(2))
+    (data / "link").symlink_to(other)
+    link_why = f"{data / 'link'} is a symlinked folder, not followed, skipped (name it, or its target, as a dataset " \
+               "path of its own)"
+    good, bad = _split(_items(data))
+    assert good == RECORDS[:5] + RECORDS[:3] and [b.reason for b in bad] == [link_why]
+    good, bad = _split(_items(f"{data}/*"))
+    assert good == RECORDS[:5] and [b.reason for b in bad] == [
+        link_why, f"{data / 'sub'} is a folder not read into when the dataset's files were listed, skipped (a glob's "
+                  "`*` names the folder, not its files: `**` reads folders at any depth; or it could not be listed then)"]
+    good, bad = _split(_items(f"{data}/**"))
+    assert good == RECORDS[:5] + RECORDS[:2] + RECORDS[:3] and bad == []
+    with pytest.raises(ConfigError) as err:
+        check_path("datasets[0].path", f"{data}/*/")
+    assert str(err.value) == f"config: 'datasets[0].path': no file matches {data}/*/ (only folders do: `**` reads " \
+                             "folders at any depth)"
+
+
 @pytest.mark.parametrize("where", ["tokenizer", "run_dir", "dataset"])
 def test_a_path_behind_a_folder_that_cannot_be_read_is_exit_2_naming_it(tmp_path: Path, where: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
