@@ -191,19 +191,27 @@ def _snap_down(c: int, offsets: np.ndarray) -> int:
     return int(offsets[inside[0], 0]) if len(inside) else c
 
 
-def message_spans(tok: ChatTokenizer, unit: TemplateUnit) -> tuple[str, list[int], list[int | None], list[int], np.ndarray, dict[str, int]]:
+def message_spans(tok: ChatTokenizer, unit: TemplateUnit, limit: int | None = None
+                  ) -> tuple[str, list[int], list[int | None], list[int], np.ndarray, dict[str, int]]:
     """Render the conversation; return (text, ends, content starts (None = not rendered), ids, offsets, diag).
-    ends[k] is the end of message k (ends[-1] is where the tail after the last message begins)."""
+    ends[k] is the end of message k (ends[-1] is where the tail after the last message begins).
+
+    Locating message k renders the k messages before it, so a conversation costs the square of its length (~11 s
+    for 1,000 messages): with `limit`, the tokens a sequence keeps, the messages after the text those tokens cover
+    are neither located nor verified (they are cut anyway), which bounds a record's cost by `max_seq_len`."""
     msgs = [{"role": m.rendered_role, "content": m.content} for m in unit.messages]
     gen = unit.generation_prompt
     text = tok.render(msgs, gen)
     ids, offsets = tok.encode(text, unit.add_special_tokens)
+    cut = None if limit is None or limit >= len(ids) else int(offsets[:limit, 1].max(initial=0))
     diag: dict[str, int] = {}
     n = len(msgs)
     ends: list[int] = []
     starts: list[int | None] = []
     prev_end = 0
     for k in range(1, n + 1):
+        if cut is not None and prev_end >= cut:
+            break   # message k starts past the kept tokens
         head = msgs[:k]
         # k < n: messages[:k] alone (then the template's tail); k = n: the other generation-prompt setting
         variants: list[tuple[list[dict[str, str]], bool]] = [(head, False if k < n else not gen)]
@@ -236,8 +244,9 @@ def message_spans(tok: ChatTokenizer, unit: TemplateUnit) -> tuple[str, list[int
     return text, ends, starts, ids, offsets, diag
 
 
-def encode_template_unit(tok: ChatTokenizer, unit: TemplateUnit) -> Encoded:
-    text, ends, starts, ids, offsets, diag = message_spans(tok, unit)
+def encode_template_unit(tok: ChatTokenizer, unit: TemplateUnit, limit: int | None = None) -> Encoded:
+    """The unit's ids and mask; with `limit`, the mask is exact on its first `limit` tokens only (message_spans)."""
+    text, ends, starts, ids, offsets, diag = message_spans(tok, unit, limit)
     char_train = np.zeros(len(text), dtype=np.uint8)
     for m, start, end in zip(unit.messages, starts, ends):
         if m.train and start is not None:
@@ -255,12 +264,15 @@ def encode_template_unit(tok: ChatTokenizer, unit: TemplateUnit) -> Encoded:
     return Encoded(list(ids), labels, diag)
 
 
-def encode_units(tok: ChatTokenizer, units: list[TemplateUnit | TextUnit]) -> Encoded:
+def encode_units(tok: ChatTokenizer, units: list[TemplateUnit | TextUnit], limit: int | None = None) -> Encoded:
+    """The units' ids and mask, one after the other; with `limit` (`max_seq_len`) the mask is exact on the first
+    `limit` tokens, all a sequence keeps."""
     ids: list[int] = []
     masks: list[np.ndarray] = []
     diag: dict[str, int] = {}
     for unit in units:
-        enc = encode_template_unit(tok, unit) if isinstance(unit, TemplateUnit) else encode_text_unit(tok, unit)
+        left = None if limit is None else max(limit - len(ids), 0)
+        enc = encode_template_unit(tok, unit, left) if isinstance(unit, TemplateUnit) else encode_text_unit(tok, unit)
         ids += enc.ids
         masks.append(enc.mask)
         for k, v in enc.diag.items():

@@ -112,7 +112,7 @@ def encode_record(cfg: SftConfig, tok: ChatTokenizer, record: Any, plan: dict[st
                 vals.append(values)
             if not lay["sequence"]:
                 continue
-            enc = encode_units(tok, item.units)
+            enc = encode_units(tok, item.units, limit)
             for k, v in enc.diag.items():
                 diag[k] = diag.get(k, 0) + v
             ids, mask = enc.ids, enc.mask

@@ -381,6 +381,28 @@ def test_max_seq_len_truncates_or_drops(tmp_path: Path, glaive: dict[str, Any], 
     assert stats["dropped"] == {"overlong": len(long)} and stats["documents"] == 30 - len(long)
 
 
+def test_a_long_conversation_costs_what_max_seq_len_keeps(phi3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: locating message k renders the k messages before it, so a 10,000-message record took ~30 min
+    whatever `max_seq_len` kept. Messages past the kept tokens are no longer located: the renders are bounded by the
+    limit, and the kept tokens' mask is the one the whole conversation gives."""
+    from streamprep.sft.chat import encode_units
+    from streamprep.sft.records import Message, TemplateUnit
+
+    def chat(n: int) -> list[TemplateUnit]:
+        roles = ("user", "assistant")
+        msgs = [Message(roles[i % 2], roles[i % 2], f"turn {i} says hello", i % 2 == 1) for i in range(n)]
+        return [TemplateUnit(msgs, add_special_tokens=False)]
+
+    whole, cut = encode_units(phi3, chat(120)), encode_units(phi3, chat(120), 200)
+    assert cut.ids == whole.ids and len(whole.ids) > 900 and cut.mask[:200].tolist() == whole.mask[:200].tolist()
+    assert 0 < int(cut.mask[:200].sum()) < 200
+    renders = []
+    real = phi3.render
+    monkeypatch.setattr(phi3, "render", lambda *a: renders.append(1) or real(*a))
+    long = encode_units(phi3, chat(3000), 200)
+    assert long.mask[:200].tolist() == whole.mask[:200].tolist() and len(renders) < 4 * 30
+
+
 def test_special_tokens_only_where_configured(tmp_path: Path, shared_data: Path) -> None:
     """A tokenizer whose post-processor adds BOS: added only for sections with add_special_tokens: true."""
     from tokenizers import Tokenizer, processors
