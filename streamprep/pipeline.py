@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import platform
 import shutil
@@ -189,8 +190,7 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
     previous = _read_run_json(run_json)
     status = previous.get("status")
     if status == "failed" and not _wrote_outputs(run_dir, Path(previous.get("checkpoint_dir") or run_dir)):
-        log.info("previous attempt failed before writing any output; starting afresh", run_dir=str(run_dir))
-        return None
+        return None   # started afresh (`_forget_failed_start`)
     changed = configmod.drift_keys(previous["config"], config.to_dict(), exports_redone=status != "complete")
     if changed:
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
@@ -204,15 +204,15 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
     return previous
 
 
-def _forget_failed_start(config: Config, run_dir: Path) -> None:
+def _forget_failed_start(config: Config, run_dir: Path) -> bool:
     """Under the run's lock, before a run that starts afresh: remove the start files (`_start_files`) of an earlier
     attempt that failed having written no output, which the new config would otherwise meet (its checkpoint dir's
-    owner, another run id, refused it). A tokenizer the config reads from there is kept."""
+    owner, another run id, refused it). A tokenizer the config reads from there is kept. Whether there was one."""
     run_json = RunLayout(run_dir).run_json
     previous = _read_run_json(run_json) if run_json.exists() else {}
     checkpoint_dir = Path(previous.get("checkpoint_dir") or _checkpoint_dir(config, run_dir))
     if previous.get("status") != "failed" or _wrote_outputs(run_dir, checkpoint_dir):
-        return
+        return False
     source = Path(config.tokenizer.path).resolve() if config.tokenizer.path else None
     for path in _start_files(run_dir, checkpoint_dir):
         if source is not None and (source == path or source.is_relative_to(path)):
@@ -221,6 +221,7 @@ def _forget_failed_start(config: Config, run_dir: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+    return True
 
 
 def _read_run_json(path: Path) -> dict[str, Any]:
@@ -250,6 +251,17 @@ def _adopted(config: Config, run_dir: Path) -> dict[str, Any] | None:
     return {"run_id": run_id, "created_at": time.time(), "adopted_checkpoints": True} if run_id else None
 
 
+def _not_importing_main() -> None:
+    """A job started from a script's top level, without `if __name__ == "__main__":`, ran again in each of its
+    worker processes as they imported the script (forkserver children do), each failing on the run dir's lock: the
+    job saw its workers die and said "a dedup holder process ended". multiprocessing's own check, on the flag it
+    sets while a child imports the main module, turns that into an error saying what to change."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError('a streamprep job was started while a worker process imported the script that starts '
+                           'it: put the call under `if __name__ == "__main__":` (each worker imports the main '
+                           'module, as with any multiprocessing code)')
+
+
 def run_from_dict(raw: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = False,
                   base_dir: str | Path = ".", console_log: bool = True) -> RunResult:
     """Validate `raw` (the YAML structure as a dict; relative paths against `base_dir`) and run the job."""
@@ -263,6 +275,7 @@ def run_config_file(path: str | Path, run_dir: str | Path | None = None, fresh: 
 
 def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         console_log: bool = True) -> RunResult:
+    _not_importing_main()
     run_dir = resolve_run_dir(config, run_dir)
     try:
         previous = _preflight(config, run_dir, fresh)
@@ -277,10 +290,11 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
                 lock.acquire()
             except RunLocked as exc:
                 raise ConfigError(str(exc)) from None
-        if previous is None:
-            _forget_failed_start(config, run_dir)
+        afresh = previous is None and _forget_failed_start(config, run_dir)
         _refuse_unsafe_paths(config, run_dir, checkpoint_dir)
-        with logs.configured(run_dir, console=console_log):
+        with logs.configured(run_dir, console=console_log):  # (a line logged before went to stdout, console or not)
+            if afresh:
+                log.info("previous attempt failed before writing any output; starting afresh", run_dir=str(run_dir))
             for lock in locks:
                 if lock.taken_over:
                     log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)

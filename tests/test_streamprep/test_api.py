@@ -144,6 +144,38 @@ def test_a_ctrl_c_during_a_library_call_is_a_keyboard_interrupt(tmp_path: Path) 
     assert run_from_dict(cfg, run_dir, console_log=False).status == "complete"
 
 
+UNGUARDED = """
+import sys
+import streamprep
+from helpers import base_config
+cfg = base_config([{"name": "gen", "path": sys.argv[1]}], None)
+cfg["execution"]["workers"] = 2
+print(streamprep.run_from_dict(cfg, sys.argv[2], console_log=False).status)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_at_a_scripts_top_level_says_to_guard_it(corpus: Path, tmp_path: Path) -> None:
+    """Regression: a script calling run_from_dict at its top level, without `if __name__ == "__main__":`, started
+    the job again in every worker as it imported the script; each failed on the run dir's lock ("in use by pid"),
+    and the job said a dedup holder process had ended. The workers now say what to change; guarded, it runs. (And
+    the guarded run's "starting afresh" line went to stdout before the run's logging was set up, console_log or
+    not: the output is now the script's own.)"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    script = tmp_path / "job.py"
+    script.write_text(UNGUARDED)
+    proc = subprocess.run([sys.executable, str(script), str(corpus), str(tmp_path / "run")], env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode != 0 and "in use by pid" not in proc.stderr
+    assert 'RuntimeError: a streamprep job was started while a worker process imported the script that starts it: ' \
+           'put the call under `if __name__ == "__main__":`' in proc.stderr, proc.stderr[-3000:]
+    lines = UNGUARDED.strip().splitlines()
+    script.write_text("\n".join(lines[:-1] + ['if __name__ == "__main__":', "    " + lines[-1]]) + "\n")
+    proc = subprocess.run([sys.executable, str(script), str(corpus), str(tmp_path / "run")], env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.stdout.strip() == "complete", proc.stderr[-3000:]
+
+
 def test_a_signal_before_the_ingest_loop_is_up_stops_it_when_it_is(corpus: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The ingest's loop starts in its own thread: a SIGINT that lands before the loop took over the stop is kept
