@@ -702,7 +702,7 @@ class Yield:
 def worker_executor(execution: ExecutionConfig, quality: QualitySettings, mode: Mode) -> Executor:
     """The job's executor (`engines.create_executor`), its workers set up to judge units
     (`unit_worker.init_worker`)."""
-    return engines.create_executor(execution, (unit_worker.init_worker, (quality, mode)))
+    return engines.create_executor(execution, (unit_worker.init_worker, (quality, mode, unit_worker.late_plugins())))
 
 
 def start_holders(ctx: IngestContext) -> Holders:

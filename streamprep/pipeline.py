@@ -34,6 +34,7 @@ from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, read_j
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
+from streamprep.unit_worker import late_plugins
 from streamprep.sources.base import one_line
 from streamprep.sources.hf import set_retry_policy
 from streamprep.sources.local import reaches_into
@@ -196,12 +197,22 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
                           f"use a new --run-dir (with --fresh) to start over")
-    was = previous.get("plugins")  # absent: recorded by a version before plug-ins were
-    if was is not None and was != registry.PLUGIN_MODULES:
-        raise ConfigError(f"STREAMPREP_PLUGINS changed since this run started (was {','.join(was) or 'unset'!r}, now "
-                          f"{','.join(registry.PLUGIN_MODULES) or 'unset'!r}); plug-ins decide verdicts and bytes as "
-                          f"the config does: resume with the same, or use a new --run-dir")
+    was, now = previous.get("plugins"), plugin_modules()  # absent: recorded by a version before plug-ins were
+    if was is not None and was != now:
+        raise ConfigError(f"plug-ins changed since this run started (was {','.join(was) or 'none'!r}, now "
+                          f"{','.join(now) or 'none'!r}: the modules STREAMPREP_PLUGINS names, then those of plug-ins "
+                          f"registered before the job); plug-ins decide verdicts and bytes as the config does: resume "
+                          f"with the same, or use a new --run-dir")
     return previous
+
+
+def plugin_modules() -> list[str]:
+    """What run.json records of the plug-ins: the modules STREAMPREP_PLUGINS names, then the modules of the plug-ins
+    the caller registered before the job (`Registry.late`, and gates), which decide verdicts and bytes as much: a
+    resume without them was not refused."""
+    late = [m for reg in registry.FAMILIES for _, m in reg.late()] + \
+        [m for family, _, m in late_plugins() if family == "quality gate"]
+    return list(registry.PLUGIN_MODULES) + [m for m in dict.fromkeys(late) if m not in registry.PLUGIN_MODULES]
 
 
 def _forget_failed_start(config: Config, run_dir: Path) -> bool:
@@ -337,7 +348,7 @@ class Job:
         cfg = config.to_dict()
         self.sft_section = cfg.get("sft")  # plain form, as shard tasks carry it to the workers and hash it
         self.record.update({"config": configmod.public(cfg), "config_hash": configmod.config_hash(cfg), "versions": _versions(),
-                            "checkpoint_dir": str(self.checkpoint_dir), "plugins": list(registry.PLUGIN_MODULES)})
+                            "checkpoint_dir": str(self.checkpoint_dir), "plugins": plugin_modules()})
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self.signals = Signals()
         self._backend_of: tuple[TokenizerInfo, str] | None = None  # _shard_backend's last tokenizer and choice

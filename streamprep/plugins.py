@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 from streamprep.registry import (CHECKS, ENGINES, MODES, PLUGIN_IMPORT_ERRORS, PLUGIN_MODULES, SCHEMES, SECTIONS,
                                  SOURCE_FORMATS, TOKENIZER_BACKENDS, WRITERS)
+from streamprep import registry
 
 ENGINES.register("xenna", "streamprep.engines.xenna:XennaEngine")
 ENGINES.register("local", "streamprep.engines.local:LocalEngine")
@@ -57,3 +59,8 @@ for _module in filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGI
         _why = (str(_exc).strip().splitlines() or [""])[0]
         PLUGIN_IMPORT_ERRORS.append(f"STREAMPREP_PLUGINS: module {_module!r} failed to import "
                                     f"({type(_exc).__name__}: {_why})")
+
+for _registry in registry.FAMILIES:
+    _registry.at_start = {e.name: e.target for e in _registry.entries()}  # what every process has (`late`)
+_gates = sys.modules.get("quality.gates")  # imported by a STREAMPREP_PLUGINS module that registers a gate
+registry.GATES_AT_START = len(_gates.EXTRA_GATES) if _gates is not None else 0

@@ -40,6 +40,7 @@ class Registry:
     def __init__(self, family: str):
         self.family = family
         self._entries: dict[str, Entry] = {}
+        self.at_start: dict[str, Any] = {}   # name -> target once streamprep/plugins.py has run (`late`)
 
     def register(self, name: str, target: Any = None, **meta: Any) -> Any:
         """Add (or replace) `name`; returns `target`, so it also works as a decorator's last line. An entry
@@ -71,6 +72,13 @@ class Registry:
     def get(self, name: str) -> Any:
         """The loaded target of `name`."""
         return self.entry(name).load()
+
+    def late(self) -> list[tuple[str, str]]:
+        """(name, module) of each entry registered, or replaced, after streamprep's start: not by the built-ins or a
+        STREAMPREP_PLUGINS module, which every process imports, but by code the caller ran (docs/architecture.md,
+        "Where to add")."""
+        return [(e.name, module_of(e.target)) for e in self._entries.values()
+                if self.at_start.get(e.name, self) is not e.target]
 
     def choices(self) -> str:
         """'a, b or c': how a one-line config error lists the names."""
@@ -107,12 +115,24 @@ MODES = Registry("mode")
 WRITERS = Registry("output writer")
 
 
+FAMILIES = (ENGINES, TOKENIZER_BACKENDS, SOURCE_FORMATS, SCHEMES, CHECKS, SECTIONS, MODES, WRITERS)
+
 # A module of STREAMPREP_PLUGINS that failed to import (streamprep/plugins.py): `config.validate` and the CLI report
 # it as a config error, one line, rather than a traceback out of `import streamprep` in every process.
 PLUGIN_IMPORT_ERRORS: list[str] = []
 # The modules STREAMPREP_PLUGINS names, in order: run.json records them, and a resume with others is refused (a
 # plug-in gate, format or writer decides verdicts and bytes, as config does).
 PLUGIN_MODULES: list[str] = []
+# How many gate factories (`quality.gates.EXTRA_GATES`) the STREAMPREP_PLUGINS modules registered: those after them
+# were registered by code the caller ran, as `Registry.late` entries are
+GATES_AT_START = 0
+
+
+def module_of(target: Any) -> str:
+    """The module that defines a registered target (of a "module:attr" string, that module)."""
+    if isinstance(target, str):
+        return target.partition(":")[0]
+    return str(getattr(target, "__module__", None) or type(target).__module__)
 
 
 def scheme_of(path: str) -> str:

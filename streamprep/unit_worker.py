@@ -19,8 +19,11 @@ line numbers (units.LINE_MARK): only the driver knows what came before the piece
 from __future__ import annotations
 
 import hashlib
+import importlib
 import pickle
+import sys
 from bisect import bisect_left
+from collections import Counter
 from concurrent import futures
 from itertools import chain, repeat
 from typing import Any, NamedTuple
@@ -31,7 +34,7 @@ import orjson
 import quality
 from quality import QualitySettings, load_quality_settings, near_dedup
 from quality.dedup import DIGEST_SIZE, NO_DIGEST, digest_words, duplicate_reason, prefix_order
-from streamprep import atomic, stats, units
+from streamprep import atomic, registry, stats, units
 from streamprep.modes import Mode
 from streamprep.sources.base import REJECT_EXCERPT, BadRecord, SourceError, excerpt_of, one_line
 from streamprep.sources.local import REST_OF, _content_fault
@@ -120,11 +123,59 @@ def _cut(source: dict[str, Any]) -> dict[str, Any]:
     return {k: v[:REJECT_EXCERPT] if isinstance(v, str) else v for k, v in source.items()}
 
 
-def init_worker(settings: QualitySettings | dict[str, Any], mode: Mode) -> None:
-    """This process's settings (a validated `quality:` mapping is taken too, as QualityControl takes it)."""
+def late_plugins() -> list[tuple[str, str, str]]:
+    """(family, name, module) of each plug-in a worker runs (a source format or scheme, a quality gate) that this
+    process registered after streamprep's start: imported by the caller before the job, not named in
+    STREAMPREP_PLUGINS, which only the modules every process imports are. A worker imports their modules
+    (`init_worker`); without that, `workers: 2` ran the job without them, and without a word."""
+    late = [(reg.family, name, module) for reg in (registry.SOURCE_FORMATS, registry.SCHEMES)
+            for name, module in reg.late()]
+    gates = sys.modules.get("quality.gates")
+    factories = gates.EXTRA_GATES[registry.GATES_AT_START:] if gates is not None else []
+    return late + [("quality gate", getattr(f, "__qualname__", type(f).__qualname__), registry.module_of(f))
+                   for f in factories]
+
+
+def _adopt(plugins: list[tuple[str, str, str]]) -> str | None:
+    """Import the modules of the job's late plug-ins (`late_plugins`) this process lacks; why one is still missing,
+    or None."""
+    failed: dict[str, str] = {}
+    for module in dict.fromkeys(m for _, _, m in plugins):
+        if module not in sys.modules:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # reported below, for the plug-in it leaves out
+                failed[module] = f"{type(exc).__name__}: {one_line(exc)}"
+    have = Counter((family, name) for family, name, _ in late_plugins())
+    for family, name, module in plugins:
+        if have[(family, name)] > 0:
+            have[(family, name)] -= 1
+            continue
+        why = f"importing {module} there failed ({failed[module]})" if module in failed else \
+            "it is defined in the script that starts the job, which they do not run: move it to a module of its own" \
+            if module in ("__main__", "__mp_main__") else f"importing {module} there does not register it"
+        return (f"plug-in {family} {name!r} (module {module}) is registered in the process that started the job but "
+                f"not in its worker processes: {why}; or name its module in STREAMPREP_PLUGINS, which every process "
+                f"imports")
+    return None
+
+
+def init_worker(settings: QualitySettings | dict[str, Any], mode: Mode,
+                plugins: list[tuple[str, str, str]] | None = None) -> None:
+    """This process's settings (a validated `quality:` mapping is taken too, as QualityControl takes it), and the
+    plug-ins the job's process registered late (`late_plugins`)."""
     _worker.clear()
     _worker.update(quality=settings if isinstance(settings, QualitySettings) else load_quality_settings(settings),
-                   mode=mode, qc={})
+                   mode=mode, qc={}, missing=_adopt(plugins or []))
+
+
+class PluginMissing(RuntimeError):
+    """A plug-in the job's process registered is not in this worker process (`_adopt`): the job stops."""
+
+
+def _judging() -> None:
+    if _worker["missing"] is not None:
+        raise PluginMissing(_worker["missing"])
 
 
 def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, dict[str, dict[str, Any]], list]:
@@ -192,6 +243,7 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
     of `batch`; stage the judged columns at `stage`.judged (atomic) and return the summary the driver decides on.
     An `hf` unit's `ahead` units download meanwhile, and the call ends only once they have: a unit after this one
     is evicted only after this call's result, so no download can land in the cache after its file's eviction."""
+    _judging()
     prefetching = options.prefetch(ahead) if ahead else []
     try:
         if items is None:
@@ -251,6 +303,7 @@ class GatesTo(NamedTuple):
 def judge_gates(name: str, text_field: str, unit: Unit, options: Any, start: int, stop: int) -> tuple[dict, int]:
     """The QC gate counters of items `[start, stop)` of an `hf` unit (read again through `options`, its
     `hf.FileReader`, no further than `stop`), and how many items it has up to `stop`."""
+    _judging()
     items = options.read(unit, stop)
     return (_judge(name, text_field, items[start:stop])[1] if start < len(items) else {}), len(items)
 

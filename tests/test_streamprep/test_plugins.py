@@ -14,7 +14,7 @@ import pytest
 
 import yaml
 
-from helpers import REPO, base_config, english_docs
+from helpers import REPO, base_config, english_docs, tree_hashes
 from quality.gates import Doc, Gate, register_gate
 from streamprep import atomic, config, registry, run_from_dict
 from streamprep.binidx import IndexedDataset
@@ -89,6 +89,73 @@ def toy_plugins() -> Iterator[None]:
         reg.unregister(name)
     for factory in gates:
         quality.gates.EXTRA_GATES.remove(factory)
+
+
+TOY_FORMAT_PLUGIN = """
+from streamprep import registry
+
+
+def read_toy(fh, path):
+    for block in fh.read().decode("utf-8").split("\\n%%\\n"):
+        title, _, body = block.strip("\\n").partition("\\n")
+        yield {"text": body, "title": title}
+
+
+registry.SOURCE_FORMATS.register("toy", read_toy, suffixes=(".toy",))
+"""
+
+
+@pytest.mark.slow  # two whole jobs
+def test_a_plugin_imported_before_the_job_runs_in_its_worker_processes(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the docs say to import a plug-in before the job starts or name it in STREAMPREP_PLUGINS; with
+    `workers: 2` the imported one ran in no worker (a separate process): the gate judged nothing and a `.toy`
+    file was one "unknown file type" reject, the run complete and different from `workers: 1`'s, and run.json's
+    `plugins` empty, so a resume without it was not refused either. Workers now import the module, and run.json
+    names it."""
+    import importlib
+    import quality.gates
+
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods/late_toy_plugin.py").write_text(GATE_PLUGIN + TOY_FORMAT_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    gates = len(quality.gates.EXTRA_GATES)
+    importlib.import_module("late_toy_plugin")
+    docs = english_docs(40)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/corpus.toy").write_text("\n%%\n".join(f"title {i}\n{d[:60]} FORBIDDEN {d[60:]}" if i % 7 == 3
+                                                         else f"title {i}\n{d}" for i, d in enumerate(docs)) + "\n")
+    try:
+        outputs, pids = [], []
+        for workers in (1, 2):
+            cfg = base_config([{"name": "toy", "path": str(tmp_path / "in/corpus.toy")}], None,
+                              execution={"engine": "local", "workers": workers, "batch_records": 8})
+            run_dir = tmp_path / f"w{workers}"
+            assert run_from_dict(cfg, run_dir=run_dir, console_log=False).status == "complete"
+            assert json.loads((run_dir / "run.json").read_text())["plugins"] == ["late_toy_plugin"]
+            rejects = [json.loads(line) for line in (run_dir / "rejects/toy.jsonl").read_text().splitlines()]
+            assert [r["failed_check"] for r in rejects] == ["forbidden"] * 6
+            pids.append({r["reason"].rsplit("pid ", 1)[1] for r in rejects})
+            outputs.append(tree_hashes(run_dir, "ingest", "binidx"))
+        assert outputs[0] == outputs[1] and pids[0] == {f"{os.getpid()})"} and f"{os.getpid()})" not in pids[1]
+    finally:
+        registry.SOURCE_FORMATS.unregister("toy")
+        del quality.gates.EXTRA_GATES[gates:]
+        sys.modules.pop("late_toy_plugin", None)
+
+
+def test_a_plugin_workers_cannot_import_stops_the_job_naming_it() -> None:
+    """A plug-in defined in the script that starts the job (module __main__) cannot reach a worker process: its
+    workers say so, rather than judge without it."""
+    from streamprep.unit_worker import _adopt
+
+    assert _adopt([("quality gate", "MyGate", "__main__")]) == (
+        "plug-in quality gate 'MyGate' (module __main__) is registered in the process that started the job but not "
+        "in its worker processes: it is defined in the script that starts the job, which they do not run: move it "
+        "to a module of its own; or name its module in STREAMPREP_PLUGINS, which every process imports")
+    assert "importing no_such_module_here there failed (ModuleNotFoundError: " \
+           in _adopt([("source format", "x", "no_such_module_here")])
+    assert _adopt([]) is None
 
 
 @pytest.mark.slow  # a whole job
@@ -347,6 +414,7 @@ def test_a_resume_with_other_plugins_is_refused_like_a_changed_config(tmp_path: 
     assert json.loads((tmp_path / "run/run.json").read_text())["plugins"] == ["toy_gate_plugin"]
     refused = ingest(None)
     assert (refused.returncode, refused.stderr.splitlines()[-1]) == (2, (
-        "streamprep: error: STREAMPREP_PLUGINS changed since this run started (was 'toy_gate_plugin', now 'unset'); "
-        "plug-ins decide verdicts and bytes as the config does: resume with the same, or use a new --run-dir"))
+        "streamprep: error: plug-ins changed since this run started (was 'toy_gate_plugin', now 'none': the modules "
+        "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job); plug-ins decide verdicts and "
+        "bytes as the config does: resume with the same, or use a new --run-dir"))
     assert ingest(" toy_gate_plugin ").returncode == 0  # the same modules
