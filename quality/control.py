@@ -134,7 +134,9 @@ class QualityControl:
             t0 = perf_counter()
             batch = [docs[i] for i in alive]
             try:
-                reasons = gate.check_batch(batch)
+                reasons = list(gate.check_batch(batch))
+                if len(reasons) != len(batch):  # zip() cut the answer short, and a doc kept no verdict: a crash
+                    raise ValueError(f"{gate.name}: check_batch gave {len(reasons)} answers for {len(batch)} docs")
                 checks = [gate.failed_check] * len(batch)
             except Exception:  # find the record(s) at fault, one by one, as `_run` would
                 reasons, checks = [], []

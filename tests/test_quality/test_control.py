@@ -231,6 +231,34 @@ def test_a_chain_of_cheap_gates_after_normalisation_is_not_remembered() -> None:
     assert QualityControl({})._memo_from is not None  # the default chain (pii, profanity, language...) remembers
 
 
+@pytest.mark.parametrize("answer", ["short", "none", "long"])
+def test_a_check_batch_with_a_wrong_answer_is_rechecked_doc_by_doc(answer: str) -> None:
+    """Regression: a plug-in gate's `check_batch` that answered with fewer reasons than docs (or None) crashed the
+    job ('NoneType' object has no attribute 'keep', zip() having cut the answer short), and one with more was
+    taken as it was. Either is now re-checked doc by doc, as a `check_batch` that raises is."""
+    import quality.gates as gates
+    from quality.gates import Gate
+
+    class Odd(Gate):
+        name = failed_check = "odd"
+
+        def check(self, doc: Any) -> str | None:
+            return "says odd" if "odd" in doc.text else None
+
+        def check_batch(self, docs: list[Any]) -> Any:
+            return {"short": [None] * (len(docs) - 1), "none": None, "long": [None] * (len(docs) + 1)}[answer]
+
+    off = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
+           "reject_copyright": False, "dedup": "none"}
+    records = [{"text": f"{word} text number {i}"} for i, word in enumerate(["even", "odd", "even", "odd"])]
+    gates.register_gate(lambda settings, text_field: Odd())
+    try:
+        got = QualityControl(off).evaluate_batch(records)
+    finally:
+        gates.EXTRA_GATES.pop()
+    assert [(v.keep, v.meta.get("reason")) for v in got] == [(True, None), (False, "says odd")] * 2
+
+
 def _texts(all_corpora: dict[str, list[Any]], step: int) -> list[str]:
     """Normalised texts of every corpus (every `step`-th record), plus copies with gate bait spliced in."""
     from quality.normalize import normalize_text
