@@ -47,9 +47,10 @@ CHECKS.register("sft.template", "streamprep.sft.chat:check_chat_template")  # af
 MODES.register("sft", "streamprep.sft.mode:SftMode.of")
 
 # in this order, before any writer of your own: mixtures.json lists the Parquet shards the first one wrote
-WRITERS.register("parquet", "streamprep.exports.parquet:export")
-WRITERS.register("blend", "streamprep.exports.blend:export")
-WRITERS.register("mixtures", "streamprep.exports.mixtures:export")
+# built in: mixtures.json reads what the Parquet writer leaves, and verify checks all three
+WRITERS.register("parquet", "streamprep.exports.parquet:export", builtin=True)
+WRITERS.register("blend", "streamprep.exports.blend:export", builtin=True)
+WRITERS.register("mixtures", "streamprep.exports.mixtures:export", builtin=True)
 
 for _module in filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGINS", "").split(","))):
     PLUGIN_MODULES.append(_module)

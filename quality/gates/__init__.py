@@ -1,7 +1,7 @@
 """Quality gates, one small class per check, and the order they run in."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from quality.gates.base import Doc, Gate
 from quality.gates.code import CodeGate
@@ -52,7 +52,13 @@ def build_gates(s: QualitySettings, text_field: str) -> list[Gate]:
                                  s.domain_sample_chars))
     elif code:
         gates.append(CodeGate(s.code_min_score, s.domain_sample_chars))
-    gates += [g for g in (_plugin_gate(factory, s, text_field) for factory in EXTRA_GATES) if g is not None]
+    for factory in EXTRA_GATES:
+        gate = _plugin_gate(factory, s, text_field)
+        if gate is not None and gate.name in {g.name for g in gates}:  # its counters merged with the other's
+            raise GatePluginError(f"{_where(factory)}: its gate's name {gate.name!r} is another gate's in the chain "
+                                  f"(each gate's stats are kept under its name): name it otherwise")
+        if gate is not None:
+            gates.append(gate)
     return gates
 
 
@@ -60,9 +66,13 @@ class GatePluginError(RuntimeError):
     """A registered gate factory that fails to give a gate: a bug to fix in the plug-in, named here."""
 
 
+def _where(factory: Callable[..., Any]) -> str:
+    return f"quality gate plug-in {getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
+
+
 def _plugin_gate(factory: Callable[[QualitySettings, str], Gate | None], s: QualitySettings,
                  text_field: str) -> Gate | None:
-    where = f"quality gate plug-in {getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
+    where = _where(factory)
     try:
         gate = factory(s, text_field)
     except Exception as exc:

@@ -259,6 +259,32 @@ def test_a_check_batch_with_a_wrong_answer_is_rechecked_doc_by_doc(answer: str) 
     assert [(v.keep, v.meta.get("reason")) for v in got] == [(True, None), (False, "says odd")] * 2
 
 
+def test_a_plugin_gate_named_as_a_built_in_one_is_refused() -> None:
+    """Regression: a plug-in gate named `pii` ran beside the built-in one, their counters merged under one name (the
+    audit said `pii seen 2896` of 1499 records). Building the chain now stops, naming the plug-in."""
+    import quality.gates as gates
+    from quality.gates import Gate, GatePluginError
+
+    class Pii(Gate):
+        name = failed_check = "pii"
+
+        def check(self, doc: Any) -> str | None:
+            return None
+
+    def factory(settings: Any, text_field: str) -> Gate:
+        return Pii()
+
+    gates.register_gate(factory)
+    try:
+        with pytest.raises(GatePluginError) as err:
+            QualityControl({}).evaluate_batch([{"text": "some text " * 20}])
+    finally:
+        gates.EXTRA_GATES.pop()
+    assert str(err.value) == (f"quality gate plug-in {__name__}.test_a_plugin_gate_named_as_a_built_in_one_is_refused"
+                              f".<locals>.factory: its gate's name 'pii' is another gate's in the chain (each gate's "
+                              f"stats are kept under its name): name it otherwise")
+
+
 def _texts(all_corpora: dict[str, list[Any]], step: int) -> list[str]:
     """Normalised texts of every corpus (every `step`-th record), plus copies with gate bait spliced in."""
     from quality.normalize import normalize_text

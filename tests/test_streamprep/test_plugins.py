@@ -390,6 +390,12 @@ def test_a_source_format_plugin_cannot_replace_a_built_in_one() -> None:
     (byte-range units, read by the local source itself), without a word."""
     with pytest.raises(ValueError, match=r"^source format 'jsonl' is built in; register yours under another name$"):
         registry.SOURCE_FORMATS.register("jsonl", read_toy)
+    # regression: a writer named `parquet` replaced the built-in one: no Parquet shard, mixtures.json's records 0,
+    # and `verify` failed the run's own output; one named `blend` left blend.json out without a word
+    for name in ("parquet", "blend", "mixtures"):
+        with pytest.raises(ValueError, match=rf"^output writer '{name}' is built in; register yours under another "
+                                             rf"name$"):
+            registry.WRITERS.register(name, write_counts)
     assert registry.SOURCE_FORMATS.entry("jsonl").target is None
 
 
