@@ -21,6 +21,8 @@ ENGINES.register("local", "streamprep.engines.local:LocalEngine")
 TOKENIZER_BACKENDS.register("auto")  # = streamprep.backends.BACKENDS
 TOKENIZER_BACKENDS.register("gigatoken")
 TOKENIZER_BACKENDS.register("hf")
+TOKENIZER_BACKENDS.closed = ("a plug-in cannot add a tokenizer backend (streamprep/backends.py has auto, gigatoken "
+                             "and hf, each checked to give the same ids)")
 
 for _fmt in ("jsonl", "parquet", "txt", "document"):  # read by streamprep.sources.local itself
     SOURCE_FORMATS.register(_fmt, builtin=True)
@@ -36,6 +38,8 @@ SCHEMES.register("hf://", "streamprep.sources.hf:HFSource", requires=("split",),
 SECTIONS.register("quality", "quality.settings:validate_quality_config",
                   load="quality.settings:QualitySettings.from_dict", key_prefix="quality.", required=True)
 SECTIONS.register("sft", "streamprep.sft.config:validate_sft_config", load="streamprep.sft.config:SftConfig.from_dict")
+SECTIONS.closed = ("a plug-in cannot add a top-level config section (streamprep's own are quality and sft, which "
+                   "Config holds); read your plug-in's settings from a file or the environment of its own")
 
 CHECKS.register("output.parquet", "streamprep.exports.parquet:check_options")
 CHECKS.register("output.mixtures", "streamprep.exports.mixtures:check_options")

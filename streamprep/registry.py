@@ -41,11 +41,14 @@ class Registry:
         self.family = family
         self._entries: dict[str, Entry] = {}
         self.at_start: dict[str, Any] = {}   # name -> target once streamprep/plugins.py has run (`late`)
+        self.closed: str | None = None       # why a plug-in cannot register here (set once the built-ins have)
 
     def register(self, name: str, target: Any = None, **meta: Any) -> Any:
         """Add (or replace) `name`; returns `target`, so it also works as a decorator's last line. An entry
         registered with `builtin=True` is not replaced: code outside the registry reads it (a source format's
         byte-range units), so a replacement would be used in some places only."""
+        if self.closed is not None:
+            raise ValueError(f"{self.family} {name!r}: {self.closed}")
         if (old := self._entries.get(name)) is not None and old.meta.get("builtin"):
             raise ValueError(f"{self.family} {name!r} is built in; register yours under another name")
         self._entries[name] = Entry(name, target, meta)
@@ -88,7 +91,7 @@ class Registry:
 
 # execution.engine: a factory `(executor=, workers=, ray_address=) -> engines.base.Engine` (the job's executor)
 ENGINES = Registry("engine")
-# tokenizer.backend: names only (streamprep/backends.py loads them); never changes bytes
+# tokenizer.backend: names only (streamprep/backends.py loads them); never changes bytes. Closed to plug-ins
 TOKENIZER_BACKENDS = Registry("tokenizer backend")
 # datasets[].format of files (local or fsspec URLs). Built-ins are read by sources.local itself (target None);
 # a plug-in's target is `read(fh: BinaryIO, path: str) -> Iterator[dict | sources.base.BadRecord]` over the
@@ -105,7 +108,8 @@ SCHEMES = Registry("source scheme")
 # config checks that need a family's code, in order, after the schema: `check(cfg)` on the validated dict
 CHECKS = Registry("config check")
 # top-level config sections owned by a family: target `validate(raw) -> dict` raising a ValueError with `.key`;
-# meta `load` (dict -> frozen section), `key_prefix` (prepended to the error's key), `required`
+# meta `load` (dict -> frozen section), `key_prefix` (prepended to the error's key), `required`. Streamprep's own
+# families only (`closed` once they have registered): `Config` has a field for each, and no plug-in reads a section
 SECTIONS = Registry("config section")
 # run modes by config section ("sft"): a factory `(section: SftConfig | dict) -> modes.Mode`
 MODES = Registry("mode")

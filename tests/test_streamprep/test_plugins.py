@@ -392,6 +392,12 @@ def test_a_source_format_plugin_cannot_replace_a_built_in_one() -> None:
         registry.SOURCE_FORMATS.register("jsonl", read_toy)
     # regression: a writer named `parquet` replaced the built-in one: no Parquet shard, mixtures.json's records 0,
     # and `verify` failed the run's own output; one named `blend` left blend.json out without a word
+    # regression: a plug-in's section passed validation and then crashed every run (Config has no field for it)
+    with pytest.raises(ValueError, match=r"^config section 'mine': a plug-in cannot add a top-level config section "):
+        registry.SECTIONS.register("mine", lambda raw: raw)
+    # regression: a backend name of a plug-in's passed validation; the run then failed at its tokenizer, at each resume
+    with pytest.raises(ValueError, match=r"^tokenizer backend 'mine': a plug-in cannot add a tokenizer backend "):
+        registry.TOKENIZER_BACKENDS.register("mine")
     for name in ("parquet", "blend", "mixtures"):
         with pytest.raises(ValueError, match=rf"^output writer '{name}' is built in; register yours under another "
                                              rf"name$"):
