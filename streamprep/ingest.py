@@ -228,9 +228,9 @@ class DatasetIngest:
             self.ctx.publish(name)
         return state
 
-    def _fingerprint(self, state: IngestState) -> Any:
+    def _fingerprint(self, state: IngestState, fresh: bool = False) -> Any:
         source = self.source
-        return self._blocking(lambda: source.fingerprint(state.inputs) if isinstance(source, LocalSource)
+        return self._blocking(lambda: source.fingerprint(state.inputs, fresh) if isinstance(source, LocalSource)
                               else source.fingerprint())
 
     async def _inputs_unchanged(self, state: IngestState) -> Any:
@@ -239,7 +239,7 @@ class DatasetIngest:
         new data, or lost records, without a word, and the dataset was done with an identity that no longer held."""
         if isinstance(self.source, HFSource) or state.inputs is None:  # hf:// reads its pinned commit
             return None
-        inputs = await self._fingerprint(state)
+        inputs = await self._fingerprint(state, fresh=True)
         if inputs is not STOP and (why := input_change(state.inputs, inputs)):
             raise SourceError(f"dataset {self.ds.name}: {why} during the run; what was read of it may mix old and new "
                               f"data — restore the file and re-run the same command, or start over with a new "
