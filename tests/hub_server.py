@@ -184,6 +184,10 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == "hang":
             hub._stopped.wait()
             return
+        if fault in ("401", "403"):  # as the Hub refuses a token it does not accept, or one without access
+            self._send(int(fault), b'{"error": "Invalid credentials in Authorization header"}',
+                       {"Content-Type": "application/json", "X-Error-Message": "Invalid credentials in Authorization header"})
+            return
         if fault in ("429", "503"):
             self._send(int(fault), b'{"error": "slow down"}', {"Content-Type": "application/json",
                                                                **({"Retry-After": hub.retry_after} if fault == "429" else {})})

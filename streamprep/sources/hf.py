@@ -539,6 +539,10 @@ class HFSource:
         except RepositoryNotFoundError:
             raise HFSourceError(f"hf://{self.repo_id}: dataset repo not found (or private without a token)") from None
         except (httpx2.HTTPError, HfHubHTTPError, OfflineModeIsEnabled, OSError) as exc:
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            if status in (401, 403):  # it answered: "unreachable", exit 1 and "re-run to resume" misled
+                raise HFSourceError(f"hf://{self.repo_id}: the Hub refused the request ({_one_line(exc)}); check "
+                                    f"HF_TOKEN: a token it does not accept, or one without access to this repo") from None
             cached = self._cached(revision)
             if cached is None:
                 raise HFSourceUnavailable(f"{where}: Hub unreachable and no cached copy of this revision "

@@ -449,6 +449,19 @@ def test_errors_are_one_line_and_name_the_repo(hub, tmp_path, entry, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("status", ["401", "403"])
+def test_a_token_the_hub_refuses_is_a_config_error_saying_so(hub, tmp_path, status):
+    """Regression: a token the Hub refused (401), or one without access (403), was "Hub unreachable and no cached
+    copy", exit 1, which says re-running resumes; the Hub answered, and no re-run fixes a token."""
+    hub.api_faults = [status]
+    with pytest.raises(HFSourceError) as err:
+        next(HFSource(cfg(), tmp_path / "cache").iter_records())
+    assert isinstance(err.value, ConfigError) and "\n" not in str(err.value)
+    assert str(err.value).startswith(f"hf://org/corpus: the Hub refused the request (") and str(err.value).endswith(
+        "); check HF_TOKEN: a token it does not accept, or one without access to this repo")
+    assert f"{status} " in str(err.value)
+
+
 @pytest.mark.parametrize("card", [{"configs": [5]}, {"configs": [{"config_name": "default", "data_dir": 5}]},
                                   {"configs": [{"config_name": "default",
                                                 "data_files": [{"split": "train", "path": [1, 2]}]}]},
