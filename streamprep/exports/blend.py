@@ -3,7 +3,8 @@
 A dataset weight `w` means its share of the samples, so each of its shards gets
 `w × shard_tokens / dataset_tokens`. Only shards holding ≥ 1 sequence are listed; an empty split is
 `null`. With the list form of `datasets` and `output.valid_fraction > 0`, the file instead holds
-`{"data_paths": [...], "split": "train,valid,0"}` (Megatron-Bridge / Nemotron layout B).
+`{"data_paths": [...], "split": "train,valid,0"}` (Megatron-Bridge / Nemotron layout B), `data_paths` `null` when
+no shard holds a sequence (Megatron's `get_blend_from_list([])` raises).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def build(shards: list[dict[str, Any]], weights: Mapping[str, float], valid_frac
         w = weights[s["dataset"]] * s["num_tokens"] / tokens[s["dataset"]]
         lists[s["split"]] += [_weight(w), str(s["prefix"])]
     if not per_split and valid_fraction > 0:
-        return {"data_paths": lists["train"], "split": split_percents(valid_fraction)}
+        return {"data_paths": lists["train"] or None, "split": split_percents(valid_fraction)}  # [] Megatron refuses
     return {k: (v or None) for k, v in lists.items()}
 
 

@@ -888,3 +888,7 @@ def test_blend_split_is_exact_and_read_by_megatrons_pattern(fraction: float, spl
     assert blend == {"data_paths": ["1", "/r/binidx/c4/part-00000_text_document"], "split": split}
     train, valid, test = map(float, re.findall(r"[.0-9]+", blend["split"]))
     assert test == 0 and valid / (train + valid) == pytest.approx(fraction, rel=1e-12)
+    # regression: with no record kept the list was [], which Megatron's get_blend_from_list refuses (formats.md:
+    # an empty split is null, never [])
+    assert build([{**shards[0], "num_tokens": 0}], {"c4": 1.0}, fraction, per_split=False) == \
+        {"data_paths": None, "split": split}
