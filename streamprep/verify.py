@@ -364,19 +364,28 @@ def _check_entry(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, Any
         c.add(f"manifest.json: shard {entry.get('shard_id')!r} has unknown kind {entry.get('kind')!r}")
 
 
-def _check_root(c: _Checker) -> None:
-    """run.json: a completed run recording manifest.json's SHA-256 (the root of the chain)."""
+NOT_COMPLETE = "run.json: status "   # how the one line about an unfinished run starts (commands/verify.py)
+
+
+def _check_root(c: _Checker) -> bool:
+    """run.json: a completed run recording manifest.json's SHA-256 (the root of the chain). False for a run that has
+    not finished: its receipts, tokenizer and parts are not listed yet, and each was reported as a stale file for the
+    user to delete (run.json among them), which killed a live job and threw away a crashed one's receipts."""
     record = _json_object(c, layout.RUN_JSON, missing=" (it records manifest.json's SHA-256, the root of the hash chain)")
     if record is None:
-        return
+        return True
     if record.get("status") != "complete":
-        c.add(f"run.json: status {record.get('status')!r}, not complete")
+        c.add(f"{NOT_COMPLETE}{record.get('status')!r}, not complete: the run is under way or stopped before its end "
+              f"(`streamprep status` says which); verify checks a finished run: re-run the same `streamprep ingest` "
+              f"command to finish it")
+        return False
     if not record.get("manifest_sha256"):
         c.add("run.json: records no manifest_sha256 (written before the hash chain existed?)")
     elif not isinstance(record["manifest_sha256"], str):
         c.add("run.json: manifest_sha256 is not a SHA-256 string")
     elif (c.run_dir / layout.MANIFEST).is_file():
         c.file(layout.MANIFEST, None, record["manifest_sha256"], layout.RUN_JSON)
+    return True
 
 
 def _check_files(c: _Checker, entries: Any, listed: set[str]) -> None:
@@ -404,7 +413,8 @@ def _check_files(c: _Checker, entries: Any, listed: set[str]) -> None:
 def verify_run(run_dir: str | Path) -> list[str]:
     """All problems found in the run directory's outputs; an empty list means every check passed."""
     c = _Checker(Path(run_dir))
-    _check_root(c)
+    if not _check_root(c):
+        return c.problems
     man = _json_object(c, layout.MANIFEST, missing=" (exports not written yet?)")
     if man is not None and man.get("format") != "streamprep-manifest":
         c.add("manifest.json: not a streamprep manifest")
@@ -435,6 +445,6 @@ def verify_run(run_dir: str | Path) -> list[str]:
                 c.add(f"manifest.json: source {source!r} has {agg['parquet'][0]} records / {agg['parquet'][1]} tokens "
                       f"in Parquet but {agg['binidx'][0]} / {agg['binidx'][1]} in .bin/.idx")
         _check_mixtures(c, shard_ids)
-    _check_unlisted(c, listed)
+        _check_unlisted(c, listed)  # (without a manifest every Parquet shard, receipt and tokenizer file was "stale")
     return c.problems
 

@@ -143,6 +143,13 @@ def test_missing_manifest(tmp_path):
         "manifest.json: missing (exports not written yet?)"]
 
 
+def test_a_complete_run_without_its_manifest_is_that_one_problem(exported):
+    """Regression: with manifest.json gone, every Parquet shard, receipt and tokenizer file was also "not listed ...
+    (stale file?)", 47 lines for one missing file."""
+    (exported / "manifest.json").unlink()
+    assert [p for p in verify_run(exported) if "manifest.json" not in p.split(":")[0]] == []
+
+
 def test_malformed_receipt_and_manifest_entry_reported_not_raised(exported):
     receipt = exported / "receipts" / "dclm" / "part-00000.json"
     rec = atomic.read_json(receipt)
@@ -335,10 +342,19 @@ def test_unlisted_files_are_reported(chain_run, rel):
 
 
 def test_incomplete_or_pre_chain_run_json(chain_run):
+    """Regression: on a run not finished (crashed, failed, or running) every receipt, tokenizer file and part was
+    reported "not listed ... (stale file?)" beside run.json, and the repair line said to delete each: done on a live
+    run it killed the job. It is now one line saying to finish the run, and no repair line."""
     run, touch = chain_run
+    touch("receipts/c4/part-00009.json", data=b"{}")  # unlisted: a live run's newest receipt
     touch("run.json", _json_edit(lambda r: (r.pop("manifest_sha256"), r.update(status="failed"))))
-    assert verify_run(run) == ["run.json: status 'failed', not complete",
-                               "run.json: records no manifest_sha256 (written before the hash chain existed?)"]
+    assert verify_run(run) == [
+        "run.json: status 'failed', not complete: the run is under way or stopped before its end (`streamprep "
+        "status` says which); verify checks a finished run: re-run the same `streamprep ingest` command to finish it"]
+    out = subprocess.run([sys.executable, "-m", "streamprep", "verify", str(run)], capture_output=True, text=True)
+    assert out.returncode == 1 and "to repair" not in out.stdout
+    touch("run.json", _json_edit(lambda r: r.update(status="complete")))
+    assert verify_run(run)[0] == "run.json: records no manifest_sha256 (written before the hash chain existed?)"
 
 
 def test_moved_run_has_its_blend_reported(pipeline_run, tmp_path):
