@@ -444,7 +444,10 @@ def verify_run(run_dir: str | Path) -> list[str]:
             if agg["parquet"] != agg["binidx"]:
                 c.add(f"manifest.json: source {source!r} has {agg['parquet'][0]} records / {agg['parquet'][1]} tokens "
                       f"in Parquet but {agg['binidx'][0]} / {agg['binidx'][1]} in .bin/.idx")
-        _check_mixtures(c, shard_ids)
+        try:
+            _check_mixtures(c, shard_ids)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:  # an edit of the wrong shape: was a crash
+            c.add(f"mixtures.json: is malformed ({type(exc).__name__}: {exc})")
         _check_unlisted(c, listed)  # (without a manifest every Parquet shard, receipt and tokenizer file was "stale")
     return c.problems
 

@@ -357,6 +357,18 @@ def test_incomplete_or_pre_chain_run_json(chain_run):
     assert verify_run(run)[0] == "run.json: records no manifest_sha256 (written before the hash chain existed?)"
 
 
+@pytest.mark.parametrize("edit", [{"phases": {"a": 1}}, {"phases": [{"weights": ["x"]}]},
+                                  {"sources": {"c4": None}}, {"sources": {"c4": {"shards": 5}}}])
+def test_a_mixtures_json_of_the_wrong_shape_is_reported_not_raised(chain_run, edit):
+    """Regression: a hand-edited mixtures.json of the wrong shape stopped verify with a bare `AttributeError: 'str'
+    object has no attribute 'get'`, naming no file, and the line saying it differs from manifest.json was lost."""
+    run, touch = chain_run
+    touch("mixtures.json", _json_edit(lambda m: m.update(edit)))
+    problems = verify_run(run)
+    assert problems[0].startswith("mixtures.json: content differs from manifest.json")
+    assert problems[1].startswith("mixtures.json: is malformed (") and len(problems) == 2
+
+
 def test_moved_run_has_its_blend_reported(pipeline_run, tmp_path):
     """blend.json holds absolute prefixes: a copied run's blend still points into the old directory."""
     shutil.copytree(pipeline_run, tmp_path / "moved")
