@@ -11,10 +11,12 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from streamprep import atomic, layout
+from streamprep import atomic, layout, logs
 from streamprep.config import ConfigError, printable
 from streamprep.exports.context import WriterContext
 from streamprep.layout import RunLayout
+
+log = logs.get("exports")
 
 FORMAT = "streamprep-mixtures"
 VERSION = 1
@@ -58,7 +60,8 @@ def validate_mixtures(phases: Any, dataset_names: Iterable[str]) -> None:
             if name not in known:
                 raise MixtureConfigError(wkey, f"unknown dataset {name!r} (known: {', '.join(known) or 'none'})")
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w <= MAX_WEIGHT:  # NaN fails too
-                raise MixtureConfigError(wkey, f"weight must be a number in (0, {MAX_WEIGHT:g}], got {w!r}")
+                got = f"{type(w).__name__} {w!r}" if not isinstance(w, (int, float)) else repr(w)  # YAML's '1e+15'
+                raise MixtureConfigError(wkey, f"weight must be a number in (0, {MAX_WEIGHT:g}], got {got}")
 
 
 def _normalise(weights: Mapping[str, float]) -> dict[str, float]:
@@ -101,8 +104,15 @@ def build(shards: list[dict[str, Any]], weights: Mapping[str, float], phases: Ma
 
 
 def export(ctx: WriterContext) -> list[str]:
-    """The "mixtures" writer: mixtures.json over every shard, Parquet (written by the "parquet" writer) and .bin/.idx."""
-    write(ctx.run_dir, build(ctx.parquet + ctx.binidx, ctx.weights, ctx.output.mixtures.phases, ctx.split_of))
+    """The "mixtures" writer: mixtures.json over every shard, Parquet (written by the "parquet" writer) and .bin/.idx.
+    A phase none of whose datasets kept a record is written with no weights, and said in the log: a trainer given
+    it has nothing to sample."""
+    mixtures = build(ctx.parquet + ctx.binidx, ctx.weights, ctx.output.mixtures.phases, ctx.split_of)
+    for phase in mixtures["phases"]:
+        if not phase["weights"]:
+            log.warning("mixture phase has no data: none of its datasets kept a record", phase=phase["name"],
+                        datasets=phase["empty_sources"])
+    write(ctx.run_dir, mixtures)
     return [layout.MIXTURES]
 
 

@@ -378,6 +378,27 @@ def test_mixtures_unknown_dataset_named():
     for bad in (0, -1.0, float("nan"), float("inf"), "1", True, None):
         with pytest.raises(MixtureConfigError, match=r"phases\.p\.c4"):
             validate_mixtures({"p": {"c4": bad}}, ["c4"])
+    # regression: YAML reads an unquoted 1e+15 as a string, and "got '1e+15'" read as a number in range
+    with pytest.raises(MixtureConfigError, match=r"weight must be a number in \(0, 1e\+15\], got str '1e\+15'$"):
+        validate_mixtures({"p": {"c4": "1e+15"}}, ["c4"])
+
+
+def test_a_mixture_phase_with_no_data_is_said_in_the_log(tmp_path: Path) -> None:
+    """Regression: a phase none of whose datasets kept a record was written with empty weights without a word."""
+    from types import SimpleNamespace
+
+    from structlog.testing import capture_logs
+
+    from streamprep.exports import mixtures
+
+    ctx = SimpleNamespace(run_dir=tmp_path, parquet=[], binidx=[], weights={"a": 1.0, "b": 1.0},
+                          split_of={"a": "train", "b": "train"},
+                          output=SimpleNamespace(mixtures=SimpleNamespace(phases={"p": {"a": 1.0, "b": 2.0}})))
+    with capture_logs() as logged:
+        assert mixtures.export(ctx) == ["mixtures.json"]
+    assert [(e["event"], e["phase"], e["datasets"]) for e in logged] == [
+        ("mixture phase has no data: none of its datasets kept a record", "p", ["a", "b"])]
+    assert atomic.read_json(tmp_path / "mixtures.json")["phases"][0]["weights"] == {}
     with pytest.raises(MixtureConfigError, match=r"phases\.empty"):
         validate_mixtures({"empty": {}}, ["c4"])
     validate_mixtures({}, ["c4"])
