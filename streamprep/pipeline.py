@@ -423,6 +423,8 @@ class Job:
                 audit.write_audit(self.run_dir, executor=executor)
             except OSError as exc:  # the run is complete: a report that cannot be written does not undo that
                 log.warning("audit not written; `streamprep audit RUN_DIR` writes it", error=one_line(exc))
+            except (KeyboardInterrupt, Interrupted):  # nor does a stop now: it said "interrupted", exit 1, with
+                log.warning("audit not written: interrupted; `streamprep audit RUN_DIR` writes it")  # run.json complete
         # every writer of the job has ended: a temporary file left now is one whose writer died during the run (a
         # worker killed mid-write, a stage worker lost with its node) while its call ran again elsewhere
         self._sweep_tmp("removed temporary files of writers that died during the run")

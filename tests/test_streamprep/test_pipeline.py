@@ -343,6 +343,17 @@ def test_a_full_disk_at_the_end_neither_undoes_a_run_nor_hides_why_it_failed(tmp
         assert run_from_dict(cfg, tmp_path / "a", console_log=False).status == "complete"
     assert [e["error"] for e in log_events(tmp_path / "a", "audit not written; `streamprep audit RUN_DIR` writes it")] \
         == ["OSError: [Errno 28] No space left on device"]
+
+    def interrupted(*args, **kwargs):  # a Ctrl-C after run.json said complete
+        raise KeyboardInterrupt
+
+    # regression: a stop while the audit was written said "interrupted", exit 1, over a run its run.json called
+    # complete (the audit missing); it is the complete run it is, the report skipped and said so
+    with monkeypatch.context() as m:
+        m.setattr(audit, "write_audit", interrupted)
+        assert run_from_dict(cfg, tmp_path / "c", console_log=False).status == "complete"
+    assert log_events(tmp_path / "c", "audit not written: interrupted; `streamprep audit RUN_DIR` writes it")
+    assert json.loads((tmp_path / "c/run.json").read_text())["status"] == "complete"
     real_save = pipeline.Job._save_record
 
     def save(job, status, **extra):
