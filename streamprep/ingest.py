@@ -619,10 +619,12 @@ class DatasetIngest:
             if finalized is STOP or self.ctx.stop.is_set():  # every piece committed so far is checkpointed
                 return
             rejects, st, kept_bytes = finalized
-            stats.add_stats(state.stats, st)
             if rejects:
                 await _append(self.files.rejects, rejects)
                 state.rejects_bytes += len(rejects)
+            # the piece's gate stats with its counts, no await between: a metrics scrape during the append (an
+            # fsync) saw the rejects by check ahead of the rejected count
+            stats.add_stats(state.stats, st)
             after.onto(state)
             n_kept = sum(d.keep) if d else 0
             if n_kept:

@@ -136,3 +136,29 @@ def test_stream_qc_calls_carry_several_batches_with_the_same_outputs(tmp_path, m
     assert set(grouped_saves) < set(one_saves)  # a checkpoint after each (larger) piece
     assert grouped == one
     assert one["ck"]["rejected"] == 35 and one["ck"]["stats"]["gate_seen"]["schema"] == 1530
+
+
+async def test_a_pieces_gate_stats_and_counts_change_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a piece's gate stats were added before its rejects were appended (an fsync), its counts after:
+    a metrics scrape in between saw more rejects by check than rejected records (2 % of scrapes). While the rejects
+    are appended, neither has moved."""
+    import inspect
+
+    from streamprep import ingest
+
+    seen: list[tuple[int, int]] = []
+    real = ingest._append
+
+    async def append(path: Path, data: bytes) -> None:
+        state = inspect.currentframe().f_back.f_locals["state"]  # the committing dataset's live state
+        seen.append((sum((state.stats.get("rejects_by_check") or {}).values()), state.rejected))
+        await real(path, data)
+
+    monkeypatch.setattr(ingest, "_append", append)
+    raw = base_config([{"name": "d", "path": str(tmp_path / "d.jsonl")}], None)
+    docs = english_docs(400, seed=3)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs + docs[:60]) + "{bad\n")
+    raw["execution"].update(unit_mb=4_000 / 2**20)
+    cfg = load(raw)
+    states = await ingest_all(IngestContext.of(cfg, tmp_path / "run", tmp_path / "run/checkpoints", asyncio.Event()))
+    assert states["d"].rejected == 61 and len(seen) > 1 and all(by_check == rejected for by_check, rejected in seen)
