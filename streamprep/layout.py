@@ -28,6 +28,18 @@ class NotARunDir(ValueError):
     """The path is not a streamprep run directory (the CLI maps it to exit 2)."""
 
 
+def read_checkpoint(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any]) -> Checkpoint:
+    """A dataset's checkpoint for a reader (`status`, `audit`). Missing from a complete run whose dataset has parts
+    raises ValueError (damaged): its dataset showed as not started, all zeros, and `audit` rewrote the report with
+    them. (A running job writes a part before its first checkpoint; an optional dataset skipped has neither.)"""
+    path = CheckpointLayout(ckpt_dir).checkpoint(name)
+    cp = Checkpoint.load(path)
+    if not cp.started and record.get("status") == "complete" \
+            and any(RunLayout(run_dir).ingest_dir(name).glob("part-*.jsonl")):
+        raise ValueError(f"{path.name} is missing, and dataset {name!r} has ingest parts")
+    return cp
+
+
 def damaged_record(run_dir: Path, exc: Exception) -> NotARunDir:
     """What `status` and `audit` say of a checkpoint or receipt of the wrong shape: one line, and how to repair it."""
     return NotARunDir(f"{run_dir}: a checkpoint or receipt is damaged ({type(exc).__name__}: {exc}); `streamprep "

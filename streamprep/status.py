@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from streamprep.config import printable, resolved_workers
-from streamprep.layout import (Checkpoint, CheckpointLayout, RunLayout, completed_receipt, damaged_record,
-                               read_json, run_record)
+from streamprep.layout import (Checkpoint, RunLayout, completed_receipt, damaged_record,
+                               read_checkpoint, read_json, run_record)
 from streamprep.lock import holder_if_running, read_holder
 from streamprep.sources.hf import manifest_sizes
 
@@ -92,12 +92,12 @@ def _numbered(folder: Path, suffix: str) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, live: dict[str, Any] | None = None,
+def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any], live: dict[str, Any] | None = None,
                     entry: dict[str, Any] | None = None) -> dict[str, Any]:
     """One dataset's counters from its saved checkpoint, or from `live` (a running job's in-memory state in the
     checkpoint's shape: `IngestState.to_json()`), so the metrics endpoint and `status --json` agree."""
     layout = RunLayout(run_dir)
-    cp = Checkpoint(live) if live is not None else Checkpoint.load(CheckpointLayout(ckpt_dir).checkpoint(name))
+    cp = Checkpoint(live) if live is not None else read_checkpoint(run_dir, ckpt_dir, name, record)
     ck = cp.raw
     started, done = cp.started, cp.done
     part_index, part_lines, planned = cp.part_index, cp.part_lines, cp.planned_parts
@@ -153,7 +153,7 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
     names = list(entries)
     live = live or {}
     try:
-        datasets = {n: _dataset_status(run_dir, ckpt_dir, n, live.get(n), entries.get(n)) for n in names}
+        datasets = {n: _dataset_status(run_dir, ckpt_dir, n, record, live.get(n), entries.get(n)) for n in names}
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a checkpoint or receipt of the wrong shape
         raise damaged_record(run_dir, exc) from None
     holder = lock_holder(run_dir)

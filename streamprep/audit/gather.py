@@ -12,8 +12,8 @@ import orjson
 
 from streamprep import stats
 from streamprep import backends
-from streamprep.layout import (Checkpoint, CheckpointLayout, RunLayout, completed_receipt, damaged_record,
-                               part_name, read_json as _read_json, run_record)
+from streamprep.layout import (RunLayout, completed_receipt, damaged_record,
+                               part_name, read_checkpoint, read_json as _read_json, run_record)
 from streamprep.tokenizer import training_report
 
 
@@ -231,9 +231,9 @@ def _density(st: dict[str, Any]) -> dict[str, Any]:
             for key in stats.DENSITY_KEYS}
 
 
-def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str,
+def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any],
                    encoder: backends.Backend | None) -> tuple[dict[str, Any], dict[str, list]]:
-    cp = Checkpoint.load(CheckpointLayout(ckpt_dir).checkpoint(name))
+    cp = read_checkpoint(run_dir, ckpt_dir, name, record)
     ck = cp.raw
     st: dict[str, Any] = ck.get("stats") or {}
     read, kept, rejected = int(ck.get("consumed", 0)), int(ck.get("kept", 0)), int(ck.get("rejected", 0))
@@ -309,7 +309,7 @@ def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) ->
     datasets, examples = {}, {}
     try:
         for n in names:
-            datasets[n], examples[n] = _dataset_audit(run_dir, ckpt_dir, n, encoder)
+            datasets[n], examples[n] = _dataset_audit(run_dir, ckpt_dir, n, record, encoder)
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a checkpoint or receipt of the wrong shape
         raise damaged_record(run_dir, exc) from None
 
