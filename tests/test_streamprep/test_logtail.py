@@ -1,6 +1,7 @@
 """`streamprep logs`: tail -n, and --follow across many real RotatingFileHandler rollovers."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -159,3 +160,22 @@ def test_logs_command_without_a_log_yet(tmp_path, capsys):
     assert main(["logs", str(run_dir)]) == 2
     assert capsys.readouterr().err == (f"streamprep: error: {log_path(run_dir)} is a folder where the run keeps a "
                                        f"file; remove it and re-run\n")
+
+
+def test_logs_follow_without_a_log_yet_says_so_then_follows_it(tmp_path, capsys):
+    """Regression: --follow on a run dir with no log said nothing at all, while the doc promised the line."""
+    run_dir = _run_dir(tmp_path)
+    from streamprep.logtail import tail
+
+    calls = iter(range(1000))
+    out = io.StringIO()
+
+    def stop() -> bool:
+        if next(calls) == 3:
+            log_path(run_dir).parent.mkdir(parents=True, exist_ok=True)
+            log_path(run_dir).write_text('{"event": "first"}\n')
+        return '"first"' in out.getvalue()
+
+    assert tail(run_dir, follow=True, out=out, poll_s=0.01, stop=stop) == 0
+    assert capsys.readouterr().err == f"streamprep: logs: no log at {log_path(run_dir)} yet; waiting for it\n"
+    assert out.getvalue() == '{"event": "first"}\n'
