@@ -103,14 +103,18 @@ def _near_dedup(key: str, v: Any) -> dict[str, Any]:
             raise QualityConfigError(f"{key}.{sub}", "unknown key")
     given = {**defaults, **v}
     out = {"enabled": _flag(f"{key}.enabled", given["enabled"]),
-           "threshold": _number(f"{key}.threshold", given["threshold"], 0.0, 1.0),
+           "threshold": given["threshold"],
            "ngram": _count(f"{key}.ngram", given["ngram"], 1),
            "bands": _count(f"{key}.bands", given["bands"], 1),
            "rows": _count(f"{key}.rows", given["rows"], 1),
            "seed": _count(f"{key}.seed", given["seed"], 0)}
-    if out["threshold"] <= 0:
-        raise QualityConfigError(f"{key}.threshold", f"must be > 0, got {given['threshold']!r}")
+    t = out["threshold"]  # one message for both ends ("in [0, 1]" first, "> 0" next, read as two rules)
+    if not (_is_int(t) or isinstance(t, float)) or not 0 < t <= 1:
+        raise QualityConfigError(f"{key}.threshold", f"must be a number in (0, 1], got {t!r}")
+    out["threshold"] = float(t)
     out["num_perm"] = out["bands"] * out["rows"]
+    if v.get("num_perm") is not None:  # an integer as every count is: 112.0 and true were taken
+        _count(f"{key}.num_perm", v["num_perm"], 1)
     if v.get("num_perm") is not None and v["num_perm"] != out["num_perm"]:
         raise QualityConfigError(f"{key}.num_perm", f"must equal bands x rows = {out['num_perm']}, "
                                                     f"got {v['num_perm']!r}")

@@ -206,6 +206,14 @@ def test_default_is_off_and_validation_names_the_key() -> None:
     with pytest.raises(QualityConfigError) as exc:
         validate_quality_config({"near_dedup": True})
     assert exc.value.key == "near_dedup"
+    # regressions: num_perm 112.0 and true (bands = rows = 1) were taken where every other count refuses them; and
+    # threshold 1.5 said "in [0, 1]", then 0 "> 0"
+    for num_perm in (112.0, True):
+        with pytest.raises(QualityConfigError, match=r"^near_dedup\.num_perm: must be an integer >= 1, got "):
+            validate_quality_config({"near_dedup": {"bands": 1, "rows": 1, "num_perm": num_perm}})
+    for threshold in (0, 1.5):
+        with pytest.raises(QualityConfigError, match=r"^near_dedup\.threshold: must be a number in \(0, 1\], got "):
+            validate_quality_config({"near_dedup": {"threshold": threshold}})
 
 
 # ---- ingest ------------------------------------------------------------------------------------
