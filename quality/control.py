@@ -19,6 +19,7 @@ from quality.dedup import DedupDecision, DedupIndex
 from quality.gates import Doc, build_gates
 from quality.gates.text import NormalizeStep
 from quality.near_dedup import Signer
+from quality.normalize import normalize_text
 from quality.settings import QualitySettings, load_quality_settings
 
 
@@ -245,7 +246,11 @@ class QualityControl:
             return verdicts
         kept = [i for i, v in enumerate(verdicts) if v.keep]
         t0 = perf_counter()
-        signatures = self.signer.signatures([verdicts[i].text for i in kept])
+        texts = [verdicts[i].text for i in kept]
+        if not self.settings.normalize:  # signed as the digest is hashed, normalised: a kept raw text with NBSPs
+            code = self.settings.domain == "code"  # for spaces was one long word, no near-duplicate of anything
+            texts = [normalize_text(t, code) for t in texts]
+        signatures = self.signer.signatures(texts)
         counters = self.stats["gates"].setdefault("near_dedup_signature", _counters())
         counters["seconds"] += perf_counter() - t0
         counters["seen"] += len(kept)

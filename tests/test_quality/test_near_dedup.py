@@ -67,6 +67,18 @@ def test_signatures_are_deterministic_and_text_only(shared_data: Path) -> None:
     assert Signer(replace(NEAR, seed=2)).signatures(texts[:1]) != a[:1]
 
 
+def test_the_signature_is_of_the_normalised_text_whatever_normalize_keeps(shared_data: Path) -> None:
+    """Regression: with `normalize: false` the kept raw text was signed, so a copy of a kept document written with
+    NBSPs or ideographic spaces for its spaces was one long word, J ~ 0: kept, a near-duplicate that `normalize:
+    true` rejects. `normalize` decides which text is kept, not which records near-dedup finds (as for the digest)."""
+    text = _c4(shared_data, 1)[0]
+    spaced = [text, text.replace(" ", "\u00a0"), text.replace(" ", "\u3000")]
+    sig = {flag: [v.signature for v in QualityControl({"near_dedup": {"enabled": True}, "normalize": flag,
+                                                      "expected_language": None}).evaluate_batch(
+        [{"text": t} for t in spaced])] for flag in (True, False)}
+    assert sig[False] == sig[True] and sig[True][0] is not None and len(set(sig[True])) == 1
+
+
 def _jaccard(a: bytes, b: bytes) -> float:
     return float(np.mean(np.frombuffer(a, "<u4") == np.frombuffer(b, "<u4")))
 
