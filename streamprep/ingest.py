@@ -759,6 +759,8 @@ async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:
         for d in ingests:  # whatever ended, a window holds no file for the other datasets any more
             if d.window is not None:
                 d.window.close()
+        if any(d.window is not None for d in ingests):
+            await asyncio.to_thread(clear_leftovers, ctx.hf_cache)
     log.info("ingest done", seconds=round(time.monotonic() - t0, 3), stopped=ctx.stop.is_set())
     return {s.dataset: s for s in results}
 

@@ -839,12 +839,20 @@ class DownloadWindow:
 
 
 def clear_leftovers(cache_dir: Path) -> None:
-    """Before a job downloads anything into its run's HF cache: remove what killed processes left there, the
-    partial downloads (`huggingface_hub` names each attempt's file anew, so none is resumed) and the readers'
-    hard links, which would hold disk the download window does not count."""
-    for partial in Path(cache_dir).glob("datasets--*/blobs/*.incomplete"):
+    """Before a job downloads anything into its run's HF cache, and once its ingest is over (no reader runs then):
+    remove what killed processes left there, the partial downloads (`huggingface_hub` names each attempt's file
+    anew, so none is resumed) and the readers' hard links, which would hold disk the download window does not count;
+    and the lock files: `huggingface_hub`'s of each blob gone, and `datasets`' of each file's streaming builder, two
+    empty files a file that were left behind (200 000 inodes for a dataset of 100 000 files)."""
+    cache_dir = Path(cache_dir)
+    for partial in cache_dir.glob("datasets--*/blobs/*.incomplete"):
         partial.unlink(missing_ok=True)
-    shutil.rmtree(Path(cache_dir) / "streamprep" / "reading", ignore_errors=True)
+    shutil.rmtree(cache_dir / "streamprep" / "reading", ignore_errors=True)
+    for lock in cache_dir.glob(".locks/datasets--*/*.lock"):
+        if not (cache_dir / lock.parent.name / "blobs" / lock.stem).exists():
+            lock.unlink(missing_ok=True)
+    for lock in cache_dir.glob("datasets/*.lock"):
+        lock.unlink(missing_ok=True)
 
 
 def _evict(links: list[Path], others: list[Path], readers: list[Path]) -> None:

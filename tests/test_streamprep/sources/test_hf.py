@@ -929,6 +929,8 @@ def _stream_then_units(hub, tmp_path, monkeypatch, repo: str, raw: dict, files: 
         gets = hub.file_requests("GET")
         assert set(gets.values()) == {1}, gets
         assert _blobs(run / "cache/hf") == set(), "downloaded files left in the cache"
+        # regression: two empty lock files a file were left (huggingface_hub's per blob, datasets' per builder)
+        assert sorted(run.glob("cache/hf/**/*.lock")) == [], "lock files left in the cache"
     return want
 
 
