@@ -53,6 +53,28 @@ def prepare_part(task: Any, receipt: dict[str, Any], scan: LineScan | None = Non
                             parquet.BYTES_PER_TOKEN, Path(task.run_dir), scan)
 
 
+class WriterError(RuntimeError):
+    """An output writer that did not return the run-dir-relative paths of files it wrote: a plug-in bug, named."""
+
+
+def _written(entry: registry.Entry, ctx: WriterContext) -> list[str]:
+    """The files a writer says it wrote, each a run-dir-relative path to a file there: one returning None was a bare
+    TypeError, one naming a file it did not write a bare FileNotFoundError, and one outside the run dir (`/etc/x`,
+    `../x`) was listed and hashed in the manifest, which verify then called damaged."""
+    out = entry.load()(ctx)
+    where = f"output writer {entry.name!r} ({registry.module_of(entry.target)})"
+    if not isinstance(out, (list, tuple)) or not all(isinstance(rel, str) for rel in out):
+        raise WriterError(f"{where} returned {type(out).__name__}, not a list of the run-dir-relative paths it wrote")
+    root = ctx.run_dir.resolve()
+    for rel in out:
+        path = (ctx.run_dir / rel).resolve()
+        if Path(rel).is_absolute() or not path.is_relative_to(root) or path == root:
+            raise WriterError(f"{where} returned {rel!r}: not a path inside the run dir, relative to it")
+        if not path.is_file():
+            raise WriterError(f"{where} returned {rel!r}, which is not a file in the run dir")
+    return list(out)
+
+
 def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], output: OutputConfig,
                datasets: Sequence[DatasetConfig], seed: int, config_hash: str, *, workers: Executor,
                blend: bool) -> dict[str, Any]:
@@ -125,7 +147,7 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
             ctx = WriterContext(run_dir, shards, indexes, datasets, output, seed, split_of, blend, pool, bin_entries)
             # the writers in registration order: the built-ins (Parquet + TSV, blend.json, mixtures.json;
             # plugins.py), then writers of your own; the manifest lists each file a writer returns under its name
-            written = [(rel, w.name) for w in registry.WRITERS.entries() for rel in w.load()(ctx)]
+            written = [(rel, w.name) for w in registry.WRITERS.entries() for rel in _written(w, ctx)]
     finally:
         order.remove_scratch(run_dir)
     pq_entries = ctx.parquet

@@ -430,3 +430,27 @@ def test_a_resume_with_other_plugins_is_refused_like_a_changed_config(tmp_path: 
         "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job); plug-ins decide verdicts and "
         "bytes as the config does: resume with the same, or use a new --run-dir"))
     assert ingest(" toy_gate_plugin ").returncode == 0  # the same modules
+
+
+@pytest.mark.parametrize("returned, why", [
+    (None, "returned NoneType, not a list of the run-dir-relative paths it wrote"),
+    (["missing.json"], "returned 'missing.json', which is not a file in the run dir"),
+    (["/etc/hostname"], "returned '/etc/hostname': not a path inside the run dir, relative to it"),
+    (["../outside.json"], "returned '../outside.json': not a path inside the run dir, relative to it")])
+def test_a_writer_that_returns_what_it_did_not_write_is_named(tmp_path: Path, returned: Any, why: str) -> None:
+    """Regression: a writer returning None was a bare TypeError and one naming a file it did not write a bare
+    FileNotFoundError; one naming a file outside the run dir had it listed and hashed in the manifest, and verify
+    then called it damaged. Each is now an error naming the writer."""
+    from types import SimpleNamespace
+
+    from streamprep.exports import WriterError, _written
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "outside.json").write_text("{}")
+    entry = registry.Entry("mine", lambda ctx: returned)
+    with pytest.raises(WriterError) as err:
+        _written(entry, SimpleNamespace(run_dir=tmp_path / "run"))
+    assert str(err.value) == f"output writer 'mine' ({__name__}) {why}"
+    (tmp_path / "run/ok.json").write_text("{}")
+    assert _written(registry.Entry("mine", lambda ctx: ["ok.json"]), SimpleNamespace(run_dir=tmp_path / "run")) == \
+        ["ok.json"]
