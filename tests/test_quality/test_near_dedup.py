@@ -194,6 +194,22 @@ class _Offset:
         return self.index.take_log()
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_of_equal_estimates_the_earliest_twin_is_named(tmp_path: Path, batch: int) -> None:
+    """Regression: each estimate was compared with the best one's rounded value, so of two kept documents with the
+    same estimate 95/112 (0.848214..., rounded down to 0.8482) the later was named, against the docs' "earliest on
+    ties". A and B each differ from Q in 17 values (A in bands 0-2, B in bands 3-5: they are no twins of each other,
+    95 - 17 = 78 equal values), so Q shares bands 6-13 with both."""
+    rng = np.random.default_rng(3)
+    q = rng.integers(0, 2**32, 112, dtype=np.uint32)
+    a, b = q.copy(), q.copy()
+    a[:17] ^= np.uint32(1)
+    b[24:41] ^= np.uint32(1)
+    index = NearDupIndex(NEAR, tmp_path / "x.near")
+    assert _decide(index, [a.tobytes(), b.tobytes(), q.tobytes()], batch) == [None, None, (0, 0.8482)]
+    index.close()
+
+
 def test_band_hashes_spread_bands_apart() -> None:
     sig = np.zeros((1, 112), np.uint32)  # identical rows in every band still give distinct band keys
     assert len(set(band_hashes(sig, 14, 8)[0].tolist())) == 14
