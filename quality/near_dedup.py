@@ -222,13 +222,15 @@ class NearDupIndex:
             return None
         cands, row = entry
         buffered = [o for key in self._shared.get(row, ()) for o in self._buffer.get(key, ())]
-        return self._best(cands + [np.array(buffered, np.uint64)], self._sigs[self._k])
+        if buffered:
+            cands = cands + [np.array(buffered, np.uint64)]
+        return self._best(cands, self._sigs[self._k]) if cands else None  # most documents have no candidate
 
     def twins(self, signatures: Sequence[bytes | None]) -> list[Twin | None]:
         """Each document's kept twin in the index as it stands, adding nothing: the final index of a
         dataset listed earlier, under `dedup_scope: run` (its last batch is logged)."""
         found = self._candidates(signatures)[0]
-        return [None if e is None else self._best(e[0], s) for e, s in zip(found, signatures)]
+        return [None if e is None or not e[0] else self._best(e[0], s) for e, s in zip(found, signatures)]
 
     def _best(self, cands: list[np.ndarray], sig: bytes | None) -> Twin | None:
         """The candidate with the highest estimated Jaccard >= threshold (the earliest on ties), or None.
@@ -237,9 +239,7 @@ class NearDupIndex:
         earlier one a candidate, ~6 µs each when read and compared one by one, ~30x less so. (The one-by-one
         loop compared each estimate with the best's rounded one, so of equal estimates that rounded down the
         last, not the earliest, was named.)"""
-        ordinals = np.unique(np.concatenate(cands)) if cands else np.empty(0, np.uint64)  # sorted: earliest first
-        if not len(ordinals):
-            return None
+        ordinals = np.unique(np.concatenate(cands))  # sorted: the earliest first
         logged = int(np.searchsorted(ordinals, self.flushed))
         recs = self._logged(ordinals[:logged].astype(np.int64))
         srcs, sigs = recs["src"], recs["sig"]
