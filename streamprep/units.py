@@ -89,7 +89,8 @@ def _cuts(path: str, size: int, unit_bytes: int, options: Options) -> list[tuple
     reads to its newline PROBE_BYTES at a time and holds none of it (a file with no newline is read through once)."""
     fs, stripped = filesystem(path, options)
     with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:
-        if any(fh.read(4).startswith(bom) for bom, _ in WIDE_BOMS):
+        head = fh.read(4)  # once: read per mark, each mark met the next 4 bytes, so only UTF-32-LE's was found and a
+        if any(head.startswith(bom) for bom, _ in WIDE_BOMS):  # UTF-16 file was cut in ranges read again as UTF-8
             return []
         cuts, start = [], 0
         while start + unit_bytes < size:

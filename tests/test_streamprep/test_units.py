@@ -115,6 +115,23 @@ def test_plan_kinds(tmp_path: Path) -> None:
     assert isinstance(next(units.read_unit(plan[4])), BadRecord)
 
 
+@pytest.mark.parametrize("encoding", ["utf-32-le", "utf-32-be", "utf-16-le", "utf-16-be"])
+def test_a_wide_text_file_larger_than_a_unit_is_one_unit_read_once(tmp_path: Path, encoding: str) -> None:
+    """Regression: the planner read 4 more bytes for each byte-order mark it tried, so only UTF-32-LE's was found; a
+    UTF-16 file larger than `unit_mb` was cut in ranges: the first range's reader read the whole file (it saw the
+    mark), and every later range read its bytes again as UTF-8, garbled copies kept."""
+    import codecs
+
+    bom = {"utf-32-le": codecs.BOM_UTF32_LE, "utf-32-be": codecs.BOM_UTF32_BE, "utf-16-le": codecs.BOM_UTF16_LE,
+           "utf-16-be": codecs.BOM_UTF16_BE}[encoding]
+    lines = [f"line {i}: it\u2019s wide text" for i in range(300)]
+    path = tmp_path / "wide.txt"
+    path.write_bytes(bom + "".join(line + "\n" for line in lines).encode(encoding))
+    plan = units.plan_dataset([str(path)], None, 1000)
+    assert [u.kind for u in plan] == ["file"]
+    assert [item["text"] for u in plan for item in units.read_unit(u)] == lines
+
+
 def _cfg(tmp_path: Path, workers: int, unit_mb: float = 4.0):
     src = tmp_path / "in.jsonl"
     if not src.exists():
