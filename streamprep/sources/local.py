@@ -403,31 +403,39 @@ class LongLine:
         return self.size
 
 
+# What converting a Parquet value to Python can raise for a value it cannot give: bytes that are not UTF-8 in a
+# string column, a timestamp or date past Python's year 9999 (OverflowError or ValueError, by type)
+_UNCONVERTIBLE = (UnicodeDecodeError, OverflowError, ValueError)
+
+
 def parquet_rows(batch: pa.RecordBatch, path: str, number: Callable[[int], Any]) -> list[dict[str, Any] | BadRecord]:
-    """A Parquet batch's rows as dicts. A string column holding bytes that are not UTF-8 (Parquet stores them as
-    written; pyarrow checks them only when converting) fails the whole batch, and the file's rest was lost with it:
-    then row by row, and each such row is one reject, `undecodable bytes in column C at record N of FILE` (`number`:
-    N of the batch's row r), the rows beside it kept."""
+    """A Parquet batch's rows as dicts. A value Python cannot hold (bytes that are not UTF-8 in a string column,
+    which Parquet stores as written; a timestamp past year 9999, in a column the job may not even read) failed the
+    whole batch, and the file's rest with it, at every resume: then row by row, and each such row is one reject
+    naming the column and the record (`number`: N of the batch's row r), the rows beside it kept."""
     try:
         return batch.to_pylist()
-    except UnicodeDecodeError:
+    except _UNCONVERTIBLE:
         pass
     rows: list[dict[str, Any] | BadRecord] = []
     for r in range(batch.num_rows):
         row = batch.slice(r, 1)
         try:
             rows += row.to_pylist()
-        except UnicodeDecodeError as exc:
-            column = next((name for name, col in zip(row.schema.names, row.columns) if _undecodable(col)), "?")
-            rows.append(BadRecord(f"undecodable bytes in column {column!r} at record {number(r)} of {path}: "
-                                  f"{exc.reason} at byte {exc.start}", ""))
+        except _UNCONVERTIBLE as exc:
+            column = next((name for name, col in zip(row.schema.names, row.columns) if _unconvertible(col)), "?")
+            why = f"undecodable bytes in column {column!r}" if isinstance(exc, UnicodeDecodeError) else \
+                f"a value Python cannot hold in column {column!r}"
+            detail = f"{exc.reason} at byte {exc.start}" if isinstance(exc, UnicodeDecodeError) else \
+                f"{type(exc).__name__}: {exc}"
+            rows.append(BadRecord(f"{why} at record {number(r)} of {path}: {detail}", ""))
     return rows
 
 
-def _undecodable(column: pa.Array) -> bool:
+def _unconvertible(column: pa.Array) -> bool:
     try:
         column.to_pylist()
-    except UnicodeDecodeError:
+    except _UNCONVERTIBLE:
         return True
     return False
 

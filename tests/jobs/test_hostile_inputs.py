@@ -191,6 +191,22 @@ def test_parquet_strings_that_are_not_utf8_are_one_reject_each_the_rows_beside_t
     assert by_units == whole
 
 
+@pytest.mark.parametrize("kind", ["timestamp", "date32"])
+def test_a_parquet_value_python_cannot_hold_is_one_reject_naming_its_column(tmp_path: Path, kind: str) -> None:
+    """Regression: a timestamp past year 9999 (or a date32 past Python's range), in a column the job does not even
+    read, failed its batch as an environment fault: exit 1, and every resume stopped at the same place. It is one
+    reject naming the column and the record, the rows beside it kept."""
+    texts = english_docs(12, seed=4)
+    big = {"timestamp": pa.array([0] * 7 + [253402300800 * 10] + [0] * 4, pa.timestamp("s")),
+           "date32": pa.array([0] * 7 + [2**31 - 1] + [0] * 4, pa.date32())}[kind]
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": texts, "created": big}), path, row_group_size=4)
+    items = [item for item, _ in _items(path)]
+    bad = [b.reason for b in items if isinstance(b, BadRecord)]
+    assert len(bad) == 1 and bad[0].startswith(f"a value Python cannot hold in column 'created' at record 8 of {path}: ")
+    assert [r["text"] for r in items if not isinstance(r, BadRecord)] == texts[:7] + texts[8:]
+
+
 def test_a_file_whose_name_has_glob_characters_is_that_file(tmp_path: Path) -> None:
     """Regression: `path: data[1].jsonl` was read as a glob (matching `data1.jsonl`), so the file itself was
     `no file matches`. A name that exists as written is that file; one that does not is still a glob."""
