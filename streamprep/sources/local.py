@@ -603,6 +603,9 @@ class LocalSource:
             return
         try:
             fmt = self.format or detect_format(path)
+            if _compression(path) == "zip":  # fsspec's codec read its first member alone, the rest lost unsaid
+                raise ValueError(f"{path}: a .zip archive (not read: unpack it, or compress each file as .gz, .zst, "
+                                 f".bz2 or .xz)")
         except ValueError as exc:
             yield BadRecord(f"unsupported file, skipped: {exc}", ""), nxt
             return

@@ -207,6 +207,28 @@ def test_a_parquet_value_python_cannot_hold_is_one_reject_naming_its_column(tmp_
     assert [r["text"] for r in items if not isinstance(r, BadRecord)] == texts[:7] + texts[8:]
 
 
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_zip_archive_read_with_a_format_is_one_reject_not_its_first_member(tmp_path: Path, damaged: bool) -> None:
+    """Regression: with `format: jsonl` a `.zip` went to fsspec's zip codec, which reads the archive's first member
+    alone: of a.jsonl (3 records) + b.jsonl (5), 3 read, the 5 gone without a reject; a damaged one (gzip bytes
+    named .zip) was BadZipFile, exit 1, at every resume. Each is one reject saying what to do; the job goes on."""
+    import zipfile
+
+    path = tmp_path / "in" / "a.jsonl.zip"
+    path.parent.mkdir()
+    if damaged:
+        path.write_bytes(gzip.compress(_head(3)))
+    else:
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("a.jsonl", _head(3))
+            z.writestr("b.jsonl", _head(5))
+    (tmp_path / "in" / "b.jsonl").write_bytes(_head(2))
+    good, bad = _split(_items(tmp_path / "in", fmt="jsonl"))
+    assert good == RECORDS[:2] and [b.reason for b in bad] == [
+        f"unsupported file, skipped: {path}: a .zip archive (not read: unpack it, or compress each file as .gz, "
+        f".zst, .bz2 or .xz)"]
+
+
 def test_a_file_whose_name_has_glob_characters_is_that_file(tmp_path: Path) -> None:
     """Regression: `path: data[1].jsonl` was read as a glob (matching `data1.jsonl`), so the file itself was
     `no file matches`. A name that exists as written is that file; one that does not is still a glob."""
