@@ -431,6 +431,11 @@ class DatasetIngest:
                 fin = None
                 if d and d.applied and capped and unit.kind == "hf":
                     fin = asyncio.ensure_future(self._finalize_capped(u, stage, d, len(summary.kinds), a.consumed))
+                elif d and d.applied and capped and unit.kind != "stream" and d.applied < len(summary.kinds):
+                    # the gates count the records up to the cap, not the batches judged past it (whose number
+                    # changed with unit_mb: "read 20", the gates "seen 512")
+                    fin = self._submit(unit_worker.finalize_piece, self.ds.name, stage, d, unit_worker.GatesTo(
+                        d.applied, self.ds.text_field, unit, self.options))
                 elif d and d.applied:
                     fin = self._submit(unit_worker.finalize_piece, self.ds.name, stage, d)
                 await decided.put((stage, d, a.snapshot(), fin))

@@ -291,8 +291,9 @@ def digest_order(digests: bytes) -> np.ndarray:
 
 
 class GatesTo(NamedTuple):
-    """The gate counters of a capped `hf` unit cover its first `count` items, the items a stream read of the
-    dataset judged (not its whole batches): the batch `count` cuts is judged again, from the unit re-read."""
+    """The gate counters of a capped unit cover its first `count` items (not its whole batches): for an `hf` unit
+    the items a stream read of the dataset judged, for a file's unit those up to the cap; the batch `count` cuts is
+    judged again, from the unit re-read."""
 
     count: int
     text_field: str
@@ -301,10 +302,11 @@ class GatesTo(NamedTuple):
 
 
 def judge_gates(name: str, text_field: str, unit: Unit, options: Any, start: int, stop: int) -> tuple[dict, int]:
-    """The QC gate counters of items `[start, stop)` of an `hf` unit (read again through `options`, its
-    `hf.FileReader`, no further than `stop`), and how many items it has up to `stop`."""
+    """The QC gate counters of items `[start, stop)` of a unit read again (an `hf` unit through `options`, its
+    `hf.FileReader`, no further than `stop`; a file's range or row group whole, with its storage `options`), and
+    how many items it has up to `stop`."""
     _judging()
-    items = options.read(unit, stop)
+    items = options.read(unit, stop) if unit.kind == "hf" else _read(unit, options)[:stop]
     return (_judge(name, text_field, items[start:stop])[1] if start < len(items) else {}), len(items)
 
 

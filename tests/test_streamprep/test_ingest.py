@@ -162,3 +162,18 @@ async def test_a_pieces_gate_stats_and_counts_change_together(tmp_path: Path, mo
     cfg = load(raw)
     states = await ingest_all(IngestContext.of(cfg, tmp_path / "run", tmp_path / "run/checkpoints", asyncio.Event()))
     assert states["d"].rejected == 61 and len(seen) > 1 and all(by_check == rejected for by_check, rejected in seen)
+
+
+@pytest.mark.parametrize("unit_mb", [4.0, 8_000 / 2**20])
+async def test_gates_count_the_records_up_to_max_records_whatever_the_units(tmp_path: Path, unit_mb: float) -> None:
+    """Regression: with `max_records` ending a file's dataset inside a unit, the gates counted the whole batches
+    judged past the cap, a number that changed with `unit_mb` (read 20, the gates' `seen` 512 or 27); hf:// units
+    counted only what a stream read judges already. Now every gate has seen the records read."""
+    docs = english_docs(600, seed=2)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    raw = base_config([{"name": "d", "path": str(tmp_path / "d.jsonl"), "max_records": 37}], None)
+    raw["execution"].update(unit_mb=unit_mb, batch_records=16)
+    state = (await ingest_all(IngestContext.of(load(raw), tmp_path / "run", tmp_path / "run/checkpoints",
+                                               asyncio.Event())))["d"]
+    seen = {name: n for name, n in state.stats["gate_seen"].items() if name != "duplicate"}  # the driver's count
+    assert state.consumed == 37 and len(seen) >= 3 and seen == {name: 37 for name in seen}
