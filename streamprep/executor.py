@@ -239,6 +239,10 @@ class LocalExecutor(Executor):
                 self.restarts += 1
                 log.warning("a worker process died; its calls run again on a new pool", restarts=self.restarts,
                             error=str(exc)[:200])
+                # a broken pool may hold live workers (the forkserver killed: each worker's sentinel fired): they
+                # blocked on its abandoned result queue, held the resource tracker's pipe, and the job hung at exit
+                for process in list(pool._processes.values()):  # type: ignore[attr-defined]
+                    process.kill()
                 pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = self._new_pool()
         self._send(outer, fn, args)

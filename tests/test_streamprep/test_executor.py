@@ -64,6 +64,26 @@ def test_a_killed_worker_process_costs_its_calls_a_retry_on_a_new_pool() -> None
     assert not psutil.pid_exists(other) or psutil.Process(other).status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_killed_forkserver_leaves_no_worker_of_the_broken_pool_behind() -> None:
+    """Regression: kill -9 of the forkserver fired every worker's sentinel, so the pool was broken with its workers
+    alive; it was replaced, and they were left, blocked on its abandoned result queue, holding the resource
+    tracker's pipe: the command hung at exit (or mid-ingest) after `run complete`. They are killed with it."""
+    import multiprocessing.forkserver
+
+    with LocalExecutor(2) as ex:
+        old = _processes(ex, 2)
+        calls = [ex.submit(time.sleep, 0.5) for _ in range(4)]
+        time.sleep(0.2)  # both workers are inside a call
+        os.kill(multiprocessing.forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+        assert [c.result(60) for c in calls] == [None] * 4 and ex.restarts == 1
+        assert ex.submit(os.getpid).result(60) in ex.processes and not set(old) & set(ex.processes)
+        deadline = time.monotonic() + 10
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old)
+
+
 def test_a_pool_that_keeps_dying_fails_its_calls_after_the_restart_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(executors, "POOL_RESTARTS", 1)
     with LocalExecutor(2) as ex:
