@@ -61,22 +61,58 @@ ACTOR_REPLACEMENTS = 4  # worker actors lost with their node and replaced on a n
 
 
 def check_address(cfg: dict[str, Any]) -> None:
-    """Config check (registry.CHECKS) of `execution.ray_address`: HOST:PORT or ray://HOST:PORT whose port takes a
-    connection now, or `auto`. A closed port had `ray.init` retry for ever (a stop waiting on it), a malformed one
-    failed after the run dir was written; both are one line, exit 2, before anything is."""
+    """Config check (registry.CHECKS) of `execution.ray_address`: HOST:PORT whose port a Ray GCS answers now,
+    ray://HOST:PORT whose port takes a connection, or `auto` with a cluster running here. A closed port had
+    `ray.init` retry for ever (a stop waiting on it), a malformed one failed after the run dir was written, and a
+    port where something else answers (the dashboard's, a raylet's, any server) hung in `ray.init` after it, deaf
+    to SIGTERM; `auto` with no cluster failed after it too. Each is one line, exit 2, before anything is written."""
     address = cfg["execution"]["ray_address"]
-    if address is None or address == "auto":
+    if address is None:
         return
-    where = address.removeprefix("ray://")
+    key = "config: 'execution.ray_address'"
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address  # Ray: only when configured
+
+        try:
+            where = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            raise ConfigError(f"{key}: auto, and no Ray cluster runs on this machine (no `ray start`, no "
+                              f"RAY_ADDRESS); is the cluster up?") from None
+    else:
+        where = address.removeprefix("ray://")
     host, _, port = where.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"config: 'execution.ray_address' must be HOST:PORT (the cluster's GCS), ray://HOST:PORT or "
-                          f"auto, got {address!r:.80}")
+        raise ConfigError(f"{key} must be HOST:PORT (the cluster's GCS), ray://HOST:PORT or auto, got {address!r:.80}")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_CHECK_S).close()
     except OSError as exc:
-        raise ConfigError(f"config: 'execution.ray_address': nothing answers at {where} ({exc.strerror or exc}); "
-                          f"is the cluster up?") from None
+        raise ConfigError(f"{key}: nothing answers at {where} ({exc.strerror or exc}); is the cluster up?") from None
+    if not address.startswith("ray://") and (why := _not_a_gcs(where)):
+        raise ConfigError(f"{key}: {where} answers, but {why}; the GCS address is the one `ray start --head` prints "
+                          f"(port 6379 by default), not the dashboard's")
+
+
+def _not_a_gcs(where: str) -> str | None:
+    """Why the gRPC server at `where` is not a Ray GCS, or None: asked for the cluster id, a GCS answers (or
+    refuses a missing auth token: it is one), a raylet has no such service, and a server that is not gRPC (the
+    dashboard's HTTP) fails the HTTP/2 handshake."""
+    import grpc  # Ray's dependency: only when configured
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(where) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
+                                                                             timeout=ADDRESS_CHECK_S)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                return "it is no Ray GCS (a gRPC server without the GCS's services: a raylet's port?)"
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"no Ray GCS answered within {ADDRESS_CHECK_S:g} s"
+            return f"not as a Ray GCS does ({(exc.details() or code.name).splitlines()[0][:120]})"
+    return None
 
 
 def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:

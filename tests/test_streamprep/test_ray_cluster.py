@@ -387,10 +387,22 @@ def test_with_no_node_left_the_job_fails_in_bounded_time_and_resumes(cluster, tm
     assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == reference
 
 
-def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anything_is_written(tmp_path) -> None:
+def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anything_is_written(
+        tmp_path, monkeypatch) -> None:
     """Regression: a closed port had `ray.init` retry for ever (a SIGTERM waited on it), and a malformed address
-    failed after the run dir was written (exit 1). The config check connects to the port once, 5 s at most."""
+    failed after the run dir was written (exit 1). The config check connects to the port once, 5 s at most.
+    Regressions too: a port where something else answers (a server that says nothing, the dashboard's HTTP) hung
+    in `ray.init` after the run dir was written, deaf to SIGTERM, and `auto` with no cluster failed after it: the
+    port must answer as a GCS does."""
+    import http.server
+    import threading
+
+    import ray._private.services
+
+    from streamprep import ray_cluster
     from streamprep.config import ConfigError, validate
+
+    monkeypatch.setattr(ray_cluster, "ADDRESS_CHECK_S", 0.5)
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "x"}\n')
@@ -405,12 +417,52 @@ def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anyt
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         port = listening.getsockname()[1]
-        check(f"127.0.0.1:{port}")
-        check(f"ray://127.0.0.1:{port}")
+        with pytest.raises(ConfigError, match=rf"^config: 'execution.ray_address': 127.0.0.1:{port} answers, but no "
+                                              r"Ray GCS answered within 0.5 s; the GCS address is the one `ray start "
+                                              r"--head` prints \(port 6379 by default\), not the dashboard's$"):
+            check(f"127.0.0.1:{port}")
+        check(f"ray://127.0.0.1:{port}")  # Ray Client's server: a connection is all that is asked
     with pytest.raises(ConfigError, match=rf"^config: 'execution.ray_address': nothing answers at 127.0.0.1:{port} "
                                           r"\(Connection refused\); is the cluster up\?$"):
         check(f"127.0.0.1:{port}")
-    check("auto")
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ConfigError, match=r"answers, but not as a Ray GCS does \("):
+            check(f"127.0.0.1:{web.server_address[1]}")
+    finally:
+        web.shutdown()
+        web.server_close()
+
+    def no_cluster(address: str) -> str:
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray._private.services, "canonicalize_bootstrap_address", no_cluster)
+    with pytest.raises(ConfigError, match=r"^config: 'execution.ray_address': auto, and no Ray cluster runs on this "
+                                          r"machine \(no `ray start`, no RAY_ADDRESS\); is the cluster up\?$"):
+        check("auto")
+
+
+@pytest.mark.ray
+def test_a_clusters_gcs_passes_the_address_check_and_its_raylet_does_not(ray_cluster, tmp_path) -> None:
+    """The check asks the port for the cluster id: the session cluster's GCS answers (or refuses the missing auth
+    token, which only a GCS does); its raylet's port, gRPC without the GCS's services, is a config error."""
+    import ray
+
+    from streamprep.config import ConfigError, validate
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "x"}\n')
+
+    def check(address: str) -> None:
+        validate({"datasets": [{"name": "d", "path": str(data)}], "execution": {"ray_address": address}})
+
+    check(ray_cluster.address_info["gcs_address"])
+    node = ray.nodes()[0]
+    raylet = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
+    with pytest.raises(ConfigError, match=rf"^config: 'execution.ray_address': {raylet} answers, but it is no Ray GCS "
+                                          r"\(a gRPC server without the GCS's services: a raylet's port\?\)"):
+        check(raylet)
 
 
 @pytest.mark.ray
