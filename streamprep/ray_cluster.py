@@ -131,6 +131,7 @@ def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = 
                 _started_here = True
             import ray
 
+            handlers = _signal_handlers()
             try:
                 ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
                                namespace=f"streamprep-{uuid.uuid4().hex[:12]}", runtime_env=JOB_RUNTIME_ENV)
@@ -139,10 +140,25 @@ def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = 
                     _stop_head()
                     _started_here = False
                 raise
+            finally:  # Ray's SIGTERM handler (sys.exit(15)) replaced the job's: a stop became a failure
+                _restore(handlers)
             os.environ["RAY_ADDRESS"] = ctx.address_info["gcs_address"]
             log.info("ray connected", address=os.environ["RAY_ADDRESS"], started=_started_here,
                      namespace=ctx.namespace if hasattr(ctx, "namespace") else ray.get_runtime_context().namespace)
         return os.environ.get("RAY_ADDRESS", "")
+
+
+def _signal_handlers() -> dict[int, Any]:
+    """This process's SIGINT and SIGTERM handlers, if it is the main thread (only it may set them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    for s, handler in handlers.items():
+        if handler is not None and signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
 
 
 def exit_at_interpreter_shutdown() -> None:

@@ -465,6 +465,27 @@ def test_a_clusters_gcs_passes_the_address_check_and_its_raylet_does_not(ray_clu
         check(raylet)
 
 
+ATTACH = """
+import signal, sys
+from streamprep import ray_cluster
+mine = lambda signum, frame: None
+signal.signal(signal.SIGTERM, mine)
+ray_cluster.connect(sys.argv[1], 1)
+print(signal.getsignal(signal.SIGTERM) is mine)
+ray_cluster.release()
+"""
+
+
+@pytest.mark.ray
+def test_attaching_to_a_cluster_leaves_the_jobs_signal_handlers(ray_cluster) -> None:
+    """Regression: `ray.init` in the main thread put Ray's SIGTERM handler (sys.exit(15)) in place of the job's, so
+    with `engine: local` and `ray_address` a SIGTERM was "SystemExit(15) raised inside the command (a plug-in
+    calling sys.exit?)", run.json `failed`, instead of a stop with the progress saved."""
+    out = subprocess.run([sys.executable, "-c", ATTACH, ray_cluster.address_info["gcs_address"]], capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]
+
+
 @pytest.mark.ray
 def test_a_head_whose_driver_is_gone_removes_its_tmpdir_and_its_clusters_session() -> None:
     """Regression: after a kill -9 of the driver its head's TMPDIR (`/tmp/streamprep-ray-head-*`) stayed, and every
