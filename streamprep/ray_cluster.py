@@ -448,12 +448,14 @@ def reap_leaked_ray_workers() -> int:
 
 def init_here(num_cpus: int) -> object:
     """Start a Ray cluster in this process (what `ray_head` holds for a job; the tests' session cluster);
-    returns Ray's context. End it with `shutdown_ray()` from this thread."""
+    returns Ray's context. End it with `shutdown_ray()` from this thread. A new one always (`address="local"`):
+    `ray.init` without an address attached to a cluster already running on the machine (a user's own, or
+    RAY_ADDRESS's), refused the CPU count, and `engine: xenna` fell back to local workers."""
     global _here_session
     os.environ.update(RAY_ENV)
     import ray
 
-    ctx = ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False,
+    ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, log_to_driver=False,
                    object_store_memory=OBJECT_STORE_BYTES)
     _here_session = ctx.address_info.get("session_dir") or ""
     return ctx

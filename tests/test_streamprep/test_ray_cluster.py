@@ -465,6 +465,25 @@ def test_a_clusters_gcs_passes_the_address_check_and_its_raylet_does_not(ray_clu
         check(raylet)
 
 
+OWN_CLUSTER = """
+import os
+from streamprep.ray_cluster import init_here, shutdown_ray
+ctx = init_here(1)
+print(ctx.address_info["gcs_address"] != os.environ["RAY_ADDRESS"])
+shutdown_ray()
+"""
+
+
+@pytest.mark.ray
+def test_the_jobs_own_cluster_is_new_beside_a_running_one(ray_cluster) -> None:
+    """Regression: with a cluster already running on the machine (a user's own, or RAY_ADDRESS set), `engine: xenna`
+    never started its own: `ray.init` attached to that one, refused `num_cpus`, and the local workers tokenized
+    every shard ("ray did not come up")."""
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.address_info["gcs_address"]}
+    out = subprocess.run([sys.executable, "-c", OWN_CLUSTER], capture_output=True, text=True, timeout=180, env=env)
+    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
+
+
 ATTACH = """
 import signal, sys
 from streamprep import ray_cluster
