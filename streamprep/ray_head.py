@@ -26,9 +26,12 @@ def main() -> None:
     address_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever Ray prints goes to stderr; stdout carries the address alone
     ctx = init_here(num_cpus)
-    address_out.write(f"{ctx.address_info['gcs_address']} {ctx.address_info.get('session_dir', '')}\n")
-    address_out.flush()
-    sys.stdin.read()  # EOF: the driver is done with the cluster (or gone)
+    try:
+        address_out.write(f"{ctx.address_info['gcs_address']} {ctx.address_info.get('session_dir', '')}\n")
+        address_out.flush()
+        sys.stdin.read()  # EOF: the driver is done with the cluster (or gone)
+    except BrokenPipeError:  # the driver died while the cluster came up (kill -9): its session dir and this
+        pass               # process's TMPDIR were left behind, the error skipping what follows
     shutdown_ray()
     tmp = Path(os.environ.get("TMPDIR", ""))
     if tmp.name.startswith(HEAD_TMP_PREFIX):  # the driver removes it too, unless it was killed (kill -9)
