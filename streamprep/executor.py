@@ -306,7 +306,7 @@ class RayExecutor(Executor):
         ray_cluster.connect(address, workers)
         self.workers = max(1, workers)
         self._setup = setup
-        self.actors = ray_cluster.spread_actors(_Actor, self.workers, setup)
+        self.actors, self.nodes = ray_cluster.spread_actors(_Actor, self.workers, setup)
         self.replaced = 0
         self._next = 0
         self._lock = threading.Lock()
@@ -367,13 +367,16 @@ class RayExecutor(Executor):
                 self.replaced += 1
                 log.warning("a worker actor was lost; its calls run again on a new one", slot=slot,
                             replaced=self.replaced, error=str(exc)[:200])
+                # not on the lost actor's node: Ray lists a node that died as alive for ~20 s, and a replacement
+                # placed there died with it, failing the job (on a node still up, the new one goes to another)
+                nodes = sorted(ray_cluster.usable_nodes() - {self.nodes[slot]})
                 try:
-                    new = ray_cluster.place_actor(_Actor, slot, self._setup)
-                    ray.get(new.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S)
+                    new = ray_cluster.place_actor(_Actor, slot, self._setup, nodes=nodes)
+                    node = ray.get(new.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S)
                 except Exception as err:  # no node to place it on (the watch fails the calls too)
                     self._fail(outer, err)
                     return
-                self.actors[slot] = new
+                self.actors[slot], self.nodes[slot] = new, node
         self._send(outer, slot, fn, args)
 
     def _fail(self, outer: Future, exc: BaseException) -> None:

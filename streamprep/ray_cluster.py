@@ -401,15 +401,16 @@ def place_actor(cls: type, slot: int, *args: object, nodes: list[str] | None = N
     return _actor_class(cls).options(scheduling_strategy=where).remote(*args)
 
 
-def spread_actors(cls: type, workers: int, *args: object) -> list:
-    """`workers` actors of `cls` over the nodes (`place_actor`), started before this returns."""
+def spread_actors(cls: type, workers: int, *args: object) -> tuple[list, list[str]]:
+    """`workers` actors of `cls` over the nodes (`place_actor`), started before this returns, and the node of
+    each (its `ready()`)."""
     import ray
 
     nodes = sorted(usable_nodes())  # listed once for all of them
     actors = [place_actor(cls, i, *args, nodes=nodes) for i in range(workers)]
     placed = ray.get([a.ready.remote() for a in actors])  # each actor's node
     log.info("worker actors placed", nodes=len(nodes), per_node=sorted(Counter(placed).values(), reverse=True))
-    return actors
+    return actors, placed
 
 
 def release() -> None:

@@ -281,6 +281,30 @@ def test_a_lost_node_costs_a_retry_not_a_rerun(cluster, tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
+def test_a_lost_node_under_the_local_engine_costs_its_worker_actors_a_replacement(cluster, tmp_path: Path) -> None:
+    """Regression: with `engine: local` and `ray_address`, the second node removed mid-ingest: the lost worker actor
+    was replaced on that same node (Ray lists a dead node as alive for ~20 s), died with it, and the job failed
+    (`ActorDiedError`, once blamed on the input). The replacement goes to a node left; exit 0, a local run's bytes."""
+    cfg = _config(tmp_path, 16000, 100, engine="local", workers=2, ray_address=cluster.address, dedup_holders=0)
+    reference = _local_reference(cfg, tmp_path / "local")
+    run_dir = tmp_path / "lost"
+    (worker_id, worker), = _nodes_of(cluster).items()
+    proc = _start(cfg, tmp_path, run_dir)
+    try:
+        _wait_for_log(run_dir, "units planned", proc)
+        cluster.remove_node(worker, allow_graceful=False)
+        code, err, left = _finish(proc)
+    finally:
+        _restore(cluster)
+    assert code == 0 and not left, (left, err[-3000:])
+    assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == reference
+    log = _log(run_dir)
+    assert [x for x in log if x["event"] == "a worker actor was lost; its calls run again on a new one"]
+    calls, = [x["calls"] for x in log if x["event"] == "worker calls per node"]
+    assert calls and worker_id not in calls, calls  # every call answered ran on the node left
+
+
+@pytest.mark.ray
 def test_a_dedup_holder_actor_killed_mid_ingest_is_replaced_inside_the_job(cluster, tmp_path: Path) -> None:
     """Two dedup holders, Ray actors (one on each node), near-dedup on; kill -9 of holder 0's process (a share of the
     digests and the near-dedup index) while units are judged: the job places a new one, which reads its logs back
