@@ -238,10 +238,8 @@ def _globbed(pattern: str) -> Iterator[str]:
         while parent and parent not in inside:
             inside.add(parent)
             parent = os.path.dirname(parent)
-    for m in matched:
-        if not os.path.isdir(m):
-            yield m
-        elif os.path.normpath(m) not in inside and _holds_anything(m):
+    for m in matched:  # a file, or a folder it reaches nothing in
+        if not os.path.isdir(m) or (os.path.normpath(m) not in inside and _holds_anything(m)):
             yield m
 
 

@@ -457,7 +457,7 @@ def test_a_token_the_hub_refuses_is_a_config_error_saying_so(hub, tmp_path, stat
     with pytest.raises(HFSourceError) as err:
         next(HFSource(cfg(), tmp_path / "cache").iter_records())
     assert isinstance(err.value, ConfigError) and "\n" not in str(err.value)
-    assert str(err.value).startswith(f"hf://org/corpus: the Hub refused the request (") and str(err.value).endswith(
+    assert str(err.value).startswith("hf://org/corpus: the Hub refused the request (") and str(err.value).endswith(
         "); check HF_TOKEN: a token it does not accept, or one without access to this repo")
     assert f"{status} " in str(err.value)
 
