@@ -29,14 +29,17 @@ class NotARunDir(ValueError):
 
 
 def read_checkpoint(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any]) -> Checkpoint:
-    """A dataset's checkpoint for a reader (`status`, `audit`). Missing from a complete run whose dataset has parts
-    raises ValueError (damaged): its dataset showed as not started, all zeros, and `audit` rewrote the report with
-    them. (A running job writes a part before its first checkpoint; an optional dataset skipped has neither.)"""
-    path = CheckpointLayout(ckpt_dir).checkpoint(name)
+    """A dataset's checkpoint for a reader (`status`, `audit`). Missing from a complete run whose dataset ran (its
+    plan, parts or rejects are there) raises ValueError (damaged): its dataset showed as not started, all zeros,
+    and `audit` rewrote the report with them. (A running job writes a part before its first checkpoint; an optional
+    dataset skipped has none of them; one that rejected every record has no part.)"""
+    layout = CheckpointLayout(ckpt_dir)
+    path = layout.checkpoint(name)
     cp = Checkpoint.load(path)
-    if not cp.started and record.get("status") == "complete" \
-            and any(RunLayout(run_dir).ingest_dir(name).glob("part-*.jsonl")):
-        raise ValueError(f"{path.name} is missing, and dataset {name!r} has ingest parts")
+    run = RunLayout(run_dir)
+    if not cp.started and record.get("status") == "complete" and (
+            layout.plan(name).exists() or run.rejects(name).exists() or any(run.ingest_dir(name).glob("part-*.jsonl"))):
+        raise ValueError(f"{path.name} is missing, and dataset {name!r} ran (its plan, parts or rejects are there)")
     return cp
 
 

@@ -134,18 +134,22 @@ def test_a_damaged_checkpoint_neither_hangs_nor_crashes_status(done_run, tmp_pat
 
 
 @pytest.mark.parametrize("damage", ["checkpoint not JSON", "checkpoint a list", "receipt truncated", "receipt a list",
-                                    "checkpoint missing"])
+                                    "checkpoint missing", "checkpoint missing, nothing kept"])
 def test_a_checkpoint_or_receipt_that_is_not_a_json_object_is_damaged_for_status_and_audit(done_run, tmp_path,
                                                                                           capsys, damage):
     """Regression: these read as "not started" / "pending" (exit 0): `status` showed the finished dataset at 0 read
     and `audit` rewrote audit.json with those zeros. Now the documented line, exit 2, and the audit is untouched.
-    (A checkpoint missing from a complete run whose dataset has parts too: it was the last left so.)"""
+    (A checkpoint missing from a complete run whose dataset ran too: it was the last left so, and one that kept
+    nothing, no part written, after that: its plan is there.)"""
     from streamprep.cli import main
 
     run_dir = _copy_run(done_run, tmp_path / "run")
     target = run_dir / ("checkpoints/a.json" if damage.startswith("checkpoint") else "receipts/a/part-00000.json")
-    if damage == "checkpoint missing":
+    if damage.startswith("checkpoint missing"):
         target.unlink()
+        if damage.endswith("nothing kept"):
+            for part in (run_dir / "ingest/a").glob("part-*.jsonl"):
+                part.unlink()
     else:
         target.write_bytes(b"[]" if damage.endswith("a list") else target.read_bytes()[:30])
     audit = (run_dir / "audit" / "audit.json").read_bytes()
