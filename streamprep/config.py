@@ -539,6 +539,9 @@ def load_file(path: str | Path) -> "Config":
             loader.dispose()
     except ConfigError as exc:
         raise ConfigError(f"config: {p}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:  # its problem and where: the first line was only the context ("while
+        where = f" (line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1})" if exc.problem_mark else ""
+        raise ConfigError(f"config: {p}: not valid YAML: {exc.problem or exc.context}{where}") from None  # scanning")
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"config: {p}: not valid YAML: {first}") from None

@@ -176,6 +176,12 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
     _check_writable_dir(run_dir, "run dir")
     if config.run.checkpoint_dir:
         _check_writable_dir(Path(config.run.checkpoint_dir), "'run.checkpoint_dir'")
+        ckpt, inside = Path(config.run.checkpoint_dir).resolve(), run_dir.resolve()
+        if ckpt.is_relative_to(inside) and ckpt != RunLayout(run_dir).local_checkpoints.resolve():
+            # its <dataset>.json met the run's own files (run.json, blend.json; tokenizer/, parquet/, ingest/)
+            raise ConfigError(f"config: 'run.checkpoint_dir': {ckpt} is the run dir or a folder inside it, where the "
+                              f"checkpoint files would meet the run's own; leave it unset (RUN_DIR/checkpoints) or "
+                              f"choose a folder outside the run dir")
     layout, checkpoints = RunLayout(run_dir), CheckpointLayout(_checkpoint_dir(config, run_dir))
     for where, folder in (("run dir", run_dir), ("'run.checkpoint_dir'", checkpoints.checkpoint_dir.resolve())):
         inside = next((d for d in config.datasets if reaches_into(d.path, folder)), None)

@@ -477,6 +477,38 @@ def test_checkpoint_dir_under_a_regular_file_is_refused_before_writing(tmp_path:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("where", ["run", "run/tokenizer", "run/parquet", "run/ingest/a"])
+def test_a_checkpoint_dir_inside_the_run_dir_is_refused_before_writing(tmp_path: Path, data: Path, where: str) -> None:
+    """Regression: `run.checkpoint_dir` at the run dir (or a folder of its outputs) was taken, and a checkpoint
+    `<dataset>.json` met the run's own files: a dataset named `run` and run.json overwrote each other (progress
+    lost, status at zeros), one named `tokenizer` broke the run's tokenizer (exit 1 at every re-run). The default,
+    RUN_DIR/checkpoints, and a folder outside stay fine."""
+    from streamprep.pipeline import _preflight
+
+    def preflight(ckpt: str) -> None:
+        cfg = validate({"datasets": [{"name": "a", "path": str(data)}], "run": {"checkpoint_dir": ckpt}},
+                       base_dir=tmp_path)
+        _preflight(Config.from_dict(cfg), tmp_path / "run", fresh=False)
+
+    with pytest.raises(ConfigError, match=rf"^config: 'run.checkpoint_dir': {tmp_path / where} is the run dir or a "
+                                          r"folder inside it, where the checkpoint files would meet the run's own; "):
+        preflight(where)
+    assert not (tmp_path / "run").exists()
+    preflight("run/checkpoints")
+    preflight("elsewhere")
+
+
+def test_a_yaml_error_says_what_and_where(tmp_path: Path) -> None:
+    """Regression: only PyYAML's context line was kept ("while scanning for the next token"), not the problem or
+    its line."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("run:\n\tname: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_file(cfg)
+    assert str(err.value) == (f"config: {cfg}: not valid YAML: found character '\\t' that cannot start any token "
+                              f"(line 2, column 1)")
+
+
 def test_relative_path_through_a_symlink_loop_names_its_key(tmp_path: Path, data: Path) -> None:
     (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
     (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
