@@ -57,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
 
     ing = sub.add_parser("ingest", help="run or resume the whole job", epilog=EPILOG_INGEST, formatter_class=fmt)
-    ing.add_argument("--config", required=True, help="YAML config file")
-    ing.add_argument("--run-dir", help="run directory (default: runs/<run.name>)")
+    ing.add_argument("--config", required=True, type=_path, help="YAML config file")
+    ing.add_argument("--run-dir", type=_path, help="run directory (default: runs/<run.name>)")
     ing.add_argument("--fresh", action="store_true", help="refuse to reuse a non-empty run dir")
 
     st = sub.add_parser("status", help="where a run stands: per dataset and stage; complete/resumable/running",
@@ -83,6 +83,14 @@ def _parser() -> argparse.ArgumentParser:
     for command in (ing, st, lg, au, ver):  # after the command too; unset there, so `--debug COMMAND` holds
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
+
+
+def _path(text: str) -> str:
+    """A path given on the command line: an empty one (`--run-dir "$RUN"` with RUN unset) was no option at all, the
+    job running in runs/<name> of the working directory, or for --config ". is a directory"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return text
 
 
 def _count(text: str) -> int:

@@ -55,7 +55,12 @@ def test_missing_dir_and_bad_arguments(tmp_path, capsys):
                        (["status"], "streamprep status: error: the following arguments are required: RUN_DIR"),
                        (["ingest", "--confg", "x.yaml"], "streamprep ingest: error: the following arguments are "
                                                           "required: --config"),
-                       (["digest"], "streamprep: error: argument COMMAND: invalid choice: 'digest'")):
+                       (["digest"], "streamprep: error: argument COMMAND: invalid choice: 'digest'"),
+                       # regression: `--run-dir "$RUN"` with RUN unset ran the job in runs/<name> of the working
+                       # directory, exit 0; `--config ""` said ". is a directory"
+                       (["ingest", "--config", "x.yaml", "--run-dir", ""], "streamprep ingest: error: argument "
+                                                                          "--run-dir: an empty path"),
+                       (["ingest", "--config", " "], "streamprep ingest: error: argument --config: an empty path")):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2
