@@ -545,6 +545,8 @@ def load_file(path: str | Path) -> "Config":
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"config: {p}: not valid YAML: {first}") from None
+    if raw is None:  # it said "top level must be a mapping, got NoneType", naming no file
+        raise ConfigError(f"config: {p}: empty (no YAML mapping in it)")
     return load(raw, p.parent)
 
 

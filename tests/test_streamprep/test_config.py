@@ -507,6 +507,11 @@ def test_a_yaml_error_says_what_and_where(tmp_path: Path) -> None:
         load_file(cfg)
     assert str(err.value) == (f"config: {cfg}: not valid YAML: found character '\\t' that cannot start any token "
                               f"(line 2, column 1)")
+    for empty in ("", "# only a comment\n"):  # regression: "top level must be a mapping, got NoneType", no file named
+        cfg.write_text(empty)
+        with pytest.raises(ConfigError) as err:
+            load_file(cfg)
+        assert str(err.value) == f"config: {cfg}: empty (no YAML mapping in it)"
 
 
 def test_relative_path_through_a_symlink_loop_names_its_key(tmp_path: Path, data: Path) -> None:
