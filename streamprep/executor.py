@@ -24,6 +24,7 @@ import importlib
 import os
 import pickle
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ log = logs.get("executor")
 # checkpoints) comes first on a shared core, so it never waits behind the workers it feeds.
 WORKER_NICE = 10
 POOL_RESTARTS = 4  # process pools replaced after a worker process died, per job; then the job fails (and resumes)
+FORKSERVER_GONE_S = 0.2  # before a new pool, after a worker could not start (a forkserver still dying)
 Setup = tuple[Callable[..., None], tuple]  # run once in each worker before its first call: fn, args
 # CPython's cyclic collector, tuned for a worker (and the job's process): its calls allocate and free a few small
 # containers per record (parsed dicts, metas, rows), so a young-generation pass came every 700 of them and the
@@ -204,6 +206,9 @@ class LocalExecutor(Executor):
         except BrokenProcessPool as exc:  # broken before this call reached it
             self._retry(outer, pool, exc, fn, args)
             return
+        except OSError as exc:  # no worker could start: a forkserver killed a moment ago still looked alive to
+            self._retry(outer, pool, exc, fn, args, pause=FORKSERVER_GONE_S)  # multiprocessing (refused; the call
+            return  # was lost, raised in the broken pool's callback, and its caller waited for ever)
         except RuntimeError as exc:  # shut down: the job is ending
             settle(outer, exc=exc)
             return
@@ -229,13 +234,14 @@ class LocalExecutor(Executor):
             settle(outer, result=result)
 
     def _retry(self, outer: Future, pool: ProcessPoolExecutor, exc: BaseException, fn: Callable[..., Any],
-               args: tuple) -> None:
-        """Run the call again on a new pool; the first call to see `pool` broken replaces it."""
+               args: tuple, pause: float = 0.0) -> None:
+        """Run the call again on a new pool; the first call to see `pool` broken replaces it (after `pause`)."""
         with self._lock:
             if pool is self._pool:
                 if self.restarts >= POOL_RESTARTS or self._closed:
                     settle(outer, exc=exc)
                     return
+                time.sleep(pause)
                 self.restarts += 1
                 log.warning("a worker process died; its calls run again on a new pool", restarts=self.restarts,
                             error=str(exc)[:200])

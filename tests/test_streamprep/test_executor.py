@@ -84,6 +84,22 @@ def test_a_killed_forkserver_leaves_no_worker_of_the_broken_pool_behind() -> Non
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old)
 
 
+def test_a_worker_that_cannot_start_costs_its_call_a_retry_on_a_new_pool() -> None:
+    """Regression (CI, once): right after the forkserver was killed, multiprocessing still took it for alive and a new
+    worker's start was refused (ConnectionRefusedError) inside the broken pool's callback: the call was lost and its
+    caller waited for ever. It runs again on a new pool, a moment later."""
+    with LocalExecutor(2) as ex:
+        _processes(ex, 2)
+        real = ex._pool.submit
+
+        def refused(*args, **kwargs):
+            raise ConnectionRefusedError(111, "Connection refused")
+
+        ex._pool.submit = refused
+        assert ex.submit(os.getpid).result(60) in ex.processes and ex.restarts == 1
+        assert real is not ex._pool.submit
+
+
 def test_a_pool_that_keeps_dying_fails_its_calls_after_the_restart_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(executors, "POOL_RESTARTS", 1)
     with LocalExecutor(2) as ex:
