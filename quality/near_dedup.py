@@ -22,7 +22,6 @@ the estimated Jaccard (share of equal MinHash values) must reach `threshold`.
 from __future__ import annotations
 
 import mmap
-import os
 import string
 from collections.abc import Sequence
 from itertools import chain
@@ -126,7 +125,6 @@ class NearDupIndex:
         self.levels: list[np.ndarray] = []  # (bands, m) uint64, each row sorted
         self.flushed = 0                  # records already handed out by `take_log`
         self.pending: list[np.ndarray] = []  # records of earlier batches' kept documents not yet handed out
-        self._fh: Any = None
         self._map: mmap.mmap | None = None   # the log's first `_mapped` records (`_logged`)
         self._mapped = 0
         self._sigs: list[bytes | None] = []
@@ -160,9 +158,6 @@ class NearDupIndex:
 
     def close(self) -> None:
         self._unmap()
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
 
     def nbytes(self) -> int:
         """Bytes held by the sorted levels (the current batch's arrays are bounded by the batch size)."""
@@ -244,7 +239,7 @@ class NearDupIndex:
         recs = self._logged(ordinals[:logged].astype(np.int64))
         srcs, sigs = recs["src"], recs["sig"]
         if logged < len(ordinals):  # the records not yet handed out, and the batch's kept documents: few
-            rest = [self._record(o) for o in ordinals[logged:].tolist()]
+            rest = [self._unlogged(o) for o in ordinals[logged:].tolist()]
             srcs = np.concatenate([srcs, np.array([src for src, _ in rest], np.uint64)])
             sigs = np.concatenate([sigs, np.stack([other for _, other in rest])])
         jaccard = np.count_nonzero(sigs == np.frombuffer(sig, "<u4"), axis=1) / self.num_perm
@@ -254,14 +249,13 @@ class NearDupIndex:
     def _logged(self, ordinals: np.ndarray) -> np.ndarray:
         """The log's records at `ordinals` (< `flushed`), through a read-only map of the log, made again once the
         log has grown and dropped at each batch (`prepare`): the pages a batch touched leave the process's RSS."""
+        if not len(ordinals):  # every candidate not logged yet: no map needed
+            return np.empty(0, self.dtype)
         if self._map is None or self._mapped < self.flushed:
             self._unmap()
-            if self.flushed:
-                with open(self.path, "rb") as fh:
-                    self._map = mmap.mmap(fh.fileno(), self.flushed * self.record_size, access=mmap.ACCESS_READ)
-                self._mapped = self.flushed
-        if not len(ordinals):
-            return np.empty(0, self.dtype)
+            with open(self.path, "rb") as fh:  # (a logged ordinal: the log holds a record or more)
+                self._map = mmap.mmap(fh.fileno(), self.flushed * self.record_size, access=mmap.ACCESS_READ)
+            self._mapped = self.flushed
         view = np.frombuffer(self._map, self.dtype, count=self._mapped)
         try:
             return view[ordinals]   # a copy: the map may be closed with no view of it left
@@ -273,14 +267,9 @@ class NearDupIndex:
             self._map.close()
             self._map, self._mapped = None, 0
 
-    def _record(self, ordinal: int) -> tuple[int, np.ndarray]:
-        """(source index, signature) of a kept document: from the log, the records not yet handed out, or the
-        batch."""
-        if ordinal < self.flushed:
-            if self._fh is None:
-                self._fh = open(self.path, "rb")
-            rec = np.frombuffer(os.pread(self._fh.fileno(), self.record_size, ordinal * self.record_size), self.dtype)[0]
-            return int(rec["src"]), rec["sig"]
+    def _unlogged(self, ordinal: int) -> tuple[int, np.ndarray]:
+        """(source index, signature) of a kept document not in the log yet (>= `flushed`; those are `_logged`):
+        from the records not yet handed out, or the batch."""
         i = ordinal - self.flushed
         for records in self.pending:
             if i < len(records):
