@@ -34,7 +34,7 @@ from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, read_j
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
-from streamprep.unit_worker import late_plugins
+from streamprep.unit_worker import late_gates
 from streamprep.sources.base import one_line
 from streamprep.sources.hf import set_retry_policy
 from streamprep.sources.local import reaches_into
@@ -216,8 +216,7 @@ def plugin_modules() -> list[str]:
     """What run.json records of the plug-ins: the modules STREAMPREP_PLUGINS names, then the modules of the plug-ins
     the caller registered before the job (`Registry.late`, and gates), which decide verdicts and bytes as much: a
     resume without them was not refused."""
-    late = [m for reg in registry.FAMILIES for _, m in reg.late()] + \
-        [m for family, _, m in late_plugins() if family == "quality gate"]
+    late = [m for reg in registry.FAMILIES for _, m in reg.late()] + [m for _, m in late_gates()]
     return list(registry.PLUGIN_MODULES) + [m for m in dict.fromkeys(late) if m not in registry.PLUGIN_MODULES]
 
 

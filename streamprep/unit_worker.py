@@ -130,10 +130,15 @@ def late_plugins() -> list[tuple[str, str, str]]:
     (`init_worker`); without that, `workers: 2` ran the job without them, and without a word."""
     late = [(reg.family, name, module) for reg in (registry.SOURCE_FORMATS, registry.SCHEMES)
             for name, module in reg.late()]
+    return late + [("quality gate", name, module) for name, module in late_gates()]
+
+
+def late_gates() -> list[tuple[str, str]]:
+    """(name, module) of each gate factory registered after streamprep's start (`Registry.late`'s, for the gates,
+    which quality keeps itself)."""
     gates = sys.modules.get("quality.gates")
     factories = gates.EXTRA_GATES[registry.GATES_AT_START:] if gates is not None else []
-    return late + [("quality gate", getattr(f, "__qualname__", type(f).__qualname__), registry.module_of(f))
-                   for f in factories]
+    return [(getattr(f, "__qualname__", type(f).__qualname__), registry.module_of(f)) for f in factories]
 
 
 def _adopt(plugins: list[tuple[str, str, str]]) -> str | None:
