@@ -111,9 +111,11 @@ def _dropped_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]]
         why = {int(line): (EMPTY_TOKENS, "encodes to no tokens (kept by QC)") for line in st.get("dropped_empty") or []}
         for d in (st.get("sft") or {}).get("dropped_records") or []:
             why.setdefault(int(d["line"]), (f"sft:{d['reason']}", f"dropped by the SFT shards: {d['detail']}"))
+        taken = {key: len(shown) for key, shown in out.items()}
         wanted: dict[int, tuple[str, str]] = {}
         for line, (key, reason) in sorted(why.items()):
-            if len(out.get(key, ())) + sum(1 for kk, _ in wanted.values() if kk == key) < k:
+            if taken.get(key, 0) < k:
+                taken[key] = taken.get(key, 0) + 1
                 wanted[line] = (key, reason)
         if not wanted:
             continue
