@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -238,6 +239,25 @@ def test_jobs_in_a_row_and_signalled_jobs_leave_nothing_behind(cluster, tmp_path
     _assert_nothing_left(cluster, drivers)
 
 
+def _lose_the_second_node(cluster, cfg: dict, tmp_path: Path, run_dir: Path,
+                          when: Callable[[subprocess.Popen], object]) -> float:
+    """Run `cfg` in `run_dir`, remove the cluster's second node (not gracefully) once `when(proc)` returns, and check
+    the job exits 0, leaving nothing, with the bytes of a local run; the node is added back. Returns when it was lost."""
+    reference = _local_reference(cfg, tmp_path / "local")
+    worker, = _nodes_of(cluster).values()
+    proc = _start(cfg, tmp_path, run_dir)
+    try:
+        when(proc)
+        cluster.remove_node(worker, allow_graceful=False)
+        t_lost = time.monotonic()
+        code, err, left = _finish(proc)
+    finally:
+        _restore(cluster)
+    assert code == 0 and not left, (left, err[-3000:])
+    assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == reference
+    return t_lost
+
+
 @pytest.mark.ray
 def test_a_lost_node_costs_a_retry_not_a_rerun(cluster, tmp_path: Path) -> None:
     """The second raylet dies (not gracefully) while the job's pipeline has shards on it: those shards, and the
@@ -246,22 +266,16 @@ def test_a_lost_node_costs_a_retry_not_a_rerun(cluster, tmp_path: Path) -> None:
     from streamprep.status import format_status, run_status
 
     cfg = _config(tmp_path, 16000, 100, engine="xenna", workers=2, ray_address=cluster.address)
-    reference = _local_reference(cfg, tmp_path / "local")
     run_dir = tmp_path / "lost"
-    (worker_id, worker), = _nodes_of(cluster).items()
-    proc = _start(cfg, tmp_path, run_dir)
-    try:
+    worker_id = next(iter(_nodes_of(cluster)))
+
+    def a_shard_ran_there(proc: subprocess.Popen) -> None:
         deadline = time.monotonic() + 120
         while not any(x["node"] == worker_id for x in _wait_for_log(run_dir, "shard done", proc)):
             assert time.monotonic() < deadline, "no shard ran on the second node"
             time.sleep(0.02)
-        cluster.remove_node(worker, allow_graceful=False)
-        t_lost = time.monotonic()
-        code, err, left = _finish(proc)
-    finally:
-        _restore(cluster)
-    assert code == 0 and not left, (left, err[-3000:])
-    assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == reference
+
+    t_lost = _lose_the_second_node(cluster, cfg, tmp_path, run_dir, a_shard_ran_there)
     log = _log(run_dir)
     done = [(x["dataset"], x["part"]) for x in log if x["event"] == "shard done"]
     assert len(done) == len(set(done)) == len(list((run_dir / "receipts/gen").glob("*.json")))  # each shard once
@@ -286,18 +300,9 @@ def test_a_lost_node_under_the_local_engine_costs_its_worker_actors_a_replacemen
     was replaced on that same node (Ray lists a dead node as alive for ~20 s), died with it, and the job failed
     (`ActorDiedError`, once blamed on the input). The replacement goes to a node left; exit 0, a local run's bytes."""
     cfg = _config(tmp_path, 16000, 100, engine="local", workers=2, ray_address=cluster.address, dedup_holders=0)
-    reference = _local_reference(cfg, tmp_path / "local")
     run_dir = tmp_path / "lost"
-    (worker_id, worker), = _nodes_of(cluster).items()
-    proc = _start(cfg, tmp_path, run_dir)
-    try:
-        _wait_for_log(run_dir, "units planned", proc)
-        cluster.remove_node(worker, allow_graceful=False)
-        code, err, left = _finish(proc)
-    finally:
-        _restore(cluster)
-    assert code == 0 and not left, (left, err[-3000:])
-    assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == reference
+    worker_id = next(iter(_nodes_of(cluster)))
+    _lose_the_second_node(cluster, cfg, tmp_path, run_dir, lambda proc: _wait_for_log(run_dir, "units planned", proc))
     log = _log(run_dir)
     assert [x for x in log if x["event"] == "a worker actor was lost; its calls run again on a new one"]
     calls, = [x["calls"] for x in log if x["event"] == "worker calls per node"]
