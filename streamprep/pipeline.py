@@ -203,6 +203,7 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
                           f"use a new --run-dir (with --fresh) to start over")
+    _refuse_moved_checkpoints(previous, _checkpoint_dir(config, run_dir))
     was, now = previous.get("plugins"), plugin_modules()  # absent: recorded by a version before plug-ins were
     if was is not None and was != now:
         raise ConfigError(f"plug-ins changed since this run started (was {','.join(was) or 'none'!r}, now "
@@ -210,6 +211,26 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
                           f"registered before the job); plug-ins decide verdicts and bytes as the config does: resume "
                           f"with the same, or use a new --run-dir")
     return previous
+
+
+def _refuse_moved_checkpoints(previous: dict[str, Any], checkpoint_dir: Path) -> None:
+    """A resume whose `run.checkpoint_dir` is not where the run's checkpoints are found no checkpoint there and
+    started every dataset over, removing its parts, while the checkpoints sat in the old folder. Refused when the
+    folder run.json names still holds this run's checkpoints (its owner file) and the new one does not: a run dir
+    copied or moved with its own checkpoints, or checkpoints moved to the new folder, go on."""
+    was = previous.get("checkpoint_dir")
+    run_id = previous.get("run_id")
+    if not isinstance(was, str) or not run_id or Path(was).resolve() == checkpoint_dir.resolve():
+        return
+
+    def holds(folder: Path) -> bool:
+        owner = CheckpointLayout(folder).owner
+        return owner.is_file() and owner.read_text(errors="replace").strip() == run_id
+
+    if holds(Path(was)) and not holds(checkpoint_dir):
+        raise ConfigError(f"config: 'run.checkpoint_dir' changed since this run started: its checkpoints are in {was}, "
+                          f"not {checkpoint_dir}; resume with the same run.checkpoint_dir, move them there, or use a "
+                          f"new --run-dir")
 
 
 def plugin_modules() -> list[str]:

@@ -83,6 +83,33 @@ def test_later_run_reusing_a_checkpoint_dir_is_refused(tmp_path):
     assert _snapshot(ckpt) == before and not (tmp_path / "run-b" / "run.json").exists()
 
 
+def test_a_resume_with_another_checkpoint_dir_is_refused_until_the_checkpoints_move(tmp_path):
+    """It found no checkpoint in the new folder and started the dataset over, removing its parts, while the
+    run's checkpoints sat in the old one."""
+    cfg, run_dir = _config(tmp_path), tmp_path / "run"
+    cfg["run"]["checkpoint_dir"] = str(tmp_path / "ck-a")
+    assert run_from_dict(cfg, run_dir=run_dir, console_log=False).status == "complete"
+    def outputs() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for d in ("ingest", "binidx") for p in (run_dir / d).rglob("*") if p.is_file()}
+
+    parts = outputs()
+    assert len(parts) == 6
+    cfg["run"]["checkpoint_dir"] = str(tmp_path / "ck-b")
+    with pytest.raises(ConfigError, match=f"'run.checkpoint_dir' changed.*checkpoints are in {tmp_path / 'ck-a'}"):
+        run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    assert not (tmp_path / "ck-b").exists()
+    assert outputs() == parts
+
+    del cfg["run"]["checkpoint_dir"]  # back to RUN_DIR/checkpoints: refused as well
+    with pytest.raises(ConfigError, match="'run.checkpoint_dir' changed"):
+        run_from_dict(cfg, run_dir=run_dir, console_log=False)
+
+    shutil.move(tmp_path / "ck-a", tmp_path / "ck-b")  # the checkpoints moved with the config: the run goes on
+    cfg["run"]["checkpoint_dir"] = str(tmp_path / "ck-b")
+    assert run_from_dict(cfg, run_dir=run_dir, console_log=False).status == "complete"
+    assert outputs() == parts
+
+
 def test_input_at_a_checkpoint_name_is_refused_not_parsed_or_deleted(tmp_path):
     ckpt = tmp_path / "data"
     ckpt.mkdir()
