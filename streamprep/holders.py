@@ -262,9 +262,13 @@ class _Actor:
 
     def __init__(self, slot: int) -> None:
         import ray  # as below
+        from ray.exceptions import RayActorError
 
         self._actor, self._refs = ray_cluster.place_actor(Holder, slot, True), deque()
-        ray.get(self._actor.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S)  # no node to place it on
+        try:
+            ray.get(self._actor.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S)  # no node to place it on
+        except RayActorError as exc:  # it ended as it started (its node lost, its process killed): was a bare
+            raise HolderLost(f"a dedup holder actor ended as it started: {exc}") from exc  # ActorDiedError
 
     def send(self, method: str, args: tuple) -> None:
         self._refs.append(getattr(self._actor, method).remote(*args))

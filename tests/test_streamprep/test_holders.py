@@ -61,3 +61,25 @@ def test_a_holder_process_answers_in_order_and_sends_errors_back(tmp_path: Path)
         assert [u["digests"] for u in holders.usage()] == [{"d": 200 - odd}, {"d": odd}]
     for p, n in enumerate((200 - odd, odd)):
         assert CheckpointLayout(tmp_path).dedup_log("d", p, 2).stat().st_size == 32 * n
+
+
+def test_a_holder_actor_that_ends_as_it_starts_is_a_holder_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was a bare ActorDiedError out of the job, where a holder lost later is a HolderLost saying to re-run."""
+    ray = pytest.importorskip("ray")
+    from ray.exceptions import ActorDiedError
+
+    from streamprep import holders
+
+    class Died:
+        class ready:  # noqa: N801 (the actor method's name)
+            @staticmethod
+            def remote() -> str:
+                return "ref"
+
+    def get(ref: str, timeout: float) -> None:
+        raise ActorDiedError()
+
+    monkeypatch.setattr(holders.ray_cluster, "place_actor", lambda cls, slot, pin: Died())
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(holders.HolderLost, match="a dedup holder actor ended as it started: The actor died"):
+        holders._Actor(0)
