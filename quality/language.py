@@ -106,11 +106,12 @@ class Cld2Detector:
                 reliable, _, details = pycld2.detect(cld2_input(sample), True)
         except pycld2.error:
             return Detection({}, False, self.name)
-        probs: dict[str, float] = {}
+        percents: dict[str, int] = {}  # whole percents, summed before dividing: 0.72 + 0.18 is 0.8999999999999999
         for _, code, percent, _ in details:
             if code != "un" and percent > 0:
                 key = normalize_code(code)
-                probs[key] = probs.get(key, 0.0) + percent / 100.0
+                percents[key] = percents.get(key, 0) + percent
+        probs = {k: p / 100 for k, p in percents.items()}
         return Detection(probs, bool(reliable and probs), self.name)
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from fractions import Fraction
+from typing import Any, Callable, ClassVar
 
 from quality.normalize import latin1_view
 
@@ -68,6 +69,15 @@ class Gate(ABC):
 def ratio(x: float) -> float:
     """Signals go into meta rounded to 4 decimals: small, JSON-friendly and stable."""
     return round(float(x), 4)
+
+
+def most_within(max_density: float) -> Callable[[int], int]:
+    """`n -> the most hits of n whose density stays within max_density` as the decimal it is written as (0.009
+    of 3 000 is 27): `max_density * n` rounds (26.999999999999996), so hits compared with it rejected a density
+    on its limit. Integers from here on, as cheap per doc as the product."""
+    exact = Fraction(repr(float(max_density)))
+    p, q = exact.numerator, exact.denominator
+    return lambda n: n * p // q
 
 
 def shown(x: float, limit: float) -> str:

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import hyperscan
 
-from quality.gates.base import Doc, Gate, ratio, shown
+from quality.gates.base import Doc, Gate, most_within, ratio, shown
 from quality import hs
 from quality.hs import database
 from quality.normalize import latin1_view
@@ -167,7 +167,7 @@ class PiiGate(Gate):
     name = failed_check = "pii"
 
     def __init__(self, max_density: float):
-        self.max_density = max_density
+        self.max_density, self._most = max_density, most_within(max_density)
 
     def check(self, doc: Doc) -> str | None:
         text, view = doc.text, doc.latin1
@@ -175,7 +175,7 @@ class PiiGate(Gate):
         if cues == (False, False) and "@" not in text:  # nothing any kind could match: density 0
             doc.meta["pii_density"] = 0.0
             return None
-        limit = self.max_density * len(text)
+        limit = self._most(len(text))
         matched = 0
         kinds: dict[str, int] = {}
         for kind, start, end in _find(text, view, cues):

@@ -17,7 +17,6 @@ the shared scan).
 """
 from __future__ import annotations
 
-import math
 import re
 from functools import lru_cache
 from itertools import filterfalse
@@ -25,7 +24,7 @@ from importlib import resources
 
 import numpy as np
 
-from quality.gates.base import Doc, Gate, ratio, shown
+from quality.gates.base import Doc, Gate, most_within, ratio, shown
 from quality.gates.lexicon import classes, scan
 
 MEMO_TOKENS = 65_536  # candidate tokens a gate remembers (~100 B each)
@@ -58,7 +57,7 @@ class ProfanityGate(Gate):
     name = failed_check = "profanity"
 
     def __init__(self, max_density: float):
-        self.max_density = max_density
+        self.max_density, self._most = max_density, most_within(max_density)
         self.words = load_words()
         self.masked = masked_forms(self.words)
         self.sorted_words = tuple(sorted(self.words))
@@ -96,7 +95,7 @@ class ProfanityGate(Gate):
     def density_by_tokens(self, lower: str) -> tuple[int, int]:
         """(hits, tokens) from the token list: the reference scan, and the one for texts rich in non-ASCII."""
         tokens = _TOKEN.findall(lower)
-        limit = self.max_density * len(tokens)
+        limit = self._most(len(tokens))
         hits = sum(map(self.words.__contains__, tokens))  # plain words, at C speed
         for token in filterfalse(str.isalpha, tokens):   # then only tokens with digits or symbols
             if hits > limit:
@@ -130,8 +129,8 @@ class ProfanityGate(Gate):
             return 0, 0
         cls = np.frombuffer(tokens_of, np.uint8)  # a token starts where a separator (32) is followed by a token char
         tokens = int(np.count_nonzero((cls[:-1] == 32) & (cls[1:] != 32))) + (tokens_of[:1] != b" ")
-        limit = self.max_density * tokens
-        return (plain if plain > limit else min(plain + obfuscated, math.floor(limit) + 1)), tokens
+        limit = self._most(tokens)
+        return (plain if plain > limit else min(plain + obfuscated, limit + 1)), tokens
 
     def check(self, doc: Doc) -> str | None:
         found = self.density_by_scan(doc)
@@ -139,7 +138,7 @@ class ProfanityGate(Gate):
         if not tokens:
             doc.meta["profanity_density"] = 0.0
             return None
-        limit = self.max_density * tokens
+        limit = self._most(tokens)
         density = hits / tokens
         doc.meta["profanity_density"] = ratio(density)
         if hits > limit:

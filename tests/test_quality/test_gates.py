@@ -380,6 +380,45 @@ def test_a_figure_just_past_its_limit_is_not_shown_equal_to_it() -> None:
         "0.89618", "0.899996", "0.5", "0.1234567"]
 
 
+@pytest.mark.parametrize("limit", [0.009, 0.018, 0.036, 0.29, 0.57])
+def test_a_density_on_a_limit_whose_product_rounds_low_is_kept(limit: float) -> None:
+    """`limit * n` rounds: 0.009 * 3 000 is 26.999999999999996, so 27 PII chars of 3 000 (and 27 profane tokens of
+    1 500 at 0.018) were rejected as "0.009 > 0.009". The limit is the decimal written; one more hit is past it."""
+    from fractions import Fraction
+
+    for n in range(100, 4000):
+        hits = Fraction(repr(limit)) * n
+        if hits.denominator != 1 or not 12 < hits < n - 1 or limit * n >= hits:
+            continue  # the product is not an integer, or the float product has no error to trip on
+        hits = int(hits)
+        text = "x" * (n - hits - 1) + " " + "e" * (hits - 12) + "@example.com"
+        on = Doc(None, text=text)
+        assert len(text) == n and PiiGate(limit).check(on) is None, (limit, n)
+        assert PiiGate(limit).check(Doc(None, text="x" * (n - hits - 2) + " " + "e" * (hits - 11) + "@example.com"))
+        tokens = " ".join(["word"] * (n - hits) + ["shit"] * hits)
+        assert ProfanityGate(limit).check(Doc(None, text=tokens)) is None, (limit, n)
+        past = " ".join(["word"] * (n - hits - 1) + ["shit"] * (hits + 1))
+        assert ProfanityGate(limit).check(Doc(None, text=past)).endswith(f" > {limit} ({hits + 1} of {n} tokens)")
+        return
+    pytest.fail(f"no length below 4 000 puts {limit} on a product that rounds low")
+
+
+def test_cld2_percents_of_one_language_add_up_before_dividing() -> None:
+    """zh-Hant 72 % + zh 18 % summed as fractions is 0.8999999999999999, and a text 90 % Chinese was rejected at the
+    default min_language_prob 0.9 ("p=0.8999999999999999 < 0.9")."""
+    import pycld2
+
+    from quality.language import Cld2Detector
+
+    hans = "我们今天去公园散步，天气很好，孩子们在草地上玩耍，老人们在树下下棋聊天。这个城市的图书馆延长了开放时间，居民们非常高兴。"
+    hant = "我們今天去公園散步，天氣很好，孩子們在草地上玩耍，老人們在樹下下棋聊天。這個城市的圖書館延長了開放時間，居民們非常高興。"
+    text = hans + " The city council voted to expand the public library hours after residents asked. " + hant * 4 + " ok" * 3
+    assert [(c, p) for _, c, p, _ in pycld2.detect(text, True)[2] if c != "un"] == [("zh-Hant", 72), ("zh", 18), ("en", 8)]
+    assert Cld2Detector().detect(text).probs["zh"] == 0.9
+    verdict = QualityControl({"expected_language": "zh", "min_chars": 0}).evaluate({"text": text})
+    assert verdict.keep and verdict.meta["language_prob"] == 0.9
+
+
 def test_pii_reject_through_control() -> None:
     v = QualityControl({**OPEN, "pii_max_density": 0.01}).evaluate({"text": "Call 555-123-4567 now."})
     assert not v.keep and v.meta["failed_check"] == "pii" and v.meta["reason"] == "pii density 0.5455 > 0.01 (phone 1)"
