@@ -96,12 +96,24 @@ def add_stats(stats: dict[str, Any], other: dict[str, Any]) -> None:
             _bump(into, name, n)
 
 
+# The built-in gates' names in the order `quality.gates.build_gates` runs them (a test holds the two together);
+# plug-in gates run after them, and near-dedup's signatures are made last, of the kept texts.
+CHAIN_ORDER = ("schema", "normalize", "length", "metadata", "pii", "profanity", "copyright", "language", "domain")
+
+
 def gate_table(stats: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per gate, in the order the gates ran: records seen and rejected, and µs per record it saw.
     Checkpoints sort their keys, so the run order is rebuilt from the chain itself: each gate sees what the
-    one before it let through (most seen first; on a tie the gate that rejects nothing ran first)."""
+    one before it let through (most seen first; on a tie the gate that rejects nothing ran first, and between
+    gates that reject nothing, the chain's order: by name, a run rejecting nothing listed `schema` last)."""
     seen, rejected, us = (stats.get(k) or {} for k in ("gate_seen", "gate_rejected", "gate_us"))
-    order = sorted((n for n in seen if seen[n]), key=lambda n: (-seen[n], rejected.get(n, 0), n))
+
+    def rank(name: str) -> tuple[int, str]:
+        if name in CHAIN_ORDER:
+            return CHAIN_ORDER.index(name), ""
+        return len(CHAIN_ORDER) + (name == "near_dedup_signature"), name
+
+    order = sorted((n for n in seen if seen[n]), key=lambda n: (-seen[n], rejected.get(n, 0), rank(n)))
     return [{"gate": n, "seen": seen[n], "rejected": int(rejected.get(n, 0)),
              "us_per_record": round(us.get(n, 0) / seen[n], 1)} for n in order]
 
