@@ -8,12 +8,17 @@ from quality.gates.base import Doc, Gate
 from quality.normalize import prepare
 
 _MISSING = object()
-# What a text may hold and still show nothing: the white space normalisation leaves (the line and paragraph
-# separators U+2028/9 among it) and the format characters (zero-width spaces and joiners, the soft hyphen, bidi
-# marks, the BOM). A text of these alone is empty, as one of spaces is.
-_BLANK = "".join(chr(c) for c in (*range(0x09, 0x0E), *range(0x1C, 0x21), 0x85, 0xA0, 0xAD, 0x61C, 0x1680, 0x180E,
-                                  *range(0x2000, 0x2010), *range(0x2028, 0x2030), *range(0x205F, 0x2065),
-                                  *range(0x2066, 0x2070), 0x3000, 0xFEFF))
+# What a text may hold and still show nothing: white space (the line and paragraph separators U+2028/9 among it),
+# every format character (Unicode category Cf: zero-width spaces and joiners, the soft hyphen, bidi marks, the BOM,
+# interlinear annotation marks, tags, …) but the prepended concatenation marks (U+0600-0605, U+06DD, …, shown as
+# signs), and the blank-looking letters: the Hangul fillers and the braille blank. A text of these alone is
+# empty, as one of spaces is (tested against unicodedata over every code point).
+_BLANK = "".join(chr(c) for lo, hi in (
+    (0x09, 0x0D), (0x1C, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0xAD, 0xAD), (0x61C, 0x61C), (0x115F, 0x1160),
+    (0x1680, 0x1680), (0x180E, 0x180E), (0x2000, 0x200F), (0x2028, 0x202F), (0x205F, 0x2064), (0x2066, 0x206F),
+    (0x2800, 0x2800), (0x3000, 0x3000), (0x3164, 0x3164), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF9, 0xFFFB),
+    (0x13430, 0x13438), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0001, 0xE0001), (0xE0020, 0xE007F))
+    for c in range(lo, hi + 1))
 
 
 def _kind(value: Any) -> str:

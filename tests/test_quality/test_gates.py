@@ -573,6 +573,9 @@ BAD_INPUTS = [
     ({"text": "\u2028" * 120}, "schema: text is empty after normalisation"),
     ({"text": " \u2028\n\u2029\t \u2028 " * 40}, "schema: text is empty after normalisation"),
     ({"text": "\u200b\u200c\u2060\u180e\u00ad\ufeff" * 20}, "schema: text is empty after normalisation"),
+    # regression: tags, interlinear annotation marks, Hangul fillers, the braille blank were kept as a document
+    ({"text": "\U000e0041" * 150}, "schema: text is empty after normalisation"),
+    ({"text": "\ufff9\ufffa\ufffb\u3164\u2800\uffa0\U0001d173 " * 30}, "schema: text is empty after normalisation"),
     ({"text": "a" * 3_000_000}, "schema: 3000000 chars > max_chars 2000000"),
     ({"text": PROSE + "\ud83d"}, f"schema: text has an unpaired surrogate at char {len(PROSE)}"),
 ]
@@ -594,6 +597,24 @@ def test_a_lone_surrogate_is_found_beside_every_kind_of_text(text: str, at: int,
     for clean in (text.replace(text[at], "\u00e9"), text.replace(text[at], "\u4e2d")):
         for code in (False, True):
             assert normalize_with_view(clean, code, prepare(clean, code)) == normalize_with_view(clean, code)
+
+
+def test_only_invisible_characters_count_as_blank() -> None:
+    """Every char the emptiness check strips is white space, a format character (Cf) or a blank-looking letter,
+    never a prepended concatenation mark (U+0600: a visible sign); and every Cf char of this Unicode is in it."""
+    import sys
+    import unicodedata
+
+    from quality.gates.schema import _BLANK
+
+    shown_signs = {*range(0x600, 0x606), 0x6DD, 0x70F, 0x890, 0x891, 0x8E2, 0x110BD, 0x110CD}
+    fillers = {0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800}
+    blank = set(map(ord, _BLANK))
+    assert all(unicodedata.category(chr(c)) in ("Cf", "Zs", "Zl", "Zp") or chr(c).isspace() or c in fillers
+               for c in blank)
+    assert not blank & shown_signs
+    if unicodedata.unidata_version == "14.0.0":  # Python 3.11's; a later Unicode may add format characters
+        assert {c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"} - shown_signs <= blank
 
 
 @pytest.mark.parametrize("record, reason", BAD_INPUTS)
