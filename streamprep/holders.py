@@ -55,7 +55,9 @@ def walk(kinds: bytes, text_bytes: np.ndarray, digests: list[bytes | None], code
     exact-dedup probe of its judged records (the indexes as they stood, nothing added), a copy of a record kept
     earlier in the piece being this dataset's; `near`, the near-dedup decision, into whose own index each record
     kept is added (a twin is looked for among the records kept before it, in this piece too). `max_records` stops
-    the walk before a record, `size_mb` after the kept record that reaches it."""
+    the walk before a record, `size_mb` after the kept record that reaches it, or before the first record when it
+    was reached already: a job stopped after saving the capped piece's checkpoint and before marking the dataset
+    done kept one record more on resume than a run without the stop."""
     keep, dup, near_of, kept_here = bytearray(), {}, {}, set()
     sizes, digest_of, code_of = iter(text_bytes.tolist()), iter(digests), iter(codes)
     if near is not None:
@@ -65,6 +67,9 @@ def walk(kinds: bytes, text_bytes: np.ndarray, digests: list[bytes | None], code
     for j, kind in enumerate(kinds):
         if cap is not None and consumed >= cap:
             capped = True
+            break
+        if size_cap is not None and kept_bytes >= size_cap:
+            capped = size_capped = True
             break
         ordinal = consumed
         consumed += 1

@@ -83,3 +83,17 @@ def test_a_holder_actor_that_ends_as_it_starts_is_a_holder_lost(monkeypatch: pyt
     monkeypatch.setattr(ray, "get", get)
     with pytest.raises(holders.HolderLost, match="a dedup holder actor ended as it started: The actor died"):
         holders._Actor(0)
+
+
+def test_a_size_cap_reached_before_the_piece_stops_its_walk_before_the_first_record() -> None:
+    """A job stopped after saving the capped piece's checkpoint and before marking its dataset done resumed at
+    kept_text_bytes >= the cap, and the walk kept the next record: one more than a run without the stop."""
+    from streamprep.holders import walk
+    from streamprep.unit_worker import KEPT
+
+    kinds, sizes = bytes([KEPT] * 3), np.array([10, 10, 10])
+    args = (kinds, sizes, [b"a" * 32, b"b" * 32, b"c" * 32], [-1, -1, -1], None, 50)
+    at_cap = walk(*args, None, 100, 100, True)
+    assert (at_cap.n, at_cap.capped, at_cap.size_capped, at_cap.keep) == (0, True, True, b"")
+    below = walk(*args, None, 95, 100, True)  # the record that reaches the cap is kept, as before
+    assert (below.n, below.size_capped, below.keep) == (1, True, b"\x01")
