@@ -12,9 +12,9 @@ API (small on purpose; tokenize.py and the pipeline are its callers):
 Ids never include added special tokens (HF `add_special_tokens=False`; gigatoken inserts none).
 
 `tokenizer.backend: auto` (the default) uses gigatoken only when it loads the run's tokenizer.json AND gives
-the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (hard strings) plus the texts
-the caller adds. It runs (1) when the run's tokenizer is prepared (probes + up to CHECK_DOCS sampled texts
-for a trained tokenizer; the outcome is recorded in checkpoints/tokenizer_backend.json and run.json) and (2) in
+the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (hard strings), the tokenizer's
+added tokens in context (`added_token_probes`) and the texts the caller adds. It runs (1) when the run's
+tokenizer is prepared (probes + up to CHECK_DOCS sampled texts for a trained tokenizer; the outcome is recorded in checkpoints/tokenizer_backend.json and run.json) and (2) in
 each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
 (ShardEncoder). A job runs check (1) on one of its workers, which keeps the gigatoken tokenizer it built for its
 shards (`gigatoken_backend`); with `backend: gigatoken` the config check runs it in the driver too. It reads
@@ -22,7 +22,8 @@ gigatoken's ids one text at a time (the same encoder, without awkward's import);
 encode_batch, the path their shards take. On a failed load or
 a mismatch, auto uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend
 never enters a shard's plan hash: both give the same ids, so a run resumed under the other backend keeps its
-shards.
+shards. A text holding a code point unassigned in Unicode 14.0 is encoded by HF whatever the backend (`unsure`):
+gigatoken's regex classes follow a newer Unicode, which no sample can vouch for.
 
 Memory: gigatoken 0.10.0's encode caches grow without bound. When the installed gigatoken has
 `set_max_cache_bytes` it is given CACHE_BUDGET_BYTES; otherwise the tokenizer object is rebuilt (its
@@ -34,9 +35,10 @@ allocator residue once, which does not grow further).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import itertools
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
@@ -163,8 +165,38 @@ def _trim_heap() -> None:
         pass
 
 
+@functools.lru_cache(maxsize=1)
+def _unsure_table() -> np.ndarray:
+    """True at each code point unassigned in Unicode 14.0 (`data/unassigned-unicode-14.0.txt`), once per process."""
+    table = np.zeros(0x110000, np.bool_)
+    for line in resources.files("streamprep").joinpath("data/unassigned-unicode-14.0.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            lo, hi = (int(x, 16) for x in line.split("-"))
+            table[lo:hi + 1] = True
+    return table
+
+
+def unsure(texts: Sequence[str]) -> list[int]:
+    """Indexes of the texts holding a code point unassigned in Unicode 14.0. gigatoken's regex classes follow a
+    newer Unicode than HF's: a letter assigned since (CJK Extension J, …) is a letter to one and not the other,
+    so the pre-tokens and ids differ (4 657 code points for phi-2); those texts are encoded by HF. A pure-ASCII
+    text (`isascii` reads a flag) costs nothing; the others one UTF-32 copy, and a table lookup per char from
+    U+0378 (the first unassigned): ~750 MB/s of web text here, a quarter of gigatoken's own time."""
+    idx = [i for i, t in enumerate(texts) if not t.isascii()]
+    if not idx:
+        return []
+    cps = np.frombuffer("\n".join([texts[i] for i in idx]).encode("utf-32-le", "surrogatepass"), np.uint32)
+    high = np.flatnonzero(cps >= 0x378)
+    hits = high[_unsure_table()[cps[high]]]
+    if not hits.size:
+        return []
+    starts = np.cumsum([0, *(len(texts[i]) + 1 for i in idx[:-1])])
+    return [idx[k] for k in np.unique(np.searchsorted(starts, hits, side="right") - 1).tolist()]
+
+
 class GigatokenBackend:
-    """gigatoken (Rust): `encode_batch` → awkward array, whose offsets and content are the lengths and flat ids.
+    """gigatoken (Rust): `encode_batch` → awkward array, whose offsets and content are the lengths and flat ids;
+    a text `unsure` finds is encoded by HF instead (`hf_texts` counts them).
 
     Built from the file's bytes (`Tokenizer.from_json`), so a path is never taken for a Hub id."""
 
@@ -173,7 +205,9 @@ class GigatokenBackend:
     def __init__(self, tokenizer_json: str | Path, budget_bytes: int | None = CACHE_BUDGET_BYTES):
         import gigatoken
 
-        self._json = Path(tokenizer_json).read_bytes()
+        self._path, self._json = tokenizer_json, Path(tokenizer_json).read_bytes()
+        self._hf: HFBackend | None = None
+        self.hf_texts = 0
         self.version = _version("gigatoken")
         self.budget = budget_bytes
         self.rebuilds = 0
@@ -210,7 +244,22 @@ class GigatokenBackend:
             _trim_heap()
             self._build()
             self.rebuilds += 1
-        return flat, lengths
+        return self._with_hf(texts, flat, lengths)
+
+    def _with_hf(self, texts: Sequence[str], flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`flat, lengths` with the ids of the texts `unsure` finds replaced by HF's."""
+        which = unsure(texts)
+        if not which:
+            return flat, lengths
+        self.hf_texts += len(which)
+        self._hf = self._hf or HFBackend(self._path)
+        hf_flat, hf_lengths = self._hf.encode_batch([texts[i] for i in which])
+        pieces = np.split(flat, np.cumsum(lengths)[:-1])
+        for i, piece in zip(which, np.split(hf_flat, np.cumsum(hf_lengths)[:-1])):
+            pieces[i] = piece
+        lengths = lengths.copy()
+        lengths[which] = hf_lengths
+        return np.concatenate(pieces).astype(np.uint32, copy=False), lengths
 
     def encode_each(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """encode_batch's result from gigatoken's one-text `encode` (numpy ids): the same encoder without
@@ -218,7 +267,8 @@ class GigatokenBackend:
         in the driver, which encodes nothing else (awkward's import costs ~0.25 CPU-s)."""
         ids = [self.tokenizer.encode(t) for t in texts]
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        return (np.concatenate(ids).astype(np.uint32, copy=False) if ids else np.zeros(0, np.uint32)), lengths
+        flat = np.concatenate(ids).astype(np.uint32, copy=False) if ids else np.zeros(0, np.uint32)
+        return self._with_hf(texts, flat, lengths)
 
 
 _built: dict[str, GigatokenBackend] = {}  # the last gigatoken backend gigatoken_backend built, by file SHA-256
@@ -268,6 +318,17 @@ def _difference(reference: Backend, ref_ids: tuple[np.ndarray, np.ndarray], cand
     return f"{candidate.name} and {reference.name} disagree on the batch's lengths"  # unreachable in practice
 
 
+def added_token_probes(tok: Tokenizer) -> list[str]:
+    """Texts with each added token beside spaces, newlines, itself and words: where its lstrip / rstrip /
+    single_word settings apply, which re-implementations can apply otherwise (a RoBERTa-style `<mask>` with
+    lstrip: gigatoken 0.10.0 kept the space HF strips, and PROBES alone passed)."""
+    tokens = [t.content for t in tok.get_added_tokens_decoder().values() if t.content.strip()]
+    if not tokens:
+        return []
+    return [" ".join(f"a {t} b" for t in tokens), "  ".join(f"a  {t}  b" for t in tokens),
+            "\n".join(f"a\n{t}\nb" for t in tokens), "".join(f"x{t}{t}y" for t in tokens)]
+
+
 def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()) -> dict[str, Any]:
     """Resolve `tokenizer.backend` for this tokenizer: a record of the choice (name, version, check) to keep.
 
@@ -278,7 +339,7 @@ def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()
     if requested == "hf":
         return {"requested": requested, "name": "hf", "version": _version("tokenizers")}
     hf = HFBackend(tokenizer_json)
-    sample = [*PROBES, *itertools.islice(texts, CHECK_DOCS)]
+    sample = [*PROBES, *added_token_probes(hf.tokenizer), *itertools.islice(texts, CHECK_DOCS)]
     check = None
     try:
         giga = gigatoken_backend(tokenizer_json)
@@ -312,6 +373,7 @@ class ShardEncoder:
         self.fallback_reason: str | None = None
         self._reference: HFBackend | None = None
         self._checked: set[str] = set()
+        self._refused: str | None = None  # a forced gigatoken's failed check: every later batch is refused too
 
     @property
     def name(self) -> str:
@@ -323,14 +385,19 @@ class ShardEncoder:
 
     def encode_batch(self, texts: Sequence[str], check: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`texts` → (flat ids, lengths). `check`: a dataset name; the first time it is seen, the first
-        CHECK_DOCS texts are compared against HF before this batch is encoded."""
+        CHECK_DOCS texts are compared against HF before this batch is encoded. A forced gigatoken that failed it
+        refuses every later batch: the worker (cached across tasks) had marked the dataset checked and encoded
+        the job's next shards with it, unchecked, before the job stopped."""
+        if self._refused is not None:
+            raise BackendError(self._refused)
         if check is not None and check not in self._checked and self.backend.name == "gigatoken":
-            self._checked.add(check)
             self._reference = self._reference or HFBackend(self.path)
             reason = mismatch(self._reference, self.backend, texts[:CHECK_DOCS])
             if reason is not None:
                 if self.choice == "gigatoken":
-                    raise BackendError(f"tokenizer.backend is gigatoken but {reason}")
+                    self._refused = f"tokenizer.backend is gigatoken but {reason}"
+                    raise BackendError(self._refused)
                 log.warning("tokenizer backend: this worker falls back to hf", reason=reason, dataset=check)
                 self.backend, self.fallback_reason = self._reference, reason
+            self._checked.add(check)
         return self.backend.encode_batch(texts)

@@ -22,6 +22,11 @@ from streamprep.layout import RunLayout
 from streamprep.tokenize import make_task, tokenize_part
 from streamprep.tokenizer import train_bpe
 
+def _probes(tok: Path) -> int:
+    """How many texts the run's identity check encodes for tokenizer `tok` before any sampled text."""
+    return len(backends.PROBES) + len(backends.added_token_probes(Tokenizer.from_file(str(tok))))
+
+
 PER_FILE_CHARS = 150_000  # of each shared corpus file: every corpus is covered, HF's side stays a few seconds
 
 
@@ -169,7 +174,7 @@ def test_a_mismatch_sends_auto_to_hf_and_stops_forced_gigatoken(tmp_path: Path, 
         monkeypatch.setattr(backends.GigatokenBackend, method, off_by_one(method))
     tok = shared_data / PHI2
     rec = backends.select("auto", tok)  # a probe holds U+0301
-    assert rec["name"] == "hf" and rec["check"] == {"texts": len(backends.PROBES), "identical": False}
+    assert rec["name"] == "hf" and rec["check"] == {"texts": _probes(tok), "identical": False}
     assert "gigatoken ids differ from hf on text" in rec["fallback_reason"]
     with pytest.raises(backends.BackendError):
         backends.select("gigatoken", tok)
@@ -193,6 +198,57 @@ def test_a_mismatch_sends_auto_to_hf_and_stops_forced_gigatoken(tmp_path: Path, 
     task = make_task(tmp_path, "d", "train", part, tok, "sha256:x", 50256, "uint16", backend="gigatoken")
     with pytest.raises(backends.BackendError, match="tokenizer.backend is gigatoken but"):
         tokenize_part(task, backends.ShardEncoder("gigatoken", tok))
+
+
+# Code points gigatoken 0.10.0 and tokenizers 0.23 split otherwise with phi-2 (a full scan found 4 657, all unassigned
+# in Unicode 14.0): CJK Extension J, and single letters of Unicode 16-17 blocks.
+NEWER_LETTERS = [0x324DA, 0x32300, 0x3347F, 0x11DDA, 0x18D1A, 0x18D9A, 0x18DDA, 0x1E6DA]
+
+
+def test_texts_with_letters_newer_than_unicode_14_get_hf_ids_under_gigatoken(shared_data: Path) -> None:
+    """gigatoken's regex classes follow a newer Unicode than HF's: a text holding such a letter was written with
+    other ids than HF's (`auto`, the default, and `gigatoken`), unseen by the identity check past its sample."""
+    tok = shared_data / PHI2
+    table = backends._unsure_table()
+    spread = np.flatnonzero(table)[::400].tolist()  # ~2 000 of the 830 000 unassigned code points
+    texts = [f"x{chr(c)}'s and \u4e2d{chr(c)}\u6587 {chr(c)}1" for c in NEWER_LETTERS + spread]
+    texts += ["plain ASCII", "caf\u00e9 \u2019quoted\u2019", ""]
+    assert backends.unsure(texts) == list(range(len(NEWER_LETTERS) + len(spread)))
+    hf, giga = backends.HFBackend(tok), backends.GigatokenBackend(tok)
+    want = hf.encode_batch(texts)
+    for got in (giga.encode_batch(texts), giga.encode_each(texts)):
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert giga.hf_texts == 2 * (len(texts) - 3)
+    assert backends.unsure(["ascii only", "caf\u00e9", "\u2019"]) == []
+
+
+def test_an_added_token_that_gigatoken_strips_otherwise_sends_auto_to_hf(tmp_path: Path, shared_data: Path) -> None:
+    """A RoBERTa-style `<mask>` with lstrip: gigatoken 0.10.0 kept the space HF strips ("is  <mask>."), and the
+    run's check (PROBES) passed, so `auto` wrote other ids than HF's. Probes now put every added token beside
+    spaces, newlines, itself and words."""
+    spec = json.loads((shared_data / PHI2).read_text())
+    spec["added_tokens"].append({"id": 50295, "content": "<mask>", "single_word": False, "lstrip": True,
+                                 "rstrip": False, "normalized": False, "special": True})
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text(json.dumps(spec))
+    assert backends.HFBackend(tok).encode_batch(["is  <mask>."])[0].tolist() == [271, 50295, 13]
+    rec = backends.select("auto", tok)
+    assert rec["name"] == "hf" and "gigatoken ids differ from hf" in rec["fallback_reason"]
+    assert backends.select("auto", shared_data / PHI2)["name"] == "gigatoken"  # phi-2's own added tokens agree
+
+
+def test_a_forced_gigatoken_that_failed_its_check_refuses_every_later_batch(shared_data: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker marked the dataset checked before the check raised, and (cached across tasks) encoded the job's
+    next shards with gigatoken, unchecked, before the job stopped."""
+    encoder = backends.ShardEncoder("gigatoken", shared_data / PHI2)
+    monkeypatch.setattr(backends, "mismatch", lambda *a: "gigatoken ids differ from hf on text 5")
+    with pytest.raises(backends.BackendError, match="text 5"):
+        encoder.encode_batch(["a", "b"], check="d")
+    monkeypatch.setattr(backends, "mismatch", lambda *a: None)  # a later sample that happens to agree
+    for check in ("d", None, "other"):
+        with pytest.raises(backends.BackendError, match="text 5"):
+            encoder.encode_batch(["c"], check=check)
 
 
 def test_add_flat_writes_what_add_documents_writes(tmp_path: Path) -> None:
@@ -269,7 +325,8 @@ def test_job_writes_identical_bytes_under_hf_and_gigatoken(tokenizer: str | None
         assert f"tokenizer backend: {b} {record['tokenizer_backend']['version']} (requested {b}" in format_status(st)
     if tokenizer is None:  # a trained tokenizer's check includes the first sampled texts
         assert json.loads((runs["gigatoken"] / "run.json").read_text())["tokenizer_backend"]["check"] == \
-            {"texts": len(backends.PROBES) + backends.CHECK_DOCS, "identical": True}
+            {"texts": _probes(runs["gigatoken"] / "tokenizer" / "tokenizer.json") + backends.CHECK_DOCS,
+             "identical": True}
 
 
 def test_hf_tokenizer_is_loaded_once_for_the_same_bytes(tmp_path: Path) -> None:
@@ -350,7 +407,7 @@ def test_the_driver_loads_the_tokenizer_once(backend: str, tmp_path: Path, share
     hf = {"requested": "hf", "name": "hf", "version": record["versions"]["tokenizers"]}
     assert record["tokenizer_backend"] == (hf if backend == "hf" else {
         "requested": backend, "name": "gigatoken", "version": record["versions"]["gigatoken"],
-        "check": {"texts": len(backends.PROBES), "identical": True}})
+        "check": {"texts": _probes(shared_data / PHI2), "identical": True}})
     audit = json.loads((tmp_path / "run" / "audit" / "audit.json").read_text())["datasets"]["web"]
     assert audit["lengths"]["tokens"]["rejected_sample_records"] >= 30  # a worker tokenized the rejects
 
