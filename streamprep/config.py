@@ -364,7 +364,8 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
         if key not in known:
             raise ConfigError(f"config: unknown key '{key}'")
     cfg: dict[str, Any] = {k: _fill(v, raw.get(k), k) for k, v in SPEC.items()}
-    cfg["datasets"] = _datasets(raw.get("datasets"), base, [] if skipped is None else skipped)
+    skipped = [] if skipped is None else skipped
+    cfg["datasets"] = _datasets(raw.get("datasets"), base, skipped)
     for sec in registry.SECTIONS.entries():
         if sec.meta.get("required") or sec.name in raw:  # a key left empty is the section's to refuse (`sft:`)
             cfg[sec.name] = _section_of(sec, raw.get(sec.name))
@@ -389,10 +390,11 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
                           "form names its valid/test datasets itself, and blend.json would ignore it (drop one)")
     if cfg["output"]["dtype"] not in ("auto", "uint16", "int32"):
         raise ConfigError(f"config: 'output.dtype' must be auto, uint16 or int32, got {cfg['output']['dtype']!r}")
-    _checks(cfg, "output")  # the writers' options, which the exports would otherwise refuse after tokenization
+    names = [name for name, _ in skipped]
+    _checks(cfg, "output", names)  # the writers' options, which the exports would otherwise refuse after tokenization
     _tokenizer(cfg["tokenizer"], base)
-    _checks(cfg, "tokenizer")  # last: it loads the tokenizer, so a bad one or EOD token fails before any work
-    _checks(cfg, "")
+    _checks(cfg, "tokenizer", names)  # last: it loads the tokenizer, so a bad one or EOD token fails before any work
+    _checks(cfg, "", names)
     return cfg
 
 
@@ -426,13 +428,17 @@ def _section_of(sec: registry.Entry, given: Any) -> dict[str, Any]:
         raise ConfigError(f"config: '{named}': {reason}") from None
 
 
-def _checks(cfg: dict[str, Any], prefix: str) -> None:
-    """The registered checks named `prefix` or `prefix.…` ("": those not run yet), in registration order."""
+def _checks(cfg: dict[str, Any], prefix: str, skipped: list[str]) -> None:
+    """The registered checks named `prefix` or `prefix.…` ("": those not run yet), in registration order; one
+    registered with `skipped=True` is also handed the names of the optional datasets left out (not in `cfg`)."""
     done = ("output", "tokenizer")
     for check in registry.CHECKS.entries():
         top = check.name.split(".")[0]
         if (top == prefix) if prefix else top not in done:
-            check.load()(cfg)
+            if check.meta.get("skipped"):
+                check.load()(cfg, skipped=skipped)
+            else:
+                check.load()(cfg)
 
 
 def _tokenizer(tok: dict[str, Any], base: Path) -> None:

@@ -105,7 +105,8 @@ SOURCE_FORMATS = Registry("source format")
 # and `check`: `(key, ds)` on the
 # dataset entry with its path resolved; raises config.ConfigError, or config.MissingInput (optional: skipped)
 SCHEMES = Registry("source scheme")
-# config checks that need a family's code, in order, after the schema: `check(cfg)` on the validated dict
+# config checks that need a family's code, in order, after the schema: `check(cfg)` on the validated dict; meta
+# `skipped=True`: `check(cfg, skipped=names)`, also handed the optional datasets left out for want of input
 CHECKS = Registry("config check")
 # top-level config sections owned by a family: target `validate(raw) -> dict` raising a ValueError with `.key`;
 # meta `load` (dict -> frozen section), `key_prefix` (prepended to the error's key), `required`. Streamprep's own

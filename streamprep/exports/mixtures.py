@@ -3,7 +3,8 @@
 `output.mixtures.phases` maps phase name → {dataset name → weight}; phases keep their config order.
 Without phases there is one phase `default` holding the train-split datasets with their config weights
 (all datasets when none is train). A source with no records is left out of a phase (listed under
-`empty_sources`) and the other weights are normalised without it.
+`empty_sources`) and the other weights are normalised without it; so is an optional dataset skipped for want of
+input (config.py), which is not among the sources at all.
 """
 from __future__ import annotations
 
@@ -33,17 +34,19 @@ class MixtureConfigError(ValueError):
         self.key = key
 
 
-def check_options(cfg: dict[str, Any]) -> None:
-    """Config validation (registry.CHECKS): `output.mixtures.phases` against the config's datasets."""
+def check_options(cfg: dict[str, Any], skipped: Iterable[str] = ()) -> None:
+    """Config validation (registry.CHECKS): `output.mixtures.phases` against the config's datasets; a phase may
+    name an optional dataset `skipped` for want of input (an empty source of it, as the input it lacks would be)."""
     try:
-        validate_mixtures(cfg["output"]["mixtures"]["phases"], [d["name"] for d in cfg["datasets"]])
+        validate_mixtures(cfg["output"]["mixtures"]["phases"], [d["name"] for d in cfg["datasets"]], skipped)
     except MixtureConfigError as exc:
         raise ConfigError(f"config: {exc}") from None
 
 
-def validate_mixtures(phases: Any, dataset_names: Iterable[str]) -> None:
-    """Check phases before any work: known datasets only, weights finite numbers > 0, no empty phase."""
-    known = list(dataset_names)
+def validate_mixtures(phases: Any, dataset_names: Iterable[str], skipped: Iterable[str] = ()) -> None:
+    """Check phases before any work: known datasets (or `skipped` optional ones) only, weights finite numbers > 0,
+    no empty phase."""
+    known, absent = list(dataset_names), set(skipped)
     base = "output.mixtures.phases"
     if phases is None:
         return
@@ -57,7 +60,7 @@ def validate_mixtures(phases: Any, dataset_names: Iterable[str]) -> None:
             raise MixtureConfigError(key, "must be a non-empty mapping of dataset name to weight")
         for name, w in weights.items():
             wkey = f"{key}.{name}"
-            if name not in known:
+            if name not in known and name not in absent:
                 raise MixtureConfigError(wkey, f"unknown dataset {name!r} (known: {', '.join(known) or 'none'})")
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w <= MAX_WEIGHT:  # NaN fails too
                 got = f"{type(w).__name__} {w!r}" if not isinstance(w, (int, float)) else repr(w)  # YAML's '1e+15'
@@ -72,7 +75,8 @@ def _normalise(weights: Mapping[str, float]) -> dict[str, float]:
 def build(shards: list[dict[str, Any]], weights: Mapping[str, float], phases: Mapping[str, Mapping[str, float]],
           split_of: Mapping[str, str]) -> dict[str, Any]:
     """`shards`: manifest entries (parquet and binidx). `weights`: dataset → weight, in config order.
-    `phases` were validated with the config (validate_mixtures)."""
+    `phases` were validated with the config (validate_mixtures); a name not in `weights` is an optional dataset
+    skipped for want of input, an empty source."""
     names = list(weights)
     sources: dict[str, dict[str, Any]] = {
         n: {"split": split_of[n], "shards": [], "binidx": [], "num_records": 0, "num_tokens": 0} for n in names}
@@ -91,7 +95,7 @@ def build(shards: list[dict[str, Any]], weights: Mapping[str, float], phases: Ma
         wanted = [(DEFAULT_PHASE, {n: weights[n] for n in train})]
     out_phases = []
     for name, phase_weights in wanted:
-        present = {k: w for k, w in phase_weights.items() if sources[k]["num_records"] > 0}
+        present = {k: w for k, w in phase_weights.items() if k in sources and sources[k]["num_records"] > 0}
         norm = _normalise(present)
         out_phases.append({
             "name": name,

@@ -94,6 +94,22 @@ def test_optional_dataset_is_skipped_and_tokenizer_falls_back_to_training(tmp_pa
     assert cfg["tokenizer"]["path"] is None
 
 
+def test_a_mixture_phase_may_name_a_skipped_optional_dataset(tmp_path: Path, data: Path) -> None:
+    """Regression: an optional dataset left out for want of input, named in a phase, failed the job as an unknown
+    dataset ('gone' (known: a)); it is an empty source of the phase now. A name declared nowhere stays an error."""
+    datasets = [{"name": "gone", "path": "nowhere/*.jsonl", "optional": True}, {"name": "a", "path": str(data)}]
+    phases = {"p1": {"gone": 1, "a": 1}}
+    skipped: list[tuple[str, str]] = []
+    cfg = validate({"datasets": datasets, "output": {"mixtures": {"phases": phases}}}, base_dir=tmp_path,
+                   skipped=skipped)
+    assert [d["name"] for d in cfg["datasets"]] == ["a"] and [n for n, _ in skipped] == ["gone"]
+    assert cfg["output"]["mixtures"]["phases"] == phases
+    with pytest.raises(ConfigError) as exc:
+        validate({"datasets": datasets, "output": {"mixtures": {"phases": {"p1": {"nope": 1, "a": 1}}}}},
+                 base_dir=tmp_path)
+    assert str(exc.value) == "config: 'output.mixtures.phases.p1.nope': unknown dataset 'nope' (known: a)"
+
+
 def test_valid_fraction_with_per_split_datasets_is_an_error(tmp_path: Path, data: Path) -> None:
     """Regression: blend.json ignores `valid_fraction` once a dataset is in the valid or test split, and said nothing."""
     per_split = {"train": [{"name": "a", "path": str(data)}], "valid": [{"name": "b", "path": str(data)}]}

@@ -424,6 +424,21 @@ def test_mixtures_leave_out_empty_sources():
     assert mix["sources"]["b"] == {"split": "train", "shards": [], "binidx": [], "num_records": 0, "num_tokens": 0}
 
 
+def test_a_skipped_optional_dataset_in_a_phase_is_an_empty_source():
+    """Regression: a phase naming an optional dataset skipped for want of input (not among the sources) failed; it
+    is listed under the phase's `empty_sources`, as a dataset that kept nothing is."""
+    from streamprep.exports import mixtures
+
+    shards = [{"kind": "parquet", "shard_id": "b00_s00000", "source": "a", "num_records": 3, "num_tokens": 9}]
+    mix = mixtures.build(shards, {"a": 1.0}, {"p1": {"gone": 2.0, "a": 1.0}}, {"a": "train"})
+    assert mix["phases"] == [{"name": "p1", "weights": {"a": 1.0}, "config_weights": {"gone": 2.0, "a": 1.0},
+                              "empty_sources": ["gone"], "sources": {"a": {"weight": 1.0, "shards": ["b00_s00000"]}}}]
+    assert list(mix["sources"]) == ["a"]
+    validate_mixtures({"p1": {"gone": 2.0, "a": 1.0}}, ["a"], skipped=["gone"])
+    with pytest.raises(MixtureConfigError, match=r"'output\.mixtures\.phases\.p1\.nope': unknown dataset 'nope'"):
+        validate_mixtures({"p1": {"nope": 2.0, "a": 1.0}}, ["a"], skipped=["gone"])
+
+
 # -- per-part summaries: cached beside the receipts, reused, recomputed when damaged; parallel == serial --
 def summary_files(run: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted((run / "receipts").rglob("*.summary"))}
