@@ -223,7 +223,7 @@ class DatasetIngest:
                     if isinstance(item, tuple) and isinstance(item[-1], asyncio.Future):
                         item[-1].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
-                 consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.part_index + 1)
+                 consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.sealed_parts())
         if state.done and self.run_scope:
             self.ctx.publish(name)
         return state

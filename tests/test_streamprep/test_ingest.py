@@ -177,3 +177,22 @@ async def test_gates_count_the_records_up_to_max_records_whatever_the_units(tmp_
                                                asyncio.Event())))["d"]
     seen = {name: n for name, n in state.stats["gate_seen"].items() if name != "duplicate"}  # the driver's count
     assert state.consumed == 37 and len(seen) >= 3 and seen == {name: 37 for name in seen}
+
+
+async def test_the_finished_line_counts_the_parts_written(tmp_path: Path) -> None:
+    """Regression: `dataset ingest finished` logged `parts=part_index + 1`, one more than the dataset has (a dataset
+    that kept nothing said parts=1); it now says how many part files there are."""
+    from structlog.testing import capture_logs
+
+    docs = english_docs(50, seed=3)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    (tmp_path / "none.jsonl").write_text('{"text": "short"}\n' * 5)
+    raw = base_config([{"name": "d", "path": str(tmp_path / "d.jsonl")},
+                       {"name": "none", "path": str(tmp_path / "none.jsonl")}], None, output={"shard_records": 20})
+    run = tmp_path / "run"
+    with capture_logs() as logged:
+        states = await ingest_all(IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event()))
+    assert (states["d"].kept, states["none"].kept) == (50, 0)
+    finished = {e["dataset"]: e["parts"] for e in logged if e["event"] == "dataset ingest finished"}
+    assert finished == {"d": 3, "none": 0}
+    assert len(list((run / "ingest/d").glob("part-*.jsonl"))) == 3 and not list(run.glob("ingest/none/part-*"))
