@@ -22,7 +22,9 @@ log = logs.get("exports")
 FORMAT = "streamprep-mixtures"
 VERSION = 1
 DEFAULT_PHASE = "default"
-MAX_WEIGHT = 1e15  # as `datasets[].weight`: weights are relative, and any sum of them stays finite
+# as `datasets[].weight`: weights are relative; any sum of them stays finite and every normalised share a normal
+# double > 0 (a denormal beside 1e15 was written as weight 0)
+MIN_WEIGHT, MAX_WEIGHT = 1e-15, 1e15
 
 
 class MixtureConfigError(ValueError):
@@ -44,8 +46,8 @@ def check_options(cfg: dict[str, Any], skipped: Iterable[str] = ()) -> None:
 
 
 def validate_mixtures(phases: Any, dataset_names: Iterable[str], skipped: Iterable[str] = ()) -> None:
-    """Check phases before any work: known datasets (or `skipped` optional ones) only, weights finite numbers > 0,
-    no empty phase."""
+    """Check phases before any work: known datasets (or `skipped` optional ones) only, weights numbers in
+    [MIN_WEIGHT, MAX_WEIGHT], no empty phase."""
     known, absent = list(dataset_names), set(skipped)
     base = "output.mixtures.phases"
     if phases is None:
@@ -62,9 +64,9 @@ def validate_mixtures(phases: Any, dataset_names: Iterable[str], skipped: Iterab
             wkey = f"{key}.{name}"
             if name not in known and name not in absent:
                 raise MixtureConfigError(wkey, f"unknown dataset {name!r} (known: {', '.join(known) or 'none'})")
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w <= MAX_WEIGHT:  # NaN fails too
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not MIN_WEIGHT <= w <= MAX_WEIGHT:  # NaN too
                 got = f"{type(w).__name__} {w!r}" if not isinstance(w, (int, float)) else repr(w)  # YAML's '1e+15'
-                raise MixtureConfigError(wkey, f"weight must be a number in (0, {MAX_WEIGHT:g}], got {got}")
+                raise MixtureConfigError(wkey, f"weight must be a number in [{MIN_WEIGHT:g}, {MAX_WEIGHT:g}], got {got}")
 
 
 def _normalise(weights: Mapping[str, float]) -> dict[str, float]:

@@ -70,6 +70,9 @@ def test_per_split_form_and_relative_paths(tmp_path: Path, data: Path) -> None:
     ({"datasets": [{"name": "a", "path": "A"}], "quality": {"pii_max_densty": 0.1}}, "quality.pii_max_densty"),
     ({"datasets": [{"name": "a", "path": "A"}], "output": {"shard_records": "many"}}, "'output.shard_records' must be an integer"),
     ({"datasets": [{"name": "a", "path": "A", "weight": "x"}]}, "'datasets[0].weight' must be a number"),
+    # regression: 5e-324 beside 1e15 was accepted and written as weight 0 in blend.json and mixtures.json
+    ({"datasets": [{"name": "a", "path": "A", "weight": 4.9e-324}]},
+     "'datasets[0].weight' must be in [1e-15, 1e+15], got 5e-324"),
     ({"datasets": [{"name": "a", "path": "missing/*.jsonl"}]}, "'datasets[0].path': no file matches"),
     ({"datasets": [{"name": "a", "path": "A"}, {"name": "a", "path": "A"}]}, "duplicate dataset name"),
     ({"datasets": [{"name": "a", "path": "hf://org/x"}]}, "'datasets[0].split' is required for hf://"),

@@ -379,8 +379,27 @@ def test_mixtures_unknown_dataset_named():
         with pytest.raises(MixtureConfigError, match=r"phases\.p\.c4"):
             validate_mixtures({"p": {"c4": bad}}, ["c4"])
     # regression: YAML reads an unquoted 1e+15 as a string, and "got '1e+15'" read as a number in range
-    with pytest.raises(MixtureConfigError, match=r"weight must be a number in \(0, 1e\+15\], got str '1e\+15'$"):
+    with pytest.raises(MixtureConfigError, match=r"weight must be a number in \[1e-15, 1e\+15\], got str '1e\+15'$"):
         validate_mixtures({"p": {"c4": "1e+15"}}, ["c4"])
+
+
+def test_weights_too_small_for_the_exports_are_refused():
+    """Regression: a weight of 5e-324 beside 1e15 passed (it is > 0) and was written as weight 0 in blend.json and
+    mixtures.json. Weights are at least 1e-15 now, and the smallest beside the largest keeps a share > 0."""
+    from streamprep.exports import blend, mixtures
+
+    with pytest.raises(MixtureConfigError, match=r"^'output\.mixtures\.phases\.p\.a': weight must be a number in "
+                                                 r"\[1e-15, 1e\+15\], got 5e-324$"):
+        validate_mixtures({"p": {"a": 5e-324, "b": 1e15}}, ["a", "b"])
+    validate_mixtures({"p": {"a": 1e-15, "b": 1e15}}, ["a", "b"])
+    weights = {"a": 1e-15, "b": 1e15}
+    shards = [{"kind": "parquet", "shard_id": f"b00_s{i:05d}", "source": n, "num_records": 1, "num_tokens": t}
+              for i, (n, t) in enumerate([("a", 1), ("a", 2**53), ("b", 5)])]
+    for phases in ({}, {"p": weights}):  # the default phase (dataset weights) and one of the config's
+        assert 0 < mixtures.build(shards, weights, phases, {"a": "train", "b": "train"})["phases"][0]["weights"]["a"] < 1e-29
+    out = blend.build([{"dataset": s["source"], "split": "train", "prefix": s["shard_id"], "num_tokens": s["num_tokens"]}
+                       for s in shards], weights, 0.0, False)
+    assert [float(w) > 0 for w in out["train"][::2]] == [True] * 3
 
 
 def test_a_mixture_phase_with_no_data_is_said_in_the_log(tmp_path: Path) -> None:
