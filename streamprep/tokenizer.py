@@ -2,7 +2,8 @@
 
 Either way it is saved to RUN_DIR/tokenizer/tokenizer.json with `fingerprint.json` (SHA-256 of that
 file, vocab size, EOD id, and the encoding backend chosen for it by streamprep.backends.select with its
-identity check). A resumed run finds the saved copy and reuses it instead of retraining.
+identity check). A resumed run finds the saved copy and reuses it instead of retraining; a copy changed or damaged
+since (`_copy_fault`) is made again, as a missing one is.
 """
 from __future__ import annotations
 
@@ -114,16 +115,31 @@ def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
                          id_bound=_id_bound(tok, fingerprint))
 
 
+def _copy_fault(saved: Path, fp_file: Path) -> str | None:
+    """Why the run's tokenizer copy cannot be reused (None: it can). Checked before the copy is loaded, so a damaged
+    file is recreated as a changed or missing one is, instead of failing every resume with an error naming no file."""
+    recorded = read_json(fp_file)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("fingerprint"), str):
+        return f"{fp_file.name} is unreadable"
+    if recorded["fingerprint"] != fingerprint_of(saved):
+        return f"{saved.name} does not match its fingerprint"
+    try:
+        tokenizer_config(saved.parent)  # read for the EOD token and the chat template
+    except ConfigError:
+        return "tokenizer_config.json is not a JSON object"
+    return None
+
+
 def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = backends.select) -> TokenizerInfo | None:
-    """The run's tokenizer copy when it is intact (same fingerprint as recorded), else None."""
+    """The run's tokenizer copy when it is intact (same fingerprint as recorded, readable side files), else None."""
     layout = RunLayout(run_dir)
     saved, fp_file = layout.tokenizer_json, layout.tokenizer_fingerprint
     if not (saved.is_file() and fp_file.is_file()):
         return None
-    info = _info(saved, tok_cfg.eod_token)
-    if atomic.read_json(fp_file).get("fingerprint") != info.fingerprint:
-        log.warning("tokenizer copy does not match its fingerprint; recreating it", path=str(saved))
+    if (fault := _copy_fault(saved, fp_file)) is not None:
+        log.warning("tokenizer copy is changed or damaged; recreating it", path=str(saved.parent), reason=fault)
         return None
+    info = _info(saved, tok_cfg.eod_token)
     log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
     src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
     if src is not None and (now := fingerprint_of(src)) != info.fingerprint:
@@ -168,10 +184,14 @@ def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None
         for side in SIDE_FILES:
             if (src.parent / side).is_file():
                 atomic.write_bytes(out_dir / side, (src.parent / side).read_bytes())
+            else:  # a copy being recreated keeps no side file its source lacks
+                (out_dir / side).unlink(missing_ok=True)
         log.info("tokenizer loaded", source=str(src))
     else:
         if texts is None:
             raise ValueError("training a tokenizer needs the run's kept texts")
+        for side in SIDE_FILES:  # a trained tokenizer has none
+            (out_dir / side).unlink(missing_ok=True)
         bpe = train_bpe(_first_kept(texts, check_texts), tok_cfg.train.vocab_size, tok_cfg.train.min_frequency)
         atomic.write_bytes(saved, bpe.to_str().encode("utf-8"))
         log.info("tokenizer trained", vocab_size=tok_cfg.train.vocab_size)

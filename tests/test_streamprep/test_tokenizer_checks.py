@@ -92,6 +92,33 @@ def test_a_tokenizer_file_changed_under_a_run_is_named_in_a_warning(tmp_path: Pa
         ("tokenizer.path's file changed since th", str(source), copy.fingerprint)]
 
 
+def test_a_damaged_file_of_the_runs_tokenizer_copy_is_recreated(tmp_path: Path, trained) -> None:
+    """Regression: a damaged RUN_DIR/tokenizer/ file failed every resume with an error naming no file (tokenizers'
+    bare `Exception: control character …`, a JSONDecodeError) or blamed 'tokenizer.path' for the run's own
+    tokenizer_config.json. The copy is recreated from tokenizer.path now, as a changed or missing one is."""
+    from structlog.testing import capture_logs
+
+    from streamprep.config import TokenizerConfig
+    from streamprep.tokenizer import prepare
+
+    raw = _config(tmp_path, *trained)
+    (tmp_path / "tok" / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    tok_cfg = TokenizerConfig.from_dict(validate(raw)["tokenizer"])
+    run = tmp_path / "run"
+    first = prepare(tok_cfg, run)
+    files = {p.name: p.read_bytes() for p in sorted((run / "tokenizer").iterdir())}
+    assert {"tokenizer.json", "fingerprint.json", "tokenizer_config.json"} <= set(files)
+    for name, reason in (("tokenizer.json", "tokenizer.json does not match its fingerprint"),
+                         ("fingerprint.json", "fingerprint.json is unreadable"),
+                         ("tokenizer_config.json", "tokenizer_config.json is not a JSON object")):
+        (run / "tokenizer" / name).write_text('{"bro\n')
+        with capture_logs() as seen:
+            assert prepare(tok_cfg, run) == first
+        assert [(e["event"], e["reason"]) for e in seen if e["log_level"] == "warning"] == [
+            ("tokenizer copy is changed or damaged; recreating it", reason)]
+        assert {p.name: p.read_bytes() for p in sorted((run / "tokenizer").iterdir())} == files
+
+
 @pytest.mark.parametrize("sample_mb", [None, 0.01])
 def test_a_tokenizer_trained_on_a_worker_process_is_in_the_run_log(tmp_path: Path, sample_mb: float | None) -> None:
     """Regression: with `workers: 2` the training ran in a pool process, whose log lines reach no run log: "tokenizer
