@@ -25,6 +25,7 @@ MAX_CONFIG_BYTES = 1 << 20      # a config file larger than this is refused unre
 MAX_CONFIG_NODES = 100_000      # YAML nodes after alias expansion (a billion-laughs bomb stops here)
 MAX_CONFIG_DEPTH = 64           # YAML nesting
 MAX_NAME_CHARS = 64             # run and dataset names become path components
+URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, hf://, https://, file://: any scheme, ours or not
 NAME_RE = re.compile(r"^\w[\w.-]*\Z")  # starts with a letter, digit or _; no '/', never '.' or '..'
 # The checkpoint dir keeps each dataset's `<name>.json` beside these (streamprep.layout): a dataset so named would
 # overwrite one, as would one named `<other>.plan`, whose checkpoint is `<other>.plan.json`, the other's plan.
@@ -451,6 +452,9 @@ def _tokenizer(tok: dict[str, Any], base: Path) -> None:
         raise ConfigError(f"config: 'tokenizer.backend' must be {registry.TOKENIZER_BACKENDS.choices()}, "
                           f"got {tok['backend']!r:.40}")
     if tok["path"] is not None:
+        if URL_RE.match(tok["path"]):  # Path() would make `s3://b/t.json` a local folder `s3:/b/t.json`
+            raise ConfigError(f"config: 'tokenizer.path' must be a local (or mounted) tokenizer.json or folder holding "
+                              f"one, got {tok['path']!r:.80}: download it first")
         tok["path"] = _resolve_path(tok["path"], base, "tokenizer.path")
         if tok["if_missing"] == "train" and not Path(tok["path"]).exists():
             tok["path"] = None

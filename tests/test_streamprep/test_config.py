@@ -113,6 +113,19 @@ def test_a_mixture_phase_may_name_a_skipped_optional_dataset(tmp_path: Path, dat
     assert str(exc.value) == "config: 'output.mixtures.phases.p1.nope': unknown dataset 'nope' (known: a)"
 
 
+@pytest.mark.parametrize("url", ["s3://bucket/tokenizer.json", "hf://microsoft/phi-2/tokenizer.json",
+                                 "https://example.com/tok/tokenizer.json", "file:///tmp/tokenizer.json"])
+@pytest.mark.parametrize("if_missing", ["error", "train"])
+def test_a_tokenizer_path_given_as_a_url_is_refused_in_one_line(tmp_path: Path, data: Path, url: str,
+                                                                 if_missing: str) -> None:
+    """Regression: a URL was taken for a local folder, mangled ("no tokenizer.json in s3:/bucket/tokenizer.json")."""
+    with pytest.raises(ConfigError) as exc:
+        validate({"datasets": [{"name": "a", "path": str(data)}],
+                  "tokenizer": {"path": url, "if_missing": if_missing}}, base_dir=tmp_path)
+    assert str(exc.value) == (f"config: 'tokenizer.path' must be a local (or mounted) tokenizer.json or folder "
+                              f"holding one, got {url!r}: download it first")
+
+
 def test_valid_fraction_with_per_split_datasets_is_an_error(tmp_path: Path, data: Path) -> None:
     """Regression: blend.json ignores `valid_fraction` once a dataset is in the valid or test split, and said nothing."""
     per_split = {"train": [{"name": "a", "path": str(data)}], "valid": [{"name": "b", "path": str(data)}]}
