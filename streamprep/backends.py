@@ -304,7 +304,8 @@ def mismatch(reference: Backend, candidate: Backend, texts: Sequence[str]) -> st
 
 def _difference(reference: Backend, ref_ids: tuple[np.ndarray, np.ndarray], candidate: Backend,
                 got_ids: tuple[np.ndarray, np.ndarray], texts: Sequence[str]) -> str | None:
-    """mismatch's verdict on ids already encoded: (flat, lengths) of each backend for `texts`."""
+    """mismatch's verdict on ids already encoded: (flat, lengths) of each backend for `texts`. It names the first
+    position where the ids part and shows a few on each side of it (the first ids of both are usually the same)."""
     (ref_flat, ref_len), (got_flat, got_len) = ref_ids, got_ids
     if np.array_equal(ref_len, got_len) and np.array_equal(ref_flat, got_flat):
         return None
@@ -313,8 +314,13 @@ def _difference(reference: Backend, ref_ids: tuple[np.ndarray, np.ndarray], cand
     for i, text in enumerate(texts):
         a, b = ref_flat[ends[i]:ends[i + 1]], got_flat[got_ends[i]:got_ends[i + 1]]
         if not np.array_equal(a, b):
-            return (f"{candidate.name} ids differ from {reference.name} on text {i} ({text[:40]!r}): "
-                    f"{a[:8].tolist()}... vs {b[:8].tolist()}...")
+            common = min(len(a), len(b))
+            parted = np.flatnonzero(a[:common] != b[:common])
+            at = int(parted[0]) if parted.size else common  # else one is a prefix of the other
+            lo, hi = max(0, at - 3), at + 4
+            shown = [f"{'...' if lo else ''}{ids[lo:hi].tolist()}{'...' if len(ids) > hi else ''}" for ids in (a, b)]
+            return (f"{candidate.name} ids differ from {reference.name} on text {i} ({text[:40]!r}) at id {at} "
+                    f"(of {len(a)} vs {len(b)}), ids {lo}-{hi - 1}: {shown[0]} vs {shown[1]}")
     return f"{candidate.name} and {reference.name} disagree on the batch's lengths"  # unreachable in practice
 
 

@@ -251,6 +251,28 @@ def test_a_forced_gigatoken_that_failed_its_check_refuses_every_later_batch(shar
             encoder.encode_batch(["c"], check=check)
 
 
+def test_a_mismatch_names_the_first_differing_id_and_its_neighbours() -> None:
+    """Regression: the reason showed the first 8 ids of each side, the same on both sides when the texts part later
+    (`[1, 2, ...]... vs [1, 2, ...]...`); it names the first position that differs and the ids around it now."""
+    from types import SimpleNamespace
+
+    hf, giga = SimpleNamespace(name="hf"), SimpleNamespace(name="gigatoken")
+    same = np.arange(100, 105)
+    a = np.arange(20)
+    b = a.copy()
+    b[12] = 99
+
+    def batch(*docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.concatenate(docs), np.array([len(d) for d in docs])
+
+    assert backends._difference(hf, batch(same, a), giga, batch(same, b), ["x", "caf\u00e9"]) == (
+        "gigatoken ids differ from hf on text 1 ('caf\u00e9') at id 12 (of 20 vs 20), ids 9-15: "
+        "...[9, 10, 11, 12, 13, 14, 15]... vs ...[9, 10, 11, 99, 13, 14, 15]...")
+    assert backends._difference(hf, batch(a[:5]), giga, batch(a[:2]), ["ab"]) == (  # one ends early
+        "gigatoken ids differ from hf on text 0 ('ab') at id 2 (of 5 vs 2), ids 0-5: [0, 1, 2, 3, 4] vs [0, 1]")
+    assert backends._difference(hf, batch(a), giga, batch(a.copy()), ["t"]) is None
+
+
 def test_add_flat_writes_what_add_documents_writes(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     lengths = rng.integers(1, 40, size=300)
