@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from streamprep import registry
 from streamprep.exports import chain, manifest, order, parquet, summary
 from streamprep.exports.context import WriterContext
-from streamprep.exports.index import ExportError, ShardRef
+from streamprep.exports.index import DatasetIndex, ExportError, ShardRef
 from streamprep.exports.order import build_indexes
 from streamprep.exports.parquet import ShardCountError
 from streamprep.executor import Executor, LocalExecutor
@@ -81,10 +81,16 @@ def export_run(run_dir: Path, tasks: list, tokenizer_info: dict[str, Any], outpu
     """The job's exports over its tokenization tasks (all receipts complete), on the job's executor;
     `blend`: whether the run's mode writes blend.json."""
     receipts = [read_receipt(t) for t in tasks]
-    # shards of a mode without text exports (SFT) are listed by their receipts only
+    # shards of a mode without text exports (SFT) are listed by their receipts only; their documents and tokens
+    # still count for the manifest's datasets and mixtures.json
     refs = [ShardRef.from_task(t, r) for t, r in zip(tasks, receipts) if t.mode.text_exports]
+    sft: dict[str, tuple[int, int]] = {}
+    for t, r in zip(tasks, receipts):
+        if not t.mode.text_exports:
+            records, tokens = sft.get(t.dataset, (0, 0))
+            sft[t.dataset] = (records + r["stats"]["num_documents"], tokens + r["stats"]["num_tokens"])
     summary = write_exports(run_dir, refs, output, datasets, seed, tokenizer_info, config_hash,
-                            workers=workers, blend=blend, receipts=[Path(t.receipt_path) for t in tasks])
+                            workers=workers, blend=blend, receipts=[Path(t.receipt_path) for t in tasks], sft=sft)
     empty = {d.name: sum(len(r["stats"]["dropped_empty"]) for t, r in zip(tasks, receipts) if t.dataset == d.name)
              for d in datasets}
     return {"empty_tokens": empty, "exports": summary}
@@ -101,11 +107,21 @@ def _check(shards: list[ShardRef], names: list[str]) -> None:
             raise ExportError(f"{ref.dataset}/{ref.part}: receipt status {ref.receipt.get('status')!r}, not completed")
 
 
+def _records(idx: DatasetIndex, sft: Mapping[str, tuple[int, int]]) -> int:
+    """A dataset's kept records: its text shards' and its SFT shards' documents."""
+    return len(idx) + sft.get(idx.name, (0, 0))[0]
+
+
+def _tokens(idx: DatasetIndex, sft: Mapping[str, tuple[int, int]]) -> int:
+    """A dataset's tokens: its text shards' and its SFT shards' (every key's sequences)."""
+    return idx.num_tokens + sft.get(idx.name, (0, 0))[1]
+
+
 def _manifest(indexes: list, datasets: Sequence[DatasetConfig], pq_entries: list[dict[str, Any]],
               bin_entries: list[dict[str, Any]], output: OutputConfig, seed: int, tokenizer_info: dict[str, Any],
-              config_hash: str, files: list[dict[str, Any]]) -> dict[str, Any]:
-    ds_summary = {idx.name: {"split": idx.split, "weight": d.weight, "num_records": len(idx),
-                             "num_tokens": idx.num_tokens, "binidx_shards": len(idx.refs),
+              config_hash: str, files: list[dict[str, Any]], sft: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
+    ds_summary = {idx.name: {"split": idx.split, "weight": d.weight, "num_records": _records(idx, sft),
+                             "num_tokens": _tokens(idx, sft), "binidx_shards": len(idx.refs),
                              "empty_shards": len(idx.empty_refs),
                              "dropped_empty": sum(len(r.receipt.get("stats", {}).get("dropped_empty", []))
                                                   for r in idx.refs + idx.empty_refs)}
@@ -122,11 +138,13 @@ def _manifest(indexes: list, datasets: Sequence[DatasetConfig], pq_entries: list
 
 def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, datasets: Sequence[DatasetConfig],
                   seed: int, tokenizer_info: dict[str, Any], config_hash: str, *, workers: int | Executor = 1,
-                  blend: bool = False, receipts: list[Path] | None = None) -> dict[str, Any]:
+                  blend: bool = False, receipts: list[Path] | None = None,
+                  sft: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Any]:
     """Write parquet/, (with `blend`) blend.json, mixtures.json and manifest.json for the completed
     `shards`, on `workers` processes or a started pool (the bytes do not depend on it); return a summary.
 
-    `receipts`: every receipt of the run (SFT ones too); default: those of `shards`. The summary's
+    `receipts`: every receipt of the run (SFT ones too); default: those of `shards`. `sft`: dataset → (documents,
+    tokens) of its SFT shards, which are not in `shards` but count in the datasets' records and tokens. The summary's
     `manifest_sha256` is the root of the hash chain, for run.json.
 
     Per part, on the workers: its sorted run (bucket and order key per record), the one its tokenizing worker
@@ -144,7 +162,8 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
             indexes = build_indexes([(n, split_of[n], [r for r in shards if r.dataset == n]) for n in names], pool,
                                     seed, output.parquet.length_buckets, parquet.BYTES_PER_TOKEN, run_dir)
             bin_entries = [e for idx in indexes for e in manifest.binidx_entries(run_dir, idx, seed)]
-            ctx = WriterContext(run_dir, shards, indexes, datasets, output, seed, split_of, blend, pool, bin_entries)
+            ctx = WriterContext(run_dir, shards, indexes, datasets, output, seed, split_of, blend, pool, bin_entries,
+                                dict(sft or {}))
             # the writers in registration order: the built-ins (Parquet + TSV, blend.json, mixtures.json;
             # plugins.py), then writers of your own; the manifest lists each file a writer returns under its name
             written = [(rel, w.name) for w in registry.WRITERS.entries() for rel in _written(w, ctx)]
@@ -154,7 +173,8 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
     if receipts is None:
         receipts = [RunLayout(run_dir).receipt(r.dataset, r.part) for r in shards]
     files = chain.file_entries(run_dir, chain.chained_files(run_dir, receipts) + written)
-    man = _manifest(indexes, datasets, pq_entries, bin_entries, output, seed, tokenizer_info, config_hash, files)
+    man = _manifest(indexes, datasets, pq_entries, bin_entries, output, seed, tokenizer_info, config_hash, files,
+                    ctx.sft)
     manifest_sha256 = manifest.write(run_dir, man)
     keep = {e["path"] for e in pq_entries} | {e["tsv"]["path"] for e in pq_entries}
     removed = parquet.remove_stale(run_dir, keep)
@@ -162,8 +182,8 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
         "parquet_shards": len(pq_entries),
         "parquet_shards_by_split": {k: v["parquet_shards"] for k, v in man["splits"].items()},
         "binidx_shards": sum(len(idx.refs) for idx in indexes),
-        "records": {idx.name: len(idx) for idx in indexes},
-        "tokens": {idx.name: idx.num_tokens for idx in indexes},
+        "records": {idx.name: _records(idx, ctx.sft) for idx in indexes},
+        "tokens": {idx.name: _tokens(idx, ctx.sft) for idx in indexes},
         "stale_removed": len(removed),
         "manifest_sha256": manifest_sha256,
     }

@@ -75,10 +75,11 @@ def _normalise(weights: Mapping[str, float]) -> dict[str, float]:
 
 
 def build(shards: list[dict[str, Any]], weights: Mapping[str, float], phases: Mapping[str, Mapping[str, float]],
-          split_of: Mapping[str, str]) -> dict[str, Any]:
+          split_of: Mapping[str, str], sft: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Any]:
     """`shards`: manifest entries (parquet and binidx). `weights`: dataset → weight, in config order.
     `phases` were validated with the config (validate_mixtures); a name not in `weights` is an optional dataset
-    skipped for want of input, an empty source."""
+    skipped for want of input, an empty source. `sft`: dataset → (documents, tokens) of its SFT shards, which have
+    no manifest entry (their receipts list their files) but are the dataset's records."""
     names = list(weights)
     sources: dict[str, dict[str, Any]] = {
         n: {"split": split_of[n], "shards": [], "binidx": [], "num_records": 0, "num_tokens": 0} for n in names}
@@ -90,6 +91,9 @@ def build(shards: list[dict[str, Any]], weights: Mapping[str, float], phases: Ma
             src["num_tokens"] += s["num_tokens"]
         else:
             src["binidx"].append(s["shard_id"])
+    for n, (records, tokens) in (sft or {}).items():
+        sources[n]["num_records"] += records
+        sources[n]["num_tokens"] += tokens
     if phases:
         wanted = [(name, dict(w)) for name, w in phases.items()]
     else:
@@ -113,7 +117,7 @@ def export(ctx: WriterContext) -> list[str]:
     """The "mixtures" writer: mixtures.json over every shard, Parquet (written by the "parquet" writer) and .bin/.idx.
     A phase none of whose datasets kept a record is written with no weights, and said in the log: a trainer given
     it has nothing to sample."""
-    mixtures = build(ctx.parquet + ctx.binidx, ctx.weights, ctx.output.mixtures.phases, ctx.split_of)
+    mixtures = build(ctx.parquet + ctx.binidx, ctx.weights, ctx.output.mixtures.phases, ctx.split_of, ctx.sft)
     for phase in mixtures["phases"]:
         if not phase["weights"]:
             log.warning("mixture phase has no data: none of its datasets kept a record", phase=phase["name"],

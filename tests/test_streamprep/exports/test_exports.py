@@ -410,7 +410,7 @@ def test_a_mixture_phase_with_no_data_is_said_in_the_log(tmp_path: Path) -> None
 
     from streamprep.exports import mixtures
 
-    ctx = SimpleNamespace(run_dir=tmp_path, parquet=[], binidx=[], weights={"a": 1.0, "b": 1.0},
+    ctx = SimpleNamespace(run_dir=tmp_path, parquet=[], binidx=[], sft={}, weights={"a": 1.0, "b": 1.0},
                           split_of={"a": "train", "b": "train"},
                           output=SimpleNamespace(mixtures=SimpleNamespace(phases={"p": {"a": 1.0, "b": 2.0}})))
     with capture_logs() as logged:

@@ -82,3 +82,39 @@ def test_sft_section_errors_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'sft\.input\.sections\[0\]\.field'"):
         validate({"datasets": [{"name": "a", "path": str(data)}],
                   "sft": {"input": {"sections": [{"field": 3, "action": "train"}]}}})
+
+
+def _instruction_run(shared_data: Path, tmp_path: Path) -> tuple[dict, Path]:
+    """A small instruction-SFT config over two datasets (phi-2, no chat template) and its run dir."""
+    raw: dict = {"run": {"name": "sft_small", "seed": 1}, "datasets": [],
+                 "quality": {"expected_language": None, "min_chars": 10, "required_fields": ["prompt", "answer"]},
+                 "tokenizer": {"path": str(shared_data / "tokenizers/phi-2/tokenizer.json"), "append_eod": False},
+                 "execution": {"engine": "local", "workers": 1},
+                 "sft": {"input": {"sections": [{"field": "prompt", "action": "mask"},
+                                                {"field": "answer", "action": "train"}]}}}
+    for name, n in (("a", 5), ("b", 3)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"prompt": f"Question {name} number {i}: what is {i} + {i}? ",
+                                            "answer": f"It is {2 * i}."}) + "\n" for i in range(n)))
+        raw["datasets"].append({"name": name, "path": str(path)})
+    return raw, tmp_path / "run"
+
+
+@pytest.mark.slow
+def test_sft_run_counts_its_records_in_manifest_and_mixtures(shared_data: Path, tmp_path: Path) -> None:
+    """Regression: an SFT run's manifest.json, mixtures.json and `run complete` said every dataset had 0 records and
+    0 tokens (its shards were left out of the exports' counts), and the log warned that the mixture had no data."""
+    raw, run = _instruction_run(shared_data, tmp_path)
+    result = run_from_dict(raw, run_dir=run, console_log=False)
+    receipts = {n: json.loads((run / f"receipts/{n}/part-00000.json").read_text())["stats"] for n in ("a", "b")}
+    assert {n: s["num_documents"] for n, s in receipts.items()} == {"a": 5, "b": 3}
+    manifest = json.loads((run / "manifest.json").read_text())
+    mixtures = json.loads((run / "mixtures.json").read_text())
+    for n, stats in receipts.items():
+        assert manifest["datasets"][n]["num_records"] == mixtures["sources"][n]["num_records"] == stats["num_documents"]
+        assert manifest["datasets"][n]["num_tokens"] == mixtures["sources"][n]["num_tokens"] == stats["num_tokens"] > 0
+    assert mixtures["phases"][0]["weights"] == {"a": 0.5, "b": 0.5} and mixtures["phases"][0]["empty_sources"] == []
+    assert result.summary["exports"]["records"] == {"a": 5, "b": 3}
+    events = [json.loads(line)["event"] for line in (run / "logs/streamprep.log").open()]
+    assert "mixture phase has no data: none of its datasets kept a record" not in events
+    assert verify_run(run) == []
