@@ -2,7 +2,7 @@
 
 Everything that differs between the two is a member here, so the rest of the pipeline asks the mode
 instead of testing `if sft`: what QC judges and what a kept ingest row carries, whether EOD is
-appended, a shard's prefix, plan-hash key, tokenizer and tokenization, which exports apply, and
+appended, a shard's prefix, plan-hash key, tokenizer backend, tokenizer and tokenization, which exports apply, and
 which shard files `verify` expects. The SFT half lives in streamprep/sft/mode.py and registers itself in
 `registry.MODES` under its config section's name (declared in streamprep/plugins.py).
 """
@@ -35,6 +35,11 @@ class Mode:
     def kept_row(self, text: str, meta: dict[str, Any], record: Any) -> dict[str, Any]:
         """The ingest line of a kept record."""
         return {"text": text, "meta": meta}
+
+    def fixed_backend(self, requested: str) -> dict[str, Any] | None:
+        """The tokenizer backend record when this mode encodes with one backend whatever `tokenizer.backend` asks
+        (no identity check is run for it), else None: `backends.select` chooses."""
+        return None
 
     def plan_key(self) -> dict[str, Any]:
         """What this mode adds to a shard's plan hash (beyond dataset, part, tokenizer, EOD, dtype)."""

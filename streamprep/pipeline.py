@@ -568,7 +568,10 @@ class Job:
 
     def _select(self, requested: str, path: Path, texts: Sequence[str]) -> dict[str, Any]:
         """`backends.select` on a worker: the driver loads no gigatoken, and the worker that built it for the
-        identity check keeps it for its shards (`backends.load`)."""
+        identity check keeps it for its shards (`backends.load`). A mode with one backend (SFT: hf) selects nothing."""
+        fixed = self.mode.fixed_backend(requested)
+        if fixed is not None:
+            return fixed
         assert self.executor is not None
         return self.executor.submit(backends.select, requested, path, list(texts)).result()
 
@@ -591,12 +594,10 @@ class Job:
     def _shard_backend(self, info: TokenizerInfo) -> str:
         """The backend shard tasks load, with run.json's `tokenizer_backend`: set once per tokenizer, not per part."""
         if self._backend_of is None or self._backend_of[0] is not info:
-            backend = info.backend_name if self.mode.name == "pretrain" else "hf"  # SFT masks need HF's offsets
-            sft_hf = backend == "hf" and info.backend.get("name") != "hf"
-            self.record["tokenizer_backend"] = dict(info.backend) if not sft_hf else {
-                "requested": info.backend.get("requested"), "name": "hf", "version": backends.installed_version("hf"),
-                "reason": "sft: loss masks need character offsets, which only hf gives"}
-            self._backend_of = (info, backend)
+            # a mode with one backend (SFT: hf) even when the run's checkpoints recorded another (an older streamprep)
+            fixed = self.mode.fixed_backend(str(info.backend.get("requested")))
+            self.record["tokenizer_backend"] = fixed if fixed is not None else dict(info.backend)
+            self._backend_of = (info, fixed["name"] if fixed is not None else info.backend_name)
         return self._backend_of[1]
 
     def _plan(self, states: dict[str, IngestState], feeder: ShardFeeder) -> list[ShardTask]:

@@ -216,7 +216,7 @@ def check_section(cfg: dict[str, Any]) -> None:
     tok = cfg["tokenizer"]
     if tok["path"] is not None and not Path(tok["path"]).is_dir():  # a folder: `source_file` names what it lacks
         check_path("tokenizer.path", tok["path"])
-    bound = check_config(TokenizerConfig.from_dict(tok))
+    bound = check_config(TokenizerConfig.from_dict(tok), select_backend=cfg.get("sft") is None)  # SFT: always hf
     key = "sft.output.dtype" if cfg.get("sft") is not None else "output.dtype"
     dtype = ((cfg.get("sft") or {}).get("output") or {}).get("dtype", "int32") if cfg.get("sft") is not None \
         else cfg["output"]["dtype"]
@@ -225,9 +225,10 @@ def check_section(cfg: dict[str, Any]) -> None:
                           f"use auto or int32")
 
 
-def check_config(tok_cfg: TokenizerConfig) -> int:
+def check_config(tok_cfg: TokenizerConfig, *, select_backend: bool = True) -> int:
     """Load `tokenizer.path` and find its EOD token at config time: a file that is not a tokenizer, or an
-    EOD token it lacks, fails before anything is written rather than after the whole ingest. Returns one past
+    EOD token it lacks, fails before anything is written rather than after the whole ingest; a forced gigatoken
+    is checked too, unless `select_backend` is false (a mode that never loads it). Returns one past
     the highest token id the run's tokenizer can give (`backends.id_bound`; a trained one's `vocab_size`)."""
     wanted = tok_cfg.eod_token
     if not tok_cfg.path:
@@ -247,7 +248,7 @@ def check_config(tok_cfg: TokenizerConfig) -> int:
                           f"each call; set its model.dropout to null")
     name, tid = _eod(tok, src.parent, wanted)
     _check_eod(TokenizerInfo(src, "", tok.get_vocab_size(with_added_tokens=True), tid, name), tok_cfg)
-    if tok_cfg.backend == "gigatoken":  # forced: a tokenizer gigatoken cannot encode exactly fails here
+    if select_backend and tok_cfg.backend == "gigatoken":  # forced: a tokenizer gigatoken cannot encode exactly fails here
         try:
             record = backends.select("gigatoken", src)
         except backends.BackendError as exc:

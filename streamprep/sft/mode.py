@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from streamprep import logs
+from streamprep import backends, logs
 from streamprep.layout import RunLayout
 from streamprep.modes import Mode
 from streamprep.sft.chat import load_chat_tokenizer
@@ -52,6 +52,12 @@ class SftMode(Mode):
 
     def plan_key(self) -> dict[str, Any]:
         return {"sft": config_digest(self.cfg)}
+
+    def fixed_backend(self, requested: str) -> dict[str, Any]:
+        """Always hf: loss masks need character offsets, which gigatoken lacks (so its selection and identity check
+        would be wasted); recorded as chosen, with the reason, from the start of the run."""
+        return {"requested": requested, "name": "hf", "version": backends.installed_version("hf"),
+                "reason": "sft: loss masks need character offsets, which only hf gives"}
 
     def shard_prefix(self, layout: RunLayout, dataset: str, part: str) -> Path:
         return layout.sft_prefix(dataset, part)

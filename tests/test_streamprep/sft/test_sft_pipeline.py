@@ -118,3 +118,31 @@ def test_sft_run_counts_its_records_in_manifest_and_mixtures(shared_data: Path, 
     events = [json.loads(line)["event"] for line in (run / "logs/streamprep.log").open()]
     assert "mixture phase has no data: none of its datasets kept a record" not in events
     assert verify_run(run) == []
+
+
+@pytest.mark.slow
+def test_sft_run_records_hf_as_its_backend_from_the_start(shared_data: Path, tmp_path: Path, monkeypatch) -> None:
+    """Regression: an SFT run ran gigatoken's selection and identity check (SFT always encodes with hf) and recorded
+    gigatoken in checkpoints/tokenizer_backend.json and the log, which `status` showed until the first shard was
+    planned, and for good when the run was killed before; a forced gigatoken was even loaded at config time."""
+    from streamprep import backends
+    from streamprep.config import validate
+    from streamprep.layout import RunLayout
+    from streamprep.status import run_status
+
+    raw, run = _instruction_run(shared_data, tmp_path)
+    forced = {**raw, "tokenizer": {**raw["tokenizer"], "backend": "gigatoken"}}
+    with monkeypatch.context() as m:
+        m.setattr(backends, "select", lambda *a, **k: pytest.fail("backends.select called for an SFT config"))
+        validate(forced)
+    run_from_dict(raw, run_dir=run, console_log=False)
+    hf = {"requested": "auto", "name": "hf", "version": backends.installed_version("hf"),
+          "reason": "sft: loss masks need character offsets, which only hf gives"}
+    assert json.loads(RunLayout(run).tokenizer_backend.read_text()) == hf
+    logged = [json.loads(line) for line in (run / "logs/streamprep.log").open()]
+    assert [e["name"] for e in logged if e["event"] == "tokenizer backend"] == ["hf"]
+    # what status shows of a run killed before its shards were planned: the checkpoint's record
+    record = json.loads((run / "run.json").read_text())
+    del record["tokenizer_backend"]
+    (run / "run.json").write_text(json.dumps(record))
+    assert run_status(run)["tokenizer_backend"] == hf
