@@ -64,6 +64,7 @@ class Item:
     units: list[TemplateUnit | TextUnit] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)   # contents, for quality control
+    trained: list[str] = field(default_factory=list)  # the contents meant to be trained (`no_trained_text`)
 
 
 def get_path(obj: Any, path: str) -> Any:
@@ -136,12 +137,13 @@ def _last_only(flags: list[bool]) -> list[bool]:
     return [i == last for i in range(len(flags))]
 
 
-def build_item(cfg: SftConfig, sections: tuple[SectionConfig, ...], obj: Any) -> Item:
-    """RecordError('no_trained_text') when something is meant to be trained but all of it is blank."""
+def build_item(cfg: SftConfig, sections: tuple[SectionConfig, ...], obj: Any, at: str | None = None) -> Item:
+    """One item of a source; `at` names `obj` in the record (`responses[2]`, a `list_field` element) for the reject
+    messages. Whether anything trained is left is the source's question (`build_record`), not one element's."""
     item = Item()
-    trained: list[str] = []
-    for idx, s in enumerate(sections):
-        where = s.field or f"section[{idx}]"
+    trained = item.trained
+    for s in sections:
+        where = ".".join(p for p in (at, s.field) if p)  # a section without `field` is in a list_field source
         value = obj if s.field is None else get_path(obj, s.field)
         mode = section_mode(s)
         if mode == "value":
@@ -169,8 +171,6 @@ def build_item(cfg: SftConfig, sections: tuple[SectionConfig, ...], obj: Any) ->
             for h, (_, c), f in zip(headers or [], pairs, flags):
                 pieces += [(h, False), (c, f)]
             _add_text(item, pieces, s.add_special_tokens)
-    if trained and not any(t.strip() for t in trained):
-        raise RecordError("no_trained_text", "every part to be trained is empty or blank")
     return item
 
 
@@ -239,6 +239,7 @@ def build_record(cfg: SftConfig, record: Any) -> dict[str, SourceData]:
     for key, src in cfg.input.sources.items():
         if src.list_field is None:
             out[key] = SourceData([build_item(cfg, src.sections, record)], 0)
+            _check_trained(key, out[key].items)
             continue
         elements = get_path(record, src.list_field)
         if not isinstance(elements, list):
@@ -248,11 +249,21 @@ def build_record(cfg: SftConfig, record: Any) -> dict[str, SourceData]:
         list_lengths[key] = len(elements)
         cut = len(elements) - max_items if max_items and len(elements) > max_items else 0
         kept = elements[:len(elements) - cut]
-        out[key] = SourceData([build_item(cfg, src.sections, e) for e in kept], cut)
+        out[key] = SourceData([build_item(cfg, src.sections, e, f"{src.list_field}[{i}]") for i, e in enumerate(kept)],
+                              cut)
+        _check_trained(key, out[key].items)
     if len(set(list_lengths.values())) > 1:
         raise RecordError("list_length_mismatch", "list fields are parallel and must have equal lengths: "
                           + ", ".join(f"{k}={n}" for k, n in list_lengths.items()))
     return out
+
+
+def _check_trained(key: str, items: list[Item]) -> None:
+    """RecordError('no_trained_text') when the source means to train something and all of it, over every item (all
+    responses of a group), is blank: one blank response among others is a sequence like any other."""
+    trained = [t for item in items for t in item.trained]
+    if trained and not any(t.strip() for t in trained):
+        raise RecordError("no_trained_text", f"{key}: every part to be trained is empty or blank")
 
 
 def record_text(data: dict[str, SourceData]) -> str:

@@ -311,7 +311,7 @@ def test_drop_reasons_are_counted_and_keys_stay_aligned(tmp_path: Path, phi3) ->
     lines = [orjson.dumps({"text": "", "meta": {}, "record": r}) for r in (
         good,
         {**good, "responses": [], "rewards": []},                      # empty
-        {**good, "responses": ["ok", " "], "rewards": [1.0, 0.0]},     # a blank response: nothing to train
+        {**good, "responses": ["", " "], "rewards": [1.0, 0.0]},       # blank responses: nothing to train
         {**good, "prompt": 7},                                          # schema
         {**good, "responses": ["x"], "rewards": [1.0], "prompt": "?"},  # min_chars
         {**good, "responses": ["y" * 500], "rewards": [0.0]},          # max_chars
@@ -326,6 +326,27 @@ def test_drop_reasons_are_counted_and_keys_stay_aligned(tmp_path: Path, phi3) ->
     assert [d["line"] for d in stats["dropped_records"]] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert {k: v["documents"] for k, v in stats["keys"].items()} == {"prompt": 1, "responses": 1, "rewards": 1}
     assert qc_check({**good, "responses": ["a"], "rewards": [1.0, 2.0]}, cfg)[1].startswith("list_length_mismatch:")
+
+
+def test_one_blank_response_does_not_drop_its_group(tmp_path: Path, phi3) -> None:
+    """Regression: `no_trained_text` ("everything meant to be trained is blank") was checked per list element, so a
+    GRPO group with one whitespace-only response among good ones was dropped whole; and a list_field element's reject
+    named `section[0]` instead of where it is in the record."""
+    cfg = load_sft_config(sft_section("grpo"))
+    good = grpo_records()[0]
+    group = {**good, "responses": ["   ", *good["responses"][1:]]}
+    assert qc_check(group, cfg)[1] is None
+    assert qc_check({**good, "responses": ["   ", "\n"], "rewards": [0.0, 1.0]}, cfg)[1] == \
+        "no_trained_text: responses: every part to be trained is empty or blank"
+    assert qc_check({**good, "rewards": ["1", *good["rewards"][1:]]}, cfg)[1] == \
+        "schema: rewards[0]: expected a number or a list of numbers, got str"
+    part = tmp_path / "p.jsonl"
+    part.write_bytes(orjson.dumps({"text": "", "meta": {}, "record": group}) + b"\n")
+    stats = prepare_part(part, tmp_path / "o" / "p", phi3, cfg, FP)
+    assert stats["dropped"] == {} and stats["keys"]["responses"]["sequences"] == len(group["responses"])
+    seq = next((tmp_path / "o").rglob("p_s0000_responses_sequence.idx"))  # in its domain's folder
+    out = opened(seq.parent, seq.stem)
+    assert out[0].tolist() == phi3.backend.encode("   ", add_special_tokens=False).ids
 
 
 @pytest.mark.slow
