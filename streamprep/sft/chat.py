@@ -23,6 +23,7 @@ the label of the token before them (or after, at the start).
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,9 @@ from streamprep.sft.config import SINGLE_KEY
 from streamprep.sft.records import RecordError, TemplateUnit, TextUnit
 from streamprep.tokenizer import source_file, tokenizer_config
 
-SENTINEL = "\ue000\ue001"   # private-use characters: never produced by a template, never in real text
+SENTINEL = "\ue000\ue001"   # private-use characters: never produced by a template, and rare in real text
+# where a conversation's sentinel is taken from when its messages hold SENTINEL's characters (`_sentinel`)
+PRIVATE_USE = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
 TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -191,6 +194,20 @@ def _snap_down(c: int, offsets: np.ndarray) -> int:
     return int(offsets[inside[0], 0]) if len(inside) else c
 
 
+def _sentinel(msgs: list[dict[str, str]]) -> str:
+    """SENTINEL, or when a message holds one of its characters two private-use characters none holds: a sentinel
+    found in an earlier message (or in a role) would be taken for where message k's content starts."""
+    joined = "".join(m["role"] + m["content"] for m in msgs)
+    if not any(ch in joined for ch in SENTINEL):
+        return SENTINEL
+    used = set(joined)
+    free = (chr(c) for block in PRIVATE_USE for c in block if chr(c) not in used)
+    pair = "".join(itertools.islice(free, 2))
+    if len(pair) < 2:
+        raise RecordError("template_error", "the messages hold every private-use character: no sentinel is left")
+    return pair
+
+
 def message_spans(tok: ChatTokenizer, unit: TemplateUnit, limit: int | None = None
                   ) -> tuple[str, list[int], list[int | None], list[int], np.ndarray, dict[str, int]]:
     """Render the conversation; return (text, ends, content starts (None = not rendered), ids, offsets, diag).
@@ -200,6 +217,7 @@ def message_spans(tok: ChatTokenizer, unit: TemplateUnit, limit: int | None = No
     for 1,000 messages): with `limit`, the tokens a sequence keeps, the messages after the text those tokens cover
     are neither located nor verified (they are cut anyway), which bounds a record's cost by `max_seq_len`."""
     msgs = [{"role": m.rendered_role, "content": m.content} for m in unit.messages]
+    sentinel = _sentinel(msgs)
     gen = unit.generation_prompt
     text = tok.render(msgs, gen)
     ids, offsets = tok.encode(text, unit.add_special_tokens)
@@ -215,7 +233,7 @@ def message_spans(tok: ChatTokenizer, unit: TemplateUnit, limit: int | None = No
         head = msgs[:k]
         # k < n: messages[:k] alone (then the template's tail); k = n: the other generation-prompt setting
         variants: list[tuple[list[dict[str, str]], bool]] = [(head, False if k < n else not gen)]
-        variants += [(head + [{"role": r, "content": SENTINEL}], False) for r in ("user", "assistant")]
+        variants += [(head + [{"role": r, "content": sentinel}], False) for r in ("user", "assistant")]
         cands = []
         for v_msgs, v_gen in variants:
             try:
@@ -226,8 +244,8 @@ def message_spans(tok: ChatTokenizer, unit: TemplateUnit, limit: int | None = No
             raise RecordError("template_error", f"cannot render the conversation up to message {k}")
         end = max(prev_end, _snap_down(min(cands), offsets))
         # content start: render message k last, with a sentinel for its content
-        probe = tok.render(msgs[:k - 1] + [{"role": msgs[k - 1]["role"], "content": SENTINEL}], False)
-        at = probe.find(SENTINEL)
+        probe = tok.render(msgs[:k - 1] + [{"role": msgs[k - 1]["role"], "content": sentinel}], False)
+        at = probe.find(sentinel)
         if at < 0:
             starts.append(None)   # the template does not render this role (e.g. phi-3 and 'tool')
             _bump(diag, "messages_not_rendered")

@@ -472,6 +472,25 @@ def test_template_that_rewrites_content_is_refused(tmp_path: Path, shared_data: 
     assert stats["files"] and stats["keys"]["text"]["trained_tokens"] > 0
 
 
+def test_a_message_holding_the_sentinel_characters_is_located(tmp_path: Path, phi3) -> None:
+    """Regression: message k's content start was the first U+E000 U+E001 in its probe rendering, so an earlier
+    message holding those private-use characters dropped the record as template_unverified, naming message k."""
+    cfg = load_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
+    pua = "\ue000\ue001"
+    recs = [{"messages": [{"role": "user", "content": f"My keyboard printed {pua} before this: what is 2+2?"},
+                          {"role": "assistant", "content": "2 + 2 = 4."}]},
+            {"messages": [{"role": "user", "content": "Echo this back."},
+                          {"role": "assistant", "content": f"{pua}\ue002 as asked"}]}]
+    part = write_part(tmp_path / "p.jsonl", recs, cfg)
+    stats = prepare_part(part, tmp_path / "o" / "p", phi3, cfg, FP)
+    assert stats["dropped"] == {} and stats["documents"] == 2
+    seq, mask = opened(tmp_path / "o", "p_s0000_text_sequence"), opened(tmp_path / "o", "p_s0000_text_loss_mask")
+    for i, rec in enumerate(recs):
+        assert seq[i].tolist() == phi3.backend.encode(phi3.hf.apply_chat_template(rec["messages"], tokenize=False),
+                                                      add_special_tokens=False).ids
+        assert [phi3.decode(r) for r in trained_runs(seq[i], mask[i])] == [rec["messages"][1]["content"] + "<|end|>"]
+
+
 def test_plain_text_template_headers(tmp_path: Path, shared_data: Path) -> None:
     """A template without special tokens ('### role:' headers): masks still follow the messages."""
     tok_dir = tmp_path / "tok"
