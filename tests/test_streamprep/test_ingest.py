@@ -196,3 +196,23 @@ async def test_the_finished_line_counts_the_parts_written(tmp_path: Path) -> Non
     finished = {e["dataset"]: e["parts"] for e in logged if e["event"] == "dataset ingest finished"}
     assert finished == {"d": 3, "none": 0}
     assert len(list((run / "ingest/d").glob("part-*.jsonl"))) == 3 and not list(run.glob("ingest/none/part-*"))
+
+
+async def test_a_full_disk_while_appending_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiofiles' write raised an OSError without a filename, and the job's line said "no space left on the disk"
+    without the " writing FILE" the operations guide promises."""
+    import errno
+
+    import aiofiles.threadpool.binary
+
+    from streamprep import cli, ingest
+
+    async def full(self: object, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(aiofiles.threadpool.binary.AsyncBufferedIOBase, "write", full)
+    target = tmp_path / "rejects.jsonl"
+    with pytest.raises(OSError) as caught:
+        await ingest._append(target, b"x")
+    assert (caught.value.errno, caught.value.filename) == (errno.ENOSPC, str(target))
+    assert cli._disk_full(caught.value) == f" writing {target}"
