@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 from typing import NoReturn
 
 from streamprep import forkserver, registry
@@ -174,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one line unless --debug; the run log has the details
         if args.debug:
             traceback.print_exc()
+        if (blocker := _file_in_the_way(exc)) is not None:  # the mirror of IsADirectoryError above
+            print(f"streamprep: error: {printable(str(blocker))} is a file where the run keeps a folder; remove it "
+                  f"and re-run", file=sys.stderr)
+            return 2
         # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
         first = f"{type(exc).__name__}: {exc}".split("\n")[0]
         if (full := _disk_full(exc)) is not None:
@@ -186,6 +191,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamprep: error: SystemExit({exc.code!r}) raised inside the command (a plug-in calling sys.exit?); "
               f"re-run the same command to resume", file=sys.stderr)
         return 1
+
+
+def _file_in_the_way(exc: BaseException) -> Path | None:
+    """The file standing where a folder is needed, when `exc` (or what it wraps) is mkdir's FileExistsError or a
+    NotADirectoryError under it: a raw error, exit 1 as if a re-run could resume, where none ever would."""
+    while exc is not None:
+        mkdir = isinstance(exc, FileExistsError) and exc.filename2 is None  # (os.link's names two files)
+        if (mkdir or isinstance(exc, NotADirectoryError)) and exc.filename:
+            path = Path(os.fsdecode(exc.filename))
+            for p in (path, *path.parents):
+                if p.exists() or p.is_symlink():
+                    return p if not p.is_dir() else None
+        exc = exc.__cause__
+    return None
 
 
 def _disk_full(exc: BaseException) -> str | None:

@@ -222,6 +222,8 @@ def _refuse_moved_checkpoints(previous: dict[str, Any], checkpoint_dir: Path) ->
     run_id = previous.get("run_id")
     if not isinstance(was, str) or not run_id or Path(was).resolve() == checkpoint_dir.resolve():
         return
+    if checkpoint_dir.exists() and not checkpoint_dir.is_dir():  # a file in the way: the job's mkdir names it
+        return
 
     def holds(folder: Path) -> bool:
         owner = CheckpointLayout(folder).owner

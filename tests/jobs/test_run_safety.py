@@ -373,6 +373,35 @@ def test_a_folder_where_the_run_keeps_a_file_is_exit_2_naming_it(tmp_path, capsy
 
 
 @pytest.mark.slow
+def test_a_file_in_place_of_a_folder_of_a_run_is_exit_2_naming_it_and_resumes_once_removed(tmp_path, capsys):
+    """Regression: a file where the run keeps a folder was a raw FileExistsError or NotADirectoryError, exit 1, a
+    "RESUMABLE" run at every re-run; `status` and `audit` printed it raw too."""
+    from helpers import tree_hashes
+
+    raw = _config(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    run = tmp_path / "run"
+    assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0
+    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
+    names = ("manifest.json", "mixtures.json", "blend.json")
+    before = tree_hashes(run, *compared, names=names)
+    for rel, commands in (("ingest/alpha", ["ingest"]), ("receipts/alpha", ["ingest", "audit"]),
+                          ("binidx", ["ingest"]), ("checkpoints", ["ingest", "status", "audit"])):
+        shutil.move(run / rel, tmp_path / "aside")
+        (run / rel).write_text("junk")
+        for command in commands:
+            capsys.readouterr()
+            args = ["--config", str(cfg), "--run-dir", str(run)] if command == "ingest" else [str(run)]
+            assert main([command, *args]) == 2, (rel, command)
+            assert capsys.readouterr().err.splitlines()[-1:] == [
+                f"streamprep: error: {run / rel} is a file where the run keeps a folder; remove it and re-run"], rel
+        (run / rel).unlink()
+        shutil.move(tmp_path / "aside", run / rel)
+        assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0, rel
+        assert tree_hashes(run, *compared, names=names) == before, rel
+
+
 def test_a_folder_in_place_of_any_file_of_a_run_is_exit_2_naming_it_and_resumes_once_removed(tmp_path, capsys):
     """Regression: a folder where the run keeps a shard, receipt, checkpoint, ingest part or run-level file was a
     bare IsADirectoryError, exit 1, at every re-run (the message named a temporary file, not the folder)."""
