@@ -13,10 +13,14 @@ appear under `rejects_by_check` next to the QC reasons, marked as dropped after 
 """
 from __future__ import annotations
 
+import fcntl
+import os
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
-from streamprep import atomic
+from streamprep import atomic, logs
 from streamprep.audit.gather import VERSION, build_audit, public_audit
 from streamprep.audit.render import render_html, summary_text
 from streamprep.layout import RunLayout, read_json
@@ -25,6 +29,9 @@ if TYPE_CHECKING:
     from streamprep.executor import Executor
 
 __all__ = ["build_audit", "render_html", "summary_from_file", "summary_text", "write_audit"]
+
+log = logs.get("audit")
+WRITER_WAIT_S = 60.0  # how long a writer waits for another's audit before writing its own anyway
 
 
 def summary_from_file(run_dir: str | Path) -> str | None:
@@ -44,11 +51,37 @@ def write_audit(run_dir: str | Path, timings: dict[str, float] | None = None,
     passes its executor: gathering reads rejected and dropped records and tokenizes the rejects' sample, so it
     runs in a worker and the driver touches no record bytes."""
     run_dir = Path(run_dir)
-    audit, examples = executor.submit(build_audit, run_dir, timings).result() if executor is not None \
-        else build_audit(run_dir, timings)
     out_dir = RunLayout(run_dir).audit_dir
-    public = public_audit(audit)
-    atomic.write_bytes(out_dir / "audit.json", atomic.dumps_json(public))
-    atomic.write_bytes(out_dir / "audit.html", render_html(audit, examples).encode("utf-8"))
+    with _one_writer(out_dir):
+        audit, examples = executor.submit(build_audit, run_dir, timings).result() if executor is not None \
+            else build_audit(run_dir, timings)
+        public = public_audit(audit)
+        atomic.write_bytes(out_dir / "audit.json", atomic.dumps_json(public))
+        atomic.write_bytes(out_dir / "audit.html", render_html(audit, examples).encode("utf-8"))
     return summary_text(public, out_dir / "audit.html")
+
+
+@contextmanager
+def _one_writer(out_dir: Path) -> Iterator[None]:
+    """One audit gathered and written at a time (an advisory lock on the audit folder itself, no file of its own):
+    a `streamprep audit` that gathered a partial run while the job finished wrote its "[partial run]" report over
+    the job's final one. A writer waits for the other's, up to WRITER_WAIT_S (a stopped `audit` must not hold a
+    job's end), then writes anyway."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        deadline = time.monotonic() + WRITER_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.warning("another audit is being written for too long; writing this one anyway",
+                                folder=str(out_dir))
+                    break
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 

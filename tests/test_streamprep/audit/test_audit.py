@@ -309,3 +309,29 @@ def test_a_rejects_source_fields_are_cut_as_its_text_is(tmp_path) -> None:
     lines = [orjson.loads(line) for line in (tmp_path / "run" / "rejects" / "d.jsonl").read_bytes().splitlines()]
     assert len(lines) == 5 and all(len(r["source"]["id"]) == 2000 and len(r["source"]["url"]) == 2000 for r in lines)
     assert (tmp_path / "run" / "audit" / "audit.html").stat().st_size < 200_000
+
+
+def test_an_audit_waits_for_one_being_written(e2e_run, tmp_path):
+    """A `streamprep audit` that gathered a partial run while the job finished wrote its "[partial run]" report
+    over the job's final one: audits are gathered and written one at a time (a lock on the audit folder)."""
+    import fcntl
+    import threading
+    import time
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(e2e_run["run_dir"], run_dir, ignore=shutil.ignore_patterns(".lock", "audit"))
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec["checkpoint_dir"] = str(run_dir / "checkpoints")
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    audit_dir = run_dir / "audit"
+    audit_dir.mkdir()
+    other = os.open(audit_dir, os.O_RDONLY)  # another writer, gathering
+    fcntl.flock(other, fcntl.LOCK_EX)
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (write_audit(run_dir), done.set()))
+    writer.start()
+    time.sleep(0.5)
+    assert not done.is_set() and not (audit_dir / "audit.json").exists()
+    os.close(other)
+    writer.join(30)
+    assert done.is_set() and json.loads((audit_dir / "audit.json").read_text())["complete"] is True
