@@ -13,6 +13,7 @@ import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -373,19 +374,22 @@ def test_a_folder_where_the_run_keeps_a_file_is_exit_2_naming_it(tmp_path, capsy
 
 
 @pytest.mark.slow
+def _completed_run(tmp_path: Path) -> tuple[Path, Path, Callable[[], dict]]:
+    """A completed run of `_config`: its config file, its run dir, and the hashes of its outputs (a function)."""
+    from helpers import tree_hashes
+
+    cfg, run = tmp_path / "c.yaml", tmp_path / "run"
+    cfg.write_text(yaml.safe_dump(_config(tmp_path)))
+    assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0
+    return cfg, run, lambda: tree_hashes(run, "ingest", "binidx", "parquet", "receipts", "tokenizer",
+                                         names=("manifest.json", "mixtures.json", "blend.json"))
+
+
 def test_a_file_in_place_of_a_folder_of_a_run_is_exit_2_naming_it_and_resumes_once_removed(tmp_path, capsys):
     """Regression: a file where the run keeps a folder was a raw FileExistsError or NotADirectoryError, exit 1, a
     "RESUMABLE" run at every re-run; `status` and `audit` printed it raw too."""
-    from helpers import tree_hashes
-
-    raw = _config(tmp_path)
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(raw))
-    run = tmp_path / "run"
-    assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0
-    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
-    names = ("manifest.json", "mixtures.json", "blend.json")
-    before = tree_hashes(run, *compared, names=names)
+    cfg, run, outputs = _completed_run(tmp_path)
+    before = outputs()
     for rel, commands in (("ingest/alpha", ["ingest"]), ("receipts/alpha", ["ingest", "audit"]),
                           ("binidx", ["ingest"]), ("checkpoints", ["ingest", "status", "audit"])):
         shutil.move(run / rel, tmp_path / "aside")
@@ -399,22 +403,14 @@ def test_a_file_in_place_of_a_folder_of_a_run_is_exit_2_naming_it_and_resumes_on
         (run / rel).unlink()
         shutil.move(tmp_path / "aside", run / rel)
         assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0, rel
-        assert tree_hashes(run, *compared, names=names) == before, rel
+        assert outputs() == before, rel
 
 
 def test_a_folder_in_place_of_any_file_of_a_run_is_exit_2_naming_it_and_resumes_once_removed(tmp_path, capsys):
     """Regression: a folder where the run keeps a shard, receipt, checkpoint, ingest part or run-level file was a
     bare IsADirectoryError, exit 1, at every re-run (the message named a temporary file, not the folder)."""
-    from helpers import tree_hashes
-
-    raw = _config(tmp_path)
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(raw))
-    run = tmp_path / "run"
-    assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0
-    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
-    names = ("manifest.json", "mixtures.json", "blend.json")
-    before = tree_hashes(run, *compared, names=names)
+    cfg, run, outputs = _completed_run(tmp_path)
+    before = outputs()
     for rel in ("binidx/alpha/part-00000_text_document.bin", "receipts/alpha/part-00001.json",
                 "checkpoints/alpha.json", "ingest/alpha/part-00000.jsonl", "manifest.json"):
         (run / rel).unlink()
@@ -425,7 +421,7 @@ def test_a_folder_in_place_of_any_file_of_a_run_is_exit_2_naming_it_and_resumes_
             f"streamprep: error: {run / rel} is a folder where the run keeps a file; remove it and re-run"], rel
         (run / rel).rmdir()
         assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0, rel
-        assert tree_hashes(run, *compared, names=names) == before, rel
+        assert outputs() == before, rel
 
 
 def test_a_run_dir_on_an_object_store_is_exit_2_before_anything_is_written(tmp_path, capsys, monkeypatch):
