@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from quality.normalize import latin1_view
 

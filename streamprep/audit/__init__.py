@@ -16,9 +16,10 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from streamprep import atomic, logs
 from streamprep.audit.gather import VERSION, build_audit, public_audit

@@ -10,9 +10,10 @@ docs/exports.md.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from streamprep import registry
 from streamprep.exports import chain, manifest, order, parquet, summary

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 from html.parser import HTMLParser
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml

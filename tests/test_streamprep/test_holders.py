@@ -71,7 +71,7 @@ def test_a_holder_actor_that_ends_as_it_starts_is_a_holder_lost(monkeypatch: pyt
     from streamprep import holders
 
     class Died:
-        class ready:  # noqa: N801 (the actor method's name)
+        class ready:  # the actor method's name
             @staticmethod
             def remote() -> str:
                 return "ref"
