@@ -234,9 +234,10 @@ class DatasetIngest:
                               else source.fingerprint())
 
     async def _inputs_unchanged(self, state: IngestState) -> Any:
-        """Before a dataset is done: its input files are still the ones it started on (one stat each, as at the
-        start). Units read their bytes as planned, so a file rewritten or cut short meanwhile gave a mix of old and
-        new data, or lost records, without a word, and the dataset was done with an identity that no longer held."""
+        """Before a dataset is done: its input files are still the ones it started on (its path listed again and one
+        stat each, as at the start). Units read their bytes as planned, so a file rewritten or cut short meanwhile
+        gave a mix of old and new data, or lost records, and a file added to its folder or glob was not read, without
+        a word, and the dataset was done with an identity that no longer held."""
         if isinstance(self.source, HFSource) or state.inputs is None:  # hf:// reads its pinned commit
             return None
         inputs = await self._fingerprint(state, fresh=True)

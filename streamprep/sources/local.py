@@ -569,15 +569,19 @@ class LocalSource:
     def fingerprint(self, recorded: Mapping[str, Any] | None = None, fresh: bool = False) -> dict[str, Any]:
         """Every file's identity; checkpoints record it so a resume over a changed file is refused. A file whose
         `recorded` identity holds a hash is hashed again, so a checkpoint an earlier streamprep wrote still resumes.
-        `fresh`: taken again in the same process (the check before a dataset is done). An object store's identities
+        `fresh`: taken again in the same process (the check before a dataset is done), over the path listed again
+        (one listing, as a resume does), so a file added to its folder or glob, or gone from it, meanwhile shows as
+        new or gone; else the run was done without the added file and without a word. An object store's identities
         come from the listing its filesystem keeps, which never expires (s3fs, gcsfs): a replaced object kept the
-        ETag it had at the start, so the listing is taken again (one LIST per 1,000 objects)."""
-        if fresh and "://" in self.path:
-            filesystem(self.path, self.storage_options)[0].invalidate_cache()
-            expand(self.path, self.storage_options)   # lists again; `identity`'s `info` reads it
+        ETag it had at the start, so its cache is dropped first (one LIST per 1,000 objects)."""
+        files = self.files
+        if fresh:
+            if "://" in self.path:
+                filesystem(self.path, self.storage_options)[0].invalidate_cache()
+            files = expand(self.path, self.storage_options)   # `identity`'s `info` reads an object store's listing
         hashed = {f.get("path") for f in (recorded or {}).get("files") or []
                   if isinstance(f, dict) and ("sha256" in f or "sha256_head_tail" in f)}
-        return {"files": [identity(f, self.storage_options, f in hashed) for f in self.files]}
+        return {"files": [identity(f, self.storage_options, f in hashed) for f in files]}
 
     def iter_records(self, start: dict[str, Any] | None = None) -> Iterator[tuple[dict[str, Any] | BadRecord, dict[str, Any]]]:
         start = start or {"file": 0, "record": 0}

@@ -716,6 +716,44 @@ async def test_an_input_changed_during_the_run_stops_it_naming_the_file(tmp_path
         await _ingest(cfg, run)
 
 
+@pytest.mark.parametrize("change", ["add", "remove"])
+async def test_a_file_added_to_or_gone_from_a_glob_during_the_run_stops_it_naming_the_file(
+        tmp_path: Path, monkeypatch, change: str) -> None:
+    """Regression: the check before a dataset is done stat'ed the files listed at the start and never listed its
+    glob again, so a file added meanwhile was not read, without a word, exit 0 (the resume refused it as new). The
+    glob is listed again: a file added to it, or one read and gone, stops the job, resumable, naming the file."""
+    from streamprep import unit_worker
+
+    (tmp_path / "in").mkdir()
+    first, second = tmp_path / "in" / "a.jsonl", tmp_path / "in" / "b.jsonl"
+    docs = [json.dumps({"text": t}) + "\n" for t in english_docs(1500, seed=9)]
+    first.write_text("".join(docs[:100]))   # one unit, read first
+    second.write_text("".join(docs[100:]))  # several units
+    added = tmp_path / "in" / "c.jsonl"
+    cfg = base_config([{"name": "d", "path": str(tmp_path / "in" / "*.jsonl")}], None)
+    cfg["execution"].update(batch_records=50, unit_mb=0.1)
+    cfg = load(cfg)
+    real, calls = unit_worker.judge_piece, []
+
+    def changing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2 and change == "add":  # while b.jsonl is read, a.jsonl done
+            added.write_text(docs[0])
+        elif len(calls) == 2:
+            first.unlink()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(unit_worker, "judge_piece", changing)
+    run = tmp_path / "run"
+    changed, what = (added, "is new") if change == "add" else (first, "is gone")
+    with pytest.raises(SourceError, match=rf"dataset d: input file {changed} {what} during the run; "):
+        await _ingest(cfg, run)
+    assert not json.loads(DatasetFiles(run, run / "checkpoints", "d").checkpoint.read_text())["done"]
+    monkeypatch.setattr(unit_worker, "judge_piece", real)
+    with pytest.raises(ConfigError, match=rf"input file {changed} {what} since this run started"):
+        await _ingest(cfg, run)
+
+
 async def test_a_dataset_restarted_from_scratch_still_refuses_changed_inputs_and_drops_its_old_shards(
         tmp_path: Path) -> None:
     """Regression: a dataset whose checkpoint restarts it (a sealed part deleted, as `verify` advises for a damaged
