@@ -204,7 +204,10 @@ def tail(run_dir: str | Path, n: int = 20, follow: bool = False, out: IO[str] | 
         out.flush()
         return 0
     if not path.is_file() and not _backups(path):  # said once, as `tail -F` does; then it waits for the log
-        print(f"streamprep: logs: no log at {path} yet; waiting for it", file=sys.stderr)
+        started = os.path.lexists(RunLayout(run_dir).run_json)  # (the job writes its log just before run.json)
+        what = f"log at {path} yet; waiting for it" if started else \
+            f"run at {run_dir} yet (no run.json); waiting for it to start"
+        print(f"streamprep: logs: no {what}", file=sys.stderr)
     # open first, so nothing written between printing the tail and following is lost or repeated
     follower = Follower(path, start_at_end=True, poll_s=poll_s)
     try:

@@ -179,3 +179,45 @@ def test_logs_follow_without_a_log_yet_says_so_then_follows_it(tmp_path, capsys)
     assert tail(run_dir, follow=True, out=out, poll_s=0.01, stop=stop) == 0
     assert capsys.readouterr().err == f"streamprep: logs: no log at {log_path(run_dir)} yet; waiting for it\n"
     assert out.getvalue() == '{"event": "first"}\n'
+
+
+@pytest.mark.slow
+def test_logs_follow_before_the_run_dir_exists_waits_for_the_run_then_follows_its_log(tmp_path):
+    """Regression: `logs RUN_DIR --follow` started before the job had written run.json exited 2, `not a streamprep
+    run directory (no run.json)`; it says once that it waits for the run and follows its log when it appears
+    (the job writes its log before run.json). Ctrl-C exits 0."""
+    run_dir = tmp_path / "runs" / "lb"
+    proc = subprocess.Popen([sys.executable, "-m", "streamprep", "logs", str(run_dir), "--follow", "--poll-interval",
+                             "0.02"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hung = threading.Timer(30, proc.kill)  # a read that never comes ends as "" (a failure), not a hung test
+    hung.start()
+    try:
+        assert proc.stderr.readline() == f"streamprep: logs: no run at {run_dir} yet (no run.json); waiting for it " \
+                                         f"to start\n"
+        log_path(run_dir).parent.mkdir(parents=True)
+        log_path(run_dir).write_text('{"event": "first"}\n')
+        assert proc.stdout.readline() == '{"event": "first"}\n'
+        (run_dir / "run.json").write_text(json.dumps({"status": "running", "config": {"datasets": []}}))
+        with open(log_path(run_dir), "a") as fh:
+            fh.write('{"event": "second"}\n')
+        assert proc.stdout.readline() == '{"event": "second"}\n'
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(10)
+        hung.cancel()
+    assert rc == 0 and proc.stderr.read() == ""
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file", "run_json_a_folder"])
+def test_logs_follow_on_what_never_becomes_a_run_dir_is_an_error(tmp_path, capsys, where: str):
+    from streamprep.cli import main
+
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "d" / "run.json").mkdir(parents=True)
+    path = {"file": tmp_path / "notes.txt", "under_a_file": tmp_path / "notes.txt" / "run",
+            "run_json_a_folder": tmp_path / "d"}[where]
+    for args in (["logs", str(path), "--follow"], ["logs", str(path)]):
+        assert main(args) == 2
+        assert capsys.readouterr().err == f"streamprep: error: {path}: not a streamprep run directory (no run.json)\n"
+    assert main(["logs", str(tmp_path / "absent")]) == 2  # without --follow, not yet a run dir is an error as before
+    assert "not a streamprep run directory (no run.json)" in capsys.readouterr().err
