@@ -222,19 +222,43 @@ def test_texts_with_letters_newer_than_unicode_14_get_hf_ids_under_gigatoken(sha
     assert backends.unsure(["ascii only", "caf\u00e9", "\u2019"]) == []
 
 
-def test_an_added_token_that_gigatoken_strips_otherwise_sends_auto_to_hf(tmp_path: Path, shared_data: Path) -> None:
-    """A RoBERTa-style `<mask>` with lstrip: gigatoken 0.10.0 kept the space HF strips ("is  <mask>."), and the
-    run's check (PROBES) passed, so `auto` wrote other ids than HF's. Probes now put every added token beside
-    spaces, newlines, itself and words."""
+def _with_added(tmp_path: Path, shared_data: Path, *tokens: tuple[str, dict]) -> Path:
+    """phi-2's tokenizer.json with `tokens` (content, flags) added after its own."""
     spec = json.loads((shared_data / PHI2).read_text())
-    spec["added_tokens"].append({"id": 50295, "content": "<mask>", "single_word": False, "lstrip": True,
-                                 "rstrip": False, "normalized": False, "special": True})
+    for i, (content, flags) in enumerate(tokens):
+        spec["added_tokens"].append({"id": 50295 + i, "content": content, "single_word": False, "lstrip": False,
+                                     "rstrip": False, "normalized": False, "special": True, **flags})
     tok = tmp_path / "tokenizer.json"
     tok.write_text(json.dumps(spec))
-    assert backends.HFBackend(tok).encode_batch(["is  <mask>."])[0].tolist() == [271, 50295, 13]
+    return tok
+
+
+@pytest.mark.parametrize("content, flags, text", [
+    ("<mask>", {"lstrip": True}, "is  <mask>."),             # RoBERTa's: gigatoken 0.10.0 keeps the space
+    ("\n\n", {"rstrip": True}, "ab\n\n\n\n\n\n"),     # whitespace tokens were left out of the probes
+    ("\xa0", {"single_word": True, "special": False}, "1\xa0"),
+])
+def test_an_added_token_that_gigatoken_splits_otherwise_sends_auto_to_hf(tmp_path: Path, shared_data: Path,
+                                                                          content: str, flags: dict, text: str) -> None:
+    """Added tokens whose lstrip / rstrip / single_word gigatoken applies otherwise: the run's check (PROBES)
+    passed, so `auto` wrote other ids than HF's. Probes now put every added token beside spaces, newlines, itself
+    and words."""
+    tok = _with_added(tmp_path, shared_data, (content, flags))
+    hf, giga = backends.HFBackend(tok), backends.GigatokenBackend(tok)
+    assert backends.mismatch(hf, giga, [text]) is not None  # the difference the check must see
     rec = backends.select("auto", tok)
     assert rec["name"] == "hf" and "gigatoken ids differ from hf" in rec["fallback_reason"]
     assert backends.select("auto", shared_data / PHI2)["name"] == "gigatoken"  # phi-2's own added tokens agree
+
+
+def test_a_probe_hf_cannot_encode_is_left_out_not_a_crash(tmp_path: Path, shared_data: Path) -> None:
+    """tokenizers panics ("AddedVocabulary bad split", a BaseException) on an added "ab" with rstrip (beside an added
+    "\x85" with lstrip) in "abababab", one of the added-token probes: the job ended with a Rust backtrace."""
+    tok = _with_added(tmp_path, shared_data, ("ab", {"rstrip": True, "special": False}), ("\x85", {"lstrip": True}))
+    probes = backends.added_token_probes(backends.HFBackend(tok).tokenizer)
+    kept = backends._encodable(backends.HFBackend(tok), probes)
+    assert 0 < len(kept) < len(probes)
+    assert backends.select("auto", tok)["name"] in ("hf", "gigatoken")
 
 
 def test_a_forced_gigatoken_that_failed_its_check_refuses_every_later_batch(shared_data: Path,
