@@ -115,9 +115,11 @@ def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
                          id_bound=_id_bound(tok, fingerprint))
 
 
-def _copy_fault(saved: Path, fp_file: Path) -> str | None:
+def _copy_fault(saved: Path, fp_file: Path, src: Path | None) -> str | None:
     """Why the run's tokenizer copy cannot be reused (None: it can). Checked before the copy is loaded, so a damaged
-    file is recreated as a changed or missing one is, instead of failing every resume with an error naming no file."""
+    file is recreated as a changed or missing one is, instead of failing every resume with an error naming no file;
+    so is a side file the copy lost that `src` (tokenizer.path's file) has beside it (an SFT run then found no chat
+    template at every resume)."""
     recorded = read_json(fp_file)
     if not isinstance(recorded, dict) or not isinstance(recorded.get("fingerprint"), str):
         return f"{fp_file.name} is unreadable"
@@ -127,7 +129,9 @@ def _copy_fault(saved: Path, fp_file: Path) -> str | None:
         tokenizer_config(saved.parent)  # read for the EOD token and the chat template
     except ConfigError:
         return "tokenizer_config.json is not a JSON object"
-    return None
+    lost = [side for side in SIDE_FILES if src is not None and (src.parent / side).is_file()
+            and not (saved.parent / side).is_file()]
+    return f"{lost[0]} is missing (tokenizer.path has one)" if lost else None
 
 
 def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = backends.select) -> TokenizerInfo | None:
@@ -136,12 +140,15 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = 
     saved, fp_file = layout.tokenizer_json, layout.tokenizer_fingerprint
     if not (saved.is_file() and fp_file.is_file()):
         return None
-    if (fault := _copy_fault(saved, fp_file)) is not None:
+    src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
+    if (fault := _copy_fault(saved, fp_file, src)) is None:
+        info = _info(saved, tok_cfg.eod_token)
+        if (was := read_json(fp_file).get("eod_id")) != info.eod_id:  # an edited tokenizer_config.json
+            fault = f"its side files give EOD id {info.eod_id}, not the {was} recorded"
+    if fault is not None:
         log.warning("tokenizer copy is changed or damaged; recreating it", path=str(saved.parent), reason=fault)
         return None
-    info = _info(saved, tok_cfg.eod_token)
     log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)
-    src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
     if src is not None and (now := fingerprint_of(src)) != info.fingerprint:
         log.warning("tokenizer.path's file changed since the run copied it; the run goes on with its copy (a new "
                     "tokenizer needs a new run dir)", path=str(src), copy=info.fingerprint, now=now)

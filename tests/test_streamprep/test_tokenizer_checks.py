@@ -117,6 +117,16 @@ def test_a_damaged_file_of_the_runs_tokenizer_copy_is_recreated(tmp_path: Path, 
         assert [(e["event"], e["reason"]) for e in seen if e["log_level"] == "warning"] == [
             ("tokenizer copy is changed or damaged; recreating it", reason)]
         assert {p.name: p.read_bytes() for p in sorted((run / "tokenizer").iterdir())} == files
+    # a side file lost (an SFT run found no chat template at every resume), or edited to give another EOD (used,
+    # without a word, for every shard written after)
+    for damage, reason in ((lambda p: p.unlink(), "tokenizer_config.json is missing (tokenizer.path has one)"),
+                           (lambda p: p.write_text('{"eos_token": "."}'), "its side files give EOD id ")):
+        damage(run / "tokenizer" / "tokenizer_config.json")
+        with capture_logs() as seen:
+            assert prepare(tok_cfg, run) == first
+        [warned] = [e["reason"] for e in seen if e["log_level"] == "warning"]
+        assert warned.startswith(reason) and (reason.endswith("one)") or warned.endswith(f"{first.eod_id} recorded"))
+        assert {p.name: p.read_bytes() for p in sorted((run / "tokenizer").iterdir())} == files
 
 
 @pytest.mark.parametrize("sample_mb", [None, 0.01])
