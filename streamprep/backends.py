@@ -320,7 +320,7 @@ def _difference(reference: Backend, ref_ids: tuple[np.ndarray, np.ndarray], cand
             common = min(len(a), len(b))
             parted = np.flatnonzero(a[:common] != b[:common])
             at = int(parted[0]) if parted.size else common  # else one is a prefix of the other
-            lo, hi = max(0, at - 3), at + 4
+            lo, hi = max(0, at - 3), min(at + 4, max(len(a), len(b)))  # the ids shown, none past both ends
             shown = [f"{'...' if lo else ''}{ids[lo:hi].tolist()}{'...' if len(ids) > hi else ''}" for ids in (a, b)]
             return (f"{candidate.name} ids differ from {reference.name} on text {i} ({text[:40]!r}) at id {at} "
                     f"(of {len(a)} vs {len(b)}), ids {lo}-{hi - 1}: {shown[0]} vs {shown[1]}")

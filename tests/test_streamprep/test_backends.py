@@ -293,7 +293,7 @@ def test_a_mismatch_names_the_first_differing_id_and_its_neighbours() -> None:
         "gigatoken ids differ from hf on text 1 ('caf\u00e9') at id 12 (of 20 vs 20), ids 9-15: "
         "...[9, 10, 11, 12, 13, 14, 15]... vs ...[9, 10, 11, 99, 13, 14, 15]...")
     assert backends._difference(hf, batch(a[:5]), giga, batch(a[:2]), ["ab"]) == (  # one ends early
-        "gigatoken ids differ from hf on text 0 ('ab') at id 2 (of 5 vs 2), ids 0-5: [0, 1, 2, 3, 4] vs [0, 1]")
+        "gigatoken ids differ from hf on text 0 ('ab') at id 2 (of 5 vs 2), ids 0-4: [0, 1, 2, 3, 4] vs [0, 1]")
     assert backends._difference(hf, batch(a), giga, batch(a.copy()), ["t"]) is None
 
 
