@@ -44,7 +44,7 @@ _RUN_CUE = b"d" * 7
 _DIGIT = re.compile(r"\d")
 _NON_ASCII_BUDGET = 64  # extra UTF-8 bytes past which scanning for runs is cheaper than classifying chars
 _IPV6_CUE = re.compile(r":(?:[0-9a-f]{1,4}:){6}", re.IGNORECASE)  # the inner part of every full-form IPv6
-_EMAIL_REACH = (64, 320)  # chars before / after an "@" an address can span
+_LOCAL_REACH = 64  # chars before an "@" its address can start (EMAIL_RE's local part)
 _LOCAL_PART = re.compile(r"(?<![\w.+-])[\w.+-]{1,64}+\Z")  # EMAIL_RE's, searched up to an "@" (the string's end there)
 
 
@@ -92,12 +92,11 @@ def _emails(text: str) -> Iterator[tuple[str, int, int]]:
     """Each "@" is tried once, from the one place an address through it can start: the start of the run of
     local-part chars before it (EMAIL_RE's lookbehind), found between the "@" before it and itself. Searching
     EMAIL_RE over the whole reach of each "@" tried ~190 starts a char on text dense in "@" (~12 µs a char)."""
-    before, after = _EMAIL_REACH
     pos, floor = 0, 0  # the end of the last address; the char after the last "@"
     at = text.find("@")
     while at != -1:
-        local = _LOCAL_PART.search(text, max(pos, floor, at - before), at)
-        m = local and EMAIL_RE.match(text, local.start(), at + after)
+        local = _LOCAL_PART.search(text, max(pos, floor, at - _LOCAL_REACH), at)
+        m = local and EMAIL_RE.match(text, local.start())  # (its domain ends at the first char not in one)
         if m is None:
             floor, at = at + 1, text.find("@", at + 1)
         else:

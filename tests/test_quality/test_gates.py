@@ -440,6 +440,8 @@ def test_emails_are_the_whole_text_regex_matches_and_cost_little_on_text_dense_i
                          + rng.choice([" ", "", ".", "@"]))
         text = "".join(parts)
         assert list(_emails(text)) == [("email", m.start(), m.end()) for m in EMAIL_RE.finditer(text)], text
+    long_domain = "mail a@" + ".".join(["b" * 60] * 8) + ".com and more"  # past the 320 chars the windows reached
+    assert list(_emails(long_domain)) == [("email", 5, 5 + 2 + 8 * 61 + 3)]
     dense = "Some words. " + "a@" * 100_000
     t0 = time.process_time()
     assert list(_emails(dense)) == []
