@@ -14,7 +14,8 @@ Ids never include added special tokens (HF `add_special_tokens=False`; gigatoken
 `tokenizer.backend: auto` (the default) uses gigatoken only when it loads the run's tokenizer.json AND gives
 the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (hard strings), the tokenizer's
 added tokens in context (`added_token_probes`) and the texts the caller adds. It runs (1) when the run's
-tokenizer is prepared (probes + up to CHECK_DOCS sampled texts for a trained tokenizer; the outcome is recorded in checkpoints/tokenizer_backend.json and run.json) and (2) in
+tokenizer is prepared (probes + up to CHECK_DOCS sampled texts for a trained tokenizer; the outcome is recorded
+in checkpoints/tokenizer_backend.json and run.json) and (2) in
 each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
 (ShardEncoder). A job runs check (1) on one of its workers, which keeps the gigatoken tokenizer it built for its
 shards (`gigatoken_backend`); with `backend: gigatoken` the config check runs it in the driver too. It reads
