@@ -162,8 +162,9 @@ BOUNDS: dict[str, Range] = {
     "execution.progress_interval_s": Range(0.1, 86_400),
 }
 DATASET_BOUNDS: dict[str, Range] = {
-    # relative, yet bounded both ways: every share the exports write (w × shard tokens / dataset tokens in blend.json,
-    # w / sum in mixtures.json) stays a normal double > 0 (5e-324 beside 1e15 was written as weight 0), and any sum finite
+    # relative, yet bounded both ways: every share the exports write (w × shard tokens / dataset tokens in
+    # blend.json, w / sum in mixtures.json) stays a normal double > 0 (5e-324 beside 1e15 was written as weight 0),
+    # and any sum finite
     "weight": Range(1e-15, 1e15),
     "size_mb": Range(0, lo_open=True),
     "max_records": Range(1),
