@@ -42,7 +42,8 @@ SECTIONS.closed = ("a plug-in cannot add a top-level config section (streamprep'
                    "Config holds); read your plug-in's settings from a file or the environment of its own")
 
 CHECKS.register("output.parquet", "streamprep.exports.parquet:check_options")
-CHECKS.register("output.mixtures", "streamprep.exports.mixtures:check_options", skipped=True)  # a phase may name a skipped one
+# a phase may name an optional dataset skipped for want of input
+CHECKS.register("output.mixtures", "streamprep.exports.mixtures:check_options", skipped=True)
 CHECKS.register("output.dtype", "streamprep.sft.config:check_output_dtype")  # an sft: run's dtype is its own
 CHECKS.register("execution.ray_address", "streamprep.ray_cluster:check_address")
 CHECKS.register("tokenizer", "streamprep.tokenizer:check_section")  # last: it loads the tokenizer

@@ -255,7 +255,8 @@ def check_config(tok_cfg: TokenizerConfig, *, select_backend: bool = True) -> in
                           f"each call; set its model.dropout to null")
     name, tid = _eod(tok, src.parent, wanted)
     _check_eod(TokenizerInfo(src, "", tok.get_vocab_size(with_added_tokens=True), tid, name), tok_cfg)
-    if select_backend and tok_cfg.backend == "gigatoken":  # forced: a tokenizer gigatoken cannot encode exactly fails here
+    # forced gigatoken: a tokenizer it cannot encode exactly fails here
+    if select_backend and tok_cfg.backend == "gigatoken":
         try:
             record = backends.select("gigatoken", src)
         except backends.BackendError as exc:

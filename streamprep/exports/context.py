@@ -18,8 +18,8 @@ class WriterContext:
     """The run dir, the finished shards and per dataset its index (records, tokens, its parts and their sorted
     runs), in config order; `split_of` each dataset's train/valid/test; `blend`: the run's mode writes
     blend.json; `workers` the export processes. `sft`: dataset → (documents, tokens) of its SFT shards (not in
-    `shards`: their receipts list them). `binidx` holds the manifest's `.bin/.idx` shard entries; `parquet` its Parquet ones,
-    filled by the "parquet" writer (the first registered, so the writers after it can read them)."""
+    `shards`: their receipts list them). `binidx` holds the manifest's `.bin/.idx` shard entries; `parquet` its
+    Parquet ones, filled by the "parquet" writer (the first registered, so the writers after it can read them)."""
 
     run_dir: Path
     shards: list[ShardRef]

@@ -66,7 +66,8 @@ def validate_mixtures(phases: Any, dataset_names: Iterable[str], skipped: Iterab
                 raise MixtureConfigError(wkey, f"unknown dataset {name!r} (known: {', '.join(known) or 'none'})")
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not MIN_WEIGHT <= w <= MAX_WEIGHT:  # NaN too
                 got = f"{type(w).__name__} {w!r}" if not isinstance(w, (int, float)) else repr(w)  # YAML's '1e+15'
-                raise MixtureConfigError(wkey, f"weight must be a number in [{MIN_WEIGHT:g}, {MAX_WEIGHT:g}], got {got}")
+                raise MixtureConfigError(wkey, f"weight must be a number in [{MIN_WEIGHT:g}, {MAX_WEIGHT:g}], "
+                                               f"got {got}")
 
 
 def _normalise(weights: Mapping[str, float]) -> dict[str, float]:
