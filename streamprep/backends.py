@@ -75,6 +75,9 @@ PROBES: tuple[str, ...] = (
     "CJK: \u6f22\u5b57\u3068\u304b\u306a\u30ab\u30ca\u3002\u4e2d\u6587\u6807\u70b9\uff0c\u7b26\u53f7\uff01",
     "Surrogate-free astral: \U00020000\U0002A6D6 \U0001F600\U0001F64F \U000E0041 tag",
     "\u0000\u0001\u001f\u007f control chars \ufeffBOM \ufffd replacement",
+    # letters of Unicode 12-14, the newest the Unicode guard (`unsure`) leaves to gigatoken: a regex engine older
+    # than Unicode 14 on either side would split them otherwise
+    "Letters of Unicode 12-14: x\u0870's \U00010570\U00010570 \U0001E290 \U00010E80 \U00018B00 \U0001E100 1",
     "",
     " ",
     "\n",
