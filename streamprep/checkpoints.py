@@ -164,13 +164,18 @@ def foreign_checkpoints(checkpoint_dir: Path, run_dir: Path, datasets: list[str]
     return found
 
 
+def owner_of(checkpoint_dir: Path) -> str | None:
+    """The run id `claim` wrote in `checkpoint_dir` (None: none, or empty)."""
+    path = CheckpointLayout(checkpoint_dir).owner
+    return (path.read_text().strip() or None) if path.is_file() else None
+
+
 def claim(checkpoint_dir: Path, run_id: str) -> str | None:
     """Mark `checkpoint_dir` as holding run `run_id`'s checkpoints; returns the other run's id if it already
     holds another run's (two runs with the same dataset names would overwrite each other's checkpoints)."""
-    path = CheckpointLayout(checkpoint_dir).owner
-    owner = path.read_text().strip() if path.is_file() else None
+    owner = owner_of(checkpoint_dir)
     if owner is None:
-        atomic.write_bytes(path, run_id.encode() + b"\n")
+        atomic.write_bytes(CheckpointLayout(checkpoint_dir).owner, run_id.encode() + b"\n")
     return owner if owner not in (None, run_id) else None
 
 

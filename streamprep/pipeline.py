@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
 from streamprep import audit, backends, engines, metrics, registry, tokenizer as tokmod
-from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints
+from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints, owner_of
 from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
 from streamprep.executor import Executor
@@ -224,12 +224,7 @@ def _refuse_moved_checkpoints(previous: dict[str, Any], checkpoint_dir: Path) ->
         return
     if checkpoint_dir.exists() and not checkpoint_dir.is_dir():  # a file in the way: the job's mkdir names it
         return
-
-    def holds(folder: Path) -> bool:
-        owner = CheckpointLayout(folder).owner
-        return owner.is_file() and owner.read_text(errors="replace").strip() == run_id
-
-    if holds(Path(was)) and not holds(checkpoint_dir):
+    if owner_of(Path(was)) == run_id and owner_of(checkpoint_dir) != run_id:
         raise ConfigError(f"config: 'run.checkpoint_dir' changed since this run started: its checkpoints are in {was}, "
                           f"not {checkpoint_dir}; resume with the same run.checkpoint_dir, move them there, or use a "
                           f"new --run-dir")
@@ -283,11 +278,10 @@ def _adopted(config: Config, run_dir: Path) -> dict[str, Any] | None:
     run's own checkpoints (inside the run dir) say which run they belong to, so the run goes on as that run
     instead of being refused as another run's. Its config cannot be checked for drift: the message says
     "with that same config". A checkpoint dir outside the run dir may be another run's: not adopted."""
-    owner = CheckpointLayout(_checkpoint_dir(config, run_dir)).owner
-    if not owner.is_relative_to(run_dir) or not owner.is_file():
+    checkpoint_dir = _checkpoint_dir(config, run_dir)
+    if not checkpoint_dir.is_relative_to(run_dir) or (run_id := owner_of(checkpoint_dir)) is None:
         return None
-    run_id = owner.read_text().strip()
-    return {"run_id": run_id, "created_at": time.time(), "adopted_checkpoints": True} if run_id else None
+    return {"run_id": run_id, "created_at": time.time(), "adopted_checkpoints": True}
 
 
 def _not_importing_main() -> None:
