@@ -39,6 +39,7 @@ import ctypes
 import functools
 import hashlib
 import itertools
+from collections.abc import Iterator
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
@@ -187,11 +188,7 @@ def unsure(texts: Sequence[str]) -> list[int]:
     text (`isascii` reads a flag) costs nothing; the others one UTF-32 copy, and a table lookup per char from
     U+0378 (the first unassigned): ~750 MB/s of web text here, a quarter of gigatoken's own time."""
     found: list[int] = []
-    idx = [i for i, t in enumerate(texts) if not t.isascii()]
-    while idx:  # ~1 M chars at a time: a whole shard's UTF-32 copy was ~60 MB more peak RSS per worker
-        n = next((k for k, total in enumerate(itertools.accumulate(len(texts[i]) for i in idx)) if total > 1 << 20),
-                 len(idx) - 1) + 1
-        chunk, idx = idx[:n], idx[n:]
+    for chunk in _chunks(texts, [i for i, t in enumerate(texts) if not t.isascii()]):
         cps = np.frombuffer("\n".join([texts[i] for i in chunk]).encode("utf-32-le", "surrogatepass"), np.uint32)
         high = np.flatnonzero(cps >= 0x378)
         hits = high[_unsure_table()[cps[high]]]
@@ -199,6 +196,20 @@ def unsure(texts: Sequence[str]) -> list[int]:
             starts = np.cumsum([0, *(len(texts[i]) + 1 for i in chunk[:-1])])
             found += [chunk[k] for k in np.unique(np.searchsorted(starts, hits, side="right") - 1).tolist()]
     return found
+
+
+def _chunks(texts: Sequence[str], idx: list[int], chars: int = 1 << 20) -> Iterator[list[int]]:
+    """`idx` in runs of just over `chars` characters of `texts`: a whole shard's UTF-32 copy at once was ~60 MB more
+    peak RSS per worker."""
+    chunk, size = [], 0
+    for i in idx:
+        chunk.append(i)
+        size += len(texts[i])
+        if size > chars:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
 class GigatokenBackend:
