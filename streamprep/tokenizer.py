@@ -115,12 +115,11 @@ def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
                          id_bound=_id_bound(tok, fingerprint))
 
 
-def _copy_fault(saved: Path, fp_file: Path, src: Path | None) -> str | None:
+def _copy_fault(saved: Path, fp_file: Path, recorded: Any, src: Path | None) -> str | None:
     """Why the run's tokenizer copy cannot be reused (None: it can). Checked before the copy is loaded, so a damaged
     file is recreated as a changed or missing one is, instead of failing every resume with an error naming no file;
     so is a side file the copy lost that `src` (tokenizer.path's file) has beside it (an SFT run then found no chat
-    template at every resume)."""
-    recorded = read_json(fp_file)
+    template at every resume). `recorded`: `fp_file`'s content."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("fingerprint"), str):
         return f"{fp_file.name} is unreadable"
     if recorded["fingerprint"] != fingerprint_of(saved):
@@ -141,9 +140,10 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = 
     if not (saved.is_file() and fp_file.is_file()):
         return None
     src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
-    if (fault := _copy_fault(saved, fp_file, src)) is None:
+    recorded = read_json(fp_file)
+    if (fault := _copy_fault(saved, fp_file, recorded, src)) is None:
         info = _info(saved, tok_cfg.eod_token)
-        if (was := read_json(fp_file).get("eod_id")) != info.eod_id:  # an edited tokenizer_config.json
+        if (was := recorded.get("eod_id")) != info.eod_id:  # an edited tokenizer_config.json
             fault = f"its side files give EOD id {info.eod_id}, not the {was} recorded"
     if fault is not None:
         log.warning("tokenizer copy is changed or damaged; recreating it", path=str(saved.parent), reason=fault)
@@ -152,8 +152,8 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = 
     if src is not None and (now := fingerprint_of(src)) != info.fingerprint:
         log.warning("tokenizer.path's file changed since the run copied it; the run goes on with its copy (a new "
                     "tokenizer needs a new run dir)", path=str(src), copy=info.fingerprint, now=now)
-    recorded = read_json(layout.tokenizer_backend)
-    return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, select, recorded)
+    backend = read_json(layout.tokenizer_backend)
+    return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, select, backend)
 
 
 def _with_backend(info: TokenizerInfo, tok_cfg: TokenizerConfig, record_file: Path, select: Selector,
