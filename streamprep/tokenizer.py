@@ -107,10 +107,11 @@ def fingerprint_of(tok_file: Path) -> str:
     return f"sha256:{hashlib.sha256(tok_file.read_bytes()).hexdigest()}"
 
 
-def _info(saved: Path, eod_token: str | None) -> TokenizerInfo:
+def _info(saved: Path, eod_token: str | None, fingerprint: str | None = None) -> TokenizerInfo:
+    """`fingerprint`: the copy's, when the caller has just checked it (`saved_tokenizer`), else hashed here."""
     tok = backends.hf_tokenizer(saved)
     name, tid = _eod(tok, saved.parent, eod_token)
-    fingerprint = fingerprint_of(saved)
+    fingerprint = fingerprint or fingerprint_of(saved)
     return TokenizerInfo(saved, fingerprint, tok.get_vocab_size(with_added_tokens=True), tid, name,
                          id_bound=_id_bound(tok, fingerprint))
 
@@ -142,7 +143,7 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = 
     src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
     recorded = read_json(fp_file)
     if (fault := _copy_fault(saved, fp_file, recorded, src)) is None:
-        info = _info(saved, tok_cfg.eod_token)
+        info = _info(saved, tok_cfg.eod_token, recorded["fingerprint"])  # `_copy_fault` has just hashed it
         if (was := recorded.get("eod_id")) != info.eod_id:  # an edited tokenizer_config.json
             fault = f"its side files give EOD id {info.eod_id}, not the {was} recorded"
     if fault is not None:
