@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -193,27 +194,32 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and what it wraps (`__cause__`, in turn): a unit's SourceError wraps the OSError that decides the line."""
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__
+
+
 def _file_in_the_way(exc: BaseException) -> Path | None:
     """The file standing where a folder is needed, when `exc` (or what it wraps) is mkdir's FileExistsError or a
     NotADirectoryError under it: a raw error, exit 1 as if a re-run could resume, where none ever would."""
-    while exc is not None:
-        mkdir = isinstance(exc, FileExistsError) and exc.filename2 is None  # (os.link's names two files)
-        if (mkdir or isinstance(exc, NotADirectoryError)) and exc.filename:
-            path = Path(os.fsdecode(exc.filename))
+    for e in _causes(exc):
+        mkdir = isinstance(e, FileExistsError) and e.filename2 is None  # (os.link's names two files)
+        if (mkdir or isinstance(e, NotADirectoryError)) and e.filename:
+            path = Path(os.fsdecode(e.filename))
             for p in (path, *path.parents):
                 if p.exists() or p.is_symlink():
                     return p if not p.is_dir() else None
-        exc = exc.__cause__
     return None
 
 
 def _disk_full(exc: BaseException) -> str | None:
     """" writing PATH" (or "") when `exc` or what it wraps (a unit's SourceError) is a full disk or quota, else None:
     a bare "OSError: [Errno 28] No space left on device" named no file and, wrapped, blamed the input."""
-    while exc is not None:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f" writing {exc.filename}" if exc.filename else ""
-        exc = exc.__cause__
+    for e in _causes(exc):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f" writing {e.filename}" if e.filename else ""
     return None
 
 
