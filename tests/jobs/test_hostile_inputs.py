@@ -225,8 +225,8 @@ def test_a_zip_archive_read_with_a_format_is_one_reject_not_its_first_member(tmp
     (tmp_path / "in" / "b.jsonl").write_bytes(_head(2))
     good, bad = _split(_items(tmp_path / "in", fmt="jsonl"))
     assert good == RECORDS[:2] and [b.reason for b in bad] == [
-        f"unsupported file, skipped: {path}: a .zip archive (not read: unpack it, or compress each file as .gz, "
-        f".zst, .bz2 or .xz)"]
+        (f"unsupported file, skipped: {path}: a .zip archive (not read: unpack it, or compress each file as .gz, "
+         f".zst, .bz2 or .xz)")]
 
 
 def test_a_file_whose_name_has_glob_characters_is_that_file(tmp_path: Path) -> None:

@@ -58,8 +58,8 @@ def test_missing_dir_and_bad_arguments(tmp_path, capsys):
                        (["digest"], "streamprep: error: argument COMMAND: invalid choice: 'digest'"),
                        # regression: `--run-dir "$RUN"` with RUN unset ran the job in runs/<name> of the working
                        # directory, exit 0; `--config ""` said ". is a directory"
-                       (["ingest", "--config", "x.yaml", "--run-dir", ""], "streamprep ingest: error: argument "
-                                                                          "--run-dir: an empty path"),
+                       (["ingest", "--config", "x.yaml", "--run-dir", ""], ("streamprep ingest: error: argument "
+                                                                           "--run-dir: an empty path")),
                        (["ingest", "--config", " "], "streamprep ingest: error: argument --config: an empty path")):
         with pytest.raises(SystemExit) as exc:
             main(argv)
