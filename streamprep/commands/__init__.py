@@ -3,14 +3,25 @@
 takes the parsed arguments; `cli.main` turns its errors into one line and an exit code."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from streamprep.config import ConfigError
 from streamprep.layout import RunLayout
+from streamprep.lock import holder_if_running
 
 
 def require_run_dir(path: str) -> Path:
+    """`path` as a run dir, or a one-line error. A folder holding only a job's lock is one whose job is starting,
+    or was killed in the moment before it wrote run.json: the error says which, not "not a run directory"."""
     run_dir = Path(path)
-    if not RunLayout(run_dir).run_json.is_file():
+    layout = RunLayout(run_dir)
+    if not layout.run_json.is_file():
+        if layout.lock.is_file() and not os.path.lexists(layout.run_json):
+            if holder_if_running(layout.lock) is not None:
+                raise ConfigError(f"{run_dir}: a job is starting here and has not written run.json yet; try again "
+                                  "in a moment")
+            raise ConfigError(f"{run_dir}: its job stopped before it wrote run.json; re-run the same streamprep "
+                              "ingest command to start it")
         raise ConfigError(f"{run_dir}: not a streamprep run directory (no run.json)")
     return run_dir

@@ -108,6 +108,24 @@ def test_unreadable_run_json_is_exit_2(tmp_path, capsys):
     assert "not a streamprep run directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["status", "verify", "audit", "logs"])
+def test_run_dir_holding_only_its_lock(tmp_path, capsys, command):
+    """A job killed in the moment between making its run dir (the lock) and writing run.json: the commands say
+    so and how to go on, not "not a run directory"; while the lock is held, that the job is starting."""
+    from streamprep.layout import RunLayout
+    from streamprep.lock import RunLock
+
+    lock = RunLock(RunLayout(tmp_path).lock).acquire()
+    assert main([command, str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"streamprep: error: {tmp_path}: a job is starting here and has not "
+                                       "written run.json yet; try again in a moment\n")
+    lock.release()
+    assert main([command, str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"streamprep: error: {tmp_path}: its job stopped before it wrote run.json; "
+                                       "re-run the same streamprep ingest command to start it\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
 def test_status_logs_audit_on_a_real_run(tmp_path, capsys):
     """`ingest` through the CLI prints the audit summary; then status / logs / audit on its run dir."""
     from helpers import make_inputs
