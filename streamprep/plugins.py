@@ -57,6 +57,9 @@ WRITERS.register("parquet", "streamprep.exports.parquet:export", builtin=True)
 WRITERS.register("blend", "streamprep.exports.blend:export", builtin=True)
 WRITERS.register("mixtures", "streamprep.exports.mixtures:export", builtin=True)
 
+# gates a caller's module registered before `import streamprep` (quality.gates needs no streamprep): late ones
+_gates = sys.modules.get("quality.gates")
+_early = list(_gates.EXTRA_GATES) if _gates is not None else []
 for _module in filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGINS", "").split(","))):
     PLUGIN_MODULES.append(_module)
     try:
@@ -69,4 +72,11 @@ for _module in filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGI
 for _registry in registry.FAMILIES:
     _registry.at_start = {e.name: e.target for e in _registry.entries()}  # what every process has (`late`)
 _gates = sys.modules.get("quality.gates")  # imported by a STREAMPREP_PLUGINS module that registers a gate
-registry.GATES_AT_START = len(_gates.EXTRA_GATES) if _gates is not None else 0
+if _gates is not None:
+    # the STREAMPREP_PLUGINS modules' gates first, as a worker has them (it imports the late ones' modules after
+    # them, `unit_worker.init_worker`): an early gate counted as theirs ran in this process only, and run.json
+    # did not record it
+    _late = [f for f in _early if registry.module_of(f) not in PLUGIN_MODULES]
+    _at_start = [f for f in _early if registry.module_of(f) in PLUGIN_MODULES] + _gates.EXTRA_GATES[len(_early):]
+    _gates.EXTRA_GATES[:] = _at_start + _late
+    registry.GATES_AT_START = len(_at_start)

@@ -128,8 +128,9 @@ PLUGIN_IMPORT_ERRORS: list[str] = []
 # The modules STREAMPREP_PLUGINS names, in order: run.json records them, and a resume with others is refused (a
 # plug-in gate, format or writer decides verdicts and bytes, as config does).
 PLUGIN_MODULES: list[str] = []
-# How many gate factories (`quality.gates.EXTRA_GATES`) the STREAMPREP_PLUGINS modules registered: those after them
-# were registered by code the caller ran, as `Registry.late` entries are
+# How many gate factories (`quality.gates.EXTRA_GATES`) the STREAMPREP_PLUGINS modules registered, which
+# streamprep/plugins.py puts first: those after them were registered by code the caller ran (before or after
+# `import streamprep`), as `Registry.late` entries are
 GATES_AT_START = 0
 
 

@@ -144,6 +144,27 @@ def test_a_plugin_imported_before_the_job_runs_in_its_worker_processes(tmp_path:
         sys.modules.pop("late_toy_plugin", None)
 
 
+def test_a_gate_registered_before_import_streamprep_is_a_late_one(tmp_path: Path) -> None:
+    """Regression: a gate module imported before `streamprep` (the docs' gate imports quality.gates only) was
+    counted as a STREAMPREP_PLUGINS gate: workers (`workers: 2`) did not import it, so it judged nothing there
+    (29 rejects with `workers: 1`, 0 with 2), and run.json's `plugins` did not record it. It is a late gate now,
+    after the STREAMPREP_PLUGINS ones as in a worker; a STREAMPREP_PLUGINS module imported early stays theirs."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods/early_gate.py").write_text(GATE_PLUGIN)
+    (tmp_path / "mods/named_gate.py").write_text(GATE_PLUGIN.replace('"forbidden"', '"named"'))
+    script = ("import early_gate, named_gate\n"
+              "import streamprep, quality.gates\n"
+              "from streamprep import pipeline, unit_worker\n"
+              "print([f.__module__ for f in quality.gates.EXTRA_GATES], unit_worker.late_plugins(), "
+              "pipeline.plugin_modules())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), str(REPO)]),
+           "STREAMPREP_PLUGINS": "named_gate"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+    assert proc.stdout == ("['named_gate', 'early_gate'] [('quality gate', '<lambda>', 'early_gate')] "
+                           "['named_gate', 'early_gate']\n"), proc.stderr[-2000:]
+
+
 def test_a_plugin_workers_cannot_import_stops_the_job_naming_it() -> None:
     """A plug-in defined in the script that starts the job (module __main__) cannot reach a worker process: its
     workers say so, rather than judge without it."""
