@@ -64,10 +64,12 @@ for _module in filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGI
     PLUGIN_MODULES.append(_module)
     try:
         importlib.import_module(_module)
-    except Exception as _exc:  # reported by config.validate and the CLI (registry.PLUGIN_IMPORT_ERRORS)
+    # reported by config.validate and the CLI (registry.PLUGIN_IMPORT_ERRORS); a SystemExit too (sys.exit, a module
+    # parsing argv): every command ended with its code, sys.exit(0) silently as a success
+    except (Exception, SystemExit) as _exc:
         _why = (str(_exc).strip().splitlines() or [""])[0]
         PLUGIN_IMPORT_ERRORS.append(f"STREAMPREP_PLUGINS: module {_module!r} failed to import "
-                                    f"({type(_exc).__name__}: {_why})")
+                                    f"({type(_exc).__name__}{': ' + _why if _why else ''})")
 
 for _registry in registry.FAMILIES:
     _registry.at_start = {e.name: e.target for e in _registry.entries()}  # what every process has (`late`)

@@ -149,8 +149,8 @@ def _adopt(plugins: list[tuple[str, str, str]]) -> str | None:
         if module not in sys.modules:
             try:
                 importlib.import_module(module)
-            except Exception as exc:  # reported below, for the plug-in it leaves out
-                failed[module] = f"{type(exc).__name__}: {one_line(exc)}"
+            except (Exception, SystemExit) as exc:  # reported below, for the plug-in it leaves out
+                failed[module] = one_line(exc)  # `Type: message`
     have = Counter((family, name) for family, name, _ in late_plugins())
     for family, name, module in plugins:
         if have[(family, name)] > 0:

@@ -165,17 +165,23 @@ def test_a_gate_registered_before_import_streamprep_is_a_late_one(tmp_path: Path
                            "['named_gate', 'early_gate']\n"), proc.stderr[-2000:]
 
 
-def test_a_plugin_workers_cannot_import_stops_the_job_naming_it() -> None:
+def test_a_plugin_workers_cannot_import_stops_the_job_naming_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A plug-in defined in the script that starts the job (module __main__) cannot reach a worker process: its
-    workers say so, rather than judge without it."""
+    workers say so, rather than judge without it. So does one whose module calls sys.exit there (it ended the
+    worker process)."""
     from streamprep.unit_worker import _adopt
 
     assert _adopt([("quality gate", "MyGate", "__main__")]) == (
         "plug-in quality gate 'MyGate' (module __main__) is registered in the process that started the job but not "
         "in its worker processes: it is defined in the script that starts the job, which they do not run: move it "
         "to a module of its own; or name its module in STREAMPREP_PLUGINS, which every process imports")
-    assert "importing no_such_module_here there failed (ModuleNotFoundError: " \
-           in _adopt([("source format", "x", "no_such_module_here")])
+    assert "importing no_such_module_here there failed (ModuleNotFoundError: No module named " \
+           in _adopt([("source format", "x", "no_such_module_here")])  # its type once
+    (tmp_path / "exits_in_a_worker.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "importing exits_in_a_worker there failed (SystemExit: 3)" \
+           in _adopt([("quality gate", "G", "exits_in_a_worker")])
     assert _adopt([]) is None
 
 
@@ -298,15 +304,18 @@ def test_a_gate_named_in_streamprep_plugins_runs_in_every_qc_process(tmp_path: P
 def test_a_plugin_module_that_fails_to_import_is_one_line_exit_2_for_every_command(tmp_path: Path) -> None:
     """Regression: a STREAMPREP_PLUGINS module that was missing or raised at import was a traceback out of
     `import streamprep`, exit 1, for every command. Now the CLI says so in one line, exit 2, writing nothing, and
-    the API's `config.validate` raises a ConfigError naming it."""
+    the API's `config.validate` raises a ConfigError naming it. One calling sys.exit at import too: every command
+    exited with its code (sys.exit(0): silently, as a success)."""
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins/broken_plugin.py").write_text("raise RuntimeError('boom at registration\\nsecond line')\n")
+    (tmp_path / "plugins/exiting_plugin.py").write_text("import sys\nsys.exit(0)\n")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(10)))
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(corpus)}], None)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
     for module, why in (("broken_plugin", "RuntimeError: boom at registration"),
-                        ("no_such_plugin", "ModuleNotFoundError: No module named 'no_such_plugin'")):
+                        ("no_such_plugin", "ModuleNotFoundError: No module named 'no_such_plugin'"),
+                        ("exiting_plugin", "SystemExit: 0")):  # regression: every command ended 0, saying nothing
         line = f"STREAMPREP_PLUGINS: module {module!r} failed to import ({why})"
         for command in (["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")],
                         ["status", str(tmp_path / "run")]):
