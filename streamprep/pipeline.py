@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import multiprocessing.spawn
 import os
 import platform
 import shutil
@@ -295,6 +296,24 @@ def _not_importing_main() -> None:
                            'module, as with any multiprocessing code)')
 
 
+def _main_file_workers_run(config: Config) -> None:
+    """A job that forks local processes (`workers` >= 2, or dedup holders) from a script read from stdin
+    (`python - < job.py`): each child runs the script again from its path, `<stdin>` in the current folder, fails
+    to find it, and the job said "a dedup holder process ended; re-run the same command to resume", a re-run the
+    same. Refused up front, nothing written; a script deleted since it started is the same."""
+    execution = config.execution
+    workers = configmod.resolved_workers(execution.workers)
+    holding = config.quality.dedup != "none" or config.quality.near_dedup.enabled
+    key, value, instead = ("workers", workers, 1) if workers > 1 else ("dedup_holders", execution.dedup_holders, 0)
+    if execution.ray_address or not (workers > 1 or (holding and execution.dedup_holders)):
+        return
+    main_path = multiprocessing.spawn.get_preparation_data("streamprep").get("init_main_from_path")
+    if main_path is not None and not os.path.isfile(main_path):
+        raise ConfigError(f"config: 'execution.{key}' {value} starts processes, which run the job's script again "
+                          f"from its file, and {main_path} is not one (a script read from stdin?): save the script "
+                          f"and run the file, or use {key}: {instead}")
+
+
 def run_from_dict(raw: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = False,
                   base_dir: str | Path = ".", console_log: bool = True) -> RunResult:
     """Validate `raw` (the YAML structure as a dict; relative paths against `base_dir`) and run the job."""
@@ -309,6 +328,7 @@ def run_config_file(path: str | Path, run_dir: str | Path | None = None, fresh: 
 def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         console_log: bool = True) -> RunResult:
     _not_importing_main()
+    _main_file_workers_run(config)
     run_dir = resolve_run_dir(config, run_dir)
     try:
         previous = _preflight(config, run_dir, fresh)

@@ -176,6 +176,20 @@ def test_a_job_at_a_scripts_top_level_says_to_guard_it(corpus: Path, tmp_path: P
     assert proc.stdout.strip() == "complete", proc.stderr[-3000:]
 
 
+def test_a_job_with_workers_from_a_script_read_from_stdin_is_refused_up_front(corpus: Path, tmp_path: Path) -> None:
+    """Regression: `python - < job.py` with `workers: 2`: each worker ran the script again from `<stdin>` in the
+    current folder, FileNotFoundError tracebacks, then "a dedup holder process ended; re-run the same command to
+    resume", a re-run the same. Now a ConfigError says why and what to do, nothing written."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-", str(corpus), str(tmp_path / "run")], input=UNGUARDED, env=env,
+                          cwd=tmp_path, text=True, capture_output=True, timeout=120, check=False)
+    assert proc.stderr.splitlines()[-1] == (
+        f"streamprep.config.ConfigError: config: 'execution.workers' 2 starts processes, which run the job's script "
+        f"again from its file, and {tmp_path}/<stdin> is not one (a script read from stdin?): save the script and "
+        f"run the file, or use workers: 1"), proc.stderr[-3000:]
+    assert "FileNotFoundError" not in proc.stderr and not (tmp_path / "run").exists()
+
+
 def test_a_signal_before_the_ingest_loop_is_up_stops_it_when_it_is(corpus: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The ingest's loop starts in its own thread: a SIGINT that lands before the loop took over the stop is kept
