@@ -781,15 +781,25 @@ class Config:
 
 def plain(value: Any) -> Any:
     """A config built in Python as its YAML would be: paths (`os.PathLike`) as strings, tuples as lists, numpy's
-    scalars as Python's (a `Path` for `datasets[].path`, `np.int64(5000)` for `shard_records`)."""
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+    scalars as Python's and its arrays as lists, then checked as any value is (a `Path` for `datasets[].path`,
+    `np.int64(5000)` for `shard_records`, `np.array([128, 256])` for `length_buckets`)."""
+    return _plain(value, "", frozenset())
+
+
+def _plain(value: Any, key: str, within: frozenset[int]) -> Any:
+    """`plain` of the value at `key`, inside the mappings and lists whose ids are `within`: one that holds itself,
+    which no YAML gives, is a ConfigError naming the key (it recursed to a RecursionError)."""
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        value = value.tolist()  # an array's .item() raised a ValueError, or took [1.0] for 1.0
+    if isinstance(value, (Mapping, list, tuple)):
+        if id(value) in within:
+            raise ConfigError(f"config: '{key}' is a mapping or list that holds it: a config cannot contain itself")
+        within |= {id(value)}
+        if isinstance(value, Mapping):
+            return {k: _plain(v, f"{key}.{k}" if key else str(k), within) for k, v in value.items()}
+        return [_plain(v, f"{key}[{i}]", within) for i, v in enumerate(value)]
     if isinstance(value, os.PathLike):
         return os.fspath(value)
-    if type(value).__module__ == "numpy" and hasattr(value, "item"):
-        return value.item()
     return value
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,6 +98,41 @@ def test_python_values_in_a_config_dict_mean_what_their_yaml_does(tmp_path: Path
     python = base_config([{"name": "gen", "path": src}], None)
     python["output"] = {"shard_records": np.int64(200), "parquet": {"length_buckets": (np.int32(128), 256)}}
     assert configmod.load(python).to_dict() == configmod.load(yaml_like).to_dict()
+
+
+def test_numpy_arrays_in_a_config_dict_are_lists_and_one_holding_itself_is_refused(tmp_path: Path) -> None:
+    """Regression: a numpy array went through `.item()`: `np.array([128, 256])` for `length_buckets` (or an array
+    of datasets, an empty one) raised "ValueError: can only convert an array of size 1", naming no key, and
+    `weight: np.array([1.0])` was taken as 1.0; a dict or list holding itself was a RecursionError. An array is its
+    list now, checked as any list is; a config holding itself is a ConfigError naming the key."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text(json.dumps({"text": "x"}) + "\n")
+    yaml_like = base_config([{"name": "gen", "path": str(src)}], None)
+    yaml_like["output"] = {"shard_records": 200, "parquet": {"length_buckets": [128, 256]}}
+    yaml_like["quality"]["required_metadata"] = ["url"]
+    python = base_config([], None)
+    python["datasets"] = np.array([{"name": "gen", "path": src}])
+    python["output"] = {"shard_records": 200, "parquet": {"length_buckets": np.array([128, 256])}}
+    python["quality"]["required_metadata"] = np.array(["url"])
+    assert configmod.load(python).to_dict() == configmod.load(yaml_like).to_dict()
+
+    def refused(change: Any) -> str:
+        raw = base_config([{"name": "gen", "path": str(src)}], None)
+        change(raw)
+        with pytest.raises(configmod.ConfigError) as err:
+            configmod.load(raw)
+        return str(err.value)
+
+    assert refused(lambda raw: raw["datasets"][0].update(weight=np.array([1.0]))) == \
+        "config: 'datasets[0].weight' must be a number, got list [1.0]"
+    assert refused(lambda raw: raw["run"].update(seed=np.array([], dtype=np.int64))) == \
+        "config: 'run.seed' must be an integer, got list []"
+    assert refused(lambda raw: raw["run"].update(me=raw)) == \
+        "config: 'run.me' is a mapping or list that holds it: a config cannot contain itself"
+    loop: list[Any] = ["text"]
+    loop.append(loop)
+    assert refused(lambda raw: raw.update(quality={"required_fields": loop})) == \
+        "config: 'quality.required_fields[1]' is a mapping or list that holds it: a config cannot contain itself"
 
 
 def test_what_the_api_raises_is_importable_from_the_package() -> None:
