@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import orjson
+
 from quality.gates.base import Doc, Gate
 from quality.gates.code import CodeGate
 from quality.gates.copyright import CopyrightGate
@@ -14,7 +16,7 @@ from quality.gates.schema import LengthGate, MetadataGate, SchemaGate
 from quality.gates.text import NormalizeStep
 from quality.settings import QualitySettings
 
-__all__ = ["Doc", "Gate", "GatePluginError", "build_gates", "register_gate"]
+__all__ = ["Doc", "Gate", "GatePluginError", "PluginGate", "build_gates", "register_gate"]
 
 # Gates of your own, run after the built-ins in registration order: `factory(settings, text_field)` returns the
 # gate, or None where these settings leave it off. One line adds one: `register_gate(MyGate.build)`.
@@ -58,7 +60,7 @@ def build_gates(s: QualitySettings, text_field: str) -> list[Gate]:
             raise GatePluginError(f"{_where(factory)}: its gate's name {gate.name!r} is another gate's in the chain "
                                   f"(each gate's stats are kept under its name): name it otherwise")
         if gate is not None:
-            gates.append(gate)
+            gates.append(PluginGate(gate))
     return gates
 
 
@@ -83,3 +85,70 @@ def _plugin_gate(factory: Callable[[QualitySettings, str], Gate | None], s: Qual
         raise GatePluginError(f"{where}: its gate {type(gate).__name__} needs the strings `name` and `failed_check` "
                               f"(its stats and its rejects' failed_check)")
     return gate
+
+
+class PluginGate(Gate):
+    """A plug-in's gate as the chain runs it: after its `check` the record's meta and the reason must still be what
+    the kept row and the reject line can write (orjson: no numpy scalar, set, bytes, int past 64 bits, non-string
+    key, lone surrogate), or the record is a reject `error` (the runner's `NAME: internal error TypeError: meta
+    'KEY': …`) with those keys dropped; such a value used to end the job at its first line, naming no gate. The
+    built-in gates write plain values and run unwrapped: the default chain pays nothing."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self.name, self.failed_check = gate.name, gate.failed_check  # type: ignore[misc]  # the gate's own
+        self.text_only, self.cheap = gate.text_only, gate.cheap  # type: ignore[misc]
+
+    def check(self, doc: Doc) -> str | None:
+        try:
+            reason = self.gate.check(doc)
+        except Exception as exc:  # the runner's reject `error` quotes it: its line must be writable too
+            _unwritable(doc.meta)
+            if not _utf8(str(exc)):
+                raise TypeError(f"{type(exc).__name__} {str(exc)!a}") from exc
+            raise
+        bad = _unwritable(doc.meta)
+        if bad is not None:
+            raise TypeError(bad)
+        if type(reason) is str and not _utf8(reason):
+            raise TypeError(f"reason {reason!a}: not JSON (a lone surrogate)")
+        return reason
+
+    def check_batch(self, docs: list[Doc]) -> list[str | None]:
+        """The gate's `check_batch`; if a doc's meta or reason is not writable, the runner's fallback (`check` doc
+        by doc) finds which."""
+        reasons = list(self.gate.check_batch(docs))
+        if any(_unwritable(doc.meta, drop=False) for doc in docs) or \
+                not all(_utf8(r) for r in reasons if type(r) is str):
+            raise TypeError("a doc's meta or reason is not JSON")
+        return reasons
+
+
+def _utf8(text: str) -> bool:
+    """False for a string with a lone surrogate, which no UTF-8 line can hold."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unwritable(meta: dict[str, Any], drop: bool = True) -> str | None:
+    """None when orjson writes `meta` (one call, the common case); else which keys it cannot write and why, those
+    keys dropped from `meta` when `drop`."""
+    try:
+        orjson.dumps(meta)
+        return None
+    except orjson.JSONEncodeError:
+        pass
+    bad: dict[Any, str] = {}
+    for key, value in meta.items():
+        try:
+            orjson.dumps({key: value})
+        except orjson.JSONEncodeError as exc:
+            bad[key] = str(exc)
+    for key in bad if drop else ():
+        del meta[key]
+    return "meta " + ", ".join(f"{key!r}: not JSON ({why})" for key, why in bad.items())

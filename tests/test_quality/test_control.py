@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 
 from quality import QualityControl
@@ -257,6 +258,80 @@ def test_a_check_batch_with_a_wrong_answer_is_rechecked_doc_by_doc(answer: str) 
     finally:
         gates.EXTRA_GATES.pop()
     assert [(v.keep, v.meta.get("reason")) for v in got] == [(True, None), (False, "says odd")] * 2
+
+
+UNWRITABLE: dict[str, tuple[Any, str]] = {
+    "numpy float32": (np.float32(0.5), "Type is not JSON serializable: numpy.float32"),
+    "set": ({1}, "Type is not JSON serializable: set"),
+    "bytes": (b"x", "Type is not JSON serializable: bytes"),
+    "int past 64 bits": (10 ** 30, "Integer exceeds 64-bit range"),
+    "tuple key": ({(1,): 2}, "Dict key must be str"),
+    "lone surrogate": ("a\ud800", "str is not valid UTF-8: surrogates not allowed")}
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["evaluate_batch", "evaluate"])
+@pytest.mark.parametrize("value", UNWRITABLE)
+def test_a_plugin_gates_unwritable_meta_costs_that_record_only(value: str, batched: bool) -> None:
+    """Regression: a plug-in gate that put a numpy float, a set, bytes, an int past 64 bits, a tuple key or a lone
+    surrogate into doc.meta ended the job at the record's line (`TypeError: Type is not JSON serializable:
+    numpy.float32`, no gate named; a re-run the same). That record is now a reject `error` naming the gate and the
+    key, the key dropped so that its line is written; the other records are judged as before."""
+    import orjson
+
+    from quality import gates
+    from quality.gates import Gate
+
+    bad, why = UNWRITABLE[value]
+
+    class Scorer(Gate):
+        name = failed_check = "scorer"
+
+        def check(self, doc: Any) -> str | None:
+            doc.meta["score"] = bad if "bad" in doc.text else 0.5
+            return "says odd" if "odd" in doc.text else None
+
+    off = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
+           "reject_copyright": False, "dedup": "none"}
+    records = [{"text": f"{word} text number {i}"} for i, word in enumerate(["even", "bad", "odd", "bad odd"])]
+    gates.register_gate(lambda settings, text_field: Scorer())
+    try:
+        qc = QualityControl(off)
+        got = qc.evaluate_batch(records) if batched else [qc.evaluate(r) for r in records]
+    finally:
+        gates.EXTRA_GATES.pop()
+    error = f"scorer: internal error TypeError: meta 'score': not JSON ({why})"
+    assert [(v.keep, v.meta.get("failed_check"), v.meta.get("reason"), v.meta.get("score")) for v in got] == [
+        (True, None, None, 0.5), (False, "error", error, None), (False, "scorer", "says odd", 0.5),
+        (False, "error", error, None)]
+    assert [orjson.loads(orjson.dumps(v.meta)) == v.meta for v in got] == [True] * 4
+    assert qc.stats["rejected_by_check"] == {"error": 2, "scorer": 1}
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["returned", "raised"])
+def test_a_plugin_gates_reason_with_a_lone_surrogate_costs_that_record_only(raises: bool) -> None:
+    """Regression: a reason (or a raised exception's message) with a lone surrogate ended the job when its reject
+    line was written (`TypeError: str is not valid UTF-8: surrogates not allowed`); it is a reject `error` now."""
+    from quality import gates
+    from quality.gates import Gate
+
+    class Odd(Gate):
+        name = failed_check = "odd"
+
+        def check(self, doc: Any) -> str | None:
+            if "odd" in doc.text and raises:
+                raise ValueError("odd \ud800")
+            return "odd \ud800" if "odd" in doc.text else None
+
+    off = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
+           "reject_copyright": False, "dedup": "none"}
+    gates.register_gate(lambda settings, text_field: Odd())
+    try:
+        got = QualityControl(off).evaluate_batch([{"text": "even text"}, {"text": "odd text"}])
+    finally:
+        gates.EXTRA_GATES.pop()
+    error = "ValueError 'odd \\ud800'" if raises else "reason 'odd \\ud800': not JSON (a lone surrogate)"
+    assert [(v.keep, v.meta.get("failed_check"), v.meta.get("reason")) for v in got] == [
+        (True, None, None), (False, "error", f"odd: internal error TypeError: {error}")]
 
 
 def test_a_plugin_gate_named_as_a_built_in_one_is_refused() -> None:
