@@ -48,6 +48,7 @@ CHECKS.register("output.dtype", "streamprep.sft.config:check_output_dtype")  # a
 CHECKS.register("execution.ray_address", "streamprep.ray_cluster:check_address")
 CHECKS.register("tokenizer", "streamprep.tokenizer:check_section")  # last: it loads the tokenizer
 CHECKS.register("sft.template", "streamprep.sft.chat:check_chat_template")  # after it: needs its tokenizer.json
+CHECKS.register("quality.gates", "streamprep.unit_worker:check_gates")  # the plug-in gates' names, at start
 
 MODES.register("sft", "streamprep.sft.mode:SftMode.of")
 

@@ -35,6 +35,7 @@ import quality
 from quality import QualitySettings, load_quality_settings, near_dedup
 from quality.dedup import DIGEST_SIZE, NO_DIGEST, digest_words, duplicate_reason, prefix_order
 from streamprep import atomic, registry, stats, units
+from streamprep.config import ConfigError
 from streamprep.modes import Mode
 from streamprep.sources.base import REJECT_EXCERPT, BadRecord, SourceError, excerpt_of, one_line
 from streamprep.sources.local import REST_OF, _content_fault
@@ -139,6 +140,22 @@ def late_gates() -> list[tuple[str, str]]:
     gates = sys.modules.get("quality.gates")
     factories = gates.EXTRA_GATES[registry.GATES_AT_START:] if gates is not None else []
     return [(getattr(f, "__qualname__", type(f).__qualname__), registry.module_of(f)) for f in factories]
+
+
+def check_gates(cfg: dict[str, Any]) -> None:
+    """Config check (registry.CHECKS): the plug-in gates each dataset's QC builds, built here once (their factories
+    called) so that one failing to give a gate, or named as the pipeline's own reasons or another gate
+    (`quality.gates.plugin_gates`), stops the job before it starts, exit 2, not in its first worker. Without a
+    gate plug-in, `quality.gates` is not even imported here."""
+    gates = sys.modules.get("quality.gates")
+    if gates is None or not gates.EXTRA_GATES:
+        return
+    settings = load_quality_settings(cfg["quality"])
+    for text_field in dict.fromkeys(ds["text_field"] for ds in cfg["datasets"]):
+        try:
+            gates.plugin_gates(settings, text_field)
+        except gates.GatePluginError as exc:
+            raise ConfigError(f"config: {str(exc).splitlines()[0]}") from None  # a factory's error: its first line
 
 
 def _adopt(plugins: list[tuple[str, str, str]]) -> str | None:

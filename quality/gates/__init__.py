@@ -16,7 +16,7 @@ from quality.gates.schema import LengthGate, MetadataGate, SchemaGate
 from quality.gates.text import NormalizeStep
 from quality.settings import QualitySettings
 
-__all__ = ["Doc", "Gate", "GatePluginError", "PluginGate", "build_gates", "register_gate"]
+__all__ = ["Doc", "Gate", "GatePluginError", "PluginGate", "build_gates", "plugin_gates", "register_gate"]
 
 # Gates of your own, run after the built-ins in registration order: `factory(settings, text_field)` returns the
 # gate, or None where these settings leave it off. One line adds one: `register_gate(MyGate.build)`.
@@ -54,14 +54,53 @@ def build_gates(s: QualitySettings, text_field: str) -> list[Gate]:
                                  s.domain_sample_chars))
     elif code:
         gates.append(CodeGate(s.code_min_score, s.domain_sample_chars))
+    return gates + plugin_gates(s, text_field)
+
+
+BUILT_IN: tuple[type[Gate], ...] = (SchemaGate, NormalizeStep, LengthGate, MetadataGate, PiiGate, ProfanityGate,
+                                     CopyrightGate, LanguageGate, MedicalGate, CodeGate)
+# The reject reasons (failed_check) and per-gate stats names the pipeline writes itself, not a gate, and where: a
+# plug-in gate so named had its counts merged with them (a gate `duplicate` counted as exact duplicates, one `error`
+# as internal errors). tests/test_quality/test_control.py pins them against the code that writes them.
+PIPELINE_CHECKS = {
+    "parse": "an unreadable record's reject reason",  # streamprep.sources.base.BadRecord
+    "duplicate": "exact dedup's reject reason",  # quality.control, streamprep.unit_worker
+    "near_duplicate": "near-dedup's reject reason",  # quality.near_dedup.reject_meta
+    "near_dedup_signature": "near-dedup signing's stats name",  # quality.control
+    "error": "a gate's internal error's reject reason",  # quality.control
+    "unknown": "the reason of a reject without a failed_check",  # streamprep.stats, streamprep.unit_worker
+    "empty_tokens": "the audit's count of kept records without tokens",  # streamprep.audit.gather
+}
+PIPELINE_PREFIX = "sft:"  # the SFT shards' drops, `sft:<reason>` beside the rejects (streamprep.audit)
+
+
+def plugin_gates(s: QualitySettings, text_field: str) -> list[Gate]:
+    """The plug-in gates these settings enable, in registration order (as `PluginGate`s); a GatePluginError for a
+    factory that gives none, or a gate whose `name` or `failed_check` is empty, one the pipeline writes itself, a
+    built-in gate's, or (a name) another plug-in's name, (a failed_check) another plug-in's failed_check: the
+    audit would count the two as one. Streamprep calls it at start too (`unit_worker.check_gates`)."""
+    owners = {v: f"the built-in gate {cls.__name__}'s"  # the first gate of a shared failed_check (`schema`)
+              for cls in reversed(BUILT_IN) for v in (cls.failed_check, cls.name)}
+    names: dict[str, str] = {}
+    checks: dict[str, str] = {}
+    out: list[Gate] = []
     for factory in EXTRA_GATES:
         gate = _plugin_gate(factory, s, text_field)
-        if gate is not None and gate.name in {g.name for g in gates}:  # its counters merged with the other's
-            raise GatePluginError(f"{_where(factory)}: its gate's name {gate.name!r} is another gate's in the chain "
-                                  f"(each gate's stats are kept under its name): name it otherwise")
-        if gate is not None:
-            gates.append(PluginGate(gate))
-    return gates
+        if gate is None:
+            continue
+        for attr, taken in (("name", names), ("failed_check", checks)):
+            value = getattr(gate, attr)
+            clash = "empty" if not value else \
+                f"{PIPELINE_CHECKS[value]}, which streamprep writes itself" if value in PIPELINE_CHECKS else \
+                f"an SFT drop's reason ({PIPELINE_PREFIX}…), which streamprep writes itself" \
+                if value.startswith(PIPELINE_PREFIX) else owners.get(value) or taken.get(value)
+            if clash:
+                raise GatePluginError(f"{_where(factory)}: its gate's {attr} {value!r} is {clash} (the audit counts "
+                                      f"a gate's stats under its name, its rejects under its failed_check): name it "
+                                      f"otherwise")
+            taken[value] = f"that of the plug-in gate {gate.name!r} ({_where(factory)})"
+        out.append(PluginGate(gate))
+    return out
 
 
 class GatePluginError(RuntimeError):

@@ -356,8 +356,61 @@ def test_a_plugin_gate_named_as_a_built_in_one_is_refused() -> None:
     finally:
         gates.EXTRA_GATES.pop()
     assert str(err.value) == (f"quality gate plug-in {__name__}.test_a_plugin_gate_named_as_a_built_in_one_is_refused"
-                              f".<locals>.factory: its gate's name 'pii' is another gate's in the chain (each gate's "
-                              f"stats are kept under its name): name it otherwise")
+                              f".<locals>.factory: its gate's name 'pii' is the built-in gate PiiGate's (the audit "
+                              f"counts a gate's stats under its name, its rejects under its failed_check): name it "
+                              f"otherwise")
+
+
+CLASHES = {
+    "duplicate": ("name", "'duplicate' is exact dedup's reject reason, which streamprep writes itself"),
+    "near_duplicate": ("name", "'near_duplicate' is near-dedup's reject reason, which streamprep writes itself"),
+    "error": ("name", "'error' is a gate's internal error's reject reason, which streamprep writes itself"),
+    "parse": ("name", "'parse' is an unreadable record's reject reason, which streamprep writes itself"),
+    "empty_tokens": ("name", ("'empty_tokens' is the audit's count of kept records without tokens, which "
+                              "streamprep writes itself")),
+    "sft:long": ("name", "'sft:long' is an SFT drop's reason (sft:…), which streamprep writes itself"),
+    "": ("name", "'' is empty"),
+    "mine/pii": ("failed_check", "'pii' is the built-in gate PiiGate's"),
+    "mine/domain": ("failed_check", "'domain' is the built-in gate MedicalGate's"),
+    "mine/": ("failed_check", "'' is empty"),
+    "mine/unknown": ("failed_check", ("'unknown' is the reason of a reject without a failed_check, which "
+                                      "streamprep writes itself")),
+    "mine/ours": ("failed_check", ("'ours' is that of the plug-in gate 'ours' (quality gate plug-in "
+                                   "test_control.test_a_plugin_gate_named_as_the_pipelines_reasons_is_refused.<locals>"
+                                   ".<lambda>)")),
+}
+
+
+@pytest.mark.parametrize("case", CLASHES)
+def test_a_plugin_gate_named_as_the_pipelines_reasons_is_refused(case: str) -> None:
+    """Regression: a plug-in gate named `duplicate` (or `error`, `parse`, `empty_tokens`), or with a built-in gate's
+    or another plug-in's failed_check, or an empty name, was accepted, its rejects counted as the pipeline's own
+    (rejected_as_duplicate 340 of 250 duplicates; `rejected 37:  29` for ""). Building the chain now stops, naming
+    the plug-in and the clash; the domain gates' `domain` is refused whichever domain the settings pick."""
+    from quality import gates
+    from quality.gates import Gate, GatePluginError
+
+    name, _, failed_check = case.partition("/")
+
+    class Clash(Gate):
+        def check(self, doc: Any) -> str | None:
+            return None
+
+    clash = Clash()
+    clash.name, clash.failed_check = name, failed_check if "/" in case else name  # type: ignore[misc]
+    ours = Clash()
+    ours.name = ours.failed_check = "ours"  # type: ignore[misc]
+    gates.register_gate(lambda settings, text_field: ours)
+    factory = gates.register_gate(lambda settings, text_field: clash)
+    try:
+        with pytest.raises(GatePluginError) as err:
+            QualityControl({})
+    finally:
+        del gates.EXTRA_GATES[-2:]
+    attr, why = CLASHES[case]
+    assert str(err.value) == (f"quality gate plug-in {factory.__module__}.{factory.__qualname__}: its gate's {attr} "
+                              f"{why} (the audit counts a gate's stats under its name, its rejects under its "
+                              f"failed_check): name it otherwise")
 
 
 def _texts(all_corpora: dict[str, list[Any]], step: int) -> list[str]:

@@ -415,6 +415,67 @@ def test_sys_exit_inside_a_job_is_one_line_exit_1(tmp_path: Path, extra_gate: An
     assert [(e["level"], e["error"]) for e in failed] == [("error", "SystemExit: 3")]
 
 
+def test_a_gate_named_as_the_pipelines_own_reason_is_refused_at_start_exit_2(tmp_path: Path, extra_gate: Any,
+                                                                           capsys: Any) -> None:
+    """Regression: a plug-in gate named `duplicate` was accepted and its rejects counted as exact duplicates
+    (rejected_as_duplicate 340 of 250); `empty_tokens`, `error`, a built-in gate's failed_check or "" alike. The
+    job now stops before it starts: one line naming the plug-in and the clash, exit 2, no run dir."""
+    from streamprep.cli import main
+
+    class Dup(Gate):
+        name = failed_check = "duplicate"
+
+        def check(self, doc: Doc) -> str | None:
+            return "mine" if len(doc.text) % 5 == 0 else None
+
+    def factory(settings: Any, text_field: str) -> Gate:
+        return Dup()
+
+    extra_gate(factory)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(10)))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(corpus)}], None)))
+    assert main(["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"streamprep: error: config: quality gate plug-in {__name__}.{factory.__qualname__}: its gate's name "
+        f"'duplicate' is exact dedup's reject reason, which streamprep writes itself (the audit counts a gate's stats "
+        f"under its name, its rejects under its failed_check): name it otherwise"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_reasons_refused_to_gates_are_those_the_pipeline_writes(extra_gate: Any) -> None:
+    """`quality.gates.PIPELINE_CHECKS` (and the `sft:` prefix) against the code that writes each reason: a gate
+    must not report its rejects, or keep its stats, under one of them."""
+    from quality import QualityControl, near_dedup
+    from quality.gates import BUILT_IN, PIPELINE_CHECKS, PIPELINE_PREFIX
+    from streamprep import stats
+    from streamprep.audit.gather import EMPTY_TOKENS
+
+    class Raises(Gate):
+        name = failed_check = "raises"
+
+        def check(self, doc: Doc) -> str | None:
+            raise ValueError("bug")
+
+    written = {BadRecord("unreadable", "").check, EMPTY_TOKENS,
+               near_dedup.reject_meta({}, "d", near_dedup.Twin(0, 0.9))["failed_check"]}
+    st: dict[str, Any] = {}
+    stats.add_record(st, False, {}, 1)  # a reject without a failed_check
+    written |= set(st["rejects_by_check"])
+    qc = QualityControl({"min_chars": 0, "expected_language": None, "near_dedup": {"enabled": True}})
+    record = {"text": "the same words twice " * 5}
+    assert qc.clean_record(dict(record))[0]
+    written.add(qc.clean_record(dict(record))[1]["failed_check"])  # the second copy: an exact duplicate
+    qc.evaluate_batch([dict(record)])
+    written |= set(qc.stats["gates"]) - {g.name for g in qc.gates}  # stats the chain keeps beside its gates'
+    extra_gate(lambda settings, text_field: Raises())
+    written.add(QualityControl({"min_chars": 0}).evaluate(dict(record)).meta["failed_check"])
+    built_in = {v for cls in BUILT_IN for v in (cls.name, cls.failed_check)}
+    assert written == set(PIPELINE_CHECKS)
+    assert BadRecord("sft: x", "", check="schema").check in built_in  # the SFT mode's screen (streamprep.sft.mode)
+    assert PIPELINE_PREFIX == "sft:"  # streamprep.audit: the SFT shards' drops as `sft:<reason>`
+
+
 def test_a_source_format_plugin_cannot_replace_a_built_in_one() -> None:
     """Regression: a reader registered as `jsonl` read `.jsonl.gz` files (whole-file units) but not `.jsonl` ones
     (byte-range units, read by the local source itself), without a word."""
