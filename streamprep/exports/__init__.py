@@ -55,15 +55,22 @@ def prepare_part(task: Any, receipt: dict[str, Any], scan: LineScan | None = Non
 
 
 class WriterError(RuntimeError):
-    """An output writer that did not return the run-dir-relative paths of files it wrote: a plug-in bug, named."""
+    """An output writer plug-in that raised, or did not return the run-dir-relative paths of files it wrote: a
+    plug-in bug, named."""
 
 
 def _written(entry: registry.Entry, ctx: WriterContext) -> list[str]:
     """The files a writer says it wrote, each a run-dir-relative path to a file there: one returning None was a bare
     TypeError, one naming a file it did not write a bare FileNotFoundError, and one outside the run dir (`/etc/x`,
-    `../x`) was listed and hashed in the manifest, which verify then called damaged."""
-    out = entry.load()(ctx)
+    `../x`) was listed and hashed in the manifest, which verify then called damaged. A plug-in's exception is
+    wrapped naming it (it was a bare `RuntimeError: …`); it stays the cause, for the CLI's full-disk line."""
     where = f"output writer {entry.name!r} ({registry.module_of(entry.target)})"
+    try:
+        out = entry.load()(ctx)
+    except Exception as exc:
+        if entry.meta.get("builtin"):  # streamprep's own errors (ExportError, ShardCountError) say what they are
+            raise
+        raise WriterError(f"{where} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(out, (list, tuple)) or not all(isinstance(rel, str) for rel in out):
         raise WriterError(f"{where} returned {type(out).__name__}, not a list of the run-dir-relative paths it wrote")
     root = ctx.run_dir.resolve()

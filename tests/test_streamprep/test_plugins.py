@@ -545,3 +545,21 @@ def test_a_writer_that_returns_what_it_did_not_write_is_named(tmp_path: Path, re
     (tmp_path / "run/ok.json").write_text("{}")
     assert _written(registry.Entry("mine", lambda ctx: ["ok.json"]), SimpleNamespace(run_dir=tmp_path / "run")) == \
         ["ok.json"]
+
+
+def test_a_writer_that_raises_is_named(tmp_path: Path) -> None:
+    """Regression: a writer plug-in raising ended the run with `streamprep: error: RuntimeError: writer boom`, naming
+    no writer. It is a WriterError naming it, its exception the cause (a full disk is still told as one)."""
+    from types import SimpleNamespace
+
+    from streamprep.exports import WriterError, _written
+
+    def boom(ctx: Any) -> list[str]:
+        raise RuntimeError("writer boom")
+
+    with pytest.raises(WriterError) as err:
+        _written(registry.Entry("mine", boom), SimpleNamespace(run_dir=tmp_path))
+    assert str(err.value) == f"output writer 'mine' ({__name__}) raised RuntimeError: writer boom"
+    assert isinstance(err.value.__cause__, RuntimeError)
+    with pytest.raises(RuntimeError, match="^writer boom$"):  # a built-in's own error is not re-worded
+        _written(registry.Entry("mine", boom, {"builtin": True}), SimpleNamespace(run_dir=tmp_path))
