@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from streamprep import registry
+from streamprep import layout, registry
 from streamprep.exports import chain, manifest, order, parquet, summary
 from streamprep.exports.context import WriterContext
 from streamprep.exports.index import DatasetIndex, ExportError, ShardRef
@@ -59,27 +59,69 @@ class WriterError(RuntimeError):
     plug-in bug, named."""
 
 
-def _written(entry: registry.Entry, ctx: WriterContext) -> list[str]:
+def _files(run_dir: Path, rels: Sequence[str]) -> dict[str, tuple[int, int, int]]:
+    """(inode, size, mtime) of each file at or under the run-dir-relative `rels`, the exports' scratch left out: a
+    file replaced (atomically: a new inode), written in place, removed or added shows as a difference."""
+    scratch = RunLayout(run_dir).exports_scratch
+    out = {}
+    for rel in rels:
+        top = run_dir / rel
+        for path in [top, *(top.rglob("*") if top.is_dir() else ())]:
+            if path.is_file() and path != scratch and scratch not in path.parents:
+                st = path.lstat()
+                out[str(path.relative_to(run_dir))] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _owner(rel: str, taken: Mapping[str, str]) -> str | None:
+    """Whom a run-dir-relative path belongs to, if not to the writer plug-in at hand: an earlier writer (`taken`: path
+    → its name) or the run itself (a path under `layout.OWN`)."""
+    if rel in taken:
+        return f"output writer {taken[rel]!r}"
+    return "the run" if Path(rel).parts[0] in layout.OWN else None
+
+
+def _written(entry: registry.Entry, ctx: WriterContext, taken: Mapping[str, str] | None = None) -> list[str]:
     """The files a writer says it wrote, each a run-dir-relative path to a file there: one returning None was a bare
     TypeError, one naming a file it did not write a bare FileNotFoundError, and one outside the run dir (`/etc/x`,
     `../x`) was listed and hashed in the manifest, which verify then called damaged. A plug-in's exception is
-    wrapped naming it (it was a bare `RuntimeError: …`); it stays the cause, for the CLI's full-disk line."""
+    wrapped naming it (it was a bare `RuntimeError: …`); it stays the cause, for the CLI's full-disk line.
+
+    `taken`: path → name of each file an earlier writer returned. A path one of them or the run itself owns
+    (`layout.OWN`) is refused, and a plug-in that changed any of those files, returned or not, is named: one that
+    rewrote blend.json or zeroed a `.bin` shard had the run end complete (its manifest listing blend.json twice)."""
+    taken = taken or {}
     where = f"output writer {entry.name!r} ({registry.module_of(entry.target)})"
+    plugin = not entry.meta.get("builtin")
+    guarded = [*layout.SETTLED, *taken]
+    before = _files(ctx.run_dir, guarded) if plugin else {}
     try:
         out = entry.load()(ctx)
     except Exception as exc:
-        if entry.meta.get("builtin"):  # streamprep's own errors (ExportError, ShardCountError) say what they are
+        if not plugin:  # streamprep's own errors (ExportError, ShardCountError) say what they are
             raise
         raise WriterError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    if plugin and (after := _files(ctx.run_dir, guarded)) != before:
+        rel = min(set(before) ^ set(after) | {r for r in before.keys() & after.keys() if before[r] != after[r]})
+        raise WriterError(f"{where} changed {rel!r}, which belongs to {_owner(rel, taken)}: a writer writes files of "
+                          f"its own only")
     if not isinstance(out, (list, tuple)) or not all(isinstance(rel, str) for rel in out):
         raise WriterError(f"{where} returned {type(out).__name__}, not a list of the run-dir-relative paths it wrote")
     root = ctx.run_dir.resolve()
+    mine: set[str] = set()
     for rel in out:
         path = (ctx.run_dir / rel).resolve()
         if Path(rel).is_absolute() or not path.is_relative_to(root) or path == root:
             raise WriterError(f"{where} returned {rel!r}: not a path inside the run dir, relative to it")
         if not path.is_file():
             raise WriterError(f"{where} returned {rel!r}, which is not a file in the run dir")
+        key = str(path.relative_to(root))
+        if key in mine:
+            raise WriterError(f"{where} returned {rel!r} twice")
+        if plugin and (owner := _owner(key, taken)) is not None:
+            raise WriterError(f"{where} returned {rel!r}, which belongs to {owner}: a writer writes files of its own "
+                              f"only")
+        mine.add(key)
     return list(out)
 
 
@@ -174,7 +216,12 @@ def write_exports(run_dir: Path, shards: list[ShardRef], output: OutputConfig, d
                                 dict(sft or {}))
             # the writers in registration order: the built-ins (Parquet + TSV, blend.json, mixtures.json;
             # plugins.py), then writers of your own; the manifest lists each file a writer returns under its name
-            written = [(rel, w.name) for w in registry.WRITERS.entries() for rel in _written(w, ctx)]
+            written: list[tuple[str, str]] = []
+            taken: dict[str, str] = {}  # run-dir-relative path (resolved) -> the writer that returned it
+            for w in registry.WRITERS.entries():
+                for rel in _written(w, ctx, taken):
+                    written.append((rel, w.name))
+                    taken[str((run_dir / rel).resolve().relative_to(run_dir.resolve()))] = w.name
     finally:
         order.remove_scratch(run_dir)
     pq_entries = ctx.parquet

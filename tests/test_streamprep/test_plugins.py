@@ -563,3 +563,76 @@ def test_a_writer_that_raises_is_named(tmp_path: Path) -> None:
     assert isinstance(err.value.__cause__, RuntimeError)
     with pytest.raises(RuntimeError, match="^writer boom$"):  # a built-in's own error is not re-worded
         _written(registry.Entry("mine", boom, {"builtin": True}), SimpleNamespace(run_dir=tmp_path))
+
+
+def _clobber_blend(ctx: Any) -> list[str]:
+    atomic.write_json(ctx.run_dir / "blend.json", {"x": 1})
+    return ["blend.json"]
+
+
+def _zero_shard(ctx: Any) -> list[str]:
+    shard = ctx.run_dir / "binidx/d/part-00000_text_document.bin"
+    atomic.write_bytes(shard, bytes(shard.stat().st_size))  # same size, zeroed, and not returned
+    (ctx.run_dir / "mine.json").write_text("{}")
+    return ["mine.json"]
+
+
+def _returns(*paths: str) -> Any:
+    """A writer that writes each of `paths` that is not there yet, and returns them all."""
+    def write(ctx: Any) -> list[str]:
+        for path in (ctx.run_dir / rel for rel in paths):
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("{}")
+        return list(paths)
+    return write
+
+
+@pytest.mark.parametrize("write, why", [
+    (_clobber_blend, "changed 'blend.json', which belongs to output writer 'blend'"),
+    (_zero_shard, "changed 'binidx/d/part-00000_text_document.bin', which belongs to the run"),
+    (_returns("./mixtures.json"), "returned './mixtures.json', which belongs to output writer 'mixtures'"),
+    (_returns("logs/mine.log"), "returned 'logs/mine.log', which belongs to the run"),
+    (_returns("parquet/train/mine.parquet"), "changed 'parquet/train/mine.parquet', which belongs to the run")])
+def test_a_writer_cannot_write_or_list_a_file_of_the_run_or_of_another_writer(tmp_path: Path, write: Any,
+                                                                             why: str) -> None:
+    """Regression: a writer plug-in that rewrote blend.json, or zeroed a `.bin` shard, had the run end complete (the
+    manifest listing blend.json twice, verify passing it). A file of the run or of an earlier writer, changed or
+    returned, is a WriterError naming the writer and the file."""
+    from types import SimpleNamespace
+
+    from streamprep.exports import WriterError, _written
+
+    run = tmp_path / "run"
+    for rel in ("blend.json", "mixtures.json", "manifest.json", "binidx/d/part-00000_text_document.bin",
+                "parquet/train/part-00000.parquet", "logs/streamprep.log"):
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_bytes(b"run's own")
+    taken = {"parquet/train/part-00000.parquet": "parquet", "blend.json": "blend", "mixtures.json": "mixtures"}
+    with pytest.raises(WriterError) as err:
+        _written(registry.Entry("mine", write), SimpleNamespace(run_dir=run), taken)
+    assert str(err.value) == f"output writer 'mine' ({__name__}) {why}: a writer writes files of its own only"
+    # a file of its own anywhere else, and the run's files left alone
+    assert _written(registry.Entry("mine", _returns("mine/counts.json")), SimpleNamespace(run_dir=run), taken) == \
+        ["mine/counts.json"]
+    with pytest.raises(WriterError, match=r"^output writer 'mine' \(.*\) returned 'a.json' twice$"):
+        _written(registry.Entry("mine", _returns("a.json", "a.json")), SimpleNamespace(run_dir=run), taken)
+
+
+@pytest.mark.slow  # a whole job
+def test_a_writer_that_rewrites_blend_json_fails_the_run(tmp_path: Path) -> None:
+    """Regression (a whole job): the run ended complete with the writer's blend.json; now the run fails naming it."""
+    from streamprep.exports import WriterError
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
+    registry.WRITERS.register("mine", _clobber_blend)
+    try:
+        with pytest.raises(WriterError, match=r"^output writer 'mine' \(.*\) changed 'blend.json', which belongs to "
+                                              r"output writer 'blend'"):
+            run_from_dict(base_config([{"name": "a", "path": str(corpus)}], None), run_dir=tmp_path / "run",
+                          console_log=False)
+    finally:
+        registry.WRITERS.unregister("mine")
+    assert json.loads((tmp_path / "run/run.json").read_text())["status"] != "complete"
+    assert not (tmp_path / "run/manifest.json").exists()
