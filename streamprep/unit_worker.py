@@ -37,7 +37,7 @@ from quality.dedup import DIGEST_SIZE, NO_DIGEST, digest_words, duplicate_reason
 from streamprep import atomic, registry, stats, units
 from streamprep.config import ConfigError
 from streamprep.modes import Mode
-from streamprep.sources.base import REJECT_EXCERPT, BadRecord, SourceError, excerpt_of, one_line
+from streamprep.sources.base import REJECT_EXCERPT, BadRecord, ReaderError, SourceError, excerpt_of, one_line
 from streamprep.sources.local import REST_OF, _content_fault
 from streamprep.units import Unit
 
@@ -249,6 +249,8 @@ def _read(unit: Unit, options: Any) -> list[Any]:
     items: list[Any] = []
     try:
         items.extend(units.read_unit(unit, options))
+    except ReaderError:  # names its file already: the ingest names the dataset and item
+        raise
     except Exception as exc:
         if not _content_fault(exc):
             where = f" (bytes {unit.start}-{unit.end})" if unit.kind == "range" else \

@@ -55,6 +55,11 @@ class SourceError(RuntimeError):
     """
 
 
+class ReaderError(RuntimeError):
+    """A source format plug-in's reader raised an exception of its own, not one a read of the file raised: a bug in
+    the plug-in (an item it cannot decode is a BadRecord), named with its file and record; the job stops, exit 1."""
+
+
 def one_line(exc: BaseException) -> str:
     """`Type: first line of the message`, for reject reasons and one-line errors."""
     text = str(exc).strip().splitlines()

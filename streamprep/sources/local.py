@@ -35,7 +35,7 @@ import zstandard
 
 from streamprep import registry
 from streamprep.config import ConfigError, MissingInput, thaw
-from streamprep.sources.base import BadRecord, SourceError, one_line
+from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_line
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig
@@ -378,6 +378,43 @@ class _Range(io.RawIOBase):
         super().close()
 
 
+class _Watched(_Range):
+    """The file a source format plug-in reads: keeps the exception a read (or seek) of it raised, a fault of the
+    file or its reading (damaged compression, an I/O error), so that one the plug-in raised of its own is told apart."""
+
+    def __init__(self, fh: BinaryIO, decoded: bool):
+        super().__init__(fh, decoded=decoded)
+        self.fault: Exception | None = None
+
+    def readinto(self, buf: Any) -> int:
+        try:
+            return super().readinto(buf)
+        except Exception as exc:
+            self.fault = exc
+            raise
+
+    def seekable(self) -> bool:
+        return self.fh.seekable()
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        try:
+            return self.fh.seek(pos, whence)
+        except Exception as exc:
+            self.fault = exc
+            raise
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def raised(self, exc: BaseException | None) -> bool:
+        """Whether `exc` is the fault, or was raised from it or while it was handled (a plug-in re-wording it)."""
+        while exc is not None:
+            if exc is self.fault:
+                return True
+            exc = exc.__cause__ or exc.__context__
+        return False
+
+
 def _compression(path: str) -> str | None:
     return fsspec.utils.infer_compression(path)
 
@@ -618,6 +655,8 @@ class LocalSource:
             for item, pos in reader(i, path, fmt, here):
                 record = pos.get("record", record) if pos.get("file") == i else record
                 yield item, pos
+        except ReaderError:
+            raise
         except Exception as exc:
             where = f"{path} after record {record}"
             if not _content_fault(exc):
@@ -716,13 +755,27 @@ class LocalSource:
 
     def _plugin(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """A registered format (registry.SOURCE_FORMATS): its reader over the file's (decompressed) bytes yields
-        records or BadRecords; a resume re-reads the file and skips the `record` items already consumed."""
-        read = registry.SOURCE_FORMATS.get(fmt)
-        done = pos.get("record", 0)
-        with open_input(path, self.storage_options, compression=_compression(path)) as fh:
-            for n, item in enumerate(read(fh, path), 1):
-                if n > done:
-                    yield item, {"file": i, "record": n}
+        records or BadRecords; a resume re-reads the file and skips the `record` items already consumed.
+
+        An exception a read of the file raised (`_Watched`) is the file's, as for a built-in format: a reject of the
+        unreadable rest, or the job stops (module doc). One the reader raised of its own (`json.loads` on a bad line,
+        say) is a ReaderError naming it: as a ValueError it was taken for damaged bytes, the file's rest one reject."""
+        entry = registry.SOURCE_FORMATS.entry(fmt)
+        read = entry.load()
+        n, done = 0, pos.get("record", 0)
+        comp = _compression(path)
+        with open_input(path, self.storage_options, compression=comp) as raw:
+            watched = _Watched(raw, decoded=comp is not None)
+            fh = io.BufferedReader(watched, io.DEFAULT_BUFFER_SIZE if comp else READ_BUFFER)
+            try:
+                for n, item in enumerate(read(fh, path), 1):
+                    if n > done:
+                        yield item, {"file": i, "record": n}
+            except Exception as exc:
+                if watched.raised(exc):
+                    raise
+                raise ReaderError(f"source format {fmt!r} ({registry.module_of(entry.target)}) raised reading {path} "
+                                  f"after record {n}: {one_line(exc)}") from exc
 
     def _parquet(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Only the footer and the row groups from `row_group` on are read (ranged reads on an object store)."""

@@ -636,3 +636,76 @@ def test_a_writer_that_rewrites_blend_json_fails_the_run(tmp_path: Path) -> None
         registry.WRITERS.unregister("mine")
     assert json.loads((tmp_path / "run/run.json").read_text())["status"] != "complete"
     assert not (tmp_path / "run/manifest.json").exists()
+
+
+def read_json_lines(fh: BinaryIO, path: str) -> Iterator[dict[str, Any]]:
+    """A reader that trusts its lines: `json.loads` raises on a broken one (a plug-in bug)."""
+    for line in fh:
+        yield json.loads(line)
+
+
+def read_rewording(fh: BinaryIO, path: str) -> Iterator[dict[str, Any]]:
+    """A reader that re-words a fault of its file's bytes as its own ValueError."""
+    try:
+        lines = fh.read().splitlines()
+    except EOFError as exc:
+        raise ValueError(f"{path} is truncated") from exc
+    yield from (json.loads(line) for line in lines)
+
+
+@pytest.fixture
+def jl9() -> Iterator[None]:
+    yield
+    registry.SOURCE_FORMATS.unregister("jl9")
+
+
+def test_a_format_plugin_raising_of_its_own_is_named_not_taken_for_a_damaged_file(tmp_path: Path, jl9: None) -> None:
+    """Regression: a reader whose `json.loads` met a broken line 3 of 6 had the rest of the file dropped as one
+    `unreadable rest` reject (a ValueError, taken for damaged compression) and the run complete. An exception of the
+    reader's own is a ReaderError naming the format, the file and the record; one a read of the file raised (a
+    truncated .gz), even re-worded by the reader, is still the file's rest, one reject, as for a built-in format."""
+    import gzip
+
+    from streamprep.sources.base import ReaderError
+    from streamprep.sources.local import LocalSource
+
+    lines = [json.dumps({"text": f"doc {i}"}).encode() + b"\n" for i in range(6)]
+    (tmp_path / "bad.jl9").write_bytes(b"".join(lines[:2]) + b'{"text": \n' + b"".join(lines[3:]))
+    whole = gzip.compress(b"".join(lines) * 2000, mtime=0)
+    (tmp_path / "cut.jl9.gz").write_bytes(whole[:len(whole) // 2])
+    start = {"file": 0, "record": 0}
+
+    registry.SOURCE_FORMATS.register("jl9", read_json_lines, suffixes=(".jl9",))
+    got = LocalSource.reader(None, None).read_file(0, str(tmp_path / "bad.jl9"), start)
+    assert [next(got)[0], next(got)[0]] == [{"text": "doc 0"}, {"text": "doc 1"}]
+    with pytest.raises(ReaderError) as err:
+        next(got)
+    assert str(err.value) == (f"source format 'jl9' ({__name__}) raised reading {tmp_path / 'bad.jl9'} after record 2: "
+                              f"JSONDecodeError: Expecting value: line 2 column 1 (char 10)")
+
+    items = [item for item, _ in LocalSource.reader(None, None).read_file(0, str(tmp_path / "cut.jl9.gz"), start)]
+    assert len(items) > 100 and all(isinstance(item, dict) for item in items[:-1])
+    assert items[-1].reason == (f"unreadable rest of {tmp_path / 'cut.jl9.gz'} after record {len(items) - 1}, "
+                                f"skipped: EOFError: Compressed file ended before the end-of-stream marker was reached")
+
+    registry.SOURCE_FORMATS.register("jl9", read_rewording, suffixes=(".jl9",))
+    items = [item for item, _ in LocalSource.reader(None, None).read_file(0, str(tmp_path / "cut.jl9.gz"), start)]
+    assert [item.reason for item in items] == [f"unreadable rest of {tmp_path / 'cut.jl9.gz'} after record 0, skipped: "
+                                               f"ValueError: {tmp_path / 'cut.jl9.gz'} is truncated"]
+
+
+@pytest.mark.slow  # a whole job
+def test_a_format_plugin_raising_of_its_own_stops_the_job(tmp_path: Path, jl9: None) -> None:
+    """Regression (a whole job): the run ended complete with 2 of 6 records; it stops naming the plug-in."""
+    from streamprep.sources.base import SourceError
+
+    registry.SOURCE_FORMATS.register("jl9", read_json_lines, suffixes=(".jl9",))
+    docs = english_docs(6)
+    (tmp_path / "bad.jl9").write_text(f"{json.dumps({'text': docs[0]})}\n{json.dumps({'text': docs[1]})}\n{{\n"
+                                      + "".join(json.dumps({"text": d}) + "\n" for d in docs[3:]))
+    with pytest.raises(SourceError, match=rf"^dataset a: reading or judging the input failed after item \d+: "
+                                          rf"ReaderError: source format 'jl9' \({__name__}\) raised reading "
+                                          rf".*bad\.jl9 after record 2: JSONDecodeError: "):
+        run_from_dict(base_config([{"name": "a", "path": str(tmp_path / "bad.jl9")}], None),
+                      run_dir=tmp_path / "run", console_log=False)
+    assert json.loads((tmp_path / "run/run.json").read_text())["status"] != "complete"
