@@ -419,13 +419,16 @@ class Job:
             self.timings[name] = round(self.timings.get(name, 0.0) + time.monotonic() - t0, 3)
 
     def run(self) -> RunResult:
-        if self.record.get("status") == "complete" and self._still_complete():
+        complete = self.record.get("status") == "complete"
+        if complete and self._still_complete():
             log.info("run already complete; nothing to do", run_dir=str(self.run_dir))
             return RunResult(self.run_dir, "complete", self.record.get("summary", {}))
         other = claim(self.checkpoint_dir, self.record["run_id"])
         if other:
             raise ConfigError(f"run.checkpoint_dir: {self.checkpoint_dir} holds the checkpoints of another run "
                               f"(run_id {other}, see {CheckpointLayout(self.checkpoint_dir).owner.name} there); choose another run.checkpoint_dir")
+        if complete:
+            self._drop_changed_receipts()
         self._sweep_tmp("removed temporary files of an interrupted run")
         self._save_record("running", started_at=time.time())
         for name, why in self.config.skipped:
@@ -646,6 +649,25 @@ class Job:
                 **export_run(self.run_dir, tasks, info.to_json(), self.config.output, self.config.datasets,
                              self.config.run.seed, self.record["config_hash"], workers=executor,
                              blend=self.mode.text_exports)}
+
+    def _drop_changed_receipts(self) -> None:
+        """A finished run re-run: remove each receipt whose bytes differ from those its manifest.json (the one
+        run.json signs) lists, so its shard is redone and the receipt written again from the shard. A shard whose
+        files still match its receipt is skipped, so a receipt edited in its stats (or before a check of its own
+        fields) was kept, and the exports signed it into a new manifest: `verify` then passed a changed receipt."""
+        layout = RunLayout(self.run_dir)
+        manifest = read_json(layout.manifest)
+        if not isinstance(manifest, dict) or atomic.sha256_file(layout.manifest) != self.record.get("manifest_sha256"):
+            return  # a manifest run.json does not sign says nothing about the receipts
+        receipts = layout.receipts_dir.resolve()
+        for entry in manifest.get("files") or []:
+            rel = entry.get("path") if isinstance(entry, dict) and entry.get("role") == "receipt" else None
+            path = self.run_dir / rel if isinstance(rel, str) else None
+            if path is None or not path.resolve().is_relative_to(receipts) or not path.is_file():
+                continue  # a missing one is redone anyway
+            if chain.digest(self.run_dir, rel) != (entry.get("sha256"), entry.get("size_bytes")):
+                log.warning("receipt differs from manifest.json; its shard is redone", file=rel)
+                path.unlink()
 
     def _still_complete(self) -> bool:
         """A finished run re-run: a cheap check that what it wrote is still there: the ingest parts its checkpoints

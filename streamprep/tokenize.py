@@ -3,7 +3,8 @@
 The pure core of a pretraining shard is `textshard.tokenize_part` (re-exported here): it reads one ingest part,
 encodes it in batches with the run's tokenizer backend (streamprep/backends.py) and writes `.bin/.idx` from
 flat id buffers; it returns stats and writes no receipt; the run's mode chooses it (modes.py). The executing stage owns receipts: a receipt is written (atomically) only after both files are in place, and a
-shard is skipped on re-run only when its receipt names the same plan hash and input hash and its files still match.
+shard is skipped on re-run only when its receipt names the same plan hash and input hash, its own fields name the task
+(dataset, split, part, tokenizer fingerprint, EOD id, dtype), and its files still match.
 """
 from __future__ import annotations
 
@@ -105,6 +106,9 @@ def receipt_problem(task: ShardTask, receipt: dict[str, Any] | None, check_hashe
         return f"receipt status {receipt.get('status')!r}"
     if receipt.get("plan_hash") != task.plan_hash or receipt.get("input_sha256") != task.input_sha256:
         return "plan or input changed"
+    changed = [k for k, v in _identity(task).items() if receipt.get(k) != v]
+    if changed:  # a receipt edited by hand: kept, `verify` read that dtype/EOD/split against the shard and failed
+        return f"receipt's {changed[0]} is not the task's"
     for entry in receipt.get("files", {}).values():
         path = Path(task.run_dir) / entry["path"]
         if not path.is_file() or path.stat().st_size != entry["bytes"]:
@@ -114,14 +118,19 @@ def receipt_problem(task: ShardTask, receipt: dict[str, Any] | None, check_hashe
     return None
 
 
+def _identity(task: ShardTask) -> dict[str, Any]:
+    """The fields of a receipt that name its task (the plan hash covers most of them, but not as the receipt's
+    readers see them: the exports and `verify` read these fields)."""
+    return {"dataset": task.dataset, "split": task.split, "part": task.part,
+            "tokenizer_fingerprint": task.tokenizer_fingerprint, "eod_id": task.eod_id, "dtype": task.dtype}
+
+
 def write_receipt(task: ShardTask, shard_stats: dict[str, Any], outputs: dict[str, Path]) -> dict[str, Any]:
     """Record a completed shard (after its files are durable). 0 documents: no files, listed as empty."""
     run_dir = Path(task.run_dir)
     files = {kind: {"path": str(path.relative_to(run_dir)), "bytes": path.stat().st_size,
                     "sha256": atomic.sha256_file(path)} for kind, path in outputs.items()}
-    receipt = {"status": "completed", "dataset": task.dataset, "split": task.split, "part": task.part,
-               "plan_hash": task.plan_hash, "input_sha256": task.input_sha256,
-               "tokenizer_fingerprint": task.tokenizer_fingerprint, "eod_id": task.eod_id, "dtype": task.dtype,
+    receipt = {"status": "completed", **_identity(task), "plan_hash": task.plan_hash, "input_sha256": task.input_sha256,
                "stats": {k: v for k, v in shard_stats.items() if k not in PROCESS_ONLY}, "files": files}
     atomic.write_json(task.receipt_path, receipt)
     return receipt

@@ -359,6 +359,35 @@ def test_a_finished_run_rerun_repairs_what_is_missing_or_damaged(tmp_path):
     assert verify_run(moved) == [] and str(moved / "binidx") in (moved / "blend.json").read_text()
 
 
+@pytest.mark.slow
+def test_a_finished_run_rerun_redoes_a_receipt_changed_since_not_signs_it(tmp_path):
+    """Regression: a receipt edited after the run finished (its stats, its EOD id: valid JSON, its shard's files
+    untouched) sent the re-run through its stages, which skipped the shard (its files still matched the receipt)
+    and signed the changed receipt into a new manifest.json: `verify` then said "all files match". A receipt whose
+    bytes differ from the manifest run.json signs is now removed and its shard redone: the run's bytes as before."""
+    from helpers import tree_hashes
+    from streamprep.verify import verify_run
+
+    raw = _config(tmp_path)
+    run = tmp_path / "run"
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
+    names = ("manifest.json", "mixtures.json", "blend.json")
+    before = tree_hashes(run, *compared, names=names)
+    receipts = [run / "receipts" / "alpha" / f"part-0000{i}.json" for i in (0, 1)]
+    first, second = (json.loads(p.read_text()) for p in receipts)
+    atomic.write_json(receipts[0], {**first, "stats": {**first["stats"], "tokens_hist": {"1": 1}}})
+    atomic.write_json(receipts[1], {**second, "eod_id": second["eod_id"] + 1})
+    problems = verify_run(run)
+    assert all(any(p.startswith(f"receipts/alpha/{path.name}: content differs from manifest.json") for p in problems)
+               for path in receipts)
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+    assert verify_run(run) == []
+    assert tree_hashes(run, *compared, names=names) == before
+    log = (run / "logs" / "streamprep.log").read_text()
+    assert log.count("receipt differs from manifest.json; its shard is redone") == 2
+
+
 @pytest.mark.parametrize("rel", [".lock", "logs/streamprep.log", "checkpoints/.streamprep.lock"])
 def test_a_folder_where_the_run_keeps_a_file_is_exit_2_naming_it(tmp_path, capsys, rel):
     """Regression: a folder in place of the run's lock or log file was a bare IsADirectoryError, exit 1, at every

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import orjson
@@ -100,3 +101,51 @@ def test_a_part_summary_from_the_tokenizers_scan_is_the_one_read_back(tmp_path: 
     n_tokens = summary.load_cached(ref).records["n_tokens"]
     ends = np.cumsum(n_tokens)
     assert data[at.tokens:] == b"".join(tokens[ends[i] - n_tokens[i]:ends[i]].tobytes() for i in order.tolist())
+
+
+
+def _shard(tmp_path: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """A tokenized part of 21 lines, line 5 empty: (its task, the encoder, its receipt)."""
+    from helpers import english_docs
+    from streamprep.modes import PRETRAIN
+    from streamprep.tokenize import make_task, receipt_problem, run_task
+    from streamprep.tokenizer import train_bpe
+
+    docs = english_docs(20)
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text(train_bpe(docs, 400, 2).to_str())
+    part = tmp_path / "ingest" / "d" / "part-00000.jsonl"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in [*docs[:5], "", *docs[5:]]))
+    task = make_task(tmp_path, "d", "train", part, tok, "sha256:t", 0, "uint16")
+    encoder = PRETRAIN.load_tokenizer(str(tok))
+    assert run_task(task, encoder)["skipped"] is False
+    receipt = orjson.loads(Path(task.receipt_path).read_bytes())
+    assert receipt_problem(task, receipt) is None
+    assert (receipt["stats"]["num_documents"], receipt["stats"]["dropped_empty"]) == (20, [5])
+    return task, encoder, receipt
+
+
+def _redone(task: Any, encoder: Any, receipt: dict[str, Any], edits: dict[str, dict[str, Any]]) -> None:
+    """Each edit of the receipt is a reason to redo the shard, and the redo writes the receipt back as it was."""
+    from streamprep.tokenize import receipt_problem, run_task
+
+    path = Path(task.receipt_path)
+    written = path.read_bytes()
+    for what, edit in edits.items():
+        edited = {**receipt, **edit}
+        assert receipt_problem(task, edited) is not None, what
+        atomic.write_json(path, edited)
+        assert run_task(task, encoder)["skipped"] is False, what
+        assert path.read_bytes() == written, what
+    assert run_task(task, encoder)["skipped"] is True
+
+
+def test_a_receipt_edited_in_its_identity_has_its_shard_redone_to_the_same_bytes(tmp_path: Path) -> None:
+    """Regression: a shard was skipped whenever its plan hash, input hash and files matched, whatever its receipt's
+    other fields said: an EOD id, dtype, split or fingerprint edited in a receipt was kept, the exports signed it,
+    and `verify` read the shard against it and failed (or passed a receipt naming the wrong EOD id)."""
+    task, encoder, receipt = _shard(tmp_path)
+    _redone(task, encoder, receipt, {"eod_id": {"eod_id": 1}, "dtype": {"dtype": "int32"}, "split": {"split": "valid"},
+                                     "tokenizer_fingerprint": {"tokenizer_fingerprint": "sha256:u"},
+                                     "dataset": {"dataset": "e"}, "part": {"part": "part-00001"}})
