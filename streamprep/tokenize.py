@@ -4,7 +4,8 @@ The pure core of a pretraining shard is `textshard.tokenize_part` (re-exported h
 encodes it in batches with the run's tokenizer backend (streamprep/backends.py) and writes `.bin/.idx` from
 flat id buffers; it returns stats and writes no receipt; the run's mode chooses it (modes.py). The executing stage owns receipts: a receipt is written (atomically) only after both files are in place, and a
 shard is skipped on re-run only when its receipt names the same plan hash and input hash, its own fields name the task
-(dataset, split, part, tokenizer fingerprint, EOD id, dtype), and its files still match.
+(dataset, split, part, tokenizer fingerprint, EOD id, dtype), its files still match, and a text shard's counts agree
+with its `.idx`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from streamprep import atomic, binidx
@@ -22,6 +24,7 @@ from streamprep.modes import Mode, mode_of
 from streamprep.textshard import tokenize_part
 
 PROCESS_ONLY = ("seconds", "scan")  # stats a mode's `tokenize` returns that stay in the worker, not in the receipt
+STAT_COUNTS = ("num_documents", "num_tokens", "num_input_records")  # a text shard's receipt counts, checked on re-run
 
 __all__ = ["ShardTask", "TokenizerCache", "make_task", "plan_hash", "read_receipt", "receipt_problem", "run_task",
            "token_dtype", "tokenize_part", "write_receipt"]
@@ -115,6 +118,31 @@ def receipt_problem(task: ShardTask, receipt: dict[str, Any] | None, check_hashe
             return f"{entry['path']} missing or wrong size"
         if check_hashes and atomic.sha256_file(path) != entry["sha256"]:
             return f"{entry['path']} checksum mismatch"
+    return _counts_problem(task, receipt) if check_hashes and task.mode.text_exports else None
+
+
+def _counts_problem(task: ShardTask, receipt: dict[str, Any]) -> str | None:
+    """A text shard's receipt whose counts disagree with its `.idx` (read after its hash matched: a small file) or
+    with each other. The exports trust them and refused them (ExportError) at every re-run, the shard being skipped:
+    a run that could never finish. Such a receipt is damaged: its shard is done again."""
+    stats = receipt.get("stats")
+    if not isinstance(stats, dict) or not all(isinstance(stats.get(k), int) for k in STAT_COUNTS) \
+            or not isinstance(stats.get("dropped_empty"), list):
+        return "receipt stats of the wrong shape"
+    dropped, n_lines = stats["dropped_empty"], stats["num_input_records"]
+    if not all(isinstance(i, int) for i in dropped) or dropped != sorted(set(dropped)) \
+            or (dropped and (dropped[0] < 0 or dropped[-1] >= n_lines)) \
+            or n_lines != stats["num_documents"] + len(dropped):
+        return "receipt's dropped_empty and num_input_records are not its documents' lines"
+    idx = receipt["files"].get("idx")
+    if idx is None:
+        return "receipt's num_documents without its files" if stats["num_documents"] else None
+    try:
+        ds = binidx.IndexedDataset.open(Path(task.run_dir) / idx["path"][:-len(".idx")])
+    except ValueError as exc:
+        return f"{idx['path']} unreadable ({exc})"
+    if len(ds) != stats["num_documents"] or int(ds.lengths.astype(np.int64).sum()) != stats["num_tokens"]:
+        return f"receipt's num_documents or num_tokens is not its {idx['path']}'s"
     return None
 
 

@@ -203,8 +203,8 @@ def make_run(job: tuple[ShardRef, int, int, int, Sequence[int], int, Path]) -> P
         state = "recomputed" if summary.cache_path(ref).exists() else "computed"
         cached = summary.compute_and_cache(ref)
     if len(cached.records) != expected:
-        raise ExportError(f"{ref.dataset}/{ref.part}: part summary has {len(cached.records)} records, "
-                          f"its receipt {expected} documents")
+        raise summary.damaged_receipt(ref, f"its part summary has {len(cached.records)} records, its receipt "
+                                           f"{expected} documents")
     run = encode_run(ref, cached, first, seed, bounds, bpt)
     atomic.write_bytes(path, run.data)
     return PartRun(path, run.offsets, run.data.index(b"\n") + 1, int(cached.records["n_tokens"].sum()), cached.dtype,

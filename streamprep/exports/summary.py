@@ -81,6 +81,13 @@ def _token_sums(bin_path: Path, dtype: np.dtype, starts: np.ndarray, counts: np.
     return sums
 
 
+def damaged_receipt(ref: ShardRef, what: str) -> ExportError:
+    """A receipt that disagrees with its shard or part (a resume redoes such a shard: `tokenize.receipt_problem`
+    checks what it can cheaply; this is the rest): the error names it and the repair, else each re-run failed alike."""
+    return ExportError(f"{ref.dataset}/{ref.part}: {what}; its receipt {ref.receipt_path} is damaged: delete it and "
+                       f"re-run the same `streamprep ingest` command to redo the shard")
+
+
 def summarize_part(ref: ShardRef, scan: LineScan | None = None) -> PartSummary:
     """Read one shard with documents back and summarize it per record (pure: writes nothing); its ingest
     lines' side from `scan` when its tokenizing took one (same process, just now), else read again."""
@@ -96,16 +103,15 @@ def summarize_part(ref: ShardRef, scan: LineScan | None = None) -> PartSummary:
         _scan_ingest(ref, set(dropped.tolist()))
     n_lines = len(lengths)
     if len(dropped) and (dropped[0] < 0 or dropped[-1] >= n_lines):
-        raise ExportError(f"{ref.dataset}/{ref.part}: receipt drops line {int(dropped[-1])} but "
-                          f"{ref.ingest_path} has {n_lines} lines")
+        raise damaged_receipt(ref, f"it drops line {int(dropped[-1])} but {ref.ingest_path} has {n_lines} lines")
     lines = np.delete(np.arange(n_lines, dtype=np.int64), dropped)
     if len(lines) != len(ds):
-        raise ExportError(f"{ref.dataset}/{ref.part}: {ref.ingest_path} has {n_lines} lines, "
-                          f"{len(dropped)} dropped as empty, but {ref.prefix}.idx has {len(ds)} sequences")
+        raise damaged_receipt(ref, f"{ref.ingest_path} has {n_lines} lines, {len(dropped)} dropped as empty, but "
+                                   f"{ref.prefix}.idx has {len(ds)} sequences")
     n_tokens = ds.lengths.astype(np.int64)
     expected = stats.get("num_tokens")
     if expected is not None and int(n_tokens.sum()) != int(expected):
-        raise ExportError(f"{ref.dataset}/{ref.part}: .idx holds {int(n_tokens.sum())} tokens, receipt says {expected}")
+        raise damaged_receipt(ref, f".idx holds {int(n_tokens.sum())} tokens, the receipt says {expected}")
     offsets = np.zeros(n_lines + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     rec = np.zeros(len(ds), dtype=RECORD)

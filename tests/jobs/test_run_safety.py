@@ -388,6 +388,42 @@ def test_a_finished_run_rerun_redoes_a_receipt_changed_since_not_signs_it(tmp_pa
     assert log.count("receipt differs from manifest.json; its shard is redone") == 2
 
 
+@pytest.mark.slow
+def test_a_receipt_whose_counts_disagree_with_its_shard_does_not_keep_a_run_from_finishing(tmp_path):
+    """Regression: a receipt whose token count was edited failed every re-run (`ExportError: alpha/part-00000: .idx
+    holds N tokens, receipt says N-1`, exit 1, "resumable"): the shard was skipped and the exports refused it. Its
+    shard is now redone. A disagreement only its part shows (a dropped line past the part's end, with counts that
+    agree) still stops the exports, with an error naming the receipt and the repair, which then works."""
+    from helpers import tree_hashes
+    from streamprep.exports import ExportError
+    from streamprep.verify import verify_run
+
+    raw = _config(tmp_path)
+    run = tmp_path / "run"
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
+    names = ("manifest.json", "mixtures.json", "blend.json")
+    before = tree_hashes(run, *compared, names=names)
+    path = run / "receipts" / "alpha" / "part-00000.json"
+    receipt, record = json.loads(path.read_text()), json.loads((run / "run.json").read_text())
+    stats, lines = receipt["stats"], receipt["stats"]["num_input_records"]
+    atomic.write_json(run / "run.json", {**record, "status": "failed"})  # as the failing re-runs left it
+    atomic.write_json(path, {**receipt, "stats": {**stats, "num_tokens": stats["num_tokens"] - 1}})
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+    assert verify_run(run) == [] and tree_hashes(run, *compared, names=names) == before
+    atomic.write_json(run / "run.json", {**record, "status": "failed"})
+    atomic.write_json(path, {**receipt, "stats": {**stats, "dropped_empty": [lines], "num_input_records": lines + 1}})
+    ingest = run / "ingest" / "alpha" / "part-00000.jsonl"
+    with pytest.raises(ExportError) as err:
+        run_from_dict(raw, run_dir=run, console_log=False)
+    assert str(err.value) == (f"alpha/part-00000: it drops line {lines} but {ingest} has {lines} lines; its receipt "
+                              f"{path} is damaged: delete it and re-run the same `streamprep ingest` command to redo "
+                              f"the shard")
+    path.unlink()
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+    assert verify_run(run) == [] and tree_hashes(run, *compared, names=names) == before
+
+
 @pytest.mark.parametrize("rel", [".lock", "logs/streamprep.log", "checkpoints/.streamprep.lock"])
 def test_a_folder_where_the_run_keeps_a_file_is_exit_2_naming_it(tmp_path, capsys, rel):
     """Regression: a folder in place of the run's lock or log file was a bare IsADirectoryError, exit 1, at every

@@ -149,3 +149,18 @@ def test_a_receipt_edited_in_its_identity_has_its_shard_redone_to_the_same_bytes
     _redone(task, encoder, receipt, {"eod_id": {"eod_id": 1}, "dtype": {"dtype": "int32"}, "split": {"split": "valid"},
                                      "tokenizer_fingerprint": {"tokenizer_fingerprint": "sha256:u"},
                                      "dataset": {"dataset": "e"}, "part": {"part": "part-00001"}})
+
+
+def test_a_receipt_whose_counts_are_not_its_shards_has_the_shard_redone(tmp_path: Path) -> None:
+    """Regression: a receipt whose token or document count was edited (its files untouched) was skipped on every
+    re-run, and the exports refused it each time (`ExportError: … .idx holds 3835 tokens, receipt says 3834`): a run
+    that could never finish. Counts that disagree with the `.idx` or with each other now redo the shard."""
+    task, encoder, receipt = _shard(tmp_path)
+    stats = receipt["stats"]
+    _redone(task, encoder, receipt, {
+        "num_tokens": {"stats": {**stats, "num_tokens": stats["num_tokens"] - 1}},
+        "num_documents": {"stats": {**stats, "num_documents": 19, "num_input_records": 20}},
+        "dropped_empty": {"stats": {**stats, "dropped_empty": [5, 6]}},
+        "dropped_empty out of the part": {"stats": {**stats, "dropped_empty": [21]}},
+        "num_input_records": {"stats": {**stats, "num_input_records": 22}},
+        "stats": {"stats": {**stats, "num_tokens": "many"}}})
