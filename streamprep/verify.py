@@ -79,6 +79,9 @@ class _Checker:
 def _json_object(c: _Checker, rel: str, missing: str | None = None) -> dict[str, Any] | None:
     """The JSON object at `rel`, or None after reporting why not (absent only when `missing` says why)."""
     path = c.run_dir / rel
+    if path.is_dir():  # not ours to remove (docs/operations.md): was "missing (exports not written yet?)"
+        c.add(f"{rel}: missing (a folder is in its place: remove it, then re-run the same `streamprep ingest` command)")
+        return None
     if missing is not None and not path.is_file():
         c.add(f"{rel}: missing{missing}")
         return None
@@ -405,7 +408,11 @@ def _check_files(c: _Checker, entries: Any, listed: set[str]) -> None:
         if got is None:
             continue
         sha, size = got
-        if size != entry.get("size_bytes") or sha != entry.get("sha256"):
+        moved = chain.moved_from(c.run_dir, rel, entry.get("sha256")) if rel in chain.RUN_DIR_RELATIVE else None
+        if moved is not None:
+            c.add(f"{rel}: names its shards under {moved}, not this run dir (copied or moved since): re-running the "
+                  f"same `streamprep ingest` command here rewrites it")
+        elif size != entry.get("size_bytes") or sha != entry.get("sha256"):
             c.add(f"{rel}: content differs from manifest.json ({size} bytes, SHA-256 {sha[:12]}…; "
                   f"manifest.json says {entry.get('size_bytes')} bytes, {str(entry.get('sha256'))[:12]}…)")
 
@@ -415,7 +422,9 @@ def verify_run(run_dir: str | Path) -> list[str]:
     c = _Checker(Path(run_dir))
     if not _check_root(c):
         return c.problems
-    man = _json_object(c, layout.MANIFEST, missing=" (exports not written yet?)")
+    finished = not c.problems and (c.run_dir / layout.RUN_JSON).is_file()  # run.json says complete, names the root
+    man = _json_object(c, layout.MANIFEST, missing=" (run.json says the run is complete: re-run the same `streamprep "
+                       "ingest` command to write it again)" if finished else " (exports not written yet?)")
     if man is not None and man.get("format") != "streamprep-manifest":
         c.add("manifest.json: not a streamprep manifest")
         man = None

@@ -12,6 +12,7 @@ blend.json that points into another directory no longer matches.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,20 @@ def digest(run_dir: Path, rel: str) -> tuple[str, int]:
     if rel in RUN_DIR_RELATIVE:
         data = data.replace(_run_dir_bytes(run_dir), b"")
     return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def moved_from(run_dir: Path, rel: str, sha: str | None) -> str | None:
+    """The other directory a RUN_DIR_RELATIVE file (blend.json) names its shards under when that is all that
+    differs (its digest with that directory's path removed is `sha`): the run dir was copied or moved since its
+    exports were written. None for any other change."""
+    data = (run_dir / rel).read_bytes()
+    # a shard prefix as written in JSON: "<dir>/binidx/<dataset>/<part>_text_document"
+    found = re.search(rb'"(/[^"]*)/' + layout.BINIDX.encode() + rb'/[^"/]+/[^"/]+"', data)
+    if found is None or found.group(1) + b"/" == _run_dir_bytes(run_dir):
+        return None
+    if hashlib.sha256(data.replace(found.group(1) + b"/", b"")).hexdigest() != sha:
+        return None
+    return orjson.loads(b'"' + found.group(1) + b'"')
 
 
 def file_entries(run_dir: Path, rels: list[tuple[str, str]]) -> list[dict[str, Any]]:

@@ -148,6 +148,12 @@ def test_a_complete_run_without_its_manifest_is_that_one_problem(exported):
     (stale file?)", 47 lines for one missing file."""
     (exported / "manifest.json").unlink()
     assert [p for p in verify_run(exported) if "manifest.json" not in p.split(":")[0]] == []
+    # regression: "(exports not written yet?)", for a run whose run.json says its exports were written
+    assert verify_run(exported) == [("manifest.json: missing (run.json says the run is complete: re-run the same "
+                                     "`streamprep ingest` command to write it again)")]
+    (exported / "manifest.json").mkdir()  # regression: the same "not written yet?", for a folder not ours to remove
+    assert verify_run(exported) == [("manifest.json: missing (a folder is in its place: remove it, then re-run the "
+                                     "same `streamprep ingest` command)")]
 
 
 def test_malformed_receipt_and_manifest_entry_reported_not_raised(exported):
@@ -370,9 +376,17 @@ def test_a_mixtures_json_of_the_wrong_shape_is_reported_not_raised(chain_run, ed
 
 
 def test_moved_run_has_its_blend_reported(pipeline_run, tmp_path):
-    """blend.json holds absolute prefixes: a copied run's blend still points into the old directory."""
-    shutil.copytree(pipeline_run, tmp_path / "moved")
-    problems = verify_run(tmp_path / "moved")
+    """blend.json holds absolute prefixes: a copied run's blend still points into the old directory, and verify says
+    so (regression: it said only "content differs from manifest.json (… bytes …)", nothing about a move). A moved
+    blend.json changed besides is reported as changed."""
+    moved = tmp_path / "moved"
+    shutil.copytree(pipeline_run, moved)
+    assert verify_run(moved) == [(f"blend.json: names its shards under {pipeline_run.resolve()}, not this run dir "
+                                  f"(copied or moved since): re-running the same `streamprep ingest` command here "
+                                  f"rewrites it")]
+    blend = moved / "blend.json"
+    blend.write_bytes(blend.read_bytes().replace(b'"0.', b'"1.', 1))
+    problems = verify_run(moved)
     assert len(problems) == 1 and problems[0].startswith("blend.json: content differs from manifest.json"), problems
 
 
