@@ -56,6 +56,7 @@ _env_before: dict[str, str | None] = {}  # those variables as they were before t
 JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
 ACTOR_PLACEMENT_WAIT_S = 120.0  # a replacement worker actor must be up within this
 ADDRESS_CHECK_S = 5.0  # the config check's TCP connect to `execution.ray_address`
+AUTH_REFUSED = ("UNAUTHENTICATED", "PERMISSION_DENIED")  # how a GCS answers a missing or wrong auth token
 HEAD_TMP_PREFIX = "streamprep-ray-head-"  # the TMPDIR of a job's own head process and its cluster
 ACTOR_REPLACEMENTS = 4  # worker actors lost with their node and replaced on a node left, per job; then calls fail
 
@@ -65,7 +66,8 @@ def check_address(cfg: dict[str, Any]) -> None:
     ray://HOST:PORT whose port takes a connection, or `auto` with a cluster running here. A closed port had
     `ray.init` retry for ever (a stop waiting on it), a malformed one failed after the run dir was written, and a
     port where something else answers (the dashboard's, a raylet's, any server) hung in `ray.init` after it, deaf
-    to SIGTERM; `auto` with no cluster failed after it too. Each is one line, exit 2, before anything is written."""
+    to SIGTERM; `auto` with no cluster failed after it too. Each is one line, exit 2, before anything is written.
+    A GCS that wants Ray's auth token gets this machine's (`_use_token`)."""
     address = cfg["execution"]["ray_address"]
     if address is None:
         return
@@ -87,32 +89,75 @@ def check_address(cfg: dict[str, Any]) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_CHECK_S).close()
     except OSError as exc:
         raise ConfigError(f"{key}: nothing answers at {where} ({exc.strerror or exc}); is the cluster up?") from None
-    if not address.startswith("ray://") and (why := _not_a_gcs(where)):
+    if address.startswith("ray://"):
+        return
+    code, details = _ask_gcs(where)
+    if code in AUTH_REFUSED:
+        _use_token(key, where)
+    elif why := _not_a_gcs(code, details):
         raise ConfigError(f"{key}: {where} answers, but {why}; the GCS address is the one `ray start --head` prints "
                           f"(port 6379 by default), not the dashboard's")
 
 
-def _not_a_gcs(where: str) -> str | None:
-    """Why the gRPC server at `where` is not a Ray GCS, or None: asked for the cluster id, a GCS answers (or
-    refuses a missing auth token: it is one), a raylet has no such service, and a server that is not gRPC (the
-    dashboard's HTTP) fails the HTTP/2 handshake."""
+def _ask_gcs(where: str, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[str, str]:
+    """The name of the gRPC status code (and its details) the server at `where` answers a GCS's GetClusterId with,
+    `metadata` sent along; "OK" when it gave the cluster id."""
     import grpc  # Ray's dependency: only when configured
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
     with grpc.insecure_channel(where) as channel:
         try:
             gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
-                                                                             timeout=ADDRESS_CHECK_S)
+                                                                             timeout=ADDRESS_CHECK_S, metadata=metadata)
         except grpc.RpcError as exc:
-            code = exc.code()
-            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                return None
-            if code == grpc.StatusCode.UNIMPLEMENTED:
-                return "it is no Ray GCS (a gRPC server without the GCS's services: a raylet's port?)"
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return f"no Ray GCS answered within {ADDRESS_CHECK_S:g} s"
-            return f"not as a Ray GCS does ({(exc.details() or code.name).splitlines()[0][:120]})"
-    return None
+            return exc.code().name, exc.details() or ""
+    return "OK", ""
+
+
+def _not_a_gcs(code: str, details: str) -> str | None:
+    """Why a server that answered the cluster-id request with `code` is not a Ray GCS, or None: a GCS answers,
+    a raylet has no such service, and a server that is not gRPC (the dashboard's HTTP) fails the HTTP/2 handshake."""
+    if code == "OK":
+        return None
+    if code == "UNIMPLEMENTED":
+        return "it is no Ray GCS (a gRPC server without the GCS's services: a raylet's port?)"
+    if code == "DEADLINE_EXCEEDED":
+        return f"no Ray GCS answered within {ADDRESS_CHECK_S:g} s"
+    return f"not as a Ray GCS does ({(details or code).splitlines()[0][:120]})"
+
+
+def _use_token(key: str, where: str) -> None:
+    """The GCS at `where` refused a request without Ray's auth token (only a GCS does): turn token auth on for
+    this process and the Ray processes it starts, with the token Ray finds here (RAY_AUTH_TOKEN, else the file
+    RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token), once the GCS takes it. Ray 2.60 turns it on by itself
+    only for `auto`: with an explicit address and no RAY_AUTH_MODE=token, `ray.init` retried without a token for
+    20-40 s after the run dir was written and failed with a connection error that never named authentication.
+    No usable token is one line, exit 2, before anything is written."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray.exceptions import AuthenticationError
+
+    mode = os.environ.get("RAY_AUTH_MODE", "")
+    if mode and mode.lower() != "token":
+        raise ConfigError(f"{key}: the Ray cluster at {where} requires token authentication, but RAY_AUTH_MODE is "
+                          f"{mode!r:.40}; set RAY_AUTH_MODE=token (or unset it) for `streamprep`")
+    loader = AuthenticationTokenLoader.instance()
+    try:
+        header = loader.get_token_for_http_header(ignore_auth_mode=True)
+    except AuthenticationError as exc:  # RAY_AUTH_TOKEN_PATH names a missing or empty file
+        raise ConfigError(f"{key}: the Ray cluster at {where} requires token authentication, and "
+                          f"{exc.message.split('. ')[0][:200]}") from None
+    if not header:
+        raise ConfigError(f"{key}: the Ray cluster at {where} requires token authentication and this machine has no "
+                          f"token: copy the head's ~/.ray/auth_token here, or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
+    if _ask_gcs(where, tuple(header.items()))[0] in AUTH_REFUSED:
+        source = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN")
+                  else os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token")
+        raise ConfigError(f"{key}: the Ray cluster at {where} refuses this machine's auth token ({source:.200}); use "
+                          f"the head's ~/.ray/auth_token")
+    if not mode:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        Config.initialize("")  # Ray read its config when imported: it reads RAY_AUTH_MODE again
+        log.info("ray token auth on", address=where)
 
 
 def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:

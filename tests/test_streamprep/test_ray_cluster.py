@@ -472,6 +472,73 @@ def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anyt
         check("auto")
 
 
+TOKEN_CASES = """
+import json, os, socket, sys
+from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, Config, get_authentication_mode
+from streamprep import ray_cluster
+from streamprep.config import ConfigError
+
+def ask(where, metadata=()):  # a GCS whose token is "good": refuses a request without it, or with another
+    return ("OK", "") if ("authorization", "Bearer good") in metadata else ("UNAUTHENTICATED", "no token")
+
+listening = socket.create_server(("127.0.0.1", 0))
+address = f"127.0.0.1:{listening.getsockname()[1]}"
+outcomes = {}
+for case, env in json.loads(sys.argv[1]).items():
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        os.environ.pop(name, None)
+    os.environ.update({"HOME": sys.argv[2], **env})
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+    ray_cluster._ask_gcs = (lambda where, metadata=(): ("OK", "")) if case == "no auth" else ask
+    try:
+        ray_cluster.check_address({"execution": {"ray_address": address}})
+        error = None
+    except ConfigError as exc:
+        error = str(exc).replace(address, "ADDRESS")
+    outcomes[case] = [error, os.environ.get("RAY_AUTH_MODE"), get_authentication_mode() == AuthenticationMode.TOKEN]
+print(json.dumps(outcomes))
+"""
+
+
+def test_a_gcs_that_wants_a_token_gets_this_machines_or_is_a_config_error(tmp_path: Path) -> None:
+    """Regression: Ray 2.60 sends its auth token to an explicit address only with RAY_AUTH_MODE=token: the check
+    took the GCS's refusal as "a GCS", and `ray.init` then retried for 20-40 s after the run dir was written and
+    failed with "Failed to connect", naming no token. Now a token Ray finds here (RAY_AUTH_TOKEN, the file
+    RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token) that the GCS takes turns token auth on for the job; none, or one
+    it refuses, or RAY_AUTH_MODE=disabled, is a config error. The GCS's answers are faked (`_ask_gcs`)."""
+    home, good = tmp_path / "home", tmp_path / "good"  # HOME: no ~/.ray/auth_token; `good`'s has the GCS's token
+    (good / ".ray").mkdir(parents=True)
+    (good / ".ray" / "auth_token").write_text("good")
+    cases = {"no auth": {}, "no token": {}, "home file": {"HOME": str(good)},
+             "token file": {"RAY_AUTH_TOKEN_PATH": str(good / ".ray" / "auth_token")},
+             "token env": {"RAY_AUTH_TOKEN": "good", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "absent")},
+             "wrong token": {"RAY_AUTH_TOKEN": "bad"}, "missing file": {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "absent")},
+             "disabled": {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "good"},
+             "token mode": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "good"}}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    done = subprocess.run([sys.executable, "-c", TOKEN_CASES, json.dumps(cases), str(home)], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcomes = json.loads(done.stdout.splitlines()[-1])
+    key = "config: 'execution.ray_address': the Ray cluster at ADDRESS"
+    assert outcomes == {
+        "no auth": [None, None, False],
+        "no token": [(f"{key} requires token authentication and this machine has no token: copy the head's "
+                      "~/.ray/auth_token here, or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"), None, False],
+        "home file": [None, "token", True],
+        "token file": [None, "token", True],
+        "token env": [None, "token", True],
+        "wrong token": [f"{key} refuses this machine's auth token (RAY_AUTH_TOKEN); use the head's ~/.ray/auth_token",
+                        None, False],
+        "missing file": [(f"{key} requires token authentication, and RAY_AUTH_TOKEN_PATH is set but file cannot be "
+                          f"opened or is empty: {tmp_path / 'absent'}"), None, False],
+        "disabled": [(f"{key} requires token authentication, but RAY_AUTH_MODE is 'disabled'; set "
+                      "RAY_AUTH_MODE=token (or unset it) for `streamprep`"), "disabled", False],
+        "token mode": [None, "token", True],
+    }
+
+
 @pytest.mark.ray
 def test_a_clusters_gcs_passes_the_address_check_and_its_raylet_does_not(ray_cluster, tmp_path) -> None:
     """The check asks the port for the cluster id: the session cluster's GCS answers (or refuses the missing auth
