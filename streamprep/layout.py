@@ -159,6 +159,13 @@ class Checkpoint:
         """See the module-level `planned_parts` (shared with checkpoints.IngestState.sealed_parts)."""
         return planned_parts(self.part_index, self.part_lines, self.done)
 
+    @property
+    def ingest_bytes(self) -> int:
+        """Bytes of the kept lines the checkpoint holds: its sealed parts' sizes and the open part's staged lines.
+        Not the part files on disk: after a crash they hold parts sealed after the checkpoint (or a part it had
+        not sealed yet), which the resume removes, so a count of them disagreed with `kept` and went down."""
+        return sum(int(size) for _, size in self.raw.get("sealed") or ()) + int(self.raw.get("part_bytes", 0))
+
 
 def completed_receipt(path: Path) -> dict[str, Any] | None:
     """The receipt at `path` if it records a completed shard, else None; ValueError if it is not a JSON object."""

@@ -6,8 +6,9 @@ into series, so ingest needs no per-record metric calls and the numbers are thos
 The interface the collector depends on is one callable, `snapshot() -> dict`, returning the shape of
 `streamprep.status.run_status` (what `status --json` prints):
 
-- `datasets[name]["ingest"]`: `read`, `kept`, `rejected`, `rejects_by_check` ({failed_check: n}), `bytes` (ingest
-  parts written), `bytes_in` (source bytes passed, or None), `parts_sealed`, `done`
+- `datasets[name]["ingest"]`: `read`, `kept`, `rejected`, `rejects_by_check` ({failed_check: n}), `bytes` (kept
+  lines' bytes: sealed parts and the open part's staged lines), `bytes_in` (source bytes passed, or None),
+  `parts_sealed`, `done`
 - `datasets[name]["tokenize"]`: `shards_done`, `shards_pending`, `tokens`, `documents`, `empty_tokens`
 - `workers`; `hub`: None or {`retries`: {cause: n}, `gave_up`, `files`, `bytes`}; `run_id`, `name`, `stage`
 
@@ -46,7 +47,8 @@ _PER_DATASET = (
     ("streamprep_records_kept", "Records that passed every quality gate.", "ingest", "kept"),
     ("streamprep_records_rejected", "Records rejected (any gate).", "ingest", "rejected"),
     ("streamprep_source_bytes_read", "Source bytes the ingest position has passed.", "ingest", "bytes_in"),
-    ("streamprep_ingest_bytes_written", "Bytes of kept records written to ingest parts.", "ingest", "bytes"),
+    ("streamprep_ingest_bytes_written", ("Bytes of kept records: sealed ingest parts and the open part's "
+                                         "staged lines."), "ingest", "bytes"),
     ("streamprep_parts_sealed", "Ingest parts sealed (complete, handed to tokenization).", "ingest", "parts_sealed"),
     ("streamprep_parts_tokenized", "Sealed parts tokenized into .bin/.idx shards.", "tokenize", "shards_done"),
     ("streamprep_tokens_written", "Tokens written to .bin shards (EOD included).", "tokenize", "tokens"),

@@ -101,13 +101,6 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, 
     ck = cp.raw
     started, done = cp.started, cp.done
     part_index, part_lines, planned = cp.part_index, cp.part_lines, cp.planned_parts
-    ingest_bytes = 0
-    for i, p in _numbered(layout.ingest_dir(name), ".jsonl"):  # the files there, not a range: a damaged checkpoint's
-        if i <= part_index:                                     # part index may be anything (a billion: a hang)
-            try:
-                ingest_bytes += p.stat().st_size
-            except OSError:
-                pass
     shards_done = tokens = docs = empty = dropped = 0
     for i, path in _numbered(layout.receipts_dir / name, ".json"):
         rec = completed_receipt(path) if i < planned else None
@@ -131,7 +124,7 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, 
         "stage": stage,
         "ingest": {"started": started, "done": done, "read": int(ck.get("consumed", 0)), "kept": int(ck.get("kept", 0)),
                    "rejected": rejected, "rejects_by_check": dict((ck.get("stats") or {}).get("rejects_by_check") or {}),
-                   "parts": part_index + (1 if part_lines else 0), "parts_sealed": planned, "bytes": ingest_bytes,
+                   "parts": part_index + (1 if part_lines else 0), "parts_sealed": planned, "bytes": cp.ingest_bytes,
                    "bytes_in": _bytes_in(ck, _source_sizes(run_dir, ck, entry)),
                    "updated_at": ck.get("updated_at") or None},
         "tokenize": {"shards_planned": planned, "planned_final": done, "shards_done": shards_done,

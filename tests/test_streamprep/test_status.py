@@ -133,6 +133,64 @@ def test_a_damaged_checkpoint_neither_hangs_nor_crashes_status(done_run, tmp_pat
     assert main(["audit", str(run_dir)]) == 2  # the audit reads the same records: the same line
 
 
+def _crashed_mid_part(done_run: Path, tmp_path: Path) -> tuple[Path, int]:
+    """A copy of `done_run` as `kill -9` leaves it: dataset a's checkpoint has part 0 sealed and 7 lines of part 1
+    staged, and part 1, sealed after that checkpoint, is on disk whole. Returns the run dir and the checkpoint's
+    kept lines' bytes."""
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    ck_path = run_dir / "checkpoints" / "a.json"
+    ck = json.loads(ck_path.read_text())
+    part0, part1 = (run_dir / "ingest" / "a" / f"part-0000{i}.jsonl" for i in (0, 1))
+    staged = part1.read_bytes().splitlines(keepends=True)[:7]
+    stage = run_dir / "checkpoints" / "stage" / "a"
+    stage.mkdir(parents=True, exist_ok=True)
+    (stage / "piece.kept").write_bytes(b"".join(staged))
+    (stage / "piece.kept.off").write_bytes(b"")
+    kept = len(part0.read_bytes().splitlines()) + len(staged)
+    ck.update(done=False, part_index=1, sealed=ck["sealed"][:1], part_lines=len(staged), kept=kept,
+              part_bytes=len(b"".join(staged)), open_pieces=[["piece", 0, len(staged)]])
+    ck_path.write_text(json.dumps(ck))
+    assert ck["sealed"][0][1] == part0.stat().st_size and part1.stat().st_size > ck["part_bytes"]
+    return run_dir, part0.stat().st_size + ck["part_bytes"]
+
+
+def test_status_ingest_bytes_after_a_crash_are_the_checkpoints_kept_lines(done_run, tmp_path):
+    """Regression: `bytes` (ingest MB) summed the part files on disk up to the checkpoint's open part: after a crash
+    that counted a part sealed after the checkpoint (which the resume removes) and never the open part's staged
+    lines, so it disagreed with `kept` either way. Now: the sealed parts' sizes plus the staged lines' bytes."""
+    run_dir, kept_bytes = _crashed_mid_part(done_run, tmp_path)
+    ing = run_status(run_dir)["datasets"]["a"]["ingest"]
+    assert (ing["bytes"], ing["parts"], ing["parts_sealed"]) == (kept_bytes, 2, 1)
+    full = run_status(done_run)["datasets"]["a"]["ingest"]["bytes"]
+    assert full == sum(p.stat().st_size for p in (done_run / "ingest" / "a").glob("part-*.jsonl"))
+
+
+def test_the_ingest_bytes_counter_never_goes_down_across_a_resumes_repair(done_run, tmp_path):
+    """Regression: a resumed process's metrics endpoint first read the crashed run's part files (a part sealed after
+    the checkpoint included), then, once the resume removed that part, less: the counter
+    `streamprep_ingest_bytes_written_total` went down within one process. Now it is the checkpoint's figure, then
+    the live state's, which starts from it."""
+    from streamprep.checkpoints import DatasetFiles, load_and_repair
+    from streamprep.metrics import JobCollector, job_snapshot
+
+    run_dir, kept_bytes = _crashed_mid_part(done_run, tmp_path)
+    progress: dict = {}
+    collector = JobCollector(job_snapshot(run_dir, progress, None))
+
+    def written() -> float:
+        fam = next(f for f in collector.collect() if f.name == "streamprep_ingest_bytes_written")
+        return next(s.value for s in fam.samples if s.labels == {"dataset": "a"})
+
+    before = written()  # the resumed process, before dataset a's ingest starts: its checkpoint
+    state = load_and_repair(DatasetFiles(run_dir, run_dir / "checkpoints", "a"))
+    assert not (run_dir / "ingest" / "a" / "part-00001.jsonl").exists()  # the part sealed after the checkpoint
+    after = written()
+    progress["a"] = state  # ingest under way: the live state
+    live = written()
+    state.part_bytes, state.part_lines, state.kept = state.part_bytes + 100, state.part_lines + 1, state.kept + 1
+    assert (before, after, live, written()) == (kept_bytes, kept_bytes, kept_bytes, kept_bytes + 100)
+
+
 @pytest.mark.parametrize("damage", ["checkpoint not JSON", "checkpoint a list", "receipt truncated", "receipt a list",
                                     "checkpoint missing", "checkpoint missing, nothing kept"])
 def test_a_checkpoint_or_receipt_that_is_not_a_json_object_is_damaged_for_status_and_audit(done_run, tmp_path,
