@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -63,8 +64,20 @@ def sweep(t0: float, shm: Path = Path("/dev/shm"), tmp: Path = Path(tempfile.get
     bound = _bound_sockets()
     own = multiprocessing.current_process()._config.get("tempdir")  # this process's finalizer removes it
     for d in dirs:
-        if _created_since(d, t0) and str(d) != own and not any(str(d) in line for line in bound):
+        if _created_since(d, t0) and str(d) != own and _holds_sockets(d) \
+                and not any(str(d) in line for line in bound):
             shutil.rmtree(d, ignore_errors=True)
+
+
+def _holds_sockets(folder: Path) -> bool:
+    """Whether `folder` holds a socket file (a forkserver's listener). A live process makes its pymp-* folder at
+    its first need and binds a socket there only when it starts a forkserver: an empty folder may be another
+    session's in use (regression: a concurrent pytest's sweep removed this session's folder, and every later
+    process pool failed to start, FileNotFoundError in multiprocessing.forkserver)."""
+    try:
+        return any(stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode) for entry in os.scandir(folder))
+    except OSError:
+        return False
 
 
 def _created_since(path: Path, t0: float) -> bool:

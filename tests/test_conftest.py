@@ -34,3 +34,20 @@ def test_the_sweep_keeps_this_processs_own_multiprocessing_folder(tmp_path: Path
     own = Path(multiprocessing.util.get_temp_dir())
     sweep(time.time() - 1, tmp=own.parent)
     assert own.is_dir()
+
+
+def test_the_sweep_keeps_another_live_processs_folder_and_removes_a_dead_forkservers(tmp_path: Path) -> None:
+    """Regression: a concurrent pytest session's sweep removed this session's pymp-* folder (made at its first
+    need, empty until a forkserver binds its socket there), and every later pool here failed to start. An empty
+    folder stays; one holding a socket no live process binds (a killed forkserver's) goes."""
+    import socket
+
+    t0 = time.time() - 1
+    in_use = tmp_path / "pymp-in-use"
+    in_use.mkdir()
+    dead = tmp_path / "pymp-dead"
+    dead.mkdir()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(dead / "listener-1"))  # closed unbound: the file stays, as a killed forkserver leaves it
+    sweep(t0, tmp=tmp_path)
+    assert in_use.is_dir() and not dead.exists()
