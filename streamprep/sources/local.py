@@ -164,8 +164,14 @@ def _no_credentials() -> tuple[type[BaseException], ...]:
 
 def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
     """List the bucket now: a missing bucket, key or prefix (or refused credentials) is a config error before
-    anything is written. A store that cannot be reached raises on (exit 1: re-run once it is back)."""
+    anything is written. A store that cannot be reached raises on (exit 1: re-run once it is back). A path naming no
+    bucket (`s3://`, `s3://*/prefix/`) is refused before any listing: s3fs's own error was a bare ValueError, exit 1."""
     path = ds["path"]
+    scheme, _, rest = path.partition("://")
+    bucket = rest.split("/", 1)[0]
+    if not bucket or globmod.has_magic(bucket):
+        raise ConfigError(f"config: '{key}.path': {path} names no bucket; expected {scheme}://<bucket>/<key, prefix "
+                          f"or glob> (a glob cannot stand for the bucket)")
     try:
         found = expand(path, ds["storage_options"])
     except (FileNotFoundError, PermissionError, *_no_credentials()) as exc:

@@ -400,6 +400,19 @@ def test_storage_options_misuse_is_a_config_error(entry: dict, want: str) -> Non
         validate(base_config([{"name": "d", **entry}], None))
 
 
+@pytest.mark.parametrize("path", ["s3://", "s3://*/corpus/", "s3:///corpus/", "s3://corp*/x.jsonl", "gs://**/x.jsonl"])
+def test_a_path_naming_no_bucket_is_a_config_error_and_writes_nothing(tmp_path: Path, path: str) -> None:
+    """Regression: `s3://` and `s3://*/prefix/` were `ValueError: Cannot traverse all of S3` (s3fs's), exit 1, as if a
+    re-run could help; a path naming no bucket is refused at validation, naming the key, before any listing."""
+    run = tmp_path / "run"
+    scheme = path.split("://")[0]
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(base_config([{"name": "d", "path": path}], None), run_dir=run, console_log=False)
+    assert str(err.value) == (f"config: 'datasets[0].path': {path} names no bucket; expected {scheme}://<bucket>/<key, "
+                              f"prefix or glob> (a glob cannot stand for the bucket)")
+    assert not run.exists()
+
+
 def test_an_object_named_with_glob_characters_is_that_object_as_on_disk(s3: Proxy, tmp_path: Path) -> None:
     """Regression: `s3://b/br[1].jsonl` that exists was "no object matches", and `s3://b/lit/a*.jsonl` that exists
     also read `ab.jsonl`; on disk a name with glob characters that exists as written is that file (docs/config.md)."""
