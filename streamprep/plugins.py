@@ -32,6 +32,7 @@ for _scheme in ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "http
     SCHEMES.register(_scheme, "streamprep.sources.local:LocalSource.open", fsspec=True,
                      check="streamprep.sources.local:check_entry")
 SCHEMES.register("hf://", "streamprep.sources.hf:HFSource", requires=("split",),
+                 check="streamprep.sources.hf:check_entry",
                  reads=("split", "subset", "revision", "filter"),
                  formats=("jsonl", "json", "parquet", "txt", "text", "csv", "arrow"))  # = hf.FORMAT_TO_BUILDER
 

@@ -418,14 +418,40 @@ def stream_local_with_datasets(files: Sequence[str | Path], builder: str, *, spl
 
 # ---- the source -----------------------------------------------------------------------------------
 def parse_repo_id(path: str) -> tuple[str, str | None]:
-    """`hf://org/name`, `hf://datasets/org/name` or `...@revision` -> (repo id, revision or None)."""
+    """`hf://org/name`, `hf://datasets/org/name` or `...@revision` -> (repo id, revision or None). An `@` with no
+    revision after it is refused: it read `main` without a word."""
     rest = path.removeprefix("hf://").strip("/")
     rest = rest.removeprefix("datasets/")
-    rest, _, rev = rest.partition("@")
+    rest, at, rev = rest.partition("@")
     parts = [p for p in rest.split("/") if p]
     if not 1 <= len(parts) <= 2:
         raise HFSourceError(f"{path}: expected hf://<org>/<name> (a dataset repo id)")
+    if at and not rev:
+        raise HFSourceError(f"{path}: no revision after '@' (name a branch, tag or commit sha, or drop the '@')")
     return "/".join(parts), rev or None
+
+
+def requested_revision(path: str, revision: str | None) -> str:
+    """The revision an `hf://` entry asks for: its `revision` key or the path's `@rev` (`main` without either). Both
+    given must be equal: the key won over a different `@rev` without a word, reading another version of the data."""
+    _, path_rev = parse_repo_id(path)
+    if revision is not None and path_rev is not None and revision != path_rev:
+        raise HFSourceError(f"{path}: 'revision' {revision!r} disagrees with the path's @{path_rev}; give the revision "
+                            f"once")
+    return revision or path_rev or "main"
+
+
+def check_entry(key: str, ds: Mapping[str, Any]) -> None:
+    """Config validation of an `hf://` entry, without network (the Hub is asked when the job resolves the revision):
+    its path names a dataset repo, and a revision given both as `@rev` and as `revision` is the same one."""
+    try:
+        parse_repo_id(ds["path"])
+    except HFSourceError as exc:
+        raise ConfigError(f"config: '{key}.path': {exc}") from None
+    try:
+        requested_revision(ds["path"], ds["revision"])
+    except HFSourceError as exc:
+        raise ConfigError(f"config: '{key}.revision': {exc}") from None
 
 
 def _manifest_file(cache_dir: Path, repo_id: str, sha: str, subset: str | None, split: str, fmt: str | None) -> Path:
@@ -467,8 +493,8 @@ class HFSource:
         from huggingface_hub import constants
 
         self.name = dataset.name
-        self.repo_id, path_rev = parse_repo_id(dataset.path)
-        self.revision = dataset.revision or path_rev or "main"
+        self.repo_id, _ = parse_repo_id(dataset.path)
+        self.revision = requested_revision(dataset.path, dataset.revision)
         self.split = dataset.split
         if not self.split:
             raise HFSourceError(f"hf://{self.repo_id}: 'split' is required for hf:// sources")

@@ -449,6 +449,45 @@ def test_errors_are_one_line_and_name_the_repo(hub, tmp_path, entry, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("entry, message", [
+    (dict(path="hf://org/corpus@v1.0", revision="refs/convert/parquet"),
+     "config: 'datasets[0].revision': hf://org/corpus@v1.0: 'revision' 'refs/convert/parquet' disagrees with the "
+     "path's @v1.0; give the revision once"),
+    (dict(path="hf://org/corpus@"),
+     "config: 'datasets[0].path': hf://org/corpus@: no revision after '@' (name a branch, tag or commit sha, or drop "
+     "the '@')"),
+    (dict(path="hf://a/b/c"), "config: 'datasets[0].path': hf://a/b/c: expected hf://<org>/<name> (a dataset repo id)"),
+])
+def test_a_revision_given_twice_differently_or_an_empty_at_is_refused_at_validation(tmp_path, entry, message):
+    """Regression: `hf://org/c4@v1.0` with `revision: refs/convert/parquet` read refs/convert/parquet, and `hf://org/c4@`
+    read main, without a word. Each is a config error naming the key, before anything is written (no Hub asked)."""
+    from helpers import base_config
+    from streamprep import run_from_dict
+
+    raw = base_config([{"name": "web", "path": f"hf://{REPO}", "split": "train", **entry}], None)
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
+    assert str(err.value) == message
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_revision_given_twice_the_same_is_that_revision(hub, tmp_path):
+    """`@rev` and `revision:` naming the same revision are one request, not a conflict; the source also refuses a
+    conflict when opened through the API (no config validation there)."""
+    from streamprep.config import validate
+    from helpers import base_config
+
+    v1 = hub.add_dataset(REPO, {"data/train-00000.jsonl": jsonl(TRAIN[:3])}, branch="v1")
+    hub.add_dataset(REPO, CORPUS)  # main moves on
+    entry = {"path": f"hf://{REPO}@v1", "revision": "v1"}
+    validate(base_config([{"name": "web", "split": "train", **entry}], None))
+    src = HFSource(cfg(**entry), tmp_path / "cache")
+    assert src.revision == "v1" and records(src.iter_records()) == TRAIN[:3]
+    assert src.fingerprint()["revision"] == v1
+    with pytest.raises(HFSourceError, match=r"^hf://org/corpus@v1: 'revision' 'main' disagrees with the path's @v1"):
+        HFSource(cfg(path=f"hf://{REPO}@v1", revision="main"), tmp_path / "cache")
+
+
 @pytest.mark.parametrize("status", ["401", "403"])
 def test_a_token_the_hub_refuses_is_a_config_error_saying_so(hub, tmp_path, status):
     """Regression: a token the Hub refused (401), or one without access (403), was "Hub unreachable and no cached
