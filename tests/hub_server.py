@@ -18,7 +18,8 @@ file body bytes written.
 
 Faults, for a Hub that pushes back: `fault_cycle` is applied to the GETs of data files (`/resolve/`, README.md
 excepted), the n-th such GET getting `fault_cycle[n % len]`; `api_faults` are consumed in order by the API calls and
-HEADs. A fault is None (served normally), `"429"` (with `Retry-After: retry_after`), `"503"`, `"reset"`: the
+HEADs. A fault is None (served normally), `"429"` (with `Retry-After: retry_after`), `"503"`, `"401"`, `"403"`,
+`"404-revision"` (the Hub's "revision not found", as a hiccup when the commit is there), `"reset"`: the
 headers and half the body are sent, then the connection is reset (RST), or `"hang"`: no answer at all until `stop()`
 (a Hub that stalls). `faults_served` counts the faults served by
 kind; `ranges` lists (path, start byte) of every `Range` GET; `authorizations` the `Authorization` headers seen.
@@ -187,6 +188,9 @@ class _Handler(BaseHTTPRequestHandler):
         if fault in ("401", "403"):  # as the Hub refuses a token it does not accept, or one without access
             self._send(int(fault), b'{"error": "Invalid credentials in Authorization header"}',
                        {"Content-Type": "application/json", "X-Error-Message": "Invalid credentials in Authorization header"})
+            return
+        if fault == "404-revision":  # the Hub's answer for a commit it does not have, whether or not it has it
+            self._error(404, "RevisionNotFound", "Invalid rev id")
             return
         if fault in ("429", "503"):
             self._send(int(fault), b'{"error": "slow down"}', {"Content-Type": "application/json",

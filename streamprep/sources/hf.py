@@ -616,7 +616,7 @@ class HFSource:
     # -- downloads --
     def _download_one(self, item: tuple[str, str]) -> Path:
         path, sha = item
-        return download(self.repo_id, path, sha, self.cache_dir, self.endpoint, self.workers, self.stats)
+        return download(self.name, self.repo_id, path, sha, self.cache_dir, self.endpoint, self.workers, self.stats)
 
     # -- units of work --
     def units(self) -> list[Unit]:
@@ -671,9 +671,11 @@ class _OnDemand:
         return self.src._download_one((self.snap.files[i]["path"], self.snap.sha))
 
 
-def download(repo_id: str, path: str, sha: str, cache_dir: Path, endpoint: str, slots: int, stats: HubStats) -> Path:
+def download(dataset: str, repo_id: str, path: str, sha: str, cache_dir: Path, endpoint: str, slots: int,
+             stats: HubStats) -> Path:
     """Download one repo file at commit `sha` into the HF cache, holding one of this process's `slots` download
-    slots; a cached file costs no request."""
+    slots; a cached file costs no request. A failure is `HFSourceUnavailable` (exit 1: a re-run resumes), unless
+    the Hub says the commit itself is gone (`_commit_gone`), which no re-run brings back."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     hit = try_to_load_from_cache(repo_id, path, cache_dir=cache_dir, revision=sha, repo_type="dataset")
@@ -686,9 +688,32 @@ def download(repo_id: str, path: str, sha: str, cache_dir: Path, endpoint: str, 
             return Path(hf_hub_download(repo_id, path, repo_type="dataset", revision=sha, cache_dir=cache_dir,
                                         endpoint=endpoint))
     except Exception as exc:
+        _current.downloading = None  # the question below downloads no file
+        if _commit_gone(exc, repo_id, sha, endpoint):
+            raise HFSourceError(f"dataset {dataset}: hf://{repo_id}: commit {sha}, which this run started on, is no "
+                                f"longer on the Hub (a force-push or squash removed it); resuming would mix two versions "
+                                f"of the data — restore the commit, or start over with a new --run-dir") from None
         raise HFSourceUnavailable(f"hf://{repo_id}@{sha}: download of {path} failed ({_one_line(exc)})") from None
     finally:
         _current.downloading = None
+
+
+def _commit_gone(exc: Exception, repo_id: str, sha: str, endpoint: str) -> bool:
+    """Whether a download at commit `sha` failed because the commit is gone from the repo: the file's request was
+    answered "revision not found" and so is a request for the commit itself. Asked again, so that one odd 404 (a
+    Hub or mirror hiccup) stays a resumable failure; any other answer, or none, leaves it one."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RevisionNotFoundError
+
+    if not isinstance(exc, RevisionNotFoundError):
+        return False
+    try:
+        HfApi(endpoint=endpoint).dataset_info(repo_id, revision=sha)
+    except RevisionNotFoundError:
+        return True
+    except Exception:  # unreachable, 5xx after the retries, a refused token: not an answer about the commit
+        return False
+    return False
 
 
 def unit_path(repo_id: str, sha: str, path: str) -> str:
@@ -733,7 +758,7 @@ class FileReader:
         sha, path = _unit_file(self.repo_id, unit)
         cache = Path(self.cache_dir)
         try:
-            download(self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache))
+            download(self.dataset, self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache))
         except Exception as exc:  # HFSourceUnavailable and the like: the unit's reader reports it
             log.info("hf prefetch failed; the reader downloads the file", file=path, error=_one_line(exc))
 
@@ -745,8 +770,11 @@ class FileReader:
         set_retry_policy(self.retries, self.retry_max_s)
         _install_client()
         cache = Path(self.cache_dir)
-        with _held(lambda: download(self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache)),
-                   _reading_dir(cache, self.dataset, unit)) as local:
+
+        def fetch() -> Path:
+            return download(self.dataset, self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache))
+
+        with _held(fetch, _reading_dir(cache, self.dataset, unit)) as local:
             return [item for item, _ in _stream([local], unit.fmt, self.builder_kwargs, split=self.split,
                                                 flt=self.filter, max_records=limit, start=None,
                                                 cache_dir=cache / "datasets", extra={}, names=[path])]

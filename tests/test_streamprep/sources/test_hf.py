@@ -711,6 +711,63 @@ def test_a_download_failing_mid_stream_stops_at_that_file(many, tmp_path):
     assert got == list(range(120))  # files 0-2 streamed before the failure surfaced
 
 
+GONE = (r"^dataset many: hf://org/many: commit {sha}, which this run started on, is no longer on the Hub \(a "
+        r"force-push or squash removed it\); resuming would mix two versions of the data — restore the commit, or "
+        r"start over with a new --run-dir$")
+
+
+def _squash(hub, repo: str) -> str:
+    """A force-push that drops the branch's commit (a new commit on main, the old one gone); the old sha."""
+    old = hub.sha_of(repo)
+    hub.add_dataset(repo, {**hub.repos[repo].commits[old], "data/train-99999.jsonl": jsonl(_many_rows(99))})
+    del hub.repos[repo].commits[old]
+    return old
+
+
+async def test_a_resume_whose_pinned_commit_is_gone_is_a_config_error_saying_what_to_do(many, tmp_path):
+    """Regression: a resume whose pinned commit had been removed from the Hub (force-push, super-squash) failed at its
+    first file not cached with `HFSourceUnavailable: … (RevisionNotFoundError: 404 Client Error.)`, exit 1, "re-run to
+    resume", which never could. When the Hub says so of the commit itself, it is one line naming the dataset and the
+    commit, exit 2 (a ConfigError), saying what to do, as for a changed local input."""
+    import asyncio
+
+    from helpers import base_config, ingest_stopped_after
+    from streamprep.config import load
+    from streamprep.ingest import IngestContext, ingest_all
+
+    raw = base_config([{"name": "many", "path": f"hf://{MANY_REPO}", "split": "train"}], None,
+                      output={"shard_records": 100})
+    raw["execution"].update(batch_records=20, workers=1, hf_prefetch_files=1)
+    conf = load(raw)
+    run = tmp_path / "run"
+    stopped = await ingest_stopped_after(conf, run, "many", 120)
+    assert not stopped.done
+    old = _squash(many, MANY_REPO)
+    with pytest.raises(HFSourceError, match=GONE.format(sha=old)) as err:
+        await ingest_all(IngestContext.of(conf, run, run / "checkpoints", asyncio.Event()))
+    assert isinstance(err.value, ConfigError)  # the CLI's exit 2
+    assert json.loads((run / "checkpoints" / "many.json").read_text())["consumed"] >= stopped.consumed
+
+
+def test_a_stream_whose_commit_goes_stops_with_the_same_line_but_a_lone_404_stays_resumable(many, tmp_path):
+    """The single-stream reader says the same; a "revision not found" for a file while the Hub still has the commit
+    (a hiccup: asked again, the commit is there) stays the resumable `HFSourceUnavailable`."""
+    src = HFSource(_many_cfg(), tmp_path / "cache", prefetch_files=1)
+    sha = src.fingerprint()["revision"]
+    many.api_faults = ["404-revision"]  # the first file's HEAD
+    with pytest.raises(HFSourceUnavailable, match=rf"^hf://org/many@{sha}: download of data/train-00000.jsonl failed "
+                                                  r"\(RevisionNotFoundError: "):
+        next(src.iter_records())
+    assert many.faults_served["404-revision"] == 1
+    got = []
+    with pytest.raises(HFSourceError, match=GONE.format(sha=sha).replace("dataset many", "dataset corpus")):
+        for rec, _ in src.iter_records():
+            got.append(rec["id"])
+            if len(got) == 40:
+                _squash(many, MANY_REPO)
+    assert got == list(range(40))  # file 0's records; file 1, downloaded when the stream reaches it, is gone
+
+
 # ---- a Hub that pushes back: 429 / 5xx / resets ------------------------------------------------------------------
 @pytest.fixture
 def quick_retries():
