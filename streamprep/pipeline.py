@@ -336,13 +336,16 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         raise ConfigError(f"run dir {run_dir}: cannot read {exc.filename or run_dir}: {exc.strerror or exc}") from None
     metrics.check_port(config.execution)
     checkpoint_dir = _checkpoint_dir(config, run_dir)
+    unused = _unused_dirs(run_dir, checkpoint_dir)
     locks = [RunLock(RunLayout(run_dir).lock), RunLock(CheckpointLayout(checkpoint_dir).lock, "checkpoint dir")]
+    held = False
     try:
         for lock in locks:
             try:
                 lock.acquire()
             except RunLocked as exc:
                 raise ConfigError(str(exc)) from None
+        held = True
         afresh = previous is None and _forget_failed_start(config, run_dir)
         _refuse_unsafe_paths(config, run_dir, checkpoint_dir)
         with logs.configured(run_dir, console=console_log):  # (a line logged before went to stdout, console or not)
@@ -354,9 +357,39 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
             job = Job(config, run_dir, previous, console_log)
             with metrics.serving(config.execution, run_dir, config.datasets, job.progress):
                 return job.run()
+    except ConfigError:
+        if held:  # the log is closed by now; the locks are still ours
+            _take_back(unused, run_dir, checkpoint_dir)
+        raise
     finally:
         for lock in locks:
             lock.release()
+
+
+def _unused_dirs(run_dir: Path, checkpoint_dir: Path) -> list[tuple[Path, bool]]:
+    """The run's folders (the run dir, and the checkpoint dir when it is outside it) that hold nothing yet: absent,
+    or empty; with whether each exists. What an attempt refused by a config error may take back (`_take_back`)."""
+    roots = [run_dir] + ([] if checkpoint_dir.resolve().is_relative_to(run_dir) else [checkpoint_dir])
+    return [(d, d.is_dir()) for d in roots if not d.exists() or (d.is_dir() and not any(d.iterdir()))]
+
+
+def _take_back(unused: list[tuple[Path, bool]], run_dir: Path, checkpoint_dir: Path) -> None:
+    """After a config error found once the job had started (an hf:// repo, revision, subset or split the Hub does not
+    have, known only when ingest asks it): remove what this attempt wrote in the folders that held nothing before it
+    (`_unused_dirs`: one it created goes, one that was empty is emptied), as for a local path that does not exist,
+    where nothing is written. It left a run dir marked resumable that `--fresh` then refused. Never once the attempt
+    wrote output, nor in a folder that held anything before it (a later attempt starts afresh: `_forget_failed_start`)."""
+    if not unused or _wrote_outputs(run_dir, checkpoint_dir):
+        return
+    for folder, existed in unused:
+        if not existed:
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        for p in list(folder.iterdir()) if folder.is_dir() else []:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 def _stale(what: str) -> bool:

@@ -1478,7 +1478,8 @@ def test_a_split_that_does_not_exist_then_the_right_one_in_the_same_run_dir(many
     """Regression: the Hub-side refusal (exit 2) came after the job's start had written its tokenizer copy, backend
     and holder count and claimed the checkpoint dir, so the corrected config was refused in that run dir: `config
     changed since this run started (datasets[0].split)`. An attempt that failed having written no output is started
-    afresh: its start files go, the download cache stays."""
+    afresh: its start files go, the download cache stays. (A run dir that held nothing before the attempt is taken
+    back whole: test_a_config_error_found_at_the_hub_leaves_nothing_behind.)"""
     from streamprep import run_from_dict
     from streamprep.verify import verify_run
 
@@ -1486,6 +1487,7 @@ def test_a_split_that_does_not_exist_then_the_right_one_in_the_same_run_dir(many
     raw["datasets"][0].update(split="dev")
     raw["datasets"][0].pop("filter")
     run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)  # made ahead: a run dir that held something is not taken back (`_take_back`)
     with pytest.raises(HFSourceError, match=r"unknown split 'dev'"):
         run_from_dict(raw, run_dir=run, console_log=False)
     assert (run / "checkpoints" / ".streamprep-run").is_file()  # claimed for the failed attempt's run id
@@ -1495,3 +1497,50 @@ def test_a_split_that_does_not_exist_then_the_right_one_in_the_same_run_dir(many
     raw["datasets"][0].update(split="validation")  # outputs exist now: a changed config is refused as before
     with pytest.raises(ConfigError, match=r"config changed since this run started \(datasets\[0\].split\)"):
         run_from_dict(raw, run_dir=run, console_log=False)
+
+
+@pytest.mark.parametrize("entry, message", [
+    (dict(path="hf://org/nope"), "hf://org/nope: dataset repo not found (or private without a token)"),
+    (dict(revision="v9"), "hf://org/many: revision 'v9' not found"),
+    (dict(split="dev"), "hf://org/many: unknown split 'dev' (available: train)"),
+    (dict(subset="fr"), "hf://org/many: unknown subset 'fr' (README.md declares no 'configs'; leave 'subset' empty)"),
+])
+@pytest.mark.parametrize("before", ["absent", "empty", "checkpoint_dir"])
+def test_a_config_error_found_at_the_hub_leaves_nothing_behind(many, tmp_path, entry, message, before):
+    """Regression: an hf:// repo, revision, split or subset the Hub does not have was the right one-line error, exit 2,
+    but left a run dir with run.json (failed), tokenizer/, checkpoints/ and logs/, `streamprep status` said RESUMABLE,
+    and `--fresh` with the corrected config refused it as not empty. The Hub is asked only once the job has started,
+    so such an attempt takes back what it wrote in the folders that held nothing before it: nothing is left, as for a
+    local path that does not exist, and the corrected config runs with --fresh in the same run dir."""
+    from streamprep import run_from_dict
+
+    raw = _ingest_config(MANY_REPO, workers=1)
+    raw["datasets"][0].pop("filter")
+    run, outside = tmp_path / "run", tmp_path / "ck"
+    if before == "empty":
+        run.mkdir()
+    if before == "checkpoint_dir":
+        raw["run"]["checkpoint_dir"] = str(outside)
+    with pytest.raises(HFSourceError) as err:
+        run_from_dict({**raw, "datasets": [{**raw["datasets"][0], **entry}]}, run_dir=run, console_log=False)
+    assert str(err.value) == message
+    assert (sorted(run.iterdir()) == [] if before == "empty" else not run.exists())
+    assert not outside.exists()
+    if "split" in entry:  # the corrected config, in the same run dir, with --fresh
+        assert run_from_dict(raw, run_dir=run, fresh=True, console_log=False).status == "complete"
+
+
+def test_a_config_error_at_the_hub_never_removes_what_the_attempt_did_not_write(many, tmp_path):
+    """Only folders that held nothing before the attempt are taken back: a run dir holding a file of the user's, or a
+    checkpoint dir holding another run's checkpoints, keeps every file it had."""
+    from streamprep import run_from_dict
+
+    raw = _ingest_config(MANY_REPO, workers=1)
+    raw["datasets"][0].update(path="hf://org/nope")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(HFSourceError, match="dataset repo not found"):
+        run_from_dict(raw, run_dir=run, console_log=False)
+    assert (run / "notes.txt").read_text() == "mine"
+    assert (run / "run.json").is_file()  # as before: a run dir that held something is not emptied
