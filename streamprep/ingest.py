@@ -179,6 +179,7 @@ class DatasetIngest:
         self._checkpointed(state)
         if state.done:
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
+            await asyncio.to_thread(self._drop_done_files)
             if self.run_scope:
                 await asyncio.to_thread(self._open_index, state)
                 self.ctx.publish(name)
@@ -227,6 +228,26 @@ class DatasetIngest:
         if state.done and self.run_scope:
             self.ctx.publish(name)
         return state
+
+    def _drop_done_files(self) -> None:
+        """hf://: delete the files of a dataset done before this job that are still in the cache (unless
+        `hf_keep_cache`). A done dataset's files go at the end of the job that finished it, so a job killed after
+        that (another dataset still reading) left them, e.g. the files a capped dataset had fetched past its cap;
+        no window of this job would ever delete them (`drop_passed` does the same for a resumed dataset)."""
+        if not self.ds.path.startswith("hf://"):
+            return
+        saved = read_json(CheckpointLayout(self.ctx.checkpoint_dir).plan(self.ds.name))
+        ex = self.ctx.execution
+        source = open_source(self.ds, self.ctx.hf_cache, ex.max_concurrent_downloads,
+                             prefetch_files=ex.hf_prefetch_files, cache_max_gb=ex.hf_cache_max_gb,
+                             keep_cache=ex.hf_keep_cache)
+        if not isinstance(saved, list) or not isinstance(source, HFSource):
+            return
+        window = DownloadWindow(source, [Unit(**u) for u in saved])
+        try:
+            window.drop_passed(len(saved))
+        finally:
+            window.close()
 
     def _fingerprint(self, state: IngestState, fresh: bool = False) -> Any:
         source = self.source

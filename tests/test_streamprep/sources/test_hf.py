@@ -1083,7 +1083,7 @@ def test_an_empty_file_unit_is_a_counted_reject_and_the_job_goes_on(hub, tmp_pat
             [("parse", "empty file data/train-00001.jsonl", 30)], run
 
 
-def _two_datasets(datasets: list[dict], run) -> dict:
+def _two_datasets(datasets: list[dict], run, **execution) -> dict:
     import asyncio
 
     from helpers import base_config
@@ -1091,7 +1091,7 @@ def _two_datasets(datasets: list[dict], run) -> dict:
     from streamprep.ingest import IngestContext, ingest_all
 
     raw = base_config(datasets, None, output={"shard_records": 100})
-    raw["execution"].update(batch_records=25, workers=2, hf_prefetch_files=1)
+    raw["execution"].update(batch_records=25, workers=2, hf_prefetch_files=1, **execution)
 
     async def go():
         return await ingest_all(IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event()))
@@ -1123,6 +1123,30 @@ def test_two_datasets_on_one_repo_share_its_cache(hub, tmp_path):
     assert _blobs(tmp_path / "all/cache/hf") == set(), "downloaded files left in the cache"
     assert sorted(p.name for p in (tmp_path / "all/cache/hf/streamprep").rglob("*.json") if p.parent.name == "_default") \
         == ["train.json", "validation.json"]
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["evict", "keep_cache"])
+def test_a_resume_deletes_the_files_a_killed_job_left_of_a_done_dataset(many, tmp_path, keep):
+    """Regression: a done dataset's files go at the end of the job that finished it, so a job killed after that while
+    another dataset still read (e.g. with the files a capped dataset fetched past its cap) left them in the cache,
+    and no later job deleted them (a done dataset opens no download window): they stayed after "run complete". The
+    next job deletes them when it starts, as it does a resumed dataset's passed files; `hf_keep_cache` keeps them."""
+    from streamprep.sources.hf import download, hub_stats
+
+    many.rate = 0
+    entry = {"name": "capped", "path": f"hf://{MANY_REPO}", "split": "train", "max_records": 50}
+    run, cache = tmp_path / "run", tmp_path / "run/cache/hf"
+    ex = {"hf_keep_cache": keep}
+    assert _two_datasets([entry], run, **ex)["capped"][:2] == (True, 50)
+    sha = many.sha_of(MANY_REPO)
+    for p in MANY_FILES[:3]:  # what the killed job had downloaded
+        download(MANY_REPO, p, sha, cache, many.url, 2, hub_stats(cache))
+    left = _blobs(cache)
+    assert len(left) == 3
+    many.reset_counts()
+    assert _two_datasets([entry], run, **ex)["capped"][:2] == (True, 50)
+    assert _blobs(cache) == (left if keep else set())
+    assert not _data_gets(many)  # a done dataset downloads nothing
 
 
 def test_a_units_call_ends_only_after_the_downloads_it_started_ahead(tmp_path):
