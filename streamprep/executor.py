@@ -99,7 +99,19 @@ def _start_worker(driver: int, setup: Setup | None) -> None:
     os.nice(WORKER_NICE)
     for name in forkserver.PRELOAD:
         importlib.import_module(name)
+    _no_named_semaphore_for_progress_bars()
     set_up_worker(setup)
+
+
+def _no_named_semaphore_for_progress_bars() -> None:
+    """tqdm's write lock without its multiprocessing part in this worker. tqdm creates that part (a named POSIX
+    semaphore, registered with the job's resource tracker) the first time a bar or `thread_map` runs, which
+    `datasets` does for every hf:// file a worker opens; a job that fails or stops terminates its workers
+    (`close(wait=False)`), so it was never unlinked, and the tracker printed "There appear to be N leaked
+    semaphore objects" after the job's one-line error. A worker draws no bar: tqdm's thread lock is enough."""
+    from tqdm.std import TqdmDefaultWriteLock
+
+    TqdmDefaultWriteLock.mp_lock = None
 
 
 def set_up_worker(setup: Setup | None) -> None:

@@ -25,10 +25,11 @@ from streamprep.config import MAX_CONFIG_BYTES, resolved_workers
 # What a worker process has loaded before its first call, by name: the forkserver imports them once and
 # every fork inherits them (the unit worker and its QC chain; the exports' writers and the pyarrow modules they
 # import only where they write, so that the job's driver, which imports their modules, does not; gigatoken and
-# awkward, which its batch encoder imports, ~0.25 CPU-s a process; last, the run's tokenizer itself).
+# awkward, which its batch encoder imports, ~0.25 CPU-s a process; tqdm, whose write lock each worker sets up
+# (`executor._start_worker`), ~0.01 CPU-s; last, the run's tokenizer itself).
 PRELOAD = ("streamprep.unit_worker", "quality.control", "streamprep.engines.local", "streamprep.exports.parquet",
            "pyarrow.compute", "pyarrow.parquet", "streamprep.exports.order", "streamprep.exports.summary", "gigatoken",
-           "awkward", "streamprep.forkserver_preload")
+           "awkward", "tqdm.std", "streamprep.forkserver_preload")
 # The config whose tokenizer `streamprep.forkserver_preload` loads in the server, and the folder of the server's
 # socket (multiprocessing's pymp-* temporary folder), which it removes if it outlives the command (set by `start_for`).
 CONFIG_ENV, SOCKET_DIR_ENV = "STREAMPREP_FORKSERVER_CONFIG", "STREAMPREP_FORKSERVER_SOCKET_DIR"

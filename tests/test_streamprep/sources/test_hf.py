@@ -1461,6 +1461,28 @@ def test_a_job_whose_download_runs_out_of_retries_stops_with_the_hubs_one_line(m
     assert run_from_dict(raw, run_dir=tmp_path / "run", console_log=False).status == "complete"
 
 
+def test_a_job_whose_download_fails_with_worker_processes_ends_on_its_one_line_error(many, tmp_path):
+    """Regression: a job with `workers: 2` whose download failed (exit 1, resumable) printed the resource tracker's
+    `UserWarning: resource_tracker: There appear to be 2 leaked semaphore objects to clean up at shutdown` after
+    its one-line error: `datasets` had made tqdm's multiprocessing lock (a named semaphore) in each worker that
+    opened a file, and a failing job terminates its workers, so none was unlinked. Past the console's log lines,
+    stderr is the one line, and it is the last."""
+    import re
+    import subprocess
+    import sys
+
+    cfg_path, env = _cli_job(many, tmp_path, workers=2, hf_prefetch_files=1, hf_retries=1, hf_retry_max_s=0.05)
+    many.fault_cycle = [None, None] + ["503"] * 1000  # two files read, then every download refused
+    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir",
+                           str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    said = [line for line in lines if not re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z \[", line)]
+    assert len(said) == 1 and said[0] == lines[-1], proc.stderr[-3000:]
+    assert re.fullmatch(r"streamprep: error: HFSourceUnavailable: hf://org/many@[0-9a-f]{40}: download of "
+                        r"data/train-\d{5}\.jsonl failed \(HubRetriesExhausted: .*HTTP 503 after 1 retries\)", said[0])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigterm_while_a_download_hangs_stops_the_job_within_seconds(many, tmp_path, workers):
