@@ -4,7 +4,9 @@
    commit sha and lists the repo's files. The data files of `subset`/`split` are chosen the way `datasets` does it:
    the `configs:` YAML of the repo's README.md when present, else `datasets`' default data-file patterns
    (`data/{split}-00000-of-00001.*`, `train*`/`*-train-*`, `train/**`, ...), then the builder is inferred from the
-   file extensions (or given by the entry's `format`). The selection is written to a manifest in the cache.
+   file extensions (or given by the entry's `format`): the most common one, Parquet winning a tie, and as in
+   `datasets` the files of the other formats are left out, here with a warning naming them. The selection is
+   written to a manifest in the cache.
 2. **Plan** (ingest): one unit per data file, in repo-path order (`HFSource.units`); the plan pins the commit.
 3. **Download and read, in the workers**: a QC worker given a unit downloads its file with `hf_hub_download`,
    pinned to the commit sha, into `cache_dir` (the standard HF cache layout; a cached file costs no request), at
@@ -22,9 +24,11 @@ position, restores file `i`'s stream with `load_state_dict` (or, without a usabl
 resolved before is served from the cache manifest, so a resumed or repeated run needs no network for the files
 still cached (files a checkpoint has passed are deleted unless `keep_cache`).
 
-`datasets`' JSON reader parses a file in blocks with pyarrow and fails a whole file on one malformed line
-(it raises `ArrowInvalid` for the block): that becomes a single `BadRecord` naming the file, and the stream
-goes on with the next file. `stream_local_with_datasets` runs the same streaming core over local files.
+`datasets`' JSON reader parses a file in chunks of 10 MB (of decompressed text) with pyarrow and fails the rest of
+the file at the chunk with a malformed line, or with the damage of a compressed file (`ArrowInvalid`, `EOFError`,
+...): that becomes a single `BadRecord` naming the file and the records read before it (a compressed file damaged
+in its first chunk fails at `load_dataset`, which reads that chunk to infer the features: the whole file), and the
+stream goes on with the next file. `stream_local_with_datasets` runs the same streaming core over local files.
 """
 from __future__ import annotations
 
@@ -55,6 +59,7 @@ SHA_RE = re.compile(r"^[0-9a-f]{40}\Z")
 FORMAT_TO_BUILDER = {"jsonl": "json", "json": "json", "parquet": "parquet", "txt": "text", "text": "text",
                      "csv": "csv", "arrow": "arrow"}
 MANIFEST_VERSION = 1
+NOT_READ_NAMED = 20  # data files of a split left out for their format, named in its warning (all are counted)
 
 # `execution.max_concurrent_downloads` is a run-level limit: sources downloading at the same time share it
 _SLOTS: dict[int, threading.BoundedSemaphore] = {}
@@ -270,6 +275,9 @@ def _select_data_files(repo_id: str, repo_files: Sequence[str], split: str, subs
         raise HFSourceError(f"hf://{repo_id}: cannot tell the format of split {split!r}; set 'format'")
     exts = tuple(e.lower() for e in _MODULE_TO_EXTENSIONS.get(builder, []))
     keep = sorted(f for f in files if any(f".{s.lower()}" in exts for s in posixpath.basename(f).split(".")[1:]))
+    if not_read := sorted(files.difference(keep)):  # `datasets` drops them without a word
+        log.warning("data files of another format than the split's are not read", repo=repo_id, split=split,
+                    builder=builder, read=len(keep), count=len(not_read), not_read=not_read[:NOT_READ_NAMED])
     return keep, builder, dict(kwargs)
 
 

@@ -352,6 +352,27 @@ def test_default_patterns_without_readme(hub, tmp_path):
         next(HFSource(cfg(path="hf://org/plain", split="validation"), cache).iter_records())
 
 
+def test_files_of_another_format_than_the_splits_are_named_in_a_warning(hub, tmp_path):
+    """As `datasets` does, a split whose files have two formats reads those of the most common one (Parquet wins a
+    tie); the others used to be dropped without a word (the run said `files: 1`, 100 JSONL records gone). A warning
+    names them; with `format` every file of the split is read as that format."""
+    from structlog.testing import capture_logs
+
+    a, b = [{"text": "from jsonl"}], [{"text": "from parquet"}]
+    hub.add_dataset("org/twofmt", {"data/train-00000.jsonl": jsonl(a), "data/train-00001.parquet": parquet(b),
+                                   "data/train-00002.parquet": parquet(b)})
+    with capture_logs() as logged:
+        src = HFSource(cfg(path="hf://org/twofmt"), tmp_path / "cache")
+        assert records(src.iter_records()) == b + b
+    warned = [e for e in logged if e["log_level"] == "warning"]
+    assert [(e["event"], e["builder"], e["read"], e["count"], e["not_read"]) for e in warned] == [
+        ("data files of another format than the split's are not read", "parquet", 2, 1, ["data/train-00000.jsonl"])]
+    with capture_logs() as logged:
+        got = records(HFSource(cfg(path="hf://org/twofmt", format="jsonl"), tmp_path / "cache").iter_records())
+    assert got[0] == a[0] and len(got) == 3 and all(isinstance(x, BadRecord) for x in got[1:])
+    assert not [e for e in logged if e["log_level"] == "warning"]
+
+
 def test_sharded_split_pattern_and_format_override(hub, tmp_path):
     rows = [{"text": f"s{i}"} for i in range(4)]
     hub.add_dataset("org/sharded", {"data/train-00000-of-00002.data": jsonl(rows[:2]),
@@ -376,6 +397,26 @@ def test_malformed_jsonl_file_is_one_bad_record(hub, tmp_path):
     assert pos["file"] == 2 and pos["record"] == 0
     # resuming right after the bad file goes on with the next file
     assert records(src.iter_records(roundtrip(pos))) == good2
+
+
+def test_a_damaged_compressed_file_loses_its_chunk_and_the_rest(hub, tmp_path):
+    """What docs/hf-sources.md says of a damaged compressed file read over hf://: `datasets`' JSON reader decompresses
+    it in chunks of 10 MB of text and fails it from the chunk with the damage on: one reject naming the records read
+    before (the whole file when that is the first chunk, whatever was readable in it), where a local path keeps every
+    record before the damage."""
+    import gzip
+
+    rows = [{"text": f"doc {i} " + "y" * 1000} for i in range(12_000)]  # ~12 MB of text
+    whole = jsonl(rows)
+    small, big = gzip.compress(jsonl(rows[:100]))[:-500], gzip.compress(whole)[:-1000]
+    hub.add_dataset("org/cutgz", {"data/train-0.jsonl.gz": small, "data/train-1.jsonl.gz": big})
+    items = records(HFSource(cfg(path="hf://org/cutgz"), tmp_path / "cache").iter_records())
+    eof = "EOFError: Compressed file ended before the end-of-stream marker was reached"
+    assert items[0] == BadRecord(f"unreadable json file data/train-0.jsonl.gz, skipped: {eof}", "")
+    first_chunk = whole[:10 << 20].count(b"\n") + 1  # the chunk, then the rest of its last line
+    assert items[1:-1] == rows[:first_chunk]
+    assert items[-1] == BadRecord(f"unreadable json file data/train-1.jsonl.gz after {first_chunk} records, rest of "
+                                  f"the file skipped: {eof}", "")
 
 
 def test_empty_files_are_counted_rejects_and_the_stream_goes_on(hub, tmp_path):
