@@ -1181,7 +1181,7 @@ def test_a_resume_deletes_the_files_a_killed_job_left_of_a_done_dataset(many, tm
     assert _two_datasets([entry], run, **ex)["capped"][:2] == (True, 50)
     sha = many.sha_of(MANY_REPO)
     for p in MANY_FILES[:3]:  # what the killed job had downloaded
-        download(MANY_REPO, p, sha, cache, many.url, 2, hub_stats(cache))
+        download("capped", MANY_REPO, p, sha, cache, many.url, 2, hub_stats(cache))
     left = _blobs(cache)
     assert len(left) == 3
     many.reset_counts()
