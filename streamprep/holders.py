@@ -242,8 +242,8 @@ class _Process:
         try:
             ok, answer = self._conn.recv()
         except (EOFError, OSError):  # (a reset, when it died with a call unread)
-            raise HolderLost(f"a dedup holder process ended (exit code {self._proc.exitcode}); "
-                             f"re-run the same command to resume") from None
+            self._proc.join(timeout=1)  # reaped, so its exit code is known (it read None before)
+            raise HolderLost(f"a dedup holder process ended (exit code {self._proc.exitcode})") from None
         if not ok:
             raise answer
         return answer
@@ -362,20 +362,24 @@ class Holders:
     def _replace(self, p: int, method: str, args: tuple, exc: HolderLost) -> Any:
         """A new holder `p` in place of a lost one, brought to where the lost one was; the answer to the call
         the lost one did not give (every call sent to it before that one was answered)."""
-        if self.replaced >= REPLACEMENTS:
-            raise exc
+        if self.replaced >= REPLACEMENTS:  # the advice to re-run only now: a holder replaced needs none
+            raise HolderLost(f"{exc}, after {REPLACEMENTS} replaced in this job; re-run the same command to "
+                             "resume") from exc
         self.replaced += 1
         log.warning("a dedup holder was lost; a new one reads its logs back and is sent again the calls since",
                     holder=p, replaced=self.replaced, calls=len(self._since[p]), error=str(exc)[:200])
         self._holders[p].close()
         new = self._holders[p] = self._make(p)
-        new.send("ready", ())
-        self.pids[p] = new.recv()
         calls = [(opener, tuple(args)) for (opener, _), args in self._opened[p].items()]
         calls += self._since[p] if method in CHANGING else [*self._since[p], (method, args)]
-        for m, a in calls:  # the unanswered call is the last sent to it: a changing one is in `_since` already
-            new.send(m, a)
-            got = new.recv()
+        try:
+            new.send("ready", ())
+            self.pids[p] = new.recv()
+            for m, a in calls:  # the unanswered call is the last sent to it: a changing one is in `_since` already
+                new.send(m, a)
+                got = new.recv()
+        except HolderLost as again:
+            raise HolderLost(f"{again}, replacing a lost one; re-run the same command to resume") from again
         return got
 
     def all(self, method: str, *args: Any) -> list[Any]:

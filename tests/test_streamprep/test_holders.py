@@ -97,3 +97,29 @@ def test_a_size_cap_reached_before_the_piece_stops_its_walk_before_the_first_rec
     assert (at_cap.n, at_cap.capped, at_cap.size_capped, at_cap.keep) == (0, True, True, b"")
     below = walk(*args, None, 95, 100, True)  # the record that reaches the cap is kept, as before
     assert (below.n, below.size_capped, below.keep) == (1, True, b"\x01")
+
+
+@pytest.mark.slow
+def test_a_holder_replaced_in_the_job_is_logged_without_advice_to_re_run_and_with_its_exit_code(tmp_path: Path) -> None:
+    """Regression: the warning of a holder replaced in the job said "re-run the same command to resume" (nothing
+    needs re-running) and mostly "exit code None" (read before the process was reaped). The advice is for the job
+    that gives up, after REPLACEMENTS."""
+    import signal
+
+    import structlog
+
+    from streamprep import holders
+
+    with Holders(1, "process") as held:
+        held.open("d", tmp_path, [0])
+        with structlog.testing.capture_logs() as logged:
+            os.kill(held.pids[0], signal.SIGKILL)
+            assert held.all("flush", "d") == [(0, 0)]
+        lost = [e for e in logged if e["event"].startswith("a dedup holder was lost")]
+        assert [e["error"] for e in lost] == ["a dedup holder process ended (exit code -9)"]
+        held.replaced = holders.REPLACEMENTS
+        os.kill(held.pids[0], signal.SIGKILL)
+        with pytest.raises(holders.HolderLost) as failed:
+            held.all("flush", "d")
+        assert str(failed.value) == (f"a dedup holder process ended (exit code -9), after {holders.REPLACEMENTS} "
+                                     "replaced in this job; re-run the same command to resume")
