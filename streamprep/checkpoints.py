@@ -247,19 +247,24 @@ COUNTERS = ("consumed", "kept", "rejected", "kept_text_bytes", "part_index", "pa
 def _unfit(files: DatasetFiles, state: IngestState) -> str | None:
     """What makes a checkpoint of the right types one no job wrote (a damaged or edited file), which a resume would
     follow into skipping records without a word: a negative or 64-bit-overflowing count, a part index its sealed
-    parts do not match, a position that is not a place in its plan (the plan empty, or the unit past its end)."""
+    parts do not match, a position that is not a place in its plan (the plan empty, missing or unreadable, or the unit
+    past its end). A dataset under way without its plan cannot be resumed: planned again, maybe with another
+    `unit_mb`, its units are not the ones the position counts (records were lost or read twice)."""
     bad = next((k for k in COUNTERS if not 0 <= getattr(state, k) < 1 << 63), None)
     if bad is not None:
         return f"{bad} is {getattr(state, bad)}"
     if len(state.sealed) != state.part_index:
         return f"part_index {state.part_index} with {len(state.sealed)} sealed parts"
     pos = state.position
+    plan_path = CheckpointLayout(files.checkpoint_dir).plan(files.dataset)
+    plan = read_json(plan_path) if state.consumed else None
+    if state.consumed and not state.done and plan is None:
+        return f"its plan {plan_path.name} is missing or unreadable"
     if pos is None:
         return None
     if any(not isinstance(pos.get(k, 0), int) or isinstance(pos.get(k, 0), bool) or pos.get(k, 0) < 0
            for k in ("unit", "piece", "base")):
         return f"position {str(pos)[:80]}"
-    plan = read_json(CheckpointLayout(files.checkpoint_dir).plan(files.dataset)) if state.consumed else None
     if plan is not None and (not isinstance(plan, list) or not plan or not all(isinstance(u, dict) for u in plan)
                              or pos.get("unit", 0) > len(plan)):
         return f"position unit {pos.get('unit', 0)} in a plan of {len(plan) if isinstance(plan, list) else 'no'} units"

@@ -123,15 +123,17 @@ def test_repair_cases_resume_to_identical_outputs(reference: tuple[dict, Path], 
         assert tree_hashes(tmp_path / "run", names=logs) == tree_hashes(ref, names=logs) != {}
 
 
-@pytest.mark.parametrize("case", ["plan_empty", "unit_past_the_plan", "unit_not_a_number", "part_index_negative",
-                                  "part_index_huge"])
+@pytest.mark.parametrize("case", ["plan_empty", "plan_missing", "plan_truncated", "unit_past_the_plan",
+                                  "unit_not_a_number", "part_index_negative", "part_index_huge"])
 @pytest.mark.slow
 def test_a_checkpoint_no_job_wrote_restarts_its_dataset(reference: tuple[dict, Path], tmp_path: Path,
                                                         case: str) -> None:
     """Regression: a checkpoint of the right types holding a state no job writes was followed. An empty plan or a
     unit past its end ended the dataset where the interruption had left it (exit 0, `verify` passing, the rest
     of its records missing); a negative part index removed sealed parts; a unit that is not a number failed every
-    resume. Now its dataset starts over (logged), and the resumed run ends byte-identical."""
+    resume; a plan missing or unreadable was made again with the resume's `unit_mb` and the checkpoint's unit applied
+    to it (records lost or read twice, exit 0). Now its dataset starts over (logged), and the resumed run ends
+    byte-identical."""
     import asyncio
 
     from helpers import ingest_stopped_after
@@ -144,8 +146,15 @@ def test_a_checkpoint_no_job_wrote_restarts_its_dataset(reference: tuple[dict, P
     assert not state.done and state.part_index > 0
     files = DatasetFiles(run, run / "checkpoints", "alpha")
     ck = json.loads(files.checkpoint.read_text())
+    plan = CheckpointLayout(run / "checkpoints").plan("alpha")
     if case == "plan_empty":
-        CheckpointLayout(run / "checkpoints").plan("alpha").write_text("[]")
+        plan.write_text("[]")
+    elif case.startswith("plan_"):  # and a resume with another unit_mb: its plan would have other units
+        if case == "plan_missing":
+            plan.unlink()
+        else:
+            plan.write_bytes(plan.read_bytes()[:100])
+        cfg = {**cfg, "execution": {**cfg["execution"], "unit_mb": 1}}
     else:
         key, value = {"unit_past_the_plan": ("position", {**ck["position"], "unit": 10**6}),
                       "unit_not_a_number": ("position", {**ck["position"], "unit": "x"}),
