@@ -253,8 +253,9 @@ def _read(unit: Unit, options: Any) -> list[Any]:
         raise
     except Exception as exc:
         if not _content_fault(exc):
+            groups = units.row_group_range(unit)
             where = f" (bytes {unit.start}-{unit.end})" if unit.kind == "range" else \
-                f" (row group {unit.start})" if unit.kind == "row_group" else ""
+                f" (row groups {groups.start}-{groups.stop - 1})" if unit.kind == "row_group" else ""
             raise SourceError(f"cannot read input file {unit.path}{where}: {one_line(exc)}") from exc
         items.append(BadRecord(f"{REST_OF}{unit.path} after record {units.RECORD_MARK}, skipped: {one_line(exc)}", ""))
     return items

@@ -1,7 +1,8 @@
 """Units of work: a dataset's inputs cut into pieces a QC worker reads itself, planned once per run.
 
 A unit is one input file, or a range of a large one: an uncompressed JSONL/text file is cut into byte
-ranges of about `execution.unit_mb` at newlines, a Parquet file into single row groups; any other local file
+ranges of about `execution.unit_mb` at newlines, a Parquet file into runs of adjacent row groups of about
+`unit_mb` of data (a row group larger than that is a unit alone); any other local file
 (compressed, `format: document`, special or unsupported) is one `file` unit. The worker that judges a
 unit reads it: the driver never reads its records. An `hf://` dataset's data files at its pinned commit are one
 `hf` unit each, planned by the source (`HFSource.units`); the worker downloads the file itself. A source
@@ -73,8 +74,8 @@ def _plan_file(i: int, f: str, fmt: str | None, unit_bytes: int, options: Option
     if kind in CHUNKED:
         cuts = _cuts(f, size, unit_bytes, options)
         return [Unit("range", i, f, kind, a, b) for a, b in cuts] if cuts else [Unit("file", i, f, fmt or "")]
-    groups = _row_groups(f, options)
-    return [Unit("row_group", i, f, kind, g) for g in range(groups)] if groups else [Unit("file", i, f)]
+    groups = _group_runs(_row_groups(f, options), unit_bytes)
+    return [Unit("row_group", i, f, kind, a, b) for a, b in groups] if groups else [Unit("file", i, f)]
 
 
 def _size(path: str, options: Options) -> int:
@@ -109,18 +110,37 @@ def _cuts(path: str, size: int, unit_bytes: int, options: Options) -> list[tuple
     return cuts + [(start, size)]
 
 
-def _row_groups(path: str, options: Options) -> int:
-    """Row groups of a Parquet file with rows; 0 when it cannot be read or is empty (read as a `file` unit,
-    its reader reports it as a reject)."""
+def _group_runs(sizes: list[int], unit_bytes: int) -> list[tuple[int, int]]:
+    """Row groups `[a, b)` of about `unit_bytes` of data each, adjacent groups added while the run stays within it:
+    a file of many small row groups is a few units, not one a group (each paid a task and the footer's parse)."""
+    runs: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for g, size in enumerate(sizes):
+        if g > start and total + size > unit_bytes:
+            runs.append((start, g))
+            start, total = g, 0
+        total += size
+    return runs + [(start, len(sizes))] if sizes else []
+
+
+def _row_groups(path: str, options: Options) -> list[int]:
+    """The data size of each row group of a Parquet file with rows (uncompressed, as its footer gives it); none
+    when it cannot be read or is empty (read as a `file` unit, its reader reports it as a reject)."""
     import pyarrow.parquet as pq  # here and in `read_unit`: a plan without Parquet files never needs it
 
     fs, stripped = filesystem(path, options)
     try:
         with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:  # the footer only
             meta = pq.ParquetFile(fh).metadata
-            return meta.num_row_groups if meta.num_rows else 0
+            return [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)] if meta.num_rows else []
     except Exception:  # pyarrow raises ArrowInvalid/OSError subclasses for bad files
-        return 0
+        return []
+
+
+def row_group_range(unit: Unit) -> range:
+    """The row groups of a `row_group` unit: `[start, end)`; a plan saved before units held runs of groups (`end`
+    0) names group `start` alone, and a resume keeps its plan."""
+    return range(unit.start, max(unit.end, unit.start + 1))
 
 
 def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
@@ -135,9 +155,10 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
         import pyarrow.parquet as pq  # as in `_row_groups`
 
         with open_input(unit.path, options) as fh:
-            pf = pq.ParquetFile(fh)
-            for batch in pf.read_row_group(unit.start).to_batches(PARQUET_BATCH):
-                yield from parquet_rows(batch, unit.path, lambda r: LINE_MARK)  # the driver numbers it in the file
+            pf = pq.ParquetFile(fh)  # the footer parsed once for the unit's groups
+            for g in row_group_range(unit):  # one at a time: a damaged group ends the unit after the ones before
+                for batch in pf.read_row_group(g).to_batches(PARQUET_BATCH):
+                    yield from parquet_rows(batch, unit.path, lambda r: LINE_MARK)  # the driver numbers it in the file
         return
     parse = LocalSource._parse_json if unit.fmt == "jsonl" else LocalSource._parse_text
     mark = _Mark()

@@ -20,7 +20,8 @@ class BadRecord:
 @dataclass(frozen=True)
 class Unit:
     """A unit of work over a source, as `streamprep.units` plans it (defined here, beside the records, so that
-    naming a unit does not load the planners' readers: pyarrow). `kind`: "range" (bytes [start, end) of a text file), "row_group" (Parquet row group `start`), "file"
+    naming a unit does not load the planners' readers: pyarrow). `kind`: "range" (bytes [start, end) of a text file), "row_group" (Parquet row groups [start, end);
+    `end` 0 in plans saved before: group `start` alone), "file"
     (a whole local file), "hf" (data file `file` of an `hf://` snapshot: `path` hf://datasets/<repo>@<sha>/<file>,
     `fmt` its `datasets` builder, `end` its size), or "stream" (a source without a file list, read by the
     driver; `file` -1)."""
