@@ -240,8 +240,15 @@ def _is_remote(path: str) -> bool:
 
 
 def _resolve_path(path: str, base: Path, key: str) -> str:
+    """A local path made absolute (against the config's folder); a URL of a registered scheme as it is. A `file://`
+    URL is a local path (`file:///data/x.jsonl` is `/data/x.jsonl`): it was taken for a relative path `file:/data/…`."""
     if _is_remote(path):
         return path
+    if path.startswith("file://"):
+        if not path.startswith("file:///"):
+            raise ConfigError(f"config: '{key}': {path!r:.80} names a host; a local file's URL is file:///PATH "
+                              f"(or give the path itself)")
+        path = path.removeprefix("file://")
     p = Path(path).expanduser()
     try:
         return str(p if p.is_absolute() else (base / p).resolve())

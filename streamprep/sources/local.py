@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from streamprep.config import DatasetConfig
 
 OBJECT_STORES = ("s3://", "gs://", "gcs://")  # listed at validation: a missing bucket/key is a config error
+IN_MEMORY = "memory://"  # listed at validation too (in the process, free): nothing there is a config error
 EXCERPT = 300
 PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # a file `identity` hashes is hashed whole up to this size, else by head + tail
@@ -105,6 +106,8 @@ def check_entry(key: str, ds: dict[str, Any]) -> None:
     check_path(f"{key}.path", path)
     if path.startswith(OBJECT_STORES):
         _check_object_store_path(key, ds)
+    elif path.startswith(IN_MEMORY):
+        _check_listing(key, ds)
     if ds["format"] is None and Path(path).is_file():  # a directory's odd files are rejects instead
         _check_format(f"{key}.path", path)
 
@@ -172,6 +175,12 @@ def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
     if not bucket or globmod.has_magic(bucket):
         raise ConfigError(f"config: '{key}.path': {path} names no bucket; expected {scheme}://<bucket>/<key, prefix "
                           f"or glob> (a glob cannot stand for the bucket)")
+    _check_listing(key, ds)
+
+
+def _check_listing(key: str, ds: dict[str, Any]) -> None:
+    """A URL's listing finds its files (else MissingInput, as for a local path), and a single file's type is known."""
+    path = ds["path"]
     try:
         found = expand(path, ds["storage_options"])
     except (FileNotFoundError, PermissionError, *_no_credentials()) as exc:

@@ -97,6 +97,32 @@ def test_optional_dataset_is_skipped_and_tokenizer_falls_back_to_training(tmp_pa
     assert cfg["tokenizer"]["path"] is None
 
 
+def test_a_file_url_is_a_local_path_and_an_empty_memory_url_a_missing_input(tmp_path: Path, data: Path) -> None:
+    """Regression: `file:///DIR/a.jsonl` was taken for a relative path (`CONFIG_DIR/file:/DIR/a.jsonl`: "no such
+    file or directory" for a file that exists), and a `memory://` URL with nothing there passed validation and
+    failed the job (exit 1, `FileNotFoundError`) after creating its run dir. Now the first is the local file and
+    the second a config error (optional: the dataset is skipped), as for a local path that does not exist."""
+    import fsspec
+
+    cfg = validate({"datasets": [{"name": "a", "path": f"file://{data}"}]}, base_dir=tmp_path)
+    assert cfg["datasets"][0]["path"] == str(data)
+    with pytest.raises(ConfigError, match=r"^config: 'datasets\[0\].path': 'file://host/a.jsonl' names a host; a local "
+                                          r"file's URL is file:///PATH"):
+        validate({"datasets": [{"name": "a", "path": "file://host/a.jsonl"}]}, base_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"^config: 'datasets\[0\].path': no object matches memory://streamprep-t/x/"):
+        validate({"datasets": [{"name": "a", "path": "memory://streamprep-t/x/*.jsonl"}]}, base_dir=tmp_path)
+    cfg = validate({"datasets": [{"name": "m", "path": "memory://streamprep-t/x/*.jsonl", "optional": True},
+                                 {"name": "a", "path": str(data)}]}, base_dir=tmp_path)
+    assert [d["name"] for d in cfg["datasets"]] == ["a"]
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/streamprep-t/x/a.jsonl", b'{"text": "hello"}\n')
+    try:
+        assert validate({"datasets": [{"name": "m", "path": "memory://streamprep-t/x/*.jsonl"}]},
+                        base_dir=tmp_path)["datasets"][0]["path"] == "memory://streamprep-t/x/*.jsonl"
+    finally:
+        fs.rm("/streamprep-t", recursive=True)
+
+
 def test_a_mixture_phase_may_name_a_skipped_optional_dataset(tmp_path: Path, data: Path) -> None:
     """Regression: an optional dataset left out for want of input, named in a phase, failed the job as an unknown
     dataset ('gone' (known: a)); it is an empty source of the phase now. A name declared nowhere stays an error."""
