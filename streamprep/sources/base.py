@@ -57,8 +57,8 @@ class SourceError(RuntimeError):
 
 
 class ReaderError(RuntimeError):
-    """A source format plug-in's reader raised an exception of its own, not one a read of the file raised: a bug in
-    the plug-in (an item it cannot decode is a BadRecord), named with its file and record; the job stops, exit 1."""
+    """A source format plug-in's reader raised an exception that is no fault of the file's bytes nor of reading
+    them (a TypeError, a KeyError: a bug in the plug-in), named with its file and record; the job stops, exit 1."""
 
 
 def one_line(exc: BaseException) -> str:

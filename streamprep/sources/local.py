@@ -393,43 +393,6 @@ class _Range(io.RawIOBase):
         super().close()
 
 
-class _Watched(_Range):
-    """The file a source format plug-in reads: keeps the exception a read (or seek) of it raised, a fault of the
-    file or its reading (damaged compression, an I/O error), so that one the plug-in raised of its own is told apart."""
-
-    def __init__(self, fh: BinaryIO, decoded: bool):
-        super().__init__(fh, decoded=decoded)
-        self.fault: Exception | None = None
-
-    def readinto(self, buf: Any) -> int:
-        try:
-            return super().readinto(buf)
-        except Exception as exc:
-            self.fault = exc
-            raise
-
-    def seekable(self) -> bool:
-        return self.fh.seekable()
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        try:
-            return self.fh.seek(pos, whence)
-        except Exception as exc:
-            self.fault = exc
-            raise
-
-    def tell(self) -> int:
-        return self.fh.tell()
-
-    def raised(self, exc: BaseException | None) -> bool:
-        """Whether `exc` is the fault, or was raised from it or while it was handled (a plug-in re-wording it)."""
-        while exc is not None:
-            if exc is self.fault:
-                return True
-            exc = exc.__cause__ or exc.__context__
-        return False
-
-
 def _compression(path: str) -> str | None:
     return fsspec.utils.infer_compression(path)
 
@@ -772,22 +735,21 @@ class LocalSource:
         """A registered format (registry.SOURCE_FORMATS): its reader over the file's (decompressed) bytes yields
         records or BadRecords; a resume re-reads the file and skips the `record` items already consumed.
 
-        An exception a read of the file raised (`_Watched`) is the file's, as for a built-in format: a reject of the
-        unreadable rest, or the job stops (module doc). One the reader raised of its own (`json.loads` on a bad line,
-        say) is a ReaderError naming it: as a ValueError it was taken for damaged bytes, the file's rest one reject."""
+        What the reader raises is judged as a built-in format's faults are (module doc): damaged bytes (damaged
+        compression, a ValueError such as a UnicodeDecodeError, its own or a read's) are a reject of the file's
+        unreadable rest, an I/O error stops the job. Any other exception (a TypeError, a KeyError: a bug of the
+        plug-in, not of the file) is a ReaderError naming the format, its module, the file and the record: it
+        read "cannot read input file … cannot read input file …", the plug-in unnamed."""
         entry = registry.SOURCE_FORMATS.entry(fmt)
         read = entry.load()
         n, done = 0, pos.get("record", 0)
-        comp = _compression(path)
-        with open_input(path, self.storage_options, compression=comp) as raw:
-            watched = _Watched(raw, decoded=comp is not None)
-            fh = io.BufferedReader(watched, io.DEFAULT_BUFFER_SIZE if comp else READ_BUFFER)
+        with open_input(path, self.storage_options, compression=_compression(path)) as fh:
             try:
                 for n, item in enumerate(read(fh, path), 1):
                     if n > done:
                         yield item, {"file": i, "record": n}
             except Exception as exc:
-                if watched.raised(exc):
+                if isinstance(exc, OSError) or _content_fault(exc):
                     raise
                 raise ReaderError(f"source format {fmt!r} ({registry.module_of(entry.target)}) raised reading {path} "
                                   f"after record {n}: {one_line(exc)}") from exc

@@ -639,9 +639,15 @@ def test_a_writer_that_rewrites_blend_json_fails_the_run(tmp_path: Path) -> None
 
 
 def read_json_lines(fh: BinaryIO, path: str) -> Iterator[dict[str, Any]]:
-    """A reader that trusts its lines: `json.loads` raises on a broken one (a plug-in bug)."""
+    """A reader that trusts its lines: `json.loads` raises on a broken one (a ValueError: the file's bytes)."""
     for line in fh:
         yield json.loads(line)
+
+
+def read_keyed(fh: BinaryIO, path: str) -> Iterator[dict[str, Any]]:
+    """A reader with a bug: it takes every line for an object with a "body" key (a KeyError on one without)."""
+    for line in fh:
+        yield {"text": json.loads(line)["body"]}
 
 
 def read_rewording(fh: BinaryIO, path: str) -> Iterator[dict[str, Any]]:
@@ -659,11 +665,13 @@ def jl9() -> Iterator[None]:
     registry.SOURCE_FORMATS.unregister("jl9")
 
 
-def test_a_format_plugin_raising_of_its_own_is_named_not_taken_for_a_damaged_file(tmp_path: Path, jl9: None) -> None:
-    """Regression: a reader whose `json.loads` met a broken line 3 of 6 had the rest of the file dropped as one
-    `unreadable rest` reject (a ValueError, taken for damaged compression) and the run complete. An exception of the
-    reader's own is a ReaderError naming the format, the file and the record; one a read of the file raised (a
-    truncated .gz), even re-worded by the reader, is still the file's rest, one reject, as for a built-in format."""
+def test_a_format_plugin_that_raises_on_bad_bytes_loses_the_rest_of_its_file_and_one_with_a_bug_is_named(
+        tmp_path: Path, jl9: None) -> None:
+    """What a reader raises is judged as a built-in format's faults are: bad bytes (a broken JSON line, bytes that
+    are no UTF-8, as docs/architecture.md's example reader meets them; a truncated .gz, re-worded or not) are one
+    reject of the file's unreadable rest, counted, and the job goes on; an exception of another kind (a KeyError: a
+    bug of the plug-in) is a ReaderError naming the format, the file and the record (it read "cannot read input file"
+    twice, the plug-in unnamed). Regression: for a while the broken line and the bad UTF-8 stopped the job."""
     import gzip
 
     from streamprep.sources.base import ReaderError
@@ -673,39 +681,52 @@ def test_a_format_plugin_raising_of_its_own_is_named_not_taken_for_a_damaged_fil
     (tmp_path / "bad.jl9").write_bytes(b"".join(lines[:2]) + b'{"text": \n' + b"".join(lines[3:]))
     whole = gzip.compress(b"".join(lines) * 2000, mtime=0)
     (tmp_path / "cut.jl9.gz").write_bytes(whole[:len(whole) // 2])
+    (tmp_path / "latin.jl9").write_bytes("Caf\u00e9\nbody\n%%\nx\n".encode("latin-1"))
     start = {"file": 0, "record": 0}
 
-    registry.SOURCE_FORMATS.register("jl9", read_json_lines, suffixes=(".jl9",))
-    got = LocalSource.reader(None, None).read_file(0, str(tmp_path / "bad.jl9"), start)
-    assert [next(got)[0], next(got)[0]] == [{"text": "doc 0"}, {"text": "doc 1"}]
-    with pytest.raises(ReaderError) as err:
-        next(got)
-    assert str(err.value) == (f"source format 'jl9' ({__name__}) raised reading {tmp_path / 'bad.jl9'} after record 2: "
-                              f"JSONDecodeError: Expecting value: line 2 column 1 (char 10)")
+    def read(name: str) -> list[Any]:
+        return [item for item, _ in LocalSource.reader(None, None).read_file(0, str(tmp_path / name), start)]
 
-    items = [item for item, _ in LocalSource.reader(None, None).read_file(0, str(tmp_path / "cut.jl9.gz"), start)]
+    registry.SOURCE_FORMATS.register("jl9", read_json_lines, suffixes=(".jl9",))
+    items = read("bad.jl9")
+    assert items[:2] == [{"text": "doc 0"}, {"text": "doc 1"}] and len(items) == 3
+    assert items[2].reason == (f"unreadable rest of {tmp_path / 'bad.jl9'} after record 2, skipped: "
+                               f"JSONDecodeError: Expecting value: line 2 column 1 (char 10)")
+    items = read("cut.jl9.gz")
     assert len(items) > 100 and all(isinstance(item, dict) for item in items[:-1])
     assert items[-1].reason == (f"unreadable rest of {tmp_path / 'cut.jl9.gz'} after record {len(items) - 1}, "
                                 f"skipped: EOFError: Compressed file ended before the end-of-stream marker was reached")
 
+    registry.SOURCE_FORMATS.register("jl9", read_toy, suffixes=(".jl9",))
+    assert [item.reason for item in read("latin.jl9")] == [
+        f"unreadable rest of {tmp_path / 'latin.jl9'} after record 0, skipped: UnicodeDecodeError: 'utf-8' codec "
+        f"can't decode byte 0xe9 in position 3: invalid continuation byte"]
+
     registry.SOURCE_FORMATS.register("jl9", read_rewording, suffixes=(".jl9",))
-    items = [item for item, _ in LocalSource.reader(None, None).read_file(0, str(tmp_path / "cut.jl9.gz"), start)]
-    assert [item.reason for item in items] == [f"unreadable rest of {tmp_path / 'cut.jl9.gz'} after record 0, skipped: "
-                                               f"ValueError: {tmp_path / 'cut.jl9.gz'} is truncated"]
+    assert [item.reason for item in read("cut.jl9.gz")] == [
+        f"unreadable rest of {tmp_path / 'cut.jl9.gz'} after record 0, skipped: ValueError: "
+        f"{tmp_path / 'cut.jl9.gz'} is truncated"]
+
+    registry.SOURCE_FORMATS.register("jl9", read_keyed, suffixes=(".jl9",))
+    got = LocalSource.reader(None, None).read_file(0, str(tmp_path / "bad.jl9"), start)
+    with pytest.raises(ReaderError) as err:
+        next(got)
+    assert str(err.value) == (f"source format 'jl9' ({__name__}) raised reading {tmp_path / 'bad.jl9'} after record 0: "
+                              f"KeyError: 'body'")
 
 
 @pytest.mark.slow  # a whole job
-def test_a_format_plugin_raising_of_its_own_stops_the_job(tmp_path: Path, jl9: None) -> None:
-    """Regression (a whole job): the run ended complete with 2 of 6 records; it stops naming the plug-in."""
+def test_a_format_plugin_with_a_bug_stops_the_job_naming_it(tmp_path: Path, jl9: None) -> None:
+    """A whole job: a reader's KeyError (a bug of the plug-in, not of the file) stops it naming the plug-in."""
     from streamprep.sources.base import SourceError
 
-    registry.SOURCE_FORMATS.register("jl9", read_json_lines, suffixes=(".jl9",))
+    registry.SOURCE_FORMATS.register("jl9", read_keyed, suffixes=(".jl9",))
     docs = english_docs(6)
-    (tmp_path / "bad.jl9").write_text(f"{json.dumps({'text': docs[0]})}\n{json.dumps({'text': docs[1]})}\n{{\n"
-                                      + "".join(json.dumps({"text": d}) + "\n" for d in docs[3:]))
+    (tmp_path / "bad.jl9").write_text(f"{json.dumps({'body': docs[0]})}\n{json.dumps({'body': docs[1]})}\n{{}}\n"
+                                      + "".join(json.dumps({"body": d}) + "\n" for d in docs[3:]))
     with pytest.raises(SourceError, match=rf"^dataset a: reading or judging the input failed after item \d+: "
                                           rf"ReaderError: source format 'jl9' \({__name__}\) raised reading "
-                                          rf".*bad\.jl9 after record 2: JSONDecodeError: "):
+                                          rf".*bad\.jl9 after record 2: KeyError: 'body'"):
         run_from_dict(base_config([{"name": "a", "path": str(tmp_path / "bad.jl9")}], None),
                       run_dir=tmp_path / "run", console_log=False)
     assert json.loads((tmp_path / "run/run.json").read_text())["status"] != "complete"
