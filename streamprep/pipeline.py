@@ -155,15 +155,16 @@ def _start_files(run_dir: Path, checkpoint_dir: Path) -> list[Path]:
             ck.owner]
 
 
-def _wrote_outputs(run_dir: Path, checkpoint_dir: Path) -> bool:
+def _wrote_outputs(run_dir: Path, checkpoint_dir: Path, within: list[Path] | None = None) -> bool:
     """Whether a run left anything besides run.json, its logs, its locks, the Hub's download cache and its start
-    files (`_start_files`): a stage's output or a dataset's checkpoint."""
+    files (`_start_files`): a stage's output or a dataset's checkpoint; looked for `within` these paths (files or
+    folders; by default the run dir and the checkpoint dir)."""
     layout = RunLayout(run_dir)
     bookkeeping = {layout.run_json, layout.logs_dir, layout.lock, layout.hf_cache,
                    CheckpointLayout(checkpoint_dir).lock, *_start_files(run_dir, checkpoint_dir)}
-    for root in (run_dir, checkpoint_dir):
-        if root.is_dir() and any(p.is_file() and not any(p == b or b in p.parents for b in bookkeeping)
-                                 for p in root.rglob("*")):
+    for root in (run_dir, checkpoint_dir) if within is None else within:
+        files = root.rglob("*") if root.is_dir() and not root.is_symlink() else [root]
+        if any(p.is_file() and not any(p == b or b in p.parents for b in bookkeeping) for p in files):
             return True
     return False
 
@@ -336,7 +337,7 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         raise ConfigError(f"run dir {run_dir}: cannot read {exc.filename or run_dir}: {exc.strerror or exc}") from None
     metrics.check_port(config.execution)
     checkpoint_dir = _checkpoint_dir(config, run_dir)
-    unused = _unused_dirs(run_dir, checkpoint_dir)
+    before = _held_before(run_dir, checkpoint_dir) if previous is None else []  # a resume takes nothing back
     locks = [RunLock(RunLayout(run_dir).lock), RunLock(CheckpointLayout(checkpoint_dir).lock, "checkpoint dir")]
     held = False
     try:
@@ -359,37 +360,36 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
                 return job.run()
     except ConfigError:
         if held:  # the log is closed by now; the locks are still ours
-            _take_back(unused, run_dir, checkpoint_dir)
+            _take_back(before, run_dir, checkpoint_dir)
         raise
     finally:
         for lock in locks:
             lock.release()
 
 
-def _unused_dirs(run_dir: Path, checkpoint_dir: Path) -> list[tuple[Path, bool]]:
-    """The run's folders (the run dir, and the checkpoint dir when it is outside it) that hold nothing yet: absent,
-    or empty; with whether each exists. What an attempt refused by a config error may take back (`_take_back`)."""
+def _held_before(run_dir: Path, checkpoint_dir: Path) -> list[tuple[Path, frozenset[str] | None]]:
+    """The run's folders (the run dir, and the checkpoint dir when it is outside it), each with the names it held
+    before this attempt (None: absent). What an attempt refused by a config error may take back (`_take_back`)."""
     roots = [run_dir] + ([] if checkpoint_dir.resolve().is_relative_to(run_dir) else [checkpoint_dir])
-    return [(d, d.is_dir()) for d in roots if not d.exists() or (d.is_dir() and not any(d.iterdir()))]
+    return [(d, frozenset(os.listdir(d)) if d.is_dir() else None) for d in roots if d.is_dir() or not d.exists()]
 
 
-def _take_back(unused: list[tuple[Path, bool]], run_dir: Path, checkpoint_dir: Path) -> None:
-    """After a config error found once the job had started (an hf:// repo, revision, subset or split the Hub does not
-    have, known only when ingest asks it): remove what this attempt wrote in the folders that held nothing before it
-    (`_unused_dirs`: one it created goes, one that was empty is emptied), as for a local path that does not exist,
-    where nothing is written. It left a run dir marked resumable that `--fresh` then refused. Never once the attempt
-    wrote output, nor in a folder that held anything before it (a later attempt starts afresh: `_forget_failed_start`)."""
-    if not unused or _wrote_outputs(run_dir, checkpoint_dir):
+def _take_back(before: list[tuple[Path, frozenset[str] | None]], run_dir: Path, checkpoint_dir: Path) -> None:
+    """After a config error found once a new run had started (an hf:// repo, revision, subset or split the Hub does
+    not have, known only when ingest asks it): remove what this attempt made in the run's folders, as for a local
+    path that does not exist, where nothing is written: a folder it created goes, and in one that was there, each
+    name it added. It left a run dir marked resumable that `--fresh` then refused, and a checkpoint dir claimed by
+    a run that no longer exists. Never what was there before it, nor once the attempt wrote output (a stage's
+    files, a checkpoint: `_wrote_outputs`, over what it added)."""
+    added = [folder / name for folder, names in before if names is not None and folder.is_dir()
+             for name in sorted(set(os.listdir(folder)) - names)] + [folder for folder, names in before if names is None]
+    if _wrote_outputs(run_dir, checkpoint_dir, within=added):
         return
-    for folder, existed in unused:
-        if not existed:
-            shutil.rmtree(folder, ignore_errors=True)
-            continue
-        for p in list(folder.iterdir()) if folder.is_dir() else []:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+    for p in added:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def _stale(what: str) -> bool:

@@ -1564,9 +1564,9 @@ def test_sigterm_while_a_download_hangs_stops_the_job_within_seconds(many, tmp_p
 def test_a_split_that_does_not_exist_then_the_right_one_in_the_same_run_dir(many, tmp_path):
     """Regression: the Hub-side refusal (exit 2) came after the job's start had written its tokenizer copy, backend
     and holder count and claimed the checkpoint dir, so the corrected config was refused in that run dir: `config
-    changed since this run started (datasets[0].split)`. An attempt that failed having written no output is started
-    afresh: its start files go, the download cache stays. (A run dir that held nothing before the attempt is taken
-    back whole: test_a_config_error_found_at_the_hub_leaves_nothing_behind.)"""
+    changed since this run started (datasets[0].split)`. The attempt takes back what it added (a run dir that held
+    nothing is removed whole: test_a_config_error_found_at_the_hub_leaves_nothing_behind); the corrected config
+    runs in the same run dir, and once outputs exist a changed config is refused as before."""
     from streamprep import run_from_dict
     from streamprep.verify import verify_run
 
@@ -1574,10 +1574,11 @@ def test_a_split_that_does_not_exist_then_the_right_one_in_the_same_run_dir(many
     raw["datasets"][0].update(split="dev")
     raw["datasets"][0].pop("filter")
     run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)  # made ahead: a run dir that held something is not taken back (`_take_back`)
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
     with pytest.raises(HFSourceError, match=r"unknown split 'dev'"):
         run_from_dict(raw, run_dir=run, console_log=False)
-    assert (run / "checkpoints" / ".streamprep-run").is_file()  # claimed for the failed attempt's run id
+    assert [p.name for p in run.iterdir()] == ["notes.txt"]  # no run.json, no claim on the checkpoint dir
     raw["datasets"][0].update(split="train")
     assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
     assert verify_run(run) == []
@@ -1618,16 +1619,23 @@ def test_a_config_error_found_at_the_hub_leaves_nothing_behind(many, tmp_path, e
 
 
 def test_a_config_error_at_the_hub_never_removes_what_the_attempt_did_not_write(many, tmp_path):
-    """Only folders that held nothing before the attempt are taken back: a run dir holding a file of the user's, or a
-    checkpoint dir holding another run's checkpoints, keeps every file it had."""
+    """Only what the attempt added is taken back: a run dir, or a checkpoint dir outside it, holding a file of the
+    user's keeps it and loses the rest. Regression: a checkpoint dir that held a file made the take-back skip the
+    run dir it had created as well (the user's file counted as the attempt's output), so `--fresh` refused it."""
     from streamprep import run_from_dict
 
     raw = _ingest_config(MANY_REPO, workers=1)
     raw["datasets"][0].update(path="hf://org/nope")
-    run = tmp_path / "run"
+    run, outside = tmp_path / "run", tmp_path / "ck"
     run.mkdir()
     (run / "notes.txt").write_text("mine")
     with pytest.raises(HFSourceError, match="dataset repo not found"):
         run_from_dict(raw, run_dir=run, console_log=False)
-    assert (run / "notes.txt").read_text() == "mine"
-    assert (run / "run.json").is_file()  # as before: a run dir that held something is not emptied
+    assert [(p.name, p.read_text()) for p in run.iterdir()] == [("notes.txt", "mine")]
+    outside.mkdir()
+    (outside / "other.txt").write_text("theirs")
+    raw["run"]["checkpoint_dir"] = str(outside)
+    with pytest.raises(HFSourceError, match="dataset repo not found"):
+        run_from_dict(raw, run_dir=tmp_path / "new", console_log=False)
+    assert [(p.name, p.read_text()) for p in outside.iterdir()] == [("other.txt", "theirs")]
+    assert not (tmp_path / "new").exists()
