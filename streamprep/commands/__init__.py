@@ -12,12 +12,14 @@ from streamprep.lock import holder_if_running
 
 
 def require_run_dir(path: str) -> Path:
-    """`path` as a run dir, or a one-line error. A folder holding only a job's lock is one whose job is starting,
-    or was killed in the moment before it wrote run.json: the error says which, not "not a run directory"."""
+    """`path` as a run dir, or a one-line error. A folder holding only a job's lock (and its log) is one whose job
+    is starting, or was killed in the moment before it wrote run.json: the error says which, not "not a run
+    directory"; a folder holding anything else beside a `.lock` is no run's."""
     run_dir = Path(path)
     layout = RunLayout(run_dir)
     if not layout.run_json.is_file():
-        if layout.lock.is_file() and not os.path.lexists(layout.run_json):
+        if layout.lock.is_file() and not os.path.lexists(layout.run_json) \
+                and set(os.listdir(run_dir)) <= {layout.lock.name, layout.logs_dir.name}:
             if holder_if_running(layout.lock) is not None:
                 raise ConfigError(f"{run_dir}: a job is starting here and has not written run.json yet; try again "
                                   "in a moment")

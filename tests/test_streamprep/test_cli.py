@@ -124,6 +124,9 @@ def test_run_dir_holding_only_its_lock(tmp_path, capsys, command):
     assert capsys.readouterr().err == (f"streamprep: error: {tmp_path}: its job stopped before it wrote run.json; "
                                        "re-run the same streamprep ingest command to start it\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+    (tmp_path / "photos").mkdir()  # a folder of the user's that happens to hold a `.lock`: no run's
+    assert main([command, str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"streamprep: error: {tmp_path}: not a streamprep run directory (no run.json)\n"
 
 
 def test_status_logs_audit_on_a_real_run(tmp_path, capsys):
