@@ -327,14 +327,11 @@ def test_a_finished_run_rerun_repairs_what_is_missing_or_damaged(tmp_path):
     said "complete" over a deleted Parquet TSV, a truncated manifest.json or a deleted ingest part (and `verify`
     failed after it), and a receipt of the wrong shape failed every re-run (AttributeError, exit 1). Each now sends
     the job through its stages, which redo what is needed, to the same bytes."""
-    from helpers import tree_hashes
     from streamprep.verify import verify_run
 
-    raw = _config(tmp_path)
-    run = tmp_path / "run"
+    raw, run = _config(tmp_path), tmp_path / "run"
     assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
-    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
-    before = tree_hashes(run, *compared, names=("manifest.json", "mixtures.json", "blend.json"))
+    before = _outputs(run)
     tsv = next((run / "parquet").glob("*.tsv"))
     mixtures = run / "mixtures.json"
     damages = {"a deleted TSV": tsv.unlink,
@@ -349,7 +346,7 @@ def test_a_finished_run_rerun_repairs_what_is_missing_or_damaged(tmp_path):
         damage()
         assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete", what
         assert verify_run(run) == [], what
-        assert tree_hashes(run, *compared, names=("manifest.json", "mixtures.json", "blend.json")) == before, what
+        assert _outputs(run) == before, what
     log = (run / "logs" / "streamprep.log").read_text()
     assert log.count("finished run has a missing, changed or unreadable file") == len(damages)
     moved = tmp_path / "moved"  # regression: blend.json kept naming the shards where the run dir was before
@@ -359,21 +356,25 @@ def test_a_finished_run_rerun_repairs_what_is_missing_or_damaged(tmp_path):
     assert verify_run(moved) == [] and str(moved / "binidx") in (moved / "blend.json").read_text()
 
 
+def _outputs(run: Path) -> dict[str, str]:
+    """The hashes of a run's outputs that a redone shard must give again."""
+    from helpers import tree_hashes
+
+    return tree_hashes(run, "ingest", "binidx", "parquet", "receipts", "tokenizer",
+                       names=("manifest.json", "mixtures.json", "blend.json"))
+
+
 @pytest.mark.slow
 def test_a_finished_run_rerun_redoes_a_receipt_changed_since_not_signs_it(tmp_path):
     """Regression: a receipt edited after the run finished (its stats, its EOD id: valid JSON, its shard's files
     untouched) sent the re-run through its stages, which skipped the shard (its files still matched the receipt)
     and signed the changed receipt into a new manifest.json: `verify` then said "all files match". A receipt whose
     bytes differ from the manifest run.json signs is now removed and its shard redone: the run's bytes as before."""
-    from helpers import tree_hashes
     from streamprep.verify import verify_run
 
-    raw = _config(tmp_path)
-    run = tmp_path / "run"
+    raw, run = _config(tmp_path), tmp_path / "run"
     assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
-    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
-    names = ("manifest.json", "mixtures.json", "blend.json")
-    before = tree_hashes(run, *compared, names=names)
+    before = _outputs(run)
     receipts = [run / "receipts" / "alpha" / f"part-0000{i}.json" for i in (0, 1)]
     first, second = (json.loads(p.read_text()) for p in receipts)
     atomic.write_json(receipts[0], {**first, "stats": {**first["stats"], "tokens_hist": {"1": 1}}})
@@ -383,7 +384,7 @@ def test_a_finished_run_rerun_redoes_a_receipt_changed_since_not_signs_it(tmp_pa
                for path in receipts)
     assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
     assert verify_run(run) == []
-    assert tree_hashes(run, *compared, names=names) == before
+    assert _outputs(run) == before
     log = (run / "logs" / "streamprep.log").read_text()
     assert log.count("receipt differs from manifest.json; its shard is redone") == 2
 
@@ -394,23 +395,19 @@ def test_a_receipt_whose_counts_disagree_with_its_shard_does_not_keep_a_run_from
     holds N tokens, receipt says N-1`, exit 1, "resumable"): the shard was skipped and the exports refused it. Its
     shard is now redone. A disagreement only its part shows (a dropped line past the part's end, with counts that
     agree) still stops the exports, with an error naming the receipt and the repair, which then works."""
-    from helpers import tree_hashes
     from streamprep.exports import ExportError
     from streamprep.verify import verify_run
 
-    raw = _config(tmp_path)
-    run = tmp_path / "run"
+    raw, run = _config(tmp_path), tmp_path / "run"
     assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
-    compared = ("ingest", "binidx", "parquet", "receipts", "tokenizer")
-    names = ("manifest.json", "mixtures.json", "blend.json")
-    before = tree_hashes(run, *compared, names=names)
+    before = _outputs(run)
     path = run / "receipts" / "alpha" / "part-00000.json"
     receipt, record = json.loads(path.read_text()), json.loads((run / "run.json").read_text())
     stats, lines = receipt["stats"], receipt["stats"]["num_input_records"]
     atomic.write_json(run / "run.json", {**record, "status": "failed"})  # as the failing re-runs left it
     atomic.write_json(path, {**receipt, "stats": {**stats, "num_tokens": stats["num_tokens"] - 1}})
     assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
-    assert verify_run(run) == [] and tree_hashes(run, *compared, names=names) == before
+    assert verify_run(run) == [] and _outputs(run) == before
     atomic.write_json(run / "run.json", {**record, "status": "failed"})
     atomic.write_json(path, {**receipt, "stats": {**stats, "dropped_empty": [lines], "num_input_records": lines + 1}})
     ingest = run / "ingest" / "alpha" / "part-00000.jsonl"
@@ -421,7 +418,7 @@ def test_a_receipt_whose_counts_disagree_with_its_shard_does_not_keep_a_run_from
                               f"the shard")
     path.unlink()
     assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
-    assert verify_run(run) == [] and tree_hashes(run, *compared, names=names) == before
+    assert verify_run(run) == [] and _outputs(run) == before
 
 
 @pytest.mark.parametrize("rel", [".lock", "logs/streamprep.log", "checkpoints/.streamprep.lock"])
@@ -438,18 +435,15 @@ def test_a_folder_where_the_run_keeps_a_file_is_exit_2_naming_it(tmp_path, capsy
         f"streamprep: error: {run / rel} is a folder where the run keeps a file of its own (a lock or its log); remove it"]
 
 
-@pytest.mark.slow
 def _completed_run(tmp_path: Path) -> tuple[Path, Path, Callable[[], dict]]:
     """A completed run of `_config`: its config file, its run dir, and the hashes of its outputs (a function)."""
-    from helpers import tree_hashes
-
     cfg, run = tmp_path / "c.yaml", tmp_path / "run"
     cfg.write_text(yaml.safe_dump(_config(tmp_path)))
     assert main(["ingest", "--config", str(cfg), "--run-dir", str(run)]) == 0
-    return cfg, run, lambda: tree_hashes(run, "ingest", "binidx", "parquet", "receipts", "tokenizer",
-                                         names=("manifest.json", "mixtures.json", "blend.json"))
+    return cfg, run, lambda: _outputs(run)
 
 
+@pytest.mark.slow  # whole jobs (the mark sat on the helper above, where it marked nothing)
 def test_a_file_in_place_of_a_folder_of_a_run_is_exit_2_naming_it_and_resumes_once_removed(tmp_path, capsys):
     """Regression: a file where the run keeps a folder was a raw FileExistsError or NotADirectoryError, exit 1, a
     "RESUMABLE" run at every re-run; `status` and `audit` printed it raw too."""
