@@ -343,8 +343,8 @@ def _datasets(raw: Any, base: Path, skipped: list[tuple[str, str]]) -> list[dict
         for needed in scheme.meta.get("requires", ()):
             if not ds[needed]:
                 raise ConfigError(f"config: '{key}.{needed}' is required for {scheme.name} sources")
-        _storage_options(key, ds)
         ds["path"] = _resolve_path(ds["path"], base, f"{key}.path")
+        _storage_options(key, ds)  # on the path resolved: `file:///x` is the local path /x, where they do nothing
         try:
             if "check" in scheme.meta:
                 scheme.load(scheme.meta["check"])(key, ds)

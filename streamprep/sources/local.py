@@ -34,7 +34,7 @@ import pyarrow as pa
 import zstandard
 
 from streamprep import registry
-from streamprep.config import ConfigError, MissingInput, thaw
+from streamprep.config import ConfigError, MissingInput, resolved_workers, thaw
 from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_line
 
 if TYPE_CHECKING:
@@ -110,6 +110,22 @@ def check_entry(key: str, ds: dict[str, Any]) -> None:
         _check_listing(key, ds)
     if ds["format"] is None and Path(path).is_file():  # a directory's odd files are rejects instead
         _check_format(f"{key}.path", path)
+
+
+def check_in_memory(cfg: dict[str, Any]) -> None:
+    """Config check (registry.CHECKS): a `memory://` dataset is read where the job judges its units, which with
+    `workers` > 1 or `ray_address` are other processes, where the caller's in-process store is empty: the job
+    stopped after its run dir was made, "FileNotFoundError" for a file the caller had put there."""
+    execution = cfg["execution"]
+    if resolved_workers(execution["workers"]) == 1 and not execution["ray_address"]:
+        return
+    for i, ds in enumerate(cfg["datasets"]):
+        if ds["path"].startswith(IN_MEMORY):
+            why = "ray_address names a cluster" if execution["ray_address"] else \
+                f"workers is {resolved_workers(execution['workers'])}"
+            raise ConfigError(f"config: 'datasets[{i}].path': {ds['path']!r:.80} is the job process's in-memory "
+                              f"store, which the worker processes that read units cannot see ({why}): use "
+                              f"workers: 1 without ray_address, or a path on disk")
 
 
 def check_path(key: str, path: str) -> None:

@@ -117,10 +117,23 @@ def test_a_file_url_is_a_local_path_and_an_empty_memory_url_a_missing_input(tmp_
     fs = fsspec.filesystem("memory")
     fs.pipe("/streamprep-t/x/a.jsonl", b'{"text": "hello"}\n')
     try:
-        assert validate({"datasets": [{"name": "m", "path": "memory://streamprep-t/x/*.jsonl"}]},
+        memory = [{"name": "m", "path": "memory://streamprep-t/x/*.jsonl"}]
+        assert validate({"datasets": memory, "execution": {"workers": 1}},
                         base_dir=tmp_path)["datasets"][0]["path"] == "memory://streamprep-t/x/*.jsonl"
+        # worker processes cannot see the caller's in-memory store: the job stopped after making its run dir
+        for execution, why in (({"workers": 2}, "workers is 2"),
+                               ({"workers": 1, "ray_address": "auto"}, "ray_address names a cluster")):
+            with pytest.raises(ConfigError) as err:
+                validate({"datasets": memory, "execution": execution}, base_dir=tmp_path)
+            assert str(err.value) == (f"config: 'datasets[0].path': 'memory://streamprep-t/x/*.jsonl' is the job "
+                                      f"process's in-memory store, which the worker processes that read units cannot "
+                                      f"see ({why}): use workers: 1 without ray_address, or a path on disk")
     finally:
         fs.rm("/streamprep-t", recursive=True)
+    # storage_options do nothing for a local file, written as a path or as a file:// URL alike
+    with pytest.raises(ConfigError, match=r"^config: 'datasets\[0\].storage_options' applies to fsspec URLs"):
+        validate({"datasets": [{"name": "a", "path": f"file://{data}", "storage_options": {"key": "k"}}]},
+                 base_dir=tmp_path)
 
 
 def test_a_mixture_phase_may_name_a_skipped_optional_dataset(tmp_path: Path, data: Path) -> None:
