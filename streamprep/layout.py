@@ -22,9 +22,8 @@ LOCK, CACHE = ".lock", "cache"
 # The run's own names at the top of its run dir: an output writer plug-in may return no path under one (the manifest
 # would list a file the run writes or rewrites), and must leave the files under the SETTLED ones as they were (the
 # shards, ingest parts, receipts and records the manifest chains, fixed before the writers run; exports.write_exports)
-OWN = frozenset({RUN_JSON, MANIFEST, BLEND, MIXTURES, INGEST, REJECTS, RECEIPTS, TOKENIZER, BINIDX, SFT, PARQUET, AUDIT,
-                 LOGS, CHECKPOINTS, LOCK, CACHE})
 SETTLED = (RUN_JSON, MANIFEST, BLEND, MIXTURES, INGEST, REJECTS, RECEIPTS, TOKENIZER, BINIDX, SFT, PARQUET)
+OWN = frozenset({*SETTLED, AUDIT, LOGS, CHECKPOINTS, LOCK, CACHE})
 # In the checkpoint dir, which may be a user's directory outside the run: distinct dot-names for the lock and
 # the claim (the run_id whose checkpoints it holds), so a user's own `.lock` is never taken for ours.
 CHECKPOINT_LOCK, CHECKPOINT_OWNER = ".streamprep.lock", ".streamprep-run"
