@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, logs
-from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, planned_parts, read_json
+from streamprep.layout import CheckpointLayout, RunLayout, ingest_bytes, part_index_of, planned_parts, read_json
 
 VERSION = 3  # 2: positions name a unit of the plan (streamprep.units); 3: parts written whole from staged pieces
 DIGEST = 32
@@ -62,6 +62,10 @@ class IngestState:
         """Parts that are complete and checkpointed: every part before the open one, and the last part once
         the dataset is done (an empty last part is never written)."""
         return planned_parts(self.part_index, self.part_lines, self.done)
+
+    def ingest_bytes(self) -> int:
+        """See layout.ingest_bytes (shared with layout.Checkpoint.ingest_bytes, which `status` reads)."""
+        return ingest_bytes(self.sealed, self.part_bytes)
 
     def sealed_text_bytes(self) -> int:
         """A lower bound of the kept text in the sealed parts: the kept text less the open lines' bytes (staged,

@@ -126,6 +126,13 @@ def planned_parts(part_index: int, part_lines: int, done: bool) -> int:
     return part_index + (1 if done and part_lines else 0)
 
 
+def ingest_bytes(sealed: list[list[Any]], part_bytes: int) -> int:
+    """Bytes of the kept lines a dataset's state holds: its sealed parts' sizes (`[SHA-256, bytes]` each) and the open
+    part's staged lines. Not the part files on disk: after a crash they hold parts sealed after the checkpoint (or a
+    part it had not sealed yet), which the resume removes, so a count of them disagreed with `kept` and went down."""
+    return sum(int(size) for _, size in sealed) + int(part_bytes)
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """The fields of a dataset checkpoint that readers use; an absent checkpoint reads as all zero."""
@@ -160,10 +167,8 @@ class Checkpoint:
 
     @property
     def ingest_bytes(self) -> int:
-        """Bytes of the kept lines the checkpoint holds: its sealed parts' sizes and the open part's staged lines.
-        Not the part files on disk: after a crash they hold parts sealed after the checkpoint (or a part it had
-        not sealed yet), which the resume removes, so a count of them disagreed with `kept` and went down."""
-        return sum(int(size) for _, size in self.raw.get("sealed") or ()) + int(self.raw.get("part_bytes", 0))
+        """See the module-level `ingest_bytes` (shared with checkpoints.IngestState.ingest_bytes)."""
+        return ingest_bytes(self.raw.get("sealed") or [], self.raw.get("part_bytes", 0))
 
 
 def completed_receipt(path: Path) -> dict[str, Any] | None:

@@ -430,7 +430,7 @@ class Job:
         self.executor: Executor | None = None  # the job's, from run() on
         self.progress: dict[str, Any] = {}  # dataset -> live IngestState, read by the progress reporter
         self.reporter = ProgressReporter(self.progress, self.config.execution.progress_interval_s,
-                                         tty=None if console_log else False, datasets=config.datasets, run_dir=run_dir)
+                                         tty=None if console_log else False, datasets=config.datasets)
 
     def _save_record(self, status: str, **extra: Any) -> None:
         self.record.update(status=status, updated_at=time.time(), timings=self.timings, **extra)

@@ -1,11 +1,11 @@
 """Live progress of a run: a `rich` display on a TTY, one structured log line per interval otherwise.
 
 The reporter only reads: the live `progress` dict (dataset -> IngestState, mutated in place by the
-ingest writer on the same event loop), the sizes of closed ingest parts (when `run_dir` is given) and
-the source file sizes (when the dataset configs are given: a byte-based ETA for local files).
+ingest writer on the same event loop; its bytes written are `IngestState.ingest_bytes`, as `status` counts them)
+and the source file sizes (when the dataset configs are given: a byte-based ETA for local files).
 
     reporter = ProgressReporter(ctx.progress, config.execution.progress_interval_s,
-                                datasets=config.datasets, run_dir=run_dir)
+                                datasets=config.datasets)
     task = asyncio.create_task(reporter.run())
     ...                                   # ingest
     task.cancel(); await asyncio.gather(task, return_exceptions=True)
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from streamprep import logs
-from streamprep.layout import RunLayout
 from streamprep.sources.local import expand
 
 if TYPE_CHECKING:
@@ -55,7 +54,6 @@ class _Track:
         self.first_t = now
         self.first_read: int | None = None
         self.samples: deque[tuple[float, int, float]] = deque()   # (t, consumed, fraction or -1)
-        self.closed_part_bytes: dict[int, int] = {}
         self.sizes: list[int] | None = None
         self.sizes_known = False
         self.done_rate: float | None = None   # a finished dataset shows its average rate, frozen
@@ -64,11 +62,9 @@ class _Track:
 class ProgressFigures:
     """The data side: reads the live state and turns it into figures (`snapshot`); shows nothing."""
 
-    def __init__(self, progress: dict[str, Any], *, datasets: Sequence[DatasetConfig] = (),
-                 run_dir: str | Path | None = None):
+    def __init__(self, progress: dict[str, Any], *, datasets: Sequence[DatasetConfig] = ()):
         self.progress = progress
         self.datasets = {d.name: d for d in datasets}
-        self.run_dir = Path(run_dir) if run_dir else None
         self.started = time.monotonic()
         self._tracks: dict[str, _Track] = {}
         self._shard_counts: Callable[[], tuple[int, int]] | None = None
@@ -82,18 +78,6 @@ class ProgressFigures:
         self._shard_counts = counts
 
     # ---- figures -------------------------------------------------------------------------------------
-    def _part_bytes(self, name: str, st: Any, track: _Track) -> int:
-        if self.run_dir is None:
-            return int(st.part_bytes)
-        for i in range(int(st.part_index)):
-            if i not in track.closed_part_bytes:
-                p = RunLayout(self.run_dir).ingest_part(name, i)
-                try:
-                    track.closed_part_bytes[i] = p.stat().st_size
-                except OSError:
-                    continue
-        return sum(track.closed_part_bytes.values()) + int(st.part_bytes)
-
     def _fraction(self, name: str, st: Any, track: _Track) -> float | None:
         if st.done:
             return 1.0
@@ -161,7 +145,7 @@ class ProgressFigures:
         elif frac is not None and f0 >= 0 and dt >= 0.5 and frac > f0:
             eta = (1.0 - frac) / ((frac - f0) / dt)
         return {"read": int(st.consumed), "kept": int(st.kept), "rejected": int(st.rejected),
-                "mb": round(self._part_bytes(name, st, track) / 1e6, 2), "rec_s": _r(rate),
+                "mb": round(st.ingest_bytes() / 1e6, 2), "rec_s": _r(rate),
                 "fraction": None if frac is None else round(frac, 4), "eta_s": _r(eta), "done": bool(st.done)}
 
     def _shard_figures(self, now: float) -> dict[str, Any] | None:
@@ -183,9 +167,8 @@ class ProgressReporter(ProgressFigures):
     """The display side: a rich table on a TTY, a structured log line per interval otherwise."""
 
     def __init__(self, progress: dict[str, Any], interval_s: float, tty: bool | None = None, *,
-                 datasets: Sequence[DatasetConfig] = (), run_dir: str | Path | None = None,
-                 console: Any = None, refresh_s: float = TTY_REFRESH_S):
-        super().__init__(progress, datasets=datasets, run_dir=run_dir)
+                 datasets: Sequence[DatasetConfig] = (), console: Any = None, refresh_s: float = TTY_REFRESH_S):
+        super().__init__(progress, datasets=datasets)
         self.interval_s = max(float(interval_s), 0.05)
         self.console = console
         if tty is None:

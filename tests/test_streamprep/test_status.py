@@ -378,7 +378,7 @@ async def test_progress_plain_lines_every_interval(tmp_path):
     logs.configure(tmp_path, console=False)
     try:
         prog: dict = {}
-        rep = ProgressReporter(prog, 0.1, tty=False, datasets=datasets, run_dir=tmp_path)
+        rep = ProgressReporter(prog, 0.1, tty=False, datasets=datasets)
         task = asyncio.create_task(rep.run())
         await _simulate(prog, path, size)
         task.cancel()
