@@ -239,16 +239,29 @@ def _is_remote(path: str) -> bool:
     return registry.scheme_of(path) != ""
 
 
+def _is_file_url(path: str) -> bool:
+    return path[:5].lower() == "file:"
+
+
 def _resolve_path(path: str, base: Path, key: str) -> str:
-    """A local path made absolute (against the config's folder); a URL of a registered scheme as it is. A `file://`
-    URL is a local path (`file:///data/x.jsonl` is `/data/x.jsonl`): it was taken for a relative path `file:/data/…`."""
+    """A local path made absolute (against the config's folder); a URL of a registered scheme as it is. A `file:`
+    URL is a local path, in each form RFC 8089 gives it and its scheme in any case (`file:///data/x.jsonl`,
+    `file:/data/x.jsonl`, `file://localhost/data/x.jsonl`, `FILE:///…` are `/data/x.jsonl`): each was taken for a
+    relative path (`CONFIG_DIR/file:/data/…`)."""
     if _is_remote(path):
         return path
-    if path.startswith("file://"):
-        if not path.startswith("file:///"):
-            raise ConfigError(f"config: '{key}': {path!r:.80} names a host; a local file's URL is file:///PATH "
-                              f"(or give the path itself)")
-        path = path.removeprefix("file://")
+    if _is_file_url(path):
+        rest = path[5:]
+        if rest.startswith("//"):
+            host, slash, rest = rest[2:].partition("/")
+            if host.lower() not in ("", "localhost"):
+                raise ConfigError(f"config: '{key}': {path!r:.80} names a host; a local file's URL is file:///PATH "
+                                  f"(or give the path itself)")
+            rest = slash + rest
+        if not rest.startswith("/"):
+            raise ConfigError(f"config: '{key}': {path!r:.80} is not a file URL of an absolute path; a local file's "
+                              f"URL is file:///PATH (or give the path itself)")
+        path = rest
     p = Path(path).expanduser()
     try:
         return str(p if p.is_absolute() else (base / p).resolve())
@@ -460,7 +473,7 @@ def _tokenizer(tok: dict[str, Any], base: Path) -> None:
         raise ConfigError(f"config: 'tokenizer.backend' must be {registry.TOKENIZER_BACKENDS.choices()}, "
                           f"got {tok['backend']!r:.40}")
     if tok["path"] is not None:
-        if URL_RE.match(tok["path"]):  # Path() would make `s3://b/t.json` a local folder `s3:/b/t.json`
+        if URL_RE.match(tok["path"]) and not _is_file_url(tok["path"]):  # Path() would make `s3://b/t.json` `s3:/b/t.json`
             raise ConfigError(f"config: 'tokenizer.path' must be a local (or mounted) tokenizer.json or folder holding "
                               f"one, got {tok['path']!r:.80}: download it first")
         tok["path"] = _resolve_path(tok["path"], base, "tokenizer.path")

@@ -152,8 +152,29 @@ def test_a_mixture_phase_may_name_a_skipped_optional_dataset(tmp_path: Path, dat
     assert str(exc.value) == "config: 'output.mixtures.phases.p1.nope': unknown dataset 'nope' (known: a)"
 
 
+@pytest.mark.parametrize("form", ["file://{}", "file:{}", "file://localhost{}", "FILE://{}", "File:{}"])
+def test_each_form_of_a_file_url_is_the_local_path(tmp_path: Path, data: Path, form: str) -> None:
+    """Regression: `file:/DIR/a.jsonl` (RFC 8089's form without a host), `file://localhost/DIR/…` and an upper-case
+    `FILE:` were taken for relative paths (`CONFIG_DIR/file:/DIR/a.jsonl`: "no such file" for a file that exists),
+    and a tokenizer given as `file:///…` was refused as a remote URL to download first."""
+    from helpers import make_tokenizer
+
+    tok = tmp_path / "tokenizer.json"
+    make_tokenizer(tok, ["ab ab abc abc"] * 4)
+    cfg = validate({"datasets": [{"name": "a", "path": form.format(data)}],
+                    "tokenizer": {"path": form.format(tok)}}, base_dir=tmp_path)
+    assert cfg["datasets"][0]["path"] == str(data)
+    assert cfg["tokenizer"]["path"] == str(tok)
+
+
+@pytest.mark.parametrize("path", ["file:a.jsonl", "file://host/a.jsonl"])
+def test_a_file_url_of_a_relative_path_or_a_host_is_refused(tmp_path: Path, data: Path, path: str) -> None:
+    with pytest.raises(ConfigError, match=r"^config: 'datasets\[0\].path': .* a local file's URL is file:///PATH"):
+        validate({"datasets": [{"name": "a", "path": path}]}, base_dir=tmp_path)
+
+
 @pytest.mark.parametrize("url", ["s3://bucket/tokenizer.json", "hf://microsoft/phi-2/tokenizer.json",
-                                 "https://example.com/tok/tokenizer.json", "file:///tmp/tokenizer.json"])
+                                 "https://example.com/tok/tokenizer.json"])
 @pytest.mark.parametrize("if_missing", ["error", "train"])
 def test_a_tokenizer_path_given_as_a_url_is_refused_in_one_line(tmp_path: Path, data: Path, url: str,
                                                                  if_missing: str) -> None:
