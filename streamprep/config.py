@@ -193,7 +193,9 @@ def _check_type(key: str, value: Any, types: tuple) -> None:
     if isinstance(value, bool) and bool not in types:
         ok = False  # YAML true is not an integer here
     if not ok:
-        raise ConfigError(f"config: '{key}' must be {_type_name(types)}, got {type(value).__name__} {value!r:.60}")
+        hint = (" (YAML reads an unquoted yes/no/on/off as a boolean: quote it)"
+                if isinstance(value, bool) and str in types else "")
+        raise ConfigError(f"config: '{key}' must be {_type_name(types)}, got {type(value).__name__} {value!r:.60}{hint}")
     if float in types and not isinstance(value, (bool, str)) and not _finite(value):
         raise ConfigError(f"config: '{key}' must be a finite number, got {value!r:.40}")
     if isinstance(value, str) and not value.strip():
@@ -515,6 +517,7 @@ class _BoundedLoader(yaml.SafeLoader):
         node = super().compose_node(parent, index)
         if isinstance(node, yaml.MappingNode):
             self._keys_once(node)
+            self._plain_keys(node)
         self._sizes[id(node)] = self._nodes - before
         self._depth -= 1
         return node
@@ -530,6 +533,15 @@ class _BoundedLoader(yaml.SafeLoader):
             why = f" ({exc})" if isinstance(exc, (ValueError, OverflowError)) else ""  # else PyYAML's own slip
             raise ConfigError(f"line {node.start_mark.line + 1}: {node.value!r:.60} is not a valid YAML "
                               f"{node.tag.rsplit(':', 1)[-1]}{why}; quote it if it is a string") from None
+
+    @staticmethod
+    def _plain_keys(node: yaml.MappingNode) -> None:
+        """An unquoted key YAML 1.1 reads as a boolean (`on:`, `no:`, a dataset named so in a mixture's phase) is its
+        text: every key of a config is a name, and True made `unknown dataset True (known: on)`."""
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag == "tag:yaml.org,2002:bool" \
+                    and key_node.style is None:
+                key_node.tag = "tag:yaml.org,2002:str"
 
     @staticmethod
     def _keys_once(node: yaml.MappingNode) -> None:

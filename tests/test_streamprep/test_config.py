@@ -460,6 +460,20 @@ def test_yaml_values_that_cannot_be_built_and_keys_given_twice_are_one_line(tmp_
     assert str(err.value) == f"config: {cfg}: {message}"
 
 
+def test_an_unquoted_yes_no_on_off_key_is_its_text_and_such_a_value_is_named(tmp_path: Path, data: Path) -> None:
+    """Regression: YAML 1.1 reads an unquoted `on`/`no` as a boolean: a dataset `on` in a mixture's phase was
+    "unknown dataset True (known: on)", and `name: on` said "must be a string, got bool True" without why."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"datasets:\n  - {{name: 'on', path: {data}}}\n  - {{name: 'no', path: {data}}}\n  - {{name: 'yes', path: {data}}}\n"
+                   f"output: {{mixtures: {{phases: {{p1: {{on: 1, no: 2, 'yes': 3}}}}}}}}\n")
+    assert dict(load_file(cfg).output.mixtures.phases["p1"]) == {"on": 1.0, "no": 2.0, "yes": 3.0}
+    cfg.write_text(f"datasets:\n  - {{name: on, path: {data}}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_file(cfg)
+    assert str(err.value) == ("config: 'datasets[0].name' must be a string, got bool True (YAML reads an unquoted "
+                              "yes/no/on/off as a boolean: quote it)")
+
+
 @pytest.mark.parametrize("key, where", [("max_records", "datasets[0].max_records"),
                                         ("quality", "quality.max_chars"), ("output", "output.max_rejects_per_check")])
 def test_integers_beyond_64_bits_are_refused_naming_the_key(data: Path, key: str, where: str) -> None:
