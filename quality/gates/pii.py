@@ -5,9 +5,10 @@ numeric kinds (one alternation: card | IPv4 | phone) inside runs of digits and s
 only in texts with a colon-separated run of hex groups. A text is tested for the numeric kinds only when
 it holds 7 consecutive chars of the run class (one `bytes.translate` of the text's Latin-1 view, else a
 codec error handler, and a substring test), which prose without such numbers never does; a text with a
-view is first asked by one Hyperscan pass whether it holds a run at all, and the IPv6 cue. Matches are validated (Luhn for cards, digit counts for phones)
-and counted by length; the scan stops as soon as the matched length certainly exceeds the allowed
-density, so a PII-heavy text costs only the prefix needed to reject it.
+view is first asked by one Hyperscan pass whether it holds a run at all, and the IPv6 cue. Matches are validated
+(Luhn for cards, digit counts for phones) and counted by the chars they add to those of earlier matches (a match
+inside earlier ones, like the phone that is an e-mail's local part, is no hit); the scan stops as soon as the
+matched length certainly exceeds the allowed density, so a PII-heavy text costs only the prefix needed to reject it.
 """
 from __future__ import annotations
 
@@ -161,7 +162,8 @@ def _find(text: str, view: bytes | None, cues: tuple[bool, bool] | None = None) 
 
 
 class PiiGate(Gate):
-    """Rejects when matched PII chars / text chars exceeds `pii_max_density`.
+    """Rejects when matched PII chars (each char once, however many matches hold it) / text chars exceeds
+    `pii_max_density`.
 
     `pii_density` is exact for kept texts; for rejected ones it is the density found when the scan
     stopped, which already exceeds the limit (a lower bound).
@@ -182,8 +184,15 @@ class PiiGate(Gate):
         limit = self._most(len(text))
         matched = 0
         kinds: dict[str, int] = {}
+        # the chars counted so far: the kinds are searched one after another, so their matches can overlap (the
+        # phone that is an e-mail's local part); a char counts once, and a match adding none is no hit
+        counted = bytearray(len(text))
         for kind, start, end in _find(text, view, cues):
-            matched += end - start
+            new = counted.count(0, start, end)
+            if not new:
+                continue
+            counted[start:end] = b"\x01" * (end - start)
+            matched += new
             kinds[kind] = kinds.get(kind, 0) + 1
             if matched > limit:
                 break

@@ -368,6 +368,21 @@ def test_pii_density_threshold() -> None:
     assert rejected.meta["pii_density"] == 0.02
 
 
+def test_pii_density_counts_a_char_once() -> None:
+    """E-mails, numbers and IPv6 are searched one after another, so their matches overlap: a phone that is an
+    e-mail's local part doubled its chars and was a second hit (rejected at 0.0136, where a same-length address
+    is 0.0088), and a text could reach a density above 1."""
+    body = "The quick brown fox jumps over the lazy dog. " * 55 + "Text me at "
+    for address in ("jane.doe.smi@vtext.com", "555-123-4567@vtext.com"):
+        doc = Doc(None, text=body + address)
+        assert PiiGate(0.01).check(doc) is None and doc.meta == {"pii_density": 0.0088, "pii": {"email": 1}}
+    text = "4111111111111111+1-800-555-1234\u03a9john.doe@example.com"  # the e-mail holds the card and the phone
+    doc = Doc(None, text=text + " 555-123-4567")  # 52 + 12 of 65 chars
+    assert PiiGate(0.99).check(doc) is None and doc.meta == {"pii_density": 0.9846, "pii": {"email": 1, "phone": 1}}
+    doc = Doc(None, text=text)
+    assert PiiGate(0.5).check(doc) == "pii density 1 > 0.5 (email 1)" and doc.meta["pii_density"] == 1.0
+
+
 def test_a_figure_just_past_its_limit_is_not_shown_equal_to_it() -> None:
     """A reason printed the figure rounded to 4 decimals: 20 / 1999 read "pii density 0.01 > 0.01" (and a code score
     of 0.89618 against 0.8962 "0.8962 < 0.8962"). It takes the decimals that keep it on its side; meta stays at 4."""
