@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import unicodedata
 from collections.abc import Iterator
 from functools import lru_cache
 
@@ -29,8 +30,8 @@ _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 NUMBER_RE = re.compile(
     rf"""
     (?P<card>(?<![\w.-])\d(?:[ -]?\d){{12,18}}(?![\w-]))
-  | (?P<ip>(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\w.]))
-  | (?P<phone>(?<![\w+(])
+  | (?P<ip>(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\w))                                # not 1.2.3.4.5
+  | (?P<phone>(?<![\w+])
         (?:\+\d{{1,3}}[ .-]?(?:\(\d{{1,4}}\)[ .-]?)?\d{{1,4}}(?:[ .-]\d{{2,4}}){{1,4}}    # +44 20 7946 0958
         |(?:1[ .-])?(?:\(\d{{3}}\)[ .-]?|\d{{3}}[ .-])\d{{3}}[ .-]\d{{4}})                 # (555) 123-4567
         (?![\w-]))
@@ -50,10 +51,11 @@ _LOCAL_PART = re.compile(r"(?<![\w.+-])[\w.+-]{1,64}+\Z")  # EMAIL_RE's, searche
 
 
 def luhn_valid(digits: str) -> bool:
-    """The card-number checksum: rules out most digit runs that merely look like cards."""
+    """The card-number checksum: rules out most digit runs that merely look like cards. `digits` may be of any
+    script (the card pattern's `\\d` is any Unicode decimal digit: fullwidth, Arabic-Indic, ...), each by its value."""
     total = 0
     for i, ch in enumerate(reversed(digits)):
-        d = ord(ch) - 48
+        d = ord(ch) - 48 if ch < "\x80" else unicodedata.decimal(ch)
         if i % 2:
             d = d * 2 - 9 if d > 4 else d * 2
         total += d
@@ -108,11 +110,11 @@ def _emails(text: str) -> Iterator[tuple[str, int, int]]:
 
 def _numbers(text: str, view: bytes | None) -> Iterator[tuple[str, int, int]]:
     for run in _number_runs(text, view):
-        for m in NUMBER_RE.finditer(text, run.start(), run.end() + 1):  # +1: let the lookahead see the next char
+        for m in NUMBER_RE.finditer(text, run.start(), run.end() + 2):  # +2: let the lookaheads see the next chars
             kind, span = m.lastgroup or "", m.group()
             if kind == "card":
                 digits = "".join(c for c in span if c.isdigit())
-                if not luhn_valid(digits) or not digits.strip("0"):
+                if not luhn_valid(digits) or not int(digits):  # (int: digits of any script)
                     continue
             elif kind == "phone" and not 10 <= sum(c.isdigit() for c in span) <= 15:
                 continue

@@ -340,6 +340,34 @@ def test_find_pii(text: str, found: list) -> None:
     assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
 
 
+FULLWIDTH = str.maketrans("0123456789", "".join(map(chr, range(0xFF10, 0xFF1A))))
+ARABIC_INDIC = str.maketrans("0123456789", "".join(map(chr, range(0x660, 0x66A))))
+
+
+@pytest.mark.parametrize("text, found", [
+    # an IPv4 ending a sentence (the lookahead refused any "." after it); a longer dotted number is none
+    ("server 10.0.0.1. ok", [("ip", "10.0.0.1")]), ("at 10.0.0.1.", [("ip", "10.0.0.1")]),
+    ("see 10.0.0.1... ok", [("ip", "10.0.0.1")]), ("v 1.2.3.4.5 ok", []), ("v 1.2.3.4.beta ok", []),
+    # a phone right after "(" (the lookbehind refused it); the area-code form keeps its "("
+    ("call us (555-123-4567) today", [("phone", "555-123-4567")]),
+    ("(+44 20 7946 0958)", [("phone", "+44 20 7946 0958")]), ("((555) 123-4567)", [("phone", "(555) 123-4567")]),
+    ("call (555) 123-4567 ok", [("phone", "(555) 123-4567")]), ("f(555) 123-4567 ok", []),
+    # cards in other digits, checked by the digits' values (each char's code point - 48 was checked)
+    ("card " + "5500000000000004".translate(FULLWIDTH) + " ok", [("card", "5500000000000004".translate(FULLWIDTH))]),
+    ("card " + "4000000000001050".translate(FULLWIDTH) + " ok", []),  # passed the old check, fails Luhn
+    ("card " + "4111111111111111".translate(ARABIC_INDIC) + " ok",
+     [("card", "4111111111111111".translate(ARABIC_INDIC))]),
+    ("card " + "0" * 16 + " " + "0".translate(FULLWIDTH) * 16, []),
+])
+def test_find_pii_sentence_ends_parentheses_and_other_digits(text: str, found: list) -> None:
+    """Each was a miss (or a Luhn check of the wrong numbers); both ways of finding the runs agree."""
+    from quality.gates import pii
+    from quality.normalize import latin1_view
+
+    assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
+    assert list(pii._find(text, latin1_view(text))) == list(pii._find(text, None))
+
+
 def test_pii_runs_from_the_latin1_view_equal_the_regex() -> None:
     """The run classes from a Latin-1 view: no char past ASCII there is a digit, so runs are the regex's."""
     from quality.gates import pii
