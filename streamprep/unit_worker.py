@@ -52,8 +52,9 @@ class ItemColumns(NamedTuple):
     record); `check`: its failed_check. `row`: a kept record's ingest line with SENTINEL_INDEX; `meta`: QC's, but
     None for a kept record whose meta the audit's stats do not read and its row holds as it is (`row_meta`: every
     gate off, say; a meta dict per record was half of what a piece's scratch file cost to write and read);
-    `excerpt`: what a reject line shows (None for a kept record whose excerpt is its text's start); `extra`: the
-    record's source keys (id, url, licence)."""
+    `chars`: the record's length in characters, for the audit (the kept text's; a reject's, the text it would have
+    kept, not its excerpt's; a BadRecord's bounded `raw`'s); `excerpt`: what a reject line shows (None for a kept
+    record whose excerpt is its text's start); `extra`: the record's source keys (id, url, licence)."""
 
     bad: list
     check: list
@@ -224,7 +225,11 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
             extra = {k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))}
         if not keep:
             excerpt = excerpt_of(seen, text_field)
-            rows.append((None, None, False, None, meta, digest, len(excerpt), 0, excerpt, extra))
+            raw = seen.get(text_field) if isinstance(seen, dict) else seen
+            # the record's length as a kept one's counts (the text it would keep), not its excerpt's
+            chars = meta["chars"] if qc.settings.normalize and "chars" in meta else \
+                len(raw) if isinstance(raw, str) else len(excerpt)
+            rows.append((None, None, False, None, meta, digest, chars, 0, excerpt, extra))
             continue
         source = {"dataset": name, "index": SENTINEL_INDEX, **(extra or {})}
         row = orjson.dumps(mode.kept_row(text, {**meta, "source": source}, rec), option=orjson.OPT_APPEND_NEWLINE)
@@ -401,7 +406,7 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                         stats.add_near_kept_by(st, twin_ds)
                 if cols.extra[t]:
                     source.update(cols.extra[t])
-            stats.add_record(st, keep, meta, cols.chars[t] if keep else len(excerpt))
+            stats.add_record(st, keep, meta, cols.chars[t])
             if keep:
                 kept.append(cols.row[t])
                 ordinals.append(ordinal)

@@ -245,11 +245,44 @@ def test_a_duplicate_whose_meta_was_not_stored_reports_the_meta_qc_gave(tmp_path
         meta = qc.evaluate(items[i]).meta
         if i in dup:
             meta = {**meta, "failed_check": "duplicate", "duplicate_of": dup[i] or "d"}
-        stats.add_record(expected, i not in dup, meta, len(text))  # a reject's: its excerpt's, the whole text
+        stats.add_record(expected, i not in dup, meta, len(text))  # a reject's too: its text's
     assert st == expected
     kept_rows = [row for cols, _, _ in judged for row in cols.row]
     assert Path(stage + ".kept").read_bytes() == b"".join(
         kept_rows[i].replace(_SENTINEL, b'"index":%d' % (10 + i), 1) for i in range(len(items)) if i not in dup)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_a_rejects_length_in_the_audit_is_the_records_not_its_excerpts(tmp_path: Path, normalize: bool) -> None:
+    """`lengths.chars.rejected` counted a rejected record by its reject line's excerpt (at most 2 000 chars): a
+    5 400-char text rejected as too long, or a long duplicate, fell in the 1 024-2 047 bin. A reject counts as a
+    kept record does: the text it would keep (normalised or raw, as the kept side), or, without one, its excerpt."""
+    from quality import validate_quality_config
+    from quality.normalize import normalize_text
+    from streamprep import stats
+    from streamprep.modes import PRETRAIN
+    from streamprep.unit_worker import Decision, finalize_piece, init_worker, judge_piece
+
+    init_worker(validate_quality_config({"dedup": "exact", "expected_language": None, "min_chars": 1,
+                                         "max_chars": 4000, "normalize": normalize, "profanity_max_density": 1.0,
+                                         "reject_copyright": False}), PRETRAIN)
+    long = "word  " * 900  # 5 400 chars, 4 499 normalised: past max_chars either way
+    pii = "mail jane.doe@example.com  now"  # 30 chars, 29 normalised
+    kept = "x " * 1500  # 3 000 chars, 2 999 normalised
+    items = [{"text": long}, {"text": pii}, {"text": kept}, {"text": kept}, {"text": 7}]
+    stage = str(tmp_path / "piece")
+    s = judge_piece("d", "text", 8, stage, None, items=items)
+    assert s.kinds == bytes([REJECTED, REJECTED, KEPT, KEPT, REJECTED])
+    decision = Decision(len(items), 0, None, bytes([0, 0, 1, 0, 0]), {3: ""}, {}, frozenset())
+    _, st, _ = finalize_piece("d", stage, decision)
+    texts = [long, pii, kept, kept]
+    chars = [len(normalize_text(t)) if normalize else len(t) for t in texts] + [len("7")]  # 7: its repr's
+    assert chars == ([4499, 29, 2999, 2999, 1] if normalize else [5400, 30, 3000, 3000, 1])
+    expected: dict = {}
+    for i, n in enumerate(chars):
+        stats.add_record(expected, i == 2, {}, n)
+    assert st["chars_hist_kept"] == expected["chars_hist_kept"] == {"12": 1}
+    assert st["chars_hist_rejected"] == expected["chars_hist_rejected"] == {"13": 1, "5": 1, "12": 1, "1": 1}
 
 
 def test_prefix_order_is_the_stable_argsort() -> None:
