@@ -232,7 +232,11 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
             rows.append((None, None, False, None, meta, digest, chars, 0, excerpt, extra))
             continue
         source = {"dataset": name, "index": SENTINEL_INDEX, **(extra or {})}
-        row = orjson.dumps(mode.kept_row(text, {**meta, "source": source}, rec), option=orjson.OPT_APPEND_NEWLINE)
+        kept = mode.kept_row(text, {**meta, "source": source}, rec)
+        try:
+            row = orjson.dumps(kept, option=orjson.OPT_APPEND_NEWLINE)
+        except TypeError:  # an `sft:` record carries its columns: a Parquet binary or decimal one is not JSON
+            row = orjson.dumps(_json_ready(kept), option=orjson.OPT_APPEND_NEWLINE)
         # the excerpt a reject line would show; None when it is the kept text's start (always, unnormalized)
         excerpt = None if isinstance(seen, dict) and seen.get(text_field) is text else excerpt_of(seen, text_field)
         if excerpt is not None and excerpt == text[:REJECT_EXCERPT]:
@@ -243,6 +247,31 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
         rows.append((None, None, True, row, stored, digest, len(text), text_bytes, excerpt, extra))
     cols = ItemColumns(*map(list, zip(*rows))) if rows else ItemColumns(*([] for _ in ItemColumns._fields))
     return cols, qc.take_gate_stats(), signatures
+
+
+_LEFT_OUT = object()
+
+
+def _json_ready(value: Any) -> Any:
+    """`value` without what JSON cannot hold (bytes, Decimal, a timedelta...), left out as pretraining leaves out
+    every column but the text: a mapping's key whose value is one, or a list holding one (the list whole, so that
+    no element moves; such a list is no section's, which would have rejected the record). The kept record is
+    written, not the job stopped."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            v = _json_ready(v) if isinstance(k, str) else _LEFT_OUT
+            if v is not _LEFT_OUT:
+                out[k] = v
+        return out
+    if isinstance(value, (list, tuple)):
+        items = [_json_ready(v) for v in value]
+        return _LEFT_OUT if any(v is _LEFT_OUT for v in items) else items
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return _LEFT_OUT
+    return value
 
 
 def _read(unit: Unit, options: Any) -> list[Any]:

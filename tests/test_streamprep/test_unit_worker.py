@@ -122,3 +122,31 @@ def test_the_driver_only_benchmark_fakes_the_worker_calls_the_driver_makes(tmp_p
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.split()[:2] in (["20", "10"], ["40", "10"])]
     assert len(rows) == 2 and all(int(row[3].replace(",", "")) > 0 for row in rows)  # units/hour, both sizes
+
+
+def test_an_sft_record_holding_values_json_cannot_hold_is_kept_without_them():
+    """Regression: an `sft:` kept row carries the record, and a Parquet `binary` or `decimal128` column's value
+    (bytes, Decimal) stopped the job and its resume (`TypeError: Type is not JSON serializable: bytes`). Such a value
+    is left out, as pretraining leaves out every column but the text; a record without one is written as before."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from streamprep import unit_worker
+    from streamprep.sft.config import load_sft_config
+    from streamprep.sft.mode import SftMode
+
+    mode = SftMode(load_sft_config({"input": {"sections": [{"field": "prompt", "action": "mask"},
+                                                           {"field": "answer", "action": "train"}]}}))
+    unit_worker.init_worker({"dedup": "none", "expected_language": None, "min_chars": 1, "reject_copyright": False},
+                            mode)
+    plain = {"id": "p", "prompt": "What is two plus two?", "answer": "It is four.", "n": 1.5}
+    odd = {**plain, "id": "o", "blob": b"\x00\x01binary", "price": Decimal("1.25"), "tags": [b"a", "b"],
+           "extra": {"wait": timedelta(days=1), "tag": "x"}, "turns": [{"raw": b"y", "k": 1}]}
+    cols, _, _ = unit_worker._judge("chat", "text", [plain, odd])
+    assert cols.keep == [True, True]
+    text = "What is two plus two?\n\nIt is four."
+    meta = {**cols.meta[0], "source": {"dataset": "chat", "index": SENTINEL_INDEX, "id": "p"}}
+    assert cols.row[0] == orjson.dumps({"text": text, "meta": meta, "record": plain}, option=orjson.OPT_APPEND_NEWLINE)
+    written = orjson.loads(cols.row[1])
+    assert written["text"] == text and written["meta"]["source"]["id"] == "o"
+    assert written["record"] == {**plain, "id": "o", "extra": {"tag": "x"}, "turns": [{"k": 1}]}

@@ -146,3 +146,30 @@ def test_sft_run_records_hf_as_its_backend_from_the_start(shared_data: Path, tmp
     del record["tokenizer_backend"]
     (run / "run.json").write_text(json.dumps(record))
     assert run_status(run)["tokenizer_backend"] == hf
+
+
+@pytest.mark.slow
+def test_sft_over_parquet_with_binary_and_decimal_columns_completes(shared_data: Path, tmp_path: Path) -> None:
+    """Regression: an SFT job over Parquet with a `binary` or `decimal128` column stopped, and so did its resume
+    (`reading or judging the input failed after item 0: TypeError: Type is not JSON serializable: bytes`): the kept
+    line carries the record. Those columns are left out of it, as pretraining leaves them out: the shards are the
+    ones the same records without them give."""
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw, run = _instruction_run(shared_data, tmp_path)
+    raw["datasets"] = raw["datasets"][:1]
+    rows = [json.loads(line) for line in Path(raw["datasets"][0]["path"]).read_text().splitlines()]
+    table = pa.table({"prompt": [r["prompt"] for r in rows], "answer": [r["answer"] for r in rows],
+                      "blob": [b"\x00\x01binary"] * len(rows),
+                      "price": pa.array([Decimal("1.25")] * len(rows), pa.decimal128(5, 2))})
+    pq.write_table(table, tmp_path / "a.parquet")
+    run_from_dict(raw, run_dir=run, console_log=False)
+    raw["datasets"][0]["path"] = str(tmp_path / "a.parquet")
+    assert run_from_dict(raw, run_dir=tmp_path / "pq", console_log=False).status == "complete"
+    line = json.loads((tmp_path / "pq/ingest/a/part-00000.jsonl").open().readline())
+    assert line["record"] == rows[0]
+    shards = {p.relative_to(run / "sft"): p.read_bytes() for p in sorted((run / "sft").rglob("*")) if p.is_file()}
+    assert shards and {p: (tmp_path / "pq/sft" / p).read_bytes() for p in shards} == shards
