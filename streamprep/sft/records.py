@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamprep.sft.config import SectionConfig, SftConfig, label_of_role, section_mode
+from streamprep.sft.config import SectionConfig, SftConfig, label_of_role, layout, section_mode
 
 HH_MARKER = re.compile(r"\n\n(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}
@@ -239,7 +239,7 @@ def build_record(cfg: SftConfig, record: Any) -> dict[str, SourceData]:
     for key, src in cfg.input.sources.items():
         if src.list_field is None:
             out[key] = SourceData([build_item(cfg, src.sections, record)], 0)
-            _check_trained(key, out[key].items)
+            _check_trained(cfg, key, None, out[key].items)
             continue
         elements = get_path(record, src.list_field)
         if not isinstance(elements, list):
@@ -251,19 +251,28 @@ def build_record(cfg: SftConfig, record: Any) -> dict[str, SourceData]:
         kept = elements[:len(elements) - cut]
         out[key] = SourceData([build_item(cfg, src.sections, e, f"{src.list_field}[{i}]") for i, e in enumerate(kept)],
                               cut)
-        _check_trained(key, out[key].items)
+        _check_trained(cfg, key, src.list_field, out[key].items)
     if len(set(list_lengths.values())) > 1:
         raise RecordError("list_length_mismatch", "list fields are parallel and must have equal lengths: "
                           + ", ".join(f"{k}={n}" for k, n in list_lengths.items()))
     return out
 
 
-def _check_trained(key: str, items: list[Item]) -> None:
+def _check_trained(cfg: SftConfig, key: str, list_field: str | None, items: list[Item]) -> None:
     """RecordError('no_trained_text') when the source means to train something and all of it, over every item (all
-    responses of a group), is blank: one blank response among others is a sequence like any other."""
+    responses of a group), is blank: one blank response among others is a sequence like any other. Also when a
+    masked source that can train has an item with no part to train (a chat of user turns only): its sequence has no
+    trained token, which the shards drop the record for (`no_trained_tokens`); here, before QC, it is a reject that
+    takes no exact-dedup digest from a trainable twin."""
     trained = [t for item in items for t in item.trained]
     if trained and not any(t.strip() for t in trained):
         raise RecordError("no_trained_text", f"{key}: every part to be trained is empty or blank")
+    lay = layout(cfg, key)
+    if lay["mask"] and lay["can_train"]:
+        for i, item in enumerate(items):
+            if not item.trained:
+                where = f"{list_field}[{i}]" if list_field is not None else key
+                raise RecordError("no_trained_text", f"{where}: nothing to train (no turn or section that trains)")
 
 
 def record_text(data: dict[str, SourceData]) -> str:

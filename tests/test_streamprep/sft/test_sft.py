@@ -156,10 +156,42 @@ def test_qc_text_and_schema_rejects(glaive: dict[str, Any]) -> None:
     assert qc_text({"id": 1}, cfg) is None
     assert qc_check({"messages": "hello"}, cfg) == (None, "schema: messages: a string in a template section needs action: <role>")
     assert qc_check({"messages": []}, cfg) == (None, "schema: messages: expected a non-empty list of messages")
-    assert qc_text({"messages": [{"role": "user"}]}, cfg) == ""   # missing content reads as "" (QC min_chars judges)
+    # missing content reads as "" (QC min_chars judges)
+    assert qc_text({"messages": [{"role": "user"}, {"role": "assistant", "content": "ok"}]}, cfg) == "ok"
     assert qc_check({"messages": [{"role": "user", "content": 3}]}, cfg)[1].startswith("schema:")
     dpo = load_sft_config(sft_section("dpo"))
     assert qc_text({"chosen": "no transcript", "rejected": "\n\nHuman: hi\n\nAssistant: yo"}, dpo) is None
+
+
+def test_a_record_with_nothing_to_train_is_rejected_before_qc(glaive: dict[str, Any]) -> None:
+    """Regression: a chat without a trained turn (user turns only, a system prompt alone) passed QC, took the
+    exact-dedup digest, and the shards dropped it (`no_trained_tokens`), so its trainable twin, the same contents
+    with the answer as an assistant turn, was rejected as its duplicate: neither was trained. It is a reject at QC
+    now, as for a DPO transcript without an assistant turn; a source that trains nothing by config, or writes no
+    mask (a GRPO prompt), is kept as before."""
+    cfg = glaive["cfg"]
+    q, a = "What is the boiling point of water at sea level?", "It boils at 100 degrees Celsius."
+    why = "no_trained_text: text: nothing to train (no turn or section that trains)"
+    for msgs in ([{"role": "user", "content": q}, {"role": "user", "content": a}],
+                 [{"role": "system", "content": q}], [{"role": "user", "content": q}]):
+        assert qc_check({"messages": msgs}, cfg) == (None, why)
+    assert qc_check({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}, cfg) == \
+        (f"{q}\n\n{a}", None)
+    dpo = load_sft_config(sft_section("dpo"))
+    human = "\n\nHuman: hello there, how are you"
+    assert qc_check({"chosen": human, "rejected": f"{human}\n\nAssistant: fine"}, dpo) == \
+        (None, "no_trained_text: chosen: nothing to train (no turn or section that trains)")
+    assert qc_check({"chosen": f"{human}\n\nAssistant: fine", "rejected": f"{human}\n\nAssistant: bad"}, dpo)[1] is None
+    listed = load_sft_config({"input": {"sources": {"chats": {"list_field": "chats", "sections": [
+        {"field": "messages", "template": True}]}}}})
+    chats = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]},
+             {"messages": [{"role": "user", "content": q}]}]
+    assert qc_check({"chats": chats}, listed) == \
+        (None, "no_trained_text: chats[1]: nothing to train (no turn or section that trains)")
+    untrained = load_sft_config({**sft_section("sft_chat"), "mask": {"function_call": "mask"}})
+    assert qc_check({"messages": [{"role": "user", "content": q}]}, untrained) == (q, None)
+    grpo = load_sft_config(sft_section("grpo"))
+    assert qc_check({**grpo_records()[0]}, grpo)[1] is None
 
 
 def test_sharegpt_keys_give_the_same_trained_tokens(tmp_path: Path, shared_data: Path, glaive: dict[str, Any],

@@ -173,3 +173,26 @@ def test_sft_over_parquet_with_binary_and_decimal_columns_completes(shared_data:
     assert line["record"] == rows[0]
     shards = {p.relative_to(run / "sft"): p.read_bytes() for p in sorted((run / "sft").rglob("*")) if p.is_file()}
     assert shards and {p: (tmp_path / "pq/sft" / p).read_bytes() for p in shards} == shards
+
+
+@pytest.mark.slow
+def test_a_chat_with_nothing_to_train_does_not_take_its_twins_digest(shared_data: Path, tmp_path: Path) -> None:
+    """Regression: a chat of user turns only passed QC and took the exact-dedup digest, the shards then dropped it
+    (`no_trained_tokens`), and its twin with the answer as an assistant turn was rejected as its duplicate: 0
+    documents from 2 records. The untrainable one is a counted reject before dedup; the twin is trained."""
+    raw = yaml.safe_load((REPO / "configs/sft_chat.yaml").read_text())
+    q, a = "What is the boiling point of water at sea level in Celsius?", "Water boils at 100 degrees Celsius."
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": q}, {"role": r, "content": a}]})
+                            + "\n" for i, r in (("A", "user"), ("B", "assistant"))))
+    raw["datasets"] = [{"name": "chat", "path": str(data)}]
+    raw["tokenizer"]["path"] = str(shared_data / "tokenizers/phi-3-mini")
+    raw["quality"].update(expected_language=None, dedup="exact")
+    raw["execution"] = {"engine": "local", "workers": 1}
+    result = run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
+    assert result.summary["kept"]["chat"] == 1 and result.summary["rejected"]["chat"] == 1
+    rejects = [json.loads(line) for line in (tmp_path / "run/rejects/chat.jsonl").open()]
+    assert [(r["failed_check"], r["reason"], r["source"]["index"]) for r in rejects] == \
+        [("schema", "sft: no_trained_text: text: nothing to train (no turn or section that trains)", 0)]
+    receipt = json.loads((tmp_path / "run/receipts/chat/part-00000.json").read_text())
+    assert receipt["stats"]["num_documents"] == 1 and receipt["stats"]["sft"]["dropped"] == {}
