@@ -27,7 +27,8 @@ class Mode:
     text_exports = True    # Parquet/TSV shards and blend.json are written for this mode's shards
 
     def screen(self, items: list[tuple[Any, Any]], text_field: str) -> tuple[list[tuple[Any, Any]], list[Any]]:
-        """A read batch of (record or BadRecord, position) → (the batch to decide on, what QC judges).
+        """A read batch of (record or BadRecord, position) → (the batch to decide on, one per item in order, what QC
+        judges).
 
         The records QC judges are the batch's records that are not BadRecords, in order."""
         return items, [rec for rec, _ in items if not isinstance(rec, BadRecord)]

@@ -213,16 +213,16 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
     verdicts, judged_as = iter(qc.evaluate_batch(judged)), iter(judged)
     rows: list[tuple] = []  # one ItemColumns row per item, transposed at the end
     signatures = []
-    for rec, _ in screened:
+    for (rec, _), item in zip(screened, items):
+        extra = None  # the item's source keys: also on a record the mode screened out (an `sft:` schema reject)
+        if isinstance(item, dict) and not item.keys().isdisjoint(SOURCE_KEYS):
+            extra = {k: item[k] for k in SOURCE_KEYS if isinstance(item.get(k), (str, int))}
         if isinstance(rec, BadRecord):
-            rows.append((rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, None))
+            rows.append((rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, extra))
             continue
         keep, text, meta, digest, signature, text_bytes = next(verdicts)
         seen = next(judged_as)  # what QC read: the record, or for an `sft:` run its text as the mode extracted it
         signatures.append(signature)
-        extra = None
-        if isinstance(rec, dict) and not rec.keys().isdisjoint(SOURCE_KEYS):
-            extra = {k: rec[k] for k in SOURCE_KEYS if isinstance(rec.get(k), (str, int))}
         if not keep:
             excerpt = excerpt_of(seen, text_field)
             raw = seen.get(text_field) if isinstance(seen, dict) else seen
@@ -433,8 +433,8 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                     meta = near_dedup.reject_meta(meta, twin_ds or name, near_dedup.Twin(src, jaccard))
                     if twin_ds:  # kept by an earlier dataset (dedup_scope: run)
                         stats.add_near_kept_by(st, twin_ds)
-                if cols.extra[t]:
-                    source.update(cols.extra[t])
+            if cols.extra[t]:
+                source.update(cols.extra[t])
             stats.add_record(st, keep, meta, cols.chars[t])
             if keep:
                 kept.append(cols.row[t])

@@ -196,3 +196,20 @@ def test_a_chat_with_nothing_to_train_does_not_take_its_twins_digest(shared_data
         [("schema", "sft: no_trained_text: text: nothing to train (no turn or section that trains)", 0)]
     receipt = json.loads((tmp_path / "run/receipts/chat/part-00000.json").read_text())
     assert receipt["stats"]["num_documents"] == 1 and receipt["stats"]["sft"]["dropped"] == {}
+
+
+@pytest.mark.slow
+def test_an_sft_schema_reject_keeps_the_records_source_fields(shared_data: Path, tmp_path: Path) -> None:
+    """Regression: a record that does not fit `sft:` lost its id, url and licence in rejects/<dataset>.jsonl
+    (`"source": {"dataset": "a", "index": 1}`), which a pretraining schema reject keeps (docs/operations.md)."""
+    raw, run = _instruction_run(shared_data, tmp_path)
+    raw["datasets"] = raw["datasets"][:1]
+    path = Path(raw["datasets"][0]["path"])
+    bad = {"id": "c-content-int", "url": "https://example.org/c", "license": "cc-by", "prompt": 5, "answer": "x"}
+    path.write_text(path.read_text() + json.dumps(bad) + "\n" + json.dumps({"prompt": [], "answer": "y"}) + "\n")
+    run_from_dict(raw, run_dir=run, console_log=False)
+    rejects = [json.loads(line) for line in (run / "rejects/a.jsonl").open()]
+    assert [(r["failed_check"], r["source"]) for r in rejects] == [
+        ("schema", {"dataset": "a", "index": 5, "id": "c-content-int", "url": "https://example.org/c",
+                    "license": "cc-by"}),
+        ("schema", {"dataset": "a", "index": 6})]
