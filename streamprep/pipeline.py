@@ -425,6 +425,7 @@ class Job:
         self.record.update({"config": configmod.public(cfg), "config_hash": configmod.config_hash(cfg), "versions": _versions(),
                             "checkpoint_dir": str(self.checkpoint_dir), "plugins": plugin_modules()})
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
+        self._record_lock = threading.Lock()  # a stage ends in the feeder's thread too: one run.json writer at a time
         self.signals = Signals()
         self._backend_of: tuple[TokenizerInfo, str] | None = None  # _shard_backend's last tokenizer and choice
         self.executor: Executor | None = None  # the job's, from run() on
@@ -432,9 +433,12 @@ class Job:
         self.reporter = ProgressReporter(self.progress, self.config.execution.progress_interval_s,
                                          tty=None if console_log else False, datasets=config.datasets)
 
-    def _save_record(self, status: str, **extra: Any) -> None:
-        self.record.update(status=status, updated_at=time.time(), timings=self.timings, **extra)
-        atomic.write_json(RunLayout(self.run_dir).run_json, self.record)
+    def _save_record(self, status: str | None = None, **extra: Any) -> None:
+        """run.json with `status` (None: the one it has) and the timings so far."""
+        with self._record_lock:
+            self.record.update(status=status or self.record["status"], updated_at=time.time(), timings=self.timings,
+                               **extra)
+            atomic.write_json(RunLayout(self.run_dir).run_json, self.record)
 
     def _record_end(self, status: str, **extra: Any) -> None:
         """run.json's status as the run ends on an error or a stop, unless it cannot be written (a full disk): then
@@ -445,11 +449,18 @@ class Job:
             log.warning("run.json not updated", status=status, error=one_line(exc))
 
     def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
+        """`fn()`, its seconds added to the stage's; a stage that finishes writes them to run.json at once, so a
+        `kill -9` later in the attempt loses only the unfinished stage's time (a stop or a failure writes it all)."""
         t0 = time.monotonic()
         try:
-            return fn()
+            out = fn()
         finally:
             self.timings[name] = round(self.timings.get(name, 0.0) + time.monotonic() - t0, 3)
+        try:
+            self._save_record()
+        except OSError as exc:  # bookkeeping: a full disk stops the run where it writes its outputs, not here
+            log.warning("run.json timings not updated", stage=name, error=one_line(exc))
+        return out
 
     def run(self) -> RunResult:
         complete = self.record.get("status") == "complete"

@@ -348,7 +348,7 @@ def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) ->
         "tokens_share": {n: round(d["tokens"] / tokens, 4) if tokens else None for n, d in datasets.items()},
         "timings": timings,
         "timings_note": "seconds per stage, summed over every attempt of the run (a resumed run includes the time "
-                        "of the attempts before it)",
+                        "of the attempts before it, except the part of a stage a kill -9 cut short)",
         "throughput": throughput,
         "tokenizer_training": training_report(run_dir),  # held-out bytes/token of a sample-trained tokenizer
         "checks": {"ok": all(all_checks), "failed": [f"{n}: {k}" for n, d in datasets.items()

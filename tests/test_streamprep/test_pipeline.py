@@ -356,7 +356,7 @@ def test_a_full_disk_at_the_end_neither_undoes_a_run_nor_hides_why_it_failed(tmp
     assert json.loads((tmp_path / "c/run.json").read_text())["status"] == "complete"
     real_save = pipeline.Job._save_record
 
-    def save(job, status, **extra):
+    def save(job, status=None, **extra):
         if status == "failed":
             full()
         real_save(job, status, **extra)
@@ -366,3 +366,29 @@ def test_a_full_disk_at_the_end_neither_undoes_a_run_nor_hides_why_it_failed(tmp
     with pytest.raises(RuntimeError, match="exports broke"):
         run_from_dict(cfg, tmp_path / "b", console_log=False)
     assert [e["error"] for e in log_events(tmp_path / "b", "run failed")] == ["RuntimeError: exports broke"]
+
+
+def test_a_finished_stage_has_its_seconds_in_run_json_before_the_next_one_starts(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: run.json took the timings only as an attempt started, stopped, failed or completed, so a `kill -9`
+    during the exports lost the whole attempt's time and the resumed run's audit (timings summed over attempts)
+    gave a throughput ~14x too high. A stage that finishes now writes its seconds to run.json at once."""
+    from streamprep import pipeline
+
+    on_disk: list[dict] = []
+    exports = pipeline.Job._exports
+
+    def spy(job, *args):  # what a kill -9 here would leave for the resume
+        on_disk.append(json.loads((job.run_dir / "run.json").read_text()))
+        return exports(job, *args)
+
+    monkeypatch.setattr(pipeline.Job, "_exports", spy)
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(300)))
+    run_dir = tmp_path / "run"
+    run_from_dict(base_config([{"name": "gen", "path": str(src)}], None), run_dir=run_dir, console_log=False)
+    [record] = on_disk
+    final = json.loads((run_dir / "run.json").read_text())["timings"]
+    assert record["status"] == "running" and set(record["timings"]) == {"ingest", "tokenizer", "tokenize"}
+    assert record["timings"]["ingest"] > 0
+    assert {k: final[k] for k in record["timings"]} == record["timings"] and final["exports"] > 0
