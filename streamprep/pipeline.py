@@ -677,6 +677,7 @@ class Job:
         t0 = time.monotonic()
         results = engine.drain()
         skipped = sum(1 for r in results if r.get("skipped"))
+        self._add_tokenize_work([r for r in results if not r.get("skipped")])
         log.info("tokenization done", engine=engine.name, shards=len(tasks), tokenized=len(results) - skipped,
                  skipped=skipped, tail_wait_seconds=round(time.monotonic() - t0, 2),
                  shard_seconds=round(sum(r.get("seconds", 0.0) for r in results), 2),
@@ -685,6 +686,15 @@ class Job:
         if missing:
             raise RuntimeError(f"tokenization left {len(missing)} shard(s) incomplete: {'; '.join(missing[:5])}")
         return {"shards": len(tasks), "tokenized": len(results) - skipped, "skipped": skipped}
+
+    def _add_tokenize_work(self, done: list[dict[str, Any]]) -> None:
+        """run.json's `tokenize_work`, summed over attempts: the shards tokenized (not skipped as done), their tokens
+        and their workers' seconds, the audit's tokens/s. Tokenizing runs during ingest, so no stage's time is it; a
+        shard whose result a stop or a kill lost before this point is in neither sum, so the rate stays true."""
+        work = self.record.get("tokenize_work") or {"shards": 0, "tokens": 0, "seconds": 0.0}
+        self.record["tokenize_work"] = {"shards": work["shards"] + len(done),
+                                        "tokens": work["tokens"] + sum(r["tokens"] for r in done),
+                                        "seconds": round(work["seconds"] + sum(r["seconds"] for r in done), 3)}
 
     def _exports(self, tasks: list[ShardTask], states: dict[str, IngestState], info: TokenizerInfo,
                  executor: Executor) -> dict[str, Any]:

@@ -207,5 +207,5 @@ def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     shard_stats, outputs = task.mode.tokenize(task, tokenizer)
     write_receipt(task, shard_stats, outputs)
     return {"task": asdict(task), "skipped": False, "seconds": shard_stats["seconds"],
-            "scan": shard_stats.get("scan")}
+            "tokens": shard_stats.get("num_tokens", 0), "scan": shard_stats.get("scan")}
 

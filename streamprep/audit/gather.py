@@ -322,13 +322,14 @@ def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) ->
     tokens = sum(d["tokens"] for d in datasets.values())
     merged = stats.merge_stats(d["_stats"] for d in datasets.values())
     timings = dict(timings if timings is not None else (record.get("timings") or {}))
-    ingest_s, tok_s = timings.get("ingest"), timings.get("tokenize")
+    ingest_s = timings.get("ingest")
+    work = record.get("tokenize_work") or {}  # tokenizing runs during ingest: its own seconds, not a stage's
     ingest_bytes = sum(p.stat().st_size for p in RunLayout(run_dir).ingest_root.rglob("part-*.jsonl")) \
         if RunLayout(run_dir).ingest_root.is_dir() else 0
     throughput = {
         "ingest_records_per_s": round(read / ingest_s, 1) if ingest_s else None,
         "ingest_mb_written_per_s": round(ingest_bytes / 1e6 / ingest_s, 3) if ingest_s else None,
-        "tokenize_tokens_per_s": round(tokens / tok_s, 1) if tok_s else None,
+        "tokenize_tokens_per_s": round(work["tokens"] / work["seconds"], 1) if work.get("seconds") else None,
     }
     all_checks = [v for d in datasets.values() for v in d["checks"].values() if v is not None]
     audit = {

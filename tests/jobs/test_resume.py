@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import base_config, english_docs, tree_hashes
+from helpers import base_config, english_docs, log_events, tree_hashes
 from streamprep import run_from_dict
 from streamprep.checkpoints import DatasetFiles, load_and_repair
 
@@ -246,6 +246,35 @@ def test_kill_anywhere_then_resume_gives_identical_outputs(reference: tuple[dict
             break
     assert len(killed_in) >= 5, killed_in
     assert required <= set(killed_in), killed_in
+
+
+@pytest.mark.slow
+def test_a_kill_9_during_the_exports_keeps_the_attempts_seconds_and_tokens_per_s(reference: tuple[dict, Path],
+                                                                                tmp_path: Path) -> None:
+    """Regressions: run.json took the timings only at an attempt's start and end, so after a kill -9 during the
+    exports the resumed run's audit and status had lost the killed attempt's ingest (records/s ~14x too high). And
+    tokens/s counted the resume's seconds only: the shards the killed attempt tokenized count too."""
+    cfg_path, run_dir = tmp_path / "cfg.yaml", tmp_path / "run"
+    cfg_path.write_text(yaml.safe_dump(reference[0]))
+    proc = _start(cfg_path, run_dir)
+    assert _wait_for(run_dir, "writing exports", proc, 0)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    killed = json.loads((run_dir / "run.json").read_text())
+    assert killed["status"] == "running" and set(killed["timings"]) == {"ingest", "tokenizer", "tokenize"}
+    proc = _start(cfg_path, run_dir)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    audit = json.loads((run_dir / "audit" / "audit.json").read_text())
+    assert all(audit["timings"][k] >= v for k, v in killed["timings"].items()) and killed["timings"]["ingest"] > 0
+    first, resumed = log_events(run_dir, "tokenization done")
+    assert first["tokenized"] == resumed["skipped"] > 1 and resumed["tokenized"] == 0
+    work = json.loads((run_dir / "run.json").read_text())["tokenize_work"]
+    assert work == {**killed["tokenize_work"], "shards": first["tokenized"], "tokens": audit["totals"]["tokens"]}
+    assert work["seconds"] == pytest.approx(first["shard_seconds"], abs=0.01)
+    assert audit["throughput"]["tokenize_tokens_per_s"] == round(work["tokens"] / work["seconds"], 1)
+    assert audit["throughput"]["ingest_records_per_s"] == round(audit["totals"]["read"] / audit["timings"]["ingest"], 1)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
-from helpers import N_A, make_inputs
+from helpers import N_A, log_events, make_inputs
 from streamprep import run_from_dict
 from streamprep.audit import build_audit, render_html, summary_from_file, write_audit
 
@@ -91,6 +91,22 @@ def test_counts_add_up_against_independent_sources(e2e_run):
     # the text summary
     assert "counts add up" in text and "empty_tokens 1" in text and "audit.html" in text
     assert summary_from_file(run_dir) == text
+
+
+def test_tokens_per_s_is_per_second_of_tokenizing_not_of_the_wait_after_ingest(e2e_run):
+    """Regression: `tokenize_tokens_per_s` divided every token by `timings.tokenize`, the short wait after ingest
+    for the shards still running (tokenizing runs during ingest): 10.6 M tokens/s for shards that took 0.82 s for
+    0.46 M tokens. It is now the tokens of the shards tokenized over their tokenizing seconds (run.json's
+    `tokenize_work`), which the `tokenization done` line logs too."""
+    run_dir = e2e_run["run_dir"]
+    audit, _ = build_audit(run_dir)
+    work = json.loads((run_dir / "run.json").read_text())["tokenize_work"]
+    [done] = log_events(run_dir, "tokenization done")
+    receipts = [json.loads(p.read_text()) for p in sorted((run_dir / "receipts").rglob("*.json"))]
+    assert work["shards"] == done["tokenized"] == len(receipts) > 1
+    assert work["tokens"] == audit["totals"]["tokens"] == sum(r["stats"]["num_tokens"] for r in receipts)
+    assert work["seconds"] == pytest.approx(done["shard_seconds"], abs=0.01) and work["seconds"] > 0
+    assert audit["throughput"]["tokenize_tokens_per_s"] == round(work["tokens"] / work["seconds"], 1)
 
 
 def test_html_is_self_contained_and_escapes_record_text(e2e_run):
