@@ -44,18 +44,16 @@ def summary_from_file(run_dir: str | Path) -> str | None:
     return summary_text(audit, path.with_name("audit.html"))
 
 
-def write_audit(run_dir: str | Path, timings: dict[str, float] | None = None,
-                executor: Executor | None = None) -> str:
+def write_audit(run_dir: str | Path, executor: Executor | None = None) -> str:
     """Write audit/audit.json and audit/audit.html for `run_dir`; return the short text summary.
 
-    `timings` overrides run.json's (the pipeline passes its live timings before run.json is final). A job
-    passes its executor: gathering reads rejected and dropped records and tokenizes the rejects' sample, so it
+    A job passes its executor: gathering reads rejected and dropped records and tokenizes the rejects' sample, so it
     runs in a worker and the driver touches no record bytes."""
     run_dir = Path(run_dir)
     out_dir = RunLayout(run_dir).audit_dir
     with _one_writer(out_dir):
-        audit, examples = executor.submit(build_audit, run_dir, timings).result() if executor is not None \
-            else build_audit(run_dir, timings)
+        audit, examples = executor.submit(build_audit, run_dir).result() if executor is not None \
+            else build_audit(run_dir)
         public = public_audit(audit)
         atomic.write_bytes(out_dir / "audit.json", atomic.dumps_json(public))
         atomic.write_bytes(out_dir / "audit.html", render_html(audit, examples).encode("utf-8"))

@@ -300,7 +300,7 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, A
     return out, examples
 
 
-def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) -> tuple[dict[str, Any], dict]:
+def build_audit(run_dir: str | Path) -> tuple[dict[str, Any], dict]:
     """(audit dict, examples per dataset per reason). Read-only."""
     run_dir = Path(run_dir)
     record = run_record(run_dir)
@@ -321,7 +321,7 @@ def build_audit(run_dir: str | Path, timings: dict[str, float] | None = None) ->
     read, kept, rejected, empty = total("read"), total("kept"), total("rejected"), total("empty_tokens")
     tokens = sum(d["tokens"] for d in datasets.values())
     merged = stats.merge_stats(d["_stats"] for d in datasets.values())
-    timings = dict(timings if timings is not None else (record.get("timings") or {}))
+    timings = dict(record.get("timings") or {})
     ingest_s = timings.get("ingest")
     work = record.get("tokenize_work") or {}  # tokenizing runs during ingest: its own seconds, not a stage's
     ingest_bytes = sum(p.stat().st_size for p in RunLayout(run_dir).ingest_root.rglob("part-*.jsonl")) \
