@@ -19,6 +19,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -64,7 +65,8 @@ class IndexedDatasetWriter:
     """Streams sequences into `PREFIX.bin`, then writes `PREFIX.idx`; both appear atomically on `close()`.
 
     Files are written under temporary names, fsynced, and renamed `.bin` first, `.idx` last, so a
-    prefix whose `.idx` exists always has its complete `.bin` beside it.
+    prefix whose `.idx` exists always has its complete `.bin` beside it. `suspend()` closes the open `.bin`
+    (a caller with many writers stays under the process's open-file limit); the next write reopens it to append.
     """
 
     def __init__(self, prefix: str | os.PathLike, dtype: np.dtype):
@@ -75,7 +77,7 @@ class IndexedDatasetWriter:
         self.bin_path.parent.mkdir(parents=True, exist_ok=True)
         self._bin_tmp = tmp_path(self.bin_path)
         self._idx_tmp = tmp_path(self.idx_path)
-        self._bin = open(self._bin_tmp, "wb")
+        self._bin: BinaryIO | None = open(self._bin_tmp, "wb")
         self._lengths: list[np.ndarray] = []
         self._doc_ends: list[np.ndarray] = []  # cumulative sequence count after each document
         self._sequences = 0
@@ -84,7 +86,7 @@ class IndexedDatasetWriter:
         arrays = [np.asarray(a, dtype=self.dtype) for a in token_arrays]
         if any(a.size == 0 for a in arrays):
             raise ValueError("zero-length sequences are not written (drop empty documents upstream)")
-        self._bin.write(np.concatenate(arrays).tobytes())
+        self._out().write(np.concatenate(arrays).tobytes())
         self._lengths.append(np.fromiter((a.size for a in arrays), dtype=np.int32, count=len(arrays)))
         self._sequences += len(arrays)
         return len(arrays)
@@ -117,7 +119,7 @@ class IndexedDatasetWriter:
             body[ends] = False
             out[body] = tokens
             out[ends] = eod_id
-        self._bin.write(out.tobytes())
+        self._out().write(out.tobytes())
         self._lengths.append(lengths.astype(np.int32))
         self._sequences += n
         self._doc_ends.append(np.arange(self._sequences - n + 1, self._sequences + 1, dtype=np.int64))
@@ -129,6 +131,22 @@ class IndexedDatasetWriter:
         self._write(sequences)
         self._doc_ends.append(np.array([self._sequences], dtype=np.int64))
 
+    def _out(self) -> BinaryIO:
+        """The `.bin` temporary file, reopened to append after `suspend()`."""
+        if self._bin is None:
+            self._bin = open(self._bin_tmp, "ab")
+        return self._bin
+
+    @property
+    def suspended(self) -> bool:
+        return self._bin is None
+
+    def suspend(self) -> None:
+        """Close the `.bin` temporary file (its bytes so far stay); the next write or `close()` reopens it."""
+        if self._bin is not None:
+            self._bin.close()
+            self._bin = None
+
     @property
     def num_documents(self) -> int:
         return int(sum(len(x) for x in self._doc_ends))
@@ -136,9 +154,11 @@ class IndexedDatasetWriter:
     def close(self) -> None:
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int32)
         doc_indices = np.concatenate([np.zeros(1, dtype=np.int64), *self._doc_ends])
-        self._bin.flush()
-        os.fsync(self._bin.fileno())
-        self._bin.close()
+        out = self._out()
+        out.flush()
+        os.fsync(out.fileno())
+        out.close()
+        self._bin = None
         with open(self._idx_tmp, "wb") as fh:
             fh.write(index_bytes(lengths, self.dtype, doc_indices))
             fh.flush()
@@ -148,7 +168,7 @@ class IndexedDatasetWriter:
         fsync_dir(self.bin_path.parent)
 
     def abort(self) -> None:
-        self._bin.close()
+        self.suspend()
         for p in (self._bin_tmp, self._idx_tmp):
             p.unlink(missing_ok=True)
 

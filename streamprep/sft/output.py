@@ -106,6 +106,11 @@ class Shard:
         atomic.write_json(self.meta_path, meta)
         return meta
 
+    def suspend(self) -> None:
+        """Close the open files (see `binidx.IndexedDatasetWriter.suspend`); the next document reopens them."""
+        for w in self.writers.values():
+            w.suspend()
+
     def abort(self) -> None:
         for w in self.writers.values():
             w.abort()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import OrderedDict
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,6 +22,7 @@ from streamprep.sft.output import Shard, domain_dir
 from streamprep.sft.records import RecordError, build_record, get_path, record_text
 
 MAX_DROPPED_LISTED = 1000
+MAX_OPEN_FILES = 128  # `.bin` files a part keeps open over all its domains' shards (a part may have thousands)
 _TOKENIZERS: dict[str, ChatTokenizer] = {}
 
 
@@ -205,13 +208,19 @@ def _domain_of(record: Any, domain_key: str | None) -> str | None:
 
 
 class _Shards:
-    """The part's shards: one open per domain, rolled at `max_tokens_per_shard`, numbered per domain."""
+    """The part's shards: one open per domain, rolled at `max_tokens_per_shard`, numbered per domain.
+
+    At most MAX_OPEN_FILES of their `.bin` files are open at once: past that, the least recently written
+    domain's writers are suspended (closed, reopened to append on its next record), so any number of domains
+    stays under the open-file limit and the bytes are the same.
+    """
 
     def __init__(self, out_prefix: Path, plan: dict[str, dict[str, Any]], dtypes: dict[str, np.dtype],
                  header: dict[str, Any], max_tokens: int | None):
         self.base, self.name = out_prefix.parent, out_prefix.name
         self.plan, self.dtypes, self.header, self.max_tokens = plan, dtypes, header, max_tokens
         self.open: dict[str | None, Shard] = {}
+        self.active: OrderedDict[str | None, int] = OrderedDict()  # open shards whose files are open: their count
         self.next_index: dict[str | None, int] = {}
         self.closed: list[tuple[Shard, dict[str, Any]]] = []
 
@@ -228,9 +237,18 @@ class _Shards:
             shard = self.open[domain] = Shard(self.base / domain if domain else self.base, self.name, idx, domain,
                                               self.plan, self.dtypes, self.header)
         shard.add(arrays)
+        self._touch(domain)
+
+    def _touch(self, domain: str | None) -> None:
+        """`domain` was just written: it becomes the most recent; the least recent ones past the cap are suspended."""
+        self.active.pop(domain, None)
+        self.active[domain] = len(self.open[domain].writers)
+        while len(self.active) > 1 and sum(self.active.values()) > MAX_OPEN_FILES:
+            self.open[self.active.popitem(last=False)[0]].suspend()
 
     def _close(self, domain: str | None) -> None:
         shard = self.open.pop(domain)
+        self.active.pop(domain, None)
         self.closed.append((shard, shard.close()))
 
     def close_all(self) -> None:
@@ -238,8 +256,12 @@ class _Shards:
             self._close(domain)
 
     def abort(self) -> None:
+        """Remove the unfinished files, and a domain directory this left empty."""
         for shard in self.open.values():
             shard.abort()
+            if shard.domain is not None:
+                with suppress(OSError):   # not empty: the part's finished shards are there
+                    shard.dir.rmdir()
 
     def listing(self) -> dict[str, Any]:
         """`shards` (per shard: domain, index, meta.json, counts) and `files`, relative to the output dir."""

@@ -747,3 +747,66 @@ def test_distinct_domain_values_get_distinct_directories() -> None:
     assert len(set(dirs)) == len(values)
     assert domain_dir("7") == "7" and domain_dir("add") == "add" and domain_dir(None) == MISSING_DOMAIN  # as before
     assert domain_dir(7) == "7-" + hashlib.sha256(b"int:7").hexdigest()[:8]
+
+
+_MANY_DOMAINS_CHILD = """
+import resource, sys
+from pathlib import Path
+import yaml
+from streamprep.sft import load_sft_config, prepare_part
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+raw = yaml.safe_load(Path(sys.argv[1]).read_text())["sft"]
+prepare_part(sys.argv[2], sys.argv[3], sys.argv[4], load_sft_config(raw), "sha256:test-fingerprint")
+"""
+
+
+def many_domain_records(n_domains: int) -> list[dict[str, Any]]:
+    """GRPO groups over `n_domains` domains, each domain's records interleaved with every other's."""
+    return [{"domain": f"topic{i}", "prompt": f"What is {i} + {r}?", "responses": [f"Answer: {i + r}", f"Answer: {r}"],
+             "rewards": [1.0, 0.0]} for r in range(2) for i in range(n_domains)]
+
+
+def test_many_domains_stay_under_the_open_file_limit(tmp_path: Path, shared_data: Path, monkeypatch) -> None:
+    """Regression: a part kept every domain's shard files open until its end, so 150 domains (450 `.bin` files)
+    under a 256 open-file limit crashed with EMFILE (and every resume did the same). The bytes are those of a
+    part written with every file kept open."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import tree_hashes
+    from streamprep.sft import prepare as prep
+
+    cfg = load_sft_config(sft_section("grpo"))
+    part = write_part(tmp_path / "in" / "part-00000.jsonl", many_domain_records(150), cfg)
+    done = subprocess.run([sys.executable, "-c", _MANY_DOMAINS_CHILD, str(CONFIGS / "grpo.yaml"), str(part),
+                           str(tmp_path / "low" / "part-00000"), str(shared_data / PHI3)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    monkeypatch.setattr(prep, "MAX_OPEN_FILES", 10**6)   # every file open to the end, as before
+    stats = prepare_part(part, tmp_path / "all" / "part-00000", shared_data / PHI3, cfg, FP)
+    assert len(stats["shards"]) == 150 and stats["documents"] == 300
+    low, full = tree_hashes(tmp_path / "low", "."), tree_hashes(tmp_path / "all", ".")
+    assert len(low) == 150 * 7 and low == full   # meta + 3 (.bin, .idx) per domain, the same bytes
+
+
+def test_a_failed_part_leaves_no_empty_domain_directory(tmp_path: Path, phi3, monkeypatch) -> None:
+    """Regression: a part that failed midway removed its unfinished files but left their domain directories."""
+    from streamprep.sft import prepare as prep
+
+    cfg = load_sft_config(sft_section("grpo"))
+    part = write_part(tmp_path / "p.jsonl", many_domain_records(5), cfg)
+    calls = []
+    real_add = prep.Shard.add
+
+    def failing_add(self, record):
+        calls.append(1)
+        if len(calls) == 4:
+            raise OSError("disk full")
+        real_add(self, record)
+
+    monkeypatch.setattr(prep.Shard, "add", failing_add)
+    with pytest.raises(OSError, match="disk full"):
+        prepare_part(part, tmp_path / "out" / "part-00000", phi3, cfg, FP)
+    assert list((tmp_path / "out").iterdir()) == []
