@@ -77,22 +77,28 @@ def _token_value(v: Any) -> Any:
 
 
 def chat_template_of(tok_file: Path, tcfg: dict[str, Any] | None = None) -> str | None:
-    """The chat template beside a tokenizer.json: tokenizer_config.json's (`tcfg`, when read already; its `default`
-    when named), else chat_template.jinja; None without one."""
+    """The chat template beside a tokenizer.json (`chat_template_source`); None without one."""
+    return chat_template_source(tok_file, tcfg)[0]
+
+
+def chat_template_source(tok_file: Path, tcfg: dict[str, Any] | None = None) -> tuple[str | None, Path]:
+    """The chat template beside a tokenizer.json and the file it is read from: tokenizer_config.json's (`tcfg`, when
+    read already; its `default` when named), else chat_template.jinja; (None, chat_template.jinja) without one."""
     template = (tokenizer_config(tok_file.parent) if tcfg is None else tcfg).get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
+    if template is not None:
+        return template, tok_file.parent / "tokenizer_config.json"
     jinja_file = tok_file.parent / "chat_template.jinja"
-    if template is None and jinja_file.is_file():
-        template = jinja_file.read_text(encoding="utf-8")
-    return template
+    return (jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else None), jinja_file
 
 
 def check_chat_template(cfg: Mapping[str, Any]) -> None:
-    """A `template: true` section needs the run's tokenizer to have a chat template: without one, the run failed
-    at its first shard, after the whole ingest, and re-running could not fix it (the config check refuses a
-    changed `tokenizer.path`). Runs after the tokenizer's own check, which found its tokenizer.json."""
+    """A `template: true` section needs the run's tokenizer to have a chat template that compiles: without one, every
+    record failed (at the first shard, or each as `template_error` in a run that completed with 0 tokens) and
+    re-running could not fix it (the config check refuses a changed `tokenizer.path`). Runs after the tokenizer's
+    own check, which found its tokenizer.json."""
     sources = ((cfg.get("sft") or {}).get("input") or {}).get("sources") or {}
     single = list(sources) == [SINGLE_KEY]  # most likely written as `input.sections`, which validates to this
     used = next((f"sft.input.{'' if single else f'sources.{key}.'}sections[{i}].template"
@@ -100,10 +106,19 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
     if used is None:
         return
     path = cfg["tokenizer"]["path"]
-    if path is None or chat_template_of(source_file(Path(path))) is None:
-        where = "a tokenizer the run trains has" if path is None else \
+    template, where = chat_template_source(source_file(Path(path))) if path is not None else (None, None)
+    if template is None:
+        what = "a tokenizer the run trains has" if path is None else \
             f"the tokenizer at {path} has (tokenizer_config.json or chat_template.jinja beside its tokenizer.json)"
-        raise ConfigError(f"config: '{used}': needs a chat template, and {where} none")
+        raise ConfigError(f"config: '{used}': needs a chat template, and {what} none")
+    import jinja2
+    # the compiler (and sandbox, extensions, filters) apply_chat_template renders with, cached there by text
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+    try:
+        _compile_jinja_template(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"config: '{used}': the chat template in {where} does not compile: {exc.message} "
+                          f"(line {exc.lineno})") from None
 
 
 def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:

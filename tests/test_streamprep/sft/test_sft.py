@@ -661,6 +661,33 @@ def test_a_template_section_needs_a_chat_template_at_config_time(tmp_path: Path,
         load(raw)
 
 
+def test_a_chat_template_that_does_not_compile_is_a_config_error(tmp_path: Path, shared_data: Path) -> None:
+    """Regression: only the presence of a template was checked, so one with a syntax error was accepted, every record
+    was dropped as `template_error` and the run completed with 0 tokens (a re-run could not fix it)."""
+    from streamprep.config import ConfigError, load
+
+    phi3_dir = shared_data / "tokenizers/phi-3-mini"
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(phi3_dir / "tokenizer.json", tok / "tokenizer.json")
+    tcfg = json.loads((phi3_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    good = tcfg.pop("chat_template")
+    (tok / "tokenizer_config.json").write_text(json.dumps(tcfg), encoding="utf-8")
+    raw = yaml.safe_load((CONFIGS / "sft_chat.yaml").read_text(encoding="utf-8"))
+    raw["datasets"][0]["path"] = str(shared_data / GLAIVE)
+    raw["tokenizer"]["path"] = str(tok)
+    raw["execution"] = {"engine": "local"}
+    (tok / "chat_template.jinja").write_text(good, encoding="utf-8")
+    load(raw)
+    (tok / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^config: 'sft.input.sections\[0\].template': the chat template in "
+                                          r".*/tok/chat_template.jinja does not compile: unexpected '}' \(line 1\)$"):
+        load(raw)
+    (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": "{% if %}"}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"the chat template in .*/tok/tokenizer_config.json does not compile: "):
+        load(raw)
+
+
 SHAREGPT = {"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
                                     "role_map": {"human": "user", "gpt": "assistant"}, "train_turns": "last"}]},
             "mask": {"gpt": "train"}, "mask_default": "train",
