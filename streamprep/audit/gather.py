@@ -276,7 +276,8 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, A
         "ingest_done": done,
         "tokenization_complete": tokenized_complete,
         "records": {"read": read, "kept": kept, "rejected": rejected, "empty_tokens": empty,
-                    "tokenized_documents": docs, "trainable": kept - empty,
+                    "tokenized_documents": docs,
+                    "trainable": kept - empty - sum(dropped.values()),  # what reaches the shards (operations.md)
                     "keep_rate": round(kept / read, 4) if read else None,
                     **({"sft_dropped": dropped} if dropped else {}),
                     **({"sft_messages_not_rendered": unrendered} if unrendered else {})},
@@ -340,7 +341,7 @@ def build_audit(run_dir: str | Path) -> tuple[dict[str, Any], dict]:
                 "started_at": record.get("started_at"), "finished_at": record.get("finished_at")},
         "complete": bool(datasets) and all(d["tokenization_complete"] for d in datasets.values()),
         "totals": {"datasets": len(datasets), "read": read, "kept": kept, "rejected": rejected, "empty_tokens": empty,
-                   "tokenized_documents": total("tokenized_documents"), "trainable": kept - empty, "tokens": tokens,
+                   "tokenized_documents": total("tokenized_documents"), "trainable": total("trainable"), "tokens": tokens,
                    "ingest_bytes": ingest_bytes,
                    "rejects_by_check": stats.merge_counts(d["rejects_by_check"] for d in datasets.values()),
                    "languages_kept": stats.merge_counts([merged.get("languages_kept")]),

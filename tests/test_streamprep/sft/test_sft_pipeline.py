@@ -213,3 +213,20 @@ def test_an_sft_schema_reject_keeps_the_records_source_fields(shared_data: Path,
         ("schema", {"dataset": "a", "index": 5, "id": "c-content-int", "url": "https://example.org/c",
                     "license": "cc-by"}),
         ("schema", {"dataset": "a", "index": 6})]
+
+
+def test_trainable_counts_the_records_sft_shards_drop(shared_data: Path, tmp_path: Path) -> None:
+    """Regression: audit.json's `trainable` was kept - empty_tokens, so it still counted the records the SFT shards
+    dropped (here `overlong`): 5 trainable in a dataset whose shards hold 3 documents."""
+    raw, run = _instruction_run(shared_data, tmp_path)
+    raw["sft"]["preprocessing"] = {"max_seq_len": 40, "overlong": "drop"}
+    with open(raw["datasets"][0]["path"], "a") as fh:   # a: 5 records that fit, then 2 far past 40 tokens
+        for i in range(2):
+            fh.write(json.dumps({"prompt": f"Long question {i}?", "answer": "It is long. " * 30}) + "\n")
+    run_from_dict(raw, run_dir=run, console_log=False)
+    audit = json.loads((run / "audit/audit.json").read_text())
+    a, b = (audit["datasets"][n]["records"] for n in ("a", "b"))
+    assert a["kept"] == 7 and a["sft_dropped"] == {"overlong": 2} and a["empty_tokens"] == 0
+    assert a["trainable"] == a["tokenized_documents"] == 5 and b["trainable"] == b["tokenized_documents"] == 3
+    assert audit["totals"]["trainable"] == audit["totals"]["tokenized_documents"] == 8
+    assert audit["checks"]["ok"]
