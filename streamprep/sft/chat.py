@@ -112,8 +112,10 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
             f"the tokenizer at {path} has (tokenizer_config.json or chat_template.jinja beside its tokenizer.json)"
         raise ConfigError(f"config: '{used}': needs a chat template, and {what} none")
     import jinja2
-    # the compiler (and sandbox, extensions, filters) apply_chat_template renders with, cached there by text
-    from transformers.utils.chat_template_utils import _compile_jinja_template
+    try:  # the compiler (and sandbox, extensions, filters) apply_chat_template renders with, cached there by text
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # a private name: a transformers without it leaves the template to the first render
+        return
     try:
         _compile_jinja_template(template)
     except jinja2.TemplateSyntaxError as exc:
