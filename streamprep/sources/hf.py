@@ -765,10 +765,13 @@ class FileReader:
     def _prefetch_one(self, unit: Unit) -> None:
         sha, path = _unit_file(self.repo_id, unit)
         cache = Path(self.cache_dir)
+        _current.ahead = True  # a request given up here is not counted as given up: the reader asks again
         try:
             download(self.dataset, self.repo_id, path, sha, cache, self.endpoint, self.slots, hub_stats(cache))
         except Exception as exc:  # HFSourceUnavailable and the like: the unit's reader reports it
             log.info("hf prefetch failed; the reader downloads the file", file=path, error=_one_line(exc))
+        finally:
+            _current.ahead = False
 
     def read(self, unit: Unit, limit: int | None = None) -> list[dict[str, Any] | BadRecord]:
         """The unit's items (its first `limit`; never more than `max_records`)."""

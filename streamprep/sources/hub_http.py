@@ -100,7 +100,7 @@ class _RetryingTransport(httpx2.BaseTransport):
     answer) are retried per `policy`; a GET body cut or stalled mid-transfer is resumed with `Range: bytes=N-`
     (`_ResumingStream`).
     `current`: the thread-local naming the HubStats of the source whose request a thread makes (.stats, and
-    .downloading while a file's body is read)."""
+    .downloading while a file's body is read; .ahead while it downloads a file ahead of its reader)."""
 
     def __init__(self, inner: httpx2.BaseTransport, policy: Policy, current: threading.local):
         self.inner, self.policy, self.current = inner, policy, current
@@ -116,8 +116,10 @@ class _RetryingTransport(httpx2.BaseTransport):
         time.sleep(wait)
 
     def give_up(self, request: httpx2.Request, cause: str) -> HubRetriesExhausted:
+        """The error to raise; counted as given up unless the thread downloads ahead of a reader (`current.ahead`),
+        whose failure the reader retries: the counter is of failures that stop the run."""
         stats = getattr(self.current, "stats", None)
-        if stats is not None:
+        if stats is not None and not getattr(self.current, "ahead", False):
             stats.exhausted()
         return HubRetriesExhausted(f"{_where(request)}: {cause} after {self.policy.retries} retries")
 

@@ -911,6 +911,29 @@ def test_retries_run_out_with_a_one_line_resumable_error(many, tmp_path, quick_r
         HFSource(cfg(split="validation"), tmp_path / "cache").fingerprint()
 
 
+def test_a_download_ahead_that_runs_out_of_retries_is_not_given_up_when_its_reader_gets_the_file(many, tmp_path,
+                                                                                                 quick_retries):
+    """Regression: a 503 on a file fetched ahead of its reader gave up the prefetch, the reader downloaded the file and
+    the run completed, yet `gave_up` (`streamprep_hub_retries_exhausted_total`, "the run then stops") counted 1: an
+    alert on it fired on a healthy run. Only a request whose failure reaches the run counts."""
+    from streamprep.sources.hf import hub_stats
+
+    quick_retries.retries = 0
+    src = HFSource(_many_cfg(), tmp_path / "cache")
+    units = src.units()
+    reader = src.reader(units)
+    many.fault_cycle = ["503", None]  # the download ahead is refused, the reader's is served
+    assert reader.prefetch(units[1:2])[0].result() is None  # only logged
+    assert [rec["id"] for rec in reader.read(units[1])] == list(range(40, 80))
+    assert many.faults_served == {"503": 1}
+    assert hub_stats(tmp_path / "cache").snapshot() == {"retries": {}, "gave_up": 0, "files": 1,
+                                                        "bytes": len(jsonl(_many_rows(1)))}
+    many.fault_cycle = ["503"]  # the reader's own download running out still counts
+    with pytest.raises(HFSourceUnavailable, match="HTTP 503 after 0 retries"):
+        reader.read(units[2])
+    assert hub_stats(tmp_path / "cache").snapshot()["gave_up"] == 1
+
+
 TOKEN = "hf_SeNtInElToKeN0123456789abcdefXYZ"
 
 
