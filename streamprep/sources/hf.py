@@ -216,7 +216,31 @@ def select_data_files(repo_id: str, repo_files: Sequence[str], split: str, subse
         raise
     except (TypeError, AttributeError, ValueError) as exc:
         raise HFSourceError(f"hf://{repo_id}: bad 'configs' in README.md: {type(exc).__name__}: "
-                            f"{(str(exc).strip().splitlines() or [''])[0]}") from None
+                            f"{_first_paragraph(exc)}") from None
+
+
+def _first_paragraph(exc: BaseException) -> str:
+    """An error's first paragraph as one line: `datasets` wraps a sentence over lines, then gives examples (the
+    line introducing them, ending in ':', is left out)."""
+    lines = [line.strip() for line in str(exc).strip().split("\n\n")[0].splitlines()]
+    return " ".join(lines[:-1] if len(lines) > 1 and lines[-1].endswith(":") else lines)
+
+
+def _configs_error(exc: ValueError, card_data: Mapping[str, Any] | None) -> str:
+    """`datasets`' complaint about README `configs:` in one line. Its data_files message ends, after the examples,
+    on "some symbols like dashes '-' are not allowed in split names", the usual cause, which its first paragraph
+    does not name: the split name it refuses is named instead."""
+    from datasets.naming import _split_re
+
+    if "not allowed in split names" in str(exc):
+        for config in (card_data or {}).get("configs") or []:
+            files = config.get("data_files") if isinstance(config, Mapping) else None
+            for item in files if isinstance(files, list) else []:
+                split = item.get("split") if isinstance(item, Mapping) else None
+                if isinstance(split, str) and not re.match(_split_re, split):
+                    return (f"config {config.get('config_name')!r}: split name {split!r} is not allowed (letters, "
+                            f"digits and '_', with '.' between them)")
+    return _first_paragraph(exc)
 
 
 def _select_data_files(repo_id: str, repo_files: Sequence[str], split: str, subset: str | None,
@@ -230,7 +254,7 @@ def _select_data_files(repo_id: str, repo_files: Sequence[str], split: str, subs
         configs = MetadataConfigs.from_dataset_card_data(dict(card_data or {}))
         default = configs.get_default_config_name() if configs else None
     except ValueError as exc:
-        raise HFSourceError(f"hf://{repo_id}: bad 'configs' in README.md: {str(exc).strip().splitlines()[0]}") from None
+        raise HFSourceError(f"hf://{repo_id}: bad 'configs' in README.md: {_configs_error(exc, card_data)}") from None
     base = ""
     if configs:
         name = subset or default

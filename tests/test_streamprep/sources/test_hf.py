@@ -557,6 +557,24 @@ def test_a_readme_configs_of_the_wrong_shape_is_one_line_naming_it(card):
     assert isinstance(err.value, ConfigError) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("item, message", [
+    ({"split": "test-clean", "path": "clean/*.jsonl"},
+     "config 'default': split name 'test-clean' is not allowed (letters, digits and '_', with '.' between them)"),
+    ({"split": "train", "path": "x/*", "paths": "y"},
+     "Expected data_files in YAML to be either a string or a list of strings or a list of dicts with two keys: "
+     "'split' and 'path', but got [{'split': 'train', 'path': 'x/*', 'paths': 'y'}]")], ids=["dash", "third-key"])
+def test_a_readme_configs_that_datasets_refuses_is_one_line_naming_the_cause(item, message):
+    """Regression: `datasets`' error on data_files is many lines (the cause, examples, then "PS: some symbols like
+    dashes '-' are not allowed in split names"); its first line alone, "Expected data_files in YAML to be either a
+    string or a list of strings", hid the cause: a split name `datasets` refuses."""
+    from streamprep.sources.hf import select_data_files
+
+    card = {"configs": [{"config_name": "default", "data_files": [item]}]}
+    with pytest.raises(HFSourceError) as err:
+        select_data_files("org/x", ["clean/a.jsonl", "x/b.jsonl"], "train", None, card)
+    assert isinstance(err.value, ConfigError) and str(err.value) == f"hf://org/x: bad 'configs' in README.md: {message}"
+
+
 def test_hub_down_and_nothing_cached_is_resumable_error(hub, tmp_path):
     hub.stop()
     with pytest.raises(HFSourceUnavailable, match=r"hf://org/corpus@main: Hub unreachable and no cached copy"):
