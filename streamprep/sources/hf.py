@@ -20,9 +20,9 @@
 Positions are `{"revision": sha, "file": i, "record": r, "consumed": n, "state": IterableDataset.state_dict()}`:
 `r` records of file `i` (after the filter) and `n` items overall were yielded. Resuming pins the commit in the
 position, restores file `i`'s stream with `load_state_dict` (or, without a usable state, re-reads it and skips
-`r` records) and goes on with the next record. When the Hub is unreachable (or `HF_HUB_OFFLINE=1`) a revision
-resolved before is served from the cache manifest, so a resumed or repeated run needs no network for the files
-still cached (files a checkpoint has passed are deleted unless `keep_cache`).
+`r` records) and goes on with the next record. When the Hub is unreachable, answers 429/5xx after the retries,
+or `HF_HUB_OFFLINE=1`, a revision resolved before is served from the cache manifest, so a resumed or repeated run
+needs no network for the files still cached (files a checkpoint has passed are deleted unless `keep_cache`).
 
 `datasets`' JSON reader parses a file in chunks of 10 MB (of decompressed text) with pyarrow and fails the rest of
 the file at the chunk with a malformed line, or with the damage of a compressed file (`ArrowInvalid`, `EOFError`,
@@ -601,11 +601,15 @@ class HFSource:
             if status in (401, 403):  # it answered: "unreachable", exit 1 and "re-run to resume" misled
                 raise HFSourceError(f"hf://{self.repo_id}: the Hub refused the request ({_one_line(exc)}); check "
                                     f"HF_TOKEN: a token it does not accept, or one without access to this repo") from None
+            # a Hub that answered 429/5xx after every retry was reached: "unreachable" sent one to the network
+            status = status or getattr(exc, "status", None)
+            failure = f"the Hub answered HTTP {status}" if status else "Hub unreachable"
             cached = self._cached(revision)
             if cached is None:
-                raise HFSourceUnavailable(f"{where}: Hub unreachable and no cached copy of this revision "
+                raise HFSourceUnavailable(f"{where}: {failure} and no cached copy of this revision "
                                           f"({_one_line(exc)})") from None
-            log.warning("Hub unreachable; using the cached revision", repo=self.repo_id, revision=revision,
+            log.warning("the Hub answered an error; using the cached revision" if status else
+                        "Hub unreachable; using the cached revision", repo=self.repo_id, revision=revision,
                         sha=cached.sha, error=_one_line(exc))
             return cached
         sha = info.sha

@@ -35,7 +35,10 @@ class Policy(Protocol):
 
 class HubRetriesExhausted(OSError):
     """A Hub request still failed after `hf_retries` retries. Not an httpx error on purpose: huggingface_hub's own
-    backoff, which would start another round of retries, does not catch it."""
+    backoff, which would start another round of retries, does not catch it. `status`: the HTTP status of the Hub's
+    last answer (429/5xx), None if the connection was cut or stalled instead: the Hub answered, or was not reached."""
+
+    status: int | None = None
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -115,13 +118,15 @@ class _RetryingTransport(httpx2.BaseTransport):
                     retries=self.policy.retries, wait_s=round(wait, 2), retry_after=retry_after)
         time.sleep(wait)
 
-    def give_up(self, request: httpx2.Request, cause: str) -> HubRetriesExhausted:
+    def give_up(self, request: httpx2.Request, cause: str, status: int | None = None) -> HubRetriesExhausted:
         """The error to raise; counted as given up unless the thread downloads ahead of a reader (`current.ahead`),
         whose failure the reader retries: the counter is of failures that stop the run."""
         stats = getattr(self.current, "stats", None)
         if stats is not None and not getattr(self.current, "ahead", False):
             stats.exhausted()
-        return HubRetriesExhausted(f"{_where(request)}: {cause} after {self.policy.retries} retries")
+        exc = HubRetriesExhausted(f"{_where(request)}: {cause} after {self.policy.retries} retries")
+        exc.status = status
+        return exc
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         response = self.send(request)
@@ -147,7 +152,8 @@ class _RetryingTransport(httpx2.BaseTransport):
                 response.close()
             attempt += 1
             if attempt > self.policy.retries:
-                raise self.give_up(request, CUT_WORDS.get(cause) or f"HTTP {cause}")
+                raise self.give_up(request, CUT_WORDS.get(cause) or f"HTTP {cause}",
+                                   int(cause) if cause.isdigit() else None)
             self.backoff(request, cause, attempt, retry_after)
 
     def close(self) -> None:

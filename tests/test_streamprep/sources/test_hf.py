@@ -925,8 +925,34 @@ def test_retries_run_out_with_a_one_line_resumable_error(many, tmp_path, quick_r
     assert src.stats.snapshot()["gave_up"] >= 1
     many.fault_cycle = []
     many.api_faults = ["503", "503"]  # resolution: nothing cached for this split, so the Hub must answer
-    with pytest.raises(HFSourceUnavailable, match=r"Hub unreachable and no cached copy .*HTTP 503 after 1 retries"):
+    with pytest.raises(HFSourceUnavailable, match=r"the Hub answered HTTP 503 and no cached copy .*HTTP 503 after 1 "
+                                                  r"retries"):
         HFSource(cfg(split="validation"), tmp_path / "cache").fingerprint()
+
+
+def test_a_hub_that_answers_only_429_is_not_called_unreachable(hub, tmp_path, quick_retries):
+    """Regression: a revision lookup answered 429 (or 5xx) after every retry said "Hub unreachable and no cached copy"
+    (or logged "Hub unreachable; using the cached revision"): the Hub was reached and pushed back, so its status is
+    named; a Hub not reached at all is still "unreachable"."""
+    from structlog.testing import capture_logs
+
+    quick_retries.retries, quick_retries.max_s = 1, 0.05
+    hub.api_faults = ["429"] * 2
+    with pytest.raises(HFSourceUnavailable) as err:
+        HFSource(cfg(), tmp_path / "cache").fingerprint()
+    assert str(err.value) == (f"hf://{REPO}@main: the Hub answered HTTP 429 and no cached copy of this revision "
+                              f"(HubRetriesExhausted: GET /api/datasets/{REPO}/revision/main: HTTP 429 after 1 retries)")
+    sha = HFSource(cfg(), tmp_path / "cache").fingerprint()["revision"]  # now cached
+    hub.api_faults = ["503"] * 2
+    with capture_logs() as logged:
+        assert HFSource(cfg(), tmp_path / "cache").fingerprint()["revision"] == sha
+    hub.stop()
+    with capture_logs() as logged_down:
+        assert HFSource(cfg(), tmp_path / "cache").fingerprint()["revision"] == sha
+    assert [(e["event"], e["error"][-24:]) for e in logged if "cached revision" in e["event"]] == [
+        ("the Hub answered an error; using the cached revision", "HTTP 503 after 1 retries")]
+    assert [e["event"] for e in logged_down if "cached revision" in e["event"]] == [
+        "Hub unreachable; using the cached revision"]
 
 
 def test_a_download_ahead_that_runs_out_of_retries_is_not_given_up_when_its_reader_gets_the_file(many, tmp_path,
