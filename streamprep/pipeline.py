@@ -354,7 +354,8 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
                 log.info("previous attempt failed before writing any output; starting afresh", run_dir=str(run_dir))
             for lock in locks:
                 if lock.taken_over:
-                    log.warning("took over a stale lock from a process that is gone", previous=lock.taken_over)
+                    log.warning("took over a stale lock from a process that is gone", lock=str(lock.path),
+                                previous=lock.taken_over)  # the run dir's, then the checkpoint dir's: say which
             job = Job(config, run_dir, previous, console_log)
             with metrics.serving(config.execution, run_dir, config.datasets, job.progress):
                 return job.run()

@@ -515,3 +515,20 @@ def test_a_lock_whose_record_cannot_be_written_is_still_taken_and_released(tmp_p
             RunLock(path).acquire()
         held.release()
     RunLock(path).acquire().release()
+
+
+def test_a_resume_that_takes_over_stale_locks_says_which(tmp_path):
+    """Regression: after a kill -9 the resume logged "took over a stale lock from a process that is gone" twice, the
+    same words, once for the run dir's lock and once for the checkpoint dir's, without saying which was which."""
+    from helpers import log_events
+    from streamprep.layout import RunLayout
+
+    cfg, run = _config(tmp_path), tmp_path / "run"
+    run_from_dict(cfg, run_dir=run, console_log=False)
+    dead = {"pid": 2**22 + 1, "host": "gone", "started": "2020-01-01T00:00:00Z"}  # a record no flock holds
+    locks = [RunLayout(run).lock, CheckpointLayout(run / "checkpoints").lock]
+    for path in locks:
+        path.write_bytes(json.dumps(dead).encode())
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    took = log_events(run, "took over a stale lock from a process that is gone")
+    assert [(e["lock"], e["previous"]) for e in took] == [(str(path), dead) for path in locks]
