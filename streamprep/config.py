@@ -266,9 +266,10 @@ def _resolve_path(path: str, base: Path, key: str) -> str:
         path = rest
     p = Path(path).expanduser()
     try:
-        return str(p if p.is_absolute() else (base / p).resolve())
+        resolved = (base / p).resolve()  # an absolute path too: a symlink loop there was a bare RuntimeError later
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
         raise ConfigError(f"config: '{key}': {exc}") from None
+    return str(p if p.is_absolute() else resolved)
 
 
 # Dataset keys that only the schemes declaring them (meta `reads`) read; given to another, each would do nothing.

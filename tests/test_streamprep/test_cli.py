@@ -250,6 +250,22 @@ def test_run_dir_in_a_symlink_loop_is_exit_2(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "cfg.yaml", "loop_a", "loop_b"]
 
 
+def test_absolute_checkpoint_dir_in_a_symlink_loop_is_exit_2(tmp_path, capsys):
+    """Regression: exit 1 with a bare 'RuntimeError: Symlink loop', no key named (the relative form was exit 2)."""
+    import yaml
+
+    cfg = _ingest_config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["run"] = {"checkpoint_dir": str(tmp_path / "loop_a")}
+    cfg.write_text(yaml.safe_dump(raw))
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    _assert_exit_2_nothing_written(["ingest", "--config", str(cfg), "--run-dir", str(tmp_path / "run")], capsys,
+                                   f"config: 'run.checkpoint_dir': Symlink loop from '{tmp_path / 'loop_a'}'",
+                                   tmp_path / "run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "cfg.yaml", "loop_a", "loop_b"]
+
+
 def test_run_dir_in_a_read_only_location_is_exit_2(tmp_path, capsys):
     import os
 

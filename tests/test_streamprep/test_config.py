@@ -620,12 +620,19 @@ def test_a_yaml_error_says_what_and_where(tmp_path: Path) -> None:
         assert str(err.value) == f"config: {cfg}: empty (no YAML mapping in it)"
 
 
-def test_relative_path_through_a_symlink_loop_names_its_key(tmp_path: Path, data: Path) -> None:
+@pytest.mark.parametrize("key", ["run.checkpoint_dir", "datasets[0].path", "tokenizer.path"])
+@pytest.mark.parametrize("absolute", [False, True])
+def test_a_path_through_a_symlink_loop_names_its_key(tmp_path: Path, data: Path, key: str, absolute: bool) -> None:
+    """Regression: an absolute path was not resolved, so a loop there was a bare RuntimeError at the checkpoint
+    dir's preflight (exit 1) and 'no such file or directory' for a dataset or the tokenizer."""
     (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
     (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
-    with pytest.raises(ConfigError, match=r"'run.checkpoint_dir': Symlink loop"):
-        validate({"datasets": [{"name": "a", "path": str(data)}], "run": {"checkpoint_dir": "loop_a/ckpt"}},
-                 base_dir=tmp_path)
+    loop = str(tmp_path / "loop_a") if absolute else "loop_a"
+    raw = {"datasets": [{"name": "a", "path": str(data)}], "run": {}, "tokenizer": {}}
+    section, _, name = key.replace("[0]", "").partition(".")
+    (raw[section][0] if section == "datasets" else raw[section])[name] = loop
+    with pytest.raises(ConfigError, match=rf"^config: '{re.escape(key)}': Symlink loop from "):
+        validate(raw, base_dir=tmp_path)
 
 
 def test_typed_config_is_frozen_and_round_trips_byte_identical(good: dict) -> None:
