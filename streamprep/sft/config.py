@@ -186,7 +186,7 @@ def _source(key: str, raw: Any) -> dict[str, Any]:
     if mk is not False:
         if not isinstance(mk, str) or not NAME_RE.match(mk):
             raise SftConfigError(f"{key}.mask_key", f"must be a name (letters, digits, _ -) or false, got {mk!r}")
-        if mk in RESERVED_KINDS:
+        if mk.casefold() in RESERVED_KINDS:  # case-insensitive: the kinds name files, on such file systems too
             raise SftConfigError(f"{key}.mask_key", f"must not be {mk!r} (used for the sequence/value files)")
     sections = src["sections"]
     if not isinstance(sections, list) or not sections:
@@ -225,9 +225,15 @@ def validate_sft_config(section: Mapping[str, Any] | None) -> dict[str, Any]:
         raw_sources = _mapping("sft.input.sources", inp["sources"])
         if not raw_sources:
             raise SftConfigError("sft.input.sources", "must name at least one output key")
+        seen: dict[str, str] = {}
         for name, raw in raw_sources.items():
             if not isinstance(name, str) or not NAME_RE.match(name):
                 raise SftConfigError(f"sft.input.sources.{name}", "output key must be a name (letters, digits, _ -)")
+            if name.casefold() in seen:  # the keys name files: on a case-insensitive file system one overwrote the other
+                raise SftConfigError(f"sft.input.sources.{name}", f"output key differs from "
+                                     f"'{seen[name.casefold()]}' only in case (output keys name files, unique "
+                                     f"ignoring case); rename one")
+            seen[name.casefold()] = name
             sources[name] = _source(f"sft.input.sources.{name}", raw)
 
     mask_raw = sec.get("mask", DEFAULT_MASK)

@@ -583,6 +583,8 @@ OK_SECTION = {"field": "messages", "template": True}
     ({"input": {"sections": [{"field": "text\n"}]}}, "sft.input.sections[0].field"),
     ({"input": {"sections": [OK_SECTION]}, "mask": {"user\n": "train"}}, "sft.mask.user\\n"),
     ({"input": {"sources": {"x": {"sections": [OK_SECTION], "mask_key": "sequence"}}}}, "sft.input.sources.x.mask_key"),
+    ({"input": {"sources": {"x": {"sections": [OK_SECTION], "mask_key": "Sequence"}}}}, "sft.input.sources.x.mask_key"),
+    ({"input": {"sources": {"x": {"sections": [OK_SECTION], "mask_key": "VALUE"}}}}, "sft.input.sources.x.mask_key"),
     ({"input": {"sections": [{"action": "train"}]}}, "sft.input.sections[0].field"),
     ({"input": {"sections": [{"field": "r", "action": "value", "template": True}]}}, "sft.input.sections[0].template"),
     ({"input": {"sections": [{"field": "p", "generation_prompt": True}]}}, "sft.input.sections[0].generation_prompt"),
@@ -637,6 +639,29 @@ def test_a_pretraining_dtype_beside_an_sft_section_is_a_config_error(tmp_path: P
         validate({**raw, "output": {"dtype": "uint16"}})
     pretraining = {k: v for k, v in raw.items() if k != "sft"}
     assert validate({**pretraining, "output": {"dtype": "uint16"}})["output"]["dtype"] == "uint16"
+
+
+def test_output_keys_equal_ignoring_case_are_a_config_error(tmp_path: Path, capsys) -> None:
+    """Regression: `chosen:` and `Chosen:` were both accepted and wrote `…_chosen_sequence.bin` and
+    `…_Chosen_sequence.bin`, one file on a case-insensitive file system; dataset names were already refused so."""
+    import yaml
+
+    from streamprep.cli import main
+
+    data = tmp_path / "a.jsonl"
+    data.write_text('{"p": "hello there"}\n')
+    sources = {"chosen": {"sections": [{"field": "p", "action": "train"}]},
+               "Chosen": {"sections": [{"field": "p", "action": "train"}]}}
+    cfg = tmp_path / "cfg.yaml"
+    raw = {"datasets": [{"name": "a", "path": str(data)}], "tokenizer": {"if_missing": "train"},
+           "execution": {"engine": "local"}, "sft": {"input": {"sources": sources}}}
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))  # `chosen` first
+    run_dir = tmp_path / "run"
+    assert main(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "streamprep: error: config: 'sft.input.sources.Chosen': output key differs from 'chosen' only in case "
+        "(output keys name files, unique ignoring case); rename one"]
+    assert not run_dir.exists()
 
 
 def test_a_template_section_needs_a_chat_template_at_config_time(tmp_path: Path, shared_data: Path) -> None:
