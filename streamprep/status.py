@@ -133,6 +133,20 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, 
     }
 
 
+def datasets_status(run_dir: Path, record: dict[str, Any],
+                    live: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Each dataset's `_dataset_status`, by name. A checkpoint or receipt of the wrong shape (or not JSON), or a
+    checkpoint missing from a complete run whose dataset ran, raises `damaged_record`: `status` and `verify` judge
+    a run's records with this one check."""
+    ckpt_dir = checkpoint_dir(run_dir, record)
+    entries = {d["name"]: d for d in record["config"]["datasets"]}
+    live = live or {}
+    try:
+        return {n: _dataset_status(run_dir, ckpt_dir, n, record, live.get(n), entries[n]) for n in entries}
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a checkpoint or receipt of the wrong shape
+        raise damaged_record(run_dir, exc) from None
+
+
 def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = None,
                hub: dict[str, Any] | None = None) -> dict[str, Any]:
     """Where the run in `run_dir` stands; see docs/operations.md for the fields. Read-only.
@@ -142,13 +156,7 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
     run_dir = Path(run_dir)
     record = run_record(run_dir)
     ckpt_dir = checkpoint_dir(run_dir, record)
-    entries = {d["name"]: d for d in record["config"]["datasets"]}
-    names = list(entries)
-    live = live or {}
-    try:
-        datasets = {n: _dataset_status(run_dir, ckpt_dir, n, record, live.get(n), entries.get(n)) for n in names}
-    except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a checkpoint or receipt of the wrong shape
-        raise damaged_record(run_dir, exc) from None
+    datasets = datasets_status(run_dir, record, live)
     holder = lock_holder(run_dir)
     recorded = record.get("status") or "unknown"
 

@@ -11,8 +11,10 @@ text SHA-256); that Parquet and `.bin/.idx` hold the same records per source; th
 only listed shards; and that no unlisted file lies in parquet/, binidx/, sft/, receipts/, tokenizer/ or
 ingest/. Megatron's index cache (`PREFIX/cache/...`, written beside the data by GPTDataset), the
 exports' per-part summary caches (`receipts/<ds>/*.summary`, self-checking: keyed by their receipt's
-hash, recomputed when stale) and hidden temporaries are ignored; so are audit/, logs/, rejects/ and checkpoints/ (reports and resume state, not
-read by a trainer or a later stage).
+hash, recomputed when stale) and hidden temporaries are ignored; so are audit/, logs/ and rejects/ (reports, not
+read by a trainer or a later stage). The checkpoints are judged as `status` judges them (status.datasets_status):
+one damaged, or missing while its dataset ran, passed here while `status` and `audit` refused the run, and a re-run
+restarts its dataset.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from typing import Any, Callable
 import numpy as np
 
 from streamprep import atomic, binidx, layout
+from streamprep.layout import NotARunDir, run_record
+from streamprep.status import datasets_status
 from streamprep.exports import chain, summary
 from streamprep.modes import receipt_mode_name
 
@@ -417,11 +421,24 @@ def _check_files(c: _Checker, entries: Any, listed: set[str]) -> None:
                   f"manifest.json says {entry.get('size_bytes')} bytes, {str(entry.get('sha256'))[:12]}…)")
 
 
+def _check_checkpoints(c: _Checker) -> None:
+    """The datasets' checkpoints (and receipts' shapes) as `status` reads them, its one line if it refuses them."""
+    try:
+        record = run_record(c.run_dir)
+    except NotARunDir:  # no run.json, or one without its config: reported above, and nothing names the datasets
+        return
+    try:
+        datasets_status(c.run_dir, record)
+    except NotARunDir as exc:
+        c.add(str(exc))
+
+
 def verify_run(run_dir: str | Path) -> list[str]:
     """All problems found in the run directory's outputs; an empty list means every check passed."""
     c = _Checker(Path(run_dir))
     if not _check_root(c):
         return c.problems
+    _check_checkpoints(c)
     finished = not c.problems and (c.run_dir / layout.RUN_JSON).is_file()  # run.json says complete, names the root
     man = _json_object(c, layout.MANIFEST, missing=" (run.json says the run is complete: re-run the same `streamprep "
                        "ingest` command to write it again)" if finished else " (exports not written yet?)")

@@ -363,6 +363,31 @@ def test_incomplete_or_pre_chain_run_json(chain_run):
     assert verify_run(run)[0] == "run.json: records no manifest_sha256 (written before the hash chain existed?)"
 
 
+@pytest.mark.parametrize("rel, edit, why", [
+    ("checkpoints/c4.json", lambda p: p.write_bytes(p.read_bytes()[:20]),
+     "ValueError: c4.json is not JSON (unexpected end of data: line 1 column 21 (char 20))"),
+    ("checkpoints/dclm.json", Path.unlink,
+     "ValueError: dclm.json is missing, and dataset 'dclm' ran (its plan, parts or rejects are there)")])
+def test_a_damaged_checkpoint_is_a_problem_as_status_says(chain_run, rel, edit, why):
+    """Regression: verify ignored checkpoints/, so a complete run whose checkpoint was truncated or missing passed
+    ("all files match", exit 0) while `status` and `audit` refused it (exit 2) and a re-run restarted its dataset."""
+    from streamprep.layout import NotARunDir
+    from streamprep.status import run_status
+
+    run, touch = chain_run
+    touch(rel, edit)
+    line = (f"{run}: a checkpoint or receipt is damaged ({why}); `streamprep ingest` with the run's config repairs it "
+            f"(a checkpoint restarts its dataset, a receipt its shard)")
+    assert verify_run(run) == [line]
+    with pytest.raises(NotARunDir) as status_error:
+        run_status(run)
+    assert str(status_error.value) == line
+    out = subprocess.run([sys.executable, "-m", "streamprep", "verify", str(run)], capture_output=True, text=True,
+                         env=_env())
+    assert out.returncode == 1 and out.stdout.splitlines()[0] == line
+    assert out.stdout.splitlines()[-1] == "streamprep: verify: 1 problem(s)"
+
+
 @pytest.mark.parametrize("edit", [{"phases": {"a": 1}}, {"phases": [{"weights": ["x"]}]},
                                   {"sources": {"c4": None}}, {"sources": {"c4": {"shards": 5}}}])
 def test_a_mixtures_json_of_the_wrong_shape_is_reported_not_raised(chain_run, edit):
