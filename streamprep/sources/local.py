@@ -144,10 +144,23 @@ def is_local_glob(path: str) -> bool:
     return globmod.has_magic(path) and not os.path.lexists(path)
 
 
+def _check_enterable(pattern: str) -> None:
+    """Raise the OSError of listing a local glob's folder (the one before its first glob character), unless it is
+    missing: glob skips a folder it cannot enter without a word, which made one behind a folder of no permission
+    'no file matches' where a plain path there says 'cannot read FOLDER: Permission denied'."""
+    parts = Path(pattern).parts
+    static = Path(*parts[:next(i for i, part in enumerate(parts) if globmod.has_magic(part))])
+    try:
+        os.scandir(static).close()
+    except (FileNotFoundError, NotADirectoryError):  # nothing there: the glob matches no file, as it says
+        pass
+
+
 def _check_local_path(key: str, path: str) -> None:
     if is_local_glob(path):
         files = expand(path)
         if not any(os.path.isfile(f) for f in files):
+            _check_enterable(path)
             raise MissingInput(f"config: '{key}': no file matches {path}"
                                + (" (only folders do: `**` reads folders at any depth)" if files else ""))
     elif not Path(path).exists():

@@ -384,6 +384,33 @@ def test_a_folder_that_cannot_be_listed_is_one_reject_naming_it(tmp_path: Path, 
     assert str(err.value) == f"config: 'datasets[0].path': {data}: cannot read {data}: Permission denied"
 
 
+def test_a_glob_behind_a_folder_that_cannot_be_entered_is_exit_2_naming_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: glob skips a folder it cannot list without a word, so `unread/*.jsonl` (or `unread/sub/*.jsonl`)
+    said 'no file matches' where a plain path there says which folder it cannot read. A glob whose folder is
+    missing still matches nothing. (Simulated, as above: root is denied nothing.)"""
+    from streamprep.sources.local import check_path
+
+    unread = tmp_path / "unread"
+    (unread / "sub").mkdir(parents=True)
+    (unread / "a.jsonl").write_bytes(_head(5))
+    (unread / "sub" / "b.jsonl").write_bytes(_head(5))
+    scandir = os.scandir
+
+    def denied(path: Any = ".") -> Any:
+        if Path(path) == unread or unread in Path(path).parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+    monkeypatch.setattr(os, "scandir", denied)
+    for pattern, folder in ((f"{unread}/*.jsonl", unread), (f"{unread}/sub/*.jsonl", unread / "sub")):
+        with pytest.raises(ConfigError) as err:
+            check_path("datasets[0].path", pattern)
+        assert str(err.value) == f"config: 'datasets[0].path': {pattern}: cannot read {folder}: Permission denied"
+    with pytest.raises(ConfigError) as err:
+        check_path("datasets[0].path", f"{tmp_path}/gone/*.jsonl")
+    assert str(err.value) == f"config: 'datasets[0].path': no file matches {tmp_path}/gone/*.jsonl"
+
+
 def test_a_folder_the_path_does_not_read_into_is_one_reject_naming_it(tmp_path: Path) -> None:
     """Regression: a symlinked folder inside a dataset's directory, and a folder a glob's `*` matched, were left out
     with their files without a word (rglob does not follow links; `*` names the folder, not its files). Each is now
