@@ -9,6 +9,7 @@ import struct
 import subprocess
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -351,3 +352,40 @@ def test_an_audit_waits_for_one_being_written(e2e_run, tmp_path):
     os.close(other)
     writer.join(30)
     assert done.is_set() and json.loads((audit_dir / "audit.json").read_text())["complete"] is True
+
+
+@pytest.mark.parametrize("audit_dir_exists", [True, False])
+def test_audit_of_a_read_only_run_dir_is_exit_2_naming_the_folder(e2e_run, tmp_path, monkeypatch, capsys,
+                                                                  audit_dir_exists):
+    """Regression: `streamprep audit` on a run dir it may not write in was a raw `PermissionError: … audit/.audit.json
+    .streamprep-tmp.NNN`, exit 1. (Simulated: root writes through permission bits.)"""
+    from streamprep import atomic
+    from streamprep.cli import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(e2e_run["run_dir"], run_dir, ignore=shutil.ignore_patterns(".lock", "audit"))
+    audit_dir = run_dir / "audit"
+    if audit_dir_exists:
+        audit_dir.mkdir()
+    refusing = audit_dir if audit_dir_exists else run_dir
+    nofollow, mkdir = atomic.nofollow, Path.mkdir
+
+    def denied(path: Any) -> PermissionError:
+        return PermissionError(13, "Permission denied", str(path))
+
+    def opener(path: str, flags: int) -> int:
+        if Path(path).parent == refusing:
+            raise denied(path)
+        return nofollow(path, flags)
+
+    def make(self: Path, *args: Any, **kw: Any) -> None:
+        if self.parent == refusing and not self.exists():
+            raise denied(self)
+        mkdir(self, *args, **kw)
+    monkeypatch.setattr(atomic, "nofollow", opener)
+    monkeypatch.setattr(Path, "mkdir", make)
+    assert main(["audit", str(run_dir)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"streamprep: error: cannot write the audit in {refusing}: Permission denied; make that folder writable, or "
+        f"audit a copy of the run dir"]
+    assert (list(audit_dir.iterdir()) == []) if audit_dir_exists else not audit_dir.exists()  # nothing written
