@@ -167,6 +167,9 @@ def validate_quality_config(section: Mapping[str, Any] | None) -> dict[str, Any]
         value = section.get(key, default)
         out[key] = _CHECKS[key](key, value)
     if out["max_chars"] < out["min_chars"]:
+        if "max_chars" not in section:  # the user set min_chars only: name it, and where the bound comes from
+            raise QualityConfigError("min_chars", f"must be <= max_chars ({out['max_chars']}, its default), "
+                                                  f"got {out['min_chars']}; raise max_chars too")
         raise QualityConfigError("max_chars", f"must be >= min_chars ({out['min_chars']}), got {out['max_chars']}")
     lang, detector = out["expected_language"], out["language_detector"]
     if out["domain"] == "general" and lang is not None and lang not in detectable(detector):

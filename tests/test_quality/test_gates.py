@@ -717,6 +717,7 @@ def test_config_defaults_and_idempotence() -> None:
     ({"min_chars": True}, "min_chars"),
     ({"min_chars": -1}, "min_chars"),
     ({"max_chars": 10, "min_chars": 20}, "max_chars"),
+    ({"min_chars": 3_000_000}, "min_chars"),  # regression: blamed max_chars, a key not written (its default)
     ({"domain": "legal"}, "domain"),
     ({"language_detector": "fasttext"}, "language_detector"),
     ({"dedup": "fuzzy"}, "dedup"),
@@ -740,6 +741,15 @@ def test_config_errors_name_the_key(section, key: str) -> None:
     with pytest.raises(QualityConfigError):
         QualityControl(section)
 
+
+
+def test_a_min_chars_over_the_default_max_chars_names_min_chars() -> None:
+    """Regression: `quality: {min_chars: 3000000}` said "'max_chars': must be >= min_chars (3000000), got 2000000",
+    blaming a key the config never wrote."""
+    with pytest.raises(QualityConfigError) as info:
+        validate_quality_config({"min_chars": 3_000_000})
+    assert str(info.value) == "min_chars: must be <= max_chars (2000000, its default), got 3000000; raise max_chars too"
+    assert validate_quality_config({"min_chars": 3_000_000, "max_chars": 3_000_000})["min_chars"] == 3_000_000
 
 
 # Every key set to a non-default value; ints where floats are expected (they must come back as floats).
