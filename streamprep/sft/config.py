@@ -196,6 +196,20 @@ def _source(key: str, raw: Any) -> dict[str, Any]:
     return src
 
 
+def _distinct_files(sources: Mapping[str, dict[str, Any]]) -> None:
+    """Each output key's files (`<key>_sequence`, `<key>_value`, `<key>_<mask_key>`) are its own, ignoring case:
+    `chosen` and `Chosen` are one file on a case-insensitive file system, and a key `a` with mask_key `b_sequence`
+    wrote key `a_b`'s sequence file."""
+    owner: dict[str, tuple[str, str]] = {}
+    for name, src in sources.items():
+        for kind in RESERVED_KINDS + ((src["mask_key"],) if src["mask_key"] else ()):
+            stem = f"{name}_{kind}"
+            first, its = owner.setdefault(stem.casefold(), (name, stem))
+            if first != name:
+                raise SftConfigError(f"sft.input.sources.{name}", f"its file {stem}.bin would be output key "
+                                     f"'{first}''s {its}.bin (file names compare ignoring case); rename one")
+
+
 def check_output_dtype(cfg: Mapping[str, Any]) -> None:
     """The run-level keys an `sft:` run would ignore without a word: its token ids take `sft.output.dtype`, so a
     pretraining `output.dtype` set beside it is an error rather than a setting that does nothing."""
@@ -225,16 +239,11 @@ def validate_sft_config(section: Mapping[str, Any] | None) -> dict[str, Any]:
         raw_sources = _mapping("sft.input.sources", inp["sources"])
         if not raw_sources:
             raise SftConfigError("sft.input.sources", "must name at least one output key")
-        seen: dict[str, str] = {}
         for name, raw in raw_sources.items():
             if not isinstance(name, str) or not NAME_RE.match(name):
                 raise SftConfigError(f"sft.input.sources.{name}", "output key must be a name (letters, digits, _ -)")
-            if name.casefold() in seen:  # the keys name files: on a case-insensitive file system one overwrote the other
-                raise SftConfigError(f"sft.input.sources.{name}", f"output key differs from "
-                                     f"'{seen[name.casefold()]}' only in case (output keys name files, unique "
-                                     f"ignoring case); rename one")
-            seen[name.casefold()] = name
             sources[name] = _source(f"sft.input.sources.{name}", raw)
+        _distinct_files(sources)
 
     mask_raw = sec.get("mask", DEFAULT_MASK)
     mask = {}

@@ -585,6 +585,9 @@ OK_SECTION = {"field": "messages", "template": True}
     ({"input": {"sources": {"x": {"sections": [OK_SECTION], "mask_key": "sequence"}}}}, "sft.input.sources.x.mask_key"),
     ({"input": {"sources": {"x": {"sections": [OK_SECTION], "mask_key": "Sequence"}}}}, "sft.input.sources.x.mask_key"),
     ({"input": {"sources": {"x": {"sections": [OK_SECTION], "mask_key": "VALUE"}}}}, "sft.input.sources.x.mask_key"),
+    # a's mask file a_b_sequence would be a_b's sequence file (regression: both were written to it)
+    ({"input": {"sources": {"a": {"sections": [OK_SECTION], "mask_key": "b_sequence"},
+                            "a_b": {"sections": [OK_SECTION]}}}}, "sft.input.sources.a_b"),
     ({"input": {"sections": [{"action": "train"}]}}, "sft.input.sections[0].field"),
     ({"input": {"sections": [{"field": "r", "action": "value", "template": True}]}}, "sft.input.sections[0].template"),
     ({"input": {"sections": [{"field": "p", "generation_prompt": True}]}}, "sft.input.sections[0].generation_prompt"),
@@ -659,8 +662,8 @@ def test_output_keys_equal_ignoring_case_are_a_config_error(tmp_path: Path, caps
     run_dir = tmp_path / "run"
     assert main(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "streamprep: error: config: 'sft.input.sources.Chosen': output key differs from 'chosen' only in case "
-        "(output keys name files, unique ignoring case); rename one"]
+        "streamprep: error: config: 'sft.input.sources.Chosen': its file Chosen_sequence.bin would be output key "
+        "'chosen''s chosen_sequence.bin (file names compare ignoring case); rename one"]
     assert not run_dir.exists()
 
 
