@@ -264,8 +264,8 @@ def _resolve_path(path: str, base: Path, key: str) -> str:
             raise ConfigError(f"config: '{key}': {path!r:.80} is not a file URL of an absolute path; a local file's "
                               f"URL is file:///PATH (or give the path itself)")
         path = rest
-    p = Path(path).expanduser()
     try:
+        p = Path(path).expanduser()  # RuntimeError: `~nosuchuser/…`
         resolved = (base / p).resolve()  # an absolute path too: a symlink loop there was a bare RuntimeError later
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
         raise ConfigError(f"config: '{key}': {exc}") from None
@@ -517,8 +517,8 @@ class _BoundedLoader(yaml.SafeLoader):
         self._count(1)
         node = super().compose_node(parent, index)
         if isinstance(node, yaml.MappingNode):
+            self._plain_keys(node)  # first: `on:` beside `"on":` is a key given twice
             self._keys_once(node)
-            self._plain_keys(node)
         self._sizes[id(node)] = self._nodes - before
         self._depth -= 1
         return node

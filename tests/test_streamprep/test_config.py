@@ -474,6 +474,34 @@ def test_an_unquoted_yes_no_on_off_key_is_its_text_and_such_a_value_is_named(tmp
                               "yes/no/on/off as a boolean: quote it)")
 
 
+def test_a_bare_boolean_key_beside_its_quoted_twin_is_a_key_given_twice(tmp_path: Path) -> None:
+    """Regression: `{on: 1.0, "on": 9.0}` kept 9.0 without a word once `on:` became the text "on" (it was compared
+    with its twin while still a boolean)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('output: {mixtures: {phases: {p1: {on: 1.0, "on": 9.0}}}}\n')
+    with pytest.raises(ConfigError) as err:
+        load_file(cfg)
+    assert str(err.value) == (f"config: {cfg}: line 1: key 'on' given twice in one mapping (first on line 1); the "
+                              f"later one would silently replace it")
+
+
+@pytest.mark.parametrize("key", ["datasets[0].path", "tokenizer.path", "run.checkpoint_dir"])
+def test_a_path_of_an_unknown_users_home_names_its_key(tmp_path: Path, data: Path, key: str) -> None:
+    """Regression: `~nosuchuser/x.jsonl` ended the job with `RuntimeError: Could not determine home directory.`,
+    exit 1, no key named."""
+    raw: dict = {"datasets": [{"name": "a", "path": str(data)}], "tokenizer": {"if_missing": "train"}}
+    where = "~nosuchuser-streamprep/x"
+    if key == "datasets[0].path":
+        raw["datasets"][0]["path"] = where
+    elif key == "tokenizer.path":
+        raw["tokenizer"]["path"] = where
+    else:
+        raw["run"] = {"checkpoint_dir": where}
+    with pytest.raises(ConfigError) as err:
+        validate(raw, base_dir=tmp_path)
+    assert str(err.value) == f"config: '{key}': Could not determine home directory."
+
+
 @pytest.mark.parametrize("key, where", [("max_records", "datasets[0].max_records"),
                                         ("quality", "quality.max_chars"), ("output", "output.max_rejects_per_check")])
 def test_integers_beyond_64_bits_are_refused_naming_the_key(data: Path, key: str, where: str) -> None:
