@@ -422,7 +422,8 @@ def _check_files(c: _Checker, entries: Any, listed: set[str]) -> None:
 
 
 def _check_checkpoints(c: _Checker) -> None:
-    """The datasets' checkpoints (and receipts' shapes) as `status` reads them, its one line if it refuses them."""
+    """The datasets' checkpoints (and receipts' shapes) as `status` reads them, its one line if it refuses them,
+    unless a receipt's own check above named the damage (one problem, not two lines for one file)."""
     try:
         record = run_record(c.run_dir)
     except NotARunDir:  # no run.json, or one without its config: reported above, and nothing names the datasets
@@ -430,7 +431,8 @@ def _check_checkpoints(c: _Checker) -> None:
     try:
         datasets_status(c.run_dir, record)
     except NotARunDir as exc:
-        c.add(str(exc))
+        if not any(p.startswith(f"{layout.RECEIPTS}/") for p in c.problems):
+            c.add(str(exc))
 
 
 def verify_run(run_dir: str | Path) -> list[str]:
@@ -438,7 +440,6 @@ def verify_run(run_dir: str | Path) -> list[str]:
     c = _Checker(Path(run_dir))
     if not _check_root(c):
         return c.problems
-    _check_checkpoints(c)
     finished = not c.problems and (c.run_dir / layout.RUN_JSON).is_file()  # run.json says complete, names the root
     man = _json_object(c, layout.MANIFEST, missing=" (run.json says the run is complete: re-run the same `streamprep "
                        "ingest` command to write it again)" if finished else " (exports not written yet?)")
@@ -452,6 +453,7 @@ def verify_run(run_dir: str | Path) -> list[str]:
             man = {**man, key: None}
     fingerprint = ((man or {}).get("tokenizer") or {}).get("fingerprint")
     listed = _check_receipts(c, fingerprint)
+    _check_checkpoints(c)
 
     if man is not None:
         try:

@@ -388,6 +388,22 @@ def test_a_damaged_checkpoint_is_a_problem_as_status_says(chain_run, rel, edit, 
     assert out.stdout.splitlines()[-1] == "streamprep: verify: 1 problem(s)"
 
 
+def test_a_damaged_receipt_is_one_problem_and_a_damaged_checkpoint_keeps_the_manifests_hint(chain_run):
+    """Regression: status's check of the records, run first, added a second line for a truncated receipt verify
+    names itself, and its problem made a complete run's missing manifest.json read "exports not written yet?"."""
+    run, touch = chain_run
+    whole = (run / "receipts/c4/part-00000.json").read_bytes()
+    receipt = touch("receipts/c4/part-00000.json", lambda p: p.write_bytes(whole[:7]))
+    problems = verify_run(run)
+    assert not [p for p in problems if "a checkpoint or receipt is damaged" in p]
+    assert [p for p in problems if p.startswith("receipts/c4/part-00000.json: ")]
+    receipt.write_bytes(whole)
+    touch("manifest.json", Path.unlink)
+    touch("checkpoints/c4.json", lambda p: p.write_bytes(p.read_bytes()[:5]))
+    assert verify_run(run)[0] == ("manifest.json: missing (run.json says the run is complete: re-run the same "
+                                  "`streamprep ingest` command to write it again)")
+
+
 @pytest.mark.parametrize("edit", [{"phases": {"a": 1}}, {"phases": [{"weights": ["x"]}]},
                                   {"sources": {"c4": None}}, {"sources": {"c4": {"shards": 5}}}])
 def test_a_mixtures_json_of_the_wrong_shape_is_reported_not_raised(chain_run, edit):
