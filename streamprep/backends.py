@@ -23,8 +23,9 @@ gigatoken's ids one text at a time (the same encoder, without awkward's import);
 encode_batch, the path their shards take. On a failed load or
 a mismatch, auto uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend
 never enters a shard's plan hash: both give the same ids, so a run resumed under the other backend keeps its
-shards. A text holding a code point unassigned in Unicode 14.0 is encoded by HF whatever the backend (`unsure`):
-gigatoken's regex classes follow a newer Unicode, which no sample can vouch for.
+shards. A text holding a code point unassigned in Unicode 14.0, or a mark whose NFC HF's Unicode 9 tables get
+wrong (NFC_GAP), is encoded by HF whatever the backend (`unsure`): gigatoken's regex classes and NFC follow a
+newer Unicode, which no sample can vouch for.
 
 Memory: gigatoken 0.10.0's encode caches grow without bound. When the installed gigatoken has
 `set_max_cache_bytes` it is given CACHE_BUDGET_BYTES; otherwise the tokenizer object is rebuilt (its
@@ -170,21 +171,41 @@ def _trim_heap() -> None:
         pass
 
 
+# Code points assigned by Unicode 14.0 whose NFC tokenizers 0.23 gets wrong (its tables are Unicode 9's): marks
+# given a canonical combining class since, which it never reorders (a\u0898\u0334 stays as it is; gigatoken puts
+# the class-1 U+0334 first), and U+11930, which it does not compose with U+11935 into U+11938 (Unicode 13). Found
+# by a scan of every assigned code point, HF's NFC and NFD against `unicodedata` 14.0 in mark contexts.
+NFC_GAP: tuple[tuple[int, int], ...] = (
+    (0x07FD, 0x07FD), (0x0898, 0x089F), (0x08CA, 0x08D3), (0x09FE, 0x09FE), (0x0C3C, 0x0C3C), (0x0D3B, 0x0D3C),
+    (0x0EBA, 0x0EBA), (0x1715, 0x1715), (0x1ABF, 0x1ACE), (0x1DF6, 0x1DFA), (0xA82C, 0xA82C), (0x10D24, 0x10D27),
+    (0x10EAB, 0x10EAC), (0x10F46, 0x10F50), (0x10F82, 0x10F85), (0x11070, 0x11070), (0x1133B, 0x1133B),
+    (0x1145E, 0x1145E), (0x11839, 0x1183A), (0x11930, 0x11930), (0x11938, 0x11938), (0x1193D, 0x1193E),
+    (0x11943, 0x11943), (0x119E0, 0x119E0), (0x11A34, 0x11A34), (0x11A47, 0x11A47), (0x11A99, 0x11A99),
+    (0x11D42, 0x11D42), (0x11D44, 0x11D45), (0x11D97, 0x11D97), (0x16FF0, 0x16FF1), (0x1E130, 0x1E136),
+    (0x1E2AE, 0x1E2AE), (0x1E2EC, 0x1E2EF),
+)
+
+
 @functools.lru_cache(maxsize=1)
 def _unsure_table() -> np.ndarray:
-    """True at each code point unassigned in Unicode 14.0 (`data/unassigned-unicode-14.0.txt`), once per process."""
+    """True at each code point unassigned in Unicode 14.0 (`data/unassigned-unicode-14.0.txt`) or in NFC_GAP,
+    once per process."""
     table = np.zeros(0x110000, np.bool_)
     for line in resources.files("streamprep").joinpath("data/unassigned-unicode-14.0.txt").read_text().splitlines():
         if line and not line.startswith("#"):
             lo, hi = (int(x, 16) for x in line.split("-"))
             table[lo:hi + 1] = True
+    for lo, hi in NFC_GAP:
+        table[lo:hi + 1] = True
     return table
 
 
 def unsure(texts: Sequence[str]) -> list[int]:
-    """Indexes of the texts holding a code point unassigned in Unicode 14.0. gigatoken's regex classes follow a
-    newer Unicode than HF's: a letter assigned since (CJK Extension J, …) is a letter to one and not the other,
-    so the pre-tokens and ids differ (4 657 code points for phi-2); those texts are encoded by HF. A pure-ASCII
+    """Indexes of the texts holding a code point unassigned in Unicode 14.0 or in NFC_GAP. gigatoken follows a
+    newer Unicode than HF: a letter assigned since 14.0 (CJK Extension J, …) is a letter to one and not the other,
+    so the pre-tokens and ids differ (4 657 code points for phi-2), and an NFC tokenizer (Qwen2's) normalizes the
+    NFC_GAP marks otherwise, so its ids differ wherever they stand out of canonical order; no sample can vouch for
+    either, so those texts are encoded by HF (for a tokenizer without NFC, needlessly but harmlessly). A pure-ASCII
     text (`isascii` reads a flag) costs nothing; the others one UTF-32 copy, and a table lookup per char from
     U+0378 (the first unassigned): ~750 MB/s of web text here, a quarter of gigatoken's own time."""
     found: list[int] = []
