@@ -624,6 +624,8 @@ class Job:
             if not parts:
                 raise ConfigError("no records were kept, so there is no text to train a tokenizer on "
                                   "(check the quality settings or the sources)")
+            log.info("training the tokenizer on all kept text", parts=len(parts),
+                     parts_mb=round(sum(p.stat().st_size for p in parts) / 2**20, 2))
             return self.executor.submit(tokmod.train_on_parts, tok, self.run_dir, parts).result()
         sealed = {n: [self._files(n).part(i) for i in range(s.sealed_parts())] for n, s in states.items()}
         log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +143,29 @@ def test_a_tokenizer_trained_on_a_worker_process_is_in_the_run_log(tmp_path: Pat
     assert run_from_dict(raw, run_dir=tmp_path / "run", console_log=False).status == "complete"
     events = [json.loads(line)["event"] for line in (tmp_path / "run" / "logs" / "streamprep.log").read_text().splitlines()]
     assert events.count("tokenizer trained") == 1 and events.count("tokenizer backend") >= 1
+    start = "training the tokenizer on " + ("all kept text" if sample_mb is None else "a sample while ingest goes on")
+    assert events.index(start) < events.index("tokenizer trained")  # the minutes it may take are not silent
+
+
+def test_one_long_space_free_record_trains_in_linear_time_and_ordinary_text_as_before() -> None:
+    """Regression: tokenizers' BPE trainer merges a pair in a word at O(word length) per occurrence, so one
+    320 000-char ACGT record among 50 short ones took 74 s to train (1.5 MB: no end in 300 s). A run of
+    non-whitespace longer than TRAIN_RUN_CHARS is trained on in pieces; texts without one give the same bytes."""
+    rng = np.random.default_rng(1)
+    word = "".join(rng.choice(list("ACGT"), 320_000))
+    t0 = time.monotonic()
+    long_trained = train_bpe([*DOCS[:50], f"start {word} end"], 1000, 2).to_str()
+    assert time.monotonic() - t0 < 20  # ~2 s here
+    from tokenizers import ByteLevelBPETokenizer
+
+    from streamprep.tokenizer import SPECIAL_TOKENS, TRAIN_RUN_CHARS
+
+    pieces = [f"start {word[:TRAIN_RUN_CHARS]}"] + [word[i:i + TRAIN_RUN_CHARS] for i in
+                                                     range(TRAIN_RUN_CHARS, len(word), TRAIN_RUN_CHARS)]
+    pieces[-1] += " end"
+    assert long_trained == train_bpe([*DOCS[:50], *pieces], 1000, 2).to_str()
+    ordinary = [*DOCS, "x" * TRAIN_RUN_CHARS + " y", "a " + "z" * TRAIN_RUN_CHARS]  # runs at the cap are whole
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(ordinary, vocab_size=600, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                            show_progress=False)
+    assert train_bpe(ordinary, 600, 2).to_str() == bpe._tokenizer.to_str()
