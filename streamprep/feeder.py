@@ -13,6 +13,7 @@ What is tokenized never depends on this timing: shard bytes depend on the part a
 from __future__ import annotations
 
 import copy
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -25,14 +26,16 @@ from streamprep.tokenizer import TokenizerInfo
 
 log = logs.get("feeder")
 Planner = Callable[[str, Path, str, TokenizerInfo], ShardTask]  # dataset, part, its SHA-256, tokenizer
+STOP_POLL_S = 0.1  # how often the wait for a worker's training looks whether the job is stopping
 
 
 class ShardFeeder:
     def __init__(self, engine: Engine, plan: Planner, files: dict[str, DatasetFiles],
-                 given: Callable[[], TokenizerInfo | None], train: Callable[[dict[str, IngestState]], TokenizerInfo],
+                 given: Callable[[], TokenizerInfo | None],
+                 train: Callable[[dict[str, IngestState]], Future[TokenizerInfo]],
                  sample_ready: Callable[[dict[str, IngestState]], bool] | None):
         """`given()` prepares the configured tokenizer (None: it is to be trained): the feeder thread's first
-        call, so every part it hands on comes after it."""
+        call, so every part it hands on comes after it. `train(states)` starts the training on a worker."""
         self.engine, self._plan, self._files = engine, plan, files
         self.info: TokenizerInfo | None = None
         self._train, self._sample_ready = train, sample_ready
@@ -42,6 +45,7 @@ class ShardFeeder:
         self._sealed: dict[str, int] = {}
         self._waiting: list[tuple[str, Path, str]] = []
         self._training = False
+        self._closing = threading.Event()
         self.tasks: dict[tuple[str, str], ShardTask] = {}
         self._given = self._pool.submit(self._take_given, given)
         self._futures.append(self._given)
@@ -84,7 +88,16 @@ class ShardFeeder:
         self.engine.submit(task)
 
     def _train_then_flush(self, states: dict[str, IngestState]) -> None:
-        self.info = self._train(states)
+        """Wait for the worker's training unless the job is closing: a stop or a failure then waits for no
+        training (minutes on a large corpus), which the executor's close stops with its worker."""
+        training = self._train(states)
+        while True:
+            try:
+                self.info = training.result(timeout=STOP_POLL_S)
+                break
+            except TimeoutError:
+                if self._closing.is_set():
+                    return
         waiting, self._waiting = self._waiting, []
         for name, part, sha256 in waiting:
             self._hand_on(name, part, sha256)
@@ -101,4 +114,6 @@ class ShardFeeder:
         return self.info
 
     def close(self) -> None:
+        """Cancel what has not started and wait for the feeder thread (a training it waits for is abandoned)."""
+        self._closing.set()
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -15,6 +15,7 @@ import threading
 import time
 import traceback
 import uuid
+from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -613,9 +614,10 @@ class Job:
         return lambda states: tokmod.sample_ready(shares, {n: s.sealed_text_bytes() for n, s in states.items()},
                                                   {n: s.done for n, s in states.items()})
 
-    def _train_tokenizer(self, states: dict[str, IngestState]) -> TokenizerInfo:
+    def _train_tokenizer(self, states: dict[str, IngestState]) -> Future[TokenizerInfo]:
         """Train on the sample (`sample_mb`, held-out report) or, after ingest, on all kept text: on a worker,
-        which reads the texts from the sealed parts (and keeps the backend it checks for its shards)."""
+        which reads the texts from the sealed parts (and keeps the backend it checks for its shards). The
+        feeder waits for it unless the job stops (the executor's close then stops the worker)."""
         assert self.executor is not None
         tok = self.config.tokenizer
         sample_mb = tok.train.sample_mb
@@ -626,11 +628,11 @@ class Job:
                                   "(check the quality settings or the sources)")
             log.info("training the tokenizer on all kept text", parts=len(parts),
                      parts_mb=round(sum(p.stat().st_size for p in parts) / 2**20, 2))
-            return self.executor.submit(tokmod.train_on_parts, tok, self.run_dir, parts).result()
+            return self.executor.submit(tokmod.train_on_parts, tok, self.run_dir, parts)
         sealed = {n: [self._files(n).part(i) for i in range(s.sealed_parts())] for n, s in states.items()}
         log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)
         return self.executor.submit(tokmod.train_on_sample, tok, self.run_dir, sealed,
-                                    tokmod.sample_shares(self.config.datasets, sample_mb)).result()
+                                    tokmod.sample_shares(self.config.datasets, sample_mb))
 
     def _select(self, requested: str, path: Path, texts: Sequence[str]) -> dict[str, Any]:
         """`backends.select` on a worker: the driver loads no gigatoken, and the worker that built it for the
