@@ -111,6 +111,9 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
         what = "a tokenizer the run trains has" if path is None else \
             f"the tokenizer at {path} has (tokenizer_config.json or chat_template.jinja beside its tokenizer.json)"
         raise ConfigError(f"config: '{used}': needs a chat template, and {what} none")
+    if not isinstance(template, str):
+        raise ConfigError(f"config: '{used}': the chat template in {where} is not a string, got "
+                          f"{type(template).__name__} {template!r:.60}")
     import jinja2
     try:  # the compiler (and sandbox, extensions, filters) apply_chat_template renders with, cached there by text
         from transformers.utils.chat_template_utils import _compile_jinja_template

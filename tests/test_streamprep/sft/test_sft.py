@@ -714,6 +714,13 @@ def test_a_chat_template_that_does_not_compile_is_a_config_error(tmp_path: Path,
     (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": "{% if %}"}), encoding="utf-8")
     with pytest.raises(ConfigError, match=r"the chat template in .*/tok/tokenizer_config.json does not compile: "):
         load(raw)
+    # regression: a template that is not a string ended the job with a bare TypeError from the compiler, exit 1
+    for bad, shown in ((123, "int 123"), ({"a": 1}, "dict {'a': 1}"), ([{"name": "default", "template": 5}], "int 5")):
+        (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": bad}), encoding="utf-8")
+        with pytest.raises(ConfigError) as err:
+            load(raw)
+        assert str(err.value) == (f"config: 'sft.input.sections[0].template': the chat template in "
+                                  f"{tok / 'tokenizer_config.json'} is not a string, got {shown}")
 
 
 SHAREGPT = {"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
