@@ -12,13 +12,11 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Iterator
-from pathlib import Path
 from typing import NoReturn
 
 from streamprep import forkserver, registry
 from streamprep.config import ConfigError, printable
-from streamprep.layout import NotARunDir
+from streamprep.layout import NotARunDir, causes, file_in_the_way
 from streamprep.registry import Registry
 
 EPILOG_INGEST = """examples:
@@ -32,7 +30,8 @@ EPILOG_STATUS = """examples:
   streamprep status runs/demo --json | jq .state
   watch -n 5 streamprep status runs/demo      safe while the run is going: reads only, never locks it
 state is one of: running (lock held; shows the pid), complete, resumable (interrupted | failed |
-crashed | partial) — resume by re-running the same `streamprep ingest` command."""
+crashed | partial) — resume by re-running the same `streamprep ingest` command; but with needs_change
+(shown as FAILED, NEEDS A CHANGE) the last error stops every re-run as is: fix what it names first."""
 EPILOG_LOGS = """examples:
   streamprep logs runs/demo                   the last 20 lines of logs/streamprep.log (JSON lines)
   streamprep logs runs/demo -n 200
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one line unless --debug; the run log has the details
         if args.debug:
             traceback.print_exc()
-        if (blocker := _file_in_the_way(exc)) is not None:  # the mirror of IsADirectoryError above
+        if (blocker := file_in_the_way(exc)) is not None:  # the mirror of IsADirectoryError above
             print(f"streamprep: error: {printable(str(blocker))} is a file where the run keeps a folder; remove it "
                   f"and re-run", file=sys.stderr)
             return 2
@@ -194,30 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _causes(exc: BaseException | None) -> Iterator[BaseException]:
-    """`exc` and what it wraps (`__cause__`, in turn): a unit's SourceError wraps the OSError that decides the line."""
-    while exc is not None:
-        yield exc
-        exc = exc.__cause__
-
-
-def _file_in_the_way(exc: BaseException) -> Path | None:
-    """The file standing where a folder is needed, when `exc` (or what it wraps) is mkdir's FileExistsError or a
-    NotADirectoryError under it: a raw error, exit 1 as if a re-run could resume, where none ever would."""
-    for e in _causes(exc):
-        mkdir = isinstance(e, FileExistsError) and e.filename2 is None  # (os.link's names two files)
-        if (mkdir or isinstance(e, NotADirectoryError)) and e.filename:
-            path = Path(os.fsdecode(e.filename))
-            for p in (path, *path.parents):
-                if p.exists() or p.is_symlink():
-                    return p if not p.is_dir() else None
-    return None
-
-
 def _disk_full(exc: BaseException) -> str | None:
     """" writing PATH" (or "") when `exc` or what it wraps (a unit's SourceError) is a full disk or quota, else None:
     a bare "OSError: [Errno 28] No space left on device" named no file and, wrapped, blamed the input."""
-    for e in _causes(exc):
+    for e in causes(exc):
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return f" writing {e.filename}" if e.filename else ""
     return None

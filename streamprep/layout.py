@@ -7,11 +7,15 @@ status/audit/verify read the run without each keeping its own tolerant JSON load
 from __future__ import annotations
 
 import glob
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from streamprep.config import ConfigError
 
 # Names relative to the run dir; receipts, the manifest and verify's messages store/print them as-is.
 RUN_JSON, MANIFEST, BLEND, MIXTURES = "run.json", "manifest.json", "blend.json", "mixtures.json"
@@ -31,6 +35,33 @@ CHECKPOINT_LOCK, CHECKPOINT_OWNER = ".streamprep.lock", ".streamprep-run"
 
 class NotARunDir(ValueError):
     """The path is not a streamprep run directory (the CLI maps it to exit 2)."""
+
+
+def causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and what it wraps (`__cause__`, in turn): a unit's SourceError wraps the OSError that decides the line."""
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__
+
+
+def file_in_the_way(exc: BaseException) -> Path | None:
+    """The file standing where a folder is needed, when `exc` (or what it wraps) is mkdir's FileExistsError or a
+    NotADirectoryError under it: a raw error, exit 1 as if a re-run could resume, where none ever would."""
+    for e in causes(exc):
+        mkdir = isinstance(e, FileExistsError) and e.filename2 is None  # (os.link's names two files)
+        if (mkdir or isinstance(e, NotADirectoryError)) and e.filename:
+            path = Path(os.fsdecode(e.filename))
+            for p in (path, *path.parents):
+                if p.exists() or p.is_symlink():
+                    return p if not p.is_dir() else None
+    return None
+
+
+def needs_change(exc: BaseException) -> bool:
+    """Whether `exc` is one the CLI exits 2 on: re-running as is ends the same way (a config error, inputs changed
+    under a resume, no kept text to train a tokenizer on, a folder or file in the way of the run's own), so run.json
+    records it and `status` does not call the run resumable as it stands."""
+    return isinstance(exc, (ConfigError, NotARunDir, IsADirectoryError)) or file_in_the_way(exc) is not None
 
 
 def read_checkpoint(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any]) -> Checkpoint:

@@ -32,7 +32,7 @@ from streamprep.executor import Executor
 from streamprep.exports import chain, export_run
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all, worker_executor
-from streamprep.layout import CheckpointLayout, RunLayout, part_index_of, read_json
+from streamprep.layout import CheckpointLayout, RunLayout, needs_change, part_index_of, read_json
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
@@ -504,7 +504,8 @@ class Job:
                                   f"re-run the same command to resume") from None
             except BaseException as exc:
                 log.error("run failed", error=f"{type(exc).__name__}: {exc}"[:2000])  # the log has it too, with
-                self._record_end("failed", error=f"{type(exc).__name__}: {exc}"[:500])  # what led to it
+                self._record_end("failed", error=f"{type(exc).__name__}: {exc}"[:500],  # what led to it
+                                 needs_change=needs_change(exc))  # exit 2: re-running as is fails the same way
                 raise
             # run.json is the root of verify's hash chain: it records manifest.json's SHA-256
             self._save_record("complete", finished_at=time.time(), summary=summary,

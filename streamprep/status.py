@@ -95,7 +95,8 @@ def _numbered(folder: Path, suffix: str) -> list[tuple[int, Path]]:
 def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any], live: dict[str, Any] | None = None,
                     entry: dict[str, Any] | None = None) -> dict[str, Any]:
     """One dataset's counters from its saved checkpoint, or from `live` (a running job's in-memory state in the
-    checkpoint's shape: `IngestState.to_json()`), so the metrics endpoint and `status --json` agree."""
+    checkpoint's shape: `IngestState.to_json()`), so the metrics endpoint and `status --json` agree. Not `tokenized`
+    before the run's tokenizer is made (fingerprint.json, written last): a dataset with no shard is not done then."""
     layout = RunLayout(run_dir)
     cp = Checkpoint(live) if live is not None else read_checkpoint(run_dir, ckpt_dir, name, record)
     ck = cp.raw
@@ -116,7 +117,7 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, 
         stage = "pending"
     elif not done:
         stage = "ingest"
-    elif shards_done < planned:
+    elif shards_done < planned or not layout.tokenizer_fingerprint.is_file():
         stage = "tokenize"
     else:
         stage = "tokenized"
@@ -159,10 +160,10 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
     datasets = datasets_status(run_dir, record, live)
     holder = lock_holder(run_dir)
     recorded = record.get("status") or "unknown"
+    stuck = holder is None and recorded == "failed" and record.get("needs_change") is True
 
     all_ingested = bool(datasets) and all(d["ingest"]["done"] for d in datasets.values())
-    all_tokenized = all_ingested and all(d["tokenize"]["shards_done"] == d["tokenize"]["shards_planned"]
-                                         for d in datasets.values())
+    all_tokenized = all_ingested and all(d["stage"] == "tokenized" for d in datasets.values())
     layout = RunLayout(run_dir)
     exports = {"manifest": layout.manifest.is_file(), "blend": layout.blend.is_file(),
                "mixtures": layout.mixtures.is_file(), "audit": layout.audit_json.is_file()}
@@ -200,6 +201,7 @@ def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = Non
         "config_hash": record.get("config_hash"),
         "state": state,                      # running | complete | resumable
         "resumable_reason": reason,          # interrupted | failed | crashed | partial | None
+        "needs_change": stuck,               # failed on an exit-2 error: re-running as is ends the same way
         "recorded_status": recorded,         # run.json status as last written by the run
         "error": record.get("error"),
         "lock": holder,                      # {pid, host, started} while a process holds the run
@@ -288,6 +290,8 @@ def format_status(st: dict[str, Any]) -> str:
     if st["state"] == "running":
         lock = st.get("lock") or {}
         state += f" (pid {lock.get('pid', '?')} on {lock.get('host', '?')}, since {lock.get('started', '?')})"
+    elif st.get("needs_change"):
+        state = "FAILED, NEEDS A CHANGE (re-running as is fails the same way)"
     elif st["state"] == "resumable":
         state += f" ({st['resumable_reason']})"
     lines = [head, f"state: {state}   stage: {st['stage']}   updated: {_when(st.get('updated_at'))}"]
@@ -323,7 +327,10 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"retries: {st['retries']} shard(s) re-run after losing their Ray node (logs/retries.jsonl)")
     out = st["outputs"]
     lines.append("outputs: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in out.items()))
-    if st["state"] == "resumable":
+    if st.get("needs_change"):
+        lines.append("to go on: fix what the last error names and re-run the same command, or start over with a new "
+                     "--run-dir (a changed config is refused here once the run has written output)")
+    elif st["state"] == "resumable":
         lines.append("to resume: re-run the same `streamprep ingest --config ... --run-dir ...` command")
     elif st["state"] == "running":
         lines.append("follow it with: streamprep logs " + st["run_dir"] + " --follow")

@@ -382,6 +382,10 @@ def _check_root(c: _Checker) -> bool:
     if record is None:
         return True
     if record.get("status") != "complete":
+        if record.get("status") == "failed" and record.get("needs_change") is True:  # exit 2: a re-run ends the same
+            c.add(f"{NOT_COMPLETE}'failed', not complete: it stopped on an error re-running as is cannot get past "
+                  f"(`streamprep status` shows it); fix what it names and re-run, or start over with a new --run-dir")
+            return False
         c.add(f"{NOT_COMPLETE}{record.get('status')!r}, not complete: the run is under way or stopped before its end "
               f"(`streamprep status` says which); verify checks a finished run: re-run the same `streamprep ingest` "
               f"command to finish it")

@@ -1,9 +1,11 @@
 """streamprep.layout: the run-dir paths other modules and stored relative paths depend on."""
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
-from streamprep.layout import Checkpoint, CheckpointLayout, RunLayout, completed_receipt, read_json
+from streamprep.config import ConfigError
+from streamprep.layout import Checkpoint, CheckpointLayout, RunLayout, completed_receipt, needs_change, read_json
 
 
 def test_paths_match_the_run_dir_contract(tmp_path: Path) -> None:
@@ -102,3 +104,16 @@ def test_no_dataset_name_shares_a_file_with_the_checkpoint_dirs_own(tmp_path: Pa
         with pytest.raises(ConfigError, match=rf"^config: 'datasets\[0\].name': '{name}' would share a file name"):
             validate({"datasets": [{"name": name, "path": str(data)}]})
     validate({"datasets": [{"name": "planner", "path": str(data)}, {"name": "c4.plans", "path": str(data)}]})
+
+
+def test_needs_change_is_what_the_cli_exits_2_on(tmp_path: Path) -> None:
+    """run.json's `needs_change`: the errors re-running as is cannot get past, not the ones a resume does."""
+    (tmp_path / "ingest").write_text("a file where a folder goes")
+    try:
+        (tmp_path / "ingest" / "c4").mkdir(parents=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        in_the_way = exc
+    assert needs_change(ConfigError("no records were kept")) and needs_change(in_the_way)
+    assert needs_change(IsADirectoryError(errno.EISDIR, "Is a directory", str(tmp_path)))
+    assert not needs_change(OSError(errno.ENOSPC, "No space left on device"))
+    assert not needs_change(RuntimeError("boom")) and not needs_change(KeyboardInterrupt())

@@ -93,6 +93,38 @@ def test_resumable_states(done_run, tmp_path, recorded, reason):
         assert "last error: RuntimeError: boom \\x1b[2J\\r\n" in text and "\x1b" not in text
 
 
+def test_a_run_that_failed_on_an_exit_2_error_is_not_called_resumable(tmp_path):
+    """Regression: a job that ended on an error re-running cannot get past (exit 2: no kept text to train a
+    tokenizer on) showed as RESUMABLE (failed), stage exports, its dataset tokenized with no tokenizer made, and
+    "to resume: re-run the same ... command", which fails the same way forever."""
+    from streamprep.config import ConfigError
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
+    cfg = base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}], None, quality={"min_chars": 1_000_000})
+    with pytest.raises(ConfigError, match="no records were kept"):
+        run_from_dict(cfg, tmp_path / "run", console_log=False)
+    rec = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert (rec["status"], rec["needs_change"]) == ("failed", True)
+    st = run_status(tmp_path / "run")
+    assert (st["state"], st["resumable_reason"], st["needs_change"]) == ("resumable", "failed", True)
+    assert st["stage"] == "tokenize" and st["datasets"]["a"]["stage"] == "tokenize"  # no tokenizer was made
+    text = format_status(st)
+    assert "state: FAILED, NEEDS A CHANGE (re-running as is fails the same way)" in text
+    assert "last error: ConfigError: no records were kept" in text
+    assert "to go on: fix what the last error names" in text and "RESUMABLE" not in text and "to resume" not in text
+
+
+def test_an_ordinary_failure_stays_resumable(done_run, tmp_path):
+    """A failure a re-run gets past (exit 1) records needs_change false, over an earlier attempt's true."""
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec.update(status="failed", error="OSError: gone", needs_change=False)
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    st = run_status(run_dir)
+    assert (st["state"], st["needs_change"]) == ("resumable", False)
+    assert "RESUMABLE (failed)" in format_status(st) and "to resume" in format_status(st)
+
+
 def test_mid_ingest_checkpoint_counts_planned_shards_so_far(done_run, tmp_path):
     run_dir = _copy_run(done_run, tmp_path / "run")
     ck_path = run_dir / "checkpoints" / "a.json"

@@ -359,6 +359,11 @@ def test_incomplete_or_pre_chain_run_json(chain_run):
         "status` says which); verify checks a finished run: re-run the same `streamprep ingest` command to finish it"]
     out = subprocess.run([sys.executable, "-m", "streamprep", "verify", str(run)], capture_output=True, text=True)
     assert out.returncode == 1 and "to repair" not in out.stdout
+    # regression: a run that failed on an exit-2 error was told to re-run the same command, which fails the same way
+    touch("run.json", _json_edit(lambda r: r.update(needs_change=True)))
+    assert verify_run(run) == [
+        "run.json: status 'failed', not complete: it stopped on an error re-running as is cannot get past (`streamprep "
+        "status` shows it); fix what it names and re-run, or start over with a new --run-dir"]
     touch("run.json", _json_edit(lambda r: r.update(status="complete")))
     assert verify_run(run)[0] == "run.json: records no manifest_sha256 (written before the hash chain existed?)"
 
