@@ -23,6 +23,8 @@ INGEST, REJECTS, RECEIPTS, TOKENIZER = "ingest", "rejects", "receipts", "tokeniz
 BINIDX, SFT, PARQUET, AUDIT, LOGS, CHECKPOINTS = "binidx", "sft", "parquet", "audit", "logs", "checkpoints"
 EXPORTS_SCRATCH, COLUMNS_SUFFIX = ".order", ".columns"
 LOCK, CACHE = ".lock", "cache"
+# A tokenizer's files beside its tokenizer.json that the run copies with it (tokenizer.prepare)
+TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # The run's own names at the top of its run dir: an output writer plug-in may return no path under one (the manifest
 # would list a file the run writes or rewrites), and must leave the files under the SETTLED ones as they were (the
 # shards, ingest parts, receipts and records the manifest chains, fixed before the writers run; exports.write_exports)
@@ -283,6 +285,13 @@ class RunLayout:
     @property
     def tokenizer_training(self) -> Path:
         return self.tokenizer_dir / "training.json"
+
+    @property
+    def tokenizer_files(self) -> list[Path]:
+        """Every file the run writes in tokenizer/ (whether or not this run has it): the manifest lists those there,
+        and nothing else found in the folder, which `verify` reports as a stale file."""
+        return [self.tokenizer_json, self.tokenizer_fingerprint, self.tokenizer_training,
+                *(self.tokenizer_dir / side for side in TOKENIZER_SIDE_FILES)]
 
     @property
     def receipts_dir(self) -> Path:

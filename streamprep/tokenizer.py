@@ -18,13 +18,13 @@ from tokenizers import Tokenizer
 
 from streamprep import atomic, backends, logs
 from streamprep.config import ConfigError, DatasetConfig, TokenizerConfig
-from streamprep.layout import RunLayout, read_json
+from streamprep.layout import TOKENIZER_SIDE_FILES, RunLayout, read_json
 from streamprep.sources.local import check_path
 
 log = logs.get("tokenizer")
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<unk>", "<mask>"]
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
-SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+SIDE_FILES = TOKENIZER_SIDE_FILES
 Selector = Callable[[str, Path, Sequence[str]], dict[str, Any]]  # backends.select(requested, path, texts)
 # check_config's identity check of a forced gigatoken, by (backend, fingerprint): the run's tokenizer, a copy of
 # the same bytes, takes it instead of loading gigatoken and checking again (same inputs, same record)

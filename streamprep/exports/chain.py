@@ -1,7 +1,7 @@
 """The hash chain `streamprep verify` walks: run.json → manifest.json → every other artifact.
 
 run.json records manifest.json's SHA-256; manifest.json lists the shards (Parquet + TSV, `.bin/.idx`)
-and, under `files`, blend.json, mixtures.json, every tokenizer/ file and every receipt with SHA-256 and
+and, under `files`, blend.json, mixtures.json, the run's tokenizer/ files and every receipt with SHA-256 and
 size; each receipt lists its shard files (SFT: sequences, loss masks, meta.json) and the SHA-256 of the
 ingest part it was tokenized from. So a change to any file a trainer or a later stage reads breaks a link.
 
@@ -68,7 +68,7 @@ def chained_files(run_dir: Path, receipts: list[Path]) -> list[tuple[str, str]]:
     """(relative path, role) of the receipts and tokenizer files the manifest must cover; the files the output
     writers wrote (blend.json, mixtures.json, a plug-in's) are added by `exports.write_exports`."""
     rels = [(str(p.relative_to(run_dir)), "receipt") for p in receipts]
-    tok = RunLayout(run_dir).tokenizer_dir
-    rels += [(str(p.relative_to(run_dir)), "tokenizer") for p in sorted(tok.rglob("*") if tok.is_dir() else [])
-             if p.is_file() and not p.name.startswith(".")]
+    # the files the run wrote there, never whatever else lies in the folder (a stray one was signed in, and only on
+    # a rerun whose exports were redone: identical runs' manifests differed, and verify then called it stale)
+    rels += [(str(p.relative_to(run_dir)), "tokenizer") for p in RunLayout(run_dir).tokenizer_files if p.is_file()]
     return rels

@@ -474,6 +474,38 @@ def test_rerun_of_a_pre_chain_run_records_the_chain(pipeline_run, tmp_path):
     assert (run / "manifest.json").read_bytes() == (pipeline_run / "manifest.json").read_bytes()
 
 
+@pytest.mark.slow
+def test_a_stray_tokenizer_file_is_never_signed_into_the_manifest(pipeline_run, tmp_path):
+    """Regression: a file left in a copied run's tokenizer/ was listed in manifest.json when the re-run redid the
+    exports (blend.json's prefixes moved), so identical runs' manifests differed; left after them, verify called the
+    same file stale. The manifest lists the run's own tokenizer files only, and verify reports the stray."""
+    from streamprep.config import Config
+    from streamprep.pipeline import run as run_job
+
+    run = tmp_path / "moved"
+    shutil.copytree(pipeline_run, run)
+    (run / "tokenizer" / "extra.txt").write_bytes(b"")
+    (run / "tokenizer" / "sub").mkdir()
+    (run / "tokenizer" / "sub" / "vocab.json").write_bytes(b"{}")
+    run_job(Config.from_dict(atomic.read_json(run / "run.json")["config"]), run, console_log=False)
+    assert (run / "manifest.json").read_bytes() == (pipeline_run / "manifest.json").read_bytes()
+    assert verify_run(run) == [f"{rel}: not listed in manifest.json or any receipt (stale file?)"
+                               for rel in ("tokenizer/extra.txt", "tokenizer/sub/vocab.json")]
+
+
+def test_chained_tokenizer_files_are_the_runs_own(tmp_path):
+    """`chain.chained_files` lists the files the run writes in tokenizer/ that are there, not a stray one."""
+    from streamprep.exports import chain
+
+    tok = tmp_path / "tokenizer"
+    (tok / "sub").mkdir(parents=True)
+    for name in ("tokenizer.json", "fingerprint.json", "chat_template.jinja", "extra.txt", "sub/tokenizer.json"):
+        (tok / name).write_text("{}")
+    assert chain.chained_files(tmp_path, []) == [
+        ("tokenizer/tokenizer.json", "tokenizer"), ("tokenizer/fingerprint.json", "tokenizer"),
+        ("tokenizer/chat_template.jinja", "tokenizer")]
+
+
 def test_sft_shard_files_are_checked_against_their_meta(shared_data, tmp_path):
     """Each SFT shard's files against its meta.json: a renamed loss mask (`mask_key: m`) is paired with its
     sequences as `loss_mask` was, and its 0/1 values, trained tokens, documents and values counts are checked.
