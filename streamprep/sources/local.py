@@ -360,30 +360,38 @@ def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, s
 
 class _ZstdReader(io.RawIOBase):
     """The decoded bytes of a .zst stream, frame after frame. Unlike zstandard's stream_reader, a stream that
-    ends inside a frame raises EOFError (as gzip does): a truncated file is a counted reject, not a short file."""
+    ends inside a frame raises EOFError (as gzip does): a truncated file is a counted reject, not a short file.
+    Bytes that fail to decode (a damaged later frame, garbage or zeros after the last frame) raise only once what
+    the same read decoded before them is given out, so every line before the damage is kept (as `zstd -dc` does)."""
 
     def __init__(self, fh: BinaryIO):
         super().__init__()
         self.fh, self.dctx = fh, zstandard.ZstdDecompressor()
         self.frame: Any = None
         self.out, self.pos = b"", 0
+        self.fault: zstandard.ZstdError | None = None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buf: Any) -> int:
         while self.pos >= len(self.out):
+            if self.fault is not None:
+                raise self.fault
             data = self.fh.read(ZSTD_READ)
             if not data:
                 if self.frame is not None and not self.frame.eof:
                     raise EOFError("Compressed file ended before the end-of-stream marker was reached")
                 return 0
             chunks = []
-            while data:
-                if self.frame is None or self.frame.eof:
-                    self.frame = self.dctx.decompressobj()
-                chunks.append(self.frame.decompress(data))
-                data = self.frame.unused_data if self.frame.eof else b""
+            try:
+                while data:
+                    if self.frame is None or self.frame.eof:
+                        self.frame = self.dctx.decompressobj()
+                    chunks.append(self.frame.decompress(data))
+                    data = self.frame.unused_data if self.frame.eof else b""
+            except zstandard.ZstdError as exc:  # raised by the next call, after the frames decoded before it
+                self.fault = exc
             self.out, self.pos = b"".join(chunks), 0
         n = min(len(buf), len(self.out) - self.pos)
         buf[:n] = self.out[self.pos:self.pos + n]

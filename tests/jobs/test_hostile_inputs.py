@@ -109,21 +109,39 @@ def test_truncated_compressed_file_keeps_what_was_read_then_one_reject(tmp_path:
     assert _split(_items(tmp_path, items[k][1])) == (after, [])
 
 
-@pytest.mark.parametrize("ext, cut", [("gz", 12), ("gz", 8), ("bz2", 4), ("xz", 4), ("zst", 4), ("gz", -1)],
-                         ids=["gz-12", "gz-trailer", "bz2", "xz", "zst-checksum", "gz-trailing-garbage"])
+@pytest.mark.parametrize("ext, cut", [("gz", 12), ("gz", 8), ("bz2", 4), ("xz", 4), ("zst", 4), ("gz", -1), ("zst", -1),
+                                      ("zst", -2)],
+                         ids=["gz-12", "gz-trailer", "bz2", "xz", "zst-checksum", "gz-trailing-garbage",
+                              "zst-trailing-garbage", "zst-zero-padding"])
 def test_a_file_damaged_at_its_end_keeps_every_line_decoded_before(tmp_path: Path, ext: str, cut: int) -> None:
     """Regression: the read that met the damage lost what it had decoded, up to 8 KiB of lines (53 of 1 000 short
     lines), though `gzip -dc` prints them. Each cut keeps all but at most the last line; garbage after a whole gzip
-    member (which `gzip -dc` ignores with a warning) keeps them all."""
+    member (which `gzip -dc` ignores with a warning) keeps them all, and so do garbage or zeros after a whole zstd
+    frame (`zstd -dc` prints every line, then fails): the .zst lost them all, 0 of 1 000 kept."""
     lines = b"".join(json.dumps({"text": f"record number {i} with some words"}).encode() + b"\n" for i in range(1000))
     packed = COMPRESS[ext](lines)
-    packed = packed + b"trailing garbage" if cut < 0 else packed[:-cut]
+    packed = packed + {-1: b"trailing garbage", -2: bytes(8)}[cut] if cut < 0 else packed[:-cut]
     (tmp_path / f"a.jsonl.{ext}").write_bytes(packed)
     good, bad = _split(_items(tmp_path / f"a.jsonl.{ext}"))
     assert len(good) == (1000 if cut < 0 else _decodable_lines(ext, packed)) >= 999
     assert good == [{"text": f"record number {i} with some words"} for i in range(len(good))]
     assert len(bad) == 1 and bad[0].reason.startswith(f"unreadable rest of {tmp_path / f'a.jsonl.{ext}'} after "
                                                       f"record {len(good)}, skipped: ")
+
+
+def test_a_zst_with_a_damaged_later_frame_keeps_the_frames_before_it(tmp_path: Path) -> None:
+    """Regression: a .zst of 10 frames of 20 records, the 7th frame's header overwritten, kept 0 records (the read
+    that decoded frames 1-6 raised at the 7th and lost them all), though `zstd -dc` prints 120 lines. The 120 are
+    kept, then one reject; a resume inside them reaches the same records and the same reject."""
+    frames = [COMPRESS["zst"](_head(20 * (f + 1))[len(_head(20 * f)):]) for f in range(10)]
+    frames[6] = b"\xaa" * 6 + frames[6][6:]
+    (tmp_path / "a.jsonl.zst").write_bytes(b"".join(frames))
+    items = _items(tmp_path)
+    good, bad = _split(items)
+    assert good == RECORDS[:120]
+    assert [b.reason for b in bad] == [f"unreadable rest of {tmp_path / 'a.jsonl.zst'} after record 120, skipped: "
+                                       "ZstdError: zstd decompressor error: Unknown frame descriptor"]
+    assert _items(tmp_path, items[99][1]) == items[100:]
 
 
 def test_corrupt_or_foreign_zst_is_one_reject_with_the_reason(tmp_path: Path) -> None:
