@@ -592,6 +592,12 @@ def _hashed_identity(fs: Any, p: str, path: str, size: int | None, mtime: Any) -
             "sha256_head_tail": h.hexdigest()[:32]}
 
 
+def _undecodable(exc: UnicodeDecodeError, line: bytes, path: str, n: Any) -> BadRecord:
+    """The reject of line `n` whose bytes are not UTF-8, naming the cause and the byte (a .txt or a .jsonl line)."""
+    return BadRecord(f"undecodable bytes at line {n} of {path}: {exc.reason} at byte {exc.start}",
+                     line[:EXCERPT].decode("utf-8", "replace"))
+
+
 class LocalSource:
     """Files matched by one dataset entry's `path`, read in sorted order."""
 
@@ -743,6 +749,10 @@ class LocalSource:
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
+            try:  # orjson says "str is not valid UTF-8: surrogates not allowed" at char 0, whatever the byte and place
+                line.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return _undecodable(bad, line, path, n)
             return BadRecord(f"malformed JSON at line {n} of {path}: {exc}", line[:EXCERPT].decode("utf-8", "replace"))
         if not isinstance(obj, dict):
             return BadRecord(f"line {n} of {path} is a JSON {type(obj).__name__}, not an object",
@@ -754,8 +764,7 @@ class LocalSource:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            return BadRecord(f"undecodable bytes at line {n} of {path}: {exc.reason} at byte {exc.start}",
-                             line[:EXCERPT].decode("utf-8", "replace"))
+            return _undecodable(exc, line, path, n)
         return {"text": text.rstrip("\r\n")}
 
     def _document(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:

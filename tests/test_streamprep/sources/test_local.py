@@ -61,8 +61,27 @@ def test_bad_input_becomes_bad_records_not_exceptions(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_bytes(b"")
     items = [r for r, _ in _collect(local_source(tmp_path / "*.jsonl"))]
     kinds = [r.reason.split(" ")[0] if isinstance(r, BadRecord) else r["text"] for r in items]
-    assert kinds == ["ok one", "malformed", "blank", "line", "malformed", "ok two", "empty"]
+    assert kinds == ["ok one", "malformed", "blank", "line", "undecodable", "ok two", "empty"]
     assert "bad.jsonl" in items[1].reason and "line 2" in items[1].reason
+
+
+def test_a_jsonl_line_that_is_not_utf8_names_the_byte_as_a_txt_line_does(tmp_path: Path) -> None:
+    """Regression: a JSONL line holding a byte that is not UTF-8 was `malformed JSON at line 2 of FILE: str is not
+    valid UTF-8: surrogates not allowed: line 1 column 1 (char 0)` (orjson's words: no surrogate, the wrong place).
+    It is the reject a .txt line gets, under the same failed_check, read whole or as a range unit."""
+    from streamprep import units
+
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n{"text": "abc \xff def"}\n{"text": "caf\xc3"}\n{"text": "last"}\n')
+    items = [r for r, _ in _collect(local_source(path))]
+    want = [f"undecodable bytes at line 2 of {path}: invalid start byte at byte 14",
+            f"undecodable bytes at line 3 of {path}: invalid continuation byte at byte 13"]
+    assert [(r.reason, r.check) for r in items if isinstance(r, BadRecord)] == [(w, "parse") for w in want]
+    assert [r for r in items if not isinstance(r, BadRecord)] == [{"text": "ok"}, {"text": "last"}]
+    (unit,) = units.plan_dataset([str(path)], "jsonl", unit_bytes=1 << 20)
+    assert [units.global_reason(r.reason, k) if isinstance(r, BadRecord) else r
+            for k, r in enumerate(units.read_unit(unit))] == [r.reason if isinstance(r, BadRecord) else r
+                                                               for r in items]
 
 
 def test_undecodable_text_line_is_a_bad_record(tmp_path: Path) -> None:
