@@ -80,6 +80,12 @@ def _mark_wide_damage(exc: UnicodeError) -> tuple[str, int]:
 codecs.register_error("streamprep.wide-damage", _mark_wide_damage)
 
 
+def wide_encoding(head: bytes) -> str | None:
+    """The encoding ("utf-16"/"utf-32", which read the mark for the byte order) of bytes opening with a UTF-16/32
+    byte-order mark, else None: how a .txt/.jsonl file or a document is decoded."""
+    return next((enc for bom, enc in WIDE_BOMS if head.startswith(bom)), None)
+
+
 def detect_format(path: str) -> str:
     name = path.lower()
     for suffix in (".gz", ".bz2", ".xz", ".zst"):
@@ -692,8 +698,7 @@ class LocalSource:
             fh = io.BufferedReader(_Range(raw, decoded=comp is not None),
                                    io.DEFAULT_BUFFER_SIZE if comp else READ_BUFFER)
             if not offset:
-                head = fh.peek(4)[:4]
-                wide = next((enc for bom, enc in WIDE_BOMS if head.startswith(bom)), None)
+                wide = wide_encoding(fh.peek(4)[:4])
                 if wide is not None:
                     yield from self._wide_lines(i, path, fmt, n, fh, wide)
                     return
@@ -768,12 +773,13 @@ class LocalSource:
         return {"text": text.rstrip("\r\n")}
 
     def _document(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
-        """The whole file is one record (for small prose files such as docs)."""
+        """The whole file is one record (for small prose files such as docs), UTF-8 or, opening with a UTF-16/32
+        byte-order mark, decoded in the mark's byte order (as the line formats read it)."""
         with open_input(path, self.storage_options, compression=_compression(path)) as fh:
             raw = fh.read()
         nxt = {"file": i + 1, "record": 0}
         try:
-            yield {"text": raw.decode("utf-8-sig"), "path": Path(path).name}, nxt
+            yield {"text": raw.decode(wide_encoding(raw) or "utf-8-sig"), "path": Path(path).name}, nxt
         except UnicodeDecodeError as exc:
             yield BadRecord(f"undecodable bytes in {path}: {exc.reason} at byte {exc.start}", ""), nxt
 

@@ -312,6 +312,9 @@ def test_utf16_or_32_text_with_a_bom_is_decoded_as_such(tmp_path: Path, encoding
     assert _items(tmp_path / "t.txt", items[0][1]) == items[1:]  # a resume re-reads and skips
     (tmp_path / "j.jsonl").write_bytes(bom[encoding] + _head(4).decode().encode(encoding))
     assert [r for r, _ in _items(tmp_path / "j.jsonl")] == RECORDS[:4]
+    # regression: `format: document` read it as UTF-8, one reject `undecodable bytes in …: invalid start byte at byte 0`
+    assert [r for r, _ in _items(tmp_path / "t.txt", fmt="document")] == \
+        [{"text": "".join(x + "\r\n" for x in lines), "path": "t.txt"}]
 
 
 def test_utf16_text_with_an_odd_tail_keeps_the_lines_then_one_reject(tmp_path: Path) -> None:
@@ -319,6 +322,8 @@ def test_utf16_text_with_an_odd_tail_keeps_the_lines_then_one_reject(tmp_path: P
     good, bad = _split(_items(tmp_path / "t.txt"))
     assert good == [{"text": "one"}, {"text": "two"}]
     assert len(bad) == 1 and "t.txt after record 2" in bad[0].reason and "UnicodeDecodeError" in bad[0].reason
+    assert [r.reason for r, _ in _items(tmp_path / "t.txt", fmt="document")] == \
+        [f"undecodable bytes in {tmp_path / 't.txt'}: truncated data at byte 18"]
 
 
 @pytest.mark.parametrize("encoding, damage", [("utf-16-le", b"\x00\xd8"), ("utf-16-be", b"\xdc\x00"),
