@@ -61,6 +61,7 @@ class Executor(ABC):
     """Runs calls `fn(*args)`; `submit` may be called from any thread, and returns at once."""
 
     workers: int
+    stoppable = True  # close(wait=False) stops a running call (its process or actor), so a job may stop without it
 
     @abstractmethod
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
@@ -187,6 +188,7 @@ class LocalExecutor(Executor):
         self._closed = False
         self._threads: ThreadPoolExecutor | None = None
         self._pool: ProcessPoolExecutor | None = None
+        self.stoppable = self.workers > 1  # a thread runs on after close: a stop must wait for its call
         if self.workers == 1:
             init = setup or (int, ())
             self._threads = ThreadPoolExecutor(1, thread_name_prefix="worker", initializer=init[0], initargs=init[1])

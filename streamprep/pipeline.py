@@ -323,12 +323,14 @@ def run_from_dict(raw: dict[str, Any], run_dir: str | Path | None = None, fresh:
 
 
 def run_config_file(path: str | Path, run_dir: str | Path | None = None, fresh: bool = False,
-                    console_log: bool = True) -> RunResult:
-    return run(configmod.load_file(path), run_dir, fresh, console_log)
+                    console_log: bool = True, process_exits: bool = False) -> RunResult:
+    return run(configmod.load_file(path), run_dir, fresh, console_log, process_exits)
 
 
 def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
-        console_log: bool = True) -> RunResult:
+        console_log: bool = True, process_exits: bool = False) -> RunResult:
+    """The job. `process_exits`: the process ends when it returns (the CLI), so a stop need not wait for a call
+    running in a thread of it (`workers: 1`'s tokenizer training): nothing of it outlives the process."""
     _not_importing_main()
     _main_file_workers_run(config)
     run_dir = resolve_run_dir(config, run_dir)
@@ -357,7 +359,7 @@ def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
                 if lock.taken_over:
                     log.warning("took over a stale lock from a process that is gone", lock=str(lock.path),
                                 previous=lock.taken_over)  # the run dir's, then the checkpoint dir's: say which
-            job = Job(config, run_dir, previous, console_log)
+            job = Job(config, run_dir, previous, console_log, process_exits)
             with metrics.serving(config.execution, run_dir, config.datasets, job.progress):
                 return job.run()
     except ConfigError:
@@ -417,8 +419,10 @@ def _refuse_unsafe_paths(config: Config, run_dir: Path, checkpoint_dir: Path) ->
 
 
 class Job:
-    def __init__(self, config: Config, run_dir: Path, previous: dict[str, Any] | None, console_log: bool = True):
+    def __init__(self, config: Config, run_dir: Path, previous: dict[str, Any] | None, console_log: bool = True,
+                 process_exits: bool = False):
         self.config, self.run_dir = config, run_dir  # each stage is handed only the sections it reads
+        self.process_exits = process_exits
         self.mode = mode_of(config.sft)
         self.checkpoint_dir = _checkpoint_dir(config, run_dir)
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
@@ -542,7 +546,7 @@ class Job:
         tokenizer is prepared by the feeder while ingest starts."""
         feeder = ShardFeeder(engine, self._task, {d.name: self._files(d.name) for d in self.config.datasets},
                              lambda: self._timed("tokenizer", self._given_tokenizer), self._train_tokenizer,
-                             self._sample_ready())
+                             self._sample_ready(), executor.stoppable or self.process_exits)
         self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
         try:
             states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint, executor))

@@ -13,7 +13,7 @@ from streamprep.pipeline import Interrupted, run_config_file
 def run(args: argparse.Namespace) -> int:
     quiet_gc()  # the job's process: the decider's bookkeeping, and with `workers: 1` every call
     try:
-        result = run_config_file(args.config, args.run_dir, args.fresh)
+        result = run_config_file(args.config, args.run_dir, args.fresh, process_exits=True)
     except Interrupted as exc:  # progress is saved: re-running the command resumes
         print(f"streamprep: {exc}", file=sys.stderr)
         return 1

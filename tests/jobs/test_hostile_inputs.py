@@ -1043,6 +1043,39 @@ def test_sigterm_during_tokenizer_training_stops_within_seconds_and_the_resume_t
     assert tree_hashes(run, "tokenizer", "binidx") == tree_hashes(tmp_path / "whole", "tokenizer", "binidx")
 
 
+@pytest.mark.slow
+def test_an_interrupted_run_from_dict_with_one_worker_leaves_no_training_running(tmp_path: Path) -> None:
+    """Regression: with `workers: 1` the training runs in a thread of the caller's process, which a stop cannot end;
+    the stop stopped waiting for it, so `run_from_dict` raised Interrupted with the training still running, and
+    seconds later it wrote its tokenizer into the run dir, into a run the caller had started over there meanwhile
+    (`verify`: tokenizer.json differs, or a manifest naming the wrong tokenizer). The library's stop waits for it."""
+    import random
+
+    from streamprep import Interrupted
+
+    rng = random.Random(5)
+    words = lambda: " ".join("".join(rng.choices("ACGT", k=8000)) for _ in range(5))  # noqa: E731
+    corpus = tmp_path / "in.jsonl"  # several seconds of training
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in [*english_docs(50, seed=2),
+                                                                      *(words() for _ in range(60))]))
+    cfg = base_config([{"name": "d", "path": str(corpus)}], None)
+    cfg["execution"]["workers"] = 1
+    run, log = tmp_path / "run", tmp_path / "run" / "logs" / "streamprep.log"
+
+    def interrupt() -> None:
+        while not (log.is_file() and "training the tokenizer on all kept text" in log.read_text()):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(Interrupted):
+        run_from_dict(cfg, run_dir=run, console_log=False)
+    assert not [t for t in threading.enumerate() if t.name.startswith("worker") and t.is_alive()
+                and (t.join(1) or t.is_alive())]  # the executor's thread ended with its training
+    assert (run / "tokenizer" / "fingerprint.json").is_file()  # the training ended before the call returned
+
+
 def test_a_file_name_that_is_not_utf8_in_a_directory_is_a_config_error_naming_it(tmp_path: Path) -> None:
     """Regression: the plan (JSON) could not hold the name, so every run failed with `TypeError: str is not valid
     UTF-8`, exit 1, after the run dir existed. Now exit 2 before anything is written, naming the file escaped."""
