@@ -923,6 +923,13 @@ def _finish(proc: subprocess.Popen, timeout: float) -> str:
         raise
 
 
+def _sigterm(proc: subprocess.Popen, timeout: float) -> tuple[str, float]:
+    """SIGTERM to the job now: (its stderr, seconds until it exited)."""
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    return _finish(proc, timeout), time.monotonic() - t0
+
+
 @pytest.mark.slow
 def test_cli_on_a_hostile_directory_completes_with_each_bad_file_named(tmp_path: Path) -> None:
     data = tmp_path / "in"
@@ -984,10 +991,7 @@ def test_sigterm_stops_the_job_within_seconds_while_a_read_is_stalled(tmp_path: 
     try:
         assert _StallingHandler.stalled.wait(60), "the job never reached the stalled read"
         time.sleep(0.3)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        err = _finish(proc, 15)
-        took = time.monotonic() - t0
+        err, took = _sigterm(proc, 15)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -1024,10 +1028,7 @@ def test_sigterm_during_tokenizer_training_stops_within_seconds_and_the_resume_t
             assert time.monotonic() < deadline, "ingest never ended"
             time.sleep(0.1)
         time.sleep(1)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        err = _finish(proc, 120)
-        took = time.monotonic() - t0
+        err, took = _sigterm(proc, 120)
     finally:
         if proc.poll() is None:
             proc.kill()
