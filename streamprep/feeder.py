@@ -33,12 +33,10 @@ class ShardFeeder:
     def __init__(self, engine: Engine, plan: Planner, files: dict[str, DatasetFiles],
                  given: Callable[[], TokenizerInfo | None],
                  train: Callable[[dict[str, IngestState]], Future[TokenizerInfo]],
-                 sample_ready: Callable[[dict[str, IngestState]], bool] | None, stoppable: bool = True):
+                 sample_ready: Callable[[dict[str, IngestState]], bool] | None):
         """`given()` prepares the configured tokenizer (None: it is to be trained): the feeder thread's first
-        call, so every part it hands on comes after it. `train(states)` starts the training on a worker, which
-        the job's stop `stoppable` ends (else the stop waits for the training)."""
+        call, so every part it hands on comes after it. `train(states)` starts the training on a worker."""
         self.engine, self._plan, self._files = engine, plan, files
-        self._stoppable = stoppable
         self.info: TokenizerInfo | None = None
         self._train, self._sample_ready = train, sample_ready
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="feeder")
@@ -90,17 +88,16 @@ class ShardFeeder:
         self.engine.submit(task)
 
     def _train_then_flush(self, states: dict[str, IngestState]) -> None:
-        """Wait for the worker's training unless the job is closing and its executor's close stops the training's
-        process: a stop or a failure then waits for no training (minutes on a large corpus). A training in a
-        thread of this process (`workers: 1`) is waited for: left running, it wrote the tokenizer into the run dir
-        after `run_from_dict` returned, into a run the caller had started over there."""
+        """Wait for the worker's training unless the job is closing: a stop or a failure then waits for no
+        training (minutes on a large corpus), which the executor's close stops with its worker (or, a thread of
+        a library caller's process, waits for: `Job.run`)."""
         training = self._train(states)
         while True:
             try:
                 self.info = training.result(timeout=STOP_POLL_S)
                 break
             except TimeoutError:
-                if self._closing.is_set() and self._stoppable:
+                if self._closing.is_set():
                     return
         waiting, self._waiting = self._waiting, []
         for name, part, sha256 in waiting:

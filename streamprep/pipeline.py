@@ -327,12 +327,28 @@ def run_config_file(path: str | Path, run_dir: str | Path | None = None, fresh: 
     return run(configmod.load_file(path), run_dir, fresh, console_log, process_exits)
 
 
+# One job at a time in a process: two at once (run_from_dict from two threads) swapped the process-wide `streamprep`
+# logger's handlers under each other (one run's lines in the other's log, a finished run's handler left installed).
+_ONE_JOB = threading.Lock()
+
+
 def run(config: Config, run_dir: str | Path | None = None, fresh: bool = False,
         console_log: bool = True, process_exits: bool = False) -> RunResult:
     """The job. `process_exits`: the process ends when it returns (the CLI), so a stop need not wait for a call
     running in a thread of it (`workers: 1`'s tokenizer training): nothing of it outlives the process."""
     _not_importing_main()
     _main_file_workers_run(config)
+    if not _ONE_JOB.acquire(blocking=False):
+        raise ConfigError("another streamprep job is running in this process (run_from_dict from another thread): "
+                          "one job at a time per process, as its log, signal handlers and metrics are the process's; "
+                          "run the next when it returns, or in another process")
+    try:
+        return _run(config, run_dir, fresh, console_log, process_exits)
+    finally:
+        _ONE_JOB.release()
+
+
+def _run(config: Config, run_dir: str | Path | None, fresh: bool, console_log: bool, process_exits: bool) -> RunResult:
     run_dir = resolve_run_dir(config, run_dir)
     try:
         previous = _preflight(config, run_dir, fresh)
@@ -493,6 +509,11 @@ class Job:
             try:
                 # one executor runs the job's calls: units, tokenize tasks (engine: local), exports, the audit
                 executor = self.executor = job.enter_context(worker_executor(ex, self.config.quality, self.mode))
+                if not (executor.stoppable or self.process_exits):
+                    # `workers: 1` in a library caller's process: a stop waits for the call running in the worker
+                    # thread (queued ones are cancelled); left running, it wrote shards, receipts and a trained
+                    # tokenizer into the run dir after the call returned, under the next call's temporary names
+                    job.callback(executor.close, True)
                 executor.warm()  # the workers start while the engine, the tokenizer and the plan are prepared
                 with self._engine(executor) as engine:  # a long-lived engine comes up while ingest starts
                     with self.reporter.in_thread():
@@ -546,7 +567,7 @@ class Job:
         tokenizer is prepared by the feeder while ingest starts."""
         feeder = ShardFeeder(engine, self._task, {d.name: self._files(d.name) for d in self.config.datasets},
                              lambda: self._timed("tokenizer", self._given_tokenizer), self._train_tokenizer,
-                             self._sample_ready(), executor.stoppable or self.process_exits)
+                             self._sample_ready())
         self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
         try:
             states = self._timed("ingest", lambda: self._ingest(feeder.on_checkpoint, executor))

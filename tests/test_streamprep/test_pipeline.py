@@ -392,3 +392,20 @@ def test_a_finished_stage_has_its_seconds_in_run_json_before_the_next_one_starts
     assert record["status"] == "running" and set(record["timings"]) == {"ingest", "tokenizer", "tokenize"}
     assert record["timings"]["ingest"] > 0
     assert {k: final[k] for k in record["timings"]} == record["timings"] and final["exports"] > 0
+
+
+def test_a_second_job_at_once_in_the_same_process_is_refused(tmp_path: Path) -> None:
+    """Regression: two `run_from_dict` calls from two threads at once swapped the process-wide `streamprep` logger's
+    handlers under each other (one run's lines in the other's log, a run without its log, a finished run's
+    handler left installed). One job runs at a time in a process; the second is a config error, nothing written."""
+    from streamprep import ConfigError, pipeline
+
+    data = tmp_path / "a.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(20, seed=3)))
+    cfg = base_config([{"name": "a", "path": str(data)}], None)
+    with pipeline._ONE_JOB:  # as a job running in another thread holds it
+        with pytest.raises(ConfigError, match=r"^another streamprep job is running in this process \(run_from_dict "
+                                              r"from another thread\): one job at a time per process"):
+            run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    assert not (tmp_path / "run").exists()
+    assert run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False).status == "complete"  # released
