@@ -73,10 +73,8 @@ def check_address(cfg: dict[str, Any]) -> None:
         return
     key = "config: 'execution.ray_address'"
     if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address  # Ray: only when configured
-
         try:
-            where = canonicalize_bootstrap_address("auto")
+            where = _auto_address()
         except ConnectionError:
             raise ConfigError(f"{key}: auto, and no Ray cluster runs on this machine (no `ray start`, no "
                               f"RAY_ADDRESS); is the cluster up?") from None
@@ -97,6 +95,14 @@ def check_address(cfg: dict[str, Any]) -> None:
     elif why := _not_a_gcs(code, details):
         raise ConfigError(f"{key}: {where} answers, but {why}; the GCS address is the one `ray start --head` prints "
                           f"(port 6379 by default), not the dashboard's")
+
+
+def _auto_address() -> str:
+    """The GCS address `auto` stands for, as Ray finds it (RAY_ADDRESS, else the cluster `ray start` last started
+    on this machine); ConnectionError if none runs."""
+    from ray._private.services import canonicalize_bootstrap_address  # Ray: only when configured
+
+    return canonicalize_bootstrap_address("auto")
 
 
 def _ask_gcs(where: str, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[str, str]:
@@ -129,8 +135,8 @@ def _not_a_gcs(code: str, details: str) -> str | None:
 def _use_token(key: str, where: str) -> None:
     """The GCS at `where` refused a request without Ray's auth token (only a GCS does): turn token auth on for
     this process and the Ray processes it starts, with the token Ray finds here (RAY_AUTH_TOKEN, else the file
-    RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token), once the GCS takes it. Ray 2.60 turns it on by itself
-    only for `auto`: with an explicit address and no RAY_AUTH_MODE=token, `ray.init` retried without a token for
+    RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token), once the GCS takes it, for `auto` too (`connect` resolves it:
+    Ray 2.60 turns it on for `auto` whenever a token file is here, wanted or not). With an explicit address and no RAY_AUTH_MODE=token, `ray.init` retried without a token for
     20-40 s after the run dir was written and failed with a connection error that never named authentication.
     No usable token is one line, exit 2, before anything is written."""
     from ray._raylet import AuthenticationTokenLoader, Config
@@ -174,6 +180,10 @@ def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = 
                 if address is None:
                     return None
                 _started_here = True
+            elif address == "auto":
+                # as the address check resolved it: `ray.init("auto")` turned Ray's token auth on whenever a token file
+                # is here, against a cluster without it too (the check turns it on when the GCS asks, `_use_token`)
+                address = _auto_address()
             import ray
 
             handlers = _signal_handlers()

@@ -539,6 +539,53 @@ def test_a_gcs_that_wants_a_token_gets_this_machines_or_is_a_config_error(tmp_pa
     }
 
 
+AUTO_CASES = """
+import json, os, socket, sys, types
+import ray
+from streamprep import ray_cluster
+
+listening = socket.create_server(("", 0))
+port = listening.getsockname()[1]
+os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"))
+with open(os.path.join(os.environ["RAY_TMPDIR"], "ray", "ray_current_cluster"), "w") as f:
+    f.write(f"127.0.0.1:{port}")  # what `ray start` leaves for `auto` to find
+seen = {}
+
+def init(address=None, **kwargs):  # what Ray would be asked to attach with
+    seen.update(address=address.rpartition(":")[2] if address != "auto" else address,
+                mode=os.environ.get("RAY_AUTH_MODE"))
+    return types.SimpleNamespace(address_info={"gcs_address": address}, namespace="n")
+
+ray.init = init
+ray._private.services.find_gcs_addresses = lambda: []  # Ray's `auto` takes a lone GCS running here over the file
+answer = {"no auth": ("OK", ""), "token auth": ("UNAUTHENTICATED", "no token")}[sys.argv[1]]
+ray_cluster._ask_gcs = lambda where, metadata=(): ("OK", "") if metadata else answer
+ray_cluster.check_address({"execution": {"ray_address": "auto"}})
+ray_cluster.connect("auto", 1)
+print(json.dumps([seen, str(port)]))
+"""
+
+
+@pytest.mark.parametrize("cluster_auth", ["no auth", "token auth"])
+def test_auto_attaches_as_the_address_it_stands_for_with_a_token_file_here(tmp_path: Path, cluster_auth: str) -> None:
+    """Regression: with `ray_address: auto` and a ~/.ray/auth_token on the machine, `ray.init("auto")` turned Ray's
+    token auth on (Ray does for `auto` whenever a token file exists) against a cluster without it: the dedup holder
+    actor died as it was created and the job failed after 8.5 min of stage restarts (HolderLost, naming no auth).
+    `auto` now reaches `ray.init` as the address the check resolved (Ray never turns auth on for one by itself),
+    token auth off for a cluster that wants none and on for one that refuses a request without it, as with
+    HOST:PORT. The GCS's answers and `ray.init` are faked."""
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("good")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    env.update(HOME=str(home), RAY_TMPDIR=str(tmp_path / "rt"))
+    done = subprocess.run([sys.executable, "-c", AUTO_CASES, cluster_auth], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen, port = json.loads(done.stdout.splitlines()[-1])
+    assert seen == {"address": port, "mode": None if cluster_auth == "no auth" else "token"}
+
+
 @pytest.mark.ray
 def test_a_clusters_gcs_passes_the_address_check_and_its_raylet_does_not(ray_cluster, tmp_path) -> None:
     """The check asks the port for the cluster id: the session cluster's GCS answers (or refuses the missing auth
