@@ -18,6 +18,7 @@ from streamprep import forkserver, registry
 from streamprep.config import ConfigError, printable
 from streamprep.layout import NotARunDir, causes, file_in_the_way
 from streamprep.registry import Registry
+from streamprep.sources.base import in_worker
 
 EPILOG_INGEST = """examples:
   streamprep ingest --config configs/demo.yaml
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"and re-run", file=sys.stderr)
             return 2
         # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
-        first = f"{type(exc).__name__}: {exc}".split("\n")[0]
+        cause, where = in_worker(exc)  # a Ray worker's error: what it raised, not Ray's header
+        first = f"{type(cause).__name__}: {cause}".split("\n")[0] + where
         if (full := _disk_full(exc)) is not None:
             first = f"no space left on the disk{full}: free some and re-run the same command to resume ({first})"
         print(f"streamprep: error: {printable(first)}", file=sys.stderr)

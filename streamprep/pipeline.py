@@ -37,7 +37,7 @@ from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
 from streamprep.unit_worker import late_gates
-from streamprep.sources.base import one_line
+from streamprep.sources.base import error_text, one_line
 from streamprep.sources.hf import set_retry_policy
 from streamprep.sources.local import reaches_into
 from streamprep.tokenize import ShardTask, make_task, read_receipt, receipt_problem, token_dtype
@@ -528,8 +528,8 @@ class Job:
                 raise Interrupted(f"interrupted; progress saved in {self.run_dir} — "
                                   f"re-run the same command to resume") from None
             except BaseException as exc:
-                log.error("run failed", error=f"{type(exc).__name__}: {exc}"[:2000])  # the log has it too, with
-                self._record_end("failed", error=f"{type(exc).__name__}: {exc}"[:500],  # what led to it
+                log.error("run failed", error=error_text(exc)[:2000])  # the log has it too, with
+                self._record_end("failed", error=error_text(exc)[:500],  # what led to it
                                  needs_change=needs_change(exc))  # exit 2: re-running as is fails the same way
                 raise
             # run.json is the root of verify's hash chain: it records manifest.json's SHA-256
@@ -542,6 +542,9 @@ class Job:
                 log.warning("audit not written; `streamprep audit RUN_DIR` writes it", error=one_line(exc))
             except (KeyboardInterrupt, Interrupted):  # nor does a stop now: it said "interrupted", exit 1, with
                 log.warning("audit not written: interrupted; `streamprep audit RUN_DIR` writes it")  # run.json complete
+            except Exception as exc:  # a bug (or a worker's other streamprep): exit 1, and the log says what it was
+                log.error("audit failed", error=error_text(exc)[:2000])
+                raise
         # every writer of the job has ended: a temporary file left now is one whose writer died during the run (a
         # worker killed mid-write, a stage worker lost with its node) while its call ran again elsewhere
         self._sweep_tmp("removed temporary files of writers that died during the run")

@@ -188,3 +188,16 @@ def log_in_worker(n: int, fail: bool = False) -> int:
         logs.get("probe").info("probe failing", n=n)
         raise ValueError(f"probe {n} failed")
     return os.getpid()
+
+
+def ray_worker_error() -> BaseException:
+    """What `ray.get` raises for a call that raised TypeError in a Ray worker actor: Ray's own RayTaskError, as Ray
+    builds it (`as_instanceof_cause`), its message Ray's ANSI-coloured header, then the worker's traceback."""
+    from ray.exceptions import RayTaskError
+
+    cause = TypeError("build_audit() takes 1 positional argument but 2 were given")
+    trace = ('Traceback (most recent call last):\n  File "/n/streamprep/executor.py", line 130, in with_events\n'
+             f"    result = fn(*args)\nTypeError: {cause}")
+    return RayTaskError("_Actor.run", trace, cause, proctitle="ray::_Actor.run", pid=4242, ip="10.0.0.7",
+                        actor_repr="<streamprep.executor._Actor object at 0x7f>", actor_id="ab12").as_instanceof_cause()
+

@@ -1,6 +1,8 @@
 """What every source yields: raw records with a resume position, or a counted parse failure."""
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Protocol
 
@@ -61,10 +63,36 @@ class ReaderError(RuntimeError):
     them (a TypeError, a KeyError: a bug in the plug-in), named with its file and record; the job stops, exit 1."""
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def in_worker(exc: BaseException) -> tuple[BaseException, str]:
+    """(what a Ray worker's call raised, " (in a Ray worker, pid N)") for Ray's RayTaskError, whose message is Ray's
+    header (`ray::_Actor.run() (pid=…, ip=…, actor_id=…)`, in ANSI colours), then the worker's traceback, the
+    cause last: its first line named no cause. (exc, "") for any other exception."""
+    rx = sys.modules.get("ray.exceptions")  # Ray never imported: no Ray error
+    where = ""
+    while rx is not None and isinstance(exc, rx.RayTaskError) and isinstance(exc.cause, BaseException):
+        pid = re.search(r"\(pid=(\d+)", str(exc))
+        where = f" (in a Ray worker{f', pid {pid[1]}' if pid else ''})"
+        exc = exc.cause
+    return exc, where
+
+
 def one_line(exc: BaseException) -> str:
-    """`Type: first line of the message`, for reject reasons and one-line errors."""
+    """`Type: first line of the message`, for reject reasons and one-line errors; a Ray worker's error as what it
+    raised (`in_worker`)."""
+    exc, where = in_worker(exc)
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+    return f"{type(exc).__name__}: {text[0] if text else ''}{where}".strip()
+
+
+def error_text(exc: BaseException) -> str:
+    """`Type: message`, as the run log and run.json keep a failure; a Ray worker's error its cause first
+    (`one_line`), then Ray's text with the worker's traceback, ANSI colour codes removed."""
+    if in_worker(exc)[1]:
+        return f"{one_line(exc)}\n{ANSI.sub('', str(exc))}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def input_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:

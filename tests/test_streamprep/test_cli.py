@@ -15,7 +15,7 @@ import yaml
 
 from streamprep import forkserver
 from streamprep.cli import main
-from helpers import REPO
+from helpers import REPO, ray_worker_error
 
 COMMANDS = ("ingest", "status", "logs", "audit", "verify")
 
@@ -420,3 +420,22 @@ def test_a_full_disk_is_said_as_such_naming_the_file(tmp_path: Path, monkeypatch
     line = capsys.readouterr().err
     assert line.startswith(f"streamprep: error: no space left on the disk writing {target}: free some and re-run the "
                            f"same command to resume (SourceError: dataset d:") and line.count("\n") == 1
+
+
+def test_a_ray_workers_error_names_what_it_raised(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Regression: a failure in a Ray worker's call printed only Ray's header, "RayTaskError(TypeError):
+    \\x1b[36mray::_Actor.run()\\x1b[39m (pid=…, ip=…, actor_id=…, repr=…)", no cause (and a unit's error wrapping
+    one, "reading or judging the input failed …: RayTaskError(…)", the same). The line names what the worker
+    raised, and where."""
+    import streamprep.commands.status
+    from streamprep.sources.base import SourceError, one_line
+
+    raised = [ray_worker_error(), SourceError(f"dataset d: reading or judging the input failed after item 0: "
+                                              f"{one_line(ray_worker_error())}")]
+    monkeypatch.setattr(streamprep.commands.status, "run", lambda args: (_ for _ in ()).throw(raised.pop(0)))
+    what = "TypeError: build_audit() takes 1 positional argument but 2 were given (in a Ray worker, pid 4242)"
+    assert main(["status", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"streamprep: error: {what}\n"
+    assert main(["status", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"streamprep: error: SourceError: dataset d: reading or judging the input "
+                                       f"failed after item 0: {what}\n")

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from helpers import PHI2, base_config, english_docs, log_events, tree_hashes
+from helpers import PHI2, base_config, english_docs, log_events, ray_worker_error, tree_hashes
 from streamprep import run_from_dict
 from streamprep.pipeline import Signals
 from streamprep.exports.summary import SUFFIX
@@ -354,6 +354,18 @@ def test_a_full_disk_at_the_end_neither_undoes_a_run_nor_hides_why_it_failed(tmp
         assert run_from_dict(cfg, tmp_path / "c", console_log=False).status == "complete"
     assert log_events(tmp_path / "c", "audit not written: interrupted; `streamprep audit RUN_DIR` writes it")
     assert json.loads((tmp_path / "c/run.json").read_text())["status"] == "complete"
+
+    # regression: an audit that failed in a Ray worker (a TypeError: its streamprep another) ended the command, exit
+    # 1, with nothing in the log, whose details the error line points at; the log has the cause and its traceback
+    with monkeypatch.context() as m:
+        m.setattr(audit, "write_audit", lambda *a, **k: (_ for _ in ()).throw(ray_worker_error()))
+        with pytest.raises(TypeError):
+            run_from_dict(cfg, tmp_path / "d", console_log=False)
+    [failed] = [e["error"] for e in log_events(tmp_path / "d", "audit failed")]
+    assert failed.startswith("TypeError: build_audit() takes 1 positional argument but 2 were given (in a Ray "
+                             "worker, pid 4242)\nray::_Actor.run() (pid=4242, ")
+    assert 'line 130, in with_events\n    result = fn(*args)\nTypeError: build_audit()' in failed
+    assert "\x1b" not in failed
     real_save = pipeline.Job._save_record
 
     def save(job, status=None, **extra):
