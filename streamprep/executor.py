@@ -32,7 +32,7 @@ from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor, T
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterable, Iterator
 
-from streamprep import forkserver, logs, ray_cluster
+from streamprep import forkserver, logs, ray_cluster, version
 from streamprep.children import serve_driver
 
 log = logs.get("executor")
@@ -306,9 +306,10 @@ class _Actor:
         set_up_worker(setup)
         self.node = ray.get_runtime_context().get_node_id()  # a restart after a lost node runs this again
 
-    def ready(self) -> str:
-        """This actor's node, once it is up (`ray_cluster.spread_actors` logs the placement)."""
-        return self.node
+    def ready(self) -> tuple[str, tuple[str, str]]:
+        """This actor's node, once it is up (`ray_cluster.spread_actors` logs the placement), and its streamprep
+        (`version.source()`: `ray_cluster.node_of` refuses another than the driver's)."""
+        return self.node, version.source()
 
     def run(self, fn: Callable[..., Any], *args: Any) -> tuple[str, Any, list[dict[str, Any]]]:
         """(this actor's node, the call's result, its log events): the driver counts where the work ran."""
@@ -392,7 +393,7 @@ class RayExecutor(Executor):
                 nodes = sorted(ray_cluster.usable_nodes() - {self.nodes[slot]})
                 try:
                     new = ray_cluster.place_actor(_Actor, slot, self._setup, nodes=nodes)
-                    node = ray.get(new.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S)
+                    node = ray_cluster.node_of(ray.get(new.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S))
                 except Exception as err:  # no node to place it on (the watch fails the calls too)
                     self._fail(outer, err)
                     return

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import psutil
 
-from streamprep import logs
+from streamprep import logs, version
 from streamprep.config import ConfigError
 
 log = logs.get("ray")
@@ -458,14 +458,31 @@ def place_actor(cls: type, slot: int, *args: object, nodes: list[str] | None = N
 
 def spread_actors(cls: type, workers: int, *args: object) -> tuple[list, list[str]]:
     """`workers` actors of `cls` over the nodes (`place_actor`), started before this returns, and the node of
-    each (its `ready()`)."""
+    each (its `ready()`, whose streamprep `node_of` checks)."""
     import ray
 
     nodes = sorted(usable_nodes())  # listed once for all of them
     actors = [place_actor(cls, i, *args, nodes=nodes) for i in range(workers)]
-    placed = ray.get([a.ready.remote() for a in actors])  # each actor's node
+    placed = [node_of(answer) for answer in ray.get([a.ready.remote() for a in actors])]
     log.info("worker actors placed", nodes=len(nodes), per_node=sorted(Counter(placed).values(), reverse=True))
     return actors, placed
+
+
+def node_of(ready: Any) -> str:
+    """The node of a worker actor's `ready()` answer, (node, its `version.source()`), once `same_source` passed
+    it: before the actor runs any of the job's calls."""
+    theirs = ready[1] if isinstance(ready, tuple) and len(ready) == 2 else ("an older one", "no source fingerprint")
+    same_source(version.source(), theirs)
+    return ready[0]
+
+
+def same_source(driver: tuple[str, str], worker: tuple[str, str]) -> None:
+    """A ConfigError unless a Ray worker's streamprep (`version.source()`) is the driver's: a node's other one (an
+    older checkout, another venv) failed the job late with whatever its code raised (a bare TypeError at the
+    audit, exit 1), or could write other bytes."""
+    if worker[0] != driver[0]:
+        raise ConfigError(f"a Ray node runs another streamprep ({worker[0]}, {worker[1]}) than this driver "
+                          f"({driver[0]}, {driver[1]}): every node needs the same streamprep (docs/multi-node.md)")
 
 
 def release() -> None:

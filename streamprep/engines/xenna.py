@@ -52,10 +52,12 @@ from typing import Any
 import orjson
 
 from streamprep import logs, ray_cluster
+from streamprep.config import ConfigError
 from streamprep.layout import RunLayout
 from streamprep.engines.base import PING, Engine, Result
 from streamprep.engines.local import run_local
 from streamprep.executor import Call, Executor, Setup, settle
+from streamprep.sources.base import in_worker
 from streamprep.tokenize import ShardTask, drop_tmp_files
 
 log = logs.get("tokenize")
@@ -210,6 +212,8 @@ class XennaEngine(Engine):
                 xenna.run_pipeline(spec)
                 return
             except Exception as exc:
+                if (refused := _refusal(exc)) is not None:  # the job's one line and exit 2, not Xenna's wrapper
+                    raise refused from None
                 if self._early:  # this machine is the whole cluster: no node to restart on (the executor takes over)
                     raise
                 lost = nodes - ray_cluster.usable_nodes()
@@ -438,6 +442,16 @@ class XennaEngine(Engine):
             log.info("xenna stage and its Ray cluster stopped",
                      seconds=round(time.monotonic() - (self._stopping or time.monotonic()), 2))
         self._thread = None
+
+
+def _refusal(exc: BaseException | None) -> ConfigError | None:
+    """The ConfigError a stage worker's setup raised (`ray_cluster.same_source`: its node's streamprep is another),
+    which Xenna's pipeline ends with inside its RuntimeError "Actor … failed during setup"."""
+    while exc is not None:
+        if isinstance(exc, ConfigError):
+            return in_worker(exc)[0]  # type: ignore[return-value]  # Ray's RayTaskError(ConfigError): the error
+        exc = exc.__cause__
+    return None
 
 
 def _key(item: Any) -> Any:

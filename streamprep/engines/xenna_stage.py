@@ -12,7 +12,7 @@ from typing import Any
 
 from cosmos_xenna.pipelines import v1 as xenna
 
-from streamprep import logs
+from streamprep import logs, ray_cluster, version
 from streamprep.engines.base import PING, run_shard
 from streamprep.executor import Call, Setup, set_up_worker, quiet_gc
 from streamprep.tokenize import TokenizerCache
@@ -24,12 +24,14 @@ class IngestStage(xenna.Stage):
 
     def __init__(self, cpus: float, setup: Setup | None):
         self.cpus, self.setup_call = cpus, setup
+        self.source = version.source()  # the driver's streamprep: the stage is built there
 
     @property
     def required_resources(self) -> xenna.Resources:
         return xenna.Resources(cpus=self.cpus, gpus=0)
 
     def setup(self, worker_metadata: xenna.WorkerMetadata) -> None:
+        ray_cluster.same_source(self.source, version.source())
         set_up_worker(self.setup_call)
 
     def process_data(self, in_data: list[Any]) -> list[Any]:
@@ -45,12 +47,14 @@ class TokenizeStage(xenna.Stage):
     def __init__(self, cpus: float = 1.0):
         self.cpus = cpus
         self.tokenizers: TokenizerCache | None = None
+        self.source = version.source()  # the driver's streamprep: the stage is built there
 
     @property
     def required_resources(self) -> xenna.Resources:
         return xenna.Resources(cpus=self.cpus, gpus=0)
 
     def setup(self, worker_metadata: xenna.WorkerMetadata) -> None:
+        ray_cluster.same_source(self.source, version.source())
         logs.forward_from_worker()
         self.tokenizers = TokenizerCache()
         quiet_gc()

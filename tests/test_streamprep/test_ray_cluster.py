@@ -649,6 +649,65 @@ def test_attaching_to_a_cluster_leaves_the_jobs_signal_handlers(ray_cluster) -> 
     assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]
 
 
+def test_a_worker_actor_with_another_streamprep_is_refused_naming_both(tmp_path: Path) -> None:
+    """Regression: a node whose streamprep was another than the driver's (an older checkout, another venv) ran the
+    job's calls with its own code: the job failed at its end with a bare TypeError from the audit, exit 1. A worker
+    actor's `ready()` now answers its streamprep, a hash of its .py files (any edit changes it), and another than
+    the driver's, or none (an older one), is a ConfigError naming both, before the actor runs a call."""
+    import shutil
+
+    from streamprep import version
+    from streamprep.config import ConfigError
+    from streamprep.ray_cluster import node_of
+
+    mine = version.source()
+    assert node_of(("node-a", mine)) == "node-a"
+    with pytest.raises(ConfigError) as refused:
+        node_of(("node-a", ("0.1.0+0123456789ab", "/opt/venv/streamprep on worker-3")))
+    assert str(refused.value) == (f"a Ray node runs another streamprep (0.1.0+0123456789ab, /opt/venv/streamprep on "
+                                  f"worker-3) than this driver ({mine[0]}, {mine[1]}): every node needs the same "
+                                  f"streamprep (docs/multi-node.md)")
+    with pytest.raises(ConfigError, match=r"^a Ray node runs another streamprep \(an older one, no source fingerprint\)"):
+        node_of("node-a")  # what an older `_Actor.ready` answers
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(version.__file__).parent, copy / "streamprep", ignore=shutil.ignore_patterns("__pycache__"))
+    probe = [sys.executable, "-c", "from streamprep.version import source; print(*source())"]
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    same = subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
+    assert same[:2] == [mine[0], str(copy / "streamprep")]
+    with (copy / "streamprep" / "audit" / "gather.py").open("a") as f:
+        f.write("# an edit\n")
+    edited = subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
+    assert edited[0] != mine[0] and edited[1:] == same[1:]
+
+
+OTHER_DRIVER = """
+import sys
+from streamprep import version
+from streamprep.config import ConfigError
+from streamprep.executor import RayExecutor
+version.source = lambda: ("0.0.9+0123456789ab", "/driver/streamprep on login")  # this driver's code is another
+try:
+    RayExecutor(1, sys.argv[1])
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.ray
+def test_worker_actors_on_a_node_with_another_streamprep_are_refused_before_any_call(ray_cluster) -> None:
+    """The same through Ray: the executor's worker actors answer their node's streamprep, which is not the
+    driver's here (the driver's fingerprint is faked), and the executor refuses before any call."""
+    from streamprep import version
+
+    out = subprocess.run([sys.executable, "-c", OTHER_DRIVER, ray_cluster.address_info["gcs_address"]],
+                         capture_output=True, text=True, timeout=120, check=False)
+    mine = version.source()
+    assert out.stdout.strip().splitlines()[-1:] == [
+        f"a Ray node runs another streamprep ({mine[0]}, {mine[1]}) than this driver (0.0.9+0123456789ab, "
+        f"/driver/streamprep on login): every node needs the same streamprep (docs/multi-node.md)"], out.stderr[-2000:]
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("gone", ["after", "before"])
 def test_a_head_whose_driver_is_gone_removes_its_tmpdir_and_its_clusters_session(gone: str) -> None:

@@ -65,6 +65,35 @@ def test_stage_without_ray(tmp_path: Path) -> None:
     assert order.load_run(order.run_path(tmp_path, "gen", "part-00000"), ref, 0, 50, 8, (16, 64), BYTES_PER_TOKEN) is None
 
 
+def test_a_stage_worker_with_another_streamprep_is_refused_at_setup_with_the_jobs_line() -> None:
+    """Regression: a node whose streamprep was another than the driver's ran the job's calls with its own code, and
+    the job failed at its end with whatever that raised (a bare TypeError at the audit, exit 1). A stage worker
+    (built on the driver, set up on its node) now refuses at setup, naming both; the job ends with that ConfigError
+    (exit 2), not with Xenna's RuntimeError "Actor … failed during setup" around Ray's error."""
+    from ray.exceptions import RayTaskError
+
+    from streamprep import version
+    from streamprep.config import ConfigError
+    from streamprep.engines.xenna import _refusal
+    from streamprep.engines.xenna_stage import IngestStage
+
+    for stage in (IngestStage(0.5, None), TokenizeStage()):
+        assert stage.source == version.source()
+        stage.source = ("0.0.9+0123456789ab", "/driver/streamprep on login")  # as a driver with other code built it
+        with pytest.raises(ConfigError) as refused:
+            stage.setup(xenna.WorkerMetadata.make_dummy())
+        assert str(refused.value) == (f"a Ray node runs another streamprep ({version.source()[0]}, "
+                                      f"{version.source()[1]}) than this driver (0.0.9+0123456789ab, /driver/streamprep "
+                                      f"on login): every node needs the same streamprep (docs/multi-node.md)")
+    in_ray = RayTaskError("StageWorker.setup", "Traceback …", refused.value, proctitle="ray::StageWorker.setup", pid=7,
+                          ip="10.0.0.7").as_instanceof_cause()
+    try:
+        raise RuntimeError(f"Actor Stage 00 - IngestStage-1 failed during setup: {in_ray}") from in_ray
+    except RuntimeError as xennas:
+        assert _refusal(xennas) is refused.value
+    assert _refusal(RuntimeError("Actor … failed during setup")) is None
+
+
 @pytest.mark.ray
 def test_xenna_engine_matches_local_engine(ray_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The xenna stage's shards are the local engine's bytes. On the job's own cluster the engine's local workers
