@@ -63,7 +63,7 @@ ACTOR_REPLACEMENTS = 4  # worker actors lost with their node and replaced on a n
 
 def check_address(cfg: dict[str, Any]) -> None:
     """Config check (registry.CHECKS) of `execution.ray_address`: HOST:PORT whose port a Ray GCS answers now,
-    ray://HOST:PORT whose port takes a connection, or `auto` with a cluster running here. A closed port had
+    ray://HOST:PORT whose port takes a connection and is no GCS's, or `auto` with a cluster running here. A closed port had
     `ray.init` retry for ever (a stop waiting on it), a malformed one failed after the run dir was written, and a
     port where something else answers (the dashboard's, a raylet's, any server) hung in `ray.init` after it, deaf
     to SIGTERM; `auto` with no cluster failed after it too. Each is one line, exit 2, before anything is written.
@@ -87,9 +87,12 @@ def check_address(cfg: dict[str, Any]) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_CHECK_S).close()
     except OSError as exc:
         raise ConfigError(f"{key}: nothing answers at {where} ({exc.strerror or exc}); is the cluster up?") from None
-    if address.startswith("ray://"):
-        return
     code, details = _ask_gcs(where)
+    if address.startswith("ray://"):  # Ray Client's server: a GCS there had `ray.init` time out after 60 s
+        if code == "OK" or code in AUTH_REFUSED:
+            raise ConfigError(f"{key}: {address} names a Ray GCS's port; ray:// needs the Ray Client server's port "
+                              f"(10001 by default), or give {where} without ray://")
+        return
     if code in AUTH_REFUSED:
         _use_token(key, where)
     elif why := _not_a_gcs(code, details):

@@ -589,7 +589,8 @@ def test_auto_attaches_as_the_address_it_stands_for_with_a_token_file_here(tmp_p
 @pytest.mark.ray
 def test_a_clusters_gcs_passes_the_address_check_and_its_raylet_does_not(ray_cluster, tmp_path) -> None:
     """The check asks the port for the cluster id: the session cluster's GCS answers (or refuses the missing auth
-    token, which only a GCS does); its raylet's port, gRPC without the GCS's services, is a config error."""
+    token, which only a GCS does); its raylet's port, gRPC without the GCS's services, is a config error, and so is
+    the GCS's port given as ray:// (Ray Client's)."""
     import ray
 
     from streamprep.config import ConfigError, validate
@@ -600,7 +601,14 @@ def test_a_clusters_gcs_passes_the_address_check_and_its_raylet_does_not(ray_clu
     def check(address: str) -> None:
         validate({"datasets": [{"name": "d", "path": str(data)}], "execution": {"ray_address": address}})
 
-    check(ray_cluster.address_info["gcs_address"])
+    gcs = ray_cluster.address_info["gcs_address"]
+    check(gcs)
+    # regression: ray:// to the GCS's port passed (a connection was all it asked), then `ray.init` failed after 62 s
+    # with "ray client connection timeout", the run dir written
+    with pytest.raises(ConfigError, match=rf"^config: 'execution.ray_address': ray://{gcs} names a Ray GCS's port; "
+                                          rf"ray:// needs the Ray Client server's port \(10001 by default\), or give "
+                                          rf"{gcs} without ray://$"):
+        check(f"ray://{gcs}")
     node = ray.nodes()[0]
     raylet = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
     with pytest.raises(ConfigError, match=rf"^config: 'execution.ray_address': {raylet} answers, but it is no Ray GCS "
