@@ -27,10 +27,10 @@ from typing import Any, Callable
 import numpy as np
 
 from streamprep import atomic, binidx, layout
-from streamprep.layout import NotARunDir, run_record
-from streamprep.status import datasets_status
 from streamprep.exports import chain, summary
+from streamprep.layout import NotARunDir, run_record
 from streamprep.modes import receipt_mode_name
+from streamprep.status import datasets_status
 
 TSV_HEADER = ["row", "n_tokens", "token_sum", "text_sha256"]
 

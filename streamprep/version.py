@@ -6,7 +6,7 @@ import functools
 __version__ = "0.1.0"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def source() -> tuple[str, str]:
     """(`VERSION+HASH`, `DIR on HOST`): this process's streamprep, by a hash of its .py files (their paths and
     bytes), and where it is. Every node of a multi-node job must run the driver's code (a worker's other

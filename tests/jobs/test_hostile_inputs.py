@@ -1014,7 +1014,7 @@ def test_sigterm_during_tokenizer_training_stops_within_seconds_and_the_resume_t
     import random
 
     rng = random.Random(5)
-    words = lambda: " ".join("".join(rng.choices("ACGT", k=8000)) for _ in range(5))  # noqa: E731
+    words = lambda: " ".join("".join(rng.choices("ACGT", k=8000)) for _ in range(5))
     corpus = tmp_path / "in.jsonl"  # ~10 s of training here
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in [*english_docs(50, seed=2),
                                                                       *(words() for _ in range(150))]))
@@ -1055,7 +1055,7 @@ def test_an_interrupted_run_from_dict_with_one_worker_leaves_no_training_running
     from streamprep import Interrupted
 
     rng = random.Random(5)
-    words = lambda: " ".join("".join(rng.choices("ACGT", k=8000)) for _ in range(5))  # noqa: E731
+    words = lambda: " ".join("".join(rng.choices("ACGT", k=8000)) for _ in range(5))
     corpus = tmp_path / "in.jsonl"  # several seconds of training
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in [*english_docs(50, seed=2),
                                                                       *(words() for _ in range(60))]))

@@ -415,9 +415,9 @@ def test_a_second_job_at_once_in_the_same_process_is_refused(tmp_path: Path) -> 
     data = tmp_path / "a.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(20, seed=3)))
     cfg = base_config([{"name": "a", "path": str(data)}], None)
-    with pipeline._ONE_JOB:  # as a job running in another thread holds it
-        with pytest.raises(ConfigError, match=r"^another streamprep job is running in this process \(run_from_dict "
-                                              r"from another thread\): one job at a time per process"):
-            run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    refused = pytest.raises(ConfigError, match=r"^another streamprep job is running in this process \(run_from_dict "
+                                               r"from another thread\): one job at a time per process")
+    with pipeline._ONE_JOB, refused:  # the lock held as a job running in another thread holds it
+        run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
     assert not (tmp_path / "run").exists()
     assert run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False).status == "complete"  # released
