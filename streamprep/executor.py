@@ -124,6 +124,12 @@ def set_up_worker(setup: Setup | None) -> None:
     quiet_gc()
 
 
+def again(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What an executor runs when it runs a call again (its worker died): `fn.again` when `fn` names one (a call
+    that must first undo what a killed attempt left, e.g. `engines.local.run_local`), else `fn` itself."""
+    return getattr(fn, "again", fn)
+
+
 def with_events(fn: Callable[..., Any], *args: Any) -> tuple[Any, list[dict[str, Any]]]:
     """`fn(*args)` in a worker, and the log events it made, for the job's process to write (`logs.replay`); a call
     that raises carries them on its exception (`worker_events`)."""
@@ -265,7 +271,7 @@ class LocalExecutor(Executor):
                     process.kill()
                 pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = self._new_pool()
-        self._send(outer, fn, args)
+        self._send(outer, again(fn), args)
 
     def warm(self) -> None:
         if self._pool is not None:
@@ -398,7 +404,7 @@ class RayExecutor(Executor):
                     self._fail(outer, err)
                     return
                 self.actors[slot], self.nodes[slot] = new, node
-        self._send(outer, slot, fn, args)
+        self._send(outer, slot, again(fn), args)
 
     def _fail(self, outer: Future, exc: BaseException) -> None:
         with self._lock:

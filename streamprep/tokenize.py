@@ -183,9 +183,9 @@ class TokenizerCache:
 
 def drop_tmp_files(task: ShardTask) -> None:
     """Temporary files of `task`'s outputs that a writer killed mid-way left (with its process or node); a retry,
-    never run beside a live first attempt, removes them and writes its own. Every task runs it: one scandir
-    and a prefix test per name (a glob's fnmatch cost ~0.85 ms a call over 800 files, ~0.7 CPU-s a job of
-    400 parts)."""
+    never run beside a live first attempt, removes them and writes its own. Only a retry runs it (the job's
+    start swept every temporary file): it scans each output folder, ~7 ms a call beside 8 k shards, so a call
+    per task made tokenizing grow with the square of the shard count."""
     for target in (Path(task.prefix), Path(task.receipt_path), task.columns_path):
         if target is None:
             continue

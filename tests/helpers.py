@@ -190,6 +190,22 @@ def log_in_worker(n: int, fail: bool = False) -> int:
     return os.getpid()
 
 
+def nap(seconds: float) -> str:
+    """An executor call with its own retry (`executor.again`): "first" from a first attempt."""
+    import time
+
+    time.sleep(seconds)
+    return "first"
+
+
+def nap_again(seconds: float) -> str:
+    """What an executor runs for `nap` again after its worker died."""
+    return "again"
+
+
+nap.again = nap_again  # type: ignore[attr-defined]
+
+
 def ray_worker_error() -> BaseException:
     """What `ray.get` raises for a call that raised TypeError in a Ray worker actor: Ray's own RayTaskError, as Ray
     builds it (`as_instanceof_cause`), its message Ray's ANSI-coloured header, then the worker's traceback."""

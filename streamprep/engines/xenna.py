@@ -171,11 +171,16 @@ class XennaEngine(Engine):
     def _take_back(self, reason: str) -> None:
         """The job's own cluster failed under the stage: being spare capacity, it takes the job down with it no
         more than a slow start does. The shards it held go back to the front of the queue, in order, each counted
-        as a retry, for the executor (`run_local` drops what a killed writer left)."""
+        as a retry, for the executor; what a killed writer of one left goes first (the executor's `run_local`
+        drops nothing: a first attempt there)."""
         with self._cv:
             self._local_only = f"the xenna stage failed ({reason}); the local workers tokenize the rest"
             tasks = [t for t in self._in_flight.values() if t != PING]
             self._in_flight.clear()
+        for task in tasks:
+            if _is_shard(task):
+                drop_tmp_files(task)
+        with self._cv:
             self._queued.extendleft(reversed(tasks))
             self._cv.notify_all()
         log.warning("xenna stage lost; its shards go to the local workers", shards=len(tasks), reason=reason)

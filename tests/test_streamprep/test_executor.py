@@ -100,6 +100,21 @@ def test_a_worker_that_cannot_start_costs_its_call_a_retry_on_a_new_pool() -> No
         assert real is not ex._pool.submit
 
 
+def test_a_call_run_again_after_its_worker_died_runs_its_again_function() -> None:
+    """A call whose worker died runs `fn.again` (`engines.local.run_local_again` drops what the dead attempt left,
+    so a first attempt need not scan the output folders); a first attempt and a call without one run `fn`."""
+    from helpers import nap
+
+    with LocalExecutor(2) as ex:
+        victim = _processes(ex, 2)[0]
+        calls = [ex.submit(nap, 0.5) for _ in range(2)]
+        time.sleep(0.2)  # both workers are inside a call
+        os.kill(victim, signal.SIGKILL)
+        assert [c.result(60) for c in calls] == ["again", "again"] and ex.restarts == 1
+        assert ex.submit(nap, 0).result(60) == "first"
+    assert executors.again(math.sqrt) is math.sqrt
+
+
 def test_a_pool_that_keeps_dying_fails_its_calls_after_the_restart_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(executors, "POOL_RESTARTS", 1)
     with LocalExecutor(2) as ex:

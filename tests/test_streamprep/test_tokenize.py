@@ -40,6 +40,21 @@ def test_drop_tmp_files_removes_this_tasks_temporary_files_and_nothing_else(tmp_
     drop_tmp_files(nowhere)  # type: ignore[arg-type]  # directories not made yet: nothing to drop, no error
 
 
+def test_only_a_retried_local_task_drops_temporary_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (perf: every task scanned binidx/ and receipts/ in full, ~7 ms a task beside 8 k shards, so
+    tokenizing grew with the square of the shard count): the job's start swept every temporary file, so a first
+    attempt drops none; the executor's retry after a dead worker (`executor.again`) drops its own first."""
+    from streamprep.engines import local
+    from streamprep.executor import again
+
+    dropped: list = []
+    monkeypatch.setattr(local, "drop_tmp_files", dropped.append)
+    monkeypatch.setattr(local, "run_shard", lambda task, tokenizer: {"task": task})
+    monkeypatch.setattr(local._tokenizers, "get", lambda task: None)
+    assert local.run_local("first") == {"task": "first"} and dropped == []  # type: ignore[arg-type]
+    assert again(local.run_local)("retry") == {"task": "retry"} and dropped == ["retry"]  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("run_ordered", [True, False])
 def test_a_part_summary_from_the_tokenizers_scan_is_the_one_read_back(tmp_path: Path, monkeypatch,
                                                                        run_ordered: bool) -> None:

@@ -413,8 +413,9 @@ def test_a_stage_lost_on_the_jobs_own_cluster_hands_its_shards_to_the_executor(m
                                                                                tmp_path: Path) -> None:
     """The job's own cluster is spare capacity (SCHED_IDLE on the job's cores): when it fails under the stage
     (its raylet killed, say) the job goes on without it. The shards the stage held go back to the executor in
-    order, each counted as a retry, and nothing is waited for or restarted; with `ray_address` the same failure
-    still ends the job (test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver)."""
+    order, each counted as a retry after its temporary files are dropped, and nothing is waited for or
+    restarted; with `ray_address` the same failure still ends the job
+    (test_a_cluster_that_cannot_start_leaves_every_shard_to_the_driver)."""
     from streamprep import ray_cluster
     from streamprep.engines import xenna as xmod
 
@@ -445,6 +446,9 @@ def test_a_stage_lost_on_the_jobs_own_cluster_hands_its_shards_to_the_executor(m
     monkeypatch.setattr(xenna, "run_pipeline", fake_pipeline)
     monkeypatch.setattr(local_engine, "run_shard", fake_run_shard)
     monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
+    dropped: list = []  # a first attempt on the executor drops nothing (no scan of the output folders per task)
+    monkeypatch.setattr(xmod, "drop_tmp_files", lambda task: dropped.append(str(task)))
+    monkeypatch.setattr(local_engine, "drop_tmp_files", lambda task: dropped.append(str(task)))
     engine = xmod.XennaEngine(one_thread, workers=1)
     engine.start()
     _wait_answered(engine)
@@ -455,6 +459,7 @@ def test_a_stage_lost_on_the_jobs_own_cluster_hands_its_shards_to_the_executor(m
     assert held == parts[:xmod.IN_FLIGHT_PER_WORKER] and released == [True] and engine._error is None
     assert sorted(r["task"]["part"] for r in results) == parts and {r["where"] for r in results} == {"local"}
     assert sorted(ran_local) == parts and [p for p in ran_local if p in held] == held  # each once, in order
+    assert dropped == held  # the stage's shards: what a killed writer of theirs left, removed before they run again
     retried = [json.loads(line) for line in (tmp_path / "logs" / xmod.RETRIES_FILE).read_text().splitlines()]
     assert [r["part"] for r in retried] == held and "actor died" in retried[0]["reason"]
     assert "the local workers tokenize the rest" in (engine._local_only or "")
