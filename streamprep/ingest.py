@@ -31,7 +31,7 @@ import numpy as np
 from quality import QualitySettings
 from quality.dedup import digest_words
 from streamprep import atomic, engines, holders, logs, stats, unit_worker, units
-from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save
+from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save, save_inputs
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
 from streamprep.executor import Executor
 from streamprep.holders import Dedup, HeldDedup, Holders
@@ -199,6 +199,7 @@ class DatasetIngest:
         plan = await self._blocking(lambda: self._plan(state))
         if plan is STOP:
             return state
+        await asyncio.to_thread(save_inputs, self.files, state.inputs)  # once: the checkpoints after it lack them
         self.units = plan
         self._handed = self._decided = (state.position or START)["unit"]
         judged: asyncio.Queue = asyncio.Queue(maxsize=self.depth)

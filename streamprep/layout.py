@@ -140,6 +140,12 @@ class CheckpointLayout:
         """The dataset's units of work (streamprep.units), written once."""
         return Path(self.checkpoint_dir) / f"{dataset}.plan.json"
 
+    def inputs(self, dataset: str) -> Path:
+        """The dataset's input identity (file sizes/hashes, or the hf:// commit), written once a job: it never
+        changes within one, so the checkpoint saved after every unit does not carry it. No `.json` suffix: a
+        dataset named `<other>.inputs` has its checkpoint at `<other>.inputs.json`."""
+        return Path(self.checkpoint_dir) / f"{dataset}.inputs"
+
     def stage(self, dataset: str) -> Path:
         """Where workers stage the dataset's judged pieces and kept lines until parts are assembled."""
         return Path(self.checkpoint_dir) / "stage" / dataset

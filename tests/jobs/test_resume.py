@@ -123,8 +123,8 @@ def test_repair_cases_resume_to_identical_outputs(reference: tuple[dict, Path], 
         assert tree_hashes(tmp_path / "run", names=logs) == tree_hashes(ref, names=logs) != {}
 
 
-@pytest.mark.parametrize("case", ["plan_empty", "plan_missing", "plan_truncated", "unit_past_the_plan",
-                                  "unit_not_a_number", "part_index_negative", "part_index_huge"])
+@pytest.mark.parametrize("case", ["plan_empty", "plan_missing", "plan_truncated", "inputs_missing",
+                                  "unit_past_the_plan", "unit_not_a_number", "part_index_negative", "part_index_huge"])
 @pytest.mark.slow
 def test_a_checkpoint_no_job_wrote_restarts_its_dataset(reference: tuple[dict, Path], tmp_path: Path,
                                                         case: str) -> None:
@@ -132,7 +132,8 @@ def test_a_checkpoint_no_job_wrote_restarts_its_dataset(reference: tuple[dict, P
     unit past its end ended the dataset where the interruption had left it (exit 0, `verify` passing, the rest
     of its records missing); a negative part index removed sealed parts; a unit that is not a number failed every
     resume; a plan missing or unreadable was made again with the resume's `unit_mb` and the checkpoint's unit applied
-    to it (records lost or read twice, exit 0). Now its dataset starts over (logged), and the resumed run ends
+    to it (records lost or read twice, exit 0); its inputs file missing, a resume would not see its files changed.
+    Now its dataset starts over (logged), and the resumed run ends
     byte-identical."""
     import asyncio
 
@@ -155,6 +156,8 @@ def test_a_checkpoint_no_job_wrote_restarts_its_dataset(reference: tuple[dict, P
         else:
             plan.write_bytes(plan.read_bytes()[:100])
         cfg = {**cfg, "execution": {**cfg["execution"], "unit_mb": 1}}
+    elif case == "inputs_missing":  # whether its files changed since is unknown
+        files.inputs.unlink()
     else:
         key, value = {"unit_past_the_plan": ("position", {**ck["position"], "unit": 10**6}),
                       "unit_not_a_number": ("position", {**ck["position"], "unit": "x"}),
