@@ -10,16 +10,20 @@ copied about log_8(n / batch) times. In front of the runs, a blocked Bloom filte
 run holds with one word, without a search per run. A prefix hit is settled by reading the full digest
 back from the log (pread at ordinal * 32), so two different texts are never taken for duplicates.
 Resident: 12 B per digest in the runs, 1-4 B in the filter, plus the bounded buffer. Loading a log is numpy
-over the file (`np.fromfile` + one sort), not a Python loop.
+over the file (`np.fromfile` + one sort), not a Python loop. A log with a path is open only during a call that
+reads or writes it: a holder keeps an index per dataset for the whole job, and a descriptor each ran the process
+out of them (EMFILE at 1024 datasets, or the 256 of a low `ulimit -n`).
 """
 from __future__ import annotations
 
 import mmap
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -49,15 +53,16 @@ def digest_words(digests: bytes | Sequence[bytes]) -> np.ndarray:
 class DedupIndex:
     """The set of kept digests (the one exact-dedup authority of a dataset)."""
 
-    __slots__ = ("_path", "_fh", "_n", "_written", "_synced", "_buf", "_runs", "_filter", "_buffer_size")
+    __slots__ = ("_path", "_fh", "_made", "_n", "_written", "_synced", "_buf", "_runs", "_filter", "_buffer_size")
 
     def __init__(self, log: Path | None = None, count: int | None = None, buffer: int = BUFFER) -> None:
         """Open the digest log `log` (created at the first flush), or an anonymous temp file when None.
         `count` digests of it are valid (the checkpoint's `dedup_count`; a longer log is truncated);
         all of them when None."""
         self._path, self._buffer_size = log, buffer
-        self._fh = open(log, "r+b") if log is not None and log.exists() else None  # noqa: SIM115
-        size = os.fstat(self._fh.fileno()).st_size if self._fh else 0
+        self._fh: BinaryIO | None = None  # the anonymous temp file (a log with a path is opened by `_log`)
+        self._made = log is not None and log.exists()
+        size = log.stat().st_size if self._made else 0
         if count is None:
             if size % DIGEST_SIZE:
                 raise ValueError(f"dedup log {log} length {size} is not a multiple of {DIGEST_SIZE}")
@@ -65,7 +70,7 @@ class DedupIndex:
         elif size < count * DIGEST_SIZE:
             raise ValueError(f"dedup log {log} holds {size // DIGEST_SIZE} digests, {count} expected")
         if size > count * DIGEST_SIZE:
-            self._fh.truncate(count * DIGEST_SIZE)
+            os.truncate(log, count * DIGEST_SIZE)
         self._n = self._written = self._synced = count
         self._buf: dict[bytes, None] = {}  # the latest digests in full, insertion-ordered, not yet in a run
         self._runs: list[tuple[np.ndarray, np.ndarray]] = [self._load(count)] if count else []  # oldest first
@@ -75,13 +80,27 @@ class DedupIndex:
         """Prefixes of the first `count` logged digests, sorted, with their ordinals (vectorised; read
         in chunks so the transient peak stays near 28 B per digest rather than the log's size)."""
         keys = np.empty(count, _KEY)
-        self._fh.seek(0)
-        for start in range(0, count, _LOAD_CHUNK):
-            n = min(_LOAD_CHUNK, count - start)
-            rows = np.fromfile(self._fh, dtype=np.uint8, count=n * DIGEST_SIZE).reshape(n, DIGEST_SIZE)
-            keys[start:start + n] = rows[:, :8].copy().view(_KEY).ravel()
+        with self._log() as fh:
+            for start in range(0, count, _LOAD_CHUNK):
+                n = min(_LOAD_CHUNK, count - start)
+                rows = np.fromfile(fh, dtype=np.uint8, count=n * DIGEST_SIZE).reshape(n, DIGEST_SIZE)
+                keys[start:start + n] = rows[:, :8].copy().view(_KEY).ravel()
         order = np.argsort(keys)
         return keys[order], order.astype(_ORD)
+
+    @contextmanager
+    def _log(self) -> Iterator[BinaryIO]:
+        """The log, at its start: the anonymous temp file (kept open: it has no other name), or the log file opened
+        for this call only (created at the first write)."""
+        if self._path is None:
+            if self._fh is None:
+                self._fh = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the index
+            self._fh.seek(0)
+            yield self._fh
+            return
+        with open(self._path, "r+b" if self._made else "x+b") as fh:
+            self._made = True
+            yield fh
 
     def __len__(self) -> int:
         return self._n
@@ -99,10 +118,13 @@ class DedupIndex:
         """Whether `digest` (prefix `probe`) is in the run `keys`/`ords`, whose first key >= `probe` is at `i`:
         each equal prefix (a true duplicate, or a rare 64-bit prefix collision) is settled on the full logged
         digest."""
-        while i < len(keys) and keys[i] == probe:
-            if os.pread(self._fh.fileno(), DIGEST_SIZE, int(ords[i]) * DIGEST_SIZE) == digest:
-                return True
-            i += 1
+        if i >= len(keys) or keys[i] != probe:
+            return False
+        with self._log() as fh:
+            while i < len(keys) and keys[i] == probe:
+                if os.pread(fh.fileno(), DIGEST_SIZE, int(ords[i]) * DIGEST_SIZE) == digest:
+                    return True
+                i += 1
         return False
 
     def contains_many(self, words: np.ndarray) -> np.ndarray:
@@ -133,7 +155,7 @@ class DedupIndex:
                 count = keys.searchsorted(probes[hits], "right") - first
                 probe = np.repeat(hits, count)
                 cand = np.repeat(first - np.cumsum(count) + count, count) + np.arange(len(probe))
-                with mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) as log:
+                with self._log() as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as log:
                     logged = np.frombuffer(log, _KEY).reshape(-1, DIGEST_SIZE // 8)[ords[cand]]
                     same = (logged == words[rest[probe]]).all(axis=1)
                 found[rest[probe[same]]] = True
@@ -179,16 +201,16 @@ class DedupIndex:
         if pending:
             self._write(b"".join(islice(self._buf, len(self._buf) - pending, None)))
             self._written = self._n
-        if fsync and self._synced < self._n:  # (also what a spill or `add_many` wrote unsynced)
-            os.fsync(self._fh.fileno())
+        if fsync and self._synced < self._n:  # (also what a spill or `add_many` wrote unsynced, by another descriptor:
+            with self._log() as fh:           # fsync writes back the file's data, whichever descriptor wrote it)
+                os.fsync(fh.fileno())
             self._synced = self._n
 
     def _write(self, data: bytes | np.ndarray) -> None:
-        if self._fh is None:
-            self._fh = open(self._path, "x+b") if self._path else tempfile.TemporaryFile()  # noqa: SIM115
-        self._fh.seek(0, os.SEEK_END)
-        self._fh.write(data)
-        self._fh.flush()
+        with self._log() as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.write(data)
+            fh.flush()
 
     def _spill(self) -> None:
         """Move the buffer to the runs (its digests are in the log first)."""

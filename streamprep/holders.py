@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -101,14 +101,14 @@ def walk(kinds: bytes, text_bytes: np.ndarray, digests: list[bytes | None], code
 class Holder:
     """One partition's indexes, a `DedupIndex` per dataset, wherever its transport runs it; holder 0 also the
     near-dedup index of each dataset (`NearDupIndex`), whose records it appends to the log after each walk and
-    fsyncs at each `flush`."""
+    fsyncs at each `flush`. No log stays open between calls (each index opens its own when it reads or writes it):
+    the indexes stay for the whole job, and a descriptor each ran the holder out of them at ~1000 datasets."""
 
     def __init__(self, own_process: bool = False) -> None:
         if own_process:  # as every worker: the near walk's per-record containers made CPython's collector 30 %
             quiet_gc()   # of a holder's CPU (its default threshold of 700 allocations, on 800 000 records)
         self.indexes: dict[str, DedupIndex] = {}
         self.near: dict[str, NearDupIndex] = {}
-        self.near_logs: dict[str, BinaryIO] = {}  # each near index's log, appended to after each walk
 
     def ready(self) -> int:
         return os.getpid()
@@ -140,7 +140,8 @@ class Holder:
             os.truncate(path, nbytes)
         index = self.near[dataset] = NearDupIndex(near, path)
         index.load()
-        self.near_logs[dataset] = open(path, "ab", opener=atomic.nofollow)  # noqa: SIM115 - closed by `close`
+        with open(path, "ab", opener=atomic.nofollow):  # (created now, even if it never holds a record)
+            pass
 
     def walk(self, dataset: str, earlier: list[str], *args: Any) -> Walk:
         """`walk` of a piece with the near-dedup indexes here: the dataset's own, and the datasets' listed before it
@@ -148,9 +149,11 @@ class Holder:
         read back from there), and fsynced at the next `flush`."""
         own = self.near[dataset]
         result = walk(*args, near=NearDecision(own, [(name, self.near[name]) for name in earlier]))
+        for name in (dataset, *earlier):  # their maps of the log read back (a dataset done would keep its own)
+            self.near[name].close()
         if data := own.take_log():
-            self.near_logs[dataset].write(data)
-            self.near_logs[dataset].flush()
+            with open(own.path, "ab", opener=atomic.nofollow) as fh:
+                fh.write(data)
         return result
 
     def flush(self, dataset: str) -> tuple[int, int]:
@@ -161,7 +164,8 @@ class Holder:
             index.flush()
             count = len(index)
         if (near := self.near.get(dataset)) is not None:
-            os.fsync(self.near_logs[dataset].fileno())
+            with open(near.path, "ab", opener=atomic.nofollow) as fh:  # (writes back what the walks appended)
+                os.fsync(fh.fileno())
             nbytes = len(near) * near.record_size
         return count, nbytes
 
@@ -176,8 +180,6 @@ class Holder:
     def close(self) -> None:
         for index in self.near.values():
             index.close()
-        for fh in self.near_logs.values():
-            fh.close()
 
 
 # -- transports: where a holder runs; each takes calls (`send`) and gives their answers (`recv`) in order -------

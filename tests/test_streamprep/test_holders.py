@@ -123,3 +123,60 @@ def test_a_holder_replaced_in_the_job_is_logged_without_advice_to_re_run_and_wit
             held.all("flush", "d")
         assert str(failed.value) == (f"a dedup holder process ended (exit code -9), after {holders.REPLACEMENTS} "
                                      "replaced in this job; re-run the same command to resume")
+
+
+_MANY_DATASETS = r'''
+import hashlib, os, resource, sys
+from pathlib import Path
+import numpy as np
+from quality.dedup import digest_words
+from quality.near_dedup import Signer
+from quality.settings import NearDedupSettings
+from streamprep.holders import HeldDedup, Holders
+from streamprep.unit_worker import KEPT
+
+ckpt, n = Path(sys.argv[1]), int(sys.argv[2])
+near = NearDedupSettings(enabled=True, threshold=0.8, ngram=3, bands=16, rows=8, seed=1, num_perm=128)
+signer = Signer(near)
+before = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (before + 24, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+codes, twins = [], []
+with Holders(1, "inline") as holders:
+    for i in range(n):
+        ds, earlier = f"d{i:03d}", [f"d{i - 1:03d}"] if i else []
+        # its first record a near copy of the one before's last (a near twin in an earlier dataset), then two new
+        texts = [" ".join(hashlib.sha256(f"{j}.{k}".encode()).hexdigest()[:6] for k in range(20))
+                 for j in (2 * i - 1, 2 * i, 2 * i + 1)]
+        texts[0] += " too"
+        digests = [hashlib.sha256(t.encode()).digest() for t in texts]
+        holders.open(ds, ckpt, [0])
+        holders.open_near(ds, ckpt / f"{ds}.near", 0, near)
+        held = HeldDedup(holders, ds, earlier, [0])
+        w = holders.walk(ds, earlier, bytes([KEPT] * 3), np.array([10, 10, 10]), digests,
+                         held.probe_many(digest_words(digests)).tolist(), signer.signatures(texts), 0, None, 0,
+                         None, True)
+        held.add_many(digest_words([d for d, k in zip(digests, w.keep) if k]))
+        held.flush()
+        codes.append(sorted(w.dup.items()))
+        twins.append(sorted((j, t[0]) for j, t in w.near.items()))
+    print(codes == [[]] * n, twins[0], all(t == [(0, f"d{i - 1:03d}")] for i, t in enumerate(twins) if i))
+    print(len(os.listdir("/proc/self/fd")) - before)
+'''
+
+
+def test_a_holder_keeps_no_log_open_between_calls_whatever_the_dataset_count(tmp_path: Path) -> None:
+    """Regression: a holder kept each dataset's exact-dedup log (and near-dedup log) open for the whole job, a
+    descriptor each: 233 datasets at `ulimit -n 256` (1022 at 1024) ended the job with EMFILE on the next log
+    opened. 300 datasets here in a process allowed 24 descriptors more than it had, each dataset's first record a
+    near copy of the one before's (`dedup_scope: run`: its log read back), every log written and fsynced."""
+    import subprocess
+    import sys
+
+    path = os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])
+    job = subprocess.run([sys.executable, "-c", _MANY_DATASETS, str(tmp_path), "300"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": path}, timeout=120, check=False)
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert job.stdout.splitlines()[-2:] == ["True [] True", "0"]  # (after the holder's log line)
+    for i in (0, 150, 299):
+        assert (tmp_path / f"d{i:03d}.dedup").stat().st_size == 32 * (3 if i == 0 else 2)  # the near copy not kept
+        assert (tmp_path / f"d{i:03d}.near").stat().st_size == (8 + 4 * 128) * (3 if i == 0 else 2)
