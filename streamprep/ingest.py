@@ -111,6 +111,11 @@ def _take(it: Iterator, n: int) -> list:
     return list(islice(it, n))
 
 
+class DecideError(RuntimeError):
+    """The decider failed (the dedup holders: a log's OSError, a holder lost), not reading or judging the input:
+    "reading or judging the input failed" blamed the input for a holder's "Too many open files" on its own log."""
+
+
 @dataclass
 class Ahead:
     """The decider's counters: they run ahead of the checkpoint (which the committer saves in plan order)."""
@@ -438,7 +443,10 @@ class DatasetIngest:
                 unit, stage = self.units[u], self._stage(u, k)
                 d, capped = None, False
                 if not (unit.kind in units.NUMBERED and unit.file == a.position["skip_file"]):
-                    d, capped = self._decide(a, dedup, unit, summary)
+                    try:
+                        d, capped = self._decide(a, dedup, unit, summary)
+                    except Exception as exc:
+                        raise DecideError(one_line(exc)) from exc
                     if self.dedup_on and len(dedup.counts) > 1:
                         a.dedup_counts = list(dedup.counts)
                     # a piece that reaches max_records exactly ends the dataset too: nothing after it is read
@@ -629,6 +637,9 @@ class DatasetIngest:
             if isinstance(got, Exception):  # everything decided before it is committed and checkpointed
                 if isinstance(got, (SourceError, ConfigError)):
                     raise got
+                if isinstance(got, DecideError):
+                    raise DecideError(f"dataset {self.ds.name}: deciding its records (exact and near dedup, caps) "
+                                      f"failed after item {state.consumed}: {got}") from got.__cause__
                 raise SourceError(f"dataset {self.ds.name}: reading or judging the input failed after item "
                                   f"{state.consumed}: {one_line(got)}") from got
             if got is None:

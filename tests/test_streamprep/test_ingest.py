@@ -216,3 +216,34 @@ async def test_a_full_disk_while_appending_names_the_file(tmp_path: Path, monkey
         await ingest._append(target, b"x")
     assert (caught.value.errno, caught.value.filename) == (errno.ENOSPC, str(target))
     assert cli._disk_full(caught.value) == f" writing {target}"
+
+
+async def test_a_failure_deciding_records_is_not_said_to_be_the_inputs(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a dedup holder's OSError on its own log ("Too many open files: '.../d233.dedup'") ended the job
+    as "reading or judging the input failed after item 0", blaming the input. It says deciding failed, with the
+    item reached and the error as its cause; what was decided before it is committed."""
+    import errno
+
+    from streamprep import ingest
+
+    calls, real = [], ingest.DatasetIngest._decide
+
+    def decide(self: ingest.DatasetIngest, *args: object) -> object:
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(errno.EMFILE, "Too many open files", str(tmp_path / "d.dedup"))
+        return real(self, *args)
+
+    monkeypatch.setattr(ingest.DatasetIngest, "_decide", decide)
+    raw = base_config([{"name": "d", "path": str(tmp_path / "d.jsonl")}], None)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(200, seed=3)))
+    raw["execution"].update(unit_mb=4_000 / 2**20)
+    run = tmp_path / "run"
+    with pytest.raises(Exception) as failed:  # its type asserted below (the old code raised a SourceError)
+        await ingest_all(IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event()))
+    consumed = json.loads(DatasetFiles(run, run / "checkpoints", "d").checkpoint.read_text())["consumed"]
+    assert consumed > 0 and type(failed.value).__name__ == "DecideError" and str(failed.value) == (
+        f"dataset d: deciding its records (exact and near dedup, caps) failed after item {consumed}: OSError: "
+        f"[Errno 24] Too many open files: '{tmp_path / 'd.dedup'}'")
+    assert isinstance(failed.value.__cause__, OSError) and failed.value.__cause__.errno == errno.EMFILE
