@@ -8,16 +8,22 @@ __version__ = "0.1.0"
 
 @functools.cache
 def source() -> tuple[str, str]:
-    """(`VERSION+HASH`, `DIR on HOST`): this process's streamprep, by a hash of its .py files (their paths and
-    bytes), and where it is. Every node of a multi-node job must run the driver's code (a worker's other
-    `build_audit` failed the job at its end, with a bare TypeError), whatever the version says; computed once a
-    process (under 10 ms: ~1 MB of source)."""
+    """(`VERSION+HASH`, `DIR on HOST`): this process's streamprep, by a hash of the .py files (their paths and
+    bytes) of the two packages it ships, `streamprep` and `quality` (the gates and dedup a worker judges with), and
+    where it is. Every node of a multi-node job must run the driver's code (a worker's other `build_audit` failed
+    the job at its end, with a bare TypeError; another PII pattern would judge its units otherwise), whatever the
+    version says; computed once a process (under 10 ms: ~1 MB of source)."""
     import hashlib
+    import importlib.util
     import socket
     from pathlib import Path
 
     root = Path(__file__).resolve().parent
+    quality = importlib.util.find_spec("quality")  # found, not imported
+    where = list(quality.submodule_search_locations or []) if quality is not None else []
+    roots = [root, *(Path(p).resolve() for p in where[:1])]
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(f"{path.relative_to(root)}\0".encode() + path.read_bytes() + b"\0")
+    for top in roots:
+        for path in sorted(top.rglob("*.py")):
+            digest.update(f"{top.name}/{path.relative_to(top)}\0".encode() + path.read_bytes() + b"\0")
     return f"{__version__}+{digest.hexdigest()[:12]}", f"{root} on {socket.gethostname()}"

@@ -687,6 +687,14 @@ def test_a_worker_actor_with_another_streamprep_is_refused_naming_both(tmp_path:
         f.write("# an edit\n")
     edited = subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
     assert edited[0] != mine[0] and edited[1:] == same[1:]
+    # regression: `quality` (the gates, dedup) was not hashed: a node with other PII patterns passed the check
+    shutil.copytree(Path(version.__file__).parent.parent / "quality", copy / "quality",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    before = subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
+    with (copy / "quality" / "gates" / "pii.py").open("a") as f:
+        f.write("# an edit\n")
+    after = subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
+    assert before[0] == edited[0] and after[0] != before[0]
 
 
 OTHER_DRIVER = """
