@@ -146,6 +146,11 @@ class CheckpointLayout:
         dataset named `<other>.inputs` has its checkpoint at `<other>.inputs.json`."""
         return Path(self.checkpoint_dir) / f"{dataset}.inputs"
 
+    def sealed_log(self, dataset: str) -> Path:
+        """The dataset's sealed parts, `SEALED_RECORD` bytes each, append-only: the checkpoint saved after every unit
+        counts them (`part_index`) rather than listing them, which made its bytes grow with parts × units."""
+        return Path(self.checkpoint_dir) / f"{dataset}.sealed"
+
     def stage(self, dataset: str) -> Path:
         """Where workers stage the dataset's judged pieces and kept lines until parts are assembled."""
         return Path(self.checkpoint_dir) / "stage" / dataset
@@ -172,6 +177,27 @@ def ingest_bytes(sealed: list[list[Any]], part_bytes: int) -> int:
     return sum(int(size) for _, size in sealed) + int(part_bytes)
 
 
+SEALED_RECORD = 40  # a sealed part in <ds>.sealed: its SHA-256 (32 bytes) and its size (8 bytes, big-endian)
+
+
+def sealed_records(sealed: list[list[Any]]) -> bytes:
+    """`[SHA-256 hex, bytes]` entries as sealed-log records."""
+    return b"".join(bytes.fromhex(sha) + int(size).to_bytes(8, "big") for sha, size in sealed)
+
+
+def read_sealed(path: Path, count: int) -> list[list[Any]]:
+    """The first `count` entries (`[SHA-256 hex, bytes]`) of a sealed log, or as many whole ones as it holds (a
+    missing log: none). Records past `count` are an attempt's that no checkpoint acknowledged."""
+    try:
+        with open(path, "rb") as fh:
+            whole = os.fstat(fh.fileno()).st_size // SEALED_RECORD
+            data = fh.read(max(min(count, whole), 0) * SEALED_RECORD)
+    except FileNotFoundError:
+        return []
+    return [[data[i:i + 32].hex(), int.from_bytes(data[i + 32:i + SEALED_RECORD], "big")]
+            for i in range(0, len(data), SEALED_RECORD)]
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """The fields of a dataset checkpoint that readers use; an absent checkpoint reads as all zero."""
@@ -180,8 +206,15 @@ class Checkpoint:
     @classmethod
     def load(cls, path: Path) -> "Checkpoint":
         """The checkpoint at `path`, all zero when there is none yet. One that is not a JSON object raises
-        ValueError: a reader (`status`, `audit`) says it is damaged rather than show its dataset as not started."""
-        return cls(_strict_json(path) or {})
+        ValueError: a reader (`status`, `audit`) says it is damaged rather than show its dataset as not started. Its
+        `sealed` parts are the first `part_index` of the sealed log beside it (a checkpoint written before that log
+        lists them itself); as with a list, a log holding fewer gives the ones it holds."""
+        raw = _strict_json(path) or {}
+        if raw and "sealed" not in raw:
+            count = raw.get("part_index", 0)
+            raw = {**raw, "sealed": read_sealed(path.with_name(path.name.removesuffix(".json") + ".sealed"),
+                                                count if isinstance(count, int) else 0)}
+        return cls(raw)
 
     @property
     def started(self) -> bool:

@@ -32,7 +32,7 @@ from streamprep.executor import Executor
 from streamprep.exports import chain, export_run
 from streamprep.feeder import ShardFeeder
 from streamprep.ingest import IngestContext, completed_parts, ingest_all, worker_executor
-from streamprep.layout import CheckpointLayout, RunLayout, needs_change, part_index_of, read_json
+from streamprep.layout import Checkpoint, CheckpointLayout, RunLayout, needs_change, part_index_of, read_json
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
@@ -767,8 +767,11 @@ class Job:
         layout = RunLayout(self.run_dir)
         expected: list[tuple[str, Any]] = []  # (run-dir-relative path, size)
         for name in (d.name for d in self.config.datasets):
-            ck = read_json(CheckpointLayout(self.checkpoint_dir).checkpoint(name))
-            sealed = ck.get("sealed") if isinstance(ck, dict) else None
+            try:  # its sealed parts from the sealed log (or, an earlier streamprep's, from inside it), all it counts
+                cp = Checkpoint.load(CheckpointLayout(self.checkpoint_dir).checkpoint(name))
+                sealed = cp.raw.get("sealed") if len(cp.raw.get("sealed") or ()) == cp.part_index else None
+            except (OSError, ValueError, TypeError):
+                sealed = None
             if not isinstance(sealed, list):
                 return _stale(f"checkpoints/{name}.json")
             expected += [(str(layout.ingest_part(name, i).relative_to(self.run_dir)), s[1] if isinstance(s, list)

@@ -637,6 +637,68 @@ async def test_a_checkpoint_costs_the_same_whatever_the_number_of_input_files(tm
     assert len(json.loads(inputs.read_text())["files"]) == 400
 
 
+async def test_a_checkpoint_costs_the_same_whatever_the_number_of_sealed_parts(tmp_path: Path) -> None:
+    """Regression: every checkpoint, saved after every unit, listed every sealed part's SHA-256 and size, so the bytes
+    written grew with parts × units (2 000 one-record parts: 145 kB a checkpoint, 166 MB written). The parts are
+    appended to `<ds>.sealed` (32-byte SHA-256, 8-byte size), the checkpoint keeping their count; a resume reads them
+    back, the same."""
+    import hashlib
+
+    from streamprep.layout import Checkpoint
+
+    sizes = {}
+    for n in (20, 400):
+        src = tmp_path / f"docs{n}.jsonl"
+        src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(n, seed=9)))
+        cfg = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 1})
+        run = tmp_path / f"run{n}"
+        state = (await _ingest(load(cfg), run))["d"]
+        files = DatasetFiles(run, run / "checkpoints", "d")
+        assert state.done and state.part_index > n // 2
+        sizes[n] = files.checkpoint.stat().st_size
+    assert sizes[400] - sizes[20] < 200, sizes
+    assert "sealed" not in json.loads(files.checkpoint.read_text())
+    log = files.sealed_log.read_bytes()
+    parts = [files.part(i).read_bytes() for i in range(state.part_index)]
+    assert log == b"".join(hashlib.sha256(p).digest() + len(p).to_bytes(8, "big") for p in parts)
+    assert load_and_repair(files).sealed == state.sealed == [[hashlib.sha256(p).hexdigest(), len(p)] for p in parts]
+    assert Checkpoint.load(files.checkpoint).ingest_bytes == state.ingest_bytes() == sum(map(len, parts))  # status
+
+
+@pytest.mark.parametrize("form", ["log", "inside_checkpoint", "log_longer", "log_short"])
+async def test_a_resume_reads_the_sealed_parts_back(tmp_path: Path, form: str) -> None:
+    """The sealed parts are in `<ds>.sealed`; a checkpoint an earlier streamprep wrote lists them itself (and has no
+    log) and resumes the same; records past the checkpoint's count (appended by a save that never replaced the
+    checkpoint) are cut off; a log holding fewer than it counts restarts the dataset. Each ends byte-identical."""
+    cfg = load({**_docs_cfg(tmp_path, n=1500, raw=True)[0], "output": {"shard_records": 50}})
+    ref = tmp_path / "ref"
+    assert (await _ingest(cfg, ref))["d"].done
+    from helpers import ingest_stopped_after
+
+    run = tmp_path / "run"
+    state = await asyncio.wait_for(ingest_stopped_after(cfg, run, "d", 700), 60)
+    files = DatasetFiles(run, run / "checkpoints", "d")
+    ck = json.loads(files.checkpoint.read_text())
+    assert not state.done and ck["part_index"] > 0 and "sealed" not in ck
+    assert files.sealed_log.stat().st_size == 40 * ck["part_index"]
+    if form == "inside_checkpoint":
+        files.checkpoint.write_text(json.dumps({**ck, "sealed": state.sealed}))
+        files.sealed_log.unlink()
+    elif form == "log_longer":
+        files.sealed_log.write_bytes(files.sealed_log.read_bytes() + b"x" * 60)
+    elif form == "log_short":
+        files.sealed_log.write_bytes(files.sealed_log.read_bytes()[:-40])
+    resumed = load_and_repair(files)
+    if form == "log_short":
+        assert resumed.consumed == 0 and not files.sealed_log.exists()
+    else:
+        assert resumed.sealed == state.sealed and files.sealed_log.stat().st_size == 40 * ck["part_index"]
+    assert (await _ingest(cfg, run))["d"].done
+    names = ("checkpoints/d.sealed", "checkpoints/d.dedup")
+    assert tree_hashes(run, "ingest", "rejects", names=names) == tree_hashes(ref, "ingest", "rejects", names=names)
+    assert len(tree_hashes(ref, "ingest", names=names)) > 3
+
+
 # ---- ingest: a failing or stalled source ends the dataset; a stop always stops -------------------------------
 class FakeSource:
     """`good` records, then `then()` (raise or block) inside the reader thread."""

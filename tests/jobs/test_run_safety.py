@@ -337,6 +337,7 @@ def test_a_finished_run_rerun_repairs_what_is_missing_or_damaged(tmp_path):
     damages = {"a deleted TSV": tsv.unlink,
                "a truncated manifest": lambda: (run / "manifest.json").write_bytes(b'{"version": 1, "fil'),
                "a deleted ingest part": (run / "ingest" / "alpha" / "part-00000.jsonl").unlink,
+               "a deleted sealed log": (run / "checkpoints" / "alpha.sealed").unlink,  # which lists the parts
                "a receipt that is a list": lambda: (run / "receipts" / "alpha" / "part-00000.json").write_text("[]"),
                # regression: these two kept the re-run's "nothing to do", and `verify` failing
                "a byte changed in mixtures.json": lambda: mixtures.write_bytes(mixtures.read_bytes().replace(b"1", b"2", 1)),
