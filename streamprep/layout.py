@@ -207,13 +207,15 @@ class Checkpoint:
     def load(cls, path: Path) -> "Checkpoint":
         """The checkpoint at `path`, all zero when there is none yet. One that is not a JSON object raises
         ValueError: a reader (`status`, `audit`) says it is damaged rather than show its dataset as not started. Its
-        `sealed` parts are the first `part_index` of the sealed log beside it (a checkpoint written before that log
-        lists them itself); as with a list, a log holding fewer gives the ones it holds."""
+        `sealed` parts are the first `part_index` of the sealed log beside it, and its `inputs` the inputs file's (a
+        checkpoint written before those files holds them itself); as with a list, a log holding fewer gives the ones
+        it holds. A live state (`Checkpoint(IngestState.to_json())`) holds both."""
         raw = _strict_json(path) or {}
-        if raw and "sealed" not in raw:
+        if raw:
+            beside, name = CheckpointLayout(path.parent), path.name.removesuffix(".json")
             count = raw.get("part_index", 0)
-            raw = {**raw, "sealed": read_sealed(path.with_name(path.name.removesuffix(".json") + ".sealed"),
-                                                count if isinstance(count, int) else 0)}
+            raw = {"sealed": read_sealed(beside.sealed_log(name), count if isinstance(count, int) else 0),
+                   "inputs": read_json(beside.inputs(name)), **raw}
         return cls(raw)
 
     @property

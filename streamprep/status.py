@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from streamprep.config import printable, resolved_workers
-from streamprep.layout import (Checkpoint, CheckpointLayout, RunLayout, completed_receipt, damaged_record,
+from streamprep.layout import (Checkpoint, RunLayout, completed_receipt, damaged_record,
                                read_checkpoint, read_json, run_record)
 from streamprep.lock import holder_if_running, read_holder
 from streamprep.sources.hf import manifest_sizes
@@ -72,8 +72,9 @@ def _bytes_in(ck: dict[str, Any], sizes: list[int] | None) -> int | None:
     return sum(sizes[:i]) + (min(int(off), sizes[i]) if isinstance(off, int) and i < len(sizes) else 0)
 
 
-def _source_sizes(run_dir: Path, inputs: Any, ck: dict[str, Any], entry: dict[str, Any] | None) -> list[int] | None:
+def _source_sizes(run_dir: Path, ck: dict[str, Any], entry: dict[str, Any] | None) -> list[int] | None:
     """Input file sizes in read order: the dataset's input identities (local), or the hf:// manifest."""
+    inputs = ck.get("inputs")
     files = (inputs if isinstance(inputs, dict) else {}).get("files")
     if isinstance(files, list) and files and all(isinstance(f, dict) for f in files):
         return [int(f.get("size") or 0) for f in files]
@@ -101,8 +102,6 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, 
     cp = Checkpoint(live) if live is not None else read_checkpoint(run_dir, ckpt_dir, name, record)
     ck = cp.raw
     started, done = cp.started, cp.done
-    # a live state holds its inputs; a saved checkpoint has them in <ds>.inputs (inside: an older streamprep's)
-    inputs = ck["inputs"] if "inputs" in ck else read_json(CheckpointLayout(ckpt_dir).inputs(name)) if started else None
     part_index, part_lines, planned = cp.part_index, cp.part_lines, cp.planned_parts
     shards_done = tokens = docs = empty = dropped = 0
     for i, path in _numbered(layout.receipts_dir / name, ".json"):
@@ -128,7 +127,7 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, 
         "ingest": {"started": started, "done": done, "read": int(ck.get("consumed", 0)), "kept": int(ck.get("kept", 0)),
                    "rejected": rejected, "rejects_by_check": dict((ck.get("stats") or {}).get("rejects_by_check") or {}),
                    "parts": part_index + (1 if part_lines else 0), "parts_sealed": planned, "bytes": cp.ingest_bytes,
-                   "bytes_in": _bytes_in(ck, _source_sizes(run_dir, inputs, ck, entry)),
+                   "bytes_in": _bytes_in(ck, _source_sizes(run_dir, ck, entry)),
                    "updated_at": ck.get("updated_at") or None},
         "tokenize": {"shards_planned": planned, "planned_final": done, "shards_done": shards_done,
                      "shards_pending": planned - shards_done, "tokens": tokens, "documents": docs,
