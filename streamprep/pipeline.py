@@ -20,7 +20,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
@@ -203,6 +203,7 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
         return None   # started afresh (`_forget_failed_start`)
     changed = configmod.drift_keys(previous["config"], config.to_dict(), exports_redone=status != "complete")
     if changed:
+        _refuse_optional_change(previous["config"], config)
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
                           f"use a new --run-dir (with --fresh) to start over")
@@ -214,6 +215,24 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
                           f"registered before the job); plug-ins decide verdicts and bytes as the config does: resume "
                           f"with the same, or use a new --run-dir")
     return previous
+
+
+def _refuse_optional_change(old: Mapping[str, Any], config: Config) -> None:
+    """An optional dataset whose input appeared or went missing since the run started changes the datasets the
+    run holds (and, under `dedup_scope: run`, what the others keep): refused, as any config change, but naming
+    that cause (the YAML may be byte-identical, and 'config changed (datasets)' sent the user looking there)."""
+    was = {d["name"] for d in old.get("datasets") or ()}
+    now = {d.name for d in config.datasets}
+    missing = {name: why for name, why in config.skipped}
+    came = sorted(d.name for d in config.datasets if d.optional and d.name not in was)
+    went = sorted(name for name in was - now if name in missing)
+    if not came and not went:
+        return
+    what = [f"optional dataset {name}'s input is there now but was missing when this run started" for name in came]
+    what += [f"optional dataset {name}'s input was there when this run started and is missing now ({missing[name]})"
+             for name in went]
+    raise ConfigError(f"{'; '.join(what)}: resuming would change the datasets this run holds — put the input back as "
+                      f"it was, or use a new --run-dir (with --fresh) to start over")
 
 
 def _refuse_moved_checkpoints(previous: dict[str, Any], checkpoint_dir: Path) -> None:

@@ -421,3 +421,35 @@ def test_a_second_job_at_once_in_the_same_process_is_refused(tmp_path: Path) -> 
         run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
     assert not (tmp_path / "run").exists()
     assert run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False).status == "complete"  # released
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["appears", "goes"])
+def test_an_optional_dataset_whose_input_appears_or_goes_is_named_at_resume(tmp_path: Path, shared_data: Path, change: str) -> None:
+    """Regression: an optional dataset whose input appeared (or went missing) since the run started was refused
+    as 'config changed since this run started (datasets)' with the YAML byte-identical; the error names it now."""
+    from streamprep.config import ConfigError
+
+    data = tmp_path / "b.jsonl"
+    data.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in english_docs(20)))
+    opt = tmp_path / "opt"
+    if change == "goes":
+        opt.mkdir()
+        (opt / "x.jsonl").write_bytes(data.read_bytes())
+    cfg = base_config([{"name": "a", "path": str(opt), "optional": True}, {"name": "b", "path": str(data)}],
+                      str(shared_data / PHI2))
+    run_dir = tmp_path / "run"
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    if change == "goes":
+        (opt / "x.jsonl").unlink()
+        opt.rmdir()
+        expect = r"optional dataset a's input was there when this run started and is missing now \("
+    else:
+        opt.mkdir()
+        (opt / "x.jsonl").write_bytes(data.read_bytes())
+        expect = r"optional dataset a's input is there now but was missing when this run started: resuming"
+    outputs = ("binidx", "ingest", "checkpoints", "receipts", "parquet")
+    before = tree_hashes(run_dir, *outputs, names=("run.json", "manifest.json"))
+    with pytest.raises(ConfigError, match=expect):
+        run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    assert tree_hashes(run_dir, *outputs, names=("run.json", "manifest.json")) == before
