@@ -67,7 +67,7 @@ class _Checker:
         if size is not None and actual != size:
             self.add(f"{rel}: {actual} bytes, {what} says {size}")
         if sha is not None and self.sha(path) != sha:
-            self.add(f"{rel}: SHA-256 mismatch ({what} says {sha[:12]}…, file is {self.sha(path)[:12]}…)")
+            self.add(f"{rel}: SHA-256 mismatch ({what} says {_differing(sha, self.sha(path))})")
         return True
 
     def guarded(self, rel: str, fn: Callable[[], Any]) -> Any:
@@ -119,6 +119,13 @@ def _check_binidx(c: _Checker, prefix_rel: str, num_records: int | None, num_tok
         c.add(f"{prefix_rel}.idx: {len(ds)} sequences, {what} says {num_records} records")
     if num_tokens is not None and int(ds.lengths.astype(np.int64).sum()) != num_tokens:
         c.add(f"{prefix_rel}.idx: {int(ds.lengths.astype(np.int64).sum())} tokens, {what} says {num_tokens}")
+
+
+def _differing(said: str, actual: str) -> str:
+    """'SAID…, file is ACTUAL…' with prefixes long enough to differ (12 hex digits, or up to 4 past the first
+    that differs: two equal 12-digit prefixes read as no mismatch at all)."""
+    n = max(12, next((i for i, (a, b) in enumerate(zip(said, actual)) if a != b), len(said)) + 4)
+    return f"{said[:n]}…, file is {actual[:n]}…"
 
 
 def _check_receipt(c: _Checker, rel: str, rec: dict[str, Any], fingerprint: str | None, listed: set[str]) -> None:
@@ -211,8 +218,10 @@ def _check_sft_shard(c: _Checker, meta_rel: str, meta: dict[str, Any], paths: se
                 c.add(f"{prefix}.idx: {count} values, {meta_rel} says {entry['value']['values']}")
 
 
-def _check_receipts(c: _Checker, fingerprint: str | None) -> set[str]:
-    """Every receipt's files; returns the relative paths of the .bin/.idx they list."""
+def _check_receipts(c: _Checker, fingerprint: str | None, signed: dict[str, tuple[Any, Any]]) -> set[str]:
+    """Every receipt's files; returns the relative paths of the .bin/.idx they list. A receipt whose bytes differ
+    from what manifest.json signed (`signed`: path -> (SHA-256, size)) is that one problem (`_check_files` names
+    it): its hashes are not held against the files it lists, which were reported damaged with the receipt's digits."""
     listed: set[str] = set()
     folder = c.run_dir / layout.RECEIPTS
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
@@ -221,6 +230,10 @@ def _check_receipts(c: _Checker, fingerprint: str | None) -> set[str]:
         if rec is None:
             continue
         try:
+            if rel in signed and c.guarded(rel, lambda: chain.digest(c.run_dir, rel)) != signed[rel]:
+                listed.update([f"ingest/{rec['dataset']}/{rec['part']}.jsonl",
+                               *(f["path"] for f in (rec.get("files") or {}).values())])
+                continue
             _check_receipt(c, rel, rec, fingerprint, listed)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             c.add(f"{rel}: malformed receipt ({type(exc).__name__}: {exc})")
@@ -456,7 +469,10 @@ def verify_run(run_dir: str | Path) -> list[str]:
             c.add(f"manifest.json: `{key}` is not a {'JSON object' if kind is dict else 'list'}")
             man = {**man, key: None}
     fingerprint = ((man or {}).get("tokenizer") or {}).get("fingerprint")
-    listed = _check_receipts(c, fingerprint)
+    entries = (man or {}).get("files")
+    signed = {e["path"]: (e.get("sha256"), e.get("size_bytes")) for e in entries
+              if isinstance(e, dict) and isinstance(e.get("path"), str)} if isinstance(entries, list) else {}
+    listed = _check_receipts(c, fingerprint, signed)
     _check_checkpoints(c)
 
     if man is not None:

@@ -8,11 +8,14 @@ from streamprep.verify import NOT_COMPLETE, verify_run
 
 
 def run(args: argparse.Namespace) -> int:
-    problems = verify_run(require_run_dir(args.run_dir))
+    run_dir = require_run_dir(args.run_dir)
+    problems = verify_run(run_dir)
     for p in problems:
         print(p)
-    if problems and not problems[0].startswith(NOT_COMPLETE):
-        # a finished run's re-run reads no large file whole: a byte changed in one is found here only
+    names_a_file = any(not p.startswith(f"{run_dir}: ") for p in problems)
+    if problems and not problems[0].startswith(NOT_COMPLETE) and names_a_file:
+        # a finished run's re-run reads no large file whole: a byte changed in one is found here only (a line
+        # about the run dir itself, a damaged checkpoint say, names no file and says how to repair it)
         print("to repair: delete each damaged file named above, then re-run the same `streamprep ingest` command; "
               "it rewrites what is missing to the same bytes")
     print(f"streamprep: verify: {len(problems)} problem(s)" if problems else "streamprep: verify: all files match")

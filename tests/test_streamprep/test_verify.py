@@ -134,7 +134,9 @@ def test_stale_file_and_receipt_mismatch(exported):
     atomic.write_json(receipt, rec)
     problems = verify_run(exported)
     assert any("parquet/shard_b09_s00000.parquet: not listed" in p for p in problems)
-    assert any("binidx/c4/part-00002_text_document.idx" in p and "tokens" in p for p in problems)
+    # the receipt is what changed: it is named against manifest.json, not its intact .idx against the receipt
+    assert any(p.startswith("receipts/c4/part-00002.json: content differs from manifest.json") for p in problems)
+    assert not any("binidx/c4/part-00002_text_document.idx" in p for p in problems), problems
 
 
 def test_missing_manifest(tmp_path):
@@ -570,3 +572,47 @@ def test_sft_shard_files_are_checked_against_their_meta(shared_data, tmp_path):
         [f"sft/x/p_s0000_{name}.idx: 6 documents, sft/x/p_s0000.meta.json says 7"
          for name in ("answers_sequence", "answers_m", "scores_value")]
         + ["sft/x/p_s0000_scores_value.idx: 12 values, sft/x/p_s0000.meta.json says 13"])
+
+
+def _digit_changed(*keys: str, at: int) -> Edit:
+    """A receipt's hash with one hex digit changed at `at` (past the 12 a message used to show)."""
+    def fn(obj: Any) -> None:
+        for k in keys[:-1]:
+            obj = obj[k]
+        sha = obj[keys[-1]]
+        obj[keys[-1]] = sha[:at] + ("0" if sha[at] != "0" else "1") + sha[at + 1:]
+    return _json_edit(fn)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keys", [("input_sha256",), ("files", "bin", "sha256")])
+def test_a_receipt_hash_edited_is_the_receipt_not_its_intact_file(chain_run, keys):
+    """Regression: a receipt whose input_sha256 (or .bin sha256) had a digit changed past the 12th was reported
+    as 'ingest/…: SHA-256 mismatch (… says 5609fca00400…, file is 5609fca00400…)': the intact file blamed, with two
+    equal digests shown. The receipt differs from what manifest.json signed: that is the one problem named."""
+    run, touch = chain_run
+    touch("receipts/c4/part-00001.json", _digit_changed(*keys, at=20))
+    problems = verify_run(run)
+    assert [p.split(":")[0] for p in problems] == ["receipts/c4/part-00001.json"], problems
+    assert "content differs from manifest.json" in problems[0]
+
+
+def test_a_mismatch_shows_digests_long_enough_to_differ():
+    from streamprep.verify import _differing
+
+    a, b = "5609fca00400" + "ab" * 26, "5609fca00400" + "ab" * 10 + "cd" + "ab" * 15
+    assert _differing(a, b) == f"{a[:36]}…, file is {b[:36]}…" and a[:36] != b[:36]
+    assert _differing("0" * 64, "1" * 64) == f"{'0' * 12}…, file is {'1' * 12}…"
+
+
+@pytest.mark.slow
+def test_verify_cli_gives_no_delete_advice_for_a_damaged_checkpoint(chain_run):
+    """Regression: a checkpoint with garbage appended got the footer 'delete each damaged file named above' when
+    the only path named was the run dir itself (its line already says a re-run repairs it)."""
+    run, touch = chain_run
+    touch("checkpoints/c4.json", lambda p: p.write_bytes(p.read_bytes() + b"garbage"))
+    out = subprocess.run([sys.executable, "-m", "streamprep", "verify", str(run)], capture_output=True, text=True,
+                         env=_env())
+    lines = out.stdout.splitlines()
+    assert out.returncode == 1 and lines[0].startswith(f"{run}: a checkpoint or receipt is damaged"), out
+    assert lines[1:] == ["streamprep: verify: 1 problem(s)"], out
