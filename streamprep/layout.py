@@ -209,7 +209,7 @@ class Checkpoint:
         ValueError: a reader (`status`, `audit`) says it is damaged rather than show its dataset as not started. Its
         `sealed` parts are the first `part_index` of the sealed log beside it, and its `inputs` the inputs file's (a
         checkpoint written before those files holds them itself); as with a list, a log holding fewer gives the ones
-        it holds. A live state (`Checkpoint(IngestState.to_json())`) holds both."""
+        it holds."""
         raw = _strict_json(path) or {}
         if raw:
             beside, name = CheckpointLayout(path.parent), path.name.removesuffix(".json")

@@ -1,6 +1,6 @@
 """Prometheus metrics of a running job: `execution.metrics_port` (off by default; 0 = any free port, logged).
 
-Nothing is counted for the metrics: a custom collector reads the job's live state at scrape time and turns it
+Nothing is counted for the metrics: a custom collector reads the run's saved files at scrape time and turns them
 into series, so ingest needs no per-record metric calls and the numbers are those of `streamprep status --json`.
 
 The interface the collector depends on is one callable, `snapshot() -> dict`, returning the shape of
@@ -12,10 +12,11 @@ The interface the collector depends on is one callable, `snapshot() -> dict`, re
 - `datasets[name]["tokenize"]`: `shards_done`, `shards_pending`, `tokens`, `documents`, `empty_tokens`
 - `workers`; `hub`: None or {`retries`: {cause: n}, `gave_up`, `files`, `bytes`}; `run_id`, `name`, `stage`
 
-`job_snapshot` builds it for a running job from `run_status(run_dir, live=..., hub=...)`, where `live` maps each
-dataset to its in-memory ingest state in the checkpoint's shape (`IngestState.to_json()`) and `hub` is the run's
-live Hub counters: the same function `status --json` runs on the saved files, only fresher. Whatever replaces
-IngestState needs only to offer the checkpoint-shaped dict. See docs/operations.md for the series.
+`job_snapshot` builds it for a running job from `run_status(run_dir, hub=...)`: each dataset's saved checkpoint
+(never the in-memory state, which runs up to a unit ahead of it), its receipts, and the run's Hub counters. A
+counter then never shows more than a resume after a crash (kill -9) carries over, so it never goes down across
+one: Prometheus would take the drop for a counter reset and `increase()` would count the difference twice. See
+docs/operations.md for the series.
 
 prometheus_client (~25 ms of imports, its HTTP server included) is imported only once a job serves metrics: the
 endpoint is off by default, and every command and job imports this module.
@@ -111,20 +112,12 @@ class JobCollector:
                                   value=hub.get("bytes", 0))
 
 
-def job_snapshot(run_dir: Path, progress: Mapping[str, Any], hub: Callable[[], dict[str, Any]] | None) -> Snapshot:
-    """`snapshot()` for a running job: `progress` maps datasets to live states offering `to_json()` (the
-    checkpoint's shape); `hub()` gives the live Hub counters (None: the run reads no hf:// dataset)."""
-    def live() -> dict[str, dict[str, Any]]:
-        for _ in range(5):  # the ingest loop mutates the states while we copy them: take a clean copy
-            try:
-                return {name: st.to_json() for name, st in list(progress.items())}
-            except RuntimeError:
-                continue
-        return {}
-
+def job_snapshot(run_dir: Path, hub: Callable[[], dict[str, Any]] | None) -> Snapshot:
+    """`snapshot()` for a running job: the run's saved checkpoints and receipts, as `status --json` reads them;
+    `hub()` gives the Hub counters (None: the run reads no hf:// dataset)."""
     def snapshot() -> dict[str, Any]:
         try:
-            return run_status(run_dir, live=live(), hub=hub() if hub else None)
+            return run_status(run_dir, hub=hub() if hub else None)
         except NotARunDir:  # the endpoint is up a moment before the job writes run.json
             return {"datasets": {}, "workers": None, "hub": hub() if hub else None, "stage": "starting"}
 
@@ -174,8 +167,8 @@ def check_port(execution: ExecutionConfig, addr: str = "0.0.0.0") -> None:
 
 
 @contextlib.contextmanager
-def serving(execution: ExecutionConfig, run_dir: Path, datasets: Sequence[DatasetConfig],
-            progress: Mapping[str, Any]) -> Iterator[MetricsServer | None]:
+def serving(execution: ExecutionConfig, run_dir: Path,
+            datasets: Sequence[DatasetConfig]) -> Iterator[MetricsServer | None]:
     """The endpoint for the duration of a job when `execution.metrics_port` is set; nothing is left listening
     after it. A port that cannot be bound is a ConfigError (exit 2); `check_port` finds it before the run dir exists."""
     if execution.metrics_port is None:
@@ -184,7 +177,7 @@ def serving(execution: ExecutionConfig, run_dir: Path, datasets: Sequence[Datase
     hub = None
     if any(d.path.startswith("hf://") for d in datasets):
         hub = hub_stats(RunLayout(run_dir).hf_cache).snapshot
-    server = MetricsServer(execution.metrics_port, job_snapshot(run_dir, progress, hub))
+    server = MetricsServer(execution.metrics_port, job_snapshot(run_dir, hub))
     try:
         yield server
     finally:

@@ -395,7 +395,7 @@ def _run(config: Config, run_dir: str | Path | None, fresh: bool, console_log: b
                     log.warning("took over a stale lock from a process that is gone", lock=str(lock.path),
                                 previous=lock.taken_over)  # the run dir's, then the checkpoint dir's: say which
             job = Job(config, run_dir, previous, console_log, process_exits)
-            with metrics.serving(config.execution, run_dir, config.datasets, job.progress):
+            with metrics.serving(config.execution, run_dir, config.datasets):
                 return job.run()
     except ConfigError:
         if held:  # the log is closed by now; the locks are still ours

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from streamprep.config import printable, resolved_workers
-from streamprep.layout import (Checkpoint, RunLayout, completed_receipt, damaged_record,
+from streamprep.layout import (RunLayout, completed_receipt, damaged_record,
                                read_checkpoint, read_json, run_record)
 from streamprep.lock import holder_if_running, read_holder
 from streamprep.sources.hf import manifest_sizes
@@ -93,13 +93,13 @@ def _numbered(folder: Path, suffix: str) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any], live: dict[str, Any] | None = None,
+def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any],
                     entry: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One dataset's counters from its saved checkpoint, or from `live` (a running job's in-memory state in the
-    checkpoint's shape: `IngestState.to_json()`), so the metrics endpoint and `status --json` agree. Not `tokenized`
-    before the run's tokenizer is made (fingerprint.json, written last): a dataset with no shard is not done then."""
+    """One dataset's counters from its saved checkpoint (the metrics endpoint's too: what a resume carries over).
+    Not `tokenized` before the run's tokenizer is made (fingerprint.json, written last): a dataset with no shard is
+    not done then."""
     layout = RunLayout(run_dir)
-    cp = Checkpoint(live) if live is not None else read_checkpoint(run_dir, ckpt_dir, name, record)
+    cp = read_checkpoint(run_dir, ckpt_dir, name, record)
     ck = cp.raw
     started, done = cp.started, cp.done
     part_index, part_lines, planned = cp.part_index, cp.part_lines, cp.planned_parts
@@ -135,30 +135,26 @@ def _dataset_status(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, 
     }
 
 
-def datasets_status(run_dir: Path, record: dict[str, Any],
-                    live: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+def datasets_status(run_dir: Path, record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each dataset's `_dataset_status`, by name. A checkpoint or receipt of the wrong shape (or not JSON), or a
     checkpoint missing from a complete run whose dataset ran, raises `damaged_record`: `status` and `verify` judge
     a run's records with this one check."""
     ckpt_dir = checkpoint_dir(run_dir, record)
     entries = {d["name"]: d for d in record["config"]["datasets"]}
-    live = live or {}
     try:
-        return {n: _dataset_status(run_dir, ckpt_dir, n, record, live.get(n), entries[n]) for n in entries}
+        return {n: _dataset_status(run_dir, ckpt_dir, n, record, entries[n]) for n in entries}
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a checkpoint or receipt of the wrong shape
         raise damaged_record(run_dir, exc) from None
 
 
-def run_status(run_dir: str | Path, live: dict[str, dict[str, Any]] | None = None,
-               hub: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[str, Any]:
     """Where the run in `run_dir` stands; see docs/operations.md for the fields. Read-only.
 
-    A running job's metrics pass `live` (dataset -> its in-memory state in the checkpoint's shape) and `hub`
-    (the live Hub counters): the same figures as the saved files give, only fresher."""
+    A running job's metrics pass `hub` (its Hub counters)."""
     run_dir = Path(run_dir)
     record = run_record(run_dir)
     ckpt_dir = checkpoint_dir(run_dir, record)
-    datasets = datasets_status(run_dir, record, live)
+    datasets = datasets_status(run_dir, record)
     holder = lock_holder(run_dir)
     recorded = record.get("status") or "unknown"
     stuck = holder is None and recorded == "failed" and record.get("needs_change") is True

@@ -107,6 +107,35 @@ def test_scraped_while_running_and_equal_to_status_at_the_end(tmp_path, slow_sou
         socket.create_connection(("127.0.0.1", port_of(run_dir)), timeout=1).close()
 
 
+def test_a_scrape_shows_what_a_resume_carries_over_never_the_state_ahead_of_it(tmp_path, monkeypatch):
+    """Regression: a scrape read the job's in-memory ingest state, up to a unit ahead of its checkpoint, so after a
+    kill -9 the resumed job (which carries over the checkpoint) exposed less than the last scrape: Prometheus took the
+    drop for a counter reset and increase() counted the difference twice (5 630 for 4 004 records). Scraped at every
+    save, just before it (the state then ahead of the saved one), a scrape now shows what the saved files hold."""
+    from streamprep import ingest
+
+    write_corpus(tmp_path / "a.jsonl", 400)
+    raw = base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}], None, output={"shard_records": 100})
+    raw["execution"].update(metrics_port=0, batch_records=50, unit_mb=0.02)  # several units, a checkpoint each
+    run_dir = tmp_path / "run"
+    real_save, seen = ingest.save, []
+
+    def scrape_then_save(files, state) -> None:
+        got = scrape(port_of(run_dir))
+        saved = run_status(run_dir)["datasets"]["a"]  # what a resume after a kill -9 here would start from
+        seen.append({"scraped": (got[("streamprep_records_read_total", (("dataset", "a"),))],
+                                 got[("streamprep_records_kept_total", (("dataset", "a"),))],
+                                 got[("streamprep_parts_sealed_total", (("dataset", "a"),))]),
+                     "saved": (saved["ingest"]["read"], saved["ingest"]["kept"], saved["ingest"]["parts_sealed"]),
+                     "live": state.consumed})
+        real_save(files, state)
+
+    monkeypatch.setattr(ingest, "save", scrape_then_save)
+    assert run_from_dict(raw, run_dir, console_log=False).status == "complete"
+    assert sum(s["live"] > s["saved"][0] for s in seen) >= 3, seen  # the live state was ahead at these saves
+    assert [s["scraped"] for s in seen] == [s["saved"] for s in seen]
+
+
 def test_metrics_off_by_default_and_a_taken_port_is_exit_2(tmp_path):
     """Regression: a taken port was found once the run dir, its locks and its log existed; now before any of them."""
     from streamprep.config import validate
