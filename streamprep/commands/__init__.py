@@ -7,19 +7,18 @@ import os
 from pathlib import Path
 
 from streamprep.config import ConfigError
-from streamprep.layout import RunLayout
+from streamprep.layout import CheckpointLayout, RunLayout
 from streamprep.lock import holder_if_running
 
 
 def require_run_dir(path: str) -> Path:
-    """`path` as a run dir, or a one-line error. A folder holding only a job's lock (and its log) is one whose job
-    is starting, or was killed in the moment before it wrote run.json: the error says which, not "not a run
-    directory"; a folder holding anything else beside a `.lock` is no run's."""
+    """`path` as a run dir, or a one-line error. A folder holding only what a job makes before run.json (`_starting`)
+    is one whose job is starting, or was killed in that moment: the error says which, not "not a run directory"; a
+    folder holding anything else is no run's."""
     run_dir = Path(path)
     layout = RunLayout(run_dir)
     if not layout.run_json.is_file():
-        if layout.lock.is_file() and not os.path.lexists(layout.run_json) \
-                and set(os.listdir(run_dir)) <= {layout.lock.name, layout.logs_dir.name}:
+        if layout.lock.is_file() and not os.path.lexists(layout.run_json) and _starting(layout):
             if holder_if_running(layout.lock) is not None:
                 raise ConfigError(f"{run_dir}: a job is starting here and has not written run.json yet; try again "
                                   "in a moment")
@@ -27,3 +26,16 @@ def require_run_dir(path: str) -> Path:
                               "ingest command to start it")
         raise ConfigError(f"{run_dir}: not a streamprep run directory (no run.json)")
     return run_dir
+
+
+def _starting(layout: RunLayout) -> bool:
+    """Whether the run dir holds only what a job makes before it writes run.json, in order: its `.lock`, the
+    checkpoint dir's lock and owner file when that dir is the default `checkpoints/` inside it, and `logs/`."""
+    names = set(os.listdir(layout.run_dir))
+    if not names <= {layout.lock.name, layout.logs_dir.name, layout.local_checkpoints.name}:
+        return False
+    ckpt = layout.local_checkpoints
+    if ckpt.name not in names:
+        return True
+    marks = CheckpointLayout(ckpt)
+    return ckpt.is_dir() and not ckpt.is_symlink() and set(os.listdir(ckpt)) <= {marks.lock.name, marks.owner.name}

@@ -129,6 +129,42 @@ def test_run_dir_holding_only_its_lock(tmp_path, capsys, command):
     assert capsys.readouterr().err == f"streamprep: error: {tmp_path}: not a streamprep run directory (no run.json)\n"
 
 
+def test_a_run_dir_as_its_job_leaves_it_before_run_json(tmp_path, capsys, monkeypatch):
+    """Regression: a job takes the checkpoint dir's lock and claims it (RUN_DIR/checkpoints/.streamprep.lock and
+    .streamprep-run) before it writes run.json, and only a folder holding `.lock` and `logs/` alone was taken for a
+    starting run: status and logs said "not a streamprep run directory" for a starting job and for one killed at its
+    start. Now, from a real job stopped in that moment, the documented lines; a checkpoints/ holding more is no run's."""
+    from helpers import base_config, english_docs
+    from streamprep import pipeline, run_from_dict
+
+    class Killed(BaseException):
+        """The job's end at its first run.json write, as a kill -9 there ends it."""
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(5)))
+    run_dir, said = tmp_path / "run", {}
+
+    def first_record(job, *args, **kwargs):
+        said.update({c: (main([c, str(run_dir)]), capsys.readouterr().err) for c in ("status", "logs")})
+        raise Killed
+
+    monkeypatch.setattr(pipeline.Job, "_save_record", first_record)
+    with pytest.raises(Killed):
+        run_from_dict(base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}], None), run_dir,
+                      console_log=False)
+    assert sorted(os.listdir(run_dir)) == [".lock", "checkpoints", "logs"]
+    assert sorted(os.listdir(run_dir / "checkpoints")) == [".streamprep-run", ".streamprep.lock"]
+    starting = f"streamprep: error: {run_dir}: a job is starting here and has not written run.json yet; try again " \
+               "in a moment\n"
+    assert said == {"status": (2, starting), "logs": (2, starting)}
+    for command in ("status", "logs"):
+        assert main([command, str(run_dir)]) == 2
+        assert capsys.readouterr().err == (f"streamprep: error: {run_dir}: its job stopped before it wrote run.json; "
+                                           "re-run the same streamprep ingest command to start it\n")
+    (run_dir / "checkpoints" / "a.json").write_text("{}")  # a checkpoint: more than a start makes
+    assert main(["status", str(run_dir)]) == 2
+    assert capsys.readouterr().err == f"streamprep: error: {run_dir}: not a streamprep run directory (no run.json)\n"
+
+
 def test_status_logs_audit_on_a_real_run(tmp_path, capsys):
     """`ingest` through the CLI prints the audit summary; then status / logs / audit on its run dir."""
     from helpers import make_inputs
