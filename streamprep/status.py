@@ -186,7 +186,8 @@ def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[s
     totals["bytes_in"] = sum(d["ingest"]["bytes_in"] or 0 for d in datasets.values())
     totals.update({k: sum(d["tokenize"][k] for d in datasets.values())
                    for k in ("shards_planned", "shards_done", "shards_pending", "tokens", "empty_tokens")})
-    totals["tokenize_eta_s"] = _tokenize_eta(run_dir, totals["shards_pending"]) if holder is not None else None
+    totals["tokenize_eta_s"] = (_tokenize_eta(run_dir, totals["shards_pending"], record.get("started_at"))
+                                if holder is not None else None)
     cfg = record.get("config") or {}
     if hub is None and (saved := read_json(RunLayout(run_dir).hf_cache / "streamprep" / "hub_stats.json")):
         hub = saved if isinstance(saved, dict) else None
@@ -239,12 +240,17 @@ def _retries(run_dir: Path) -> int:
         return 0
 
 
-def _tokenize_eta(run_dir: Path, pending: int, recent: int = 20) -> float | None:
-    """Seconds until the sealed shards are tokenized, at the rate of the last `recent` receipts (None: unknown).
-    Parts still to be sealed by ingest are not counted: ingest has its own progress."""
+def _tokenize_eta(run_dir: Path, pending: int, since: Any, recent: int = 20) -> float | None:
+    """Seconds until the sealed shards are tokenized, at the rate of the last `recent` receipts written since
+    `since` (run.json's `started_at`: this attempt's; None: unknown). An earlier attempt's receipts would put the
+    time between the attempts into the rate (hours for a shard of a second). Parts still to be sealed by ingest are
+    not counted: ingest has its own progress."""
     if not pending:
         return 0.0
-    times = sorted(p.stat().st_mtime for p in RunLayout(run_dir).receipts_dir.rglob("*.json"))[-recent:]
+    if not isinstance(since, (int, float)):
+        return None
+    times = sorted(t for p in RunLayout(run_dir).receipts_dir.rglob("*.json")
+                   if (t := p.stat().st_mtime) >= since)[-recent:]
     if len(times) < 2 or times[-1] <= times[0]:
         return None
     return round(pending * (times[-1] - times[0]) / (len(times) - 1), 1)

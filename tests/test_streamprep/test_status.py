@@ -221,6 +221,38 @@ def test_the_ingest_bytes_counter_never_goes_down_across_a_resumes_repair(done_r
     assert (before, written()) == (kept_bytes, kept_bytes)
 
 
+def test_the_tokenize_eta_is_at_this_attempts_rate(done_run, tmp_path):
+    """Regression: the ETA took the rate of the last 20 receipts of every attempt: a resumed run whose earlier receipts
+    were written two hours before showed 1 201 s for one pending shard of under a second. Now only the receipts
+    written since this attempt started (run.json's `started_at`) count: 2 s apart here, one shard pending, 2 s."""
+    import os
+
+    from streamprep.lock import RunLock
+
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    receipts = sorted((run_dir / "receipts").rglob("*.json"))
+    receipts.pop().unlink()  # its part sealed and not tokenized yet
+    now = time.time()
+    earlier, this = receipts[:-2], receipts[-2:]
+    assert len(earlier) >= 2
+    for i, path in enumerate(earlier):  # the first attempt, killed two hours ago
+        os.utime(path, (now - 7200 + i, now - 7200 + i))
+    for i, path in enumerate(this):
+        os.utime(path, (now - 10 + 2 * i, now - 10 + 2 * i))
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec.update(status="running", started_at=now - 60)
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    lock = RunLock(RunLayout(run_dir).lock).acquire()
+    try:
+        totals = run_status(run_dir)["totals"]
+        rec["started_at"] = now - 5  # no two receipts of this attempt yet: unknown
+        (run_dir / "run.json").write_text(json.dumps(rec))
+        assert run_status(run_dir)["totals"]["tokenize_eta_s"] is None
+    finally:
+        lock.release()
+    assert (totals["shards_pending"], totals["tokenize_eta_s"]) == (1, 2.0)
+
+
 @pytest.mark.parametrize("damage", ["checkpoint not JSON", "checkpoint a list", "receipt truncated", "receipt a list",
                                     "checkpoint missing", "checkpoint missing, nothing kept"])
 def test_a_checkpoint_or_receipt_that_is_not_a_json_object_is_damaged_for_status_and_audit(done_run, tmp_path,
