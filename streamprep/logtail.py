@@ -7,7 +7,8 @@ different inode (or disappears) it drains the open file, then moves to that file
 chain — the file now one number lower (or streamprep.log itself) — checking that the chain did not
 shift while it opened it. Several rollovers between two polls are therefore followed file by file and
 every line is printed exactly once, in order, as long as a file is not deleted (rotated past the last
-backup) before it is read. A file truncated in place (same inode, smaller size) is read from the start.
+backup) before it is read. A file truncated in place (same inode, smaller size) is read from the start; one
+removed (or its folder) and made again by a new job is followed from the new file's start, said once.
 """
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ def _backups(path: Path) -> list[int]:
 def _ino(path: Path) -> int | None:
     try:
         return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def _ctime_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_ctime_ns
     except OSError:
         return None
 
@@ -128,9 +136,12 @@ class Follower:
                 if os.fstat(self.fh.fileno()).st_nlink > 0:
                     time.sleep(0.005)  # still linked: renamed while we looked; look again
                     continue
-                # ours was rotated past the last backup and deleted: go on with the oldest file left
-                olds = _backups(self.path)
-                target = _backup(self.path, olds[-1]) if olds else self.path
+                # ours is gone: rotated past the last backup (its unlink, which set its ctime, and every backup
+                # left renamed by that rollover or later: go on with the oldest), or removed (`rm` of it or of
+                # logs/, after every rename of the backups left, if any) and made again by a new job
+                gone = os.fstat(self.fh.fileno()).st_ctime_ns
+                later = [i for i in _backups(self.path) if (_ctime_ns(_backup(self.path, i)) or -1) >= gone]
+                target = _backup(self.path, later[-1]) if later else self.path
             elif k == 0:
                 return False  # ours is (again) the current file: nothing to switch to
             else:
@@ -143,8 +154,10 @@ class Follower:
             if k is not None and _ino(_backup(self.path, k)) != self.ino:
                 fh.close()
                 continue
-            if k is None:
+            if k is None and target != self.path:
                 self.warn(f"log rotated faster than it was read; lines may be missing before {target.name}")
+            elif k is None:
+                self.warn(f"{self.path.name} was removed and created again; following the new one from its start")
             self._set(fh)
             return True
         return False

@@ -91,6 +91,42 @@ def test_follow_when_files_are_deleted_before_read_warns_and_never_repeats(tmp_p
     assert got == sorted(set(got)) and got[-1] == 199  # in order, no repeats, reaches the end
 
 
+@pytest.mark.parametrize("removed", ["logs/streamprep.log", "logs/"])
+def test_follow_a_log_removed_and_made_again_by_the_next_job(tmp_path, log_writer, removed):
+    """Regression: a followed log removed (or its folder) and made again by a new job was taken for one rotated past
+    the last backup: 'log rotated faster than it was read; lines may be missing before streamprep.log' with nothing
+    missing, and with older backups beside it the oldest of them was printed again. Now the new log is followed
+    from its first line, with a line saying what happened; a real rotation past the last backup still warns."""
+    import shutil
+
+    run_dir = _run_dir(tmp_path)
+    log = log_writer(run_dir, max_bytes=1200, backups=3)
+    i = 0
+    while not (run_dir / "logs" / "streamprep.log.3").exists() or log_path(run_dir).stat().st_size > 400:
+        log.info("line", seq=i)  # up to just after a rollover, with 3 backups: the next line rotates nothing
+        i += 1
+    warnings: list[str] = []
+    f = Follower(log_path(run_dir), start_at_end=True, warn=warnings.append)
+    log.info("line", seq=40)
+    time.sleep(0.05)  # a person's `rm`, not in the instant of the last rollover
+    if removed == "logs/":
+        shutil.rmtree(run_dir / "logs")
+    else:
+        log_path(run_dir).unlink()
+    assert _seqs(f.poll()) == [40] and i < 40  # the removed file's last line; no new log yet
+    log = log_writer(run_dir, max_bytes=1200, backups=3)  # the next job
+    for i in range(100, 105):
+        log.info("line", seq=i)
+    assert _seqs(f.poll()) == list(range(100, 105))
+    for i in range(105, 200):  # many rollovers in one poll: lines lost, and said
+        log.info("line", seq=i)
+    got = _seqs(f.poll())
+    f.close()
+    assert got[0] == 105 and got[-1] == 199 and got == sorted(set(got)) and len(got) < 95  # lines lost
+    assert warnings == ["streamprep.log was removed and created again; following the new one from its start",
+                        "log rotated faster than it was read; lines may be missing before streamprep.log.3"]
+
+
 def test_follow_truncated_in_place_restarts_from_top(tmp_path):
     run_dir = _run_dir(tmp_path)
     path = log_path(run_dir)
