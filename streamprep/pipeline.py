@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -209,11 +210,14 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
                           f"use a new --run-dir (with --fresh) to start over")
     _refuse_moved_checkpoints(previous, _checkpoint_dir(config, run_dir))
     was, now = previous.get("plugins"), plugin_modules()  # absent: recorded by a version before plug-ins were
-    if was is not None and was != now:
+    # an earlier streamprep listed the imported plug-ins' modules by registry family, then gates
+    if was is not None and was != now and was != plugin_modules(by_family=True):
         raise ConfigError(f"plug-ins changed since this run started (was {','.join(was) or 'none'!r}, now "
                           f"{','.join(now) or 'none'!r}: the modules STREAMPREP_PLUGINS names, then those of plug-ins "
-                          f"registered before the job); plug-ins decide verdicts and bytes as the config does: resume "
-                          f"with the same, or use a new --run-dir")
+                          f"registered before the job, each in the order imported); plug-ins decide verdicts and "
+                          f"bytes as the config does, their order too (which gate runs first, which of two "
+                          f"registrations of a name stands): resume with the same, in the same order, or use a new "
+                          f"--run-dir")
     return previous
 
 
@@ -252,12 +256,18 @@ def _refuse_moved_checkpoints(previous: dict[str, Any], checkpoint_dir: Path) ->
                           f"new --run-dir")
 
 
-def plugin_modules() -> list[str]:
+def plugin_modules(by_family: bool = False) -> list[str]:
     """What run.json records of the plug-ins: the modules STREAMPREP_PLUGINS names, then the modules of the plug-ins
     the caller registered before the job (`Registry.late`, and gates), which decide verdicts and bytes as much: a
-    resume without them was not refused."""
+    resume without them was not refused. Both in the order imported, which decides the gates' order and which of two
+    registrations of a name stands, so that `import a, b` resumes a run STREAMPREP_PLUGINS=a,b started (listed by
+    registry family, they were refused as another order); `by_family`: that earlier list."""
     late = [m for reg in registry.FAMILIES for _, m in reg.late()] + [m for _, m in late_gates()]
-    return list(registry.PLUGIN_MODULES) + [m for m in dict.fromkeys(late) if m not in registry.PLUGIN_MODULES]
+    late = [m for m in dict.fromkeys(late) if m not in registry.PLUGIN_MODULES]
+    if not by_family:
+        imported = {name: n for n, name in enumerate(list(sys.modules))}
+        late.sort(key=lambda m: imported.get(m, len(imported)))
+    return list(registry.PLUGIN_MODULES) + late
 
 
 def _forget_failed_start(config: Config, run_dir: Path) -> bool:

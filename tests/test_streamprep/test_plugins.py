@@ -518,9 +518,73 @@ def test_a_resume_with_other_plugins_is_refused_like_a_changed_config(tmp_path: 
     refused = ingest(None)
     assert (refused.returncode, refused.stderr.splitlines()[-1]) == (2, (
         "streamprep: error: plug-ins changed since this run started (was 'toy_gate_plugin', now 'none': the modules "
-        "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job); plug-ins decide verdicts and "
-        "bytes as the config does: resume with the same, or use a new --run-dir"))
+        "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job, each in the order imported); "
+        "plug-ins decide verdicts and bytes as the config does, their order too (which gate runs first, which of two "
+        "registrations of a name stands): resume with the same, in the same order, or use a new --run-dir"))
     assert ingest(" toy_gate_plugin ").returncode == 0  # the same modules
+
+
+WRITER_PLUGIN = """
+from streamprep import atomic, registry
+
+
+def write_counts(ctx):
+    atomic.write_json(ctx.run_dir / "toy_counts.json", {idx.name: len(idx) for idx in ctx.indexes})
+    return ["toy_counts.json"]
+
+
+registry.WRITERS.register("toy_counts", write_counts)
+"""
+
+
+def test_the_same_plugins_imported_by_the_api_resume_a_run_the_cli_started(tmp_path: Path) -> None:
+    """Regression: a run started with STREAMPREP_PLUGINS=p_gate,p_toy,p_writer was refused when the same modules,
+    imported in that order by a script, resumed it through the API (`plug-ins changed … (was
+    'p_gate,p_toy,p_writer', now 'p_toy,p_writer,p_gate')`): run.json listed an imported plug-in's modules by
+    registry family (formats, writers, gates), not in the order imported. They are listed in import order now, as
+    STREAMPREP_PLUGINS's are (the order decides the gates' order); a run.json of the family order still resumes."""
+    (tmp_path / "plugins").mkdir()
+    for module, text in (("p_gate", GATE_PLUGIN), ("p_toy", TOY_FORMAT_PLUGIN), ("p_writer", WRITER_PLUGIN),
+                         ("p_gate2", GATE_PLUGIN.replace('"forbidden"', '"second"'))):
+        (tmp_path / f"plugins/{module}.py").write_text(text)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
+    cfg = base_config([{"name": "a", "path": str(corpus)}], None, execution={"engine": "local", "workers": 1})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
+    env.pop("STREAMPREP_PLUGINS", None)
+    cli = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
+                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path, capture_output=True, text=True,
+                         env={**env, "STREAMPREP_PLUGINS": "p_gate,p_toy,p_writer"}, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    run_json = tmp_path / "run/run.json"
+    assert json.loads(run_json.read_text())["plugins"] == ["p_gate", "p_toy", "p_writer"]
+
+    def api(imports: str) -> str:
+        script = (f"import {imports}, yaml, streamprep\n"
+                  f"if __name__ == '__main__':\n"
+                  f"    cfg = yaml.safe_load(open('cfg.yaml'))\n"
+                  f"    try:\n"
+                  f"        print(streamprep.run_from_dict(cfg, run_dir='run', console_log=False).status)\n"
+                  f"    except streamprep.ConfigError as exc:\n"
+                  f"        print(exc)\n")
+        (tmp_path / "job.py").write_text(script)
+        proc = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip()
+
+    assert api("p_gate, p_toy, p_writer") == "complete"
+    record = json.loads(run_json.read_text())
+    assert record["plugins"] == ["p_gate", "p_toy", "p_writer"]
+    atomic.write_json(run_json, {**record, "plugins": ["p_toy", "p_writer", "p_gate"]})  # an earlier streamprep's
+    assert api("p_gate, p_toy, p_writer") == "complete"
+    atomic.write_json(run_json, {**record, "plugins": ["p_gate", "p_gate2"]})
+    assert api("p_gate2, p_gate") == (  # two gates in the other order: the other one rejects first
+        "plug-ins changed since this run started (was 'p_gate,p_gate2', now 'p_gate2,p_gate': the modules "
+        "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job, each in the order imported); "
+        "plug-ins decide verdicts and bytes as the config does, their order too (which gate runs first, which of two "
+        "registrations of a name stands): resume with the same, in the same order, or use a new --run-dir")
 
 
 @pytest.mark.parametrize("returned, why", [
