@@ -175,12 +175,21 @@ def _adopt(plugins: list[tuple[str, str, str]]) -> str | None:
             have[(family, name)] -= 1
             continue
         why = f"importing {module} there failed ({failed[module]})" if module in failed else \
-            "it is defined in the script that starts the job, which they do not run: move it to a module of its own" \
-            if module in ("__main__", "__mp_main__") else f"importing {module} there does not register it"
+            _in_script() if module in ("__main__", "__mp_main__") else f"importing {module} there does not register it"
         return (f"plug-in {family} {name!r} (module {module}) is registered in the process that started the job but "
                 f"not in its worker processes: {why}; or name its module in STREAMPREP_PLUGINS, which every process "
                 f"imports")
     return None
+
+
+def _in_script() -> str:
+    """Why a plug-in of the script that starts the job is not in this worker: a local worker process runs the script
+    again as `__mp_main__` (multiprocessing's spawn and forkserver), so it has what the script registers at its top
+    level but not under its main guard; a Ray actor or Xenna stage (or a script of `python -c`) runs none of it."""
+    if "__mp_main__" in sys.modules:
+        return ('it is registered under the script\'s `if __name__ == "__main__":`, which worker processes skip: '
+                'register it at the script\'s top level or in a module')
+    return "it is defined in the script that starts the job, which they do not run: move it to a module of its own"
 
 
 def init_worker(settings: QualitySettings | dict[str, Any], mode: Mode,
@@ -192,8 +201,10 @@ def init_worker(settings: QualitySettings | dict[str, Any], mode: Mode,
                    mode=mode, qc={}, missing=_adopt(plugins or []))
 
 
-class PluginMissing(RuntimeError):
-    """A plug-in the job's process registered is not in this worker process (`_adopt`): the job stops."""
+class PluginMissing(ConfigError):
+    """A plug-in the job's process registered is not in this worker process (`_adopt`), found before the worker
+    reads a record: the job stops as on a config error (one line, exit 2; the run failed, resumable once the
+    plug-in reaches the workers), not as "reading or judging the input failed", which blamed the input."""
 
 
 def _judging() -> None:

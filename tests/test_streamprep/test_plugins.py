@@ -172,10 +172,17 @@ def test_a_plugin_workers_cannot_import_stops_the_job_naming_it(tmp_path: Path,
     worker process)."""
     from streamprep.unit_worker import _adopt
 
+    monkeypatch.delitem(sys.modules, "__mp_main__", raising=False)  # a Ray actor: it runs none of the script
     assert _adopt([("quality gate", "MyGate", "__main__")]) == (
         "plug-in quality gate 'MyGate' (module __main__) is registered in the process that started the job but not "
         "in its worker processes: it is defined in the script that starts the job, which they do not run: move it "
         "to a module of its own; or name its module in STREAMPREP_PLUGINS, which every process imports")
+    monkeypatch.setitem(sys.modules, "__mp_main__", sys.modules["__main__"])  # a local worker ran it again
+    assert _adopt([("quality gate", "MyGate", "__main__")]) == (
+        "plug-in quality gate 'MyGate' (module __main__) is registered in the process that started the job but not "
+        "in its worker processes: it is registered under the script's `if __name__ == \"__main__\":`, which worker "
+        "processes skip: register it at the script's top level or in a module; or name its module in "
+        "STREAMPREP_PLUGINS, which every process imports")
     assert "importing no_such_module_here there failed (ModuleNotFoundError: No module named " \
            in _adopt([("source format", "x", "no_such_module_here")])  # its type once
     (tmp_path / "exits_in_a_worker.py").write_text("import sys\nsys.exit(3)\n")
@@ -183,6 +190,76 @@ def test_a_plugin_workers_cannot_import_stops_the_job_naming_it(tmp_path: Path,
     assert "importing exits_in_a_worker there failed (SystemExit: 3)" \
            in _adopt([("quality gate", "G", "exits_in_a_worker")])
     assert _adopt([]) is None
+
+
+SCRIPT_GATE_JOB = """
+import sys
+
+import streamprep
+import yaml
+from quality.gates import Doc, Gate, register_gate
+
+
+class Marked(Gate):
+    name = failed_check = "marked"
+
+    def check(self, doc: Doc) -> str | None:
+        return "says MARK" if "MARK" in doc.text else None
+
+
+def factory(settings, text_field):
+    return Marked()
+
+
+if sys.argv[1] == "top":  # in the workers too, which run the script again (as __mp_main__)
+    register_gate(factory)
+if __name__ == "__main__":
+    if sys.argv[1] == "guarded":
+        register_gate(factory)
+    try:
+        print(streamprep.run_from_dict(yaml.safe_load(open("cfg.yaml")), run_dir=sys.argv[2], console_log=False).status)
+    except streamprep.ConfigError as exc:
+        print(f"ConfigError: {exc}")
+"""
+
+
+@pytest.mark.slow  # a whole job, in its own interpreter
+def test_a_gate_the_script_registers_reaches_local_workers_at_top_level_not_under_its_main_guard(
+        tmp_path: Path) -> None:
+    """Regression: the docs said a gate defined in the script that starts the job cannot reach its workers; at
+    the script's top level it does (`workers: 2`: each worker runs the script again as `__mp_main__`). Under its
+    `if __name__ == "__main__":` it does not, and the job stopped as `SourceError: dataset a: reading or judging
+    the input failed after item 0: PluginMissing: … defined in the script that starts the job, which they do not
+    run`, blaming the input and wrong about the script. It is a config error now, naming the main guard; the run,
+    failed, resumes once the gate is registered at the top level."""
+    docs = english_docs(40)
+    (tmp_path / "corpus.jsonl").write_text("".join(
+        json.dumps({"text": f"{d[:60]} MARK {d[60:]}" if i % 7 == 3 else d}) + "\n" for i, d in enumerate(docs)))
+    cfg = base_config([{"name": "a", "path": str(tmp_path / "corpus.jsonl")}], None,
+                      execution={"engine": "local", "workers": 2, "batch_records": 8})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "job.py").write_text(SCRIPT_GATE_JOB)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("STREAMPREP_PLUGINS", None)
+
+    def job(where: str, run_dir: str) -> str:
+        proc = subprocess.run([sys.executable, "job.py", where, run_dir], cwd=tmp_path, capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip()
+
+    assert job("top", "top") == "complete"
+    rejects = [json.loads(line) for line in (tmp_path / "top/rejects/a.jsonl").read_text().splitlines()]
+    marked = sorted(r["source"]["index"] for r in rejects if r["failed_check"] == "marked")
+    assert marked == list(range(3, 40, 7))
+    assert job("guarded", "moved") == (
+        "ConfigError: plug-in quality gate 'factory' (module __main__) is registered in the process that started the "
+        "job but not in its worker processes: it is registered under the script's `if __name__ == \"__main__\":`, "
+        "which worker processes skip: register it at the script's top level or in a module; or name its module in "
+        "STREAMPREP_PLUGINS, which every process imports")
+    assert json.loads((tmp_path / "moved/run.json").read_text())["status"] == "failed"
+    assert job("top", "moved") == "complete"
+    assert tree_hashes(tmp_path / "moved", "ingest", "binidx") == tree_hashes(tmp_path / "top", "ingest", "binidx")
 
 
 @pytest.mark.slow  # a whole job
