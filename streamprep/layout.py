@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +126,12 @@ class CheckpointLayout:
         return Path(self.checkpoint_dir) / (f"{dataset}.dedup" if parts == 1 else f"{dataset}.dedup.{part}-of-{parts}")
 
     def dedup_logs(self, dataset: str) -> list[Path]:
-        """Whatever exact-dedup logs of the dataset exist, of one holder or several."""
-        return sorted(Path(self.checkpoint_dir).glob(f"{glob.escape(dataset)}.dedup*"))
+        """Whatever exact-dedup logs of the dataset exist, of one holder or several: named exactly as `dedup_log`
+        names them. The glob alone matches another dataset's files too (`web` took `web.dedupe.json`, `.sealed`,
+        ..., and a restart of `web` deleted them)."""
+        exact = re.compile(rf"{re.escape(dataset)}\.dedup(\.[0-9]+-of-[0-9]+)?")
+        return sorted(p for p in Path(self.checkpoint_dir).glob(f"{glob.escape(dataset)}.dedup*")
+                      if exact.fullmatch(p.name))
 
     @property
     def dedup_holders(self) -> Path:

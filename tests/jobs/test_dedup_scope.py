@@ -21,6 +21,7 @@ import yaml
 from helpers import base_config, english_docs, ingest_killing_a_holder, ingest_stopped_after, tree_hashes
 from quality import dedup
 from streamprep.checkpoints import DatasetFiles
+from streamprep.layout import CheckpointLayout
 from streamprep.config import Config, load
 from streamprep.ingest import IngestContext, ingest_all
 
@@ -209,3 +210,30 @@ async def test_a_killed_dedup_holder_is_replaced_inside_the_job(overlap_referenc
     assert await ingest_killing_a_holder(_overlap(tmp_path, workers=2, holders=2), run, "b", 300, holder=1) == 1
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
     _same_digests_partitioned(run, ref, 2)
+
+
+async def test_restarting_web_leaves_web_dedupe_alone_and_resumes_to_the_same_bytes(tmp_path: Path) -> None:
+    """Regression: `web` killed before its first checkpoint restarts, and its restart removed every checkpoint-dir
+    file matching `web.dedup*`: `web.dedupe`'s checkpoint, plan, inputs, sealed and dedup logs. The resume then
+    failed ('dedup log .../web.dedupe.dedup holds 0 digests, N expected'). Now only `web`'s own files go, and the
+    resume writes the uninterrupted run's bytes."""
+    docs = english_docs(800, seed=5)
+    spans = {"web.dedupe": docs[:500], "web": docs[300:]}  # web repeats 200 of web.dedupe's
+    for name, texts in spans.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    raw = base_config([{"name": n, "path": str(tmp_path / f"{n}.jsonl")} for n in spans], None,
+                      quality={"expected_language": None, "min_chars": 20, "dedup_scope": "run"},
+                      output={"shard_records": 100, "max_rejects_per_check": None})
+    raw["execution"].update(batch_records=16, unit_mb=0.01)
+    cfg = load(raw)
+    states = await _ingest(cfg, tmp_path / "ref")
+    assert [(states[n].kept, states[n].rejected) for n in spans] == [(500, 0), (300, 200)]
+    run = tmp_path / "run"
+    assert not (await ingest_stopped_after(cfg, run, "web", 100)).done
+    ck = CheckpointLayout(run / "checkpoints")
+    ck.checkpoint("web").unlink()  # as if killed before web's first checkpoint: web starts over
+    theirs = {p.name: p.read_bytes() for p in ck.checkpoint_dir.glob("web.dedupe*")}
+    assert {"web.dedupe.json", "web.dedupe.dedup", "web.dedupe.sealed"} <= set(theirs)
+    await _ingest(cfg, run)
+    assert {p.name: p.read_bytes() for p in ck.checkpoint_dir.glob("web.dedupe*")} == theirs
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(tmp_path / "ref", "ingest", "rejects")

@@ -117,3 +117,25 @@ def test_needs_change_is_what_the_cli_exits_2_on(tmp_path: Path) -> None:
     assert needs_change(IsADirectoryError(errno.EISDIR, "Is a directory", str(tmp_path)))
     assert not needs_change(OSError(errno.ENOSPC, "No space left on device"))
     assert not needs_change(RuntimeError("boom")) and not needs_change(KeyboardInterrupt())
+
+
+def test_a_datasets_dedup_logs_and_restart_leave_a_dataset_named_after_it_alone(tmp_path: Path) -> None:
+    """Regression: `dedup_logs("web")` globbed `web.dedup*`, so it listed `web.dedupe`'s checkpoint, plan, inputs,
+    sealed and dedup logs, and `web` restarted without a checkpoint (killed before its first) deleted them all."""
+    from streamprep.checkpoints import DatasetFiles, load_and_repair
+
+    ck = CheckpointLayout(tmp_path / "ck")
+    ck.checkpoint_dir.mkdir()
+    others = ("web.dedupe", "web.dedup", "web.dedup.0-of-x", "web.near", "web.sealed", "web.dedup.dedup")
+    theirs = [p for o in others for p in (ck.checkpoint(o), ck.dedup_log(o), ck.dedup_log(o, 1, 2), ck.near_log(o),
+                                         ck.plan(o), ck.inputs(o), ck.sealed_log(o))]
+    for p in theirs:
+        p.write_bytes(b"theirs")
+    own = [ck.dedup_log("web"), ck.dedup_log("web", 0, 2), ck.dedup_log("web", 1, 2)]
+    for p in own:
+        p.write_bytes(b"\0" * 8)
+    assert ck.dedup_logs("web") == sorted(own)
+    assert ck.dedup_logs("web.dedupe") == sorted([ck.dedup_log("web.dedupe"), ck.dedup_log("web.dedupe", 1, 2)])
+    state = load_and_repair(DatasetFiles(tmp_path, ck.checkpoint_dir, "web"))  # no checkpoint: starts over
+    assert state.consumed == 0 and ck.dedup_logs("web") == []
+    assert [p for p in theirs if not p.is_file() or p.read_bytes() != b"theirs"] == []
