@@ -294,8 +294,8 @@ def _read(unit: Unit, options: Any) -> list[Any]:
     items: list[Any] = []
     try:
         items.extend(units.read_unit(unit, options))
-    except ReaderError:  # names its file already: the ingest names the dataset and item
-        raise
+    except (ReaderError, SourceError):  # names its file already (a whole-file unit's reader raises a SourceError
+        raise                              # saying where it stopped): the ingest names the dataset and item
     except Exception as exc:
         if not _content_fault(exc):
             groups = units.row_group_range(unit)

@@ -150,3 +150,17 @@ def test_an_sft_record_holding_values_json_cannot_hold_is_kept_without_them():
     written = orjson.loads(cols.row[1])
     assert written["text"] == text and written["meta"]["source"]["id"] == "o"
     assert written["record"] == {**plain, "id": "o", "extra": {"tag": "x"}, "turns": [{"k": 1}]}
+
+
+def test_a_whole_file_unit_whose_file_vanished_says_so_once(tmp_path):
+    """Regression: the reader's SourceError was wrapped in another naming the same file: 'cannot read input file
+    F: SourceError: cannot read input file F after record 0: FileNotFoundError...'. It is raised as it is."""
+    from streamprep.sources.base import SourceError
+    from streamprep.unit_worker import _read
+    from streamprep.units import Unit
+
+    gone = tmp_path / "b.jsonl.gz"
+    with pytest.raises(SourceError) as err:
+        _read(Unit("file", 1, str(gone), "jsonl"), None)
+    assert str(err.value).startswith(f"cannot read input file {gone} after record 0: FileNotFoundError")
+    assert str(err.value).count("cannot read input file") == 1
