@@ -1,6 +1,7 @@
 """Quality gates, one small class per check, and the order they run in."""
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import orjson
@@ -129,9 +130,10 @@ def _plugin_gate(factory: Callable[[QualitySettings, str], Gate | None], s: Qual
 class PluginGate(Gate):
     """A plug-in's gate as the chain runs it: after its `check` the record's meta and the reason must still be what
     the kept row and the reject line can write (orjson: no numpy scalar, set, bytes, int past 64 bits, non-string
-    key, lone surrogate), or the record is a reject `error` (the runner's `NAME: internal error TypeError: meta
-    'KEY': …`) with those keys dropped; such a value used to end the job at its first line, naming no gate. The
-    built-in gates write plain values and run unwrapped: the default chain pays nothing."""
+    key, lone surrogate; nor a NaN or infinity, which it writes as null), or the record is a reject `error` (the
+    runner's `NAME: internal error TypeError: meta 'KEY': …`) with those keys dropped; such a value used to end the
+    job at its first line, naming no gate. The built-in gates write plain values and run unwrapped: the default
+    chain pays nothing."""
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
@@ -174,12 +176,16 @@ def _utf8(text: str) -> bool:
     return True
 
 
+NON_FINITE = "a float NaN or infinity, which a JSON line writes as null"
+
+
 def _unwritable(meta: dict[str, Any], drop: bool = True) -> str | None:
-    """None when orjson writes `meta` (one call, the common case); else which keys it cannot write and why, those
-    keys dropped from `meta` when `drop`."""
+    """None when orjson writes `meta` as it is (one call, the common case); else which keys it cannot write and why,
+    those keys dropped from `meta` when `drop`. A NaN or infinity is one: orjson writes it as null, the value lost
+    without a word (looked for only when the line holds a null)."""
     try:
-        orjson.dumps(meta)
-        return None
+        if b"null" not in orjson.dumps(meta) or not _non_finite(meta):
+            return None
     except orjson.JSONEncodeError:
         pass
     bad: dict[Any, str] = {}
@@ -188,6 +194,18 @@ def _unwritable(meta: dict[str, Any], drop: bool = True) -> str | None:
             orjson.dumps({key: value})
         except orjson.JSONEncodeError as exc:
             bad[key] = str(exc)
+        else:
+            if _non_finite(value):
+                bad[key] = NON_FINITE
     for key in bad if drop else ():
         del meta[key]
     return "meta " + ", ".join(f"{key!r}: not JSON ({why})" for key, why in bad.items())
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether `value` is, or holds in a dict, list or tuple, a float NaN or infinity."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    return isinstance(value, (list, tuple)) and any(_non_finite(v) for v in value)

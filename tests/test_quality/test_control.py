@@ -260,13 +260,17 @@ def test_a_check_batch_with_a_wrong_answer_is_rechecked_doc_by_doc(answer: str) 
     assert [(v.keep, v.meta.get("reason")) for v in got] == [(True, None), (False, "says odd")] * 2
 
 
+NON_FINITE = "a float NaN or infinity, which a JSON line writes as null"
 UNWRITABLE: dict[str, tuple[Any, str]] = {
     "numpy float32": (np.float32(0.5), "Type is not JSON serializable: numpy.float32"),
     "set": ({1}, "Type is not JSON serializable: set"),
     "bytes": (b"x", "Type is not JSON serializable: bytes"),
     "int past 64 bits": (10 ** 30, "Integer exceeds 64-bit range"),
     "tuple key": ({(1,): 2}, "Dict key must be str"),
-    "lone surrogate": ("a\ud800", "str is not valid UTF-8: surrogates not allowed")}
+    "lone surrogate": ("a\ud800", "str is not valid UTF-8: surrogates not allowed"),
+    # orjson writes these as null: the value lost without a word
+    "nan": (float("nan"), NON_FINITE), "-inf": (float("-inf"), NON_FINITE),
+    "inf in a list": ({"scores": [0.5, None, float("inf")]}, NON_FINITE)}
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["evaluate_batch", "evaluate"])
@@ -274,8 +278,9 @@ UNWRITABLE: dict[str, tuple[Any, str]] = {
 def test_a_plugin_gates_unwritable_meta_costs_that_record_only(value: str, batched: bool) -> None:
     """Regression: a plug-in gate that put a numpy float, a set, bytes, an int past 64 bits, a tuple key or a lone
     surrogate into doc.meta ended the job at the record's line (`TypeError: Type is not JSON serializable:
-    numpy.float32`, no gate named; a re-run the same). That record is now a reject `error` naming the gate and the
-    key, the key dropped so that its line is written; the other records are judged as before."""
+    numpy.float32`, no gate named; a re-run the same); a NaN or infinity kept its record, the value written as null.
+    That record is now a reject `error` naming the gate and the key, the key dropped so that its line is written;
+    the other records are judged as before."""
     import orjson
 
     from quality import gates
