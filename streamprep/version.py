@@ -8,11 +8,12 @@ __version__ = "0.1.0"
 
 @functools.cache
 def source() -> tuple[str, str]:
-    """(`VERSION+HASH`, `DIR on HOST`): this process's streamprep, by a hash of the .py files (their paths and
-    bytes) of the two packages it ships, `streamprep` and `quality` (the gates and dedup a worker judges with), and
-    where it is. Every node of a multi-node job must run the driver's code (a worker's other `build_audit` failed
-    the job at its end, with a bare TypeError; another PII pattern would judge its units otherwise), whatever the
-    version says; computed once a process (under 10 ms: ~1 MB of source)."""
+    """(`VERSION+HASH`, `DIR on HOST`): this process's streamprep, by a hash of the .py files and the `data/`
+    files (their paths relative to the package, sorted, and bytes) of the two packages it ships, `streamprep` and
+    `quality` (the gates and dedup a worker judges with, and the word lists the gates read), and where it is. Every
+    node of a multi-node job must run the driver's code and data (a worker's other `build_audit` failed the job at
+    its end, with a bare TypeError; another PII pattern or profanity list would judge its units otherwise), whatever
+    the version says; computed once a process (under 10 ms: ~1 MB of source)."""
     import hashlib
     import importlib.util
     import socket
@@ -24,6 +25,8 @@ def source() -> tuple[str, str]:
     roots = [root, *(Path(p).resolve() for p in where[:1])]
     digest = hashlib.sha256()
     for top in roots:
-        for path in sorted(top.rglob("*.py")):
-            digest.update(f"{top.name}/{path.relative_to(top)}\0".encode() + path.read_bytes() + b"\0")
+        data = [p for p in (top / "data").rglob("*")  # a hidden file (.DS_Store) no install ships left out
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(top).parts)]
+        for rel in sorted(p.relative_to(top).as_posix() for p in [*top.rglob("*.py"), *data]):
+            digest.update(f"{top.name}/{rel}\0".encode() + (top / rel).read_bytes() + b"\0")
     return f"{__version__}+{digest.hexdigest()[:12]}", f"{root} on {socket.gethostname()}"

@@ -660,8 +660,8 @@ def test_attaching_to_a_cluster_leaves_the_jobs_signal_handlers(ray_cluster) -> 
 def test_a_worker_actor_with_another_streamprep_is_refused_naming_both(tmp_path: Path) -> None:
     """Regression: a node whose streamprep was another than the driver's (an older checkout, another venv) ran the
     job's calls with its own code: the job failed at its end with a bare TypeError from the audit, exit 1. A worker
-    actor's `ready()` now answers its streamprep, a hash of its .py files (any edit changes it), and another than
-    the driver's, or none (an older one), is a ConfigError naming both, before the actor runs a call."""
+    actor's `ready()` now answers its streamprep, a hash of its .py and data files (any edit changes it), and another
+    than the driver's, or none (an older one), is a ConfigError naming both, before the actor runs a call."""
     import shutil
 
     from streamprep import version
@@ -677,24 +677,29 @@ def test_a_worker_actor_with_another_streamprep_is_refused_naming_both(tmp_path:
                                   f"streamprep (docs/multi-node.md)")
     with pytest.raises(ConfigError, match=r"^a Ray node runs another streamprep \(an older one, no source fingerprint\)"):
         node_of("node-a")  # what an older `_Actor.ready` answers
-    copy = tmp_path / "copy"
-    shutil.copytree(Path(version.__file__).parent, copy / "streamprep", ignore=shutil.ignore_patterns("__pycache__"))
+    copy = tmp_path / "copy"  # another checkout of both packages (streamprep alone would hash the installed quality)
+    for package in ("streamprep", "quality"):
+        shutil.copytree(Path(version.__file__).parent.parent / package, copy / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     probe = [sys.executable, "-c", "from streamprep.version import source; print(*source())"]
     env = {**os.environ, "PYTHONPATH": str(copy)}
-    same = subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
+
+    def fingerprint() -> list[str]:
+        return subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
+
+    same = fingerprint()
     assert same[:2] == [mine[0], str(copy / "streamprep")]
-    with (copy / "streamprep" / "audit" / "gather.py").open("a") as f:
-        f.write("# an edit\n")
-    edited = subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
-    assert edited[0] != mine[0] and edited[1:] == same[1:]
-    # regression: `quality` (the gates, dedup) was not hashed: a node with other PII patterns passed the check
-    shutil.copytree(Path(version.__file__).parent.parent / "quality", copy / "quality",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    before = subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
-    with (copy / "quality" / "gates" / "pii.py").open("a") as f:
-        f.write("# an edit\n")
-    after = subprocess.run(probe, env=env, cwd=copy, capture_output=True, text=True, check=True).stdout.split()
-    assert before[0] == edited[0] and after[0] != before[0]
+    (copy / "quality" / "data" / ".DS_Store").write_bytes(b"x")  # a hidden file no install ships: not hashed
+    assert fingerprint() == same
+    # regressions: `quality` (the gates, dedup) was not hashed, nor the word lists the gates read (quality/data):
+    # a node with other PII patterns or another profanity list passed the check and judged its units otherwise
+    for edited in ("streamprep/audit/gather.py", "quality/gates/pii.py", "quality/data/profanity.txt",
+                   "quality/data/medical_terms.json", "streamprep/data/unassigned-unicode-14.0.txt"):
+        before = fingerprint()
+        with (copy / edited).open("a") as f:
+            f.write("# an edit\n")
+        after = fingerprint()
+        assert after[0] != before[0] and after[1:] == before[1:], edited
 
 
 OTHER_DRIVER = """
