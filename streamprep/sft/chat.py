@@ -114,6 +114,8 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
     if not isinstance(template, str):
         raise ConfigError(f"config: '{used}': the chat template in {where} is not a string, got "
                           f"{type(template).__name__} {template!r:.60}")
+    if not template.strip():  # compiles, then renders every record to (nearly) nothing: a run of 0 tokens
+        raise ConfigError(f"config: '{used}': the chat template in {where} is empty")
     import jinja2
     try:  # the compiler (and sandbox, extensions, filters) apply_chat_template renders with, cached there by text
         from transformers.utils.chat_template_utils import _compile_jinja_template

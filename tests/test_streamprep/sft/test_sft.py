@@ -723,6 +723,35 @@ def test_a_chat_template_that_does_not_compile_is_a_config_error(tmp_path: Path,
                                   f"{tok / 'tokenizer_config.json'} is not a string, got {shown}")
 
 
+def test_an_empty_chat_template_is_a_config_error(tmp_path: Path, shared_data: Path, capsys) -> None:
+    """Regression: an empty (or whitespace-only) chat template compiled, so the run completed with every record
+    dropped as `empty` and 0 tokens; it is refused at start (exit 2, nothing written), naming the file."""
+    from streamprep.cli import main
+    from streamprep.config import ConfigError, load
+
+    phi3_dir = shared_data / "tokenizers/phi-3-mini"
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(phi3_dir / "tokenizer.json", tok / "tokenizer.json")
+    tcfg = json.loads((phi3_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    raw = yaml.safe_load((CONFIGS / "sft_chat.yaml").read_text(encoding="utf-8"))
+    raw["datasets"][0]["path"] = str(shared_data / GLAIVE)
+    raw["tokenizer"]["path"] = str(tok)
+    raw["execution"] = {"engine": "local"}
+    for empty in ("", " \n\t", [{"name": "default", "template": ""}]):
+        (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": empty}), encoding="utf-8")
+        with pytest.raises(ConfigError) as err:
+            load(raw)
+        assert str(err.value) == (f"config: 'sft.input.sections[0].template': the chat template in "
+                                  f"{tok / 'tokenizer_config.json'} is empty")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    run_dir = tmp_path / "run"
+    assert main(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("tokenizer_config.json is empty")
+    assert not run_dir.exists()
+
+
 SHAREGPT = {"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
                                     "role_map": {"human": "user", "gpt": "assistant"}, "train_turns": "last"}]},
             "mask": {"gpt": "train"}, "mask_default": "train",
