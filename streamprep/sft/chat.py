@@ -91,7 +91,13 @@ def chat_template_source(tok_file: Path, tcfg: dict[str, Any] | None = None) -> 
     if template is not None:
         return template, tok_file.parent / "tokenizer_config.json"
     jinja_file = tok_file.parent / "chat_template.jinja"
-    return (jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else None), jinja_file
+    if not jinja_file.is_file():
+        return None, jinja_file
+    try:
+        return jinja_file.read_text(encoding="utf-8"), jinja_file
+    except UnicodeDecodeError as exc:  # else a bare UnicodeDecodeError naming no file, exit 1
+        raise ConfigError(f"config: 'tokenizer.path': {jinja_file} is not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start})") from None
 
 
 def check_chat_template(cfg: Mapping[str, Any]) -> None:
@@ -103,11 +109,18 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
     single = list(sources) == [SINGLE_KEY]  # most likely written as `input.sections`, which validates to this
     used = next((f"sft.input.{'' if single else f'sources.{key}.'}sections[{i}].template"
                  for key, src in sources.items() for i, sec in enumerate(src["sections"]) if sec["template"]), None)
+    path = cfg["tokenizer"]["path"]
+    # every SFT run's load_chat_tokenizer reads the template: one it cannot read is refused here, not mid-run
+    template, where = chat_template_source(source_file(Path(path))) \
+        if path is not None and cfg.get("sft") else (None, None)
     if used is None:
         return
-    path = cfg["tokenizer"]["path"]
-    template, where = chat_template_source(source_file(Path(path))) if path is not None else (None, None)
     if template is None:
+        named = tokenizer_config(where.parent).get("chat_template") if path is not None else None
+        if isinstance(named, list):  # transformers, too, refuses named templates without a default
+            names = ", ".join(str(t.get("name")) for t in named if isinstance(t, dict)) or "none"
+            raise ConfigError(f"config: '{used}': needs a chat template, and the chat_template list in "
+                              f"{where.parent / 'tokenizer_config.json'} has no entry named 'default' (named: {names})")
         what = "a tokenizer the run trains has" if path is None else \
             f"the tokenizer at {path} has (tokenizer_config.json or chat_template.jinja beside its tokenizer.json)"
         raise ConfigError(f"config: '{used}': needs a chat template, and {what} none")

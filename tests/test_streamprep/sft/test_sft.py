@@ -752,6 +752,43 @@ def test_an_empty_chat_template_is_a_config_error(tmp_path: Path, shared_data: P
     assert not run_dir.exists()
 
 
+def test_an_unreadable_or_defaultless_chat_template_is_a_config_error_naming_its_file(tmp_path: Path,
+                                                                                     shared_data: Path) -> None:
+    """Regression: a chat_template.jinja that is not UTF-8 ended the job with a bare UnicodeDecodeError naming no file
+    (exit 1; mid-run in an SFT run without template sections), and a chat_template list without a 'default' entry
+    was refused as having no template at all."""
+    from streamprep.config import ConfigError, load
+
+    phi3_dir = shared_data / "tokenizers/phi-3-mini"
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(phi3_dir / "tokenizer.json", tok / "tokenizer.json")
+    tcfg = json.loads((phi3_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    good = tcfg.pop("chat_template")
+    (tok / "tokenizer_config.json").write_text(json.dumps(tcfg), encoding="utf-8")
+    (tok / "chat_template.jinja").write_bytes(b"\xff" + good.encode())
+    raw = yaml.safe_load((CONFIGS / "sft_chat.yaml").read_text(encoding="utf-8"))
+    raw["datasets"][0]["path"] = str(shared_data / GLAIVE)
+    raw["tokenizer"]["path"] = str(tok)
+    raw["execution"] = {"engine": "local"}
+    unreadable = (f"config: 'tokenizer.path': {tok / 'chat_template.jinja'} is not UTF-8 text "
+                  "(invalid start byte at byte 0)")
+    for sections in (raw["sft"]["input"]["sections"], [{"field": "messages", "action": "train"}]):
+        with pytest.raises(ConfigError) as err:
+            load({**raw, "sft": {**raw["sft"], "input": {"sections": sections}}})
+        assert str(err.value) == unreadable
+    (tok / "chat_template.jinja").unlink()
+    named = [{"name": "tool_use", "template": good}]
+    (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": named}), encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load(raw)
+    assert str(err.value) == ("config: 'sft.input.sections[0].template': needs a chat template, and the chat_template "
+                              f"list in {tok / 'tokenizer_config.json'} has no entry named 'default' (named: tool_use)")
+    (tok / "tokenizer_config.json").write_text(
+        json.dumps({**tcfg, "chat_template": [*named, {"name": "default", "template": good}]}), encoding="utf-8")
+    load(raw)
+
+
 SHAREGPT = {"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
                                     "role_map": {"human": "user", "gpt": "assistant"}, "train_turns": "last"}]},
             "mask": {"gpt": "train"}, "mask_default": "train",
