@@ -537,11 +537,12 @@ class _BoundedLoader(yaml.SafeLoader):
 
     @staticmethod
     def _plain_keys(node: yaml.MappingNode) -> None:
-        """An unquoted key YAML 1.1 reads as a boolean (`on:`, `no:`, a dataset named so in a mixture's phase) is its
-        text: every key of a config is a name, and True made `unknown dataset True (known: on)`."""
+        """An unquoted key YAML 1.1 reads as another type (`on:` a boolean, `2024:` an int, `null:` None,
+        `2001-01-01:` a date; a dataset named so in a mixture's phase) is its text: every key of a config is a name,
+        and True made `unknown dataset True (known: on)`. A `<<` merge key stays one."""
         for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag == "tag:yaml.org,2002:bool" \
-                    and key_node.style is None:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.style is None \
+                    and key_node.tag != "tag:yaml.org,2002:merge":
                 key_node.tag = "tag:yaml.org,2002:str"
 
     @staticmethod

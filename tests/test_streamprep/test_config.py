@@ -451,7 +451,9 @@ def test_yaml_aliases_within_limits_still_work(tmp_path: Path, data: Path) -> No
     # a bare `on:` is the text "on" (not YAML 1.1's True): beside a quoted "on" it is a key given twice
     ('output: {mixtures: {phases: {p1: {on: 1.0, "on": 9.0}}}}\n',
      "line 1: key 'on' given twice in one mapping (first on line 1); the later one would silently replace it"),
-], ids=["date", "int", "timestamp", "twice", "twice-nested", "twice-bool"])
+    ('output: {mixtures: {phases: {p1: {2024: 1.0, "2024": 9.0}}}}\n',
+     "line 1: key '2024' given twice in one mapping (first on line 1); the later one would silently replace it"),
+], ids=["date", "int", "timestamp", "twice", "twice-nested", "twice-bool", "twice-int"])
 def test_yaml_values_that_cannot_be_built_and_keys_given_twice_are_one_line(tmp_path: Path, text: str,
                                                                           message: str) -> None:
     """Regression: a value PyYAML resolves but cannot build was a bare ValueError (exit 1, no file, no line), and a
@@ -475,6 +477,19 @@ def test_an_unquoted_yes_no_on_off_key_is_its_text_and_such_a_value_is_named(tmp
         load_file(cfg)
     assert str(err.value) == ("config: 'datasets[0].name' must be a string, got bool True (YAML reads an unquoted "
                               "yes/no/on/off as a boolean: quote it)")
+
+
+def test_an_unquoted_key_yaml_reads_as_a_number_null_or_date_is_its_text(tmp_path: Path, data: Path) -> None:
+    """Regression: only boolean keys kept their text, so a dataset '2024' in a mixture's phase was "unknown dataset
+    2024 (known: 2024, other)" (the int 2024), and so for `null:` (None), `1_000:`, `0x1F:`, `1.5:`, `2001-01-01:`."""
+    names = ["2024", "null", "1_000", "0x1F", "1.5", "2001-01-01", "other"]
+    cfg = tmp_path / "c.yaml"
+    datasets = "".join(f"  - {{name: '{n}', path: {data}}}\n" for n in names)
+    weights = ", ".join(f"{n}: {i + 1}" for i, n in enumerate(names))
+    cfg.write_text(f"datasets:\n{datasets}output: {{mixtures: {{phases: {{p1: {{{weights}}}, 2: {{other: 1}}}}}}}}\n")
+    phases = load_file(cfg).output.mixtures.phases
+    assert list(phases) == ["p1", "2"]
+    assert dict(phases["p1"]) == {n: float(i + 1) for i, n in enumerate(names)}
 
 
 @pytest.mark.parametrize("key", ["datasets[0].path", "tokenizer.path", "run.checkpoint_dir"])
