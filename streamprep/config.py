@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, get_type_hints
+from urllib.parse import unquote
 
 import orjson
 import yaml
@@ -249,7 +250,8 @@ def _resolve_path(path: str, base: Path, key: str) -> str:
     """A local path made absolute (against the config's folder); a URL of a registered scheme as it is. A `file:`
     URL is a local path, in each form RFC 8089 gives it and its scheme in any case (`file:///data/x.jsonl`,
     `file:/data/x.jsonl`, `file://localhost/data/x.jsonl`, `FILE:///…` are `/data/x.jsonl`): each was taken for a
-    relative path (`CONFIG_DIR/file:/data/…`)."""
+    relative path (`CONFIG_DIR/file:/data/…`). Its percent-escapes are decoded as UTF-8 (`Path.as_uri()`'s `a%20b`
+    is `a b`): they were kept, so the URL of a name with a space named no file."""
     if _is_remote(path):
         return path
     if _is_file_url(path):
@@ -263,11 +265,14 @@ def _resolve_path(path: str, base: Path, key: str) -> str:
         if not rest.startswith("/"):
             raise ConfigError(f"config: '{key}': {path!r:.80} is not a file URL of an absolute path; a local file's "
                               f"URL is file:///PATH (or give the path itself)")
-        path = rest
+        try:
+            path = unquote(rest, errors="strict")
+        except UnicodeDecodeError:
+            raise ConfigError(f"config: '{key}': {path!r:.80} has percent-escapes that are not UTF-8") from None
     try:
         p = Path(path).expanduser()  # RuntimeError: `~nosuchuser/…`
         resolved = (base / p).resolve()  # an absolute path too: a symlink loop there was a bare RuntimeError later
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop (Python 3.11); ValueError: NUL
         raise ConfigError(f"config: '{key}': {exc}") from None
     return str(p if p.is_absolute() else resolved)
 

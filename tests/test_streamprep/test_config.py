@@ -167,6 +167,31 @@ def test_each_form_of_a_file_url_is_the_local_path(tmp_path: Path, data: Path, f
     assert cfg["tokenizer"]["path"] == str(tok)
 
 
+def test_a_file_urls_percent_escapes_are_decoded(tmp_path: Path) -> None:
+    """Regression: `Path.as_uri()`'s `file:///DIR/sp%20ace/a%20b.jsonl` was read with its escapes kept ("no such file
+    or directory: DIR/sp%20ace/a%20b.jsonl", exit 2) for a file that exists; so for `tokenizer.path` and
+    `run.checkpoint_dir`, which share the code."""
+    from helpers import make_tokenizer
+
+    folder = tmp_path / "sp ace é"
+    folder.mkdir()
+    data = folder / "a b%.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    tok = folder / "tok #1.json"
+    make_tokenizer(tok, ["ab ab abc abc"] * 4)
+    assert "%20" in data.as_uri() and "%25" in data.as_uri() and "%23" in tok.as_uri()
+    cfg = validate({"run": {"checkpoint_dir": (folder / "ck").as_uri()},
+                    "datasets": [{"name": "a", "path": data.as_uri()}], "tokenizer": {"path": tok.as_uri()}},
+                   base_dir=tmp_path)
+    assert (cfg["datasets"][0]["path"], cfg["tokenizer"]["path"]) == (str(data), str(tok))
+    assert cfg["run"]["checkpoint_dir"] == str(folder / "ck")
+    for url, message in (("file:///x%FF.jsonl", "'file:///x%FF.jsonl' has percent-escapes that are not UTF-8"),
+                         ("file:///x%00.jsonl", "embedded null byte")):
+        with pytest.raises(ConfigError) as err:
+            validate({"datasets": [{"name": "a", "path": url}]}, base_dir=tmp_path)
+        assert str(err.value) == f"config: 'datasets[0].path': {message}"
+
+
 @pytest.mark.parametrize("path", ["file:a.jsonl", "file://host/a.jsonl"])
 def test_a_file_url_of_a_relative_path_or_a_host_is_refused(tmp_path: Path, data: Path, path: str) -> None:
     with pytest.raises(ConfigError, match=r"^config: 'datasets\[0\].path': .* a local file's URL is file:///PATH"):
