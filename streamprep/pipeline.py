@@ -525,6 +525,8 @@ class Job:
         if complete:
             self._drop_changed_receipts()
         self._sweep_tmp("removed temporary files of an interrupted run")
+        for stale in ("error", "needs_change"):  # the last attempt's failure, not this one's (a complete run kept them)
+            self.record.pop(stale, None)
         self._save_record("running", started_at=time.time())
         for name, why in self.config.skipped:
             log.warning("optional dataset skipped: its input is missing", dataset=name, reason=why)

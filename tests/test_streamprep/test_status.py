@@ -114,6 +114,26 @@ def test_a_run_that_failed_on_an_exit_2_error_is_not_called_resumable(tmp_path):
     assert "to go on: fix what the last error names" in text and "RESUMABLE" not in text and "to resume" not in text
 
 
+def test_a_later_attempt_drops_the_last_failures_error_and_needs_change(tmp_path):
+    """Regression: run.json kept an earlier attempt's `needs_change: true` and `error` once a later attempt completed
+    (status complete beside them, and `status --json` showed the old error)."""
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
+    cfg = base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}], None)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "binidx").touch()  # a file where the run needs a folder: exit 2, re-running as is fails the same way
+    with pytest.raises(OSError):
+        run_from_dict(cfg, run_dir, console_log=False)
+    rec = json.loads((run_dir / "run.json").read_text())
+    assert (rec["status"], rec["needs_change"]) == ("failed", True) and "binidx" in rec["error"]
+    (run_dir / "binidx").unlink()
+    assert run_from_dict(cfg, run_dir, console_log=False).status == "complete"
+    rec = json.loads((run_dir / "run.json").read_text())
+    assert rec["status"] == "complete" and "needs_change" not in rec and "error" not in rec
+    st = run_status(run_dir)
+    assert (st["state"], st["needs_change"], st["error"]) == ("complete", False, None)
+
+
 def test_an_ordinary_failure_stays_resumable(done_run, tmp_path):
     """A failure a re-run gets past (exit 1) records needs_change false, over an earlier attempt's true."""
     run_dir = _copy_run(done_run, tmp_path / "run")
