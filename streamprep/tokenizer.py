@@ -276,40 +276,49 @@ def _check_eod(info: TokenizerInfo, tok_cfg: TokenizerConfig) -> TokenizerInfo:
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Tokenizer:
-    """Byte-level BPE with the special tokens <s> </s> <pad> <unk> <mask> (ids 0..4), deterministic. Runs of
-    non-whitespace longer than TRAIN_RUN_CHARS are trained on in pieces (`_cut_long_runs`)."""
+    """Byte-level BPE with the special tokens <s> </s> <pad> <unk> <mask> (ids 0..4), deterministic. Words (the
+    pre-tokenizer's pre-tokens) longer than TRAIN_RUN_CHARS are trained on in pieces (`_cut_long_words`)."""
     from tokenizers import ByteLevelBPETokenizer
 
     bpe = ByteLevelBPETokenizer()
     cut = [0]
-    bpe.train_from_iterator(_chunks(_cut_long_runs(texts, cut)), vocab_size=vocab_size,
-                            min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    pieces = _cut_long_words(texts, bpe._tokenizer.pre_tokenizer.pre_tokenize_str, cut)
+    bpe.train_from_iterator(_chunks(pieces), vocab_size=vocab_size, min_frequency=min_frequency,
+                            special_tokens=SPECIAL_TOKENS, show_progress=False)
     if cut[0]:
-        log.info("tokenizer training: long runs of non-whitespace were trained on in pieces", runs=cut[0],
+        log.info("tokenizer training: words longer than max_chars were trained on in pieces", words=cut[0],
                  max_chars=TRAIN_RUN_CHARS)
     return bpe._tokenizer
 
 
-# The longest run of non-whitespace BPE training sees whole. tokenizers' trainer applies a merge to a word at
-# O(word length) per occurrence, so one long space-free word made training quadratic: a 320 000-char ACGT record
+# The longest word (pre-token) BPE training sees whole. tokenizers' trainer applies a merge to a word at
+# O(word length) per occurrence, so one long word made training quadratic: a 320 000-char ACGT record
 # took 74 s with vocab_size 1 000 (160 KB: 13 s; 1.5 MB: not done in 300 s); in 8 192-char pieces 2 s (1.5 MB:
-# 10 s). Above every run of the shared corpora (the longest: 5 650 chars, a JSON tool call) and of docs/*.md.
+# 10 s). A word lies within a run of non-whitespace (but for a leading space), and the shared corpora's and
+# docs/*.md's longest run is 5 650 chars (a JSON tool call).
 TRAIN_RUN_CHARS = 8192
 _RUN = re.compile(r"\S+")
 
 
-def _cut_long_runs(texts: Iterable[str], cut: list[int]) -> Iterator[str]:
-    """`texts`, each run of non-whitespace longer than TRAIN_RUN_CHARS cut every TRAIN_RUN_CHARS chars (its text
-    yielded as the pieces between the cuts; `cut[0]` counts the runs). A text without such a run is yielded as it
-    is, so the trained tokenizer is the same bytes as one trained on `texts` whole."""
+def _cut_long_words(texts: Iterable[str], pre_tokenize: Callable[[str], list[tuple[str, tuple[int, int]]]],
+                    cut: list[int]) -> Iterator[str]:
+    """`texts`, each word longer than TRAIN_RUN_CHARS cut every TRAIN_RUN_CHARS chars (its text yielded as the
+    pieces between the cuts; `cut[0]` counts the words). Words are `pre_tokenize`'s (the trainer's own
+    pre-tokenizer), asked only about runs of non-whitespace longer than TRAIN_RUN_CHARS: a word lies within one
+    but for a leading space (" word", not counted; a run alone splits as in its text). So a text the pre-tokenizer
+    splits into words no longer than that (minified JSON, a path) is yielded as it is, the same bytes trained."""
     for text in texts:
-        runs = [] if len(text) <= TRAIN_RUN_CHARS else \
-            [m.span() for m in _RUN.finditer(text) if m.end() - m.start() > TRAIN_RUN_CHARS]
-        if not runs:
+        cuts: list[int] = []
+        for run in _RUN.finditer(text) if len(text) > TRAIN_RUN_CHARS else ():
+            if run.end() - run.start() <= TRAIN_RUN_CHARS:
+                continue
+            for _, (start, end) in pre_tokenize(run.group()):
+                if end - start > TRAIN_RUN_CHARS:
+                    cut[0] += 1
+                    cuts.extend(range(run.start() + start + TRAIN_RUN_CHARS, run.start() + end, TRAIN_RUN_CHARS))
+        if not cuts:
             yield text
             continue
-        cut[0] += len(runs)
-        cuts = [at for start, end in runs for at in range(start + TRAIN_RUN_CHARS, end, TRAIN_RUN_CHARS)]
         yield from (text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)]))
 
 

@@ -169,3 +169,34 @@ def test_one_long_space_free_record_trains_in_linear_time_and_ordinary_text_as_b
     bpe.train_from_iterator(ordinary, vocab_size=600, min_frequency=2, special_tokens=SPECIAL_TOKENS,
                             show_progress=False)
     assert train_bpe(ordinary, 600, 2).to_str() == bpe._tokenizer.to_str()
+
+
+def _trained_whole(texts: list[str], vocab_size: int) -> str:
+    """tokenizer.json of a byte-level BPE trained on `texts` as they are (train_bpe before long words were cut)."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    from streamprep.tokenizer import SPECIAL_TOKENS
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                            show_progress=False)
+    return bpe._tokenizer.to_str()
+
+
+def test_a_long_run_the_pre_tokenizer_splits_into_short_words_trains_as_it_did_whole() -> None:
+    """Regression: every run of non-whitespace over TRAIN_RUN_CHARS was cut, so a minified JSON blob (33 499 chars,
+    words of a few chars each) or a long slash-joined path trained other merges than before the cut existed. Only a
+    word (the pre-tokenizer's pre-token) over TRAIN_RUN_CHARS is cut: a word inside such a run still is."""
+    from streamprep.tokenizer import TRAIN_RUN_CHARS
+
+    blob = json.dumps({f"key{i}": [i, f"value_{i}", {"a": i * 3}] for i in range(900)}, separators=(",", ":"))
+    path = "/".join(f"path{i}" for i in range(3000))
+    assert len(blob) > TRAIN_RUN_CHARS and len(path) > TRAIN_RUN_CHARS and " " not in blob + path
+    for extra in (blob, f"see {path} here"):
+        assert train_bpe([*DOCS, extra], 800, 2).to_str() == _trained_whole([*DOCS, extra], 800)
+    word = "".join(np.random.default_rng(2).choice(list("acgt"), 2 * TRAIN_RUN_CHARS + 5))
+    k = blob.index(',"', 100) + 1
+    run = blob[:k] + word + blob[k:]  # one run, `word` one pre-token in it (',' and '"' beside): cut twice
+    at = k + TRAIN_RUN_CHARS
+    pieces = [run[:at], run[at:at + TRAIN_RUN_CHARS], run[at + TRAIN_RUN_CHARS:]]
+    assert train_bpe([*DOCS, run], 800, 2).to_str() == _trained_whole([*DOCS, *pieces], 800)
