@@ -108,17 +108,36 @@ def _emails(text: str) -> Iterator[tuple[str, int, int]]:
             at = text.find("@", pos)
 
 
+class _AsciiDigits(dict[int, int]):
+    """`str.translate` table: each Unicode decimal digit (`\\d`) to the ASCII digit of its value, any other char
+    kept (filled in as chars are met)."""
+
+    def __missing__(self, c: int) -> int:
+        self[c] = 48 + unicodedata.decimal(chr(c)) if _DIGIT.match(chr(c)) else c
+        return self[c]
+
+
+_ASCII_DIGITS = _AsciiDigits()
+
+
 def _numbers(text: str, view: bytes | None) -> Iterator[tuple[str, int, int]]:
+    """NUMBER_RE's matches in the number runs, validated. A run (with the char before it and the two after, all its
+    lookarounds see) holding a char past ASCII is matched with its digits as ASCII ones of their values, so the
+    pattern's digit values (an IPv4 octet's 25[0-5], a phone's leading 1) hold for digits of any script."""
     for run in _number_runs(text, view):
-        for m in NUMBER_RE.finditer(text, run.start(), run.end() + 2):  # +2: let the lookaheads see the next chars
+        at, end = max(run.start() - 1, 0), run.end() + 2  # +2: let the lookaheads see the next chars
+        window = text[at:end]
+        if not window.isascii():
+            window = window.translate(_ASCII_DIGITS)
+        for m in NUMBER_RE.finditer(window, run.start() - at):
             kind, span = m.lastgroup or "", m.group()
             if kind == "card":
                 digits = "".join(c for c in span if c.isdigit())
-                if not luhn_valid(digits) or not int(digits):  # (int: digits of any script)
+                if not luhn_valid(digits) or not int(digits):
                     continue
             elif kind == "phone" and not 10 <= sum(c.isdigit() for c in span) <= 15:
                 continue
-            yield kind, m.start(), m.end()
+            yield kind, at + m.start(), at + m.end()
 
 
 def _ipv6(text: str, cue: bool | None = None) -> Iterator[tuple[str, int, int]]:

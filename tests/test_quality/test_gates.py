@@ -358,6 +358,13 @@ ARABIC_INDIC = str.maketrans("0123456789", "".join(map(chr, range(0x660, 0x66A))
     ("card " + "4111111111111111".translate(ARABIC_INDIC) + " ok",
      [("card", "4111111111111111".translate(ARABIC_INDIC))]),
     ("card " + "0" * 16 + " " + "0".translate(FULLWIDTH) * 16, []),
+    # IPv4 octets and a phone's leading 1 by value too (192 and 1- were ASCII-only in the pattern: no IPv4 at all,
+    # the phone without its "1-")
+    ("ip " + "192.168.1.1".translate(ARABIC_INDIC) + " ok", [("ip", "192.168.1.1".translate(ARABIC_INDIC))]),
+    ("ip " + "255.250.1.1".translate(FULLWIDTH) + " ok", [("ip", "255.250.1.1".translate(FULLWIDTH))]),
+    ("ip " + "256.1.1.1".translate(FULLWIDTH) + " " + "01.2.3.4".translate(ARABIC_INDIC) + " ok", []),
+    ("call " + "1-866-943-3427".translate(ARABIC_INDIC) + " now", [("phone", "1-866-943-3427".translate(ARABIC_INDIC))]),
+    ("ip ١٩٢.168.١.1 or ١٩٢.168.١.1.5 中", [("ip", "١٩٢.168.١.1")]),  # scripts mixed: each digit by its value
 ])
 def test_find_pii_sentence_ends_parentheses_and_other_digits(text: str, found: list) -> None:
     """Each was a miss (or a Luhn check of the wrong numbers); both ways of finding the runs agree."""
