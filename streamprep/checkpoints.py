@@ -285,15 +285,15 @@ def _unfit(files: DatasetFiles, state: IngestState, listed: bool) -> str | None:
     parts do not match, a position that is not a place in its plan (the plan empty, missing or unreadable, or the unit
     past its end). A dataset under way without its plan cannot be resumed: planned again, maybe with another
     `unit_mb`, its units are not the ones the position counts (records were lost or read twice). `listed`: the
-    checkpoint lists its sealed parts (an earlier streamprep's), which must then be `[SHA-256, bytes]` each."""
+    checkpoint lists its sealed parts (an earlier streamprep's), which must then be `[SHA-256, bytes]` each, as many
+    as it counts."""
     bad = next((k for k in COUNTERS if not 0 <= getattr(state, k) < 1 << 63), None)
     if bad is not None:
         return f"{bad} is {getattr(state, bad)}"
     if listed and not all(_sealed_entry(s) for s in state.sealed):
         return f"sealed {str(state.sealed)[:80]}"
-    sealed = len(state.sealed) if listed else max(_size(files.sealed_log), 0) // SEALED_RECORD
-    if sealed != state.part_index if listed else sealed < state.part_index:  # (the log's records past it: truncated)
-        return f"part_index {state.part_index} with {sealed} sealed parts"
+    if listed and len(state.sealed) != state.part_index:  # a sealed log short of it is a missing output (_missing)
+        return f"part_index {state.part_index} with {len(state.sealed)} sealed parts"
     pos = state.position
     plan_path = CheckpointLayout(files.checkpoint_dir).plan(files.dataset)
     plan = read_json(plan_path) if state.consumed else None
@@ -361,15 +361,17 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
         _clear(files)
         return IngestState(dataset=files.dataset)
     listed = "sealed" in raw  # else the sealed log holds them
-    unfit = _unfit(files, state, listed) or _read_inputs(files, state, raw)
+    # the inputs first: a restart keeps them, so the job still refuses changed input files (the run's other datasets,
+    # and its dedup against them, read the files as they were); forgotten, it read the new ones without a word
+    unfit = _read_inputs(files, state, raw) or _unfit(files, state, listed)
     if unfit:
         log.warning("checkpoint does not hold a state a job writes, restarting dataset from scratch",
                     dataset=files.dataset, checkpoint=str(files.checkpoint), problem=unfit)
         _clear(files)
-        return IngestState(dataset=files.dataset)
+        return IngestState(dataset=files.dataset, inputs=state.inputs)
     if listed:  # an earlier streamprep's checkpoint: the log the next save appends to is made from its list
         atomic.write_bytes(files.sealed_log, sealed_records(state.sealed))
-    else:  # _unfit saw the log hold them all
+    else:  # as many as it holds: one short of part_index is _missing's
         state.sealed = read_sealed(files.sealed_log, state.part_index)
     short = _missing(files, state)
     if short:

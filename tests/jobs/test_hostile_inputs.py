@@ -891,12 +891,15 @@ async def test_a_file_added_to_or_gone_from_a_glob_during_the_run_stops_it_namin
         await _ingest(cfg, run)
 
 
+@pytest.mark.parametrize("damage", ["part", "sealed_log_gone", "sealed_log_short", "count_edited"])
 async def test_a_dataset_restarted_from_scratch_still_refuses_changed_inputs_and_drops_its_old_shards(
-        tmp_path: Path) -> None:
+        tmp_path: Path, damage: str) -> None:
     """Regression: a dataset whose checkpoint restarts it (a sealed part deleted, as `verify` advises for a damaged
     one) forgot its inputs' identity, so it read changed inputs without a word (with `dedup_scope: run`, records
     stayed rejected as duplicates of texts no longer in the run); and the restart left its old receipts and shards,
-    stale beside the new parts (`verify` failed, a re-run never removed them)."""
+    stale beside the new parts (`verify` failed, a re-run never removed them). Also when its sealed log is missing
+    or short, or its checkpoint holds a count no job writes: those restarts forgot the inputs, and a finished run
+    re-run completed exit 0 on the new data beside its other datasets' decisions against the old."""
     cfg, src = _docs_cfg(tmp_path, 500)
     run = tmp_path / "run"
     assert (await _ingest(cfg, run))["d"].done
@@ -905,7 +908,14 @@ async def test_a_dataset_restarted_from_scratch_still_refuses_changed_inputs_and
     for path in stale:  # what tokenizing the parts left
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
-    files.part(0).unlink()
+    if damage == "part":
+        files.part(0).unlink()
+    elif damage == "sealed_log_gone":
+        files.sealed_log.unlink()
+    elif damage == "sealed_log_short":
+        files.sealed_log.write_bytes(files.sealed_log.read_bytes()[:-40])
+    else:
+        files.checkpoint.write_text(json.dumps({**json.loads(files.checkpoint.read_text()), "rejects_bytes": -1}))
     src.write_bytes(src.read_bytes()[:1000])
     with pytest.raises(ConfigError, match=rf"dataset d: input file {src} changed \(mtime_ns, size\) since this run "
                                           r"started"):
