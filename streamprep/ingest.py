@@ -34,7 +34,7 @@ from streamprep import atomic, engines, holders, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save, save_inputs
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
 from streamprep.executor import Executor
-from streamprep.holders import Dedup, HeldDedup, Holders
+from streamprep.holders import Dedup, HeldDedup, HolderLost, Holders
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.sources import open_source
@@ -321,10 +321,23 @@ class DatasetIngest:
                               f"run has {parts} ({CheckpointLayout(self.ctx.checkpoint_dir).dedup_holders.name}); "
                               f"start over with a new --run-dir")
         if self.dedup_on:
-            self.ctx.holders.open(self.ds.name, self.ctx.checkpoint_dir, counts)
+            self._in_holders(state, lambda: self.ctx.holders.open(self.ds.name, self.ctx.checkpoint_dir, counts))
         if self.near is not None:
-            self.ctx.holders.open_near(self.ds.name, self.files.near_dedup, state.near_dedup_bytes, self.near)
+            self._in_holders(state, lambda: self.ctx.holders.open_near(self.ds.name, self.files.near_dedup,
+                                                                       state.near_dedup_bytes, self.near))
         return counts
+
+    def _in_holders(self, state: IngestState, call: Callable[[], Any]) -> Any:
+        """`call` on the dedup holders outside the decider (opening the dataset's index, flushing its logs before a
+        checkpoint): a failure there, e.g. a holder's OSError on its own digest or .near log, is the DecideError the
+        decider's is, naming the dataset, not a bare 'OSError: …/beta.near' (a lost holder stays HolderLost)."""
+        try:
+            return call()
+        except HolderLost:
+            raise
+        except Exception as exc:
+            raise DecideError(f"dataset {self.ds.name}: deciding its records (exact and near dedup, caps) failed "
+                              f"after item {state.consumed}: {one_line(exc)}") from exc
 
     async def _earlier_datasets(self) -> list[str] | None:
         """`dedup_scope: run`: the datasets listed before this one (their indexes stay in the holders), once they
@@ -708,7 +721,7 @@ class DatasetIngest:
 
     async def _save(self, state: IngestState, dedup: HeldDedup) -> None:
         if self.dedup_on or self.near is not None:  # each log holds at least what the checkpoint counts
-            await asyncio.to_thread(dedup.flush)
+            await asyncio.to_thread(self._in_holders, state, dedup.flush)
         await asyncio.to_thread(save, self.files, state)
         if self.window is not None:  # the files of the units this checkpoint has passed leave the window
             await self.release_files(state.position["unit"])

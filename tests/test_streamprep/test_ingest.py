@@ -247,3 +247,38 @@ async def test_a_failure_deciding_records_is_not_said_to_be_the_inputs(tmp_path:
         f"dataset d: deciding its records (exact and near dedup, caps) failed after item {consumed}: OSError: "
         f"[Errno 24] Too many open files: '{tmp_path / 'd.dedup'}'")
     assert isinstance(failed.value.__cause__, OSError) and failed.value.__cause__.errno == errno.EMFILE
+
+
+@pytest.mark.parametrize("where", ["flush", "open", "open_near"])
+async def test_a_holder_failing_on_its_log_outside_the_decider_is_a_decide_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Regression: a holder's OSError on its own log while flushing before a checkpoint, or opening the dataset's
+    index, ended the job as a bare "OSError: [Errno 24] Too many open files: '…/d.near'", naming no dataset (only
+    the decider's calls were a DecideError, as docs/operations.md promises for both)."""
+    import errno
+    import re
+
+    from streamprep import holders, ingest
+
+    log = tmp_path / "run" / "checkpoints" / ("d.dedup" if where == "open" else "d.near")
+    cls, method = (holders.HeldDedup, "flush") if where == "flush" else (holders.Holders, where)
+    calls, real = [], getattr(cls, method)
+
+    def failing(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == 2 or where != "flush":
+            raise OSError(errno.EMFILE, "Too many open files", str(log))
+        return real(*args)
+
+    monkeypatch.setattr(cls, method, failing)
+    raw = base_config([{"name": "d", "path": str(tmp_path / "d.jsonl")}], None)
+    raw["quality"]["near_dedup"] = {"enabled": True}
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(200, seed=3)))
+    raw["execution"].update(unit_mb=4_000 / 2**20)
+    run = tmp_path / "run"
+    with pytest.raises(ingest.DecideError) as failed:
+        await ingest_all(IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event()))
+    assert re.fullmatch(rf"dataset d: deciding its records \(exact and near dedup, caps\) failed after item \d+: "
+                        rf"OSError: \[Errno 24\] Too many open files: '{re.escape(str(log))}'", str(failed.value))
+    assert isinstance(failed.value.__cause__, OSError) and failed.value.__cause__.errno == errno.EMFILE
+    assert DatasetFiles(run, run / "checkpoints", "d").checkpoint.exists() == (where == "flush")  # one saved before
