@@ -213,14 +213,21 @@ class Checkpoint:
         """The checkpoint at `path`, all zero when there is none yet. One that is not a JSON object raises
         ValueError: a reader (`status`, `audit`) says it is damaged rather than show its dataset as not started. Its
         `sealed` parts are the first `part_index` of the sealed log beside it, and its `inputs` the inputs file's (a
-        checkpoint written before those files holds them itself); as with a list, a log holding fewer gives the ones
-        it holds."""
+        checkpoint written before those files holds them itself). A log holding fewer than `part_index`, or a dataset
+        under way without an inputs object, raises ValueError too: a resume restarts that dataset, and a reader showed
+        its bytes as the log's few parts' (a complete run's dataset at 0.0 MB) or it as resumable."""
         raw = _strict_json(path) or {}
         if raw:
             beside, name = CheckpointLayout(path.parent), path.name.removesuffix(".json")
             count = raw.get("part_index", 0)
-            raw = {"sealed": read_sealed(beside.sealed_log(name), count if isinstance(count, int) else 0),
-                   "inputs": read_json(beside.inputs(name)), **raw}
+            count = count if isinstance(count, int) else 0
+            log, inputs = beside.sealed_log(name), beside.inputs(name)
+            raw = {"sealed": read_sealed(log, count), "inputs": read_json(inputs), **raw}
+            if len(raw["sealed"]) < count:
+                held = f"holds {len(raw['sealed'])} sealed parts" if log.exists() else "is missing"
+                raise ValueError(f"{log.name} {held} and {path.name} counts {count}")
+            if raw.get("consumed") and not raw.get("done") and not isinstance(raw["inputs"], dict):
+                raise ValueError(f"{inputs.name} is missing or not an object and dataset {name!r} is under way")
         return cls(raw)
 
     @property

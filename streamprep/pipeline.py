@@ -801,8 +801,8 @@ class Job:
             try:  # its sealed parts from the sealed log (or, an earlier streamprep's, from inside it), all it counts
                 cp = Checkpoint.load(CheckpointLayout(self.checkpoint_dir).checkpoint(name))
                 sealed = cp.raw.get("sealed") if len(cp.raw.get("sealed") or ()) == cp.part_index else None
-            except (OSError, ValueError, TypeError):
-                sealed = None
+            except (OSError, ValueError, TypeError) as exc:  # naming the file: "alpha.sealed is missing and …"
+                return _stale(f"checkpoints/{name}.json: {exc}")
             if not isinstance(sealed, list):
                 return _stale(f"checkpoints/{name}.json")
             expected += [(str(layout.ingest_part(name, i).relative_to(self.run_dir)), s[1] if isinstance(s, list)

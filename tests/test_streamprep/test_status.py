@@ -161,7 +161,8 @@ def test_mid_ingest_checkpoint_counts_planned_shards_so_far(done_run, tmp_path):
 def test_a_damaged_checkpoint_neither_hangs_nor_crashes_status(done_run, tmp_path):
     """Regression: status counted parts and receipts over `range(part_index + 1)`, so a checkpoint saying a billion
     parts hung it, and a counter of the wrong type (`kept: "x"`) was a bare ValueError, exit 1. Now: the files on
-    disk are counted, and a record of the wrong shape is one line saying how to repair it, exit 2."""
+    disk are counted, and a record of the wrong shape is one line saying how to repair it, exit 2 (a billion parts
+    the sealed log does not hold is one too)."""
     import threading
 
     from streamprep.cli import main
@@ -172,11 +173,18 @@ def test_a_damaged_checkpoint_neither_hangs_nor_crashes_status(done_run, tmp_pat
     good = json.loads(ck_path.read_text())
     ck_path.write_text(json.dumps({**good, "part_index": 10**9}))
     out: dict = {}
-    worker = threading.Thread(target=lambda: out.update(st=run_status(run_dir)), daemon=True)
+
+    def status() -> None:
+        try:
+            run_status(run_dir)
+        except NotARunDir as exc:
+            out["error"] = str(exc)
+
+    worker = threading.Thread(target=status, daemon=True)
     worker.start()
     worker.join(20)
     assert not worker.is_alive(), "status hung on a part index of a billion"
-    assert out["st"]["datasets"]["a"]["ingest"]["bytes"] == run_status(done_run)["datasets"]["a"]["ingest"]["bytes"]
+    assert "(ValueError: a.sealed holds " in out["error"] and "a.json counts 1000000000)" in out["error"]
     ck_path.write_text(json.dumps({**good, "kept": "x"}))
     with pytest.raises(NotARunDir, match=r"a checkpoint or receipt is damaged \(ValueError: .*\); `streamprep ingest` "
                                          r"with the run's config repairs it"):
@@ -274,18 +282,23 @@ def test_the_tokenize_eta_is_at_this_attempts_rate(done_run, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["checkpoint not JSON", "checkpoint a list", "receipt truncated", "receipt a list",
-                                    "checkpoint missing", "checkpoint missing, nothing kept"])
+                                    "checkpoint missing", "checkpoint missing, nothing kept", "sealed log missing",
+                                    "sealed log short"])
 def test_a_checkpoint_or_receipt_that_is_not_a_json_object_is_damaged_for_status_and_audit(done_run, tmp_path,
                                                                                           capsys, damage):
     """Regression: these read as "not started" / "pending" (exit 0): `status` showed the finished dataset at 0 read
     and `audit` rewrote audit.json with those zeros. Now the documented line, exit 2, and the audit is untouched.
     (A checkpoint missing from a complete run whose dataset ran too: it was the last left so, and one that kept
-    nothing, no part written, after that: its plan is there.)"""
+    nothing, no part written, after that: its plan is there. A sealed log missing or short of the checkpoint's
+    count too: the dataset showed its bytes as the log's few parts', 'ingest MB 0.0' for a complete one, exit 0.)"""
     from streamprep.cli import main
 
     run_dir = _copy_run(done_run, tmp_path / "run")
-    target = run_dir / ("checkpoints/a.json" if damage.startswith("checkpoint") else "receipts/a/part-00000.json")
-    if damage.startswith("checkpoint missing"):
+    target = run_dir / ("checkpoints/a.json" if damage.startswith("checkpoint") else "checkpoints/a.sealed"
+                        if damage.startswith("sealed") else "receipts/a/part-00000.json")
+    if damage == "sealed log short":
+        target.write_bytes(target.read_bytes()[:-40])
+    elif damage.startswith("checkpoint missing") or damage == "sealed log missing":
         target.unlink()
         if damage.endswith("nothing kept"):
             for part in (run_dir / "ingest/a").glob("part-*.jsonl"):
@@ -297,8 +310,21 @@ def test_a_checkpoint_or_receipt_that_is_not_a_json_object_is_damaged_for_status
         capsys.readouterr()
         assert main([command, str(run_dir)]) == 2, command
         err = capsys.readouterr().err
-        assert f"{run_dir}: a checkpoint or receipt is damaged (ValueError: {target.name} is " in err, (command, err)
+        assert f"{run_dir}: a checkpoint or receipt is damaged (ValueError: {target.name} " in err, (command, err)
     assert (run_dir / "audit" / "audit.json").read_bytes() == audit
+
+
+@pytest.mark.parametrize("gone", ["a.sealed", "a.inputs"])
+def test_a_dataset_under_way_without_its_sealed_log_or_inputs_is_damaged_not_resumable(done_run, tmp_path, gone):
+    """Regression: status showed such a dataset as under way, the run RESUMABLE, with its bytes the log's (none),
+    while the resume restarts it from scratch. It is damaged, as a missing checkpoint is, naming the file."""
+    from streamprep.layout import NotARunDir
+
+    run_dir, _ = _crashed_mid_part(done_run, tmp_path)
+    assert run_status(run_dir)["datasets"]["a"]["ingest"]["parts_sealed"] == 1
+    (run_dir / "checkpoints" / gone).unlink()
+    with pytest.raises(NotARunDir, match=rf"a checkpoint or receipt is damaged \(ValueError: {gone} is missing"):
+        run_status(run_dir)
 
 
 @pytest.mark.parametrize("field, value", [("config", "x"), ("config", None), ("checkpoint_dir", 7)])
