@@ -320,17 +320,18 @@ def _sealed_entry(entry: Any) -> bool:
 def _read_inputs(files: DatasetFiles, state: IngestState, raw: dict[str, Any]) -> str | None:
     """Set `state.inputs` from the dataset's inputs file, unless the checkpoint holds them (written by a streamprep
     before the file). What makes the state unfit, if anything: a dataset under way whose inputs file is missing or
-    not an object cannot tell whether its files changed since (its positions are byte offsets into them)."""
+    not an object (null too: every job writes an object) cannot tell whether its files changed since (its positions
+    are byte offsets into them)."""
     if "inputs" in raw:
         return None
     try:
         inputs = orjson.loads(files.inputs.read_bytes())
     except (OSError, orjson.JSONDecodeError):
-        inputs = ()  # neither null nor an object: as a missing file
-    if inputs is None or isinstance(inputs, dict):
+        inputs = None  # as a missing file
+    if isinstance(inputs, dict):
         state.inputs = inputs
-    elif state.consumed and not state.done:
-        return f"its inputs file {files.inputs.name} is missing or unreadable"
+    elif state.consumed and not state.done:  # null too: taken as "nothing recorded", it turned the check off
+        return f"its inputs file {files.inputs.name} is missing, unreadable or not an object"
     return None
 
 

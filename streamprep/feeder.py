@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,7 +44,7 @@ class ShardFeeder:
         self._futures: list[Future] = []
         self._checkpointed: dict[str, IngestState] = {}  # the last *saved* state of each dataset
         self._sealed: dict[str, int] = {}
-        self._waiting: list[tuple[str, Path, str]] = []
+        self._waiting: list[tuple[str, Path, str, bool]] = []
         self._training = False
         self._closing = threading.Event()
         self.tasks: dict[tuple[str, str], ShardTask] = {}
@@ -64,12 +65,14 @@ class ShardFeeder:
             raise exc
         name = state.dataset
         self._checkpointed[name] = copy.copy(state)  # the writer mutates `state` before its next save
+        # the dataset's first call is ingest's right after the resume's repair: its parts' hashes are the sealed log's
+        resumed = name not in self._sealed
         before, now = self._sealed.get(name, 0), state.sealed_parts()
+        self._sealed[name] = now
         if now > before:
-            self._sealed[name] = now
             log.info("parts sealed", dataset=name, parts=now, new=now - before)
             for i in range(before, now):
-                self._later(self._hand_on, name, self._files[name].part(i), state.sealed[i][0])
+                self._later(self._hand_on, name, self._files[name].part(i), state.sealed[i][0], resumed)
         if self._given.done() and self.info is None and not self._training and self._sample_ready is not None \
                 and self._sample_ready(dict(self._checkpointed)):
             self._training = True
@@ -79,11 +82,12 @@ class ShardFeeder:
     def _later(self, fn: Callable[..., Any], *args: Any) -> None:
         self._futures.append(self._pool.submit(fn, *args))
 
-    def _hand_on(self, name: str, part: Path, sha256: str) -> None:
+    def _hand_on(self, name: str, part: Path, sha256: str, resumed: bool) -> None:
+        """`resumed`: `sha256` is the sealed log's, read back by a resume; the worker hashes the part against it."""
         if self.info is None:
-            self._waiting.append((name, part, sha256))
+            self._waiting.append((name, part, sha256, resumed))
             return
-        task = self._plan(name, part, sha256, self.info)
+        task = replace(self._plan(name, part, sha256, self.info), check_input=resumed)
         self.tasks[(name, task.part)] = task
         self.engine.submit(task)
 
@@ -100,8 +104,8 @@ class ShardFeeder:
                 if self._closing.is_set():
                     return
         waiting, self._waiting = self._waiting, []
-        for name, part, sha256 in waiting:
-            self._hand_on(name, part, sha256)
+        for name, part, sha256, resumed in waiting:
+            self._hand_on(name, part, sha256, resumed)
 
     def finish(self, states: dict[str, IngestState]) -> TokenizerInfo:
         """After ingest: train on everything if nothing did yet, and wait until every sealed part is submitted."""

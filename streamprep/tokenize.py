@@ -54,6 +54,9 @@ class ShardTask:
     first_ordinal: int | None = None     # its first record's ordinal in the dataset (lines of the parts before it)
     order_seed: int | None = None        # run.seed
     length_buckets: tuple[int, ...] = ()  # output.parquet.length_buckets
+    # its `input_sha256` was read back from the sealed log (a resume), not taken as ingest sealed the part in this
+    # job: the part is hashed against it before it is tokenized (tokenize._check_input)
+    check_input: bool = False
 
     @property
     def mode(self) -> Mode:
@@ -199,11 +202,29 @@ def drop_tmp_files(task: ShardTask) -> None:
             Path(path).unlink(missing_ok=True)
 
 
+def _check_input(task: ShardTask) -> None:
+    """The part is the one ingest sealed: its SHA-256 is the one the sealed log recorded (`task.input_sha256`),
+    which the receipt, its columns file and manifest.json repeat. A resume checks only the parts' sizes, so a
+    sealed-log record or a part changed since had the receipt sign the wrong SHA-256, or a changed part, and only
+    `verify` saw it. Checked for a part whose hash a resume read back (`check_input`) and whose shard is written
+    (the tokenizing reads it next, from the page cache); not for one sealed in this job (hashed as it was written:
+    hashing it again cost as much CPU as a fast tokenizer), nor for a shard skipped on its receipt."""
+    sha = atomic.sha256_file(task.input_path)
+    if sha != task.input_sha256:
+        part = Path(task.input_path)
+        raise ValueError(f"{part.relative_to(task.run_dir) if part.is_relative_to(task.run_dir) else part}: its "
+                         f"SHA-256 is {sha}, not the {task.input_sha256} its dataset's sealed log ({task.dataset}.sealed "
+                         f"in the checkpoint dir) recorded as ingest sealed it: the part or that record changed since "
+                         f"(a damaged disk or an edit); start over with a new --run-dir")
+
+
 def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:
     """The whole unit of work a stage runs: skip if current, else tokenize and write the receipt. A result's
     `scan` (the part's lines as its tokenizing saw them, for its summary) stays in the worker: `run_shard`."""
     if receipt_problem(task, read_receipt(task)) is None:
         return {"task": asdict(task), "skipped": True}
+    if task.check_input:
+        _check_input(task)
     shard_stats, outputs = task.mode.tokenize(task, tokenizer)
     write_receipt(task, shard_stats, outputs)
     return {"task": asdict(task), "skipped": False, "seconds": shard_stats["seconds"],

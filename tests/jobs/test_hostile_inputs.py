@@ -602,6 +602,25 @@ async def test_resume_over_a_replaced_input_is_refused_naming_it(tmp_path: Path,
     assert (await _ingest(cfg, run))["d"].done
 
 
+async def test_a_dataset_under_way_whose_inputs_file_holds_null_starts_over(tmp_path: Path) -> None:
+    """Regression: `null` in `<ds>.inputs` read as "no identity recorded", so the resume checked nothing: a record
+    appended to a file already planned was never read (exit 0) and the new identity recorded. It is as a missing
+    inputs file: the dataset starts over, and ends as a fresh run on the files as they are."""
+    from helpers import ingest_stopped_after
+
+    cfg, src = _docs_cfg(tmp_path)
+    run = tmp_path / "run"
+    assert not (await asyncio.wait_for(ingest_stopped_after(cfg, run, "d", 300), 60)).done
+    DatasetFiles(run, run / "checkpoints", "d").inputs.write_text("null\n")
+    appended = json.dumps({"text": "An appended record about rivers, mountains and the weather in the valley."})
+    src.write_bytes(src.read_bytes() + appended.encode() + b"\n")
+    assert (await _ingest(cfg, run))["d"].done
+    ref = tmp_path / "ref"
+    assert (await _ingest(cfg, ref))["d"].done
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+    assert b"appended record about rivers" in b"".join(p.read_bytes() for p in (run / "ingest" / "d").glob("*.jsonl"))
+
+
 async def test_a_resume_of_a_checkpoint_with_hashed_identities_goes_on(tmp_path: Path) -> None:
     """The ingest passes the checkpoint's identities to the source: one an earlier streamprep wrote (hashes) is
     compared in its own form, and a touch of the file does not stop the resume."""

@@ -4,8 +4,8 @@ checkpoint rather than after the whole ingest."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -30,9 +30,17 @@ def _state(parts: int) -> IngestState:
     return state
 
 
+@dataclass(frozen=True)
+class _Task:  # a ShardTask's fields the feeder reads or sets
+    info: Any
+    part: str
+    sha: str
+    check_input: bool = False
+
+
 def _feeder(tmp_path: Path, given: Any) -> tuple[ShardFeeder, _Engine]:
     engine = _Engine()
-    plan = lambda name, part, sha, info: SimpleNamespace(info=info, part=part.name, sha=sha)  # noqa: E731 - a ShardTask
+    plan = lambda name, part, sha, info: _Task(info=info, part=part.name, sha=sha)  # noqa: E731 - a ShardTask
     feeder = ShardFeeder(engine, plan, {"d": DatasetFiles(tmp_path, tmp_path / "ck", "d")}, given,  # type: ignore[arg-type]
                          lambda states: pytest.fail("trained although a tokenizer was given"), None)
     return feeder, engine
@@ -56,6 +64,8 @@ def test_parts_sealed_before_the_given_tokenizer_is_ready_wait_for_it_in_order(t
         feeder.close()
     assert [(t.info, t.part, t.sha) for t in engine.submitted] == [("tok", f"part-{i:05d}.jsonl", f"sha{i}")
                                                                    for i in range(3)]
+    # the first call's parts are the resume's, their hashes read back from the sealed log: the worker checks them
+    assert [t.check_input for t in engine.submitted] == [True, True, False]
 
 
 def test_a_tokenizer_that_cannot_be_prepared_fails_at_the_next_checkpoint(tmp_path: Path) -> None:

@@ -156,6 +156,37 @@ def _redone(task: Any, encoder: Any, receipt: dict[str, Any], edits: dict[str, d
     assert run_task(task, encoder)["skipped"] is True
 
 
+@pytest.mark.parametrize("changed", ["sealed_record", "part"])
+def test_a_part_whose_sha256_is_not_its_sealed_records_is_refused_before_its_receipt(tmp_path: Path,
+                                                                                     changed: str) -> None:
+    """Regression: resumes check a sealed part's size only, so a flipped byte in its `<ds>.sealed` record (or a part
+    changed at the same size) went into the receipt's `input_sha256` and manifest.json, and only `verify` saw it.
+    A task whose hash a resume read back hashes its part before writing its shard: the error names the part, both
+    hashes and the log; one whose part was sealed in its job is not hashed again."""
+    import hashlib
+
+    from streamprep.tokenize import run_task
+
+    task, encoder, _ = _shard(tmp_path)
+    assert not task.check_input
+    task = replace(task, check_input=True)
+    part = Path(task.input_path)
+    if changed == "part":  # not tokenized yet (a receipt of the part as sealed is its skip, its hash not read)
+        part.write_bytes(part.read_bytes().replace(b"a", b"b", 1))
+        Path(task.receipt_path).unlink()
+    else:
+        task = replace(task, input_sha256="0" * 64)
+    written = Path(task.receipt_path).read_bytes() if changed != "part" else b"(none)"
+    with pytest.raises(ValueError) as refused:
+        run_task(task, encoder)
+    assert str(refused.value) == (
+        f"ingest/d/part-00000.jsonl: its SHA-256 is {hashlib.sha256(part.read_bytes()).hexdigest()}, not the "
+        f"{task.input_sha256} its dataset's sealed log (d.sealed in the checkpoint dir) recorded as ingest sealed it: "
+        f"the part or that record changed since (a damaged disk or an edit); start over with a new --run-dir")
+    receipt_path = Path(task.receipt_path)
+    assert (receipt_path.read_bytes() if receipt_path.exists() else b"(none)") == written  # none written
+
+
 def test_a_receipt_edited_in_its_identity_has_its_shard_redone_to_the_same_bytes(tmp_path: Path) -> None:
     """Regression: a shard was skipped whenever its plan hash, input hash and files matched, whatever its receipt's
     other fields said: an EOD id, dtype, split or fingerprint edited in a receipt was kept, the exports signed it,
