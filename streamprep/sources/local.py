@@ -250,12 +250,33 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     fs, stripped = filesystem(path, storage_options)
     if fs.isfile(stripped):  # first: on HTTP, isdir would GET the page to list its links; and as on disk, an object
         files = [stripped]   # named with glob characters as written (`br[1].jsonl`) is that object
-    elif globmod.has_magic(path):
-        files = [p for p, info in fs.glob(stripped, detail=True).items() if info.get("type") == "file"]
+    elif globmod.has_magic(path):  # as the glob lists on disk: hidden names skipped, no folder marker
+        files = [p for p, info in fs.glob(stripped, detail=True).items()
+                 if info.get("type") == "file" and not p.endswith("/") and glob_shows(stripped, p)]
     else:
         files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")  # hidden, or a folder marker
                  and not p.endswith("/")] if fs.isdir(stripped) else []  # (`sub/`: S3 consoles, Spark, Hadoop)
     return [fs.unstrip_protocol(p) for p in sorted(files)]
+
+
+def glob_shows(pattern: str, path: str) -> bool:
+    """Whether Python's `glob` (recursive, as a local glob is listed) gives `path`, which the glob `pattern` matches
+    ('/'-separated): its `*`, `?`, `[...]` and `**` pass over a name starting with '.', unless the pattern's segment
+    starts with '.' (`**` always); a segment without glob characters names what it names. fsspec's glob matches
+    hidden names, so an object store's glob read `.staging/` and `.b.jsonl` that the same glob on disk leaves out."""
+    return _shows(tuple(pattern.split("/")), tuple(path.split("/")))
+
+
+def _shows(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not parts
+    head = pattern[0]
+    if head == "**":  # no segment, or a name that is not hidden and `**` again
+        return _shows(pattern[1:], parts) or (bool(parts) and not parts[0].startswith(".")
+                                              and _shows(pattern, parts[1:]))
+    if not parts or (parts[0].startswith(".") and globmod.has_magic(head) and not head.startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(parts[0], head) and _shows(pattern[1:], parts[1:])
 
 
 def reaches_into(path: str, folder: Path) -> bool:

@@ -108,3 +108,23 @@ def test_fsspec_urls_go_the_same_way() -> None:
     src = local_source("memory://bucket/x/*.jsonl")
     assert [r["text"] for r, _ in _collect(src)] == ["from memory", "second file"]
     assert [f["size"] for f in src.fingerprint()["files"]] == [24, 24]
+
+
+GLOBS = ["*", "*.jsonl", ".*", ".*.jsonl", "**", "**/*", "**/*.jsonl", "**/.*", "*/*", ".staging/*", "[.]b*", "?b*",
+         "sub/**", ".staging/**", "**/sub/*", "**/.staging/*"]
+
+
+@pytest.mark.parametrize("pattern", GLOBS)
+def test_glob_shows_is_what_glob_lists_on_disk(tmp_path: Path, pattern: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule an object store's glob is listed by (`glob_shows`, over fsspec's matches, which include hidden
+    names) is glob's: of what glob matches with hidden names, exactly what it matches without them."""
+    import glob
+
+    from streamprep.sources.local import glob_shows
+
+    for name in ("a.jsonl", ".b.jsonl", "sub/c.jsonl", "sub/.e.jsonl", ".staging/d.jsonl", ".staging/in/f.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    every = glob.glob(pattern, recursive=True, include_hidden=True)
+    assert sorted(p for p in every if glob_shows(pattern, p.rstrip("/"))) == sorted(glob.glob(pattern, recursive=True))

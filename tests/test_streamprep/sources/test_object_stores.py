@@ -457,3 +457,30 @@ def test_a_folder_marker_object_is_a_folder_not_a_reject(s3: Proxy, tmp_path: Pa
     fs.pipe(f"{BUCKET}/marked/sub/a.jsonl", _jsonl(DOCS[:3]))
     fs.invalidate_cache()
     assert expand(f"s3://{BUCKET}/marked/") == [f"s3://{BUCKET}/marked/sub/a.jsonl"]
+    assert expand(f"s3://{BUCKET}/marked/**") == [f"s3://{BUCKET}/marked/sub/a.jsonl"]  # regression: a glob listed it
+
+
+HIDDEN_TREE = ("a.jsonl", ".b.jsonl", "sub/c.jsonl", ".staging/d.jsonl")
+
+
+def _tree(local: Path, prefix: str) -> None:
+    """HIDDEN_TREE on local disk and under s3://BUCKET/prefix/."""
+    fs = filesystem("s3://x")[0]
+    for name in HIDDEN_TREE:
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_bytes(_jsonl(DOCS[:2]))
+        fs.pipe(f"{BUCKET}/{prefix}/{name}", _jsonl(DOCS[:2]))
+    fs.invalidate_cache()
+
+
+@pytest.mark.parametrize("pattern", ["*.jsonl", "**/*.jsonl", "*/*.jsonl", "**/*", ".*.jsonl", ".staging/*",
+                                     "**/.b*", "?b.jsonl"])
+def test_an_object_store_glob_skips_hidden_names_as_on_disk(s3: Proxy, tmp_path: Path, pattern: str) -> None:
+    """Regression: `s3://b/tree/*` read `.b.jsonl` and `tree/**/*.jsonl` also `.staging/d.jsonl`, which the same glob
+    on disk leaves out (docs/operations.md, "Object stores": as on disk); a pattern spelling the dot reads them."""
+    from streamprep.sources.local import expand
+
+    _tree(tmp_path / "tree", "hidden")
+    on_disk = [Path(f).relative_to(tmp_path / "tree").as_posix() for f in expand(str(tmp_path / "tree" / pattern))]
+    prefix = f"s3://{BUCKET}/hidden/"
+    assert [f.removeprefix(prefix) for f in expand(prefix + pattern)] == on_disk
