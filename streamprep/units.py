@@ -18,9 +18,9 @@ import codecs
 from typing import Any, Iterator, Mapping
 
 from streamprep.sources.base import BadRecord, SourceError, Unit, one_line
-from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _special,
-                                      bounded_lines, broken_link, detect_format, filesystem, long_line, open_input,
-                                      parquet_rows)
+from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _listed_folder,
+                                      _special, bounded_lines, broken_link, detect_format, filesystem, long_line,
+                                      open_input, parquet_rows)
 
 Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
 
@@ -65,7 +65,7 @@ def _plan_file(i: int, f: str, fmt: str | None, unit_bytes: int, options: Option
         kind = fmt or detect_format(f)
     except ValueError:
         kind = None  # the reader turns it into a counted reject
-    whole = _special(f) or ("://" not in f and broken_link(f) is not None)
+    whole = _special(f) or (_listed_folder(f) if "://" in f else broken_link(f) is not None)
     size = None if whole else _size(f, options)
     if whole or kind not in CHUNKED + ("parquet",) or (kind in CHUNKED and _compression(f) is not None):
         return [Unit("file", i, f, fmt or "")]

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 OBJECT_STORES = ("s3://", "gs://", "gcs://")  # listed at validation: a missing bucket/key is a config error
 IN_MEMORY = "memory://"  # listed at validation too (in the process, free): nothing there is a config error
 EXCERPT = 300
+ONLY_FOLDERS = " (only folders do: `**` reads folders at any depth)"  # a glob's `no file matches` that matched folders
 PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # a file `identity` hashes is hashed whole up to this size, else by head + tail
 HEAD_TAIL_BYTES = 64 * 1024
@@ -167,8 +168,7 @@ def _check_local_path(key: str, path: str) -> None:
         files = expand(path)
         if not any(os.path.isfile(f) for f in files):
             _check_enterable(path)
-            raise MissingInput(f"config: '{key}': no file matches {path}"
-                               + (" (only folders do: `**` reads folders at any depth)" if files else ""))
+            raise MissingInput(f"config: '{key}': no file matches {path}" + (ONLY_FOLDERS if files else ""))
     elif not Path(path).exists():
         raise MissingInput(f"config: '{key}': no such file or directory: {path}")
     elif not (Path(path).is_file() or Path(path).is_dir()):  # reading a FIFO/device blocks and cannot resume
@@ -223,8 +223,8 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
         raise MissingInput(f"config: '{key}.path': {path}: {first}") from None
     except TypeError as exc:  # an option the filesystem does not take
         raise MissingInput(f"config: '{key}.storage_options': {exc}") from None
-    if not found:
-        raise MissingInput(f"config: '{key}.path': no object matches {path}")
+    if all(_listed_folder(f) for f in found):
+        raise MissingInput(f"config: '{key}.path': no object matches {path}" + (ONLY_FOLDERS if found else ""))
     if ds["format"] is None and found == [path]:
         try:
             _check_format(f"{key}.path", path)
@@ -241,22 +241,33 @@ def _check_format(key: str, path: str) -> None:
 
 def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The sorted file list of a path, directory or glob, local or any fsspec URL (a prefix of an object store
-    is a directory). Hidden files of a directory are left out."""
+    is a directory). Hidden files of a directory are left out. A folder a glob matches without reaching into it is
+    listed too (an object store's with a trailing '/'), which its reader makes a counted reject (`_globbed`)."""
     if "://" not in path:
         if is_local_glob(path):
-            return sorted(_globbed(path))
+            return sorted(_globbed(globmod.glob(path, recursive=True), os.path.isdir, _holds_anything))
         p = Path(path)
         return sorted(_walk(str(p))) if p.is_dir() else [path]
     fs, stripped = filesystem(path, storage_options)
+    folders: set[str] = set()
     if fs.isfile(stripped):  # first: on HTTP, isdir would GET the page to list its links; and as on disk, an object
         files = [stripped]   # named with glob characters as written (`br[1].jsonl`) is that object
-    elif globmod.has_magic(path):  # as the glob lists on disk: hidden names skipped, no folder marker
-        files = [p for p, info in fs.glob(stripped, detail=True).items()
-                 if info.get("type") == "file" and not p.endswith("/") and glob_shows(stripped, p)]
+    elif globmod.has_magic(path):  # as the glob lists on disk: hidden names skipped, no folder marker, and a
+        dirs_only = "/" * path.endswith("/")  # trailing '/' matches folders alone (the filesystem strips it)
+        matched = {p: info.get("type") for p, info in fs.glob(stripped + dirs_only, detail=True).items()
+                   if not p.endswith("/") and glob_shows(stripped, p)}
+        folders = {p for p, kind in matched.items() if kind == "directory"}
+        files = list(_globbed([p for p, kind in matched.items() if kind in ("file", "directory")],
+                              folders.__contains__, lambda folder: _holds_objects(fs, folder)))
     else:
         files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")  # hidden, or a folder marker
                  and not p.endswith("/")] if fs.isdir(stripped) else []  # (`sub/`: S3 consoles, Spark, Hadoop)
-    return [fs.unstrip_protocol(p) for p in sorted(files)]
+    return [fs.unstrip_protocol(p) + ("/" if p in folders else "") for p in sorted(files)]
+
+
+def _listed_folder(path: str) -> bool:
+    """Whether an entry `expand` listed is a folder (an object store's ends with '/': no request to tell)."""
+    return path.endswith("/") if "://" in path else os.path.isdir(path)
 
 
 def glob_shows(pattern: str, path: str) -> bool:
@@ -298,11 +309,12 @@ def reaches_into(path: str, folder: Path) -> bool:
                                             for r, g in zip(rel, pattern))  # glob's `*` skips hidden names
 
 
-def _globbed(pattern: str) -> Iterator[str]:
-    """The files a local glob matches, and each folder it matches without reaching inside (`data/*` over
-    `data/sub/`: a `*` names the folder, not its files), which its reader makes one counted reject naming it; they
-    were left out without a word. A folder with nothing but hidden names in it holds nothing to lose."""
-    matched = globmod.glob(pattern, recursive=True)
+def _globbed(matched: list[str], is_folder: Callable[[str], bool],
+             holds_anything: Callable[[str], bool]) -> Iterator[str]:
+    """The files of a glob's matches (local, or an object store's), and each folder it matches without reaching
+    inside (`data/*` over `data/sub/`: a `*` names the folder, not its files), which its reader makes one counted
+    reject naming it; they were left out without a word. A folder with nothing but hidden names in it holds nothing
+    to lose."""
     inside: set[str] = set()   # the folders some match lies in
     for m in matched:
         parent = os.path.dirname(os.path.normpath(m))
@@ -310,7 +322,7 @@ def _globbed(pattern: str) -> Iterator[str]:
             inside.add(parent)
             parent = os.path.dirname(parent)
     for m in matched:  # a file, or a folder it reaches nothing in
-        if not os.path.isdir(m) or (os.path.normpath(m) not in inside and _holds_anything(m)):
+        if not is_folder(m) or (os.path.normpath(m) not in inside and holds_anything(m)):
             yield m
 
 
@@ -319,6 +331,11 @@ def _holds_anything(folder: str) -> bool:
         return any(not name.startswith(".") for name in os.listdir(folder))
     except OSError:
         return True   # its reader's reject says why it cannot be listed
+
+
+def _holds_objects(fs: fsspec.AbstractFileSystem, folder: str) -> bool:
+    """An object store's `_holds_anything`: a name under `folder` that is neither hidden nor a folder marker."""
+    return any(not n.endswith("/") and not n.rsplit("/", 1)[-1].startswith(".") for n in fs.ls(folder, detail=False))
 
 
 def _walk(top: str) -> Iterator[str]:
@@ -341,14 +358,19 @@ def _walk(top: str) -> Iterator[str]:
 def _unread_folder(path: str) -> str:
     """Why a folder among a dataset's files is skipped (`_globbed`, `_walk`). A unit's reader does not know its
     dataset's path, so a folder that can be listed now says both ways it can have been left unread."""
+    if "://" in path:  # an object store's: only a glob lists one
+        return _NOT_READ_INTO
     if os.path.islink(path):
         return "is a symlinked folder, not followed, skipped (name it, or its target, as a dataset path of its own)"
     try:
         os.listdir(path)
     except OSError as exc:
         return f"is a folder that cannot be listed, skipped: {exc.strerror or one_line(exc)}"
-    return "is a folder not read into when the dataset's files were listed, skipped (a glob's `*` names the " \
-           "folder, not its files: `**` reads folders at any depth; or it could not be listed then)"
+    return _NOT_READ_INTO
+
+
+_NOT_READ_INTO = ("is a folder not read into when the dataset's files were listed, skipped (a glob's `*` names the "
+                  "folder, not its files: `**` reads folders at any depth; or it could not be listed then)")
 
 
 def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -575,7 +597,9 @@ def identity(path: str, storage_options: Mapping[str, Any] | None = None, hashed
     etag/generation (GCS) and size; else the listing's size and mtime. Only a store that gives neither (plain
     HTTP), or `hashed` (a checkpoint an earlier streamprep wrote recorded hashes), reads the file: a sha256 of
     all of it, or above FULL_HASH_BYTES of its head and tail plus its mtime. Raises SourceError when the file
-    cannot be listed or read."""
+    cannot be listed or read. An object store's folder (a glob's match, `_globbed`) has no identity but its name."""
+    if "://" in path and path.endswith("/"):
+        return {"path": path, "folder": True}
     if "://" not in path:
         try:
             st = os.stat(path)  # one stat: a dataset may have millions of files
@@ -679,7 +703,7 @@ class LocalSource:
         """File `i`'s records from `here`; a failure ends the file with one reject, or raises SourceError (see
         module doc). Ingest reads a compressed or Parquet-less file this way, as one stream unit."""
         nxt = {"file": i + 1, "record": 0}
-        if "://" not in path and os.path.isdir(path):  # a folder `expand` listed as not read
+        if _listed_folder(path):  # a folder `expand` listed as not read
             yield BadRecord(f"{path} {_unread_folder(path)}", ""), nxt
             return
         if _special(path):

@@ -484,3 +484,50 @@ def test_an_object_store_glob_skips_hidden_names_as_on_disk(s3: Proxy, tmp_path:
     on_disk = [Path(f).relative_to(tmp_path / "tree").as_posix() for f in expand(str(tmp_path / "tree" / pattern))]
     prefix = f"s3://{BUCKET}/hidden/"
     assert [f.removeprefix(prefix) for f in expand(prefix + pattern)] == on_disk
+
+
+@pytest.mark.parametrize("pattern", ["*", ".*", "**", "s*", "**/s*", "*/", "**/"])
+def test_an_object_store_glob_lists_the_folders_it_matches_as_on_disk(s3: Proxy, tmp_path: Path, pattern: str) -> None:
+    """Regression: a folder an s3:// glob matched without reaching into it (`tree/*` over `tree/sub/`) was dropped
+    without a word; on disk it is listed, and its reader makes it a counted reject. An object store's is listed
+    with a trailing '/' (its reader knows it without a request); a folder reached into is not listed, on either."""
+    from streamprep.sources.local import expand
+
+    _tree(tmp_path / "tree", "folders")
+    on_disk = [Path(f).relative_to(tmp_path / "tree").as_posix() + "/" * os.path.isdir(f)
+               for f in expand(f"{tmp_path / 'tree'}/{pattern}")]  # (a Path drops a trailing '/')
+    prefix = f"s3://{BUCKET}/folders/"
+    assert [f.removeprefix(prefix) for f in expand(prefix + pattern)] == on_disk
+    assert any(f.endswith("/") for f in on_disk) == (pattern != "**")
+
+
+def test_a_folder_an_object_store_glob_matches_is_a_counted_reject_as_on_disk(s3: Proxy, tmp_path: Path) -> None:
+    """Regression: `s3://corpora/spark/*.parquet` over Spark's `t.parquet/` folder read u.parquet alone, no reject, no
+    log; on disk that folder is one counted reject naming it. A glob matching folders alone said only 'no object
+    matches', without the hint of a local glob's error."""
+    local = tmp_path / "spark"
+    (local / "t.parquet").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"text": t} for t in DOCS[:3]]), local / "t.parquet" / "part-00000.parquet")
+    pq.write_table(pa.Table.from_pylist([{"text": t} for t in DOCS[3:6]]), local / "u.parquet")
+    fs = filesystem("s3://x")[0]
+    for f in ("t.parquet/part-00000.parquet", "u.parquet"):
+        fs.pipe(f"{BUCKET}/spark/{f}", (local / f).read_bytes())
+    fs.invalidate_cache()
+    reasons = {}
+    for where, path in (("disk", f"{local}/*.parquet"), ("s3", f"s3://{BUCKET}/spark/*.parquet")):
+        run = tmp_path / where
+        result = run_from_dict(base_config([{"name": "web", "path": path}], None), run_dir=run, console_log=False)
+        assert result.status == "complete"
+        rejects = [json.loads(x) for x in (run / "rejects" / "web.jsonl").read_text().splitlines()]
+        reasons[where] = [(r["failed_check"], r["reason"]) for r in rejects]
+    why = ("is a folder not read into when the dataset's files were listed, skipped (a glob's `*` names the folder, "
+           "not its files: `**` reads folders at any depth; or it could not be listed then)")
+    assert reasons == {"disk": [("parse", f"{local}/t.parquet {why}")],
+                       "s3": [("parse", f"s3://{BUCKET}/spark/t.parquet/ {why}")]}
+    assert _tokens(tmp_path / "s3") == _tokens(tmp_path / "disk")
+    for path in (f"s3://{BUCKET}/spark/t*.parquet", f"s3://{BUCKET}/spark/*/"):
+        with pytest.raises(ConfigError) as err:
+            run_from_dict(base_config([{"name": "web", "path": path}], None), run_dir=tmp_path / "r", console_log=False)
+        assert str(err.value) == (f"config: 'datasets[0].path': no object matches {path} (only folders do: `**` reads "
+                                  f"folders at any depth)")
+    assert not (tmp_path / "r").exists()
