@@ -200,9 +200,27 @@ def _no_credentials() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """What a store that cannot be reached raises once its client's retries are spent (botocore's for s3fs,
+    aiohttp's for gcsfs), besides Python's own connection errors and timeouts."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError
+        found += [BotoConnectionError, HTTPClientError]
+    except ImportError:
+        pass
+    try:
+        from aiohttp import ClientConnectionError
+        found.append(ClientConnectionError)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
 def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
     """List the bucket now: a missing bucket, key or prefix (or refused credentials) is a config error before
-    anything is written. A store that cannot be reached raises on (exit 1: re-run once it is back). A path naming no
+    anything is written. A store that cannot be reached is a SourceError naming the key (exit 1: re-run once it is
+    back), not the client's bare error. A path naming no
     bucket (`s3://`, `s3://*/prefix/`) is refused before any listing: s3fs's own error was a bare ValueError, exit 1."""
     path = ds["path"]
     scheme, _, rest = path.partition("://")
@@ -223,6 +241,9 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
         raise MissingInput(f"config: '{key}.path': {path}: {first}") from None
     except TypeError as exc:  # an option the filesystem does not take
         raise MissingInput(f"config: '{key}.storage_options': {exc}") from None
+    except _unreachable() as exc:  # not the input's fault, nor the config's: exit 1, as a read that fails later
+        raise SourceError(f"'{key}.path': cannot list {path}: the store cannot be reached ({one_line(exc)}); "
+                          f"re-run once it is reachable") from exc
     if all(_listed_folder(f) for f in found):
         raise MissingInput(f"config: '{key}.path': no object matches {path}" + (ONLY_FOLDERS if found else ""))
     if ds["format"] is None and found == [path]:

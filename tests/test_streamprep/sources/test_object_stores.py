@@ -531,3 +531,32 @@ def test_a_folder_an_object_store_glob_matches_is_a_counted_reject_as_on_disk(s3
         assert str(err.value) == (f"config: 'datasets[0].path': no object matches {path} (only folders do: `**` reads "
                                   f"folders at any depth)")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("store", ["refuses connections", pytest.param("closes them unanswered", marks=pytest.mark.slow)])
+def test_a_store_that_cannot_be_reached_at_start_names_the_key_and_says_to_re_run(s3: Proxy, tmp_path: Path,
+                                                                                  store: str) -> None:
+    """Regression: listing a dataset on a store that cannot be reached ended the job with botocore's bare
+    `EndpointConnectionError: Could not connect to the endpoint URL: "…"`, exit 1, naming neither the dataset's key
+    nor what to do (docs/operations.md, "Object stores": exit 1, re-run once it is back). botocore's retries are
+    turned off here (config_kwargs) to keep it short."""
+    import socket
+
+    opts: dict[str, Any] = {"config_kwargs": {"retries": {"max_attempts": 1}}}
+    if store == "refuses connections":
+        with socket.socket() as sock:  # a port nothing listens on
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        opts["client_kwargs"] = {"endpoint_url": f"http://127.0.0.1:{port}"}
+    path, run = f"s3://{BUCKET}/unreached/*.jsonl", tmp_path / "run"
+    s3.reset()
+    s3.down_after = 0
+    try:
+        code, err = _cli(base_config([{"name": "web", "path": path, "storage_options": opts}], None), tmp_path, run,
+                         120)
+    finally:
+        s3.reset()
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"streamprep: error: SourceError: 'datasets[0].path': cannot list {path}: the store cannot be "
+                          f"reached (") and err.rstrip().endswith("); re-run once it is reachable"), err
+    assert not run.exists()
