@@ -107,6 +107,16 @@ class IngestContext:
         return RunLayout(self.run_dir).hf_cache
 
 
+def _added(why: str) -> bool:
+    """Whether the input change `why` (`input_change`) is a file added to the dataset's folder or glob."""
+    return why.endswith(" is new")
+
+
+def _undo(why: str) -> str:
+    """What puts the inputs back as the run started on them: an added file is taken out, not 'restored'."""
+    return "remove the file (or move it out of the dataset's path)" if _added(why) else "restore the file"
+
+
 def _take(it: Iterator, n: int) -> list:
     return list(islice(it, n))
 
@@ -269,9 +279,9 @@ class DatasetIngest:
             return None
         inputs = await self._fingerprint(state, fresh=True)
         if inputs is not STOP and (why := input_change(state.inputs, inputs)):
-            raise SourceError(f"dataset {self.ds.name}: {why} during the run; what was read of it may mix old and new "
-                              f"data — restore the file and re-run the same command, or start over with a new "
-                              f"--run-dir")
+            read = "it was not read" if _added(why) else "what was read of it may mix old and new data"
+            raise SourceError(f"dataset {self.ds.name}: {why} during the run; {read} — {_undo(why)} and re-run the "
+                              f"same command, or start over with a new --run-dir")
         return inputs
 
     def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:
@@ -282,7 +292,7 @@ class DatasetIngest:
         if why:
             mtime = " (its mtime too: cp -p, rsync -t)" if "mtime_ns" in why else ""
             raise ConfigError(f"dataset {self.ds.name}: {why} since this run started; resuming would mix old "
-                              f"and new data — restore the file{mtime}, or start over with a new --run-dir")
+                              f"and new data — {_undo(why)}{mtime}, or start over with a new --run-dir")
         state.inputs = inputs
 
     def _plan(self, state: IngestState) -> list[Unit]:

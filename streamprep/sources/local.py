@@ -664,6 +664,17 @@ def _hashed_identity(fs: Any, p: str, path: str, size: int | None, mtime: Any) -
             "sha256_head_tail": h.hexdigest()[:32]}
 
 
+def _zero_bytes(path: str, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether a file that failed to decode holds 0 bytes: then it is the `empty file` a 0-byte .jsonl or .gz is (and
+    an hf:// one), not pyarrow's 'unreadable Parquet file …: Parquet file size is 0 bytes' or a .bz2/.xz's
+    'unreadable rest of … after record 0 … EOFError'."""
+    try:
+        fs, p = filesystem(path, storage_options)
+        return fs.size(p) == 0
+    except OSError:  # gone meanwhile: not known to be empty
+        return False
+
+
 def _undecodable(exc: UnicodeDecodeError, line: bytes, path: str, n: Any) -> BadRecord:
     """The reject of line `n` whose bytes are not UTF-8, naming the cause and the byte (a .txt or a .jsonl line)."""
     return BadRecord(f"undecodable bytes at line {n} of {path}: {exc.reason} at byte {exc.start}",
@@ -754,7 +765,8 @@ class LocalSource:
             where = f"{path} after record {record}"
             if not _content_fault(exc):
                 raise SourceError(f"cannot read input file {where}: {one_line(exc)}") from exc
-            yield BadRecord(f"{REST_OF}{where}, skipped: {one_line(exc)}", ""), nxt
+            empty = record == 0 and _zero_bytes(path, self.storage_options)
+            yield BadRecord(f"empty file {path}" if empty else f"{REST_OF}{where}, skipped: {one_line(exc)}", ""), nxt
 
     def _lines(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         comp = _compression(path)
@@ -881,7 +893,9 @@ class LocalSource:
             try:
                 pf = pq.ParquetFile(fh)
             except Exception as exc:  # pyarrow raises ArrowInvalid/OSError subclasses for bad files
-                yield BadRecord(f"unreadable Parquet file {path}: {exc}", ""), {"file": i + 1, "record": 0}
+                why = f"empty file {path}" if _zero_bytes(path, self.storage_options) else \
+                    f"unreadable Parquet file {path}: {exc}"
+                yield BadRecord(why, ""), {"file": i + 1, "record": 0}
                 return
             if pf.metadata.num_rows == 0:
                 yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}

@@ -902,12 +902,19 @@ async def test_a_file_added_to_or_gone_from_a_glob_during_the_run_stops_it_namin
     monkeypatch.setattr(unit_worker, "judge_piece", changing)
     run = tmp_path / "run"
     changed, what = (added, "is new") if change == "add" else (first, "is gone")
-    with pytest.raises(SourceError, match=rf"dataset d: input file {changed} {what} during the run; "):
+    # regression: an added file was told 'what was read of it may mix old and new data — restore the file'
+    read, undo = ("it was not read", "remove the file (or move it out of the dataset's path)") if change == "add" \
+        else ("what was read of it may mix old and new data", "restore the file")
+    with pytest.raises(SourceError) as err:
         await _ingest(cfg, run)
+    assert str(err.value) == (f"dataset d: input file {changed} {what} during the run; {read} — {undo} and re-run the "
+                              f"same command, or start over with a new --run-dir")
     assert not json.loads(DatasetFiles(run, run / "checkpoints", "d").checkpoint.read_text())["done"]
     monkeypatch.setattr(unit_worker, "judge_piece", real)
-    with pytest.raises(ConfigError, match=rf"input file {changed} {what} since this run started"):
+    with pytest.raises(ConfigError) as err:
         await _ingest(cfg, run)
+    assert str(err.value) == (f"dataset d: input file {changed} {what} since this run started; resuming would mix old "
+                              f"and new data — {undo}, or start over with a new --run-dir")
 
 
 @pytest.mark.parametrize("damage", ["part", "sealed_log_gone", "sealed_log_short", "count_edited"])

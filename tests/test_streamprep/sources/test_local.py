@@ -128,3 +128,19 @@ def test_glob_shows_is_what_glob_lists_on_disk(tmp_path: Path, pattern: str, mon
     monkeypatch.chdir(tmp_path)
     every = glob.glob(pattern, recursive=True, include_hidden=True)
     assert sorted(p for p in every if glob_shows(pattern, p.rstrip("/"))) == sorted(glob.glob(pattern, recursive=True))
+
+
+@pytest.mark.parametrize("name", ["x.jsonl", "x.txt", "x.jsonl.gz", "x.jsonl.zst", "x.jsonl.bz2", "x.jsonl.xz",
+                                  "x.parquet"])
+def test_a_0_byte_file_is_the_empty_file_reject_whatever_its_format(tmp_path: Path, name: str) -> None:
+    """Regression: a 0-byte .parquet was 'unreadable Parquet file …: Parquet file size is 0 bytes' where a 0-byte
+    .jsonl (and an hf:// .parquet) is 'empty file …' (docs/hf-sources.md: 'as for a local file'). Read as a
+    dataset's file and as the unit its plan gives."""
+    from streamprep import units
+
+    path = tmp_path / name
+    path.write_bytes(b"")
+    want = [f"empty file {path}"]
+    assert [r.reason for r, _ in _collect(local_source(path)) if isinstance(r, BadRecord)] == want
+    (unit,) = units.plan_dataset([str(path)], None, unit_bytes=1 << 20)
+    assert [r.reason for r in units.read_unit(unit) if isinstance(r, BadRecord)] == want

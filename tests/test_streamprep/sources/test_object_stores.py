@@ -560,3 +560,14 @@ def test_a_store_that_cannot_be_reached_at_start_names_the_key_and_says_to_re_ru
     assert err.startswith(f"streamprep: error: SourceError: 'datasets[0].path': cannot list {path}: the store cannot be "
                           f"reached (") and err.rstrip().endswith("); re-run once it is reachable"), err
     assert not run.exists()
+
+
+def test_a_0_byte_parquet_object_is_an_empty_file_as_a_0_byte_jsonl(s3: Proxy) -> None:
+    """Regression: 'unreadable Parquet file s3://…: Parquet file size is 0 bytes' (hf:// and a .jsonl: 'empty file')."""
+    fs = filesystem("s3://x")[0]
+    for name in ("x.parquet", "x.jsonl"):
+        fs.pipe(f"{BUCKET}/empty/{name}", b"")
+    fs.invalidate_cache()
+    src = LocalSource(dataset({"name": "d", "path": f"s3://{BUCKET}/empty/"}))
+    assert [r.reason for r, _ in src.iter_records()] == [f"empty file s3://{BUCKET}/empty/{n}"
+                                                         for n in ("x.jsonl", "x.parquet")]
