@@ -689,22 +689,29 @@ def test_a_template_section_needs_a_chat_template_at_config_time(tmp_path: Path,
         load(raw)
 
 
-def test_a_chat_template_that_does_not_compile_is_a_config_error(tmp_path: Path, shared_data: Path) -> None:
-    """Regression: only the presence of a template was checked, so one with a syntax error was accepted, every record
-    was dropped as `template_error` and the run completed with 0 tokens (a re-run could not fix it)."""
-    from streamprep.config import ConfigError, load
-
+def _phi3_copy(tmp_path: Path, shared_data: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """A copy of phi-3-mini's tokenizer.json in tmp_path/tok (its tokenizer_config.json, returned, is the test's to
+    write) and the sft_chat config pointing at it, for the chat-template checks."""
     phi3_dir = shared_data / "tokenizers/phi-3-mini"
     tok = tmp_path / "tok"
     tok.mkdir()
     shutil.copy(phi3_dir / "tokenizer.json", tok / "tokenizer.json")
     tcfg = json.loads((phi3_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-    good = tcfg.pop("chat_template")
-    (tok / "tokenizer_config.json").write_text(json.dumps(tcfg), encoding="utf-8")
     raw = yaml.safe_load((CONFIGS / "sft_chat.yaml").read_text(encoding="utf-8"))
     raw["datasets"][0]["path"] = str(shared_data / GLAIVE)
     raw["tokenizer"]["path"] = str(tok)
     raw["execution"] = {"engine": "local"}
+    return tok, tcfg, raw
+
+
+def test_a_chat_template_that_does_not_compile_is_a_config_error(tmp_path: Path, shared_data: Path) -> None:
+    """Regression: only the presence of a template was checked, so one with a syntax error was accepted, every record
+    was dropped as `template_error` and the run completed with 0 tokens (a re-run could not fix it)."""
+    from streamprep.config import ConfigError, load
+
+    tok, tcfg, raw = _phi3_copy(tmp_path, shared_data)
+    good = tcfg.pop("chat_template")
+    (tok / "tokenizer_config.json").write_text(json.dumps(tcfg), encoding="utf-8")
     (tok / "chat_template.jinja").write_text(good, encoding="utf-8")
     load(raw)
     (tok / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }", encoding="utf-8")
@@ -729,15 +736,7 @@ def test_an_empty_chat_template_is_a_config_error(tmp_path: Path, shared_data: P
     from streamprep.cli import main
     from streamprep.config import ConfigError, load
 
-    phi3_dir = shared_data / "tokenizers/phi-3-mini"
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    shutil.copy(phi3_dir / "tokenizer.json", tok / "tokenizer.json")
-    tcfg = json.loads((phi3_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-    raw = yaml.safe_load((CONFIGS / "sft_chat.yaml").read_text(encoding="utf-8"))
-    raw["datasets"][0]["path"] = str(shared_data / GLAIVE)
-    raw["tokenizer"]["path"] = str(tok)
-    raw["execution"] = {"engine": "local"}
+    tok, tcfg, raw = _phi3_copy(tmp_path, shared_data)
     for empty in ("", " \n\t", [{"name": "default", "template": ""}]):
         (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": empty}), encoding="utf-8")
         with pytest.raises(ConfigError) as err:
@@ -759,18 +758,10 @@ def test_an_unreadable_or_defaultless_chat_template_is_a_config_error_naming_its
     was refused as having no template at all."""
     from streamprep.config import ConfigError, load
 
-    phi3_dir = shared_data / "tokenizers/phi-3-mini"
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    shutil.copy(phi3_dir / "tokenizer.json", tok / "tokenizer.json")
-    tcfg = json.loads((phi3_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tok, tcfg, raw = _phi3_copy(tmp_path, shared_data)
     good = tcfg.pop("chat_template")
     (tok / "tokenizer_config.json").write_text(json.dumps(tcfg), encoding="utf-8")
     (tok / "chat_template.jinja").write_bytes(b"\xff" + good.encode())
-    raw = yaml.safe_load((CONFIGS / "sft_chat.yaml").read_text(encoding="utf-8"))
-    raw["datasets"][0]["path"] = str(shared_data / GLAIVE)
-    raw["tokenizer"]["path"] = str(tok)
-    raw["execution"] = {"engine": "local"}
     unreadable = (f"config: 'tokenizer.path': {tok / 'chat_template.jinja'} is not UTF-8 text "
                   "(invalid start byte at byte 0)")
     for sections in (raw["sft"]["input"]["sections"], [{"field": "messages", "action": "train"}]):
