@@ -262,11 +262,12 @@ def _check_format(key: str, path: str) -> None:
 
 def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The sorted file list of a path, directory or glob, local or any fsspec URL (a prefix of an object store
-    is a directory). Hidden files of a directory are left out. A folder a glob matches without reaching into it is
+    is a directory). A directory's hidden names are left out, a hidden folder's files with it (`.git/`, `.cache/`). A folder a glob matches without reaching into it is
     listed too (an object store's with a trailing '/'), which its reader makes a counted reject (`_globbed`)."""
     if "://" not in path:
         if is_local_glob(path):
-            return sorted(_globbed(globmod.glob(path, recursive=True), os.path.isdir, _holds_anything))
+            # (a set: `d/**/**/*.jsonl` gives a file once per way its `**`s can split the folders above it)
+            return sorted(_globbed(set(globmod.glob(path, recursive=True)), os.path.isdir, _holds_anything))
         p = Path(path)
         return sorted(_walk(str(p))) if p.is_dir() else [path]
     fs, stripped = filesystem(path, storage_options)
@@ -281,7 +282,8 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
         files = list(_globbed([p for p, kind in matched.items() if kind in ("file", "directory")],
                               folders.__contains__, lambda folder: _holds_objects(fs, folder)))
     else:
-        files = [p for p in fs.find(stripped) if not p.rsplit("/", 1)[-1].startswith(".")  # hidden, or a folder marker
+        top = stripped.rstrip("/") + "/"  # hidden (a name, or a folder's, below the prefix), or a folder marker
+        files = [p for p in fs.find(stripped) if not any(n.startswith(".") for n in p.removeprefix(top).split("/"))
                  and not p.endswith("/")] if fs.isdir(stripped) else []  # (`sub/`: S3 consoles, Spark, Hadoop)
     return [fs.unstrip_protocol(p) + ("/" if p in folders else "") for p in sorted(files)]
 
@@ -360,16 +362,16 @@ def _holds_objects(fs: fsspec.AbstractFileSystem, folder: str) -> bool:
 
 
 def _walk(top: str) -> Iterator[str]:
-    """The files under a directory, hidden names left out (the list `Path.rglob` gave), and each folder inside it
+    """The files under a directory, hidden names and hidden folders' files left out, and each folder inside it
     that is not read, which its reader makes one counted reject naming it: a symlinked folder (not descended into:
     it may lead anywhere, the run dir included) and a folder that cannot be listed (permissions; `lost+found` at a
     volume's root, say, should not hold a dataset up). rglob skipped both silently, and their files with them.
     `top` itself that cannot be listed raises."""
     unlisted: list[OSError] = []
     for root, dirs, names in os.walk(top, onerror=unlisted.append):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # a hidden folder is not walked: `.git/`, `.cache/`
         yield from (os.path.join(root, name) for name in names if not name.startswith("."))
-        yield from (os.path.join(root, d) for d in dirs
-                    if not d.startswith(".") and os.path.islink(os.path.join(root, d)))
+        yield from (os.path.join(root, d) for d in dirs if os.path.islink(os.path.join(root, d)))
     for exc in unlisted:
         if exc.filename == top:
             raise exc

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import fsspec
@@ -144,3 +145,29 @@ def test_a_0_byte_file_is_the_empty_file_reject_whatever_its_format(tmp_path: Pa
     assert [r.reason for r, _ in _collect(local_source(path)) if isinstance(r, BadRecord)] == want
     (unit,) = units.plan_dataset([str(path)], None, unit_bytes=1 << 20)
     assert [r.reason for r in units.read_unit(unit) if isinstance(r, BadRecord)] == want
+
+
+def test_a_recursive_glob_lists_each_file_once(tmp_path: Path) -> None:
+    """Regression: `d/**/**/*.jsonl` listed `sub/c.jsonl` twice and `sub/deep/z.jsonl` three times (glob gives a file
+    once per way its `**`s can split the folders above it), so their records were read, kept and tokenized again."""
+    from streamprep.sources.local import expand
+
+    for name in ("a.jsonl", "sub/c.jsonl", "sub/deep/z.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text('{"text": "x"}\n')
+    want = [str(tmp_path / n) for n in ("a.jsonl", "sub/c.jsonl", "sub/deep/z.jsonl")]
+    assert expand(str(tmp_path / "**/**/*.jsonl")) == want
+    assert expand(str(tmp_path / "**/**")) == want  # (a folder it reaches into is not listed)
+
+
+def test_a_directory_path_leaves_out_hidden_folders_files(tmp_path: Path) -> None:
+    """Regression: a directory `path` read the files inside its hidden folders (`.staging/d.jsonl`, and every object
+    of a `.git/` as an unknown-type reject) where docs/config.md says names starting with '.' are ignored and
+    `d/**` passes over them."""
+    from streamprep.sources.local import expand
+
+    for name in ("a.jsonl", ".b.jsonl", "sub/c.jsonl", ".staging/d.jsonl", ".git/objects/ab/cdef", "sub/.x/e.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text('{"text": "x"}\n')
+    assert expand(str(tmp_path)) == [str(tmp_path / "a.jsonl"), str(tmp_path / "sub/c.jsonl")]
+    assert expand(str(tmp_path)) == [f for f in expand(str(tmp_path / "**")) if not os.path.isdir(f)]

@@ -486,6 +486,18 @@ def test_an_object_store_glob_skips_hidden_names_as_on_disk(s3: Proxy, tmp_path:
     assert [f.removeprefix(prefix) for f in expand(prefix + pattern)] == on_disk
 
 
+def test_an_object_store_prefix_leaves_out_hidden_folders_as_a_directory_does(s3: Proxy, tmp_path: Path) -> None:
+    """Regression: a prefix read `.staging/d.jsonl` (only a hidden last name was left out), as a directory on disk
+    did; both leave out a hidden folder's files now, as docs/config.md says and a glob's `**` does."""
+    from streamprep.sources.local import expand
+
+    _tree(tmp_path / "tree", "prefix")
+    on_disk = [Path(f).relative_to(tmp_path / "tree").as_posix() for f in expand(str(tmp_path / "tree"))]
+    assert on_disk == ["a.jsonl", "sub/c.jsonl"]
+    assert [f.removeprefix(f"s3://{BUCKET}/prefix/") for f in expand(f"s3://{BUCKET}/prefix/")] == on_disk
+    assert [f.removeprefix(f"s3://{BUCKET}/prefix/") for f in expand(f"s3://{BUCKET}/prefix")] == on_disk
+
+
 @pytest.mark.parametrize("pattern", ["*", ".*", "**", "s*", "**/s*", "*/", "**/"])
 def test_an_object_store_glob_lists_the_folders_it_matches_as_on_disk(s3: Proxy, tmp_path: Path, pattern: str) -> None:
     """Regression: a folder an s3:// glob matched without reaching into it (`tree/*` over `tree/sub/`) was dropped
