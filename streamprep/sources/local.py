@@ -241,6 +241,9 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
         raise MissingInput(f"config: '{key}.path': {path}: {first}") from None
     except TypeError as exc:  # an option the filesystem does not take
         raise MissingInput(f"config: '{key}.storage_options': {exc}") from None
+    except ValueError as exc:  # fsspec's glob: "Invalid pattern: '**' can only be an entire path component"
+        raise ConfigError(f"config: '{key}.path': {path}: {exc} (on disk `a**` reads as `a*`: write "
+                          f"that)") from None
     except _unreachable() as exc:  # not the input's fault, nor the config's: exit 1, as a read that fails later
         raise SourceError(f"'{key}.path': cannot list {path}: the store cannot be reached ({one_line(exc)}); "
                           f"re-run once it is reachable") from exc

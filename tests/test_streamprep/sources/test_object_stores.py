@@ -486,6 +486,20 @@ def test_an_object_store_glob_skips_hidden_names_as_on_disk(s3: Proxy, tmp_path:
     assert [f.removeprefix(prefix) for f in expand(prefix + pattern)] == on_disk
 
 
+def test_an_object_store_glob_with_a_partial_double_star_is_a_config_error(s3: Proxy, tmp_path: Path) -> None:
+    """Regression: `s3://b/tree/a**.jsonl` ended the job with fsspec's bare 'ValueError: Invalid pattern: '**' can
+    only be an entire path component', exit 1, naming no key."""
+    from streamprep.config import ConfigError
+    from streamprep.sources.local import check_entry
+
+    _tree(tmp_path / "tree", "partial")
+    with pytest.raises(ConfigError) as err:
+        check_entry("datasets[0]", {"path": f"s3://{BUCKET}/partial/a**.jsonl", "storage_options": None,
+                                      "format": None})
+    assert str(err.value) == (f"config: 'datasets[0].path': s3://{BUCKET}/partial/a**.jsonl: Invalid pattern: '**' "
+                              f"can only be an entire path component (on disk `a**` reads as `a*`: write that)")
+
+
 def test_an_object_store_prefix_leaves_out_hidden_folders_as_a_directory_does(s3: Proxy, tmp_path: Path) -> None:
     """Regression: a prefix read `.staging/d.jsonl` (only a hidden last name was left out), as a directory on disk
     did; both leave out a hidden folder's files now, as docs/config.md says and a glob's `**` does."""
