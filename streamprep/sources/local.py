@@ -14,6 +14,7 @@ and a resume meets the same reject. A file that cannot be read at all (gone, per
 """
 from __future__ import annotations
 
+import bz2
 import codecs
 import errno
 import fnmatch
@@ -426,6 +427,8 @@ def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, s
         return io.BufferedReader(_Range(fh, end - start), READ_BUFFER)
     if compression == "zstd":
         return io.BufferedReader(_ZstdReader(fh), io.DEFAULT_BUFFER_SIZE)
+    if compression in ("bz2", "xz"):
+        return io.BufferedReader(_StreamsReader(fh, compression), io.DEFAULT_BUFFER_SIZE)
     if compression is not None:
         return fsspec.compression.compr[compression](fh, mode="rb")
     if start:
@@ -472,6 +475,69 @@ class _ZstdReader(io.RawIOBase):
         buf[:n] = self.out[self.pos:self.pos + n]
         self.pos += n
         return n
+
+    def close(self) -> None:
+        self.fh.close()
+        super().close()
+
+
+class _StreamsReader(io.RawIOBase):
+    """The decoded bytes of a .bz2 or .xz file, stream after stream. BZ2File and LZMAFile end the file quietly at
+    bytes after a stream that do not open another one (a damaged later stream: it and every record in it vanished,
+    no reject). Here those bytes raise, after everything decoded before them is given out (as gzip and
+    `_ZstdReader` do); only the xz format's stream padding (zero bytes, a multiple of 4, which `xz -t` accepts) is
+    skipped. Output is decoded `len(buf)` bytes at a time: a highly compressed block is never held whole."""
+
+    def __init__(self, fh: BinaryIO, compression: str):
+        super().__init__()
+        self.fh = fh
+        self.new: Callable[[], Any] = bz2.BZ2Decompressor if compression == "bz2" else lzma.LZMADecompressor
+        self.padded = compression == "xz"
+        self.dec: Any = None  # the stream being decoded; None before the first
+        self.data = b""  # compressed bytes read and not yet given to a decoder
+        self.zeros = 0  # stream padding read since the last stream ended
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        if not len(buf):
+            return 0
+        while True:
+            if self.dec is None or self.dec.eof:  # between streams: the next one, padding or the end
+                if not self.data:
+                    self.data = self.fh.read(io.DEFAULT_BUFFER_SIZE)
+                    if not self.data:
+                        if self.dec is None:
+                            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                        self._check_padding()
+                        return 0
+                if self.padded and self.dec is not None:
+                    rest = self.data.lstrip(b"\0")
+                    self.zeros += len(self.data) - len(rest)
+                    self.data = rest
+                    if not rest:
+                        continue
+                    self._check_padding()
+                self.dec, self.zeros = self.new(), 0
+            if self.dec.needs_input:
+                if not self.data:
+                    self.data = self.fh.read(io.DEFAULT_BUFFER_SIZE)
+                    if not self.data:
+                        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                data, self.data = self.data, b""
+            else:
+                data = b""
+            out = self.dec.decompress(data, len(buf))  # damage raises here, before any of this call's output
+            if self.dec.eof:
+                self.data = self.dec.unused_data
+            if out:
+                buf[:len(out)] = out
+                return len(out)
+
+    def _check_padding(self) -> None:
+        if self.zeros % 4:
+            raise lzma.LZMAError(f"{self.zeros} zero byte(s) after a stream, not xz stream padding (a multiple of 4 bytes)")
 
     def close(self) -> None:
         self.fh.close()

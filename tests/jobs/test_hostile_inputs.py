@@ -144,6 +144,43 @@ def test_a_zst_with_a_damaged_later_frame_keeps_the_frames_before_it(tmp_path: P
     assert _items(tmp_path, items[99][1]) == items[100:]
 
 
+@pytest.mark.parametrize("ext, why", [("bz2", "OSError: Invalid data stream"),
+                                      ("xz", "LZMAError: Input format not supported by decoder")])
+def test_a_bz2_or_xz_with_a_damaged_later_stream_keeps_the_streams_before_it_then_one_reject(
+        tmp_path: Path, ext: str, why: str) -> None:
+    """Regression: BZ2File and LZMAFile end a file quietly at bytes after a stream that do not open another one: of
+    3 streams of 20 records, the 2nd one's first byte flipped, 20 were read and 40 vanished, no reject, no count
+    (`xz -t` calls it corrupt, `bzip2 -t` warns of trailing garbage), and so did garbage after the last stream.
+    The 20 are kept, then one reject, also for zeros that are not the xz format's stream padding (a multiple of 4
+    bytes; bzip2 has none) and for `format: document`; a resume inside the 20 meets the same reject."""
+    streams = [COMPRESS[ext](_head(20 * (s + 1))[len(_head(20 * s)):]) for s in range(3)]
+    damaged = bytes([streams[1][0] ^ 0xFF]) + streams[1][1:]
+    tails = {"a": damaged + streams[2], "b": b"trailing garbage", "c": bytes(3 if ext == "xz" else 4)}
+    for name, tail in tails.items():
+        (tmp_path / f"{name}.jsonl.{ext}").write_bytes(streams[0] + tail)
+    items = _items(tmp_path)
+    good, bad = _split(items)
+    assert good == RECORDS[:20] * 3
+    assert [b.reason.split(", skipped: ")[0] for b in bad] == [
+        f"unreadable rest of {tmp_path / f'{name}.jsonl.{ext}'} after record 20" for name in tails]
+    assert bad[0].reason.endswith(why) and bad[1].reason.endswith(why)
+    assert _items(tmp_path / f"a.jsonl.{ext}", items[9][1]) == items[10:21]
+    doc = _items(tmp_path / f"a.jsonl.{ext}", fmt="document")
+    assert [r.reason for r, _ in doc] == [f"unreadable rest of {tmp_path / f'a.jsonl.{ext}'} after record 0, "
+                                          f"skipped: {why}"]
+
+
+@pytest.mark.parametrize("ext", ["bz2", "xz"])
+def test_a_bz2_or_xz_of_several_streams_is_read_whole(tmp_path: Path, ext: str) -> None:
+    """What `bzip2 -dc` / `xz -dc` read without an error is read whole, no reject: streams one after another
+    (pbzip2, `cat`), empty ones among them, and for xz stream padding (zero bytes, a multiple of 4) between
+    and after them."""
+    pad = bytes(8 if ext == "xz" else 0)
+    packed = COMPRESS[ext](_head(7)) + pad + COMPRESS[ext](b"") + COMPRESS[ext](_head(30)[len(_head(7)):]) + pad[:4]
+    (tmp_path / f"a.jsonl.{ext}").write_bytes(packed)
+    assert [r for r, _ in _items(tmp_path)] == RECORDS[:30]
+
+
 def test_corrupt_or_foreign_zst_is_one_reject_with_the_reason(tmp_path: Path) -> None:
     packed = bytearray(COMPRESS["zst"](_head(400)))
     packed[-2] ^= 0xFF  # the content checksum no longer matches
