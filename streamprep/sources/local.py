@@ -486,7 +486,8 @@ class _StreamsReader(io.RawIOBase):
     bytes after a stream that do not open another one (a damaged later stream: it and every record in it vanished,
     no reject). Here those bytes raise, after everything decoded before them is given out (as gzip and
     `_ZstdReader` do); only the xz format's stream padding (zero bytes, a multiple of 4, which `xz -t` accepts) is
-    skipped. Output is decoded `len(buf)` bytes at a time: a highly compressed block is never held whole."""
+    skipped. A file of no bytes is empty (an "empty file" reject, as for .gz and .zst), not a truncated stream.
+    Output is decoded `len(buf)` bytes at a time: a highly compressed block is never held whole."""
 
     def __init__(self, fh: BinaryIO, compression: str):
         super().__init__()
@@ -508,8 +509,6 @@ class _StreamsReader(io.RawIOBase):
                 if not self.data:
                     self.data = self.fh.read(io.DEFAULT_BUFFER_SIZE)
                     if not self.data:
-                        if self.dec is None:
-                            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
                         self._check_padding()
                         return 0
                 if self.padded and self.dec is not None:

@@ -203,6 +203,19 @@ def test_gz_that_is_not_gzip_is_one_reject(tmp_path: Path) -> None:
     assert len(bad) == 1 and "a.jsonl.gz after record 0" in bad[0].reason and "Not a gzipped file" in bad[0].reason
 
 
+def test_a_compressed_file_of_no_bytes_is_an_empty_file_whatever_its_codec(tmp_path: Path) -> None:
+    """Regression: a 0-byte .bz2 or .xz was `unreadable rest of … after record 0, skipped: EOFError: …`, a 0-byte
+    .gz or .zst `empty file …`. Each is `empty file …`, for the line formats and the units that read them."""
+    from streamprep import units
+
+    for ext in sorted(COMPRESS):
+        (tmp_path / f"a.jsonl.{ext}").write_bytes(b"")
+    want = [BadRecord(f"empty file {tmp_path / f'a.jsonl.{ext}'}", "") for ext in sorted(COMPRESS)]
+    assert [r for r, _ in _items(tmp_path)] == want
+    assert [item for ext in sorted(COMPRESS) for item in units.read_unit(
+        units.Unit("file", 0, str(tmp_path / f"a.jsonl.{ext}"), "jsonl"))] == want
+
+
 def test_parquet_with_a_corrupt_data_page_keeps_earlier_row_groups(tmp_path: Path) -> None:
     path = tmp_path / "a.parquet"
     pq.write_table(pa.Table.from_pylist(RECORDS[:2000]), path, row_group_size=500)
