@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -27,16 +27,18 @@ from streamprep.tokenizer import TokenizerInfo
 
 log = logs.get("feeder")
 Planner = Callable[[str, Path, str, TokenizerInfo], ShardTask]  # dataset, part, its SHA-256, tokenizer
-STOP_POLL_S = 0.1  # how often the wait for a worker's training looks whether the job is stopping
+Wait = Callable[[Future], Any]  # a future's result, unless the feeder closes first (`ShardFeeder.wait`)
+STOP_POLL_S = 0.1  # how often a wait for a worker (training, the backend check) looks whether the job stops
 
 
 class ShardFeeder:
     def __init__(self, engine: Engine, plan: Planner, files: dict[str, DatasetFiles],
-                 given: Callable[[], TokenizerInfo | None],
+                 given: Callable[[Wait], TokenizerInfo | None],
                  train: Callable[[dict[str, IngestState]], Future[TokenizerInfo]],
                  sample_ready: Callable[[dict[str, IngestState]], bool] | None):
-        """`given()` prepares the configured tokenizer (None: it is to be trained): the feeder thread's first
-        call, so every part it hands on comes after it. `train(states)` starts the training on a worker."""
+        """`given(wait)` prepares the configured tokenizer (None: it is to be trained), waiting for a worker's
+        call through `wait`: the feeder thread's first call, so every part it hands on comes after it.
+        `train(states)` starts the training on a worker."""
         self.engine, self._plan, self._files = engine, plan, files
         self.info: TokenizerInfo | None = None
         self._train, self._sample_ready = train, sample_ready
@@ -51,8 +53,19 @@ class ShardFeeder:
         self._given = self._pool.submit(self._take_given, given)
         self._futures.append(self._given)
 
-    def _take_given(self, given: Callable[[], TokenizerInfo | None]) -> None:
-        self.info = given()
+    def _take_given(self, given: Callable[[Wait], TokenizerInfo | None]) -> None:
+        self.info = given(self.wait)
+
+    def wait(self, future: Future) -> Any:
+        """`future`'s result, or CancelledError once the feeder closes (a stop, a failure): the tokenizer's backend
+        check waits on a worker that, a stage of Xenna's still starting, may answer 30 s later, and the close waited
+        for it (a SIGTERM then took that long)."""
+        while True:
+            try:
+                return future.result(timeout=STOP_POLL_S)
+            except TimeoutError:
+                if self._closing.is_set():
+                    raise CancelledError("the feeder closed while waiting for a worker") from None
 
     @property
     def sealed(self) -> int:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing
 import multiprocessing.spawn
 import os
@@ -31,7 +32,7 @@ from streamprep.config import Config, ConfigError
 from streamprep.engines import Engine
 from streamprep.executor import Executor
 from streamprep.exports import chain, export_run
-from streamprep.feeder import ShardFeeder
+from streamprep.feeder import ShardFeeder, Wait
 from streamprep.ingest import IngestContext, completed_parts, ingest_all, worker_executor
 from streamprep.layout import Checkpoint, CheckpointLayout, RunLayout, needs_change, part_index_of, read_json
 from streamprep.lock import RunLock, RunLocked
@@ -600,7 +601,8 @@ class Job:
         """Ingest with the engine already up: each sealed part is tokenized while ingest goes on; the configured
         tokenizer is prepared by the feeder while ingest starts."""
         feeder = ShardFeeder(engine, self._task, {d.name: self._files(d.name) for d in self.config.datasets},
-                             lambda: self._timed("tokenizer", self._given_tokenizer), self._train_tokenizer,
+                             lambda wait: self._timed("tokenizer", lambda: self._given_tokenizer(wait)),
+                             self._train_tokenizer,
                              self._sample_ready())
         self.reporter.watch_shards(lambda: (feeder.sealed, engine.completed))
         try:
@@ -655,13 +657,14 @@ class Job:
     def _parts(self, states: dict[str, IngestState]) -> dict[str, list[Path]]:
         return {d.name: completed_parts(self._files(d.name), states[d.name]) for d in self.config.datasets}
 
-    def _given_tokenizer(self) -> TokenizerInfo | None:
+    def _given_tokenizer(self, wait: Wait) -> TokenizerInfo | None:
         """`tokenizer.path` (or a tokenizer this run already trained), None if it is to be trained: the feeder
-        thread prepares it while ingest starts."""
+        thread prepares it while ingest starts, waiting for the backend check through `wait` (`ShardFeeder.wait`)."""
         tok = self.config.tokenizer
+        select = functools.partial(self._select, wait)
         if tok.path:
-            return tokmod.prepare(tok, self.run_dir, select=self._select)
-        trained = tokmod.saved_tokenizer(tok, self.run_dir, self._select)  # a resumed run reuses what it trained
+            return tokmod.prepare(tok, self.run_dir, select=select)
+        trained = tokmod.saved_tokenizer(tok, self.run_dir, select)  # a resumed run reuses what it trained
         if trained is None or (tok.train.sample_mb is not None and tokmod.training_report(self.run_dir) is None):
             return None
         return trained
@@ -694,14 +697,15 @@ class Job:
         return self.executor.submit(tokmod.train_on_sample, tok, self.run_dir, sealed,
                                     tokmod.sample_shares(self.config.datasets, sample_mb))
 
-    def _select(self, requested: str, path: Path, texts: Sequence[str]) -> dict[str, Any]:
+    def _select(self, wait: Wait, requested: str, path: Path, texts: Sequence[str]) -> dict[str, Any]:
         """`backends.select` on a worker: the driver loads no gigatoken, and the worker that built it for the
-        identity check keeps it for its shards (`backends.load`). A mode with one backend (SFT: hf) selects nothing."""
+        identity check keeps it for its shards (`backends.load`). A mode with one backend (SFT: hf) selects nothing.
+        `wait` gives up on a stop: the feeder's close waits for this thread."""
         fixed = self.mode.fixed_backend(requested)
         if fixed is not None:
             return fixed
         assert self.executor is not None
-        return self.executor.submit(backends.select, requested, path, list(texts)).result()
+        return wait(self.executor.submit(backends.select, requested, path, list(texts)))
 
     def _task(self, name: str, part: Path, sha256: str, info: TokenizerInfo) -> ShardTask:
         dtype = token_dtype(self.config.output.dtype, max(info.vocab_size, info.id_bound))

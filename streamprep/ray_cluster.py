@@ -8,6 +8,8 @@ cluster ends with the job, every process of it. One we attached to is left runni
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import os
 import selectors
@@ -22,7 +24,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -191,8 +193,9 @@ def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = 
 
             handlers = _signal_handlers()
             try:
-                ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
-                               namespace=f"streamprep-{uuid.uuid4().hex[:12]}", runtime_env=JOB_RUNTIME_ENV)
+                with job_signals_kept():
+                    ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
+                                   namespace=f"streamprep-{uuid.uuid4().hex[:12]}", runtime_env=JOB_RUNTIME_ENV)
             except BaseException:
                 if _started_here:
                     _stop_head()
@@ -217,6 +220,31 @@ def _restore(handlers: dict[int, Any]) -> None:
     for s, handler in handlers.items():
         if handler is not None and signal.getsignal(s) is not handler:
             signal.signal(s, handler)
+
+
+JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a stop of the job: its own handlers (`pipeline.Signals`) take them
+SIGACTION_BYTES = 1024  # more than any libc's `struct sigaction`: kept as it was and handed back, never read
+
+
+@contextlib.contextmanager
+def job_signals_kept() -> Iterator[None]:
+    """Run Ray's start (`ray.init`) or shutdown, then hand SIGINT and SIGTERM back, at the C level, to what handled
+    them before (the job's handlers, `pipeline.Signals`), from any thread. Ray's core worker puts absl's crash handler
+    on SIGTERM as it starts, beneath Python's and unseen by `signal.getsignal`: from the xenna engine's thread, where
+    nothing replaced it, it ran the job's handler and aborted the process 3 s later (its alarm: exit 134, run.json
+    left `running`). `ray.shutdown` sets SIGTERM to the default action: a later SIGTERM killed the job unhandled.
+    For SIGTERM absl's handler only printed a stack; it stays on the crash signals (SIGSEGV...)."""
+    sigaction = getattr(ctypes.CDLL(None), "sigaction", None) if os.name == "posix" else None
+    kept: dict[int, Any] = {}
+    for s in JOB_SIGNALS if sigaction is not None else ():
+        kept[s] = ctypes.create_string_buffer(SIGACTION_BYTES)
+        if sigaction(s, None, kept[s]) != 0:
+            del kept[s]
+    try:
+        yield
+    finally:
+        for s, action in kept.items():
+            sigaction(s, action, None)
 
 
 def exit_at_interpreter_shutdown() -> None:
@@ -496,7 +524,8 @@ def release() -> None:
             if _ray_initialized():
                 import ray
 
-                ray.shutdown()  # detach first: the driver's core worker ends the process if its GCS goes away
+                with job_signals_kept():  # the exports and the audit still run: a stop is still the job's
+                    ray.shutdown()  # detach first: the driver's core worker ends the process if its GCS goes away
             _stop_head()
             log.info("ray cluster shut down")
             os.environ.pop("RAY_ADDRESS", None)

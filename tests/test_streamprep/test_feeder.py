@@ -4,6 +4,8 @@ checkpoint rather than after the whole ingest."""
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,7 @@ def _feeder(tmp_path: Path, given: Any) -> tuple[ShardFeeder, _Engine]:
 def test_parts_sealed_before_the_given_tokenizer_is_ready_wait_for_it_in_order(tmp_path: Path) -> None:
     ready = threading.Event()
 
-    def given() -> str:
+    def given(wait: Any) -> str:
         ready.wait(10)
         return "tok"
 
@@ -69,7 +71,7 @@ def test_parts_sealed_before_the_given_tokenizer_is_ready_wait_for_it_in_order(t
 
 
 def test_a_tokenizer_that_cannot_be_prepared_fails_at_the_next_checkpoint(tmp_path: Path) -> None:
-    def given() -> str:
+    def given(wait: Any) -> str:
         raise RuntimeError("tokenizer.backend is gigatoken but it cannot load tokenizer.json")
 
     feeder, engine = _feeder(tmp_path, given)
@@ -82,6 +84,34 @@ def test_a_tokenizer_that_cannot_be_prepared_fails_at_the_next_checkpoint(tmp_pa
     finally:
         feeder.close()
     assert engine.submitted == []
+
+
+def test_a_close_ends_the_given_tokenizers_wait_for_a_worker_that_does_not_answer(tmp_path: Path) -> None:
+    """Regression: the backend check's wait for a worker (a Xenna stage still starting) had no stop check, so a
+    SIGTERM during it waited ~30 s in the feeder's close (and was aborted by Ray's crash handler 3 s in)."""
+    waiting = threading.Event()
+    never: Future = Future()  # a worker's call that is not answered
+
+    def given(wait: Any) -> str:
+        waiting.set()
+        return wait(never)
+
+    feeder, engine = _feeder(tmp_path, given)
+    assert waiting.wait(10)
+    t0 = time.monotonic()
+    feeder.close()
+    assert time.monotonic() - t0 < 2.0
+    assert isinstance(feeder._given.exception(0), CancelledError) and feeder.info is None and engine.submitted == []
+
+
+def test_the_given_tokenizers_wait_returns_a_workers_answer(tmp_path: Path) -> None:
+    answered: Future = Future()
+    threading.Timer(0.3, answered.set_result, ("tok",)).start()  # after a few polls
+    feeder, _ = _feeder(tmp_path, lambda wait: wait(answered))
+    try:
+        assert feeder.finish({"d": _state(0)}) == "tok"
+    finally:
+        feeder.close()
 
 
 # ---- the training sample (tokenizer.train.sample_mb): read from sealed parts only ----------------------------

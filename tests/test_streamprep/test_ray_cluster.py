@@ -21,12 +21,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import base_config, english_docs, tree_hashes
+from helpers import PHI2, base_config, english_docs, tree_hashes
 
 OUTPUTS = ("ingest", "binidx", "receipts", "parquet", "tokenizer")
 RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE")  # Ray's own, per node
 GONE_WITHIN_S = 10.0
 JOB_TIMEOUT_S = 240
+STOP_WITHIN_S = 20.0  # a stop's exit, signal to exit (docs/operations.md: within seconds)
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +237,42 @@ def test_jobs_in_a_row_and_signalled_jobs_leave_nothing_behind(cluster, tmp_path
         code, err, left = _finish(_start(cfg, tmp_path, run_dir))  # the same command resumes it
         assert code == 0 and not left, (left, err[-3000:])
         assert tree_hashes(run_dir, *OUTPUTS, names=("manifest.json",)) == ok[0]
+    _assert_nothing_left(cluster, drivers)
+
+
+@pytest.mark.ray
+def test_a_stop_while_the_stage_starts_and_the_backend_check_waits_is_an_interrupt_in_seconds(
+        cluster, tmp_path: Path, shared_data: Path) -> None:
+    """Regression: on engine xenna with `ray_address` and `tokenizer.path`, a SIGTERM right after 'units planned',
+    while the tokenizer's backend check waited for the ingest stage still starting, was aborted 3 s later by Ray's
+    crash handler (exit 134, run.json left `running`), and a SIGINT took ~31 s: the feeder's close waited for that
+    check. Now each exits 1 within seconds, run.json `interrupted`, and the resume writes an uninterrupted run's
+    bytes."""
+    cfg = _config(tmp_path, 1200, 50, engine="xenna", workers=2, ray_address=cluster.address)
+    cfg["tokenizer"] = {"path": str(shared_data / PHI2)}
+    reference = _local_reference(cfg, tmp_path / "local")
+    drivers: set[int] = set()
+    for how in (signal.SIGTERM, signal.SIGINT):
+        run_dir = tmp_path / f"sig{how.name}"
+        proc = _start(cfg, tmp_path, run_dir)
+        drivers.add(proc.pid)
+        _wait_for_log(run_dir, "units planned", proc)
+        proc.send_signal(how)
+        t0 = time.monotonic()
+        code, err, left = _finish(proc, 60)
+        took = time.monotonic() - t0
+        # the stop gave up the check (a stage starting answers it seconds later, 30 s on a busy machine)
+        assert "tokenizer backend" not in [e["event"] for e in _log(run_dir)], \
+            "the backend check answered: the stop waited for it (or it came before the signal)"
+        status = json.loads((run_dir / "run.json").read_text())["status"]
+        assert (code, status) == (1, "interrupted") and took < STOP_WITHIN_S, (how, code, status, took, err[-2000:])
+        assert "SIGTERM received" not in err and not left, (err[-2000:], left)  # Ray's crash handler never ran
+        print(f"{how.name} after 'units planned': exit 1 {took:.1f} s after the signal")
+    proc = _start(cfg, tmp_path, tmp_path / "sigSIGTERM")  # the same command resumes it
+    drivers.add(proc.pid)
+    code, err, left = _finish(proc)
+    assert code == 0 and not left, (left, err[-3000:])
+    assert tree_hashes(tmp_path / "sigSIGTERM", *OUTPUTS, names=("manifest.json",)) == reference
     _assert_nothing_left(cluster, drivers)
 
 
@@ -655,6 +692,36 @@ def test_attaching_to_a_cluster_leaves_the_jobs_signal_handlers(ray_cluster) -> 
     out = subprocess.run([sys.executable, "-c", ATTACH, ray_cluster.address_info["gcs_address"]], capture_output=True,
                          text=True, timeout=120, check=False)
     assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]
+
+
+IN_A_THREAD = """
+import os, signal, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from streamprep import ray_cluster
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+ray_thread = ThreadPoolExecutor(1)  # as the xenna engine: Ray started and shut down in a thread of its own
+ray_thread.submit(ray_cluster.connect, sys.argv[1] or None, 1).result()
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(4)  # Ray's crash handler aborted the process 3 s after it ran
+ray_thread.submit(ray_cluster.release).result()
+os.kill(os.getpid(), signal.SIGTERM)  # after ray.shutdown the default action ended the process
+time.sleep(0.5)
+print(got == [signal.SIGTERM] * 2)
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("cluster_of", ["attached", "own"])
+def test_ray_started_in_a_thread_leaves_sigterm_to_the_jobs_handler_until_the_end(ray_cluster, cluster_of) -> None:
+    """Regression: `ray.init` outside the main thread (the xenna engine's) left Ray's C-level crash handler on SIGTERM,
+    unseen by `signal.getsignal`: a SIGTERM ran the job's handler, then aborted the process 3 s later (exit 134,
+    run.json `running`); and `ray.shutdown` of the job's own cluster set SIGTERM to the default action, so a SIGTERM
+    during the exports ended the job unhandled."""
+    address = ray_cluster.address_info["gcs_address"] if cluster_of == "attached" else ""
+    out = subprocess.run([sys.executable, "-c", IN_A_THREAD, address], capture_output=True, text=True, timeout=180,
+                         check=False)
+    assert (out.returncode, out.stdout.strip().splitlines()[-1:]) == (0, ["True"]), out.stderr[-2000:]
 
 
 def test_a_worker_actor_with_another_streamprep_is_refused_naming_both(tmp_path: Path) -> None:
