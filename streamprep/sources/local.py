@@ -153,15 +153,29 @@ def is_local_glob(path: str) -> bool:
 
 
 def _check_enterable(pattern: str) -> None:
-    """Raise the OSError of listing a local glob's folder (the one before its first glob character), unless it is
-    missing: glob skips a folder it cannot enter without a word, which made one behind a folder of no permission
-    'no file matches' where a plain path there says 'cannot read FOLDER: Permission denied'."""
+    """Raise the OSError of the first folder a local glob that matches no file could not enter, unless it is
+    missing: glob passes over a folder it cannot enter without a word, which made a glob behind a folder of no
+    permission (`unread/*.jsonl`, `outer/*/a.jsonl` over `outer/sub/`) 'no file matches' where a plain path there
+    says 'cannot read FOLDER: Permission denied'. Depth by depth, as glob walks: the folder before the first glob
+    character, then the folders each segment matched (all below them for `**`), each listed for a segment with glob
+    characters or entered for a plain one (a depth's glob misses no folder: every folder above it was entered)."""
     parts = Path(pattern).parts
-    static = Path(*parts[:next(i for i, part in enumerate(parts) if globmod.has_magic(part))])
-    try:
-        os.scandir(static).close()
-    except (FileNotFoundError, NotADirectoryError):  # nothing there: the glob matches no file, as it says
-        pass
+    first = next(i for i, part in enumerate(parts) if globmod.has_magic(part))
+    for depth in range(first, len(parts)):
+        segment = parts[depth]
+        reached = parts[:depth + 1] if segment == "**" else parts[:depth]  # `**` lists every folder below too
+        folders = [Path(*reached)] if len(reached) == first else \
+            sorted(map(Path, globmod.glob(os.path.join(*reached), recursive=True)))
+        for folder in folders:
+            try:
+                if globmod.has_magic(segment):
+                    os.scandir(folder).close()
+                else:
+                    os.lstat(folder / segment)
+            except (FileNotFoundError, NotADirectoryError):  # nothing there: the glob matches no file, as it says
+                pass
+            except OSError as exc:  # the folder, not the name glob looked for in it
+                raise OSError(exc.errno, exc.strerror, str(folder)) from None
 
 
 def _check_local_path(key: str, path: str) -> None:

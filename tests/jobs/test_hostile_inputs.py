@@ -484,6 +484,41 @@ def test_a_glob_behind_a_folder_that_cannot_be_entered_is_exit_2_naming_it(tmp_p
     assert str(err.value) == f"config: 'datasets[0].path': no file matches {tmp_path}/gone/*.jsonl"
 
 
+def test_a_glob_whose_deeper_folder_cannot_be_entered_is_exit_2_naming_it(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: only the folder before a glob's first glob character was checked, so `outer/*/a.jsonl` (or
+    `outer/**/a.jsonl`) over an `outer/sub/` of no permission still said 'no file matches'. A glob that matches no
+    file names the first folder it could not enter, however deep; one that matches a file lists as glob does; a
+    missing folder still matches nothing. (Simulated, as above: root is denied nothing. As `chmod 000` does, the
+    folder cannot be listed, nor anything in it looked up.)"""
+    from streamprep.sources.local import check_path
+
+    outer = tmp_path / "outer"
+    for folder in ("sub", "ok", "ok2"):
+        (outer / folder).mkdir(parents=True)
+    (outer / "sub" / "a.jsonl").write_bytes(_head(5))
+    (outer / "ok" / "b.jsonl").write_bytes(_head(5))
+    sub = outer / "sub"
+
+    def deny(call: Callable[..., Any], listing: bool) -> Callable[..., Any]:
+        def denied(path: Any = ".", *args: Any, **kw: Any) -> Any:
+            if (listing and Path(path) == sub) or (not isinstance(path, int) and sub in Path(path).parents):
+                raise PermissionError(13, "Permission denied", str(path))
+            return call(path, *args, **kw)
+        return denied
+    for name, listing in (("scandir", True), ("listdir", True), ("stat", False), ("lstat", False)):
+        monkeypatch.setattr(os, name, deny(getattr(os, name), listing))
+    for pattern in (f"{outer}/*/a.jsonl", f"{outer}/s*/*.jsonl", f"{outer}/**/a.jsonl", f"{outer}/*/x/*.jsonl"):
+        with pytest.raises(ConfigError) as err:
+            check_path("datasets[0].path", pattern)
+        assert str(err.value) == f"config: 'datasets[0].path': {pattern}: cannot read {sub}: Permission denied"
+    check_path("datasets[0].path", f"{outer}/*/*.jsonl")  # ok/b.jsonl matches: listed as glob lists it
+    assert local_mod.expand(f"{outer}/*/*.jsonl") == [str(outer / "ok" / "b.jsonl")]
+    with pytest.raises(ConfigError) as err:
+        check_path("datasets[0].path", f"{outer}/ok*/gone/*.jsonl")
+    assert str(err.value) == f"config: 'datasets[0].path': no file matches {outer}/ok*/gone/*.jsonl"
+
+
 def test_a_folder_the_path_does_not_read_into_is_one_reject_naming_it(tmp_path: Path) -> None:
     """Regression: a symlinked folder inside a dataset's directory, and a folder a glob's `*` matched, were left out
     with their files without a word (rglob does not follow links; `*` names the folder, not its files). Each is now
