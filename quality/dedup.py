@@ -98,9 +98,14 @@ class DedupIndex:
             self._fh.seek(0)
             yield self._fh
             return
-        with open(self._path, "r+b" if self._made else "x+b") as fh:
-            self._made = True
-            yield fh
+        try:
+            with open(self._path, "r+b" if self._made else "x+b") as fh:
+                self._made = True
+                yield fh
+        except OSError as exc:
+            if exc.filename is None:  # a write or fsync that fails (a full disk) names no file: this log is it
+                exc.filename = str(self._path)
+            raise
 
     def __len__(self) -> int:
         return self._n

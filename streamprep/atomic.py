@@ -12,16 +12,45 @@ from typing import Any, BinaryIO
 import orjson
 
 
+# What writing a file can fail with for want of room or rights; a write, flush or fsync raising one names no file
+WRITE_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS})
+TMP_MARK = ".streamprep-tmp."  # in every temporary name, so a sweep never touches a file we did not create
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """fsync a directory so a rename inside it survives power loss."""
-    fd = os.open(path, os.O_RDONLY)
+    with naming(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def name_file(exc: OSError, path: str | os.PathLike) -> None:
+    """Make `exc` name the file the run was writing: `path` when it names none (a write's, flush's or fsync's
+    error of `WRITE_FAULTS`), the final name when it names a temporary one. The CLI's line then says which file
+    (and folder) wants room or rights: a bare "[Errno 28] No space left on device", or ".x.streamprep-tmp.4710",
+    did not."""
+    if exc.filename is None:
+        if exc.errno in WRITE_FAULTS:
+            exc.filename = str(path)
+        return
+    tmp = Path(os.fsdecode(exc.filename))
+    if is_tmp_name(tmp.name):
+        exc.filename = str(tmp.with_name(tmp.name[1:].rsplit(TMP_MARK, 1)[0]))
+        if exc.filename2 is not None and os.fsdecode(exc.filename2) == exc.filename:
+            exc.filename2 = None  # os.replace(tmp, final): "final -> final" said nothing more
+
+
+@contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Writes of `path` (or of its temporary sibling) in the block: an OSError out of it names `path` (`name_file`)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-TMP_MARK = ".streamprep-tmp."  # in every temporary name, so a sweep never touches a file we did not create
+        yield
+    except OSError as exc:
+        name_file(exc, path)
+        raise
 
 
 def tmp_path(path: str | os.PathLike) -> Path:
@@ -69,9 +98,10 @@ def nofollow(path: str, flags: int) -> int:
 
 def commit(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     """fsync `tmp`, rename it over `final`, fsync the directory."""
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
+    with naming(final):
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
     fsync_dir(Path(final).parent)
 
 
@@ -96,8 +126,7 @@ def writing(path: str | os.PathLike, buffering: int = -1, durable: bool = True) 
         if durable:
             fsync_dir(path.parent)
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.filename is None:
-            exc.filename = str(path)  # a write that fails names no file: say which one the disk was too full for
+        name_file(exc, path)
         raise
     finally:
         tmp.unlink(missing_ok=True)

@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from streamprep.atomic import fsync_dir, tmp_path
+from streamprep.atomic import fsync_dir, naming, tmp_path
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -86,7 +86,8 @@ class IndexedDatasetWriter:
         arrays = [np.asarray(a, dtype=self.dtype) for a in token_arrays]
         if any(a.size == 0 for a in arrays):
             raise ValueError("zero-length sequences are not written (drop empty documents upstream)")
-        self._out().write(np.concatenate(arrays).tobytes())
+        with naming(self.bin_path):
+            self._out().write(np.concatenate(arrays).tobytes())
         self._lengths.append(np.fromiter((a.size for a in arrays), dtype=np.int32, count=len(arrays)))
         self._sequences += len(arrays)
         return len(arrays)
@@ -119,7 +120,8 @@ class IndexedDatasetWriter:
             body[ends] = False
             out[body] = tokens
             out[ends] = eod_id
-        self._out().write(out.tobytes())
+        with naming(self.bin_path):
+            self._out().write(out.tobytes())
         self._lengths.append(lengths.astype(np.int32))
         self._sequences += n
         self._doc_ends.append(np.arange(self._sequences - n + 1, self._sequences + 1, dtype=np.int64))
@@ -154,17 +156,19 @@ class IndexedDatasetWriter:
     def close(self) -> None:
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int32)
         doc_indices = np.concatenate([np.zeros(1, dtype=np.int64), *self._doc_ends])
-        out = self._out()
-        out.flush()
-        os.fsync(out.fileno())
-        out.close()
+        with naming(self.bin_path):
+            out = self._out()
+            out.flush()
+            os.fsync(out.fileno())
+            out.close()
         self._bin = None
-        with open(self._idx_tmp, "wb") as fh:
+        with naming(self.idx_path), open(self._idx_tmp, "wb") as fh:
             fh.write(index_bytes(lengths, self.dtype, doc_indices))
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(self._bin_tmp, self.bin_path)
-        os.replace(self._idx_tmp, self.idx_path)
+        with naming(self.idx_path):  # (an error naming a temporary file names its final one)
+            os.replace(self._bin_tmp, self.bin_path)
+            os.replace(self._idx_tmp, self.idx_path)
         fsync_dir(self.bin_path.parent)
 
     def abort(self) -> None:

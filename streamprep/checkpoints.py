@@ -216,7 +216,7 @@ def save(files: DatasetFiles, state: IngestState) -> None:
     state.updated_at = time.time()
     have = max(_size(files.sealed_log), 0) // SEALED_RECORD  # load_and_repair cut it to the checkpoint's count
     if have < len(state.sealed):
-        with open(files.sealed_log, "ab") as fh:
+        with atomic.naming(files.sealed_log), open(files.sealed_log, "ab") as fh:
             fh.write(sealed_records(state.sealed[have:]))
             fh.flush()
             os.fsync(fh.fileno())

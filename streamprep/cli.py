@@ -183,9 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
         cause, where = in_worker(exc)  # a Ray worker's error: what it raised, not Ray's header
         first = f"{type(cause).__name__}: {cause}".split("\n")[0] + where
-        if (full := _disk_full(exc)) is not None:
-            first = f"no space left on the disk{full}: free some and re-run the same command to resume ({first})"
-        print(f"streamprep: error: {printable(first)}", file=sys.stderr)
+        print(f"streamprep: error: {printable(_write_fault(exc, first))}", file=sys.stderr)
         return 1
     except SystemExit as exc:  # nothing of ours calls sys.exit: a plug-in or library did, inside the job
         if args.debug:
@@ -195,13 +193,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _disk_full(exc: BaseException) -> str | None:
-    """" writing PATH" (or "") when `exc` or what it wraps (a unit's SourceError) is a full disk or quota, else None:
-    a bare "OSError: [Errno 28] No space left on device" named no file and, wrapped, blamed the input."""
+def _write_fault(exc: BaseException, first: str) -> str:
+    """The line for `first` (the error's), saying where and what to do when `exc` or what it wraps (a unit's
+    SourceError) is a full disk or quota, or a file grown past the size a file may have: a bare "OSError: [Errno 28]
+    No space left on device" (or "[Errno 27] File too large") named no file and, wrapped, blamed the input. The
+    write helpers name the file (`atomic.name_file`)."""
     for e in causes(exc):
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f" writing {e.filename}" if e.filename else ""
-    return None
+        if not isinstance(e, OSError):
+            continue
+        where = f" writing {e.filename}" if e.filename else ""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"no space left on the disk{where}: free some and re-run the same command to resume ({first})"
+        if e.errno == errno.EFBIG:
+            return (f"file too large{where}: raise the limit on a file's size (`ulimit -f`, or the file system's own) "
+                    f"and re-run the same command to resume ({first})")
+    return first
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ class Holder:
         for name in (dataset, *earlier):  # their maps of the log read back (a dataset done would keep its own)
             self.near[name].close()
         if data := own.take_log():
-            with open(own.path, "ab", opener=atomic.nofollow) as fh:
+            with atomic.naming(own.path), open(own.path, "ab", opener=atomic.nofollow) as fh:
                 fh.write(data)
         return result
 
@@ -164,8 +164,8 @@ class Holder:
             index.flush()
             count = len(index)
         if (near := self.near.get(dataset)) is not None:
-            with open(near.path, "ab", opener=atomic.nofollow) as fh:  # (writes back what the walks appended)
-                os.fsync(fh.fileno())
+            with atomic.naming(near.path), open(near.path, "ab", opener=atomic.nofollow) as fh:
+                os.fsync(fh.fileno())  # (writes back what the walks appended)
             nbytes = len(near) * near.record_size
         return count, nbytes
 

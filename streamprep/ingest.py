@@ -786,15 +786,11 @@ def _remove(paths: list[str]) -> None:
 async def _append(path: Path, data: bytes) -> None:
     """`data` appended to `path` and fsynced. An OSError of the write (a full disk) names the file: aiofiles' had
     no filename, and the job's line said "no space left on the disk" without saying where."""
-    try:
+    with atomic.naming(path):
         async with aiofiles.open(path, "ab", opener=atomic.nofollow) as fh:
             await fh.write(data)
             await fh.flush()
             await asyncio.to_thread(os.fsync, fh.fileno())
-    except OSError as exc:
-        if exc.filename is not None or not exc.errno:
-            raise
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 async def ingest_all(ctx: IngestContext) -> dict[str, IngestState]:

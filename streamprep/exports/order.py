@@ -302,7 +302,7 @@ def _spill(sources: list[_Sorted], path: Path) -> _Sorted:
     """Merge `sources` into one sorted file (the COLUMNS, one after the other) at `path`."""
     n = sum(src.end - src.start for src in sources)
     pos = 0
-    with open(path, "wb") as fh:
+    with atomic.naming(path), open(path, "wb") as fh:
         for cols in _merge(sources):
             for column, values in enumerate(cols):
                 os.pwrite(fh.fileno(), values.tobytes(), 8 * (column * n + pos))
@@ -360,8 +360,9 @@ def write_order(runs: list[PartRun], bucket: int) -> tuple[BucketOrder, Iterator
         pos = 0
         with open(order.path, "wb") as fh:
             for _, rows, est, parts in merged(runs, bucket):
-                for column, values in enumerate((parts, rows, est)):
-                    os.pwrite(fh.fileno(), values.tobytes(), 8 * (column * n + pos))
+                with atomic.naming(order.path):
+                    for column, values in enumerate((parts, rows, est)):
+                        os.pwrite(fh.fileno(), values.tobytes(), 8 * (column * n + pos))
                 pos += len(rows)
                 yield est
     return order, blocks()

@@ -308,10 +308,14 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
                     _ints(lengths),
                     _utf8(metas, records.meta_bytes[start:end]),
                 ], schema=SCHEMA)
-                writer.write_table(table, row_group_size=opts.row_group_size)
-                tsv.write(_tsv_rows(records, start, end))
-            tsv.flush()
-        writer.close()
+                with atomic.naming(final):
+                    writer.write_table(table, row_group_size=opts.row_group_size)
+                with atomic.naming(tsv_final):
+                    tsv.write(_tsv_rows(records, start, end))
+            with atomic.naming(tsv_final):
+                tsv.flush()
+        with atomic.naming(final):
+            writer.close()
         writer = None
         atomic.commit(tmp, final)
         atomic.commit(tsv_tmp, tsv_final)

@@ -475,3 +475,99 @@ def test_a_ray_workers_error_names_what_it_raised(tmp_path: Path, capsys, monkey
     assert main(["status", str(tmp_path)]) == 1
     assert capsys.readouterr().err == (f"streamprep: error: SourceError: dataset d: reading or judging the input "
                                        f"failed after item 0: {what}\n")
+
+
+def _sealed_log(tmp_path: Path) -> Path:
+    from streamprep import checkpoints
+
+    files = checkpoints.DatasetFiles(tmp_path, tmp_path, "c4")
+    checkpoints.save(files, checkpoints.IngestState("c4", sealed=[["0" * 64, 10]]))
+    return files.sealed_log
+
+
+def _dedup_log(tmp_path: Path) -> Path:
+    import numpy as np
+
+    from streamprep.holders import Holder
+
+    holder, log = Holder(), tmp_path / "c4.dedup"
+    holder.open("c4", str(log), 0)
+    holder.add_many("c4", np.arange(8, dtype=np.uint64).reshape(2, 4))
+    holder.flush("c4")
+    return log
+
+
+def _binidx(tmp_path: Path) -> Path:
+    import numpy as np
+
+    from streamprep.binidx import IndexedDatasetWriter
+
+    writer = IndexedDatasetWriter(tmp_path / "part-00000", np.uint16)
+    writer.add_documents([np.arange(1, 5, dtype=np.uint16)])
+    writer.close()
+    return tmp_path / "part-00000.bin"
+
+
+def _committed(tmp_path: Path) -> Path:
+    from streamprep import atomic
+
+    final = tmp_path / "shard.parquet"
+    atomic.tmp_path(final).write_bytes(b"x")
+    atomic.commit(atomic.tmp_path(final), final)
+    return final
+
+
+@pytest.mark.parametrize("write", [_sealed_log, _dedup_log, _binidx, _committed])
+@pytest.mark.parametrize("code", ["ENOSPC", "EFBIG"])
+def test_a_full_disk_or_a_file_too_large_names_the_file_being_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys, write, code: str) -> None:
+    """Regression: an fsync (or buffered write) of the sealed log, a dedup log, a binidx file or a Parquet shard that
+    failed for room ("[Errno 28] No space left on device") or size ("[Errno 27] File too large", `ulimit -f`) named
+    no file, and the job's line said neither where nor (for the latter) what to do."""
+    import errno
+
+    from streamprep import cli
+
+    number = getattr(errno, code)
+
+    def fails(fd: int) -> None:
+        raise OSError(number, os.strerror(number))
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", fails)
+        with pytest.raises(OSError) as err:
+            write(tmp_path)
+    (tmp_path / "ok").mkdir()
+    final = write(tmp_path / "ok")  # the file the same write makes when it succeeds
+    assert err.value.filename == str(tmp_path / final.relative_to(tmp_path / "ok"))
+
+    def ingest(args: object) -> int:
+        raise err.value
+
+    monkeypatch.setattr(cli.COMMANDS, "get", lambda name: ingest)
+    monkeypatch.setattr(cli.forkserver, "start_for", lambda config: None)
+    assert cli.main(["ingest", "--config", str(tmp_path / "c.yaml")]) == 1
+    said = {"ENOSPC": f"no space left on the disk writing {err.value.filename}: free some and re-run the same command "
+                      f"to resume (OSError: ",
+            "EFBIG": f"file too large writing {err.value.filename}: raise the limit on a file's size (`ulimit -f`, "
+                     f"or the file system's own) and re-run the same command to resume (OSError: "}[code]
+    line = capsys.readouterr().err
+    assert line.startswith(f"streamprep: error: {said}") and line.count("\n") == 1
+
+
+def test_an_error_naming_a_temporary_file_names_the_file_it_becomes(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: out of inodes, creating the temporary file raised "[Errno 28] …: '…/.c4.plan.json.streamprep-tmp.
+    4710'", and the job's line named that name, which is gone once the error is out, not c4.plan.json."""
+    import errno
+
+    from streamprep import atomic
+
+    def no_inode(path: str, flags: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(atomic, "nofollow", no_inode)
+    target = tmp_path / "c4.plan.json"
+    with pytest.raises(OSError) as err:
+        atomic.write_json(target, [])
+    assert (err.value.errno, err.value.filename, err.value.filename2) == (errno.ENOSPC, str(target), None)

@@ -215,7 +215,7 @@ async def test_a_full_disk_while_appending_names_the_file(tmp_path: Path, monkey
     with pytest.raises(OSError) as caught:
         await ingest._append(target, b"x")
     assert (caught.value.errno, caught.value.filename) == (errno.ENOSPC, str(target))
-    assert cli._disk_full(caught.value) == f" writing {target}"
+    assert cli._write_fault(caught.value, "x").startswith(f"no space left on the disk writing {target}: ")
 
 
 async def test_a_failure_deciding_records_is_not_said_to_be_the_inputs(tmp_path: Path,

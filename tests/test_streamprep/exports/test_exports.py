@@ -947,3 +947,31 @@ def test_blend_split_is_exact_and_read_by_megatrons_pattern(fraction: float, spl
     # an empty split is null, never [])
     assert build([{**shards[0], "num_tokens": 0}], {"c4": 1.0}, fraction, per_split=False) == \
         {"data_paths": None, "split": split}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["order", "parquet"])
+def test_a_full_disk_in_the_exports_names_the_file(run, monkeypatch, where):
+    """Regression: a full disk writing a bucket's order file (a raw os.pwrite) or a Parquet shard (pyarrow's
+    "[Errno 28] Error writing bytes to file") raised an OSError naming no file: the job's line said "no space left on
+    the disk" without where."""
+    import errno
+    import os
+
+    from streamprep.exports import order
+
+    def full(*args, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "order":
+        monkeypatch.setattr(order.os, "pwrite", full)
+    else:
+        monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    run_dir, refs = run
+    with pytest.raises(OSError) as err:
+        export(run_dir, refs)
+    name = Path(err.value.filename)
+    assert err.value.errno == errno.ENOSPC and name.parent.is_relative_to(run_dir / "parquet")
+    assert (name.name.startswith("b") and name.suffix == ".order") if where == "order" else (
+        name.name.startswith("shard_") and name.suffix == ".parquet")
+    assert not atomic.is_tmp_name(name.name) and not os.path.exists(atomic.tmp_path(name))
