@@ -12,11 +12,12 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 from typing import NoReturn
 
 from streamprep import forkserver, registry
 from streamprep.config import ConfigError, printable
-from streamprep.layout import NotARunDir, causes, file_in_the_way
+from streamprep.layout import NotARunDir, causes, file_in_the_way, unwritable
 from streamprep.registry import Registry
 from streamprep.sources.base import in_worker
 
@@ -179,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         if (blocker := file_in_the_way(exc)) is not None:  # the mirror of IsADirectoryError above
             print(f"streamprep: error: {printable(str(blocker))} is a file where the run keeps a folder; remove it "
                   f"and re-run", file=sys.stderr)
+            return 2
+        if args.command == "ingest" and (denied := unwritable(exc)) is not None:  # (a reader's command writes nothing)
+            where = Path(os.fsdecode(denied.filename))
+            said = (f"cannot write {where}: {denied.strerror}; make {where.parent} (and the file, if it is there) "
+                    f"writable and re-run the same command")
+            print(f"streamprep: error: {printable(said)}", file=sys.stderr)
             return 2
         # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
         cause, where = in_worker(exc)  # a Ray worker's error: what it raised, not Ray's header

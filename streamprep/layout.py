@@ -6,6 +6,7 @@ status/audit/verify read the run without each keeping its own tolerant JSON load
 """
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
@@ -34,6 +35,7 @@ OWN = frozenset({*SETTLED, AUDIT, LOGS, CHECKPOINTS, LOCK, CACHE})
 # In the checkpoint dir, which may be a user's directory outside the run: distinct dot-names for the lock and
 # the claim (the run_id whose checkpoints it holds), so a user's own `.lock` is never taken for ours.
 CHECKPOINT_LOCK, CHECKPOINT_OWNER = ".streamprep.lock", ".streamprep-run"
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a write refused for want of rights, not of room
 
 
 class NotARunDir(ValueError):
@@ -60,11 +62,22 @@ def file_in_the_way(exc: BaseException) -> Path | None:
     return None
 
 
+def unwritable(exc: BaseException) -> OSError | None:
+    """The error (`exc` or what it wraps) of a local file or folder the job may not write (permissions, a read-only
+    file system), naming it: the write helpers name the file, not its temporary name (`atomic.name_file`)."""
+    for e in causes(exc):
+        if (isinstance(e, OSError) and e.errno in NOT_WRITABLE and isinstance(e.filename, (str, bytes))
+                and "://" not in os.fsdecode(e.filename)):
+            return e
+    return None
+
+
 def needs_change(exc: BaseException) -> bool:
     """Whether `exc` is one the CLI exits 2 on: re-running as is ends the same way (a config error, inputs changed
-    under a resume, no kept text to train a tokenizer on, a folder or file in the way of the run's own), so run.json
-    records it and `status` does not call the run resumable as it stands."""
-    return isinstance(exc, (ConfigError, NotARunDir, IsADirectoryError)) or file_in_the_way(exc) is not None
+    under a resume, no kept text to train a tokenizer on, a folder or file in the way of the run's own, a folder it
+    may not write in), so run.json records it and `status` does not call the run resumable as it stands."""
+    return (isinstance(exc, (ConfigError, NotARunDir, IsADirectoryError)) or file_in_the_way(exc) is not None
+            or unwritable(exc) is not None)
 
 
 def read_checkpoint(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any]) -> Checkpoint:

@@ -146,6 +146,9 @@ def _check_writable_dir(path: Path, what: str) -> None:
         raise ConfigError(f"{what} {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{what} {path}: {existing} is not writable")
+    for folder, dirs, _files in os.walk(path) if existing == path else ():  # (os.walk follows no symlink)
+        if not os.access(folder, os.W_OK | os.X_OK):  # a resume writes in each (checkpoints/, ingest/<ds>, parquet/)
+            raise ConfigError(f"{what} {path}: {folder} is not writable; make it writable and re-run")
 
 
 def _start_files(run_dir: Path, checkpoint_dir: Path) -> list[Path]:

@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import errno
 from pathlib import Path
 
 from streamprep import audit
 from streamprep.commands import require_run_dir
 from streamprep.config import ConfigError
-from streamprep.layout import RunLayout
-
-NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+from streamprep.layout import NOT_WRITABLE, RunLayout
 
 
 def run(args: argparse.Namespace) -> int:

@@ -292,6 +292,8 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp, tsv_tmp = atomic.tmp_path(final), atomic.tmp_path(tsv_final)
     compression = None if opts.compression == "none" else opts.compression
+    with atomic.naming(final), open(tmp, "wb", opener=atomic.nofollow):
+        pass  # made here: pyarrow's error opening it (a read-only folder) named only the temporary file, in its text
     writer = pq.ParquetWriter(str(tmp), SCHEMA, compression=compression)
     try:
         with open(tsv_tmp, "wb") as tsv, RecordReader(records) as reader:

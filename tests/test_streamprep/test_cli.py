@@ -571,3 +571,54 @@ def test_an_error_naming_a_temporary_file_names_the_file_it_becomes(tmp_path: Pa
     with pytest.raises(OSError) as err:
         atomic.write_json(target, [])
     assert (err.value.errno, err.value.filename, err.value.filename2) == (errno.ENOSPC, str(target), None)
+
+
+def test_a_folder_of_the_run_it_may_not_write_in_is_exit_2_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys) -> None:
+    """Regression: a read-only folder inside the run dir (checkpoints/, ingest/<ds>, parquet/, binidx/<ds>) ended a
+    resume with a raw "PermissionError: [Errno 13] Permission denied: '…/checkpoints/.dclm.inputs.streamprep-tmp.
+    11029'" (pyarrow's "Failed to open local file '….parquet.streamprep-tmp.…'"), exit 1, at every re-run. A folder
+    there is now checked at the start: exit 2 naming it, nothing written; one made read-only during the job is the
+    line naming the file (not its temporary name) and its folder, exit 2, recorded as needing a change.
+    (Simulated: root writes through permission bits.)"""
+    import errno
+
+    from helpers import base_config, english_docs, tree_hashes
+    from streamprep import atomic, cli, run_from_dict
+    from streamprep.layout import needs_change
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(200)))
+    cfg, run = base_config([{"name": "gen", "path": str(src)}], None), tmp_path / "run"
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    before = tree_hashes(run, ".", names=())
+    access, refusing = os.access, run / "checkpoints"
+    with monkeypatch.context() as m:
+        m.setattr(os, "access", lambda path, mode, **kw: Path(path) != refusing and access(path, mode, **kw))
+        assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"streamprep: error: run dir {run}: {refusing} is not writable; make it writable and re-run"]
+    assert tree_hashes(run, ".", names=()) == before  # nothing written (run.json, logs included)
+
+    nofollow = atomic.nofollow
+
+    def opener(path: str, flags: int) -> int:
+        if Path(path).parent == refusing:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return nofollow(path, flags)
+    with monkeypatch.context() as m:  # made read-only during the job
+        m.setattr(atomic, "nofollow", opener)
+        with pytest.raises(PermissionError) as err:
+            atomic.write_bytes(refusing / "gen.inputs", b"{}\n")
+    assert err.value.filename == str(refusing / "gen.inputs") and needs_change(err.value)
+
+    def ingest(args: object) -> int:
+        raise err.value
+
+    monkeypatch.setattr(cli.COMMANDS, "get", lambda name: ingest)
+    monkeypatch.setattr(cli.forkserver, "start_for", lambda config: None)
+    assert cli.main(["ingest", "--config", str(tmp_path / "c.yaml")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"streamprep: error: cannot write {refusing}/gen.inputs: Permission denied; make {refusing} (and the file, if "
+        f"it is there) writable and re-run the same command"]

@@ -975,3 +975,24 @@ def test_a_full_disk_in_the_exports_names_the_file(run, monkeypatch, where):
     assert (name.name.startswith("b") and name.suffix == ".order") if where == "order" else (
         name.name.startswith("shard_") and name.suffix == ".parquet")
     assert not atomic.is_tmp_name(name.name) and not os.path.exists(atomic.tmp_path(name))
+
+
+@pytest.mark.slow
+def test_a_parquet_folder_it_may_not_write_in_names_the_shard(run, monkeypatch):
+    """Regression: a read-only parquet/ failed in pyarrow with "Failed to open local file '….parquet.streamprep-tmp.
+    NNN'. Detail: [errno 13] Permission denied", naming only the temporary file. The temporary file is now made by
+    Python first: a PermissionError naming the shard. (Simulated: root writes through permission bits.)"""
+    import errno
+
+    run_dir, refs = run
+    nofollow = atomic.nofollow
+
+    def opener(path: str, flags: int) -> int:
+        if Path(path).parent == run_dir / "parquet" and Path(path).name.startswith(".shard_"):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return nofollow(path, flags)
+    monkeypatch.setattr(atomic, "nofollow", opener)
+    with pytest.raises(PermissionError) as err:
+        export(run_dir, refs)
+    name = Path(err.value.filename)
+    assert name.parent == run_dir / "parquet" and name.name.startswith("shard_") and name.suffix == ".parquet"
