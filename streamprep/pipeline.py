@@ -34,7 +34,8 @@ from streamprep.executor import Executor
 from streamprep.exports import chain, export_run
 from streamprep.feeder import ShardFeeder, Wait
 from streamprep.ingest import IngestContext, completed_parts, ingest_all, worker_executor
-from streamprep.layout import Checkpoint, CheckpointLayout, RunLayout, needs_change, part_index_of, read_json
+from streamprep.layout import (Checkpoint, CheckpointLayout, RunLayout, needs_change, part_index_of, part_name,
+                               read_json)
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
@@ -151,6 +152,47 @@ def _check_writable_dir(path: Path, what: str) -> None:
             raise ConfigError(f"{what} {path}: {folder} is not writable; make it writable and re-run")
 
 
+PID_WIDEST = "4194304"  # Linux's highest pid_max: the widest process number a temporary name ends with
+
+
+def _widest_paths(run_dir: Path, checkpoint_dir: Path, dataset: str) -> list[Path]:
+    """The longest paths the run writes for `dataset`, its part, unit and holder numbers at their widest, as
+    temporary names (`atomic.tmp_path`, any process's)."""
+    layout, ck, part = RunLayout(run_dir), CheckpointLayout(checkpoint_dir), part_name(99999)
+    files = [layout.binidx_prefix(dataset, part).with_suffix(".idx"),
+             layout.sft_prefix(dataset, part).with_suffix(".idx"), layout.part_columns(dataset, part),
+             layout.receipt(dataset, part), layout.ingest_part(dataset, 99999), layout.rejects(dataset),
+             ck.stage(dataset) / "u9999999-9999999.kept.off", ck.dedup_log(dataset, 4095, 4096),
+             ck.checkpoint(dataset), ck.inputs(dataset), ck.plan(dataset), layout.tokenizer_backend_fallback]
+    return [p.with_name(f".{p.name}{atomic.TMP_MARK}{PID_WIDEST}") for p in files]
+
+
+def _check_path_lengths(config: Config, run_dir: Path, checkpoint_dir: Path) -> None:
+    """Refuse a run dir (or checkpoint dir) so deep, or a dataset name so long, that a file the run writes would have
+    a path longer than the file system takes (PATH_MAX) or a name longer (NAME_MAX): "OSError: [Errno 36] File name
+    too long" ended the job after run.json, checkpoints/ and tokenizer/ were written, and every re-run the same."""
+    limits: dict[Path, tuple[int, int]] = {}
+    for ds in config.datasets:
+        for path in _widest_paths(run_dir, checkpoint_dir, ds.name):
+            root, what = ((checkpoint_dir, "'run.checkpoint_dir'") if path.is_relative_to(checkpoint_dir)
+                          else (run_dir, "run dir"))
+            if root not in limits:
+                existing = next(p for p in (root, *root.parents) if os.path.isdir(p))  # (False when too long)
+                try:
+                    limits[root] = os.pathconf(existing, "PC_PATH_MAX"), os.pathconf(existing, "PC_NAME_MAX")
+                except (OSError, ValueError):  # a file system that does not say: nothing to check against
+                    limits[root] = sys.maxsize, sys.maxsize
+            path_max, name_max = limits[root]
+            size = len(os.fsencode(path))
+            long_name = next((n for n in path.parts if len(os.fsencode(n)) > name_max), None)
+            if size >= path_max or long_name is not None:  # (PATH_MAX counts the terminating NUL)
+                over = (f"a path of {size} bytes (at most {path_max - 1})" if long_name is None else
+                        f"a name of {len(os.fsencode(long_name))} bytes (at most {name_max})")
+                raise ConfigError(f"{what} {root}: too long for the files of dataset {ds.name!r}: "
+                                  f"{path.relative_to(root)} there would be {over} on its file system; choose a "
+                                  f"shorter {what} or dataset name")
+
+
 def _start_files(run_dir: Path, checkpoint_dir: Path) -> list[Path]:
     """What a job writes at its start from its config alone, before its first record: the tokenizer's copy and the
     backend chosen for it, the holder count, the checkpoint dir's owner. No output: an attempt that failed having
@@ -177,6 +219,7 @@ def _wrote_outputs(run_dir: Path, checkpoint_dir: Path, within: list[Path] | Non
 
 def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | None:
     """Refusals that must happen before anything is written. Returns the previous run.json, if any."""
+    _check_path_lengths(config, run_dir, _checkpoint_dir(config, run_dir).resolve())
     if fresh and run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"--fresh: run dir {run_dir} is not empty (choose a new --run-dir or remove it)")
     if run_dir.exists() and not run_dir.is_dir():

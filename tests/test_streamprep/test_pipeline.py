@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import types
@@ -453,3 +454,37 @@ def test_an_optional_dataset_whose_input_appears_or_goes_is_named_at_resume(tmp_
     with pytest.raises(ConfigError, match=expect):
         run_from_dict(cfg, run_dir=run_dir, console_log=False)
     assert tree_hashes(run_dir, *outputs, names=("run.json", "manifest.json")) == before
+
+
+def test_a_run_dir_too_deep_for_its_files_is_refused_before_anything_is_written(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a run dir of ~4010 characters with a 64-character dataset name failed with "OSError: [Errno 36]
+    File name too long: '…/run/checkpoints/nnn…n.json'", exit 1, after run.json, checkpoints/, tokenizer/ and logs/
+    were written, and every re-run the same. The longest path the run will write (a temporary name of a dataset's
+    file, PATH_MAX) or name (NAME_MAX) is checked at the start: a config error naming the run dir and the dataset."""
+    from streamprep import pipeline
+    from streamprep.config import ConfigError
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(50)))
+    name = "n" * 64
+    cfg = base_config([{"name": name, "path": str(src)}], None)
+    deep = tmp_path
+    while len(str(deep)) < 3800:
+        deep /= "d" * 200
+    deep.mkdir(parents=True)
+    run = deep / ("r" * (4010 - len(str(deep)) - 1))
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(cfg, run_dir=run, console_log=False)
+    assert str(err.value).startswith(f"run dir {run}: too long for the files of dataset {name!r}: binidx/{name}/"
+                                     f".part-99999_text_document.idx.streamprep-tmp.4194304 there would be a path of ")
+    assert str(err.value).endswith(" bytes (at most 4095) on its file system; choose a shorter run dir or dataset name")
+    assert not run.exists()
+
+    real = os.pathconf
+    monkeypatch.setattr(pipeline.os, "pathconf", lambda p, n: 80 if n == "PC_NAME_MAX" else real(p, n))
+    with pytest.raises(ConfigError) as err:  # a file system of short names (eCryptfs: 143 bytes)
+        run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    assert str(err.value) == (f"run dir {tmp_path / 'run'}: too long for the files of dataset {name!r}: rejects/.{name}"
+                              f".jsonl.streamprep-tmp.4194304 there would be a name of 94 bytes (at most 80) on its "
+                              f"file system; choose a shorter run dir or dataset name")
