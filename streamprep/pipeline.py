@@ -22,7 +22,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
@@ -147,9 +147,29 @@ def _check_writable_dir(path: Path, what: str) -> None:
         raise ConfigError(f"{what} {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{what} {path}: {existing} is not writable")
-    for folder, dirs, _files in os.walk(path) if existing == path else ():  # (os.walk follows no symlink)
+    for folder in _written_folders(path) if existing == path else ():
         if not os.access(folder, os.W_OK | os.X_OK):  # a resume writes in each (checkpoints/, ingest/<ds>, parquet/)
             raise ConfigError(f"{what} {path}: {folder} is not writable; make it writable and re-run")
+
+
+def _written_folders(top: Path) -> Iterator[str]:
+    """The folders of a run dir (or checkpoint dir) a job writes in: its own, its folders and theirs (`ingest/<ds>`,
+    `checkpoints/stage`), and those of `stage` and `.order` (`checkpoints/stage/<ds>`, `parquet/.order/<ds>`);
+    not deeper, where others write (Megatron's index cache, `binidx/<ds>/cache/`), nor through a symlink."""
+    def folders(path: str) -> list[str]:
+        try:
+            with os.scandir(path) as it:
+                return sorted(e.path for e in it if e.is_dir(follow_symlinks=False))
+        except OSError:  # not listable: os.access says so of it
+            return []
+
+    yield str(top)
+    for child in folders(str(top)):
+        yield child
+        for grandchild in folders(child):
+            yield grandchild
+            if os.path.basename(grandchild) in ("stage", ".order"):
+                yield from folders(grandchild)
 
 
 PID_WIDEST = "4194304"  # Linux's highest pid_max: the widest process number a temporary name ends with

@@ -600,6 +600,13 @@ def test_a_folder_of_the_run_it_may_not_write_in_is_exit_2_naming_it(tmp_path: P
     assert capsys.readouterr().err.splitlines() == [
         f"streamprep: error: run dir {run}: {refusing} is not writable; make it writable and re-run"]
     assert tree_hashes(run, ".", names=()) == before  # nothing written (run.json, logs included)
+    megatron = run / "binidx/gen/cache/GPTDataset_indices"  # written by a trainer, not by the job: not checked
+    megatron.mkdir(parents=True)
+    with monkeypatch.context() as m:
+        m.setattr(os, "access", lambda path, mode, **kw: Path(path).parent != megatron.parent and access(path, mode,
+                                                                                                       **kw))
+        assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 0
+    capsys.readouterr()
 
     nofollow = atomic.nofollow
 
