@@ -12,7 +12,6 @@ import os
 import platform
 import shutil
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -281,7 +280,7 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
     if was is not None and was != now and was != plugin_modules(by_family=True):
         raise ConfigError(f"plug-ins changed since this run started (was {','.join(was) or 'none'!r}, now "
                           f"{','.join(now) or 'none'!r}: the modules STREAMPREP_PLUGINS names, then those of plug-ins "
-                          f"registered before the job, each in the order imported); plug-ins decide verdicts and "
+                          f"registered before the job, each in the order registered); plug-ins decide verdicts and "
                           f"bytes as the config does, their order too (which gate runs first, which of two "
                           f"registrations of a name stands): resume with the same, in the same order, or use a new "
                           f"--run-dir")
@@ -326,14 +325,18 @@ def _refuse_moved_checkpoints(previous: dict[str, Any], checkpoint_dir: Path) ->
 def plugin_modules(by_family: bool = False) -> list[str]:
     """What run.json records of the plug-ins: the modules STREAMPREP_PLUGINS names, then the modules of the plug-ins
     the caller registered before the job (`Registry.late`, and gates), which decide verdicts and bytes as much: a
-    resume without them was not refused. Both in the order imported, which decides the gates' order and which of two
-    registrations of a name stands, so that `import a, b` resumes a run STREAMPREP_PLUGINS=a,b started (listed by
-    registry family, they were refused as another order); `by_family`: that earlier list."""
-    late = [m for reg in registry.FAMILIES for _, m in reg.late()] + [m for _, m in late_gates()]
+    resume without them was not refused. Both in the order they registered (`registry.registration_order`), all
+    families together, which decides the gates' order and which of two registrations of a name stands: a module
+    registering as it is imported gives its import order, so that `import a, b` resumes a run
+    STREAMPREP_PLUGINS=a,b started (listed by registry family, they were refused as another order), and
+    `b.install(); a.install()` is told from `a.install(); b.install()`; `by_family`: that earlier list."""
+    if by_family:
+        late = [m for reg in registry.FAMILIES for _, m in reg.late()] + [m for _, m in late_gates()]
+    else:
+        ordered = [(e.order, registry.module_of(e.target)) for reg in registry.FAMILIES for e in reg.late_entries()]
+        ordered += [((registry.GATES_AT_START + i + 1, -1), m) for i, (_, m) in enumerate(late_gates())]
+        late = [m for _, m in sorted(ordered, key=lambda om: om[0])]
     late = [m for m in dict.fromkeys(late) if m not in registry.PLUGIN_MODULES]
-    if not by_family:
-        imported = {name: n for n, name in enumerate(list(sys.modules))}
-        late.sort(key=lambda m: imported.get(m, len(imported)))
     return list(registry.PLUGIN_MODULES) + late
 
 

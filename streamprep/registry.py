@@ -11,6 +11,8 @@ with one line (docs/architecture.md, "Where to add …"):
 from __future__ import annotations
 
 import importlib
+import itertools
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -22,6 +24,7 @@ class Entry:
     name: str
     target: Any
     meta: Mapping[str, Any] = field(default_factory=dict)
+    order: tuple[int, int] = (0, 0)  # `registration_order()` when registered
 
     def load(self, value: Any = None) -> Any:
         """The target, or the metadata item `value` if it is a "module:attr" string, imported now."""
@@ -51,7 +54,7 @@ class Registry:
             raise ValueError(f"{self.family} {name!r}: {self.closed}")
         if (old := self._entries.get(name)) is not None and old.meta.get("builtin"):
             raise ValueError(f"{self.family} {name!r} is built in; register yours under another name")
-        self._entries[name] = Entry(name, target, meta)
+        self._entries[name] = Entry(name, target, meta, registration_order())
         return target
 
     def unregister(self, name: str) -> None:
@@ -80,8 +83,11 @@ class Registry:
         """(name, module) of each entry registered, or replaced, after streamprep's start: not by the built-ins or a
         STREAMPREP_PLUGINS module, which every process imports, but by code the caller ran (docs/architecture.md,
         "Where to add")."""
-        return [(e.name, module_of(e.target)) for e in self._entries.values()
-                if self.at_start.get(e.name, self) is not e.target]
+        return [(e.name, module_of(e.target)) for e in self.late_entries()]
+
+    def late_entries(self) -> list[Entry]:
+        """The entries `late` names, with their `Entry.order`."""
+        return [e for e in self._entries.values() if self.at_start.get(e.name, self) is not e.target]
 
     def choices(self) -> str:
         """'a, b or c': how a one-line config error lists the names."""
@@ -132,6 +138,18 @@ PLUGIN_MODULES: list[str] = []
 # streamprep/plugins.py puts first: those after them were registered by code the caller ran (before or after
 # `import streamprep`), as `Registry.late` entries are
 GATES_AT_START = 0
+
+
+_REGISTERED = itertools.count()
+
+
+def registration_order() -> tuple[int, int]:
+    """Where a registration made now stands among all plug-ins' (run.json records their modules so: their order
+    decides which gate runs first and which of two registrations of a name stands): after how many gate factories
+    (`quality.gates.EXTRA_GATES`, a list quality keeps itself, imported or not), then after how many registrations
+    of any family here. Gate factory i stands at (i + 1, -1): after those registered while there were i."""
+    gates = sys.modules.get("quality.gates")
+    return len(gates.EXTRA_GATES) if gates is not None else 0, next(_REGISTERED)
 
 
 def module_of(target: Any) -> str:

@@ -595,7 +595,7 @@ def test_a_resume_with_other_plugins_is_refused_like_a_changed_config(tmp_path: 
     refused = ingest(None)
     assert (refused.returncode, refused.stderr.splitlines()[-1]) == (2, (
         "streamprep: error: plug-ins changed since this run started (was 'toy_gate_plugin', now 'none': the modules "
-        "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job, each in the order imported); "
+        "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job, each in the order registered); "
         "plug-ins decide verdicts and bytes as the config does, their order too (which gate runs first, which of two "
         "registrations of a name stands): resume with the same, in the same order, or use a new --run-dir"))
     assert ingest(" toy_gate_plugin ").returncode == 0  # the same modules
@@ -659,9 +659,72 @@ def test_the_same_plugins_imported_by_the_api_resume_a_run_the_cli_started(tmp_p
     atomic.write_json(run_json, {**record, "plugins": ["p_gate", "p_gate2"]})
     assert api("p_gate2, p_gate") == (  # two gates in the other order: the other one rejects first
         "plug-ins changed since this run started (was 'p_gate,p_gate2', now 'p_gate2,p_gate': the modules "
-        "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job, each in the order imported); "
+        "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job, each in the order registered); "
         "plug-ins decide verdicts and bytes as the config does, their order too (which gate runs first, which of two "
         "registrations of a name stands): resume with the same, in the same order, or use a new --run-dir")
+
+
+INSTALLED_GATE_PLUGIN = """
+from quality.gates import Gate, register_gate
+
+
+class G(Gate):
+    name = failed_check = __name__
+
+    def check(self, doc):
+        return "says 'the'" if " the " in doc.text else None
+
+
+def install():
+    register_gate(lambda settings, text_field: G())
+"""
+
+
+def test_a_resume_that_registers_the_same_gates_in_another_order_is_refused(tmp_path: Path) -> None:
+    """Regression: a run whose script imported gate modules g_a, g_b and registered g_b's gate, then g_a's (each
+    rejecting the same texts, so the first decides which is counted), resumed by a script registering g_a's first
+    was accepted and the audit then split the rejects between both gates: run.json listed the modules in the order
+    imported (`sys.modules`), which was the same both times. It lists them in the order they registered, all
+    families together (`registry.registration_order`), so the resume is refused; a format module registering at
+    import before a gate installed later is listed first."""
+    (tmp_path / "plugins").mkdir()
+    for module, text in (("g_a", INSTALLED_GATE_PLUGIN), ("g_b", INSTALLED_GATE_PLUGIN), ("p_toy", TOY_FORMAT_PLUGIN)):
+        (tmp_path / f"plugins/{module}.py").write_text(text)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
+    cfg = base_config([{"name": "a", "path": str(corpus)}], None, execution={"engine": "local", "workers": 1})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
+    env.pop("STREAMPREP_PLUGINS", None)
+
+    def api(imports: str, installs: str, run: bool = True) -> str:
+        script = (f"import {imports}, yaml, streamprep\n"
+                  f"from streamprep.pipeline import plugin_modules\n"
+                  f"if __name__ == '__main__':\n"
+                  f"    {installs}\n"
+                  f"    if not {run}:\n"
+                  f"        raise SystemExit(print(','.join(plugin_modules())))\n"
+                  f"    cfg = yaml.safe_load(open('cfg.yaml'))\n"
+                  f"    try:\n"
+                  f"        print(streamprep.run_from_dict(cfg, run_dir='run', console_log=False).status)\n"
+                  f"    except streamprep.ConfigError as exc:\n"
+                  f"        print(exc)\n")
+        (tmp_path / "job.py").write_text(script)
+        proc = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip()
+
+    assert api("g_a, g_b", "g_b.install(); g_a.install()") == "complete"
+    assert json.loads((tmp_path / "run/run.json").read_text())["plugins"] == ["g_b", "g_a"]
+    assert api("g_a, g_b", "g_b.install(); g_a.install()") == "complete"  # the same order
+    assert api("g_a, g_b", "g_a.install(); g_b.install()") == (
+        "plug-ins changed since this run started (was 'g_b,g_a', now 'g_a,g_b': the modules "
+        "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job, each in the order registered); "
+        "plug-ins decide verdicts and bytes as the config does, their order too (which gate runs first, which of two "
+        "registrations of a name stands): resume with the same, in the same order, or use a new --run-dir")
+    assert api("g_a, p_toy", "g_a.install()", run=False) == "p_toy,g_a"
+    assert api("p_toy, g_a", "g_a.install()", run=False) == "p_toy,g_a"
 
 
 @pytest.mark.parametrize("returned, why", [
