@@ -135,10 +135,23 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
     except ImportError:  # a private name: a transformers without it leaves the template to the first render
         return
     try:
-        _compile_jinja_template(template)
+        compiled = _compile_jinja_template(template)
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"config: '{used}': the chat template in {where} does not compile: {exc.message} "
                           f"(line {exc.lineno})") from None
+    # one that renders none of a conversation (comments only, a BOM) drops every record as `empty` or
+    # `no_trained_tokens`, a run of 0 tokens: a probe of digits (which upper, lower, trim, tojson keep) must show
+    tcfg = tokenizer_config(where.parent)
+    tokens = {k: v for k in TOKEN_KEYS if isinstance(v := _token_value(tcfg.get(k)), str)}
+    probe = [{"role": "user", "content": "7319046285"}, {"role": "assistant", "content": "5820637194"}]
+    try:
+        rendered = compiled.render(messages=probe, add_generation_prompt=False, **tokens)
+    except Exception:  # noqa: BLE001 - it may need what a probe lacks (a system turn, tools): left to the run
+        return
+    if not any(m["content"] in rendered for m in probe):
+        raise ConfigError(f"config: '{used}': the chat template in {where} renders none of the conversation's "
+                          f"messages (a conversation of a user and an assistant message rendered as "
+                          f"{rendered!r:.60})")
 
 
 def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:

@@ -751,6 +751,35 @@ def test_an_empty_chat_template_is_a_config_error(tmp_path: Path, shared_data: P
     assert not run_dir.exists()
 
 
+def test_a_chat_template_that_renders_no_message_is_a_config_error(tmp_path: Path, shared_data: Path, capsys) -> None:
+    """Regression: a chat template of comments only, or of a BOM, passed the empty-template check (it is not blank),
+    so the run completed (exit 0) with 0 tokens, every record dropped as `empty` or `no_trained_tokens`. A probe
+    conversation that renders none of its messages is refused at start (exit 2, nothing written), naming the file;
+    templates that render them (transformed, or needing a special token), or raise on the probe, are not."""
+    from streamprep.cli import main
+    from streamprep.config import ConfigError, load
+
+    tok, tcfg, raw = _phi3_copy(tmp_path, shared_data)
+    for blank, shown in (("{# nothing to render #}\n", "''"), ("\ufeff\n", "'\\ufeff'"),
+                         ("{% for m in messages %}{{ m.role }}\n{% endfor %}", "'user\\nassistant\\n'")):
+        (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": blank}), encoding="utf-8")
+        with pytest.raises(ConfigError) as err:
+            load(raw)
+        assert str(err.value) == (f"config: 'sft.input.sections[0].template': the chat template in "
+                                  f"{tok / 'tokenizer_config.json'} renders none of the conversation's messages (a "
+                                  f"conversation of a user and an assistant message rendered as {shown})")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    run_dir = tmp_path / "run"
+    assert main(["ingest", "--config", str(cfg), "--run-dir", str(run_dir)]) == 2
+    assert "renders none of the conversation's messages" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not run_dir.exists()
+    for fine in (tcfg["chat_template"], "{% for m in messages %}{{ m.content | upper | tojson }}{% endfor %}",
+                 "{{ bos_token + messages[-1].content + eos_token }}", "{{ raise_exception('needs a system turn') }}"):
+        (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": fine}), encoding="utf-8")
+        load(raw)
+
+
 def test_an_unreadable_or_defaultless_chat_template_is_a_config_error_naming_its_file(tmp_path: Path,
                                                                                      shared_data: Path) -> None:
     """Regression: a chat_template.jinja that is not UTF-8 ended the job with a bare UnicodeDecodeError naming no file
