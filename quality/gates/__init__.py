@@ -1,6 +1,8 @@
 """Quality gates, one small class per check, and the order they run in."""
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 from typing import Any, Callable
 
@@ -203,9 +205,16 @@ def _unwritable(meta: dict[str, Any], drop: bool = True) -> str | None:
 
 
 def _non_finite(value: Any) -> bool:
-    """Whether `value` is, or holds in a dict, list or tuple, a float NaN or infinity."""
+    """Whether `value` is, or holds in what orjson writes of it (a dict, list or tuple; a dataclass's attributes not
+    starting with '_'; an Enum member's value), a float NaN or infinity."""
     if isinstance(value, float):
         return not math.isfinite(value)
+    if isinstance(value, enum.Enum):
+        return _non_finite(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        attrs = vars(value) if hasattr(value, "__dict__") else \
+            {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}  # __slots__
+        value = {k: v for k, v in attrs.items() if not k.startswith("_")}
     if isinstance(value, dict):
         return any(_non_finite(v) for v in value.values())
     return isinstance(value, (list, tuple)) and any(_non_finite(v) for v in value)

@@ -17,6 +17,8 @@ import json
 import os
 import random
 import sys
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -260,6 +262,27 @@ def test_a_check_batch_with_a_wrong_answer_is_rechecked_doc_by_doc(answer: str) 
     assert [(v.keep, v.meta.get("reason")) for v in got] == [(True, None), (False, "says odd")] * 2
 
 
+@dataclass
+class Scored:
+    """A gate's meta value orjson writes as {"value": ...}."""
+
+    value: float
+    _private: float = float("nan")  # not written (orjson leaves out '_' attributes): no reject for it
+
+
+@dataclass(slots=True)
+class Slotted:
+    """The same without a __dict__."""
+
+    value: float
+
+
+class Odds(Enum):
+    """orjson writes a member as its value."""
+
+    NAN = float("nan")
+
+
 NON_FINITE = "a float NaN or infinity, which a JSON line writes as null"
 UNWRITABLE: dict[str, tuple[Any, str]] = {
     "numpy float32": (np.float32(0.5), "Type is not JSON serializable: numpy.float32"),
@@ -270,7 +293,10 @@ UNWRITABLE: dict[str, tuple[Any, str]] = {
     "lone surrogate": ("a\ud800", "str is not valid UTF-8: surrogates not allowed"),
     # orjson writes these as null: the value lost without a word
     "nan": (float("nan"), NON_FINITE), "-inf": (float("-inf"), NON_FINITE),
-    "inf in a list": ({"scores": [0.5, None, float("inf")]}, NON_FINITE)}
+    "inf in a list": ({"scores": [0.5, None, float("inf")]}, NON_FINITE),
+    # orjson writes a dataclass's and an Enum member's value itself (regression: their NaN was written as null)
+    "nan in a dataclass": (Scored(float("nan")), NON_FINITE), "nan enum": (Odds.NAN, NON_FINITE),
+    "inf in a slots dataclass": ([Slotted(float("inf"))], NON_FINITE)}
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["evaluate_batch", "evaluate"])
@@ -310,6 +336,16 @@ def test_a_plugin_gates_unwritable_meta_costs_that_record_only(value: str, batch
         (False, "error", error, None)]
     assert [orjson.loads(orjson.dumps(v.meta)) == v.meta for v in got] == [True] * 4
     assert qc.stats["rejected_by_check"] == {"error": 2, "scorer": 1}
+
+
+def test_a_finite_dataclass_or_enum_in_meta_is_written_as_it_is() -> None:
+    """What orjson leaves out of a dataclass ('_' attributes) or writes fine is no reject: only what it writes as null."""
+    from quality.gates import _unwritable
+
+    class Finite(Enum):
+        HALF = 0.5
+
+    assert _unwritable({"s": Scored(0.5), "e": Finite.HALF, "l": [Slotted(1.0)], "n": None}) is None
 
 
 @pytest.mark.parametrize("raises", [False, True], ids=["returned", "raised"])
