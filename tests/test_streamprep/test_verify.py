@@ -616,3 +616,24 @@ def test_verify_cli_gives_no_delete_advice_for_a_damaged_checkpoint(chain_run):
     lines = out.stdout.splitlines()
     assert out.returncode == 1 and lines[0].startswith(f"{run}: a checkpoint or receipt is damaged"), out
     assert lines[1:] == ["streamprep: verify: 1 problem(s)"], out
+
+
+@pytest.mark.slow
+def test_a_damaged_manifest_does_not_judge_the_receipts(chain_run):
+    """Regression: with manifest.json's entry for a receipt edited (run.json's hash of the manifest then fails) and
+    that receipt's ingest part damaged, verify named the intact receipt as differing from manifest.json, both
+    digests shown the same, and not the damaged part: a manifest run.json refuses does not judge the receipts."""
+    run, touch = chain_run
+    rel = "receipts/c4/part-00001.json"
+
+    def edit(man: dict) -> None:
+        entry = next(e for e in man["files"] if e["path"] == rel)
+        entry["sha256"] = entry["sha256"][:20] + ("0" if entry["sha256"][20] != "0" else "1") + entry["sha256"][21:]
+    touch("manifest.json", _json_edit(edit))
+    touch("ingest/c4/part-00001.jsonl", _flip(0.5))
+    problems = verify_run(run)
+    assert _named(problems, "manifest.json: SHA-256 mismatch (run.json says"), problems
+    assert _named(problems, "ingest/c4/part-00001.jsonl: SHA-256 mismatch"), problems
+    shown = [p for p in problems if p.startswith(f"{rel}: content differs from manifest.json")]
+    assert all(p.split("SHA-256 ")[1].split("…")[0] != p.split("says ")[1].split(" bytes, ")[1].split("…")[0]
+               for p in shown), shown
