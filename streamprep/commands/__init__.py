@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from streamprep.atomic import is_tmp_name
 from streamprep.config import ConfigError
 from streamprep.layout import CheckpointLayout, RunLayout
 from streamprep.lock import holder_if_running
@@ -30,12 +31,14 @@ def require_run_dir(path: str) -> Path:
 
 def _starting(layout: RunLayout) -> bool:
     """Whether the run dir holds only what a job makes before it writes run.json, in order: its `.lock`, the
-    checkpoint dir's lock and owner file when that dir is the default `checkpoints/` inside it, and `logs/`."""
-    names = set(os.listdir(layout.run_dir))
+    checkpoint dir's lock and owner file when that dir is the default `checkpoints/` inside it, and `logs/`; and the
+    temporary file of run.json or of that owner file, written at that moment (a kill then leaves it)."""
+    names = {n for n in os.listdir(layout.run_dir) if not is_tmp_name(n)}
     if not names <= {layout.lock.name, layout.logs_dir.name, layout.local_checkpoints.name}:
         return False
     ckpt = layout.local_checkpoints
     if ckpt.name not in names:
         return True
     marks = CheckpointLayout(ckpt)
-    return ckpt.is_dir() and not ckpt.is_symlink() and set(os.listdir(ckpt)) <= {marks.lock.name, marks.owner.name}
+    return ckpt.is_dir() and not ckpt.is_symlink() and \
+        {n for n in os.listdir(ckpt) if not is_tmp_name(n)} <= {marks.lock.name, marks.owner.name}

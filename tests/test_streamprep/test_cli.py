@@ -160,6 +160,12 @@ def test_a_run_dir_as_its_job_leaves_it_before_run_json(tmp_path, capsys, monkey
         assert main([command, str(run_dir)]) == 2
         assert capsys.readouterr().err == (f"streamprep: error: {run_dir}: its job stopped before it wrote run.json; "
                                            "re-run the same streamprep ingest command to start it\n")
+    # regression: killed while writing run.json or the owner file, their temporary files made it "not a run dir"
+    (run_dir / ".run.json.streamprep-tmp.99999").write_text('{"x')
+    (run_dir / "checkpoints" / "..streamprep-run.streamprep-tmp.99999").write_text("x")
+    assert main(["status", str(run_dir)]) == 2
+    assert capsys.readouterr().err == (f"streamprep: error: {run_dir}: its job stopped before it wrote run.json; "
+                                       "re-run the same streamprep ingest command to start it\n")
     (run_dir / "checkpoints" / "a.json").write_text("{}")  # a checkpoint: more than a start makes
     assert main(["status", str(run_dir)]) == 2
     assert capsys.readouterr().err == f"streamprep: error: {run_dir}: not a streamprep run directory (no run.json)\n"
