@@ -270,7 +270,7 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
         return None   # started afresh (`_forget_failed_start`)
     changed = configmod.drift_keys(previous["config"], config.to_dict(), exports_redone=status != "complete")
     if changed:
-        _refuse_optional_change(previous["config"], config)
+        _refuse_optional_change(previous["config"], config, status != "complete")
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
                           f"use a new --run-dir (with --fresh) to start over")
@@ -287,10 +287,11 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
     return previous
 
 
-def _refuse_optional_change(old: Mapping[str, Any], config: Config) -> None:
+def _refuse_optional_change(old: Mapping[str, Any], config: Config, exports_redone: bool) -> None:
     """An optional dataset whose input appeared or went missing since the run started changes the datasets the
     run holds (and, under `dedup_scope: run`, what the others keep): refused, as any config change, but naming
-    that cause (the YAML may be byte-identical, and 'config changed (datasets)' sent the user looking there)."""
+    that cause (the YAML may be byte-identical, and 'config changed (datasets)' sent the user looking there), and
+    the keys that changed besides, if any (else putting the input back only led to a second refusal)."""
     was = {d["name"] for d in old.get("datasets") or ()}
     now = {d.name for d in config.datasets}
     missing = {name: why for name, why in config.skipped}
@@ -301,8 +302,14 @@ def _refuse_optional_change(old: Mapping[str, Any], config: Config) -> None:
     what = [f"optional dataset {name}'s input is there now but was missing when this run started" for name in came]
     what += [f"optional dataset {name}'s input was there when this run started and is missing now ({missing[name]})"
              for name in went]
-    raise ConfigError(f"{'; '.join(what)}: resuming would change the datasets this run holds — put the input back as "
-                      f"it was, or use a new --run-dir (with --fresh) to start over")
+    new = config.to_dict()
+    besides = configmod.drift_keys({**old, "datasets": [d for d in old["datasets"] if d["name"] not in went]},
+                                   {**new, "datasets": [d for d in new["datasets"] if d["name"] not in came]},
+                                   exports_redone=exports_redone)
+    also = f"; and the config changed ({', '.join(besides[:8])}{' …' * (len(besides) > 8)})" if besides else ""
+    raise ConfigError(f"{'; '.join(what)}{also}: resuming would change the datasets this run holds — put the input "
+                      f"back as it was{' and the config' * bool(besides)}, or use a new --run-dir (with --fresh) to "
+                      f"start over")
 
 
 def _refuse_moved_checkpoints(previous: dict[str, Any], checkpoint_dir: Path) -> None:

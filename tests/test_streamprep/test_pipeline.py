@@ -454,6 +454,12 @@ def test_an_optional_dataset_whose_input_appears_or_goes_is_named_at_resume(tmp_
     with pytest.raises(ConfigError, match=expect):
         run_from_dict(cfg, run_dir=run_dir, console_log=False)
     assert tree_hashes(run_dir, *outputs, names=("run.json", "manifest.json")) == before
+    # regression: a key changed besides was named only by a second refusal, once the input was put back
+    cfg["datasets"][1]["text_field"] = "body"
+    with pytest.raises(ConfigError, match=r"; and the config changed \(datasets\[\d\]\.text_field\): resuming would "
+                                          r"change the datasets this run holds — put the input back as it was and "
+                                          r"the config, or"):
+        run_from_dict(cfg, run_dir=run_dir, console_log=False)
 
 
 def test_a_run_dir_too_deep_for_its_files_is_refused_before_anything_is_written(tmp_path: Path,
