@@ -214,7 +214,7 @@ def save(files: DatasetFiles, state: IngestState) -> None:
     fsynced) first, the checkpoint keeping their count (`part_index`): listed in it, they were rewritten by every save
     (2 000 one-record parts: 145 kB a checkpoint, 166 MB written)."""
     state.updated_at = time.time()
-    have = max(_size(files.sealed_log), 0) // SEALED_RECORD  # load_and_repair cut it to the checkpoint's count
+    have = max(_size(files.sealed_log), 0) // SEALED_RECORD  # repair cut it to the checkpoint's count
     if have < len(state.sealed):
         with atomic.naming(files.sealed_log), open(files.sealed_log, "ab") as fh:
             fh.write(sealed_records(state.sealed[have:]))
@@ -264,10 +264,12 @@ def _logs(files: DatasetFiles, state: IngestState) -> tuple[tuple[Path, int], ..
             (files.near_dedup, state.near_dedup_bytes), (files.sealed_log, state.part_index * SEALED_RECORD))
 
 
-def _missing(files: DatasetFiles, state: IngestState) -> list[str]:
-    """What the checkpoint needs and the disk lacks (cannot be repaired by truncation)."""
+def _missing(files: DatasetFiles, state: IngestState, listed: bool) -> list[str]:
+    """What the checkpoint needs and the disk lacks (cannot be repaired by truncation). `listed`: its sealed log is
+    to be written from the checkpoint's list (`repair`), not read."""
     short = [f"{path.name} has {max(_size(path), 0)} bytes, checkpoint says {want}"
-             for path, want in _logs(files, state) if want and _size(path) < want]
+             for path, want in _logs(files, state) if want and _size(path) < want
+             and not (listed and path == files.sealed_log)]
     short += [f"sealed {files.part(i).name} is missing or not {size} bytes" for i, (_, size) in enumerate(state.sealed)
               if _size(files.part(i)) != size]
     short += [f"staged piece {name} is missing" for name, _, _ in state.open_pieces
@@ -317,6 +319,15 @@ def _sealed_entry(entry: Any) -> bool:
             and not isinstance(entry[1], bool) and 0 <= entry[1] < 1 << 64)
 
 
+def _recorded_inputs(files: DatasetFiles) -> dict[str, Any] | None:
+    """The identity in the dataset's inputs file, if it holds one (an object: every job writes one)."""
+    try:
+        inputs = orjson.loads(files.inputs.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None  # as a missing file
+    return inputs if isinstance(inputs, dict) else None
+
+
 def _read_inputs(files: DatasetFiles, state: IngestState, raw: dict[str, Any]) -> str | None:
     """Set `state.inputs` from the dataset's inputs file, unless the checkpoint holds them (written by a streamprep
     before the file). What makes the state unfit, if anything: a dataset under way whose inputs file is missing or
@@ -324,19 +335,59 @@ def _read_inputs(files: DatasetFiles, state: IngestState, raw: dict[str, Any]) -
     are byte offsets into them)."""
     if "inputs" in raw:
         return None
-    try:
-        inputs = orjson.loads(files.inputs.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        inputs = None  # as a missing file
-    if isinstance(inputs, dict):
-        state.inputs = inputs
-    elif state.consumed and not state.done:  # null too: taken as "nothing recorded", it turned the check off
+    state.inputs = _recorded_inputs(files)
+    if state.inputs is None and state.consumed and not state.done:  # null too: as "nothing recorded", no check
         return f"its inputs file {files.inputs.name} is missing, unreadable or not an object"
     return None
 
 
-def load_and_repair(files: DatasetFiles) -> IngestState:
-    """Load the dataset's checkpoint and bring its files back to exactly what it describes.
+@dataclass
+class Loaded:
+    """A dataset's checkpoint as read, nothing repaired yet: the ingest first checks its input files against
+    `state.inputs`, so an attempt it refuses (a changed file) writes and deletes nothing, and the same command again
+    is refused again (a restart that cleared the dataset first forgot the inputs: the next attempt read the new
+    files, exit 0)."""
+    state: IngestState
+    restart: tuple[str, dict[str, Any]] | None = None  # the dataset starts over: why (the warning and its fields)
+    listed: bool = False  # the checkpoint lists its sealed parts: `repair` writes the sealed log from the list
+
+
+def load_checkpoint(files: DatasetFiles) -> Loaded:
+    """Read the dataset's checkpoint and judge it against its files (reads only; `repair` acts). A restart keeps
+    the inputs recorded, if any (the run's other datasets, and its dedup against them, read the files as they
+    were): also one for an unreadable or missing checkpoint, whose `<ds>.inputs` is still there."""
+    fresh = IngestState(dataset=files.dataset)
+    if not files.checkpoint.exists():
+        if files.parts() or files.rejects.exists() or CheckpointLayout(files.checkpoint_dir).dedup_logs(files.dataset) \
+                or files.near_dedup.exists() or files.sealed_log.exists() \
+                or files.stage.exists():
+            fresh.inputs = _recorded_inputs(files)
+            return Loaded(fresh, ("no checkpoint, removing partial outputs and starting over", {}))
+        return Loaded(fresh)
+    try:
+        raw = orjson.loads(files.checkpoint.read_bytes())
+        state = IngestState.from_json(raw)
+    except (orjson.JSONDecodeError, ValueError, TypeError) as exc:  # also a wrong shape (IngestState.from_json)
+        fresh.inputs = _recorded_inputs(files)
+        return Loaded(fresh, ("unreadable checkpoint, restarting dataset from scratch",
+                              {"checkpoint": str(files.checkpoint), "error": str(exc)[:200]}))
+    listed = "sealed" in raw  # else the sealed log holds them
+    # the inputs first: a restart keeps them, so the job still refuses changed input files
+    unfit = _read_inputs(files, state, raw) or _unfit(files, state, listed)
+    fresh.inputs = state.inputs
+    if unfit:
+        return Loaded(fresh, ("checkpoint does not hold a state a job writes, restarting dataset from scratch",
+                              {"checkpoint": str(files.checkpoint), "problem": unfit}))
+    if not listed:  # as many as its log holds: one short of part_index is _missing's
+        state.sealed = read_sealed(files.sealed_log, state.part_index)
+    short = _missing(files, state, listed)
+    if short:
+        return Loaded(fresh, ("outputs shorter than checkpoint; restarting dataset from scratch", {"problems": short}))
+    return Loaded(state, listed=listed)
+
+
+def repair(files: DatasetFiles, loaded: Loaded) -> IngestState:
+    """Bring the dataset's files back to exactly what its loaded checkpoint describes:
 
     - parts from `part_index` on      -> removed (sealed after the last checkpoint; sealed again on resume);
     - rejects / dedup / near logs      -> truncated to the checkpoint's lengths;
@@ -346,40 +397,16 @@ def load_and_repair(files: DatasetFiles) -> IngestState:
     Every action is logged.
     """
     files.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    if not files.checkpoint.exists():
-        if files.parts() or files.rejects.exists() or CheckpointLayout(files.checkpoint_dir).dedup_logs(files.dataset) \
-                or files.near_dedup.exists() or files.sealed_log.exists() \
-                or files.stage.exists():
-            log.warning("no checkpoint, removing partial outputs and starting over", dataset=files.dataset)
-            _clear(files)
-        return IngestState(dataset=files.dataset)
-    try:
-        raw = orjson.loads(files.checkpoint.read_bytes())
-        state = IngestState.from_json(raw)
-    except (orjson.JSONDecodeError, ValueError, TypeError) as exc:  # also a wrong shape (IngestState.from_json)
-        log.warning("unreadable checkpoint, restarting dataset from scratch", dataset=files.dataset,
-                    checkpoint=str(files.checkpoint), error=str(exc)[:200])
+    state = loaded.state
+    if loaded.restart is not None:
+        event, fields = loaded.restart
+        log.warning(event, dataset=files.dataset, **fields)
         _clear(files)
-        return IngestState(dataset=files.dataset)
-    listed = "sealed" in raw  # else the sealed log holds them
-    # the inputs first: a restart keeps them, so the job still refuses changed input files (the run's other datasets,
-    # and its dedup against them, read the files as they were); forgotten, it read the new ones without a word
-    unfit = _read_inputs(files, state, raw) or _unfit(files, state, listed)
-    if unfit:
-        log.warning("checkpoint does not hold a state a job writes, restarting dataset from scratch",
-                    dataset=files.dataset, checkpoint=str(files.checkpoint), problem=unfit)
-        _clear(files)
-        return IngestState(dataset=files.dataset, inputs=state.inputs)
-    if listed:  # an earlier streamprep's checkpoint: the log the next save appends to is made from its list
+        if state.inputs is not None:  # kept on disk too: a restart stopped before its first checkpoint still has them
+            save_inputs(files, state.inputs)
+        return state
+    if loaded.listed:  # an earlier streamprep's checkpoint: the log the next save appends to is made from its list
         atomic.write_bytes(files.sealed_log, sealed_records(state.sealed))
-    else:  # as many as it holds: one short of part_index is _missing's
-        state.sealed = read_sealed(files.sealed_log, state.part_index)
-    short = _missing(files, state)
-    if short:
-        log.warning("outputs shorter than checkpoint; restarting dataset from scratch", dataset=files.dataset,
-                    problems=short)
-        _clear(files)
-        return IngestState(dataset=files.dataset, inputs=state.inputs)  # still the inputs this run reads
     for extra in files.parts():
         if part_index_of(extra) >= state.part_index:
             log.warning("removing part sealed after the last checkpoint", dataset=files.dataset, part=extra.name)

@@ -31,7 +31,7 @@ import numpy as np
 from quality import QualitySettings
 from quality.dedup import digest_words
 from streamprep import atomic, engines, holders, logs, stats, unit_worker, units
-from streamprep.checkpoints import DatasetFiles, IngestState, load_and_repair, save, save_inputs
+from streamprep.checkpoints import DatasetFiles, IngestState, load_checkpoint, repair, save, save_inputs
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
 from streamprep.executor import Executor
 from streamprep.holders import Dedup, HeldDedup, HolderLost, Holders
@@ -189,17 +189,17 @@ class DatasetIngest:
 
     async def run(self) -> IngestState:
         name = self.ds.name
-        state = await asyncio.to_thread(load_and_repair, self.files)
-        self.ctx.progress[name] = state
-        self._checkpointed(state)
+        loaded = await asyncio.to_thread(load_checkpoint, self.files)
+        state = self.ctx.progress[name] = loaded.state
         if state.done:
+            await asyncio.to_thread(repair, self.files, loaded)
+            self._checkpointed(state)
             log.info("dataset already ingested", dataset=name, kept=state.kept, rejected=state.rejected)
             await asyncio.to_thread(self._drop_done_files)
             if self.run_scope:
                 await asyncio.to_thread(self._open_index, state)
                 self.ctx.publish(name)
             return state
-        counts = await asyncio.to_thread(self._open_index, state)
         ex = self.ctx.execution
         self.source = source = open_source(self.ds, self.ctx.hf_cache, ex.max_concurrent_downloads,
                                            prefetch_files=ex.hf_prefetch_files, cache_max_gb=ex.hf_cache_max_gb,
@@ -208,7 +208,10 @@ class DatasetIngest:
             inputs = await self._fingerprint(state)
             if inputs is STOP:
                 return state
-            self._check_inputs(state, inputs)
+            self._check_inputs(state, inputs)  # before the repair: a refused attempt writes and deletes nothing
+        await asyncio.to_thread(repair, self.files, loaded)
+        self._checkpointed(state)
+        counts = await asyncio.to_thread(self._open_index, state)
         for d in (self.files.ingest_dir, self.files.rejects.parent, self.stage_dir):
             d.mkdir(parents=True, exist_ok=True)
         plan = await self._blocking(lambda: self._plan(state))

@@ -322,7 +322,7 @@ def judge_piece(name: str, text_field: str, batch: int, stage: str, unit: Unit |
     finally:
         futures.wait(prefetching)
     # scratch for this attempt's finalize_piece only: a resume removes every staged file but the open pieces'
-    # kept lines (checkpoints.load_and_repair), so it is never read after a crash and needs no fsync (it was
+    # kept lines (checkpoints.repair), so it is never read after a crash and needs no fsync (it was
     # the largest file a record costs, ~660 B of a short one)
     atomic.write_bytes(stage + ".judged", pickle.dumps(judged, protocol=pickle.HIGHEST_PROTOCOL), durable=False)
     kinds, digests, text_bytes, checks, signatures = bytearray(), [], [], [], []

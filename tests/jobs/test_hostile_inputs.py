@@ -9,6 +9,7 @@ import bz2
 import codecs
 import dataclasses
 import gzip
+import hashlib
 import http.server
 import json
 import lzma
@@ -30,7 +31,7 @@ import zstandard
 
 from helpers import REPO, base_config, english_docs, local_source, tree_hashes
 from streamprep import run_from_dict
-from streamprep.checkpoints import DatasetFiles, load_and_repair
+from streamprep.checkpoints import DatasetFiles, load_checkpoint, repair
 from streamprep.config import Config, ConfigError, load, validate
 from streamprep.ingest import IngestContext, ingest_all
 from streamprep.sources.base import BadRecord, SourceError, input_change
@@ -746,8 +747,6 @@ async def test_a_checkpoint_costs_the_same_whatever_the_number_of_sealed_parts(t
     written grew with parts × units (2 000 one-record parts: 145 kB a checkpoint, 166 MB written). The parts are
     appended to `<ds>.sealed` (32-byte SHA-256, 8-byte size), the checkpoint keeping their count; a resume reads them
     back, the same."""
-    import hashlib
-
     from streamprep.layout import Checkpoint
 
     sizes = {}
@@ -765,7 +764,8 @@ async def test_a_checkpoint_costs_the_same_whatever_the_number_of_sealed_parts(t
     log = files.sealed_log.read_bytes()
     parts = [files.part(i).read_bytes() for i in range(state.part_index)]
     assert log == b"".join(hashlib.sha256(p).digest() + len(p).to_bytes(8, "big") for p in parts)
-    assert load_and_repair(files).sealed == state.sealed == [[hashlib.sha256(p).hexdigest(), len(p)] for p in parts]
+    assert repair(files, load_checkpoint(files)).sealed == state.sealed \
+        == [[hashlib.sha256(p).hexdigest(), len(p)] for p in parts]
     assert Checkpoint.load(files.checkpoint).ingest_bytes == state.ingest_bytes() == sum(map(len, parts))  # status
 
 
@@ -792,7 +792,7 @@ async def test_a_resume_reads_the_sealed_parts_back(tmp_path: Path, form: str) -
         files.sealed_log.write_bytes(files.sealed_log.read_bytes() + b"x" * 60)
     elif form == "log_short":
         files.sealed_log.write_bytes(files.sealed_log.read_bytes()[:-40])
-    resumed = load_and_repair(files)
+    resumed = repair(files, load_checkpoint(files))
     if form == "log_short":
         assert resumed.consumed == 0 and not files.sealed_log.exists()
     else:
@@ -1002,7 +1002,14 @@ async def test_a_file_added_to_or_gone_from_a_glob_during_the_run_stops_it_namin
                               f"and new data — {undo}, or start over with a new --run-dir")
 
 
-@pytest.mark.parametrize("damage", ["part", "sealed_log_gone", "sealed_log_short", "count_edited"])
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every path under `root`: a file's SHA-256, a folder as such (what an attempt wrote or deleted shows)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("damage", ["part", "sealed_log_gone", "sealed_log_short", "count_edited", "unreadable",
+                                    "checkpoint_gone"])
 async def test_a_dataset_restarted_from_scratch_still_refuses_changed_inputs_and_drops_its_old_shards(
         tmp_path: Path, damage: str) -> None:
     """Regression: a dataset whose checkpoint restarts it (a sealed part deleted, as `verify` advises for a damaged
@@ -1010,10 +1017,15 @@ async def test_a_dataset_restarted_from_scratch_still_refuses_changed_inputs_and
     stayed rejected as duplicates of texts no longer in the run); and the restart left its old receipts and shards,
     stale beside the new parts (`verify` failed, a re-run never removed them). Also when its sealed log is missing
     or short, or its checkpoint holds a count no job writes: those restarts forgot the inputs, and a finished run
-    re-run completed exit 0 on the new data beside its other datasets' decisions against the old."""
+    re-run completed exit 0 on the new data beside its other datasets' decisions against the old. And the refusal
+    held once: the refused attempt had already cleared the dataset (its `<ds>.inputs` too), so the same command
+    again read the new data, exit 0 (an unreadable or deleted checkpoint: not even once). A refused attempt now
+    writes and deletes nothing; restored, the input resumes to an uninterrupted run's bytes."""
     cfg, src = _docs_cfg(tmp_path, 500)
+    original = src.read_bytes()
     run = tmp_path / "run"
     assert (await _ingest(cfg, run))["d"].done
+    kept = src.stat()
     files = DatasetFiles(run, run / "checkpoints", "d")
     stale = [run / "receipts/d/part-00002.json", run / "binidx/d/part-00002_text_document.bin"]
     for path in stale:  # what tokenizing the parts left
@@ -1025,13 +1037,27 @@ async def test_a_dataset_restarted_from_scratch_still_refuses_changed_inputs_and
         files.sealed_log.unlink()
     elif damage == "sealed_log_short":
         files.sealed_log.write_bytes(files.sealed_log.read_bytes()[:-40])
-    else:
+    elif damage == "count_edited":
         files.checkpoint.write_text(json.dumps({**json.loads(files.checkpoint.read_text()), "rejects_bytes": -1}))
-    src.write_bytes(src.read_bytes()[:1000])
-    with pytest.raises(ConfigError, match=rf"dataset d: input file {src} changed \(mtime_ns, size\) since this run "
-                                          r"started"):
-        await _ingest(cfg, run)
-    assert not any(p.exists() for p in stale) and not files.parts()
+    elif damage == "unreadable":
+        files.checkpoint.write_text("{")
+    else:
+        files.checkpoint.unlink()
+    src.write_bytes(original[:1000])
+    before = _snapshot(run)
+    for _ in range(2):  # the same command again: still refused
+        with pytest.raises(ConfigError, match=rf"dataset d: input file {src} changed \(mtime_ns, size\) since this "
+                                              r"run started"):
+            await _ingest(cfg, run)
+        assert _snapshot(run) == before
+    src.write_bytes(original)  # restored, as `cp -p` would
+    os.utime(src, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert (await _ingest(cfg, run))["d"].done
+    assert not any(p.exists() for p in stale)
+    ref = tmp_path / "ref"
+    assert (await _ingest(cfg, ref))["d"].done
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
+    assert len(tree_hashes(ref, "ingest")) == 3
 
 
 async def test_one_failing_dataset_stops_the_others(tmp_path: Path, monkeypatch) -> None:
@@ -1068,7 +1094,7 @@ def test_checkpoint_of_the_wrong_shape_restarts_the_dataset(tmp_path: Path, text
     files.part(0).write_text("{}\n")
     files.checkpoint_dir.mkdir()
     files.checkpoint.write_text(text)
-    state = load_and_repair(files)
+    state = repair(files, load_checkpoint(files))
     assert state.consumed == 0 and state.position is None and not files.part(0).exists()
     assert not files.checkpoint.exists()
 

@@ -15,7 +15,7 @@ import yaml
 
 from helpers import base_config, english_docs, log_events, tree_hashes
 from streamprep import run_from_dict
-from streamprep.checkpoints import DatasetFiles, load_and_repair
+from streamprep.checkpoints import DatasetFiles, load_checkpoint, repair
 
 COMPARED = ("ingest", "rejects", "binidx", "receipts", "parquet", "tokenizer")
 TOP_FILES = ("manifest.json", "mixtures.json")
@@ -179,7 +179,7 @@ def test_unreadable_checkpoint_restarts_dataset(tmp_path: Path) -> None:
     files.part(0).write_text("{}\n")
     (tmp_path / "ck").mkdir()
     files.checkpoint.write_text('{"version": 1, "datas')
-    state = load_and_repair(files)
+    state = repair(files, load_checkpoint(files))
     assert state.consumed == 0 and not files.part(0).exists() and not files.checkpoint.exists()
 
 

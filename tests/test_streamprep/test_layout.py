@@ -122,7 +122,7 @@ def test_needs_change_is_what_the_cli_exits_2_on(tmp_path: Path) -> None:
 def test_a_datasets_dedup_logs_and_restart_leave_a_dataset_named_after_it_alone(tmp_path: Path) -> None:
     """Regression: `dedup_logs("web")` globbed `web.dedup*`, so it listed `web.dedupe`'s checkpoint, plan, inputs,
     sealed and dedup logs, and `web` restarted without a checkpoint (killed before its first) deleted them all."""
-    from streamprep.checkpoints import DatasetFiles, load_and_repair
+    from streamprep.checkpoints import DatasetFiles, load_checkpoint, repair
 
     ck = CheckpointLayout(tmp_path / "ck")
     ck.checkpoint_dir.mkdir()
@@ -136,6 +136,7 @@ def test_a_datasets_dedup_logs_and_restart_leave_a_dataset_named_after_it_alone(
         p.write_bytes(b"\0" * 8)
     assert ck.dedup_logs("web") == sorted(own)
     assert ck.dedup_logs("web.dedupe") == sorted([ck.dedup_log("web.dedupe"), ck.dedup_log("web.dedupe", 1, 2)])
-    state = load_and_repair(DatasetFiles(tmp_path, ck.checkpoint_dir, "web"))  # no checkpoint: starts over
+    files = DatasetFiles(tmp_path, ck.checkpoint_dir, "web")
+    state = repair(files, load_checkpoint(files))  # no checkpoint: starts over
     assert state.consumed == 0 and ck.dedup_logs("web") == []
     assert [p for p in theirs if not p.is_file() or p.read_bytes() != b"theirs"] == []

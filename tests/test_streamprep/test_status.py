@@ -233,7 +233,7 @@ def test_the_ingest_bytes_counter_never_goes_down_across_a_resumes_repair(done_r
     the checkpoint included), then, once the resume removed that part, less: the counter
     `streamprep_ingest_bytes_written_total` went down within one process. Now it is the checkpoint's figure, before
     the repair and after it."""
-    from streamprep.checkpoints import DatasetFiles, load_and_repair
+    from streamprep.checkpoints import DatasetFiles, load_checkpoint, repair
     from streamprep.metrics import JobCollector, job_snapshot
 
     run_dir, kept_bytes = _crashed_mid_part(done_run, tmp_path)
@@ -244,7 +244,8 @@ def test_the_ingest_bytes_counter_never_goes_down_across_a_resumes_repair(done_r
         return next(s.value for s in fam.samples if s.labels == {"dataset": "a"})
 
     before = written()  # the resumed process, before dataset a's ingest starts: its checkpoint
-    load_and_repair(DatasetFiles(run_dir, run_dir / "checkpoints", "a"))
+    files = DatasetFiles(run_dir, run_dir / "checkpoints", "a")
+    repair(files, load_checkpoint(files))
     assert not (run_dir / "ingest" / "a" / "part-00001.jsonl").exists()  # the part sealed after the checkpoint
     assert (before, written()) == (kept_bytes, kept_bytes)
 
