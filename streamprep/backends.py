@@ -121,13 +121,18 @@ def hf_tokenizer(tokenizer_json: str | Path) -> Tokenizer:
     The driver asks for it twice (config check, fingerprint's EOD lookup), a worker up to three times (the
     identity check's reference, the audit's histogram, ShardEncoder's check), from the configured file and from
     the run's copy: one load (~0.1 CPU-s for phi-2) per process. Only the last file is kept. Callers only encode
-    and look up: none changes its settings (padding, truncation), so sharing it cannot change an id."""
+    and look up, so sharing it cannot change an id. The file's own `truncation` and `padding` (a Hub tokenizer.json
+    often carries one) are turned off (`no_truncation`): they cut or padded every document, silently, where a
+    shard holds `encode(text)`, as transformers' calls (which turn them off unless asked) and gigatoken (which has
+    neither) give."""
     try:
         key = hashlib.sha256(Path(tokenizer_json).read_bytes()).hexdigest()
     except OSError:  # unreadable: tokenizers' own error, as a direct load gives
         return Tokenizer.from_file(str(tokenizer_json))
     if key not in _loaded:
         tok = Tokenizer.from_file(str(tokenizer_json))
+        tok.no_truncation()
+        tok.no_padding()
         _loaded.clear()
         _loaded[key] = tok
     return _loaded[key]

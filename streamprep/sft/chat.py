@@ -169,6 +169,8 @@ def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_file), chat_template=template,
                                  clean_up_tokenization_spaces=False, **kwargs)
     backend = hf.backend_tokenizer
+    backend.no_truncation()  # the file's own: `backends.hf_tokenizer` says why
+    backend.no_padding()
     return ChatTokenizer(hf, backend, template, backend.get_vocab_size(with_added_tokens=True), str(tok_file),
                          backends.id_bound(backend))
 

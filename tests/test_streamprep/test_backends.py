@@ -530,3 +530,30 @@ def test_gigatoken_memory_stays_within_the_budget(shared_data: Path) -> None:
     assert rebuilds >= 2 and bounded < (budget + 64) << 20, (bounded >> 20, rebuilds)
     unbounded, _ = growth("none")
     assert unbounded > (budget + 64) << 20, unbounded >> 20  # the test would catch a missing rebuild
+
+
+@pytest.mark.parametrize("setting", ["truncation", "padding"])
+def test_a_tokenizer_files_truncation_or_padding_changes_no_id(tmp_path: Path, shared_data: Path,
+                                                                setting: str) -> None:
+    """Regression: a tokenizer.json carrying `truncation` (max_length 200) cut every document to 200 tokens under
+    hf and auto, silently, and one carrying `padding` (BatchLongest) padded each batch's documents with pad ids,
+    while gigatoken, which has neither, failed its identity check: the file's settings are turned off, so both
+    backends give `encode(text)` (as transformers' calls, which turn them off unless asked, and Megatron's do)."""
+    from streamprep.sft.chat import load_chat_tokenizer
+
+    raw = json.loads((shared_data / PHI2).read_text(encoding="utf-8"))
+    raw[setting] = {"truncation": {"direction": "Right", "max_length": 20, "strategy": "LongestFirst", "stride": 0},
+                    "padding": {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+                                "pad_id": 50256, "pad_type_id": 0, "pad_token": "<|endoftext|>"}}[setting]
+    edited = tmp_path / "tok" / "tokenizer.json"
+    edited.parent.mkdir()
+    edited.write_text(json.dumps(raw), encoding="utf-8")
+    texts = ["a short one", " ".join(["river mountain delta"] * 40)]
+    want = [e.ids for e in Tokenizer.from_file(str(shared_data / PHI2)).encode_batch(texts, add_special_tokens=False)]
+    assert len(want[1]) > 20 and len(want[0]) < len(want[1])
+    for backend in (backends.HFBackend(edited), backends.gigatoken_backend(edited)):
+        flat, lengths = backend.encode_batch(texts)
+        assert [flat[:lengths[0]].tolist(), flat[lengths[0]:].tolist()] == want, backend.name
+    assert backends.select("gigatoken", edited, texts)["name"] == "gigatoken"  # its identity check passes
+    chat = load_chat_tokenizer(edited)
+    assert [e.ids for e in chat.backend.encode_batch(texts, add_special_tokens=False)] == want
