@@ -141,16 +141,21 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
                           f"(line {exc.lineno})") from None
     # one that renders none of a conversation (comments only, a BOM) drops every record as `empty` or
     # `no_trained_tokens`, a run of 0 tokens: a probe of digits (which upper, lower, trim, tojson keep) must show
+    # a message of every role the config names (`sft.mask`, a section's `role_map`), beside user and assistant: a
+    # template that renders only its own roles (`human`, `gpt`) shows one of them
     tcfg = tokenizer_config(where.parent)
     tokens = {k: v for k in TOKEN_KEYS if isinstance(v := _token_value(tcfg.get(k)), str)}
-    probe = [{"role": "user", "content": "7319046285"}, {"role": "assistant", "content": "5820637194"}]
+    roles = dict.fromkeys(["user", "assistant", *((cfg.get("sft") or {}).get("mask") or {}),
+                           *(r for src in sources.values() for sec in src["sections"]
+                             for r in (sec.get("role_map") or {}).values())])
+    probe = [{"role": role, "content": f"{7319046285 + 1000003 * i}"} for i, role in enumerate(roles)]
     try:
         rendered = compiled.render(messages=probe, add_generation_prompt=False, **tokens)
     except Exception:  # noqa: BLE001 - it may need what a probe lacks (a system turn, tools): left to the run
         return
     if not any(m["content"] in rendered for m in probe):
         raise ConfigError(f"config: '{used}': the chat template in {where} renders none of the conversation's "
-                          f"messages (a conversation of a user and an assistant message rendered as "
+                          f"messages (a conversation of a message of each role, {', '.join(roles)}, rendered as "
                           f"{rendered!r:.60})")
 
 

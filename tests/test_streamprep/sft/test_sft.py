@@ -760,14 +760,16 @@ def test_a_chat_template_that_renders_no_message_is_a_config_error(tmp_path: Pat
     from streamprep.config import ConfigError, load
 
     tok, tcfg, raw = _phi3_copy(tmp_path, shared_data)
-    for blank, shown in (("{# nothing to render #}\n", "''"), ("\ufeff\n", "'\\ufeff'"),
-                         ("{% for m in messages %}{{ m.role }}\n{% endfor %}", "'user\\nassistant\\n'")):
+    roles = ["user", "assistant", "function_call", "system", "tool"]  # and those of sft_chat.yaml's `mask`
+    for blank, shown in (("{# nothing to render #}\n", ""), ("\ufeff\n", "\ufeff"),
+                         ("{% for m in messages %}{{ m.role }}\n{% endfor %}", "".join(f"{r}\n" for r in roles))):
         (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": blank}), encoding="utf-8")
         with pytest.raises(ConfigError) as err:
             load(raw)
         assert str(err.value) == (f"config: 'sft.input.sections[0].template': the chat template in "
                                   f"{tok / 'tokenizer_config.json'} renders none of the conversation's messages (a "
-                                  f"conversation of a user and an assistant message rendered as {shown})")
+                                  f"conversation of a message of each role, {', '.join(roles)}, rendered as "
+                                  f"{shown!r:.60})")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
     run_dir = tmp_path / "run"
@@ -778,6 +780,15 @@ def test_a_chat_template_that_renders_no_message_is_a_config_error(tmp_path: Pat
                  "{{ bos_token + messages[-1].content + eos_token }}", "{{ raise_exception('needs a system turn') }}"):
         (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": fine}), encoding="utf-8")
         load(raw)
+    # regression: a template rendering only its own roles (human, gpt) was refused, the probe being user/assistant
+    own = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'human' %}USER: {{ m['content'] }}\n{% elif "
+           "m['role'] == 'gpt' %}ASSISTANT: {{ m['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}")
+    (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": own}), encoding="utf-8")
+    with pytest.raises(ConfigError, match="renders none of the conversation's messages"):
+        load(raw)  # sft_chat's roles: none is the template's
+    load({**raw, "sft": {**raw["sft"], "mask": {"gpt": "train", "human": "mask"}}})
+    sections = [{**sec, "role_map": {"user": "human", "assistant": "gpt"}} for sec in raw["sft"]["input"]["sections"]]
+    load({**raw, "sft": {**raw["sft"], "input": {**raw["sft"]["input"], "sections": sections}}})
 
 
 def test_an_unreadable_or_defaultless_chat_template_is_a_config_error_naming_its_file(tmp_path: Path,
