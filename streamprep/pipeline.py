@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
@@ -33,8 +33,8 @@ from streamprep.executor import Executor
 from streamprep.exports import chain, export_run
 from streamprep.feeder import ShardFeeder, Wait
 from streamprep.ingest import IngestContext, completed_parts, ingest_all, worker_executor
-from streamprep.layout import (Checkpoint, CheckpointLayout, RunLayout, needs_change, part_index_of, part_name,
-                               read_json)
+from streamprep.layout import (AUDIT, BINIDX, INGEST, LOGS, PARQUET, RECEIPTS, REJECTS, SFT, TOKENIZER, Checkpoint,
+                               CheckpointLayout, RunLayout, needs_change, part_index_of, part_name, read_json)
 from streamprep.lock import RunLock, RunLocked
 from streamprep.modes import mode_of
 from streamprep.progress import ProgressReporter
@@ -146,29 +146,24 @@ def _check_writable_dir(path: Path, what: str) -> None:
         raise ConfigError(f"{what} {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{what} {path}: {existing} is not writable")
-    for folder in _written_folders(path) if existing == path else ():
-        if not os.access(folder, os.W_OK | os.X_OK):  # a resume writes in each (checkpoints/, ingest/<ds>, parquet/)
-            raise ConfigError(f"{what} {path}: {folder} is not writable; make it writable and re-run")
 
 
-def _written_folders(top: Path) -> Iterator[str]:
-    """The folders of a run dir (or checkpoint dir) a job writes in: its own, its folders and theirs (`ingest/<ds>`,
-    `checkpoints/stage`), and those of `stage` and `.order` (`checkpoints/stage/<ds>`, `parquet/.order/<ds>`);
-    not deeper, where others write (Megatron's index cache, `binidx/<ds>/cache/`), nor through a symlink."""
-    def folders(path: str) -> list[str]:
-        try:
-            with os.scandir(path) as it:
-                return sorted(e.path for e in it if e.is_dir(follow_symlinks=False))
-        except OSError:  # not listable: os.access says so of it
-            return []
-
-    yield str(top)
-    for child in folders(str(top)):
-        yield child
-        for grandchild in folders(child):
-            yield grandchild
-            if os.path.basename(grandchild) in ("stage", ".order"):
-                yield from folders(grandchild)
+def _check_written_folders(config: Config, run_dir: Path) -> None:
+    """Each folder a resume writes in, where it exists, must be writable: a read-only one (`ingest/<ds>`,
+    `checkpoints/`) failed with a raw PermissionError naming a temporary file, at every re-run. Only the job's own
+    folders: not what else a user keeps in a `run.checkpoint_dir` of theirs, nor Megatron's index cache in binidx/."""
+    layout, ckpt = RunLayout(run_dir), Path(_checkpoint_dir(config, run_dir))
+    names = [d.name for d in config.datasets]
+    own = [*(run_dir / n for n in (INGEST, REJECTS, RECEIPTS, TOKENIZER, BINIDX, SFT, PARQUET, AUDIT, LOGS)),
+           layout.exports_scratch, *(layout.exports_scratch / n for n in names),
+           *(p for n in names for p in (layout.ingest_dir(n), *layout.tokenized_dirs(n)))]
+    kept = [ckpt, ckpt / "stage", *(CheckpointLayout(ckpt).stage(n) for n in names)]
+    outside = config.run.checkpoint_dir is not None
+    for root, what, folders in ((run_dir, "run dir", own + kept * (not outside)),
+                                (ckpt, "'run.checkpoint_dir'", kept * outside)):
+        for folder in folders:
+            if folder.is_dir() and not folder.is_symlink() and not os.access(folder, os.W_OK | os.X_OK):
+                raise ConfigError(f"{what} {root}: {folder} is not writable; make it writable and re-run")
 
 
 PID_WIDEST = "4194304"  # Linux's highest pid_max: the widest process number a temporary name ends with
@@ -252,6 +247,7 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
             raise ConfigError(f"config: 'run.checkpoint_dir': {ckpt} is the run dir or a folder inside it, where the "
                               f"checkpoint files would meet the run's own; leave it unset (RUN_DIR/checkpoints) or "
                               f"choose a folder outside the run dir")
+    _check_written_folders(config, run_dir)
     layout, checkpoints = RunLayout(run_dir), CheckpointLayout(_checkpoint_dir(config, run_dir))
     for where, folder in (("run dir", run_dir), ("'run.checkpoint_dir'", checkpoints.checkpoint_dir.resolve())):
         inside = next((d for d in config.datasets if reaches_into(d.path, folder)), None)

@@ -606,11 +606,13 @@ def test_a_folder_of_the_run_it_may_not_write_in_is_exit_2_naming_it(tmp_path: P
     assert capsys.readouterr().err.splitlines() == [
         f"streamprep: error: run dir {run}: {refusing} is not writable; make it writable and re-run"]
     assert tree_hashes(run, ".", names=()) == before  # nothing written (run.json, logs included)
-    megatron = run / "binidx/gen/cache/GPTDataset_indices"  # written by a trainer, not by the job: not checked
-    megatron.mkdir(parents=True)
+    # regression: folders the job does not write in were checked too (Megatron's index cache, written by a trainer;
+    # a user's folder in a run.checkpoint_dir of theirs, another file's folder in audit/)
+    others = [run / "binidx/gen/cache", run / "binidx/gen/cache/GPTDataset_indices", run / "audit/extra"]
+    for folder in others:
+        folder.mkdir(parents=True, exist_ok=True)
     with monkeypatch.context() as m:
-        m.setattr(os, "access", lambda path, mode, **kw: Path(path).parent != megatron.parent and access(path, mode,
-                                                                                                       **kw))
+        m.setattr(os, "access", lambda path, mode, **kw: Path(path) not in others and access(path, mode, **kw))
         assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 0
     capsys.readouterr()
 
@@ -635,3 +637,28 @@ def test_a_folder_of_the_run_it_may_not_write_in_is_exit_2_naming_it(tmp_path: P
     assert capsys.readouterr().err.splitlines() == [
         f"streamprep: error: cannot write {refusing}/gen.inputs: Permission denied; make {refusing} (and the file, if "
         f"it is there) writable and re-run the same command"]
+
+
+def test_only_the_folders_a_job_writes_in_a_users_checkpoint_dir_are_checked(tmp_path, monkeypatch):
+    """Regression: a read-only folder of the user's own inside `run.checkpoint_dir` (reference_data/v1) refused the
+    run, the check walking every folder there; a read-only stage/<ds> still is refused, naming the key."""
+    from helpers import base_config
+    from streamprep.config import Config, ConfigError, validate
+    from streamprep.pipeline import _check_written_folders
+
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    ckpt = tmp_path / "mine"
+    cfg = base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}], None)
+    cfg["run"]["checkpoint_dir"] = str(ckpt)
+    config = Config.from_dict(validate(cfg, tmp_path))
+    refused = [ckpt / "reference_data/v1", ckpt / "stage/a"]
+    for folder in refused:
+        folder.mkdir(parents=True)
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) not in refused and access(path, mode, **kw))
+    with pytest.raises(ConfigError) as err:
+        _check_written_folders(config, tmp_path / "run")
+    assert str(err.value) == f"'run.checkpoint_dir' {ckpt}: {ckpt / 'stage/a'} is not writable; make it writable " \
+                             f"and re-run"
+    refused.pop()
+    _check_written_folders(config, tmp_path / "run")
