@@ -25,6 +25,8 @@ consecutive). Rows keep the key order.
 """
 from __future__ import annotations
 
+import contextlib
+
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,9 +296,11 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
     compression = None if opts.compression == "none" else opts.compression
     with atomic.naming(final), open(tmp, "wb", opener=atomic.nofollow):
         pass  # made here: pyarrow's error opening it (a read-only folder) named only the temporary file, in its text
-    writer = pq.ParquetWriter(str(tmp), SCHEMA, compression=compression)
-    try:
-        with open(tsv_tmp, "wb") as tsv, RecordReader(records) as reader:
+    writer = None
+    try:  # a full disk's error names the shard or its TSV (also the TSV's closing flush's); no temporary file stays
+        with atomic.naming(final):
+            writer = pq.ParquetWriter(str(tmp), SCHEMA, compression=compression)
+        with atomic.naming(tsv_final), open(tsv_tmp, "wb") as tsv, RecordReader(records) as reader:
             tsv.write(TSV_HEADER.encode())
             for start, end in _row_groups(records.est_bytes(BYTES_PER_TOKEN), opts.row_group_size):
                 ids = np.arange(start, end)
@@ -323,7 +327,8 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
         atomic.commit(tsv_tmp, tsv_final)
     except BaseException:
         if writer is not None:
-            writer.close()
+            with contextlib.suppress(Exception):  # its close fails on a full disk too: the first error is the one
+                writer.close()
         tmp.unlink(missing_ok=True)
         tsv_tmp.unlink(missing_ok=True)
         raise

@@ -950,7 +950,7 @@ def test_blend_split_is_exact_and_read_by_megatrons_pattern(fraction: float, spl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["order", "parquet"])
+@pytest.mark.parametrize("where", ["order", "parquet", "parquet_open", "tsv"])
 def test_a_full_disk_in_the_exports_names_the_file(run, monkeypatch, where):
     """Regression: a full disk writing a bucket's order file (a raw os.pwrite) or a Parquet shard (pyarrow's
     "[Errno 28] Error writing bytes to file") raised an OSError naming no file: the job's line said "no space left on
@@ -963,18 +963,36 @@ def test_a_full_disk_in_the_exports_names_the_file(run, monkeypatch, where):
     def full(*args, **kw):
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    # regression (parquet_open, tsv): the writer's opening and the TSV's closing flush raised outside the naming, and
+    # the writer's opening left the shard's temporary files behind
     if where == "order":
         monkeypatch.setattr(order.os, "pwrite", full)
-    else:
+    elif where == "parquet":
         monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    elif where == "parquet_open":
+        monkeypatch.setattr(pq, "ParquetWriter", full)
+    else:  # the TSV's closing flush
+        import io
+
+        from streamprep.exports import parquet as parquet_mod
+
+        class FullTsv(io.BytesIO):
+            def __exit__(self, *exc: object) -> None:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        real_open = open
+        monkeypatch.setattr(parquet_mod, "open", lambda path, *a, **kw: FullTsv() if atomic.is_tmp_name(Path(
+            path).name) and ".tsv" in Path(path).name else real_open(path, *a, **kw), raising=False)
     run_dir, refs = run
     with pytest.raises(OSError) as err:
         export(run_dir, refs)
     name = Path(err.value.filename)
     assert err.value.errno == errno.ENOSPC and name.parent.is_relative_to(run_dir / "parquet")
     assert (name.name.startswith("b") and name.suffix == ".order") if where == "order" else (
-        name.name.startswith("shard_") and name.suffix == ".parquet")
+        name.name.startswith("shard_") and name.suffix == (".tsv" if where == "tsv" else ".parquet"))
     assert not atomic.is_tmp_name(name.name) and not os.path.exists(atomic.tmp_path(name))
+    shard = name.with_suffix(".parquet")  # its shard's own temporary files are gone (others a resume sweeps)
+    assert not os.path.exists(atomic.tmp_path(shard)) and not os.path.exists(atomic.tmp_path(shard.with_suffix(".tsv")))
 
 
 @pytest.mark.slow
