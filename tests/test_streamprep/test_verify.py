@@ -634,6 +634,4 @@ def test_a_damaged_manifest_does_not_judge_the_receipts(chain_run):
     problems = verify_run(run)
     assert _named(problems, "manifest.json: SHA-256 mismatch (run.json says"), problems
     assert _named(problems, "ingest/c4/part-00001.jsonl: SHA-256 mismatch"), problems
-    shown = [p for p in problems if p.startswith(f"{rel}: content differs from manifest.json")]
-    assert all(p.split("SHA-256 ")[1].split("…")[0] != p.split("says ")[1].split(" bytes, ")[1].split("…")[0]
-               for p in shown), shown
+    assert not [p for p in problems if p.startswith(rel)], problems  # the intact receipt: not blamed by the manifest
