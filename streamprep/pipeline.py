@@ -12,6 +12,7 @@ import os
 import platform
 import shutil
 import signal
+import sys
 import threading
 import time
 import traceback

@@ -18,6 +18,7 @@ restarts its dataset.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import posixpath
@@ -230,7 +231,7 @@ def _check_receipts(c: _Checker, fingerprint: str | None, signed: dict[str, tupl
         if rec is None:
             continue
         try:
-            if rel in signed and c.guarded(rel, lambda: chain.digest(c.run_dir, rel)) != signed[rel]:
+            if rel in signed and c.guarded(rel, functools.partial(chain.digest, c.run_dir, rel)) != signed[rel]:
                 listed.update([f"ingest/{rec['dataset']}/{rec['part']}.jsonl",
                                *(f["path"] for f in (rec.get("files") or {}).values())])
                 continue
@@ -437,7 +438,7 @@ def _check_files(c: _Checker, entries: Any, listed: set[str], receipts: bool = T
             c.add(f"{rel}: names its shards under {moved}, not this run dir (copied or moved since): re-running the "
                   f"same `streamprep ingest` command here rewrites it")
         elif size != entry.get("size_bytes") or sha != entry.get("sha256"):
-            said, shown = str(entry.get("sha256")), _differing(str(entry.get("sha256")), sha).split("…, file is ")
+            shown = _differing(str(entry.get("sha256")), sha).split("…, file is ")
             c.add(f"{rel}: content differs from manifest.json ({size} bytes, SHA-256 {shown[1]}; "
                   f"manifest.json says {entry.get('size_bytes')} bytes, {shown[0]}…)")
 

@@ -494,3 +494,8 @@ def test_a_run_dir_too_deep_for_its_files_is_refused_before_anything_is_written(
     assert str(err.value) == (f"run dir {tmp_path / 'run'}: too long for the files of dataset {name!r}: rejects/.{name}"
                               f".jsonl.streamprep-tmp.4194304 there would be a name of 94 bytes (at most 80) on its "
                               f"file system; choose a shorter run dir or dataset name")
+
+    def unknown(path: str, name: str) -> int:  # a file system that does not say (EINVAL)
+        raise OSError(22, "Invalid argument")
+    monkeypatch.setattr(pipeline.os, "pathconf", unknown)  # regression: the fallback's `sys` was not imported
+    assert run_from_dict(cfg, run_dir=tmp_path / "run2", console_log=False).status == "complete"
