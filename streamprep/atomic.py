@@ -117,17 +117,15 @@ def writing(path: str | os.PathLike, buffering: int = -1, durable: bool = True) 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_path(path)
     try:
-        with open(tmp, "wb", buffering=buffering, opener=nofollow) as fh:
-            yield fh
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        with naming(path):
+            with open(tmp, "wb", buffering=buffering, opener=nofollow) as fh:
+                yield fh
+                if durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, path)
         if durable:
             fsync_dir(path.parent)
-    except OSError as exc:
-        name_file(exc, path)
-        raise
     finally:
         tmp.unlink(missing_ok=True)
 

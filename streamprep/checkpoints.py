@@ -321,10 +321,7 @@ def _sealed_entry(entry: Any) -> bool:
 
 def _recorded_inputs(files: DatasetFiles) -> dict[str, Any] | None:
     """The identity in the dataset's inputs file, if it holds one (an object: every job writes one)."""
-    try:
-        inputs = orjson.loads(files.inputs.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None  # as a missing file
+    inputs = read_json(files.inputs)  # None when missing or unreadable
     return inputs if isinstance(inputs, dict) else None
 
 

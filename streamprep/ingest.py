@@ -349,8 +349,12 @@ class DatasetIngest:
         except HolderLost:
             raise
         except Exception as exc:
-            raise DecideError(f"dataset {self.ds.name}: deciding its records (exact and near dedup, caps) failed "
-                              f"after item {state.consumed}: {one_line(exc)}") from exc
+            raise self._decide_error(state, one_line(exc)) from exc
+
+    def _decide_error(self, state: IngestState, what: str) -> DecideError:
+        """The job's line for a failure deciding the dataset's records (in the decider, or on the holders beside)."""
+        return DecideError(f"dataset {self.ds.name}: deciding its records (exact and near dedup, caps) failed after "
+                           f"item {state.consumed}: {what}")
 
     async def _earlier_datasets(self) -> list[str] | None:
         """`dedup_scope: run`: the datasets listed before this one (their indexes stay in the holders), once they
@@ -664,8 +668,7 @@ class DatasetIngest:
                 if isinstance(got, (SourceError, ConfigError)):
                     raise got
                 if isinstance(got, DecideError):
-                    raise DecideError(f"dataset {self.ds.name}: deciding its records (exact and near dedup, caps) "
-                                      f"failed after item {state.consumed}: {got}") from got.__cause__
+                    raise self._decide_error(state, str(got)) from got.__cause__
                 raise SourceError(f"dataset {self.ds.name}: reading or judging the input failed after item "
                                   f"{state.consumed}: {one_line(got)}") from got
             if got is None:

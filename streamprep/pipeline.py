@@ -159,9 +159,9 @@ def _check_written_folders(config: Config, run_dir: Path) -> None:
            layout.exports_scratch, *(layout.exports_scratch / n for n in names),
            *(p for n in names for p in (layout.ingest_dir(n), *layout.tokenized_dirs(n)))]
     kept = [ckpt, ckpt / "stage", *(CheckpointLayout(ckpt).stage(n) for n in names)]
-    outside = config.run.checkpoint_dir is not None
-    for root, what, folders in ((run_dir, "run dir", own + kept * (not outside)),
-                                (ckpt, "'run.checkpoint_dir'", kept * outside)):
+    checks = [(run_dir, "run dir", own), (ckpt, "'run.checkpoint_dir'", kept)] if config.run.checkpoint_dir \
+        else [(run_dir, "run dir", own + kept)]
+    for root, what, folders in checks:
         for folder in folders:
             if folder.is_dir() and not folder.is_symlink() and not os.access(folder, os.W_OK | os.X_OK):
                 raise ConfigError(f"{what} {root}: {folder} is not writable; make it writable and re-run")

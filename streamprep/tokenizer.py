@@ -282,7 +282,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Toke
 
     bpe = ByteLevelBPETokenizer()
     cut = [0]
-    pieces = _cut_long_words(texts, bpe._tokenizer.pre_tokenizer.pre_tokenize_str, cut)
+    pieces = _cut_long_words(texts, bpe.pre_tokenizer.pre_tokenize_str, cut)
     bpe.train_from_iterator(_chunks(pieces), vocab_size=vocab_size, min_frequency=min_frequency,
                             special_tokens=SPECIAL_TOKENS, show_progress=False)
     if cut[0]:

@@ -76,6 +76,12 @@ def _token_value(v: Any) -> Any:
     return v.get("content") if isinstance(v, dict) else v
 
 
+def _special_tokens(tcfg: dict[str, Any]) -> dict[str, str]:
+    """The special tokens tokenizer_config.json names (`bos_token`…, a string or an AddedToken's dict), as the
+    chat template sees them."""
+    return {k: v for k in TOKEN_KEYS if isinstance(v := _token_value(tcfg.get(k)), str)}
+
+
 def chat_template_of(tok_file: Path, tcfg: dict[str, Any] | None = None) -> str | None:
     """The chat template beside a tokenizer.json (`chat_template_source`); None without one."""
     return chat_template_source(tok_file, tcfg)[0]
@@ -144,7 +150,7 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
     # a message of every role the config names (`sft.mask`, a section's `role_map`), beside user and assistant: a
     # template that renders only its own roles (`human`, `gpt`) shows one of them
     tcfg = tokenizer_config(where.parent)
-    tokens = {k: v for k in TOKEN_KEYS if isinstance(v := _token_value(tcfg.get(k)), str)}
+    tokens = _special_tokens(tcfg)
     roles = dict.fromkeys(["user", "assistant", *((cfg.get("sft") or {}).get("mask") or {}),
                            *(r for src in sources.values() for sec in src["sections"]
                              for r in (sec.get("role_map") or {}).values())])
@@ -170,7 +176,7 @@ def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
         raise FileNotFoundError(f"no tokenizer.json at {p}")
     tcfg = tokenizer_config(tok_file.parent)
     template = chat_template_of(tok_file, tcfg)
-    kwargs = {k: _token_value(tcfg[k]) for k in TOKEN_KEYS if isinstance(_token_value(tcfg.get(k)), str)}
+    kwargs = _special_tokens(tcfg)
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_file), chat_template=template,
                                  clean_up_tokenization_spaces=False, **kwargs)
     backend = hf.backend_tokenizer

@@ -280,8 +280,9 @@ def _check_format(key: str, path: str) -> None:
 
 def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The sorted file list of a path, directory or glob, local or any fsspec URL (a prefix of an object store
-    is a directory). A directory's hidden names are left out, a hidden folder's files with it (`.git/`, `.cache/`). A folder a glob matches without reaching into it is
-    listed too (an object store's with a trailing '/'), which its reader makes a counted reject (`_globbed`)."""
+    is a directory). A directory's hidden names are left out, a hidden folder's files with it (`.git/`, `.cache/`).
+    A folder a glob matches without reaching into it is listed too (an object store's with a trailing '/'), which
+    its reader makes a counted reject (`_globbed`)."""
     if "://" not in path:
         if is_local_glob(path):
             # (a set: `d/**/**/*.jsonl` gives a file once per way its `**`s can split the folders above it)
