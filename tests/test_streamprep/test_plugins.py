@@ -2,6 +2,7 @@
 registration only (one line each, as docs/architecture.md shows), runs in a small local job."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -620,16 +621,8 @@ def test_the_same_plugins_imported_by_the_api_resume_a_run_the_cli_started(tmp_p
     'p_gate,p_toy,p_writer', now 'p_toy,p_writer,p_gate')`): run.json listed an imported plug-in's modules by
     registry family (formats, writers, gates), not in the order imported. They are listed in import order now, as
     STREAMPREP_PLUGINS's are (the order decides the gates' order); a run.json of the family order still resumes."""
-    (tmp_path / "plugins").mkdir()
-    for module, text in (("p_gate", GATE_PLUGIN), ("p_toy", TOY_FORMAT_PLUGIN), ("p_writer", WRITER_PLUGIN),
-                         ("p_gate2", GATE_PLUGIN.replace('"forbidden"', '"second"'))):
-        (tmp_path / f"plugins/{module}.py").write_text(text)
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
-    cfg = base_config([{"name": "a", "path": str(corpus)}], None, execution={"engine": "local", "workers": 1})
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
-    env.pop("STREAMPREP_PLUGINS", None)
+    env = _plugin_job(tmp_path, {"p_gate": GATE_PLUGIN, "p_toy": TOY_FORMAT_PLUGIN, "p_writer": WRITER_PLUGIN,
+                                 "p_gate2": GATE_PLUGIN.replace('"forbidden"', '"second"')})
     cli = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path, capture_output=True, text=True,
                          env={**env, "STREAMPREP_PLUGINS": "p_gate,p_toy,p_writer"}, timeout=300)
@@ -637,19 +630,7 @@ def test_the_same_plugins_imported_by_the_api_resume_a_run_the_cli_started(tmp_p
     run_json = tmp_path / "run/run.json"
     assert json.loads(run_json.read_text())["plugins"] == ["p_gate", "p_toy", "p_writer"]
 
-    def api(imports: str) -> str:
-        script = (f"import {imports}, yaml, streamprep\n"
-                  f"if __name__ == '__main__':\n"
-                  f"    cfg = yaml.safe_load(open('cfg.yaml'))\n"
-                  f"    try:\n"
-                  f"        print(streamprep.run_from_dict(cfg, run_dir='run', console_log=False).status)\n"
-                  f"    except streamprep.ConfigError as exc:\n"
-                  f"        print(exc)\n")
-        (tmp_path / "job.py").write_text(script)
-        proc = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, env=env,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return proc.stdout.strip()
+    api = functools.partial(_api_job, tmp_path, env)
 
     assert api("p_gate, p_toy, p_writer") == "complete"
     record = json.loads(run_json.read_text())
@@ -662,6 +643,43 @@ def test_the_same_plugins_imported_by_the_api_resume_a_run_the_cli_started(tmp_p
         "STREAMPREP_PLUGINS names, then those of plug-ins registered before the job, each in the order registered); "
         "plug-ins decide verdicts and bytes as the config does, their order too (which gate runs first, which of two "
         "registrations of a name stands): resume with the same, in the same order, or use a new --run-dir")
+
+
+def _plugin_job(tmp_path: Path, modules: dict[str, str]) -> dict[str, str]:
+    """Plug-in modules (name: source) in tmp_path/plugins, a 20-record job at tmp_path/cfg.yaml; the environment
+    that finds them (no STREAMPREP_PLUGINS)."""
+    (tmp_path / "plugins").mkdir()
+    for module, text in modules.items():
+        (tmp_path / f"plugins/{module}.py").write_text(text)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
+    cfg = base_config([{"name": "a", "path": str(corpus)}], None, execution={"engine": "local", "workers": 1})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
+    env.pop("STREAMPREP_PLUGINS", None)
+    return env
+
+
+def _api_job(tmp_path: Path, env: dict[str, str], imports: str, installs: str = "pass", run: bool = True) -> str:
+    """What a script printed that imports `imports`, runs `installs` under its main guard, then the job of
+    tmp_path/cfg.yaml in tmp_path/run (its status, or the ConfigError refusing it), or with `run` False prints the
+    plug-in modules run.json would record."""
+    script = (f"import {imports}, yaml, streamprep\n"
+              f"from streamprep.pipeline import plugin_modules\n"
+              f"if __name__ == '__main__':\n"
+              f"    {installs}\n"
+              f"    if not {run}:\n"
+              f"        raise SystemExit(print(','.join(plugin_modules())))\n"
+              f"    cfg = yaml.safe_load(open('cfg.yaml'))\n"
+              f"    try:\n"
+              f"        print(streamprep.run_from_dict(cfg, run_dir='run', console_log=False).status)\n"
+              f"    except streamprep.ConfigError as exc:\n"
+              f"        print(exc)\n")
+    (tmp_path / "job.py").write_text(script)
+    proc = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
 
 
 INSTALLED_GATE_PLUGIN = """
@@ -687,33 +705,10 @@ def test_a_resume_that_registers_the_same_gates_in_another_order_is_refused(tmp_
     imported (`sys.modules`), which was the same both times. It lists them in the order they registered, all
     families together (`registry.registration_order`), so the resume is refused; a format module registering at
     import before a gate installed later is listed first."""
-    (tmp_path / "plugins").mkdir()
-    for module, text in (("g_a", INSTALLED_GATE_PLUGIN), ("g_b", INSTALLED_GATE_PLUGIN), ("p_toy", TOY_FORMAT_PLUGIN)):
-        (tmp_path / f"plugins/{module}.py").write_text(text)
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
-    cfg = base_config([{"name": "a", "path": str(corpus)}], None, execution={"engine": "local", "workers": 1})
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
-    env.pop("STREAMPREP_PLUGINS", None)
+    env = _plugin_job(tmp_path, {"g_a": INSTALLED_GATE_PLUGIN, "g_b": INSTALLED_GATE_PLUGIN,
+                                 "p_toy": TOY_FORMAT_PLUGIN})
 
-    def api(imports: str, installs: str, run: bool = True) -> str:
-        script = (f"import {imports}, yaml, streamprep\n"
-                  f"from streamprep.pipeline import plugin_modules\n"
-                  f"if __name__ == '__main__':\n"
-                  f"    {installs}\n"
-                  f"    if not {run}:\n"
-                  f"        raise SystemExit(print(','.join(plugin_modules())))\n"
-                  f"    cfg = yaml.safe_load(open('cfg.yaml'))\n"
-                  f"    try:\n"
-                  f"        print(streamprep.run_from_dict(cfg, run_dir='run', console_log=False).status)\n"
-                  f"    except streamprep.ConfigError as exc:\n"
-                  f"        print(exc)\n")
-        (tmp_path / "job.py").write_text(script)
-        proc = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, env=env,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return proc.stdout.strip()
+    api = functools.partial(_api_job, tmp_path, env)
 
     assert api("g_a, g_b", "g_b.install(); g_a.install()") == "complete"
     assert json.loads((tmp_path / "run/run.json").read_text())["plugins"] == ["g_b", "g_a"]
