@@ -376,8 +376,15 @@ def _holds_anything(folder: str) -> bool:
 
 
 def _holds_objects(fs: fsspec.AbstractFileSystem, folder: str) -> bool:
-    """An object store's `_holds_anything`: a name under `folder` that is neither hidden nor a folder marker."""
-    return any(not n.endswith("/") and not n.rsplit("/", 1)[-1].startswith(".") for n in fs.ls(folder, detail=False))
+    """An object store's `_holds_anything`: a name under `folder` that is neither hidden nor a folder marker. A
+    folder of nothing but its marker (`data/empty/`, an S3 console's "Create folder") is not found once a `**` glob's
+    listing is cached (s3fs leaves the marker out of it): it holds nothing, as an empty folder on disk; the error
+    refused the whole dataset, naming the folder."""
+    try:
+        names = fs.ls(folder, detail=False)
+    except FileNotFoundError:
+        return False
+    return any(not n.endswith("/") and not n.rsplit("/", 1)[-1].startswith(".") for n in names)
 
 
 def _walk(top: str) -> Iterator[str]:

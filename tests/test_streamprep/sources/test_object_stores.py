@@ -527,6 +527,32 @@ def test_an_object_store_glob_lists_the_folders_it_matches_as_on_disk(s3: Proxy,
     assert any(f.endswith("/") for f in on_disk) == (pattern != "**")
 
 
+@pytest.mark.parametrize("pattern", ["**", "**/", "**/*", "*", "*/"])
+def test_an_object_store_glob_passes_over_a_folder_of_nothing_but_its_marker_as_on_disk(s3: Proxy, tmp_path: Path,
+                                                                                        pattern: str) -> None:
+    """Regression: `s3://b/data/**` over `data/empty/` (a 0-byte marker alone: an S3 console's "Create folder") was
+    exit 2, `config: 'datasets[0].path': s3://b/data/**: b/data/empty`, and with `optional: true` the dataset was
+    skipped, its files lost; on disk an empty folder is passed over. s3fs's listing cache is dropped first: a fresh
+    process lists it so."""
+    from streamprep.sources.local import check_entry, expand
+
+    local, fs = tmp_path / "tree", filesystem("s3://x")[0]
+    (local / "empty").mkdir(parents=True)
+    fs.pipe(f"{BUCKET}/marker/empty/", b"")
+    for name in ("a.jsonl", "sub/b.jsonl"):
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_bytes(_jsonl(DOCS[:2]))
+        fs.pipe(f"{BUCKET}/marker/{name}", _jsonl(DOCS[:2]))
+    on_disk = [Path(f).relative_to(local).as_posix() + "/" * os.path.isdir(f) for f in expand(f"{local}/{pattern}")]
+    prefix = f"s3://{BUCKET}/marker/"
+    fs.invalidate_cache()
+    assert [f.removeprefix(prefix) for f in expand(prefix + pattern)] == on_disk
+    assert "empty/" not in on_disk and (pattern != "**" or on_disk == ["a.jsonl", "sub/b.jsonl"])
+    if not pattern.endswith("/"):  # (a glob of folders alone is its own config error)
+        fs.invalidate_cache()
+        check_entry("datasets[0]", {"path": prefix + pattern, "storage_options": None, "format": None})
+
+
 def test_a_folder_an_object_store_glob_matches_is_a_counted_reject_as_on_disk(s3: Proxy, tmp_path: Path) -> None:
     """Regression: `s3://corpora/spark/*.parquet` over Spark's `t.parquet/` folder read u.parquet alone, no reject, no
     log; on disk that folder is one counted reject naming it. A glob matching folders alone said only 'no object
