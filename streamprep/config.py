@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import glob as globmod
 import hashlib
 import math
 import os
@@ -274,7 +275,10 @@ def _resolve_path(path: str, base: Path, key: str) -> str:
         resolved = (base / p).resolve()  # an absolute path too: a symlink loop there was a bare RuntimeError later
     except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop (Python 3.11); ValueError: NUL
         raise ConfigError(f"config: '{key}': {exc}") from None
-    return str(p if p.is_absolute() else resolved)
+    out = str(p if p.is_absolute() else resolved)
+    # a glob's trailing '/' matches folders alone, as on an object store: Path dropped it, so `d/*/` read d's files
+    # and made its folders rejects, where `s3://b/d/*/` is 'no object matches' (a name that exists is as before)
+    return out + "/" if path.endswith("/") and globmod.has_magic(out) and not os.path.lexists(out) else out
 
 
 # Dataset keys that only the schemes declaring them (meta `reads`) read; given to another, each would do nothing.

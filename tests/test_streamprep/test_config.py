@@ -192,6 +192,25 @@ def test_a_file_urls_percent_escapes_are_decoded(tmp_path: Path) -> None:
         assert str(err.value) == f"config: 'datasets[0].path': {message}"
 
 
+@pytest.mark.parametrize("form", ["d/{}", "{base}/d/{}", "file://{base}/d/{}"])
+@pytest.mark.parametrize("pattern", ["*/", "**/"])
+def test_a_local_glob_ending_in_a_slash_matches_folders_alone_as_on_an_object_store(tmp_path: Path, form: str,
+                                                                                   pattern: str) -> None:
+    """Regression: the path's resolving dropped a glob's trailing '/': `d/*/` was recorded as `d/*`, read d/a.jsonl
+    (which it does not match) and made d/sub a reject, `d/**/` read every file, where `s3://b/d/*/` and `**/` are
+    exit 2 'no object matches … (only folders do: …)' (docs/operations.md: object store globs are listed as on
+    disk). Both match folders alone now; a folder path with a trailing '/' is that folder, as before."""
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    for name in ("a.jsonl", "sub/b.jsonl"):
+        (tmp_path / "d" / name).write_text('{"text": "hello"}\n')
+    with pytest.raises(ConfigError) as err:
+        validate({"datasets": [{"name": "a", "path": form.format(pattern, base=tmp_path)}]}, base_dir=tmp_path)
+    assert str(err.value) == (f"config: 'datasets[0].path': no file matches {tmp_path}/d/{pattern} (only folders do: "
+                              f"`**` reads folders at any depth)")
+    cfg = validate({"datasets": [{"name": "a", "path": form.format("", base=tmp_path)}]}, base_dir=tmp_path)
+    assert cfg["datasets"][0]["path"] == str(tmp_path / "d")
+
+
 @pytest.mark.parametrize("path", ["file:a.jsonl", "file://host/a.jsonl"])
 def test_a_file_url_of_a_relative_path_or_a_host_is_refused(tmp_path: Path, data: Path, path: str) -> None:
     with pytest.raises(ConfigError, match=r"^config: 'datasets\[0\].path': .* a local file's URL is file:///PATH"):
