@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 OBJECT_STORES = ("s3://", "gs://", "gcs://")  # listed at validation: a missing bucket/key is a config error
 IN_MEMORY = "memory://"  # listed at validation too (in the process, free): nothing there is a config error
 EXCERPT = 300
-ONLY_FOLDERS = " (only folders do: `**` reads folders at any depth)"  # a glob's `no file matches` that matched folders
 PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # a file `identity` hashes is hashed whole up to this size, else by head + tail
 HEAD_TAIL_BYTES = 64 * 1024
@@ -72,6 +71,14 @@ WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (
 # The decoder works 8 KiB at a time, so an error raised there would lose the lines decoded before it in that chunk.
 WIDE_DAMAGE = "\ud800"
 _wide_damage = threading.local()  # the last such error of this thread, for the reject's reason
+
+
+def only_folders(path: str) -> str:
+    """The hint of a glob's `no file/object matches` that matched folders: a glob ending in `/` asked for folders
+    alone (`data/**/`), where "`**` reads folders at any depth" sent its writer round in a circle."""
+    if path.endswith("/"):
+        return f" (only folders do: a glob ending in `/` matches folders alone; `{path}*` reads the files in them)"
+    return " (only folders do: `**` reads folders at any depth)"
 
 
 def _mark_wide_damage(exc: UnicodeError) -> tuple[str, int]:
@@ -183,7 +190,7 @@ def _check_local_path(key: str, path: str) -> None:
         files = expand(path)
         if not any(os.path.isfile(f) for f in files):
             _check_enterable(path)
-            raise MissingInput(f"config: '{key}': no file matches {path}" + (ONLY_FOLDERS if files else ""))
+            raise MissingInput(f"config: '{key}': no file matches {path}" + (only_folders(path) if files else ""))
     elif not Path(path).exists():
         raise MissingInput(f"config: '{key}': no such file or directory: {path}")
     elif not (Path(path).is_file() or Path(path).is_dir()):  # reading a FIFO/device blocks and cannot resume
@@ -263,7 +270,7 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
         raise SourceError(f"'{key}.path': cannot list {path}: the store cannot be reached ({one_line(exc)}); "
                           f"re-run once it is reachable") from exc
     if all(_listed_folder(f) for f in found):
-        raise MissingInput(f"config: '{key}.path': no object matches {path}" + (ONLY_FOLDERS if found else ""))
+        raise MissingInput(f"config: '{key}.path': no object matches {path}" + (only_folders(path) if found else ""))
     if ds["format"] is None and found == [path]:
         try:
             _check_format(f"{key}.path", path)

@@ -546,8 +546,8 @@ def test_a_folder_the_path_does_not_read_into_is_one_reject_naming_it(tmp_path: 
     assert good == RECORDS[:5] + RECORDS[:2] + RECORDS[:3] and bad == []
     with pytest.raises(ConfigError) as err:
         check_path("datasets[0].path", f"{data}/*/")
-    assert str(err.value) == f"config: 'datasets[0].path': no file matches {data}/*/ (only folders do: `**` reads " \
-                             "folders at any depth)"
+    assert str(err.value) == f"config: 'datasets[0].path': no file matches {data}/*/ (only folders do: a glob ending " \
+                             f"in `/` matches folders alone; `{data}/*/*` reads the files in them)"
 
 
 @pytest.mark.parametrize("where", ["tokenizer", "run_dir", "dataset"])

@@ -206,7 +206,8 @@ def test_a_local_glob_ending_in_a_slash_matches_folders_alone_as_on_an_object_st
     with pytest.raises(ConfigError) as err:
         validate({"datasets": [{"name": "a", "path": form.format(pattern, base=tmp_path)}]}, base_dir=tmp_path)
     assert str(err.value) == (f"config: 'datasets[0].path': no file matches {tmp_path}/d/{pattern} (only folders do: "
-                              f"`**` reads folders at any depth)")
+                              f"a glob ending in `/` matches folders alone; `{tmp_path}/d/{pattern}*` reads the files in "
+                              f"them)")
     cfg = validate({"datasets": [{"name": "a", "path": form.format("", base=tmp_path)}]}, base_dir=tmp_path)
     assert cfg["datasets"][0]["path"] == str(tmp_path / "d")
 

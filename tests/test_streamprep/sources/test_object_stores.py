@@ -580,8 +580,9 @@ def test_a_folder_an_object_store_glob_matches_is_a_counted_reject_as_on_disk(s3
     for path in (f"s3://{BUCKET}/spark/t*.parquet", f"s3://{BUCKET}/spark/*/"):
         with pytest.raises(ConfigError) as err:
             run_from_dict(base_config([{"name": "web", "path": path}], None), run_dir=tmp_path / "r", console_log=False)
-        assert str(err.value) == (f"config: 'datasets[0].path': no object matches {path} (only folders do: `**` reads "
-                                  f"folders at any depth)")
+        assert str(err.value) == f"config: 'datasets[0].path': no object matches {path}" + (
+            f" (only folders do: a glob ending in `/` matches folders alone; `{path}*` reads the files in them)"
+            if path.endswith("/") else " (only folders do: `**` reads folders at any depth)")
     assert not (tmp_path / "r").exists()
 
 
