@@ -118,10 +118,13 @@ def _messages(value: Any, s: SectionConfig, where: str) -> list[tuple[str, str]]
         if not isinstance(m, Mapping):
             raise RecordError("schema", f"{where}[{i}]: a message must be a mapping")
         role, content = m.get(s.role_key), m.get(s.content_key)
-        if content is None:
-            content = ""
         if not isinstance(role, str) or not role or not isinstance(content, str):
-            raise RecordError("schema", f"{where}[{i}]: needs a string {s.role_key!r} and {s.content_key!r}")
+            # a missing or null content is no empty turn: its question (or a tool call's arguments, which are not
+            # rendered) would be gone and the turn around it trained as is
+            key, value = (s.role_key, role) if not isinstance(role, str) or not role else (s.content_key, content)
+            got = "missing" if key not in m else "null" if value is None else f"{type(value).__name__} {value!r:.40}"
+            raise RecordError("schema", f"{where}[{i}]: needs a string {s.role_key!r} and {s.content_key!r}, "
+                                        f"{key!r} is {got}")
         out.append((role, content))
     return out
 

@@ -156,11 +156,29 @@ def test_qc_text_and_schema_rejects(glaive: dict[str, Any]) -> None:
     assert qc_text({"id": 1}, cfg) is None
     assert qc_check({"messages": "hello"}, cfg) == (None, "schema: messages: a string in a template section needs action: <role>")
     assert qc_check({"messages": []}, cfg) == (None, "schema: messages: expected a non-empty list of messages")
-    # missing content reads as "" (QC min_chars judges)
-    assert qc_text({"messages": [{"role": "user"}, {"role": "assistant", "content": "ok"}]}, cfg) == "ok"
     assert qc_check({"messages": [{"role": "user", "content": 3}]}, cfg)[1].startswith("schema:")
     dpo = load_sft_config(sft_section("dpo"))
     assert qc_text({"chosen": "no transcript", "rejected": "\n\nHuman: hi\n\nAssistant: yo"}, dpo) is None
+
+
+def test_a_message_without_content_is_a_schema_reject(tmp_path: Path, phi3) -> None:
+    """Regression: a message whose content key was missing (a typo, `text` for `value`) or null read as "", so the
+    record was kept and its assistant answer trained after an empty user turn, the question gone, with no reject."""
+    cfg = load_sft_config({"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from",
+                                                   "content_key": "value",
+                                                   "role_map": {"human": "user", "gpt": "assistant"}}]},
+                           "mask": {"gpt": "train"}})
+    answer = {"from": "gpt", "value": "The capital of Germany is Berlin."}
+    recs = [{"conversations": [{"from": "human", "value": "What is the capital of Germany?"}, answer]},
+            {"conversations": [{"from": "human", "text": "What is the capital of Germany?"}, answer]},
+            {"conversations": [{"from": "human", "value": None}, answer]},
+            {"conversations": [{"from": "human", "value": "What is the capital of Germany?"}, {"from": "gpt"}]}]
+    why = "schema: conversations[{}]: needs a string 'from' and 'value', 'value' is {}"
+    assert [qc_check(r, cfg)[1] for r in recs] == [None, why.format(0, "missing"), why.format(0, "null"),
+                                                   why.format(1, "missing")]
+    assert qc_check({"conversations": [{"from": "human", "value": 3}]}, cfg)[1] == why.format(0, "int 3")
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", recs, cfg), tmp_path / "o" / "p", phi3, cfg, FP)
+    assert stats["dropped"] == {"schema": 3} and stats["documents"] == 1
 
 
 def test_a_record_with_nothing_to_train_is_rejected_before_qc(glaive: dict[str, Any]) -> None:
