@@ -8,7 +8,9 @@ Masks are computed on characters and mapped to tokens through the encoder's offs
   messages[:k] followed by something else (nothing, a dummy user turn, a dummy assistant turn); the
   smallest such prefix is taken (it can only overshoot), then moved back to the start of the token it
   falls in. The content start is where a sentinel content appears when message k is rendered last
-  with the sentinel in place of its content. Before the content: the role header (always masked);
+  with the sentinel in place of its content (or, for a message a template shows only with the turn after it,
+  a system prompt merged into the first user turn, with that turn after it; its end is then where the
+  dummy turns after it part from T). Before the content: the role header (always masked);
   from the content to the end of the span: content + the template's end-of-turn text (labelled by
   role). Text after the last message (e.g. phi-3's final `<|endoftext|>`, or the generation prompt)
   is masked.
@@ -269,6 +271,30 @@ def _sentinel(msgs: list[dict[str, str]]) -> str:
     return pair
 
 
+def _shown_with_next(tok: ChatTokenizer, text: str, probe_msgs: list[dict[str, str]], sentinel: str, content: str,
+                     prev_end: int, followed: list[int | None], offsets: np.ndarray) -> tuple[int, int] | None:
+    """(content start, end) of a message a template renders only together with the turn after it (a system prompt
+    merged into the first user turn): the sentinel in `probe_msgs` (the message, its sentinel content, then the real
+    next message) must sit where T has the content, and its end is the smallest common prefix of T with the
+    renderings that follow it with a dummy turn (`followed`, None where one did not render) among those that show
+    all of its content (Gemma's moves it into a dummy assistant turn's header). None when that does not hold: the
+    message is counted as not rendered, as before (a template that moves it elsewhere, e.g. into the last user turn,
+    or drops it)."""
+    try:
+        probe = tok.render(probe_msgs, False)
+    except RecordError:
+        return None
+    at = probe.find(sentinel)
+    if at < 0 or _lcp(text, probe) < at or not prev_end <= at:
+        return None
+    shown = content if text.startswith(content, at) else content.strip()
+    ok = [c for c in followed if c is not None and c >= at + len(shown)]
+    if not text.startswith(shown, at) or not ok:
+        return None
+    end = _snap_down(min(ok), offsets)
+    return (at, end) if at + len(shown) <= end else None
+
+
 def message_spans(tok: ChatTokenizer, unit: TemplateUnit, limit: int | None = None
                   ) -> tuple[str, list[int], list[int | None], list[int], np.ndarray, dict[str, int]]:
     """Render the conversation; return (text, ends, content starts (None = not rendered), ids, offsets, diag).
@@ -295,23 +321,31 @@ def message_spans(tok: ChatTokenizer, unit: TemplateUnit, limit: int | None = No
         # k < n: messages[:k] alone (then the template's tail); k = n: the other generation-prompt setting
         variants: list[tuple[list[dict[str, str]], bool]] = [(head, False if k < n else not gen)]
         variants += [(head + [{"role": r, "content": sentinel}], False) for r in ("user", "assistant")]
-        cands = []
+        cands: list[int | None] = []
         for v_msgs, v_gen in variants:
             try:
                 cands.append(_lcp(text, tok.render(v_msgs, v_gen)))
             except RecordError:
-                continue  # e.g. a template that insists on alternating roles
-        if not cands:
+                cands.append(None)  # e.g. a template that insists on alternating roles
+        if not any(c is not None for c in cands):
             raise RecordError("template_error", f"cannot render the conversation up to message {k}")
-        end = max(prev_end, _snap_down(min(cands), offsets))
+        end = max(prev_end, _snap_down(min(c for c in cands if c is not None), offsets))
         # content start: render message k last, with a sentinel for its content
-        probe = tok.render(msgs[:k - 1] + [{"role": msgs[k - 1]["role"], "content": sentinel}], False)
+        blank = {"role": msgs[k - 1]["role"], "content": sentinel}
+        probe = tok.render(msgs[:k - 1] + [blank], False)
         at = probe.find(sentinel)
+        content = msgs[k - 1]["content"]
         if at < 0:
-            starts.append(None)   # the template does not render this role (e.g. phi-3 and 'tool')
-            _bump(diag, "messages_not_rendered")
+            # shown only beside the turn after it (Llama-2 merges the system prompt into the first [INST])?
+            joined = _shown_with_next(tok, text, msgs[:k - 1] + [blank] + msgs[k:k + 1], sentinel, content,
+                                      prev_end, cands[1:], offsets) if k < n else None
+            if joined is None:
+                starts.append(None)   # the template does not render this role (e.g. phi-3 and 'tool')
+                _bump(diag, "messages_not_rendered")
+            else:
+                at, end = joined  # its end: where the dummy turns after it part from T, not the lone rendering's
+                starts.append(at)
         else:
-            content = msgs[k - 1]["content"]
             shown = content if text.startswith(content, at) else content.strip()
             if _lcp(text, probe) < at or not text.startswith(shown, at) or not prev_end <= at \
                     or at + len(shown) > end:

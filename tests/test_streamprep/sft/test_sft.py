@@ -149,6 +149,58 @@ def test_template_drops_unknown_roles_without_role_map(tmp_path: Path, glaive: d
         assert [phi3.decode(r) for r in trained_runs(seq[i], mask[i])] == expected
 
 
+LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+          "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+          "{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+          "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+          "{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+          "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}"
+          "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+          "{% elif message['role'] == 'assistant' %}{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+GEMMA = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set first = messages[0]['content'] + '\\n\\n' %}"
+         "{% set lm = messages[1:] %}{% else %}{% set first = '' %}{% set lm = messages %}{% endif %}{% for m in lm %}"
+         "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}{{ '<start_of_turn>' + role + '\\n' + "
+         "(first if loop.first else '') + m['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}")
+NO_SYSTEM = ("{% for m in messages %}{% if m['role'] != 'system' %}### {{ m['role'] }}:\\n{{ m['content'] }}\\n\\n"
+             "{% endif %}{% endfor %}")
+
+
+@pytest.mark.parametrize("template, system_run", [(LLAMA2, "Always answer in French.\n<</SYS>>\n\n"),
+                                                   (GEMMA, "Always answer in French.\n\n"), (NO_SYSTEM, None)],
+                         ids=["llama2", "gemma", "no_system"])
+def test_a_system_prompt_merged_into_the_first_user_turn_is_rendered(tmp_path: Path, shared_data: Path,
+                                                                     template: str, system_run: str | None) -> None:
+    """Regression: a system message was located by rendering it alone, which Llama-2's and Gemma's templates only show
+    together with the user turn after it: it was counted as `messages_not_rendered` (and summed in the audit) though
+    the sequence holds it, and `mask: {system: train}` trained none of it. One the template leaves out is still
+    counted and untrained; the sequence and the assistant's runs never change."""
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    shutil.copy(shared_data / PHI3 / "tokenizer.json", tok_dir)
+    tcfg = json.loads((shared_data / PHI3 / "tokenizer_config.json").read_text())
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": template}))
+    tok = load_chat_tokenizer(tok_dir)
+    msgs = [{"role": "system", "content": "Always answer in French."},
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "La capitale de la France est Paris."}]
+    expected = tok.backend.encode(tok.hf.apply_chat_template(msgs, tokenize=False), add_special_tokens=False).ids
+    answers = None
+    for mask, out in (({"assistant": "train"}, "a"), ({"assistant": "train", "system": "train"}, "s")):
+        cfg = load_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}, "mask": mask})
+        stats = prepare_part(write_part(tmp_path / f"{out}.jsonl", [{"messages": msgs}], cfg), tmp_path / out / "p",
+                             tok, cfg, FP)
+        assert stats["documents"] == 1
+        assert stats["diagnostics"].get("messages_not_rendered") == (1 if system_run is None else None)
+        seq, lm = opened(tmp_path / out, "p_s0000_text_sequence"), opened(tmp_path / out, "p_s0000_text_loss_mask")
+        assert seq[0].tolist() == expected
+        runs = [tok.decode(r) for r in trained_runs(seq[0], lm[0])]
+        if answers is None:
+            answers = runs
+            assert len(answers) == 1 and "Paris" in answers[0]
+        else:
+            assert runs == ([] if system_run is None else [system_run]) + answers
+
+
 def test_qc_text_and_schema_rejects(glaive: dict[str, Any]) -> None:
     cfg, rec = glaive["cfg"], glaive["records"][0]
     text = qc_text(rec, cfg)
