@@ -126,9 +126,16 @@ def check_chat_template(cfg: Mapping[str, Any]) -> None:
     if template is None:
         named = tokenizer_config(where.parent).get("chat_template") if path is not None else None
         if isinstance(named, list):  # transformers, too, refuses named templates without a default
-            names = ", ".join(str(t.get("name")) for t in named if isinstance(t, dict)) or "none"
-            raise ConfigError(f"config: '{used}': needs a chat template, and the chat_template list in "
-                              f"{where.parent / 'tokenizer_config.json'} has no entry named 'default' (named: {names})")
+            entries = [t for t in named if isinstance(t, dict)]
+            listed = f"the chat_template list in {where.parent / 'tokenizer_config.json'}"
+            default = next((t for t in reversed(entries) if t.get("name") == "default"), None)  # the last, as read
+            if default is not None:  # its template null or absent: not an entry that is missing
+                got = "null" if "template" in default else "missing"
+                raise ConfigError(f"config: '{used}': needs a chat template, and the entry named 'default' in {listed} "
+                                  f"has no template string ('template' is {got})")
+            names = ", ".join(str(t.get("name")) for t in entries) or "none"
+            raise ConfigError(f"config: '{used}': needs a chat template, and {listed} has no entry named 'default' "
+                              f"(named: {names})")
         what = "a tokenizer the run trains has" if path is None else \
             f"the tokenizer at {path} has (tokenizer_config.json or chat_template.jinja beside its tokenizer.json)"
         raise ConfigError(f"config: '{used}': needs a chat template, and {what} none")

@@ -890,6 +890,27 @@ def test_an_unreadable_or_defaultless_chat_template_is_a_config_error_naming_its
     load(raw)
 
 
+def test_a_default_chat_template_entry_without_a_template_is_a_config_error_saying_so(tmp_path: Path,
+                                                                                       shared_data: Path) -> None:
+    """Regression: a chat_template list whose `default` entry has template null was refused as having "no entry named
+    'default' (named: default)". With a chat_template.jinja beside it that file is the template, as transformers'
+    from_pretrained takes it (its .jinja files come before tokenizer_config.json's entries)."""
+    from streamprep.config import ConfigError, load
+
+    tok, tcfg, raw = _phi3_copy(tmp_path, shared_data)
+    good = tcfg.pop("chat_template")
+    listed = f"the chat_template list in {tok / 'tokenizer_config.json'}"
+    for entry, got in (({"name": "default", "template": None}, "null"), ({"name": "default"}, "missing")):
+        (tok / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": [entry]}), encoding="utf-8")
+        with pytest.raises(ConfigError) as err:
+            load(raw)
+        assert str(err.value) == ("config: 'sft.input.sections[0].template': needs a chat template, and the entry "
+                                  f"named 'default' in {listed} has no template string ('template' is {got})")
+    (tok / "chat_template.jinja").write_text(good, encoding="utf-8")
+    load(raw)
+    assert load_chat_tokenizer(tok).chat_template == good
+
+
 SHAREGPT = {"input": {"sections": [{"field": "conversations", "template": True, "role_key": "from", "content_key": "value",
                                     "role_map": {"human": "user", "gpt": "assistant"}, "train_turns": "last"}]},
             "mask": {"gpt": "train"}, "mask_default": "train",
