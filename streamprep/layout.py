@@ -74,8 +74,9 @@ def unwritable(exc: BaseException) -> OSError | None:
 
 def needs_change(exc: BaseException) -> bool:
     """Whether `exc` is one the CLI exits 2 on: re-running as is ends the same way (a config error, inputs changed
-    under a resume, no kept text to train a tokenizer on, a folder or file in the way of the run's own, a folder it
-    may not write in), so run.json records it and `status` does not call the run resumable as it stands."""
+    under a resume or a sealed part since it was sealed, no kept text to train a tokenizer on, a folder or file in
+    the way of the run's own, a folder it may not write in), so run.json records it and `status` does not call the
+    run resumable as it stands."""
     return (isinstance(exc, (ConfigError, NotARunDir, IsADirectoryError)) or file_in_the_way(exc) is not None
             or unwritable(exc) is not None)
 

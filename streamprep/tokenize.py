@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from streamprep import atomic, binidx
+from streamprep.config import ConfigError
 from streamprep.layout import RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.textshard import tokenize_part
@@ -208,14 +209,18 @@ def _check_input(task: ShardTask) -> None:
     sealed-log record or a part changed since had the receipt sign the wrong SHA-256, or a changed part, and only
     `verify` saw it. Checked for a part whose hash a resume read back (`check_input`) and whose shard is written
     (the tokenizing reads it next, from the page cache); not for one sealed in this job (hashed as it was written:
-    hashing it again cost as much CPU as a fast tokenizer), nor for a shard skipped on its receipt."""
+    hashing it again cost as much CPU as a fast tokenizer), nor for a shard skipped on its receipt. A ConfigError
+    (exit 2, run.json's `needs_change`): a re-run as is fails the same way, while removing the part (or the sealed
+    log) has the checkpoint restart the dataset, which a plain ValueError left unsaid (exit 1, "resumable")."""
     sha = atomic.sha256_file(task.input_path)
     if sha != task.input_sha256:
         part = Path(task.input_path)
-        raise ValueError(f"{part.relative_to(task.run_dir) if part.is_relative_to(task.run_dir) else part}: its "
-                         f"SHA-256 is {sha}, not the {task.input_sha256} its dataset's sealed log ({task.dataset}.sealed "
-                         f"in the checkpoint dir) recorded as ingest sealed it: the part or that record changed since "
-                         f"(a damaged disk or an edit); start over with a new --run-dir")
+        raise ConfigError(f"{part.relative_to(task.run_dir) if part.is_relative_to(task.run_dir) else part}: its "
+                          f"SHA-256 is {sha}, not the {task.input_sha256} its dataset's sealed log "
+                          f"({task.dataset}.sealed in the checkpoint dir) recorded as ingest sealed it: the part or "
+                          f"that record changed since (a damaged disk or an edit); delete the part (or "
+                          f"{task.dataset}.sealed) and re-run the same command, which ingests dataset {task.dataset} "
+                          f"again, or start over with a new --run-dir")
 
 
 def run_task(task: ShardTask, tokenizer: Any) -> dict[str, Any]:

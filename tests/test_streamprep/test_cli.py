@@ -662,3 +662,38 @@ def test_only_the_folders_a_job_writes_in_a_users_checkpoint_dir_are_checked(tmp
                              f"and re-run"
     refused.pop()
     _check_written_folders(config, tmp_path / "run")
+
+
+@pytest.mark.parametrize("damaged", ["part", "sealed"])
+def test_a_part_whose_sha256_fails_at_resume_is_exit_2_saying_what_to_delete(tmp_path: Path, capsys,
+                                                                            damaged: str) -> None:
+    """Regression: a part (or its `<ds>.sealed` record) changed since it was sealed made the resume fail with a plain
+    ValueError, exit 1, run.json without `needs_change` ("resumable"), and every re-run ended the same; its line said
+    to start over. Exit 2 now, recorded as needing a change, and the line names what to delete: then the same
+    command ingests the dataset again, to the same bytes."""
+    from helpers import base_config, english_docs, tree_hashes
+    from streamprep import run_from_dict
+    from streamprep.layout import read_json
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(200)))
+    cfg, run = base_config([{"name": "gen", "path": str(src)}], None, output={"shard_records": 50}), tmp_path / "run"
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    outputs = ("binidx", "parquet", "receipts")
+    before = tree_hashes(run, *outputs)
+    (run / "receipts/gen/part-00001.json").unlink()
+    part, sealed = run / "ingest/gen/part-00001.jsonl", run / "checkpoints/gen.sealed"
+    edited, at = (part, part.read_bytes().index(b"the")) if damaged == "part" else (sealed, 40 + 5)
+    data = bytearray(edited.read_bytes())
+    data[at] ^= 1
+    edited.write_bytes(bytes(data))
+    assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("streamprep: error: ingest/gen/part-00001.jsonl: its SHA-256 is ") and line.endswith(
+        "(a damaged disk or an edit); delete the part (or gen.sealed) and re-run the same command, which ingests "
+        "dataset gen again, or start over with a new --run-dir")
+    assert read_json(run / "run.json")["needs_change"] is True
+    part.unlink()
+    assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 0
+    assert tree_hashes(run, *outputs) == before

@@ -165,6 +165,7 @@ def test_a_part_whose_sha256_is_not_its_sealed_records_is_refused_before_its_rec
     hashes and the log; one whose part was sealed in its job is not hashed again."""
     import hashlib
 
+    from streamprep.config import ConfigError
     from streamprep.tokenize import run_task
 
     task, encoder, _ = _shard(tmp_path)
@@ -177,12 +178,13 @@ def test_a_part_whose_sha256_is_not_its_sealed_records_is_refused_before_its_rec
     else:
         task = replace(task, input_sha256="0" * 64)
     written = Path(task.receipt_path).read_bytes() if changed != "part" else b"(none)"
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ConfigError) as refused:  # exit 2, needing a change (test_cli)
         run_task(task, encoder)
     assert str(refused.value) == (
         f"ingest/d/part-00000.jsonl: its SHA-256 is {hashlib.sha256(part.read_bytes()).hexdigest()}, not the "
         f"{task.input_sha256} its dataset's sealed log (d.sealed in the checkpoint dir) recorded as ingest sealed it: "
-        f"the part or that record changed since (a damaged disk or an edit); start over with a new --run-dir")
+        f"the part or that record changed since (a damaged disk or an edit); delete the part (or d.sealed) and re-run "
+        f"the same command, which ingests dataset d again, or start over with a new --run-dir")
     receipt_path = Path(task.receipt_path)
     assert (receipt_path.read_bytes() if receipt_path.exists() else b"(none)") == written  # none written
 
