@@ -149,16 +149,21 @@ def _check_writable_dir(path: Path, what: str) -> None:
         raise ConfigError(f"{what} {path}: {existing} is not writable")
 
 
-def _check_written_folders(config: Config, run_dir: Path) -> None:
+def _check_written_folders(config: Config, run_dir: Path, finished: bool = False) -> None:
     """Each folder a resume writes in, where it exists, must be writable: a read-only one (`ingest/<ds>`,
     `checkpoints/`) failed with a raw PermissionError naming a temporary file, at every re-run. Only the job's own
-    folders: not what else a user keeps in a `run.checkpoint_dir` of theirs, nor Megatron's index cache in binidx/."""
+    folders: not what else a user keeps in a `run.checkpoint_dir` of theirs, nor Megatron's index cache in binidx/.
+    `finished` (run.json says complete): only those a re-run that finds it still complete writes in, its log and
+    its checkpoint dir's lock (a finished run whose outputs were made read-only was refused, where it writes
+    nothing in them); `Job.run` checks the rest once the run has something to redo."""
     layout, ckpt = RunLayout(run_dir), Path(_checkpoint_dir(config, run_dir))
     names = [d.name for d in config.datasets]
     own = [*(run_dir / n for n in (INGEST, REJECTS, RECEIPTS, TOKENIZER, BINIDX, SFT, PARQUET, AUDIT, LOGS)),
            layout.exports_scratch, *(layout.exports_scratch / n for n in names),
            *(p for n in names for p in (layout.ingest_dir(n), *layout.tokenized_dirs(n)))]
     kept = [ckpt, ckpt / "stage", *(CheckpointLayout(ckpt).stage(n) for n in names)]
+    if finished:
+        own, kept = [layout.logs_dir], [ckpt]
     checks = [(run_dir, "run dir", own), (ckpt, "'run.checkpoint_dir'", kept)] if config.run.checkpoint_dir \
         else [(run_dir, "run dir", own + kept)]
     for root, what, folders in checks:
@@ -248,8 +253,8 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
             raise ConfigError(f"config: 'run.checkpoint_dir': {ckpt} is the run dir or a folder inside it, where the "
                               f"checkpoint files would meet the run's own; leave it unset (RUN_DIR/checkpoints) or "
                               f"choose a folder outside the run dir")
-    _check_written_folders(config, run_dir)
     layout, checkpoints = RunLayout(run_dir), CheckpointLayout(_checkpoint_dir(config, run_dir))
+    _check_written_folders(config, run_dir, finished=(read_json(layout.run_json) or {}).get("status") == "complete")
     for where, folder in (("run dir", run_dir), ("'run.checkpoint_dir'", checkpoints.checkpoint_dir.resolve())):
         inside = next((d for d in config.datasets if reaches_into(d.path, folder)), None)
         if inside is not None:  # its run.json, logs and parts would be listed as input, and changed at each resume
@@ -592,6 +597,8 @@ class Job:
         if complete and self._still_complete():
             log.info("run already complete; nothing to do", run_dir=str(self.run_dir))
             return RunResult(self.run_dir, "complete", self.record.get("summary", {}))
+        if complete:  # the start checked only the folders a finished run writes in
+            _check_written_folders(self.config, self.run_dir)
         other = claim(self.checkpoint_dir, self.record["run_id"])
         if other:
             raise ConfigError(f"run.checkpoint_dir: {self.checkpoint_dir} holds the checkpoints of another run "

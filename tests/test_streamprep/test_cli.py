@@ -639,6 +639,38 @@ def test_a_folder_of_the_run_it_may_not_write_in_is_exit_2_naming_it(tmp_path: P
         f"it is there) writable and re-run the same command"]
 
 
+def test_a_finished_run_whose_outputs_were_made_read_only_is_re_run_as_complete(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                                 capsys) -> None:
+    """Regression: the start's check of the folders a resume writes in refused a finished run whose ingest/<ds>,
+    binidx/<ds>, parquet/ and receipts/ were made read-only ("run dir RUN: RUN/parquet is not writable"), exit 2,
+    where its re-run verifies and writes nothing there. It is complete, exit 0; one with something to redo (a
+    receipt gone) is refused as before, naming the folder, run.json and the outputs as they were.
+    (Simulated: root writes through permission bits.)"""
+    from helpers import base_config, english_docs, tree_hashes
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(200)))
+    cfg, run = base_config([{"name": "gen", "path": str(src)}], None), tmp_path / "run"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    command = ["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]
+    assert main(command) == 0
+    capsys.readouterr()
+    refused = [run / "ingest", run / "ingest/gen", run / "binidx", run / "binidx/gen", run / "parquet",
+               run / "receipts", run / "receipts/gen"]
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) not in refused and access(path, mode, **kw))
+    assert main(command) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"streamprep: run complete: {run}"
+    (run / "receipts/gen/part-00000.json").unlink()
+    outputs = ("ingest", "binidx", "parquet", "receipts", "checkpoints")
+    before = tree_hashes(run, *outputs, names=("run.json", "manifest.json"))
+    assert main(command) == 2
+    said = capsys.readouterr().err.splitlines()  # (the log's line naming what is to redo, then the error)
+    assert said[-1] == f"streamprep: error: run dir {run}: {run / 'ingest'} is not writable; make it writable and re-run"
+    assert tree_hashes(run, *outputs, names=("run.json", "manifest.json")) == before
+
+
 def test_only_the_folders_a_job_writes_in_a_users_checkpoint_dir_are_checked(tmp_path, monkeypatch):
     """Regression: a read-only folder of the user's own inside `run.checkpoint_dir` (reference_data/v1) refused the
     run, the check walking every folder there; a read-only stage/<ds> still is refused, naming the key."""
