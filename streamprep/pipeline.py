@@ -272,7 +272,7 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
         return None   # started afresh (`_forget_failed_start`)
     changed = configmod.drift_keys(previous["config"], config.to_dict(), exports_redone=status != "complete")
     if changed:
-        _refuse_optional_change(previous["config"], config, status != "complete")
+        _refuse_optional_change(previous["config"], previous.get("optional_skipped"), config, status != "complete")
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
                           f"use a new --run-dir (with --fresh) to start over")
@@ -289,19 +289,26 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
     return previous
 
 
-def _refuse_optional_change(old: Mapping[str, Any], config: Config, exports_redone: bool) -> None:
+def _refuse_optional_change(old: Mapping[str, Any], skipped: list[str] | None, config: Config,
+                            exports_redone: bool) -> None:
     """An optional dataset whose input appeared or went missing since the run started changes the datasets the
     run holds (and, under `dedup_scope: run`, what the others keep): refused, as any config change, but naming
     that cause (the YAML may be byte-identical, and 'config changed (datasets)' sent the user looking there), and
-    the keys that changed besides, if any (else putting the input back only led to a second refusal)."""
+    the keys that changed besides, if any (else putting the input back only led to a second refusal). `skipped`:
+    the optional datasets the run started without for want of input (run.json's `optional_skipped`), so that one
+    added to the YAML since is the config change it is, not an input that appeared; None (a run.json from before
+    that record) cannot tell the two apart, and the line says both."""
     was = {d["name"] for d in old.get("datasets") or ()}
     now = {d.name for d in config.datasets}
     missing = {name: why for name, why in config.skipped}
-    came = sorted(d.name for d in config.datasets if d.optional and d.name not in was)
+    came = sorted(d.name for d in config.datasets if d.optional and d.name not in was
+                  and (skipped is None or d.name in skipped))
     went = sorted(name for name in was - now if name in missing)
     if not came and not went:
         return
-    what = [f"optional dataset {name}'s input is there now but was missing when this run started" for name in came]
+    then = ("but was missing when this run started" if skipped is not None else "and the dataset was not in this "
+            "run when it started (its input missing then, or the dataset added to the config since)")
+    what = [f"optional dataset {name}'s input is there now {then}" for name in came]
     what += [f"optional dataset {name}'s input was there when this run started and is missing now ({missing[name]})"
              for name in went]
     new = config.to_dict()
@@ -309,9 +316,10 @@ def _refuse_optional_change(old: Mapping[str, Any], config: Config, exports_redo
                                    {**new, "datasets": [d for d in new["datasets"] if d["name"] not in came]},
                                    exports_redone=exports_redone)
     also = f"; and the config changed ({', '.join(besides[:8])}{' …' * (len(besides) > 8)})" if besides else ""
+    unsure = " (or the config, for a dataset added since)" * (skipped is None and bool(came))
     raise ConfigError(f"{'; '.join(what)}{also}: resuming would change the datasets this run holds — put the input "
-                      f"back as it was{' and the config' * bool(besides)}, or use a new --run-dir (with --fresh) to "
-                      f"start over")
+                      f"back as it was{' and the config' * bool(besides)}{unsure}, or use a new --run-dir (with "
+                      f"--fresh) to start over")
 
 
 def _refuse_moved_checkpoints(previous: dict[str, Any], checkpoint_dir: Path) -> None:
@@ -553,7 +561,8 @@ class Job:
         cfg = config.to_dict()
         self.sft_section = cfg.get("sft")  # plain form, as shard tasks carry it to the workers and hash it
         self.record.update({"config": configmod.public(cfg), "config_hash": configmod.config_hash(cfg), "versions": _versions(),
-                            "checkpoint_dir": str(self.checkpoint_dir), "plugins": plugin_modules()})
+                            "checkpoint_dir": str(self.checkpoint_dir), "plugins": plugin_modules(),
+                            "optional_skipped": [name for name, _ in config.skipped]})  # (_refuse_optional_change)
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self._record_lock = threading.Lock()  # a stage ends in the feeder's thread too: one run.json writer at a time
         self.signals = Signals()

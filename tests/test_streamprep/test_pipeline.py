@@ -462,6 +462,37 @@ def test_an_optional_dataset_whose_input_appears_or_goes_is_named_at_resume(tmp_
         run_from_dict(cfg, run_dir=run_dir, console_log=False)
 
 
+def test_an_optional_dataset_added_to_the_config_is_a_config_change_not_an_input_that_appeared(
+        tmp_path: Path, shared_data: Path) -> None:
+    """Regression: an optional dataset added to the YAML since the run started (its input there all along) was
+    refused as "optional dataset a's input is there now but was missing when this run started", sending the user to
+    an input that never went. run.json records the optional datasets skipped for want of input
+    (`optional_skipped`): one added is the config change it is; a run.json from before that record says both."""
+    from streamprep.config import ConfigError
+
+    data = tmp_path / "b.jsonl"
+    data.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in english_docs(20)))
+    cfg = base_config([{"name": "b", "path": str(data)}], str(shared_data / PHI2))
+    run_dir = tmp_path / "run"
+    run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["optional_skipped"] == []
+    cfg["datasets"].insert(0, {"name": "a", "path": str(data), "optional": True})
+    with pytest.raises(ConfigError) as refused:
+        run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    assert str(refused.value) == ("config changed since this run started (datasets); resuming would mix outputs — "
+                                  "use a new --run-dir (with --fresh) to start over")
+    del record["optional_skipped"]  # as a streamprep before the record wrote it
+    (run_dir / "run.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError) as refused:
+        run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    assert str(refused.value) == (
+        "optional dataset a's input is there now and the dataset was not in this run when it started (its input "
+        "missing then, or the dataset added to the config since): resuming would change the datasets this run holds "
+        "— put the input back as it was (or the config, for a dataset added since), or use a new --run-dir (with "
+        "--fresh) to start over")
+
+
 def test_a_run_dir_too_deep_for_its_files_is_refused_before_anything_is_written(tmp_path: Path,
                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: a run dir of ~4010 characters with a 64-character dataset name failed with "OSError: [Errno 36]
