@@ -14,7 +14,7 @@ exports' per-part summary caches (`receipts/<ds>/*.summary`, self-checking: keye
 hash, recomputed when stale) and hidden temporaries are ignored; so are audit/, logs/ and rejects/ (reports, not
 read by a trainer or a later stage). The checkpoints are judged as `status` judges them (status.datasets_status):
 one damaged, or missing while its dataset ran, passed here while `status` and `audit` refused the run, and a re-run
-restarts its dataset.
+restarts its dataset; and each sealed-log record against its part's receipt's `input_sha256`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from streamprep import atomic, binidx, layout
 from streamprep.exports import chain, summary
 from streamprep.layout import NotARunDir, run_record
 from streamprep.modes import receipt_mode_name
-from streamprep.status import datasets_status
+from streamprep.status import checkpoint_dir, datasets_status
 
 TSV_HEADER = ["row", "n_tokens", "token_sum", "text_sha256"]
 
@@ -443,9 +443,10 @@ def _check_files(c: _Checker, entries: Any, listed: set[str], receipts: bool = T
                   f"manifest.json says {entry.get('size_bytes')} bytes, {shown[0]}…)")
 
 
-def _check_checkpoints(c: _Checker) -> None:
+def _check_checkpoints(c: _Checker, signed: dict[str, tuple[Any, Any]]) -> None:
     """The datasets' checkpoints (and receipts' shapes) as `status` reads them, its one line if it refuses them,
-    unless a receipt's own check above named the damage (one problem, not two lines for one file)."""
+    unless a receipt's own check above named the damage (one problem, not two lines for one file); then their
+    sealed logs' records (`_check_sealed`)."""
     try:
         record = run_record(c.run_dir)
     except NotARunDir:  # no run.json, or one without its config: reported above, and nothing names the datasets
@@ -455,6 +456,31 @@ def _check_checkpoints(c: _Checker) -> None:
     except NotARunDir as exc:
         if not any(p.startswith(f"{layout.RECEIPTS}/") for p in c.problems):
             c.add(str(exc))
+        return
+    _check_sealed(c, record, signed)
+
+
+def _check_sealed(c: _Checker, record: dict[str, Any], signed: dict[str, tuple[Any, Any]]) -> None:
+    """Each sealed-log record's SHA-256 against its part's receipt's `input_sha256` (which the part is checked
+    against): a flipped byte in a record passed as "all files match", and the resume that hashes that part
+    (`tokenize._check_input`) then failed blaming the intact part. A receipt that differs from what manifest.json
+    signed (`signed`) is that problem, not the log's."""
+    ckpt_dir = checkpoint_dir(c.run_dir, record)
+    run = layout.RunLayout(c.run_dir)
+    for name in (d["name"] for d in record["config"]["datasets"]):
+        sealed = layout.Checkpoint.load(layout.CheckpointLayout(ckpt_dir).checkpoint(name)).raw.get("sealed") or []
+        log = _rel(c.run_dir, layout.CheckpointLayout(ckpt_dir).sealed_log(name))
+        for i, (sha, _size) in enumerate(sealed):
+            rel = _rel(c.run_dir, run.receipt(name, i))
+            rec = layout.read_json(c.run_dir / rel)
+            said = rec.get("input_sha256") if isinstance(rec, dict) else None
+            if not isinstance(said, str) or said == sha or (
+                    rel in signed and c.guarded(rel, functools.partial(chain.digest, c.run_dir, rel)) != signed[rel]):
+                continue
+            shown = _differing(sha, said).split("…, file is ")
+            c.add(f"{log}: the record of {layout.part_name(i)} says SHA-256 {shown[0]}…, its receipt {rel} says "
+                  f"{shown[1]} (the part is checked against the receipt): delete {log} and re-run the same "
+                  f"`streamprep ingest` command, which ingests dataset {name} again")
 
 
 def verify_run(run_dir: str | Path) -> list[str]:
@@ -480,7 +506,7 @@ def verify_run(run_dir: str | Path) -> list[str]:
     signed = {e["path"]: (e.get("sha256"), e.get("size_bytes")) for e in entries
               if isinstance(e, dict) and isinstance(e.get("path"), str)} if isinstance(entries, list) else {}
     listed = _check_receipts(c, fingerprint, signed)
-    _check_checkpoints(c)
+    _check_checkpoints(c, signed)
 
     if man is not None:
         try:

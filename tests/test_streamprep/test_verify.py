@@ -395,6 +395,28 @@ def test_a_damaged_checkpoint_is_a_problem_as_status_says(chain_run, rel, edit, 
     assert out.stdout.splitlines()[-1] == "streamprep: verify: 1 problem(s)"
 
 
+def test_a_sealed_log_record_that_is_not_its_receipts_is_a_problem_saying_what_to_delete(chain_run):
+    """Regression: a flipped byte in a `<ds>.sealed` record passed verify ("all files match", exit 0; `status`
+    complete), and the resume that hashed that part then failed blaming the intact part. The record is held against
+    its part's receipt's input_sha256 (the part is held against the receipt): its line names the log to delete."""
+    import hashlib
+
+    run, touch = chain_run
+
+    def flip(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[40 + 5] ^= 1  # part-00001's record, its 6th byte
+        path.write_bytes(bytes(data))
+    touch("checkpoints/c4.sealed", flip)
+    part = hashlib.sha256((run / "ingest/c4/part-00001.jsonl").read_bytes()).hexdigest()
+    record = (run / "checkpoints/c4.sealed").read_bytes()[40:72].hex()
+    n = max(12, next(i for i, (a, b) in enumerate(zip(record, part)) if a != b) + 4)  # (as `_differing` shows them)
+    assert verify_run(run) == [
+        f"checkpoints/c4.sealed: the record of part-00001 says SHA-256 {record[:n]}…, its receipt "
+        f"receipts/c4/part-00001.json says {part[:n]}… (the part is checked against the receipt): delete "
+        f"checkpoints/c4.sealed and re-run the same `streamprep ingest` command, which ingests dataset c4 again"]
+
+
 def test_a_damaged_receipt_is_one_problem_and_a_damaged_checkpoint_keeps_the_manifests_hint(chain_run):
     """Regression: status's check of the records, run first, added a second line for a truncated receipt verify
     names itself, and its problem made a complete run's missing manifest.json read "exports not written yet?"."""
