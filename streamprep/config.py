@@ -142,7 +142,9 @@ INT32_MAX = 2**31 - 1
 # Every number key of SPEC / DATASET_SPEC has a range (tests/test_streamprep/test_config.py checks that none is missing).
 BOUNDS: dict[str, Range] = {
     "run.seed": Range(0, 2**63 - 1),
-    "tokenizer.train.vocab_size": Range(300, INT32_MAX),   # 256 bytes + special tokens; ids are int32
+    # 256 bytes + special tokens, up to 2^20: 4x the largest vocabularies in use (~256 k). The HF trainer reserves
+    # ~70 B per entry up front: 2e9 (int32's range, the bound before) aborted the process (a 141 GB allocation)
+    "tokenizer.train.vocab_size": Range(300, 1 << 20),
     "tokenizer.train.min_frequency": Range(0, INT32_MAX),
     "tokenizer.train.sample_mb": Range(0, 1 << 30, lo_open=True),
     "output.shard_records": Range(1),

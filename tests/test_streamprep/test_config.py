@@ -316,6 +316,7 @@ BAD_VALUES = [
     ("output.parquet.length_buckets", [[128], 256]), ("output.parquet.length_buckets", [128, {"a": 1}]),  # regression:
     ("output.mixtures.phases", {"p": {"a": NAN}}), ("output.mixtures.phases", {"p": {"a": 1e308}}),  # bare errors ("tokenizer.eod_token", "<|not-in-phi2|>"),
     ("tokenizer.eod_token", ""), ("tokenizer.train.vocab_size", 10), ("tokenizer.train.vocab_size", 2**40),
+    ("tokenizer.train.vocab_size", 2**20 + 1), ("tokenizer.train.vocab_size", 2_000_000_000),  # regression: aborted
     ("tokenizer.train.min_frequency", -1),
 ]
 
@@ -412,6 +413,7 @@ def test_trained_tokenizer_eod_must_be_one_of_its_special_tokens(tmp_path: Path,
 def test_good_values_pass_and_names_are_unique_ignoring_case(tmp_path: Path, good: dict, data: Path) -> None:
     good["output"] = {"parquet": {"compression": "ZSTD", "shard_size_bytes": 1024}}
     good["datasets"].append({"name": "données_v1.2-x", "path": str(data), "weight": 1e15})
+    good["tokenizer"]["train"] = {"vocab_size": 2**20}  # the largest a trainer may be asked for
     cfg = validate(good, base_dir=tmp_path)
     assert cfg["output"]["parquet"]["compression"] == "zstd"
     assert cfg["tokenizer"]["path"].endswith("phi-2/tokenizer.json")
