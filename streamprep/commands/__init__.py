@@ -16,7 +16,7 @@ def require_run_dir(path: str) -> Path:
     """`path` as a run dir, or a one-line error. A folder holding only what a job makes before run.json (`_starting`)
     is one whose job is starting, or was killed in that moment: the error says which, not "not a run directory"; a
     folder holding anything else is no run's."""
-    run_dir = Path(path)
+    run_dir = user_path(path)
     layout = RunLayout(run_dir)
     if not layout.run_json.is_file():
         if layout.lock.is_file() and not os.path.lexists(layout.run_json) and _starting(layout):
@@ -27,6 +27,14 @@ def require_run_dir(path: str) -> Path:
                               "ingest command to start it")
         raise ConfigError(f"{run_dir}: not a streamprep run directory (no run.json)")
     return run_dir
+
+
+def user_path(path: str) -> Path:
+    """`path` with a leading `~` expanded, as ingest's run dir is: a quoted `"~/runs/x"` named a folder `~`."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError as exc:  # `~nosuchuser/…`
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _starting(layout: RunLayout) -> bool:

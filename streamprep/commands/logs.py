@@ -5,15 +5,16 @@ import argparse
 import os
 from pathlib import Path
 
-from streamprep.commands import require_run_dir
+from streamprep.commands import require_run_dir, user_path
 from streamprep.layout import RunLayout
 from streamprep.logtail import tail
 
 
 def run(args: argparse.Namespace) -> int:
     poll_s = max(args.poll_interval, 0.01)
-    if args.follow and _not_started(Path(args.run_dir)):  # `logs -f` started before the job: tail waits for it
-        return tail(Path(args.run_dir), args.lines, True, poll_s=poll_s)
+    path = user_path(args.run_dir)
+    if args.follow and _not_started(path):  # `logs -f` started before the job: tail waits for it
+        return tail(path, args.lines, True, poll_s=poll_s)
     return tail(require_run_dir(args.run_dir), args.lines, args.follow, poll_s=poll_s)
 
 

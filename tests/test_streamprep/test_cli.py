@@ -198,6 +198,32 @@ def test_status_logs_audit_on_a_real_run(tmp_path, capsys):
     assert out.startswith("audit: 2 dataset(s)") and (run_dir / "audit" / "audit.html").is_file()
 
 
+def test_a_run_dir_given_with_a_tilde_is_in_the_home_folder(tmp_path, capsys, monkeypatch):
+    """Regression: `--run-dir=~/run` (no shell expands a `~` after `=`) ran the job in a folder `./~/run`."""
+    from helpers import make_inputs
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(make_inputs(tmp_path / "data")["config"]))
+    assert main(["ingest", "--config", str(cfg_path), "--run-dir=~/run"]) == 0
+    assert f"run complete: {home / 'run'}\n" in capsys.readouterr().out
+    assert (home / "run" / "run.json").is_file() and not any(work.iterdir())
+    for argv in (["status", "~/run"], ["logs", "~/run", "-n", "1"], ["audit", "~/run"], ["verify", "~/run"]):
+        assert main(argv) == 0, (argv, capsys.readouterr().err)
+    (home / "notes.txt").write_text("x")  # `logs -f` waited for a run in `./~/notes.txt`, forever
+    follow = subprocess.run([sys.executable, "-m", "streamprep", "logs", "~/notes.txt", "--follow"], cwd=work,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=30)
+    said = f"streamprep: error: {home / 'notes.txt'}: not a streamprep run directory (no run.json)\n"
+    assert (follow.returncode, follow.stderr) == (2, said)
+    _assert_exit_2_nothing_written(["ingest", "--config", str(cfg_path), "--run-dir=~no_such_user_x/run"], capsys,
+                                   "run dir ~no_such_user_x/run: ", work / "~no_such_user_x")
+    assert main(["status", "~no_such_user_x/run"]) == 2
+    assert capsys.readouterr().err.startswith("streamprep: error: ~no_such_user_x/run: ")
+
+
 @pytest.mark.parametrize("given, expected", [(None, "1"), ("4", "4")])
 def test_the_cli_gives_openblas_one_thread_unless_told_otherwise(tmp_path, given, expected):
     """Regression (perf: idle OpenBLAS threads took ~3 % of a 2-core job): the variable is set before numpy
