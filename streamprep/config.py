@@ -7,6 +7,7 @@ import hashlib
 import math
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -214,8 +215,16 @@ def _finite(value: int | float) -> bool:
 
 
 def _safe_name(key: str, value: str) -> None:
-    """Run and dataset names are used as file and directory names."""
+    """Run and dataset names are used as file and directory names. One with a letter written decomposed (`e` +
+    U+0301, as macOS writes file names) looks valid in the generic error, so it is named as such; it is not
+    normalised: a changed name could alias another run's or dataset's folder."""
     if len(value) > MAX_NAME_CHARS or not NAME_RE.match(value):
+        composed = unicodedata.normalize("NFC", value)
+        mark = next((c for c in value if unicodedata.category(c).startswith("M")), "")
+        if mark and len(composed) <= MAX_NAME_CHARS and NAME_RE.match(composed):
+            raise ConfigError(f"config: '{key}' {value!r:.80} holds the combining mark U+{ord(mark):04X} "
+                              f"({unicodedata.name(mark, 'unnamed')}): a letter written decomposed (NFD); write it "
+                              f"composed (NFC), {composed!r:.80}")
         raise ConfigError(f"config: '{key}' must be a name of 1-{MAX_NAME_CHARS} letters, digits, _ - . "
                           f"starting with a letter, digit or _, got {value!r:.80}")
 
@@ -605,6 +614,8 @@ def load_file(path: str | Path) -> "Config":
         raise ConfigError(f"config: {p}: not valid YAML: {first}") from None
     if raw is None:  # it said "top level must be a mapping, got NoneType", naming no file
         raise ConfigError(f"config: {p}: empty (no YAML mapping in it)")
+    if not isinstance(raw, Mapping):  # `load` says so too, naming no file
+        raise ConfigError(f"config: {p}: top level must be a mapping, got {type(raw).__name__}")
     return load(raw, p.parent)
 
 

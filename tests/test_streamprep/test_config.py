@@ -700,6 +700,26 @@ def test_a_yaml_error_says_what_and_where(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as err:
             load_file(cfg)
         assert str(err.value) == f"config: {cfg}: empty (no YAML mapping in it)"
+    for text, kind in (("- run: {name: x}\n", "list"), ("just text\n", "str"), ("3\n", "int")):  # regression:
+        cfg.write_text(text)                                                                   # no file named
+        with pytest.raises(ConfigError) as err:
+            load_file(cfg)
+        assert str(err.value) == f"config: {cfg}: top level must be a mapping, got {kind}"
+
+
+@pytest.mark.parametrize("key", ["run.name", "datasets[0].name"])
+def test_a_name_with_a_letter_written_decomposed_says_so_and_is_not_normalised(tmp_path: Path, good: dict,
+                                                                                 key: str) -> None:
+    """Regression: `e` + U+0301 (NFD, as macOS writes file names) was refused as "must be a name of 1-64 letters …,
+    got 'éx'", a name that looks valid; the error names the mark and the composed form, and nothing is changed."""
+    with pytest.raises(ConfigError) as err:
+        validate(_with(good, key, "de\u0301j\u00e0"), base_dir=tmp_path)
+    assert str(err.value) == (f"config: '{key}' 'de\u0301j\u00e0' holds the combining mark U+0301 (COMBINING ACUTE "
+                              f"ACCENT): a letter written decomposed (NFD); write it composed (NFC), 'd\u00e9j\u00e0'")
+    with pytest.raises(ConfigError, match=r"must be a name of 1-64 letters"):  # a lone mark composes with nothing
+        validate(_with(good, key, "\u0301x"), base_dir=tmp_path)
+    cfg = validate(_with(good, key, "d\u00e9j\u00e0"), base_dir=tmp_path)
+    assert (cfg["run"]["name"] if key == "run.name" else cfg["datasets"][0]["name"]) == "d\u00e9j\u00e0"
 
 
 @pytest.mark.parametrize("key", ["run.checkpoint_dir", "datasets[0].path", "tokenizer.path"])
