@@ -30,6 +30,7 @@ MAX_CONFIG_DEPTH = 64           # YAML nesting
 MAX_NAME_CHARS = 64             # run and dataset names become path components
 URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, hf://, https://, file://: any scheme, ours or not
 NAME_RE = re.compile(r"^\w[\w.-]*\Z")  # starts with a letter, digit or _; no '/', never '.' or '..'
+MARKS = ("Mn", "Mc", "Me")  # combining marks: in a composed name after its first letter (Devanagari's vowel signs: हिन्दी)
 # The checkpoint dir keeps each dataset's `<name>.json` beside these (streamprep.layout): a dataset so named would
 # overwrite one, as would one named `<other>.plan`, whose checkpoint is `<other>.plan.json`, the other's plan.
 RESERVED_NAMES = ("dedup_holders", "tokenizer_backend", "tokenizer_backend_fallback")
@@ -214,14 +215,24 @@ def _finite(value: int | float) -> bool:
         return False
 
 
+def _is_name(value: str) -> bool:
+    """NAME_RE, combining marks allowed after the first letter in a composed (NFC) name: `\\w` leaves out the
+    vowel signs of Devanagari, Bengali, Tamil, Thai… (हिन्दी was refused, though the docs say letters (Unicode))."""
+    if len(value) > MAX_NAME_CHARS:
+        return False
+    if unicodedata.is_normalized("NFC", value):
+        value = value[:1] + "".join("_" if unicodedata.category(c) in MARKS else c for c in value[1:])
+    return bool(NAME_RE.match(value))
+
+
 def _safe_name(key: str, value: str) -> None:
     """Run and dataset names are used as file and directory names. One with a letter written decomposed (`e` +
     U+0301, as macOS writes file names) looks valid in the generic error, so it is named as such; it is not
     normalised: a changed name could alias another run's or dataset's folder."""
-    if len(value) > MAX_NAME_CHARS or not NAME_RE.match(value):
+    if not _is_name(value):
         composed = unicodedata.normalize("NFC", value)
         mark = next((c for c in value if unicodedata.category(c).startswith("M")), "")
-        if mark and len(composed) <= MAX_NAME_CHARS and NAME_RE.match(composed):
+        if mark and composed != value and _is_name(composed):
             raise ConfigError(f"config: '{key}' {value!r:.80} holds the combining mark U+{ord(mark):04X} "
                               f"({unicodedata.name(mark, 'unnamed')}): a letter written decomposed (NFD); write it "
                               f"composed (NFC), {composed!r:.80}")

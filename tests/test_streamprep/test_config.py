@@ -722,6 +722,18 @@ def test_a_name_with_a_letter_written_decomposed_says_so_and_is_not_normalised(t
     assert (cfg["run"]["name"] if key == "run.name" else cfg["datasets"][0]["name"]) == "d\u00e9j\u00e0"
 
 
+@pytest.mark.parametrize("key", ["run.name", "datasets[0].name"])
+@pytest.mark.parametrize("name", ["हिन्दी", "தமிழ்", "ฟิสิกส์", "web.हिन्दी-2"])
+def test_a_composed_name_with_combining_marks_is_a_name(tmp_path: Path, good: dict, key: str, name: str) -> None:
+    """Regression: `\\w` leaves out combining marks, so a name written in Devanagari, Tamil or Thai (their vowel
+    signs are marks) was refused as 'must be a name of 1-64 letters …', though the docs say letters (Unicode); in a
+    composed (NFC) name they are letters' parts now. A mark first is still no name."""
+    cfg = validate(_with(good, key, name), base_dir=tmp_path)
+    assert (cfg["run"]["name"] if key == "run.name" else cfg["datasets"][0]["name"]) == name
+    with pytest.raises(ConfigError, match=r"must be a name of 1-64 letters"):
+        validate(_with(good, key, "\u093f" + name), base_dir=tmp_path)
+
+
 @pytest.mark.parametrize("key", ["run.checkpoint_dir", "datasets[0].path", "tokenizer.path"])
 @pytest.mark.parametrize("absolute", [False, True])
 def test_a_path_through_a_symlink_loop_names_its_key(tmp_path: Path, data: Path, key: str, absolute: bool) -> None:
