@@ -168,7 +168,7 @@ def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[s
         stage = "ingest"
     elif not all_tokenized:
         stage = "tokenize"
-    elif not (exports["manifest"] and exports["blend"]):
+    elif not (exports["manifest"] and (exports["blend"] or not _writes_blend(record))):
         stage = "exports"
     else:
         stage = "done"
@@ -218,6 +218,13 @@ def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[s
         "outputs": exports,
         "tokenizer_backend": _backend(run_dir, record),  # {requested, name, version, check, ...} or None
     }
+
+
+def _writes_blend(record: dict[str, Any]) -> bool:
+    """Whether the run writes blend.json: a pretraining run does, an `sft:` run never (docs/exports.md), so its
+    exports are done without one. Its config's `sft:` section decides, as `modes.mode_of` does: status does not
+    import the modes, which load numpy and the SFT packages, for a read-only command."""
+    return not (record.get("config") or {}).get("sft")
 
 
 def _backend(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:

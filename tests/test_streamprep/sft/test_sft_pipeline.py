@@ -230,3 +230,20 @@ def test_trainable_counts_the_records_sft_shards_drop(shared_data: Path, tmp_pat
     assert a["trainable"] == a["tokenized_documents"] == 5 and b["trainable"] == b["tokenized_documents"] == 3
     assert audit["totals"]["trainable"] == audit["totals"]["tokenized_documents"] == 8
     assert audit["checks"]["ok"]
+
+
+def test_status_of_a_finished_sft_run_is_done_without_a_blend(shared_data: Path, tmp_path: Path, capsys) -> None:
+    """Regression: `status` (and the metrics' `stage` label) put a finished SFT run at stage `exports`: it waited for a
+    blend.json, which only a pretraining run writes (docs/exports.md)."""
+    from streamprep.cli import main
+    from streamprep.status import run_status
+
+    raw, run = _instruction_run(shared_data, tmp_path)
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+    assert not (run / "blend.json").exists() and (run / "manifest.json").is_file()
+    st = run_status(run)
+    assert (st["state"], st["stage"]) == ("complete", "done")
+    assert main(["status", str(run)]) == 0
+    assert "state: COMPLETE   stage: done" in capsys.readouterr().out
+    (run / "manifest.json").unlink()  # exports not finished: the manifest is their last file
+    assert run_status(run)["stage"] == "exports"
