@@ -339,7 +339,8 @@ def format_status(st: dict[str, Any]) -> str:
     lines.append("outputs: " + "  ".join(f"{k} {'yes' if v else 'no'}" for k, v in out.items()))
     if st.get("needs_change"):
         lines.append("to go on: fix what the last error names and re-run the same command, or start over with a new "
-                     "--run-dir (a changed config is refused here once the run has written output)")
+                     "--run-dir (once the run has written output, a changed config is refused here but for the keys "
+                     "only the exports read: docs/config.md, \"Resuming after a change\")")
     elif st["state"] == "resumable":
         lines.append("to resume: re-run the same `streamprep ingest --config ... --run-dir ...` command")
     elif st["state"] == "running":

@@ -114,6 +114,27 @@ def test_a_run_that_failed_on_an_exit_2_error_is_not_called_resumable(tmp_path):
     assert "to go on: fix what the last error names" in text and "RESUMABLE" not in text and "to resume" not in text
 
 
+def test_the_needs_change_hint_allows_the_exports_only_key_the_error_says_to_lower(tmp_path):
+    """Regression: after a ShardCountError (exit 2: "Lower it ... or add data") the hint said a changed config is
+    refused in this run dir, yet lowering that exports-only key and re-running here is accepted and completes."""
+    from streamprep.exports import ShardCountError
+
+    docs = english_docs(41)
+    for name, rows in (("train", docs[:40]), ("one", docs[40:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in rows))
+    cfg = base_config({"train": [{"name": "web", "path": str(tmp_path / "train.jsonl")}],
+                       "test": [{"name": "one", "path": str(tmp_path / "one.jsonl")}]}, None,
+                      output={"shard_records": 200, "num_shards_multiple_of": 2})
+    with pytest.raises(ShardCountError, match="Lower it"):
+        run_from_dict(cfg, tmp_path / "run", console_log=False)
+    st = run_status(tmp_path / "run")
+    assert (st["state"], st["needs_change"], st["stage"]) == ("resumable", True, "exports")
+    text = format_status(st)
+    assert "a changed config is refused here but for the keys only the exports read" in text
+    cfg["output"]["num_shards_multiple_of"] = 1  # what the error says to do, in the same run dir
+    assert run_from_dict(cfg, tmp_path / "run", console_log=False).status == "complete"
+
+
 def test_a_later_attempt_drops_the_last_failures_error_and_needs_change(tmp_path):
     """Regression: run.json kept an earlier attempt's `needs_change: true` and `error` once a later attempt completed
     (status complete beside them, and `status --json` showed the old error)."""
