@@ -147,6 +147,19 @@ def datasets_status(run_dir: Path, record: dict[str, Any]) -> dict[str, dict[str
         raise damaged_record(run_dir, exc) from None
 
 
+def run_state(run_dir: Path, record: dict[str, Any]) -> tuple[str, str | None, dict[str, Any] | None]:
+    """(state, resumable_reason, lock holder): run.json's status judged against the run lock, since a run killed
+    (kill -9, power loss) leaves run.json saying `running` with nobody holding the lock: that is `crashed`."""
+    holder = lock_holder(run_dir)
+    recorded = record.get("status") or "unknown"
+    if holder is not None:
+        return "running", None, holder
+    if recorded == "complete":
+        return "complete", None, None
+    reason = {"interrupted": "interrupted", "failed": "failed", "running": "crashed"}.get(recorded, "partial")
+    return "resumable", reason, None
+
+
 def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[str, Any]:
     """Where the run in `run_dir` stands; see docs/operations.md for the fields. Read-only.
 
@@ -155,7 +168,7 @@ def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[s
     record = run_record(run_dir)
     ckpt_dir = checkpoint_dir(run_dir, record)
     datasets = datasets_status(run_dir, record)
-    holder = lock_holder(run_dir)
+    state, reason, holder = run_state(run_dir, record)
     recorded = record.get("status") or "unknown"
     stuck = holder is None and recorded == "failed" and record.get("needs_change") is True
 
@@ -172,14 +185,6 @@ def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[s
         stage = "exports"
     else:
         stage = "done"
-
-    if holder is not None:
-        state, reason = "running", None
-    elif recorded == "complete":
-        state, reason = "complete", None
-    else:
-        state = "resumable"
-        reason = {"interrupted": "interrupted", "failed": "failed", "running": "crashed"}.get(recorded, "partial")
 
     totals = {k: sum(d["ingest"][k] for d in datasets.values())
               for k in ("read", "kept", "rejected", "bytes", "parts_sealed")}

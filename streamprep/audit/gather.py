@@ -14,6 +14,7 @@ from streamprep import stats
 from streamprep import backends
 from streamprep.layout import (RunLayout, completed_receipt, damaged_record,
                                part_name, read_checkpoint, read_json as _read_json, run_record)
+from streamprep.status import run_state
 from streamprep.tokenizer import training_report
 
 
@@ -333,11 +334,13 @@ def build_audit(run_dir: str | Path) -> tuple[dict[str, Any], dict]:
         "tokenize_tokens_per_s": round(work["tokens"] / work["seconds"], 1) if work.get("seconds") else None,
     }
     all_checks = [v for d in datasets.values() for v in d["checks"].values() if v is not None]
+    # run.json's status, but `crashed` when it says running and nobody holds the run lock (as `streamprep status`)
+    crashed = run_state(run_dir, record)[1] == "crashed"
     audit = {
         "version": VERSION,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run": {"run_dir": str(run_dir.resolve()), "name": (cfg.get("run") or {}).get("name"),
-                "run_id": record.get("run_id"), "status": record.get("status"), "config_hash": record.get("config_hash"),
+                "run_id": record.get("run_id"), "status": "crashed" if crashed else record.get("status"), "config_hash": record.get("config_hash"),
                 "started_at": record.get("started_at"), "finished_at": record.get("finished_at")},
         "complete": bool(datasets) and all(d["tokenization_complete"] for d in datasets.values()),
         "totals": {"datasets": len(datasets), "read": read, "kept": kept, "rejected": rejected, "empty_tokens": empty,

@@ -414,6 +414,31 @@ def test_lock_held_by_another_process_then_killed(done_run, tmp_path):
     assert (st["state"], st["resumable_reason"], st["lock"]) == ("resumable", "crashed", None)
 
 
+def test_the_audit_of_a_killed_run_says_crashed_as_status_does(done_run, tmp_path, capsys):
+    """Regression: the audit of a run killed with kill -9 (run.json still `running`, nobody holding the lock) said
+    "status running" in audit.json and audit.html, while `status` said RESUMABLE (crashed)."""
+    from streamprep.audit import build_audit
+    from streamprep.cli import main
+
+    assert json.loads((done_run / "audit" / "audit.json").read_text())["run"]["status"] == "complete"  # the job's own
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec["status"] = "running"
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert build_audit(run_dir)[0]["run"]["status"] == "running"  # a live holder: it is running
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert run_status(run_dir)["resumable_reason"] == "crashed"
+    assert main(["audit", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert json.loads((run_dir / "audit" / "audit.json").read_text())["run"]["status"] == "crashed"
+    assert "status crashed" in (run_dir / "audit" / "audit.html").read_text()
+
+
 def _poll_during_run(cfg: dict, tmp_path: Path) -> tuple[list[dict], subprocess.Popen, str, str]:
     """Run `streamprep ingest` on `cfg` and poll `run_status` until it exits."""
     cfg_path = tmp_path / "cfg.yaml"
