@@ -53,7 +53,7 @@ import orjson
 
 from streamprep import logs, ray_cluster
 from streamprep.config import ConfigError
-from streamprep.layout import RunLayout
+from streamprep.layout import RunLayout, needs_change
 from streamprep.engines.base import PING, Engine, Result
 from streamprep.engines.local import run_local
 from streamprep.executor import Call, Executor, Setup, settle
@@ -375,6 +375,8 @@ class XennaEngine(Engine):
 
     def _check_alive(self) -> None:
         if self._error is not None:
+            if (recognised := _needing_change(self._error)) is not None:  # exit 2 and needs_change, as under local
+                raise recognised
             raise RuntimeError(f"xenna tokenize stage failed: {type(self._error).__name__}: {self._error}") \
                 from self._error
         if self._local_only is not None:
@@ -447,6 +449,19 @@ class XennaEngine(Engine):
             log.info("xenna stage and its Ray cluster stopped",
                      seconds=round(time.monotonic() - (self._stopping or time.monotonic()), 2))
         self._thread = None
+
+
+def _needing_change(exc: BaseException | None) -> BaseException | None:
+    """The error in `exc`'s chain that re-running as is cannot get past (`layout.needs_change`: a ConfigError such as
+    a sealed part's failed SHA-256, a file or folder in the way, an unwritable folder), as its task raised it (Ray's
+    RayTaskError unwrapped): wrapped in the engine's RuntimeError, the job exited 1 and run.json called it resumable,
+    where under `engine: local` it is exit 2 with `needs_change`."""
+    while exc is not None:
+        exc = in_worker(exc)[0]
+        if needs_change(exc):
+            return exc
+        exc = exc.__cause__
+    return None
 
 
 def _refusal(exc: BaseException | None) -> ConfigError | None:

@@ -94,6 +94,38 @@ def test_a_stage_worker_with_another_streamprep_is_refused_at_setup_with_the_job
     assert _refusal(RuntimeError("Actor … failed during setup")) is None
 
 
+def test_an_error_needing_a_change_raised_in_a_stage_task_ends_the_job_as_it_would_under_local() -> None:
+    """Regression: an error a re-run as is cannot get past (a ConfigError such as a sealed part's failed SHA-256, a
+    folder in the way, an unwritable folder), raised in a tokenize task, reached `drain` wrapped in the engine's
+    RuntimeError("xenna tokenize stage failed: …"): exit 1 and run.json resumable without `needs_change`, every
+    re-run the same, where `engine: local` exits 2 and records it. `drain` now raises that error itself, as its task
+    raised it (Ray's RayTaskError unwrapped, from the driver's worker pool or the stage); any other stays wrapped."""
+    from concurrent.futures.process import _RemoteTraceback
+
+    from ray.exceptions import RayTaskError
+
+    from streamprep.config import ConfigError
+    from streamprep.engines.xenna import XennaEngine
+    from streamprep.layout import needs_change
+
+    changed = ConfigError("ingest/gen/part-00001.jsonl: its SHA-256 is …; delete the part (or gen.sealed) and re-run")
+    changed.__cause__ = _RemoteTraceback("Traceback …")  # as the job's process pool hands a worker's error back
+    in_the_way = IsADirectoryError(21, "Is a directory", "/run/receipts/gen/part-00001.json")
+    denied = PermissionError(13, "Permission denied", "/run/binidx/gen/part-00001.bin")
+    engine = XennaEngine(None)
+    engine.submitted = 1  # one shard, never answered
+    for error in (changed, in_the_way, denied):
+        for reached in (error, RayTaskError("StageWorker.process_data", "Traceback …", error).as_instanceof_cause()):
+            engine._error = reached
+            with pytest.raises(type(error)) as raised:
+                engine.drain()
+            assert raised.value is error and needs_change(raised.value)
+    engine._error = RayTaskError("StageWorker.process_data", "Traceback …", OSError(28, "No space")).as_instanceof_cause()
+    with pytest.raises(RuntimeError, match=r"^xenna tokenize stage failed: ") as raised:
+        engine.drain()
+    assert not needs_change(raised.value)  # a full disk: resumable once there is room
+
+
 @pytest.mark.ray
 def test_xenna_engine_matches_local_engine(ray_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The xenna stage's shards are the local engine's bytes. On the job's own cluster the engine's local workers
@@ -236,6 +268,50 @@ def test_cli_attaches_to_an_existing_cluster_and_leaves_it_running(ray_cluster, 
     assert "workers in the xenna ingest stage" in log and ray_cluster.address_info["gcs_address"] in log
     assert ray.cluster_resources().get("CPU") == 2  # the cluster it attached to is still up
     assert len(list((tmp_path / "run/receipts/gen").glob("*.json"))) == 3
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("attached", [False, True])
+def test_a_config_error_in_a_stage_task_is_exit_2_with_needs_change(ray_cluster, tmp_path: Path, capsys,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   attached: bool) -> None:
+    """Regression: a resume's sealed part whose SHA-256 failed in a tokenize stage task (a ConfigError: Ray raises
+    it as RayTaskError(ConfigError); on the job's own cluster the local workers then run the shard again and raise
+    it themselves) ended the job with RuntimeError("xenna tokenize stage failed: …"), exit 1 and no `needs_change`,
+    where `engine: local` exits 2 with the ConfigError's line and records it (test_cli)."""
+    from streamprep.cli import main
+    from streamprep.engines.xenna import XennaEngine
+    from streamprep.layout import read_json
+
+    waits_for_the_stage = XennaEngine._tokenize_local
+
+    def once_the_stage_answered(self: XennaEngine) -> None:  # the stage takes every shard: 4 fit in its room
+        with self._cv:
+            self._cv.wait_for(lambda: self._stage_answered or self._local_only is not None)
+        waits_for_the_stage(self)
+
+    monkeypatch.setattr(XennaEngine, "_tokenize_local", once_the_stage_answered)
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(200)))
+    cfg, run = base_config([{"name": "gen", "path": str(src)}], None, output={"shard_records": 50}), tmp_path / "run"
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    (run / "receipts/gen/part-00001.json").unlink()
+    part = run / "ingest/gen/part-00001.jsonl"
+    data = bytearray(part.read_bytes())
+    data[data.index(b"the")] ^= 1
+    part.write_bytes(bytes(data))
+    cfg["execution"].update(engine="xenna", workers=2)
+    if attached:
+        cfg["execution"]["ray_address"] = ray_cluster.address_info["gcs_address"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("streamprep: error: ingest/gen/part-00001.jsonl: its SHA-256 is ") and line.endswith(
+        "delete the part (or gen.sealed) and re-run the same command, which ingests dataset gen again, or start "
+        "over with a new --run-dir")
+    assert read_json(run / "run.json")["needs_change"] is True
+    assert any(e.get("error", "").startswith("ConfigError: ingest/gen/part-00001.jsonl")
+               for e in log_events(run, "xenna stage failed"))  # the stage's task raised it
 
 
 @pytest.mark.ray
