@@ -23,6 +23,7 @@ import gc
 import importlib
 import os
 import pickle
+import signal
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -41,6 +42,7 @@ log = logs.get("executor")
 WORKER_NICE = 10
 POOL_RESTARTS = 4  # process pools replaced after a worker process died, per job; then the job fails (and resumes)
 FORKSERVER_GONE_S = 0.2  # before a new pool, after a worker could not start (a forkserver still dying)
+STOP_SEEN_S = 0.5  # how long a pool whose worker died by SIGTERM waits for the job's own stop before it is replaced
 Setup = tuple[Callable[..., None], tuple]  # run once in each worker before its first call: fn, args
 # CPython's cyclic collector, tuned for a worker (and the job's process): its calls allocate and free a few small
 # containers per record (parsed dicts, metas, rows), so a young-generation pass came every 700 of them and the
@@ -62,6 +64,7 @@ class Executor(ABC):
 
     workers: int
     stoppable = True  # close(wait=False) stops a running call (its process or actor), so a job may stop without it
+    stop_asked: threading.Event | None = None  # set by the job's first stop signal (`pipeline.Signals`)
 
     @abstractmethod
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
@@ -258,7 +261,7 @@ class LocalExecutor(Executor):
         """Run the call again on a new pool; the first call to see `pool` broken replaces it (after `pause`)."""
         with self._lock:
             if pool is self._pool:
-                if self.restarts >= POOL_RESTARTS or self._closed:
+                if self.restarts >= POOL_RESTARTS or self._closed or self._job_stopping(pool):
                     settle(outer, exc=exc)
                     return
                 time.sleep(pause)
@@ -272,6 +275,17 @@ class LocalExecutor(Executor):
                 pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = self._new_pool()
         self._send(outer, again(fn), args)
+
+    def _job_stopping(self, pool: ProcessPoolExecutor) -> bool:
+        """Whether the job is stopping, so that a broken `pool` is not replaced. A SIGTERM to the job's whole
+        process group (GNU `timeout`, `kill -- -PGID`, a systemd stop) ends the workers as it reaches the job's
+        process, whose handler may run a moment after the pool broke: a worker dead by SIGTERM waits STOP_SEEN_S
+        for it. One SIGTERMed alone is replaced as after kill -9, that much later."""
+        if self.stop_asked is None:
+            return False
+        dead_by_sigterm = any(p.exitcode == -signal.SIGTERM
+                              for p in list(pool._processes.values()))  # type: ignore[attr-defined]
+        return self.stop_asked.wait(STOP_SEEN_S if dead_by_sigterm else 0)
 
     def warm(self) -> None:
         if self._pool is not None:

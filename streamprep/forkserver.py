@@ -72,15 +72,15 @@ def stop() -> None:
     would otherwise exit on their own a moment after this process, seen as left behind). Private API: the
     standard library has no public one; its atexit hook, which `os._exit` skips, does not stop them either.
 
-    The forkserver is sent SIGTERM first: asked to stop by its closed pipe, it tore down every module it preloaded
-    (~0.28 s here, at the end of every job), and it holds nothing to flush or remove (its workers are gone by
-    now; the address and the folder are this process's to remove). The resource tracker stops the polite way:
-    it unlinks what leaked."""
+    The forkserver is sent SIGKILL first (it ignores SIGTERM, `forkserver_preload.ignore_sigterm`): asked to stop by
+    its closed pipe, it tore down every module it preloaded (~0.28 s here, at the end of every job), and it holds
+    nothing to flush or remove (its workers are gone by now; the address and the folder are this process's to
+    remove). The resource tracker stops the polite way: it unlinks what leaked."""
     server = multiprocessing.forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
     if pid is not None:
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGKILL)
         except OSError:  # already gone
             pass
     for server in (server, multiprocessing.resource_tracker._resource_tracker):

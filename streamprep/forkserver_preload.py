@@ -10,8 +10,11 @@ none (a tokenizer to train) or cannot be read. Any failure is left to the job's 
 from __future__ import annotations
 
 import atexit
+import multiprocessing.forkserver
 import os
 import shutil
+import signal
+import traceback
 from pathlib import Path
 
 import yaml
@@ -58,5 +61,17 @@ def remove_socket_dir_at_exit() -> None:
         atexit.register(lambda: os.getpid() == server and shutil.rmtree(folder, ignore_errors=True))
 
 
+def ignore_sigterm() -> None:
+    """Have the forkserver ignore SIGTERM. One to the job's whole process group (GNU `timeout`, `kill -- -PGID`, a
+    systemd stop) ended it with the job's process: every pool worker's sentinel (its pipe from here) then read EOF,
+    which the pool took for the workers' deaths, and a new pool was started as the job stopped. The job's process
+    stops it (`forkserver.stop`, by SIGKILL); its children choose their own (`children.serve_driver`). Only in the
+    server (its `main` imports this module), not in a process that imports it for its functions."""
+    if any(f.f_code.co_name == "main" and f.f_code.co_filename == multiprocessing.forkserver.__file__
+           for f, _ in traceback.walk_stack(None)):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 remove_socket_dir_at_exit()
+ignore_sigterm()
 load_configured()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import threading
 from collections import deque
 from multiprocessing.connection import Connection
@@ -206,8 +207,11 @@ class _Inline:
 
 
 def _serve(conn: Connection, driver: int) -> None:
-    """A holder process: answer the calls on `conn` in order until it closes; end with the job's process."""
-    serve_driver(driver)
+    """A holder process: answer the calls on `conn` in order until it closes; end with the job's process. It
+    ignores SIGTERM: sent to the job's whole process group (GNU `timeout`, `kill -- -PGID`, a systemd stop), it
+    ended the holder while the job's process, stopping, still had to flush its logs (a holder replaced as the job
+    stopped); that process ends it (`close`)."""
+    serve_driver(driver, signal.SIG_IGN)
     holder = Holder(own_process=True)
     while True:
         try:

@@ -85,6 +85,7 @@ class Signals:
     def __init__(self) -> None:
         self.count = 0
         self.on_first: Callable[[], None] | None = None
+        self.asked = threading.Event()  # set at the first: the executor replaces no pool its workers' end broke
         self._old: dict[int, Any] = {}
 
     def handle(self, signum: int, frame: Any = None) -> None:
@@ -93,6 +94,7 @@ class Signals:
             os.write(2, b"streamprep: second signal, exiting now; re-run the same command to resume\n")
             os._exit(1)
         log.warning("signal received: saving progress and stopping", signal=signal.Signals(signum).name)
+        self.asked.set()
         if self.on_first is not None:
             self.on_first()
         else:
@@ -630,6 +632,7 @@ class Job:
             try:
                 # one executor runs the job's calls: units, tokenize tasks (engine: local), exports, the audit
                 executor = self.executor = job.enter_context(worker_executor(ex, self.config.quality, self.mode))
+                executor.stop_asked = self.signals.asked
                 if not (executor.stoppable or self.process_exits):
                     # `workers: 1` in a library caller's process: a stop waits for the call running in the worker
                     # thread (queued ones are cancelled); left running, it wrote shards, receipts and a trained

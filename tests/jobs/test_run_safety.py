@@ -533,3 +533,40 @@ def test_a_resume_that_takes_over_stale_locks_says_which(tmp_path):
     assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
     took = log_events(run, "took over a stale lock from a process that is gone")
     assert [(e["lock"], e["previous"]) for e in took] == [(str(path), dead) for path in locks]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_jobs_process_group_stops_it_without_restarting_its_workers_or_holders(tmp_path):
+    """Regression: a SIGTERM to the job's whole process group (GNU `timeout`, `kill -TERM -- -PGID`, a systemd
+    stop) also ended the pool's workers, their forkserver and the dedup holder while the job's process was saving
+    its progress: the log said `a worker process died; its calls run again on a new pool` and `a dedup holder was
+    lost; …`, and a new pool and holder were started as the job stopped. The forkserver and the holder now ignore
+    SIGTERM (the job's process ends them) and a pool its workers' SIGTERM broke is not replaced while the job stops:
+    the stop is as clean as a Ctrl-C's, and the same command resumes."""
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(20_000, seed=4)))
+    cfg = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 2000})
+    cfg["execution"].update(workers=2, unit_mb=0.05)
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    command = [sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
+               "--run-dir", str(tmp_path / "run")]
+    log = tmp_path / "run" / "logs" / "streamprep.log"
+    with open(tmp_path / "err", "wb") as err:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and (  # the pool and the holder are at work
+            not log.exists() or '"parts sealed"' not in log.read_text()):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the job ended before its workers were at work"
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 1
+    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    assert "signal received: saving progress and stopping" in events
+    assert [e for e in events if e.startswith(("a worker process died", "a dedup holder"))] == []
+    assert "interrupted; progress saved" in (tmp_path / "err").read_text()
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+
+    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "complete"
