@@ -99,8 +99,9 @@ class JobCollector:
         info.add_metric([str(st.get("run_id")), str(st.get("name")), str(st.get("stage"))], 1.0)
         yield info
         hub = st.get("hub") or {}
-        retries = CounterMetricFamily("streamprep_hub_retries", "Hub requests retried, by cause (HTTP status or "
-                                      "'reset': connection reset or cut mid-body).", labels=["cause"])
+        retries = CounterMetricFamily("streamprep_hub_retries", "Hub requests retried, by cause (HTTP status, "
+                                      "'reset': connection reset or cut mid-body, or 'timeout': no byte for "
+                                      "HF_HUB_DOWNLOAD_TIMEOUT).", labels=["cause"])
         for cause, n in sorted((hub.get("retries") or {}).items()):
             retries.add_metric([cause], n)
         yield retries

@@ -643,7 +643,8 @@ class HFSource:
             return None
         from huggingface_hub.repocard import metadata_load
 
-        readme = self._download_one(("README.md", sha))
+        readme = download(self.name, self.repo_id, "README.md", sha, self.cache_dir, self.endpoint, self.workers,
+                          self.stats, data_file=False)
         try:
             return metadata_load(readme)
         except Exception as exc:  # YAML errors: a broken card is a broken repo entry
@@ -708,17 +709,19 @@ class _OnDemand:
 
 
 def download(dataset: str, repo_id: str, path: str, sha: str, cache_dir: Path, endpoint: str, slots: int,
-             stats: HubStats) -> Path:
+             stats: HubStats, data_file: bool = True) -> Path:
     """Download one repo file at commit `sha` into the HF cache, holding one of this process's `slots` download
     slots; a cached file costs no request. A failure is `HFSourceUnavailable` (exit 1: a re-run resumes), unless
-    the Hub says the commit itself is gone (`_commit_gone`), which no re-run brings back."""
+    the Hub says the commit itself is gone (`_commit_gone`), which no re-run brings back. Only a `data_file` is
+    counted in `stats`' files and bytes (README.md, read for its `configs:`, was one more file in hub_stats)."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     hit = try_to_load_from_cache(repo_id, path, cache_dir=cache_dir, revision=sha, repo_type="dataset")
     if isinstance(hit, str):
         return Path(hit)
     # the file is counted when its body arrives whole, not when another thread or process fetched it meanwhile
-    _current.stats = _current.downloading = stats
+    _current.stats = stats
+    _current.downloading = stats if data_file else None
     try:
         with _download_slots(slots):
             return Path(hf_hub_download(repo_id, path, repo_type="dataset", revision=sha, cache_dir=cache_dir,

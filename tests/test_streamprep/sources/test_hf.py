@@ -189,6 +189,17 @@ def test_streaming_downloads_each_file_once(hub, tmp_path):
     assert [p.read_bytes() for p in paths] == [CORPUS[f] for f in TRAIN_FILES]
 
 
+def test_hub_stats_count_the_data_files_downloaded_not_the_readme(hub, tmp_path):
+    """Regression: README.md, downloaded for its `configs:`, was counted as one more data file and its bytes in
+    hub_stats.json (so in `status --json` and streamprep_hub_files_downloaded_total / _bytes_total)."""
+    src = HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=4)
+    assert records(src.iter_records()) == TRAIN
+    assert hub.file_requests("GET") == {**{f: 1 for f in TRAIN_FILES}, "README.md": 1}
+    stats = src.stats.snapshot()
+    assert (stats["files"], stats["bytes"]) == (4, sum(len(CORPUS[f]) for f in TRAIN_FILES))
+    assert json.loads((tmp_path / "cache/streamprep/hub_stats.json").read_text()) == stats
+
+
 @pytest.mark.slow
 def test_max_concurrent_downloads_is_a_limit(hub, tmp_path):
     hub.delay = 0.05
