@@ -264,7 +264,11 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
                               f"checkpoint files would meet the run's own; leave it unset (RUN_DIR/checkpoints) or "
                               f"choose a folder outside the run dir")
     layout, checkpoints = RunLayout(run_dir), CheckpointLayout(_checkpoint_dir(config, run_dir))
-    _check_written_folders(config, run_dir, finished=(read_json(layout.run_json) or {}).get("status") == "complete")
+    try:
+        previous = read_json(layout.run_json)
+    except (OSError, ValueError):  # `_read_run_json` names it below
+        previous = None
+    _check_written_folders(config, run_dir, finished=isinstance(previous, dict) and previous.get("status") == "complete")
     for where, folder in (("run dir", run_dir), ("'run.checkpoint_dir'", checkpoints.checkpoint_dir.resolve())):
         inside = next((d for d in config.datasets if reaches_into(d.path, folder)), None)
         if inside is not None:  # its run.json, logs and parts would be listed as input, and changed at each resume

@@ -1099,8 +1099,10 @@ def test_checkpoint_of_the_wrong_shape_restarts_the_dataset(tmp_path: Path, text
     assert not files.checkpoint.exists()
 
 
-@pytest.mark.parametrize("text", ["{not json", "[]", '{"config": 3}', '{"config": {"run": null}}'])
+@pytest.mark.parametrize("text", ["{not json", "[]", "[1]", '"x"', "5", '{"config": 3}', '{"config": {"run": null}}'])
 def test_unreadable_run_json_is_one_line_saying_what_to_do(tmp_path: Path, text: str) -> None:
+    """(Regression: a run.json of JSON that is not an object, `[1]`, `"x"` or `5`, was a raw AttributeError, exit 1,
+    before its shape was checked: the read-only folders' check asked it for its status.)"""
     cfg, _ = _docs_cfg(tmp_path, 10, raw=True)
     run = tmp_path / "run"
     run.mkdir()
