@@ -591,12 +591,21 @@ class _BoundedLoader(yaml.SafeLoader):
                 seen[key] = line
 
 
+def user_path(path: str | Path, prefix: str = "") -> Path:
+    """`path` with a leading `~` expanded, as the config's paths are: no shell expands `--config=~/c.yaml`'s, and a
+    quoted `"~/runs/x"` named a folder `~`."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError as exc:  # `~nosuchuser/…`
+        raise ConfigError(f"{prefix}{path}: {exc}") from None
+
+
 def load_file(path: str | Path) -> "Config":
     """Read and validate a YAML config file into a typed Config; paths in it are relative to the file.
 
     Bounded: at most MAX_CONFIG_BYTES, MAX_CONFIG_NODES nodes after alias expansion, MAX_CONFIG_DEPTH levels.
     """
-    p = Path(path)
+    p = user_path(path, "config: ")
     if p.is_dir():
         raise ConfigError(f"config: {p} is a directory")
     if not p.is_file():

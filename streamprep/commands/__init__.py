@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from streamprep.atomic import is_tmp_name
-from streamprep.config import ConfigError
+from streamprep.config import ConfigError, user_path
 from streamprep.layout import CheckpointLayout, RunLayout
 from streamprep.lock import holder_if_running
 
@@ -27,14 +27,6 @@ def require_run_dir(path: str) -> Path:
                               "ingest command to start it")
         raise ConfigError(f"{run_dir}: not a streamprep run directory (no run.json)")
     return run_dir
-
-
-def user_path(path: str) -> Path:
-    """`path` with a leading `~` expanded, as ingest's run dir is: a quoted `"~/runs/x"` named a folder `~`."""
-    try:
-        return Path(path).expanduser()
-    except RuntimeError as exc:  # `~nosuchuser/…`
-        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _starting(layout: RunLayout) -> bool:

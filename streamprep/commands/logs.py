@@ -5,7 +5,8 @@ import argparse
 import os
 from pathlib import Path
 
-from streamprep.commands import require_run_dir, user_path
+from streamprep.commands import require_run_dir
+from streamprep.config import user_path
 from streamprep.layout import RunLayout
 from streamprep.logtail import tail
 

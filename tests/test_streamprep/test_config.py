@@ -820,3 +820,14 @@ def test_an_sft_key_left_empty_is_an_error_not_a_pretraining_run(tmp_path: Path)
     datasets = raw["datasets"]
     assert validate({"datasets": datasets, "quality": None}, base_dir=tmp_path)["quality"] == \
         validate({"datasets": datasets}, base_dir=tmp_path)["quality"]
+
+
+def test_a_config_path_given_with_a_tilde_is_in_the_home_folder(tmp_path: Path, good: dict, monkeypatch) -> None:
+    """Regression: `--config=~/cfg.yaml` (no shell expands a `~` after `=`) was `no such file: ~/cfg.yaml`, where
+    the run dir given so is in the home folder; an unknown user is a one-line error naming the path."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(good))
+    assert load_file("~/cfg.yaml").datasets[0].name == "a"
+    with pytest.raises(ConfigError) as err:
+        load_file("~no_such_user_x/cfg.yaml")
+    assert str(err.value).startswith("config: ~no_such_user_x/cfg.yaml: ") and "\n" not in str(err.value)
