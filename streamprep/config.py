@@ -216,13 +216,16 @@ def _finite(value: int | float) -> bool:
 
 
 def _is_name(value: str) -> bool:
-    """NAME_RE, combining marks allowed after the first letter in a composed (NFC) name: `\\w` leaves out the
-    vowel signs of Devanagari, Bengali, Tamil, Thai… (हिन्दी was refused, though the docs say letters (Unicode))."""
-    if len(value) > MAX_NAME_CHARS:
+    """NAME_RE, in composed form (NFC), combining marks allowed after a letter, digit or mark: `\\w` leaves out
+    the vowel signs of Devanagari, Bengali, Tamil, Thai… (हिन्दी was refused, though the docs say letters
+    (Unicode)). Not composed is no name: Hangul written decomposed is letters (jamo), and looked like its composed
+    twin, a second dataset folder of the same name."""
+    if len(value) > MAX_NAME_CHARS or not unicodedata.is_normalized("NFC", value):
         return False
-    if unicodedata.is_normalized("NFC", value):
-        value = value[:1] + "".join("_" if unicodedata.category(c) in MARKS else c for c in value[1:])
-    return bool(NAME_RE.match(value))
+    marked = [unicodedata.category(c) in MARKS for c in value]
+    if any(m and not (value[i - 1].isalnum() or marked[i - 1]) for i, m in enumerate(marked) if i):
+        return False  # `a.` + U+0301
+    return bool(NAME_RE.match(value[:1] + "".join("_" if m else c for c, m in zip(value[1:], marked[1:]))))
 
 
 def _safe_name(key: str, value: str) -> None:
@@ -231,11 +234,14 @@ def _safe_name(key: str, value: str) -> None:
     normalised: a changed name could alias another run's or dataset's folder."""
     if not _is_name(value):
         composed = unicodedata.normalize("NFC", value)
-        mark = next((c for c in value if unicodedata.category(c).startswith("M")), "")
-        if mark and composed != value and _is_name(composed):
-            raise ConfigError(f"config: '{key}' {value!r:.80} holds the combining mark U+{ord(mark):04X} "
-                              f"({unicodedata.name(mark, 'unnamed')}): a letter written decomposed (NFD); write it "
-                              f"composed (NFC), {composed!r:.80}")
+        if composed != value and _is_name(composed):
+            odd = next((c for c in value if unicodedata.category(c) in MARKS), None) \
+                or next(c for c in value if c not in composed)
+            what = "the combining mark " if unicodedata.category(odd) in MARKS else ""
+            why = ": a letter written decomposed (NFD)" if unicodedata.normalize("NFC", odd) == odd else \
+                f", which the composed form (NFC) writes as U+{ord(unicodedata.normalize('NFC', odd)[0]):04X}"
+            raise ConfigError(f"config: '{key}' {value!r:.80} holds {what}U+{ord(odd):04X} "
+                              f"({unicodedata.name(odd, 'unnamed')}){why}; write it composed (NFC), {composed!r:.80}")
         raise ConfigError(f"config: '{key}' must be a name of 1-{MAX_NAME_CHARS} letters, digits, _ - . "
                           f"starting with a letter, digit or _, got {value!r:.80}")
 

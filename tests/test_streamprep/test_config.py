@@ -730,8 +730,24 @@ def test_a_composed_name_with_combining_marks_is_a_name(tmp_path: Path, good: di
     composed (NFC) name they are letters' parts now. A mark first is still no name."""
     cfg = validate(_with(good, key, name), base_dir=tmp_path)
     assert (cfg["run"]["name"] if key == "run.name" else cfg["datasets"][0]["name"]) == name
-    with pytest.raises(ConfigError, match=r"must be a name of 1-64 letters"):
-        validate(_with(good, key, "\u093f" + name), base_dir=tmp_path)
+    for no_name in ("\u093f" + name, name + ".\u0301", name + "_\u0301"):  # a mark first, or after no letter
+        with pytest.raises(ConfigError, match=r"must be a name of 1-64 letters"):
+            validate(_with(good, key, no_name), base_dir=tmp_path)
+
+
+@pytest.mark.parametrize("name, holds", [
+    ("\u1112\u1161\u11ab\u1100\u116e\u11a8", "U+1112 (HANGUL CHOSEONG HIEUH): a letter written decomposed (NFD)"),
+    ("\u212b", "U+212B (ANGSTROM SIGN), which the composed form (NFC) writes as U+00C5")])
+def test_a_name_not_in_composed_form_says_so(tmp_path: Path, good: dict, name: str, holds: str) -> None:
+    """Regression: Hangul written decomposed (as macOS writes file names) is letters (conjoining jamo), no mark,
+    so it passed as a name, and a second dataset of the same name composed ran beside it in a folder that looks
+    the same; any name not in composed form (NFC) is refused, naming the letter and the composed name."""
+    import unicodedata
+
+    with pytest.raises(ConfigError) as err:
+        validate(_with(good, "datasets[0].name", name), base_dir=tmp_path)
+    assert str(err.value) == (f"config: 'datasets[0].name' {name!r} holds {holds}; write it composed (NFC), "
+                              f"{unicodedata.normalize('NFC', name)!r}")
 
 
 @pytest.mark.parametrize("key", ["run.checkpoint_dir", "datasets[0].path", "tokenizer.path"])
