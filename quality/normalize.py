@@ -1,8 +1,9 @@
 """Text normalisation: the kept form of a text and the form its dedup digest is taken from.
 
-Two texts differing only in Unicode composition, line endings, stray control bytes, curly quotes or
-spacing are the same document for training, so they must hash alike. Code keeps its indentation
-and its quotes (they may sit inside string literals); prose is collapsed and trimmed.
+Two texts differing only in Unicode composition, line endings, stray control bytes, curly quotes, Unicode
+spaces or the length of a run of spaces are the same document for training, so they must hash alike (a tab
+stays a tab). Code keeps its indentation and its quotes (they may sit inside string literals); prose is
+collapsed and trimmed.
 
 The per-character steps (line endings, controls, punctuation, Unicode spaces) are one table applied in
 one C-level regex pass; the passes whose regex would stop at every space run go only after a plain
