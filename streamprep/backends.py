@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
+import orjson
 import psutil
 from tokenizers import Tokenizer
 
@@ -55,6 +56,10 @@ log = logs.get("backends")
 BACKENDS = ("auto", "gigatoken", "hf")
 CHECK_DOCS = 64                   # texts of a worker's first shard per dataset (and of a training sample) checked
 CACHE_BUDGET_BYTES = 512 << 20    # per worker: gigatoken cache bound, or RSS growth before a rebuild
+# gigatoken 0.10.0 sizes its tables by the highest id of the file (~70 B an id, entry or not: 722 MB for an added
+# token with id 10**7 in phi-2, an abort on a 32 GiB allocation for 2**31-1, which HF renumbers 50295): a file
+# whose highest id passes twice its entries and this many is not tried (auto uses HF; a forced gigatoken is refused)
+SPARSE_IDS_SLACK = 1 << 16
 
 # Strings where fast re-implementations of HF tokenizers have diverged (gigatoken issues #35, #37) or could:
 # code points whose Unicode properties changed after Unicode 14, combining-mark runs, scripts with their own
@@ -250,6 +255,8 @@ class GigatokenBackend:
         import gigatoken
 
         self._path, self._json = tokenizer_json, Path(tokenizer_json).read_bytes()
+        if (sparse := _sparse_ids(self._json)) is not None:
+            raise BackendError(sparse)
         self._hf: HFBackend | None = None
         self.hf_texts = 0
         self.version = _version("gigatoken")
@@ -313,6 +320,22 @@ class GigatokenBackend:
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.concatenate(ids).astype(np.uint32, copy=False) if ids else np.zeros(0, np.uint32)
         return self._with_hf(texts, flat, lengths)
+
+
+def _sparse_ids(tokenizer_json: bytes) -> str | None:
+    """Why gigatoken must not load this tokenizer.json for the spread of its ids (SPARSE_IDS_SLACK), else None.
+    Its abort (a failed allocation) is no exception: it ended the job's process, and every resume the same."""
+    try:
+        spec = orjson.loads(tokenizer_json)
+        vocab = spec["model"].get("vocab") or {}
+        ids = [*(vocab.values() if isinstance(vocab, dict) else range(len(vocab))),
+               *(t["id"] for t in spec.get("added_tokens") or [])]
+        top = max((i for i in ids if isinstance(i, int)), default=-1)
+    except Exception:  # noqa: BLE001 - not a tokenizer.json gigatoken reads: its own load says why
+        return None
+    if top < 2 * len(ids) + SPARSE_IDS_SLACK:
+        return None
+    return f"its ids reach {top} for {len(ids)} entries (gigatoken's tables would hold {top + 1} ids)"
 
 
 _built: dict[str, GigatokenBackend] = {}  # the last gigatoken backend gigatoken_backend built, by file SHA-256

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -287,6 +288,34 @@ def test_a_probe_hf_cannot_encode_is_left_out_not_a_crash(tmp_path: Path, shared
     kept = backends._encodable(backends.HFBackend(tok), probes)
     assert 0 < len(kept) < len(probes)
     assert backends.select("auto", tok)["name"] in ("hf", "gigatoken")
+
+
+SPARSE_SCRIPT = """
+import sys
+from streamprep import backends
+print("R", backends.select("auto", sys.argv[1]).get("fallback_reason"))
+try:
+    backends.select("gigatoken", sys.argv[1])
+except backends.BackendError as exc:
+    print("R", exc)
+"""
+
+
+def test_a_tokenizer_whose_ids_gigatoken_cannot_hold_is_not_loaded(tmp_path: Path, shared_data: Path) -> None:
+    """An added token with id 2**31-1 (HF renumbers it 50295): gigatoken sized its tables by that id and the
+    process aborted on a 32 GiB allocation (SIGABRT, no exception), under `auto` and every resume alike. In a
+    child process: before the fix it died."""
+    tok = _with_added(tmp_path, shared_data, ("<huge>", {}))
+    spec = json.loads(tok.read_text())
+    spec["added_tokens"][-1]["id"] = 2**31 - 1
+    tok.write_text(json.dumps(spec))
+    out = subprocess.run([sys.executable, "-c", SPARSE_SCRIPT, str(tok)], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+    auto, forced = [line[2:] for line in out.stdout.splitlines() if line.startswith("R ")]
+    assert auto.startswith("gigatoken cannot load tokenizer.json: BackendError: its ids reach 2147483647 for ")
+    assert forced.startswith("tokenizer.backend is gigatoken but gigatoken cannot load tokenizer.json")
+    assert backends._sparse_ids((shared_data / PHI2).read_bytes()) is None  # phi-2's own ids are dense
 
 
 def test_a_forced_gigatoken_that_failed_its_check_refuses_every_later_batch(shared_data: Path,
