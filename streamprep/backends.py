@@ -20,8 +20,10 @@ each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of e
 (ShardEncoder). A job runs check (1) on one of its workers, which keeps the gigatoken tokenizer it built for its
 shards (`gigatoken_backend`); with `backend: gigatoken` the config check runs it in the driver too. It reads
 gigatoken's ids one text at a time (the same encoder, without awkward's import); the workers' (2) go through
-encode_batch, the path their shards take. On a failed load or
-a mismatch, auto uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend
+encode_batch, the path their shards take. On a failed load,
+a mismatch, or an added-token probe HF panics on (its shards drop the documents HF cannot encode, which only HF
+finds: `ShardEncoder.encode_or_drop`), auto uses HF and logs the reason once; `backend: gigatoken` turns it into
+an error. The backend
 never enters a shard's plan hash: both give the same ids, so a run resumed under the other backend keeps its
 shards. A text holding a code point unassigned in Unicode 14.0, or a mark whose NFC HF's Unicode 9 tables get
 wrong (NFC_GAP), is encoded by HF whatever the backend (`unsure`): gigatoken's regex classes and NFC follow a
@@ -405,20 +407,29 @@ def added_token_probes(tok: Tokenizer) -> list[str]:
             "|".join(f"ab{t}{t}{t}" for t in tokens), "|".join(f"1{t}2 {t}." for t in tokens)]
 
 
+def is_panic(exc: BaseException) -> bool:
+    """A Rust panic raised through pyo3 (`pyo3_runtime.PanicException`, a BaseException only, not importable):
+    `tokenizers` panics on some texts with some added-token settings ("AddedVocabulary bad split")."""
+    return type(exc).__name__ == "PanicException" and type(exc).__module__ == "pyo3_runtime"
+
+
+def panic_reason(hf: HFBackend, text: str) -> str | None:
+    """Why HF cannot encode `text` (its panic's first line), or None when it can."""
+    try:
+        hf.tokenizer.encode(text, add_special_tokens=False)
+    except BaseException as exc:  # noqa: BLE001 - a panic is a BaseException only
+        if not is_panic(exc):
+            raise
+        return f"tokenizers panicked: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+    return None
+
+
 def _encodable(hf: HFBackend, texts: list[str]) -> list[str]:
     """The texts HF itself encodes. tokenizers panics ("AddedVocabulary bad split") on some added-token settings
     (an added "ab" with rstrip, in "abababab"): such a probe vouches for nothing, and its panic, a BaseException,
     ended the job with a Rust backtrace."""
-    out, failed = [], 0
-    for text in texts:
-        try:
-            hf.tokenizer.encode(text, add_special_tokens=False)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException:  # noqa: BLE001 (pyo3's PanicException derives from BaseException only)
-            failed += 1
-        else:
-            out.append(text)
+    out = [text for text in texts if panic_reason(hf, text) is None]
+    failed = len(texts) - len(out)
     if failed:
         log.info("identity check: added-token probes hf itself cannot encode are left out", probes=failed)
     return out
@@ -427,25 +438,32 @@ def _encodable(hf: HFBackend, texts: list[str]) -> list[str]:
 def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()) -> dict[str, Any]:
     """Resolve `tokenizer.backend` for this tokenizer: a record of the choice (name, version, check) to keep.
 
-    `auto`: gigatoken if it loads and its ids equal HF's on PROBES + `texts`, else HF with the reason.
+    `auto`: gigatoken if it loads and its ids equal HF's on PROBES + `texts`, else HF with the reason (also when HF
+    panics on an added-token probe: the documents HF cannot encode are dropped, and only HF finds them).
     `gigatoken`: the same check, but a failure raises BackendError. `hf`: no check."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown tokenizer backend {requested!r}")
     if requested == "hf":
         return {"requested": requested, "name": "hf", "version": _version("tokenizers")}
     hf = HFBackend(tokenizer_json)
-    sample = [*PROBES, *_encodable(hf, added_token_probes(hf.tokenizer)), *itertools.islice(texts, CHECK_DOCS)]
+    probes = added_token_probes(hf.tokenizer)
+    encodable = _encodable(hf, probes)
+    sample = [*PROBES, *encodable, *itertools.islice(texts, CHECK_DOCS)]
     check = None
-    try:
-        giga = gigatoken_backend(tokenizer_json)
-    except Exception as exc:  # ImportError, or gigatoken refusing this tokenizer.json (any exception type)
-        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
-        reason = f"gigatoken cannot load {Path(tokenizer_json).name}: {type(exc).__name__}: {first_line}"
+    if len(encodable) < len(probes):  # HF drops the documents it cannot encode (textshard); gigatoken encodes them
+        reason = (f"hf panics on {len(probes) - len(encodable)} of its added-token probes: documents it cannot "
+                  f"encode are dropped, which gigatoken cannot tell")
     else:
-        reason = _difference(hf, hf.encode_batch(sample), giga, giga.encode_each(sample), sample)
-        check = {"texts": len(sample), "identical": reason is None}
-        if reason is None:
-            return {"requested": requested, "name": "gigatoken", "version": giga.version, "check": check}
+        try:
+            giga = gigatoken_backend(tokenizer_json)
+        except Exception as exc:  # ImportError, or gigatoken refusing this tokenizer.json (any exception type)
+            first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+            reason = f"gigatoken cannot load {Path(tokenizer_json).name}: {type(exc).__name__}: {first_line}"
+        else:
+            reason = _difference(hf, hf.encode_batch(sample), giga, giga.encode_each(sample), sample)
+            check = {"texts": len(sample), "identical": reason is None}
+            if reason is None:
+                return {"requested": requested, "name": "gigatoken", "version": giga.version, "check": check}
     if requested == "gigatoken":
         raise BackendError(f"tokenizer.backend is gigatoken but {reason}")
     log.warning("tokenizer backend: using hf", reason=reason)
@@ -477,6 +495,27 @@ class ShardEncoder:
     @property
     def vocab_size(self) -> int:
         return self.backend.vocab_size
+
+    def encode_or_drop(self, texts: Sequence[str], check: str | None = None
+                       ) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+        """encode_batch, and {index: reason} of the texts HF (the reference, whatever the backend) cannot encode,
+        which get no ids (length 0). Their panic is caught at the batch, free; only a batch that panicked is
+        encoded text by text by HF to find them, then the others again as a batch (with the check)."""
+        try:
+            return (*self.encode_batch(texts, check), {})
+        except BaseException as exc:  # noqa: BLE001 - a panic is a BaseException only
+            if not is_panic(exc):
+                raise
+            panic = exc
+        hf = self.backend if isinstance(self.backend, HFBackend) else self._reference or HFBackend(self.path)
+        failed = {i: why for i, text in enumerate(texts) if (why := panic_reason(hf, text)) is not None}
+        if not failed:
+            raise panic
+        keep = [i for i in range(len(texts)) if i not in failed]
+        flat, kept_lengths = self.encode_batch([texts[i] for i in keep], check)
+        lengths = np.zeros(len(texts), np.int64)
+        lengths[keep] = kept_lengths
+        return flat, lengths, failed
 
     def encode_batch(self, texts: Sequence[str], check: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`texts` → (flat ids, lengths). `check`: a dataset name; the first time it is seen, the first

@@ -17,9 +17,10 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 import orjson
 
-from streamprep import atomic, backends, binidx, stats
+from streamprep import atomic, backends, binidx, logs, stats
 from streamprep.layout import RunLayout
 
+log = logs.get("tokenize")
 # Records per `encode_batch_fast` call, at most ENCODE_BYTES of lines: thousands of short documents in one call
 # cost ~10-20 % more CPU than the same text in calls of 1 024 (sixth round: `git show c594e76:docs/performance.md`).
 ENCODE_BATCH = 1024
@@ -104,23 +105,27 @@ def _line_batches(fh: BinaryIO) -> Iterator[list[bytes]]:
             yield lines[i:i + ENCODE_BATCH]
 
 
+Encoded = tuple[list[bytes], list[dict[str, Any]], np.ndarray, np.ndarray, dict[int, str]]
+
+
 def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder, dataset: str, ahead: ThreadPoolExecutor
-                     ) -> Iterator[tuple[list[bytes], list[dict[str, Any]], np.ndarray, np.ndarray]]:
-    """(lines, their records, flat ids, ids per record) of the part, one backend call per line batch; the first
-    batch may be checked against HF (backends.ShardEncoder). The next batch is parsed and encoded in `ahead`
+                     ) -> Iterator[Encoded]:
+    """(lines, their records, flat ids, ids per record, {index: reason} of the records HF cannot encode, which get
+    no ids) of the part, one backend call per line batch; the first batch may be checked against HF
+    (backends.ShardEncoder). The next batch is parsed and encoded in `ahead`
     (both Rust encoders release the GIL) while the caller writes this one."""
     batches = _line_batches(fh)
     first = True
 
-    def encode_next() -> tuple[list[bytes], list[dict[str, Any]], np.ndarray, np.ndarray] | None:
+    def encode_next() -> Encoded | None:
         nonlocal first
         lines = next(batches, None)
         if lines is None:
             return None
         recs = [orjson.loads(line) for line in lines]
-        flat, lengths = encoder.encode_batch([rec["text"] for rec in recs], check=dataset if first else None)
+        flat, lengths, failed = encoder.encode_or_drop([rec["text"] for rec in recs], check=dataset if first else None)
         first = False
-        return lines, recs, flat, lengths
+        return lines, recs, flat, lengths, failed
 
     pending = ahead.submit(encode_next)
     while (encoded := pending.result()) is not None:
@@ -130,13 +135,16 @@ def _encoded_batches(fh: BinaryIO, encoder: backends.ShardEncoder, dataset: str,
 
 def tokenize_part(task: Any, encoder: backends.ShardEncoder, scan: LineScan | None = None) -> dict[str, Any]:
     """Encode one ingest part into `.bin/.idx`: each batch's ids reach the writer as one flat buffer + lengths.
-    Records that encode to nothing are dropped and listed by line number. `scan` takes the parsed lines."""
+    Records that encode to nothing are dropped and listed by line number (`dropped_empty`), and so are the records
+    HF `tokenizers` cannot encode (it panics), also listed in `unencodable` (only when there are any) and logged.
+    `scan` takes the parsed lines."""
     dtype = np.dtype(task.dtype)
     top_id, limit = max(encoder.vocab_size - 1, task.eod_id or 0), int(np.iinfo(dtype).max)
     if top_id > limit:  # checked once for the vocabulary, and below per batch: ids can have gaps past len(tokenizer)
         raise ValueError(f"token id {top_id} does not fit {task.dtype}")
     writer = binidx.IndexedDatasetWriter(task.prefix, dtype)
     dropped: list[int] = []
+    unencodable: list[int] = []
     n_tokens = 0
     hist: dict[str, int] = {}
     eod = 0 if task.eod_id is None else 1
@@ -144,9 +152,13 @@ def tokenize_part(task: Any, encoder: backends.ShardEncoder, scan: LineScan | No
     try:
         with open(task.input_path, "rb") as fh, ThreadPoolExecutor(1, thread_name_prefix="encode") as ahead:
             line_no = 0
-            for lines, recs, flat, lengths in _encoded_batches(fh, encoder, task.dataset, ahead):
+            for lines, recs, flat, lengths, failed in _encoded_batches(fh, encoder, task.dataset, ahead):
                 if limit < 1 << 31 and flat.size and (top := int(flat.max())) > limit:  # a .bin must never wrap an id
                     raise ValueError(f"token id {top} does not fit {task.dtype}")
+                for i, reason in failed.items():
+                    log.warning("a record the tokenizer cannot encode is dropped", dataset=task.dataset,
+                                part=task.part, line=line_no + i, reason=reason)
+                    unencodable.append(line_no + i)
                 empty = lengths == 0
                 if scan is not None:
                     scan.add(lines, recs, empty.tolist())
@@ -167,9 +179,9 @@ def tokenize_part(task: Any, encoder: backends.ShardEncoder, scan: LineScan | No
         raise
     if encoder.fallback_reason is not None:
         _record_fallback(task, encoder)
-    return {"num_documents": num_docs, "num_tokens": n_tokens, "num_input_records": line_no,
-            "dropped_empty": dropped, "tokens_hist": hist,
-            "seconds": round(time.perf_counter() - t0, 4)}
+    out = {"num_documents": num_docs, "num_tokens": n_tokens, "num_input_records": line_no,
+           "dropped_empty": dropped, "tokens_hist": hist, "seconds": round(time.perf_counter() - t0, 4)}
+    return {**out, "unencodable": unencodable} if unencodable else out
 
 
 def _record_fallback(task: Any, encoder: backends.ShardEncoder) -> None:

@@ -110,6 +110,8 @@ def _dropped_examples(run_dir: Path, name: str, receipts: list[tuple[int, dict]]
     for i, rec in receipts:
         st = rec.get("stats") or {}
         why = {int(line): (EMPTY_TOKENS, "encodes to no tokens (kept by QC)") for line in st.get("dropped_empty") or []}
+        why.update({int(line): (EMPTY_TOKENS, "the tokenizer cannot encode it (HF tokenizers panics; kept by QC)")
+                    for line in st.get("unencodable") or []})
         for d in (st.get("sft") or {}).get("dropped_records") or []:
             why.setdefault(int(d["line"]), (f"sft:{d['reason']}", f"dropped by the SFT shards: {d['detail']}"))
         taken = {key: len(shown) for key, shown in out.items()}
@@ -162,10 +164,26 @@ def _rejected_token_hist(encoder: backends.Backend | None, sample: list[dict[str
     if encoder is None or not sample:
         return {}, 0
     texts = [r["text"] for r in sample[:MAX_TOKENIZED_REJECTS] if isinstance(r.get("text"), str)]
+    try:
+        lengths = encoder.encode_batch(texts)[1].tolist()
+    except BaseException as exc:  # noqa: BLE001 - a tokenizers panic (on a text it cannot encode): left out
+        if not backends.is_panic(exc):
+            raise
+        lengths = [n for t in texts if (n := _length_or_none(encoder, t)) is not None]
     hist: dict[str, Any] = {}
-    for n in encoder.encode_batch(texts)[1].tolist():
+    for n in lengths:
         stats.add_tokens(hist, "r", n + (1 if eod else 0))
-    return hist.get("tokens_hist_r", {}), len(texts)
+    return hist.get("tokens_hist_r", {}), len(lengths)
+
+
+def _length_or_none(encoder: backends.Backend, text: str) -> int | None:
+    """`text`'s id count, None when the tokenizer panics on it."""
+    try:
+        return int(encoder.encode_batch([text])[1][0])
+    except BaseException as exc:  # noqa: BLE001
+        if not backends.is_panic(exc):
+            raise
+        return None
 
 
 def _duplicates(run_dir: Path, name: str, ck: dict[str, Any], st: dict[str, Any], qc_rejects: dict[str, int],

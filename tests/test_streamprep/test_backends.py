@@ -318,6 +318,46 @@ def test_a_tokenizer_whose_ids_gigatoken_cannot_hold_is_not_loaded(tmp_path: Pat
     assert backends._sparse_ids((shared_data / PHI2).read_bytes()) is None  # phi-2's own ids are dense
 
 
+PANIC_TEXT = "ab\x85 hello world"  # tokenizers panics ("AddedVocabulary bad split") with _panicky's added tokens
+
+
+def _panicky(tmp_path: Path, shared_data: Path) -> Path:
+    return _with_added(tmp_path, shared_data, ("ab", {"rstrip": True, "special": False}), ("\x85", {"lstrip": True}))
+
+
+@pytest.mark.parametrize("backend", ["hf", "auto"])
+def test_a_document_the_tokenizer_panics_on_is_a_counted_reject_not_a_crash(backend: str, tmp_path: Path,
+                                                                           shared_data: Path) -> None:
+    """One such document failed the job (PanicException, a BaseException; with workers >= 2 a PicklingError naming
+    no cause), on every resume. It is now dropped like a record with no tokens, listed and logged; the other
+    records' ids are the same bytes as a run without it."""
+    tok = _panicky(tmp_path, shared_data)
+    assert backends.select("auto", tok)["name"] == "hf"  # only HF finds such documents: gigatoken must not run
+    runs = {}
+    for name, texts in (("with", ["first doc", PANIC_TEXT, "last doc"]), ("without", ["first doc", "last doc"])):
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        cfg = base_config([{"name": "d", "path": str(data)}], str(tok))
+        cfg["quality"] = {"expected_language": None, "min_chars": 1, "normalize": False}  # keeps the \x85
+        cfg["tokenizer"]["backend"] = backend
+        runs[name] = tmp_path / f"run_{name}"
+        assert run_from_dict(cfg, run_dir=runs[name], console_log=False).status == "complete"
+    stats = json.loads(next((runs["with"] / "receipts").rglob("*.json")).read_text())["stats"]
+    assert stats["dropped_empty"] == [1] and stats["unencodable"] == [1] and stats["num_documents"] == 2
+    assert tree_hashes(runs["with"], "binidx") == tree_hashes(runs["without"], "binidx")
+    audit = json.loads((runs["with"] / "audit" / "audit.json").read_text())
+    assert audit["totals"]["empty_tokens"] == 1
+
+
+def test_a_panicking_batch_is_encoded_without_its_culprits(tmp_path: Path, shared_data: Path) -> None:
+    encoder = backends.ShardEncoder("hf", _panicky(tmp_path, shared_data))
+    flat, lengths, failed = encoder.encode_or_drop(["first doc", PANIC_TEXT, "last doc"], check="d")
+    ref_flat, ref_lengths = encoder.encode_batch(["first doc", "last doc"])
+    assert lengths.tolist() == [ref_lengths[0], 0, ref_lengths[1]] and flat.tolist() == ref_flat.tolist()
+    assert failed == {1: "tokenizers panicked: AddedVocabulary bad split"}
+    assert encoder.encode_or_drop(["first doc"])[2] == {}
+
+
 def test_a_forced_gigatoken_that_failed_its_check_refuses_every_later_batch(shared_data: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker marked the dataset checked before the check raised, and (cached across tasks) encoded the job's
@@ -586,3 +626,13 @@ def test_a_tokenizer_files_truncation_or_padding_changes_no_id(tmp_path: Path, s
     assert backends.select("gigatoken", edited, texts)["name"] == "gigatoken"  # its identity check passes
     chat = load_chat_tokenizer(edited)
     assert [e.ids for e in chat.backend.encode_batch(texts, add_special_tokens=False)] == want
+
+
+def test_the_audit_histogram_of_rejects_leaves_out_a_text_the_tokenizer_panics_on(tmp_path: Path,
+                                                                                  shared_data: Path) -> None:
+    """A QC-rejected record HF cannot encode ended the job's audit with the panic."""
+    from streamprep.audit.gather import _rejected_token_hist
+
+    hist, tokenized = _rejected_token_hist(backends.HFBackend(_panicky(tmp_path, shared_data)),
+                                           [{"text": "first doc"}, {"text": PANIC_TEXT}], eod=True)
+    assert tokenized == 1 and sum(hist.values()) == 1
