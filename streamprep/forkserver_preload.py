@@ -46,8 +46,9 @@ def load_configured() -> None:
             backends.hf_tokenizer(found[0])
             if found[1] != "hf":
                 backends.gigatoken_backend(found[0])
-    except Exception:  # noqa: BLE001 - a server that raised here would fork no worker; the job reports the cause
-        pass
+    except BaseException as exc:  # noqa: BLE001 - a server that raised here would fork no worker; the job reports
+        if not isinstance(exc, Exception) and not backends.is_panic(exc):  # the cause (a panic too: file or config)
+            raise
 
 
 def remove_socket_dir_at_exit() -> None:

@@ -248,7 +248,9 @@ def check_config(tok_cfg: TokenizerConfig, *, select_backend: bool = True) -> in
     src = source_file(Path(tok_cfg.path))
     try:
         tok = backends.hf_tokenizer(src)  # the same load serves the run's fingerprint, backend check and audit
-    except Exception as exc:  # tokenizers raises a bare Exception for unparsable files
+    except BaseException as exc:  # noqa: BLE001 - a bare Exception for unparsable files, a panic for some others
+        if not isinstance(exc, Exception) and not backends.is_panic(exc):
+            raise
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         raise ConfigError(f"config: 'tokenizer.path': {src} is not a tokenizer.json ({reason})") from None
     fingerprint = fingerprint_of(src)

@@ -403,6 +403,20 @@ def test_empty_input_directory_and_not_a_tokenizer(tmp_path: Path, good: dict, d
             validate(_with(good, "tokenizer.path", str(folder)), base_dir=tmp_path)
 
 
+def test_a_tokenizer_json_that_panics_tokenizers_on_load_is_a_config_error(tmp_path: Path, good: dict,
+                                                                          shared_data: Path) -> None:
+    """phi-2 with model.continuing_subword_prefix "##": tokenizers panics loading it (a BaseException, not the
+    Exception caught): a Rust backtrace and a traceback, exit 1, where a file that is not a tokenizer is exit 2."""
+    import json
+
+    spec = json.loads((shared_data / "tokenizers/phi-2/tokenizer.json").read_text())
+    spec["model"]["continuing_subword_prefix"] = "##"
+    bad = tmp_path / "contprefix.json"
+    bad.write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match=rf"^config: 'tokenizer.path': {bad} is not a tokenizer.json \(slice index"):
+        validate(_with(good, "tokenizer.path", str(bad)), base_dir=tmp_path)
+
+
 def test_trained_tokenizer_eod_must_be_one_of_its_special_tokens(tmp_path: Path, data: Path) -> None:
     raw = {"datasets": [{"name": "a", "path": str(data)}]}
     assert validate(_with(raw, "tokenizer.eod_token", "</s>"))["tokenizer"]["eod_token"] == "</s>"

@@ -67,3 +67,17 @@ def test_a_tokenizer_that_fails_to_load_leaves_the_server_serving(tmp_path):
             assert pool.submit(_held).result(timeout=60) == ([], [])
     finally:
         forkserver.stop()
+
+
+def test_a_tokenizer_that_panics_on_load_leaves_the_forkserver_alive(tmp_path, shared_data, monkeypatch):
+    """tokenizers panics loading phi-2 with model.continuing_subword_prefix "##" (a BaseException): the forkserver's
+    preload raised it and died; the job's own load names the file (config error)."""
+    import json
+
+    from streamprep.forkserver_preload import load_configured
+
+    spec = json.loads((shared_data / "tokenizers/phi-2/tokenizer.json").read_text())
+    spec["model"]["continuing_subword_prefix"] = "##"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    monkeypatch.setenv(forkserver.CONFIG_ENV, str(_config(tmp_path / "c.yaml", {"path": str(tmp_path)})))
+    load_configured()  # returns, as for any other file it cannot load
