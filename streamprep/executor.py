@@ -102,7 +102,10 @@ def _start_worker(driver: int, setup: Setup | None) -> None:
     serve_driver(driver)
     os.nice(WORKER_NICE)
     for name in forkserver.PRELOAD:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError:  # skipped, as the forkserver skips it: a job that needs it names it (gigatoken under
+            pass             # `backend: hf` is not needed, and its absence broke every pool with workers >= 2)
     _no_named_semaphore_for_progress_bars()
     set_up_worker(setup)
 

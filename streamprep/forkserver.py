@@ -26,7 +26,8 @@ from streamprep.config import MAX_CONFIG_BYTES, resolved_workers
 # every fork inherits them (the unit worker and its QC chain; the exports' writers and the pyarrow modules they
 # import only where they write, so that the job's driver, which imports their modules, does not; gigatoken and
 # awkward, which its batch encoder imports, ~0.25 CPU-s a process; tqdm, whose write lock each worker sets up
-# (`executor._start_worker`), ~0.01 CPU-s; last, the run's tokenizer itself).
+# (`executor._start_worker`), ~0.01 CPU-s; last, the run's tokenizer itself). One that cannot be imported is skipped
+# (by the server and by `executor._start_worker`): the job's own import names it where it is needed.
 PRELOAD = ("streamprep.unit_worker", "quality.control", "streamprep.engines.local", "streamprep.exports.parquet",
            "pyarrow.compute", "pyarrow.parquet", "streamprep.exports.order", "streamprep.exports.summary", "gigatoken",
            "awkward", "tqdm.std", "streamprep.forkserver_preload")

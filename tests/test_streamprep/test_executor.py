@@ -201,3 +201,26 @@ def test_what_a_worker_logs_reaches_the_run_log(tmp_path: Path, workers: int) ->
         assert os.getpid() not in pids
         assert [e["worker"] for e in lines if e["event"] == "probe event"][:3] == pids
         assert all(e["worker_time"] <= e["timestamp"] for e in lines if e["event"].startswith("probe"))
+
+
+NO_GIGATOKEN = """
+import math
+from streamprep.executor import LocalExecutor
+with LocalExecutor(2) as ex:
+    print("R", ex.submit(math.factorial, 5).result(60), ex.restarts)
+"""
+
+
+def test_a_preloaded_module_that_cannot_be_imported_is_skipped_by_the_workers(tmp_path: Path) -> None:
+    """gigatoken missing (or broken): every worker's start imported every forkserver.PRELOAD module, so each died and
+    every job with workers >= 2 failed ('BrokenProcessPool', no cause named), even with `backend: hf`."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    (tmp_path / "gigatoken").mkdir()
+    (tmp_path / "gigatoken" / "__init__.py").write_text("raise ModuleNotFoundError('No module named gigatoken')\n")
+    out = subprocess.run([sys.executable, "-c", NO_GIGATOKEN], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    assert "R 120 0" in out.stdout.splitlines(), out.stderr[-800:]
