@@ -86,8 +86,12 @@ def tokenizer_config(folder: Path) -> dict[str, Any]:
     return tcfg
 
 
-def _eod(tok: Tokenizer, config_dir: Path | None, wanted: str | None) -> tuple[str | None, int | None]:
+def _eod(tok: Tokenizer, config_dir: Path | None, wanted: str | None, warn: bool = False
+         ) -> tuple[str | None, int | None]:
+    """(EOD token, id): `wanted`, else tokenizer_config.json's eos_token, else the first of EOD_CANDIDATES in the
+    vocabulary. `warn`: say so when the eos_token is not in it (once a run: for the run's copy, `_info`)."""
     names: list[str] = [wanted] if wanted else []
+    eos = None
     if not wanted and config_dir:
         eos = tokenizer_config(config_dir).get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
@@ -97,6 +101,10 @@ def _eod(tok: Tokenizer, config_dir: Path | None, wanted: str | None) -> tuple[s
     for name in names:
         tid = tok.token_to_id(name)
         if tid is not None:
+            if warn and isinstance(eos, str) and name != eos:
+                # transformers (Megatron's preprocess_data.py) adds such a token and appends its new id instead
+                log.warning("tokenizer_config.json's eos_token is not in the vocabulary: another EOD token is used",
+                            file=str(config_dir / "tokenizer_config.json"), eos_token=eos, eod_token=name, eod_id=tid)
             return name, tid
     if wanted:
         raise ConfigError(f"config: 'tokenizer.eod_token': {wanted!r} is not in the tokenizer's vocabulary")
@@ -111,7 +119,7 @@ def fingerprint_of(tok_file: Path) -> str:
 def _info(saved: Path, eod_token: str | None, fingerprint: str | None = None) -> TokenizerInfo:
     """`fingerprint`: the copy's, when the caller has just checked it (`saved_tokenizer`), else hashed here."""
     tok = backends.hf_tokenizer(saved)
-    name, tid = _eod(tok, saved.parent, eod_token)
+    name, tid = _eod(tok, saved.parent, eod_token, warn=True)
     fingerprint = fingerprint or fingerprint_of(saved)
     return TokenizerInfo(saved, fingerprint, tok.get_vocab_size(with_added_tokens=True), tid, name,
                          id_bound=_id_bound(tok, fingerprint))

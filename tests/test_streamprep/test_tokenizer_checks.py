@@ -200,3 +200,23 @@ def test_a_long_run_the_pre_tokenizer_splits_into_short_words_trains_as_it_did_w
     at = k + TRAIN_RUN_CHARS
     pieces = [run[:at], run[at:at + TRAIN_RUN_CHARS], run[at + TRAIN_RUN_CHARS:]]
     assert train_bpe([*DOCS, run], 800, 2).to_str() == _trained_whole([*DOCS, *pieces], 800)
+
+
+def test_an_eos_token_not_in_the_vocabulary_is_named_in_a_warning(tmp_path: Path, shared_data: Path) -> None:
+    """tokenizer_config.json's eos_token "<|nope|>" (not in phi-3-mini's vocabulary) was replaced by <|endoftext|>
+    without a word, where transformers (Megatron's preprocess_data.py) adds it as a new id and appends that."""
+    import shutil
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(shared_data / "tokenizers/phi-3-mini/tokenizer.json", tok / "tokenizer.json")
+    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|nope|>"}))
+    (tmp_path / "d.jsonl").write_text('{"text": "hello world"}\n')
+    cfg = base_config([{"name": "d", "path": str(tmp_path / "d.jsonl")}], str(tok))
+    cfg["quality"] = {"expected_language": None, "min_chars": 1}
+    cfg["tokenizer"]["backend"] = "hf"
+    assert run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False).status == "complete"
+    events = [json.loads(line) for line in (tmp_path / "run/logs/streamprep.log").read_text().splitlines()]
+    warned = [e for e in events if "eos_token is not in the vocabulary" in e["event"]]
+    assert len(warned) == 1 and warned[0]["eos_token"] == "<|nope|>" and warned[0]["eod_token"] == "<|endoftext|>"
+    assert warned[0]["eod_id"] == 32000 and warned[0]["file"].endswith("tokenizer_config.json")
