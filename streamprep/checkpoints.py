@@ -31,7 +31,7 @@ import orjson
 
 from streamprep import atomic, logs
 from streamprep.layout import (SEALED_RECORD, CheckpointLayout, RunLayout, ingest_bytes, part_index_of, planned_parts,
-                               read_json, read_sealed, sealed_records)
+                               read_json, read_sealed, sealed_entry, sealed_records)
 
 VERSION = 3  # 2: positions name a unit of the plan (streamprep.units); 3: parts written whole from staged pieces
 DIGEST = 32
@@ -292,7 +292,7 @@ def _unfit(files: DatasetFiles, state: IngestState, listed: bool) -> str | None:
     bad = next((k for k in COUNTERS if not 0 <= getattr(state, k) < 1 << 63), None)
     if bad is not None:
         return f"{bad} is {getattr(state, bad)}"
-    if listed and not all(_sealed_entry(s) for s in state.sealed):
+    if listed and not all(sealed_entry(s) for s in state.sealed):
         return f"sealed {str(state.sealed)[:80]}"
     if listed and len(state.sealed) != state.part_index:  # a sealed log short of it is a missing output (_missing)
         return f"part_index {state.part_index} with {len(state.sealed)} sealed parts"
@@ -310,13 +310,6 @@ def _unfit(files: DatasetFiles, state: IngestState, listed: bool) -> str | None:
                              or pos.get("unit", 0) > len(plan)):
         return f"position unit {pos.get('unit', 0)} in a plan of {len(plan) if isinstance(plan, list) else 'no'} units"
     return None
-
-
-def _sealed_entry(entry: Any) -> bool:
-    """A `[SHA-256 hex, bytes]` entry, as a sealed-log record holds one."""
-    return (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and len(entry[0]) == 64
-            and all(c in "0123456789abcdef" for c in entry[0]) and isinstance(entry[1], int)
-            and not isinstance(entry[1], bool) and 0 <= entry[1] < 1 << 64)
 
 
 def _recorded_inputs(files: DatasetFiles) -> dict[str, Any] | None:

@@ -204,6 +204,13 @@ def sealed_records(sealed: list[list[Any]]) -> bytes:
     return b"".join(bytes.fromhex(sha) + int(size).to_bytes(8, "big") for sha, size in sealed)
 
 
+def sealed_entry(entry: Any) -> bool:
+    """A `[SHA-256 hex, bytes]` entry, as a sealed-log record holds one."""
+    return (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and len(entry[0]) == 64
+            and all(c in "0123456789abcdef" for c in entry[0]) and isinstance(entry[1], int)
+            and not isinstance(entry[1], bool) and 0 <= entry[1] < 1 << 64)
+
+
 def read_sealed(path: Path, count: int) -> list[list[Any]]:
     """The first `count` entries (`[SHA-256 hex, bytes]`) of a sealed log, or as many whole ones as it holds (a
     missing log: none). Records past `count` are an attempt's that no checkpoint acknowledged."""
@@ -229,8 +236,14 @@ class Checkpoint:
         `sealed` parts are the first `part_index` of the sealed log beside it, and its `inputs` the inputs file's (a
         checkpoint written before those files holds them itself). A log holding fewer than `part_index`, or a dataset
         under way without an inputs object, raises ValueError too: a resume restarts that dataset, and a reader showed
-        its bytes as the log's few parts' (a complete run's dataset at 0.0 MB) or it as resumable."""
+        its bytes as the log's few parts' (a complete run's dataset at 0.0 MB) or it as resumable. So does a `sealed`
+        list inside it whose entries are not `[SHA-256 hex, bytes]` (a resume restarts that dataset too): `status`
+        showed it complete and `verify` failed on a SHA-256 that was null (TypeError, exit 1)."""
         raw = _strict_json(path) or {}
+        listed = raw.get("sealed", [])
+        if not isinstance(listed, list) or not all(sealed_entry(s) for s in listed):
+            raise ValueError(f"{path.name}: its `sealed` (an earlier streamprep's) is not a list of [SHA-256 hex, "
+                             f"bytes] entries ({orjson.dumps(listed).decode()[:80]})")
         if raw:
             beside, name = CheckpointLayout(path.parent), path.name.removesuffix(".json")
             count = raw.get("part_index", 0)

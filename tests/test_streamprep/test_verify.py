@@ -374,10 +374,15 @@ def test_incomplete_or_pre_chain_run_json(chain_run):
     ("checkpoints/c4.json", lambda p: p.write_bytes(p.read_bytes()[:20]),
      "ValueError: c4.json is not JSON (unexpected end of data: line 1 column 21 (char 20))"),
     ("checkpoints/dclm.json", Path.unlink,
-     "ValueError: dclm.json is missing, and dataset 'dclm' ran (its plan, parts or rejects are there)")])
+     "ValueError: dclm.json is missing, and dataset 'dclm' ran (its plan, parts or rejects are there)"),
+    ("checkpoints/c4.json", _json_edit(lambda c: c.update(sealed=[[None, 0], [5, 0]])),
+     "ValueError: c4.json: its `sealed` (an earlier streamprep's) is not a list of [SHA-256 hex, bytes] entries "
+     "([[null,0],[5,0]])")])
 def test_a_damaged_checkpoint_is_a_problem_as_status_says(chain_run, rel, edit, why):
     """Regression: verify ignored checkpoints/, so a complete run whose checkpoint was truncated or missing passed
-    ("all files match", exit 0) while `status` and `audit` refused it (exit 2) and a re-run restarted its dataset."""
+    ("all files match", exit 0) while `status` and `audit` refused it (exit 2) and a re-run restarted its dataset.
+    And an earlier streamprep's checkpoint listing its sealed parts with a SHA-256 that is null or a number (which a
+    resume restarts) showed COMPLETE in `status` and stopped verify with a bare TypeError (exit 1)."""
     from streamprep.layout import NotARunDir
     from streamprep.status import run_status
 
@@ -657,3 +662,57 @@ def test_a_damaged_manifest_does_not_judge_the_receipts(chain_run):
     assert _named(problems, "manifest.json: SHA-256 mismatch (run.json says"), problems
     assert _named(problems, "ingest/c4/part-00001.jsonl: SHA-256 mismatch"), problems
     assert not [p for p in problems if p.startswith(rel)], problems  # the intact receipt: not blamed by the manifest
+
+
+def _small_run(shared_data: Path, tmp_path: Path) -> tuple[dict[str, Any], Path, dict[str, str]]:
+    """A finished run of two datasets of 200 lines each (5 parts each), and the hashes of what it wrote."""
+    from helpers import PHI2, base_config
+
+    from streamprep import run_from_dict
+
+    lines = (shared_data / "web/c4_en_train00000_first1000.jsonl").read_bytes().splitlines(keepends=True)
+    for name, chunk in (("a", lines[:200]), ("b", lines[200:400])):
+        (tmp_path / f"{name}.jsonl").write_bytes(b"".join(chunk))
+    cfg = base_config([{"name": n, "path": str(tmp_path / f"{n}.jsonl")} for n in ("a", "b")],
+                      str(shared_data / PHI2), output={"shard_records": 40})
+    run = tmp_path / "run"
+    run_from_dict(cfg, run_dir=run, console_log=False)
+    return cfg, run, _outputs(run)
+
+
+def _outputs(run: Path) -> dict[str, str]:
+    from helpers import tree_hashes
+
+    return tree_hashes(run, "ingest", "rejects", "binidx", "receipts", "parquet", "tokenizer",
+                       names=("manifest.json", "mixtures.json", "blend.json"))
+
+
+def _listed_in_checkpoint(run: Path, name: str, edit: Callable[[list[list[Any]]], None]) -> None:
+    """Dataset `name`'s checkpoint as an earlier streamprep wrote it: its sealed parts (after `edit`) listed in it,
+    no `<ds>.sealed`."""
+    import json
+
+    from streamprep.layout import read_sealed
+
+    ckpt, log = run / f"checkpoints/{name}.json", run / f"checkpoints/{name}.sealed"
+    raw = json.loads(ckpt.read_text())
+    sealed = read_sealed(log, raw["part_index"])
+    edit(sealed)
+    ckpt.write_text(json.dumps({**raw, "sealed": sealed}))
+    log.unlink()
+
+
+@pytest.mark.slow
+def test_a_listed_sealed_entry_of_the_wrong_type_is_repaired_as_verify_says(shared_data, tmp_path):
+    """Regression: a null SHA-256 in an earlier streamprep's `sealed` list stopped verify with a bare TypeError; its
+    line now says `streamprep ingest` repairs it, and the re-run (which restarts the dataset) ends with the same
+    bytes and a clean verify."""
+    from streamprep import run_from_dict
+
+    cfg, run, written = _small_run(shared_data, tmp_path)
+    _listed_in_checkpoint(run, "a", lambda sealed: sealed[1].__setitem__(0, None))
+    problems = verify_run(run)
+    assert len(problems) == 1 and "a checkpoint or receipt is damaged (ValueError: a.json: its `sealed`" in problems[0]
+    run_from_dict(cfg, run_dir=run, console_log=False)
+    assert verify_run(run) == []
+    assert _outputs(run) == written and len(written) > 30
