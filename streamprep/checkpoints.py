@@ -4,7 +4,8 @@ A checkpoint describes a consistent prefix of a dataset's outputs:
     ingest/<ds>/part-NNNNN.jsonl   the sealed parts `[0, part_index)`, each written whole (atomic), with
                                    their SHA-256 and size in `sealed`, kept in <checkpoint_dir>/<ds>.sealed
     <checkpoint_dir>/<ds>.sealed   (`part_index` records of `SEALED_RECORD` bytes, append-only: a checkpoint written
-                                   by streamprep before it has `sealed` inside it, which a resume still reads)
+                                   by streamprep before it has `sealed` inside it, which a resume still reads and
+                                   moves into this log)
     <checkpoint_dir>/stage/<ds>/   the kept lines of the open part: `open_pieces` [piece, first line, lines]
     rejects/<ds>.jsonl             (`rejects_bytes` bytes, append-only)
     <checkpoint_dir>/<ds>.dedup    (`dedup_count` 32-byte digests of kept texts, append-only; with P dedup
@@ -395,8 +396,14 @@ def repair(files: DatasetFiles, loaded: Loaded) -> IngestState:
         if state.inputs is not None:  # kept on disk too: a restart stopped before its first checkpoint still has them
             save_inputs(files, state.inputs)
         return state
-    if loaded.listed:  # an earlier streamprep's checkpoint: the log the next save appends to is made from its list
+    if loaded.listed:  # an earlier streamprep's checkpoint: its list moves to the log the next save appends to
         atomic.write_bytes(files.sealed_log, sealed_records(state.sealed))
+        # and out of the checkpoint, which a dataset done saves no more: both held the records, the checkpoint's
+        # winning, so a part refused on the log's record (tokenize._check_input: "delete … <ds>.sealed") was
+        # refused again after the log was deleted, the next resume writing it again from the list
+        raw = orjson.loads(files.checkpoint.read_bytes())
+        del raw["sealed"]
+        atomic.write_bytes(files.checkpoint, orjson.dumps(raw, option=orjson.OPT_SORT_KEYS) + b"\n")
     for extra in files.parts():
         if part_index_of(extra) >= state.part_index:
             log.warning("removing part sealed after the last checkpoint", dataset=files.dataset, part=extra.name)

@@ -228,6 +228,7 @@ def read_sealed(path: Path, count: int) -> list[list[Any]]:
 class Checkpoint:
     """The fields of a dataset checkpoint that readers use; an absent checkpoint reads as all zero."""
     raw: dict[str, Any]
+    listed: bool = False  # its `sealed` is its own list (an earlier streamprep's), not the sealed log's records
 
     @classmethod
     def load(cls, path: Path) -> "Checkpoint":
@@ -240,10 +241,11 @@ class Checkpoint:
         list inside it whose entries are not `[SHA-256 hex, bytes]` (a resume restarts that dataset too): `status`
         showed it complete and `verify` failed on a SHA-256 that was null (TypeError, exit 1)."""
         raw = _strict_json(path) or {}
-        listed = raw.get("sealed", [])
-        if not isinstance(listed, list) or not all(sealed_entry(s) for s in listed):
+        own = raw.get("sealed", [])
+        if not isinstance(own, list) or not all(sealed_entry(s) for s in own):
             raise ValueError(f"{path.name}: its `sealed` (an earlier streamprep's) is not a list of [SHA-256 hex, "
-                             f"bytes] entries ({orjson.dumps(listed).decode()[:80]})")
+                             f"bytes] entries ({orjson.dumps(own).decode()[:80]})")
+        listed = "sealed" in raw
         if raw:
             beside, name = CheckpointLayout(path.parent), path.name.removesuffix(".json")
             count = raw.get("part_index", 0)
@@ -255,7 +257,7 @@ class Checkpoint:
                 raise ValueError(f"{log.name} {held} and {path.name} counts {count}")
             if raw.get("consumed") and not raw.get("done") and not isinstance(raw["inputs"], dict):
                 raise ValueError(f"{inputs.name} is missing or not an object and dataset {name!r} is under way")
-        return cls(raw)
+        return cls(raw, listed)
 
     @property
     def started(self) -> bool:

@@ -465,12 +465,15 @@ def _check_sealed(c: _Checker, record: dict[str, Any], signed: dict[str, tuple[A
     against): a flipped byte in a record passed as "all files match", and the resume that hashes that part
     (`tokenize._check_input`) then failed blaming the intact part. A receipt that differs from what manifest.json
     signed (`signed`) is that problem, not the log's."""
-    ckpt_dir = checkpoint_dir(c.run_dir, record)
+    ckpt_dir = layout.CheckpointLayout(checkpoint_dir(c.run_dir, record))
     run = layout.RunLayout(c.run_dir)
     for name in (d["name"] for d in record["config"]["datasets"]):
-        sealed = layout.Checkpoint.load(layout.CheckpointLayout(ckpt_dir).checkpoint(name)).raw.get("sealed") or []
-        log = _rel(c.run_dir, layout.CheckpointLayout(ckpt_dir).sealed_log(name))
-        for i, (sha, _size) in enumerate(sealed):
+        ckpt = layout.Checkpoint.load(ckpt_dir.checkpoint(name))
+        # the file holding the records: an earlier streamprep's checkpoint lists them itself (no sealed log until a
+        # resume moves the list into one): the line named the log, which did not exist, and the re-run did nothing
+        held = _rel(c.run_dir, ckpt_dir.checkpoint(name) if ckpt.listed else ckpt_dir.sealed_log(name))
+        where = " in its `sealed` list" if ckpt.listed else ""
+        for i, (sha, _size) in enumerate(ckpt.raw.get("sealed") or []):
             rel = _rel(c.run_dir, run.receipt(name, i))
             rec = layout.read_json(c.run_dir / rel)
             said = rec.get("input_sha256") if isinstance(rec, dict) else None
@@ -478,8 +481,8 @@ def _check_sealed(c: _Checker, record: dict[str, Any], signed: dict[str, tuple[A
                     rel in signed and c.guarded(rel, functools.partial(chain.digest, c.run_dir, rel)) != signed[rel]):
                 continue
             shown = _differing(sha, said).split("…, file is ")
-            c.add(f"{log}: the record of {layout.part_name(i)} says SHA-256 {shown[0]}…, its receipt {rel} says "
-                  f"{shown[1]} (the part is checked against the receipt): delete {log} and re-run the same "
+            c.add(f"{held}: the record of {layout.part_name(i)}{where} says SHA-256 {shown[0]}…, its receipt {rel} "
+                  f"says {shown[1]} (the part is checked against the receipt): delete {held} and re-run the same "
                   f"`streamprep ingest` command, which ingests dataset {name} again")
 
 

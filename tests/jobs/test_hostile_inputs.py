@@ -772,8 +772,9 @@ async def test_a_checkpoint_costs_the_same_whatever_the_number_of_sealed_parts(t
 @pytest.mark.parametrize("form", ["log", "inside_checkpoint", "log_longer", "log_short"])
 async def test_a_resume_reads_the_sealed_parts_back(tmp_path: Path, form: str) -> None:
     """The sealed parts are in `<ds>.sealed`; a checkpoint an earlier streamprep wrote lists them itself (and has no
-    log) and resumes the same; records past the checkpoint's count (appended by a save that never replaced the
-    checkpoint) are cut off; a log holding fewer than it counts restarts the dataset. Each ends byte-identical."""
+    log) and resumes the same, the resume moving its list into the log; records past the checkpoint's count
+    (appended by a save that never replaced the checkpoint) are cut off; a log holding fewer than it counts restarts
+    the dataset. Each ends byte-identical."""
     cfg = load({**_docs_cfg(tmp_path, n=1500, raw=True)[0], "output": {"shard_records": 50}})
     ref = tmp_path / "ref"
     assert (await _ingest(cfg, ref))["d"].done
@@ -797,6 +798,8 @@ async def test_a_resume_reads_the_sealed_parts_back(tmp_path: Path, form: str) -
         assert resumed.consumed == 0 and not files.sealed_log.exists()
     else:
         assert resumed.sealed == state.sealed and files.sealed_log.stat().st_size == 40 * ck["part_index"]
+        # moved, not copied: the log is the one record (deleting it restarts the dataset, as a refusal says)
+        assert json.loads(files.checkpoint.read_text()) == ck
     assert (await _ingest(cfg, run))["d"].done
     names = ("checkpoints/d.sealed", "checkpoints/d.dedup")
     assert tree_hashes(run, "ingest", "rejects", names=names) == tree_hashes(ref, "ingest", "rejects", names=names)

@@ -422,6 +422,28 @@ def test_a_sealed_log_record_that_is_not_its_receipts_is_a_problem_saying_what_t
         f"checkpoints/c4.sealed and re-run the same `streamprep ingest` command, which ingests dataset c4 again"]
 
 
+def test_a_record_in_an_earlier_streampreps_checkpoint_names_that_checkpoint(chain_run):
+    """Regression: a checkpoint an earlier streamprep wrote lists its sealed parts itself (no `<ds>.sealed`), yet a
+    record of it that is not its receipt's was named `checkpoints/c4.sealed`, a file that does not exist, and
+    deleting it was the advice (the re-run then said complete and did nothing). The line names the checkpoint."""
+    import hashlib
+    import json
+
+    from streamprep.layout import read_sealed
+
+    run, touch = chain_run
+    count = json.loads((run / "checkpoints/c4.json").read_text())["part_index"]
+    sealed = read_sealed(run / "checkpoints/c4.sealed", count)
+    sealed[1][0] = sealed[1][0][:5] + ("0" if sealed[1][0][5] != "0" else "1") + sealed[1][0][6:]
+    touch("checkpoints/c4.json", _json_edit(lambda c: c.update(sealed=sealed)))
+    touch("checkpoints/c4.sealed", Path.unlink)
+    part = hashlib.sha256((run / "ingest/c4/part-00001.jsonl").read_bytes()).hexdigest()
+    assert verify_run(run) == [
+        f"checkpoints/c4.json: the record of part-00001 in its `sealed` list says SHA-256 {sealed[1][0][:12]}…, its "
+        f"receipt receipts/c4/part-00001.json says {part[:12]}… (the part is checked against the receipt): delete "
+        f"checkpoints/c4.json and re-run the same `streamprep ingest` command, which ingests dataset c4 again"]
+
+
 def test_a_damaged_receipt_is_one_problem_and_a_damaged_checkpoint_keeps_the_manifests_hint(chain_run):
     """Regression: status's check of the records, run first, added a second line for a truncated receipt verify
     names itself, and its problem made a complete run's missing manifest.json read "exports not written yet?"."""
@@ -713,6 +735,56 @@ def test_a_listed_sealed_entry_of_the_wrong_type_is_repaired_as_verify_says(shar
     _listed_in_checkpoint(run, "a", lambda sealed: sealed[1].__setitem__(0, None))
     problems = verify_run(run)
     assert len(problems) == 1 and "a checkpoint or receipt is damaged (ValueError: a.json: its `sealed`" in problems[0]
+    run_from_dict(cfg, run_dir=run, console_log=False)
+    assert verify_run(run) == []
+    assert _outputs(run) == written and len(written) > 30
+
+
+def _flip_part_1(sealed: list[list[Any]]) -> None:
+    sha = sealed[1][0]
+    sealed[1][0] = sha[:10] + ("0" if sha[10] != "0" else "1") + sha[11:]
+
+
+@pytest.mark.slow
+def test_following_verifys_advice_on_an_earlier_streampreps_sealed_record_ends_with_the_same_bytes(shared_data,
+                                                                                                  tmp_path):
+    """Regression: a changed record in an earlier streamprep's checkpoint (its own `sealed` list, no `<ds>.sealed`)
+    had verify say to delete `checkpoints/a.sealed`, which did not exist, and the re-run said complete and did
+    nothing: the same line again. Deleting the checkpoint it names now has the re-run ingest the dataset again,
+    to the same bytes."""
+    from streamprep import run_from_dict
+
+    cfg, run, written = _small_run(shared_data, tmp_path)
+    _listed_in_checkpoint(run, "a", _flip_part_1)
+    problems = verify_run(run)
+    assert len(problems) == 1 and problems[0].startswith("checkpoints/a.json: the record of part-00001 in its "), \
+        problems
+    assert problems[0].endswith("delete checkpoints/a.json and re-run the same `streamprep ingest` command, which "
+                                "ingests dataset a again")
+    (run / "checkpoints/a.json").unlink()
+    run_from_dict(cfg, run_dir=run, console_log=False)
+    assert verify_run(run) == []
+    assert _outputs(run) == written and len(written) > 30
+
+
+@pytest.mark.slow
+def test_a_resume_refusing_a_part_on_an_earlier_streampreps_record_names_a_log_whose_deletion_restarts(shared_data,
+                                                                                                      tmp_path):
+    """Regression: the resume wrote `<ds>.sealed` from an earlier streamprep's checkpoint list but left the list in
+    the checkpoint (a dataset done saves no more), so the refusal's advice, delete the part "(or a.sealed)", did
+    nothing for the log: the next resume wrote it again from the list and refused the same part. The resume now
+    moves the list into the log, and deleting the log has the same command ingest the dataset again, same bytes."""
+    from streamprep import run_from_dict
+    from streamprep.config import ConfigError
+
+    cfg, run, written = _small_run(shared_data, tmp_path)
+    _listed_in_checkpoint(run, "a", _flip_part_1)
+    (run / "receipts/a/part-00001.json").unlink()  # its shard is redone on the resume, its part hashed first
+    with pytest.raises(ConfigError, match=r"^ingest/a/part-00001\.jsonl: its SHA-256 is .* its dataset's sealed "
+                                          r"log \(a\.sealed in the checkpoint dir\) recorded .* delete the part "
+                                          r"\(or a\.sealed\) and re-run the same command"):
+        run_from_dict(cfg, run_dir=run, console_log=False)
+    (run / "checkpoints/a.sealed").unlink()
     run_from_dict(cfg, run_dir=run, console_log=False)
     assert verify_run(run) == []
     assert _outputs(run) == written and len(written) > 30
