@@ -25,20 +25,31 @@ from quality import hs
 from quality.hs import database
 from quality.normalize import latin1_view
 
-EMAIL_RE = re.compile(r"(?<![\w.+-])[\w.+-]{1,64}@[\w-]{1,63}(?:\.[\w-]{1,63})*\.[a-z]{2,24}(?![\w-])", re.IGNORECASE)
+# Letters of the scripts written without spaces between words (Thai, Lao, Tibetan, Myanmar, Khmer, Han, kana,
+# Hangul, Yi; their digits left out): PII glued to them ("卡号4111…", "โทร555-123-4567ครับ") is not part of a word
+_UNSPACED = (r"\u0e00-\u0e4f\u0e5a-\u0ecf\u0eda-\u0f1f\u0f2a-\u0fff\u1000-\u103f\u104a-\u108f\u109a-\u109f"
+             r"\u1100-\u11ff\u1780-\u17df\u17ea-\u17ff\u19e0-\u19ff\u2e80-\u2fdf\u3000-\u9fff\ua000-\ua4cf"
+             r"\ua960-\ua97f\ua9e0-\ua9ef\ua9fa-\ua9ff\uaa60-\uaadf\uac00-\ud7ff\uf900-\ufaff\uff66-\uffdc"
+             r"\U0001b000-\U0001b2ff\U00020000-\U0003ffff")
+# a word char that makes digits or an address beside it part of a word or code ("abc4111…", "cardé4111…"): a
+# letter or digit of any other script, or "_" (each edge of a match was `\w`, which the letters above are too)
+_WORD = rf"[^\W{_UNSPACED}]"
+_LOCAL_CHAR = rf"(?:{_WORD}|[.+-])"  # a char of an address's local part
+_DOMAIN = rf"@[\w-]{{1,63}}(?:\.[\w-]{{1,63}})*\.[a-z]{{2,24}}(?!{_WORD}|-)"  # its "@" and domain
+EMAIL_RE = re.compile(rf"(?<!{_LOCAL_CHAR}){_LOCAL_CHAR}{{1,64}}{_DOMAIN}", re.IGNORECASE)
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 NUMBER_RE = re.compile(
     rf"""
-    (?P<card>(?<![\w.-])\d(?:[ -]?\d){{12,18}}(?![\w-]))
-  | (?P<ip>(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\w))                                # not 1.2.3.4.5
-  | (?P<phone>(?<![\w+])
+    (?P<card>(?<![.-])(?<!{_WORD})\d(?:[ -]?\d){{12,18}}(?!{_WORD}|-))
+  | (?P<ip>(?<!\.)(?<!{_WORD}){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?{_WORD}))                     # not 1.2.3.4.5
+  | (?P<phone>(?<!\+)(?<!{_WORD})
         (?:\+\d{{1,3}}[ .-]?(?:\(\d{{1,4}}\)[ .-]?)?\d{{1,4}}(?:[ .-]\d{{2,4}}){{1,4}}    # +44 20 7946 0958
         |(?:1[ .-])?(?:\(\d{{3}}\)[ .-]?|\d{{3}}[ .-])\d{{3}}[ .-]\d{{4}})                 # (555) 123-4567
-        (?![\w-]))
+        (?!{_WORD}|-))
     """,
     re.VERBOSE,
 )
-IPV6_RE = re.compile(r"(?<![\w:])(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}(?![\w:])", re.IGNORECASE)
+IPV6_RE = re.compile(rf"(?<!:)(?<!{_WORD})(?:[0-9a-f]{{1,4}}:){{7}}[0-9a-f]{{1,4}}(?!{_WORD}|:)", re.IGNORECASE)
 _NUMBER_RUN = re.compile(r"[\d+(][\d .()+-]{5,}\d")  # the only places a card, IPv4 or phone can be
 # A run is >= 7 chars of [\d .()+-]: in the text's run-class bytes (b"d" for those chars) it is b"ddddddd".
 _RUN_CLASS = bytes(100 if chr(c) in "0123456789 .()+-" else 120 for c in range(128)) + b"x" * 128
@@ -47,7 +58,9 @@ _DIGIT = re.compile(r"\d")
 _NON_ASCII_BUDGET = 64  # extra UTF-8 bytes past which scanning for runs is cheaper than classifying chars
 _IPV6_CUE = re.compile(r":(?:[0-9a-f]{1,4}:){6}", re.IGNORECASE)  # the inner part of every full-form IPv6
 _LOCAL_REACH = 64  # chars before an "@" its address can start (EMAIL_RE's local part)
-_LOCAL_PART = re.compile(r"(?<![\w.+-])[\w.+-]{1,64}+\Z")  # EMAIL_RE's, searched up to an "@" (the string's end there)
+_LOCAL_RUN = re.compile(f"{_LOCAL_CHAR}*", re.IGNORECASE)  # matched on the reach of an "@" read backwards
+_LOCAL_EDGE = re.compile(_LOCAL_CHAR, re.IGNORECASE)
+_DOMAIN_RE = re.compile(_DOMAIN, re.IGNORECASE)
 
 
 def luhn_valid(digits: str) -> bool:
@@ -92,18 +105,23 @@ def _number_runs(text: str, view: bytes | None) -> Iterator[re.Match[str]]:
 
 
 def _emails(text: str) -> Iterator[tuple[str, int, int]]:
-    """Each "@" is tried once, from the one place an address through it can start: the start of the run of
-    local-part chars before it (EMAIL_RE's lookbehind), found between the "@" before it and itself. Searching
-    EMAIL_RE over the whole reach of each "@" tried ~190 starts a char on text dense in "@" (~12 µs a char)."""
+    """`EMAIL_RE.finditer(text)`, each "@" tried once, from the one place an address through it can start: the
+    start of the run of local-part chars before it, read backwards from it (no further than the "@" or address
+    before it, or 64 chars; a run reaching past that, EMAIL_RE's lookbehind refuses). Searching EMAIL_RE over the
+    whole reach of each "@" tried ~190 starts a char on text dense in "@" (~12 µs a char); searching the reach for
+    the run's start cost 64 tries an "@"."""
     pos, floor = 0, 0  # the end of the last address; the char after the last "@"
     at = text.find("@")
     while at != -1:
-        local = _LOCAL_PART.search(text, max(pos, floor, at - _LOCAL_REACH), at)
-        m = local and EMAIL_RE.match(text, local.start())  # (its domain ends at the first char not in one)
+        lo = max(pos, floor, at - _LOCAL_REACH)
+        start = at - _LOCAL_RUN.match(text[lo:at][::-1]).end()  # type: ignore[union-attr]  # `*` always matches
+        m = None
+        if start < at and (start > lo or not lo or not _LOCAL_EDGE.match(text, lo - 1)):
+            m = _DOMAIN_RE.match(text, at)  # (the domain ends at the first char not in one)
         if m is None:
             floor, at = at + 1, text.find("@", at + 1)
         else:
-            yield "email", m.start(), m.end()
+            yield "email", start, m.end()
             pos = floor = m.end()
             at = text.find("@", pos)
 

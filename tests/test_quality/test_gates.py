@@ -375,6 +375,42 @@ def test_find_pii_sentence_ends_parentheses_and_other_digits(text: str, found: l
     assert list(pii._find(text, latin1_view(text))) == list(pii._find(text, None))
 
 
+@pytest.mark.parametrize("text, found", [
+    ("卡号4111111111111111，", [("card", "4111111111111111")]), ("电话555-123-4567。", [("phone", "555-123-4567")]),
+    ("IP地址192.168.1.1。", [("ip", "192.168.1.1")]), ("邮箱abc@example.com谢谢", [("email", "abc@example.com")]),
+    ("โทร555-123-4567ครับ", [("phone", "555-123-4567")]), ("電話は03-1234-5678までカード4111 1111 1111 1111です",
+                                                        [("card", "4111 1111 1111 1111")]),
+    ("ఫోన్ +44 20 7946 0958", [("phone", "+44 20 7946 0958")]), ("연락처 555-123-4567로", [("phone", "555-123-4567")]),
+    ("地址fe80:0:0:0:0:0:0:1的", [("ip", "fe80:0:0:0:0:0:0:1")]),
+    # a letter of a spaced script, a digit (Thai ones too) or "_" still makes the digits part of a word or code
+    ("abc4111111111111111", []), ("card\u00e94111111111111111", []), ("\u0e51" + "4111111111111111", []),
+    ("x_192.168.1.1", []), ("_555-123-4567", []), ("abc@example.com_x", []), ("A55-123-4567", []),
+])
+def test_find_pii_beside_letters_of_scripts_written_without_spaces(text: str, found: list) -> None:
+    """PII glued to Chinese, Japanese, Thai or Korean letters (the normal case there) was never found: each edge of
+    a match refused any `\\w` beside it, and these scripts' letters are `\\w`. Both ways of finding runs agree."""
+    from quality.gates import pii
+    from quality.normalize import latin1_view
+
+    assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
+    assert list(pii._find(text, latin1_view(text))) == list(pii._find(text, None))
+
+
+def test_the_unspaced_letters_hold_no_digit_and_a_chinese_record_with_pii_is_rejected() -> None:
+    import re
+
+    from quality.gates import pii
+
+    text = ("我们今天去市场买水果和蔬菜，然后回家做饭。请把货款转到卡号4111111111111111，或者打电话555-123-4567联系我们，"
+            "邮箱abc@example.com谢谢。我们明天再去市场买更多的东西。")
+    v = QualityControl({**OPEN, "pii_max_density": 0.01}).evaluate({"text": text})
+    assert not v.keep and v.meta["reason"] == "pii density 0.1456 > 0.01 (email 1)"  # kept at density 0 before
+    v = QualityControl({**OPEN, "pii_max_density": 0.5}).evaluate({"text": text})
+    assert v.keep and v.meta["pii"] == {"card": 1, "email": 1, "phone": 1} and v.meta["pii_density"] == 0.4175
+    unspaced = re.compile(f"[{pii._UNSPACED}]")  # a digit glued to a card's digits is still part of the number
+    assert not [hex(c) for c in range(0x40000) if unspaced.match(chr(c)) and pii._DIGIT.match(chr(c))]
+
+
 def test_pii_runs_from_the_latin1_view_equal_the_regex() -> None:
     """The run classes from a Latin-1 view: no char past ASCII there is a digit, so runs are the regex's."""
     from quality.gates import pii
@@ -483,7 +519,7 @@ def test_emails_are_the_whole_text_regex_matches_and_cost_little_on_text_dense_i
     for _ in range(3000):
         parts = []
         for _ in range(rng.randint(1, 8)):
-            local = "".join(rng.choice("ab.+-_é") for _ in range(rng.choice([1, 5, 63, 64, 65, 70])))
+            local = "".join(rng.choice("ab.+-_é中ก") for _ in range(rng.choice([1, 5, 63, 64, 65, 70])))
             domain = ".".join("".join(rng.choice("abc-") for _ in range(rng.choice([1, 10, 63, 64])))
                               for _ in range(rng.randint(1, 6)))
             parts.append(local + rng.choice(["@", "@@", " @"]) + domain + rng.choice([".com", ".c", ".org-", ""])
