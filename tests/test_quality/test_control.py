@@ -591,15 +591,18 @@ if __name__ == "__main__":
 # Round 45: in the DCLM cases two kept texts' PII meta were corrected, the same verdicts and counts: a phone in
 # parentheses "(1-866-943-3427)" is matched with its "1-" (pii_density 0.0041 -> 0.0047), and "(719-440-1050)",
 # missed after its "(", is found ({"phone": 1} -> 2, 0.0048 -> 0.0088).
+# Round 47: international phones with a group past 4 digits are found (C4 doc 92's +60-6-2881100 and +60-6-2813366,
+# 309's +30-22530-71245, 947's +971 4 4508438): doc 92 is rejected as pii (0.0168 > 0.01, and first in the code and
+# medical chains), 309 in perturbed C4 as pii before copyright (0.0163; phone 2), and kept texts' pii meta gain them.
 PINNED = {
     'web/c4_en_llamafactory_demo300.jsonl|general':
         'c88a1b2c9802f03d | copyright=10 kept=276 language=3 pii=9 schema=2 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/298/2 pii=298/289/9 profanity=289/289/0 copyright=289/279/10 language=279/276/3',
     'web/c4_en_llamafactory_demo300.jsonl|short':
         'afdf80ffaa443173 | copyright=10 kept=278 language=3 pii=9 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/300/0 pii=300/291/9 profanity=291/291/0 copyright=291/281/10 language=281/278/3',
     'web/c4_en_train00000_first1000.jsonl|general':
-        '9d13b54bdb103c98 | copyright=12 kept=957 language=7 pii=18 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/976/18 profanity=976/976/0 copyright=976/964/12 language=964/957/7',
+        '876b8bb3b0044703 | copyright=12 kept=956 language=7 pii=19 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/975/19 profanity=975/975/0 copyright=975/963/12 language=963/956/7',
     'web/c4_en_train00000_first1000.jsonl|short':
-        '1fe92a924ef8fc38 | copyright=12 kept=962 language=8 pii=18 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/982/18 profanity=982/982/0 copyright=982/970/12 language=970/962/8',
+        'd44148502dd15d34 | copyright=12 kept=961 language=8 pii=19 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/981/19 profanity=981/981/0 copyright=981/969/12 language=969/961/8',
     'web/dclm_quality_agreement_data.jsonl|general':
         '4d6bc42dbebe0539 | copyright=14 kept=250 language=3 pii=10 profanity=1 schema=3 | duplicate=0/0/0 schema=281/281/0 normalize=281/281/0 length=281/278/3 pii=278/268/10 profanity=268/267/1 copyright=267/253/14 language=253/250/3',
     'web/dclm_quality_agreement_data.jsonl|short':
@@ -641,9 +644,9 @@ PINNED = {
     'chat/hh_rlhf|short':
         'fbba6453604cf874 | kept=4382 language=3 pii=26 profanity=213 | duplicate=0/0/0 schema=4624/4624/0 normalize=4624/4624/0 length=4624/4624/0 pii=4624/4598/26 profanity=4598/4385/213 copyright=4385/4385/0 language=4385/4382/3',
     'synthetic/perturbed_c4|general':
-        '59f7fe55202a280c | copyright=123 kept=337 language=8 pii=471 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/534/471 profanity=534/468/66 copyright=468/345/123 language=345/337/8',
+        'ab7dcfc3220a485f | copyright=122 kept=336 language=8 pii=473 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/532/473 profanity=532/466/66 copyright=466/344/122 language=344/336/8',
     'synthetic/perturbed_c4|short':
-        'c3a6db21cd532a00 | copyright=123 kept=337 language=8 pii=472 profanity=67 schema=12 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1007/4 pii=1007/535/472 profanity=535/468/67 copyright=468/345/123 language=345/337/8',
+        '83daadbcf6285e78 | copyright=122 kept=336 language=8 pii=474 profanity=67 schema=12 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1007/4 pii=1007/533/474 profanity=533/466/67 copyright=466/344/122 language=344/336/8',
     'code/humaneval_cpp.jsonl.gz|general':
         'f7c6a161dc55613f | kept=161 language=3 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/161/3',
     'code/humaneval_cpp.jsonl.gz|short':
@@ -671,9 +674,9 @@ PINNED = {
     'medical/pubmedqa_abstracts.jsonl|medical':
         '76039e8bbdf0e446 | domain=72 kept=927 profanity=1 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/999/1 copyright=999/999/0 domain=999/927/72',
     'web/c4_en_train00000_first1000.jsonl|medical':
-        'adb079fd17352f20 | copyright=12 domain=937 kept=27 pii=18 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/976/18 profanity=976/976/0 copyright=976/964/12 domain=964/27/937',
+        '7f6228e8658f19e1 | copyright=12 domain=936 kept=27 pii=19 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/975/19 profanity=975/975/0 copyright=975/963/12 domain=963/27/936',
     'synthetic/perturbed_c4|medical':
-        '8fb6360a579fb2c1 | copyright=123 domain=332 kept=13 pii=471 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/534/471 profanity=534/468/66 copyright=468/345/123 domain=345/13/332',
+        '742c9f402a4dd94a | copyright=122 domain=331 kept=13 pii=473 profanity=66 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/532/473 profanity=532/466/66 copyright=466/344/122 domain=344/13/331',
     'code/humaneval_cpp.jsonl.gz|code':
         '2244e9b6d4ad9492 | domain=3 kept=161 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 domain=164/161/3',
     'code/humaneval_go.jsonl.gz|code':
@@ -687,11 +690,11 @@ PINNED = {
     'code/humaneval_rust.jsonl.gz|code':
         '9a0083e894ebabb8 | domain=2 kept=158 schema=4 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/160/4 pii=160/160/0 profanity=160/160/0 copyright=160/160/0 domain=160/158/2',
     'web/c4_en_train00000_first1000.jsonl|code':
-        'dc9f5b9956a46d64 | copyright=12 domain=964 pii=18 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/976/18 profanity=976/976/0 copyright=976/964/12 domain=964/0/964',
+        '3da70db690985504 | copyright=12 domain=963 pii=19 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/975/19 profanity=975/975/0 copyright=975/963/12 domain=963/0/963',
     # round 40: the record of 150 NBSPs, which code normalisation keeps, is "empty after normalisation" (schema), no
     # longer judged as code (domain, score 0.25): a text of blank and format characters alone is empty
     'synthetic/perturbed_c4|code':
-        'effd1138cd049417 | copyright=123 domain=345 pii=470 profanity=67 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/535/470 profanity=535/468/67 copyright=468/345/123 domain=345/0/345',
+        '7164a7d50061c479 | copyright=122 domain=344 pii=472 profanity=67 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/533/472 profanity=533/466/67 copyright=466/344/122 domain=344/0/344',
     'multilingual/lingua|cascade':
         'a77bde4504bfa6ce | kept=52 language=2471 pii=5 profanity=1 | duplicate=0/0/0 schema=2529/2529/0 normalize=2529/2529/0 length=2529/2529/0 pii=2529/2524/5 profanity=2524/2523/1 copyright=2523/2523/0 language=2523/52/2471',
     'multilingual/lingua|langdetect':
@@ -707,24 +710,27 @@ PINNED = {
     'multilingual/lingua|de':
         '28ad22b76443ba38 | copyright=1 kept=293 language=17386 pii=18 profanity=2 | duplicate=0/0/0 schema=17700/17700/0 normalize=17700/17700/0 length=17700/17700/0 pii=17700/17682/18 profanity=17682/17680/2 copyright=17680/17679/1 language=17679/293/17386',
     'synthetic/perturbed_c4|strict':
-        '2842cacf7bf09de9 | copyright=36 kept=144 language=5 pii=644 profanity=176 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/361/644 profanity=361/185/176 copyright=185/149/36 language=149/144/5',
+        'd02bdd2b4ff33e65 | copyright=36 kept=143 language=5 pii=645 profanity=176 schema=14 | duplicate=0/0/0 schema=1019/1011/8 normalize=1011/1011/0 length=1011/1005/6 pii=1005/360/645 profanity=360/184/176 copyright=184/148/36 language=148/143/5',
 }
 
 
 @pytest.mark.slow
 def test_the_chain_judges_c4_as_the_issues_baseline_did_and_faster(shared_data: Path) -> None:
     """`bench_quality.py --against 50a34e7` (issue 27's baseline chain, imported beside this one from git history):
-    both keep the same C4 docs with the same failed_check, and this chain takes less CPU time."""
+    both keep the same C4 docs with the same failed_check, but for the docs whose verdicts the gates changed on
+    purpose (round 47: doc 92's phones +60-6-2881100 and +60-6-2813366, international with a 7-digit group, are
+    found: pii 0.0168 > 0.01), and this chain takes less CPU time."""
     import subprocess
 
     if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", "50a34e7^{commit}"], capture_output=True).returncode:
         pytest.skip("50a34e7 (issue 27's baseline) is not in this checkout's git history (a shallow clone?)")
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_quality.py"), "--data", str(shared_data),
-                           "--against", "50a34e7", "--rounds", "2"], capture_output=True, text=True, timeout=600)
+                           "--against", "50a34e7", "--rounds", "2", "--differ-ok", "92"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     rounds = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rounds) == 2 and all(float(r[2]) < float(r[3]) for r in rounds), proc.stdout  # µs/doc: ours, theirs
-    assert "same keep and failed_check on every doc" in proc.stdout
+    assert "same keep and failed_check on every doc but [92] (--differ-ok)" in proc.stdout
 
 
 @pytest.mark.slow

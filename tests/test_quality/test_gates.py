@@ -340,6 +340,21 @@ def test_find_pii(text: str, found: list) -> None:
     assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
 
 
+@pytest.mark.parametrize("text, found", [
+    ("call +14155552671 now", [("phone", "+14155552671")]), ("call +442079460958 now", [("phone", "+442079460958")]),
+    ("call +91 98765 43210 now", [("phone", "+91 98765 43210")]), ("call +91 9876543210.", [("phone", "+91 9876543210")]),
+    ("call +49 30 1234567 now", [("phone", "+49 30 1234567")]), ("call +4930123456 now", [("phone", "+4930123456")]),
+    ("fax +971 4 4508438 or +30-22530-71245", [("phone", "+971 4 4508438"), ("phone", "+30-22530-71245")]),
+    ("+44 20 7946 0958 and +1 415 555 2671", [("phone", "+44 20 7946 0958"), ("phone", "+1 415 555 2671")]),
+    # fewer than 10 or more than 15 digits are no phone; a card after a "+" is still a card
+    ("id +123456789 or +1234567890123456 ok", []), ("card +4111111111111111 ok", [("card", "4111111111111111")]),
+])
+def test_find_pii_international_phones_in_e164_and_long_groups(text: str, found: list) -> None:
+    """`+CC`, 10-15 digits, written without separators (E.164) or with a group past 4 digits (India's 5 + 5,
+    Germany's 7-digit numbers) was no phone: the pattern wanted a separator and groups of at most 4 digits."""
+    assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
+
+
 FULLWIDTH = str.maketrans("0123456789", "".join(map(chr, range(0xFF10, 0xFF1A))))
 ARABIC_INDIC = str.maketrans("0123456789", "".join(map(chr, range(0x660, 0x66A))))
 
