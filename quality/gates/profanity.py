@@ -3,7 +3,9 @@
 Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!tch"), then:
 1. a plain token is looked up in the word set;
 2. any other token with a letter is stripped of edge "!"/"|", leetspeak is mapped back to letters
-   (0→o, 1→i or l, 3→e, 4→a, 5→s, 7→t, @→a, $→s, !→i, |→i or l) and looked up again;
+   (0→o, 1→i or l, 3→e, 4→a, 5→s, 7→t, @→a, $→s, !→i, |→i or l) and looked up again, unless it is
+   letters then digits only: that is how models, chips and roads are named (Galaxy A55, Cortex-A55, SH17),
+   and such a token is not leetspeak ("a55" is no "ass"; "a55hole", "sh1t", "5hit", "a$$" still are);
 3. one still holding a mask ("*" or "#") is looked up among the masked forms of the list, where any
    run of letters after the first one may be starred out letter for letter ("f*ck", "f**k", "a**").
 
@@ -31,6 +33,7 @@ MEMO_TOKENS = 65_536  # candidate tokens a gate remembers (~100 B each)
 _TOKEN = re.compile(r"[\w@$*#!|]+")
 _LEET = [str.maketrans({"0": "o", "1": first, "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s",
                         "!": "i", "|": first, "#": "*"}) for first in ("i", "l")]
+_DIGITS = "0123456789"
 
 
 @lru_cache(maxsize=1)
@@ -76,6 +79,8 @@ class ProfanityGate(Gate):
             return False
         if token.isalpha():
             return token in self.words
+        if token.rstrip(_DIGITS).isalpha():  # letters then digits: a name or code (Cortex-A55, SH17), not leetspeak
+            return False
         for table in _LEET:
             plain = token.translate(table)
             if plain in self.words or ("*" in plain and plain in self.masked):

@@ -556,18 +556,22 @@ def test_pii_reject_through_control() -> None:
 
 # ---- profanity -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("token", ["fuck", "f*ck", "f**k", "fu*k", "sh1t", "sh!t", "$h!t", "a$$", "@$$h0le",
-                                   "b!tch", "b1tch", "sh*t", "f#ck", "fuck!", "motherf*cker", "5hit"])
+                                   "b!tch", "b1tch", "sh*t", "f#ck", "fuck!", "motherf*cker", "5hit", "a55hole", "5h17",
+                                   "a5$", "4ss"])
 def test_profanity_obfuscations(token: str) -> None:
     assert ProfanityGate(0.01).is_profane(token)
 
 
-@pytest.mark.parametrize("token", ["assess", "class", "scunthorpe", "hello", "2019", "mp3", "***", "a*", "!", "hell"])
+@pytest.mark.parametrize("token", ["assess", "class", "scunthorpe", "hello", "2019", "mp3", "***", "a*", "!", "hell",
+                                   "a55", "a55!", "sh17", "p155", "a5535"])
 def test_profanity_innocent(token: str) -> None:
     assert not ProfanityGate(0.01).is_profane(token)
 
 
 def test_is_profane_equals_the_plain_lookup() -> None:
     """The length and letters-only shortcuts of `is_profane` decide as the two leetspeak lookups do."""
+    import re
+
     from quality.gates.profanity import _LEET
 
     gate = ProfanityGate(0.01)
@@ -578,17 +582,34 @@ def test_is_profane_equals_the_plain_lookup() -> None:
         if token.isalpha() or token.isdigit():
             return False
         token = token.strip("!|")
+        if re.fullmatch(r"[^\W\d_]+[0-9]+", token):  # letters then digits: a model or road name
+            return False
         return any(t in gate.words or ("*" in t and t in gate.masked) for t in (token.translate(x) for x in _LEET))
 
     rng = random.Random(5)
     chars = "abcfhiklnorstu013457@$*#!|2_\u00e9"
-    tokens = [*gate.words, *gate.masked, "!", "|", "!!fuck||", "f\u00fcck", "\u00e9", "sh1t!", "a$$", "mp3", "14th"]
+    tokens = [*gate.words, *gate.masked, "!", "|", "!!fuck||", "f\u00fcck", "\u00e9", "sh1t!", "a$$", "mp3", "14th",
+              "a55", "!a55|", "a55hole", "\u00e9a55", "sh17", "p155", "5h17"]
     tokens += ["".join(rng.choice(chars) for _ in range(rng.randint(1, 16))) for _ in range(20_000)]
     leet = {"a": "4@", "e": "3", "i": "1!|", "l": "1|", "o": "0", "s": "5$", "t": "7", "u": "*#"}
     tokens += ["".join(rng.choice(leet.get(c, "") + c) for c in w) for w in gate.words for _ in range(5)]
     tokens += [rng.choice("!|") + t + rng.choice(["", "!", "|!"]) for t in list(gate.words)[:40]]
     assert [gate.is_profane(t) for t in tokens] == [plain(t) for t in tokens]
     assert sum(map(gate.is_profane, tokens)) > 200
+
+
+def test_a_model_name_of_letters_then_digits_is_no_leetspeak() -> None:
+    """"Cortex-A55" (and Galaxy A55, the A55 road) was "ass" in leetspeak: one such name in a 34-token record rejected
+    it at the default limit. A token of letters then digits is a name or code; leetspeak inside a word still counts."""
+    text = ("The phone uses an octa-core layout: two Cortex-A78 cores and six Cortex-A55 cores, clocked at 2.4 GHz, "
+            "with a Mali GPU and 8 GB of memory for apps and games.")
+    v = QualityControl({**OPEN, "profanity_max_density": 0.01}).evaluate({"text": text})
+    assert v.keep and v.meta["profanity_density"] == 0.0
+    gate, leet = ProfanityGate(0.01), text.replace("A55", "a55hole")
+    # the shared scan (0 tokens reported for a text without hits) and the token list agree
+    assert gate.density_by_scan(Doc(None, text=text)) == (0, 0) and gate.density_by_tokens(text.lower()) == (0, 34)
+    assert gate.density_by_scan(Doc(None, text=leet)) == gate.density_by_tokens(leet.lower()) == (1, 34)
+    assert gate.check(Doc(None, text=leet)) == "profanity density 0.0294 > 0.01 (1 of 34 tokens)"
 
 
 def test_profanity_density() -> None:
