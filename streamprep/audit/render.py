@@ -324,7 +324,8 @@ def _dataset_charts(n: str, d: dict[str, Any]) -> list[str]:
     return out + ['<div class="grid2"><div class="panel"><h3>Reject reasons</h3>', svg_hbars(items), "</div>",
                   '<div class="panel"><h3>Language shares</h3>',
                   svg_shares([("kept", lang["kept"]), ("rejected", lang["rejected"])]),
-                  f'<div class="muted">no language detected: {_fmt(lang["undetected"])} record(s)</div></div>',
+                  f'<div class="muted">no language: {_fmt(lang["undetected"])} record(s) (rejected before the language '
+                  "gate, no language gate, or none detected)</div></div>",
                   '<div class="panel"><h3>Length in characters</h3>',
                   svg_hist([("kept", hs["chars_kept"], "#2e86de"), ("rejected", hs["chars_rejected"], "#e55039")]),
                   "</div>",

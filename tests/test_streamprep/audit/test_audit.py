@@ -124,6 +124,20 @@ def test_html_is_self_contained_and_escapes_record_text(e2e_run):
         assert f"<summary>{reason} — " in page  # examples per reason, incl. a record dropped at tokenization
 
 
+def test_records_without_a_language_are_not_called_undetected(e2e_run):
+    """The HTML said "no language detected: N record(s)" of every record without a language, though most were
+    rejected (parse, schema, duplicate) before the detector saw them, or the run had no language gate at all."""
+    audit, examples = build_audit(e2e_run["run_dir"])
+    a = audit["datasets"]["a"]
+    lang, r = a["languages"], a["records"]
+    assert lang["undetected"] == r["read"] - sum(lang["kept"].values()) - sum(lang["rejected"].values()) > 0
+    assert lang["undetected"] >= sum(a["rejects_by_check"].get(k, 0) for k in ("parse", "schema", "duplicate")) > 0
+    page = render_html(audit, examples)
+    assert "no language detected" not in page
+    assert (f"no language: {lang['undetected']:,} record(s) (rejected before the language gate, no language gate, or "
+            "none detected)") in page
+
+
 def test_audit_of_a_partial_run_marks_it_and_still_adds_up(e2e_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(e2e_run["run_dir"], run_dir, ignore=shutil.ignore_patterns(".lock", "audit"))
