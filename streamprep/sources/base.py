@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import re
+import reprlib
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Protocol
+
+import orjson
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,14 @@ REJECT_EXCERPT = 2000  # characters of a rejected record's text kept in the reje
 
 
 def excerpt_of(rec: Any, text_field: str) -> str:
-    """What a reject line shows of a record: the start of its text (or of its repr)."""
+    """What a reject line shows of a record: the start of its text, or of a record with none (no such field, or not
+    a string) the start of the record itself as JSON (its field's repr read "None" or "5", as a text of that would)."""
     text = rec.get(text_field) if isinstance(rec, dict) else rec
     if not isinstance(text, str):
-        text = repr(text)
+        try:
+            text = orjson.dumps(rec, default=repr, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:  # nested past orjson's depth limit (254)
+            text = reprlib.repr(rec)
     return text[:REJECT_EXCERPT]
 
 

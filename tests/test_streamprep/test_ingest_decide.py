@@ -276,13 +276,13 @@ def test_a_rejects_length_in_the_audit_is_the_records_not_its_excerpts(tmp_path:
     decision = Decision(len(items), 0, None, bytes([0, 0, 1, 0, 0]), {3: ""}, {}, frozenset())
     _, st, _ = finalize_piece("d", stage, decision)
     texts = [long, pii, kept, kept]
-    chars = [len(normalize_text(t)) if normalize else len(t) for t in texts] + [len("7")]  # 7: its repr's
-    assert chars == ([4499, 29, 2999, 2999, 1] if normalize else [5400, 30, 3000, 3000, 1])
+    chars = [len(normalize_text(t)) if normalize else len(t) for t in texts] + [len('{"text":7}')]  # the record's JSON
+    assert chars == ([4499, 29, 2999, 2999, 10] if normalize else [5400, 30, 3000, 3000, 10])
     expected: dict = {}
     for i, n in enumerate(chars):
         stats.add_record(expected, i == 2, {}, n)
     assert st["chars_hist_kept"] == expected["chars_hist_kept"] == {"12": 1}
-    assert st["chars_hist_rejected"] == expected["chars_hist_rejected"] == {"13": 1, "5": 1, "12": 1, "1": 1}
+    assert st["chars_hist_rejected"] == expected["chars_hist_rejected"] == {"13": 1, "5": 1, "12": 1, "4": 1}
 
 
 def test_prefix_order_is_the_stable_argsort() -> None:

@@ -342,6 +342,31 @@ def test_a_rejects_source_fields_are_cut_as_its_text_is(tmp_path) -> None:
     assert (tmp_path / "run" / "audit" / "audit.html").stat().st_size < 200_000
 
 
+def test_a_record_without_its_text_field_shows_itself_in_its_reject_line(tmp_path) -> None:
+    """Regression: a record missing its text field (or whose text is no string) showed the field's repr as its text,
+    "None" or "5", which read as a record whose text is "None" (and the audit's rejects sample tokenized that)."""
+    from helpers import base_config, english_docs
+
+    from streamprep.sources.base import excerpt_of
+
+    data = tmp_path / "in.jsonl"
+    bad = [{"text": "the text is in the wrong field", "license": "MIT"}, {"body": 5}, {"body": None, "n": [1, 2]}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in bad) + "".join(json.dumps({"body": t})
+                                                                          + "\n" for t in english_docs(30)))
+    assert run_from_dict(base_config([{"name": "d", "path": str(data), "text_field": "body"}], None),
+                         run_dir=tmp_path / "run", console_log=False).status == "complete"
+    lines = [orjson.loads(line) for line in (tmp_path / "run" / "rejects" / "d.jsonl").read_bytes().splitlines()]
+    assert [(r["reason"], r["text"]) for r in lines] == [
+        ("schema: no 'body' field", '{"text":"the text is in the wrong field","license":"MIT"}'),
+        ("schema: body is int", '{"body":5}'),
+        ("schema: body is None", '{"body":null,"n":[1,2]}')]
+    deep: dict = {}
+    node = deep
+    for _ in range(300):  # past orjson's depth limit
+        node["a"] = node = {}
+    assert excerpt_of(deep, "text").startswith("{'a': {'a': ") and excerpt_of({"text": "é" * 3000}, "text") == "é" * 2000
+
+
 def test_an_audit_waits_for_one_being_written(e2e_run, tmp_path):
     """A `streamprep audit` that gathered a partial run while the job finished wrote its "[partial run]" report
     over the job's final one: audits are gathered and written one at a time (a lock on the audit folder)."""
