@@ -75,7 +75,7 @@ def _plan_file(i: int, f: str, fmt: str | None, unit_bytes: int, options: Option
         cuts = _cuts(f, size, unit_bytes, options)
         return [Unit("range", i, f, kind, a, b) for a, b in cuts] if cuts else [Unit("file", i, f, fmt or "")]
     groups = _group_runs(_row_groups(f, options), unit_bytes)
-    return [Unit("row_group", i, f, kind, a, b) for a, b in groups] if groups else [Unit("file", i, f)]
+    return [Unit("row_group", i, f, kind, a, b) for a, b in groups] if groups else [Unit("file", i, f, fmt or "")]
 
 
 def _size(path: str, options: Options) -> int:

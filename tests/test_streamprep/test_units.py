@@ -136,6 +136,31 @@ def test_adjacent_small_row_groups_are_one_unit_up_to_unit_mb(tmp_path: Path) ->
     assert [i["text"] for i in units.read_unit(old)] == ["row 07"]
 
 
+def test_a_parquet_file_without_row_groups_to_plan_keeps_its_format_whatever_unit_mb(tmp_path: Path) -> None:
+    """Regression: a Parquet file larger than `unit_mb` whose footer does not read (truncated) or that has no rows
+    fell back to a `file` unit without the dataset's `format`, so a `.pq` file was `unsupported file, skipped: ...
+    unknown file type (... set 'format')` with a small `unit_mb` and `unreadable Parquet file` with a large one: the
+    reject bytes depended on `unit_mb`. The fallback unit keeps the format: the same reject whatever `unit_mb`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    full = tmp_path / "full.parquet"
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(200)]}), full, row_group_size=50)
+    cut = tmp_path / "b_trunc.pq"
+    cut.write_bytes(full.read_bytes()[:full.stat().st_size // 2])
+    empty = tmp_path / "e.pq"
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), empty)
+    for path, reason in ((cut, f"unreadable Parquet file {cut}: "), (empty, f"empty file {empty}")):
+        got = []
+        for unit_bytes in (1, 4 << 20):
+            plan = units.plan_dataset([str(path)], "parquet", unit_bytes)
+            assert [(u.kind, u.fmt) for u in plan] == [("file", "parquet")]
+            items = [i for u in plan for i in units.read_unit(u)]
+            assert len(items) == 1 and items[0].reason.startswith(reason), items
+            got.append(items[0].reason)
+        assert got[0] == got[1]
+
+
 @pytest.mark.parametrize("encoding", ["utf-32-le", "utf-32-be", "utf-16-le", "utf-16-be"])
 def test_a_wide_text_file_larger_than_a_unit_is_one_unit_read_once(tmp_path: Path, encoding: str) -> None:
     """Regression: the planner read 4 more bytes for each byte-order mark it tried, so only UTF-32-LE's was found; a
