@@ -57,7 +57,10 @@ S3_RETRIES = {"mode": "standard", "max_attempts": 3}
 # (`quality.max_chars` is 2 M characters by default), and a file without a newline for gigabytes must not cost a
 # worker (or the planner) that much memory.
 MAX_LINE_BYTES = 256 << 20
-ZSTD_READ = 16 * 1024  # compressed bytes decoded at a time (a highly compressed chunk expands a lot)
+ZSTD_READ = 16 * 1024  # compressed bytes read at a time
+# ... and decoded at a time: a zstd block of a few bytes expands to 128 KiB, so 16 KiB of a highly compressed file
+# were hundreds of MB in one call; a slice gives at most ~32 MiB however the file was made, ~4 KiB of text usually.
+ZSTD_SLICE = 1024
 # Decode errors of a file's bytes: deterministic, so they become a reject (a resume meets them again).
 CONTENT_FAULTS = (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError, ValueError, pa.ArrowException)
 # Faults of the environment, not of the bytes: the job stops naming the file (a fix + re-run resumes).
@@ -469,13 +472,15 @@ class _ZstdReader(io.RawIOBase):
     """The decoded bytes of a .zst stream, frame after frame. Unlike zstandard's stream_reader, a stream that
     ends inside a frame raises EOFError (as gzip does): a truncated file is a counted reject, not a short file.
     Bytes that fail to decode (a damaged later frame, garbage or zeros after the last frame) raise only once what
-    the same read decoded before them is given out, so every line before the damage is kept (as `zstd -dc` does)."""
+    the same read decoded before them is given out, so every line before the damage is kept (as `zstd -dc` does).
+    The bytes are decoded ZSTD_SLICE at a time, so the output of one call stays bounded."""
 
     def __init__(self, fh: BinaryIO):
         super().__init__()
         self.fh, self.dctx = fh, zstandard.ZstdDecompressor()
         self.frame: Any = None
         self.out, self.pos = b"", 0
+        self.data = memoryview(b"")  # compressed bytes read and not yet decoded
         self.fault: zstandard.ZstdError | None = None
 
     def readable(self) -> bool:
@@ -485,21 +490,21 @@ class _ZstdReader(io.RawIOBase):
         while self.pos >= len(self.out):
             if self.fault is not None:
                 raise self.fault
-            data = self.fh.read(ZSTD_READ)
-            if not data:
-                if self.frame is not None and not self.frame.eof:
-                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-                return 0
-            chunks = []
+            if not self.data:
+                self.data = memoryview(self.fh.read(ZSTD_READ))
+                if not self.data:
+                    if self.frame is not None and not self.frame.eof:
+                        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                    return 0
+            data, self.data = self.data[:ZSTD_SLICE], self.data[ZSTD_SLICE:]
             try:
-                while data:
-                    if self.frame is None or self.frame.eof:
-                        self.frame = self.dctx.decompressobj()
-                    chunks.append(self.frame.decompress(data))
-                    data = self.frame.unused_data if self.frame.eof else b""
+                if self.frame is None or self.frame.eof:
+                    self.frame = self.dctx.decompressobj()
+                self.out, self.pos = self.frame.decompress(data), 0
+                if self.frame.eof and self.frame.unused_data:  # the next frame opens in this slice
+                    self.data = memoryview(self.frame.unused_data + self.data.tobytes())
             except zstandard.ZstdError as exc:  # raised by the next call, after the frames decoded before it
-                self.fault = exc
-            self.out, self.pos = b"".join(chunks), 0
+                self.fault, self.out, self.pos = exc, b"", 0
         n = min(len(buf), len(self.out) - self.pos)
         buf[:n] = self.out[self.pos:self.pos + n]
         self.pos += n
@@ -580,11 +585,31 @@ class _Range(io.RawIOBase):
 
     def __init__(self, fh: BinaryIO, size: int | None = None, decoded: bool = False):
         super().__init__()
-        self.fh, self.left = fh, size
+        self.fh, self.size, self.left = fh, size, size
         self.read_some = getattr(fh, "read1", fh.read) if decoded else fh.read
+        self.base = None if decoded or not fh.seekable() else fh.tell()  # seeking a decoded stream decodes it again
 
     def readable(self) -> bool:
         return True
+
+    def seekable(self) -> bool:
+        return self.base is not None
+
+    def tell(self) -> int:
+        if self.base is None:
+            raise io.UnsupportedOperation("seek")
+        return self.fh.tell() - self.base
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Within the range, from its start (or from where it stands): how `bounded_lines` reads a long line again."""
+        if self.base is None or whence not in (io.SEEK_SET, io.SEEK_CUR):
+            raise io.UnsupportedOperation("seek")
+        if whence == io.SEEK_CUR:
+            offset += self.tell()
+        self.fh.seek(self.base + offset)
+        if self.size is not None:
+            self.left = max(self.size - offset, 0)
+        return offset
 
     def readinto(self, buf: Any) -> int:
         want = len(buf) if self.left is None else min(len(buf), self.left)
@@ -661,16 +686,39 @@ def _unconvertible(column: pa.Array) -> bool:
 
 def bounded_lines(fh: BinaryIO) -> Iterator[bytes | LongLine]:
     """`fh`'s lines as iterating it gives them, but a line over MAX_LINE_BYTES as a `LongLine`, read through
-    READ_BUFFER at a time (~0.1 µs a line more than `for line in fh`)."""
+    READ_BUFFER at a time (~0.1 µs a line more than `for line in fh`). A line longer than READ_BUFFER is measured
+    before it is held (`_long_line`): `readline(MAX_LINE_BYTES + 1)` built up to 256 MiB (twice) to find it too long."""
     readline = fh.readline
-    while line := readline(MAX_LINE_BYTES + 1):
-        if len(line) <= MAX_LINE_BYTES:
-            yield line
-            continue
-        head, size = line[:EXCERPT], len(line)
-        while not line.endswith(b"\n") and (line := readline(READ_BUFFER)):
+    rewind = fh.seekable()
+    piece = min(READ_BUFFER, MAX_LINE_BYTES + 1)
+    while line := readline(piece):
+        yield line if len(line) < piece else _long_line(fh, line, rewind)
+
+
+def _long_line(fh: BinaryIO, line: bytes, rewind: bool) -> bytes | LongLine:
+    """The line `line` (READ_BUFFER bytes of it read) opens, read on READ_BUFFER at a time: whole when it is
+    within MAX_LINE_BYTES, else a `LongLine`. A stream that can seek back (`rewind`: an uncompressed file) is
+    measured first, holding none of it, and a line within the limit read again; a decoded one (compressed) cannot
+    be, so its pieces are kept until the line passes the limit (at most MAX_LINE_BYTES held, once)."""
+    head, size = line[:EXCERPT], len(line)
+    if rewind:
+        start = fh.tell() - size
+        while not line.endswith(b"\n") and (line := fh.readline(READ_BUFFER)):
             size += len(line)
-        yield LongLine(head, size)
+        if size > MAX_LINE_BYTES:
+            return LongLine(head, size)
+        fh.seek(start)
+        return fh.read(size)
+    pieces = [line]
+    while not line.endswith(b"\n") and size <= MAX_LINE_BYTES and (line := fh.readline(READ_BUFFER)):
+        pieces.append(line)
+        size += len(line)
+    if size <= MAX_LINE_BYTES:
+        return b"".join(pieces)
+    del pieces
+    while not line.endswith(b"\n") and (line := fh.readline(READ_BUFFER)):
+        size += len(line)
+    return LongLine(head, size)
 
 
 def long_line(line: LongLine, path: str, n: Any) -> BadRecord:

@@ -95,6 +95,78 @@ def test_a_line_over_the_limit_is_one_reject_read_through_not_held(tmp_path: Pat
                                                                                         for r in got]
 
 
+_PEAK = """
+import resource, sys
+from streamprep import units
+from streamprep.sources import local
+local.MAX_LINE_BYTES = int(sys.argv[2])
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+items = [i for u in units.plan_dataset([sys.argv[1]], None, 4 << 20) for i in units.read_unit(u)]
+print(len(items), units.global_reason(items[0].reason, 0))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_holds_a_few_mib_over_an_over_long_line(tmp_path: Path) -> None:
+    """Regression: the reader found a line too long with `readline(MAX_LINE_BYTES + 1)`, building 256 MiB (twice)
+    first: a 300 MB file without a newline peaked ~510 MB over a worker's baseline, where docs/operations.md says
+    ~4 MiB. And a .zst decoded 16 KiB of compressed bytes in one call: a 16 KB file of one 512 MiB line gave it all
+    at once (~1 GB). Now a plain file's line is measured before it is held, and zstd's output per call is bounded:
+    a compressed line is held only up to the limit. Each read runs in a child whose own peak RSS is measured."""
+    import subprocess
+    import sys
+
+    import zstandard
+
+    def peak(path: Path, limit: int) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", _PEAK, str(path), str(limit)], check=True, capture_output=True,
+                             text=True).stdout.splitlines()
+        return out[0], int(out[1])
+
+    sparse = tmp_path / "sparse.jsonl"
+    with open(sparse, "wb") as fh:
+        fh.truncate(300 << 20)  # no newline for 300 MiB, on no disk
+    reason, grown = peak(sparse, 256 << 20)
+    assert reason == f"1 line 1 of {sparse} is {300 << 20} bytes, over the {256 << 20}-byte limit of a record, skipped"
+    assert grown < 32 << 20, grown
+    zst = tmp_path / "long.jsonl.zst"
+    with zstandard.ZstdCompressor(level=19).stream_writer(open(zst, "wb")) as w:
+        for _ in range(512):
+            w.write(b"a" * (1 << 20))
+        w.write(b"\n")
+    reason, grown = peak(zst, 16 << 20)
+    assert reason == f"1 line 1 of {zst} is {(512 << 20) + 1} bytes, over the {16 << 20}-byte limit of a record, skipped"
+    assert grown < 96 << 20, grown  # the line's first 16 MiB, a slice's output (at most 32 MiB), read buffers
+
+
+def test_a_line_over_a_read_buffer_within_the_limit_is_read_whole(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line longer than a read buffer is measured, then read again (a plain file) or gathered (compressed): the same
+    records either way, in a range held whole, one streamed or a compressed file."""
+    import gzip
+
+    import zstandard
+
+    from streamprep.sources import local
+
+    monkeypatch.setattr(local, "MAX_LINE_BYTES", 8 << 20)
+    monkeypatch.setattr(local, "READ_BUFFER", 1 << 16)
+    texts = ["short", "x" * (3 << 20), "after", "y" * (1 << 16), "z" * ((1 << 16) - 14)]  # the last line: 64 KiB
+    data = b"".join(json.dumps({"text": t}).encode() + b"\n" for t in texts)
+    f = tmp_path / "a.jsonl"
+    f.write_bytes(data)
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(data))
+    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    monkeypatch.setattr(local, "MAX_LINE_BYTES", 4 << 20)  # a range under it is held whole, over it streamed
+    held = [i["text"] for i in units.read_unit(units.Unit("range", 0, str(f), "jsonl", 0, len(data)))]
+    monkeypatch.setattr(local, "MAX_LINE_BYTES", 3 << 20 | 1 << 10)
+    streamed = [i["text"] for i in units.read_unit(units.Unit("range", 0, str(f), "jsonl", 0, len(data)))]
+    assert held == streamed == texts
+    for name in ("a.jsonl.gz", "a.jsonl.zst"):
+        assert [i["text"] for i in units.read_unit(units.Unit("file", 0, str(tmp_path / name), "jsonl"))] == texts
+
+
 def test_plan_kinds(tmp_path: Path) -> None:
     import gzip
 
