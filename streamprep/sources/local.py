@@ -999,10 +999,14 @@ class LocalSource:
 
     def _document(self, i: int, path: str, fmt: str, pos: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """The whole file is one record (for small prose files such as docs), UTF-8 or, opening with a UTF-16/32
-        byte-order mark, decoded in the mark's byte order (as the line formats read it)."""
+        byte-order mark, decoded in the mark's byte order (as the line formats read it); a 0-byte file is an
+        `empty file` reject naming it."""
         with open_input(path, self.storage_options, compression=_compression(path)) as fh:
             raw = fh.read()
         nxt = {"file": i + 1, "record": 0}
+        if not raw:  # named, as a 0-byte .txt/.jsonl is: its schema reject ("text is empty") named no file
+            yield BadRecord(f"empty file {path}", ""), nxt
+            return
         try:
             yield {"text": raw.decode(wide_encoding(raw) or "utf-8-sig"), "path": Path(path).name}, nxt
         except UnicodeDecodeError as exc:

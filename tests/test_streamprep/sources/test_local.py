@@ -100,6 +100,16 @@ def test_document_format_reads_whole_files(tmp_path: Path) -> None:
     assert items == [{"text": "# A\n\nfirst doc\n", "path": "a.md"}, {"text": "second\ndoc\n", "path": "b.md"}]
 
 
+def test_an_empty_document_is_an_empty_file_reject_naming_it(tmp_path: Path) -> None:
+    """Regression: a 0-byte file read as a document was a record of no text, rejected by the schema check as
+    `text is empty after normalisation`, naming no file; docs/operations.md says a 0-byte file is `empty file FILE`."""
+    (tmp_path / "a.md").write_text("kept\n")
+    (tmp_path / "b.md").write_bytes(b"")
+    items = [r for r, _ in _collect(local_source(tmp_path / "*.md", "document"))]
+    assert items[0] == {"text": "kept\n", "path": "a.md"}
+    assert isinstance(items[1], BadRecord) and items[1].reason == f"empty file {tmp_path / 'b.md'}"
+
+
 def test_fsspec_urls_go_the_same_way() -> None:
     fs = fsspec.filesystem("memory")
     with fs.open("/bucket/x/part1.jsonl", "wb") as fh:
