@@ -107,6 +107,9 @@ def detect_format(path: str) -> str:
     if name.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
     if name.endswith(".parquet"):
+        if name != path.lower():  # pyarrow reads no compressed stream: "not a parquet file", as if damaged
+            raise ValueError(f"{path}: a Parquet file compressed whole (not read: decompress it; Parquet compresses "
+                             f"its own pages)")
         return "parquet"
     if name.endswith(".txt"):
         return "txt"

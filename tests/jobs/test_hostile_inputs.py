@@ -298,6 +298,25 @@ def test_a_zip_archive_read_with_a_format_is_one_reject_not_its_first_member(tmp
          f".zst, .bz2 or .xz)")]
 
 
+def test_a_parquet_file_compressed_whole_is_one_reject_saying_to_decompress_it(tmp_path: Path) -> None:
+    """Regression: `a.parquet.gz` was classed Parquet by its name and read as one, compressed bytes and all:
+    'unreadable Parquet file …: Either the file is corrupted or this is not a parquet file', a file to be fixed
+    for no fault of its bytes. It is one reject saying what to do, as a .zip is; a path naming it alone is exit 2."""
+    from streamprep.sources.local import check_entry
+
+    pq.write_table(pa.table({"text": ["alpha beta gamma"]}), tmp_path / "a.parquet")
+    path = tmp_path / "in" / "a.parquet.gz"
+    path.parent.mkdir()
+    path.write_bytes(gzip.compress((tmp_path / "a.parquet").read_bytes()))
+    (tmp_path / "in" / "b.jsonl").write_bytes(_head(2))
+    why = f"{path}: a Parquet file compressed whole (not read: decompress it; Parquet compresses its own pages)"
+    good, bad = _split(_items(tmp_path / "in"))
+    assert good == RECORDS[:2] and [b.reason for b in bad] == [f"unsupported file, skipped: {why}"]
+    with pytest.raises(ConfigError) as err:
+        check_entry("datasets[0]", {"path": str(path), "format": None})
+    assert why in str(err.value) and "\n" not in str(err.value)
+
+
 def test_a_file_whose_name_has_glob_characters_is_that_file(tmp_path: Path) -> None:
     """Regression: `path: data[1].jsonl` was read as a glob (matching `data1.jsonl`), so the file itself was
     `no file matches`. A name that exists as written is that file; one that does not is still a glob."""
