@@ -507,6 +507,9 @@ class _ZstdReader(io.RawIOBase):
                 if self.frame.eof and self.frame.unused_data:  # the next frame opens in this slice
                     self.data = memoryview(self.frame.unused_data + self.data.tobytes())
             except zstandard.ZstdError as exc:  # raised by the next call, after the frames decoded before it
+                if "too much memory" in str(exc):  # a valid frame whose window passes zstd's 128 MiB default
+                    exc = zstandard.ZstdError(f"{exc} (a window over 128 MiB, as `zstd --long=31` writes: "
+                                              f"recompress it without --long)")
                 self.fault, self.out, self.pos = exc, b"", 0
         n = min(len(buf), len(self.out) - self.pos)
         buf[:n] = self.out[self.pos:self.pos + n]

@@ -196,6 +196,22 @@ def test_corrupt_or_foreign_zst_is_one_reject_with_the_reason(tmp_path: Path) ->
     assert "ZstdError" in bad[1].reason and "Unknown frame descriptor" in bad[1].reason
 
 
+def test_a_zst_with_a_window_over_the_decoders_limit_says_how_it_was_written(tmp_path: Path) -> None:
+    """Regression: a valid .zst written with `zstd --long=31` (a 2 GiB window) was rejected whole as 'Frame requires
+    too much memory for decoding', read as damage; the reason says what it is and what to do (the decoder's
+    128 MiB limit is kept: a file must not make a worker reserve 2 GiB)."""
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters(window_log=31, enable_ldm=True, write_content_size=False)
+    stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    (tmp_path / "a.jsonl.zst").write_bytes(stream.compress(_head(3)) + stream.flush())
+    good, bad = _split(_items(tmp_path))
+    assert good == [] and [b.reason for b in bad] == [
+        f"unreadable rest of {tmp_path / 'a.jsonl.zst'} after record 0, skipped: ZstdError: zstd decompressor "
+        f"error: Frame requires too much memory for decoding (a window over 128 MiB, as `zstd --long=31` writes: "
+        f"recompress it without --long)"]
+
+
 def test_gz_that_is_not_gzip_is_one_reject(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl.gz").write_bytes(_head(8))
     (tmp_path / "b.jsonl").write_bytes(_head(5))
