@@ -393,12 +393,17 @@ time.sleep(60)
 """
 
 
-def test_lock_held_by_another_process_then_killed(done_run, tmp_path):
+def _held_running_copy(done_run: Path, tmp_path: Path) -> tuple[Path, subprocess.Popen]:
+    """A copy of the finished run whose run.json says `running`, its lock held by another process (`HOLD`)."""
     run_dir = _copy_run(done_run, tmp_path / "run")
     rec = json.loads((run_dir / "run.json").read_text())
     rec["status"] = "running"
     (run_dir / "run.json").write_text(json.dumps(rec))
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    return run_dir, subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+
+
+def test_lock_held_by_another_process_then_killed(done_run, tmp_path):
+    run_dir, proc = _held_running_copy(done_run, tmp_path)
     try:
         assert proc.stdout.readline().strip() == "held"
         st = run_status(run_dir)
@@ -421,11 +426,7 @@ def test_the_audit_of_a_killed_run_says_crashed_as_status_does(done_run, tmp_pat
     from streamprep.cli import main
 
     assert json.loads((done_run / "audit" / "audit.json").read_text())["run"]["status"] == "complete"  # the job's own
-    run_dir = _copy_run(done_run, tmp_path / "run")
-    rec = json.loads((run_dir / "run.json").read_text())
-    rec["status"] = "running"
-    (run_dir / "run.json").write_text(json.dumps(rec))
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    run_dir, proc = _held_running_copy(done_run, tmp_path)
     try:
         assert proc.stdout.readline().strip() == "held"
         assert build_audit(run_dir)[0]["run"]["status"] == "running"  # a live holder: it is running
