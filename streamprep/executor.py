@@ -104,8 +104,8 @@ def _start_worker(driver: int, setup: Setup | None) -> None:
     for name in forkserver.PRELOAD:
         try:
             importlib.import_module(name)
-        except ImportError:  # skipped, as the forkserver skips it: a job that needs it names it (gigatoken under
-            pass             # `backend: hf` is not needed, and its absence broke every pool with workers >= 2)
+        except ImportError:  # skipped, as the forkserver skips it: a job that needs it names it
+            pass
     _no_named_semaphore_for_progress_bars()
     set_up_worker(setup)
 

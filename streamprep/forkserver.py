@@ -24,13 +24,16 @@ from streamprep.config import MAX_CONFIG_BYTES, resolved_workers
 
 # What a worker process has loaded before its first call, by name: the forkserver imports them once and
 # every fork inherits them (the unit worker and its QC chain; the exports' writers and the pyarrow modules they
-# import only where they write, so that the job's driver, which imports their modules, does not; gigatoken and
-# awkward, which its batch encoder imports, ~0.25 CPU-s a process; tqdm, whose write lock each worker sets up
-# (`executor._start_worker`), ~0.01 CPU-s; last, the run's tokenizer itself). One that cannot be imported is skipped
-# (by the server and by `executor._start_worker`): the job's own import names it where it is needed.
+# import only where they write, so that the job's driver, which imports their modules, does not; tqdm, whose write
+# lock each worker sets up (`executor._start_worker`), ~0.01 CPU-s; last, `forkserver_preload`: gigatoken and
+# awkward, which its batch encoder imports, ~0.25 CPU-s a process, then the run's tokenizer itself). One that cannot
+# be imported is skipped (by the server and by `executor._start_worker`): the job's own import names it where it is
+# needed. gigatoken and awkward are `forkserver_preload`'s, which skips any failure: the server skips only an
+# ImportError, and a broken install raising anything else (a RuntimeError) ended it, every job with workers >= 2.
 PRELOAD = ("streamprep.unit_worker", "quality.control", "streamprep.engines.local", "streamprep.exports.parquet",
-           "pyarrow.compute", "pyarrow.parquet", "streamprep.exports.order", "streamprep.exports.summary", "gigatoken",
-           "awkward", "tqdm.std", "streamprep.forkserver_preload")
+           "pyarrow.compute", "pyarrow.parquet", "streamprep.exports.order", "streamprep.exports.summary",
+           "tqdm.std", "streamprep.forkserver_preload")
+OPTIONAL_PRELOAD = ("gigatoken", "awkward")  # imported by `forkserver_preload`, any failure skipped
 # The config whose tokenizer `streamprep.forkserver_preload` loads in the server, and the folder of the server's
 # socket (multiprocessing's pymp-* temporary folder), which it removes if it outlives the command (set by `start_for`).
 CONFIG_ENV, SOCKET_DIR_ENV = "STREAMPREP_FORKSERVER_CONFIG", "STREAMPREP_FORKSERVER_SOCKET_DIR"

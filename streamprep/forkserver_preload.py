@@ -10,6 +10,7 @@ none (a tokenizer to train) or cannot be read. Any failure is left to the job's 
 from __future__ import annotations
 
 import atexit
+import importlib
 import multiprocessing.forkserver
 import os
 import shutil
@@ -34,6 +35,16 @@ def configured_tokenizer(config_path: str) -> tuple[Path, str] | None:
         return tokenizer.source_file(Path(config_path).parent / Path(path).expanduser()), backend
     except ConfigError:  # none there (a tokenizer to train, or a mistake the job's load names)
         return None
+
+
+def import_optional() -> None:
+    """gigatoken and awkward (`forkserver.OPTIONAL_PRELOAD`), skipped whatever their import raises: the job's own
+    import (`backends.select`) says why where it needs them (`backend: hf` does not)."""
+    for name in forkserver.OPTIONAL_PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a broken install, not the server's to die of
+            pass
 
 
 def load_configured() -> None:
@@ -75,4 +86,5 @@ def ignore_sigterm() -> None:
 
 remove_socket_dir_at_exit()
 ignore_sigterm()
+import_optional()
 load_configured()
