@@ -236,7 +236,8 @@ def _safe_name(key: str, value: str) -> None:
         composed = unicodedata.normalize("NFC", value)
         if composed != value and _is_name(composed):
             odd = next((c for c in value if unicodedata.category(c) in MARKS), None) \
-                or next(c for c in value if c not in composed)
+                or next((c for c in value if c not in composed), None) \
+                or next(a for a, b in zip(value, composed.ljust(len(value), "\0")) if a != b)  # one that composes
             what = "the combining mark " if unicodedata.category(odd) in MARKS else ""
             why = ": a letter written decomposed (NFD)" if unicodedata.normalize("NFC", odd) == odd else \
                 f", which the composed form (NFC) writes as U+{ord(unicodedata.normalize('NFC', odd)[0]):04X}"

@@ -77,13 +77,14 @@ def _versions() -> dict[str, str]:
 # callback of its module locks takes the global import lock, and an exception there is printed and dropped.
 IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 STOP_RETRY_S = 0.01  # how soon a stop deferred out of the import machinery is tried again
-SAME_STOP_S = 1.0  # a SIGTERM again this soon after the first is its copy to the process group (GNU `timeout`)
+SAME_STOP_S = 1.0  # the same signal again this soon after the first is its copy to the process group (GNU `timeout`)
 
 
 class Signals:
-    """First SIGINT/SIGTERM asks the job to stop cleanly; a second one exits at once (writes are atomic). A SIGTERM
-    again within SAME_STOP_S of the first is the same stop: GNU `timeout` sends its signal to the job's process,
-    then to its whole process group, and the second copy made the job exit at once, its progress not saved."""
+    """First SIGINT/SIGTERM asks the job to stop cleanly; a second one exits at once (writes are atomic). The same
+    signal again within SAME_STOP_S of the first is the same stop: GNU `timeout` (`-s INT` too) sends its signal to
+    the job's process, then to its whole process group, and the copy made the job exit at once, its progress not
+    saved (a terminal's Ctrl-C reaches the job once: a second press a second later still exits at once)."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -93,8 +94,7 @@ class Signals:
         self._old: dict[int, Any] = {}
 
     def handle(self, signum: int, frame: Any = None) -> None:
-        if self._first is not None and self._first[0] == signum == signal.SIGTERM \
-                and time.monotonic() - self._first[1] < SAME_STOP_S:
+        if self._first is not None and self._first[0] == signum and time.monotonic() - self._first[1] < SAME_STOP_S:
             return
         self.count += 1
         self._first = self._first or (signum, time.monotonic())

@@ -536,7 +536,8 @@ def test_a_resume_that_takes_over_stale_locks_says_which(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sent", ["to the group", "to the process, then the group"])
+@pytest.mark.parametrize("sent", ["to the group", "to the process, then the group",
+                                  "SIGINT to the process, then the group"])
 def test_sigterm_to_the_jobs_process_group_stops_it_without_restarting_its_workers_or_holders(tmp_path, sent):
     """Regression: a SIGTERM to the job's whole process group (GNU `timeout`, `kill -TERM -- -PGID`, a systemd
     stop) also ended the pool's workers, their forkserver and the dedup holder while the job's process was saving
@@ -562,12 +563,13 @@ def test_sigterm_to_the_jobs_process_group_stops_it_without_restarting_its_worke
             not log.exists() or '"parts sealed"' not in log.read_text()):
         time.sleep(0.05)
     assert proc.poll() is None, "the job ended before its workers were at work"
+    sig = signal.SIGINT if sent.startswith("SIGINT") else signal.SIGTERM  # `timeout -s INT` sends it so too
     if sent != "to the group":
-        os.kill(proc.pid, signal.SIGTERM)  # as `timeout` does: the process, then its group; its copy came once the
+        os.kill(proc.pid, sig)  # as `timeout` does: the process, then its group; its copy came once the
         stop_by = time.monotonic() + 0.5  # first was handled, 1 run in ~2 (here: then, every time)
         while '"signal received' not in log.read_text() and time.monotonic() < stop_by:
             time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, sig)
     assert proc.wait(timeout=60) == 1
     events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
     assert "signal received: saving progress and stopping" in events

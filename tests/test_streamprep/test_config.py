@@ -751,7 +751,9 @@ def test_a_composed_name_with_combining_marks_is_a_name(tmp_path: Path, good: di
 
 @pytest.mark.parametrize("name, holds", [
     ("\u1112\u1161\u11ab\u1100\u116e\u11a8", "U+1112 (HANGUL CHOSEONG HIEUH): a letter written decomposed (NFD)"),
-    ("\u212b", "U+212B (ANGSTROM SIGN), which the composed form (NFC) writes as U+00C5")])
+    ("\u212b", "U+212B (ANGSTROM SIGN), which the composed form (NFC) writes as U+00C5"),
+    # every letter of it is in its composed form too ('각가aᆨ'): a bare StopIteration, exit 1
+    ("\uac00\u11a8\uac00a\u11a8", "U+AC00 (HANGUL SYLLABLE GA): a letter written decomposed (NFD)")])
 def test_a_name_not_in_composed_form_says_so(tmp_path: Path, good: dict, name: str, holds: str) -> None:
     """Regression: Hangul written decomposed (as macOS writes file names) is letters (conjoining jamo), no mark,
     so it passed as a name, and a second dataset of the same name composed ran beside it in a folder that looks

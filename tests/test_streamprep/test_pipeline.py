@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 import types
 from pathlib import Path
@@ -321,6 +322,28 @@ def test_a_stop_asked_inside_the_import_machinery_is_raised_once_the_main_thread
     assert signal.getsignal(signal.SIGALRM) is old_alarm and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     with pytest.raises(KeyboardInterrupt):
         Signals().handle(signal.SIGINT, _fake_frame("/work/x.py"))
+
+
+@pytest.mark.parametrize("second, exits", [("the same signal at once", False), ("the other signal", True),
+                                           ("the same signal a second later", True)])
+def test_a_second_signal_exits_at_once_unless_it_is_the_firsts_copy(monkeypatch: pytest.MonkeyPatch, second: str,
+                                                                    exits: bool) -> None:
+    """A second signal exits at once (`os._exit`); the same signal again within SAME_STOP_S is the first's copy to
+    the process group (GNU `timeout`), which made the job exit unsaved, and is the same stop."""
+    import streamprep.pipeline as pipeline
+
+    clock = iter([100.0, 100.0 + (pipeline.SAME_STOP_S if "later" in second else 0.01)])
+    monkeypatch.setattr(pipeline.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(pipeline.os, "_exit", sys.exit)
+    signals, stops = Signals(), []
+    signals.on_first = lambda: stops.append(1)
+    signals.handle(signal.SIGINT)
+    try:
+        signals.handle(signal.SIGTERM if second == "the other signal" else signal.SIGINT)
+        exited = None
+    except SystemExit as exc:
+        exited = exc.code
+    assert (stops, exited, signals.asked.is_set()) == ([1], 1 if exits else None, True)
 
 
 def test_a_full_disk_at_the_end_neither_undoes_a_run_nor_hides_why_it_failed(tmp_path: Path,
