@@ -411,9 +411,7 @@ class RayExecutor(Executor):
                 self.replaced += 1
                 log.warning("a worker actor was lost; its calls run again on a new one", slot=slot,
                             replaced=self.replaced, error=str(exc)[:200])
-                # not on the lost actor's node: Ray lists a node that died as alive for ~20 s, and a replacement
-                # placed there died with it, failing the job (on a node still up, the new one goes to another)
-                nodes = sorted(ray_cluster.usable_nodes() - {self.nodes[slot]})
+                nodes = ray_cluster.nodes_but(self.nodes[slot])  # not on the lost actor's node: it may be dead
                 try:
                     new = ray_cluster.place_actor(_Actor, slot, self._setup, nodes=nodes)
                     node = ray_cluster.node_of(ray.get(new.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S))

@@ -18,6 +18,7 @@ import resource
 import signal
 import threading
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -269,13 +270,15 @@ class _Process:
 class _Actor:
     """A holder as a Ray actor on the `slot`-th node (`ray_cluster.place_actor`); an actor runs the calls of
     one caller in the order sent. One lost (with its node, or its process killed) is replaced by `Holders` on a
-    node left."""
+    node left: the replacement of `lost` is placed on the nodes but its (`ray_cluster.nodes_but`)."""
 
-    def __init__(self, slot: int) -> None:
+    def __init__(self, slot: int, lost: _Actor | None = None) -> None:
         import ray  # as below
         from ray.exceptions import RayActorError
 
-        self._actor, self._refs = ray_cluster.place_actor(Holder, slot, True), deque()
+        nodes = sorted(ray_cluster.usable_nodes()) if lost is None else ray_cluster.nodes_but(lost.node)
+        self.node = ray_cluster.node_for(slot, nodes)  # (None: placed by SPREAD, on any node)
+        self._actor, self._refs = ray_cluster.place_actor(Holder, slot, True, nodes=nodes), deque()
         try:
             ray.get(self._actor.ready.remote(), timeout=ray_cluster.ACTOR_PLACEMENT_WAIT_S)  # no node to place it on
         except RayActorError as exc:  # it ended as it started (its node lost, its process killed): was a bare
@@ -321,8 +324,11 @@ class Holders:
 
     def __init__(self, parts: int, where: str) -> None:
         self.parts, self.where = parts, where
-        self._make = {"inline": lambda p: _Inline(), "process": lambda p: _Process(), "ray": _Actor}[where]
-        self._holders = [self._make(p) for p in range(parts)]
+        # holder p, in place of `lost` (None at the start)
+        self._make: Callable[[int, Any], Any] = {"inline": lambda p, lost: _Inline(),
+                                                 "process": lambda p, lost: _Process(), "ray": _Actor}[where]
+        self._holders = [self._make(p, None) for p in range(parts)]
+        self._failed: HolderLost | None = None  # a replacement that failed: every later loss fails the same way
         self._lock = threading.Lock()
         # (open call, dataset) -> its arguments, the count (or bytes) as last flushed: what a new holder reads back
         self._opened: list[dict[tuple[str, str], list]] = [{} for _ in range(parts)]
@@ -368,24 +374,28 @@ class Holders:
     def _replace(self, p: int, method: str, args: tuple, exc: HolderLost) -> Any:
         """A new holder `p` in place of a lost one, brought to where the lost one was; the answer to the call
         the lost one did not give (every call sent to it before that one was answered)."""
+        if self._failed is not None:  # the slot still has the lost one: placing again would fail again, later
+            raise HolderLost(str(self._failed)) from exc
         if self.replaced >= REPLACEMENTS:  # the advice to re-run only now: a holder replaced needs none
             raise HolderLost(f"{exc}, after {REPLACEMENTS} replaced in this job; re-run the same command to "
                              "resume") from exc
         self.replaced += 1
         log.warning("a dedup holder was lost; a new one reads its logs back and is sent again the calls since",
                     holder=p, replaced=self.replaced, calls=len(self._since[p]), error=str(exc)[:200])
-        self._holders[p].close()
-        new = self._holders[p] = self._make(p)
+        lost = self._holders[p]
+        lost.close()
         calls = [(opener, tuple(args)) for (opener, _), args in self._opened[p].items()]
         calls += self._since[p] if method in CHANGING else [*self._since[p], (method, args)]
         try:
+            new = self._holders[p] = self._make(p, lost)  # (an actor that ended as it started: a HolderLost)
             new.send("ready", ())
             self.pids[p] = new.recv()
             for m, a in calls:  # the unanswered call is the last sent to it: a changing one is in `_since` already
                 new.send(m, a)
                 got = new.recv()
         except HolderLost as again:
-            raise HolderLost(f"{again}, replacing a lost one; re-run the same command to resume") from again
+            self._failed = HolderLost(f"{again}, replacing a lost one; re-run the same command to resume")
+            raise self._failed from again
         return got
 
     def all(self, method: str, *args: Any) -> list[Any]:

@@ -482,9 +482,21 @@ def place_actor(cls: type, slot: int, *args: object, nodes: list[str] | None = N
     lost with its node is replaced by the executor (`executor.RayExecutor`)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = sorted(usable_nodes()) if nodes is None else nodes
-    where = NodeAffinitySchedulingStrategy(nodes[slot % len(nodes)], soft=False) if nodes else "SPREAD"
+    node = node_for(slot, sorted(usable_nodes()) if nodes is None else nodes)
+    where = NodeAffinitySchedulingStrategy(node, soft=False) if node else "SPREAD"
     return _actor_class(cls).options(scheduling_strategy=where).remote(*args)
+
+
+def node_for(slot: int, nodes: list[str]) -> str | None:
+    """The node `place_actor` pins the `slot`-th actor to, of `nodes` (sorted); None (SPREAD) if there is none."""
+    return nodes[slot % len(nodes)] if nodes else None
+
+
+def nodes_but(lost: str | None) -> list[str]:
+    """The usable nodes (sorted) to place the replacement of an actor lost on node `lost` on: not that node, as
+    Ray lists a node that died as alive for ~20 s, and a replacement placed there died with it, failing the job
+    (on a node still up, the new one goes to another)."""
+    return sorted(usable_nodes() - {lost})
 
 
 def spread_actors(cls: type, workers: int, *args: object) -> tuple[list, list[str]]:

@@ -11,7 +11,7 @@ import pytest
 
 from quality.dedup import digest_words
 from streamprep.config import SPEC, ExecutionConfig
-from streamprep.holders import HeldDedup, Holders, partitions, start
+from streamprep.holders import HeldDedup, HolderLost, Holders, partitions, start
 from streamprep.layout import CheckpointLayout
 
 
@@ -79,10 +79,86 @@ def test_a_holder_actor_that_ends_as_it_starts_is_a_holder_lost(monkeypatch: pyt
     def get(ref: str, timeout: float) -> None:
         raise ActorDiedError()
 
-    monkeypatch.setattr(holders.ray_cluster, "place_actor", lambda cls, slot, pin: Died())
+    monkeypatch.setattr(holders.ray_cluster, "usable_nodes", lambda: {"node"})
+    monkeypatch.setattr(holders.ray_cluster, "place_actor", lambda cls, slot, pin, nodes: Died())
     monkeypatch.setattr(ray, "get", get)
     with pytest.raises(holders.HolderLost, match="a dedup holder actor ended as it started: The actor died"):
         holders._Actor(0)
+
+
+class _FakeCluster:
+    """Nodes and holder actors as `ray_cluster.place_actor` and `ray.get` see them: an actor on a node in `dead`
+    is dead (its calls raise ActorDiedError), and Ray still lists a dead node in `usable_nodes` (as it does for
+    ~20 s); `placed` records each actor's node."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, nodes: set[str]) -> None:
+        import ray
+        from ray.exceptions import ActorDiedError
+
+        from streamprep import holders
+
+        self.nodes, self.dead, self.placed = nodes, set(), []
+        cluster = self
+
+        class Actor:
+            def __init__(self, node: str) -> None:
+                self.node, self.holder = node, holders.Holder()
+
+            def __getattr__(self, method: str) -> object:
+                class Method:
+                    @staticmethod
+                    def remote(*args: object) -> tuple:
+                        return self, method, args
+                return Method
+
+        def place_actor(cls: type, slot: int, pin: bool, nodes: list[str] | None = None) -> Actor:
+            nodes = sorted(cluster.nodes) if nodes is None else nodes
+            cluster.placed.append(nodes[slot % len(nodes)])
+            return Actor(cluster.placed[-1])
+
+        def get(ref: tuple, timeout: float | None = None) -> object:
+            actor, method, args = ref
+            if actor.node in cluster.dead:
+                raise ActorDiedError()
+            return getattr(actor.holder, method)(*args)
+
+        monkeypatch.setattr(holders.ray_cluster, "usable_nodes", lambda: set(cluster.nodes))
+        monkeypatch.setattr(holders.ray_cluster, "place_actor", place_actor)
+        monkeypatch.setattr(ray, "get", get)
+        monkeypatch.setattr(ray, "kill", lambda actor: None)
+
+
+def test_a_holder_actor_lost_with_its_node_is_placed_on_another_node(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """Regression (round 47): the replacement of a holder lost with its node went to the same node (Ray lists a
+    dead node as alive for ~20 s), died there, and the job failed; it goes to a node left and the job goes on."""
+    cluster = _FakeCluster(monkeypatch, {"a", "b"})
+    with Holders(1, "ray") as held:
+        held.open("d", tmp_path, [0])
+        cluster.dead.add("a")  # holder 0's node ("a" sorts first), still listed alive
+        assert held.all("flush", "d") == [(0, 0)]
+        assert cluster.placed == ["a", "b"] and held.replaced == 1
+
+
+def test_a_holder_that_cannot_be_placed_again_fails_the_job_with_the_advice_to_re_run(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Regression (round 47): a replacement that ended as it started left the lost holder in its slot, so the
+    next call replaced it again (a second warning), and the error had no advice to re-run. It says to re-run, and
+    every later call fails the same way with no other replacement."""
+    import structlog
+
+    cluster = _FakeCluster(monkeypatch, {"a", "b"})
+    with Holders(1, "ray") as held:
+        held.open("d", tmp_path, [0])
+        cluster.dead |= {"a", "b"}
+        with structlog.testing.capture_logs() as logged:
+            for _ in range(2):
+                with pytest.raises(HolderLost) as failed:
+                    held.all("flush", "d")
+                assert "ended as it started" in str(failed.value)
+                assert str(failed.value).endswith("replacing a lost one; re-run the same command to resume")
+        assert held.replaced == 1 and cluster.placed == ["a", "b"]
+        assert len([e for e in logged if e["event"].startswith("a dedup holder was lost")]) == 1
 
 
 def test_a_size_cap_reached_before_the_piece_stops_its_walk_before_the_first_record() -> None:
