@@ -83,7 +83,7 @@ def check_address(cfg: dict[str, Any]) -> None:
     else:
         where = address.removeprefix("ray://")
     host, _, port = where.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{key} must be HOST:PORT (the cluster's GCS), ray://HOST:PORT or auto, got {address!r:.80}")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_CHECK_S).close()

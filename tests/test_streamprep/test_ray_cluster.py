@@ -476,7 +476,8 @@ def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anyt
     def check(address: str) -> None:
         validate({"datasets": [{"name": "d", "path": str(data)}], "execution": {"ray_address": address}})
 
-    for bad in ("not-an-address", "host:99999", "ray://:6379"):
+    for bad in ("not-an-address", "host:99999", "ray://:6379", "http://127.0.0.1:6379"):  # the last: "nothing
+        # answers at http://127.0.0.1:6379 (Name or service not known)" before
         with pytest.raises(ConfigError, match=r"^config: 'execution.ray_address' must be HOST:PORT"):
             check(bad)
     with socket.socket() as listening:
