@@ -65,11 +65,12 @@ ACTOR_REPLACEMENTS = 4  # worker actors lost with their node and replaced on a n
 
 def check_address(cfg: dict[str, Any]) -> None:
     """Config check (registry.CHECKS) of `execution.ray_address`: HOST:PORT whose port a Ray GCS answers now,
-    ray://HOST:PORT whose port takes a connection and is no GCS's, or `auto` with a cluster running here. A closed port had
-    `ray.init` retry for ever (a stop waiting on it), a malformed one failed after the run dir was written, and a
-    port where something else answers (the dashboard's, a raylet's, any server) hung in `ray.init` after it, deaf
-    to SIGTERM; `auto` with no cluster failed after it too. Each is one line, exit 2, before anything is written.
-    A GCS that wants Ray's auth token gets this machine's (`_use_token`)."""
+    ray://HOST:PORT whose port a Ray Client server answers now (and no GCS), or `auto` with a cluster running
+    here. A closed port had `ray.init` retry for ever (a stop waiting on it), a malformed one failed after the run
+    dir was written, and a port where something else answers (the dashboard's, a raylet's, any server) hung in
+    `ray.init` after it, deaf to SIGTERM (or, with ray://, failed after 30 s); `auto` with no cluster failed after
+    it too. Each is one line, exit 2, before anything is written. A GCS that wants Ray's auth token gets this
+    machine's (`_use_token`)."""
     address = cfg["execution"]["ray_address"]
     if address is None:
         return
@@ -94,6 +95,12 @@ def check_address(cfg: dict[str, Any]) -> None:
         if code == "OK" or code in AUTH_REFUSED:
             raise ConfigError(f"{key}: {address} names a Ray GCS's port; ray:// needs the Ray Client server's port "
                               f"(10001 by default), or give {where} without ray://")
+        code, details = _ask_ray_client(where)  # any other server had `ray.init` time out after 30 s, run dir written
+        if code != "OK" and code not in AUTH_REFUSED:
+            why = (f"no Ray Client server answered within {ADDRESS_CHECK_S:g} s" if code == "DEADLINE_EXCEEDED" else
+                   f"not as a Ray Client server does ({(details or code).splitlines()[0][:120]})")
+            raise ConfigError(f"{key}: {where} answers, but {why}; ray:// needs the Ray Client server's port "
+                              f"(10001 by default)")
         return
     if code in AUTH_REFUSED:
         _use_token(key, where)
@@ -120,6 +127,21 @@ def _ask_gcs(where: str, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[st
         try:
             gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
                                                                              timeout=ADDRESS_CHECK_S, metadata=metadata)
+        except grpc.RpcError as exc:
+            return exc.code().name, exc.details() or ""
+    return "OK", ""
+
+
+def _ask_ray_client(where: str) -> tuple[str, str]:
+    """The name of the gRPC status code (and its details) the server at `where` answers Ray Client's ping with
+    (what `ray.init("ray://…")` asks first); "OK" when it answered."""
+    import grpc  # Ray's dependency: only when configured
+    from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+    ping = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING)
+    with grpc.insecure_channel(where) as channel:
+        try:
+            ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(ping, timeout=ADDRESS_CHECK_S)
         except grpc.RpcError as exc:
             return exc.code().name, exc.details() or ""
     return "OK", ""

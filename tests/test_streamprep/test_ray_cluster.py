@@ -460,10 +460,13 @@ def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anyt
     Regressions too: a port where something else answers (a server that says nothing, the dashboard's HTTP) hung
     in `ray.init` after the run dir was written, deaf to SIGTERM, and `auto` with no cluster failed after it: the
     port must answer as a GCS does."""
+    import concurrent.futures
     import http.server
     import threading
 
+    import grpc
     import ray._private.services
+    from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
 
     from streamprep import ray_cluster
     from streamprep.config import ConfigError, validate
@@ -488,7 +491,12 @@ def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anyt
                                               r"Ray GCS answered within 0.5 s; the GCS address is the one `ray start "
                                               r"--head` prints \(port 6379 by default\), not the dashboard's$"):
             check(f"127.0.0.1:{port}")
-        check(f"ray://127.0.0.1:{port}")  # Ray Client's server: a connection is all that is asked
+        # regression: ray:// to a port that is no Ray Client server's passed (a connection was all it asked),
+        # then `ray.init` failed after 30 s with "ray client connection timeout", the run dir written
+        with pytest.raises(ConfigError, match=rf"^config: 'execution.ray_address': 127.0.0.1:{port} answers, but no "
+                                              r"Ray Client server answered within 0.5 s; ray:// needs the Ray Client "
+                                              r"server's port \(10001 by default\)$"):
+            check(f"ray://127.0.0.1:{port}")
     with pytest.raises(ConfigError, match=rf"^config: 'execution.ray_address': nothing answers at 127.0.0.1:{port} "
                                           r"\(Connection refused\); is the cluster up\?$"):
         check(f"127.0.0.1:{port}")
@@ -497,9 +505,21 @@ def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anyt
     try:
         with pytest.raises(ConfigError, match=r"answers, but not as a Ray GCS does \("):
             check(f"127.0.0.1:{web.server_address[1]}")
+        with pytest.raises(ConfigError, match=r"answers, but not as a Ray Client server does \("):
+            check(f"ray://127.0.0.1:{web.server_address[1]}")
     finally:
         web.shutdown()
         web.server_close()
+
+    client = grpc.server(concurrent.futures.ThreadPoolExecutor(1))  # answers Ray Client's ping as its server does
+    ray_client_pb2_grpc.add_RayletDriverServicer_to_server(type("Pinged", (ray_client_pb2_grpc.RayletDriverServicer,), {
+        "ClusterInfo": lambda self, request, context: ray_client_pb2.ClusterInfoResponse(json="{}")})(), client)
+    client_port = client.add_insecure_port("127.0.0.1:0")
+    client.start()
+    try:
+        check(f"ray://127.0.0.1:{client_port}")
+    finally:
+        client.stop(None)
 
     def no_cluster(address: str) -> str:
         raise ConnectionError("Could not find any running Ray instance.")
