@@ -397,6 +397,10 @@ def address() -> str:
     return os.environ.get("RAY_ADDRESS", "")
 
 
+class StartLost(RuntimeError):
+    """A worker actor ended as the job started them (`spread_actors`): its node lost, or its process killed."""
+
+
 class NoNodeLeft(RuntimeError):
     """Every node able to run the job's work is gone, and none came back in NO_NODE_WAIT_S."""
 
@@ -525,10 +529,17 @@ def spread_actors(cls: type, workers: int, *args: object) -> tuple[list, list[st
     """`workers` actors of `cls` over the nodes (`place_actor`), started before this returns, and the node of
     each (its `ready()`, whose streamprep `node_of` checks)."""
     import ray
+    from ray.exceptions import RayActorError
 
     nodes = sorted(usable_nodes())  # listed once for all of them
     actors = [place_actor(cls, i, *args, nodes=nodes) for i in range(workers)]
-    placed = [node_of(answer) for answer in ray.get([a.ready.remote() for a in actors])]
+    readies, placed = [a.ready.remote() for a in actors], []
+    for i, ready in enumerate(readies):
+        try:
+            placed.append(node_of(ray.get(ready)))
+        except RayActorError as exc:  # was a bare ActorDiedError out of the job, naming no node
+            raise StartLost(f"a worker actor ended as it started, on node {node_for(i, nodes) or '(any)'} (lost?): "
+                            f"{str(exc).splitlines()[0][:200]}; re-run the same command to resume") from exc
     log.info("worker actors placed", nodes=len(nodes), per_node=sorted(Counter(placed).values(), reverse=True))
     return actors, placed
 

@@ -346,6 +346,33 @@ def test_a_lost_node_under_the_local_engine_costs_its_worker_actors_a_replacemen
     assert calls and worker_id not in calls, calls  # every call answered ran on the node left
 
 
+def test_a_worker_actor_lost_as_the_workers_start_names_its_node_and_says_to_re_run(monkeypatch) -> None:
+    """Regression (round 47): a node lost while the local engine's worker actors started failed the job with a
+    bare ActorDiedError (no node, no advice to re-run)."""
+    import ray
+    from ray.exceptions import ActorDiedError
+
+    from streamprep import ray_cluster
+
+    class Actor:
+        def __init__(self, node: str) -> None:
+            self.node = node
+            self.ready = type("Method", (), {"remote": staticmethod(lambda: node)})
+
+    def get(node: str) -> tuple:
+        if node == "b":  # the node lost as its actor started
+            raise ActorDiedError()
+        return node, ray_cluster.version.source()
+
+    monkeypatch.setattr(ray_cluster, "usable_nodes", lambda: {"a", "b"})
+    monkeypatch.setattr(ray_cluster, "place_actor", lambda cls, slot, *args, nodes: Actor(nodes[slot % len(nodes)]))
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(ray_cluster.StartLost, match=r"^a worker actor ended as it started, on node b \(lost\?\): The "
+                                                    r"actor died .*; re-run the same command to resume$"):
+        ray_cluster.spread_actors(object, 2)
+    assert ray_cluster.spread_actors(object, 1)[1] == ["a"]
+
+
 @pytest.mark.ray
 def test_a_dedup_holder_actor_killed_mid_ingest_is_replaced_inside_the_job(cluster, tmp_path: Path) -> None:
     """Two dedup holders, Ray actors (one on each node), near-dedup on; kill -9 of holder 0's process (a share of the
