@@ -28,6 +28,16 @@ def base_config(datasets: list[dict[str, Any]], tokenizer: str | None, **over: A
     return cfg
 
 
+def assert_part_sha_refused(stderr: str, run: Path) -> None:
+    """The resume's refusal of dataset gen's part 1, whose SHA-256 is not its sealed record's: the last line of
+    `stderr` says what to delete, and run.json records that the run needs a change (exit 2 under every engine)."""
+    line = stderr.splitlines()[-1]
+    assert line.startswith("streamprep: error: ingest/gen/part-00001.jsonl: its SHA-256 is ") and line.endswith(
+        "(a damaged disk or an edit); delete the part (or gen.sealed) and re-run the same command, which ingests "
+        "dataset gen again, or start over with a new --run-dir"), line
+    assert json.loads((run / "run.json").read_text())["needs_change"] is True
+
+
 def tree_hashes(root: Path, *subdirs: str, names: tuple[str, ...] = ()) -> dict[str, str]:
     """sha256 of every file under the given subdirs (and the named top-level files), by relative path."""
     out = {}

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from cosmos_xenna.pipelines import v1 as xenna
 
-from helpers import base_config, english_docs, log_events, tree_hashes
+from helpers import assert_part_sha_refused, base_config, english_docs, log_events, tree_hashes
 from streamprep.exports import ShardRef, order, summary
 from streamprep.exports.parquet import BYTES_PER_TOKEN
 from streamprep import logs, run_from_dict
@@ -281,7 +281,6 @@ def test_a_config_error_in_a_stage_task_is_exit_2_with_needs_change(ray_cluster,
     where `engine: local` exits 2 with the ConfigError's line and records it (test_cli)."""
     from streamprep.cli import main
     from streamprep.engines.xenna import XennaEngine
-    from streamprep.layout import read_json
 
     waits_for_the_stage = XennaEngine._tokenize_local
 
@@ -305,11 +304,7 @@ def test_a_config_error_in_a_stage_task_is_exit_2_with_needs_change(ray_cluster,
         cfg["execution"]["ray_address"] = ray_cluster.address_info["gcs_address"]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 2
-    line = capsys.readouterr().err.splitlines()[-1]
-    assert line.startswith("streamprep: error: ingest/gen/part-00001.jsonl: its SHA-256 is ") and line.endswith(
-        "delete the part (or gen.sealed) and re-run the same command, which ingests dataset gen again, or start "
-        "over with a new --run-dir")
-    assert read_json(run / "run.json")["needs_change"] is True
+    assert_part_sha_refused(capsys.readouterr().err, run)
     assert any(e.get("error", "").startswith("ConfigError: ingest/gen/part-00001.jsonl")
                for e in log_events(run, "xenna stage failed"))  # the stage's task raised it
 
