@@ -1330,17 +1330,17 @@ def _unit_file(unit) -> str:
 _WATCHER = """
 import os, stat, sys, time
 cache, out = sys.argv[1], sys.argv[2]
+def listdir(d):  # a folder can go between any two looks: the run removes its readers' folders as it goes
+    try:
+        return os.listdir(d)
+    except FileNotFoundError:
+        return []
 def files():  # distinct inodes: blobs (complete or being written) and the readers' hard links to them
     seen = set()
-    for d in [os.path.join(cache, r, "blobs") for r in (os.listdir(cache) if os.path.isdir(cache) else [])
-              if r.startswith("datasets--")] + [os.path.join(cache, "streamprep", "reading", k) for k in
-              (os.listdir(os.path.join(cache, "streamprep", "reading"))
-               if os.path.isdir(os.path.join(cache, "streamprep", "reading")) else [])]:
-        try:
-            names = os.listdir(d)
-        except FileNotFoundError:
-            continue
-        for n in names:
+    reading = os.path.join(cache, "streamprep", "reading")
+    for d in [os.path.join(cache, r, "blobs") for r in listdir(cache) if r.startswith("datasets--")] + [
+            os.path.join(reading, k) for k in listdir(reading)]:
+        for n in listdir(d):
             if n.startswith("tmp_"):  # huggingface_hub's empty probe of whether symlinks work here
                 continue
             try:
@@ -1371,7 +1371,7 @@ def _peak_files(cache, result: list[int]):
         yield
     finally:
         (cache.parent / "peak.txt.stop").write_text("")
-        proc.wait(timeout=30)
+        assert proc.wait(timeout=30) == 0, "the watcher of the cache failed: its traceback is in the captured stderr"
         result.append(int(out.read_text()))
 
 
