@@ -75,7 +75,9 @@ def test_a_killed_forkserver_leaves_no_worker_of_the_broken_pool_behind() -> Non
         calls = [ex.submit(time.sleep, 0.5) for _ in range(4)]
         time.sleep(0.2)  # both workers are inside a call
         os.kill(multiprocessing.forkserver._forkserver._forkserver_pid, signal.SIGKILL)
-        assert [c.result(60) for c in calls] == [None] * 4 and ex.restarts == 1
+        # one restart, or two when the new pool's first start still found the dying forkserver (refused: the
+        # next test), as once in the fast lane beside six busy processes
+        assert [c.result(60) for c in calls] == [None] * 4 and ex.restarts in (1, 2)
         assert ex.submit(os.getpid).result(60) in ex.processes and not set(old) & set(ex.processes)
         deadline = time.monotonic() + 10
         while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old) \
