@@ -19,9 +19,12 @@ from streamprep.executor import LocalExecutor
 
 
 def _processes(ex: LocalExecutor, n: int) -> list[int]:
-    ex.warm()
+    """The pool's `n` processes, once all have started. The pool starts one for a call only when none is idle, so
+    a first worker that answered its warm-up call before the second was sent leaves it unstarted (a busy box):
+    warm again until all are up."""
     deadline = time.monotonic() + 30
     while len(ex.processes) < n and time.monotonic() < deadline:
+        ex.warm()
         time.sleep(0.02)
     assert len(ex.processes) == n
     return ex.processes
