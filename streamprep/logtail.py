@@ -63,17 +63,13 @@ def last_lines(run_dir: str | Path, n: int) -> list[str]:
     path = log_path(run_dir)
     if n <= 0:
         return []
-    out: list[str] = []
-    for i in [0, *_backups(path)]:
-        try:
-            data = _backup(path, i).read_bytes()
-        except OSError:
-            continue
-        lines = data.decode("utf-8", "replace").splitlines()
-        out = lines[-(n - len(out)):] + out
-        if len(out) >= n:
-            break
-    return out[-n:]
+    try:
+        with open(path, "rb") as fh:
+            ino: int | None = os.fstat(fh.fileno()).st_ino
+            head = fh.read()
+    except OSError:
+        ino, head = None, b""
+    return _tail_of(path, head, ino, n)
 
 
 class Follower:
@@ -225,7 +221,7 @@ def tail(run_dir: str | Path, n: int = 20, follow: bool = False, out: IO[str] | 
     follower = Follower(path, start_at_end=True, poll_s=poll_s)
     try:
         if n > 0:
-            for line in _tail_of(path, follower.head, n):
+            for line in _tail_of(path, follower.head, follower.ino, n):
                 out.write(line + "\n")
             out.flush()
         for line in follower.lines(stop):
@@ -238,16 +234,43 @@ def tail(run_dir: str | Path, n: int = 20, follow: bool = False, out: IO[str] | 
     return 0
 
 
-def _tail_of(path: Path, head: bytes, n: int) -> list[str]:
-    """Last `n` lines of `head` (the current file up to where following starts), + rotated files if short."""
+def _tail_of(path: Path, head: bytes, ino: int | None, n: int) -> list[str]:
+    """Last `n` lines of `head` (the file of inode `ino` up to where reading stopped), + older rotated files if
+    short."""
     lines = head.decode("utf-8", "replace").splitlines()
     if len(lines) < n:
-        for i in _backups(path):
-            try:
-                older = _backup(path, i).read_bytes().decode("utf-8", "replace").splitlines()
-            except OSError:
-                continue
+        for older in _older(path, ino):
             lines = older[-(n - len(lines)):] + lines
             if len(lines) >= n:
                 break
     return lines[-n:]
+
+
+def _older(path: Path, ino: int | None) -> Iterator[list[str]]:
+    """The lines of each rotated file older than the file of inode `ino` (the one already read), newest first.
+    A rollover after it was read renamed it to .1 (or further): the files named before it now are newer ones,
+    whose lines the follower prints after, so only those past it are older. Names only move to higher numbers,
+    so opening them in ascending order may meet a file twice (kept once) but never misses one."""
+    handles: list[IO[bytes]] = []
+    seen: set[int] = set()
+    try:
+        for i in _backups(path):
+            try:
+                fh = open(_backup(path, i), "rb")
+            except OSError:
+                continue
+            at = os.fstat(fh.fileno()).st_ino
+            if at == ino:  # it and every file named before it: newer
+                for newer in handles:
+                    newer.close()
+                handles, seen = [], {at}
+            if at in seen:
+                fh.close()
+            else:
+                seen.add(at)
+                handles.append(fh)
+        for fh in handles:
+            yield fh.read().decode("utf-8", "replace").splitlines()
+    finally:
+        for fh in handles:
+            fh.close()

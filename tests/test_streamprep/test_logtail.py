@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -60,6 +61,44 @@ def test_last_lines_reaches_into_rotated_files(tmp_path, log_writer, capsys):
     assert _seqs(last_lines(run_dir, n)) == list(range(40 - n, 40))
     assert tail(run_dir, 3) == 0
     assert _seqs(capsys.readouterr().out.splitlines()) == [37, 38, 39]
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_a_rollover_between_reading_the_log_and_its_backups_repeats_no_line(tmp_path, log_writer, monkeypatch,
+                                                                              follow):
+    """Regression: `logs -n N [-f]` read streamprep.log, then its backups by name: a rollover between the two made .1
+    the file just read, and its lines were printed twice (3 runs in 80 at a 100-byte limit). A backup that is the file
+    read, or newer than it, is not read as older."""
+    from streamprep import logtail
+
+    run_dir = _run_dir(tmp_path)
+    log = log_writer(run_dir, max_bytes=1500, backups=3)
+    for i in range(30):
+        log.info("line", seq=i)
+    real = logtail._backups
+    rolled = []
+
+    handler = next(h for h in logging.getLogger("streamprep").handlers if isinstance(h, logs._RunLog))
+
+    def rollover_first(path):  # the writer rolls over twice, writing after each, just as the tail looks for backups
+        if not rolled:
+            rolled.append(True)
+            for seq in (30, 31):
+                handler.doRollover()
+                log.info("line", seq=seq)
+        return real(path)
+
+    monkeypatch.setattr(logtail, "_backups", rollover_first)
+    n = len(log_path(run_dir).read_text().splitlines()) + 4  # reaches into the backups
+    out = io.StringIO()
+    if follow:
+        polls = []
+        tail(run_dir, n, follow=True, out=out, poll_s=0.01, stop=lambda: polls.append(1) or len(polls) > 3)
+    else:
+        tail(run_dir, n, out=out)
+    seqs = _seqs(out.getvalue().splitlines())
+    assert rolled and seqs == sorted(set(seqs)), seqs  # none twice, in order
+    assert seqs[-1] == (31 if follow else 29) and len(seqs) >= n
 
 
 def _burst_between_polls(run_dir, log_writer, backups: int, lines: int) -> tuple[list[int], list[str]]:
