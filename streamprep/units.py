@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 from streamprep.sources.base import BadRecord, SourceError, Unit, one_line
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _listed_folder,
                                       _special, bounded_lines, broken_link, detect_format, filesystem, long_line,
-                                      open_input, parquet_rows)
+                                      open_input, parquet_rows, refused)
 
 Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
 
@@ -67,7 +67,8 @@ def _plan_file(i: int, f: str, fmt: str | None, unit_bytes: int, options: Option
         kind = None  # the reader turns it into a counted reject
     whole = _special(f) or (_listed_folder(f) if "://" in f else broken_link(f) is not None)
     size = None if whole else _size(f, options)
-    if whole or kind not in CHUNKED + ("parquet",) or (kind in CHUNKED and _compression(f) is not None):
+    if whole or kind not in CHUNKED + ("parquet",) or (kind in CHUNKED and _compression(f) is not None) \
+            or refused(f, kind):  # (a .tar's ranges read its headers as lines): the reader's reject
         return [Unit("file", i, f, fmt or "")]
     if size <= unit_bytes:  # one unit, planned without reading the file
         return [Unit("range", i, f, kind, 0, size) if kind in CHUNKED else Unit("file", i, f, fmt or "")]

@@ -73,6 +73,8 @@ WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (
 # What a wide file's decoder gives for bytes it cannot decode: a lone surrogate, which no valid UTF-16/32 decodes to.
 # The decoder works 8 KiB at a time, so an error raised there would lose the lines decoded before it in that chunk.
 WIDE_DAMAGE = "\ud800"
+# Names of tar archives (after a compression suffix): their member headers are no records (`refused`).
+TAR_SUFFIXES = (".tar", ".tgz", ".tbz", ".tbz2", ".txz", ".tzst")
 _wide_damage = threading.local()  # the last such error of this thread, for the reject's reason
 
 
@@ -116,8 +118,32 @@ def detect_format(path: str) -> str:
     for plugin in registry.SOURCE_FORMATS.entries():  # formats of your own, by their suffixes
         if name.endswith(tuple(plugin.meta.get("suffixes", ()))):
             return plugin.name
+    if why := refused(path, None):  # not "set 'format'": that read the archive's headers as records
+        raise ValueError(why)
     raise ValueError(f"{path}: unknown file type (expected .jsonl/.json/.ndjson, each also .gz/.zst/.bz2/.xz, .parquet "
                      f"or .txt; set 'format')")
+
+
+def refused(path: str, fmt: str | None) -> str | None:
+    """Why the file at `path` is not read as format `fmt` (None: no format knows its name), else None. An archive
+    is refused whatever `format` says: fsspec's zip codec reads a .zip's first member alone (the rest lost unsaid),
+    and a tar's member headers read as records glued to each member's first one. A plug-in format reads a tar's
+    bytes as it will."""
+    if _compression(path) == "zip":
+        return f"{path}: a .zip archive (not read: unpack it, or compress each file as .gz, .zst, .bz2 or .xz)"
+    if _plugin_format(fmt):
+        return None
+    name = path.lower()
+    for suffix in (".gz", ".bz2", ".xz", ".zst"):
+        name = name.removesuffix(suffix)
+    if name.endswith(TAR_SUFFIXES):
+        return f"{path}: a tar archive (not read: unpack it, or compress each file as .gz, .zst, .bz2 or .xz)"
+    return None
+
+
+def _plugin_format(fmt: str | None) -> bool:
+    """Whether `fmt` is a plug-in's format (registry.SOURCE_FORMATS), read by its own reader, not by this module."""
+    return fmt in registry.SOURCE_FORMATS and registry.SOURCE_FORMATS.entry(fmt).target is not None
 
 
 def check_entry(key: str, ds: dict[str, Any]) -> None:
@@ -129,8 +155,8 @@ def check_entry(key: str, ds: dict[str, Any]) -> None:
         _check_object_store_path(key, ds)
     elif path.startswith(IN_MEMORY):
         _check_listing(key, ds)
-    if ds["format"] is None and Path(path).is_file():  # a directory's odd files are rejects instead
-        _check_format(f"{key}.path", path)
+    if Path(path).is_file():  # a directory's odd files are rejects instead
+        _check_format(f"{key}.path", path, ds["format"])
 
 
 def check_in_memory(cfg: dict[str, Any]) -> None:
@@ -277,16 +303,20 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
                           f"re-run once it is reachable") from exc
     if all(_listed_folder(f) for f in found):
         raise MissingInput(f"config: '{key}.path': no object matches {path}" + (only_folders(path) if found else ""))
-    if ds["format"] is None and found == [path]:
+    if found == [path]:
         try:
-            _check_format(f"{key}.path", path)
+            _check_format(f"{key}.path", path, ds["format"])
         except ConfigError as exc:
             raise MissingInput(str(exc)) from None
 
 
-def _check_format(key: str, path: str) -> None:
+def _check_format(key: str, path: str, fmt: str | None) -> None:
+    """A file named alone is read: its type is known (`fmt`, or by its name), and no archive (`refused`)."""
     try:
-        detect_format(path)
+        if fmt is None:
+            detect_format(path)
+        elif why := refused(path, fmt):
+            raise ValueError(why)
     except ValueError as exc:
         raise ConfigError(f"config: '{key}': {exc}") from None
 
@@ -899,14 +929,12 @@ class LocalSource:
             return
         try:
             fmt = self.format or detect_format(path)
-            if _compression(path) == "zip":  # fsspec's codec read its first member alone, the rest lost unsaid
-                raise ValueError(f"{path}: a .zip archive (not read: unpack it, or compress each file as .gz, .zst, "
-                                 f".bz2 or .xz)")
+            if why := refused(path, fmt):
+                raise ValueError(why)
         except ValueError as exc:
             yield BadRecord(f"unsupported file, skipped: {exc}", ""), nxt
             return
-        plugin = fmt in registry.SOURCE_FORMATS and registry.SOURCE_FORMATS.entry(fmt).target is not None
-        reader = self._plugin if plugin else {"parquet": self._parquet, "document": self._document}.get(fmt, self._lines)
+        reader = self._plugin if _plugin_format(fmt) else {"parquet": self._parquet, "document": self._document}.get(fmt, self._lines)
         record = here.get("record", 0)
         try:
             for item, pos in reader(i, path, fmt, here):

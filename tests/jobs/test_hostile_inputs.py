@@ -314,6 +314,41 @@ def test_a_zip_archive_read_with_a_format_is_one_reject_not_its_first_member(tmp
          f".zst, .bz2 or .xz)")]
 
 
+@pytest.mark.parametrize("name", ["a.jsonl.tar", "a.jsonl.tar.gz", "a.tgz", "a.tar.zst"])
+def test_a_tar_archive_is_one_reject_whatever_the_format_and_exit_2_named_alone(tmp_path: Path, name: str) -> None:
+    """Regression: a tar of JSONL read with `format: jsonl` (where the "unknown file type … set 'format'" of a path
+    naming it alone led) was read as lines: each member's first record glued to its tar header, a "malformed JSON"
+    reject each and one for the padding, the rest kept. It is one reject saying to unpack it, as a .zip is, with
+    or without `format` and in byte ranges too; a path naming it alone is a config error (exit 2)."""
+    import tarfile
+
+    from streamprep import units
+    from streamprep.sources.local import check_entry
+
+    for member, k in (("a.jsonl", 3), ("b.jsonl", 5)):
+        (tmp_path / member).write_bytes(_head(k))
+    path = tmp_path / "in" / name
+    path.parent.mkdir()
+    with tarfile.open(path.with_suffix(".plain"), "w") as tar:
+        for member in ("a.jsonl", "b.jsonl"):
+            tar.add(tmp_path / member, arcname=member)
+    packed = path.with_suffix(".plain").read_bytes()
+    path.with_suffix(".plain").unlink()
+    path.write_bytes(COMPRESS["zst"](packed) if name.endswith(".zst") else
+                     COMPRESS["gz"](packed) if name.endswith("gz") else packed)
+    (tmp_path / "in" / "b.jsonl").write_bytes(_head(2))
+    why = f"{path}: a tar archive (not read: unpack it, or compress each file as .gz, .zst, .bz2 or .xz)"
+    for fmt in (None, "jsonl", "txt"):
+        good, bad = _split(_items(tmp_path / "in", fmt=fmt))
+        assert good == (RECORDS[:2] if fmt != "txt" else [{"text": line} for line in _head(2).decode().splitlines()])
+        assert [b.reason for b in bad] == [f"unsupported file, skipped: {why}"]
+        plan = units.plan_dataset([str(path)], fmt, 512)  # ranges of an uncompressed one read its headers as lines
+        assert [item.reason for u in plan for item in units.read_unit(u)] == [f"unsupported file, skipped: {why}"]
+        with pytest.raises(ConfigError) as err:
+            check_entry("datasets[0]", {"path": str(path), "format": fmt})
+        assert str(err.value) == f"config: 'datasets[0].path': {why}"
+
+
 def test_a_parquet_file_compressed_whole_is_one_reject_saying_to_decompress_it(tmp_path: Path) -> None:
     """Regression: `a.parquet.gz` was classed Parquet by its name and read as one, compressed bytes and all:
     'unreadable Parquet file …: Either the file is corrupted or this is not a parquet file', a file to be fixed
