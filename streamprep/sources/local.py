@@ -109,9 +109,8 @@ def detect_format(path: str) -> str:
     if name.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
     if name.endswith(".parquet"):
-        if name != path.lower():  # pyarrow reads no compressed stream: "not a parquet file", as if damaged
-            raise ValueError(f"{path}: a Parquet file compressed whole (not read: decompress it; Parquet compresses "
-                             f"its own pages)")
+        if why := refused(path, "parquet"):
+            raise ValueError(why)
         return "parquet"
     if name.endswith(".txt"):
         return "txt"
@@ -127,8 +126,8 @@ def detect_format(path: str) -> str:
 def refused(path: str, fmt: str | None) -> str | None:
     """Why the file at `path` is not read as format `fmt` (None: no format knows its name), else None. An archive
     is refused whatever `format` says: fsspec's zip codec reads a .zip's first member alone (the rest lost unsaid),
-    and a tar's member headers read as records glued to each member's first one. A plug-in format reads a tar's
-    bytes as it will."""
+    and a tar's member headers read as records glued to each member's first one; so is a Parquet file compressed
+    whole, which `format: parquet` read as a damaged Parquet file. A plug-in format reads such bytes as it will."""
     if _compression(path) == "zip":
         return f"{path}: a .zip archive (not read: unpack it, or compress each file as .gz, .zst, .bz2 or .xz)"
     if _plugin_format(fmt):
@@ -138,6 +137,8 @@ def refused(path: str, fmt: str | None) -> str | None:
         name = name.removesuffix(suffix)
     if name.endswith(TAR_SUFFIXES):
         return f"{path}: a tar archive (not read: unpack it, or compress each file as .gz, .zst, .bz2 or .xz)"
+    if name.endswith(".parquet") and name != path.lower():  # pyarrow reads no compressed stream: "not a parquet file"
+        return f"{path}: a Parquet file compressed whole (not read: decompress it; Parquet compresses its own pages)"
     return None
 
 

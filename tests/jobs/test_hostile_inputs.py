@@ -368,6 +368,30 @@ def test_a_parquet_file_compressed_whole_is_one_reject_saying_to_decompress_it(t
     assert why in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("ext", ["gz", "zst"])
+@pytest.mark.parametrize("unit_bytes", [64, 64 << 20])
+def test_a_parquet_file_compressed_whole_is_the_same_reject_with_format_set(tmp_path: Path, ext: str,
+                                                                             unit_bytes: int) -> None:
+    """Regression: with `format: parquet` (or any built-in format) `a.parquet.gz` / `.zst` was still read as a
+    Parquet file, 'unreadable Parquet file …: Parquet magic bytes not found in footer', exit 0 even named alone;
+    only the format-less path said to decompress it. It is that reject whatever the format (and `unit_mb`), and a
+    path naming it alone is exit 2."""
+    from streamprep import units
+    from streamprep.sources.local import check_entry
+
+    pq.write_table(pa.table({"text": ["alpha beta gamma"]}), tmp_path / "a.parquet")
+    path = tmp_path / "in" / f"a.parquet.{ext}"
+    path.parent.mkdir()
+    path.write_bytes(COMPRESS[ext]((tmp_path / "a.parquet").read_bytes()))
+    why = f"{path}: a Parquet file compressed whole (not read: decompress it; Parquet compresses its own pages)"
+    for fmt in ("parquet", "jsonl"):
+        plan = units.plan_dataset([str(path)], fmt, unit_bytes)
+        assert [item.reason for u in plan for item in units.read_unit(u)] == [f"unsupported file, skipped: {why}"]
+        with pytest.raises(ConfigError) as err:
+            check_entry("datasets[0]", {"path": str(path), "format": fmt})
+        assert str(err.value) == f"config: 'datasets[0].path': {why}"
+
+
 def test_a_file_whose_name_has_glob_characters_is_that_file(tmp_path: Path) -> None:
     """Regression: `path: data[1].jsonl` was read as a glob (matching `data1.jsonl`), so the file itself was
     `no file matches`. A name that exists as written is that file; one that does not is still a glob."""
