@@ -27,7 +27,7 @@ import stat
 import threading
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Mapping, TextIO
 
 import fsspec
 import orjson
@@ -732,6 +732,33 @@ def bounded_lines(fh: BinaryIO) -> Iterator[bytes | LongLine]:
         yield line if len(line) < piece else _long_line(fh, line, rewind)
 
 
+def _wide_bounded_lines(text: TextIO, encoding: str) -> Iterator[str | LongLine]:
+    """`text`'s lines (a UTF-16/32 file decoded), but a line over MAX_LINE_BYTES of the file's bytes as a
+    `LongLine`, read through READ_BUFFER characters at a time: `for line in text` held a line of any length (a 300
+    MB one was a 157 M-character record, ~570 MB of a worker). A line of READ_BUFFER characters or more is gathered
+    (at most MAX_LINE_BYTES held, once, as in a compressed file: a decoded stream is not read back) and measured in
+    the file's bytes; a shorter one cannot pass the limit (4 bytes a character at most). Undecodable bytes raise
+    their error after the lines before them."""
+    readline, width = text.readline, f"{encoding}-le"  # (the byte count of either order, without a mark)
+    piece = min(READ_BUFFER, MAX_LINE_BYTES // 4 + 1)
+    while line := readline(piece):
+        if WIDE_DAMAGE in line:
+            raise _wide_damage.exc
+        if len(line) < piece or line.endswith("\n"):
+            yield line
+            continue
+        head, size, pieces = line[:EXCERPT].encode("utf-8", "replace"), len(line.encode(width)), [line]
+        while not line.endswith("\n") and (line := readline(piece)):
+            if WIDE_DAMAGE in line:
+                raise _wide_damage.exc
+            size += len(line.encode(width))
+            if pieces and size <= MAX_LINE_BYTES:
+                pieces.append(line)
+            else:
+                pieces = []
+        yield "".join(pieces) if size <= MAX_LINE_BYTES else LongLine(head, size)
+
+
 def _long_line(fh: BinaryIO, line: bytes, rewind: bool) -> bytes | LongLine:
     """The line `line` (READ_BUFFER bytes of it read) opens, read on READ_BUFFER at a time: whole when it is
     within MAX_LINE_BYTES, else a `LongLine`. A stream that can seek back (`rewind`: an uncompressed file) is
@@ -992,17 +1019,19 @@ class LocalSource:
         """A file opening with a UTF-16/32 byte-order mark (else its NUL bytes would pass as UTF-8 text), decoded
         in the byte order the mark gives; a resume re-reads and skips `n` lines. Bytes the encoding cannot
         decode end the file with one reject (UnicodeDecodeError is a content fault), after every line before them."""
-        text = io.TextIOWrapper(fh, encoding=encoding, errors="streamprep.wide-damage", newline="\n")
+        lines = _wide_bounded_lines(io.TextIOWrapper(fh, encoding=encoding, errors="streamprep.wide-damage",
+                                                     newline="\n"), encoding)
         for _ in range(n):
-            if not text.readline():
+            if next(lines, None) is None:
                 break
         empty = n == 0
-        for line in text:
-            if WIDE_DAMAGE in line:
-                raise _wide_damage.exc
+        for line in lines:
             empty = False
             n += 1
-            item = self._parse_json(line.encode(), path, n) if fmt == "jsonl" else {"text": line.rstrip("\r\n")}
+            if type(line) is LongLine:
+                item: Any = long_line(line, path, n)
+            else:
+                item = self._parse_json(line.encode(), path, n) if fmt == "jsonl" else {"text": line.rstrip("\r\n")}
             yield item, {"file": i, "record": n, "offset": None}
         if empty:
             yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}

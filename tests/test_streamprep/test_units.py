@@ -95,6 +95,37 @@ def test_a_line_over_the_limit_is_one_reject_read_through_not_held(tmp_path: Pat
                                                                                         for r in got]
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le"])
+@pytest.mark.parametrize("packed", ["plain", "gz"])
+def test_a_wide_line_over_the_limit_is_one_reject_not_a_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               encoding: str, packed: str) -> None:
+    """Regression: a UTF-16/32 file (or a compressed one opening with such a mark) was read `for line in text`, with
+    no bound: a 300 MB line was one record of 157 M characters (~570 MB of a worker), rejected later as too many
+    characters. A line over MAX_LINE_BYTES of the file's bytes is the `line N … over the limit` reject a UTF-8 one
+    is, the lines around it read, a long one within the limit whole; a resume skips past it the same."""
+    import gzip
+
+    from streamprep.sources import local
+
+    limit = 1 << 16
+    monkeypatch.setattr(local, "MAX_LINE_BYTES", limit)
+    monkeypatch.setattr(local, "READ_BUFFER", 1 << 12)
+    width = 4 if "32" in encoding else 2
+    within = ("\U0001f600" if width == 2 else "\u00e9") * (limit // 4 - 16)  # 4 bytes each (UTF-16: a pair)
+    texts = ["first", "x" * (limit // width), within, "after"]
+    body = ("\ufeff" + "\n".join(json.dumps({"text": t}, ensure_ascii=False) for t in texts) + "\n").encode(encoding)
+    f = tmp_path / f"a.jsonl{'.gz' if packed == 'gz' else ''}"
+    f.write_bytes(gzip.compress(body) if packed == "gz" else body)
+    long_bytes = len((json.dumps({"text": texts[1]}) + "\n").encode(encoding))
+    assert long_bytes > limit and len((json.dumps({"text": within}, ensure_ascii=False) + "\n").encode(encoding)) <= limit
+    got = [i.reason if isinstance(i, BadRecord) else i["text"] for u in units.plan_dataset([str(f)], None, 1 << 20)
+           for i in units.read_unit(u)]
+    assert got == ["first", f"line 2 of {f} is {long_bytes} bytes, over the {limit}-byte limit of a record, skipped",
+                   within, "after"]
+    resumed = list(local.LocalSource.reader(None, None).read_file(0, str(f), {"file": 0, "record": 2}))
+    assert [i["text"] for i, _ in resumed] == texts[2:] and [p["record"] for _, p in resumed] == [3, 4]
+
+
 _PEAK = """
 import resource, sys
 from streamprep import units
@@ -138,6 +169,24 @@ def test_a_worker_holds_a_few_mib_over_an_over_long_line(tmp_path: Path) -> None
     reason, grown = peak(zst, 16 << 20)
     assert reason == f"1 line 1 of {zst} is {(512 << 20) + 1} bytes, over the {16 << 20}-byte limit of a record, skipped"
     assert grown < 96 << 20, grown  # the line's first 16 MiB, a slice's output (at most 32 MiB), read buffers
+
+
+@pytest.mark.slow
+def test_a_worker_holds_a_line_of_a_wide_file_only_up_to_the_limit(tmp_path: Path) -> None:
+    """Regression: a UTF-16 file's 300 MB line was held whole (~570 MB peak); it is held only up to the limit
+    (16 MiB here: a decoded stream is not read back), then read through: one reject, the child's peak bounded."""
+    import subprocess
+    import sys
+
+    sparse = tmp_path / "wide.txt"
+    with open(sparse, "wb") as fh:
+        fh.write(codecs.BOM_UTF16_LE + "x".encode("utf-16-le"))  # (a mark then zeros would be UTF-32's)
+        fh.seek(300 << 20, 1)  # 150 M characters U+0000, on no disk
+        fh.write("\nbye\n".encode("utf-16-le"))
+    out = subprocess.run([sys.executable, "-c", _PEAK, str(sparse), str(16 << 20)], check=True, capture_output=True,
+                         text=True).stdout.splitlines()
+    assert out[0] == f"2 line 1 of {sparse} is {(300 << 20) + 4} bytes, over the {16 << 20}-byte limit of a record, skipped"
+    assert int(out[1]) < 96 << 20, out[1]  # the line's first 16 MiB, read buffers
 
 
 def test_a_line_over_a_read_buffer_within_the_limit_is_read_whole(tmp_path: Path,
