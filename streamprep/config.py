@@ -235,16 +235,33 @@ def _safe_name(key: str, value: str) -> None:
     if not _is_name(value):
         composed = unicodedata.normalize("NFC", value)
         if composed != value and _is_name(composed):
-            odd = next((c for c in value if unicodedata.category(c) in MARKS), None) \
-                or next((c for c in value if c not in composed), None) \
-                or next(a for a, b in zip(value, composed.ljust(len(value), "\0")) if a != b)  # one that composes
-            what = "the combining mark " if unicodedata.category(odd) in MARKS else ""
-            why = ": a letter written decomposed (NFD)" if unicodedata.normalize("NFC", odd) == odd else \
-                f", which the composed form (NFC) writes as U+{ord(unicodedata.normalize('NFC', odd)[0]):04X}"
-            raise ConfigError(f"config: '{key}' {value!r:.80} holds {what}U+{ord(odd):04X} "
-                              f"({unicodedata.name(odd, 'unnamed')}){why}; write it composed (NFC), {composed!r:.80}")
+            raise ConfigError(f"config: '{key}' {value!r:.80} holds {_not_composed(value, composed)}; write it "
+                              f"composed (NFC), {composed!r:.80}")
         raise ConfigError(f"config: '{key}' must be a name of 1-{MAX_NAME_CHARS} letters, digits, _ - . "
                           f"starting with a letter, digit or _, got {value!r:.80}")
+
+
+def _not_composed(value: str, composed: str) -> str:
+    """What composing `value` (NFC: `composed`) changes first, and why: the first mark of `value` was named
+    whether or not NFC changes it (`क़ा`, U+0958 U+093E, named U+093E, where U+0958 is the letter NFC writes as
+    U+0915 U+093C; Hebrew U+05E9 U+05C1 U+05B8, a letter written decomposed, where its marks are out of order).
+    A character NFC writes otherwise (U+212B, U+0958), a mark before one NFC puts first, or else a letter written
+    decomposed: the mark that NFC composes into it, or the letter itself (Hangul jamo)."""
+    p = next((i for i, (a, b) in enumerate(zip(value, composed)) if a != b), min(len(value), len(composed)) - 1)
+    c, first = value[p], composed[p]
+
+    def named(ch: str) -> str:
+        what = "the combining mark " if unicodedata.category(ch) in MARKS else ""
+        return f"{what}U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')})"
+
+    if (nfc := unicodedata.normalize("NFC", c)) != c:
+        return f"{named(c)}, which the composed form (NFC) writes as {' '.join(f'U+{ord(x):04X}' for x in nfc)}"
+    if unicodedata.combining(c) and unicodedata.combining(first) and first in value[p + 1:]:
+        return (f"{named(c)} before U+{ord(first):04X} ({unicodedata.name(first, 'unnamed')}), which the composed "
+                f"form (NFC) puts first: combining marks in canonical order")
+    odd = next((ch for ch in value[p + 1:] if unicodedata.category(ch) in MARKS
+                and value.count(ch) > composed.count(ch)), c)
+    return f"{named(odd)}: a letter written decomposed (NFD)"
 
 
 def _fill(spec: Mapping[str, Any], given: Any, prefix: str) -> dict[str, Any]:

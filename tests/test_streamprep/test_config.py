@@ -753,11 +753,20 @@ def test_a_composed_name_with_combining_marks_is_a_name(tmp_path: Path, good: di
     ("\u1112\u1161\u11ab\u1100\u116e\u11a8", "U+1112 (HANGUL CHOSEONG HIEUH): a letter written decomposed (NFD)"),
     ("\u212b", "U+212B (ANGSTROM SIGN), which the composed form (NFC) writes as U+00C5"),
     # every letter of it is in its composed form too ('각가aᆨ'): a bare StopIteration, exit 1
-    ("\uac00\u11a8\uac00a\u11a8", "U+AC00 (HANGUL SYLLABLE GA): a letter written decomposed (NFD)")])
+    ("\uac00\u11a8\uac00a\u11a8", "U+AC00 (HANGUL SYLLABLE GA): a letter written decomposed (NFD)"),
+    # a composition exclusion, NFC's decomposed: its vowel sign was named, a letter "written decomposed"
+    ("\u0958\u093e", "U+0958 (DEVANAGARI LETTER QA), which the composed form (NFC) writes as U+0915 U+093C"),
+    ("q\u0958", "U+0958 (DEVANAGARI LETTER QA), which the composed form (NFC) writes as U+0915 U+093C"),
+    # composed, its marks out of canonical order: the first mark was named "a letter written decomposed"
+    ("\u05e9\u05c1\u05b8", "the combining mark U+05C1 (HEBREW POINT SHIN DOT) before U+05B8 (HEBREW POINT QAMATS), "
+                           "which the composed form (NFC) puts first: combining marks in canonical order"),
+    # e with two marks, the second composing into it: the first was named
+    ("e\u0301\u0323", "the combining mark U+0323 (COMBINING DOT BELOW): a letter written decomposed (NFD)")])
 def test_a_name_not_in_composed_form_says_so(tmp_path: Path, good: dict, name: str, holds: str) -> None:
     """Regression: Hangul written decomposed (as macOS writes file names) is letters (conjoining jamo), no mark,
     so it passed as a name, and a second dataset of the same name composed ran beside it in a folder that looks
-    the same; any name not in composed form (NFC) is refused, naming the letter and the composed name."""
+    the same; any name not in composed form (NFC) is refused, naming the letter and the composed name. And the
+    character named is the one NFC changes, with its reason (the first mark was named whatever NFC did)."""
     import unicodedata
 
     with pytest.raises(ConfigError) as err:
