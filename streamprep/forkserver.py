@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from streamprep.config import MAX_CONFIG_BYTES, resolved_workers
+from streamprep.config import MAX_CONFIG_BYTES, resolved_workers, user_path
 
 # What a worker process has loaded before its first call, by name: the forkserver imports them once and
 # every fork inherits them (the unit worker and its QC chain; the exports' writers and the pyarrow modules they
@@ -49,8 +49,10 @@ def context() -> multiprocessing.context.BaseContext:
 def start_for(config_path: str) -> bool:
     """Start the forkserver now when the config at `config_path` will fork local workers (`execution.workers`
     unset or above 1, no `ray_address`). Only a peek: a config it cannot read is left to the job's own load,
-    which names the problem; a server started for a config that then fails dies with the command."""
+    which names the problem; a server started for a config that then fails dies with the command. A leading `~`
+    is the home folder, as the load reads it (`--config=~/c.yaml` reaches here as written)."""
     try:
+        config_path = str(user_path(config_path))
         st = os.stat(config_path)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CONFIG_BYTES:
             return False  # a FIFO would block this read for ever; `load_file` refuses it, and a file too large

@@ -368,6 +368,23 @@ def test_ingest_starts_the_forkserver_early_only_for_local_worker_processes(tmp_
         assert pid is not None and psutil.pid_exists(pid)
 
 
+def test_ingest_starts_the_forkserver_with_a_config_named_from_home(tmp_path, monkeypatch):
+    """Regression: `--config=~/cfg.yaml` (no shell expands `~` after `=`) reached `start_for` as written, whose
+    `os.stat` found no such file: the forkserver started later, without the config, its tokenizer not preloaded.
+    `~` is the home folder there too, as the job's own load reads it."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"execution": {"workers": 2}}))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    forkserver.stop()  # our own server, not one an earlier test started with its own environment
+    try:
+        assert forkserver.start_for("~/cfg.yaml")
+        pid = multiprocessing.forkserver._forkserver._forkserver_pid
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"{forkserver.CONFIG_ENV}={cfg.resolve()}".encode() in environ
+    finally:
+        forkserver.stop()
+
+
 def _one() -> int:
     return 1
 
