@@ -34,6 +34,7 @@ from streamprep import atomic, engines, holders, logs, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_checkpoint, repair, save, save_inputs
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
 from streamprep.executor import Executor
+from streamprep.ray_cluster import ClusterFailed
 from streamprep.holders import Dedup, HeldDedup, HolderLost, Holders
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
@@ -665,7 +666,7 @@ class DatasetIngest:
             if got is STOP:
                 return
             if isinstance(got, Exception):  # everything decided before it is committed and checkpointed
-                if isinstance(got, (SourceError, ConfigError)):
+                if isinstance(got, (SourceError, ConfigError, ClusterFailed)):  # the last: the engine's, not the input's
                     raise got
                 if isinstance(got, DecideError):
                     raise self._decide_error(state, str(got)) from got.__cause__

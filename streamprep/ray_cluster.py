@@ -107,6 +107,34 @@ def check_address(cfg: dict[str, Any]) -> None:
     elif why := _not_a_gcs(code, details):
         raise ConfigError(f"{key}: {where} answers, but {why}; the GCS address is the one `ray start --head` prints "
                           f"(port 6379 by default), not the dashboard's")
+    if cfg["execution"].get("engine") == "xenna":
+        _check_dashboard(key, where)
+
+
+def _check_dashboard(key: str, where: str) -> None:
+    """A ConfigError unless the dashboard the cluster at `where` registered in its GCS answers here: Xenna's
+    monitor lists the cluster's actors through Ray's state API, which the dashboard serves. On a cluster started
+    with `--include-dashboard=false` the check passed and the job failed ~15 s in, blaming the dataset's input
+    (`ServerUnavailable: Failed to make request to http://127.0.0.1:8265/api/v0/actors`), and a re-run the same.
+    The worker actors of `engine: local` ask only the GCS: they need no dashboard."""
+    from ray._private import ray_constants  # Ray: only when configured
+    from ray._raylet import GcsClient
+
+    registered = GcsClient(address=where).internal_kv_get(ray_constants.DASHBOARD_ADDRESS.encode(),
+                                                          ray_constants.KV_NAMESPACE_DASHBOARD, timeout=ADDRESS_CHECK_S)
+    dashboard = registered.decode() if registered else ""
+    host, _, port = dashboard.rpartition(":")
+    why = "none registered"
+    if port.isdigit():
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_CHECK_S).close()
+            return
+        except OSError as exc:
+            why = f"{dashboard}: {exc.strerror or exc}"
+    raise ConfigError(f"{key}: the Ray cluster at {where} has no dashboard answering here (Ray's state API, which "
+                      f"`engine: xenna` needs; {why}): start its head without "
+                      f"--include-dashboard=false, reachable from this machine, or use `engine: local` "
+                      f"(docs/multi-node.md, Set-up)")
 
 
 def _auto_address() -> str:
@@ -399,6 +427,11 @@ def address() -> str:
 
 class StartLost(RuntimeError):
     """A worker actor ended as the job started them (`spread_actors`): its node lost, or its process killed."""
+
+
+class ClusterFailed(RuntimeError):
+    """A call the job's Xenna pipeline held when the pipeline failed (its Ray cluster, e.g. no dashboard for its
+    monitor): not the input's fault, which "reading or judging the input failed" said, naming a dataset."""
 
 
 class NoNodeLeft(RuntimeError):

@@ -57,7 +57,7 @@ from streamprep.layout import RunLayout, needs_change
 from streamprep.engines.base import PING, Engine, Result
 from streamprep.engines.local import run_local
 from streamprep.executor import Call, Executor, Setup, settle
-from streamprep.sources.base import in_worker
+from streamprep.sources.base import in_worker, one_line
 from streamprep.tokenize import ShardTask, drop_tmp_files
 
 log = logs.get("tokenize")
@@ -295,7 +295,7 @@ class XennaEngine(Engine):
         call = Call(next(self._call_keys), fn, args)
         with self._cv:
             if self._error is not None or self._stopping is not None:
-                settle(future, exc=RuntimeError("the xenna pipeline is not running"))
+                settle(future, exc=ray_cluster.ClusterFailed("the xenna pipeline is not running"))
                 return future
             self._futures[call.key] = future
             self._queued.append(call)
@@ -314,7 +314,12 @@ class XennaEngine(Engine):
             settle(future, result=result["result"])
 
     def _fail_calls(self, exc: BaseException) -> None:
-        """Every call not answered gets `exc`: the pipeline ended (failed, or no node left) without it."""
+        """Every call not answered gets `exc`: the pipeline ended (failed, or no node left) without it. One that
+        re-running as is cannot get past (a ConfigError) stays as it is; any other is the pipeline's, not the call's
+        (`ray_cluster.ClusterFailed`)."""
+        if isinstance(exc, Exception) and _needing_change(exc) is None:
+            failed = ray_cluster.ClusterFailed(f"the xenna pipeline on the Ray cluster failed: {one_line(exc)}")
+            failed.__cause__, exc = exc, failed
         with self._cv:
             futures, self._futures = list(self._futures.values()), {}
         for future in futures:

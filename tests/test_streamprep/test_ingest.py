@@ -249,6 +249,45 @@ async def test_a_failure_deciding_records_is_not_said_to_be_the_inputs(tmp_path:
     assert isinstance(failed.value.__cause__, OSError) and failed.value.__cause__.errno == errno.EMFILE
 
 
+async def test_a_failure_of_the_xenna_pipeline_is_not_said_to_be_the_inputs(tmp_path: Path) -> None:
+    """Regression: with `ray_address` on a cluster without a dashboard, Xenna's monitor failed the pipeline
+    (`ServerUnavailable: … /api/v0/actors`), which failed the calls it held with that error, and the job ended as
+    "SourceError: dataset d: reading or judging the input failed after item 0", blaming the input. It ends as the
+    pipeline's failure, naming its cause. The pipeline (`XennaEngine`, as `StageExecutor` drives it) fails at the
+    first call; no Ray."""
+    from streamprep.engines.xenna import XennaEngine
+    from streamprep.executor import Executor
+    from streamprep.ray_cluster import ClusterFailed
+
+    class ServerUnavailable(Exception):  # Ray's state API client's error, as Xenna's monitor raised it
+        pass
+
+    class FailingPipeline(Executor):
+        workers = 1
+
+        def __init__(self) -> None:
+            self.engine = XennaEngine(None, 1, "127.0.0.1:6379")  # not started: the stage never answers
+
+        def submit(self, fn: object, *args: object):  # type: ignore[no-untyped-def]
+            future = self.engine.call(fn, args)
+            self.engine._fail_calls(ServerUnavailable("Failed to make request to http://127.0.0.1:8265/api/v0/actors"))
+            return future
+
+        def close(self, wait: bool = True) -> None:
+            pass
+
+    raw = base_config([{"name": "d", "path": str(tmp_path / "d.jsonl")}], None)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(20, seed=3)))
+    run = tmp_path / "run"
+    with pytest.raises(Exception) as failed:  # its type asserted below (the old code raised a SourceError)
+        await ingest_all(IngestContext.of(load(raw), run, run / "checkpoints", asyncio.Event(),
+                                          executor=FailingPipeline()))
+    assert type(failed.value) is ClusterFailed and str(failed.value) == (
+        "the xenna pipeline on the Ray cluster failed: ServerUnavailable: Failed to make request to "
+        "http://127.0.0.1:8265/api/v0/actors")
+    assert type(failed.value.__cause__).__name__ == "ServerUnavailable"
+
+
 @pytest.mark.parametrize("where", ["flush", "open", "open_near"])
 async def test_a_holder_failing_on_its_log_outside_the_decider_is_a_decide_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:

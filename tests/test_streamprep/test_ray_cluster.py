@@ -557,6 +557,57 @@ def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anyt
         check("auto")
 
 
+def test_a_cluster_without_a_dashboard_is_a_config_error_for_xenna_only(monkeypatch) -> None:
+    """Regression: a cluster started with `--include-dashboard=false` passed the address check, and `engine: xenna`
+    failed ~15 s in (its monitor asks Ray's state API, which the dashboard serves), blaming the dataset's input.
+    The check now connects to the dashboard the cluster registered in its GCS: one line naming ray_address, what
+    is missing and where the set-up is. `engine: local` (worker actors, which ask only the GCS) needs none.
+    The GCS's answers are faked; the dashboard's port is a real one, closed or listening."""
+    import ray._raylet
+
+    from streamprep import ray_cluster
+    from streamprep.config import ConfigError
+
+    registered: list[bytes | None] = []
+
+    class Gcs:  # what a GCS has in its KV under ("dashboard", "dashboard")
+        def __init__(self, address: str) -> None:
+            pass
+
+        def internal_kv_get(self, key: bytes, namespace: bytes, timeout: float) -> bytes | None:
+            assert (key, namespace) == (b"dashboard", b"dashboard")
+            return registered[-1]
+
+    monkeypatch.setattr(ray._raylet, "GcsClient", Gcs)
+    monkeypatch.setattr(ray_cluster, "_ask_gcs", lambda where, metadata=(): ("OK", ""))
+    monkeypatch.setattr(ray_cluster, "ADDRESS_CHECK_S", 0.5)
+    gcs = socket.create_server(("127.0.0.1", 0))
+    where = f"127.0.0.1:{gcs.getsockname()[1]}"
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        dashboard = f"127.0.0.1:{closed.getsockname()[1]}"
+
+    def check(engine: str) -> str | None:
+        try:
+            ray_cluster.check_address({"execution": {"ray_address": where, "engine": engine}})
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    with gcs:
+        for entry in (dashboard.encode(), None):
+            registered.append(entry)
+            missing = f"{dashboard}: Connection refused" if entry else "none registered"
+            assert check("xenna") == (
+                f"config: 'execution.ray_address': the Ray cluster at {where} has no dashboard answering here (Ray's "
+                f"state API, which `engine: xenna` needs; {missing}): start its head "
+                f"without --include-dashboard=false, reachable from this machine, or use `engine: local` "
+                f"(docs/multi-node.md, Set-up)")
+            assert check("local") is None
+        with socket.create_server(("127.0.0.1", 0)) as listening:
+            registered.append(f"127.0.0.1:{listening.getsockname()[1]}".encode())
+            assert check("xenna") is None
+
+
 TOKEN_CASES = """
 import json, os, socket, sys
 from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, Config, get_authentication_mode
