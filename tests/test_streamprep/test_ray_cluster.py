@@ -922,10 +922,59 @@ def test_a_head_whose_driver_is_gone_removes_its_tmpdir_and_its_clusters_session
         head.stdin.close()  # what a driver's death does
         head.wait(timeout=120)
         assert not head_tmp.exists()
-        assert [p.name for p in (ray_tmp / "ray").iterdir() if p.name.startswith("session")] == []
+        assert list((ray_tmp / "ray").glob("session*")) == []  # no "ray" at all if the start ended before it
     finally:
         if head.poll() is None:
             os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(head_tmp, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.mark.ray
+def test_a_head_whose_driver_goes_while_its_cluster_starts_ends_at_once() -> None:
+    """Regression: a kill -9 of the driver's process group while the job's own cluster was starting left that
+    cluster running ~15 s on a loaded machine (the head read its stdin only once `ray.init` returned), beside the
+    one a quick resume started. Now the head ends the start as its stdin closes: every process of its group gone
+    within a few seconds, its TMPDIR and session dir with them."""
+    import shutil
+    import tempfile
+
+    from streamprep.ray_cluster import HEAD_TMP_PREFIX, _head_command
+
+    head_tmp = Path(tempfile.mkdtemp(prefix=HEAD_TMP_PREFIX))  # short paths: Ray's sockets live under them
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt"))
+    env = {**os.environ, "TMPDIR": str(head_tmp), "RAY_TMPDIR": str(ray_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.Popen(_head_command(1), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, process_group=0)
+
+    def group() -> list[psutil.Process]:  # the head's process group, zombies aside
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if os.getpgid(p.pid) == head.pid and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass
+        return found
+
+    try:
+        deadline = time.monotonic() + 60
+        while not any("gcs_server" in " ".join(p.cmdline()) for p in group()):  # Ray is starting: its GCS is up
+            assert time.monotonic() < deadline and head.poll() is None, "the head's GCS never started"
+            time.sleep(0.05)
+        head.stdin.close()  # what the driver's death does
+        closed = time.monotonic()
+        while group() and time.monotonic() - closed < 5:
+            time.sleep(0.05)
+        assert (group(), head.poll() is not None) == ([], True), f"alive {time.monotonic() - closed:.1f} s on"
+        assert head.stdout.read() == b""  # it never got to say the cluster was up
+        assert not head_tmp.exists()
+        assert list((ray_tmp / "ray").glob("session*")) == []
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
         shutil.rmtree(head_tmp, ignore_errors=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
