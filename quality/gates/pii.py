@@ -76,6 +76,28 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
+# the two-digit country codes (ITU-T E.164); +1 and +7 numbers have 11 digits, the other codes 3 digits
+_CC2 = frozenset("20 27 30 31 32 33 34 36 39 40 41 43 44 45 46 47 48 49 51 52 53 54 55 56 57 58 60 61 62 63 64 65 66 "
+                 "81 82 84 86 90 91 92 93 94 95 98".split())
+
+
+def _phone_valid(span: str) -> bool:
+    """Whether a phone match (ASCII digits) is one: 10-15 digits, and a "+" number that could be a signed one is
+    read as such. A "." right after the digits led by "+" is a decimal point unless the groups after it are all
+    parted by "." too (`+1.25 45678901`, `+3.1415926535`: a price change and a number; `+1.415.555.2671` a phone);
+    a bare "+" and 10 digits is a phone only led by a two-digit country code (`+4722123456`), since a +1 or +7
+    number has 11 and a 3-digit code leaves 7, which `+2147483647` (INT_MAX) or `+1500000000` only seem to."""
+    digits = sum(c.isdigit() for c in span)
+    if not 10 <= digits <= 15:
+        return False
+    if span[0] != "+":
+        return True
+    lead = span[1:].lstrip("0123456789")
+    if lead[:1] == ".":
+        return lead.count(".") > 1 and lead.replace(".", "").isdigit()
+    return bool(lead) or digits > 10 or span[1:3] in _CC2
+
+
 def _digit_class(err: UnicodeError) -> tuple[str, int]:
     """Codec error handler: a non-ASCII char becomes "0" when the run regex counts it as a digit."""
     assert isinstance(err, UnicodeEncodeError)
@@ -154,7 +176,7 @@ def _numbers(text: str, view: bytes | None) -> Iterator[tuple[str, int, int]]:
                 digits = "".join(c for c in span if c.isdigit())
                 if not luhn_valid(digits) or not int(digits):
                     continue
-            elif kind == "phone" and not 10 <= sum(c.isdigit() for c in span) <= 15:
+            elif kind == "phone" and not _phone_valid(span):
                 continue
             yield kind, at + m.start(), at + m.end()
 

@@ -355,6 +355,20 @@ def test_find_pii_international_phones_in_e164_and_long_groups(text: str, found:
     assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
 
 
+@pytest.mark.parametrize("text, found", [
+    ("INT_MAX is +2147483647, the largest", []), ("balance +1500000000 units", []), ("id=+1000000000", []),
+    ("AAPL 182.50 +1.25 45678901. MSFT", []), ("GDP +3.1 21427700 million", []), ("+12.50 45678901", []),
+    ("pi is +3.1415926535", []),
+    # a two-digit country code and 8 digits, 11 or more digits, or dots between all the groups: still phones
+    ("call +4722123456 now", [("phone", "+4722123456")]), ("call +12125551234 now", [("phone", "+12125551234")]),
+    ("call +1.415.555.2671 now", [("phone", "+1.415.555.2671")]), ("+33.1.23.45.67.89", [("phone", "+33.1.23.45.67.89")]),
+])
+def test_find_pii_signed_numbers_are_no_international_phones(text: str, found: list) -> None:
+    """A "+" and 10 digits with no country code that has 8-digit numbers, and a signed decimal then a number
+    (`+1.25 45678901`), were phones since the E.164 and long-group forms: ordinary records were rejected."""
+    assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
+
+
 FULLWIDTH = str.maketrans("0123456789", "".join(map(chr, range(0xFF10, 0xFF1A))))
 ARABIC_INDIC = str.maketrans("0123456789", "".join(map(chr, range(0x660, 0x66A))))
 
