@@ -1,7 +1,8 @@
 """Profanity: share of word tokens that are on the shipped list, seeing through common obfuscations.
 
 Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!tch"), then:
-1. a plain token is looked up in the word set;
+1. a plain token is looked up in the word set, case-blind, but one of capitals then a lower-case "s" is an
+   acronym's plural ("PISs", participant information sheets), not the listed word ("piss");
 2. any other token with a letter is stripped of edge "!"/"|", leetspeak is mapped back to letters
    (0→o, 1→i or l, 3→e, 4→a, 5→s, 7→t, @→a, $→s, !→i, |→i or l) and looked up again, unless it is
    letters then digits only: that is how models, chips and roads are named (Galaxy A55, Cortex-A55, SH17),
@@ -34,6 +35,7 @@ _TOKEN = re.compile(r"[\w@$*#!|]+")
 _LEET = [str.maketrans({"0": "o", "1": first, "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s",
                         "!": "i", "|": first, "#": "*"}) for first in ("i", "l")]
 _DIGITS = "0123456789"
+_TOKEN_CHAR = r"[\w@$*#!|]"
 
 
 @lru_cache(maxsize=1)
@@ -66,6 +68,10 @@ class ProfanityGate(Gate):
         self.sorted_words = tuple(sorted(self.words))
         self.lengths = range(min(map(len, self.words)), max(map(len, self.words)) + 1)
         self._memo: dict[bytes, bool] = {}  # candidate token (scan bytes) -> is_profane of its lower-case form
+        # a listed word ending in "s" written as capitals then "s" is an acronym's plural ("PISs": participant
+        # information sheets; "ASs": autonomous systems), which the case-blind lookup took for the word
+        stems = "|".join(sorted(w[:-1].upper() for w in self.words if w.endswith("s")))
+        self._acronym_plural = re.compile(rf"(?<!{_TOKEN_CHAR})(?:{stems})s(?!{_TOKEN_CHAR})")
 
     def is_profane(self, token: str) -> bool:
         """Whether one lower-case token is a listed word, plainly or obfuscated. The tables map one char to
@@ -97,11 +103,15 @@ class ProfanityGate(Gate):
             found = self._memo[token] = self.is_profane(token.lower().decode())
         return found
 
-    def density_by_tokens(self, lower: str) -> tuple[int, int]:
+    def _plain(self, hits: int, text: str) -> int:
+        """Listed-word tokens of `text`, of the `hits` the case-blind lookup found: less its acronym plurals."""
+        return hits - len(self._acronym_plural.findall(text)) if hits else 0
+
+    def density_by_tokens(self, doc: Doc) -> tuple[int, int]:
         """(hits, tokens) from the token list: the reference scan, and the one for texts rich in non-ASCII."""
-        tokens = _TOKEN.findall(lower)
+        tokens = _TOKEN.findall(doc.lower)
         limit = self._most(len(tokens))
-        hits = sum(map(self.words.__contains__, tokens))  # plain words, at C speed
+        hits = self._plain(sum(map(self.words.__contains__, tokens)), doc.text)  # plain words, at C speed
         for token in filterfalse(str.isalpha, tokens):   # then only tokens with digits or symbols
             if hits > limit:
                 break
@@ -117,7 +127,7 @@ class ProfanityGate(Gate):
         found = scan(doc, self.sorted_words)
         if found is None:
             return None
-        data, plain = found.data, found.plain
+        data, plain = found.data, self._plain(found.plain, doc.text)
         tokens_of = classes(data) if found.candidates or plain else b""
         n = len(data)
         obfuscated = 0
@@ -139,7 +149,7 @@ class ProfanityGate(Gate):
 
     def check(self, doc: Doc) -> str | None:
         found = self.density_by_scan(doc)
-        hits, tokens = found if found is not None else self.density_by_tokens(doc.lower)
+        hits, tokens = found if found is not None else self.density_by_tokens(doc)
         if not tokens:
             doc.meta["profanity_density"] = 0.0
             return None

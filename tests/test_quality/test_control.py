@@ -489,7 +489,7 @@ def test_fast_scans_equal_their_reference_scans(all_corpora: dict[str, list[Any]
         lower = text.lower()
         for gate in gates:
             doc = Doc(None, text=text)
-            fast, ref = gate.density_by_scan(doc), gate.density_by_tokens(lower)
+            fast, ref = gate.density_by_scan(doc), gate.density_by_tokens(Doc(None, text=text))
             if fast is not None:
                 scanned += 1
                 assert fast == ref or fast == (0, 0) and ref[0] == 0, text[:200]
@@ -594,6 +594,8 @@ if __name__ == "__main__":
 # Round 47: international phones with a group past 4 digits are found (C4 doc 92's +60-6-2881100 and +60-6-2813366,
 # 309's +30-22530-71245, 947's +971 4 4508438): doc 92 is rejected as pii (0.0168 > 0.01, and first in the code and
 # medical chains), 309 in perturbed C4 as pii before copyright (0.0163; phone 2), and kept texts' pii meta gain them.
+# Round 48: PubMed doc 53's two "(PISs)", participant information sheets, are an acronym's plural, not "piss": it
+# is kept (it was rejected as profanity, 0.014 > 0.01).
 PINNED = {
     'web/c4_en_llamafactory_demo300.jsonl|general':
         'c88a1b2c9802f03d | copyright=10 kept=276 language=3 pii=9 schema=2 | duplicate=0/0/0 schema=300/300/0 normalize=300/300/0 length=300/298/2 pii=298/289/9 profanity=289/289/0 copyright=289/279/10 language=279/276/3',
@@ -624,9 +626,9 @@ PINNED = {
     'web/wikipedia_en_llamafactory_demo30.txt|short':
         'ccda8dd79cf51998 | kept=30 | duplicate=0/0/0 schema=30/30/0 normalize=30/30/0 length=30/30/0 pii=30/30/0 profanity=30/30/0 copyright=30/30/0 language=30/30/0',
     'medical/pubmedqa_abstracts.jsonl|general':
-        '33d432473db1a997 | kept=999 profanity=1 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/999/1 copyright=999/999/0 language=999/999/0',
+        'e62cdcfcb6411dc3 | kept=1000 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/1000/0 copyright=1000/1000/0 language=1000/1000/0',
     'medical/pubmedqa_abstracts.jsonl|short':
-        '33d432473db1a997 | kept=999 profanity=1 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/999/1 copyright=999/999/0 language=999/999/0',
+        'e62cdcfcb6411dc3 | kept=1000 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/1000/0 copyright=1000/1000/0 language=1000/1000/0',
     'multilingual/lingua|general':
         '7637d299c65a93fe | kept=173 language=7995 pii=14 schema=9518 | duplicate=0/0/0 schema=17700/17700/0 normalize=17700/17700/0 length=17700/8182/9518 pii=8182/8168/14 profanity=8168/8168/0 copyright=8168/8168/0 language=8168/173/7995',
     'multilingual/lingua|short':
@@ -672,7 +674,7 @@ PINNED = {
     'code/humaneval_rust.jsonl.gz|short':
         '0f1e8408d16d5e4e | kept=161 language=3 | duplicate=0/0/0 schema=164/164/0 normalize=164/164/0 length=164/164/0 pii=164/164/0 profanity=164/164/0 copyright=164/164/0 language=164/161/3',
     'medical/pubmedqa_abstracts.jsonl|medical':
-        '76039e8bbdf0e446 | domain=72 kept=927 profanity=1 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/999/1 copyright=999/999/0 domain=999/927/72',
+        '6450716d90bad836 | domain=72 kept=928 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/1000/0 pii=1000/1000/0 profanity=1000/1000/0 copyright=1000/1000/0 domain=1000/928/72',
     'web/c4_en_train00000_first1000.jsonl|medical':
         '7f6228e8658f19e1 | copyright=12 domain=936 kept=27 pii=19 schema=6 | duplicate=0/0/0 schema=1000/1000/0 normalize=1000/1000/0 length=1000/994/6 pii=994/975/19 profanity=975/975/0 copyright=975/963/12 domain=963/27/936',
     'synthetic/perturbed_c4|medical':

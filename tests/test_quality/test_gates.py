@@ -268,7 +268,7 @@ def test_views_with_standins_read_as_the_text() -> None:
     def check(text: str) -> bool:
         view = latin1_view(text)
         fast = gate.density_by_scan(Doc(None, text=text))  # None: no scan (a long text past its budget)
-        hits, tokens = gate.density_by_tokens(text.lower())
+        hits, tokens = gate.density_by_tokens(Doc(None, text=text))
         assert fast == (hits, tokens) or fast == (0, 0) and hits == 0 or fast is None and view is None, text
         m = _NOTICE.search(text)
         expected = None if m is None else f"copyright notice {m.group()[:40]!r} at char {m.start()}"
@@ -621,9 +621,24 @@ def test_a_model_name_of_letters_then_digits_is_no_leetspeak() -> None:
     assert v.keep and v.meta["profanity_density"] == 0.0
     gate, leet = ProfanityGate(0.01), text.replace("A55", "a55hole")
     # the shared scan (0 tokens reported for a text without hits) and the token list agree
-    assert gate.density_by_scan(Doc(None, text=text)) == (0, 0) and gate.density_by_tokens(text.lower()) == (0, 34)
-    assert gate.density_by_scan(Doc(None, text=leet)) == gate.density_by_tokens(leet.lower()) == (1, 34)
+    assert gate.density_by_scan(Doc(None, text=text)) == (0, 0) and gate.density_by_tokens(Doc(None, text=text)) == (0, 34)
+    assert gate.density_by_scan(Doc(None, text=leet)) == gate.density_by_tokens(Doc(None, text=leet)) == (1, 34)
     assert gate.check(Doc(None, text=leet)) == "profanity density 0.0294 > 0.01 (1 of 34 tokens)"
+
+
+@pytest.mark.parametrize("text, hits", [
+    ("Trials gave participant information sheets (PISs) and consent forms; PISs were read aloud.", 0),
+    ("Routing between autonomous systems (ASs) and across ASs of one provider.", 0),
+    # the word itself, in any case, and a capital stem without the plural "s" still count
+    ("what a PISS take, piss off", 2), ("Piss off and Pisses", 2), ("the ASS and PIS", 1),
+])
+def test_acronym_plurals_are_not_the_listed_words(text: str, hits: int) -> None:
+    """"(PISs)", participant information sheets, lower-cased to "piss": two of them in a 143-token PubMed abstract
+    rejected it (0.014 > 0.01). Capitals then a lower-case "s" are an acronym's plural, not a listed word."""
+    gate, doc, tokens = ProfanityGate(0.5), Doc(None, text=text), len(text.split())
+    assert gate.check(doc) is None and doc.meta["profanity_density"] == round(hits / tokens, 4)
+    assert gate.density_by_tokens(Doc(None, text=text))[0] == hits
+    assert gate.density_by_scan(Doc(None, text=text)) == ((hits, tokens) if hits else (0, 0))
 
 
 def test_profanity_density() -> None:
@@ -651,7 +666,7 @@ def test_latin1_scan_equals_the_handler_scan(text: str) -> None:
     gate = ProfanityGate(0.01)
     found = scan(Doc(None, text=text), gate.sorted_words)
     lower = text.lower()
-    hits, tokens = gate.density_by_tokens(lower)
+    hits, tokens = gate.density_by_tokens(Doc(None, text=text))
     fast = gate.density_by_scan(Doc(None, text=text))
     assert fast == (hits, tokens) or fast == (0, 0) and hits == 0
     if latin1_view(text) is None:
@@ -1092,7 +1107,7 @@ def test_remembered_candidate_tokens_give_the_tables_answer_and_stay_bounded(mon
     gate = ProfanityGate(0.5)
     texts = ["sh1t happens 1st", "f*ck mp3 4x4 you!", "1st sh1t again", "b!tch a$$ 3rd 4th", "mp3 you! 1st"] * 2
     for text in texts:
-        hits, tokens = gate.density_by_tokens(text.lower())
+        hits, tokens = gate.density_by_tokens(Doc(None, text=text))
         assert gate.density_by_scan(Doc(None, text=text)) == ((hits, tokens) if hits else (0, 0)), text
         assert len(gate._memo) <= 3
     assert gate._memo  # it did remember
