@@ -5,8 +5,9 @@ Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!
    acronym's plural ("PISs", participant information sheets), not the listed word ("piss");
 2. any other token with a letter is stripped of edge "!"/"|", leetspeak is mapped back to letters
    (0→o, 1→i or l, 3→e, 4→a, 5→s, 7→t, @→a, $→s, !→i, |→i or l) and looked up again, unless it is
-   letters then digits only: that is how models, chips and roads are named (Galaxy A55, Cortex-A55, SH17),
-   and such a token is not leetspeak ("a55" is no "ass"; "a55hole", "sh1t", "5hit", "a$$" still are);
+   letters then digits only, or such a name's plural: that is how models, chips and roads are named (Galaxy A55,
+   Cortex-A55, SH17, two SH17s), and such a token is not leetspeak ("a55" is no "ass"; "a55hole", "sh1t",
+   "sh1ts", "5hit", "a$$" still are);
 3. one still holding a mask ("*" or "#") is looked up among the masked forms of the list, where any
    run of letters after the first one may be starred out letter for letter ("f*ck", "f**k", "a**").
 
@@ -85,7 +86,8 @@ class ProfanityGate(Gate):
             return False
         if token.isalpha():
             return token in self.words
-        if token.rstrip(_DIGITS).isalpha():  # letters then digits: a name or code (Cortex-A55, SH17), not leetspeak
+        # letters then digits, or their plural: a name or code (Cortex-A55, SH17, two SH17s), not leetspeak
+        if token.removesuffix("s").rstrip(_DIGITS).isalpha():
             return False
         for table in _LEET:
             plain = token.translate(table)

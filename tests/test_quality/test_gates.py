@@ -571,13 +571,13 @@ def test_pii_reject_through_control() -> None:
 # ---- profanity -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("token", ["fuck", "f*ck", "f**k", "fu*k", "sh1t", "sh!t", "$h!t", "a$$", "@$$h0le",
                                    "b!tch", "b1tch", "sh*t", "f#ck", "fuck!", "motherf*cker", "5hit", "a55hole", "5h17",
-                                   "a5$", "4ss"])
+                                   "a5$", "4ss", "sh1ts", "5h17s"])
 def test_profanity_obfuscations(token: str) -> None:
     assert ProfanityGate(0.01).is_profane(token)
 
 
 @pytest.mark.parametrize("token", ["assess", "class", "scunthorpe", "hello", "2019", "mp3", "***", "a*", "!", "hell",
-                                   "a55", "a55!", "sh17", "p155", "a5535"])
+                                   "a55", "a55!", "sh17", "p155", "a5535", "sh17s", "p15s", "a55s!"])
 def test_profanity_innocent(token: str) -> None:
     assert not ProfanityGate(0.01).is_profane(token)
 
@@ -596,14 +596,14 @@ def test_is_profane_equals_the_plain_lookup() -> None:
         if token.isalpha() or token.isdigit():
             return False
         token = token.strip("!|")
-        if re.fullmatch(r"[^\W\d_]+[0-9]+", token):  # letters then digits: a model or road name
+        if re.fullmatch(r"[^\W\d_]+[0-9]+s?", token):  # letters then digits, or their plural: a model or road name
             return False
         return any(t in gate.words or ("*" in t and t in gate.masked) for t in (token.translate(x) for x in _LEET))
 
     rng = random.Random(5)
     chars = "abcfhiklnorstu013457@$*#!|2_\u00e9"
     tokens = [*gate.words, *gate.masked, "!", "|", "!!fuck||", "f\u00fcck", "\u00e9", "sh1t!", "a$$", "mp3", "14th",
-              "a55", "!a55|", "a55hole", "\u00e9a55", "sh17", "p155", "5h17"]
+              "a55", "!a55|", "a55hole", "\u00e9a55", "sh17", "p155", "5h17", "sh17s", "a55s", "5h17s", "sh1ts"]
     tokens += ["".join(rng.choice(chars) for _ in range(rng.randint(1, 16))) for _ in range(20_000)]
     leet = {"a": "4@", "e": "3", "i": "1!|", "l": "1|", "o": "0", "s": "5$", "t": "7", "u": "*#"}
     tokens += ["".join(rng.choice(leet.get(c, "") + c) for c in w) for w in gate.words for _ in range(5)]
@@ -639,6 +639,15 @@ def test_acronym_plurals_are_not_the_listed_words(text: str, hits: int) -> None:
     assert gate.check(doc) is None and doc.meta["profanity_density"] == round(hits / tokens, 4)
     assert gate.density_by_tokens(Doc(None, text=text))[0] == hits
     assert gate.density_by_scan(Doc(None, text=text)) == ((hits, tokens) if hits else (0, 0))
+
+
+def test_a_model_name_s_plural_is_no_leetspeak() -> None:
+    """"SH17" was exempt as a model name but "two SH17s" was "shits" in leetspeak: the plural of a name of letters
+    then digits is a name too."""
+    text = "The fleet runs two SH17s and three P15s on the coastal route this summer, with more planned next year."
+    gate, doc = ProfanityGate(0.01), Doc(None, text=text)
+    assert gate.check(doc) is None and doc.meta["profanity_density"] == 0.0
+    assert not gate.is_profane("sh17s") and gate.is_profane("sh1ts")
 
 
 def test_profanity_density() -> None:
