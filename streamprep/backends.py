@@ -426,8 +426,13 @@ def panic_reason(hf: HFBackend, text: str) -> str | None:
     except BaseException as exc:  # noqa: BLE001 - a panic is a BaseException only
         if not is_panic(exc):
             raise
-        return f"tokenizers panicked: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+        return panic_message(exc)
     return None
+
+
+def panic_message(exc: BaseException) -> str:
+    """A tokenizers panic (`is_panic`) as a drop's reason, its first line: the pretraining and SFT paths say the same."""
+    return f"tokenizers panicked: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
 
 def _encodable(hf: HFBackend, texts: list[str]) -> list[str]:

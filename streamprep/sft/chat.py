@@ -67,7 +67,15 @@ class ChatTokenizer:
             raise RecordError("template_error", f"{type(exc).__name__}: {exc}"[:300]) from None
 
     def encode(self, text: str, add_special_tokens: bool) -> tuple[list[int], np.ndarray]:
-        enc = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        """(ids, offsets). A text HF tokenizers panics on ("AddedVocabulary bad split", a BaseException that failed
+        the job on every resume) is a RecordError `empty`, as the pretraining path drops it
+        (backends.ShardEncoder.encode_or_drop)."""
+        try:
+            enc = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        except BaseException as exc:  # a panic is a BaseException only
+            if not backends.is_panic(exc):
+                raise
+            raise RecordError("empty", f"the tokenizer cannot encode it ({backends.panic_message(exc)})") from None
         return enc.ids, np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
 
     def decode(self, ids: list[int]) -> str:

@@ -1060,3 +1060,31 @@ def test_a_failed_part_leaves_no_empty_domain_directory(tmp_path: Path, phi3, mo
     with pytest.raises(OSError, match="disk full"):
         prepare_part(part, tmp_path / "out" / "part-00000", phi3, cfg, FP)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_text_the_tokenizer_panics_on_is_a_counted_drop(tmp_path: Path, shared_data: Path) -> None:
+    """Regression: HF tokenizers panics ("AddedVocabulary bad split", a BaseException) on "ab\\x85" with an added "ab"
+    (rstrip) and "\\x85" (lstrip): one such record failed the SFT job on every resume (workers >= 2: a PicklingError
+    naming no cause). It is dropped as `empty` with the panic as its detail, as the pretraining path drops it, and
+    the other records' shards are the bytes of a part without it."""
+    spec = json.loads((shared_data / PHI2).read_text())
+    for i, (content, flags) in enumerate((("ab", {"rstrip": True, "special": False}), ("\x85", {"lstrip": True}))):
+        spec["added_tokens"].append({"id": 50295 + i, "content": content, "single_word": False, "lstrip": False,
+                                     "rstrip": False, "normalized": False, "special": True, **flags})
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(spec))
+    tok = load_chat_tokenizer(tmp_path / "tok")
+    cfg = load_sft_config({"input": {"sections": [{"field": "prompt", "action": "mask"},
+                                                  {"field": "answer", "action": "train"}]}})
+    good = [{"prompt": f"Question {i}: add two numbers.", "answer": "def add(a, b):\n    return a + b"} for i in (0, 1)]
+    bad = {"prompt": "Question: add two numbers.", "answer": "def add(a, b): ab\x85 hello world"}
+    stats = prepare_part(write_part(tmp_path / "with.jsonl", [good[0], bad, good[1]], cfg), tmp_path / "w" / "p",
+                         tok, cfg, FP)
+    assert stats["dropped"] == {"empty": 1} and stats["documents"] == 2
+    detail = "the tokenizer cannot encode it (tokenizers panicked: AddedVocabulary bad split)"
+    assert stats["dropped_records"] == [{"line": 1, "reason": "empty", "detail": detail}]
+    assert prepare_part(write_part(tmp_path / "without.jsonl", good, cfg), tmp_path / "wo" / "p", tok, cfg,
+                        FP)["files"] == stats["files"]
+    binidx = [name for name in stats["files"] if name.endswith((".bin", ".idx"))]
+    assert len(binidx) == 4    # the sequence and the loss mask
+    assert all((tmp_path / "w" / name).read_bytes() == (tmp_path / "wo" / name).read_bytes() for name in binidx)
