@@ -91,17 +91,14 @@ def _eod(tok: Tokenizer, config_dir: Path | None, wanted: str | None, warn: bool
     """(EOD token, id): `wanted`, else tokenizer_config.json's eos_token, else the first of EOD_CANDIDATES in the
     vocabulary. `warn`: say so when the eos_token is not in it (once a run: for the run's copy, `_info`)."""
     names: list[str] = [wanted] if wanted else []
-    eos = None
-    if not wanted and config_dir:
-        eos = tokenizer_config(config_dir).get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        if isinstance(eos, str):
-            names.append(eos)
+    eos = None if wanted else _eos_token(config_dir)
+    if eos is not None:
+        names.append(eos)
     names += [] if wanted else list(EOD_CANDIDATES)
     for name in names:
         tid = tok.token_to_id(name)
         if tid is not None:
-            if warn and isinstance(eos, str) and name != eos:
+            if warn and eos is not None and name != eos:
                 # transformers (Megatron's preprocess_data.py) adds such a token and appends its new id instead
                 log.warning("tokenizer_config.json's eos_token is not in the vocabulary: another EOD token is used",
                             file=str(config_dir / "tokenizer_config.json"), eos_token=eos, eod_token=name, eod_id=tid)
@@ -109,6 +106,13 @@ def _eod(tok: Tokenizer, config_dir: Path | None, wanted: str | None, warn: bool
     if wanted:
         raise ConfigError(f"config: 'tokenizer.eod_token': {wanted!r} is not in the tokenizer's vocabulary")
     return None, None
+
+
+def _eos_token(config_dir: Path | None) -> str | None:
+    """tokenizer_config.json's eos_token (a string or an AddedToken's dict) in `config_dir`; None without one."""
+    eos = tokenizer_config(config_dir).get("eos_token") if config_dir else None
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    return eos if isinstance(eos, str) else None
 
 
 def fingerprint_of(tok_file: Path) -> str:
@@ -280,7 +284,9 @@ def check_config(tok_cfg: TokenizerConfig, *, select_backend: bool = True) -> in
 
 def _check_eod(info: TokenizerInfo, tok_cfg: TokenizerConfig) -> TokenizerInfo:
     if tok_cfg.append_eod and info.eod_id is None:
-        raise ConfigError("config: 'tokenizer.append_eod' is true but the tokenizer has no end-of-text token; "
+        eos = _eos_token(info.path.parent)  # named: else nothing tells why the eos_token the user sees is not used
+        why = f" (its tokenizer_config.json's eos_token {eos!r} is not in the vocabulary)" if eos is not None else ""
+        raise ConfigError(f"config: 'tokenizer.append_eod' is true but the tokenizer has no end-of-text token{why}; "
                           "set 'tokenizer.eod_token'")
     return info
 

@@ -220,3 +220,23 @@ def test_an_eos_token_not_in_the_vocabulary_is_named_in_a_warning(tmp_path: Path
     warned = [e for e in events if "eos_token is not in the vocabulary" in e["event"]]
     assert len(warned) == 1 and warned[0]["eos_token"] == "<|nope|>" and warned[0]["eod_token"] == "<|endoftext|>"
     assert warned[0]["eod_id"] == 32000 and warned[0]["file"].endswith("tokenizer_config.json")
+
+
+def test_an_eos_token_not_in_the_vocabulary_is_named_when_no_eod_token_is_left(tmp_path: Path, trained) -> None:
+    """Regression: with tokenizer_config.json's eos_token "<|nope|>" not in the vocabulary and no other EOD candidate,
+    the config error said only that the tokenizer has no end-of-text token: the eos_token the user sees went unnamed."""
+    tok, corpus = trained
+    tok["model"]["vocab"]["<|end|>"] = tok["model"]["vocab"].pop("</s>")  # no EOD candidate left
+    for added in tok["added_tokens"]:
+        added["content"] = "<|end|>" if added["content"] == "</s>" else added["content"]
+    raw = _config(tmp_path, tok, corpus)
+    with pytest.raises(ConfigError) as plain:
+        validate(raw)
+    assert str(plain.value) == ("config: 'tokenizer.append_eod' is true but the tokenizer has no end-of-text token; "
+                                "set 'tokenizer.eod_token'")
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|nope|>"}}))
+    with pytest.raises(ConfigError) as named:
+        validate(raw)
+    assert str(named.value) == ("config: 'tokenizer.append_eod' is true but the tokenizer has no end-of-text token "
+                                "(its tokenizer_config.json's eos_token '<|nope|>' is not in the vocabulary); "
+                                "set 'tokenizer.eod_token'")
