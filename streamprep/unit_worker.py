@@ -34,6 +34,7 @@ import orjson
 import quality
 from quality import QualitySettings, load_quality_settings, near_dedup
 from quality.dedup import DIGEST_SIZE, NO_DIGEST, digest_words, duplicate_reason, prefix_order
+from quality.lines import escaped
 from streamprep import atomic, registry, stats, units
 from streamprep.config import ConfigError
 from streamprep.modes import Mode
@@ -227,7 +228,7 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
     for (rec, _), item in zip(screened, items):
         extra = None  # the item's source keys: also on a record the mode screened out (an `sft:` schema reject)
         if isinstance(item, dict) and not item.keys().isdisjoint(SOURCE_KEYS):
-            extra = {k: item[k] for k in SOURCE_KEYS if isinstance(item.get(k), (str, int))}
+            extra = {k: item[k] for k in SOURCE_KEYS if _source_value(item.get(k))}
         if isinstance(rec, BadRecord):
             rows.append((rec.reason, rec.check, False, None, None, None, len(rec.raw), 0, rec.raw, extra))
             continue
@@ -258,6 +259,13 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
         rows.append((None, None, True, row, stored, digest, len(text), text_bytes, excerpt, extra))
     cols = ItemColumns(*map(list, zip(*rows))) if rows else ItemColumns(*([] for _ in ItemColumns._fields))
     return cols, qc.take_gate_stats(), signatures
+
+
+def _source_value(value: Any) -> bool:
+    """Whether a record's `id`, `url` or licence goes in its lines' `source`: a string, or an int a JSON line holds
+    (orjson writes none past 64 bits: a plug-in reader's `json.loads` gives one, and its reject line stopped the
+    job); any other value is left out, as a float or a list is."""
+    return isinstance(value, str) or isinstance(value, int) and -2**63 <= value < 2**64
 
 
 _LEFT_OUT = object()
@@ -451,14 +459,24 @@ def finalize_piece(name: str, stage: str, d: Decision, gates_to: GatesTo | None 
                 kept.append(cols.row[t])
                 ordinals.append(ordinal)
             elif j in d.sampled:
-                rejects.append(orjson.dumps({"failed_check": meta.get("failed_check", "unknown"),
-                                             "reason": meta.get("reason"), "meta": meta, "source": _cut(source),
-                                             "text": excerpt}, option=orjson.OPT_SORT_KEYS) + b"\n")
+                rejects.append(reject_line({"failed_check": meta.get("failed_check", "unknown"),
+                                            "reason": meta.get("reason"), "meta": meta, "source": _cut(source),
+                                            "text": excerpt}))
         at += size
     lines, offsets = numbered(kept, ordinals)
     atomic.write_bytes(stage + ".kept", lines)
     atomic.write_bytes(stage + ".kept.off", offsets.tobytes())
     return b"".join(rejects), st, int(offsets[-1])
+
+
+def reject_line(reject: dict[str, Any]) -> bytes:
+    """A reject's line; a string in it with a lone surrogate (a plug-in reader's `json.loads` gives one for a
+    `"\\ud800"` escape: the schema gate rejects such a text, and an id or a meta field may hold one too) written
+    escaped (`quality.lines.escaped`), so that the job goes on with the reject counted: orjson refused the line."""
+    try:
+        return orjson.dumps(reject, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        return orjson.dumps(escaped(reject), option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
 
 
 def numbered(rows: list[bytes], ordinals: list[int]) -> tuple[bytes, np.ndarray]:

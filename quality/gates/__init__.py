@@ -17,6 +17,7 @@ from quality.gates.pii import PiiGate
 from quality.gates.profanity import ProfanityGate
 from quality.gates.schema import LengthGate, MetadataGate, SchemaGate
 from quality.gates.text import NormalizeStep
+from quality.lines import utf8
 from quality.settings import QualitySettings
 
 __all__ = ["Doc", "Gate", "GatePluginError", "PluginGate", "build_gates", "plugin_gates", "register_gate"]
@@ -147,13 +148,13 @@ class PluginGate(Gate):
             reason = self.gate.check(doc)
         except Exception as exc:  # the runner's reject `error` quotes it: its line must be writable too
             _unwritable(doc.meta)
-            if not _utf8(str(exc)):
+            if not utf8(str(exc)):
                 raise TypeError(f"{type(exc).__name__} {str(exc)!a}") from exc
             raise
         bad = _unwritable(doc.meta)
         if bad is not None:
             raise TypeError(bad)
-        if type(reason) is str and not _utf8(reason):
+        if type(reason) is str and not utf8(reason):
             raise TypeError(f"reason {reason!a}: not JSON (a lone surrogate)")
         return reason
 
@@ -162,20 +163,9 @@ class PluginGate(Gate):
         by doc) finds which."""
         reasons = list(self.gate.check_batch(docs))
         if any(_unwritable(doc.meta, drop=False) for doc in docs) or \
-                not all(_utf8(r) for r in reasons if type(r) is str):
+                not all(utf8(r) for r in reasons if type(r) is str):
             raise TypeError("a doc's meta or reason is not JSON")
         return reasons
-
-
-def _utf8(text: str) -> bool:
-    """False for a string with a lone surrogate, which no UTF-8 line can hold."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 NON_FINITE = "a float NaN or infinity, which a JSON line writes as null"

@@ -164,3 +164,36 @@ def test_a_whole_file_unit_whose_file_vanished_says_so_once(tmp_path):
         _read(Unit("file", 1, str(gone), "jsonl"), None)
     assert str(err.value).startswith(f"cannot read input file {gone} after record 0: FileNotFoundError")
     assert str(err.value).count("cannot read input file") == 1
+
+
+def test_a_reject_holding_a_lone_surrogate_is_written_with_it_escaped(tmp_path):
+    """Regression: a plug-in reader's `json.loads` gives a lone surrogate for a `"\\ud800"` escape; the schema gate
+    rejects such a text, but its reject line (the text's excerpt; an id of another reject) stopped the job, every
+    run: `TypeError: str is not valid UTF-8: surrogates not allowed`. The line is written with the surrogate
+    escaped, the reject counted; a line without one is the same bytes as before. An id past 64 bits (`json.loads`
+    gives one too) stopped it likewise: it is left out of `source`, as an id of another type is."""
+    from streamprep import unit_worker
+    from streamprep.modes import PRETRAIN
+    from streamprep.unit_worker import Decision, finalize_piece, judge_piece
+
+    unit_worker.init_worker({"dedup": "none", "expected_language": None, "min_chars": 20, "normalize": False,
+                             "pii_max_density": 1.0, "profanity_max_density": 1.0, "reject_copyright": False},
+                            PRETRAIN)
+    long = "An ordinary sentence, long enough to keep."
+    items = [{"text": long}, {"text": long + "\ud800"}, {"text": "short", "id": "b\udc00"}, {"text": "tiny", "id": "c"},
+             {"text": "small", "id": 2**64}]
+    stage = str(tmp_path / "piece")
+    assert judge_piece("d", "text", 4, stage, None, items=items).kinds == bytes([KEPT] + [REJECTED] * 4)
+    rejects, st, _ = finalize_piece("d", stage, Decision(5, 0, None, bytes([1, 0, 0, 0, 0]), {}, {},
+                                                         frozenset({1, 2, 3, 4})))
+    lines = rejects.splitlines()
+    assert [orjson.loads(line)["reason"] for line in lines] == [
+        f"schema: text has an unpaired surrogate at char {len(long)}", "schema: 5 chars < min_chars 20",
+        "schema: 4 chars < min_chars 20", "schema: 5 chars < min_chars 20"]
+    assert orjson.loads(lines[0])["text"] == long + "\\ud800"
+    assert orjson.loads(lines[1])["source"] == {"dataset": "d", "index": 2, "id": "b\\udc00"}
+    assert lines[2] == orjson.dumps({"failed_check": "schema", "meta": orjson.loads(lines[2])["meta"],
+                                     "reason": "schema: 4 chars < min_chars 20",
+                                     "source": {"dataset": "d", "id": "c", "index": 3}, "text": "tiny"})
+    assert orjson.loads(lines[3])["source"] == {"dataset": "d", "index": 4}
+    assert st["rejects_by_check"] == {"schema": 4}
