@@ -1,8 +1,32 @@
-"""What the pipeline's JSON lines can hold: a leaf that the gates and streamprep's workers share (the job's driver
-imports it without loading the gates)."""
+"""What the pipeline's JSON lines can hold, and the reject reasons it writes itself: a leaf that the gates and
+streamprep's readers and workers share (the job's driver imports it without loading the gates)."""
 from __future__ import annotations
 
 from typing import Any
+
+# The reject reasons (failed_check) and per-gate stats names the pipeline writes itself, not a gate, and where: a
+# plug-in gate so named had its counts merged with them (a gate `duplicate` counted as exact duplicates, one `error`
+# as internal errors). tests/test_streamprep/test_plugins.py pins them against the code that writes them.
+PIPELINE_CHECKS = {
+    "parse": "an unreadable record's reject reason",  # streamprep.sources.base.BadRecord
+    "duplicate": "exact dedup's reject reason",  # quality.control, streamprep.unit_worker
+    "near_duplicate": "near-dedup's reject reason",  # quality.near_dedup.reject_meta
+    "near_dedup_signature": "near-dedup signing's stats name",  # quality.control
+    "error": "a gate's internal error's reject reason",  # quality.control
+    "unknown": "the reason of a reject without a failed_check",  # streamprep.stats, streamprep.unit_worker
+    "empty_tokens": "the audit's count of kept records without tokens",  # streamprep.audit.gather
+}
+PIPELINE_PREFIX = "sft:"  # the SFT shards' drops, `sft:<reason>` beside the rejects (streamprep.audit)
+
+
+def pipeline_name(value: str) -> str | None:
+    """Why `value` is a name streamprep writes itself, else None: a plug-in gate's name or failed_check, or a
+    reader's BadRecord's `check` (but `parse`, its default), must not be one (the audit would count the two as one)."""
+    if value in PIPELINE_CHECKS:
+        return f"{PIPELINE_CHECKS[value]}, which streamprep writes itself"
+    if value.startswith(PIPELINE_PREFIX):
+        return f"an SFT drop's reason ({PIPELINE_PREFIX}…), which streamprep writes itself"
+    return None
 
 
 def utf8(text: str) -> bool:

@@ -17,7 +17,7 @@ from quality.gates.pii import PiiGate
 from quality.gates.profanity import ProfanityGate
 from quality.gates.schema import LengthGate, MetadataGate, SchemaGate
 from quality.gates.text import NormalizeStep
-from quality.lines import utf8
+from quality.lines import pipeline_name, utf8
 from quality.settings import QualitySettings
 
 __all__ = ["Doc", "Gate", "GatePluginError", "PluginGate", "build_gates", "plugin_gates", "register_gate"]
@@ -63,19 +63,6 @@ def build_gates(s: QualitySettings, text_field: str) -> list[Gate]:
 
 BUILT_IN: tuple[type[Gate], ...] = (SchemaGate, NormalizeStep, LengthGate, MetadataGate, PiiGate, ProfanityGate,
                                      CopyrightGate, LanguageGate, MedicalGate, CodeGate)
-# The reject reasons (failed_check) and per-gate stats names the pipeline writes itself, not a gate, and where: a
-# plug-in gate so named had its counts merged with them (a gate `duplicate` counted as exact duplicates, one `error`
-# as internal errors). tests/test_quality/test_control.py pins them against the code that writes them.
-PIPELINE_CHECKS = {
-    "parse": "an unreadable record's reject reason",  # streamprep.sources.base.BadRecord
-    "duplicate": "exact dedup's reject reason",  # quality.control, streamprep.unit_worker
-    "near_duplicate": "near-dedup's reject reason",  # quality.near_dedup.reject_meta
-    "near_dedup_signature": "near-dedup signing's stats name",  # quality.control
-    "error": "a gate's internal error's reject reason",  # quality.control
-    "unknown": "the reason of a reject without a failed_check",  # streamprep.stats, streamprep.unit_worker
-    "empty_tokens": "the audit's count of kept records without tokens",  # streamprep.audit.gather
-}
-PIPELINE_PREFIX = "sft:"  # the SFT shards' drops, `sft:<reason>` beside the rejects (streamprep.audit)
 
 
 def plugin_gates(s: QualitySettings, text_field: str) -> list[Gate]:
@@ -94,10 +81,7 @@ def plugin_gates(s: QualitySettings, text_field: str) -> list[Gate]:
             continue
         for attr, taken in (("name", names), ("failed_check", checks)):
             value = getattr(gate, attr)
-            clash = "empty" if not value else \
-                f"{PIPELINE_CHECKS[value]}, which streamprep writes itself" if value in PIPELINE_CHECKS else \
-                f"an SFT drop's reason ({PIPELINE_PREFIX}…), which streamprep writes itself" \
-                if value.startswith(PIPELINE_PREFIX) else owners.get(value) or taken.get(value)
+            clash = "empty" if not value else pipeline_name(value) or owners.get(value) or taken.get(value)
             if clash:
                 raise GatePluginError(f"{_where(factory)}: its gate's {attr} {value!r} is {clash} (the audit counts "
                                       f"a gate's stats under its name, its rejects under its failed_check): name it "

@@ -23,6 +23,7 @@ import hashlib
 import io
 import lzma
 import os
+import reprlib
 import stat
 import threading
 import zlib
@@ -34,6 +35,7 @@ import orjson
 import pyarrow as pa
 import zstandard
 
+from quality.lines import pipeline_name
 from streamprep import registry
 from streamprep.config import ConfigError, MissingInput, resolved_workers, thaw
 from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_line
@@ -665,6 +667,22 @@ def _compression(path: str) -> str | None:
     return fsspec.utils.infer_compression(path)
 
 
+def _bad_record_fault(bad: BadRecord) -> str | None:
+    """What is wrong with a plug-in reader's BadRecord (a bug of the plug-in, as a KeyError it raises), else None:
+    its reason and raw excerpt not strings (bytes stopped the job at its reject line, an int or a dict was written
+    as it was), its check not a string or a name streamprep writes itself (`duplicate`: counted and audited as
+    exact duplicates; `quality.lines.pipeline_name`, which refuses such a gate too; `parse` is its default). A
+    lone surrogate in a string is no fault: its reject line escapes it."""
+    for field in ("reason", "raw", "check"):
+        value = getattr(bad, field)
+        if not isinstance(value, str):
+            return f"its {field} is {type(value).__name__} {reprlib.repr(value)}, not a string"
+    if not bad.check:
+        return "its check is empty"
+    clash = bad.check != "parse" and pipeline_name(bad.check)
+    return f"its check {bad.check!r} is {clash}" if clash else None
+
+
 def _content_fault(exc: Exception) -> bool:
     if isinstance(exc, OSError):  # gzip/bz2/pyarrow decode errors are OSErrors without an errno
         return exc.errno is None and not isinstance(exc, ENVIRONMENT_FAULTS)
@@ -1084,17 +1102,21 @@ class LocalSource:
         compression, a ValueError such as a UnicodeDecodeError, its own or a read's) are a reject of the file's
         unreadable rest, an I/O error stops the job. Any other exception (a TypeError, a KeyError: a bug of the
         plug-in, not of the file) is a ReaderError naming the format, its module, the file and the record: it
-        read "cannot read input file … cannot read input file …", the plug-in unnamed."""
+        read "cannot read input file … cannot read input file …", the plug-in unnamed. So is a BadRecord that no
+        reject line can be made of (`_bad_record_fault`)."""
         entry = registry.SOURCE_FORMATS.entry(fmt)
         read = entry.load()
         n, done = 0, pos.get("record", 0)
         with open_input(path, self.storage_options, compression=_compression(path)) as fh:
             try:
                 for n, item in enumerate(read(fh, path), 1):
+                    if isinstance(item, BadRecord) and (why := _bad_record_fault(item)):
+                        raise ReaderError(f"source format {fmt!r} ({registry.module_of(entry.target)}) yielded a "
+                                          f"BadRecord reading {path} as record {n}: {why}")
                     if n > done:
                         yield item, {"file": i, "record": n}
             except Exception as exc:
-                if isinstance(exc, OSError) or _content_fault(exc):
+                if isinstance(exc, (OSError, ReaderError)) or _content_fault(exc):
                     raise
                 raise ReaderError(f"source format {fmt!r} ({registry.module_of(entry.target)}) raised reading {path} "
                                   f"after record {n}: {one_line(exc)}") from exc

@@ -522,10 +522,11 @@ def test_a_gate_named_as_the_pipelines_own_reason_is_refused_at_start_exit_2(tmp
 
 
 def test_the_reasons_refused_to_gates_are_those_the_pipeline_writes(extra_gate: Any) -> None:
-    """`quality.gates.PIPELINE_CHECKS` (and the `sft:` prefix) against the code that writes each reason: a gate
+    """`quality.lines.PIPELINE_CHECKS` (and the `sft:` prefix) against the code that writes each reason: a gate
     must not report its rejects, or keep its stats, under one of them."""
     from quality import QualityControl, near_dedup
-    from quality.gates import BUILT_IN, PIPELINE_CHECKS, PIPELINE_PREFIX
+    from quality.gates import BUILT_IN
+    from quality.lines import PIPELINE_CHECKS, PIPELINE_PREFIX
     from streamprep import stats
     from streamprep.audit.gather import EMPTY_TOKENS
 
@@ -912,6 +913,39 @@ def test_a_format_plugin_that_raises_on_bad_bytes_loses_the_rest_of_its_file_and
         next(got)
     assert str(err.value) == (f"source format 'jl9' ({__name__}) raised reading {tmp_path / 'bad.jl9'} after record 0: "
                               f"KeyError: 'body'")
+
+
+@pytest.mark.parametrize("bad, why", [
+    (BadRecord("line 1: invalid start byte", b"\xff\xfeab"), "its raw is bytes b'\\xff\\xfeab', not a string"),
+    (BadRecord("bad", {1, 2}), "its raw is set {1, 2}, not a string"),  # type: ignore[arg-type]
+    (BadRecord(123, {"x": 1}), "its reason is int 123, not a string"),  # type: ignore[arg-type]
+    (BadRecord("x", "raw", check=7), "its check is int 7, not a string"),  # type: ignore[arg-type]
+    (BadRecord("x", "raw", check=""), "its check is empty"),
+    (BadRecord("x", "raw", check="duplicate"),
+     "its check 'duplicate' is exact dedup's reject reason, which streamprep writes itself"),
+    (BadRecord("x", "raw", check="sft:too_long"),
+     "its check 'sft:too_long' is an SFT drop's reason (sft:…), which streamprep writes itself")])
+def test_a_format_plugins_bad_record_that_is_no_reject_line_is_named(tmp_path: Path, jl9: None, bad: BadRecord,
+                                                                      why: str) -> None:
+    """Regression: a reader's BadRecord was passed on unchecked. Bytes or a set as its reason or raw (a reader
+    yielding the undecodable line's bytes) stopped the job at its reject line, `TypeError: Type is not JSON
+    serializable: bytes`, naming no plug-in; an int or a dict was written as it was; a `check` of 7 stopped the job
+    (`Dict key must be str`), one of `duplicate` was counted and audited as exact duplicates. Each is a bug of the
+    plug-in: a ReaderError naming the format, its module, the file and the record. A BadRecord of its own `check`,
+    or with a lone surrogate in its strings (its reject line escapes it), is passed on."""
+    from streamprep.sources.base import ReaderError
+    from streamprep.sources.local import LocalSource
+
+    fine = [BadRecord("line 2 \ud800", "raw \udc00"), BadRecord("odd", "x", check="toy_check"),
+            BadRecord("y", "z", check="parse")]
+    registry.SOURCE_FORMATS.register("jl9", lambda fh, path: iter([{"text": "doc"}, *fine, bad]), suffixes=(".jl9",))
+    (tmp_path / "a.jl9").write_bytes(b"")
+    got = LocalSource.reader(None, None).read_file(0, str(tmp_path / "a.jl9"), {"file": 0, "record": 0})
+    assert [next(got)[0] for _ in range(4)] == [{"text": "doc"}, *fine]
+    with pytest.raises(ReaderError) as err:
+        next(got)
+    assert str(err.value) == (f"source format 'jl9' ({__name__}) yielded a BadRecord reading {tmp_path / 'a.jl9'} "
+                              f"as record 5: {why}")
 
 
 @pytest.mark.slow  # a whole job

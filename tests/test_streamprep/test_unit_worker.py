@@ -197,3 +197,21 @@ def test_a_reject_holding_a_lone_surrogate_is_written_with_it_escaped(tmp_path):
                                      "source": {"dataset": "d", "id": "c", "index": 3}, "text": "tiny"})
     assert orjson.loads(lines[3])["source"] == {"dataset": "d", "index": 4}
     assert st["rejects_by_check"] == {"schema": 4}
+
+
+def test_a_plugin_bad_record_with_a_lone_surrogate_is_one_counted_reject_escaped(tmp_path):
+    """Regression: a reader's BadRecord whose reason and raw excerpt hold lone surrogates stopped the job at its
+    reject line; it is one reject under its own check, the surrogates escaped."""
+    from streamprep import unit_worker
+    from streamprep.modes import PRETRAIN
+    from streamprep.sources.base import BadRecord
+    from streamprep.unit_worker import BAD, Decision, finalize_piece, judge_piece
+
+    unit_worker.init_worker({"dedup": "none", "expected_language": None, "min_chars": 1}, PRETRAIN)
+    stage = str(tmp_path / "piece")
+    items = [BadRecord("line 1 \ud800", "raw \udc00", check="toy"), {"text": "kept"}]
+    assert judge_piece("d", "text", 4, stage, None, items=items).kinds == bytes([BAD, KEPT])
+    rejects, st, _ = finalize_piece("d", stage, Decision(2, 0, None, bytes([0, 1]), {}, {}, frozenset({0})))
+    line = orjson.loads(rejects)
+    assert (line["failed_check"], line["reason"], line["text"]) == ("toy", "line 1 \\ud800", "raw \\udc00")
+    assert st["rejects_by_check"] == {"toy": 1}
