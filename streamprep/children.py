@@ -18,8 +18,8 @@ from typing import Any
 def serve_driver(driver: int, on_sigterm: Any = signal.SIG_DFL) -> None:
     """A pool worker's or a dedup holder's start: ignore SIGINT (a terminal's Ctrl-C goes to the driver, which
     stops the pool), take SIGTERM as `on_sigterm` (the forkserver it is forked from ignores it, so that a SIGTERM
-    to the job's whole process group leaves the server to the driver: `forkserver_preload`), and end with the
-    job's `driver` process."""
+    to the job's whole process group leaves the server to the driver, and forks with the default again:
+    `forkserver_preload`), and end with the job's `driver` process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, on_sigterm)
     exit_with(driver)

@@ -77,12 +77,17 @@ def ignore_sigterm() -> None:
     """Have the forkserver ignore SIGTERM. One to the job's whole process group (GNU `timeout`, `kill -- -PGID`, a
     systemd stop) ended it with the job's process: every pool worker's sentinel (its pipe from here) then read EOF,
     which the pool took for the workers' deaths, and a new pool was started as the job stopped. The job's process
-    stops it (`forkserver.stop`, by SIGKILL); its children choose their own (`children.serve_driver`). Only in the
-    server (its `main` imports this module), not in a process that imports it for its functions."""
+    stops it (`forkserver.stop`, by SIGKILL). Only in the server (its `main` imports this module), not in a process
+    that imports it for its functions, nor in what it forks: the server is the process-wide one, and a SIG_IGN its
+    children inherited left a library caller's own processes forked from it after a job deaf to `terminate()` (its
+    `Pool.terminate()` hung for ever), and a pool worker `LocalExecutor.close` terminated before its initializer
+    ran. So SIGTERM is blocked here, not ignored: a child starts with it blocked, not pending (POSIX), and unblocks
+    it as it is forked, when one sent meanwhile ends it by its default action; streamprep's own children then
+    choose theirs (`children.serve_driver`: a dedup holder ignores it)."""
     if any(f.f_code.co_name == "main" and f.f_code.co_filename == multiprocessing.forkserver.__file__
            for f, _ in traceback.walk_stack(None)):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        os.register_at_fork(after_in_child=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}))
 
 remove_socket_dir_at_exit()
 ignore_sigterm()

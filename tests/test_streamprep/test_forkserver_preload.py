@@ -3,7 +3,10 @@ from it holds that tokenizer before its first call (gigatoken's and HF's), inste
 from __future__ import annotations
 
 import hashlib
+import multiprocessing.forkserver
 import os
+import signal
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -81,3 +84,31 @@ def test_a_tokenizer_that_panics_on_load_leaves_the_forkserver_alive(tmp_path, s
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     monkeypatch.setenv(forkserver.CONFIG_ENV, str(_config(tmp_path / "c.yaml", {"path": str(tmp_path)})))
     load_configured()  # returns, as for any other file it cannot load
+
+
+
+def test_only_the_forkserver_ignores_sigterm_a_process_forked_from_it_ends_by_it(tmp_path):
+    """Regression: the forkserver ignores SIGTERM (a stop of the job's whole process group leaves it to the job's
+    process), and every process forked from it inherited that: a library caller's own process forked from the
+    process-wide server after a job stayed alive after `terminate()` (its `Pool.terminate()` hung for ever), and so
+    did a pool worker terminated by `LocalExecutor.close` before its initializer ran (here: at once after its
+    start). Only the server ignores it."""
+    forkserver.stop()
+    ctx, procs = forkserver.context(), []
+    try:
+        assert forkserver.start_for(str(_config(tmp_path / "c.yaml", None)))
+        server = multiprocessing.forkserver._forkserver._forkserver_pid
+        for _ in range(5):
+            procs.append(ctx.Process(target=time.sleep, args=(60,), daemon=True))
+            procs[-1].start()
+            os.kill(server, signal.SIGTERM)  # the server's copy of a group's SIGTERM
+            procs[-1].terminate()
+            procs[-1].join(10)
+            assert procs[-1].exitcode == -signal.SIGTERM
+        assert multiprocessing.forkserver._forkserver._forkserver_pid == server  # alive, serving: the same server
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        forkserver.stop()
