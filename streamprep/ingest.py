@@ -118,6 +118,20 @@ def _undo(why: str) -> str:
     return "remove the file (or move it out of the dataset's path)" if _added(why) else "restore the file"
 
 
+async def _put(queue: asyncio.Queue, item: tuple) -> None:
+    """Queue `item`, whose last element is its worker call (or None). A stop that cancels the wait for room lets go
+    of that call too: dropped with the item, it was never awaited, and settled by the pool a SIGTERM to the job's
+    whole process group broke (BrokenProcessPool) it had asyncio print `Future exception was never retrieved`
+    blocks above the stop's message."""
+    try:
+        await queue.put(item)
+    except asyncio.CancelledError:
+        call = item[-1]
+        if call is not None and not call.cancel() and not call.cancelled():
+            call.exception()  # settled meanwhile: retrieved
+        raise
+
+
 def _take(it: Iterator, n: int) -> list:
     return list(islice(it, n))
 
@@ -397,7 +411,7 @@ class DatasetIngest:
                     self.window.take(u)
                     self._handed = u + 1
                 if unit.kind != "stream":
-                    await queue.put((u, 0, None, True, self._submit(
+                    await _put(queue, (u, 0, None, True, self._submit(
                         unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch, self._stage(u, 0), unit,
                         None, self.options, self._ahead_of(u))))
                     continue
@@ -432,7 +446,7 @@ class DatasetIngest:
             last = len(items) < n or not items  # none: the cap was reached with the last call
             fut = self._submit(unit_worker.judge_piece, self.ds.name, self.ds.text_field, self.batch,
                                  self._stage(u, k), None, [r for r, _ in items])
-            await queue.put((u, k, items[-1][1] if items else start, last, fut))
+            await _put(queue, (u, k, items[-1][1] if items else start, last, fut))
             if last:
                 return consumed
             start, k = items[-1][1], k + 1
@@ -500,7 +514,7 @@ class DatasetIngest:
                         d.applied, self.ds.text_field, unit, self.options))
                 elif d and d.applied:
                     fin = self._submit(unit_worker.finalize_piece, self.ds.name, stage, d)
-                await decided.put((stage, d, a.snapshot(), fin))
+                await _put(decided, (stage, d, a.snapshot(), fin))
                 if capped:
                     await decided.put(None)
                     return

@@ -321,3 +321,49 @@ async def test_a_holder_failing_on_its_log_outside_the_decider_is_a_decide_error
                         rf"OSError: \[Errno 24\] Too many open files: '{re.escape(str(log))}'", str(failed.value))
     assert isinstance(failed.value.__cause__, OSError) and failed.value.__cause__.errno == errno.EMFILE
     assert DatasetFiles(run, run / "checkpoints", "d").checkpoint.exists() == (where == "flush")  # one saved before
+
+
+async def test_a_stop_retrieves_every_worker_call_it_leaves(tmp_path: Path) -> None:
+    """Regression: a SIGTERM to the job's whole process group just after 'units planned' printed asyncio's
+    `Future exception was never retrieved … BrokenProcessPool` blocks above the stop's message: the reader, stopped
+    while it waited for room in its queue, dropped the judge call it held, whose future the executor then settled
+    with the pool the workers' SIGTERM broke. Here the workers never answer; the stop comes with the reader waiting."""
+    import gc
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from streamprep.executor import Executor, settle
+
+    class Unanswered(Executor):
+        workers = 1
+
+        def __init__(self) -> None:
+            self.calls: list[Future] = []
+
+        def submit(self, fn, *args):
+            self.calls.append(Future())
+            return self.calls[-1]
+
+        def close(self, wait: bool = True) -> None:
+            pass
+
+    loop, unretrieved = asyncio.get_running_loop(), []
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context["message"]))
+    qc = Unanswered()
+    ctx = IngestContext.of(_cfg(tmp_path, unit_mb=50_000 / 2**20), tmp_path / "run", tmp_path / "run" / "checkpoints",
+                           asyncio.Event(), executor=qc)
+    task = asyncio.create_task(ingest_all(ctx))
+    while len(qc.calls) < 2 * qc.workers + 1 + 2 and not task.done():  # one awaited, a full queue, one in hand
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert len(qc.calls) == 5 and not task.done()
+    broken = BrokenProcessPool("A process in the process pool was terminated abruptly")
+    ctx.stop.set()
+    assert not (await task)["d"].done
+    while qc.calls:  # the broken pool settles every call it held, then lets it go
+        settle(qc.calls.pop(), exc=broken)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    gc.collect()
+    loop.set_exception_handler(None)
+    assert unretrieved == []
