@@ -89,6 +89,7 @@ def ignore_sigterm() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         os.register_at_fork(after_in_child=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}))
 
+
 remove_socket_dir_at_exit()
 ignore_sigterm()
 import_optional()
