@@ -112,29 +112,54 @@ def check_address(cfg: dict[str, Any]) -> None:
 
 
 def _check_dashboard(key: str, where: str) -> None:
-    """A ConfigError unless the dashboard the cluster at `where` registered in its GCS answers here: Xenna's
-    monitor lists the cluster's actors through Ray's state API, which the dashboard serves. On a cluster started
-    with `--include-dashboard=false` the check passed and the job failed ~15 s in, blaming the dataset's input
-    (`ServerUnavailable: Failed to make request to http://127.0.0.1:8265/api/v0/actors`), and a re-run the same.
-    The worker actors of `engine: local` ask only the GCS: they need no dashboard."""
+    """A ConfigError unless the dashboard the cluster at `where` registered in its GCS answers here as that
+    cluster's: Xenna's monitor lists the cluster's actors through Ray's state API, which the dashboard serves. On a
+    cluster started with `--include-dashboard=false` the check passed and the job failed ~15 s in, blaming the
+    dataset's input (`ServerUnavailable: Failed to make request to http://127.0.0.1:8265/api/v0/actors`), and a
+    re-run the same; such a cluster still registers the default port, where another cluster's dashboard (or any
+    server) may answer: its `/api/version` names its session, which must be this cluster's. The worker actors of
+    `engine: local` ask only the GCS: they need no dashboard."""
     from ray._private import ray_constants  # Ray: only when configured
     from ray._raylet import GcsClient
 
-    registered = GcsClient(address=where).internal_kv_get(ray_constants.DASHBOARD_ADDRESS.encode(),
-                                                          ray_constants.KV_NAMESPACE_DASHBOARD, timeout=ADDRESS_CHECK_S)
+    gcs = GcsClient(address=where)
+    registered = gcs.internal_kv_get(ray_constants.DASHBOARD_ADDRESS.encode(), ray_constants.KV_NAMESPACE_DASHBOARD,
+                                     timeout=ADDRESS_CHECK_S)
     dashboard = registered.decode() if registered else ""
-    host, _, port = dashboard.rpartition(":")
-    why = "none registered"
-    if port.isdigit():
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_CHECK_S).close()
-            return
-        except OSError as exc:
-            why = f"{dashboard}: {exc.strerror or exc}"
-    raise ConfigError(f"{key}: the Ray cluster at {where} has no dashboard answering here (Ray's state API, which "
-                      f"`engine: xenna` needs; {why}): start its head without "
-                      f"--include-dashboard=false, reachable from this machine, or use `engine: local` "
-                      f"(docs/multi-node.md, Set-up)")
+    why = _not_its_dashboard(dashboard, gcs.internal_kv_get(b"session_name", ray_constants.KV_NAMESPACE_SESSION,
+                                                            timeout=ADDRESS_CHECK_S)) if dashboard else "none registered"
+    if why:
+        raise ConfigError(f"{key}: the Ray cluster at {where} has no dashboard answering here (Ray's state API, "
+                          f"which `engine: xenna` needs; {why}): start its head without "
+                          f"--include-dashboard=false, reachable from this machine, or use `engine: local` "
+                          f"(docs/multi-node.md, Set-up)")
+
+
+def _not_its_dashboard(dashboard: str, session: bytes | None) -> str | None:
+    """Why the server at `dashboard` (HOST:PORT) is not the dashboard of the cluster whose session is `session`,
+    else None. One that asks for a token (401, 403) is taken as the cluster's: it cannot be asked more."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{dashboard}/api/version", timeout=ADDRESS_CHECK_S) as answer:
+            body = answer.read(1 << 16)
+    except urllib.error.HTTPError as exc:
+        return None if exc.code in (401, 403) else f"{dashboard} answers HTTP {exc.code}, not as Ray's dashboard"
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"{dashboard}: {getattr(reason, 'strerror', None) or reason}"
+    try:
+        theirs = json.loads(body).get("session_name")
+    except (ValueError, AttributeError):
+        theirs = None
+    if not isinstance(theirs, str):
+        return f"{dashboard} answers, but not as Ray's dashboard"
+    ours = session.decode(errors="replace") if session else None
+    if ours is not None and theirs != ours:
+        return f"{dashboard} is another Ray cluster's dashboard (session {theirs}, this cluster's is {ours})"
+    return None
 
 
 def _auto_address() -> str:

@@ -560,9 +560,15 @@ def test_a_ray_address_that_is_malformed_or_closed_is_a_config_error_before_anyt
 def test_a_cluster_without_a_dashboard_is_a_config_error_for_xenna_only(monkeypatch) -> None:
     """Regression: a cluster started with `--include-dashboard=false` passed the address check, and `engine: xenna`
     failed ~15 s in (its monitor asks Ray's state API, which the dashboard serves), blaming the dataset's input.
-    The check now connects to the dashboard the cluster registered in its GCS: one line naming ray_address, what
-    is missing and where the set-up is. `engine: local` (worker actors, which ask only the GCS) needs none.
-    The GCS's answers are faked; the dashboard's port is a real one, closed or listening."""
+    The check now asks the dashboard the cluster registered in its GCS for its session: one line naming
+    ray_address, what is missing and where the set-up is. Regression too: any server at the registered address
+    passed (such a cluster registers the default port, where another cluster's dashboard may answer, whose state
+    API Xenna then asked; or another server, the job failing ~10 s in). `engine: local` (worker actors, which ask
+    only the GCS) needs none. The GCS's answers are faked; the dashboards are real HTTP servers, or a closed port."""
+    import http.server
+    import json
+    import threading
+
     import ray._raylet
 
     from streamprep import ray_cluster
@@ -570,13 +576,33 @@ def test_a_cluster_without_a_dashboard_is_a_config_error_for_xenna_only(monkeypa
 
     registered: list[bytes | None] = []
 
-    class Gcs:  # what a GCS has in its KV under ("dashboard", "dashboard")
+    class Gcs:  # what a GCS has in its KV: the dashboard's address, and the cluster's session
         def __init__(self, address: str) -> None:
             pass
 
         def internal_kv_get(self, key: bytes, namespace: bytes, timeout: float) -> bytes | None:
-            assert (key, namespace) == (b"dashboard", b"dashboard")
-            return registered[-1]
+            kv = {(b"dashboard", b"dashboard"): registered[-1], (b"session_name", b"session"): b"session_ours"}
+            return kv[key, namespace]
+
+    class Dashboard(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            session = self.server.session  # type: ignore[attr-defined]
+            if self.path != "/api/version" or session is None:
+                self.send_error(404)
+                return
+            body = json.dumps({"version": "4", "ray_version": "2", "ray_commit": "x", "session_name": session})
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args) -> None:
+            pass
+
+    def serving(session: str | None) -> http.server.HTTPServer:
+        server = http.server.HTTPServer(("127.0.0.1", 0), Dashboard)
+        server.session = session  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
 
     monkeypatch.setattr(ray._raylet, "GcsClient", Gcs)
     monkeypatch.setattr(ray_cluster, "_ask_gcs", lambda where, metadata=(): ("OK", ""))
@@ -593,19 +619,29 @@ def test_a_cluster_without_a_dashboard_is_a_config_error_for_xenna_only(monkeypa
             return str(exc)
         return None
 
-    with gcs:
-        for entry in (dashboard.encode(), None):
-            registered.append(entry)
-            missing = f"{dashboard}: Connection refused" if entry else "none registered"
-            assert check("xenna") == (
-                f"config: 'execution.ray_address': the Ray cluster at {where} has no dashboard answering here (Ray's "
-                f"state API, which `engine: xenna` needs; {missing}): start its head "
+    def refused(why: str) -> str:
+        return (f"config: 'execution.ray_address': the Ray cluster at {where} has no dashboard answering here (Ray's "
+                f"state API, which `engine: xenna` needs; {why}): start its head "
                 f"without --include-dashboard=false, reachable from this machine, or use `engine: local` "
                 f"(docs/multi-node.md, Set-up)")
-            assert check("local") is None
-        with socket.create_server(("127.0.0.1", 0)) as listening:
-            registered.append(f"127.0.0.1:{listening.getsockname()[1]}".encode())
+
+    ours, other, not_ray = serving("session_ours"), serving("session_theirs"), serving(None)
+    with gcs:
+        try:
+            for entry, why in ((dashboard, f"{dashboard}: Connection refused"), (None, "none registered"),
+                               (f"127.0.0.1:{other.server_port}", f"127.0.0.1:{other.server_port} is another Ray "
+                                f"cluster's dashboard (session session_theirs, this cluster's is session_ours)"),
+                               (f"127.0.0.1:{not_ray.server_port}",
+                                f"127.0.0.1:{not_ray.server_port} answers HTTP 404, not as Ray's dashboard")):
+                registered.append(entry.encode() if entry else None)
+                assert check("xenna") == refused(why)
+                assert check("local") is None
+            registered.append(f"127.0.0.1:{ours.server_port}".encode())
             assert check("xenna") is None
+        finally:
+            for server in (ours, other, not_ray):
+                server.shutdown()
+                server.server_close()
 
 
 TOKEN_CASES = """
