@@ -64,12 +64,11 @@ def last_lines(run_dir: str | Path, n: int) -> list[str]:
     if n <= 0:
         return []
     try:
-        with open(path, "rb") as fh:
-            ino: int | None = os.fstat(fh.fileno()).st_ino
-            head = fh.read()
+        fh = open(path, "rb")
     except OSError:
-        ino, head = None, b""
-    return _tail_of(path, head, ino, n)
+        return _tail_of(path, b"", None, n)
+    with fh:
+        return _tail_of(path, fh.read(), fh, n)
 
 
 class Follower:
@@ -221,7 +220,7 @@ def tail(run_dir: str | Path, n: int = 20, follow: bool = False, out: IO[str] | 
     follower = Follower(path, start_at_end=True, poll_s=poll_s)
     try:
         if n > 0:
-            for line in _tail_of(path, follower.head, follower.ino, n):
+            for line in _tail_of(path, follower.head, follower.fh, n):
                 out.write(line + "\n")
             out.flush()
         for line in follower.lines(stop):
@@ -234,25 +233,27 @@ def tail(run_dir: str | Path, n: int = 20, follow: bool = False, out: IO[str] | 
     return 0
 
 
-def _tail_of(path: Path, head: bytes, ino: int | None, n: int) -> list[str]:
-    """Last `n` lines of `head` (the file of inode `ino` up to where reading stopped), + older rotated files if
+def _tail_of(path: Path, head: bytes, read: IO[bytes] | None, n: int) -> list[str]:
+    """Last `n` lines of `head` (the file open as `read` up to where reading stopped), + older rotated files if
     short."""
     lines = head.decode("utf-8", "replace").splitlines()
     if len(lines) < n:
-        for older in _older(path, ino):
+        for older in _older(path, read):
             lines = older[-(n - len(lines)):] + lines
             if len(lines) >= n:
                 break
     return lines[-n:]
 
 
-def _older(path: Path, ino: int | None) -> Iterator[list[str]]:
-    """The lines of each rotated file older than the file of inode `ino` (the one already read), newest first.
+def _older(path: Path, read: IO[bytes] | None) -> Iterator[list[str]]:
+    """The lines of each rotated file older than the file open as `read` (the one already read), newest first.
     A rollover after it was read renamed it to .1 (or further): the files named before it now are newer ones,
-    whose lines the follower prints after, so only those past it are older. Names only move to higher numbers,
-    so opening them in ascending order may meet a file twice (kept once) but never misses one."""
+    whose lines the follower prints after, so only those past it are older; rotated past the last backup (gone),
+    every file is newer. Names only move to higher numbers, so opening them in ascending order may meet a file
+    twice (kept once) but never misses one."""
     handles: list[IO[bytes]] = []
     seen: set[int] = set()
+    ino = os.fstat(read.fileno()).st_ino if read is not None else None
     try:
         for i in _backups(path):
             try:
@@ -269,6 +270,8 @@ def _older(path: Path, ino: int | None) -> Iterator[list[str]]:
             else:
                 seen.add(at)
                 handles.append(fh)
+        if read is not None and ino not in seen and os.fstat(read.fileno()).st_nlink == 0:
+            return  # gone: every file now named is newer than it
         for fh in handles:
             yield fh.read().decode("utf-8", "replace").splitlines()
     finally:

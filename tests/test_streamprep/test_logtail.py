@@ -101,6 +101,36 @@ def test_a_rollover_between_reading_the_log_and_its_backups_repeats_no_line(tmp_
     assert seqs[-1] == (31 if follow else 29) and len(seqs) >= n
 
 
+def test_a_file_rotated_past_the_last_backup_after_it_was_read_has_no_older_lines(tmp_path):
+    """Regression (review of the fix above): when the file `logs -n` read was rotated past the last backup before
+    its backups were looked at, every backup was newer than it, and their lines were printed as older ones, before
+    its own."""
+    import logging.handlers
+
+    from streamprep import logtail
+
+    path = tmp_path / "logs" / "streamprep.log"
+    path.parent.mkdir()
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=30, backupCount=5)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("test_logtail_gone")
+    log.propagate, log.level = False, logging.INFO
+    log.addHandler(handler)
+    seq = iter(range(100))
+    try:
+        for _ in range(12):
+            log.info("line %03d", next(seq))
+        with open(path, "rb") as fh:
+            head = fh.read()
+            for _ in range(20):  # its file renamed to .1, … and past .5: removed
+                log.info("line %03d", next(seq))
+            assert os.fstat(fh.fileno()).st_nlink == 0
+            assert logtail._tail_of(path, head, fh, 8) == head.decode().splitlines()
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+
+
 def _burst_between_polls(run_dir, log_writer, backups: int, lines: int) -> tuple[list[int], list[str]]:
     """Follow from the end, log `lines` lines at once (rotating many times), poll once: (seqs read, warnings)."""
     log = log_writer(run_dir, max_bytes=1200, backups=backups)
