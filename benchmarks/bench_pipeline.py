@@ -3,13 +3,16 @@
     python benchmarks/bench_pipeline.py [--mb 100 | --short-docs 2000000] [--repeats 3] [--engines local,xenna]
                                         [--workers N] [--only abcd] [--near-dedup]
 
-(a) raw limit: `Tokenizer.encode_batch_fast` over the texts already in memory, all cores (Rust threads);
-(b) streamprep's tokenization stage alone, over the ingest parts of run (c);
+(a) raw limit: HF's `Tokenizer.encode_batch_fast` over the texts already in memory, all cores (Rust threads);
+(b) streamprep's tokenization stage alone, over the ingest parts of run (c), with the backend that job's shard
+    tasks load (run.json's `tokenizer_backend`: with the default `tokenizer.backend: auto`, gigatoken when it
+    passed the identity check); the row names the backend that encoded;
 (c) the whole `streamprep ingest` (ingest + tokenize + exports) with the quality gates off;
 (d) the same with the default quality gates;
 (e) with --near-dedup: the default gates plus `quality.near_dedup` (on a corpus whose copies are word-
     shuffled, so near-dedup removes no more than the real near-duplicates; (a) and (d) then use it too).
-Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tree, and b/a, c/a, d/a;
+Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tree, and b/a, c/a, d/a (above 1
+when the job's gigatoken beats HF's limit);
 (c) and (d) once per engine in --engines, with the time to the first finished shard against the time
 ingest takes per part, and each engine's whole-job ratio to the first engine's.
 Each of (b)-(d) runs as its own process; medians over --repeats.
@@ -42,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import revision  # noqa: E402
 from corpus import PACKAGES, REPO, SHARED, build, build_short, cache_bytecode  # noqa: E402
 from streamprep.atomic import sha256_file  # noqa: E402
+from streamprep.tokenizer import TokenizerInfo  # noqa: E402
 
 PHI2 = SHARED / "tokenizers/phi-2/tokenizer.json"
 GATES_OFF = {"dedup": "none", "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
@@ -169,24 +173,37 @@ import sys, json, time
 from pathlib import Path
 from streamprep.backends import ShardEncoder
 from streamprep.tokenize import make_task, tokenize_part
-run = Path(sys.argv[1]); tok_path = run / "tokenizer/tokenizer.json"
-tok = ShardEncoder("hf", tok_path)
+run = Path(sys.argv[1]); choice = sys.argv[2]; tok_path = run / "tokenizer/tokenizer.json"
+tok = ShardEncoder(choice, tok_path)
 parts = sorted((run / "ingest").rglob("part-*.jsonl"))
 t0 = time.perf_counter(); n = 0
 for p in parts:
-    task = make_task(run, p.parent.name, "train", p, tok_path, "x", 50256, "uint16")
+    task = make_task(run, p.parent.name, "train", p, tok_path, "x", 50256, "uint16", backend=choice)
     task = task.__class__(**{**task.__dict__, "prefix": str(run / "bench_stage" / p.stem)})
     n += tokenize_part(task, tok)["num_tokens"]
-print(json.dumps({"seconds": time.perf_counter() - t0, "tokens": n}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "tokens": n, "backend": tok.name}))
 """
 
 
+def job_backend(run_dir: Path) -> str:
+    """The backend the job's shard tasks loaded (TokenizerInfo.backend_name of run.json's `tokenizer_backend`),
+    so that (b) times what the job ran rather than a fixed one."""
+    record = json.loads((run_dir / "run.json").read_text()).get("tokenizer_backend", {"name": "hf"})
+    return TokenizerInfo(run_dir, "", 0, None, None, backend=record).backend_name
+
+
 def stage_alone(run_dir: Path) -> tuple[dict, int]:
-    proc = subprocess.Popen([sys.executable, "-c", STAGE_SCRIPT, str(run_dir)], stdout=subprocess.PIPE, cwd=REPO,
+    """(b) over run `run_dir`'s parts in a process of its own; SystemExit with its stderr when it fails."""
+    proc = subprocess.Popen([sys.executable, "-c", STAGE_SCRIPT, str(run_dir), job_backend(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     rss = TreeSampler(proc.pid)
-    out, _ = proc.communicate()
-    return json.loads(out), rss.stop()
+    out, err = proc.communicate()
+    peak = rss.stop()
+    if proc.returncode:
+        raise SystemExit(f"tokenization stage (b) over {run_dir} failed (exit {proc.returncode}): "
+                         f"{err.decode(errors='replace')[-2000:]}")
+    return json.loads(out), peak
 
 
 def main() -> None:
@@ -269,6 +286,8 @@ def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: d
     for k, secs in med.items():
         ratio = med["a"] / secs if "a" in med else float("nan")
         name = NAMES[k[0]] + (f" [{k[2:]}]" if ":" in k else "")
+        if k == "b":  # the backend that encoded (auto's per-worker check may have moved it to hf)
+            name += f" [{'/'.join(sorted({x['backend'] for x in results['b']}))}]"
         print(f"{name:36} {secs:8.2f} {mb / secs:7.2f} {docs / secs:8.0f} {tokens / secs:10.0f} "
               f"{rss.get(k, 0) / 1e6:11.0f} {ratio:6.2f}")
     for k, runs in results.items():
