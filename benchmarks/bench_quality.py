@@ -190,6 +190,19 @@ def against(docs: list[dict[str, Any]], rev: str, rounds: int, clock: Callable[[
         interleaved(docs, rev, baseline_control(rev, Path(tmp)), rounds, clock, differ_ok)
 
 
+def disagreement(ours: list[tuple[bool, Any]], theirs: list[tuple[bool, Any]], rev: str,
+                 differ_ok: frozenset[int] = frozenset(), shown: int = 10) -> str | None:
+    """Why the two chains' (keep, failed_check) verdicts are not as expected (they differ on exactly the docs
+    `differ_ok` names), naming the docs that differ and their verdicts so that --differ-ok can be set; None if they are."""
+    differ = sorted(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    if set(differ) == differ_ok:
+        return None
+    docs = "; ".join(f"doc {i}: this checkout {ours[i]}, {rev} {theirs[i]}" for i in differ[:shown])
+    return (f"the chains disagree on {len(differ)} of {len(ours)} docs (keep, failed_check): {differ}"
+            + (f" ({docs}{'; ...' if len(differ) > shown else ''})" if differ else "")
+            + f"; --differ-ok names {sorted(differ_ok)}")
+
+
 def interleaved(docs: list[dict[str, Any]], rev: str, base: Any, rounds: int, clock: Callable[[], float],
                 differ_ok: frozenset[int] = frozenset()) -> None:
     chains = (quality.control, base)
@@ -210,11 +223,9 @@ def interleaved(docs: list[dict[str, Any]], rev: str, base: Any, rounds: int, cl
     for i in range(rounds):
         results = {id(m): judge(m) for m in (chains if i % 2 == 0 else chains[::-1])}
         (ours, ours_verdicts), (theirs, their_verdicts) = results[id(quality.control)], results[id(base)]
-        differ = {i for i, (a, b) in enumerate(zip(ours_verdicts, their_verdicts)) if a != b}
-        if differ != differ_ok:
-            raise SystemExit(f"the chains disagree on {len(differ)} of {len(docs)} docs (keep, failed_check)"
-                             + (f"; --differ-ok names {sorted(differ_ok)}, they differ on {sorted(differ)}"
-                                if differ_ok else ""))
+        problem = disagreement(ours_verdicts, their_verdicts, rev, differ_ok)
+        if problem:
+            raise SystemExit(problem)
         ratios.append(ours / theirs)
         print(f"| {i + 1} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.3f} |")
     print(f"\nratio: median **{statistics.median(ratios):.3f}** (min {min(ratios):.3f}, max {max(ratios):.3f}); "

@@ -40,3 +40,17 @@ def test_bench_pipeline_stage_failure_names_the_stage_and_its_stderr(benchmarks:
     (tmp_path / "run.json").write_text(json.dumps({"tokenizer_backend": {"name": "hf", "requested": "hf"}}))
     with pytest.raises(SystemExit, match=r"(?s)tokenization stage \(b\) over .* failed \(exit 1\): .*tokenizer\.json"):
         bench_pipeline.stage_alone(tmp_path)  # no tokenizer/tokenizer.json in this run folder
+
+
+def test_bench_quality_names_the_docs_the_chains_disagree_on(benchmarks: Path) -> None:
+    """Regression: with --differ-ok empty, `--against 50a34e7` (as documented) stopped with "the chains disagree on
+    1 of 1000 docs" naming no doc, so there was no telling which index --differ-ok needed."""
+    import bench_quality
+
+    ours, theirs = [(True, None), (False, "pii"), (True, None)], [(True, None), (True, None), (True, None)]
+    assert bench_quality.disagreement(ours, theirs, "50a34e7") == (
+        "the chains disagree on 1 of 3 docs (keep, failed_check): [1] (doc 1: this checkout (False, 'pii'), "
+        "50a34e7 (True, None)); --differ-ok names []")
+    assert bench_quality.disagreement(ours, theirs, "50a34e7", frozenset({1})) is None
+    assert bench_quality.disagreement(ours, ours, "50a34e7", frozenset({1})) == (
+        "the chains disagree on 0 of 3 docs (keep, failed_check): []; --differ-ok names [1]")
