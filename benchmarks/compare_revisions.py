@@ -7,7 +7,9 @@ read the inputs as the first revision's config resolves them (the demo reads the
 differ between those two runs are bookkeeping that changes on every run (timestamps, timings, run ids)
 and are listed, not compared. Every other file must be byte-identical at the second revision, and both
 revisions must write the same set of files, except under checkpoints/ (bookkeeping whose format a revision
-may change: listed, not compared). Prints one line per config; exit 1 on any difference.
+may change: listed, not compared). Prints one line per config; exit 1 on any difference; exit 2 with one line
+naming a revision git does not know. BASE may equal HEAD (`compare_revisions.py HEAD`: is the run deterministic?);
+the worktrees are removed however the run ends.
 """
 from __future__ import annotations
 
@@ -28,11 +30,28 @@ DEFAULT_CONFIGS = ["configs/demo.yaml", "configs/sft_chat.yaml", "configs/sft_in
                    "configs/dpo.yaml", "configs/grpo.yaml"]
 
 
-def checkout(rev: str, work: Path) -> Path:
-    tree = work / rev.replace("/", "_")
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(tree), rev],
-                   check=True, capture_output=True)
-    return tree
+def resolve(rev: str) -> str:
+    """`rev`'s commit; SystemExit (exit 2) naming `rev` when git knows no such commit (a typo, a shallow clone)."""
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", "--end-of-options",
+                          f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if git.returncode:
+        print(f"compare_revisions: unknown revision {rev!r} (no such commit in {REPO})", file=sys.stderr)
+        raise SystemExit(2)
+    return git.stdout.strip()
+
+
+def checkout(rev: str, tag: str, work: Path, trees: list[Path]) -> None:
+    """A worktree of `rev` at work/<tag>-<rev> (distinct when BASE == HEAD; beside work/shared), appended to
+    `trees` once git registered it, so that the caller removes it whatever fails later."""
+    tree = work / f"{tag}-{rev.replace('/', '_')}"
+    git = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(tree), resolve(rev)],
+                         capture_output=True, text=True)
+    if git.returncode:  # what a half-made worktree registered goes too
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+        reason = (git.stderr.strip().splitlines() or ["failed"])[-1]
+        print(f"compare_revisions: git worktree add of {rev!r}: {reason}", file=sys.stderr)
+        raise SystemExit(2)
+    trees.append(tree)
 
 
 def run(tree: Path, inputs: Path, config: str, engine: str, workers: int | None, run_dir: Path) -> None:
@@ -91,8 +110,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="streamprep-compare-") as tmp:
         work = Path(tmp)
         (work / "shared").symlink_to(SHARED)
-        trees = [checkout(a.base, work), checkout(a.head, work)]
+        trees: list[Path] = []
         try:
+            checkout(a.base, "base", work, trees)
+            checkout(a.head, "head", work, trees)
             ok = all([compare(c, trees, a.engine, a.workers, work) for c in a.config or DEFAULT_CONFIGS])
         finally:
             for tree in trees:
