@@ -1,6 +1,6 @@
 """Exact-dedup index at scale: resident bytes per kept document, µs per lookup / insert, load-from-log time.
 
-    PYTHONPATH=. python benchmarks/bench_dedup.py --sizes 10000000 50000000 [--dir /tmp]
+    python benchmarks/bench_dedup.py --sizes 10000000 50000000 [--dir /tmp]
 
 Resident bytes are measured with tracemalloc (numpy reports its buffers to it): the traced size held by the
 loaded index, divided by its digest count. The old index (a Python set + a bytearray copy, loaded by a
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from quality.dedup import DIGEST_SIZE, DedupIndex, _merge_runs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's quality/, not an installed one
+from quality.dedup import DIGEST_SIZE, DedupIndex, _merge_runs  # noqa: E402
 
 PROBES = 200_000
 INSERTS = 300_000
