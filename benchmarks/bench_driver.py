@@ -4,7 +4,8 @@
 
 Runs `streamprep ingest` (`engine: local`) with `workers: 1` and `workers: 2` on the same corpus and
 samples every process of the job's tree every 50 ms (psutil CPU times; a process's last < 50 ms before it
-exits are not seen). Prints per run: wall seconds, the driver's CPU seconds and its share of the tree's,
+exits are not seen). Prints per run: wall seconds, the driver's CPU seconds and its share of the tree's (for
+`workers: 2`: with `workers: 1` the worker is a thread in the driver, whose CPU is then the job's),
 the driver's CPU-s per input GB and how many cores of this box's per-core rate one driver could feed
 (the tree's CPU-s per GB over the driver's), the 2-worker speed-up, each run's phases from its log (start-up
 before the first line, ingest, the tokenizing left after it, exports and audit, exit) and the speed-up `workers: 2`
@@ -108,6 +109,17 @@ def _seconds(event: dict) -> float:
     return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
+def share_line(workers: int, m: dict, gb: float) -> str:
+    """One run's CPU line. With `workers: 1` the job's worker is a thread in the driver's process (the executor's
+    one ThreadPoolExecutor thread), so the driver's CPU is the job's and a driver share says nothing."""
+    if workers == 1:
+        return (f"workers 1: {m['seconds']:.2f} s wall; {m['tree']:.2f} CPU-s, {m['driver']:.2f} of them in the "
+                f"driver's process, whose thread is the job's one worker (no driver share: see workers 2)")
+    return (f"workers {workers}: {m['seconds']:.2f} s wall; driver {m['driver']:.2f} of {m['tree']:.2f} CPU-s "
+            f"({100 * m['driver'] / m['tree']:.1f} %); driver {m['driver'] / gb:.1f} CPU-s per input GB; "
+            f"one driver feeds ~{m['tree'] / m['driver']:.0f} cores at this rate")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=int, default=62)
@@ -132,9 +144,7 @@ def main() -> None:
           "; ".join(f"CPU {cpu} {' / '.join(f'{v:.0f}' for v in vs)}" for cpu, vs in speeds.items()))
     med = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
     for w, m in med.items():
-        print(f"workers {w}: {m['seconds']:.2f} s wall; driver {m['driver']:.2f} of {m['tree']:.2f} CPU-s "
-              f"({100 * m['driver'] / m['tree']:.1f} %); driver {m['driver'] / gb:.1f} CPU-s per input GB; "
-              f"one driver feeds ~{m['tree'] / m['driver']:.0f} cores at this rate")
+        print(share_line(w, m, gb))
     print(f"workers 2 / workers 1 speed-up: {med[1]['seconds'] / med[2]['seconds']:.2f}x")
     names = [name for name, _ in PHASES] + ["exit"]
     for w, m in med.items():

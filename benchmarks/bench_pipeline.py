@@ -14,7 +14,8 @@
 Prints MB/s (of input text), docs/s, tokens/s, peak RSS of the whole process tree, and b/a, c/a, d/a (above 1
 when the job's gigatoken beats HF's limit);
 (c) and (d) once per engine in --engines, with the time to the first finished shard against the time
-ingest takes per part, and each engine's whole-job ratio to the first engine's.
+ingest takes per part, and each engine's whole-job ratio to the first engine's; for xenna, how many shards its
+stage tokenized (the rest went to the local workers), and no ratio when it tokenized none (Ray not up in time).
 Each of (b)-(d) runs as its own process; medians over --repeats.
 
 With --against REV, each run of (c), (d) and (e) is followed by the same job at git revision REV (its `streamprep/`
@@ -116,7 +117,26 @@ def first_shard(run_dir: Path) -> dict:
     sealed = next(i for i, x in enumerate(lines) if x["event"] == "parts sealed" and x["parts"] > 0)
     ingest = next(x for x in lines if x["event"] == "ingest done")["seconds"]
     parts = len(list((run_dir / "ingest").rglob("part-*.jsonl")))
-    return {"first_shard_s": t[first] - t[0], "first_part_s": t[sealed] - t[0], "ingest_s_per_part": ingest / max(parts, 1)}
+    return {"first_shard_s": t[first] - t[0], "first_part_s": t[sealed] - t[0], "ingest_s_per_part": ingest / max(parts, 1),
+            **where_tokenized(lines)}
+
+
+# the xenna engine's log events when its stage tokenized nothing, and what each means
+NO_STAGE = {"job done before the xenna stage was needed; not starting it": "the job was done before the stage was needed",
+            "ray did not come up; the local workers tokenize every shard": "Ray did not come up",
+            "not starting the xenna stage: the local workers end the remaining shards first":
+                "the stage was not started (the local workers ended the shards first)"}
+
+
+def where_tokenized(lines: list[dict]) -> dict:
+    """From a run's log lines: its shards, how many the local workers tokenized (`tokenization done`'s
+    `shards_local`), and for the xenna engine why its stage ran none (None if it ran some, or no such event)."""
+    done = next(x for x in lines if x["event"] == "tokenization done")
+    why = None
+    for x in lines:
+        if x["event"] in NO_STAGE:
+            why = NO_STAGE[x["event"]] + ("; Ray never came up" if x.get("ray_up") is False else "")
+    return {"shards": done["shards"], "shards_local": done.get("shards_local", done["shards"]), "no_stage": why}
 
 
 def timed(argv: list[str], what: str, env: dict | None = None, cwd: Path | None = None) -> tuple[float, int]:
@@ -301,12 +321,26 @@ def report(a: argparse.Namespace, corpus: Path, results: dict[str, list], rss: d
               + f"; first shard after {first:.2f} s = {first / first_part:.2f} x the first sealed part ({first_part:.2f} s)"
               + f" = {first / per_part:.2f} x ingest time per part ({per_part:.2f} s)"
               + f"; kept {runs[0]['kept']} of {docs}")
+    for k, runs in results.items():
+        if k.endswith(":xenna") and runs:
+            print(f"{NAMES[k[0]]} [xenna]: {xenna_shards(runs)}")
     for key in "cde":
         if f"{key}:{engines[0]}" in med:
             for e in engines[1:]:
+                runs = results[f"{key}:{e}"]
+                if e == "xenna" and all(x["shards"] == x["shards_local"] for x in runs):
+                    print(f"{NAMES[key]}: no xenna/{engines[0]} ratio: the xenna stage ran no shard "
+                          f"({runs[0]['no_stage'] or 'the local workers did them all'}), so both were local jobs")
+                    continue
                 print(f"{NAMES[key]}: {e} whole job = {med[f'{key}:{engines[0]}'] / med[f'{key}:{e}']:.2f} x "
                       f"{engines[0]} throughput; peak tree RSS {rss[f'{key}:{e}'] / 1e9:.2f} GB vs "
                       f"{rss[f'{key}:{engines[0]}'] / 1e9:.2f} GB")
+
+
+def xenna_shards(runs: list[dict]) -> str:
+    """How many shards each xenna run's stage tokenized (the rest went to the local workers), or why none."""
+    return "; ".join(f"run {i}: the xenna stage ran {x['shards'] - x['shards_local']} of {x['shards']} shards"
+                     + (f" ({x['no_stage']})" if x["no_stage"] else "") for i, x in enumerate(runs))
 
 
 if __name__ == "__main__":

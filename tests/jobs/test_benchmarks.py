@@ -114,3 +114,36 @@ def test_compare_revisions_base_equal_to_head_gets_two_trees_removed_after_a_fai
         compare_revisions.main()
     assert len(seen[0]) == 2 and seen[0][0] != seen[0][1]
     assert worktrees(tiny_repo) == [f"worktree {tiny_repo}"]
+
+
+def log_lines(*events: dict) -> list[dict]:
+    return [{"timestamp": "2026-12-01T00:00:00Z", **e} for e in events]
+
+
+def test_bench_pipeline_says_how_many_shards_the_xenna_stage_ran_or_why_none(benchmarks: Path) -> None:
+    """Regression: `--engines local,xenna` printed "xenna whole job = 1.66 x local throughput" for a job whose
+    shards all went to the local workers before Ray came up (its log: shards_local 2 of 2, ray_up false)."""
+    import bench_pipeline
+
+    never = bench_pipeline.where_tokenized(log_lines(
+        {"event": "tokenization done", "shards": 2, "shards_local": 2},
+        {"event": "job done before the xenna stage was needed; not starting it", "ray_up": False}))
+    assert never == {"shards": 2, "shards_local": 2,
+                     "no_stage": "the job was done before the stage was needed; Ray never came up"}
+    ran = bench_pipeline.where_tokenized(log_lines({"event": "tokenization done", "shards": 9, "shards_local": 4},
+                                                   {"event": "xenna stage answering", "shards_local": 3}))
+    assert bench_pipeline.xenna_shards([ran, never]) == (
+        "run 0: the xenna stage ran 5 of 9 shards; run 1: the xenna stage ran 0 of 2 shards "
+        "(the job was done before the stage was needed; Ray never came up)")
+
+
+def test_bench_driver_gives_no_driver_share_for_one_worker(benchmarks: Path) -> None:
+    """Regression: `workers 1: ... driver 1.86 of 1.86 CPU-s (100.0 %) ... one driver feeds ~1 cores`, while with
+    `workers: 1` the job's worker is a thread in the driver's process."""
+    import bench_driver
+
+    m = {"seconds": 3.0, "driver": 1.86, "tree": 1.9}
+    one = bench_driver.share_line(1, m, 0.005)
+    assert one == ("workers 1: 3.00 s wall; 1.90 CPU-s, 1.86 of them in the driver's process, whose thread is the "
+                   "job's one worker (no driver share: see workers 2)")
+    assert bench_driver.share_line(2, m, 0.005).startswith("workers 2: 3.00 s wall; driver 1.86 of 1.90 CPU-s (97.9 %)")
