@@ -289,7 +289,8 @@ def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
 
 
 def _check_listing(key: str, ds: dict[str, Any]) -> None:
-    """A URL's listing finds its files (else MissingInput, as for a local path), and a single file's type is known."""
+    """A URL's listing finds its files (else MissingInput, as for a local path), and a single file's type is known
+    (else ConfigError, as for a local path: an optional dataset is skipped only when its input is not there)."""
     path = ds["path"]
     try:
         found = expand(path, ds["storage_options"])
@@ -306,11 +307,8 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
                           f"re-run once it is reachable") from exc
     if all(_listed_folder(f) for f in found):
         raise MissingInput(f"config: '{key}.path': no object matches {path}" + (only_folders(path) if found else ""))
-    if found == [path]:
-        try:
-            _check_format(f"{key}.path", path, ds["format"])
-        except ConfigError as exc:
-            raise MissingInput(str(exc)) from None
+    if found == [path]:  # a file there but not read is the config's fault, as on disk: not a missing input
+        _check_format(f"{key}.path", path, ds["format"])
 
 
 def _check_format(key: str, path: str, fmt: str | None) -> None:

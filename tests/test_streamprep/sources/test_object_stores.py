@@ -624,3 +624,26 @@ def test_a_0_byte_parquet_object_is_an_empty_file_as_a_0_byte_jsonl(s3: Proxy) -
     src = LocalSource(dataset({"name": "d", "path": f"s3://{BUCKET}/empty/"}))
     assert [r.reason for r, _ in src.iter_records()] == [f"empty file s3://{BUCKET}/empty/{n}"
                                                          for n in ("x.jsonl", "x.parquet")]
+
+
+@pytest.mark.parametrize("name", ["z.parquet.gz", "arc.tar", "arc.jsonl.tar.gz", "x.csv"])
+def test_an_optional_object_refused_by_its_type_is_the_config_error_a_local_file_gives(s3: Proxy, tmp_path: Path,
+                                                                                       name: str) -> None:
+    """Regression: an s3:// path naming one object of a type not read (an archive, a Parquet file compressed whole,
+    an unknown type) under `optional: true` was skipped as a missing input, exit 0 with the dataset left out; the
+    same file on disk is exit 2. Only an input that is not there is missing: both are the same config error."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / name).write_bytes(b"not read")
+    (tmp_path / "in" / "good.jsonl").write_bytes(_jsonl(DOCS[:5]))
+    _upload(tmp_path / "in", "refused")
+    errors = []
+    for path in (str(tmp_path / "in" / name), f"s3://{BUCKET}/refused/{name}"):
+        run = tmp_path / f"run{len(errors)}"
+        cfg = base_config([{"name": "main", "path": str(tmp_path / "in" / "good.jsonl")},
+                           {"name": "extra", "path": path, "optional": True}], None)
+        with pytest.raises(ConfigError) as err:
+            run_from_dict(cfg, run_dir=run, console_log=False)
+        assert not run.exists()
+        assert str(err.value).startswith(f"config: 'datasets[1].path': {path}: "), err.value
+        errors.append(str(err.value).replace(path, "PATH"))
+    assert errors[0] == errors[1]
