@@ -39,7 +39,7 @@ from streamprep.holders import Dedup, HeldDedup, HolderLost, Holders
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
 from streamprep.modes import Mode, mode_of
 from streamprep.sources import open_source
-from streamprep.sources.base import SourceError, input_change, one_line
+from streamprep.sources.base import FileGone, SourceError, input_change, one_line
 from streamprep.sources.hf import DownloadWindow, HFSource, clear_leftovers
 from streamprep.sources.local import LocalSource
 from streamprep.unit_worker import BAD, KEPT, Decision, Summary
@@ -300,6 +300,17 @@ class DatasetIngest:
             read = "it was not read" if _added(why) else "what was read of it may mix old and new data"
             raise SourceError(f"dataset {self.ds.name}: {why} during the run; {read} — {_undo(why)} and re-run the "
                               f"same command, or start over with a new --run-dir")
+        return inputs
+
+    async def _inputs_as_started(self, state: IngestState) -> Any:
+        """After a planned file was not found when read: the resume's identity check (`_check_inputs`), on the path
+        listed again, so a file deleted since the run started stops the job with the refusal the re-run would give
+        (exit 2), not a read failure saying to re-run; STOP on a stop request."""
+        if state.inputs is None:
+            return None
+        inputs = await self._fingerprint(state, fresh=True)
+        if inputs is not STOP:
+            self._check_inputs(state, inputs)
         return inputs
 
     def _check_inputs(self, state: IngestState, inputs: dict[str, Any]) -> None:
@@ -680,6 +691,8 @@ class DatasetIngest:
             if got is STOP:
                 return
             if isinstance(got, Exception):  # everything decided before it is committed and checkpointed
+                if isinstance(got, FileGone) and await self._inputs_as_started(state) is STOP:
+                    return
                 if isinstance(got, (SourceError, ConfigError, ClusterFailed)):  # the last: the engine's, not the input's
                     raise got
                 if isinstance(got, DecideError):

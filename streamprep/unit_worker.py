@@ -38,7 +38,8 @@ from quality.lines import escaped
 from streamprep import atomic, registry, stats, units
 from streamprep.config import ConfigError
 from streamprep.modes import Mode
-from streamprep.sources.base import REJECT_EXCERPT, BadRecord, ReaderError, SourceError, excerpt_of, one_line
+from streamprep.sources.base import (REJECT_EXCERPT, BadRecord, ReaderError, SourceError, excerpt_of, one_line,
+                                     read_failure)
 from streamprep.sources.local import REST_OF, _content_fault
 from streamprep.units import Unit
 
@@ -309,7 +310,7 @@ def _read(unit: Unit, options: Any) -> list[Any]:
             groups = units.row_group_range(unit)
             where = f" (bytes {unit.start}-{unit.end})" if unit.kind == "range" else \
                 f" (row groups {groups.start}-{groups.stop - 1})" if unit.kind == "row_group" else ""
-            raise SourceError(f"cannot read input file {unit.path}{where}: {one_line(exc)}") from exc
+            raise read_failure(f"cannot read input file {unit.path}{where}: {one_line(exc)}", exc) from exc
         items.append(BadRecord(f"{REST_OF}{unit.path} after record {units.RECORD_MARK}, skipped: {one_line(exc)}", ""))
     return items
 

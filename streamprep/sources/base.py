@@ -58,11 +58,26 @@ def excerpt_of(rec: Any, text_field: str) -> str:
 
 
 class SourceError(RuntimeError):
-    """An input that cannot be read for a reason outside its bytes (vanished, permission, I/O error).
+    """An input that cannot be read for a reason outside its bytes (permission, I/O error; vanished: FileGone).
 
     Unlike a corrupt file (a reject), this would not happen again on a clean re-run, so the job stops
     (exit 1) naming the file; re-running the command resumes from the last checkpoint.
     """
+
+
+class FileGone(SourceError):
+    """A planned input file not found when its bytes were read (deleted, or its object removed, since the run
+    started): ingest takes the input identity again, so the job stops with the refusal a resume would give (exit 2,
+    the file named as gone), not a read failure that a re-run as is cannot get past."""
+
+
+def read_failure(message: str, exc: BaseException) -> SourceError:
+    """The SourceError for a failed read of an input file: FileGone when the file was not found (`exc` or what it
+    wraps is a FileNotFoundError)."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, FileNotFoundError):
+        cause = cause.__cause__
+    return (SourceError if cause is None else FileGone)(message)
 
 
 class ReaderError(RuntimeError):

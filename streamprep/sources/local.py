@@ -38,7 +38,7 @@ import zstandard
 from quality.lines import pipeline_name
 from streamprep import registry
 from streamprep.config import ConfigError, MissingInput, resolved_workers, thaw
-from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_line
+from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_line, read_failure
 
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig
@@ -947,6 +947,7 @@ class LocalSource:
             if "://" in self.path:
                 filesystem(self.path, self.storage_options)[0].invalidate_cache()
             files = expand(self.path, self.storage_options)   # `identity`'s `info` reads an object store's listing
+            files = [f for f in files if "://" in f or os.path.lexists(f)]  # a local file named alone: gone, as an object
         hashed = {f.get("path") for f in (recorded or {}).get("files") or []
                   if isinstance(f, dict) and ("sha256" in f or "sha256_head_tail" in f)}
         return {"files": [identity(f, self.storage_options, f in hashed) for f in files]}
@@ -989,7 +990,7 @@ class LocalSource:
         except Exception as exc:
             where = f"{path} after record {record}"
             if not _content_fault(exc):
-                raise SourceError(f"cannot read input file {where}: {one_line(exc)}") from exc
+                raise read_failure(f"cannot read input file {where}: {one_line(exc)}", exc) from exc
             empty = record == 0 and _zero_bytes(path, self.storage_options)
             yield BadRecord(f"empty file {path}" if empty else f"{REST_OF}{where}, skipped: {one_line(exc)}", ""), nxt
 

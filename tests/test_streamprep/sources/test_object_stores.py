@@ -647,3 +647,44 @@ def test_an_optional_object_refused_by_its_type_is_the_config_error_a_local_file
         assert str(err.value).startswith(f"config: 'datasets[1].path': {path}: "), err.value
         errors.append(str(err.value).replace(path, "PATH"))
     assert errors[0] == errors[1]
+
+
+@pytest.mark.slow
+def test_an_object_deleted_after_planning_stops_the_job_with_the_resume_s_refusal(s3: Proxy, tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """Regression: an object removed between the plan and the read of its units stopped the job with `cannot read
+    input file s3://… (bytes A-B): FileNotFoundError: The specified key does not exist.`, exit 1, run.json saying
+    to re-run to resume, and the re-run was then refused, exit 2, `… is gone since this run started`. The first
+    failure is that refusal (needs_change); once the object is put back the same command resumes to the same bytes."""
+    from streamprep import units
+
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        (tmp_path / "in" / f"f{i}.jsonl").write_bytes(_jsonl(DOCS[i * 150:(i + 1) * 150]))
+    _upload(tmp_path / "in", "deleted")
+    victim = f"s3://{BUCKET}/deleted/f1.jsonl"
+    fs = filesystem("s3://x")[0]
+    real = units.plan_dataset
+
+    def planned_then_deleted(*args: Any, **kwargs: Any) -> Any:
+        plan = real(*args, **kwargs)
+        fs.rm(victim)
+        return plan
+
+    monkeypatch.setattr(units, "plan_dataset", planned_then_deleted)
+    cfg = base_config([{"name": "web", "path": f"s3://{BUCKET}/deleted/"}], None)
+    run = tmp_path / "run"
+    refusal = (f"dataset web: input file {victim} is gone since this run started; resuming would mix old and new "
+               f"data — restore the file, or start over with a new --run-dir")
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(cfg, run_dir=run, console_log=False)
+    assert str(err.value) == refusal
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "failed" and record["needs_change"] is True
+    monkeypatch.setattr(units, "plan_dataset", real)
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(cfg, run_dir=run, console_log=False)
+    assert str(err.value) == refusal
+    fs.pipe(victim, (tmp_path / "in" / "f1.jsonl").read_bytes())  # the same bytes: the same ETag and size
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    assert _tokens(run) == _job(str(tmp_path / "in"), tmp_path / "local")
