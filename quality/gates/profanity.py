@@ -1,8 +1,9 @@
 """Profanity: share of word tokens that are on the shipped list, seeing through common obfuscations.
 
 Tokens keep the symbols people use to disguise words ("f*ck", "sh1t", "a$$", "b!tch"), then:
-1. a plain token is looked up in the word set, case-blind, but one of capitals then a lower-case "s" is an
-   acronym's plural ("PISs", participant information sheets), not the listed word ("piss");
+1. a plain token is looked up in the word set, case-blind, but two or three capitals then a lower-case "s" are
+   an acronym's plural ("PISs", participant information sheets; "ASs"), not the listed word ("piss", "ass"); a
+   longer stem is the word shouted ("CUNTs", "SHITs", "MOTHERFUCKERs" count);
 2. any other token with a letter is stripped of edge "!"/"|", leetspeak is mapped back to letters
    (0→o, 1→i or l, 3→e, 4→a, 5→s, 7→t, @→a, $→s, !→i, |→i or l) and looked up again, unless it is
    letters then digits only, or such a name's plural: that is how models, chips and roads are named (Galaxy A55,
@@ -37,6 +38,7 @@ _LEET = [str.maketrans({"0": "o", "1": first, "3": "e", "4": "a", "5": "s", "7":
                         "!": "i", "|": first, "#": "*"}) for first in ("i", "l")]
 _DIGITS = "0123456789"
 _TOKEN_CHAR = r"[\w@$*#!|]"
+_ACRONYM = 3  # longest stem read as an acronym before a plural "s": PIS, AS; the list's 4-letter ones are the word shouted (CUNTs, SHITs)
 
 
 @lru_cache(maxsize=1)
@@ -69,9 +71,10 @@ class ProfanityGate(Gate):
         self.sorted_words = tuple(sorted(self.words))
         self.lengths = range(min(map(len, self.words)), max(map(len, self.words)) + 1)
         self._memo: dict[bytes, bool] = {}  # candidate token (scan bytes) -> is_profane of its lower-case form
-        # a listed word ending in "s" written as capitals then "s" is an acronym's plural ("PISs": participant
-        # information sheets; "ASs": autonomous systems), which the case-blind lookup took for the word
-        stems = "|".join(sorted(w[:-1].upper() for w in self.words if w.endswith("s")))
+        # a listed word ending in "s" written as 2-3 capitals then "s" is an acronym's plural ("PISs": participant
+        # information sheets; "ASs": autonomous systems), which the case-blind lookup took for the word; every
+        # longer stem on the list is the word itself in capitals (CUNTs, SHITs, NIGGERs), no acronym
+        stems = "|".join(sorted(w[:-1].upper() for w in self.words if w.endswith("s") and len(w) <= _ACRONYM + 1))
         self._acronym_plural = re.compile(rf"(?<!{_TOKEN_CHAR})(?:{stems})s(?!{_TOKEN_CHAR})")
 
     def is_profane(self, token: str) -> bool:

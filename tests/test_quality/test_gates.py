@@ -641,6 +641,20 @@ def test_acronym_plurals_are_not_the_listed_words(text: str, hits: int) -> None:
     assert gate.density_by_scan(Doc(None, text=text)) == ((hits, tokens) if hits else (0, 0))
 
 
+@pytest.mark.parametrize("text, hits", [
+    ("Shut up you stupid CUNTs, nobody asked for your opinion on this forum anyway so just leave.", 1),
+    ("Those KIKEs and NIGGERs should go back where they came from, said the post, shared online.", 2),
+    ("I am sick of these MOTHERFUCKERs at work, every single day they push me around here.", 1),
+    ("ASSHOLEs and SHITs and FUCKs and TWATs and WANKERs and SLUTs and WHOREs all of them", 7),
+])
+def test_a_listed_word_in_capitals_then_s_still_counts(text: str, hits: int) -> None:
+    """The acronym-plural exemption took every listed word ending in "s": CUNTs, NIGGERs, MOTHERFUCKERs (a
+    13-letter stem is no acronym) went uncounted. Only a 2-3 letter stem (PISs, ASs) is an acronym's plural."""
+    gate, doc, tokens = ProfanityGate(0.01), Doc(None, text=text), len(text.split())
+    assert gate.check(doc) == f"profanity density {round(hits / tokens, 4)} > 0.01 ({hits} of {tokens} tokens)"
+    assert gate.density_by_tokens(Doc(None, text=text)) == gate.density_by_scan(Doc(None, text=text)) == (hits, tokens)
+
+
 def test_a_model_name_s_plural_is_no_leetspeak() -> None:
     """"SH17" was exempt as a model name but "two SH17s" was "shits" in leetspeak: the plural of a name of letters
     then digits is a name too."""
