@@ -6,7 +6,7 @@ only in texts with a colon-separated run of hex groups. A text is tested for the
 it holds 7 consecutive chars of the run class (one `bytes.translate` of the text's Latin-1 view, else a
 codec error handler, and a substring test), which prose without such numbers never does; a text with a
 view is first asked by one Hyperscan pass whether it holds a run at all, and the IPv6 cue. Matches are validated
-(Luhn for cards, digit counts for phones) and counted by the chars they add to those of earlier matches (a match
+(Luhn for cards, digit counts and country codes for phones) and counted by the chars they add to those of earlier matches (a match
 inside earlier ones, like the phone that is an e-mail's local part, is no hit); the scan stops as soon as the
 matched length certainly exceeds the allowed density, so a PII-heavy text costs only the prefix needed to reject it.
 """
@@ -76,17 +76,71 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
-# the two-digit country codes (ITU-T E.164); +1 and +7 numbers have 11 digits, the other codes 3 digits
-_CC2 = frozenset("20 27 30 31 32 33 34 36 39 40 41 43 44 45 46 47 48 49 51 52 53 54 55 56 57 58 60 61 62 63 64 65 66 "
-                 "81 82 84 86 90 91 92 93 94 95 98".split())
+# The assigned ITU-T E.164 country calling codes, by the lengths of their national numbers that a 10-15 digit
+# "+" number can have (libphonenumber's metadata, phonenumbers 9.0.43: each code's possible lengths, all its
+# regions together). Codes are prefix-free, so a bare "+" number begins with at most one. Codes whose numbers
+# are all shorter (+290 St Helena, +500 Falklands, +298 Faroes, ...) are left out: no bare 10+ digit number is one.
+_NATIONAL_LENGTHS = {
+    "7": "238 239 246 248 269 291 297 592 597 673 674 676 677 678 680 683 688 690 691 692",
+    "7 8": "241 386 599 670 675 853 961 965 975",
+    "7 8 9": "231 252 355 385 967 968",
+    "7 8 9 10": "243 254 353 880",
+    "7 8 9 10 11": "352 375 595 886",
+    "7 8 9 10 11 12": "358 381 598 882 971 972",
+    "7 8 9 11": "852 974",
+    "7 8 9 12": "359",
+    "7 8 10": "230 267 372",
+    "7 8 10 11": "507",
+    "7 8 11": "503",
+    "7 9": "220 245 265 354 421 423",
+    "7 9 10": "263",
+    "7 10": "685 960",
+    "7 11": "501 679",
+    "8": "45 47 216 222 223 226 227 228 232 235 236 253 257 266 350 356 357 370 371 373 374 389 505 509 686 800 808 "
+         "973 993",
+    "8 9": "32 36 51 213 224 233 237 250 258 264 268 376 377 382 387 591 689 962 963",
+    "8 9 10": "20 27 48 60 64 84 95 855 856 964 970 976",
+    "8 9 10 11": "31 55 593",
+    "8 9 10 11 12": "39 86 92 383 883",
+    "8 9 10 11 12 13": "43 49 62 63 81 82 91",
+    "8 9 10 12": "46 61",
+    "8 9 10 13": "66",
+    "8 10": "53 378 506 850",
+    "8 10 11": "57 65 977",
+    "8 11": "502 504",
+    "9": "33 34 40 93 94 211 212 218 221 240 242 244 249 251 255 256 260 261 262 351 508 590 594 596 681 979 992 994 "
+         "995 998",
+    "9 10": "44 380 881 966 996",
+    "9 10 11": "56",
+    "9 10 11 12": "420",
+    "9 12": "41 870",
+    "10": "1 52 58 98 225 229",
+    "10 11": "54",
+    "10 11 12": "30 234",
+    "10 12 13": "90",
+    "10 14": "7",
+    "11": "888",
+    "12": "878",
+}
+_COUNTRY_CODES = {code: frozenset(map(int, lengths.split()))
+                  for lengths, codes in _NATIONAL_LENGTHS.items() for code in codes.split()}
+_DIGIT_GROUP = re.compile(r"\d+")
+
+
+def _e164(number: str) -> bool:
+    """Whether a "+" and these digits, written without separators, is an international phone number: it begins
+    with an assigned country code and the rest has a length of that country's national numbers (+3545511234,
+    Iceland, 7; +4722123456, Norway, 8), which a signed number seldom does (+2147483647: no code +2, +21, +214;
+    +1500000000: +1 numbers have 10 digits after the code)."""
+    return any(len(number) - n in _COUNTRY_CODES.get(number[:n], ()) for n in (1, 2, 3))
 
 
 def _phone_valid(span: str) -> bool:
     """Whether a phone match (ASCII digits) is one: 10-15 digits, and a "+" number that could be a signed one is
-    read as such. A "." right after the digits led by "+" is a decimal point unless the groups after it are all
-    parted by "." too (`+1.25 45678901`, `+3.1415926535`: a price change and a number; `+1.415.555.2671` a phone);
-    a bare "+" and 10 digits is a phone only led by a two-digit country code (`+4722123456`), since a +1 or +7
-    number has 11 and a 3-digit code leaves 7, which `+2147483647` (INT_MAX) or `+1500000000` only seem to."""
+    read as such. A "." right after the digits led by "+" is a decimal point when one or two digit groups follow it,
+    unless only "." parts them (`+1.25 45678901`, `+3.1415926535`: a price change then a volume, a number;
+    `+1.415.555.2671`, `+1.415-555-2671`, `+44.20 7946 0958`: phones); a "+" and digits alone is a phone only as
+    `_e164` reads it."""
     digits = sum(c.isdigit() for c in span)
     if not 10 <= digits <= 15:
         return False
@@ -94,8 +148,8 @@ def _phone_valid(span: str) -> bool:
         return True
     lead = span[1:].lstrip("0123456789")
     if lead[:1] == ".":
-        return lead.count(".") > 1 and lead.replace(".", "").isdigit()
-    return bool(lead) or digits > 10 or span[1:3] in _CC2
+        return len(_DIGIT_GROUP.findall(lead)) > 2 or lead.count(".") > 1 and lead.replace(".", "").isdigit()
+    return bool(lead) or _e164(span[1:])
 
 
 def _digit_class(err: UnicodeError) -> tuple[str, int]:

@@ -17,6 +17,7 @@ from quality import (QUALITY_DEFAULTS, DedupIndex, NearDedupSettings, QualityCon
 from quality.dedup import digest_words
 from quality.gates.base import Doc
 from quality.gates.code import code_score
+from quality.gates import pii
 from quality.gates.pii import PiiGate, find_pii, luhn_valid
 from quality.gates.profanity import ProfanityGate
 from quality.language import bounded_sample, normalize_code
@@ -367,6 +368,27 @@ def test_find_pii_signed_numbers_are_no_international_phones(text: str, found: l
     """A "+" and 10 digits with no country code that has 8-digit numbers, and a signed decimal then a number
     (`+1.25 45678901`), were phones since the E.164 and long-group forms: ordinary records were rejected."""
     assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == found
+
+
+@pytest.mark.parametrize("number", [
+    "+3545511234", "+9611123456", "+5072123456", "+2302123456", "+3726123456", "+6793312345", "+9603312345",
+    "+5016123456", "+5922123456", "+9752123456",  # a 3-digit country code and a 7-digit national number
+    "+1.415-555-2671", "+44.20 7946 0958", "+1.415.555 2671",  # a "." then groups parted otherwise too
+])
+def test_find_pii_e164_numbers_of_3_digit_codes_and_mixed_dots_are_phones(number: str) -> None:
+    """A bare "+" and 10 digits was a phone only led by a two-digit code, on the premise that a 3-digit code
+    leaves 7 digits, which is what Iceland, Lebanon, Panama, ... numbers have; a "." after the code was a phone
+    only if "." parted every group. Now the country code's own national lengths decide."""
+    text = f"Call the desk on {number} before noon."
+    assert [(kind, text[start:end]) for kind, start, end in find_pii(text)] == [("phone", number)]
+
+
+def test_country_code_table_holds_the_assigned_codes() -> None:
+    """The table is prefix-free (a number begins with one code at most) and has the codes a bare number needs."""
+    codes = pii._COUNTRY_CODES
+    assert not [c for c in codes for d in codes if c != d and d.startswith(c)]
+    assert codes["1"] == {10} and codes["354"] >= {7} and codes["44"] >= {9, 10} and "21" not in codes
+    assert pii._e164("3545511234") and not pii._e164("2147483647") and not pii._e164("1500000000")
 
 
 FULLWIDTH = str.maketrans("0123456789", "".join(map(chr, range(0xFF10, 0xFF1A))))
