@@ -50,6 +50,11 @@ COMPRESS: dict[str, Callable[[bytes], bytes]] = {
     "zst": lambda b: zstandard.ZstdCompressor(write_checksum=True).compress(b)}  # as the zstd CLI writes it
 
 
+def _lzma_alone(data: bytes) -> bytes:
+    """A .lzma file, as `lzma -c` writes it (fsspec decompresses the suffix)."""
+    return lzma.compress(data, lzma.FORMAT_ALONE)
+
+
 def _bounded(fn: Callable[[], Any], timeout: float = 20) -> Any:
     """fn() in a daemon thread; fails the test (instead of hanging it) when it takes longer than `timeout`."""
     out: dict[str, Any] = {}
@@ -314,7 +319,7 @@ def test_a_zip_archive_read_with_a_format_is_one_reject_not_its_first_member(tmp
          f".zst, .bz2 or .xz)")]
 
 
-@pytest.mark.parametrize("name", ["a.jsonl.tar", "a.jsonl.tar.gz", "a.tgz", "a.tar.zst"])
+@pytest.mark.parametrize("name", ["a.jsonl.tar", "a.jsonl.tar.gz", "a.tgz", "a.tar.zst", "a.tar.lzma"])
 def test_a_tar_archive_is_one_reject_whatever_the_format_and_exit_2_named_alone(tmp_path: Path, name: str) -> None:
     """Regression: a tar of JSONL read with `format: jsonl` (where the "unknown file type … set 'format'" of a path
     naming it alone led) was read as lines: each member's first record glued to its tar header, a "malformed JSON"
@@ -334,8 +339,8 @@ def test_a_tar_archive_is_one_reject_whatever_the_format_and_exit_2_named_alone(
             tar.add(tmp_path / member, arcname=member)
     packed = path.with_suffix(".plain").read_bytes()
     path.with_suffix(".plain").unlink()
-    path.write_bytes(COMPRESS["zst"](packed) if name.endswith(".zst") else
-                     COMPRESS["gz"](packed) if name.endswith("gz") else packed)
+    path.write_bytes(COMPRESS["zst"](packed) if name.endswith(".zst") else COMPRESS["gz"](packed)
+                     if name.endswith("gz") else _lzma_alone(packed) if name.endswith(".lzma") else packed)
     (tmp_path / "in" / "b.jsonl").write_bytes(_head(2))
     why = f"{path}: a tar archive (not read: unpack it, or compress each file as .gz, .zst, .bz2 or .xz)"
     for fmt in (None, "jsonl", "txt"):
@@ -368,7 +373,7 @@ def test_a_parquet_file_compressed_whole_is_one_reject_saying_to_decompress_it(t
     assert why in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("ext", ["gz", "zst"])
+@pytest.mark.parametrize("ext", ["gz", "zst", "lzma"])
 @pytest.mark.parametrize("unit_bytes", [64, 64 << 20])
 def test_a_parquet_file_compressed_whole_is_the_same_reject_with_format_set(tmp_path: Path, ext: str,
                                                                              unit_bytes: int) -> None:
@@ -382,7 +387,7 @@ def test_a_parquet_file_compressed_whole_is_the_same_reject_with_format_set(tmp_
     pq.write_table(pa.table({"text": ["alpha beta gamma"]}), tmp_path / "a.parquet")
     path = tmp_path / "in" / f"a.parquet.{ext}"
     path.parent.mkdir()
-    path.write_bytes(COMPRESS[ext]((tmp_path / "a.parquet").read_bytes()))
+    path.write_bytes({**COMPRESS, "lzma": _lzma_alone}[ext]((tmp_path / "a.parquet").read_bytes()))
     why = f"{path}: a Parquet file compressed whole (not read: decompress it; Parquet compresses its own pages)"
     for fmt in ("parquet", "jsonl"):
         plan = units.plan_dataset([str(path)], fmt, unit_bytes)
