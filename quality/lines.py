@@ -17,6 +17,11 @@ PIPELINE_CHECKS = {
     "empty_tokens": "the audit's count of kept records without tokens",  # streamprep.audit.gather
 }
 PIPELINE_PREFIX = "sft:"  # the SFT shards' drops, `sft:<reason>` beside the rejects (streamprep.audit)
+# The built-in gates' names and failed_checks, each with the first gate of `quality.gates.BUILT_IN` that has it (a
+# test holds the two together; here the driver checks a reader's BadRecord without loading the gates).
+BUILT_IN_NAMES = {"schema": "SchemaGate", "normalize": "NormalizeStep", "length": "LengthGate",
+                  "metadata": "MetadataGate", "pii": "PiiGate", "profanity": "ProfanityGate",
+                  "copyright": "CopyrightGate", "language": "LanguageGate", "domain": "MedicalGate"}
 
 
 def pipeline_name(value: str) -> str | None:
@@ -27,6 +32,13 @@ def pipeline_name(value: str) -> str | None:
     if value.startswith(PIPELINE_PREFIX):
         return f"an SFT drop's reason ({PIPELINE_PREFIX}…), which streamprep writes itself"
     return None
+
+
+def built_in_name(value: str) -> str | None:
+    """Whose `value` is, when it is a built-in gate's name or failed_check, else None: a plug-in gate or a reader's
+    BadRecord `check` so named would be counted as that gate."""
+    owner = BUILT_IN_NAMES.get(value)
+    return None if owner is None else f"the built-in gate {owner}'s"
 
 
 def utf8(text: str) -> bool:

@@ -17,7 +17,7 @@ from quality.gates.pii import PiiGate
 from quality.gates.profanity import ProfanityGate
 from quality.gates.schema import LengthGate, MetadataGate, SchemaGate
 from quality.gates.text import NormalizeStep
-from quality.lines import pipeline_name, utf8
+from quality.lines import built_in_name, pipeline_name, utf8
 from quality.settings import QualitySettings
 
 __all__ = ["Doc", "Gate", "GatePluginError", "PluginGate", "build_gates", "plugin_gates", "register_gate"]
@@ -70,8 +70,6 @@ def plugin_gates(s: QualitySettings, text_field: str) -> list[Gate]:
     factory that gives none, or a gate whose `name` or `failed_check` is empty, one the pipeline writes itself, a
     built-in gate's, or (a name) another plug-in's name, (a failed_check) another plug-in's failed_check: the
     audit would count the two as one. Streamprep calls it at start too (`unit_worker.check_gates`)."""
-    owners = {v: f"the built-in gate {cls.__name__}'s"  # the first gate of a shared failed_check (`schema`)
-              for cls in reversed(BUILT_IN) for v in (cls.failed_check, cls.name)}
     names: dict[str, str] = {}
     checks: dict[str, str] = {}
     out: list[Gate] = []
@@ -81,7 +79,7 @@ def plugin_gates(s: QualitySettings, text_field: str) -> list[Gate]:
             continue
         for attr, taken in (("name", names), ("failed_check", checks)):
             value = getattr(gate, attr)
-            clash = "empty" if not value else pipeline_name(value) or owners.get(value) or taken.get(value)
+            clash = "empty" if not value else pipeline_name(value) or built_in_name(value) or taken.get(value)
             if clash:
                 raise GatePluginError(f"{_where(factory)}: its gate's {attr} {value!r} is {clash} (the audit counts "
                                       f"a gate's stats under its name, its rejects under its failed_check): name it "

@@ -35,7 +35,7 @@ import orjson
 import pyarrow as pa
 import zstandard
 
-from quality.lines import pipeline_name
+from quality.lines import built_in_name, pipeline_name
 from streamprep import registry
 from streamprep.config import ConfigError, MissingInput, resolved_workers, thaw
 from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_line, read_failure
@@ -676,16 +676,17 @@ def _compressed_suffixes() -> tuple[str, ...]:
 def _bad_record_fault(bad: BadRecord) -> str | None:
     """What is wrong with a plug-in reader's BadRecord (a bug of the plug-in, as a KeyError it raises), else None:
     its reason and raw excerpt not strings (bytes stopped the job at its reject line, an int or a dict was written
-    as it was), its check not a string or a name streamprep writes itself (`duplicate`: counted and audited as
-    exact duplicates; `quality.lines.pipeline_name`, which refuses such a gate too; `parse` is its default). A
-    lone surrogate in a string is no fault: its reject line escapes it."""
+    as it was), its check not a string, a name streamprep writes itself (`duplicate`: counted and audited as
+    exact duplicates; `quality.lines.pipeline_name`, which refuses such a gate too; `parse` is its default) or a
+    built-in gate's (`pii`: counted as that gate's rejects; `quality.lines.built_in_name`, as for a gate). A lone
+    surrogate in a string is no fault: its reject line escapes it."""
     for field in ("reason", "raw", "check"):
         value = getattr(bad, field)
         if not isinstance(value, str):
             return f"its {field} is {type(value).__name__} {reprlib.repr(value)}, not a string"
     if not bad.check:
         return "its check is empty"
-    clash = bad.check != "parse" and pipeline_name(bad.check)
+    clash = bad.check != "parse" and (pipeline_name(bad.check) or built_in_name(bad.check))
     return f"its check {bad.check!r} is {clash}" if clash else None
 
 

@@ -526,7 +526,7 @@ def test_the_reasons_refused_to_gates_are_those_the_pipeline_writes(extra_gate: 
     must not report its rejects, or keep its stats, under one of them."""
     from quality import QualityControl, near_dedup
     from quality.gates import BUILT_IN
-    from quality.lines import PIPELINE_CHECKS, PIPELINE_PREFIX
+    from quality.lines import BUILT_IN_NAMES, PIPELINE_CHECKS, PIPELINE_PREFIX
     from streamprep import stats
     from streamprep.audit.gather import EMPTY_TOKENS
 
@@ -552,6 +552,8 @@ def test_the_reasons_refused_to_gates_are_those_the_pipeline_writes(extra_gate: 
     built_in = {v for cls in BUILT_IN for v in (cls.name, cls.failed_check)}
     assert written == set(PIPELINE_CHECKS)
     assert BadRecord("sft: x", "", check="schema").check in built_in  # the SFT mode's screen (streamprep.sft.mode)
+    first = {v: cls.__name__ for cls in reversed(BUILT_IN) for v in (cls.failed_check, cls.name)}
+    assert BUILT_IN_NAMES == first  # what the driver checks a reader's BadRecord against, without the gates
     assert PIPELINE_PREFIX == "sft:"  # streamprep.audit: the SFT shards' drops as `sft:<reason>`
 
 
@@ -924,13 +926,18 @@ def test_a_format_plugin_that_raises_on_bad_bytes_loses_the_rest_of_its_file_and
     (BadRecord("x", "raw", check="duplicate"),
      "its check 'duplicate' is exact dedup's reject reason, which streamprep writes itself"),
     (BadRecord("x", "raw", check="sft:too_long"),
-     "its check 'sft:too_long' is an SFT drop's reason (sft:…), which streamprep writes itself")])
+     "its check 'sft:too_long' is an SFT drop's reason (sft:…), which streamprep writes itself"),
+    # a built-in gate's name or failed_check: its rejects were counted as that gate's (`rejected 2: pii 2`)
+    (BadRecord("x", "raw", check="pii"), "its check 'pii' is the built-in gate PiiGate's"),
+    (BadRecord("x", "raw", check="schema"), "its check 'schema' is the built-in gate SchemaGate's"),
+    (BadRecord("x", "raw", check="domain"), "its check 'domain' is the built-in gate MedicalGate's")])
 def test_a_format_plugins_bad_record_that_is_no_reject_line_is_named(tmp_path: Path, jl9: None, bad: BadRecord,
                                                                       why: str) -> None:
     """Regression: a reader's BadRecord was passed on unchecked. Bytes or a set as its reason or raw (a reader
     yielding the undecodable line's bytes) stopped the job at its reject line, `TypeError: Type is not JSON
     serializable: bytes`, naming no plug-in; an int or a dict was written as it was; a `check` of 7 stopped the job
-    (`Dict key must be str`), one of `duplicate` was counted and audited as exact duplicates. Each is a bug of the
+    (`Dict key must be str`), one of `duplicate` was counted and audited as exact duplicates, one of `pii` as the
+    PII gate's rejects. Each is a bug of the
     plug-in: a ReaderError naming the format, its module, the file and the record. A BadRecord of its own `check`,
     or with a lone surrogate in its strings (its reject line escapes it), is passed on."""
     from streamprep.sources.base import ReaderError
