@@ -248,7 +248,7 @@ def _judge(name: str, text_field: str, items: list[Any]) -> tuple[ItemColumns, d
         kept = mode.kept_row(text, {**meta, "source": source}, rec)
         try:
             row = orjson.dumps(kept, option=orjson.OPT_APPEND_NEWLINE)
-        except TypeError:  # an `sft:` record carries its columns: a Parquet binary or decimal one is not JSON
+        except TypeError:  # a lone surrogate (an id, a url); an `sft:` record's Parquet binary or decimal column
             row = orjson.dumps(_json_ready(kept), option=orjson.OPT_APPEND_NEWLINE)
         # the excerpt a reject line would show; None when it is the kept text's start (always, unnormalized)
         excerpt = None if isinstance(seen, dict) and seen.get(text_field) is text else excerpt_of(seen, text_field)
@@ -275,14 +275,17 @@ _LEFT_OUT = object()
 def _json_ready(value: Any) -> Any:
     """`value` without what JSON cannot hold (bytes, Decimal, a timedelta...), left out as pretraining leaves out
     every column but the text: a mapping's key whose value is one, or a list holding one (the list whole, so that
-    no element moves; such a list is no section's, which would have rejected the record). The kept record is
-    written, not the job stopped."""
+    no element moves; such a list is no section's, which would have rejected the record). A string holding a lone
+    surrogate (an `id` or `url` a reader's `json.loads` gave) is kept escaped, as reject lines write it
+    (`quality.lines.escaped`). The kept record is written, not the job stopped."""
+    if isinstance(value, str):
+        return escaped(value)
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
             v = _json_ready(v) if isinstance(k, str) else _LEFT_OUT
             if v is not _LEFT_OUT:
-                out[k] = v
+                out[escaped(k)] = v
         return out
     if isinstance(value, (list, tuple)):
         items = [_json_ready(v) for v in value]

@@ -199,6 +199,31 @@ def test_a_reject_holding_a_lone_surrogate_is_written_with_it_escaped(tmp_path):
     assert st["rejects_by_check"] == {"schema": 4}
 
 
+def test_a_kept_record_s_id_or_url_holding_a_lone_surrogate_is_written_escaped():
+    """Regression: a lone surrogate in a kept record's `id` or `url` (a plug-in reader's `json.loads` of
+    `"\\ud800"`) was escaped in reject lines but dropped from the kept row: its `source` was just the dataset and
+    index. It is written escaped, as a reject line writes it; in an `sft:` row the record's column too."""
+    from streamprep import unit_worker
+    from streamprep.modes import PRETRAIN
+    from streamprep.sft.config import load_sft_config
+    from streamprep.sft.mode import SftMode
+
+    unit_worker.init_worker({"dedup": "none", "expected_language": None, "min_chars": 1}, PRETRAIN)
+    cols, _, _ = unit_worker._judge("d", "text", [{"text": "kept one", "id": "\ud800id5", "url": "http://x/\udc00/1"}])
+    assert cols.keep == [True]
+    assert orjson.loads(cols.row[0])["meta"]["source"] == {"dataset": "d", "index": SENTINEL_INDEX,
+                                                           "id": "\\ud800id5", "url": "http://x/\\udc00/1"}
+    mode = SftMode(load_sft_config({"input": {"sections": [{"field": "prompt", "action": "mask"},
+                                                           {"field": "answer", "action": "train"}]}}))
+    unit_worker.init_worker({"dedup": "none", "expected_language": None, "min_chars": 1, "reject_copyright": False},
+                            mode)
+    record = {"id": "s\udc00", "prompt": "What is two plus two?", "answer": "It is four."}
+    cols, _, _ = unit_worker._judge("chat", "text", [record])
+    written = orjson.loads(cols.row[0])
+    assert cols.keep == [True] and written["meta"]["source"]["id"] == "s\\udc00"
+    assert written["record"] == {**record, "id": "s\\udc00"}
+
+
 def test_a_plugin_bad_record_with_a_lone_surrogate_is_one_counted_reject_escaped(tmp_path):
     """Regression: a reader's BadRecord whose reason and raw excerpt hold lone surrogates stopped the job at its
     reject line; it is one reject under its own check, the surrogates escaped."""
