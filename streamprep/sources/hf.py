@@ -294,15 +294,32 @@ def _select_data_files(repo_id: str, repo_files: Sequence[str], split: str, subs
             raise HFSourceError(f"hf://{repo_id}: format {fmt!r} not supported for hf:// (use one of "
                                 f"{', '.join(sorted(FORMAT_TO_BUILDER))})")
         return sorted(files), FORMAT_TO_BUILDER[fmt], {}
-    builder, kwargs = infer_module_for_data_files_list(sorted(files))
+    # files read as no format (`refused`) stay in the split, each one reject when read, and choose no builder: a
+    # tar chose `datasets`' webdataset builder, which read its members as records
+    refused = {f for f in files if _refused(f)}
+    builder, kwargs = infer_module_for_data_files_list(sorted(files - refused) or sorted(files))
     if builder is None:
         raise HFSourceError(f"hf://{repo_id}: cannot tell the format of split {split!r}; set 'format'")
     exts = tuple(e.lower() for e in _MODULE_TO_EXTENSIONS.get(builder, []))
-    keep = sorted(f for f in files if any(f".{s.lower()}" in exts for s in posixpath.basename(f).split(".")[1:]))
+    keep = sorted(f for f in files if f in refused or
+                  any(f".{s.lower()}" in exts for s in posixpath.basename(f).split(".")[1:]))
     if not_read := sorted(files.difference(keep)):  # `datasets` drops them without a word
         log.warning("data files of another format than the split's are not read", repo=repo_id, split=split,
                     builder=builder, read=len(keep), count=len(not_read), not_read=not_read[:NOT_READ_NAMED])
     return keep, builder, dict(kwargs)
+
+
+def _local() -> Any:
+    """`streamprep.sources.local` (its refusals and line limit), loaded by name when first needed: it brings pyarrow
+    and numpy, which `streamprep status` (it imports this module) must not load."""
+    return importlib.import_module("streamprep.sources.local")
+
+
+def _refused(path: str) -> str | None:
+    """Why a data file is not read (a tar archive, a Parquet file compressed whole), as a local or s3:// path is
+    refused (`local.refused`), else None. But a .zip: `datasets` reads each of its members, where fsspec (local
+    paths) reads the first alone."""
+    return None if path.lower().endswith(".zip") else _local().refused(path, None)
 
 
 # ---- streaming through datasets (shared by hf:// and local files) --------------------------------
@@ -344,6 +361,10 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
     for i in range(first, len(files)):
         if max_records is not None and consumed >= max_records:
             return
+        if why := _refused(names[i]):  # before its download: none of its bytes is read
+            consumed += 1
+            yield reject(i, f"unsupported file, skipped: {why}")
+            continue
         path = Path(files[i])  # an hf:// file is downloaded here
         whole = not (i == first and skip_to)  # read from its start: its records have not been counted yet
         if whole and _no_rows(path, builder):

@@ -461,6 +461,45 @@ def test_empty_files_are_counted_rejects_and_the_stream_goes_on(hub, tmp_path):
     assert got[3].reason.startswith("unreadable parquet file data/train-3.parquet, skipped: ArrowInvalid: ")
 
 
+def _tar(members: dict[str, bytes]) -> bytes:
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_archives_and_a_parquet_file_compressed_whole_are_one_reject_each_as_on_a_local_path(hub, tmp_path):
+    """A tar archive (also compressed) or a Parquet file compressed whole in a split is the reject a local path gives
+    (`local.refused`), naming the file: a split of tars was read by `datasets`' webdataset builder (each member one
+    record, no 'text'), a .jsonl.tar.gz failed with an internal path, a .parquet.gz as 'magic bytes not found'. A
+    .zip is read, every member (`datasets` reads them all)."""
+    import gzip
+    import zipfile
+
+    a, b = [{"text": "a"}], [{"text": "b"}]
+    why = "a tar archive (not read: unpack it, or compress each file as .gz, .zst, .bz2 or .xz)"
+    hub.add_dataset("org/tars", {"data/train-0.tar": _tar({"x.jsonl": jsonl(a)})})
+    assert records(HFSource(cfg(path="hf://org/tars"), tmp_path / "c1").iter_records()) == [
+        BadRecord(f"unsupported file, skipped: data/train-0.tar: {why}", "")]
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("x.jsonl", jsonl(a))
+        z.writestr("y.jsonl", jsonl(b))
+    hub.add_dataset("org/mixed-tar", {"data/train-0.jsonl": jsonl(a), "data/train-1.jsonl.tar.gz":
+                                      gzip.compress(_tar({"x.jsonl": jsonl(b)})), "data/train-2.jsonl.zip": zipped.getvalue()})
+    assert records(HFSource(cfg(path="hf://org/mixed-tar"), tmp_path / "c2").iter_records()) == [
+        *a, BadRecord(f"unsupported file, skipped: data/train-1.jsonl.tar.gz: {why}", ""), *a, *b]
+    hub.add_dataset("org/pqgz", {"data/train-0.parquet": parquet(a), "data/train-1.parquet.gz": gzip.compress(parquet(b))})
+    assert records(HFSource(cfg(path="hf://org/pqgz"), tmp_path / "c3").iter_records()) == [
+        *a, BadRecord("unsupported file, skipped: data/train-1.parquet.gz: a Parquet file compressed whole (not read: "
+                      "decompress it; Parquet compresses its own pages)", "")]
+
+
 def test_a_file_that_vanishes_stops_the_stream_instead_of_becoming_a_reject(tmp_path, monkeypatch):
     """Only faults of a file's bytes are rejects: one of the environment (the file gone, also wrapped by the
     builder) is raised, so the job stops and a re-run reads the file."""
