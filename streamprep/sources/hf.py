@@ -35,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib
+import io
 import os
 import posixpath
 import random
@@ -328,6 +329,114 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
+class LineTooLong(ValueError):
+    """A line of a JSON Lines file over `local.MAX_LINE_BYTES` (its 1-based number and its bytes), met by `datasets`'
+    JSON reader: it ends the file (the reader cannot skip a line), after the line was read through, never held."""
+
+    def __init__(self, line: int, size: int):
+        super().__init__(f"line {line} is {size} bytes")
+        self.line, self.size = line, size
+
+
+class _Raw(io.RawIOBase):
+    """A stream with `read` alone (zstandard's reader) as a raw stream, for a BufferedReader over it."""
+
+    def __init__(self, fh: Any):
+        self.fh = fh
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        data = self.fh.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+
+class _BoundedLines:
+    """What `datasets`' JSON reader gets for a file it opens "rb": the same bytes, through a buffer with a fast
+    `readline` (on a zstd stream, which has none, it read the rest of a batch's last line a byte a call: ~3 s/MiB),
+    and a line over `local.MAX_LINE_BYTES` raises `LineTooLong` after being read through in pieces (unbounded, a
+    270 MiB line cost a worker 2.3 GB). `read(n)` gives n bytes unless at the end, as the streams it wraps do, so
+    the reader's batches, and its records, are the same."""
+
+    def __init__(self, fh: Any):
+        local = _local()
+        self.fh, self.limit, self.piece = fh, local.MAX_LINE_BYTES, local.READ_BUFFER
+        self.buf = io.BufferedReader(_Raw(fh), self.piece)
+        self.lines = 0  # newlines passed
+        self.run = 0  # bytes of the line being read, passed so far
+
+    def __enter__(self) -> "_BoundedLines":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.buf.close()
+        self.fh.close()
+
+    def read(self, size: int = -1) -> bytes:
+        return self._passed(self.buf.read(size))
+
+    def readline(self, size: int = -1) -> bytes:
+        room = self.limit - self.run + 1  # one byte more than the limit leaves: a line that passes it shows it
+        return self._passed(self.buf.readline(room if size is None or size < 0 else min(size, room)))
+
+    def _passed(self, data: bytes) -> bytes:
+        """Count `data`'s lines; raise `LineTooLong` at one over the limit (a line can pass it only when `data` is
+        longer than what the limit leaves of the current line: one scan then, else one count)."""
+        if self.run + len(data) <= self.limit:
+            newlines = data.count(b"\n")
+            self.lines += newlines
+            self.run = len(data) - data.rfind(b"\n") - 1 if newlines else self.run + len(data)
+            return data
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            if self.run + end + 1 - start > self.limit:
+                raise LineTooLong(self.lines + 1, self.run + end + 1 - start)
+            self.lines, self.run, start = self.lines + 1, 0, end + 1
+        self.run += len(data) - start
+        if self.run > self.limit:  # read the line through, holding a piece at a time, to give its length
+            size = self.run
+            while (piece := self.buf.readline(self.piece)):
+                size += len(piece)
+                if piece.endswith(b"\n"):
+                    break
+            raise LineTooLong(self.lines + 1, size)
+        return data
+
+
+def _bound_json_lines() -> None:
+    """Have `datasets`' JSON reader open its files through `_BoundedLines` (once a process). Its module's `open`,
+    which `datasets` replaces with its streaming `xopen` once (`extend_module_for_streaming`, done here first: a
+    no-op after), is wrapped in place."""
+    from datasets.download.download_config import DownloadConfig
+    from datasets.streaming import extend_module_for_streaming
+
+    module = importlib.import_module("datasets.packaged_modules.json.json")
+    extend_module_for_streaming(module.__name__, DownloadConfig())
+    inner = module.open
+    if getattr(inner, "streamprep_bounded", False):
+        return
+
+    def bounded_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        fh = inner(file, mode, *args, **kwargs)
+        return _BoundedLines(fh) if mode == "rb" else fh
+
+    bounded_open.streamprep_bounded = True  # type: ignore[attr-defined]
+    module.open = bounded_open
+
+
+def _too_long(exc: BaseException) -> LineTooLong | None:
+    """The `LineTooLong` behind an error of `datasets`, if any."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, LineTooLong):
+        seen = seen.__cause__ or seen.__context__
+    return seen
+
+
 def _matches(flt: Mapping[str, Any]) -> Callable[[dict], bool]:
     items = list(flt.items())
     return lambda ex: all(ex.get(k) == v for k, v in items)
@@ -344,6 +453,7 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
     # lookup that can hang much longer without internet). Streaming cached files must not touch the network, so
     # this telemetry is switched off for the process; nothing else reads the flag.
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    _bound_json_lines()
     start = start or {}
     first, skip_to = int(start.get("file", 0)), int(start.get("record", 0))
     consumed, state = int(start.get("consumed", 0)), start.get("state")
@@ -357,6 +467,15 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
     def reject(i: int, reason: str) -> tuple[BadRecord, dict[str, Any]]:
         """One counted item for file `i` as a whole (the stream goes on with the next file)."""
         return BadRecord(reason, ""), {**extra, "file": i + 1, "record": 0, "consumed": consumed, "state": None}
+
+    def unreadable(i: int, exc: Exception, n: int | None) -> str:
+        """The reason of the reject of file `i`'s rest after `n` records (None: the file could not be opened)."""
+        if (long := _too_long(exc)) is not None:  # as a local file's reject says it, but the rest goes with it
+            return (f"line {long.line} of {names[i]} is {long.size} bytes, over the {_local().MAX_LINE_BYTES}-byte "
+                    f"limit of a record, skipped with the rest of the file (after {n or 0} records)")
+        if n is None:
+            return f"unreadable {builder} file {names[i]}, skipped: {_one_line(exc)}"
+        return f"unreadable {builder} file {names[i]} after {n} records, rest of the file skipped: {_one_line(exc)}"
 
     for i in range(first, len(files)):
         if max_records is not None and consumed >= max_records:
@@ -376,8 +495,7 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
         except Exception as exc:  # StopIteration: the json builder found no row to infer the features from
             _raise_if_environment(exc)
             consumed += 1
-            yield reject(i, f"empty file {names[i]}" if isinstance(exc, StopIteration) else
-                         f"unreadable {builder} file {names[i]}, skipped: {_one_line(exc)}")
+            yield reject(i, f"empty file {names[i]}" if isinstance(exc, StopIteration) else unreadable(i, exc, None))
             continue
         stateful = hasattr(ds, "state_dict") and hasattr(ds, "load_state_dict")
         n, skip, restored = 0, 0, False
@@ -413,8 +531,7 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
                 # the builder gave up on this file (e.g. the pyarrow JSON reader on a malformed line)
                 _raise_if_environment(exc)
                 consumed += 1
-                yield reject(i, f"unreadable {builder} file {names[i]} after {n} records, rest of the file "
-                                f"skipped: {_one_line(exc)}")
+                yield reject(i, unreadable(i, exc, n))
                 break
             restored = False
             if skip:

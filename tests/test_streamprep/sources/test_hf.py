@@ -500,6 +500,45 @@ def test_archives_and_a_parquet_file_compressed_whole_are_one_reject_each_as_on_
                       "decompress it; Parquet compresses its own pages)", "")]
 
 
+def test_a_line_over_the_limit_in_a_hub_file_is_one_reject_naming_it_read_through_not_held(hub, tmp_path,
+                                                                                           monkeypatch):
+    """A JSON Lines line over MAX_LINE_BYTES (here 4 KiB) is the `line N of FILE is B bytes, over the limit` reject of
+    a local file, for a .zst, .gz or plain file alike, read through in pieces: `datasets` held it whole (a 270 MiB
+    line in a .gz cost 2.3 GB). Its reader cannot skip one line: the rest of the file goes with it (here the whole
+    file, one chunk), and the next file is read."""
+    import gzip
+
+    import zstandard
+
+    from streamprep.sources import local
+
+    monkeypatch.setattr(local, "MAX_LINE_BYTES", 4096)
+    a, b, c = [{"text": "a"}], [{"text": "b"}], [{"text": "c" * 4000}]  # c: a line just under the limit
+    body = jsonl(a) + b'{"text": "' + b"w" * 5000 + b'"}\n' + jsonl(b)
+    hub.add_dataset("org/long", {"data/train-0.jsonl.zst": zstandard.ZstdCompressor().compress(body),
+                                 "data/train-1.jsonl.gz": gzip.compress(body), "data/train-2.jsonl": body,
+                                 "data/train-3.jsonl": jsonl(c)})
+    over = "is 5013 bytes, over the 4096-byte limit of a record, skipped with the rest of the file (after 0 records)"
+    assert records(HFSource(cfg(path="hf://org/long"), tmp_path / "cache").iter_records()) == [
+        BadRecord(f"line 2 of data/train-{f} {over}", "") for f in ("0.jsonl.zst", "1.jsonl.gz", "2.jsonl")] + c
+
+
+def test_a_zst_file_is_read_through_a_buffer_not_a_byte_a_call(hub, tmp_path, monkeypatch):
+    """`datasets`' JSON reader ends each batch on `readline`, which a zstd stream has not: it fell back on reading a
+    byte a call (a 20 MiB line took 64 s on the Hub, 2.6 s on a local path). The stream it gets now has one; the
+    records are the same."""
+    import zstandard
+    from datasets.packaged_modules.json import json as json_module
+
+    def byte_a_call(f):
+        raise AssertionError("datasets read a line a byte a call")
+
+    monkeypatch.setattr(json_module, "readline", byte_a_call)
+    rows = [{"text": f"doc {i} " + "x" * (i % 500)} for i in range(3000)]
+    hub.add_dataset("org/zst", {"data/train-0.jsonl.zst": zstandard.ZstdCompressor().compress(jsonl(rows))})
+    assert records(HFSource(cfg(path="hf://org/zst"), tmp_path / "cache").iter_records()) == rows
+
+
 def test_a_file_that_vanishes_stops_the_stream_instead_of_becoming_a_reject(tmp_path, monkeypatch):
     """Only faults of a file's bytes are rejects: one of the environment (the file gone, also wrapped by the
     builder) is raised, so the job stops and a re-run reads the file."""
