@@ -36,6 +36,7 @@ import fcntl
 import hashlib
 import importlib
 import io
+import logging
 import os
 import posixpath
 import random
@@ -429,6 +430,19 @@ def _bound_json_lines() -> None:
     module.open = bounded_open
 
 
+def _drop_failed(record: logging.LogRecord) -> bool:
+    return not (record.levelno == logging.ERROR and str(record.msg).startswith("Failed to "))
+
+
+def _quiet_builder(builder: str) -> None:
+    """Drop the "Failed to load JSON from file '<cache path>' ..." / "Failed to read schema from ..." lines a
+    `datasets` builder logs to stderr before it raises: the raise is a reject naming the repo file (the cache path
+    they name is gone once the file is read). Its other messages are left alone."""
+    logger = logging.getLogger(f"datasets.packaged_modules.{builder}.{builder}")
+    if _drop_failed not in logger.filters:
+        logger.addFilter(_drop_failed)
+
+
 def _too_long(exc: BaseException) -> LineTooLong | None:
     """The `LineTooLong` behind an error of `datasets`, if any."""
     seen: BaseException | None = exc
@@ -454,6 +468,7 @@ def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[s
     # this telemetry is switched off for the process; nothing else reads the flag.
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
     _bound_json_lines()
+    _quiet_builder(builder)
     start = start or {}
     first, skip_to = int(start.get("file", 0)), int(start.get("record", 0))
     consumed, state = int(start.get("consumed", 0)), start.get("state")

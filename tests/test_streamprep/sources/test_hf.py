@@ -539,6 +539,18 @@ def test_a_zst_file_is_read_through_a_buffer_not_a_byte_a_call(hub, tmp_path, mo
     assert records(HFSource(cfg(path="hf://org/zst"), tmp_path / "cache").iter_records()) == rows
 
 
+def test_datasets_own_failed_to_lines_are_not_printed_the_reject_names_the_file(hub, tmp_path, capfd):
+    """`datasets` logged "Failed to load JSON from file '<cache path>' ..." / "Failed to read schema from ..." to
+    stderr before the raise that becomes the reject, naming a cache path deleted right after."""
+    hub.add_dataset("org/bad", {"data/train-0.jsonl": b'{"text": "x"}\n{"text": broken\n'})
+    hub.add_dataset("org/badpq", {"data/train-0.parquet": b"not parquet"})
+    got = [*records(HFSource(cfg(path="hf://org/bad"), tmp_path / "c1").iter_records()),
+           *records(HFSource(cfg(path="hf://org/badpq"), tmp_path / "c2").iter_records())]
+    assert [r.reason.split(",")[0] for r in got] == ["unreadable json file data/train-0.jsonl after 0 records",
+                                                      "unreadable parquet file data/train-0.parquet"]
+    assert "Failed to" not in capfd.readouterr().err
+
+
 def test_a_file_that_vanishes_stops_the_stream_instead_of_becoming_a_reject(tmp_path, monkeypatch):
     """Only faults of a file's bytes are rejects: one of the environment (the file gone, also wrapped by the
     builder) is raised, so the job stops and a re-run reads the file."""
