@@ -38,6 +38,22 @@ def assert_part_sha_refused(stderr: str, run: Path) -> None:
     assert json.loads((run / "run.json").read_text())["needs_change"] is True
 
 
+def assert_gone_refused(cfg: dict[str, Any], run: Path, dataset: str, victim: str) -> None:
+    """A job of `cfg` in `run` stops with the refusal of `dataset`'s input file `victim`, gone since the run started
+    (a ConfigError: exit 2), and run.json records that the run failed and needs a change."""
+    import pytest
+
+    from streamprep import run_from_dict
+    from streamprep.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(cfg, run_dir=run, console_log=False)
+    assert str(err.value) == (f"dataset {dataset}: input file {victim} is gone since this run started; resuming "
+                              f"would mix old and new data — restore the file, or start over with a new --run-dir")
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "failed" and record["needs_change"] is True
+
+
 def tree_hashes(root: Path, *subdirs: str, names: tuple[str, ...] = ()) -> dict[str, str]:
     """sha256 of every file under the given subdirs (and the named top-level files), by relative path."""
     out = {}

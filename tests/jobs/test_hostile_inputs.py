@@ -29,7 +29,7 @@ import pytest
 import yaml
 import zstandard
 
-from helpers import REPO, base_config, english_docs, local_source, tree_hashes
+from helpers import REPO, assert_gone_refused, base_config, english_docs, local_source, tree_hashes
 from streamprep import run_from_dict
 from streamprep.checkpoints import DatasetFiles, load_checkpoint, repair
 from streamprep.config import Config, ConfigError, load, validate
@@ -473,18 +473,10 @@ def test_a_file_deleted_after_planning_stops_the_job_with_the_resume_s_refusal(t
 
     monkeypatch.setattr(units, "plan_dataset", planned_then_deleted)
     run = tmp_path / "run"
-    refusal = (f"dataset d: input file {victim} is gone since this run started; resuming would mix old and new data "
-               f"— restore the file, or start over with a new --run-dir")
-    with pytest.raises(ConfigError) as err:
-        run_from_dict(cfg, run_dir=run, console_log=False)
-    assert str(err.value) == refusal
-    record = json.loads((run / "run.json").read_text())
-    assert record["status"] == "failed" and record["needs_change"] is True
+    assert_gone_refused(cfg, run, "d", str(victim))
     monkeypatch.setattr(units, "plan_dataset", real)
     if layout != "one file":  # (a file named alone and missing is refused by the config check: no such file)
-        with pytest.raises(ConfigError) as err:
-            run_from_dict(cfg, run_dir=run, console_log=False)
-        assert str(err.value) == refusal
+        assert_gone_refused(cfg, run, "d", str(victim))
     victim.write_bytes(kept[0])
     os.utime(victim, ns=(kept[1], kept[1]))
     assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"

@@ -15,7 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -931,6 +932,31 @@ def test_worker_actors_on_a_node_with_another_streamprep_are_refused_before_any_
         f"/driver/streamprep on login): every node needs the same streamprep (docs/multi-node.md)"], out.stderr[-2000:]
 
 
+@contextmanager
+def _head_in_temp_dirs() -> Iterator[tuple[subprocess.Popen, Path, Path]]:
+    """A `streamprep.ray_head` of 1 CPU in its own process group, its TMPDIR and RAY_TMPDIR fresh folders (short
+    paths: Ray's sockets live under them): (the head, TMPDIR, RAY_TMPDIR), all gone after."""
+    import shutil
+    import tempfile
+
+    from streamprep.ray_cluster import HEAD_TMP_PREFIX, _head_command
+
+    head_tmp = Path(tempfile.mkdtemp(prefix=HEAD_TMP_PREFIX))
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt"))
+    env = {**os.environ, "TMPDIR": str(head_tmp), "RAY_TMPDIR": str(ray_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.Popen(_head_command(1), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, process_group=0)
+    try:
+        yield head, head_tmp, ray_tmp
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
+        shutil.rmtree(head_tmp, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("gone", ["after", "before"])
 def test_a_head_whose_driver_is_gone_removes_its_tmpdir_and_its_clusters_session(gone: str) -> None:
@@ -938,18 +964,7 @@ def test_a_head_whose_driver_is_gone_removes_its_tmpdir_and_its_clusters_session
     cluster a job started left its session dir (~2 MB) in RAY_TMPDIR/ray. The head, seeing its stdin close as the
     driver dies, removes both once its cluster is down. (And a driver gone before the cluster was up: writing the
     address to it raised BrokenPipeError, which skipped that, both left.)"""
-    import shutil
-    import tempfile
-
-    from streamprep.ray_cluster import HEAD_TMP_PREFIX, _head_command
-
-    head_tmp = Path(tempfile.mkdtemp(prefix=HEAD_TMP_PREFIX))  # short paths: Ray's sockets live under them
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rt"))
-    env = {**os.environ, "TMPDIR": str(head_tmp), "RAY_TMPDIR": str(ray_tmp)}
-    env.pop("RAY_ADDRESS", None)
-    head = subprocess.Popen(_head_command(1), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env=env, process_group=0)
-    try:
+    with _head_in_temp_dirs() as (head, head_tmp, ray_tmp):
         if gone == "after":
             address, session = head.stdout.readline().decode().split()
             assert address and Path(session).is_dir() and Path(session).is_relative_to(ray_tmp)
@@ -959,11 +974,6 @@ def test_a_head_whose_driver_is_gone_removes_its_tmpdir_and_its_clusters_session
         head.wait(timeout=120)
         assert not head_tmp.exists()
         assert list((ray_tmp / "ray").glob("session*")) == []  # no "ray" at all if the start ended before it
-    finally:
-        if head.poll() is None:
-            os.killpg(head.pid, signal.SIGKILL)
-        shutil.rmtree(head_tmp, ignore_errors=True)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.mark.ray
@@ -972,29 +982,17 @@ def test_a_head_whose_driver_goes_while_its_cluster_starts_ends_at_once() -> Non
     cluster running ~15 s on a loaded machine (the head read its stdin only once `ray.init` returned), beside the
     one a quick resume started. Now the head ends the start as its stdin closes: every process of its group gone
     within a few seconds, its TMPDIR and session dir with them."""
-    import shutil
-    import tempfile
+    with _head_in_temp_dirs() as (head, head_tmp, ray_tmp):
+        def group() -> list[psutil.Process]:  # the head's process group, zombies aside
+            found = []
+            for p in psutil.process_iter():
+                try:
+                    if os.getpgid(p.pid) == head.pid and p.status() != psutil.STATUS_ZOMBIE:
+                        found.append(p)
+                except (psutil.NoSuchProcess, ProcessLookupError):
+                    pass
+            return found
 
-    from streamprep.ray_cluster import HEAD_TMP_PREFIX, _head_command
-
-    head_tmp = Path(tempfile.mkdtemp(prefix=HEAD_TMP_PREFIX))  # short paths: Ray's sockets live under them
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rt"))
-    env = {**os.environ, "TMPDIR": str(head_tmp), "RAY_TMPDIR": str(ray_tmp)}
-    env.pop("RAY_ADDRESS", None)
-    head = subprocess.Popen(_head_command(1), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env=env, process_group=0)
-
-    def group() -> list[psutil.Process]:  # the head's process group, zombies aside
-        found = []
-        for p in psutil.process_iter():
-            try:
-                if os.getpgid(p.pid) == head.pid and p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(p)
-            except (psutil.NoSuchProcess, ProcessLookupError):
-                pass
-        return found
-
-    try:
         deadline = time.monotonic() + 60
         while not any("gcs_server" in " ".join(p.cmdline()) for p in group()):  # Ray is starting: its GCS is up
             assert time.monotonic() < deadline and head.poll() is None, "the head's GCS never started"
@@ -1007,12 +1005,6 @@ def test_a_head_whose_driver_goes_while_its_cluster_starts_ends_at_once() -> Non
         assert head.stdout.read() == b""  # it never got to say the cluster was up
         assert not head_tmp.exists()
         assert list((ray_tmp / "ray").glob("session*")) == []
-    finally:
-        if head.poll() is None:
-            os.killpg(head.pid, signal.SIGKILL)
-        head.wait()
-        shutil.rmtree(head_tmp, ignore_errors=True)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 HEAD_STAND_IN = """

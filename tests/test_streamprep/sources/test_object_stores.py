@@ -25,7 +25,7 @@ import pytest
 import yaml
 import zstandard
 
-from helpers import REPO, base_config, english_docs, ingest_stopped_after
+from helpers import REPO, assert_gone_refused, base_config, english_docs, ingest_stopped_after
 from streamprep import run_from_dict
 from streamprep.config import ConfigError, dataset, load
 from streamprep.sources.base import input_change
@@ -674,17 +674,9 @@ def test_an_object_deleted_after_planning_stops_the_job_with_the_resume_s_refusa
     monkeypatch.setattr(units, "plan_dataset", planned_then_deleted)
     cfg = base_config([{"name": "web", "path": f"s3://{BUCKET}/deleted/"}], None)
     run = tmp_path / "run"
-    refusal = (f"dataset web: input file {victim} is gone since this run started; resuming would mix old and new "
-               f"data — restore the file, or start over with a new --run-dir")
-    with pytest.raises(ConfigError) as err:
-        run_from_dict(cfg, run_dir=run, console_log=False)
-    assert str(err.value) == refusal
-    record = json.loads((run / "run.json").read_text())
-    assert record["status"] == "failed" and record["needs_change"] is True
+    assert_gone_refused(cfg, run, "web", victim)
     monkeypatch.setattr(units, "plan_dataset", real)
-    with pytest.raises(ConfigError) as err:
-        run_from_dict(cfg, run_dir=run, console_log=False)
-    assert str(err.value) == refusal
+    assert_gone_refused(cfg, run, "web", victim)
     fs.pipe(victim, (tmp_path / "in" / "f1.jsonl").read_bytes())  # the same bytes: the same ETag and size
     assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
     assert _tokens(run) == _job(str(tmp_path / "in"), tmp_path / "local")
