@@ -31,7 +31,7 @@ from quality.settings import NearDedupSettings
 from streamprep import atomic, forkserver, logs, ray_cluster
 from streamprep.children import serve_driver
 from streamprep.config import ExecutionConfig, resolved_workers
-from streamprep.executor import picklable_error, quiet_gc
+from streamprep.executor import STOP_SEEN_S, picklable_error, quiet_gc
 from streamprep.layout import CheckpointLayout, read_json
 from streamprep.unit_worker import BAD, KEPT
 
@@ -255,6 +255,10 @@ class _Process:
             raise answer
         return answer
 
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.exitcode
+
     def close(self) -> None:
         try:
             self._conn.send(None)
@@ -322,8 +326,8 @@ class Holders:
     REPLACEMENTS times: the new one reads each of its logs back to the count last flushed and is sent again the
     calls that changed its indexes since (kept here until the next flush), so it holds what the lost one held."""
 
-    def __init__(self, parts: int, where: str) -> None:
-        self.parts, self.where = parts, where
+    def __init__(self, parts: int, where: str, stop_asked: threading.Event | None = None) -> None:
+        self.parts, self.where, self.stop_asked = parts, where, stop_asked
         # holder p, in place of `lost` (None at the start)
         self._make: Callable[[int, Any], Any] = {"inline": lambda p, lost: _Inline(),
                                                  "process": lambda p, lost: _Process(), "ray": _Actor}[where]
@@ -334,7 +338,12 @@ class Holders:
         self._opened: list[dict[tuple[str, str], list]] = [{} for _ in range(parts)]
         self._since: list[list[tuple[str, tuple]]] = [[] for _ in range(parts)]  # changing calls since then
         self.replaced = 0
-        self.pids = self.all("ready")  # started now: a holder that cannot start fails the job here
+        try:
+            self.pids = self.all("ready")  # started now: a holder that cannot start fails the job here
+        except BaseException:  # the others go too, now: alive, they held the resource tracker the job's end waits for
+            for h in self._holders:
+                h.close()
+            raise
         log.info("dedup holders up", holders=parts, where=where, pids=self.pids)
 
     def ask(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
@@ -376,6 +385,8 @@ class Holders:
         the lost one did not give (every call sent to it before that one was answered)."""
         if self._failed is not None:  # the slot still has the lost one: placing again would fail again, later
             raise HolderLost(str(self._failed)) from exc
+        if self._stopping(self._holders[p]):
+            raise HolderLost(f"{exc}, as the job stops") from exc
         if self.replaced >= REPLACEMENTS:  # the advice to re-run only now: a holder replaced needs none
             raise HolderLost(f"{exc}, after {REPLACEMENTS} replaced in this job; re-run the same command to "
                              "resume") from exc
@@ -397,6 +408,17 @@ class Holders:
             self._failed = HolderLost(f"{again}, replacing a lost one; re-run the same command to resume")
             raise self._failed from again
         return got
+
+    def _stopping(self, lost: Any) -> bool:
+        """Whether the job is stopping, so that a lost holder is not replaced. A SIGTERM to the job's whole process
+        group reaching a holder before its start set it to ignore SIGTERM (`_serve`) ended it as the job stopped:
+        its replacement, made as the job wound down, was never closed and held the resource tracker the job's end
+        waits for (the job hung after "interrupted"). A holder dead by SIGTERM waits STOP_SEEN_S for the job's own
+        stop, whose handler may run a moment after (as `LocalExecutor` does for its pool)."""
+        if self.stop_asked is None:
+            return False
+        dead_by_sigterm = getattr(lost, "exitcode", None) == -signal.SIGTERM
+        return self.stop_asked.wait(STOP_SEEN_S if dead_by_sigterm else 0)
 
     def all(self, method: str, *args: Any) -> list[Any]:
         """`method` on every holder, their answers in holder order."""
@@ -522,7 +544,8 @@ def partitions(checkpoint_dir: Path, wanted: int, started: bool) -> int:
     return parts
 
 
-def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool, holding: bool = True) -> Holders:
+def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool, holding: bool = True,
+          stop_asked: threading.Event | None = None) -> Holders:
     """The job's holders: `execution.dedup_holders` of them (unset: one beside two workers or more, or in the
     job's process for one; 0: in the job's process), Ray actors with `ray_address`. Without exact dedup or
     near-dedup (`holding` False) they would hold nothing: none is started, whatever the count."""
@@ -533,4 +556,4 @@ def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool, holdi
     where = "inline" if wanted == 0 else "ray" if execution.ray_address else "process"
     if where == "ray":  # attached now if the engine's thread has not yet (engine: xenna attaches there)
         ray_cluster.connect(execution.ray_address, resolved_workers(execution.workers))
-    return Holders(parts, where)
+    return Holders(parts, where, stop_asked)

@@ -809,7 +809,8 @@ def start_holders(ctx: IngestContext) -> Holders:
     layout = CheckpointLayout(ctx.checkpoint_dir)
     started = any(layout.checkpoint(ds.name).exists() for ds in ctx.datasets)
     holding = ctx.quality.dedup != "none" or ctx.quality.near_dedup.enabled
-    return holders.start(ctx.execution, ctx.checkpoint_dir, started, holding)
+    return holders.start(ctx.execution, ctx.checkpoint_dir, started, holding,
+                         ctx.executor.stop_asked if ctx.executor is not None else None)
 
 
 def _remove(paths: list[str]) -> None:

@@ -201,6 +201,50 @@ def test_a_holder_replaced_in_the_job_is_logged_without_advice_to_re_run_and_wit
                                      "replaced in this job; re-run the same command to resume")
 
 
+@pytest.mark.slow
+def test_a_holder_lost_as_the_job_stops_is_not_replaced_and_a_failed_start_closes_the_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a SIGTERM to the job's whole process group reaching a holder before its start set it to ignore
+    SIGTERM ended it as the job stopped; it was replaced, the replacement never closed, and the job hung after
+    "interrupted" in `forkserver.stop` (the resource tracker waits for every process holding its pipe). A holder
+    lost once the job's stop is asked is not replaced; and a start that fails closes the holders already up."""
+    import signal
+    import threading
+
+    import psutil
+
+    from streamprep import holders
+
+    def gone(pid: int) -> bool:
+        return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+    stop = threading.Event()
+    with Holders(2, "process", stop) as held:
+        held.open("d", tmp_path, [0, 0])
+        stop.set()
+        os.kill(held.pids[0], signal.SIGKILL)
+        with pytest.raises(HolderLost, match=r"^a dedup holder process ended \(exit code -9\), as the job stops$"):
+            held.all("flush", "d")
+        assert held.replaced == 0
+    assert gone(held.pids[1])
+
+    started: list[holders._Process] = []
+    real = holders._Process.__init__
+
+    def tracked(self: holders._Process) -> None:
+        real(self)
+        started.append(self)
+
+    def never_ready(self: Holders, method: str, *args: object) -> list:
+        raise HolderLost("a dedup holder process ended (exit code -15)")
+
+    monkeypatch.setattr(holders._Process, "__init__", tracked)
+    monkeypatch.setattr(Holders, "all", never_ready)
+    with pytest.raises(HolderLost):
+        Holders(2, "process", stop)
+    assert len(started) == 2 and all(not p._proc.is_alive() for p in started)
+
+
 _MANY_DATASETS = r'''
 import hashlib, os, resource, sys
 from pathlib import Path
