@@ -361,9 +361,9 @@ class _BoundedLines:
     270 MiB line cost a worker 2.3 GB). `read(n)` gives n bytes unless at the end, as the streams it wraps do, so
     the reader's batches, and its records, are the same."""
 
-    def __init__(self, fh: Any):
+    def __init__(self, fh: Any, bounded: bool = True):
         local = _local()
-        self.fh, self.limit, self.piece = fh, local.MAX_LINE_BYTES, local.READ_BUFFER
+        self.fh, self.limit, self.piece = fh, local.MAX_LINE_BYTES if bounded else None, local.READ_BUFFER
         self.buf = io.BufferedReader(_Raw(fh), self.piece)
         self.lines = 0  # newlines passed
         self.run = 0  # bytes of the line being read, passed so far
@@ -382,12 +382,16 @@ class _BoundedLines:
         return self._passed(self.buf.read(size))
 
     def readline(self, size: int = -1) -> bytes:
+        if self.limit is None:
+            return self.buf.readline(size)
         room = self.limit - self.run + 1  # one byte more than the limit leaves: a line that passes it shows it
         return self._passed(self.buf.readline(room if size is None or size < 0 else min(size, room)))
 
     def _passed(self, data: bytes) -> bytes:
         """Count `data`'s lines; raise `LineTooLong` at one over the limit (a line can pass it only when `data` is
         longer than what the limit leaves of the current line: one scan then, else one count)."""
+        if self.limit is None:
+            return data
         if self.run + len(data) <= self.limit:
             newlines = data.count(b"\n")
             self.lines += newlines
@@ -424,10 +428,19 @@ def _bound_json_lines() -> None:
 
     def bounded_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         fh = inner(file, mode, *args, **kwargs)
-        return _BoundedLines(fh) if mode == "rb" else fh
+        return _BoundedLines(fh, bounded=not _json_document(file)) if mode == "rb" else fh
 
     bounded_open.streamprep_bounded = True  # type: ignore[attr-defined]
     module.open = bounded_open
+
+
+def _json_document(file: Any) -> bool:
+    """Whether `file` (a path or a chained URL, `zstd://…::path`) is named a JSON document (`.json`, compressed or
+    not), which `datasets` reads whole (an array on one line, maybe): no line of it is a record to bound."""
+    name = str(file).split("::")[-1].rsplit("/", 1)[-1].lower()
+    while (stem := name.rsplit(".", 1))[-1] in ("gz", "zst", "zstd", "bz2", "xz", "lzma") and len(stem) == 2:
+        name = stem[0]
+    return name.endswith(".json")
 
 
 def _drop_failed(record: logging.LogRecord) -> bool:

@@ -521,6 +521,12 @@ def test_a_line_over_the_limit_in_a_hub_file_is_one_reject_naming_it_read_throug
     over = "is 5013 bytes, over the 4096-byte limit of a record, skipped with the rest of the file (after 0 records)"
     assert records(HFSource(cfg(path="hf://org/long"), tmp_path / "cache").iter_records()) == [
         BadRecord(f"line 2 of data/train-{f} {over}", "") for f in ("0.jsonl.zst", "1.jsonl.gz", "2.jsonl")] + c
+    # a JSON document (an array, on one line) is read whole, as `datasets` reads it: no line of it is a record
+    rows = [{"text": f"row {i} " + "w" * 100} for i in range(60)]  # ~6.5 KB on one line
+    for name, data in (("data/train-0.json", json.dumps(rows).encode()),
+                       ("data/train-0.json.gz", gzip.compress(json.dumps(rows).encode()))):
+        hub.add_dataset(f"org/array{len(name)}", {name: data})
+        assert records(HFSource(cfg(path=f"hf://org/array{len(name)}"), tmp_path / "cache").iter_records()) == rows
 
 
 def test_a_zst_file_is_read_through_a_buffer_not_a_byte_a_call(hub, tmp_path, monkeypatch):
