@@ -185,6 +185,17 @@ def picklable_error(exc: Exception) -> Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+def stop_seen(stop_asked: threading.Event | None, exitcodes: Iterable[int | None]) -> bool:
+    """Whether the job is stopping (`stop_asked`, its first stop signal), so that what died (a pool's worker, a
+    dedup holder) is not replaced. A SIGTERM to the job's whole process group (GNU `timeout`, `kill -- -PGID`, a
+    systemd stop) ends such a process as it reaches the job's, whose handler may run a moment after: one dead by
+    SIGTERM (of `exitcodes`) waits STOP_SEEN_S for it. One SIGTERMed alone is replaced as after kill -9, that much
+    later."""
+    if stop_asked is None:
+        return False
+    return stop_asked.wait(STOP_SEEN_S if any(code == -signal.SIGTERM for code in exitcodes) else 0)
+
+
 class LocalExecutor(Executor):
     """Calls on this machine: in one thread for 1 worker, else on a pool of `workers` processes.
 
@@ -264,7 +275,10 @@ class LocalExecutor(Executor):
         """Run the call again on a new pool; the first call to see `pool` broken replaces it (after `pause`)."""
         with self._lock:
             if pool is self._pool:
-                if self.restarts >= POOL_RESTARTS or self._closed or self._job_stopping(pool):
+                # (read only when a stop is asked: a process's exitcode, once the forkserver is gone, is 255 while it
+                # lives, and its `kill` below is then skipped)
+                exitcodes = (p.exitcode for p in list(pool._processes.values()))  # type: ignore[attr-defined]
+                if self.restarts >= POOL_RESTARTS or self._closed or stop_seen(self.stop_asked, exitcodes):
                     settle(outer, exc=exc)
                     return
                 time.sleep(pause)
@@ -278,17 +292,6 @@ class LocalExecutor(Executor):
                 pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = self._new_pool()
         self._send(outer, again(fn), args)
-
-    def _job_stopping(self, pool: ProcessPoolExecutor) -> bool:
-        """Whether the job is stopping, so that a broken `pool` is not replaced. A SIGTERM to the job's whole
-        process group (GNU `timeout`, `kill -- -PGID`, a systemd stop) ends the workers as it reaches the job's
-        process, whose handler may run a moment after the pool broke: a worker dead by SIGTERM waits STOP_SEEN_S
-        for it. One SIGTERMed alone is replaced as after kill -9, that much later."""
-        if self.stop_asked is None:
-            return False
-        dead_by_sigterm = any(p.exitcode == -signal.SIGTERM
-                              for p in list(pool._processes.values()))  # type: ignore[attr-defined]
-        return self.stop_asked.wait(STOP_SEEN_S if dead_by_sigterm else 0)
 
     def warm(self) -> None:
         if self._pool is not None:

@@ -31,7 +31,7 @@ from quality.settings import NearDedupSettings
 from streamprep import atomic, forkserver, logs, ray_cluster
 from streamprep.children import serve_driver
 from streamprep.config import ExecutionConfig, resolved_workers
-from streamprep.executor import STOP_SEEN_S, picklable_error, quiet_gc
+from streamprep.executor import picklable_error, quiet_gc, stop_seen
 from streamprep.layout import CheckpointLayout, read_json
 from streamprep.unit_worker import BAD, KEPT
 
@@ -385,7 +385,10 @@ class Holders:
         the lost one did not give (every call sent to it before that one was answered)."""
         if self._failed is not None:  # the slot still has the lost one: placing again would fail again, later
             raise HolderLost(str(self._failed)) from exc
-        if self._stopping(self._holders[p]):
+        # a SIGTERM to the job's process group reaching a holder before its start set it to ignore SIGTERM (`_serve`)
+        # ended it as the job stopped: its replacement, never closed, held the resource tracker the job's end waits
+        # for (the job hung after "interrupted")
+        if stop_seen(self.stop_asked, [getattr(self._holders[p], "exitcode", None)]):
             raise HolderLost(f"{exc}, as the job stops") from exc
         if self.replaced >= REPLACEMENTS:  # the advice to re-run only now: a holder replaced needs none
             raise HolderLost(f"{exc}, after {REPLACEMENTS} replaced in this job; re-run the same command to "
@@ -408,17 +411,6 @@ class Holders:
             self._failed = HolderLost(f"{again}, replacing a lost one; re-run the same command to resume")
             raise self._failed from again
         return got
-
-    def _stopping(self, lost: Any) -> bool:
-        """Whether the job is stopping, so that a lost holder is not replaced. A SIGTERM to the job's whole process
-        group reaching a holder before its start set it to ignore SIGTERM (`_serve`) ended it as the job stopped:
-        its replacement, made as the job wound down, was never closed and held the resource tracker the job's end
-        waits for (the job hung after "interrupted"). A holder dead by SIGTERM waits STOP_SEEN_S for the job's own
-        stop, whose handler may run a moment after (as `LocalExecutor` does for its pool)."""
-        if self.stop_asked is None:
-            return False
-        dead_by_sigterm = getattr(lost, "exitcode", None) == -signal.SIGTERM
-        return self.stop_asked.wait(STOP_SEEN_S if dead_by_sigterm else 0)
 
     def all(self, method: str, *args: Any) -> list[Any]:
         """`method` on every holder, their answers in holder order."""
