@@ -33,11 +33,11 @@ from quality.gates.base import Doc, Gate, most_within, ratio, shown
 from quality.gates.lexicon import classes, scan
 
 MEMO_TOKENS = 65_536  # candidate tokens a gate remembers (~100 B each)
-_TOKEN = re.compile(r"[\w@$*#!|]+")
+_TOKEN_CHAR = r"[\w@$*#!|]"  # a token's chars: letters, digits and the symbols that disguise a word
+_TOKEN = re.compile(_TOKEN_CHAR + "+")
 _LEET = [str.maketrans({"0": "o", "1": first, "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s",
                         "!": "i", "|": first, "#": "*"}) for first in ("i", "l")]
 _DIGITS = "0123456789"
-_TOKEN_CHAR = r"[\w@$*#!|]"
 _ACRONYM = 3  # longest stem read as an acronym before a plural "s": PIS, AS; the list's 4-letter ones are the word shouted (CUNTs, SHITs)
 
 
