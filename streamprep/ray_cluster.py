@@ -365,8 +365,8 @@ def _start_head(num_cpus: int, cancelled: Callable[[], bool]) -> str | None:
     os.environ.update(_AUTH)
     err = tempfile.TemporaryFile()
     _head_tmp = tempfile.mkdtemp(prefix=HEAD_TMP_PREFIX)
-    _head_session, _head_ray_tmp = "", os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"  # Ray's
-    env = {**os.environ, "TMPDIR": _head_tmp,  # default; what its processes leave when killed (pymp-*) goes with it
+    _head_session, _head_ray_tmp = "", ray_tmpdir()  # Ray's; the head's TMPDIR is its own: what its processes
+    env = {**os.environ, "TMPDIR": _head_tmp,  # leave when killed (pymp-*) goes with it
            "RAY_TMPDIR": _head_ray_tmp}
     _head = subprocess.Popen(_head_command(num_cpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                              env=env, process_group=0)
@@ -386,6 +386,17 @@ def _start_head(num_cpus: int, cancelled: Callable[[], bool]) -> str | None:
             raise HeadStartError(f"the Ray head process exited (code {code}) before its cluster was up"
                                  + (f": {cause[0].strip()[:300]}" if cause else ""))
     return line
+
+
+def ray_tmpdir() -> str:
+    """The folder Ray keeps its sessions under, as Ray finds it: RAY_TMPDIR, else TMPDIR, else /tmp."""
+    return os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+
+
+def sessions_of(pid: int, ray_tmp: str) -> list[Path]:
+    """The session dirs in `ray_tmp` of the clusters process `pid` started: Ray names them
+    session_<time>_<pid of the process that started the cluster>."""
+    return sorted(Path(ray_tmp, "ray").glob(f"session_*_{pid}"))
 
 
 def _head_command(num_cpus: int) -> list[str]:
@@ -415,10 +426,8 @@ def _stop_head() -> None:
     stop_and_reap(kill_group, procs, grace=0.0)
     head.wait()
     shutil.rmtree(_head_tmp, ignore_errors=True)
-    # a head killed before it said its session dir (a job done before its cluster was up) may have made one: Ray
-    # names it session_<time>_<pid of the process that started the cluster>, the head's
-    own = [_head_session] if _head_session else sorted(Path(_head_ray_tmp, "ray").glob(f"session_*_{head.pid}"))
-    for session in own:
+    # a head killed before it said its session dir (a job done before its cluster was up) may have made one
+    for session in [_head_session] if _head_session else sessions_of(head.pid, _head_ray_tmp):
         remove_session(str(session))
     for key, value in _env_before.items():  # the user's own Ray settings, if any, are back
         if value is None:

@@ -19,12 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from streamprep.ray_cluster import (
-    HEAD_TMP_PREFIX,
-    init_here,
-    remove_session,
-    shutdown_ray,
-)
+from streamprep.ray_cluster import HEAD_TMP_PREFIX, init_here, ray_tmpdir, remove_session, sessions_of, shutdown_ray
 
 _lock = threading.Lock()
 _up = False  # the cluster is up: a closed stdin is then the main thread's to act on (`shutdown_ray`)
@@ -53,8 +48,7 @@ def _watch_driver() -> None:
 
 def _remove_own_files() -> None:
     """This process's TMPDIR, and the session dirs of the cluster it started (Ray names them after its pid)."""
-    ray_tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
-    for session in Path(ray_tmp, "ray").glob(f"session_*_{os.getpid()}"):
+    for session in sessions_of(os.getpid(), ray_tmpdir()):
         remove_session(str(session))
     tmp = Path(os.environ.get("TMPDIR", ""))
     if tmp.name.startswith(HEAD_TMP_PREFIX):  # the driver removes it too, unless it was killed (kill -9)
