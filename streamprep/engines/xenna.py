@@ -86,6 +86,8 @@ class XennaEngine(Engine):
         self._sink: queue.Queue = queue.Queue()
         self._results: list[Result] = []
         self._thread: threading.Thread | None = None
+        self._helpers: list[threading.Thread] = []  # the collector and the local tokenizer: joined with `_thread`
+        self._ended = threading.Event()  # set by `_join`: the collector stops, even if the stage did not
         self._error: BaseException | None = None
         self.started_at: float | None = None
         self._stopping: float | None = None
@@ -123,11 +125,14 @@ class XennaEngine(Engine):
         sysconfig.get_config_vars()
         self._thread = threading.Thread(target=self._serve, name="xenna", daemon=True)
         self._thread.start()
-        threading.Thread(target=self._collect, name="xenna-results", daemon=True).start()
+        self._helpers.append(threading.Thread(target=self._collect, args=(self._thread,), name="xenna-results",
+                                              daemon=True))
         if self._early:
             with self._cv:
                 self._hand(PING)
-            threading.Thread(target=self._tokenize_local, name="tokenize-local", daemon=True).start()
+            self._helpers.append(threading.Thread(target=self._tokenize_local, name="tokenize-local", daemon=True))
+        for helper in self._helpers:
+            helper.start()
 
     def _serve(self) -> None:
         lost: str | None = None  # why the job's own cluster failed under the stage: the executor takes over
@@ -389,9 +394,10 @@ class XennaEngine(Engine):
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("xenna tokenize stage stopped before every shard was done")
 
-    def _collect(self) -> None:
-        """Move results from the sink as they come, so progress sees shards finish during ingest."""
-        while self._thread is not None and (self._thread.is_alive() or not self._sink.empty()):
+    def _collect(self, serve: threading.Thread) -> None:
+        """Move results from the sink as they come, so progress sees shards finish during ingest; until `serve`
+        has ended and its results are moved, or the engine's join."""
+        while not self._ended.is_set() and (serve.is_alive() or not self._sink.empty()):
             try:
                 result = self._sink.get(timeout=POLL_S)
             except queue.Empty:
@@ -453,6 +459,12 @@ class XennaEngine(Engine):
         else:
             log.info("xenna stage and its Ray cluster stopped",
                      seconds=round(time.monotonic() - (self._stopping or time.monotonic()), 2))
+        # The helpers end within a poll now. One left running held the engine, and so the job's executor and its
+        # pool, past a failed library job: its semaphores outlived the pool's processes and a later forkserver
+        # stop unlinked them ('sem_unlink FileNotFoundError' tracebacks at the test session's exit).
+        self._ended.set()
+        for helper in self._helpers:
+            helper.join(timeout=10 * POLL_S)
         self._thread = None
 
 

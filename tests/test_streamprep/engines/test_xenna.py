@@ -569,6 +569,39 @@ def test_a_job_done_while_ray_starts_never_starts_the_stage(monkeypatch, one_thr
     assert pipelines == [] and released == [True] and engine._error is None
 
 
+def test_a_failed_job_leaves_no_engine_thread_and_frees_the_engine(monkeypatch, one_thread) -> None:
+    """Regression: the results collector ran on up to a poll after the engine's join, holding the engine, its
+    executor and so the pool of a failed library job (workers 2): collected after a later in-process job froze
+    the collector (`gc.freeze`), never; its semaphores were unlinked by a later forkserver stop ('sem_unlink
+    FileNotFoundError' tracebacks after CI's last test). The join now ends the engine's threads."""
+    import weakref
+
+    from streamprep import ray_cluster
+    from streamprep.engines import xenna as xmod
+
+    def failing_shard(task, tok):
+        raise ValueError(f"bad shard {task}")
+
+    def connect(address, workers, cancelled):  # Ray comes up as the job stops: the stage is never needed
+        while not cancelled():
+            time.sleep(0.01)
+
+    monkeypatch.setattr(ray_cluster, "connect", connect)
+    monkeypatch.setattr(ray_cluster, "release", lambda: None)
+    monkeypatch.setattr(local_engine, "run_shard", failing_shard)
+    monkeypatch.setattr(local_engine.TokenizerCache, "get", lambda self, task: None)
+    before = set(threading.enumerate())
+    engine = xmod.XennaEngine(one_thread, workers=1)
+    with pytest.raises(RuntimeError, match="bad shard p0"):
+        with engine:
+            engine.run([_T("p0")])
+    assert [t.name for t in set(threading.enumerate()) - before if not t.name.startswith("worker")] == []
+    ref = weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert ref() is None
+
+
 def test_before_the_stage_answers_the_executor_takes_one_shard_per_worker_at_once(monkeypatch) -> None:
     """Regression: the early shards ran on the executor one at a time, so once ingest was done one of two
     workers sat idle while the last shards waited for each other (300 MB, engine xenna: 1.5 s of tail
@@ -962,10 +995,9 @@ def test_a_restarted_pipeline_gets_the_calls_the_failed_one_held_again(monkeypat
     assert [c.args for c in again] == [(0,), (1,), (2,)] and engine._source.empty()
     assert warned == [("calls retried", {"calls": 3, "functions": ["_double"], "reason": "lost"})]
     engine._sink.put({**again[1].answer(), "node_id": "n"})  # answered by the restarted pipeline
-    engine._thread = threading.current_thread()  # _collect runs while its serving thread is alive: this one
-    collector = threading.Thread(target=engine._collect, daemon=True)
-    collector.start()
+    collector = threading.Thread(target=engine._collect, args=(threading.current_thread(),), daemon=True)
+    collector.start()  # it runs while its serving thread is alive: this one
     assert futures[1].result(5) == 2 and not futures[0].done()
-    engine._thread = None  # the collector ends
+    engine._ended.set()  # as the engine's join does: the collector ends
     collector.join(2)
     assert not collector.is_alive()
