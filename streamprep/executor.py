@@ -275,9 +275,10 @@ class LocalExecutor(Executor):
         """Run the call again on a new pool; the first call to see `pool` broken replaces it (after `pause`)."""
         with self._lock:
             if pool is self._pool:
-                # (read only when a stop is asked: a process's exitcode, once the forkserver is gone, is 255 while it
-                # lives, and its `kill` below is then skipped)
-                exitcodes = (p.exitcode for p in list(pool._processes.values()))  # type: ignore[attr-defined]
+                exitcodes = [p.exitcode for p in list(pool._processes.values())]  # type: ignore[attr-defined]
+                # a broken pool may hold live workers (the forkserver killed: each worker's sentinel fired): they
+                # blocked on its abandoned queues, held the resource tracker's pipe, and the job hung at exit
+                _signal_workers(pool, signal.SIGKILL)
                 if self.restarts >= POOL_RESTARTS or self._closed or stop_seen(self.stop_asked, exitcodes):
                     settle(outer, exc=exc)
                     return
@@ -285,10 +286,6 @@ class LocalExecutor(Executor):
                 self.restarts += 1
                 log.warning("a worker process died; its calls run again on a new pool", restarts=self.restarts,
                             error=str(exc)[:200])
-                # a broken pool may hold live workers (the forkserver killed: each worker's sentinel fired): they
-                # blocked on its abandoned result queue, held the resource tracker's pipe, and the job hung at exit
-                for process in list(pool._processes.values()):  # type: ignore[attr-defined]
-                    process.kill()
                 pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = self._new_pool()
         self._send(outer, again(fn), args)
@@ -304,11 +301,23 @@ class LocalExecutor(Executor):
         in it cannot be interrupted; the command exits without it)."""
         self._closed = True
         if not wait and self._pool is not None:
-            for process in list(self._pool._processes.values()):  # type: ignore[attr-defined]
-                process.terminate()
+            _signal_workers(self._pool, signal.SIGTERM)
         for pool in (self._threads, self._pool):
             if pool is not None:
                 pool.shutdown(wait=wait, cancel_futures=True)
+
+
+def _signal_workers(pool: ProcessPoolExecutor, sig: int) -> None:
+    """Send `sig` to the pool's workers that may be alive, by pid: once the forkserver is gone, multiprocessing
+    reads a live worker's exit code as 255 (its status comes through the forkserver) and from then on skips its
+    own `kill`/`terminate` of it (and the pool's own clean-up reads them first), so a broken pool's workers lived on,
+    blocked on its abandoned queues, as long as the job's process."""
+    for process in list(pool._processes.values()):  # type: ignore[attr-defined]
+        if process.exitcode in (None, 255):
+            try:
+                os.kill(process.pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def settle(fut: Future, result: Any = None, exc: BaseException | None = None) -> None:

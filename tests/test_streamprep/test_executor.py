@@ -89,6 +89,32 @@ def test_a_killed_forkserver_leaves_no_worker_of_the_broken_pool_behind() -> Non
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old)
 
 
+def test_a_killed_forkserver_as_the_job_stops_leaves_no_worker_behind() -> None:
+    """Regression: with the job's stop asked, the pool broken by a killed forkserver read its workers' exit codes
+    (one dead by SIGTERM waits for the stop); once the forkserver is gone a live worker's reads 255, and its
+    terminate at close was then skipped by multiprocessing: the workers lived on, blocked on the abandoned call
+    queue, for as long as the job's process (a library caller's). They are signalled by pid."""
+    import multiprocessing.forkserver
+
+    ex = LocalExecutor(2)
+    ex.stop_asked = threading.Event()
+    old = _processes(ex, 2)
+    calls = [ex.submit(time.sleep, 0.5) for _ in range(2)]
+    time.sleep(0.2)  # both workers are inside a call
+    ex.stop_asked.set()
+    os.kill(multiprocessing.forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+    for call in calls:
+        with pytest.raises(BrokenProcessPool):
+            call.result(60)
+    assert ex.restarts == 0  # the job is stopping: no new pool
+    ex.close(wait=False)
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old)
+
+
 def test_a_worker_that_cannot_start_costs_its_call_a_retry_on_a_new_pool() -> None:
     """Regression (CI, once): right after the forkserver was killed, multiprocessing still took it for alive and a new
     worker's start was refused (ConnectionRefusedError) inside the broken pool's callback: the call was lost and its
