@@ -288,7 +288,9 @@ def _select_data_files(repo_id: str, repo_files: Sequence[str], split: str, subs
             matched = resolver(pattern)
         except FileNotFoundError:
             continue
-        files.update(f for f in matched if fmt or any(f".{s.lower()}" in known for s in posixpath.basename(f).split(".")[1:]))
+        # a refused file stays whatever its name (a .tgz, no suffix `datasets` knows): it is one reject when read
+        files.update(f for f in matched if fmt or _refused(f) or
+                     any(f".{s.lower()}" in known for s in posixpath.basename(f).split(".")[1:]))
     if not files:
         raise HFSourceError(f"hf://{repo_id}: split {split!r} matches no data files ({', '.join(patterns[split])})")
     if fmt:
@@ -300,6 +302,8 @@ def _select_data_files(repo_id: str, repo_files: Sequence[str], split: str, subs
     # tar chose `datasets`' webdataset builder, which read its members as records
     refused = {f for f in files if _refused(f)}
     builder, kwargs = infer_module_for_data_files_list(sorted(files - refused) or sorted(files))
+    if builder is None and files == refused:  # tars named .tgz, .txz, ...: `datasets` knows no such suffix
+        builder = "webdataset"  # never used (each file is a reject), as for a split of .tar files
     if builder is None:
         raise HFSourceError(f"hf://{repo_id}: cannot tell the format of split {split!r}; set 'format'")
     exts = tuple(e.lower() for e in _MODULE_TO_EXTENSIONS.get(builder, []))

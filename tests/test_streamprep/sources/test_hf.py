@@ -500,6 +500,25 @@ def test_archives_and_a_parquet_file_compressed_whole_are_one_reject_each_as_on_
                       "decompress it; Parquet compresses its own pages)", "")]
 
 
+def test_tars_of_a_one_word_suffix_are_one_reject_each_without_a_format_too(hub, tmp_path):
+    """A .tgz, .tbz2, .txz or .tzst in a split with no `format` was left out unsaid (no reject, no count, not in the
+    not-read warning: `datasets` knows none of these suffixes), and a split of .tgz alone stopped the job with
+    "matches no data files"; each is one reject naming it, as with `format: json` and on a local path."""
+    from structlog.testing import capture_logs
+
+    a = [{"text": "a"}]
+    why = "a tar archive (not read: unpack it, or compress each file as .gz, .zst, .bz2 or .xz)"
+    tars = ["data/train-1.tgz", "data/train-2.tbz2", "data/train-3.txz", "data/train-4.tzst"]
+    hub.add_dataset("org/tgz", {"data/train-0.jsonl": jsonl(a), **{t: _tar({"x.jsonl": jsonl(a)}) for t in tars}})
+    with capture_logs() as logged:
+        got = records(HFSource(cfg(path="hf://org/tgz"), tmp_path / "c1").iter_records())
+    assert got == [*a, *(BadRecord(f"unsupported file, skipped: {t}: {why}", "") for t in tars)]
+    assert not [e for e in logged if e["log_level"] == "warning"]
+    hub.add_dataset("org/onlytgz", {"data/train-0.tgz": _tar({"x.jsonl": jsonl(a)})})
+    assert records(HFSource(cfg(path="hf://org/onlytgz"), tmp_path / "c2").iter_records()) == [
+        BadRecord(f"unsupported file, skipped: data/train-0.tgz: {why}", "")]
+
+
 def test_a_line_over_the_limit_in_a_hub_file_is_one_reject_naming_it_read_through_not_held(hub, tmp_path,
                                                                                            monkeypatch):
     """A JSON Lines line over MAX_LINE_BYTES (here 4 KiB) is the `line N of FILE is B bytes, over the limit` reject of
