@@ -36,14 +36,15 @@ def exit_with(pid: int) -> None:
         if fd is not None:
             select.select([fd], [], [])
         else:
-            while _alive(pid):
+            while pid_alive(pid):
                 time.sleep(1.0)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="exit-with-driver").start()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (on this host); one we may not signal does."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -30,7 +30,7 @@ EPILOG_VERIFY = """examples:
 EPILOG_STATUS = """examples:
   streamprep status runs/demo                 per dataset: read/kept/rejected, shards done/planned, state
   streamprep status runs/demo --json | jq .state
-  watch -n 5 streamprep status runs/demo      safe while the run is going: reads only, never locks it
+  watch -n 5 streamprep status runs/demo      safe while the run is going: reads only, never blocks it
 state is one of: running (lock held; shows the pid), complete, resumable (interrupted | failed |
 crashed | partial) — resume by re-running the same `streamprep ingest` command; but with needs_change
 (shown as FAILED, NEEDS A CHANGE) the last error stops every re-run as is: fix what it names first."""

@@ -15,6 +15,12 @@ from typing import Any
 
 import orjson
 
+from streamprep.children import pid_alive
+
+# How long a refused acquire waits out a holder that cannot be the run's (a dead pid or no record): `status` tests a
+# crashed run's lock with a shared flock held for microseconds, and a job writes its record just after its flock.
+PASSING_HOLDER_WAIT_S = 0.5
+
 
 class RunLocked(RuntimeError):
     """Another live process holds the run dir."""
@@ -30,13 +36,18 @@ class RunLock:
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            holder = read_holder(self.path)
-            raise RunLocked(f"{self.what} {self.path.parent} is in use by pid {holder.get('pid', '?')} "
-                            f"on {holder.get('host', '?')} (started {holder.get('started', '?')})") from None
+        deadline = time.monotonic() + PASSING_HOLDER_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = read_holder(self.path)
+                if not _may_be_passing(holder) or time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise RunLocked(f"{self.what} {self.path.parent} is in use by pid {holder.get('pid', '?')} "
+                                    f"on {holder.get('host', '?')} (started {holder.get('started', '?')})") from None
+            time.sleep(0.005)
         self.fd = fd  # held from here: `release` ends it whatever happens below
         previous = read_holder(self.path)
         if previous.get("pid"):
@@ -57,6 +68,15 @@ class RunLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def _may_be_passing(holder: dict[str, Any]) -> bool:
+    """Whether the lock's holder may be a brief one rather than a run: its record names no pid (a job between its
+    flock and its record) or a pid gone from this host (a killed run's record, the lock tested by `status`)."""
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    return holder.get("host") == socket.gethostname() and not pid_alive(pid)
 
 
 def read_holder(path: Path) -> dict[str, Any]:

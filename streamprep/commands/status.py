@@ -1,4 +1,4 @@
-"""`streamprep status RUN_DIR [--json]`: where a run stands; reads only, never locks the run."""
+"""`streamprep status RUN_DIR [--json]`: where a run stands; reads only, never blocks the run."""
 from __future__ import annotations
 
 import argparse

@@ -419,6 +419,52 @@ def test_lock_held_by_another_process_then_killed(done_run, tmp_path):
     assert (st["state"], st["resumable_reason"], st["lock"]) == ("resumable", "crashed", None)
 
 
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(10)
+    return proc.pid
+
+
+def test_a_resume_is_not_refused_by_status_testing_a_crashed_runs_lock(tmp_path):
+    """Regression: on a crashed run's `.lock` (its holder record left behind) `status` tests the lock with a shared
+    flock held for an instant; a resume whose exclusive flock landed in that instant was refused, exit 2, "run dir …
+    is in use by pid <the dead pid>" (5 of 3000 in a loop). A refused acquire now waits that instant out when the
+    record names a pid gone from this host; a live holder is still refused at once, a dead-pid holder that stays, at
+    the end of the wait."""
+    import fcntl
+    import os
+    import socket
+    import threading
+
+    from streamprep import lock as lockmod
+    from streamprep.lock import RunLock, RunLocked
+
+    path = tmp_path / ".lock"
+    host = socket.gethostname()
+    path.write_bytes(json.dumps({"pid": _dead_pid(), "host": host, "started": "2020-01-01T00:00:00Z"}).encode())
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # status's test of the lock, here held 50 ms
+    unlock = threading.Timer(0.05, fcntl.flock, (fd, fcntl.LOCK_UN))
+    unlock.start()
+    try:
+        RunLock(path).acquire().release()
+    finally:
+        unlock.join()
+        os.close(fd)
+
+    for pid, refused_within in ((os.getpid(), 0.2), (_dead_pid(), lockmod.PASSING_HOLDER_WAIT_S + 0.3)):
+        path.write_bytes(json.dumps({"pid": pid, "host": host, "started": "x"}).encode())
+        fd = os.open(path, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a holder that stays
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(RunLocked, match=f"in use by pid {pid} "):
+                RunLock(path).acquire()
+            assert time.monotonic() - t0 < refused_within
+        finally:
+            os.close(fd)
+
+
 def test_the_audit_of_a_killed_run_says_crashed_as_status_does(done_run, tmp_path, capsys):
     """Regression: the audit of a run killed with kill -9 (run.json still `running`, nobody holding the lock) said
     "status running" in audit.json and audit.html, while `status` said RESUMABLE (crashed)."""
