@@ -214,7 +214,7 @@ def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[s
         "updated_at": record.get("updated_at"),
         "finished_at": record.get("finished_at"),
         "timings": record.get("timings") or {},
-        "checkpoint_dir": str(ckpt_dir),
+        "checkpoint_dir": str(ckpt_dir.resolve()),  # absolute, as run_dir: not relative to the caller's cwd
         "datasets": datasets,
         "totals": totals,
         "workers": resolved_workers(workers),  # execution.workers, as the job runs it

@@ -64,6 +64,18 @@ def test_status_of_a_complete_run_and_it_writes_nothing(done_run, capsys):
     assert f"{a['read']:,}" in human and f"{st['datasets']['a']['tokenize']['shards_done']}/" in human
 
 
+def test_status_json_gives_run_and_checkpoint_dir_absolute_from_a_relative_path(done_run, capsys, monkeypatch):
+    """Regression: `cd /tmp; streamprep status hunt/runs/a --json` gave "run_dir": "/tmp/hunt/runs/a" but
+    "checkpoint_dir": "hunt/runs/a/checkpoints", relative to the caller's cwd. Both are absolute now."""
+    from streamprep.cli import main
+
+    monkeypatch.chdir(done_run.parent.parent)
+    rel = done_run.relative_to(done_run.parent.parent)
+    assert main(["status", str(rel), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert (st["run_dir"], st["checkpoint_dir"]) == (str(done_run.resolve()), str(done_run.resolve() / "checkpoints"))
+
+
 def _copy_run(src: Path, dst: Path) -> Path:
     import shutil
 
