@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
+from streamprep.config import printable
 from streamprep.layout import RunLayout
 from streamprep.logs import LOG_NAME
 
@@ -205,7 +206,7 @@ def tail(run_dir: str | Path, n: int = 20, follow: bool = False, out: IO[str] | 
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if not follow:
         if not path.is_file() and not _backups(path):  # not yet, removed, or a link to nothing: say so
-            print(f"streamprep: logs: no log at {path}", file=sys.stderr)
+            print(f"streamprep: logs: no log at {printable(str(path))}", file=sys.stderr)
             return 0
         for line in last_lines(run_dir, n):
             out.write(line + "\n")
@@ -213,8 +214,8 @@ def tail(run_dir: str | Path, n: int = 20, follow: bool = False, out: IO[str] | 
         return 0
     if not path.is_file() and not _backups(path):  # said once, as `tail -F` does; then it waits for the log
         started = os.path.lexists(RunLayout(run_dir).run_json)  # (the job writes its log just before run.json)
-        what = f"log at {path} yet; waiting for it" if started else \
-            f"run at {run_dir} yet (no run.json); waiting for it to start"
+        what = f"log at {printable(str(path))} yet; waiting for it" if started else \
+            f"run at {printable(str(run_dir))} yet (no run.json); waiting for it to start"
         print(f"streamprep: logs: no {what}", file=sys.stderr)
     # open first, so nothing written between printing the tail and following is lost or repeated
     follower = Follower(path, start_at_end=True, poll_s=poll_s)

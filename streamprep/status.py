@@ -298,7 +298,7 @@ def _backend_line(b: dict[str, Any]) -> str:
 
 def format_status(st: dict[str, Any]) -> str:
     """A compact table of `run_status` output."""
-    head = f"run {st['run_dir']}"
+    head = f"run {printable(st['run_dir'])}"  # a path may hold ESC or CR
     if st.get("name"):
         head += f"  (name {st['name']}, id {st.get('run_id') or '?'})"
     state = st["state"].upper()
@@ -349,5 +349,5 @@ def format_status(st: dict[str, Any]) -> str:
     elif st["state"] == "resumable":
         lines.append("to resume: re-run the same `streamprep ingest --config ... --run-dir ...` command")
     elif st["state"] == "running":
-        lines.append("follow it with: streamprep logs " + st["run_dir"] + " --follow")
+        lines.append("follow it with: streamprep logs " + printable(st["run_dir"]) + " --follow")
     return "\n".join(lines)

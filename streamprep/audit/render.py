@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from streamprep import stats
+from streamprep.config import printable
 from streamprep.audit.gather import EMPTY_TOKENS, EXAMPLE_CHARS, PALETTE
 
 
@@ -46,7 +47,7 @@ def summary_text(audit: dict[str, Any], html_path: str | Path | None = None) -> 
         lines.append(f"  tokenizer trained on a {tt['sample_mb']} MB sample: {tt['bytes_per_token']} bytes/token "
                      f"on {tt['held_out_documents']:,} held-out documents")
     if html_path:
-        lines.append(f"  report: {html_path}")
+        lines.append(f"  report: {printable(str(html_path))}")  # the terminal's: a run dir may hold ESC or CR
     return "\n".join(lines)
 
 

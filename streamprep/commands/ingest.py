@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from streamprep import audit
+from streamprep.config import printable
 from streamprep.executor import quiet_gc
 from streamprep.pipeline import Interrupted, run_config_file
 
@@ -20,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     summary = _audit_summary(Path(result.run_dir)) if result.status == "complete" else None
     if summary:
         print(summary)
-    print(f"streamprep: run {result.status}: {result.run_dir}")
+    print(f"streamprep: run {result.status}: {printable(str(result.run_dir))}")
     return 0
 
 

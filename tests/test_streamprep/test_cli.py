@@ -199,6 +199,20 @@ def test_status_logs_audit_on_a_real_run(tmp_path, capsys):
     assert out.startswith("audit: 2 dataset(s)") and (run_dir / "audit" / "audit.html").is_file()
 
 
+def test_ingest_names_a_run_dir_with_control_characters_escaped(tmp_path, capsys):
+    """Regression: `streamprep ingest --run-dir $'r\\e[31mX'` printed "run complete: PATH" with a raw ESC to the
+    terminal, and so did the audit summary's "report: PATH" line; the path is escaped now, as an error line escapes
+    it."""
+    from helpers import make_inputs
+
+    cfg_path, run = tmp_path / "cfg.yaml", tmp_path / "r\x1b[31mX"
+    cfg_path.write_text(yaml.safe_dump(make_inputs(tmp_path / "data")["config"]))
+    assert main(["ingest", "--config", str(cfg_path), "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and out.endswith(f"  report: {tmp_path}/r\\x1b[31mX/audit/audit.html\n"
+                                              f"streamprep: run complete: {tmp_path}/r\\x1b[31mX\n")
+
+
 def test_a_run_dir_given_with_a_tilde_is_in_the_home_folder(tmp_path, capsys, monkeypatch):
     """Regression: `--run-dir=~/run` (no shell expands a `~` after `=`) ran the job in a folder `./~/run`."""
     from helpers import make_inputs

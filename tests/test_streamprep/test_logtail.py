@@ -286,6 +286,18 @@ def test_logs_follow_without_a_log_yet_says_so_then_follows_it(tmp_path, capsys)
     assert out.getvalue() == '{"event": "first"}\n'
 
 
+def test_logs_names_a_path_with_control_characters_escaped(tmp_path, capsys):
+    """Regression: `mkdir $'e\\e[31m'; streamprep logs -f $'e\\e[31m'` printed a raw ESC to the terminal in "no run at
+    … yet"; the path is escaped now, as an error line escapes it."""
+    run_dir = tmp_path / "e\x1b[31m"
+    run_dir.mkdir()
+    assert tail(run_dir, follow=True, out=io.StringIO(), poll_s=0.01, stop=lambda: True) == 0
+    assert capsys.readouterr().err == (f"streamprep: logs: no run at {tmp_path}/e\\x1b[31m yet (no run.json); "
+                                       "waiting for it to start\n")
+    assert tail(run_dir) == 0
+    assert capsys.readouterr().err == f"streamprep: logs: no log at {tmp_path}/e\\x1b[31m/logs/{logs.LOG_NAME}\n"
+
+
 @pytest.mark.slow
 def test_logs_follow_before_the_run_dir_exists_waits_for_the_run_then_follows_its_log(tmp_path):
     """Regression: `logs RUN_DIR --follow` started before the job had written run.json exited 2, `not a streamprep

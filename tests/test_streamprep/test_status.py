@@ -76,6 +76,21 @@ def test_status_json_gives_run_and_checkpoint_dir_absolute_from_a_relative_path(
     assert (st["run_dir"], st["checkpoint_dir"]) == (str(done_run.resolve()), str(done_run.resolve() / "checkpoints"))
 
 
+def test_status_names_a_run_dir_with_control_characters_escaped(done_run, tmp_path):
+    """Regression: status's "run PATH" line printed a run dir named with ESC raw to the terminal; it is escaped now,
+    as the "last error" line is (and the "follow it with" line of a running run)."""
+    from streamprep.lock import RunLock
+
+    run_dir = _copy_run(done_run, tmp_path / "r\x1b[31mX")
+    assert format_status(run_status(run_dir)).startswith(f"run {tmp_path}/r\\x1b[31mX  (name ")
+    lock = RunLock(RunLayout(run_dir).lock).acquire()
+    try:
+        text = format_status(run_status(run_dir))
+    finally:
+        lock.release()
+    assert "\x1b" not in text and f"streamprep logs {tmp_path}/r\\x1b[31mX --follow" in text
+
+
 def _copy_run(src: Path, dst: Path) -> Path:
     import shutil
 
