@@ -24,7 +24,7 @@ from streamprep.sources.base import in_worker
 EPILOG_INGEST = """examples:
   streamprep ingest --config configs/demo.yaml
   streamprep ingest --config cfg.yaml --run-dir /data/runs/web-v2 --fresh
-  re-run the same command to resume an interrupted run"""
+  re-run the command (without --fresh) to resume an interrupted run"""
 EPILOG_VERIFY = """examples:
   streamprep verify runs/demo      exit 0 when every file matches manifest.json and the receipts"""
 EPILOG_STATUS = """examples:
@@ -32,8 +32,9 @@ EPILOG_STATUS = """examples:
   streamprep status runs/demo --json | jq .state
   watch -n 5 streamprep status runs/demo      safe while the run is going: reads only, never blocks it
 state is one of: running (lock held; shows the pid), complete, resumable (interrupted | failed |
-crashed | partial) — resume by re-running the same `streamprep ingest` command; but with needs_change
-(shown as FAILED, NEEDS A CHANGE) the last error stops every re-run as is: fix what it names first."""
+crashed | partial) — resume by re-running the same `streamprep ingest` command (without --fresh); but
+with needs_change (shown as FAILED, NEEDS A CHANGE) the last error stops every re-run as is: fix what
+it names first."""
 EPILOG_LOGS = """examples:
   streamprep logs runs/demo                   the last 20 lines of logs/streamprep.log (JSON lines)
   streamprep logs runs/demo -n 200
@@ -62,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="run or resume the whole job", epilog=EPILOG_INGEST, formatter_class=fmt)
     ing.add_argument("--config", required=True, type=_path, help="YAML config file")
     ing.add_argument("--run-dir", type=_path, help="run directory (default: runs/<run.name>)")
-    ing.add_argument("--fresh", action="store_true", help="refuse to reuse a non-empty run dir")
+    ing.add_argument("--fresh", action="store_true", help="refuse a run dir that is not empty (but for what a job "
+                     "stopped before it wrote run.json left); leave it out to resume")
 
     st = sub.add_parser("status", help="where a run stands: per dataset and stage; complete/resumable/running",
                         epilog=EPILOG_STATUS, formatter_class=fmt)
@@ -113,6 +115,13 @@ for _name in ("ingest", "status", "logs", "audit", "verify"):
 
 
 INTERRUPTED = "streamprep: interrupted; re-run the same command to resume"
+SAME_COMMAND = "re-run the same command"
+
+
+def said_to(args: argparse.Namespace, line: str) -> str:
+    """`line` as said to `ingest --fresh`: once its job wrote run.json, the same command is refused (the run dir is
+    not empty), so the advice to re-run the same command says to leave --fresh out, which resumes the run."""
+    return line.replace(SAME_COMMAND, "re-run the command without --fresh") if getattr(args, "fresh", False) else line
 
 
 def entry() -> None:
@@ -161,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS.get(args.command)(args)
     except (ConfigError, NotARunDir) as exc:
-        print(f"streamprep: error: {exc}", file=sys.stderr)
+        print(said_to(args, f"streamprep: error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(INTERRUPTED, file=sys.stderr)
+        print(said_to(args, INTERRUPTED), file=sys.stderr)
         return 1
     except IsADirectoryError as exc:  # a folder where a run keeps one of its files; not ours to remove
         folder = exc.filename2 or exc.filename  # os.replace(tmp, final) names the final path second
@@ -185,18 +194,18 @@ def main(argv: list[str] | None = None) -> int:
             where = Path(os.fsdecode(denied.filename))
             said = (f"cannot write {where}: {denied.strerror}; make {where.parent} (and the file, if it is there) "
                     f"writable and re-run the same command")
-            print(f"streamprep: error: {printable(said)}", file=sys.stderr)
+            print(said_to(args, f"streamprep: error: {printable(said)}"), file=sys.stderr)
             return 2
         # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
         cause, where = in_worker(exc)  # a Ray worker's error: what it raised, not Ray's header
         first = f"{type(cause).__name__}: {cause}".split("\n")[0] + where
-        print(f"streamprep: error: {printable(_write_fault(exc, first))}", file=sys.stderr)
+        print(said_to(args, f"streamprep: error: {printable(_write_fault(exc, first))}"), file=sys.stderr)
         return 1
     except SystemExit as exc:  # nothing of ours calls sys.exit: a plug-in or library did, inside the job
         if args.debug:
             traceback.print_exc()
-        print(f"streamprep: error: SystemExit({exc.code!r}) raised inside the command (a plug-in calling sys.exit?); "
-              f"re-run the same command to resume", file=sys.stderr)
+        print(said_to(args, f"streamprep: error: SystemExit({exc.code!r}) raised inside the command (a plug-in calling "
+                            f"sys.exit?); re-run the same command to resume"), file=sys.stderr)
         return 1
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from streamprep.atomic import is_tmp_name
 from streamprep.config import ConfigError
 
 # Names relative to the run dir; receipts, the manifest and verify's messages store/print them as-is.
@@ -411,6 +412,24 @@ class RunLayout:
     @property
     def local_checkpoints(self) -> Path:
         return self.run_dir / CHECKPOINTS
+
+    def only_a_start(self) -> bool:
+        """Whether the run dir holds its `.lock`, no run.json, and else only what a job makes before it writes
+        run.json, in order: the checkpoint dir's lock and owner file when that dir is the default `checkpoints/`
+        inside it, and `logs/`; and the temporary file of run.json or of that owner file, written at that moment (a
+        kill then leaves it). Its job is starting, or stopped in that moment: the same command starts it again, with
+        `--fresh` too, as status says; a folder holding anything else is no such run's."""
+        if not self.lock.is_file() or os.path.lexists(self.run_json):
+            return False
+        names = {n for n in os.listdir(self.run_dir) if not is_tmp_name(n)}
+        if not names <= {self.lock.name, self.logs_dir.name, self.local_checkpoints.name}:
+            return False
+        ckpt = self.local_checkpoints
+        if ckpt.name not in names:
+            return True
+        marks = CheckpointLayout(ckpt)
+        return ckpt.is_dir() and not ckpt.is_symlink() and \
+            {n for n in os.listdir(ckpt) if not is_tmp_name(n)} <= {marks.lock.name, marks.owner.name}
 
     @property
     def tokenizer_backend(self) -> Path:

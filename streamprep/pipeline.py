@@ -250,10 +250,12 @@ def _wrote_outputs(run_dir: Path, checkpoint_dir: Path, within: list[Path] | Non
 def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | None:
     """Refusals that must happen before anything is written. Returns the previous run.json, if any."""
     _check_path_lengths(config, run_dir, _checkpoint_dir(config, run_dir).resolve())
-    if fresh and run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"--fresh: run dir {run_dir} is not empty (choose a new --run-dir or remove it)")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run dir {run_dir} is not a directory")
+    # what a job stopped before it wrote run.json left is no run yet: its command, --fresh too, starts it again
+    if fresh and run_dir.exists() and any(run_dir.iterdir()) and not RunLayout(run_dir).only_a_start():
+        raise ConfigError(f"--fresh: run dir {run_dir} is not empty (choose a new --run-dir or remove it; to resume "
+                          f"a run there, re-run without --fresh)")
     _check_writable_dir(run_dir, "run dir")
     if config.run.checkpoint_dir:
         _check_writable_dir(Path(config.run.checkpoint_dir), "'run.checkpoint_dir'")

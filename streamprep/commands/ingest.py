@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from streamprep import audit
+from streamprep.cli import said_to
 from streamprep.config import printable
 from streamprep.executor import quiet_gc
 from streamprep.pipeline import Interrupted, run_config_file
@@ -16,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_config_file(args.config, args.run_dir, args.fresh, process_exits=True)
     except Interrupted as exc:  # progress is saved: re-running the command resumes
-        print(f"streamprep: {exc}", file=sys.stderr)
+        print(f"streamprep: {said_to(args, str(exc))}", file=sys.stderr)
         return 1
     summary = _audit_summary(Path(result.run_dir)) if result.status == "complete" else None
     if summary:

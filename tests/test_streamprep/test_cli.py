@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import multiprocessing.forkserver
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,6 +171,108 @@ def test_a_run_dir_as_its_job_leaves_it_before_run_json(tmp_path, capsys, monkey
     (run_dir / "checkpoints" / "a.json").write_text("{}")  # a checkpoint: more than a start makes
     assert main(["status", str(run_dir)]) == 2
     assert capsys.readouterr().err == f"streamprep: error: {run_dir}: not a streamprep run directory (no run.json)\n"
+
+
+def test_fresh_takes_a_run_dir_its_job_left_before_run_json(tmp_path, capsys, monkeypatch):
+    """Regression: a `--fresh` job stopped before it wrote run.json (a kill or a Ctrl-C at its start) left its lock,
+    its checkpoint dir's lock and owner file and logs/; status said to re-run the same ingest command to start it,
+    and `--fresh` refused that run dir as not empty, whatever it was told. It takes what such a job left, and runs
+    to the bytes of a run in a new run dir; a run dir holding anything more is still refused, nothing written."""
+    from helpers import base_config, english_docs
+    from streamprep import ConfigError, pipeline, run_from_dict
+
+    class Killed(BaseException):
+        """The job's end at its first run.json write, as a kill -9 there ends it."""
+
+    def killed(job, *args, **kwargs):
+        (job.run_dir / ".run.json.streamprep-tmp.99999").write_text('{"x')  # the write a kill cut short
+        raise Killed
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(40)))
+    raw = base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}], None)
+    run_dir, new = tmp_path / "run", tmp_path / "new"
+    with monkeypatch.context() as m:
+        m.setattr(pipeline.Job, "_save_record", killed)
+        with pytest.raises(Killed):
+            run_from_dict(raw, run_dir, fresh=True, console_log=False)
+    assert sorted(os.listdir(run_dir)) == [".lock", ".run.json.streamprep-tmp.99999", "checkpoints", "logs"]
+    assert main(["status", str(run_dir)]) == 2
+    assert capsys.readouterr().err.endswith("re-run the same streamprep ingest command to start it\n")
+    assert run_from_dict(raw, run_dir, fresh=True, console_log=False).status == "complete"
+    assert run_from_dict(raw, new, fresh=True, console_log=False).status == "complete"
+    assert (run_dir / "manifest.json").read_bytes() == (new / "manifest.json").read_bytes()
+
+    def refused(*names: str) -> None:
+        """A run dir of those files (a name ending in / a folder) is refused by --fresh, and left as it was."""
+        where = tmp_path / "refused"
+        shutil.rmtree(where, ignore_errors=True)
+        for name in names:
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            (where / name).mkdir() if name.endswith("/") else (where / name).write_text("{}")
+        before = sorted(where.rglob("*"))
+        with pytest.raises(ConfigError, match=r"^--fresh: run dir .*/refused is not empty \(choose a new --run-dir "
+                                              r"or remove it; to resume a run there, re-run without --fresh\)$"):
+            run_from_dict(raw, where, fresh=True, console_log=False)
+        assert sorted(where.rglob("*")) == before
+
+    start = (".lock", "logs/", "checkpoints/.streamprep.lock", "checkpoints/.streamprep-run")
+    refused(*start, "run.json")  # a run's
+    refused(*start, "checkpoints/a.json")  # a checkpoint
+    refused(*start, "tokenizer/tokenizer.json")  # a start file of a run that went further
+    refused(".lock", "photos/")  # a user's folder that happens to hold a `.lock`
+    refused("logs/")  # no lock: no job of streamprep's left it
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_an_interrupted_fresh_run_is_told_to_resume_without_fresh(tmp_path, capsys, monkeypatch, fresh):
+    """Regression: an interrupted `ingest --fresh` said "re-run the same command to resume", and that command was
+    refused (the run dir is not empty once its job wrote run.json). It says to re-run without --fresh, which
+    resumes; without --fresh the advice is the same command, as before."""
+    from helpers import base_config, english_docs
+    from streamprep import pipeline
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(40)))
+    cfg_path, run_dir = tmp_path / "cfg.yaml", tmp_path / "run"
+    cfg_path.write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}], None)))
+    command = ["ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
+
+    def stopped(job, executor):
+        raise KeyboardInterrupt  # a Ctrl-C as the job starts its engine, run.json written
+
+    with monkeypatch.context() as m:
+        m.setattr(pipeline.Job, "_engine", stopped)
+        assert main(command + ["--fresh"] * fresh) == 1
+    advice = "re-run the command without --fresh to resume" if fresh else "re-run the same command to resume"
+    assert capsys.readouterr().err == f"streamprep: interrupted; progress saved in {run_dir} — {advice}\n"
+    if fresh:  # the command it would have said is refused, naming the way on
+        assert main(command + ["--fresh"]) == 2
+        assert capsys.readouterr().err == (f"streamprep: error: --fresh: run dir {run_dir} is not empty (choose a "
+                                           f"new --run-dir or remove it; to resume a run there, re-run without "
+                                           f"--fresh)\n")
+    assert main(command) == 0
+    assert capsys.readouterr().out.endswith(f"streamprep: run complete: {run_dir}\n")
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+@pytest.mark.parametrize("raised, said", [
+    (KeyboardInterrupt(), "streamprep: interrupted; re-run the same command to resume"),
+    (RuntimeError("a dedup holder process ended; re-run the same command to resume"),
+     "streamprep: error: RuntimeError: a dedup holder process ended; re-run the same command to resume"),
+    (SystemExit(3), "streamprep: error: SystemExit(3) raised inside the command (a plug-in calling sys.exit?); "
+                    "re-run the same command to resume")])
+def test_ingest_fresh_errors_say_to_resume_without_fresh(tmp_path, capsys, monkeypatch, raised, said, fresh):
+    """Regression: every "re-run the same command" an `ingest --fresh` printed named a command its run dir refuses
+    once the job wrote run.json; under --fresh it says to re-run without it."""
+    from streamprep import cli
+
+    def ingest(args: object) -> int:
+        raise raised
+
+    monkeypatch.setattr(cli.COMMANDS, "get", lambda name: ingest)
+    monkeypatch.setattr(cli.forkserver, "start_for", lambda config: None)
+    assert cli.main(["ingest", "--config", str(tmp_path / "c.yaml")] + ["--fresh"] * fresh) == 1
+    expected = said.replace("re-run the same command", "re-run the command without --fresh") if fresh else said
+    assert capsys.readouterr().err == expected + "\n"
 
 
 def test_status_logs_audit_on_a_real_run(tmp_path, capsys):
