@@ -467,6 +467,7 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
             raise ConfigError(f"config: 'run.checkpoint_dir' must be a local (or mounted) folder, got "
                               f"{cfg['run']['checkpoint_dir']!r:.80}: checkpoints are renamed into place atomically")
         cfg["run"]["checkpoint_dir"] = _resolve_path(cfg["run"]["checkpoint_dir"], base, "run.checkpoint_dir")
+        check_utf8_name("config: 'run.checkpoint_dir'", cfg["run"]["checkpoint_dir"], "run.json names it")
     if cfg["output"]["valid_fraction"] > 0 and any(d["blend_split"] != "train" for d in cfg["datasets"]):
         raise ConfigError("config: 'output.valid_fraction' splits the training data of a list of datasets; the per-split "
                           "form names its valid/test datasets itself, and blend.json would ignore it (drop one)")
@@ -613,6 +614,15 @@ class _BoundedLoader(yaml.SafeLoader):
                     raise ConfigError(f"line {line}: key {key_node.value!r} given twice in one mapping (first on "
                                       f"line {seen[key]}); the later one would silently replace it")
                 seen[key] = line
+
+
+def check_utf8_name(where: str, path: str | Path, why: str) -> None:
+    """Refuse a path whose name is not UTF-8 (bytes the file system gave, held as lone surrogates): the run's JSON
+    files cannot hold it, so the run failed with a bare TypeError once it had started writing."""
+    try:
+        str(path).encode()
+    except UnicodeEncodeError:
+        raise ConfigError(f"{where}: {path} has a name that is not UTF-8; rename it ({why})") from None
 
 
 def user_path(path: str | Path, prefix: str = "") -> Path:

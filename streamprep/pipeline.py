@@ -142,9 +142,11 @@ def resolve_run_dir(config: Config, run_dir: str | Path | None) -> Path:
                           f"into place atomically")
     path = Path(run_dir) if run_dir else Path("runs") / config.run.name
     try:
-        return path.expanduser().resolve()  # as the config's paths are: no shell expands `--run-dir=~/x`'s `~`
+        resolved = path.expanduser().resolve()  # as the config's paths are: no shell expands `--run-dir=~/x`'s `~`
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11), `~nosuchuser/…`
         raise ConfigError(f"run dir {path}: {exc}") from None
+    configmod.check_utf8_name("run dir", resolved, "run.json names it")  # the working directory's name too
+    return resolved
 
 
 def _check_writable_dir(path: Path, what: str) -> None:

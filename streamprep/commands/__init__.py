@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamprep.config import ConfigError, user_path
+from streamprep.config import ConfigError, check_utf8_name, user_path
 from streamprep.layout import RunLayout
 from streamprep.lock import holder_if_running
 
@@ -15,6 +15,8 @@ def require_run_dir(path: str) -> Path:
     (`RunLayout.only_a_start`) is one whose job is starting, or was killed in that moment: the error says which, not
     "not a run directory"; a folder holding anything else is no run's."""
     run_dir = user_path(path)
+    if run_dir.is_dir():  # `audit` writes its name in audit.json, `status --json` prints it: JSON cannot hold it
+        check_utf8_name("run dir", run_dir.absolute(), "run.json names it")
     layout = RunLayout(run_dir)
     if not layout.run_json.is_file():
         if layout.only_a_start():

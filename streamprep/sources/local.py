@@ -37,7 +37,7 @@ import zstandard
 
 from quality.lines import built_in_name, pipeline_name
 from streamprep import registry
-from streamprep.config import ConfigError, MissingInput, resolved_workers, thaw
+from streamprep.config import ConfigError, MissingInput, check_utf8_name, resolved_workers, thaw
 from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_line, read_failure
 
 if TYPE_CHECKING:
@@ -232,12 +232,8 @@ def _check_local_path(key: str, path: str) -> None:
         raise MissingInput(f"config: '{key}': {path} is not a regular file or directory (a FIFO, socket or device)")
     elif not (files := expand(path)):  # a file's list is itself: only a directory can be empty
         raise MissingInput(f"config: '{key}': directory has no input files: {path}")
-    for f in files:
-        try:
-            f.encode()
-        except UnicodeEncodeError:  # bytes the file system gave, not UTF-8: no plan or checkpoint can name the file
-            raise ConfigError(f"config: '{key}': {f} has a name that is not UTF-8; rename it (the run records each "
-                              f"input file by name)") from None
+    for f in files:  # no plan or checkpoint could name the file
+        check_utf8_name(f"config: '{key}'", f, "the run records each input file by name")
 
 
 def _no_credentials() -> tuple[type[BaseException], ...]:

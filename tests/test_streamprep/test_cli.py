@@ -301,6 +301,17 @@ def test_status_logs_audit_on_a_real_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("audit: 2 dataset(s)") and (run_dir / "audit" / "audit.html").is_file()
 
+    # regression: under a name that is not UTF-8, `audit` (audit.json) and `status --json` failed with `TypeError:
+    # str is not valid UTF-8`, exit 1, and `verify` reported every Parquet shard unreadable; each says to rename it
+    odd = Path(os.fsdecode(os.fsencode(tmp_path) + b"/r\xffx"))
+    run_dir.rename(odd)
+    for argv in (["status", str(odd)], ["status", str(odd), "--json"], ["logs", str(odd)], ["audit", str(odd)],
+                 ["verify", str(odd)]):
+        assert main(argv) == 2
+        said = capsys.readouterr()
+        assert (said.out, said.err) == ("", f"streamprep: error: run dir: {tmp_path}/r\\udcffx has a name that is "
+                                            f"not UTF-8; rename it (run.json names it)\n"), argv  # escaped, as stderr shows it
+
 
 def test_ingest_names_a_run_dir_with_control_characters_escaped(tmp_path, capsys):
     """Regression: `streamprep ingest --run-dir $'r\\e[31mX'` printed "run complete: PATH" with a raw ESC to the
@@ -450,6 +461,28 @@ def test_absolute_checkpoint_dir_in_a_symlink_loop_is_exit_2(tmp_path, capsys):
                                    f"config: 'run.checkpoint_dir': Symlink loop from '{tmp_path / 'loop_a'}'",
                                    tmp_path / "run")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "cfg.yaml", "loop_a", "loop_b"]
+
+
+def test_a_run_dir_or_checkpoint_dir_whose_name_is_not_utf8_is_exit_2(tmp_path, capsys, monkeypatch):
+    """Regression: run.json could not hold such a name (bytes the file system gives, not UTF-8), so the job failed
+    with `TypeError: str is not valid UTF-8`, exit 1, after taking its locks: `.lock`, `checkpoints/` and `logs/`
+    were left, and every re-run failed the same. Now exit 2 before anything is written, naming the folder, as for
+    an input file of such a name: --run-dir, runs/<name> of such a working directory, run.checkpoint_dir."""
+    cfg = _ingest_config(tmp_path)
+    odd = Path(os.fsdecode(os.fsencode(tmp_path) + b"/r\xffx"))
+    shown, not_utf8 = f"{tmp_path}/r\\udcffx", "has a name that is not UTF-8; rename it (run.json names it)"
+    _assert_exit_2_nothing_written(["ingest", "--config", str(cfg), "--run-dir", str(odd)], capsys,
+                                   f"run dir: {shown} {not_utf8}", odd)  # escaped, as stderr shows it
+    odd.mkdir()
+    monkeypatch.chdir(odd)
+    _assert_exit_2_nothing_written(["ingest", "--config", str(cfg)], capsys, f"run dir: {shown}/runs/run {not_utf8}",
+                                   odd / "runs")
+    raw = yaml.safe_load(cfg.read_text())
+    raw["run"] = {"checkpoint_dir": "ck"}  # against the config's folder
+    (odd / "cfg.yaml").write_text(yaml.safe_dump(raw))
+    _assert_exit_2_nothing_written(["ingest", "--config", str(odd / "cfg.yaml"), "--run-dir", str(tmp_path / "run")],
+                                   capsys, f"config: 'run.checkpoint_dir': {shown}/ck {not_utf8}", tmp_path / "run")
+    assert os.listdir(odd) == ["cfg.yaml"]
 
 
 def test_run_dir_in_a_read_only_location_is_exit_2(tmp_path, capsys):
