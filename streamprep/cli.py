@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from streamprep import forkserver, registry
 from streamprep.config import ConfigError, printable
-from streamprep.layout import NotARunDir, causes, file_in_the_way, unwritable
+from streamprep.layout import NotARunDir, causes, denied, file_in_the_way, unreadable
 from streamprep.registry import Registry
 from streamprep.sources.base import in_worker
 
@@ -190,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"streamprep: error: {printable(str(blocker))} is a file where the run keeps a folder; remove it "
                   f"and re-run", file=sys.stderr)
             return 2
-        if args.command == "ingest" and (denied := unwritable(exc)) is not None:  # (a reader's command writes nothing)
-            where = Path(os.fsdecode(denied.filename))
-            said = (f"cannot write {where}: {denied.strerror}; make {where.parent} (and the file, if it is there) "
+        if args.command == "ingest" and (refused := denied(exc)) is not None:  # (a reader's command writes nothing)
+            where = Path(os.fsdecode(refused.filename))
+            said = (f"cannot read {where}: {refused.strerror}; make it readable and re-run the same command"
+                    if unreadable(refused) else
+                    f"cannot write {where}: {refused.strerror}; make {where.parent} (and the file, if it is there) "
                     f"writable and re-run the same command")
             print(said_to(args, f"streamprep: error: {printable(said)}"), file=sys.stderr)
             return 2

@@ -63,9 +63,9 @@ def file_in_the_way(exc: BaseException) -> Path | None:
     return None
 
 
-def unwritable(exc: BaseException) -> OSError | None:
-    """The error (`exc` or what it wraps) of a local file or folder the job may not write (permissions, a read-only
-    file system), naming it: the write helpers name the file, not its temporary name (`atomic.name_file`)."""
+def denied(exc: BaseException) -> OSError | None:
+    """The error (`exc` or what it wraps) of a local file or folder the job may not read or write (permissions, a
+    read-only file system), naming it: the write helpers name the file, not its temporary name (`atomic.name_file`)."""
     for e in causes(exc):
         if (isinstance(e, OSError) and e.errno in NOT_WRITABLE and isinstance(e.filename, (str, bytes))
                 and "://" not in os.fsdecode(e.filename)):
@@ -73,13 +73,21 @@ def unwritable(exc: BaseException) -> OSError | None:
     return None
 
 
+def unreadable(err: OSError) -> bool:
+    """Whether `err` (of `denied`) was a read refused, not a write: the file or folder it names is there and this
+    process may not read it. The error does not say which call failed, and an unreadable checkpoint was called a
+    file to make writable. (Writes name a file whose folder refuses them, or a readable file kept read-only.)"""
+    where = os.fsdecode(err.filename)
+    return err.errno != errno.EROFS and os.path.lexists(where) and not os.access(where, os.R_OK)
+
+
 def needs_change(exc: BaseException) -> bool:
     """Whether `exc` is one the CLI exits 2 on: re-running as is ends the same way (a config error, inputs changed
     under a resume or a sealed part since it was sealed, no kept text to train a tokenizer on, a folder or file in
-    the way of the run's own, a folder it may not write in), so run.json records it and `status` does not call the
-    run resumable as it stands."""
+    the way of the run's own, a folder it may not write in or a file it may not read), so run.json records it and
+    `status` does not call the run resumable as it stands."""
     return (isinstance(exc, (ConfigError, NotARunDir, IsADirectoryError)) or file_in_the_way(exc) is not None
-            or unwritable(exc) is not None)
+            or denied(exc) is not None)
 
 
 def read_checkpoint(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any]) -> Checkpoint:

@@ -837,6 +837,37 @@ def test_a_folder_of_the_run_it_may_not_write_in_is_exit_2_naming_it(tmp_path: P
         f"it is there) writable and re-run the same command"]
 
 
+def test_a_file_of_the_run_it_may_not_read_is_exit_2_saying_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys) -> None:
+    """Regression: a checkpoint (receipt, `<ds>.sealed`, the run's tokenizer.json) made unreadable ended a resume with
+    "cannot write …/checkpoints/gen.json: Permission denied; make …/checkpoints (and the file, if it is there)
+    writable": the failing call was its read. The line says it cannot read the file and to make it readable, exit 2,
+    recorded as needing a change. (Simulated as `chmod 000` would: root reads through permission bits.)"""
+    import errno
+
+    from helpers import base_config, english_docs
+    from streamprep import run_from_dict
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(200)))
+    cfg, run = base_config([{"name": "gen", "path": str(src)}], None), tmp_path / "run"
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    refused, access, read_bytes = run / "checkpoints/gen.json", os.access, Path.read_bytes
+
+    def read(path: Path) -> bytes:
+        if path == refused:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return read_bytes(path)
+    monkeypatch.setattr(Path, "read_bytes", read)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (Path(path) != refused or mode & os.R_OK == 0)
+                        and access(path, mode, **kw))
+    assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"streamprep: error: cannot read {refused}: Permission denied; make it readable and re-run the same command")
+    assert json.loads((run / "run.json").read_text())["needs_change"] is True
+
+
 def test_a_finished_run_whose_outputs_were_made_read_only_is_re_run_as_complete(tmp_path: Path,
                                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                                  capsys) -> None:
