@@ -190,10 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"streamprep: error: {printable(str(blocker))} is a file where the run keeps a folder; remove it "
                   f"and re-run", file=sys.stderr)
             return 2
-        if args.command == "ingest" and (refused := denied(exc)) is not None:  # (a reader's command writes nothing)
+        # every command reads (`status` and `audit` a checkpoint); only `ingest` writes (`audit` says its own)
+        if (refused := denied(exc)) is not None and ((reading := unreadable(refused)) or args.command == "ingest"):
             where = Path(os.fsdecode(refused.filename))
             said = (f"cannot read {where}: {refused.strerror}; make it readable and re-run the same command"
-                    if unreadable(refused) else
+                    if reading else
                     f"cannot write {where}: {refused.strerror}; make {where.parent} (and the file, if it is there) "
                     f"writable and re-run the same command")
             print(said_to(args, f"streamprep: error: {printable(said)}"), file=sys.stderr)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 import posixpath
 from pathlib import Path
 from typing import Any, Callable
@@ -53,7 +54,7 @@ class _Checker:
         return self._hashes[path]
 
     def file(self, rel: str, size: int | None, sha: str | None, what: str) -> bool:
-        """Existence, size and hash of one listed file; True when it exists.
+        """Existence, size and hash of one listed file; True when it exists (and, hashed, could be read).
 
         A file listed twice with the same size and hash (receipt and manifest) is reported once.
         """
@@ -67,18 +68,27 @@ class _Checker:
         actual = path.stat().st_size
         if size is not None and actual != size:
             self.add(f"{rel}: {actual} bytes, {what} says {size}")
-        if sha is not None and self.sha(path) != sha:
-            self.add(f"{rel}: SHA-256 mismatch ({what} says {_differing(sha, self.sha(path))})")
+        if sha is None:
+            return True
+        # read in `guarded`: a file it may not read was a raw PermissionError, and the other files went unchecked
+        if (got := self.guarded(rel, lambda: self.sha(path))) is None:
+            return False
+        if got != sha:
+            self.add(f"{rel}: SHA-256 mismatch ({what} says {_differing(sha, got)})")
         return True
 
     def guarded(self, rel: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - every unreadable file is a problem to report, not a crash
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            first = first.replace(f"{self.run_dir}/", "")
-            self.add(f"{rel}: cannot read: {type(exc).__name__}: {first[:200]}")
+            self.cannot_read(rel, exc)
             return None
+
+    def cannot_read(self, rel: str, exc: Exception) -> None:
+        """The problem of `rel`, which `exc` kept from being read: its first line, without the run dir."""
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first = first.replace(f"{self.run_dir}/", "")
+        self.add(f"{rel}: cannot read: {type(exc).__name__}: {first[:200]}")
 
 
 def _json_object(c: _Checker, rel: str, missing: str | None = None) -> dict[str, Any] | None:
@@ -456,6 +466,11 @@ def _check_checkpoints(c: _Checker, signed: dict[str, tuple[Any, Any]]) -> None:
     except NotARunDir as exc:
         if not any(p.startswith(f"{layout.RECEIPTS}/") for p in c.problems):
             c.add(str(exc))
+        return
+    except OSError as exc:  # a checkpoint, sealed log or receipt it may not read: one problem, the rest still checked
+        if exc.filename is None:
+            raise
+        c.cannot_read(_rel(c.run_dir, Path(os.fsdecode(exc.filename))), exc)
         return
     _check_sealed(c, record, signed)
 

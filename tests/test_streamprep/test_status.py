@@ -5,6 +5,7 @@ import asyncio
 import hashlib
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -361,6 +362,43 @@ def test_a_checkpoint_or_receipt_that_is_not_a_json_object_is_damaged_for_status
         err = capsys.readouterr().err
         assert f"{run_dir}: a checkpoint or receipt is damaged (ValueError: {target.name} " in err, (command, err)
     assert (run_dir / "audit" / "audit.json").read_bytes() == audit
+
+
+@pytest.mark.parametrize("rel", ["checkpoints/a.json", "receipts/a/part-00000.json"])
+def test_a_checkpoint_or_receipt_it_may_not_read_is_one_line_for_status_and_audit_a_problem_for_verify(
+        done_run, tmp_path, capsys, monkeypatch, rel):
+    """Regression: `status` and `audit` on a checkpoint (or receipt) made unreadable (`chmod 000`) were a raw
+    "PermissionError: [Errno 13] Permission denied: …", exit 1; `verify` stopped there too, the other files
+    unchecked. The line names it, to make readable, exit 2; `verify` lists it as a problem and goes on.
+    (Simulated as `chmod 000` would: root reads through permission bits.)"""
+    import errno
+
+    from streamprep.cli import main
+
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    refused, access, read_bytes = run_dir / rel, os.access, Path.read_bytes
+    shard = run_dir / "binidx/a/part-00000_text_document.bin"
+    shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+
+    def read(path: Path) -> bytes:
+        if path == refused:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return read_bytes(path)
+    monkeypatch.setattr(Path, "read_bytes", read)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (Path(path) != refused or mode & os.R_OK == 0)
+                        and access(path, mode, **kw))
+    audit = (run_dir / "audit" / "audit.json").read_bytes()
+    for command in ("status", "audit"):
+        capsys.readouterr()
+        assert main([command, str(run_dir)]) == 2, command
+        assert capsys.readouterr().err.splitlines() == [
+            f"streamprep: error: cannot read {refused}: Permission denied; make it readable and re-run the same "
+            f"command"], command
+    assert (run_dir / "audit" / "audit.json").read_bytes() == audit
+    assert main(["verify", str(run_dir)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert f"{rel}: cannot read: PermissionError: [Errno 13] Permission denied: '{rel}'" in out, out
+    assert any(line.startswith("binidx/a/part-00000_text_document.bin: SHA-256 mismatch") for line in out), out
 
 
 @pytest.mark.parametrize("gone", ["a.sealed", "a.inputs"])

@@ -77,6 +77,32 @@ def test_flipped_byte_in_bin(exported):
     assert all("part-00001_text_document.bin" in p for p in problems), problems
 
 
+def test_a_file_it_may_not_read_is_one_problem_and_the_other_files_are_still_checked(exported, monkeypatch):
+    """Regression: a shard it may not read (`chmod 000`) ended `verify` with a raw PermissionError, exit 1, and a
+    byte changed in another shard was never reported: the hash was read outside `guarded`. Each is a problem now;
+    an unreadable Parquet shard is named once, not again by its row scan. (Simulated: root reads through
+    permission bits.)"""
+    import errno
+
+    flipped = exported / "binidx/c4/part-00001_text_document.bin"
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    parquet = parquet_entries(exported)[0]["path"]
+    refused, sha256_file = {exported / "binidx/c4/part-00000_text_document.bin", exported / parquet}, \
+        atomic.sha256_file
+
+    def sha(path: Any, *args: Any) -> str:
+        if Path(path) in refused:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return sha256_file(path, *args)
+    monkeypatch.setattr(atomic, "sha256_file", sha)
+    problems = verify_run(exported)
+    for rel in ("binidx/c4/part-00000_text_document.bin", parquet):
+        assert _named(problems, rel) == [f"{rel}: cannot read: PermissionError: [Errno 13] Permission denied: '{rel}'"]
+    assert _named(problems, "binidx/c4/part-00001_text_document.bin: SHA-256 mismatch"), problems
+
+
 def test_truncated_idx(exported):
     path = exported / "binidx" / "lingua" / "part-00000_text_document.idx"
     path.write_bytes(path.read_bytes()[:-20])
