@@ -59,14 +59,24 @@ def _ctime_ns(path: Path) -> int | None:
         return None
 
 
+def _open_log(path: Path) -> IO[bytes] | None:
+    """`path` open for reading, or None when it is not there (renamed or made between two looks: a rotation, the
+    normal case). One it may not read raises: skipped, `logs` printed nothing (or an older file's lines as the
+    newest), exit 0, and `--follow` waited for it in silence."""
+    try:
+        return open(path, "rb")
+    except PermissionError:
+        raise
+    except OSError:
+        return None
+
+
 def last_lines(run_dir: str | Path, n: int) -> list[str]:
     """The last `n` lines of the log, reaching into rotated files when the current one is shorter."""
     path = log_path(run_dir)
     if n <= 0:
         return []
-    try:
-        fh = open(path, "rb")
-    except OSError:
+    if (fh := _open_log(path)) is None:
         return _tail_of(path, b"", None, n)
     with fh:
         return _tail_of(path, fh.read(), fh, n)
@@ -92,9 +102,7 @@ class Follower:
             self.fh.seek(cut)
 
     def _open(self, path: Path) -> bool:
-        try:
-            fh = open(path, "rb")
-        except OSError:
+        if (fh := _open_log(path)) is None:
             return False
         self._set(fh)
         return True
@@ -142,9 +150,7 @@ class Follower:
                 return False  # ours is (again) the current file: nothing to switch to
             else:
                 target = _backup(self.path, k - 1)
-            try:
-                fh = open(target, "rb")
-            except OSError:
+            if (fh := _open_log(target)) is None:
                 return False  # rollover in progress: the new streamprep.log is not there yet
             # valid only if ours was still at .k after the open (names only ever move to higher numbers)
             if k is not None and _ino(_backup(self.path, k)) != self.ino:
@@ -257,9 +263,7 @@ def _older(path: Path, read: IO[bytes] | None) -> Iterator[list[str]]:
     ino = os.fstat(read.fileno()).st_ino if read is not None else None
     try:
         for i in _backups(path):
-            try:
-                fh = open(_backup(path, i), "rb")
-            except OSError:
+            if (fh := _open_log(_backup(path, i))) is None:
                 continue
             at = os.fstat(fh.fileno()).st_ino
             if at == ino:  # it and every file named before it: newer

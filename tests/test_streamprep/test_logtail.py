@@ -267,6 +267,38 @@ def test_logs_command_without_a_log_yet(tmp_path, capsys):
                                        f"file; remove it and re-run\n")
 
 
+@pytest.mark.parametrize("backup", [False, True])
+def test_a_log_it_may_not_read_is_one_line_exit_2(tmp_path, capsys, monkeypatch, backup):
+    """Regression: an unreadable streamprep.log (`chmod 000`) was skipped as if rotated away between two looks:
+    `logs` printed nothing, exit 0 (with a readable .1, .1's last lines as the newest), and `--follow` waited in
+    silence. The line names it, exit 2; `--follow` raises it too. (Simulated: root reads through permission bits.)"""
+    import errno
+
+    from streamprep import logtail
+    from streamprep.cli import main
+
+    run_dir = _run_dir(tmp_path)
+    refused = log_path(run_dir)
+    refused.write_text('{"event": "current"}\n')
+    if backup:
+        refused.with_name(refused.name + ".1").write_text('{"event": "older"}\n')
+    access = os.access
+
+    def opener(path: Path, mode: str = "r", *args, **kw):
+        if Path(path) == refused:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return open(path, mode, *args, **kw)
+    monkeypatch.setattr(logtail, "open", opener, raising=False)  # logtail's open only: pytest's own are left as are
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (Path(path) != refused or mode & os.R_OK == 0)
+                        and access(path, mode, **kw))
+    assert main(["logs", str(run_dir), "-n", "3"]) == 2
+    assert capsys.readouterr() == ("", f"streamprep: error: cannot read {refused}: Permission denied; make it "
+                                       f"readable and re-run the same command\n")
+    polls = iter(range(5))
+    with pytest.raises(PermissionError):
+        tail(run_dir, follow=True, out=io.StringIO(), poll_s=0.01, stop=lambda: next(polls) == 4)
+
+
 def test_logs_follow_without_a_log_yet_says_so_then_follows_it(tmp_path, capsys):
     """Regression: --follow on a run dir with no log said nothing at all, while the doc promised the line."""
     run_dir = _run_dir(tmp_path)
