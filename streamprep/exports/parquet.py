@@ -51,6 +51,9 @@ SHARD_FILE = re.compile(r"^shard_b\d{2,}_s\d{5,}\.(parquet|tsv)\Z")
 TSV_HEADER = "row\tn_tokens\ttoken_sum\ttext_sha256\n"
 SCHEMA = pa.schema([("text", pa.string()), ("tokens", pa.list_(pa.int32())),
                     ("n_tokens", pa.int32()), ("meta", pa.string())])
+# Min/max statistics only for the numeric columns' leaves (filters on n_tokens keep theirs): a string column's are
+# whole documents, copied into the footer and every page header, which made shards larger than their estimate.
+STATISTICS_COLUMNS = ["tokens.list.element", "n_tokens"]
 
 
 COMPRESSIONS = ("snappy", "gzip", "brotli", "zstd", "lz4", "lz4_raw", "none")
@@ -299,7 +302,8 @@ def _write_one(job: tuple[Path, ShardPlan, ShardRows, ParquetConfig]) -> dict[st
     writer = None
     try:  # a full disk's error names the shard or its TSV (also the TSV's closing flush's); no temporary file stays
         with atomic.naming(final):
-            writer = pq.ParquetWriter(str(tmp), SCHEMA, compression=compression)
+            writer = pq.ParquetWriter(str(tmp), SCHEMA, compression=compression,
+                                      write_statistics=STATISTICS_COLUMNS)
         with atomic.naming(tsv_final), open(tsv_tmp, "wb") as tsv, RecordReader(records) as reader:
             tsv.write(TSV_HEADER.encode())
             for start, end in _row_groups(records.est_bytes(BYTES_PER_TOKEN), opts.row_group_size):
