@@ -57,7 +57,8 @@ STATISTICS_COLUMNS = ["tokens.list.element", "n_tokens"]
 
 
 COMPRESSIONS = ("snappy", "gzip", "brotli", "zstd", "lz4", "lz4_raw", "none")
-MAX_LENGTH_BUCKETS = 100
+MAX_LENGTH_BUCKETS = 99  # bounds: their buckets, the overflow's too, are named in formats.md's 2 digits (b00-b99),
+# so that the manifest's shards, "sorted by shard_id", are in bucket order (100 bounds named one b100, between b10 and b11)
 
 
 def check_options(cfg: dict[str, Any]) -> None:

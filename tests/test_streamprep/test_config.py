@@ -313,6 +313,7 @@ BAD_VALUES = [
     ("output.parquet.length_buckets", []), ("output.parquet.length_buckets", [0, 8]),
     ("output.parquet.length_buckets", [8, 4]), ("output.parquet.length_buckets", [1.5]),
     ("output.parquet.length_buckets", [2**31]), ("output.parquet.length_buckets", list(range(1, 102))),
+    ("output.parquet.length_buckets", list(range(1, 101))),  # regression: 100 bounds named the overflow b100
     ("output.parquet.length_buckets", [[128], 256]), ("output.parquet.length_buckets", [128, {"a": 1}]),  # regression:
     ("output.mixtures.phases", {"p": {"a": NAN}}), ("output.mixtures.phases", {"p": {"a": 1e308}}),  # bare errors ("tokenizer.eod_token", "<|not-in-phi2|>"),
     ("tokenizer.eod_token", ""), ("tokenizer.train.vocab_size", 10), ("tokenizer.train.vocab_size", 2**40),
