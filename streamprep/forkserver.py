@@ -40,10 +40,25 @@ CONFIG_ENV, SOCKET_DIR_ENV = "STREAMPREP_FORKSERVER_CONFIG", "STREAMPREP_FORKSER
 
 
 def context() -> multiprocessing.context.BaseContext:
-    """The forkserver context, with PRELOAD set (it applies when the server starts)."""
+    """The forkserver context, with PRELOAD set, its server started (`_ensure_running`)."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
+    _ensure_running()
     return ctx
+
+
+def _ensure_running() -> None:
+    """Start the forkserver if it is not up, SIGINT and SIGTERM blocked from its first instruction (it inherits this
+    thread's signal mask; restored here at once): Python's server ignores SIGINT only once its preload is imported
+    (~0.85 s) and `forkserver_preload`, its last import, blocks SIGTERM, so a Ctrl-C in that time printed a
+    KeyboardInterrupt traceback from the server's imports beside the job's one line, and a SIGTERM to the job's
+    process group ended the server. What it forks unblocks both (`forkserver_preload.block_stop_signals`)."""
+    multiprocessing.resource_tracker.ensure_running()  # first: its start unblocks both in this thread as it ends
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def start_for(config_path: str) -> bool:
@@ -62,12 +77,11 @@ def start_for(config_path: str) -> bool:
         return False
     if address or not isinstance(workers, (int, type(None))) or resolved_workers(workers) < 2:
         return False
-    context()
     # the server inherits both; nothing else started later. The folder is the one `ensure_running` puts the socket in
     os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
     os.environ[SOCKET_DIR_ENV] = multiprocessing.util.get_temp_dir()
     try:
-        multiprocessing.forkserver.ensure_running()
+        context()
     finally:
         del os.environ[CONFIG_ENV], os.environ[SOCKET_DIR_ENV]
     return True
@@ -78,7 +92,7 @@ def stop() -> None:
     would otherwise exit on their own a moment after this process, seen as left behind). Private API: the
     standard library has no public one; its atexit hook, which `os._exit` skips, does not stop them either.
 
-    The forkserver is sent SIGKILL first (it ignores SIGTERM, `forkserver_preload.ignore_sigterm`): asked to stop by
+    The forkserver is sent SIGKILL first (it blocks SIGTERM, `forkserver_preload.block_stop_signals`): asked to stop by
     its closed pipe, it tore down every module it preloaded (~0.28 s here, at the end of every job), and it holds
     nothing to flush or remove (its workers are gone by now; the address and the folder are this process's to
     remove). The resource tracker stops the polite way: it unlinks what leaked."""

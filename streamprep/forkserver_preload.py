@@ -73,24 +73,27 @@ def remove_socket_dir_at_exit() -> None:
         atexit.register(lambda: os.getpid() == server and shutil.rmtree(folder, ignore_errors=True))
 
 
-def ignore_sigterm() -> None:
-    """Have the forkserver ignore SIGTERM. One to the job's whole process group (GNU `timeout`, `kill -- -PGID`, a
-    systemd stop) ended it with the job's process: every pool worker's sentinel (its pipe from here) then read EOF,
-    which the pool took for the workers' deaths, and a new pool was started as the job stopped. The job's process
-    stops it (`forkserver.stop`, by SIGKILL). Only in the server (its `main` imports this module), not in a process
-    that imports it for its functions, nor in what it forks: the server is the process-wide one, and a SIG_IGN its
-    children inherited left a library caller's own processes forked from it after a job deaf to `terminate()` (its
-    `Pool.terminate()` hung for ever), and a pool worker `LocalExecutor.close` terminated before its initializer
-    ran. So SIGTERM is blocked here, not ignored: a child starts with it blocked, not pending (POSIX), and unblocks
-    it as it is forked, when one sent meanwhile ends it by its default action; streamprep's own children then
-    choose theirs (`children.serve_driver`: a dedup holder ignores it)."""
+def block_stop_signals() -> None:
+    """Have the forkserver keep SIGTERM and SIGINT blocked (`forkserver._ensure_running` starts it so; blocked here
+    too for a server started otherwise) and what it forks unblock them. A SIGTERM to the job's whole process group
+    (GNU `timeout`, `kill -- -PGID`, a systemd stop) ended it with the job's process: every pool worker's sentinel
+    (its pipe from here) then read EOF, which the pool took for the workers' deaths, and a new pool was started as
+    the job stopped. The job's process stops it (`forkserver.stop`, by SIGKILL). Only in the server (its `main`
+    imports this module), not in a process that imports it for its functions: the server is the process-wide one,
+    and a SIG_IGN its children inherited left a library caller's own processes forked from it after a job deaf to
+    `terminate()` (its `Pool.terminate()` hung for ever), and a pool worker `LocalExecutor.close` terminated before
+    its initializer ran. So the signals are blocked, not ignored: a child starts with them blocked, not pending
+    (POSIX), and unblocks them as it is forked, when one sent meanwhile takes its action there; streamprep's own
+    children then choose theirs (`children.serve_driver`: a dedup holder ignores SIGTERM, workers SIGINT). Python's
+    server ignores SIGINT itself once its imports are done, which discards one sent while they ran."""
     if any(f.f_code.co_name == "main" and f.f_code.co_filename == multiprocessing.forkserver.__file__
            for f, _ in traceback.walk_stack(None)):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        os.register_at_fork(after_in_child=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}))
+        stop_signals = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+        os.register_at_fork(after_in_child=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals))
 
 
 remove_socket_dir_at_exit()
-ignore_sigterm()
+block_stop_signals()
 import_optional()
 load_configured()

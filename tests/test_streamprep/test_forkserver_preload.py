@@ -112,3 +112,35 @@ def test_only_the_forkserver_ignores_sigterm_a_process_forked_from_it_ends_by_it
                 proc.kill()
                 proc.join()
         forkserver.stop()
+
+
+def _signals(pid: int, field: str) -> set[int]:
+    """The signals of `field` (SigBlk, SigIgn) in /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            mask = int(line.split()[1], 16)
+            return {sig for sig in range(1, 65) if mask >> (sig - 1) & 1}
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_the_forkserver_starts_deaf_to_sigint_and_sigterm_and_its_children_hear_them():
+    """Regression: Python's forkserver ignores SIGINT only once its preload is imported (~0.85 s), and SIGTERM was
+    blocked by the last module of it: a Ctrl-C in the CLI's first second printed a KeyboardInterrupt traceback from
+    the server's imports beside the job's one line, and a SIGTERM to the job's process group then ended the server.
+    It starts with both blocked; a process forked from it has neither blocked."""
+    forkserver.stop()
+    try:
+        ctx = forkserver.context()
+        multiprocessing.forkserver.ensure_running()  # started by `context` already
+        server = multiprocessing.forkserver._forkserver._forkserver_pid
+        blocked = _signals(server, "SigBlk")  # at once: its preload is still being imported
+        os.kill(server, signal.SIGINT)  # a Ctrl-C's and a group stop's copies, as it imports
+        os.kill(server, signal.SIGTERM)
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            child = pool.submit(os.getpid).result(timeout=60)
+            child_blocked = _signals(child, "SigBlk")
+        assert multiprocessing.forkserver._forkserver._forkserver_pid == server  # alive, serving: the same server
+    finally:
+        forkserver.stop()
+    assert {signal.SIGINT, signal.SIGTERM} <= blocked
+    assert not {signal.SIGINT, signal.SIGTERM} & child_blocked
