@@ -83,7 +83,7 @@ def test_a_line_over_the_limit_is_one_reject_read_through_not_held(tmp_path: Pat
     tracemalloc.stop()
     assert planned < 1 << 20 and read < 8 << 20, (planned, read)  # 1 MiB read buffers, not the 24 MiB line
     assert plan[0].end - plan[0].start > 24 << 20  # the cut inside the long line went on to its newline
-    over = f"-byte limit of a record, skipped"
+    over = "-byte limit of a record, skipped"
     got = reasons(items)
     assert got == [json.loads(good[0])["text"][:10], f"line 2 of {f} is {(24 << 20) + 1} bytes, over the {limit}{over}",
                    json.loads(good[1])["text"][:10], f"line 4 of {f} is {len(long_json)} bytes, over the {limit}{over}",
