@@ -243,10 +243,13 @@ class LocalExecutor(Executor):
         except BrokenProcessPool as exc:  # broken before this call reached it
             self._retry(outer, pool, exc, fn, args)
             return
-        except OSError as exc:  # no worker could start: a forkserver killed a moment ago still looked alive to
-            self._retry(outer, pool, exc, fn, args, pause=FORKSERVER_GONE_S)  # multiprocessing (refused; the call
-            return  # was lost, raised in the broken pool's callback, and its caller waited for ever)
-        except RuntimeError as exc:  # shut down: the job is ending
+        except (OSError, EOFError) as exc:  # no worker could start: a forkserver killed a moment ago still looked
+            # alive to multiprocessing (refused, or it died before it answered the new worker's pid: EOFError); the
+            # call was lost, raised in the broken pool's callback, and its caller waited for ever (or the job ended
+            # on a bare 'EOFError: unexpected EOF')
+            self._retry(outer, pool, exc, fn, args, pause=FORKSERVER_GONE_S)
+            return
+        except Exception as exc:  # shut down (RuntimeError: the job is ending), or anything else: never a lost call
             settle(outer, exc=exc)
             return
         inner.add_done_callback(lambda f: self._answered(outer, f, pool, fn, args))
