@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from rensa import RMinHash
 
+from quality.gates.base import shown
 from quality.settings import NearDedupSettings
 
 _PUNCT = bytes.maketrans(string.punctuation.encode(), b" " * len(string.punctuation))
@@ -103,7 +104,7 @@ def band_hashes(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
 
 class Twin(NamedTuple):
     source_index: int   # the kept twin's `meta.source.index`
-    jaccard: float      # estimated Jaccard (share of equal MinHash values)
+    jaccard: float      # estimated Jaccard (share of equal MinHash values), as reasons show it (`gates.base.shown`)
 
 
 class NearDupIndex:
@@ -244,7 +245,10 @@ class NearDupIndex:
             sigs = np.concatenate([sigs, np.stack([other for _, other in rest])])
         jaccard = np.count_nonzero(sigs == np.frombuffer(sig, "<u4"), axis=1) / self.num_perm
         i = int(np.argmax(jaccard))  # the first of the highest
-        return Twin(int(srcs[i]), round(float(jaccard[i]), 4)) if jaccard[i] >= self.threshold else None
+        if jaccard[i] < self.threshold:
+            return None
+        # 4 decimals, unless that reads below the threshold it reached (92/112 = 0.821428… of 0.82142: not 0.8214)
+        return Twin(int(srcs[i]), float(shown(float(jaccard[i]), self.threshold)))
 
     def _logged(self, ordinals: np.ndarray) -> np.ndarray:
         """The log's records at `ordinals` (< `flushed`), through a read-only map of the log, made again once the

@@ -476,3 +476,23 @@ async def test_a_holder_process_keeps_the_near_indexes_and_is_replaced_when_kill
     assert tree_hashes(run, "ingest", "rejects") == tree_hashes(ref, "ingest", "rejects")
     for n in "ab":
         assert (run / f"checkpoints/{n}.near").read_bytes() == (ref / f"checkpoints/{n}.near").read_bytes()
+
+
+def test_a_twin_just_past_the_threshold_is_not_shown_below_it(tmp_path: Path) -> None:
+    """Regression: a twin's estimated Jaccard was rounded to 4 decimals whatever the threshold it reached: 92 of 112
+    equal values (0.821428…) past a threshold of 0.82142 read 'estimated Jaccard 0.8214', below it. As the other
+    gates' figures on their limit (docs/quality.md), it keeps the decimals that keep it past the threshold."""
+    from quality.near_dedup import NearDupIndex, reject_meta
+    from quality.settings import NearDedupSettings
+
+    near = NearDedupSettings(enabled=True, threshold=0.82142, ngram=5, bands=28, rows=4, seed=1, num_perm=112)
+    index = NearDupIndex(near, tmp_path / "t.near")
+    kept = np.arange(112, dtype="<u4")
+    alike = kept.copy()
+    alike[92:] += 1000  # 92 of 112 equal: the first 23 bands equal, so a candidate
+    index.prepare([kept.tobytes(), alike.tobytes()])
+    assert index.next_twin() is None
+    index.add(7)
+    twin = index.next_twin()
+    assert twin is not None and twin.source_index == 7 and twin.jaccard == 0.82143
+    assert reject_meta({}, "d", twin)["reason"] == "near duplicate of d#7 (estimated Jaccard 0.82143)"
