@@ -523,15 +523,15 @@ class HeldDedup:
 
 
 def partitions(checkpoint_dir: Path, wanted: int, started: bool) -> int:
-    """The run's holder count: the one it started with (`dedup_holders.json`), or `wanted` for a new run (1 for a
-    run that an earlier streamprep started: its one log per dataset)."""
+    """The run's holder count: the one it started with (`dedup_holders.json`), or `wanted` for a new run (1 for 0,
+    held in the job's process, and for a run that an earlier streamprep started: its one log per dataset)."""
     path = CheckpointLayout(checkpoint_dir).dedup_holders
     saved = read_json(path)
     if isinstance(saved, dict) and isinstance(saved.get("holders"), int) and saved["holders"] >= 1:
-        if saved["holders"] != wanted:
+        if saved["holders"] != max(1, wanted):
             log.info("dedup holders kept as this run started", holders=saved["holders"], configured=wanted)
         return saved["holders"]
-    parts = 1 if started else wanted
+    parts = 1 if started else max(1, wanted)
     atomic.write_json(path, {"holders": parts})
     return parts
 
@@ -544,7 +544,7 @@ def start(execution: ExecutionConfig, checkpoint_dir: Path, started: bool, holdi
     wanted = execution.dedup_holders if holding else 0
     if wanted is None:
         wanted = 1 if execution.ray_address or resolved_workers(execution.workers) > 1 else 0
-    parts = partitions(checkpoint_dir, max(1, wanted), started)
+    parts = partitions(checkpoint_dir, wanted, started)
     where = "inline" if wanted == 0 else "ray" if execution.ray_address else "process"
     if where == "ray":  # attached now if the engine's thread has not yet (engine: xenna attaches there)
         ray_cluster.connect(execution.ray_address, resolved_workers(execution.workers))

@@ -27,6 +27,19 @@ def test_the_holder_count_is_fixed_when_a_run_starts(tmp_path: Path) -> None:
     assert partitions(old, 4, started=True) == 1 and partitions(old, 4, started=True) == 1
 
 
+def test_a_resume_logs_the_holder_count_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: `dedup_holders: 0` (held in the job's process: one partition) on a resume of a run started with 2
+    logged 'configured=1'. A new run configured 0 holds one partition."""
+    from streamprep import holders
+
+    said: list = []
+    monkeypatch.setattr(holders.log, "info", lambda event, **kw: said.append((event, kw)))
+    assert partitions(tmp_path, 2, started=False) == 2 and partitions(tmp_path, 0, started=True) == 2
+    assert said == [("dedup holders kept as this run started", {"holders": 2, "configured": 0})]
+    (tmp_path / "fresh").mkdir()
+    assert partitions(tmp_path / "fresh", 0, started=False) == 1
+
+
 def test_no_holder_process_is_started_without_exact_dedup(tmp_path: Path) -> None:
     """`quality.dedup: none` without near-dedup leaves nothing to hold: the job's process stands in (no fork, no pipe), even for a
     configured count; with exact dedup the same config starts holder processes. Found in round 27: a 2 M-record
