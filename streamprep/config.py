@@ -53,6 +53,20 @@ class MissingInput(ConfigError):
     """A dataset's input is not there (a scheme's check raises it): an `optional` dataset is skipped instead."""
 
 
+def load_plugin(reg: registry.Registry, name: str, key: str = "") -> Any:
+    """The loaded target of `reg`'s entry `name`, which the job uses (`key`: the config key that chose it): a
+    "module:attr" one that fails to import is a config error naming the plug-in and its target, before anything is
+    written. It was found where the job first called it: a source format's blamed the input file after the run dir
+    was made, a writer's came after the whole ingest and tokenization, an engine's was a bare ModuleNotFoundError."""
+    entry = reg.entry(name)
+    try:
+        return entry.load()
+    except (Exception, SystemExit) as exc:  # an import runs the module: anything, sys.exit too (plugins.py)
+        why = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"config: {f'{key!r}: ' if key else ''}{reg.family} {name!r} ({entry.target}) cannot be "
+                          f"loaded: {type(exc).__name__}{': ' + why if why else ''}") from None
+
+
 @dataclass(frozen=True)
 class Range:
     """Allowed interval of a number key; `lo_open` / `hi_open` exclude the end point."""
@@ -474,6 +488,8 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
     if cfg["output"]["dtype"] not in ("auto", "uint16", "int32"):
         raise ConfigError(f"config: 'output.dtype' must be auto, uint16 or int32, got {cfg['output']['dtype']!r}")
     names = [name for name, _ in skipped]
+    for writer in registry.WRITERS.names():  # every job runs them all
+        load_plugin(registry.WRITERS, writer)
     _checks(cfg, "output", names)  # the writers' options, which the exports would otherwise refuse after tokenization
     _tokenizer(cfg["tokenizer"], base)
     _checks(cfg, "tokenizer", names)  # last: it loads the tokenizer, so a bad one or EOD token fails before any work

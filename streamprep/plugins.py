@@ -48,6 +48,7 @@ CHECKS.register("output.mixtures", "streamprep.exports.mixtures:check_options", 
 CHECKS.register("output.dtype", "streamprep.sft.config:check_output_dtype")  # an sft: run's dtype is its own
 CHECKS.register("datasets.memory", "streamprep.sources.local:check_in_memory")  # where workers can read it
 CHECKS.register("execution.ray_address", "streamprep.ray_cluster:check_address")
+CHECKS.register("execution.engine", "streamprep.engines:check_engine")  # it loads, before anything is written
 CHECKS.register("tokenizer", "streamprep.tokenizer:check_section")  # last: it loads the tokenizer
 CHECKS.register("sft.template", "streamprep.sft.chat:check_chat_template")  # after it: needs its tokenizer.json
 CHECKS.register("quality.gates", "streamprep.unit_worker:check_gates")  # the plug-in gates' names, at start

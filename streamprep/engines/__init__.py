@@ -10,11 +10,18 @@ Add an engine: a module with an `Engine` subclass, and one line `registry.ENGINE
 """
 from __future__ import annotations
 
+from typing import Any
+
 from streamprep import executor as executors
-from streamprep.config import ExecutionConfig, resolved_workers
+from streamprep.config import ExecutionConfig, load_plugin, resolved_workers
 from streamprep.engines.base import Engine
 from streamprep.executor import Executor, Setup
 from streamprep.registry import ENGINES
+
+
+def check_engine(cfg: dict[str, Any]) -> None:
+    """Config check (registry.CHECKS): the engine `execution.engine` names loads (`config.load_plugin`)."""
+    load_plugin(ENGINES, cfg["execution"]["engine"], "execution.engine")
 
 
 def create(execution: ExecutionConfig, executor: Executor) -> Engine:
@@ -35,4 +42,4 @@ def create_executor(execution: ExecutionConfig, setup: Setup) -> Executor:
     return own if own is not None else executors.create(workers, execution.ray_address, setup)
 
 
-__all__ = ["ENGINES", "Engine", "create", "create_executor"]
+__all__ = ["ENGINES", "Engine", "check_engine", "create", "create_executor"]

@@ -37,7 +37,7 @@ import zstandard
 
 from quality.lines import built_in_name, pipeline_name
 from streamprep import registry
-from streamprep.config import ConfigError, MissingInput, check_utf8_name, resolved_workers, thaw
+from streamprep.config import ConfigError, MissingInput, check_utf8_name, load_plugin, resolved_workers, thaw
 from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_line, read_failure
 
 if TYPE_CHECKING:
@@ -160,6 +160,31 @@ def check_entry(key: str, ds: dict[str, Any]) -> None:
         _check_listing(key, ds)
     if Path(path).is_file():  # a directory's odd files are rejects instead
         _check_format(f"{key}.path", path, ds["format"])
+    _load_formats(key, ds)
+
+
+def _load_formats(key: str, ds: dict[str, Any]) -> None:
+    """The plug-in formats the dataset reads (its `format`, else those its files' names select), loaded now if
+    declared as "module:attr" (`config.load_plugin`): one that fails to import blamed the first input file it was
+    to read. Only the ones it uses: a broken format another job reads does not fail this one."""
+    lazy = [e.name for e in registry.SOURCE_FORMATS.entries() if isinstance(e.target, str)]
+    if not lazy:  # the usual case: nothing to list the files for
+        return
+    if ds["format"] is not None:
+        used, where = {ds["format"]}, f"{key}.format"
+    else:
+        used, where = {_format_or_none(f) for f in expand(ds["path"], ds["storage_options"])}, f"{key}.path"
+    for name in lazy:
+        if name in used:
+            load_plugin(registry.SOURCE_FORMATS, name, where)
+
+
+def _format_or_none(path: str) -> str | None:
+    """`detect_format`, or None for a file no format knows (a directory's such files are rejects)."""
+    try:
+        return detect_format(path)
+    except ValueError:
+        return None
 
 
 def check_in_memory(cfg: dict[str, Any]) -> None:

@@ -328,6 +328,48 @@ def test_config_lists_a_registered_engine_and_format(tmp_path: Path, toy_plugins
         config.load(cfg)
 
 
+def test_a_lazy_plugin_that_fails_to_load_is_a_config_error_naming_it(tmp_path: Path, capsys: Any) -> None:
+    """Regression: a plug-in declared as "module:attr" whose module is missing was found where the job first called
+    it: a source format's as `SourceError: cannot read input file a.toy after record 0: ModuleNotFoundError` (the
+    input blamed, the run dir written), a writer's after the whole ingest and tokenization, an engine's a bare
+    ModuleNotFoundError, each exit 1. Now each entry the job uses loads at the config check: one line naming the
+    registry, the name and the target, exit 2, nothing written; a broken one the job does not use fails nothing."""
+    from streamprep.cli import main
+
+    (tmp_path / "a.toy").write_text("t\nbody text\n")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(10)))
+    gone = "No module named 'nosuchmod_abc'"
+    toy, jl = {"name": "a", "path": str(tmp_path / "a.toy")}, {"name": "j", "path": str(corpus)}
+    cases = [
+        (registry.SOURCE_FORMATS, "toy", {"suffixes": (".toy",)}, base_config([toy], None),
+         f"config: 'datasets[0].path': source format 'toy' (nosuchmod_abc:read) cannot be loaded: "
+         f"ModuleNotFoundError: {gone}"),
+        (registry.SOURCE_FORMATS, "toy", {}, base_config([jl, {**toy, "format": "toy"}], None),
+         f"config: 'datasets[1].format': source format 'toy' (nosuchmod_abc:read) cannot be loaded: "
+         f"ModuleNotFoundError: {gone}"),
+        (registry.WRITERS, "lazyw", {}, base_config([jl], None),
+         f"config: output writer 'lazyw' (nosuchmod_abc:read) cannot be loaded: ModuleNotFoundError: {gone}"),
+        (registry.ENGINES, "inline", {}, base_config([jl], None, execution={"engine": "inline"}),
+         f"config: 'execution.engine': engine 'inline' (nosuchmod_abc:read) cannot be loaded: "
+         f"ModuleNotFoundError: {gone}"),
+        (registry.SOURCE_FORMATS, "toy", {"suffixes": (".toy",)}, base_config([jl], None), None),  # not used
+        (registry.ENGINES, "inline", {}, base_config([jl], None), None),
+    ]
+    for reg, name, meta, cfg, message in cases:
+        reg.register(name, "nosuchmod_abc:read", **meta)
+        try:
+            if message is None:
+                assert config.load(cfg).datasets[0].name == "j"
+                continue
+            (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+            assert main(["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")]) == 2
+        finally:
+            reg.unregister(name)
+        assert capsys.readouterr().err.splitlines() == [f"streamprep: error: {message}"]
+        assert not (tmp_path / "run").exists()
+
+
 GATE_PLUGIN = """
 import os
 
