@@ -852,7 +852,7 @@ class Job:
     def _tokenize(self, engine: Engine, tasks: list[ShardTask]) -> dict[str, Any]:
         """Wait for the shards still running, then check every planned shard has a current receipt."""
         t0 = time.monotonic()
-        results = engine.drain()
+        results = engines.drain(engine, self.config.execution.engine)
         skipped = sum(1 for r in results if r.get("skipped"))
         self._add_tokenize_work([r for r in results if not r.get("skipped")])
         log.info("tokenization done", engine=engine.name, shards=len(tasks), tokenized=len(results) - skipped,

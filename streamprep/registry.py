@@ -95,7 +95,8 @@ class Registry:
         return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-# execution.engine: a factory `(executor=, workers=, ray_address=) -> engines.base.Engine` (the job's executor)
+# execution.engine: an `engines.base.Engine` subclass, called as `(executor=, workers=, ray_address=)` (the job's
+# executor; `engines.check_engine`)
 ENGINES = Registry("engine")
 # tokenizer.backend: names only (streamprep/backends.py loads them); never changes bytes. Closed to plug-ins
 TOKENIZER_BACKENDS = Registry("tokenizer backend")

@@ -370,6 +370,58 @@ def test_a_lazy_plugin_that_fails_to_load_is_a_config_error_naming_it(tmp_path: 
         assert not (tmp_path / "run").exists()
 
 
+class NotAnEngine:
+    """A class registered as an engine that is not an `Engine` subclass."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        pass
+
+
+class NoRayAddress(InlineEngine):
+    """An engine whose __init__ lacks `create`'s ray_address keyword."""
+
+    def __init__(self, executor: Any = None, workers: int = 1) -> None:  # type: ignore[override]
+        super().__init__(executor, workers)
+
+
+class DrainsNone(InlineEngine):
+    """The docs' engine with drain() returning None: a plug-in bug."""
+
+    def drain(self) -> list[Result]:
+        super().drain()
+        return None  # type: ignore[return-value]
+
+
+def test_an_engine_plugin_that_breaks_the_interface_is_named(tmp_path: Path, capsys: Any) -> None:
+    """Regression: a registered class that is no Engine stopped the job after its run dir was written with
+    `AttributeError: type object 'NotAnEngine' has no attribute 'job_executor'`, one whose __init__ lacks ray_address
+    with a bare TypeError (an unexpected keyword), and drain() returning None with `TypeError: 'NoneType' object is
+    not iterable`, each exit 1, the engine unnamed. The first two are config errors naming it (exit 2, nothing
+    written); the last an EngineError naming it."""
+    from streamprep.cli import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(10)))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(corpus)}], None,
+                                                                   execution={"engine": "mine", "workers": 1})))
+    ingest = ["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")]
+    where = f"engine 'mine' ({__name__})"
+    for cls, code, message in (
+            (NotAnEngine, 2, f"config: 'execution.engine': {where} is NotAnEngine, not a subclass of "
+                             f"streamprep.engines.base.Engine"),
+            (NoRayAddress, 2, f"config: 'execution.engine': {where}: NoRayAddress() must take executor=, workers= and "
+                              f"ray_address= (got an unexpected keyword argument 'ray_address')"),
+            (DrainsNone, 1, f"EngineError: {where}: drain() returned NoneType, not a list of its tasks' results "
+                            f"(tokenize.run_task's dicts)")):
+        registry.ENGINES.register("mine", cls)
+        try:
+            assert main(ingest) == code
+        finally:
+            registry.ENGINES.unregister("mine")
+        assert capsys.readouterr().err.splitlines()[-1] == f"streamprep: error: {message}"
+        assert (tmp_path / "run").exists() == (code == 1)
+
+
 GATE_PLUGIN = """
 import os
 
