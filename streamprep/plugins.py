@@ -68,8 +68,9 @@ for _module in filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGI
     PLUGIN_MODULES.append(_module)
     try:
         importlib.import_module(_module)
-    # reported by config.validate and the CLI (registry.PLUGIN_IMPORT_ERRORS); a SystemExit too (sys.exit, a module
-    # parsing argv): every command ended with its code, sys.exit(0) silently as a success
+    # reported by config.validate, the CLI and a worker's unit_worker.init_worker (registry.PLUGIN_IMPORT_ERRORS); a
+    # SystemExit too (sys.exit, a module parsing argv): every command ended with its code, sys.exit(0) silently as a
+    # success
     except (Exception, SystemExit) as _exc:
         _why = (str(_exc).strip().splitlines() or [""])[0]
         PLUGIN_IMPORT_ERRORS.append(f"STREAMPREP_PLUGINS: module {_module!r} failed to import "

@@ -129,8 +129,9 @@ WRITERS = Registry("output writer")
 
 FAMILIES = (ENGINES, TOKENIZER_BACKENDS, SOURCE_FORMATS, SCHEMES, CHECKS, SECTIONS, MODES, WRITERS)
 
-# A module of STREAMPREP_PLUGINS that failed to import (streamprep/plugins.py): `config.validate` and the CLI report
-# it as a config error, one line, rather than a traceback out of `import streamprep` in every process.
+# A module of STREAMPREP_PLUGINS that failed to import (streamprep/plugins.py): `config.validate`, the CLI and a
+# worker process (`unit_worker.init_worker`) report it as a config error, one line, rather than a traceback out of
+# `import streamprep` in every process.
 PLUGIN_IMPORT_ERRORS: list[str] = []
 # The modules STREAMPREP_PLUGINS names, in order: run.json records them, and a resume with others is refused (a
 # plug-in gate, format or writer decides verdicts and bytes, as config does).

@@ -197,14 +197,18 @@ def _in_script() -> str:
 def init_worker(settings: QualitySettings | dict[str, Any], mode: Mode,
                 plugins: list[tuple[str, str, str]] | None = None) -> None:
     """This process's settings (a validated `quality:` mapping is taken too, as QualityControl takes it), and the
-    plug-ins the job's process registered late (`late_plugins`)."""
+    plug-ins the job's process registered late (`late_plugins`). A STREAMPREP_PLUGINS module that failed to import
+    here (`registry.PLUGIN_IMPORT_ERRORS`; the job's process imported it, or config validation stopped the job) is
+    missing as a late one is: `workers: 2` judged without its gate, without a word."""
+    missing = f"{registry.PLUGIN_IMPORT_ERRORS[0]} in a worker process, though the process that started the job " \
+              f"imported it" if registry.PLUGIN_IMPORT_ERRORS else _adopt(plugins or [])
     _worker.clear()
     _worker.update(quality=settings if isinstance(settings, QualitySettings) else load_quality_settings(settings),
-                   mode=mode, qc={}, missing=_adopt(plugins or []))
+                   mode=mode, qc={}, missing=missing)
 
 
 class PluginMissing(ConfigError):
-    """A plug-in the job's process registered is not in this worker process (`_adopt`), found before the worker
+    """A plug-in the job's process registered is not in this worker process (`init_worker`), found before the worker
     reads a record: the job stops as on a config error (one line, exit 2; the run failed, resumable once the
     plug-in reaches the workers), not as "reading or judging the input failed", which blamed the input."""
 

@@ -500,6 +500,56 @@ def test_a_plugin_module_that_fails_to_import_is_one_line_exit_2_for_every_comma
         assert api.stderr.splitlines()[-1] == f"streamprep.config.ConfigError: config: {line}"
 
 
+ONCE_PLUGIN = """
+import os
+
+# the first process to import it only, as a plug-in binding a fixed port at import: EADDRINUSE in the next one
+os.close(os.open(os.path.join(os.path.dirname(__file__), "imported.once"), os.O_CREAT | os.O_EXCL))
+""" + GATE_PLUGIN
+
+
+def test_a_plugin_module_that_fails_to_import_in_a_worker_stops_it_before_a_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker process whose `import streamprep` could not import a STREAMPREP_PLUGINS module (its
+    `registry.PLUGIN_IMPORT_ERRORS`) judges nothing: it raises the config error naming the module and why."""
+    from streamprep import unit_worker
+    from streamprep.modes import PRETRAIN
+
+    line = "STREAMPREP_PLUGINS: module 'p' failed to import (OSError: [Errno 98] Address already in use)"
+    monkeypatch.setattr(registry, "PLUGIN_IMPORT_ERRORS", [line])
+    unit_worker.init_worker({"dedup": "none", "expected_language": None, "min_chars": 1}, PRETRAIN)
+    with pytest.raises(unit_worker.PluginMissing) as err:
+        unit_worker.judge_piece("d", "text", 4, str(tmp_path / "piece"), None, items=[{"text": "a record"}])
+    assert str(err.value) == f"{line} in a worker process, though the process that started the job imported it"
+
+
+@pytest.mark.slow  # a whole job, in its own interpreter
+def test_a_plugin_module_only_the_driver_could_import_stops_a_two_worker_job_exit_2(tmp_path: Path) -> None:
+    """Regression: a STREAMPREP_PLUGINS gate module that failed to import in the worker processes only (one binding
+    a fixed port at import: the second importer gets EADDRINUSE) was skipped there without a word: `workers: 2`
+    completed, exit 0, keeping what its gate rejects with `workers: 1`. The job stops before a record is judged,
+    one line naming the module and its import error, exit 2 as for a module that fails to import anywhere."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins/once_gate.py").write_text(ONCE_PLUGIN)
+    docs = english_docs(40)
+    (tmp_path / "corpus.jsonl").write_text("".join(
+        json.dumps({"text": f"{d[:60]} FORBIDDEN {d[60:]}" if i % 5 == 2 else d}) + "\n" for i, d in enumerate(docs)))
+    cfg = base_config([{"name": "a", "path": str(tmp_path / "corpus.jsonl")}], None,
+                      execution={"engine": "local", "workers": 2, "batch_records": 8})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "STREAMPREP_PLUGINS": "once_gate",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
+    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
+                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert (proc.returncode, proc.stderr.splitlines()[-1]) == (2, (
+        "streamprep: error: STREAMPREP_PLUGINS: module 'once_gate' failed to import (FileExistsError: [Errno 17] "
+        f"File exists: '{tmp_path / 'plugins/imported.once'}') in a worker process, though the process that started "
+        "the job imported it")), proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run/run.json").read_text())["status"] == "failed"
+    assert not list((tmp_path / "run").glob("ingest/a/part-*"))
+
+
 class _Verdicts(Gate):
     """Returns what its text asks for: a gate whose verdicts are not None or a string."""
 
