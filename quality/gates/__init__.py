@@ -102,7 +102,7 @@ def _plugin_gate(factory: Callable[[QualitySettings, str], Gate | None], s: Qual
     where = _where(factory)
     try:
         gate = factory(s, text_field)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit too: a re-run calls it again, as it raises again
         raise GatePluginError(f"{where} failed to build its gate: {type(exc).__name__}: {exc}") from exc
     if gate is not None and not isinstance(gate, Gate):
         raise GatePluginError(f"{where} returned {type(gate).__name__}, not a Gate or None")

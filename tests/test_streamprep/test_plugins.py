@@ -637,6 +637,27 @@ def test_sys_exit_inside_a_job_is_one_line_exit_1(tmp_path: Path, extra_gate: An
     assert [(e["level"], e["error"]) for e in failed] == [("error", "SystemExit: 3")]
 
 
+def test_a_gate_factory_calling_sys_exit_is_a_config_error_at_start_exit_2(tmp_path: Path, extra_gate: Any,
+                                                                            capsys: Any) -> None:
+    """Regression: a gate factory calling sys.exit(1) stopped the job as exit 1 "re-run the same command to
+    resume", though nothing was written and each re-run called it again. It is the factory's fault as a raise is:
+    one line naming the plug-in, exit 2, no run dir."""
+    from streamprep.cli import main
+
+    def exits(settings: Any, text_field: str) -> Gate:
+        raise SystemExit(1)
+
+    extra_gate(exits)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(10)))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(corpus)}], None)))
+    assert main(["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"streamprep: error: config: quality gate plug-in {__name__}.{exits.__qualname__} failed to build its gate: "
+        f"SystemExit: 1")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_gate_named_as_the_pipelines_own_reason_is_refused_at_start_exit_2(tmp_path: Path, extra_gate: Any,
                                                                            capsys: Any) -> None:
     """Regression: a plug-in gate named `duplicate` was accepted and its rejects counted as exact duplicates
