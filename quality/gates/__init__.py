@@ -142,8 +142,12 @@ class PluginGate(Gate):
 
     def check_batch(self, docs: list[Doc]) -> list[str | None]:
         """The gate's `check_batch`; if a doc's meta or reason is not writable, the runner's fallback (`check` doc
-        by doc) finds which."""
-        reasons = list(self.gate.check_batch(docs))
+        by doc) finds which. A str (or bytes) answer is no list of reasons: `list` made it one reason per character,
+        every doc rejected."""
+        answer = self.gate.check_batch(docs)
+        if isinstance(answer, (str, bytes)):
+            raise TypeError(f"check_batch returned {type(answer).__name__}, not one reason per doc")
+        reasons = list(answer)
         if any(_unwritable(doc.meta, drop=False) for doc in docs) or \
                 not all(utf8(r) for r in reasons if type(r) is str):
             raise TypeError("a doc's meta or reason is not JSON")

@@ -234,11 +234,12 @@ def test_a_chain_of_cheap_gates_after_normalisation_is_not_remembered() -> None:
     assert QualityControl({})._memo_from is not None  # the default chain (pii, profanity, language...) remembers
 
 
-@pytest.mark.parametrize("answer", ["short", "none", "long"])
+@pytest.mark.parametrize("answer", ["short", "none", "long", "str", "bytes"])
 def test_a_check_batch_with_a_wrong_answer_is_rechecked_doc_by_doc(answer: str) -> None:
     """Regression: a plug-in gate's `check_batch` that answered with fewer reasons than docs (or None) crashed the
     job ('NoneType' object has no attribute 'keep', zip() having cut the answer short), and one with more was
-    taken as it was. Either is now re-checked doc by doc, as a `check_batch` that raises is."""
+    taken as it was. Either is now re-checked doc by doc, as a `check_batch` that raises is. So is a str (or bytes)
+    of one character per doc, which was taken as one reason per character: every doc rejected, reason 'x'."""
     import quality.gates as gates
     from quality.gates import Gate
 
@@ -249,7 +250,8 @@ def test_a_check_batch_with_a_wrong_answer_is_rechecked_doc_by_doc(answer: str) 
             return "says odd" if "odd" in doc.text else None
 
         def check_batch(self, docs: list[Any]) -> Any:
-            return {"short": [None] * (len(docs) - 1), "none": None, "long": [None] * (len(docs) + 1)}[answer]
+            return {"short": [None] * (len(docs) - 1), "none": None, "long": [None] * (len(docs) + 1),
+                    "str": "x" * len(docs), "bytes": b"x" * len(docs)}[answer]
 
     off = {"min_chars": 0, "expected_language": None, "pii_max_density": 1.0, "profanity_max_density": 1.0,
            "reject_copyright": False, "dedup": "none"}
