@@ -296,8 +296,9 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
                           f"use a new --run-dir (with --fresh) to start over")
     _refuse_moved_checkpoints(previous, _checkpoint_dir(config, run_dir))
     was, now = previous.get("plugins"), plugin_modules()  # absent: recorded by a version before plug-ins were
-    # an earlier streamprep listed the imported plug-ins' modules by registry family, then gates
-    if was is not None and was != now and was != plugin_modules(by_family=True):
+    # an earlier streamprep listed the imported plug-ins' modules by registry family, then gates; and a module
+    # STREAMPREP_PLUGINS named twice twice, though imported once (its first mention)
+    if was is not None and list(dict.fromkeys(was)) not in (now, plugin_modules(by_family=True)):
         raise ConfigError(f"plug-ins changed since this run started (was {','.join(was) or 'none'!r}, now "
                           f"{','.join(now) or 'none'!r}: the modules STREAMPREP_PLUGINS names, then those of plug-ins "
                           f"registered before the job, each in the order registered); plug-ins decide verdicts and "

@@ -770,6 +770,30 @@ def test_a_resume_with_other_plugins_is_refused_like_a_changed_config(tmp_path: 
     assert ingest(" toy_gate_plugin ").returncode == 0  # the same modules
 
 
+def test_a_plugin_module_named_twice_is_recorded_once_and_resumes_named_once(tmp_path: Path) -> None:
+    """Regression: STREAMPREP_PLUGINS=p,p (imported once) was recorded in run.json as ['p', 'p'], and a resume with
+    STREAMPREP_PLUGINS=p was refused as "plug-ins changed". Each module is recorded once, at its first mention; a
+    run.json an earlier streamprep wrote with the duplicate resumes with the module named once."""
+    env = _plugin_job(tmp_path, {"p_gate": GATE_PLUGIN})
+    command = [sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir",
+               str(tmp_path / "run")]
+
+    def ingest(plugins: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+                              env={**env, "STREAMPREP_PLUGINS": plugins})
+
+    first = ingest("p_gate, p_gate")
+    assert first.returncode == 0, first.stderr[-2000:]
+    run_json = tmp_path / "run/run.json"
+    record = json.loads(run_json.read_text())
+    assert record["plugins"] == ["p_gate"]
+    again = ingest("p_gate")
+    assert again.returncode == 0, again.stderr[-2000:]
+    atomic.write_json(run_json, {**record, "plugins": ["p_gate", "p_gate"]})  # an earlier streamprep's record
+    again = ingest("p_gate")
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
 WRITER_PLUGIN = """
 from streamprep import atomic, registry
 
