@@ -86,7 +86,11 @@ class Signals:
     the job's process, then to its whole process group, and the copy made the job exit at once, its progress not
     saved (a terminal's Ctrl-C reaches the job once: a second press a second later still exits at once)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fresh: bool = False) -> None:
+        # written with os.write, past cli.said_to: under `ingest --fresh` the same command is refused (the run dir
+        # is not empty), and leaving --fresh out resumes
+        resume = "re-run the command without --fresh" if fresh else "re-run the same command"
+        self._second = f"streamprep: second signal, exiting now; {resume} to resume\n".encode()
         self.count = 0
         self.on_first: Callable[[], None] | None = None
         self.asked = threading.Event()  # set at the first: the executor replaces no pool its workers' end broke
@@ -99,7 +103,7 @@ class Signals:
         self.count += 1
         self._first = self._first or (signum, time.monotonic())
         if self.count > 1:
-            os.write(2, b"streamprep: second signal, exiting now; re-run the same command to resume\n")
+            os.write(2, self._second)
             os._exit(1)
         log.warning("signal received: saving progress and stopping", signal=signal.Signals(signum).name)
         self.asked.set()
@@ -510,7 +514,7 @@ def _run(config: Config, run_dir: str | Path | None, fresh: bool, console_log: b
                 if lock.taken_over:
                     log.warning("took over a stale lock from a process that is gone", lock=str(lock.path),
                                 previous=lock.taken_over)  # the run dir's, then the checkpoint dir's: say which
-            job = Job(config, run_dir, previous, console_log, process_exits)
+            job = Job(config, run_dir, previous, console_log, process_exits, fresh)
             with metrics.serving(config.execution, run_dir, config.datasets):
                 return job.run()
     except ConfigError:
@@ -571,7 +575,7 @@ def _refuse_unsafe_paths(config: Config, run_dir: Path, checkpoint_dir: Path) ->
 
 class Job:
     def __init__(self, config: Config, run_dir: Path, previous: dict[str, Any] | None, console_log: bool = True,
-                 process_exits: bool = False):
+                 process_exits: bool = False, fresh: bool = False):
         self.config, self.run_dir = config, run_dir  # each stage is handed only the sections it reads
         self.process_exits = process_exits
         self.mode = mode_of(config.sft)
@@ -584,7 +588,7 @@ class Job:
                             "optional_skipped": [name for name, _ in config.skipped]})  # (_refuse_optional_change)
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self._record_lock = threading.Lock()  # a stage ends in the feeder's thread too: one run.json writer at a time
-        self.signals = Signals()
+        self.signals = Signals(fresh)  # its second-signal line names the command that resumes
         self._backend_of: tuple[TokenizerInfo, str] | None = None  # _shard_backend's last tokenizer and choice
         self.executor: Executor | None = None  # the job's, from run() on
         self.progress: dict[str, Any] = {}  # dataset -> live IngestState, read by the progress reporter

@@ -254,6 +254,38 @@ def test_an_interrupted_fresh_run_is_told_to_resume_without_fresh(tmp_path, caps
 
 
 @pytest.mark.parametrize("fresh", [False, True])
+def test_a_second_signal_under_fresh_says_to_resume_without_fresh(tmp_path, capfd, monkeypatch, fresh):
+    """Regression: a second signal to `ingest --fresh` printed "second signal, exiting now; re-run the same command
+    to resume" (written with os.write, past cli.said_to), and that command was refused: the run dir is not empty. It
+    says to re-run without --fresh; without --fresh the advice is the same command, as before."""
+    from helpers import base_config, english_docs
+    from streamprep import pipeline
+
+    class Exited(BaseException):
+        """os._exit(1), which would end pytest too."""
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(40)))
+    cfg_path, run_dir = tmp_path / "cfg.yaml", tmp_path / "run"
+    cfg_path.write_text(yaml.safe_dump(base_config([{"name": "a", "path": str(tmp_path / "a.jsonl")}], None)))
+
+    def twice(job, executor):  # a stop asked, then a second signal as the job starts its engine, run.json written
+        job.signals.on_first = lambda: None
+        job.signals.handle(signal.SIGINT)
+        job.signals.handle(signal.SIGTERM)
+
+    def exited(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(pipeline.Job, "_engine", twice)
+    monkeypatch.setattr(pipeline.os, "_exit", exited)
+    with pytest.raises(Exited):
+        main(["ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)] + ["--fresh"] * fresh)
+    advice = "re-run the command without --fresh to resume" if fresh else "re-run the same command to resume"
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("streamprep:")]
+    assert said == [f"streamprep: second signal, exiting now; {advice}"]
+
+
+@pytest.mark.parametrize("fresh", [False, True])
 @pytest.mark.parametrize("raised, said", [
     (KeyboardInterrupt(), "streamprep: interrupted; re-run the same command to resume"),
     (RuntimeError("a dedup holder process ended; re-run the same command to resume"),
