@@ -27,6 +27,7 @@ finally:
     if _HIDE_RICH:
         del sys.modules["rich"]
 
+from streamprep.config import printable
 from streamprep.layout import RunLayout
 
 LOG_NAME = "streamprep.log"
@@ -73,6 +74,17 @@ def _console_exception(colors: bool) -> Callable[[TextIO, Any], None]:
     return render
 
 
+def _printable_values(_, __, event_dict: dict) -> dict:
+    """The console's: a text value holding control characters (a run dir named with ESC or BEL) reached the terminal
+    raw, as a control sequence; each is escaped as an error line escapes it, a traceback's lines kept (the run log's
+    JSON escapes them already; any other value the renderer shows as its repr)."""
+    for key, value in event_dict.items():
+        if isinstance(value, str) and not value.isprintable():
+            event_dict[key] = "\n".join(map(printable, value.split("\n"))) if key in ("exception", "stack") \
+                else printable(value)
+    return event_dict
+
+
 def _component(_, __, event_dict: dict) -> dict:
     record = event_dict.get("_record")
     event_dict.setdefault("component", record.name.removeprefix("streamprep.") if record else "streamprep")
@@ -100,7 +112,7 @@ def configure(run_dir: Path | None = None, level: str = "INFO", console: bool = 
         colors = sys.stderr.isatty()
         h = logging.StreamHandler(sys.stderr)
         h.setFormatter(structlog.stdlib.ProcessorFormatter(
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _printable_values,
                         structlog.dev.ConsoleRenderer(colors=colors, pad_event_to=0,
                                                       exception_formatter=_console_exception(colors))],
             foreign_pre_chain=pre))

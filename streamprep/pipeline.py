@@ -28,7 +28,7 @@ from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
 from streamprep import audit, backends, engines, metrics, registry, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints, owner_of
-from streamprep.config import Config, ConfigError
+from streamprep.config import Config, ConfigError, printable
 from streamprep.engines import Engine
 from streamprep.executor import Executor
 from streamprep.exports import chain, export_run
@@ -670,7 +670,8 @@ class Job:
                     summary["tokenizer_training"] = training
             except (KeyboardInterrupt, Interrupted):
                 self._record_end("interrupted")
-                raise Interrupted(f"interrupted; progress saved in {self.run_dir} — "
+                # the terminal's, and a library caller's to print: a run dir may hold ESC or CR
+                raise Interrupted(f"interrupted; progress saved in {printable(str(self.run_dir))} — "
                                   f"re-run the same command to resume") from None
             except BaseException as exc:
                 log.error("run failed", error=error_text(exc)[:2000])  # the log has it too, with

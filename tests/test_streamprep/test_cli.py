@@ -359,6 +359,36 @@ def test_ingest_names_a_run_dir_with_control_characters_escaped(tmp_path, capsys
                                               f"streamprep: run complete: {tmp_path}/r\\x1b[31mX\n")
 
 
+def test_ingest_interrupted_and_complete_again_name_a_run_dir_with_control_characters_escaped(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """Regression: with `--run-dir $'r\\e[31mX\\a'`, a Ctrl-C printed "interrupted; progress saved in PATH" with a raw
+    ESC and BEL to the terminal, and so did the console log's "run already complete … run_dir=PATH" line of a re-run;
+    both are escaped now, as an error line escapes them (the run log's JSON keeps the path as it is)."""
+    from helpers import make_inputs
+    from streamprep import pipeline
+
+    cfg_path, run = tmp_path / "cfg.yaml", tmp_path / "r\x1b[31mX\x07"
+    cfg_path.write_text(yaml.safe_dump(make_inputs(tmp_path / "data")["config"]))
+    command, shown = ["ingest", "--config", str(cfg_path), "--run-dir", str(run)], f"{tmp_path}/r\\x1b[31mX\\x07"
+
+    def stopped(job, executor):
+        raise KeyboardInterrupt  # a Ctrl-C as the job starts its engine, run.json written
+
+    with monkeypatch.context() as m:
+        m.setattr(pipeline.Job, "_engine", stopped)
+        assert main(command) == 1
+    err = capsys.readouterr().err
+    assert f"streamprep: interrupted; progress saved in {shown} — re-run the same command to resume\n" in err
+    assert main(command) == 0
+    capsys.readouterr()
+    assert main(command) == 0
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err
+    assert f"run already complete; nothing to do component=pipeline run_dir={shown}\n" in err
+    last = json.loads((run / "logs" / "streamprep.log").read_text().splitlines()[-1])
+    assert (last["event"], last["run_dir"]) == ("run already complete; nothing to do", str(run))
+
+
 def test_a_run_dir_given_with_a_tilde_is_in_the_home_folder(tmp_path, capsys, monkeypatch):
     """Regression: `--run-dir=~/run` (no shell expands a `~` after `=`) ran the job in a folder `./~/run`."""
     from helpers import make_inputs

@@ -66,3 +66,22 @@ def test_a_run_log_that_cannot_be_written_is_said_once_and_the_job_goes_on(tmp_p
     err = capsys.readouterr().err
     assert err.splitlines() == ["streamprep: warning: cannot write the run log /dev/full (OSError: [Errno 28] No space "
                                 "left on device); the job goes on without it"]
+
+
+def test_the_console_escapes_control_characters_in_values_and_keeps_a_tracebacks_lines(tmp_path, capsys) -> None:
+    """Regression: a log value holding control characters (a run dir named with ESC or BEL) reached the terminal raw
+    in the console's line; each is escaped now, a traceback (a worker's `exception`) keeping its lines, and the run
+    log's JSON holds the text as it was."""
+    import json
+
+    from streamprep import logs
+
+    exception = 'Traceback (most recent call last):\n  File "x\x1b.py", line 1\nValueError: a\x07'
+    with logs.configured(tmp_path / "r", console=True):
+        logs.replay([{"event": "unit failed", "level": "error", "component": "ingest", "path": "a\x1b[31mb",
+                      "exception": exception}])
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and " path=a\\x1b[31mb " in err
+    assert err.endswith('\nTraceback (most recent call last):\n  File "x\\x1b.py", line 1\nValueError: a\\x07\n')
+    record = json.loads((tmp_path / "r" / "logs" / logs.LOG_NAME).read_text())
+    assert (record["path"], record["exception"]) == ("a\x1b[31mb", exception)
