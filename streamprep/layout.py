@@ -19,6 +19,7 @@ import orjson
 
 from streamprep.atomic import is_tmp_name
 from streamprep.config import ConfigError
+from streamprep.lock import is_lock_file
 
 # Names relative to the run dir; receipts, the manifest and verify's messages store/print them as-is.
 RUN_JSON, MANIFEST, BLEND, MIXTURES = "run.json", "manifest.json", "blend.json", "mixtures.json"
@@ -426,8 +427,9 @@ class RunLayout:
         run.json, in order: the checkpoint dir's lock and owner file when that dir is the default `checkpoints/`
         inside it, and `logs/`; and the temporary file of run.json or of that owner file, written at that moment (a
         kill then leaves it). Its job is starting, or stopped in that moment: the same command starts it again, with
-        `--fresh` too, as status says; a folder holding anything else is no such run's."""
-        if not self.lock.is_file() or os.path.lexists(self.run_json):
+        `--fresh` too, as status says; a folder holding anything else, or a lock file streamprep did not write (a
+        user's own `.lock`, which the job would overwrite), is no such run's."""
+        if not is_lock_file(self.lock) or os.path.lexists(self.run_json):
             return False
         names = {n for n in os.listdir(self.run_dir) if not is_tmp_name(n)}
         if not names <= {self.lock.name, self.logs_dir.name, self.local_checkpoints.name}:

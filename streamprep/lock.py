@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from streamprep.children import pid_alive
 # How long a refused acquire waits out a holder that cannot be the run's (a dead pid or no record): `status` tests a
 # crashed run's lock with a shared flock held for microseconds, and a job writes its record just after its flock.
 PASSING_HOLDER_WAIT_S = 0.5
+RECORD_FIELDS = frozenset({"pid", "host", "started"})  # the holder's record `acquire` writes in the lock file
 
 
 class RunLocked(RuntimeError):
@@ -84,6 +86,20 @@ def read_holder(path: Path) -> dict[str, Any]:
         return orjson.loads(Path(path).read_bytes() or b"{}")
     except (OSError, orjson.JSONDecodeError):
         return {}
+
+
+def is_lock_file(path: Path) -> bool:
+    """Whether `path` is a lock file as `RunLock` leaves it: a regular file, empty (released, or taken and not yet
+    written) or holding its holder's record. A folder may hold a `.lock` of its user's, which taking the lock would
+    overwrite: that folder is no start of a run (`RunLayout.only_a_start`)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        data = Path(path).read_bytes()
+        record = orjson.loads(data) if data else None
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return record is None or isinstance(record, dict) and set(record) == RECORD_FIELDS
 
 
 def holder_if_running(path: Path) -> dict[str, Any] | None:

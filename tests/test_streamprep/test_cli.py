@@ -223,6 +223,22 @@ def test_fresh_takes_a_run_dir_its_job_left_before_run_json(tmp_path, capsys, mo
     refused("logs/")  # no lock: no job of streamprep's left it
 
 
+def test_fresh_refuses_a_folder_holding_a_users_own_lock_file(tmp_path, capsys):
+    """Regression: `ingest --fresh` took a folder holding only a user's own `.lock` ('my lock data') for what a job
+    stopped at its start left, and ran there, its lock emptying that file. It is refused as not empty, as before that
+    take was allowed, the file left as it was."""
+    from helpers import make_inputs
+
+    cfg_path, run_dir = tmp_path / "cfg.yaml", tmp_path / "mine"
+    cfg_path.write_text(yaml.safe_dump(make_inputs(tmp_path / "data")["config"]))
+    run_dir.mkdir()
+    (run_dir / ".lock").write_text("my lock data")
+    assert main(["ingest", "--config", str(cfg_path), "--run-dir", str(run_dir), "--fresh"]) == 2
+    assert capsys.readouterr().err == (f"streamprep: error: --fresh: run dir {run_dir} is not empty (choose a new "
+                                       f"--run-dir or remove it; to resume a run there, re-run without --fresh)\n")
+    assert os.listdir(run_dir) == [".lock"] and (run_dir / ".lock").read_text() == "my lock data"
+
+
 @pytest.mark.parametrize("fresh", [False, True])
 def test_an_interrupted_fresh_run_is_told_to_resume_without_fresh(tmp_path, capsys, monkeypatch, fresh):
     """Regression: an interrupted `ingest --fresh` said "re-run the same command to resume", and that command was

@@ -140,3 +140,25 @@ def test_a_datasets_dedup_logs_and_restart_leave_a_dataset_named_after_it_alone(
     state = repair(files, load_checkpoint(files))  # no checkpoint: starts over
     assert state.consumed == 0 and ck.dedup_logs("web") == []
     assert [p for p in theirs if not p.is_file() or p.read_bytes() != b"theirs"] == []
+
+
+def test_only_a_start_takes_a_lock_file_streamprep_left_and_no_other(tmp_path: Path) -> None:
+    """Regression: a folder holding only a user's own `.lock` ('my lock data') was taken for what a job stopped at its
+    start left, and `ingest --fresh` took its lock there, overwriting the file. Only a regular file, empty or holding
+    the record RunLock writes, is a start's lock."""
+    import os
+
+    from streamprep.lock import RunLock
+
+    layout = RunLayout(tmp_path / "run")
+    held = RunLock(layout.lock).acquire()  # its record, as a job killed at its start leaves it
+    assert layout.only_a_start()
+    held.release()  # empty, as a job stopped at its start leaves it
+    assert layout.only_a_start()
+    (tmp_path / "empty").write_bytes(layout.lock.read_bytes())
+    for theirs in (b"my lock data", b"{}", b'{"pid": 1}', b"[]", b'{"pid": 1, "host": "h", "started": "t", "x": 1}'):
+        layout.lock.write_bytes(theirs)
+        assert not layout.only_a_start(), theirs
+    layout.lock.unlink()
+    os.symlink(tmp_path / "empty", layout.lock)  # a link to an empty file: not one RunLock made
+    assert not layout.only_a_start()
