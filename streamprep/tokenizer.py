@@ -147,6 +147,17 @@ def _copy_fault(saved: Path, fp_file: Path, recorded: Any, src: Path | None) -> 
     return f"{lost[0]} is missing (tokenizer.path has one)" if lost else None
 
 
+def _side_changes(src_dir: Path, copy_dir: Path) -> list[tuple[str, str, str]]:
+    """(name, copy's fingerprint, source's) of each side file (SIDE_FILES) whose bytes at `src_dir` differ from
+    the run's copy in `copy_dir` ("missing" for one absent): an edited eos_token or chat template at tokenizer.path
+    went unnamed, though the run goes on with its copy's (only tokenizer.json was compared)."""
+    def print_of(file: Path) -> str:
+        return fingerprint_of(file) if file.is_file() else "missing"
+
+    changes = [(side, print_of(copy_dir / side), print_of(src_dir / side)) for side in SIDE_FILES]
+    return [change for change in changes if change[1] != change[2]]
+
+
 def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = backends.select) -> TokenizerInfo | None:
     """The run's tokenizer copy when it is intact (same fingerprint as recorded, readable side files), else None."""
     layout = RunLayout(run_dir)
@@ -166,6 +177,9 @@ def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = 
     if src is not None and (now := fingerprint_of(src)) != info.fingerprint:
         log.warning("tokenizer.path's file changed since the run copied it; the run goes on with its copy (a new "
                     "tokenizer needs a new run dir)", path=str(src), copy=info.fingerprint, now=now)
+    for side, copy, now in _side_changes(src.parent, saved.parent) if src is not None else ():
+        log.warning("tokenizer.path's side file differs from the run's copy; the run goes on with its copy (a new "
+                    "tokenizer needs a new run dir)", path=str(src.parent / side), copy=copy, now=now)
     backend = read_json(layout.tokenizer_backend)
     return _with_backend(_check_eod(info, tok_cfg), tok_cfg, layout.tokenizer_backend, select, backend)
 

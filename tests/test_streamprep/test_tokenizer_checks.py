@@ -93,6 +93,36 @@ def test_a_tokenizer_file_changed_under_a_run_is_named_in_a_warning(tmp_path: Pa
         ("tokenizer.path's file changed since th", str(source), copy.fingerprint)]
 
 
+def test_a_side_file_changed_under_a_run_is_named_in_a_warning(tmp_path: Path, trained) -> None:
+    """Regression: an eos_token edited in tokenizer.path's tokenizer_config.json (or a special_tokens_map.json taken
+    away) between a kill and the resume was passed over without a word: only tokenizer.json was compared. The run
+    goes on with its copy's EOD token, and each side file that differs is named now."""
+    import hashlib
+
+    from structlog.testing import capture_logs
+
+    from streamprep.config import TokenizerConfig
+    from streamprep.tokenizer import saved_tokenizer
+
+    raw = _config(tmp_path, *trained)
+    side = tmp_path / "tok" / "tokenizer_config.json"
+    side.write_text('{"eos_token": "</s>"}')
+    (tmp_path / "tok" / "special_tokens_map.json").write_text('{"eos_token": "</s>"}')
+    assert run_from_dict(raw, run_dir=tmp_path / "run", console_log=False).status == "complete"
+    tok_cfg = TokenizerConfig.from_dict(validate(raw)["tokenizer"])
+    old = "sha256:" + hashlib.sha256(b'{"eos_token": "</s>"}').hexdigest()  # both side files' bytes at the start
+    side.write_text('{"eos_token": "<pad>"}')
+    (tmp_path / "tok" / "special_tokens_map.json").unlink()
+    with capture_logs() as seen:
+        copy = saved_tokenizer(tok_cfg, tmp_path / "run")
+    assert copy is not None and copy.eod_token == "</s>"
+    warned = [(e["event"][:45], e["path"], e["copy"], e["now"]) for e in seen if e["log_level"] == "warning"]
+    now = "sha256:" + hashlib.sha256(side.read_bytes()).hexdigest()
+    assert warned == [("tokenizer.path's side file differs from the r", str(side), old, now),
+                      ("tokenizer.path's side file differs from the r",
+                       str(tmp_path / "tok" / "special_tokens_map.json"), old, "missing")]
+
+
 def test_a_damaged_file_of_the_runs_tokenizer_copy_is_recreated(tmp_path: Path, trained) -> None:
     """Regression: a damaged RUN_DIR/tokenizer/ file failed every resume with an error naming no file (tokenizers'
     bare `Exception: control character …`, a JSONDecodeError) or blamed 'tokenizer.path' for the run's own
