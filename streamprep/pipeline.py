@@ -295,6 +295,7 @@ def _preflight(config: Config, run_dir: Path, fresh: bool) -> dict[str, Any] | N
     changed = configmod.drift_keys(previous["config"], config.to_dict(), exports_redone=status != "complete")
     if changed:
         _refuse_optional_change(previous["config"], previous.get("optional_skipped"), config, status != "complete")
+        _refuse_tokenizer_switch(previous["config"], config, changed)
         shown = ", ".join(changed[:8]) + (f" (+{len(changed) - 8} more)" if len(changed) > 8 else "")
         raise ConfigError(f"config changed since this run started ({shown}); resuming would mix outputs — "
                           f"use a new --run-dir (with --fresh) to start over")
@@ -343,6 +344,28 @@ def _refuse_optional_change(old: Mapping[str, Any], skipped: list[str] | None, c
     raise ConfigError(f"{'; '.join(what)}{also}: resuming would change the datasets this run holds — put the input "
                       f"back as it was{' and the config' * bool(besides)}{unsure}, or use a new --run-dir (with "
                       f"--fresh) to start over")
+
+
+def _refuse_tokenizer_switch(old: Mapping[str, Any], config: Config, changed: list[str]) -> None:
+    """With `tokenizer.if_missing: train` both times, a `tokenizer.path` that appeared since the run trained its
+    tokenizer (or went since it loaded it) is resolved otherwise (config: None means train) and drifts: it was
+    refused as 'config changed since this run started (tokenizer.path)', the YAML byte-identical. Refused naming
+    that cause, and the keys that changed besides, if any."""
+    was, now = (old.get("tokenizer") or {}), config.tokenizer
+    if "tokenizer.path" not in changed or not was.get("if_missing") == now.if_missing == "train":
+        return
+    if was.get("path") is None and now.path is not None:
+        cause, fix = (f"'tokenizer.path' {now.path} exists, and this run trained its tokenizer (tokenizer.if_missing: "
+                      f"train) because the path it named when it started did not"), "remove it"
+    elif isinstance(was.get("path"), str) and now.path is None and not Path(was["path"]).exists():
+        cause, fix = (f"'tokenizer.path' {was['path']}, which this run loaded its tokenizer from, is missing now "
+                      f"(tokenizer.if_missing: train would train another)"), "put it back"
+    else:
+        return
+    besides = [key for key in changed if key != "tokenizer.path"]
+    also = f"; and the config changed ({', '.join(besides[:8])}{' …' * (len(besides) > 8)})" if besides else ""
+    raise ConfigError(f"config: {cause}{also}: {fix}{' and the config as it was' * bool(besides)} to resume, or use "
+                      f"a new --run-dir (with --fresh) to start over")
 
 
 def _refuse_moved_checkpoints(previous: dict[str, Any], checkpoint_dir: Path) -> None:

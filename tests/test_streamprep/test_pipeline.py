@@ -516,6 +516,44 @@ def test_an_optional_dataset_added_to_the_config_is_a_config_change_not_an_input
         "--fresh) to start over")
 
 
+def test_a_tokenizer_path_that_appears_or_goes_under_if_missing_train_is_named_at_resume(tmp_path: Path) -> None:
+    """Regression: with `tokenizer.if_missing: train`, the trained tokenizer saved at tokenizer.path (the same
+    bytes) after the run was refused as 'config changed since this run started (tokenizer.path)', the YAML
+    byte-identical: the file appearing switched the run from training to loading. The error names that cause."""
+    from streamprep.config import ConfigError
+
+    data = tmp_path / "a.jsonl"
+    data.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in english_docs(60, seed=3)))
+    target = tmp_path / "nonexist" / "trA" / "tokenizer.json"
+    cfg = base_config([{"name": "a", "path": str(data)}], str(target))
+    cfg["tokenizer"].update(if_missing="train", train={"vocab_size": 400, "min_frequency": 2})
+    run_dir = tmp_path / "run"
+    assert run_from_dict(cfg, run_dir=run_dir, console_log=False).status == "complete"
+    target.parent.mkdir(parents=True)
+    target.write_bytes((run_dir / "tokenizer" / "tokenizer.json").read_bytes())
+    before = tree_hashes(run_dir, "binidx", "tokenizer", names=("run.json", "manifest.json"))
+    tail = "to resume, or use a new --run-dir (with --fresh) to start over"
+    with pytest.raises(ConfigError) as refused:
+        run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    assert str(refused.value) == (f"config: 'tokenizer.path' {target} exists, and this run trained its tokenizer "
+                                  f"(tokenizer.if_missing: train) because the path it named when it started did "
+                                  f"not: remove it {tail}")
+    cfg["output"]["dtype"] = "int32"  # a key changed besides is named with it
+    with pytest.raises(ConfigError, match=r"did not; and the config changed \(output\.dtype\): remove it and the "
+                                          r"config as it was to resume"):
+        run_from_dict(cfg, run_dir=run_dir, console_log=False)
+    assert tree_hashes(run_dir, "binidx", "tokenizer", names=("run.json", "manifest.json")) == before
+    # and the other way: a run that loaded tokenizer.path, which is gone since
+    loaded = tmp_path / "run2"
+    del cfg["output"]["dtype"]
+    assert run_from_dict(cfg, run_dir=loaded, console_log=False).status == "complete"
+    target.unlink()
+    with pytest.raises(ConfigError) as refused:
+        run_from_dict(cfg, run_dir=loaded, console_log=False)
+    assert str(refused.value) == (f"config: 'tokenizer.path' {target}, which this run loaded its tokenizer from, is "
+                                  f"missing now (tokenizer.if_missing: train would train another): put it back {tail}")
+
+
 def test_a_run_dir_too_deep_for_its_files_is_refused_before_anything_is_written(tmp_path: Path,
                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: a run dir of ~4010 characters with a 64-character dataset name failed with "OSError: [Errno 36]
