@@ -196,6 +196,11 @@ EXPORT_ONLY = ("run.seed", "datasets[].weight", "output.parquet.", "output.mixtu
                "output.num_shards_multiple_of")
 
 
+# String keys whose whitespace is their value, so only "" is refused: a token's text (phi-2's "   " is id 50285);
+# one not in the vocabulary is refused naming it (tokenizer.check_config)
+AS_WRITTEN = ("tokenizer.eod_token",)
+
+
 def _type_name(types: tuple) -> str:
     names = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "a list",
              dict: "a mapping", None: "null"}
@@ -218,7 +223,7 @@ def _check_type(key: str, value: Any, types: tuple) -> None:
         raise ConfigError(f"config: '{key}' must be {_type_name(types)}, got {type(value).__name__} {value!r:.60}{hint}")
     if float in types and not isinstance(value, (bool, str)) and not _finite(value):
         raise ConfigError(f"config: '{key}' must be a finite number, got {value!r:.40}")
-    if isinstance(value, str) and not value.strip():
+    if isinstance(value, str) and not (value if key in AS_WRITTEN else value.strip()):
         raise ConfigError(f"config: '{key}' must be a non-empty string, got {value!r:.40}")
 
 

@@ -418,6 +418,21 @@ def test_a_tokenizer_json_that_panics_tokenizers_on_load_is_a_config_error(tmp_p
         validate(_with(good, "tokenizer.path", str(bad)), base_dir=tmp_path)
 
 
+def test_a_whitespace_eod_token_of_the_vocabulary_is_taken(good: dict, tmp_path: Path) -> None:
+    """Regression: eod_token "   " (three spaces: an added token of phi-2, id 50285) was refused as 'must be a
+    non-empty string, got '   ''. A token's text may be whitespace: taken when in the vocabulary, else named."""
+    from streamprep.config import TokenizerConfig
+    from streamprep.tokenizer import prepare
+
+    cfg = validate(_with(good, "tokenizer.eod_token", "   "), base_dir=tmp_path)
+    assert prepare(TokenizerConfig.from_dict(cfg["tokenizer"]), tmp_path / "run").eod_id == 50285
+    with pytest.raises(ConfigError, match=r"^config: 'tokenizer.eod_token': ' \\t' is not in the tokenizer's "
+                                          r"vocabulary$"):
+        validate(_with(good, "tokenizer.eod_token", " \t"), base_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"^config: 'tokenizer.eod_token' must be a non-empty string, got ''$"):
+        validate(_with(good, "tokenizer.eod_token", ""), base_dir=tmp_path)
+
+
 def test_trained_tokenizer_eod_must_be_one_of_its_special_tokens(tmp_path: Path, data: Path) -> None:
     raw = {"datasets": [{"name": "a", "path": str(data)}]}
     assert validate(_with(raw, "tokenizer.eod_token", "</s>"))["tokenizer"]["eod_token"] == "</s>"
