@@ -229,7 +229,9 @@ def prepare(tok_cfg: TokenizerConfig, run_dir: Path, texts: Iterable[str] | None
             (out_dir / side).unlink(missing_ok=True)
         bpe = train_bpe(_first_kept(texts, check_texts), tok_cfg.train.vocab_size, tok_cfg.train.min_frequency)
         atomic.write_bytes(saved, bpe.to_str().encode("utf-8"))
-        log.info("tokenizer trained", vocab_size=tok_cfg.train.vocab_size)
+        # the trainer stops short of train.vocab_size when the text has fewer merges to learn
+        log.info("tokenizer trained", vocab_size=bpe.get_vocab_size(with_added_tokens=True),
+                 requested_vocab_size=tok_cfg.train.vocab_size)
     info = _check_eod(_info(saved, tok_cfg.eod_token or (None if tok_cfg.path else "</s>")), tok_cfg)
     # the backend is chosen before fingerprint.json is written: a run killed in between has no fingerprint,
     # redoes this step the same way, and records the same choice (check scope included)

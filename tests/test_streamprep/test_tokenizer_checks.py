@@ -177,6 +177,25 @@ def test_a_tokenizer_trained_on_a_worker_process_is_in_the_run_log(tmp_path: Pat
     assert events.index(start) < events.index("tokenizer trained")  # the minutes it may take are not silent
 
 
+def test_the_trained_vocab_size_is_logged_beside_the_requested_one(tmp_path: Path) -> None:
+    """Regression: 'tokenizer trained vocab_size=5000' gave train.vocab_size, though the trainer stopped short of it
+    on a small text: the log gives the size trained (the tokenizer's own) and the one requested."""
+    from structlog.testing import capture_logs
+
+    from streamprep.config import TokenizerConfig
+    from streamprep.tokenizer import prepare
+
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    raw = base_config([{"name": "a", "path": str(tmp_path / "in.jsonl")}], None)
+    raw["tokenizer"]["train"]["vocab_size"] = 5000
+    tok_cfg = TokenizerConfig.from_dict(validate(raw)["tokenizer"])
+    with capture_logs() as seen:
+        info = prepare(tok_cfg, tmp_path / "run", DOCS)
+    [trained] = [e for e in seen if e["event"] == "tokenizer trained"]
+    assert trained["vocab_size"] == info.vocab_size == Tokenizer.from_file(str(info.path)).get_vocab_size() < 5000
+    assert trained["requested_vocab_size"] == 5000
+
+
 def test_one_long_space_free_record_trains_in_linear_time_and_ordinary_text_as_before() -> None:
     """Regression: tokenizers' BPE trainer merges a pair in a word at O(word length) per occurrence, so one
     320 000-char ACGT record among 50 short ones took 74 s to train (1.5 MB: no end in 300 s). A run of
