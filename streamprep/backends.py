@@ -13,7 +13,7 @@ Ids never include added special tokens (HF `add_special_tokens=False`; gigatoken
 
 `tokenizer.backend: auto` (the default) uses gigatoken only when it loads the run's tokenizer.json AND gives
 the same ids as HF `tokenizers` (the reference) on the identity check: PROBES (hard strings), the tokenizer's
-added tokens in context (`added_token_probes`) and the texts the caller adds. It runs (1) when the run's
+added tokens in context and run together (`added_token_probes`) and the texts the caller adds. It runs (1) when the run's
 tokenizer is prepared (probes + up to CHECK_DOCS sampled texts for a trained tokenizer; the outcome is recorded
 in checkpoints/tokenizer_backend.json and run.json) and (2) in
 each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of each dataset it encodes
@@ -402,15 +402,50 @@ def _difference(reference: Backend, ref_ids: tuple[np.ndarray, np.ndarray], cand
 def added_token_probes(tok: Tokenizer) -> list[str]:
     """Texts with each added token beside spaces, newlines, itself and words: where its lstrip / rstrip /
     single_word settings apply, which re-implementations can apply otherwise (a RoBERTa-style `<mask>` with
-    lstrip: gigatoken 0.10.0 kept the space HF strips, and PROBES alone passed)."""
-    tokens = [t.content for t in tok.get_added_tokens_decoder().values() if t.content]
-    if not tokens:
+    lstrip: gigatoken 0.10.0 kept the space HF strips, and PROBES alone passed). Then `overlap_probes`."""
+    added = [t for t in tok.get_added_tokens_decoder().values() if t.content]
+    if not added:
         return []
+    tokens = [t.content for t in added]
     # one text per context, each token in it apart from the others; whitespace tokens ("\n\n" with rstrip,
     # "\xa0" with single_word) among them: skipping them let such a tokenizer pass and write other ids
     return ["|".join(f"a {t} b" for t in tokens), "|".join(f"a  {t}  b" for t in tokens),
             "|".join(f"a\n{t}\nb" for t in tokens), "|".join(f"x{t}{t}y" for t in tokens),
-            "|".join(f"ab{t}{t}{t}" for t in tokens), "|".join(f"1{t}2 {t}." for t in tokens)]
+            "|".join(f"ab{t}{t}{t}" for t in tokens), "|".join(f"1{t}2 {t}." for t in tokens),
+            *overlap_probes(tok)]
+
+
+MAX_OVERLAP_PROBES = 64  # texts of `overlap_probes` at most
+
+
+def overlap_probes(tok: Tokenizer) -> list[str]:
+    """Texts where a `normalized` added token and a not-`normalized` one run together, the end of one the start of
+    the other (either first). HF matches the not-normalized tokens over the whole text first, then the normalized
+    ones in what is left; gigatoken 0.10.0 takes the leftmost longest of all in one pass ("<xq>" with "<xq"
+    normalized and "q>" not: HF "<x" + "q>", gigatoken "<xq" + ">"). Tokens of one flag are matched in one pass by
+    both, and one token inside another is in `added_token_probes` already. Tokens' starts are indexed, so the cost
+    follows the overlaps found, not the pairs; at most MAX_OVERLAP_PROBES, the first in sorted order."""
+    added = [t for t in tok.get_added_tokens_decoder().values() if t.content]
+    norm = {t.content for t in added if t.normalized}
+    raw = {t.content for t in added if not t.normalized}
+    if not norm or not raw:
+        return []
+    found = _run_together(norm, raw) | _run_together(raw, norm)
+    if len(found) > MAX_OVERLAP_PROBES:
+        log.info("identity check: overlapping added tokens probed in part", overlaps=len(found),
+                 probed=MAX_OVERLAP_PROBES)
+    return [f"a {s} b{s}" for s in sorted(found)[:MAX_OVERLAP_PROBES]]
+
+
+def _run_together(first: set[str], second: set[str]) -> set[str]:
+    """x + y[k:] for each x of `first` whose last k characters are the first k of a longer y of `second`, with
+    neither inside the other ("<xq" and "q>" give "<xq>")."""
+    longest = max(map(len, first))
+    starts: dict[str, list[str]] = {}
+    for y in second:
+        for k in range(1, min(len(y), longest)):
+            starts.setdefault(y[:k], []).append(y)
+    return {x + y[k:] for x in first for k in range(1, len(x)) for y in starts.get(x[-k:], ())}
 
 
 def is_panic(exc: BaseException) -> bool:

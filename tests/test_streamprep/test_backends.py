@@ -280,6 +280,39 @@ def test_an_added_token_that_gigatoken_splits_otherwise_sends_auto_to_hf(tmp_pat
     assert backends.select("auto", shared_data / PHI2)["name"] == "gigatoken"  # phi-2's own added tokens agree
 
 
+NORMALIZED = {"normalized": True, "special": False}
+
+
+@pytest.mark.parametrize("tokens, text", [
+    ((("<xq", NORMALIZED), ("q>", {})), "tag <xq> here 0"),      # the end of one is the start of the other
+    ((("img>", {}), ("<img", NORMALIZED)), "see <img> here"),    # three characters of both, listed the other way
+])
+def test_overlapping_added_tokens_of_both_normalized_flags_send_auto_to_hf(
+        tmp_path: Path, shared_data: Path, tokens: tuple[tuple[str, dict], ...], text: str) -> None:
+    """HF matches the not-normalized added tokens over the whole text first, then the normalized ones; gigatoken
+    0.10.0 takes the leftmost longest of all: "<xq>" was HF "<x" "q>", gigatoken "<xq" ">". No probe put two
+    added tokens together, so `auto` picked gigatoken and wrote other .bin bytes than `hf`."""
+    tok = _with_added(tmp_path, shared_data, *tokens)
+    hf, giga = backends.HFBackend(tok), backends.GigatokenBackend(tok)
+    assert backends.mismatch(hf, giga, [text]) is not None  # the difference the check must see
+    rec = backends.select("auto", tok)
+    assert rec["name"] == "hf" and "gigatoken ids differ from hf" in rec["fallback_reason"]
+    with pytest.raises(backends.BackendError, match="tokenizer.backend is gigatoken but gigatoken ids differ"):
+        backends.select("gigatoken", tok)
+
+
+def test_overlap_probes_are_few_and_none_for_the_shared_tokenizers(tmp_path: Path, shared_data: Path) -> None:
+    """The overlap probes come only from pairs that overlap, at most MAX_OVERLAP_PROBES of them, the same ones
+    every time; phi-2 (normalized whitespace runs beside a not-normalized <|endoftext|>) and phi-3 get none."""
+    for name in (PHI2, "tokenizers/phi-3-mini/tokenizer.json"):
+        assert backends.overlap_probes(Tokenizer.from_file(str(shared_data / name))) == []
+    many = [(f"<t{i}", NORMALIZED) for i in range(300)] + [(f"{i}>", {}) for i in range(300)]
+    tok = Tokenizer.from_file(str(_with_added(tmp_path, shared_data, *many)))
+    probes = backends.overlap_probes(tok)
+    assert len(probes) == backends.MAX_OVERLAP_PROBES and probes == backends.overlap_probes(tok)
+    assert "a <t0> b<t0>" in probes and all("<t" in p for p in probes)
+
+
 def test_a_probe_hf_cannot_encode_is_left_out_not_a_crash(tmp_path: Path, shared_data: Path) -> None:
     """tokenizers panics ("AddedVocabulary bad split", a BaseException) on an added "ab" with rstrip (beside an added
     "\x85" with lstrip) in "abababab", one of the added-token probes: the job ended with a Rust backtrace."""
