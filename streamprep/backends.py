@@ -402,17 +402,30 @@ def _difference(reference: Backend, ref_ids: tuple[np.ndarray, np.ndarray], cand
 def added_token_probes(tok: Tokenizer) -> list[str]:
     """Texts with each added token beside spaces, newlines, itself and words: where its lstrip / rstrip /
     single_word settings apply, which re-implementations can apply otherwise (a RoBERTa-style `<mask>` with
-    lstrip: gigatoken 0.10.0 kept the space HF strips, and PROBES alone passed). Then `overlap_probes`."""
+    lstrip: gigatoken 0.10.0 kept the space HF strips, and PROBES alone passed), and each `normalized` one in its
+    normalized form too when that is not its content (`_normal_forms`). Then `overlap_probes`."""
     added = [t for t in tok.get_added_tokens_decoder().values() if t.content]
     if not added:
         return []
     tokens = [t.content for t in added]
+    known = set(tokens)
+    tokens += [form for form in dict.fromkeys(_normal_forms(tok, added)) if form not in known]
     # one text per context, each token in it apart from the others; whitespace tokens ("\n\n" with rstrip,
     # "\xa0" with single_word) among them: skipping them let such a tokenizer pass and write other ids
     return ["|".join(f"a {t} b" for t in tokens), "|".join(f"a  {t}  b" for t in tokens),
             "|".join(f"a\n{t}\nb" for t in tokens), "|".join(f"x{t}{t}y" for t in tokens),
             "|".join(f"ab{t}{t}{t}" for t in tokens), "|".join(f"1{t}2 {t}." for t in tokens),
             *overlap_probes(tok)]
+
+
+def _normal_forms(tok: Tokenizer, added: list[Any]) -> list[str]:
+    """The normalized forms of the `normalized` added tokens that are not their content (nor empty). HF matches such
+    a token by its content under the tokenizer's normalizer, in the normalized text (an NFC tokenizer's "e\u0301"
+    is "\u00e9", found in "café"); gigatoken 0.10.0 does not, and a probe of the content alone agreed."""
+    if tok.normalizer is None:
+        return []
+    forms = ((t.content, tok.normalizer.normalize_str(t.content)) for t in added if t.normalized)
+    return [form for content, form in forms if form and form != content]
 
 
 MAX_OVERLAP_PROBES = 64  # texts of `overlap_probes` at most
@@ -423,10 +436,11 @@ def overlap_probes(tok: Tokenizer) -> list[str]:
     the other (either first). HF matches the not-normalized tokens over the whole text first, then the normalized
     ones in what is left; gigatoken 0.10.0 takes the leftmost longest of all in one pass ("<xq>" with "<xq"
     normalized and "q>" not: HF "<x" + "q>", gigatoken "<xq" + ">"). Tokens of one flag are matched in one pass by
-    both, and one token inside another is in `added_token_probes` already. Tokens' starts are indexed, so the cost
-    follows the overlaps found, not the pairs; at most MAX_OVERLAP_PROBES, the first in sorted order."""
+    both, and one token inside another is in `added_token_probes` already; a normalized token's normalized form
+    (`_normal_forms`) runs together with the others too. Tokens' starts are indexed, so the cost follows the
+    overlaps found, not the pairs; at most MAX_OVERLAP_PROBES, the first in sorted order."""
     added = [t for t in tok.get_added_tokens_decoder().values() if t.content]
-    norm = {t.content for t in added if t.normalized}
+    norm = {t.content for t in added if t.normalized} | set(_normal_forms(tok, added))
     raw = {t.content for t in added if not t.normalized}
     if not norm or not raw:
         return []

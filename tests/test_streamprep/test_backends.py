@@ -251,9 +251,11 @@ def test_nfc_tokenizer_texts_with_marks_newer_than_hf_tables_get_hf_ids_under_gi
     assert backends.select("auto", tok)["name"] == "gigatoken"  # the guard keeps gigatoken for the other texts
 
 
-def _with_added(tmp_path: Path, shared_data: Path, *tokens: tuple[str, dict]) -> Path:
-    """phi-2's tokenizer.json with `tokens` (content, flags) added after its own."""
+def _with_added(tmp_path: Path, shared_data: Path, *tokens: tuple[str, dict], normalizer: dict | None = None) -> Path:
+    """phi-2's tokenizer.json with `tokens` (content, flags) added after its own, and `normalizer` if given."""
     spec = json.loads((shared_data / PHI2).read_text())
+    if normalizer is not None:
+        spec["normalizer"] = normalizer
     for i, (content, flags) in enumerate(tokens):
         spec["added_tokens"].append({"id": 50295 + i, "content": content, "single_word": False, "lstrip": False,
                                      "rstrip": False, "normalized": False, "special": True, **flags})
@@ -311,6 +313,19 @@ def test_overlap_probes_are_few_and_none_for_the_shared_tokenizers(tmp_path: Pat
     probes = backends.overlap_probes(tok)
     assert len(probes) == backends.MAX_OVERLAP_PROBES and probes == backends.overlap_probes(tok)
     assert "a <t0> b<t0>" in probes and all("<t" in p for p in probes)
+
+
+def test_a_normalized_added_token_is_probed_in_its_normalized_form(tmp_path: Path, shared_data: Path) -> None:
+    """HF matches a normalized added token by its normalized form (NFC: "e\u0301" is "\u00e9") in the normalized
+    text; gigatoken 0.10.0 does not. The probes held only its content, so `auto` picked gigatoken and wrote other
+    ids for "café" (precomposed) than HF's."""
+    tok = _with_added(tmp_path, shared_data, ("e\u0301", NORMALIZED), normalizer={"type": "NFC"})
+    hf, giga = backends.HFBackend(tok), backends.GigatokenBackend(tok)
+    assert backends.mismatch(hf, giga, ["un caf\u00e9 noir 0"]) is not None
+    rec = backends.select("auto", tok)
+    assert rec["name"] == "hf" and "gigatoken ids differ from hf" in rec["fallback_reason"]
+    with pytest.raises(backends.BackendError, match="tokenizer.backend is gigatoken but gigatoken ids differ"):
+        backends.select("gigatoken", tok)
 
 
 def test_a_probe_hf_cannot_encode_is_left_out_not_a_crash(tmp_path: Path, shared_data: Path) -> None:
