@@ -10,7 +10,7 @@ resume, as compressed files are).
 A file whose bytes cannot be decoded (truncated or corrupt compression, corrupt Parquet page, unsupported
 type, not a regular file) ends with one `BadRecord` naming it and the record reached; the next file goes on,
 and a resume meets the same reject. A file that cannot be read at all (gone, permission, I/O error) raises
-`SourceError`: the job stops naming it (docs/operations.md, "Hostile inputs").
+`SourceError` (so does a network error): the job stops naming it (docs/operations.md, "Hostile inputs").
 """
 from __future__ import annotations
 
@@ -69,6 +69,12 @@ CONTENT_FAULTS = (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError, Val
 REST_OF = "unreadable rest of "  # opens the reject of a file whose bytes stop decoding (the rest is skipped)
 ENVIRONMENT_FAULTS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ConnectionError,
                       TimeoutError)
+# ... and so is any error of these packages' (by the module of a class it is an instance of): a connection's, even
+# where its type is a decoder's, an OSError without an errno (urllib's URLError, which the refusal's OSError is only
+# the `reason` of; requests' errors) or a ValueError (a certificate aiohttp refused). A plug-in reader's network
+# error was one reject of the file's "unreadable rest", the records after it lost in a run that ended complete.
+NETWORK_PACKAGES = frozenset({"urllib", "http", "socket", "ssl", "requests", "urllib3", "aiohttp", "botocore",
+                              "httpx", "httpcore"})
 # Byte-order marks of UTF-32 before UTF-16: BOM_UTF32_LE starts with BOM_UTF16_LE.
 WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
              (codecs.BOM_UTF16_BE, "utf-16"))
@@ -711,7 +717,15 @@ def _bad_record_fault(bad: BadRecord) -> str | None:
     return f"its check {bad.check!r} is {clash}" if clash else None
 
 
+def _network_fault(exc: BaseException) -> bool:
+    """Whether `exc` is an error of a network library (NETWORK_PACKAGES), whatever its type."""
+    return any(cls.__module__.partition(".")[0] in NETWORK_PACKAGES for cls in type(exc).__mro__)
+
+
 def _content_fault(exc: Exception) -> bool:
+    """Whether `exc` is a fault of the file's bytes (a reject: a resume meets it again), not of reading them."""
+    if _network_fault(exc):
+        return False
     if isinstance(exc, OSError):  # gzip/bz2/pyarrow decode errors are OSErrors without an errno
         return exc.errno is None and not isinstance(exc, ENVIRONMENT_FAULTS)
     return isinstance(exc, CONTENT_FAULTS)
@@ -1129,10 +1143,10 @@ class LocalSource:
 
         What the reader raises is judged as a built-in format's faults are (module doc): damaged bytes (damaged
         compression, a ValueError such as a UnicodeDecodeError, its own or a read's) are a reject of the file's
-        unreadable rest, an I/O error stops the job. Any other exception (a TypeError, a KeyError: a bug of the
-        plug-in, not of the file) is a ReaderError naming the format, its module, the file and the record: it
-        read "cannot read input file … cannot read input file …", the plug-in unnamed. So is a BadRecord that no
-        reject line can be made of (`_bad_record_fault`)."""
+        unreadable rest, an I/O error (a network error too, e.g. urllib3's, not an OSError) stops the job. Any
+        other exception (a TypeError, a KeyError: a bug of the plug-in, not of the file) is a ReaderError naming
+        the format, its module, the file and the record: it read "cannot read input file … cannot read input file
+        …", the plug-in unnamed. So is a BadRecord that no reject line can be made of (`_bad_record_fault`)."""
         entry = registry.SOURCE_FORMATS.entry(fmt)
         read = entry.load()
         n, done = 0, pos.get("record", 0)
@@ -1145,7 +1159,7 @@ class LocalSource:
                     if n > done:
                         yield item, {"file": i, "record": n}
             except Exception as exc:
-                if isinstance(exc, (OSError, ReaderError)) or _content_fault(exc):
+                if isinstance(exc, (OSError, ReaderError)) or _content_fault(exc) or _network_fault(exc):
                     raise
                 raise ReaderError(f"source format {fmt!r} ({registry.module_of(entry.target)}) raised reading {path} "
                                   f"after record {n}: {one_line(exc)}") from exc

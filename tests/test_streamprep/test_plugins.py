@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -1106,6 +1107,61 @@ def test_a_format_plugin_that_raises_on_bad_bytes_loses_the_rest_of_its_file_and
                               f"KeyError: 'body'")
 
 
+def _network_errors() -> list[Any]:
+    """What a reader fetching its records raises when the network fails (requests' and urllib3's if installed)."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    errors: list[Any] = [
+        pytest.param(lambda: urllib.request.urlopen("http://127.0.0.1:1/x"),  # refused: nothing listens on port 1
+                     r"URLError: <urlopen error \[Errno 111\] Connection refused>", id="urlopen"),
+        pytest.param(urllib.error.HTTPError("http://h/x", 503, "Service Unavailable",
+                                            None, None),  # type: ignore[arg-type]
+                     r"HTTPError: HTTP Error 503: Service Unavailable", id="http-503"),
+        pytest.param(http.client.IncompleteRead(b"ab", 10), r"IncompleteRead: IncompleteRead\(2 bytes read, 10 more "
+                     r"expected\)", id="incomplete-read")]
+    try:
+        import requests
+        import urllib3
+    except ImportError:
+        return errors
+    return errors + [
+        pytest.param(lambda: requests.get("http://127.0.0.1:1/x", timeout=5),
+                     r"ConnectionError: HTTPConnectionPool\(host='127.0.0.1', port=1\): Max retries exceeded",
+                     id="requests"),
+        pytest.param(requests.exceptions.ChunkedEncodingError("Connection broken"),
+                     "ChunkedEncodingError: Connection broken", id="requests-chunked"),
+        pytest.param(urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead"),
+                     "ProtocolError: Connection broken: IncompleteRead", id="urllib3")]
+
+
+@pytest.mark.parametrize("fault, message", _network_errors())
+def test_a_format_plugins_network_error_stops_the_job_as_an_io_error(tmp_path: Path, jl9: None, fault: Any,
+                                                                     message: str) -> None:
+    """Regression: a reader's network error (urllib's URLError, requests' ConnectionError: OSErrors without an
+    errno, as a decoder's are) was one reject of the file's "unreadable rest", the records after it lost in a run
+    that ended complete (a re-run never read them); urllib3's or http.client's (no OSError) was a ReaderError, a bug
+    of the plug-in. Each is an I/O error now: a SourceError naming the file and the record, the job stops and a
+    re-run resumes. The bad bytes beside them are still rejects (the test above)."""
+    from streamprep.sources.base import SourceError
+    from streamprep.sources.local import LocalSource
+
+    def read_fetching(fh: BinaryIO, path: str) -> Iterator[dict[str, Any]]:
+        for n, line in enumerate(fh, 1):
+            if n == 3:
+                raise fault if isinstance(fault, BaseException) else fault()
+            yield json.loads(line)
+
+    registry.SOURCE_FORMATS.register("jl9", read_fetching, suffixes=(".jl9",))
+    (tmp_path / "a.jl9").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(5)))
+    got = LocalSource.reader(None, None).read_file(0, str(tmp_path / "a.jl9"), {"file": 0, "record": 0})
+    assert [next(got)[0] for _ in range(2)] == [{"text": "doc 0"}, {"text": "doc 1"}]
+    where = re.escape(str(tmp_path / "a.jl9"))
+    with pytest.raises(SourceError, match=rf"^cannot read input file {where} after record 2: {message}"):
+        next(got)
+
+
 @pytest.mark.parametrize("bad, why", [
     (BadRecord("line 1: invalid start byte", b"\xff\xfeab"), "its raw is bytes b'\\xff\\xfeab', not a string"),
     (BadRecord("bad", {1, 2}), "its raw is set {1, 2}, not a string"),  # type: ignore[arg-type]
@@ -1142,6 +1198,37 @@ def test_a_format_plugins_bad_record_that_is_no_reject_line_is_named(tmp_path: P
         next(got)
     assert str(err.value) == (f"source format 'jl9' ({__name__}) yielded a BadRecord reading {tmp_path / 'a.jl9'} "
                               f"as record 5: {why}")
+
+
+def read_fetching(fh: BinaryIO, path: str) -> Iterator[dict[str, Any]]:
+    """A reader whose records' bodies are fetched: from record 3 on, from a server that refuses (port 1)."""
+    import urllib.request
+
+    for n, line in enumerate(fh, 1):
+        if n == 3 and not os.environ.get("JL9_ONLINE"):
+            urllib.request.urlopen("http://127.0.0.1:1/x")
+        yield {"text": json.loads(line)["body"]}
+
+
+@pytest.mark.slow  # two whole jobs
+def test_a_format_plugins_network_error_stops_the_job_and_a_rerun_reads_the_rest(
+        tmp_path: Path, jl9: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (whole jobs): a reader's URLError was one reject, "unreadable rest of … after record 2", the
+    records after it lost and the run complete, so a re-run read nothing. Now the job stops naming the file, and a
+    re-run once the network is back resumes and keeps every record."""
+    from streamprep.sources.base import SourceError
+
+    registry.SOURCE_FORMATS.register("jl9", read_fetching, suffixes=(".jl9",))
+    (tmp_path / "a.jl9").write_text("".join(json.dumps({"body": d}) + "\n" for d in english_docs(8)))
+    cfg = base_config([{"name": "a", "path": str(tmp_path / "a.jl9")}], None)
+    with pytest.raises(SourceError, match=r"cannot read input file .*a\.jl9 after record 2: URLError: <urlopen error "
+                                          r"\[Errno 111\] Connection refused>"):
+        run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    assert json.loads((tmp_path / "run/run.json").read_text())["status"] != "complete"
+    monkeypatch.setenv("JL9_ONLINE", "1")
+    assert run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False).status == "complete"
+    summary = json.loads((tmp_path / "run/run.json").read_text())["summary"]
+    assert (summary["kept"]["a"], summary["rejected"]["a"]) == (8, 0), summary
 
 
 @pytest.mark.slow  # a whole job

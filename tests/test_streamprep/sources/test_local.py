@@ -181,3 +181,40 @@ def test_a_directory_path_leaves_out_hidden_folders_files(tmp_path: Path) -> Non
         (tmp_path / name).write_text('{"text": "x"}\n')
     assert expand(str(tmp_path)) == [str(tmp_path / "a.jsonl"), str(tmp_path / "sub/c.jsonl")]
     assert expand(str(tmp_path)) == [f for f in expand(str(tmp_path / "**")) if not os.path.isdir(f)]
+
+
+def _faults() -> list[tuple[BaseException, bool]]:
+    """(an exception a read can raise, whether it is a fault of the file's bytes): decoders raise OSErrors without
+    an errno too (gzip's BadGzipFile, bz2's plain OSError), as urllib's URLError, requests' and aiohttp's errors do."""
+    import bz2
+    import errno
+    import urllib.error
+    import zlib
+
+    faults: list[tuple[BaseException, bool]] = []
+    for data, module in ((b"not gzip", gzip), (b"BZh9 not bzip2", bz2), (gzip.compress(b"x" * 100)[:20], gzip)):
+        try:
+            module.decompress(data)
+        except (OSError, EOFError) as exc:  # BadGzipFile, OSError("Invalid data stream"), EOFError
+            faults.append((exc, True))
+    faults += [(zlib.error("invalid stored block lengths"), True),
+               (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), True),
+               (pa.ArrowInvalid("bad page"), True), (OSError(errno.EIO, "Input/output error"), False),
+               (ConnectionResetError(errno.ECONNRESET, "reset"), False), (TimeoutError("timed out"), False),
+               (urllib.error.URLError(ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")), False)]
+    requests = pytest.importorskip("requests")
+    aiohttp = pytest.importorskip("aiohttp")
+    return faults + [(requests.ConnectionError("Max retries exceeded"), False),
+                     (requests.exceptions.ContentDecodingError("bad gzip body"), False),
+                     (aiohttp.ClientOSError("Connection lost"), False)]
+
+
+def test_a_decoding_error_is_a_content_fault_and_a_network_error_is_none() -> None:
+    """Regression: an OSError without an errno was a decoding fault whatever raised it, so a network error (urllib's
+    URLError, requests' ConnectionError) was a reject of the file's unreadable rest instead of stopping the job."""
+    from streamprep.sources.local import _content_fault
+
+    faults = _faults()
+    assert len(faults) == 13
+    assert [(type(exc).__name__, _content_fault(exc)) for exc, _ in faults] == \
+        [(type(exc).__name__, content) for exc, content in faults]
