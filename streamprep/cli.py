@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from streamprep import forkserver, registry
 from streamprep.config import ConfigError, printable
-from streamprep.layout import NotARunDir, causes, denied, file_in_the_way, unreadable
+from streamprep.layout import NotARunDir, causes, closed_folder, denied, file_in_the_way, unreadable
 from streamprep.registry import Registry
 from streamprep.sources.base import in_worker
 
@@ -191,9 +191,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"and re-run", file=sys.stderr)
             return 2
         # every command reads (`status` and `audit` a checkpoint); only `ingest` writes (`audit` says its own)
-        if (refused := denied(exc)) is not None and ((reading := unreadable(refused)) or args.command == "ingest"):
+        # a folder on the way it may not enter (or list) first: inside it no file is seen, and `ingest` writes in it
+        refused = denied(exc)
+        closed = closed_folder(refused.filename) if refused is not None and refused.errno != errno.EROFS else None
+        if refused is not None and (closed or (reading := unreadable(refused)) or args.command == "ingest"):
             where = Path(os.fsdecode(refused.filename))
-            said = (f"cannot read {where}: {refused.strerror}; make it readable and re-run the same command"
+            said = (f"cannot read {closed}: {refused.strerror}; make it readable"
+                    f"{', writable' if args.command == 'ingest' else ''} and searchable and re-run the same command"
+                    if closed else
+                    f"cannot read {where}: {refused.strerror}; make it readable and re-run the same command"
                     if reading else
                     f"cannot write {where}: {refused.strerror}; make {where.parent} (and the file, if it is there) "
                     f"writable and re-run the same command")

@@ -82,6 +82,20 @@ def unreadable(err: OSError) -> bool:
     return err.errno != errno.EROFS and os.path.lexists(where) and not os.access(where, os.R_OK)
 
 
+def closed_folder(path: str | bytes | Path, top: Path | None = None) -> Path | None:
+    """The folder that keeps `path` out of sight: the first on its way, from the top (`top`, else the root), that
+    this process may not enter (search), or `path` itself when it is a folder it may not list. Inside such a folder
+    a file cannot even be looked at: `unreadable` saw no file there, and a `chmod 000` folder of the run was a raw
+    PermissionError naming a file in it (a reader's command), or a write to make the folder writable (`ingest`)."""
+    where = Path(os.fsdecode(path))
+    ways = [p for p in (*reversed(where.parents), where) if top is None or p == top or top in p.parents]
+    for folder in ways:
+        need = os.R_OK | os.X_OK if folder == where else os.X_OK
+        if folder.is_dir() and not os.access(folder, need):  # (its own folder is searchable: stat sees it)
+            return folder
+    return None
+
+
 def needs_change(exc: BaseException) -> bool:
     """Whether `exc` is one the CLI exits 2 on: re-running as is ends the same way (a config error, inputs changed
     under a resume or a sealed part since it was sealed, no kept text to train a tokenizer on, a folder or file in

@@ -161,8 +161,21 @@ def _check_writable_dir(path: Path, what: str) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"{what} {path}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: {existing} is not writable")
+    if (lacks := _lacks(existing, os.R_OK | os.W_OK | os.X_OK if existing == path else os.W_OK | os.X_OK)):
+        raise ConfigError(f"{what} {path}: {existing} is not {_words(lacks, 'or')}; make it {_words(lacks, 'and')} "
+                          f"and re-run")
+
+
+def _lacks(folder: Path, need: int) -> list[str]:
+    """What of `need` (os.R_OK, W_OK, X_OK) this process may not do in `folder`, in words: a folder it may not list
+    or enter (`chmod 000`) was called one to make writable, and made so it still failed, on reading it."""
+    return [word for bit, word in ((os.R_OK, "readable"), (os.W_OK, "writable"), (os.X_OK, "searchable"))
+            if need & bit and not os.access(folder, bit)]
+
+
+def _words(words: list[str], conjunction: str) -> str:
+    """"a", "a or b", "a, b or c"."""
+    return f" {conjunction} ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
 
 
 def _check_written_folders(config: Config, run_dir: Path, finished: bool = False) -> None:
@@ -184,8 +197,10 @@ def _check_written_folders(config: Config, run_dir: Path, finished: bool = False
         else [(run_dir, "run dir", own + kept)]
     for root, what, folders in checks:
         for folder in folders:
-            if folder.is_dir() and not folder.is_symlink() and not os.access(folder, os.W_OK | os.X_OK):
-                raise ConfigError(f"{what} {root}: {folder} is not writable; make it writable and re-run")
+            if folder.is_dir() and not folder.is_symlink() and (
+                    lacks := _lacks(folder, os.R_OK | os.W_OK | os.X_OK)):
+                raise ConfigError(f"{what} {root}: {folder} is not {_words(lacks, 'or')}; make it "
+                                  f"{_words(lacks, 'and')} and re-run")
 
 
 PID_WIDEST = "4194304"  # Linux's highest pid_max: the widest process number a temporary name ends with

@@ -85,10 +85,13 @@ def _source_sizes(run_dir: Path, ck: dict[str, Any], entry: dict[str, Any] | Non
 
 
 def _numbered(folder: Path, suffix: str) -> list[tuple[int, Path]]:
-    """The `part-NNNNN<suffix>` files in `folder`, with their part numbers."""
+    """The `part-NNNNN<suffix>` files in `folder`, with their part numbers. Listed with `iterdir`, which raises on a
+    folder it may not list: a glob saw it empty, and a complete run whose receipts/<ds> was `chmod 000` was COMPLETE
+    with no shard tokenized."""
     found = []
-    for path in folder.glob(f"part-*{suffix}") if folder.is_dir() else ():
-        if path.name.endswith(suffix) and path.name[len("part-"):-len(suffix)].isdigit():
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if path.name.startswith("part-") and path.name.endswith(suffix) \
+                and path.name[len("part-"):-len(suffix)].isdigit():
             found.append((int(path.name[len("part-"):-len(suffix)]), path))
     return sorted(found)
 

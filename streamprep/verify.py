@@ -35,6 +35,8 @@ from streamprep.modes import receipt_mode_name
 from streamprep.status import checkpoint_dir, datasets_status
 
 TSV_HEADER = ["row", "n_tokens", "token_sum", "text_sha256"]
+# the problem of a folder of the run it may not list or enter, after its path
+CLOSED = ": cannot read: PermissionError: a folder it may not list or enter; make it readable and searchable"
 
 
 class _Checker:
@@ -59,6 +61,8 @@ class _Checker:
         A file listed twice with the same size and hash (receipt and manifest) is reported once.
         """
         path = self.run_dir / rel
+        if self.closed(rel):
+            return False
         if (rel, size, sha) in self._checked:
             return path.is_file()
         self._checked.add((rel, size, sha))
@@ -84,6 +88,15 @@ class _Checker:
             self.cannot_read(rel, exc)
             return None
 
+    def closed(self, rel: str) -> bool:
+        """Whether a folder of the run on the way to `rel` may not be entered, or `rel`, a folder, listed
+        (`layout.closed_folder`): that folder is then one problem, named once, and nothing in it is looked at. A file
+        in it cannot even be looked at: the first one ended `verify` with a raw PermissionError, exit 1."""
+        folder = layout.closed_folder(self.run_dir / rel, self.run_dir)
+        if folder is not None:
+            self.add(f"{_rel(self.run_dir, folder)}{CLOSED}")
+        return folder is not None
+
     def cannot_read(self, rel: str, exc: Exception) -> None:
         """The problem of `rel`, which `exc` kept from being read: its first line, without the run dir."""
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -94,6 +107,8 @@ class _Checker:
 def _json_object(c: _Checker, rel: str, missing: str | None = None) -> dict[str, Any] | None:
     """The JSON object at `rel`, or None after reporting why not (absent only when `missing` says why)."""
     path = c.run_dir / rel
+    if c.closed(rel):
+        return None
     if path.is_dir():  # not ours to remove (docs/operations.md): was "missing (exports not written yet?)"
         c.add(f"{rel}: missing (a folder is in its place: remove it, then re-run the same `streamprep ingest` command)")
         return None
@@ -116,6 +131,8 @@ def _rel(run_dir: Path, path: Path) -> str:
 
 def _check_binidx(c: _Checker, prefix_rel: str, num_records: int | None, num_tokens: int | None,
                   dtype: str | None, what: str) -> None:
+    if c.closed(prefix_rel + ".idx"):
+        return
     ds = c.guarded(prefix_rel + ".idx", lambda: binidx.IndexedDataset.open(c.run_dir / prefix_rel))
     if ds is None:
         return
@@ -159,7 +176,7 @@ def _check_receipt(c: _Checker, rel: str, rec: dict[str, Any], fingerprint: str 
         prefix = files["idx"]["path"][:-len(".idx")]
         if files["bin"]["path"] != prefix + ".bin":
             c.add(f"{rel}: bin and idx paths do not share a prefix")
-        elif (c.run_dir / files["idx"]["path"]).is_file():
+        elif not c.closed(files["idx"]["path"]) and (c.run_dir / files["idx"]["path"]).is_file():
             _check_binidx(c, prefix, stats.get("num_documents"), stats.get("num_tokens"), rec.get("dtype"), rel)
     elif files:
         c.add(f"{rel}: lists files {sorted(files)}, expected bin and idx")
@@ -177,7 +194,7 @@ def _check_sft(c: _Checker, rel: str, paths: set[str]) -> None:
             continue
         _check_binidx(c, prefix, None, None, None, rel)
     for meta in sorted(p for p in paths if p.endswith(".meta.json")):
-        obj = _json_object(c, meta) if (c.run_dir / meta).is_file() else None  # a missing one is reported already
+        obj = _json_object(c, meta) if not c.closed(meta) and (c.run_dir / meta).is_file() else None  # a missing one is reported already
         if obj is not None:
             try:
                 _check_sft_shard(c, meta, obj, paths)
@@ -235,7 +252,7 @@ def _check_receipts(c: _Checker, fingerprint: str | None, signed: dict[str, tupl
     it): its hashes are not held against the files it lists, which were reported damaged with the receipt's digits."""
     listed: set[str] = set()
     folder = c.run_dir / layout.RECEIPTS
-    for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
+    for path in sorted(folder.rglob("*.json")) if folder.is_dir() and _open_folders(c, layout.RECEIPTS, None) else []:
         rel = _rel(c.run_dir, path)
         rec = _json_object(c, rel)
         if rec is None:
@@ -339,6 +356,30 @@ def _check_parquet(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, A
 
 UNLISTED_SCAN = ((layout.PARQUET, "*"), (layout.BINIDX, "*/*"), (layout.SFT, "**/*"), (layout.RECEIPTS, "**/*"),
                  (layout.TOKENIZER, "**/*"), (layout.INGEST, "*/*"))
+TOKENIZED = (layout.INGEST, layout.BINIDX, layout.SFT)  # <top>/<ds>/part-NNNNN…: a part and what its receipt lists
+
+
+def _open_folders(c: _Checker, top: str, depth: int | None) -> bool:
+    """Whether `top` may be listed; each folder it holds (not hidden, to `depth` levels of folders listed in all, None:
+    every level) that may not be listed or entered is named (`_Checker.closed`): a glob passes over one in silence,
+    and its files went unchecked, or were called stale for want of the receipts in it."""
+    if c.closed(top):
+        return False
+    for root, dirs, _ in os.walk(c.run_dir / top):
+        level = len(Path(root).relative_to(c.run_dir / top).parts) + 1
+        dirs[:] = [d for d in dirs if not d.startswith(".") and (depth is None or level < depth)
+                   and not c.closed(_rel(c.run_dir, Path(root) / d))]
+    return True
+
+
+def _receipt_unseen(c: _Checker, rel: str) -> bool:
+    """Whether `rel` is a part's file (an ingest part, a shard) whose receipt, the file that lists it, is in a folder
+    it may not enter or list: then it cannot be told stale (and deleting it loses the part)."""
+    parts = Path(rel).parts
+    if len(parts) < 3 or parts[0] not in TOKENIZED or not parts[2].startswith("part-"):
+        return False
+    receipt = layout.RunLayout(c.run_dir).receipt(parts[1], parts[2][:len(layout.part_name(0))])
+    return c.closed(_rel(c.run_dir, receipt))
 
 
 def _check_unlisted(c: _Checker, listed: set[str]) -> None:
@@ -346,10 +387,11 @@ def _check_unlisted(c: _Checker, listed: set[str]) -> None:
     # binidx/ is Megatron's PREFIX/cache/GPTDataset_indices/..., not ours. Hidden names are temporaries.
     for top, pattern in UNLISTED_SCAN:
         folder = c.run_dir / top
-        for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
+        depth = None if "**" in pattern else pattern.count("/") + 1
+        for path in sorted(folder.glob(pattern)) if folder.is_dir() and _open_folders(c, top, depth) else []:
             rel = _rel(c.run_dir, path)
             if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts) \
-                    and path.suffix != summary.SUFFIX and rel not in listed:
+                    and path.suffix != summary.SUFFIX and rel not in listed and not _receipt_unseen(c, rel):
                 c.add(f"{rel}: not listed in manifest.json or any receipt (stale file?)")
 
 
@@ -386,7 +428,7 @@ def _check_entry(c: _Checker, entry: dict[str, Any], buckets: list[dict[str, Any
                 continue
             listed.add(f["path"])
             c.file(f["path"], f.get("size_bytes"), f.get("file_sha256"), layout.MANIFEST)
-        if (c.run_dir / (entry["path"] + ".idx")).is_file():
+        if not c.closed(entry["path"] + ".idx") and (c.run_dir / (entry["path"] + ".idx")).is_file():
             _check_binidx(c, entry["path"], entry.get("num_records"), entry.get("num_tokens"),
                           entry.get("dtype"), layout.MANIFEST)
         agg["binidx"][0] += entry.get("num_records", 0)
@@ -436,6 +478,8 @@ def _check_files(c: _Checker, entries: Any, listed: set[str], receipts: bool = T
             continue
         if bool(entry.get("run_dir_relative")) != (rel in chain.RUN_DIR_RELATIVE):
             c.add(f"manifest.json: {rel} has the wrong run_dir_relative flag")
+        if c.closed(rel):
+            continue
         if not (c.run_dir / rel).is_file():
             c.add(f"{rel}: missing (listed in manifest.json)")
             continue
@@ -470,7 +514,8 @@ def _check_checkpoints(c: _Checker, signed: dict[str, tuple[Any, Any]]) -> None:
     except OSError as exc:  # a checkpoint, sealed log or receipt it may not read: one problem, the rest still checked
         if exc.filename is None:
             raise
-        c.cannot_read(_rel(c.run_dir, Path(os.fsdecode(exc.filename))), exc)
+        if not c.closed(rel := _rel(c.run_dir, Path(os.fsdecode(exc.filename)))):
+            c.cannot_read(rel, exc)
         return
     _check_sealed(c, record, signed)
 

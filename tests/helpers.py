@@ -243,3 +243,27 @@ def ray_worker_error() -> BaseException:
     return RayTaskError("_Actor.run", trace, cause, proctitle="ray::_Actor.run", pid=4242, ip="10.0.0.7",
                         actor_repr="<streamprep.executor._Actor object at 0x7f>", actor_id="ab12").as_instanceof_cause()
 
+
+
+def streamprep_obeying_permissions(argv: list[str], cwd: Path | None = None) -> Any:
+    """`python -m streamprep ARGV` (a CompletedProcess, text) in a process that permission bits refuse as they refuse
+    a user: run as root, CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH leave its capability bounding set before it starts
+    (`setpriv --bounding-set=-dac_override,-dac_read_search`), as root reads and enters a `chmod 000` folder. Skips
+    where they cannot be dropped."""
+    import ctypes
+    import subprocess
+    import sys
+
+    import pytest
+
+    def drop() -> None:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH; 24: PR_CAPBSET_DROP
+            if prctl(24, cap, 0, 0, 0) != 0:
+                os._exit(77)
+
+    proc = subprocess.run([sys.executable, "-m", "streamprep", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, check=False, preexec_fn=drop if os.geteuid() == 0 else None)
+    if proc.returncode == 77:
+        pytest.skip("cannot drop root's permission override (no CAP_SETPCAP)")
+    return proc

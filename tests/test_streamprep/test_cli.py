@@ -877,7 +877,8 @@ def test_a_folder_of_the_run_it_may_not_write_in_is_exit_2_naming_it(tmp_path: P
     before = tree_hashes(run, ".", names=())
     access, refusing = os.access, run / "checkpoints"
     with monkeypatch.context() as m:
-        m.setattr(os, "access", lambda path, mode, **kw: Path(path) != refusing and access(path, mode, **kw))
+        m.setattr(os, "access", lambda path, mode, **kw: (Path(path) != refusing or not mode & os.W_OK)
+                  and access(path, mode, **kw))  # read-only: r-x
         assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"streamprep: error: run dir {run}: {refusing} is not writable; make it writable and re-run"]
@@ -913,6 +914,33 @@ def test_a_folder_of_the_run_it_may_not_write_in_is_exit_2_naming_it(tmp_path: P
     assert capsys.readouterr().err.splitlines() == [
         f"streamprep: error: cannot write {refusing}/gen.inputs: Permission denied; make {refusing} (and the file, if "
         f"it is there) writable and re-run the same command"]
+
+
+def test_a_folder_of_the_run_it_may_not_enter_is_exit_2_saying_to_make_it_readable_too(tmp_path: Path) -> None:
+    """Regression: `ingest` on a run whose folder was `chmod 000` said to make it writable ("run dir RUN:
+    RUN/checkpoints is not writable; make it writable", "cannot write …/receipts/gen/part-00000.json: …; make
+    …/receipts/gen … writable"): made so (`chmod u+w`) it still could not be listed or entered. The line says what it
+    lacks. (Real permissions: `streamprep_obeying_permissions` drops root's override.)"""
+    from helpers import base_config, english_docs, streamprep_obeying_permissions
+    from streamprep import run_from_dict
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(200)))
+    cfg, run = base_config([{"name": "gen", "path": str(src)}], None), tmp_path / "run"
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    for closed, said in [
+            ("checkpoints", (f"run dir {run}: {run / 'checkpoints'} is not readable, writable or searchable; make "
+                             f"it readable, writable and searchable and re-run")),
+            ("receipts/gen", (f"cannot read {run / 'receipts/gen'}: Permission denied; make it readable, writable "
+                              f"and searchable and re-run the same command"))]:
+        (run / closed).chmod(0)
+        try:
+            proc = streamprep_obeying_permissions(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir",
+                                                   str(run)])
+        finally:
+            (run / closed).chmod(0o755)
+        assert (proc.returncode, proc.stderr.splitlines()[-1]) == (2, f"streamprep: error: {said}"), proc.stderr
 
 
 def test_a_file_of_the_run_it_may_not_read_is_exit_2_saying_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -966,7 +994,8 @@ def test_a_finished_run_whose_outputs_were_made_read_only_is_re_run_as_complete(
     refused = [run / "ingest", run / "ingest/gen", run / "binidx", run / "binidx/gen", run / "parquet",
                run / "receipts", run / "receipts/gen"]
     access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) not in refused and access(path, mode, **kw))
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (Path(path) not in refused or not mode & os.W_OK)
+                        and access(path, mode, **kw))  # read-only: r-x
     assert main(command) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"streamprep: run complete: {run}"
     (run / "receipts/gen/part-00000.json").unlink()
@@ -994,7 +1023,8 @@ def test_only_the_folders_a_job_writes_in_a_users_checkpoint_dir_are_checked(tmp
     for folder in refused:
         folder.mkdir(parents=True)
     access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) not in refused and access(path, mode, **kw))
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (Path(path) not in refused or not mode & os.W_OK)
+                        and access(path, mode, **kw))  # read-only: r-x
     with pytest.raises(ConfigError) as err:
         _check_written_folders(config, tmp_path / "run")
     assert str(err.value) == f"'run.checkpoint_dir' {ckpt}: {ckpt / 'stage/a'} is not writable; make it writable " \

@@ -401,6 +401,29 @@ def test_a_checkpoint_or_receipt_it_may_not_read_is_one_line_for_status_and_audi
     assert any(line.startswith("binidx/a/part-00000_text_document.bin: SHA-256 mismatch") for line in out), out
 
 
+@pytest.mark.parametrize("closed", ["checkpoints", "receipts/a", "."])
+def test_a_folder_of_the_run_it_may_not_enter_or_list_is_one_line_naming_it(done_run, tmp_path, closed):
+    """Regression: a folder of the run made `chmod 000` (the checkpoints, a dataset's receipts, the run dir) was a
+    raw "PermissionError: [Errno 13] Permission denied: …/checkpoints/a.json", exit 1, for status, audit, verify and
+    logs (the file inside could not be seen to be there, so it was not called unreadable); with receipts/a so,
+    `status` called the run COMPLETE with no shard tokenized (its listing passed over the folder in silence). The
+    line names the folder, to make readable and searchable, exit 2. (Real permissions: `streamprep_obeying_permissions`
+    drops root's override.)"""
+    from helpers import streamprep_obeying_permissions
+
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    folder = run_dir / closed
+    folder.chmod(0)
+    try:
+        for command in ("status", "audit", *(("verify", "logs") if closed == "." else ())):
+            proc = streamprep_obeying_permissions([command, str(run_dir)])
+            assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", (
+                f"streamprep: error: cannot read {folder}: Permission denied; make it readable and searchable and "
+                f"re-run the same command\n")), command
+    finally:
+        folder.chmod(0o755)
+
+
 @pytest.mark.parametrize("gone", ["a.sealed", "a.inputs"])
 def test_a_dataset_under_way_without_its_sealed_log_or_inputs_is_damaged_not_resumable(done_run, tmp_path, gone):
     """Regression: status showed such a dataset as under way, the run RESUMABLE, with its bytes the log's (none),

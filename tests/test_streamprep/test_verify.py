@@ -103,6 +103,31 @@ def test_a_file_it_may_not_read_is_one_problem_and_the_other_files_are_still_che
     assert _named(problems, "binidx/c4/part-00001_text_document.bin: SHA-256 mismatch"), problems
 
 
+@pytest.mark.parametrize("closed", ["receipts/c4", "binidx/c4", "ingest/c4", "parquet"])
+def test_a_folder_it_may_not_enter_or_list_is_one_problem_and_the_rest_is_checked(exported, closed):
+    """Regression: a folder of the run made `chmod 000` ended `verify` with a raw "PermissionError: [Errno 13]
+    Permission denied: …" at the first file in it, exit 1, the rest unchecked. The folder is one problem, naming it
+    (not each file in it "missing", nor, its receipts unseen, the ingest parts "stale"), and a byte changed
+    elsewhere is still found. (Real permissions: `streamprep_obeying_permissions` drops root's override.)"""
+    from helpers import streamprep_obeying_permissions
+
+    flipped = exported / "binidx/lingua/part-00000_text_document.bin"
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    (exported / closed).chmod(0)
+    try:
+        proc = streamprep_obeying_permissions(["verify", str(exported)])
+    finally:
+        (exported / closed).chmod(0o755)
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    assert f"{closed}: cannot read: PermissionError: a folder it may not list or enter; make it readable and " \
+           f"searchable" in out, out
+    assert [p for p in out if p.startswith(f"{closed}/") or "stale file" in p or ": missing" in p] == [], out
+    assert any(p.startswith("binidx/lingua/part-00000_text_document.bin: SHA-256 mismatch") for p in out), out
+
+
 def test_truncated_idx(exported):
     path = exported / "binidx" / "lingua" / "part-00000_text_document.idx"
     path.write_bytes(path.read_bytes()[:-20])
