@@ -35,8 +35,10 @@ from streamprep.modes import receipt_mode_name
 from streamprep.status import checkpoint_dir, datasets_status
 
 TSV_HEADER = ["row", "n_tokens", "token_sum", "text_sha256"]
+# how the problem of a file or folder it may not read goes on after its path (`_Checker.cannot_read`, CLOSED)
+REFUSED = ": cannot read: PermissionError: "
 # the problem of a folder of the run it may not list or enter, after its path
-CLOSED = ": cannot read: PermissionError: a folder it may not list or enter; make it readable and searchable"
+CLOSED = f"{REFUSED}a folder it may not list or enter; make it readable and searchable"
 
 
 class _Checker:
@@ -372,14 +374,15 @@ def _open_folders(c: _Checker, top: str, depth: int | None) -> bool:
     return True
 
 
-def _receipt_unseen(c: _Checker, rel: str) -> bool:
-    """Whether `rel` is a part's file (an ingest part, a shard) whose receipt, the file that lists it, is in a folder
-    it may not enter or list: then it cannot be told stale (and deleting it loses the part)."""
+def _receipt_unread(c: _Checker, rel: str) -> bool:
+    """Whether `rel` is a part's file (an ingest part, a shard) whose receipt, the file that lists it, it may not read
+    (or is in a folder it may not enter or list): then it cannot be told stale, and it was, with the advice to delete
+    it (the part's data, which the receipt, once readable, lists)."""
     parts = Path(rel).parts
     if len(parts) < 3 or parts[0] not in TOKENIZED or not parts[2].startswith("part-"):
         return False
     receipt = layout.RunLayout(c.run_dir).receipt(parts[1], parts[2][:len(layout.part_name(0))])
-    return c.closed(_rel(c.run_dir, receipt))
+    return c.closed(_rel(c.run_dir, receipt)) or (os.path.lexists(receipt) and not os.access(receipt, os.R_OK))
 
 
 def _check_unlisted(c: _Checker, listed: set[str]) -> None:
@@ -391,7 +394,7 @@ def _check_unlisted(c: _Checker, listed: set[str]) -> None:
         for path in sorted(folder.glob(pattern)) if folder.is_dir() and _open_folders(c, top, depth) else []:
             rel = _rel(c.run_dir, path)
             if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts) \
-                    and path.suffix != summary.SUFFIX and rel not in listed and not _receipt_unseen(c, rel):
+                    and path.suffix != summary.SUFFIX and rel not in listed and not _receipt_unread(c, rel):
                 c.add(f"{rel}: not listed in manifest.json or any receipt (stale file?)")
 
 

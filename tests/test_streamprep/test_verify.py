@@ -128,6 +128,35 @@ def test_a_folder_it_may_not_enter_or_list_is_one_problem_and_the_rest_is_checke
     assert any(p.startswith("binidx/lingua/part-00000_text_document.bin: SHA-256 mismatch") for p in out), out
 
 
+def test_a_part_whose_receipt_it_may_not_read_is_not_stale_and_the_advice_is_to_make_it_readable(exported):
+    """Regression: a receipt made `chmod 000` was a problem, and so was its part, "ingest/c4/part-00001.jsonl: not
+    listed in manifest.json or any receipt (stale file?)", under "to repair: delete each damaged file named above":
+    following it deleted the part's data. The part is not called stale, and the advice for what it cannot read is
+    to make it readable; a damaged file elsewhere is still to delete. (Real permissions:
+    `streamprep_obeying_permissions` drops root's override.)"""
+    from helpers import streamprep_obeying_permissions
+
+    receipt, part = exported / "receipts/c4/part-00001.json", "ingest/c4/part-00001.jsonl"
+    assert (exported / part).is_file()
+    receipt.chmod(0)
+    try:
+        proc = streamprep_obeying_permissions(["verify", str(exported)])
+        out = proc.stdout.splitlines()
+        assert proc.returncode == 1 and not _named(out, part), out
+        assert out[-2:] == ["to repair: make each file or folder named above that it cannot read readable (a folder "
+                            "searchable too), then re-run `streamprep verify`", "streamprep: verify: 1 problem(s)"]
+        flipped = exported / "binidx/lingua/part-00000_text_document.bin"
+        flipped.write_bytes(flipped.read_bytes()[:-1] + bytes([flipped.read_bytes()[-1] ^ 1]))
+        out = streamprep_obeying_permissions(["verify", str(exported)]).stdout.splitlines()
+        assert out[-3:-1] == [
+            "to repair: make each file or folder named above that it cannot read readable (a folder searchable too), "
+            "then re-run `streamprep verify`",
+            "to repair the rest: delete each other damaged file named above, then re-run the same `streamprep "
+            "ingest` command; it rewrites what is missing to the same bytes"], out
+    finally:
+        receipt.chmod(0o644)
+
+
 def test_truncated_idx(exported):
     path = exported / "binidx" / "lingua" / "part-00000_text_document.idx"
     path.write_bytes(path.read_bytes()[:-20])
