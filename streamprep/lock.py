@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from streamprep.children import pid_alive
+from streamprep.config import ConfigError
 
 # How long a refused acquire waits out a holder that cannot be the run's (a dead pid or no record): `status` tests a
 # crashed run's lock with a shared flock held for microseconds, and a job writes its record just after its flock.
@@ -37,7 +38,15 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError as exc:
+            if not os.path.lexists(self.path):  # creating it: its folder refuses (the CLI's line names that folder)
+                raise
+            # the open reads and writes it: the CLI's line, told by the file's state, said to make a `chmod 000` lock
+            # readable, and then (`chmod 444`) writable
+            raise ConfigError(f"cannot read and write {self.path}: {exc.strerror}; make it readable and writable and "
+                              f"re-run the same command") from None
         deadline = time.monotonic() + PASSING_HOLDER_WAIT_S
         while True:
             try:

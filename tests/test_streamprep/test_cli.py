@@ -943,6 +943,33 @@ def test_a_folder_of_the_run_it_may_not_enter_is_exit_2_saying_to_make_it_readab
         assert (proc.returncode, proc.stderr.splitlines()[-1]) == (2, f"streamprep: error: {said}"), proc.stderr
 
 
+def test_a_lock_it_may_not_read_or_write_says_both(tmp_path: Path) -> None:
+    """Regression: the run's `.lock` made `chmod 000` was "cannot read …/.lock: Permission denied; make it readable";
+    made so (`chmod 444`), the next run said "cannot write …/.lock": the lock is opened to read and write, and the
+    line was told by the file's state. It says both, for the checkpoint dir's lock too; with both granted the run
+    is complete. (Real permissions: `streamprep_obeying_permissions` drops root's override.)"""
+    from helpers import base_config, english_docs, streamprep_obeying_permissions
+    from streamprep import run_from_dict
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in english_docs(50)))
+    cfg, run = base_config([{"name": "gen", "path": str(src)}], None), tmp_path / "run"
+    assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    command = ["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]
+    for lock, mode in [(run / ".lock", 0o000), (run / ".lock", 0o444), (run / "checkpoints/.streamprep.lock", 0o000)]:
+        lock.chmod(mode)
+        try:
+            proc = streamprep_obeying_permissions(command)
+        finally:
+            lock.chmod(0o644)
+        assert (proc.returncode, proc.stderr.splitlines()[-1]) == (2, (
+            f"streamprep: error: cannot read and write {lock}: Permission denied; make it readable and writable and "
+            f"re-run the same command")), (oct(mode), proc.stderr)
+    proc = streamprep_obeying_permissions(command)
+    assert (proc.returncode, proc.stdout.splitlines()[-1]) == (0, f"streamprep: run complete: {run}"), proc.stderr
+
+
 def test_a_file_of_the_run_it_may_not_read_is_exit_2_saying_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                capsys) -> None:
     """Regression: a checkpoint (receipt, `<ds>.sealed`, the run's tokenizer.json) made unreadable ended a resume with
