@@ -267,3 +267,21 @@ def streamprep_obeying_permissions(argv: list[str], cwd: Path | None = None) -> 
     if proc.returncode == 77:
         pytest.skip("cannot drop root's permission override (no CAP_SETPCAP)")
     return proc
+
+
+def deny_reading(monkeypatch: Any, refused: Path, read_bytes: bool = True) -> None:
+    """`refused` as a file this process may not read (chmod 000 as a user; root reads anything): `os.access` denies
+    it R_OK, and, with `read_bytes`, `Path.read_bytes` of it raises PermissionError naming it."""
+    import errno
+
+    access, read = os.access, Path.read_bytes
+
+    def refusing(path: Path) -> bytes:
+        if path == refused:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return read(path)
+    if read_bytes:
+        monkeypatch.setattr(Path, "read_bytes", refusing)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (Path(path) != refused or mode & os.R_OK == 0)
+                        and access(path, mode, **kw))
+

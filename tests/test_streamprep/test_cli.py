@@ -17,7 +17,7 @@ import yaml
 
 from streamprep import forkserver
 from streamprep.cli import main
-from helpers import REPO, assert_part_sha_refused, ray_worker_error
+from helpers import REPO, assert_part_sha_refused, deny_reading, ray_worker_error
 
 COMMANDS = ("ingest", "status", "logs", "audit", "verify")
 
@@ -976,7 +976,6 @@ def test_a_file_of_the_run_it_may_not_read_is_exit_2_saying_so(tmp_path: Path, m
     "cannot write …/checkpoints/gen.json: Permission denied; make …/checkpoints (and the file, if it is there)
     writable": the failing call was its read. The line says it cannot read the file and to make it readable, exit 2,
     recorded as needing a change. (Simulated as `chmod 000` would: root reads through permission bits.)"""
-    import errno
 
     from helpers import base_config, english_docs
     from streamprep import run_from_dict
@@ -986,15 +985,8 @@ def test_a_file_of_the_run_it_may_not_read_is_exit_2_saying_so(tmp_path: Path, m
     cfg, run = base_config([{"name": "gen", "path": str(src)}], None), tmp_path / "run"
     assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    refused, access, read_bytes = run / "checkpoints/gen.json", os.access, Path.read_bytes
-
-    def read(path: Path) -> bytes:
-        if path == refused:
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return read_bytes(path)
-    monkeypatch.setattr(Path, "read_bytes", read)
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (Path(path) != refused or mode & os.R_OK == 0)
-                        and access(path, mode, **kw))
+    refused = run / "checkpoints/gen.json"
+    deny_reading(monkeypatch, refused)
     assert main(["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"streamprep: error: cannot read {refused}: Permission denied; make it readable and re-run the same command")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import deny_reading
 from streamprep import logs
 from streamprep.logtail import Follower, last_lines, log_path, tail
 
@@ -282,15 +283,13 @@ def test_a_log_it_may_not_read_is_one_line_exit_2(tmp_path, capsys, monkeypatch,
     refused.write_text('{"event": "current"}\n')
     if backup:
         refused.with_name(refused.name + ".1").write_text('{"event": "older"}\n')
-    access = os.access
 
     def opener(path: Path, mode: str = "r", *args, **kw):
         if Path(path) == refused:
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return open(path, mode, *args, **kw)
     monkeypatch.setattr(logtail, "open", opener, raising=False)  # logtail's open only: pytest's own are left as are
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (Path(path) != refused or mode & os.R_OK == 0)
-                        and access(path, mode, **kw))
+    deny_reading(monkeypatch, refused, read_bytes=False)
     assert main(["logs", str(run_dir), "-n", "3"]) == 2
     assert capsys.readouterr() == ("", f"streamprep: error: cannot read {refused}: Permission denied; make it "
                                        f"readable and re-run the same command\n")

@@ -5,7 +5,6 @@ import asyncio
 import hashlib
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import PHI2, REPO, base_config, english_docs, make_inputs
+from helpers import PHI2, REPO, base_config, deny_reading, english_docs, make_inputs
 from streamprep import logs, run_from_dict
 from streamprep.checkpoints import IngestState
 from streamprep.config import dataset
@@ -371,22 +370,14 @@ def test_a_checkpoint_or_receipt_it_may_not_read_is_one_line_for_status_and_audi
     "PermissionError: [Errno 13] Permission denied: …", exit 1; `verify` stopped there too, the other files
     unchecked. The line names it, to make readable, exit 2; `verify` lists it as a problem and goes on.
     (Simulated as `chmod 000` would: root reads through permission bits.)"""
-    import errno
 
     from streamprep.cli import main
 
     run_dir = _copy_run(done_run, tmp_path / "run")
-    refused, access, read_bytes = run_dir / rel, os.access, Path.read_bytes
+    refused = run_dir / rel
     shard = run_dir / "binidx/a/part-00000_text_document.bin"
     shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
-
-    def read(path: Path) -> bytes:
-        if path == refused:
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return read_bytes(path)
-    monkeypatch.setattr(Path, "read_bytes", read)
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (Path(path) != refused or mode & os.R_OK == 0)
-                        and access(path, mode, **kw))
+    deny_reading(monkeypatch, refused)
     audit = (run_dir / "audit" / "audit.json").read_bytes()
     for command in ("status", "audit"):
         capsys.readouterr()
