@@ -3,7 +3,8 @@
 Either way it is saved to RUN_DIR/tokenizer/tokenizer.json with `fingerprint.json` (SHA-256 of that
 file, vocab size, EOD id, and the encoding backend chosen for it by streamprep.backends.select with its
 identity check). A resumed run finds the saved copy and reuses it instead of retraining; a copy changed or damaged
-since (`_copy_fault`) is made again, as a missing one is.
+since (`_copy_fault`) is made again, as a missing one is, from `tokenizer.path` only while that is still the tokenizer
+the run recorded (`_check_source`).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tokenizers import Tokenizer
 
 from streamprep import atomic, backends, logs
 from streamprep.config import ConfigError, DatasetConfig, TokenizerConfig
-from streamprep.layout import TOKENIZER_SIDE_FILES, RunLayout, read_json
+from streamprep.layout import TOKENIZER_SIDE_FILES, RunLayout, completed_receipt, read_json
 from streamprep.sources.local import check_path
 
 log = logs.get("tokenizer")
@@ -158,19 +159,61 @@ def _side_changes(src_dir: Path, copy_dir: Path) -> list[tuple[str, str, str]]:
     return [change for change in changes if change[1] != change[2]]
 
 
+def _recorded_in_receipts(layout: RunLayout) -> dict[str, Any] | None:
+    """The tokenizer a completed shard's receipt names (its `eod_id` only when one was appended): what the run
+    recorded once its fingerprint.json is lost. None: no shard yet."""
+    for path in sorted(layout.receipts_dir.glob("*/*.json")):
+        try:
+            rec = completed_receipt(path)
+        except ValueError:  # a damaged receipt: its shard is redone anyway
+            continue
+        if rec is not None and isinstance(rec.get("tokenizer_fingerprint"), str):
+            eod = rec.get("eod_id")
+            return {"fingerprint": rec["tokenizer_fingerprint"], **({"eod_id": eod} if eod is not None else {})}
+    return None
+
+
+def _check_source(src: Path, tok_cfg: TokenizerConfig, layout: RunLayout, recorded: Any, fault: str) -> None:
+    """Refuse to recreate the run's copy (`fault`: why it cannot be reused) from `src` when that is no longer the
+    tokenizer the run recorded (`recorded`, fingerprint.json's content, else a shard's receipt): the run would
+    switch tokenizer or EOD id at the resume and redo its shards with it, where a changed `tokenizer.path` is
+    otherwise only a warning (a new tokenizer needs a new run dir). A fresh run has nothing recorded."""
+    was = recorded if isinstance(recorded, dict) and isinstance(recorded.get("fingerprint"), str) \
+        else _recorded_in_receipts(layout)
+    if was is None:
+        return
+    if (now := fingerprint_of(src)) != was["fingerprint"]:
+        differs = f"{src} is no longer the run's tokenizer (recorded {was['fingerprint']}, now {now})"
+    elif "eod_id" in was and (eod := _eod(backends.hf_tokenizer(src), src.parent, tok_cfg.eod_token)[1]) \
+            != was["eod_id"]:
+        differs = f"the files at {src.parent} give EOD id {eod}, not the {was['eod_id']} recorded"
+    else:
+        return
+    raise ConfigError(f"config: 'tokenizer.path': the run's tokenizer copy ({layout.tokenizer_dir}) cannot be reused "
+                      f"({fault}) and {differs}; restore the run's tokenizer files at tokenizer.path, or use a new "
+                      f"run dir")
+
+
 def saved_tokenizer(tok_cfg: TokenizerConfig, run_dir: Path, select: Selector = backends.select) -> TokenizerInfo | None:
-    """The run's tokenizer copy when it is intact (same fingerprint as recorded, readable side files), else None."""
+    """The run's tokenizer copy when it is intact (same fingerprint as recorded, readable side files), else None
+    (`prepare` makes it again); ConfigError when it would be made again from a `tokenizer.path` that is no longer
+    the run's tokenizer (`_check_source`)."""
     layout = RunLayout(run_dir)
     saved, fp_file = layout.tokenizer_json, layout.tokenizer_fingerprint
-    if not (saved.is_file() and fp_file.is_file()):
-        return None
     src = source_file(Path(tok_cfg.path)) if tok_cfg.path else None
     recorded = read_json(fp_file)
+    if not (saved.is_file() and fp_file.is_file()):
+        if src is not None:
+            _check_source(src, tok_cfg, layout, recorded, f"{fp_file.name if saved.is_file() else saved.name} "
+                                                          f"is missing")
+        return None
     if (fault := _copy_fault(saved, fp_file, recorded, src)) is None:
         info = _info(saved, tok_cfg.eod_token, recorded["fingerprint"])  # `_copy_fault` has just hashed it
         if (was := recorded.get("eod_id")) != info.eod_id:  # an edited tokenizer_config.json
             fault = f"its side files give EOD id {info.eod_id}, not the {was} recorded"
     if fault is not None:
+        if src is not None:
+            _check_source(src, tok_cfg, layout, recorded, fault)
         log.warning("tokenizer copy is changed or damaged; recreating it", path=str(saved.parent), reason=fault)
         return None
     log.info("reusing the run's tokenizer", fingerprint=info.fingerprint, vocab_size=info.vocab_size)

@@ -1,6 +1,7 @@
 """What the config check refuses in a tokenizer.json, and ids past len(tokenizer): a tiny BPE trained here, edited."""
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -289,3 +290,69 @@ def test_an_eos_token_not_in_the_vocabulary_is_named_when_no_eod_token_is_left(t
     assert str(named.value) == ("config: 'tokenizer.append_eod' is true but the tokenizer has no end-of-text token "
                                 "(its tokenizer_config.json's eos_token '<|nope|>' is not in the vocabulary); "
                                 "set 'tokenizer.eod_token'")
+
+
+def test_a_damaged_copy_is_not_recreated_from_a_tokenizer_path_that_changed(tmp_path: Path, shared_data: Path,
+                                                                            capsys) -> None:
+    """Regression: a resume that found the run's tokenizer copy damaged (or lacking a side file added at
+    tokenizer.path since, or gone) recreated it from tokenizer.path even when that had changed since the run started:
+    the run switched tokenizer or EOD id without a config change and redid its shards with it. Now that is a one-line
+    config error (exit 2) naming the copy's fault and the change, and no shard is redone; recreating the copy from
+    an unchanged tokenizer.path still works."""
+    import shutil
+
+    import yaml
+
+    from streamprep.cli import main
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(shared_data / "tokenizers/phi-2/tokenizer.json", tok / "tokenizer.json")
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    cfg = base_config([{"name": "a", "path": str(corpus)}], str(tok), output={"shard_records": 50})
+    cfg["tokenizer"]["backend"] = "hf"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "run"
+    argv = ["ingest", "--config", str(tmp_path / "c.yaml"), "--run-dir", str(run)]
+    assert main(argv) == 0
+
+    def shards() -> dict[str, bytes]:
+        return {str(p.relative_to(run)): p.read_bytes() for d in ("receipts", "binidx")
+                for p in sorted((run / d).rglob("*")) if p.is_file()}
+
+    record = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**record, "status": "running"}))  # killed after its shards
+    done = shards()
+    assert len([p for p in done if p.endswith(".bin")]) == 3
+    recorded = json.loads((run / "tokenizer/fingerprint.json").read_text())["fingerprint"]
+    capsys.readouterr()
+    head = (f"streamprep: error: config: 'tokenizer.path': the run's tokenizer copy ({run / 'tokenizer'}) cannot be "
+            f"reused ")
+    tail = "; restore the run's tokenizer files at tokenizer.path, or use a new run dir"
+    # a tokenizer_config.json added at tokenizer.path giving another EOD ('.', 13) than the run's (<|endoftext|>)
+    (tok / "tokenizer_config.json").write_text('{"eos_token": "."}')
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"{head}(tokenizer_config.json is missing (tokenizer.path has one)) and the files at {tok} give EOD id 13, "
+        f"not the 50256 recorded{tail}")
+    assert shards() == done
+    # tokenizer.path's tokenizer.json changed, the copy's damaged; then the copy gone altogether
+    (tok / "tokenizer_config.json").unlink()
+    original = (tok / "tokenizer.json").read_bytes()
+    (tok / "tokenizer.json").write_bytes(original + b"\n")
+    now = "sha256:" + hashlib.sha256(original + b"\n").hexdigest()
+    for fault, damage in (("tokenizer.json does not match its fingerprint",
+                           lambda: (run / "tokenizer/tokenizer.json").write_text('{"bro\n')),
+                          ("tokenizer.json is missing", lambda: shutil.rmtree(run / "tokenizer"))):
+        damage()
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"{head}({fault}) and {tok / 'tokenizer.json'} is no longer the run's tokenizer (recorded {recorded}, "
+            f"now {now}){tail}")
+        assert shards() == done
+    # the run's file back at tokenizer.path: the copy is recreated from it, and the shards done are kept
+    (tok / "tokenizer.json").write_bytes(original)
+    assert main(argv) == 0
+    assert json.loads((run / "tokenizer/fingerprint.json").read_text())["fingerprint"] == recorded
+    assert shards() == done
