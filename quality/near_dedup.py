@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from rensa import RMinHash
 
-from quality.gates.base import shown
+from quality.figures import shown
 from quality.settings import NearDedupSettings
 
 _PUNCT = bytes.maketrans(string.punctuation.encode(), b" " * len(string.punctuation))
@@ -104,7 +104,7 @@ def band_hashes(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
 
 class Twin(NamedTuple):
     source_index: int   # the kept twin's `meta.source.index`
-    jaccard: float      # estimated Jaccard (share of equal MinHash values), as reasons show it (`gates.base.shown`)
+    jaccard: float      # estimated Jaccard (share of equal MinHash values), as reasons show it (`figures.shown`)
 
 
 class NearDupIndex:

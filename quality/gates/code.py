@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from quality.gates.base import Doc, Gate, ratio, shown
+from quality.figures import shown
+from quality.gates.base import Doc, Gate, ratio
 from quality.language import bounded_sample
 
 WEIGHTS = (0.45, 0.30, 0.25)

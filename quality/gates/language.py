@@ -1,7 +1,8 @@
 """The language gate of `domain: general`: the expected language must reach `min_language_prob`."""
 from __future__ import annotations
 
-from quality.gates.base import Doc, Gate, ratio, shown
+from quality.figures import shown
+from quality.gates.base import Doc, Gate, ratio
 from quality.language import bounded_sample, make_detector
 
 ROUNDED_KEPT = 4096  # top figures whose `ratio` a gate keeps

@@ -13,7 +13,8 @@ import re
 from functools import lru_cache
 from importlib import resources
 
-from quality.gates.base import Doc, Gate, ratio, shown
+from quality.figures import shown
+from quality.gates.base import Doc, Gate, ratio
 from quality.language import bounded_sample
 
 _WORD = re.compile(r"[^\W_]+")

@@ -20,7 +20,8 @@ from functools import lru_cache
 
 import hyperscan
 
-from quality.gates.base import Doc, Gate, most_within, ratio, shown
+from quality.figures import shown
+from quality.gates.base import Doc, Gate, most_within, ratio
 from quality import hs
 from quality.hs import database
 from quality.normalize import latin1_view

@@ -29,7 +29,8 @@ from importlib import resources
 
 import numpy as np
 
-from quality.gates.base import Doc, Gate, most_within, ratio, shown
+from quality.figures import shown
+from quality.gates.base import Doc, Gate, most_within, ratio
 from quality.gates.lexicon import classes, scan
 
 MEMO_TOKENS = 65_536  # candidate tokens a gate remembers (~100 B each)

@@ -508,7 +508,7 @@ def test_pii_density_counts_a_char_once() -> None:
 def test_a_figure_just_past_its_limit_is_not_shown_equal_to_it() -> None:
     """A reason printed the figure rounded to 4 decimals: 20 / 1999 read "pii density 0.01 > 0.01" (and a code score
     of 0.89618 against 0.8962 "0.8962 < 0.8962"). It takes the decimals that keep it on its side; meta stays at 4."""
-    from quality.gates.base import shown
+    from quality.figures import shown
 
     rejected = Doc(None, text="jane.doe@example.com " + "x" * 1978)  # 20 / 1999
     assert PiiGate(0.01).check(rejected) == "pii density 0.01001 > 0.01 (email 1)"
