@@ -589,7 +589,7 @@ if __name__ == "__main__":
 
 # Computed with the chain as it was before issue 27's changes (the commit adding this file). Round 41: in the
 # perturbed-C4 cases two reasons read "pii density 0.01 > 0.01" (a card at 0.010005, an email at 0.01003); they now
-# show the decimals that keep the figure past its limit (quality.gates.base.shown); same verdicts and meta.
+# show the decimals that keep the figure past its limit (quality.figures.shown); same verdicts and meta.
 # Round 45: in the DCLM cases two kept texts' PII meta were corrected, the same verdicts and counts: a phone in
 # parentheses "(1-866-943-3427)" is matched with its "1-" (pii_density 0.0041 -> 0.0047), and "(719-440-1050)",
 # missed after its "(", is found ({"phone": 1} -> 2, 0.0048 -> 0.0088).
