@@ -118,6 +118,25 @@ INTERRUPTED = "streamprep: interrupted; re-run the same command to resume"
 SAME_COMMAND = "re-run the same command"
 
 
+def _denied_line(exc: BaseException, command: str) -> str | None:
+    """The line for a file or folder of the run this process may not read or write (`layout.denied`), else None.
+    Every command reads (`status` and `audit` a checkpoint); only `ingest` writes (`audit` says its own)."""
+    refused = denied(exc)
+    if refused is None:
+        return None
+    where = Path(os.fsdecode(refused.filename))
+    # a folder on the way it may not enter (or list) first: inside it no file is seen, and `ingest` writes in it
+    if refused.errno != errno.EROFS and (closed := closed_folder(refused.filename)) is not None:
+        return (f"cannot read {closed}: {refused.strerror}; make it readable"
+                f"{', writable' if command == 'ingest' else ''} and searchable and re-run the same command")
+    if unreadable(refused):
+        return f"cannot read {where}: {refused.strerror}; make it readable and re-run the same command"
+    if command == "ingest":
+        return (f"cannot write {where}: {refused.strerror}; make {where.parent} (and the file, if it is there) "
+                f"writable and re-run the same command")
+    return None
+
+
 def said_to(args: argparse.Namespace, line: str) -> str:
     """`line` as said to `ingest --fresh`: once its job wrote run.json, the same command is refused (the run dir is
     not empty), so the advice to re-run the same command says to leave --fresh out, which resumes the run."""
@@ -190,19 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"streamprep: error: {printable(str(blocker))} is a file where the run keeps a folder; remove it "
                   f"and re-run", file=sys.stderr)
             return 2
-        # every command reads (`status` and `audit` a checkpoint); only `ingest` writes (`audit` says its own)
-        # a folder on the way it may not enter (or list) first: inside it no file is seen, and `ingest` writes in it
-        refused = denied(exc)
-        closed = closed_folder(refused.filename) if refused is not None and refused.errno != errno.EROFS else None
-        if refused is not None and (closed or (reading := unreadable(refused)) or args.command == "ingest"):
-            where = Path(os.fsdecode(refused.filename))
-            said = (f"cannot read {closed}: {refused.strerror}; make it readable"
-                    f"{', writable' if args.command == 'ingest' else ''} and searchable and re-run the same command"
-                    if closed else
-                    f"cannot read {where}: {refused.strerror}; make it readable and re-run the same command"
-                    if reading else
-                    f"cannot write {where}: {refused.strerror}; make {where.parent} (and the file, if it is there) "
-                    f"writable and re-run the same command")
+        if (said := _denied_line(exc, args.command)) is not None:
             print(said_to(args, f"streamprep: error: {printable(said)}"), file=sys.stderr)
             return 2
         # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
