@@ -442,8 +442,8 @@ def _json_document(file: Any) -> bool:
     """Whether `file` (a path or a chained URL, `zstd://…::path`) is named a JSON document (`.json`, compressed or
     not), which `datasets` reads whole (an array on one line, maybe): no line of it is a record to bound."""
     name = str(file).split("::")[-1].rsplit("/", 1)[-1].lower()
-    while (stem := name.rsplit(".", 1))[-1] in ("gz", "zst", "zstd", "bz2", "xz", "lzma") and len(stem) == 2:
-        name = stem[0]
+    for suffix in _local().compressed_suffixes():  # as a local file's format is told (`local.detect_format`)
+        name = name.removesuffix(suffix)
     return name.endswith(".json")
 
 

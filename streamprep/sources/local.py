@@ -110,7 +110,7 @@ def wide_encoding(head: bytes) -> str | None:
 
 def detect_format(path: str) -> str:
     name = path.lower()
-    for suffix in _compressed_suffixes():
+    for suffix in compressed_suffixes():
         if name.endswith(suffix) and _compression(path) is None:  # else its compressed bytes would be read as text
             raise ValueError(f"{path}: {suffix} compression is not available (for .zst: pip install zstandard)")
         name = name.removesuffix(suffix)
@@ -141,7 +141,7 @@ def refused(path: str, fmt: str | None) -> str | None:
     if _plugin_format(fmt):
         return None
     name = path.lower()
-    for suffix in _compressed_suffixes():
+    for suffix in compressed_suffixes():
         name = name.removesuffix(suffix)
     if name.endswith(TAR_SUFFIXES):
         return f"{path}: a tar archive (not read: unpack it, or compress each file as .gz, .zst, .bz2 or .xz)"
@@ -692,7 +692,7 @@ def _compression(path: str) -> str | None:
     return fsspec.utils.infer_compression(path)
 
 
-def _compressed_suffixes() -> tuple[str, ...]:
+def compressed_suffixes() -> tuple[str, ...]:
     """The suffixes of files read decompressed: every one `_compression` knows (fsspec's codecs: .lzma too, whose
     .tar.lzma or .parquet.lzma a list of our own missed), zip aside (an archive), and the four a missing codec is
     named for (.zst without zstandard)."""
