@@ -184,18 +184,36 @@ def foreign_checkpoints(checkpoint_dir: Path, run_dir: Path, datasets: list[str]
     return found
 
 
+def _claim_lines(checkpoint_dir: Path) -> tuple[str, str] | None:
+    """The owner file's run id (its first line) and the rest, less its final newline: the run dir (a path may hold a
+    newline); None: no owner file."""
+    path = CheckpointLayout(checkpoint_dir).owner
+    if not path.is_file():
+        return None
+    run_id, _, rest = path.read_text(encoding="utf-8", errors="replace").partition("\n")
+    return run_id.strip(), rest.removesuffix("\n")
+
+
 def owner_of(checkpoint_dir: Path) -> str | None:
     """The run id `claim` wrote in `checkpoint_dir` (None: none, or empty)."""
-    path = CheckpointLayout(checkpoint_dir).owner
-    return (path.read_text().strip() or None) if path.is_file() else None
+    lines = _claim_lines(checkpoint_dir)
+    return (lines[0] or None) if lines else None
 
 
-def claim(checkpoint_dir: Path, run_id: str) -> str | None:
-    """Mark `checkpoint_dir` as holding run `run_id`'s checkpoints; returns the other run's id if it already
-    holds another run's (two runs with the same dataset names would overwrite each other's checkpoints)."""
+def claimed_from(checkpoint_dir: Path) -> Path | None:
+    """The run dir whose job wrote the claim in `checkpoint_dir` (None: no claim, or one an earlier streamprep
+    wrote, naming none): a claim its own job left, killed before it wrote run.json, is told from another run's."""
+    lines = _claim_lines(checkpoint_dir)
+    return Path(lines[1]) if lines and lines[1] else None
+
+
+def claim(checkpoint_dir: Path, run_id: str, run_dir: Path) -> str | None:
+    """Mark `checkpoint_dir` as holding run `run_id`'s checkpoints, written from `run_dir`; returns the other run's
+    id if it already holds another run's (two runs with the same dataset names would overwrite each other's
+    checkpoints)."""
     owner = owner_of(checkpoint_dir)
     if owner is None:
-        atomic.write_bytes(CheckpointLayout(checkpoint_dir).owner, run_id.encode() + b"\n")
+        atomic.write_bytes(CheckpointLayout(checkpoint_dir).owner, f"{run_id}\n{run_dir}\n".encode())
     return owner if owner not in (None, run_id) else None
 
 

@@ -35,7 +35,7 @@ TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "cha
 SETTLED = (RUN_JSON, MANIFEST, BLEND, MIXTURES, INGEST, REJECTS, RECEIPTS, TOKENIZER, BINIDX, SFT, PARQUET)
 OWN = frozenset({*SETTLED, AUDIT, LOGS, CHECKPOINTS, LOCK, CACHE})
 # In the checkpoint dir, which may be a user's directory outside the run: distinct dot-names for the lock and
-# the claim (the run_id whose checkpoints it holds), so a user's own `.lock` is never taken for ours.
+# the claim (the run_id whose checkpoints it holds, and its run dir), so a user's own `.lock` is never taken for ours.
 CHECKPOINT_LOCK, CHECKPOINT_OWNER = ".streamprep.lock", ".streamprep-run"
 NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a write refused for want of rights, not of room
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 from streamprep import atomic, config as configmod, logs
 from streamprep.version import __version__
 from streamprep import audit, backends, engines, metrics, registry, tokenizer as tokmod
-from streamprep.checkpoints import DatasetFiles, IngestState, claim, foreign_checkpoints, owner_of
+from streamprep.checkpoints import DatasetFiles, IngestState, claim, claimed_from, foreign_checkpoints, owner_of
 from streamprep.config import Config, ConfigError, printable
 from streamprep.engines import Engine
 from streamprep.executor import Executor
@@ -457,11 +457,17 @@ def _adopted(config: Config, run_dir: Path) -> dict[str, Any] | None:
     """The start of a run.json for a run dir whose run.json was removed (the recovery `_read_run_json` names): the
     run's own checkpoints (inside the run dir) say which run they belong to, so the run goes on as that run
     instead of being refused as another run's. Its config cannot be checked for drift: the message says
-    "with that same config". A checkpoint dir outside the run dir may be another run's: not adopted."""
+    "with that same config". A checkpoint dir outside the run dir may be another run's: not adopted, but for the
+    claim this run dir's job left there when killed before it wrote run.json or any output, which refused every
+    re-run of its command as another run's (nothing of it to check the config against)."""
     checkpoint_dir = _checkpoint_dir(config, run_dir)
-    if not checkpoint_dir.is_relative_to(run_dir) or (run_id := owner_of(checkpoint_dir)) is None:
+    if (run_id := owner_of(checkpoint_dir)) is None:
         return None
-    return {"run_id": run_id, "created_at": time.time(), "adopted_checkpoints": True}
+    if checkpoint_dir.is_relative_to(run_dir):
+        return {"run_id": run_id, "created_at": time.time(), "adopted_checkpoints": True}
+    if claimed_from(checkpoint_dir) == run_dir and not _wrote_outputs(run_dir, checkpoint_dir):
+        return {"run_id": run_id, "created_at": time.time()}
+    return None
 
 
 def _not_importing_main() -> None:
@@ -669,7 +675,7 @@ class Job:
             return RunResult(self.run_dir, "complete", self.record.get("summary", {}))
         if complete:  # the start checked only the folders a finished run writes in
             _check_written_folders(self.config, self.run_dir)
-        other = claim(self.checkpoint_dir, self.record["run_id"])
+        other = claim(self.checkpoint_dir, self.record["run_id"], self.run_dir)
         if other:
             raise ConfigError(f"run.checkpoint_dir: {self.checkpoint_dir} holds the checkpoints of another run "
                               f"(run_id {other}, see {CheckpointLayout(self.checkpoint_dir).owner.name} there); choose another run.checkpoint_dir")

@@ -84,6 +84,88 @@ def test_later_run_reusing_a_checkpoint_dir_is_refused(tmp_path):
     assert _snapshot(ckpt) == before and not (tmp_path / "run-b" / "run.json").exists()
 
 
+def test_only_a_claim_naming_this_run_dir_with_nothing_written_is_adopted_outside_it(tmp_path):
+    """The decision below, without a job: an outside checkpoint dir's claim is the run's to go on with when it names
+    this run dir (a path holding a newline too) and no output was written; not another run dir's, not a claim naming
+    none (an earlier streamprep's, one line), not once a checkpoint is there."""
+    from streamprep import config as configmod, pipeline
+    from streamprep.checkpoints import claim, claimed_from, owner_of
+
+    ckpt, run_a = tmp_path / "ck", tmp_path / "run\na"
+    cfg = _config(tmp_path)
+    cfg["run"]["checkpoint_dir"] = str(ckpt)
+    config = configmod.load(cfg, tmp_path)
+    ckpt.mkdir()
+    assert claim(ckpt, "abc123", run_a) is None and claim(ckpt, "other", tmp_path / "run-b") == "abc123"
+    assert (owner_of(ckpt), claimed_from(ckpt)) == ("abc123", run_a)
+    assert pipeline._adopted(config, run_a)["run_id"] == "abc123"
+    assert pipeline._adopted(config, tmp_path / "run-b") is None
+    (ckpt / "alpha.json").write_text("{}")
+    assert pipeline._adopted(config, run_a) is None
+    (ckpt / "alpha.json").unlink()
+    (ckpt / ".streamprep-run").write_text("abc123\n")
+    assert (owner_of(ckpt), claimed_from(ckpt), pipeline._adopted(config, run_a)) == ("abc123", None, None)
+
+
+@pytest.mark.slow
+def test_a_claim_its_own_job_left_before_run_json_is_taken_back_by_the_same_command(tmp_path, monkeypatch, capsys):
+    """Regression: with `run.checkpoint_dir` outside the run dir, a job killed after it claimed that folder
+    (`.streamprep-run`) and before it wrote run.json left a claim no later run adopted: every re-run of its command,
+    with `--fresh` too, was refused (exit 2) as another run's. The claim names its run dir: the same run dir takes it
+    (with or without `--fresh`), to the bytes of a run never killed; another run dir, or a claim naming none (an
+    earlier streamprep's), is still refused, nothing written."""
+    from streamprep import pipeline
+    from streamprep.checkpoints import owner_of
+
+    class Killed(BaseException):
+        """The job's end at its first run.json write, just after its claim, as a kill -9 there ends it."""
+
+    def killed_at_start(run_dir: Path, ckpt: Path) -> dict:
+        cfg = _config(tmp_path)
+        cfg["run"]["checkpoint_dir"] = str(ckpt)
+        def killed(*args, **kwargs) -> None:
+            raise Killed
+
+        with monkeypatch.context() as m:
+            m.setattr(pipeline.Job, "_save_record", killed)
+            with pytest.raises(Killed):
+                run_from_dict(cfg, run_dir=run_dir, console_log=False)
+        assert sorted(os.listdir(run_dir)) == [".lock", "logs"]
+        assert sorted(os.listdir(ckpt)) == [".streamprep-run", ".streamprep.lock"]
+        return cfg
+
+    def tokens(run_dir: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in (run_dir / "binidx" / "alpha").iterdir()}
+
+    run_a, ckpt_a = tmp_path / "run-a", tmp_path / "ck-a"
+    cfg = killed_at_start(run_a, ckpt_a)
+    claimed = _snapshot(ckpt_a)
+    with pytest.raises(ConfigError, match=f"{ckpt_a} holds the checkpoints of another run"):
+        run_from_dict(cfg, run_dir=tmp_path / "run-b", console_log=False)  # another run dir
+    assert _snapshot(ckpt_a) == claimed and not (tmp_path / "run-b").exists()
+    cfg_path = tmp_path / "a.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    assert main(["ingest", "--config", str(cfg_path), "--run-dir", str(run_a), "--fresh"]) == 0, capsys.readouterr()
+    assert json.loads((run_a / "run.json").read_text())["status"] == "complete"
+    assert owner_of(ckpt_a) == json.loads((run_a / "run.json").read_text())["run_id"]
+
+    run_c, ckpt_c = tmp_path / "run-c", tmp_path / "ck-c"
+    cfg = killed_at_start(run_c, ckpt_c)
+    assert run_from_dict(cfg, run_dir=run_c, console_log=False).status == "complete"  # without --fresh
+    assert tokens(run_c) == tokens(run_a) and len(tokens(run_a)) == 4  # 2 parts: .bin, .idx
+
+    (run_c / "run.json").unlink()  # its checkpoints written: not a start, not adopted (docs/operations.md)
+    with pytest.raises(ConfigError, match=f"{ckpt_c} holds the checkpoints of another run"):
+        run_from_dict(cfg, run_dir=run_c, console_log=False)
+
+    run_d, ckpt_d = tmp_path / "run-d", tmp_path / "ck-d"
+    cfg = killed_at_start(run_d, ckpt_d)
+    (ckpt_d / ".streamprep-run").write_text(f"{owner_of(ckpt_d)}\n")  # an earlier streamprep's claim: no run dir
+    with pytest.raises(ConfigError, match=f"{ckpt_d} holds the checkpoints of another run"):
+        run_from_dict(cfg, run_dir=run_d, fresh=True, console_log=False)
+    assert sorted(os.listdir(run_d)) == [".lock", "logs"]
+
+
 def test_a_resume_with_another_checkpoint_dir_is_refused_until_the_checkpoints_move(tmp_path):
     """It found no checkpoint in the new folder and started the dataset over, removing its parts, while the
     run's checkpoints sat in the old one."""
