@@ -21,9 +21,9 @@ each tokenize worker, on the first CHECK_DOCS kept texts of the first shard of e
 shards (`gigatoken_backend`); with `backend: gigatoken` the config check runs it in the driver too. It reads
 gigatoken's ids one text at a time (the same encoder, without awkward's import); the workers' (2) go through
 encode_batch, the path their shards take. On a failed load,
-a mismatch, or an added-token probe HF panics on (its shards drop the documents HF cannot encode, which only HF
-finds: `ShardEncoder.encode_or_drop`), auto uses HF and logs the reason once; `backend: gigatoken` turns it into
-an error. The backend
+a mismatch, an added-token probe HF panics on (its shards drop the documents HF cannot encode, which only HF
+finds: `ShardEncoder.encode_or_drop`), or more overlapping added tokens than the check probes (`overlap_probes`),
+auto uses HF and logs the reason once; `backend: gigatoken` turns it into an error. The backend
 never enters a shard's plan hash: both give the same ids, so a run resumed under the other backend keeps its
 shards. A text holding a code point unassigned in Unicode 14.0, or a mark whose NFC HF's Unicode 9 tables get
 wrong (NFC_GAP), is encoded by HF whatever the backend (`unsure`): gigatoken's regex classes and NFC follow a
@@ -428,7 +428,11 @@ def _normal_forms(tok: Tokenizer, added: list[Any]) -> list[str]:
     return [form for content, form in forms if form and form != content]
 
 
-MAX_OVERLAP_PROBES = 64  # texts of `overlap_probes` at most
+MAX_OVERLAP_PROBES = 4096  # texts of `overlap_probes` at most: 4096 cost the check ~0.1 CPU-s (phi-2 + 410 tokens)
+
+
+class UnprobedOverlaps(ValueError):
+    """More overlapping added tokens than MAX_OVERLAP_PROBES: the check cannot vouch for gigatoken on them."""
 
 
 def overlap_probes(tok: Tokenizer) -> list[str]:
@@ -438,7 +442,8 @@ def overlap_probes(tok: Tokenizer) -> list[str]:
     normalized and "q>" not: HF "<x" + "q>", gigatoken "<xq" + ">"). Tokens of one flag are matched in one pass by
     both, and one token inside another is in `added_token_probes` already; a normalized token's normalized form
     (`_normal_forms`) runs together with the others too. Tokens' starts are indexed, so the cost follows the
-    overlaps found, not the pairs; at most MAX_OVERLAP_PROBES, the first in sorted order."""
+    overlaps found, not the pairs. Every overlap is probed: one left out may be the one that differs (70 that agree
+    filled a cap of 64 before "<xq>"), so more than MAX_OVERLAP_PROBES raise UnprobedOverlaps."""
     added = [t for t in tok.get_added_tokens_decoder().values() if t.content]
     norm = {t.content for t in added if t.normalized} | set(_normal_forms(tok, added))
     raw = {t.content for t in added if not t.normalized}
@@ -446,9 +451,9 @@ def overlap_probes(tok: Tokenizer) -> list[str]:
         return []
     found = _run_together(norm, raw) | _run_together(raw, norm)
     if len(found) > MAX_OVERLAP_PROBES:
-        log.info("identity check: overlapping added tokens probed in part", overlaps=len(found),
-                 probed=MAX_OVERLAP_PROBES)
-    return [f"a {s} b{s}" for s in sorted(found)[:MAX_OVERLAP_PROBES]]
+        raise UnprobedOverlaps(f"its added tokens overlap in {len(found)} ways (a normalized one run together with "
+                               f"one not), more than the {MAX_OVERLAP_PROBES} the check probes")
+    return [f"a {s} b{s}" for s in sorted(found)]
 
 
 def _run_together(first: set[str], second: set[str]) -> set[str]:
@@ -499,18 +504,24 @@ def select(requested: str, tokenizer_json: str | Path, texts: Iterable[str] = ()
     """Resolve `tokenizer.backend` for this tokenizer: a record of the choice (name, version, check) to keep.
 
     `auto`: gigatoken if it loads and its ids equal HF's on PROBES + `texts`, else HF with the reason (also when HF
-    panics on an added-token probe: the documents HF cannot encode are dropped, and only HF finds them).
+    panics on an added-token probe: the documents HF cannot encode are dropped, and only HF finds them; and when
+    there are too many overlapping added tokens to probe, `UnprobedOverlaps`).
     `gigatoken`: the same check, but a failure raises BackendError. `hf`: no check."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown tokenizer backend {requested!r}")
     if requested == "hf":
         return {"requested": requested, "name": "hf", "version": _version("tokenizers")}
     hf = HFBackend(tokenizer_json)
-    probes = added_token_probes(hf.tokenizer)
+    try:
+        probes, unprobed = added_token_probes(hf.tokenizer), None
+    except UnprobedOverlaps as exc:
+        probes, unprobed = [], str(exc)
     encodable = _encodable(hf, probes)
     sample = [*PROBES, *encodable, *itertools.islice(texts, CHECK_DOCS)]
     check = None
-    if len(encodable) < len(probes):  # HF drops the documents it cannot encode (textshard); gigatoken encodes them
+    if unprobed:
+        reason = unprobed
+    elif len(encodable) < len(probes):  # HF drops the documents it cannot encode (textshard); gigatoken encodes them
         reason = (f"hf panics on {len(probes) - len(encodable)} of its added-token probes: documents it cannot "
                   f"encode are dropped, which gigatoken cannot tell")
     else:

@@ -304,15 +304,56 @@ def test_overlapping_added_tokens_of_both_normalized_flags_send_auto_to_hf(
 
 
 def test_overlap_probes_are_few_and_none_for_the_shared_tokenizers(tmp_path: Path, shared_data: Path) -> None:
-    """The overlap probes come only from pairs that overlap, at most MAX_OVERLAP_PROBES of them, the same ones
-    every time; phi-2 (normalized whitespace runs beside a not-normalized <|endoftext|>) and phi-3 get none."""
+    """The overlap probes come only from pairs that overlap, the same ones every time; phi-2 (normalized whitespace
+    runs beside a not-normalized <|endoftext|>) and phi-3 get none. More than MAX_OVERLAP_PROBES are not probed:
+    `auto` uses HF and a forced gigatoken is refused, each naming why."""
     for name in (PHI2, "tokenizers/phi-3-mini/tokenizer.json"):
         assert backends.overlap_probes(Tokenizer.from_file(str(shared_data / name))) == []
+    few = Tokenizer.from_file(str(_with_added(tmp_path, shared_data, ("<t1", NORMALIZED), ("1>", {}), ("12>", {}))))
+    assert backends.overlap_probes(few) == ["a <t12> b<t12>", "a <t1> b<t1>"]
     many = [(f"<t{i}", NORMALIZED) for i in range(300)] + [(f"{i}>", {}) for i in range(300)]
-    tok = Tokenizer.from_file(str(_with_added(tmp_path, shared_data, *many)))
-    probes = backends.overlap_probes(tok)
-    assert len(probes) == backends.MAX_OVERLAP_PROBES and probes == backends.overlap_probes(tok)
-    assert "a <t0> b<t0>" in probes and all("<t" in p for p in probes)
+    tok = _with_added(tmp_path, shared_data, *many)
+    with pytest.raises(backends.UnprobedOverlaps, match=r"overlap in 8170 ways .* more than the 4096 the check"):
+        backends.overlap_probes(Tokenizer.from_file(str(tok)))
+    rec = backends.select("auto", tok)
+    assert rec["name"] == "hf" and "more than the 4096 the check probes" in rec["fallback_reason"]
+    with pytest.raises(backends.BackendError, match="tokenizer.backend is gigatoken but its added tokens overlap in"):
+        backends.select("gigatoken", tok)
+
+
+# 70 not-normalized tokens "0aa#" .. "0cr#", each run together with a normalized "#z": HF and gigatoken agree there
+AGREEING_OVERLAPS = [(f"0{chr(97 + i // 26)}{chr(97 + i % 26)}#", {"special": False}) for i in range(70)]
+
+
+def test_every_overlap_is_probed_so_agreeing_ones_cannot_hide_one_that_differs(tmp_path: Path,
+                                                                               shared_data: Path) -> None:
+    """Hunter R50 R1: overlap_probes took the first 64 overlaps in sorted order, all of them "0..#z" ones both
+    backends agree on, so "<xq>" ("<xq" normalized, "q>" not) was never probed: `auto` picked gigatoken and wrote
+    other .bin bytes than `hf`. Every overlap is probed now."""
+    tok = _with_added(tmp_path, shared_data, *AGREEING_OVERLAPS, ("#z", NORMALIZED), ("<xq", NORMALIZED),
+                      ("q>", {"special": False}))
+    probes = backends.overlap_probes(Tokenizer.from_file(str(tok)))
+    assert len(probes) == 71 and probes[-1] == "a <xq> b<xq>"
+    hf, giga = backends.HFBackend(tok), backends.GigatokenBackend(tok)
+    assert backends.mismatch(hf, giga, probes[:-1]) is None and backends.mismatch(hf, giga, probes[-1:])
+    rec = backends.select("auto", tok)
+    assert rec["name"] == "hf" and "gigatoken ids differ from hf on text" in rec["fallback_reason"]
+    assert "'a <xq> b<xq>'" in rec["fallback_reason"]
+
+
+def test_overlaps_past_the_cap_send_auto_to_hf_even_when_all_agree(tmp_path: Path, shared_data: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An overlap left unprobed is unverified, whatever the probed ones show: with the cap below the 70 (agreeing)
+    overlaps `auto` uses HF, naming why; at or above it, it probes them all and picks gigatoken."""
+    tok = _with_added(tmp_path, shared_data, *AGREEING_OVERLAPS, ("#z", NORMALIZED))
+    monkeypatch.setattr(backends, "MAX_OVERLAP_PROBES", 70)
+    rec = backends.select("auto", tok)
+    assert rec["name"] == "gigatoken" and rec["check"]["texts"] == _probes(tok)
+    monkeypatch.setattr(backends, "MAX_OVERLAP_PROBES", 69)
+    rec = backends.select("auto", tok)
+    assert rec["name"] == "hf" and rec["fallback_reason"] == ("its added tokens overlap in 70 ways (a normalized one "
+                                                              "run together with one not), more than the 69 the "
+                                                              "check probes")
 
 
 def test_a_normalized_added_token_is_probed_in_its_normalized_form(tmp_path: Path, shared_data: Path) -> None:
