@@ -27,6 +27,13 @@ INGEST, REJECTS, RECEIPTS, TOKENIZER = "ingest", "rejects", "receipts", "tokeniz
 BINIDX, SFT, PARQUET, AUDIT, LOGS, CHECKPOINTS = "binidx", "sft", "parquet", "audit", "logs", "checkpoints"
 EXPORTS_SCRATCH, COLUMNS_SUFFIX = ".order", ".columns"
 LOCK, CACHE = ".lock", "cache"
+LOG_NAME = "streamprep.log"  # in logs/, beside its rotated backups (streamprep.log.1 …)
+# The run log's lines a job can write before its first run.json (pipeline._run and Job.run, metrics.MetricsServer):
+# a log holding any other line, or a longer one, is an earlier run's or a user's (`RunLayout.only_a_start`)
+START_EVENTS = frozenset({"took over a stale lock from a process that is gone",
+                          "removed temporary files of an interrupted run",
+                          "metrics server listening", "metrics server stopped"})
+START_LINE_MAX = 1 << 16
 # A tokenizer's files beside its tokenizer.json that the run copies with it (tokenizer.prepare)
 TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # The run's own names at the top of its run dir: an output writer plug-in may return no path under one (the manifest
@@ -439,14 +446,17 @@ class RunLayout:
     def only_a_start(self) -> bool:
         """Whether the run dir holds its `.lock`, no run.json, and else only what a job makes before it writes
         run.json, in order: the checkpoint dir's lock and owner file when that dir is the default `checkpoints/`
-        inside it, and `logs/`; and the temporary file of run.json or of that owner file, written at that moment (a
-        kill then leaves it). Its job is starting, or stopped in that moment: the same command starts it again, with
-        `--fresh` too, as status says; a folder holding anything else, or a lock file streamprep did not write (a
-        user's own `.lock`, which the job would overwrite), is no such run's."""
+        inside it, and `logs/` holding at most the log lines a start writes (`_start_log`); and the temporary file
+        of run.json or of that owner file, written at that moment (a kill then leaves it). Its job is starting, or
+        stopped in that moment: the same command starts it again, with `--fresh` too, as status says; a folder
+        holding anything else, or a lock file streamprep did not write (a user's own `.lock`, which the job would
+        overwrite), is no such run's."""
         if not is_lock_file(self.lock) or os.path.lexists(self.run_json):
             return False
         names = {n for n in os.listdir(self.run_dir) if not is_tmp_name(n)}
         if not names <= {self.lock.name, self.logs_dir.name, self.local_checkpoints.name}:
+            return False
+        if self.logs_dir.name in names and not self._start_log():
             return False
         ckpt = self.local_checkpoints
         if ckpt.name not in names:
@@ -454,6 +464,28 @@ class RunLayout:
         marks = CheckpointLayout(ckpt)
         return ckpt.is_dir() and not ckpt.is_symlink() and \
             {n for n in os.listdir(ckpt) if not is_tmp_name(n)} <= {marks.lock.name, marks.owner.name}
+
+    def _start_log(self) -> bool:
+        """Whether logs/ holds at most the log a job writes before run.json: each line one of START_EVENTS. Its few
+        lines never reach the rotation size, so a rotated backup (streamprep.log.1), an earlier run's log or a
+        user's file is no start's: the job would append to it and rotate it away."""
+        names = os.listdir(self.logs_dir) if self.logs_dir.is_dir() and not self.logs_dir.is_symlink() else None
+        if names is None or not set(names) <= {LOG_NAME}:
+            return False
+        if not names:
+            return True
+        path = self.logs_dir / LOG_NAME
+        if path.is_symlink() or not path.is_file():
+            return False
+        with open(path, "rb") as fh:
+            while line := fh.readline(START_LINE_MAX):
+                try:
+                    event = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    return False
+                if not line.endswith(b"\n") or not isinstance(event, dict) or event.get("event") not in START_EVENTS:
+                    return False
+        return True
 
     @property
     def tokenizer_backend(self) -> Path:

@@ -28,9 +28,8 @@ finally:
         del sys.modules["rich"]
 
 from streamprep.config import printable
-from streamprep.layout import RunLayout
+from streamprep.layout import LOG_NAME, RunLayout
 
-LOG_NAME = "streamprep.log"
 MAX_BYTES = 5 * 1024 * 1024
 BACKUPS = 5
 WORKER_EVENTS_KEPT = 1000  # a worker's events kept between two answers; past that they are counted, not kept

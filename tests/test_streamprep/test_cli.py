@@ -6,6 +6,7 @@ import multiprocessing.forkserver
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -196,6 +197,20 @@ def test_fresh_takes_a_run_dir_its_job_left_before_run_json(tmp_path, capsys, mo
         with pytest.raises(Killed):
             run_from_dict(raw, run_dir, fresh=True, console_log=False)
     assert sorted(os.listdir(run_dir)) == [".lock", ".run.json.streamprep-tmp.99999", "checkpoints", "logs"]
+    # killed again at its start, as kill -9 leaves it: each lock holding a dead pid's record, a metrics endpoint up
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for lock in (run_dir / ".lock", run_dir / "checkpoints" / ".streamprep.lock"):
+        lock.write_text(json.dumps({"pid": gone.pid, "host": socket.gethostname(), "started": "t"}))
+    with monkeypatch.context() as m:
+        m.setattr(pipeline.Job, "_save_record", killed)
+        with pytest.raises(Killed):
+            run_from_dict({**raw, "execution": {**raw["execution"], "metrics_port": 0}}, run_dir, fresh=True,
+                          console_log=False)
+    assert os.listdir(run_dir / "logs") == ["streamprep.log"]  # what such a start writes there, all of it:
+    assert [json.loads(line)["event"] for line in (run_dir / "logs/streamprep.log").read_text().splitlines()] == [
+        "took over a stale lock from a process that is gone", "took over a stale lock from a process that is gone",
+        "metrics server listening", "removed temporary files of an interrupted run", "metrics server stopped"]
     assert main(["status", str(run_dir)]) == 2
     assert capsys.readouterr().err.endswith("re-run the same streamprep ingest command to start it\n")
     assert run_from_dict(raw, run_dir, fresh=True, console_log=False).status == "complete"
@@ -208,7 +223,8 @@ def test_fresh_takes_a_run_dir_its_job_left_before_run_json(tmp_path, capsys, mo
         shutil.rmtree(where, ignore_errors=True)
         for name in names:
             (where / name).parent.mkdir(parents=True, exist_ok=True)
-            (where / name).mkdir() if name.endswith("/") else (where / name).write_text("{}")
+            # a lock file empty, as a released lock is (a "{}" one is refused as a user's .lock, whatever else)
+            (where / name).mkdir() if name.endswith("/") else (where / name).write_text("" if name == ".lock" else "{}")
         before = sorted(where.rglob("*"))
         with pytest.raises(ConfigError, match=r"^--fresh: run dir .*/refused is not empty \(choose a new --run-dir "
                                               r"or remove it; to resume a run there, re-run without --fresh\)$"):
@@ -221,6 +237,11 @@ def test_fresh_takes_a_run_dir_its_job_left_before_run_json(tmp_path, capsys, mo
     refused(*start, "tokenizer/tokenizer.json")  # a start file of a run that went further
     refused(".lock", "photos/")  # a user's folder that happens to hold a `.lock`
     refused("logs/")  # no lock: no job of streamprep's left it
+    # logs/ holding what no start writes (a start's log never reaches the rotation size): an old run's log kept
+    refused(".lock", "logs/streamprep.log.1")
+    refused(".lock", "logs/notes.txt")
+    refused(".lock", "logs/streamprep.log")  # a line no start writes ("{}")
+    refused(*start, "logs/streamprep.log.1")
 
 
 def test_fresh_refuses_a_folder_holding_a_users_own_lock_file(tmp_path, capsys):
@@ -237,6 +258,28 @@ def test_fresh_refuses_a_folder_holding_a_users_own_lock_file(tmp_path, capsys):
     assert capsys.readouterr().err == (f"streamprep: error: --fresh: run dir {run_dir} is not empty (choose a new "
                                        f"--run-dir or remove it; to resume a run there, re-run without --fresh)\n")
     assert os.listdir(run_dir) == [".lock"] and (run_dir / ".lock").read_text() == "my lock data"
+
+
+def test_fresh_refuses_a_folder_of_old_logs_and_a_released_lock(tmp_path, capsys):
+    """Regression: `ingest --fresh` took a folder holding an empty `.lock` and a `logs/` of an old run's (a full
+    streamprep.log, its backups .1 to .5) for what a job stopped at its start left, and ran there: its log rotation
+    deleted backup .5, and its lines went on the old log. A start's log never reaches the rotation size and holds
+    only a start's lines: the folder is refused as not empty, every file left as it was."""
+    from helpers import make_inputs
+
+    cfg_path, run_dir = tmp_path / "cfg.yaml", tmp_path / "keep"
+    cfg_path.write_text(yaml.safe_dump(make_inputs(tmp_path / "data")["config"]))
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / ".lock").write_bytes(b"")
+    line = json.dumps({"event": "old", "pad": "x" * 200}) + "\n"
+    (run_dir / "logs" / "streamprep.log").write_text(line * (5 * 2**20 // len(line) + 1))
+    for i in range(1, 6):
+        (run_dir / "logs" / f"streamprep.log.{i}").write_text(f"old run backup {i}\n")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert main(["ingest", "--config", str(cfg_path), "--run-dir", str(run_dir), "--fresh"]) == 2
+    assert capsys.readouterr().err == (f"streamprep: error: --fresh: run dir {run_dir} is not empty (choose a new "
+                                       f"--run-dir or remove it; to resume a run there, re-run without --fresh)\n")
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("fresh", [False, True])

@@ -162,3 +162,38 @@ def test_only_a_start_takes_a_lock_file_streamprep_left_and_no_other(tmp_path: P
     layout.lock.unlink()
     os.symlink(tmp_path / "empty", layout.lock)  # a link to an empty file: not one RunLock made
     assert not layout.only_a_start()
+
+
+def test_only_a_start_takes_logs_holding_only_what_a_start_logs(tmp_path: Path) -> None:
+    """Regression: only_a_start took any `logs/` beside a released `.lock` (an old run's log and its rotated backups,
+    a user's notes.txt), and `ingest --fresh` then appended to that log and rotated the backups away. logs/ may hold
+    nothing, or a streamprep.log whose every line is one a job logs before its run.json (layout.START_EVENTS)."""
+    import json
+    import os
+
+    layout = RunLayout(tmp_path / "run")
+    logs = layout.logs_dir
+    logs.mkdir(parents=True)
+    layout.lock.write_bytes(b"")
+    assert layout.only_a_start()  # an empty logs/: the log is created at its first line
+    start = "".join(json.dumps({"event": e, "level": "info", "timestamp": "t", "component": "pipeline"}) + "\n"
+                    for e in ("took over a stale lock from a process that is gone",
+                              "removed temporary files of an interrupted run", "metrics server listening"))
+    (logs / "streamprep.log").write_text(start * 3)  # three starts, each stopped before run.json
+    assert layout.only_a_start()
+    not_a_start = {"streamprep.log.1": "x\n", "notes.txt": "mine\n", "streamprep.log": start + '{"event": "old"}\n'}
+    for name, text in not_a_start.items():
+        (logs / name).write_text(text)
+        assert not layout.only_a_start(), name
+        (logs / name).unlink()
+    for text in ("not json\n", "[]\n", "\n", start[:-1]):  # a user's lines; a line cut short
+        (logs / "streamprep.log").write_text(text)
+        assert not layout.only_a_start(), text
+    (logs / "streamprep.log").unlink()
+    os.symlink(tmp_path / "elsewhere", logs / "streamprep.log")  # a link: the job would write through it
+    (tmp_path / "elsewhere").write_text(start)
+    assert not layout.only_a_start()
+    (logs / "streamprep.log").unlink()
+    logs.rmdir()
+    logs.write_text("")  # a file named logs: the job's mkdir fails on it
+    assert not layout.only_a_start()
