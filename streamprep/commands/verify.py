@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from streamprep.commands import require_run_dir
+from streamprep.config import printable
 from streamprep.verify import NOT_COMPLETE, REFUSED, verify_run
 
 
@@ -11,7 +12,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = require_run_dir(args.run_dir)
     problems = verify_run(run_dir)
     for p in problems:
-        print(p)
+        print(printable(p))  # a file's name, or the run dir's, may hold ESC or CR: not sent to the terminal raw
     refused = [p for p in problems if REFUSED in p]  # a file or folder it may not read: not damaged, not to delete
     names_a_file = any(not p.startswith(f"{run_dir}: ") and p not in refused for p in problems)
     if refused:

@@ -868,3 +868,23 @@ def test_a_resume_refusing_a_part_on_an_earlier_streampreps_record_names_a_log_w
     run_from_dict(cfg, run_dir=run, console_log=False)
     assert verify_run(run) == []
     assert _outputs(run) == written and len(written) > 30
+
+
+def test_verify_cli_escapes_control_characters_in_the_names_it_prints(pipeline_run, tmp_path, capsys):
+    """Regression: `streamprep verify` printed each problem raw: stray files named with ESC or BEL, and the run dir
+    (named with ESC and CR) in a damaged checkpoint's line, reached the terminal as control sequences, where status,
+    audit and logs escape them. Each line is printed escaped, as config.printable escapes an error line."""
+    from streamprep.cli import main
+
+    run = tmp_path / "esc\x1b[31mRUN\rx"
+    shutil.copytree(pipeline_run, run)
+    (run / "parquet" / "\x1b[32mstray.parquet").write_bytes(b"hi\n")
+    (run / "ingest" / "c4" / "\x07bell.jsonl").write_bytes(b"hi\n")
+    checkpoint = run / "checkpoints" / "c4.json"
+    checkpoint.write_bytes(checkpoint.read_bytes() + b"garbage")
+    assert main(["verify", str(run)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "parquet/\\x1b[32mstray.parquet: not listed in manifest.json or any receipt (stale file?)" in lines
+    assert "ingest/c4/\\x07bell.jsonl: not listed in manifest.json or any receipt (stale file?)" in lines
+    assert any(line.startswith(f"{tmp_path}/esc\\x1b[31mRUN\\rx: a checkpoint or receipt is damaged") for line in lines)
+    assert [line for line in lines if not line.isprintable()] == []
