@@ -274,9 +274,17 @@ def _common_punct(text: str) -> str:
     return text
 
 
+def _renormalize(text: str) -> str:
+    """NFC again after the character pass, which only a text with a table key pays (ASCII and NFC text come
+    back as they are, after CPython's quick check): a removed control char may have kept a mark from its base
+    (`"e\x00\u0301"`), or a C1 byte become a letter before one (`"\x8a\u0323"`). NFC makes no table key (the
+    keys' only canonical twins, U+2000/U+2001, are keys), so the pass need not run again."""
+    return unicodedata.normalize("NFC", text)
+
+
 def normalize_text(text: str, code: bool = False) -> str:
-    """NFC; control characters out (C1 repaired as Windows-1252); then, for prose, curly quotes and
-    dashes to ASCII, runs of spaces collapsed, lines and the text trimmed; for code, Unix newlines,
+    """NFC; control characters out (C1 repaired as Windows-1252), then NFC again; then, for prose, curly
+    quotes and dashes to ASCII, runs of spaces collapsed, lines and the text trimmed; for code, Unix newlines,
     trailing whitespace and trailing blank lines dropped, indentation left as it is.
     """
     return normalize_with_view(text, code)[0]
@@ -304,13 +312,13 @@ def normalize_with_view(text: str, code: bool = False,
     key, double, edge = view_flags(view, not code) if view is not None else utf8_flags(text, not code)
     if code:
         if key:
-            text = _CODE_CHARS(text)
+            text = _renormalize(_CODE_CHARS(text))
         if text.endswith((" ", "\t")) or ("\n" in text and any(cue in text for cue in _TRAILING_CUES)):
             text = _TRAILING.sub("", text)
         text = text.rstrip("\n")
         return text, (view if text is viewed else None)
     if key:  # the spacing answers are for the text before the pass (or there are none)
-        text = _PROSE_CHARS(text)
+        text = _renormalize(_PROSE_CHARS(text))
         double, edge = "  " in text, None
     if double:
         text = _collapse_spaces(text)

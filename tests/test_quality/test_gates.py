@@ -49,6 +49,9 @@ def open_qc(**overrides) -> QualityControl:
     ("  a  b\u00a0\u00a0c \n\t d  \n\n e  ", "a b c\nd\n\ne"),                               # spaces, line edges
     ("one\r\ntwo\rthree", "one\ntwo\nthree"),
     ("\ufeffBOM", "BOM"),
+    ("cafe\x00\u0301", "caf\u00e9"), ("cafe\ufeff\u0301", "caf\u00e9"),                  # NFC after removal too
+    ("e\x1b\u0308 \u1100\x00\u1161", "\u00eb \uac00"), ("\x8a\u0323", "\u1e62\u030c"),  # a C1 letter composes
+    ("a\u0301\x00\u0323", "\u1ea1\u0301"),                                                 # marks reordered
 ])
 def test_normalize_prose(raw: str, expected: str) -> None:
     assert normalize_text(raw) == expected
@@ -91,6 +94,7 @@ def plain_normalize(text: str, code: bool = False) -> str:
 
     table = _char_map(prose=not code)
     text = "".join(table.get(ch, ch) for ch in unicodedata.normalize("NFC", text).replace("\r\n", "\n"))
+    text = unicodedata.normalize("NFC", text)  # a removed control char may have parted a base and its mark
     if code:
         return re.sub("[ \t]+(?=\n)|[ \t]+$", "", text).rstrip("\n")
     return re.sub("[ \t]+\n[ \t]*|\n[ \t]+", "\n", re.sub(" {2,}", " ", text)).strip(" \t\n")
@@ -101,7 +105,7 @@ def plain_normalize(text: str, code: bool = False) -> str:
 FUSED_CASES = ["plain ASCII text", "caf\u00e9 \u2026 ok", "\u2019", "\u2018tis \u2026\u20ac", "\u2019\u0301", "e\u2019\u0301\u201c\u0338", "\u2014\u0308a", "\u201ccaf\u00e9\u201d", "\u2018\r\n\u2019",
                "a\x92b\u2019c", "\u2013\u00a0\u2014  \t\n \u2019", "\u201c\U0001f642\u201d", "\u2019\u3000x\u2019",
                "\u2019\u2019\u2019", " \u2014 ", "\u2018\u2212\u2019\u2011", "\ufeff\u201cq\u201d\x85", "\u2019e\u0301\u2019",
-               "A\u030a\u2019\u212b", "\u2019\t\u2019\n\n\u201c \u201d", "\u1100\u2019\u1161", "x" * 70 + "\u2013\n" * 70]
+               "A\u030a\u2019\u212b", "\u2019\t\u2019\n\n\u201c \u201d", "\u1100\u2019\u1161", "cafe\x00\u0301", "\u2019e\ufeff\u0301\u2019", "\x8a\u0323\u2014", "x" * 70 + "\u2013\n" * 70]
 
 
 @pytest.mark.parametrize("text", FUSED_CASES)
@@ -305,6 +309,7 @@ def test_common_punctuation_before_nfc_beside_every_code_point() -> None:
 def test_normalize_code_keeps_indentation_and_quotes() -> None:
     raw = "def f(x):\r\n    if x:  \r\n\treturn \u201cq\u201d  # two  spaces\r\n\x00\r\n\r\n   \r\n"
     assert normalize_text(raw, code=True) == "def f(x):\n    if x:\n\treturn \u201cq\u201d  # two  spaces"
+    assert normalize_text("s = 'cafe\x00\u0301'\x1b\n", code=True) == "s = 'caf\u00e9'"  # NFC after removal
 
 
 def test_code_domain_keeps_code_layout_in_kept_text() -> None:
@@ -319,6 +324,16 @@ def test_normalize_false_keeps_raw_text_but_hashes_normalised() -> None:
     assert kept.text == raw
     assert kept.digest == hashlib.sha256(b'"Same" text').digest()
     assert open_qc().evaluate({"text": '"Same" text'}).digest == kept.digest
+
+
+def test_a_removed_control_char_does_not_keep_canonical_twins_apart() -> None:
+    """A NUL or BOM between a base and its mark is removed before the text is hashed: the twins share a digest,
+    and the kept text is NFC."""
+    import unicodedata
+
+    verdicts = [open_qc().evaluate({"text": f"a table at the cafe{gap}\u0301"}) for gap in ("", "\x00", "\ufeff")]
+    assert {v.digest for v in verdicts} == {hashlib.sha256("a table at the caf\u00e9".encode()).digest()}
+    assert all(v.keep and unicodedata.is_normalized("NFC", v.text) for v in verdicts)
 
 
 # ---- PII -----------------------------------------------------------------------------------------
