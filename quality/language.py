@@ -177,5 +177,23 @@ def detectable(detector: str) -> frozenset[str]:
     return frozenset(codes)
 
 
+# CLD2 gives each of these languages every byte of its own script (its RTypeOne scripts: Greek, Thai, ...), so a text
+# wholly in that script scores 100 %. Every other language's bytes are counted in chunks that start past the space
+# CLD2 puts before each script run, a byte the text's count includes: whole percents rounded down, 99 % at most.
+_CLD2_WHOLE_SCRIPT = ("GREEK", "ARMENIAN", "SYRIAC", "DHIVEHI", "PUNJABI", "GUJARATI", "ORIYA", "TAMIL", "TELUGU",
+                      "KANNADA", "MALAYALAM", "SINHALESE", "THAI", "LAOTHIAN", "BURMESE", "GEORGIAN", "CHEROKEE",
+                      "INUKTITUT", "KHMER", "MONGOLIAN", "TAGALOG", "LIMBU")
+
+
+@lru_cache(maxsize=None)
+def highest_figure(detector: str, code: str) -> float:
+    """The most `detector` can report for the normalised `code`: 0.99 from CLD2 but for a language it reads from
+    its own script alone; 1.0 otherwise (langdetect's posterior, and so the cascade's, reaches 0.99999...)."""
+    if detector != "cld2":
+        return 1.0
+    whole = {normalize_code(c) for name, c in _pycld2().LANGUAGES if name in _CLD2_WHOLE_SCRIPT}
+    return 1.0 if code in whole else 0.99
+
+
 def make_detector(name: str) -> Detector:
     return DETECTORS[name]()

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from quality.language import DETECTORS as DETECTOR_CLASSES
-from quality.language import detectable, normalize_code
+from quality.language import detectable, highest_figure, normalize_code
 
 DOMAINS = ("general", "medical", "code")
 DETECTORS = tuple(DETECTOR_CLASSES)
@@ -178,6 +178,11 @@ def validate_quality_config(section: Mapping[str, Any] | None) -> dict[str, Any]
             "no detector reports it; a typo? codes are ISO 639-1, such as en, de, zh"
         raise QualityConfigError("expected_language", f"{lang!r} is not a language the {detector} detector reports "
                                                       f"({hint}): every record would be rejected")
+    top = highest_figure(detector, lang) if out["domain"] == "general" and lang is not None else 1.0
+    if out["min_language_prob"] > top:
+        raise QualityConfigError("min_language_prob", f"must be <= {top:g}, the most the {detector} detector reports "
+                                                      f"for {lang!r}, got {out['min_language_prob']:g}: every record "
+                                                      f"would be rejected")
     return out
 
 

@@ -1185,6 +1185,29 @@ def test_every_language_a_detector_reports_is_a_valid_expected_language() -> Non
         validate_quality_config({"expected_language": code})
 
 
+def test_a_min_language_prob_the_detector_never_reports_is_refused() -> None:
+    """Regression: `min_language_prob: 1.0` rejected every record (CLD2 reports at most 0.99 for English), exit 0.
+    Refused only where CLD2's ceiling is 0.99: a language it reads from its own script reaches 1.0, and langdetect
+    (so the cascade, on the texts CLD2 is unsure of) reports 0.99999..."""
+    from quality.language import Cld2Detector
+
+    with pytest.raises(QualityConfigError) as info:
+        validate_quality_config({"min_language_prob": 1.0})
+    assert str(info.value) == ("min_language_prob: must be <= 0.99, the most the cld2 detector reports for 'en', "
+                               "got 1: every record would be rejected")
+    with pytest.raises(QualityConfigError, match="^min_language_prob: must be <= 0.99, .* for 'de', got 0.995"):
+        validate_quality_config({"min_language_prob": 0.995, "expected_language": "de"})
+    for fine in ({"min_language_prob": 0.99}, {"min_language_prob": 1, "expected_language": "el"},
+                 {"min_language_prob": 1, "language_detector": "cascade"},
+                 {"min_language_prob": 1, "language_detector": "langdetect"},
+                 {"min_language_prob": 1, "domain": "medical"}, {"min_language_prob": 1, "expected_language": None}):
+        assert validate_quality_config(fine)["min_language_prob"] == fine["min_language_prob"]
+    english = "The committee met on Tuesday to discuss the budget. " * 8
+    greek = "Η επιτροπή συνεδρίασε την Τρίτη. " * 8
+    assert Cld2Detector().detect(english).probs == {"en": 0.99}
+    assert Cld2Detector().detect(greek).probs == {"el": 1.0}
+
+
 def test_an_expected_language_the_detector_cannot_report_says_which_detector_can() -> None:
     """Regression: the error told a cld2 user (the default) to "use language_detector: cld2 or cascade", whatever the
     code: it names the detectors that report the code, or says none does."""

@@ -81,6 +81,20 @@ def test_language_gate_on_75_languages(lingua: list[dict[str, Any]], detector: s
     assert others_rejected >= 0.97
 
 
+def test_cld2_never_reports_more_than_its_ceiling(lingua: list[dict[str, Any]]) -> None:
+    """The ceiling `min_language_prob` is checked against (`highest_figure`): on the 75 languages' sentences, alone
+    and joined, CLD2 reports at most 0.99 for any language but those it reads from their own script, which reach 1.0."""
+    from quality.language import Cld2Detector, highest_figure
+
+    detector, texts = Cld2Detector(), [r["text"] for r in lingua]
+    seen: dict[str, float] = {}
+    for text in texts + [" ".join(texts[i:i + 3]) for i in range(0, len(texts), 7)]:
+        for code, figure in detector.detect(text).probs.items():
+            seen[code] = max(seen.get(code, 0.0), figure)
+    assert all(figure <= highest_figure("cld2", code) for code, figure in seen.items()), seen
+    assert seen["en"] == seen["de"] == 0.99 and seen["el"] == seen["th"] == 1.0
+
+
 # ---- domains --------------------------------------------------------------------------------------------
 def test_humaneval_scores_as_code(humaneval: dict[str, list[dict[str, str]]]) -> None:
     qc = QualityControl({**OPEN, "domain": "code"})
