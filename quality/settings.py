@@ -85,6 +85,14 @@ def _names(key: str, v: Any, nullable: bool = False) -> list[str] | None:
     return list(v)
 
 
+def _licenses(key: str, v: Any) -> list[str] | None:
+    """`_names`, nullable; an empty list would reject every record (none is in it), so it is an error."""
+    if isinstance(v, (list, tuple)) and not v:
+        raise QualityConfigError(key, f"must be a non-empty list or null (an empty list rejects every record), "
+                                      f"got {v!r}")
+    return _names(key, v, nullable=True)
+
+
 def _language(key: str, v: Any) -> str | None:
     if v is None:
         return None
@@ -133,7 +141,7 @@ _CHECKS = {
     "max_chars": lambda k, v: _count(k, v, 1),
     "required_fields": _names,
     "required_metadata": _names,
-    "allowed_licenses": lambda k, v: _names(k, v, nullable=True),
+    "allowed_licenses": _licenses,
     "pii_max_density": lambda k, v: _number(k, v, 0.0, 1.0),
     "profanity_max_density": lambda k, v: _number(k, v, 0.0, 1.0),
     "reject_copyright": _flag,

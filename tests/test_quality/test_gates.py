@@ -899,6 +899,7 @@ def test_config_defaults_and_idempotence() -> None:
     ({"expected_language": "eu", "language_detector": "langdetect"}, "expected_language"),
     ({"allowed_licenses": ["  "]}, "allowed_licenses"), ({"required_fields": [" "]}, "required_fields"),
     ({"required_metadata": ["   "]}, "required_metadata"),
+    ({"allowed_licenses": []}, "allowed_licenses"), ({"allowed_licenses": ()}, "allowed_licenses"),
     ([1, 2], "quality"),
 ])
 def test_config_errors_name_the_key(section, key: str) -> None:
@@ -909,6 +910,16 @@ def test_config_errors_name_the_key(section, key: str) -> None:
     with pytest.raises(QualityConfigError):
         QualityControl(section)
 
+
+
+def test_an_empty_allowed_licenses_is_refused() -> None:
+    """Regression: `allowed_licenses: []` rejected every record ("license 'X' not in allowed_licenses"), exit 0."""
+    with pytest.raises(QualityConfigError) as info:
+        validate_quality_config({"allowed_licenses": []})
+    assert str(info.value) == ("allowed_licenses: must be a non-empty list or null (an empty list rejects every "
+                               "record), got []")
+    assert validate_quality_config({"allowed_licenses": None})["allowed_licenses"] is None
+    assert validate_quality_config({"allowed_licenses": ["MIT"]})["allowed_licenses"] == ["MIT"]
 
 
 def test_a_min_chars_over_the_default_max_chars_names_min_chars() -> None:
@@ -930,7 +941,7 @@ FULL = {"domain": "medical", "expected_language": "pt-BR", "min_language_prob": 
         "near_dedup": {"seed": 9, "num_perm": 40, "rows": 4, "bands": 10, "ngram": 3, "threshold": 1, "enabled": True}}
 
 
-@pytest.mark.parametrize("section", [None, {}, OPEN, {"allowed_licenses": [], "expected_language": None}, FULL],
+@pytest.mark.parametrize("section", [None, {}, OPEN, {"required_metadata": [], "expected_language": None}, FULL],
                          ids=["none", "empty", "open", "empty-lists", "full"])
 def test_settings_round_trip_is_exact(section) -> None:
     """to_dict gives back validate_quality_config's dict byte for byte (it is hashed into run.json)."""
