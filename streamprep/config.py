@@ -515,7 +515,7 @@ def _int64(value: Any, key: str) -> None:
         for i, v in enumerate(value):
             _int64(v, f"{key}[{i}]")
     elif isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX - 1 <= value <= INT64_MAX:
-        raise ConfigError(f"config: '{key}' must fit a 64-bit integer (at most {INT64_MAX}), got a "
+        raise ConfigError(f"config: '{key}': must fit a 64-bit integer (at most {INT64_MAX}), got a "
                           f"{len(str(abs(value)))}-digit integer")
 
 
