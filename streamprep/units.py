@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 from typing import Any, Iterator, Mapping
 
+from streamprep.config import ConfigError
 from streamprep.sources.base import BadRecord, SourceError, Unit, one_line
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _listed_folder,
                                       _special, bounded_lines, broken_link, detect_format, filesystem, long_line,
@@ -54,6 +55,8 @@ def plan_dataset(files: list[str] | None, fmt: str | None, unit_bytes: int, opti
     for i, f in enumerate(files):
         try:
             units += _plan_file(i, f, fmt, unit_bytes, options)
+        except ConfigError:  # what a re-run as is meets again (`_cuts`): exit 2, not "resumable"
+            raise
         except Exception as exc:  # a store that stops answering, a file gone since it was listed: resumable
             raise SourceError(f"cannot read input file {f} to plan its units: {one_line(exc)}") from exc
     return units
@@ -98,12 +101,18 @@ def _cuts(path: str, size: int, unit_bytes: int, options: Options) -> list[tuple
         while start + unit_bytes < size:
             end = start + unit_bytes
             fh.seek(end)
-            while piece := fh.read(PROBE_BYTES):  # to the end of the line the cut falls in
-                newline = piece.find(b"\n")
-                if newline >= 0:
-                    end += newline + 1
-                    break
-                end += len(piece)
+            try:
+                while piece := fh.read(PROBE_BYTES):  # to the end of the line the cut falls in
+                    newline = piece.find(b"\n")
+                    if newline >= 0:
+                        end += newline + 1
+                        break
+                    end += len(piece)
+            except ValueError as exc:  # fsspec's HTTP file, from a server that answers a Range with the whole file
+                raise ConfigError(f"cannot plan the units of input file {path}: its server does not support range "
+                                  f"requests, which reading a file larger than execution.unit_mb "
+                                  f"({unit_bytes / (1 << 20):.3g} MB) in ranges needs: set unit_mb above its size "
+                                  f"({size} bytes), or download it and read it from disk") from exc
             if end >= size:
                 break
             cuts.append((start, end))

@@ -43,8 +43,9 @@ from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_lin
 if TYPE_CHECKING:
     from streamprep.config import DatasetConfig
 
-OBJECT_STORES = ("s3://", "gs://", "gcs://")  # listed at validation: a missing bucket/key is a config error
-IN_MEMORY = "memory://"  # listed at validation too (in the process, free): nothing there is a config error
+# stores whose paths open with a bucket (an Azure container): a path naming none is refused before any listing
+OBJECT_STORES = ("s3://", "gs://", "gcs://", "az://", "abfs://")
+IN_MEMORY = "memory://"  # the caller's in-process store, which other worker processes cannot see (check_in_memory)
 EXCERPT = 300
 PARQUET_BATCH = 1024
 FULL_HASH_BYTES = 1 << 20  # a file `identity` hashes is hashed whole up to this size, else by head + tail
@@ -157,12 +158,14 @@ def _plugin_format(fmt: str | None) -> bool:
 
 def check_entry(key: str, ds: dict[str, Any]) -> None:
     """Config validation of a dataset entry of files (its path resolved): the input exists (else MissingInput,
-    so an optional dataset is skipped), and a single file's type is known."""
+    so an optional dataset is skipped), and a single file's type is known. Every URL (each fsspec scheme this check
+    is registered for: http(s)://, memory://, a plug-in's) is listed now, not only a bucket's: an http:// file that
+    was not there stopped the job after its run dir was made, with a bare FileNotFoundError naming no key."""
     path = ds["path"]
     check_path(f"{key}.path", path)
     if path.startswith(OBJECT_STORES):
         _check_object_store_path(key, ds)
-    elif path.startswith(IN_MEMORY):
+    elif registry.scheme_of(path):
         _check_listing(key, ds)
     if Path(path).is_file():  # a directory's odd files are rejects instead
         _check_format(f"{key}.path", path, ds["format"])
@@ -326,12 +329,18 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
         raise MissingInput(f"config: '{key}.path': {path}: {first}") from None
     except TypeError as exc:  # an option the filesystem does not take
         raise MissingInput(f"config: '{key}.storage_options': {exc}") from None
+    except ImportError as exc:  # the scheme's fsspec package is not installed (adlfs for az://, abfs://)
+        raise ConfigError(f"config: '{key}.path': {path}: {one_line(exc)}") from None
     except ValueError as exc:  # fsspec's glob: "Invalid pattern: '**' can only be an entire path component"
         raise ConfigError(f"config: '{key}.path': {path}: {exc} (on disk `a**` reads as `a*`: write "
                           f"that)") from None
     except _unreachable() as exc:  # not the input's fault, nor the config's: exit 1, as a read that fails later
         raise SourceError(f"'{key}.path': cannot list {path}: the store cannot be reached ({one_line(exc)}); "
                           f"re-run once it is reachable") from exc
+    if found == [path] and _listed_folder(path):  # http(s): a folder's URL is a page (its index), which isfile finds
+        raise ConfigError(f"config: '{key}.path': {path} names a folder, which is not listed over {path.split(':')[0]} "
+                          f"(its URL is a page, not a file): name a file, or a glob, `{path}*.jsonl` reads the files "
+                          f"the page links to")
     if all(_listed_folder(f) for f in found):
         raise MissingInput(f"config: '{key}.path': no object matches {path}" + (only_folders(path) if found else ""))
     if found == [path]:  # a file there but not read is the config's fault, as on disk: not a missing input

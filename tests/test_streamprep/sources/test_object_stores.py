@@ -1,6 +1,7 @@
 """s3:// sources against a local S3 server (moto's server mode) behind a small HTTP proxy that counts the object
 bytes it serves and can cut or refuse connections: same token bytes as from local disk, ranged resume, missing
-bucket/key as a config error, retried connection drops, ETag identity (issue 30 item 1).
+bucket/key as a config error, retried connection drops, ETag identity (issue 30 item 1). http:// paths against
+Python's own http.server (no range support), and az:// / abfs:// without adlfs: listed at validation too.
 
 Nothing here touches the internet: the server and the proxy listen on 127.0.0.1 and the tests start them."""
 from __future__ import annotations
@@ -28,7 +29,7 @@ import zstandard
 from helpers import REPO, assert_gone_refused, base_config, english_docs, ingest_stopped_after
 from streamprep import run_from_dict
 from streamprep.config import ConfigError, dataset, load
-from streamprep.sources.base import input_change
+from streamprep.sources.base import SourceError, input_change
 from streamprep.sources.local import LocalSource, filesystem, open_input
 
 BUCKET = "corpora"
@@ -680,3 +681,100 @@ def test_an_object_deleted_after_planning_stops_the_job_with_the_resume_s_refusa
     fs.pipe(victim, (tmp_path / "in" / "f1.jsonl").read_bytes())  # the same bytes: the same ETag and size
     assert run_from_dict(cfg, run_dir=run, console_log=False).status == "complete"
     assert _tokens(run) == _job(str(tmp_path / "in"), tmp_path / "local")
+
+
+@pytest.fixture(scope="module")
+def http_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """(a folder, the http:// URL it is served at): `python -m http.server`'s handler, which answers a Range
+    request with the whole file (no range support)."""
+    import functools
+
+    root = tmp_path_factory.mktemp("www")
+    (root / "sub").mkdir()
+    (root / "sub" / "a.jsonl").write_bytes(_jsonl(DOCS[:150]))
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, *args: Any) -> None:  # a client that stops reading the whole file it did not ask for
+            pass
+
+    server = Server(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_path_is_listed_at_validation_as_an_s3_one(http_dir: tuple[Path, str], tmp_path: Path) -> None:
+    """Regression: only s3://, gs:// and gcs:// paths were listed while the config was validated. A missing http://
+    file stopped the job after its run dir was made (exit 1, a bare `FileNotFoundError` naming no key), and so did
+    a port where nothing listens (a bare `ClientConnectorError`); a folder's URL ran to "complete" with nothing read
+    but a reject calling it a glob's folder; an optional one was not skipped."""
+    import socket
+
+    from streamprep.config import MissingInput, validate
+
+    root, url = http_dir
+    good = {"name": "a", "path": f"{url}/sub/a.jsonl"}
+    assert validate({"datasets": [good]}, base_dir=tmp_path)["datasets"][0]["path"] == good["path"]
+    assert validate({"datasets": [{"name": "g", "path": f"{url}/sub/*.jsonl"}]}, base_dir=tmp_path)["datasets"]
+    missing, folder = f"{url}/nope.jsonl", f"{url}/sub/"
+    cases = {missing: (MissingInput, f"config: 'datasets[0].path': no object matches {missing}"),
+             folder: (ConfigError, f"config: 'datasets[0].path': {folder} names a folder, which is not listed over "
+                                   f"http (its URL is a page, not a file): name a file, or a glob, `{folder}*.jsonl` "
+                                   f"reads the files the page links to")}
+    for path, (kind, message) in cases.items():
+        run = tmp_path / "run"
+        with pytest.raises(kind) as err:
+            run_from_dict(base_config([{"name": "web", "path": path}], None), run_dir=run, console_log=False)
+        assert str(err.value) == message and not run.exists()
+    cfg = validate({"datasets": [{"name": "gone", "path": missing, "optional": True}, good]}, base_dir=tmp_path)
+    assert [d["name"] for d in cfg["datasets"]] == ["a"]
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        unreached = f"http://127.0.0.1:{sock.getsockname()[1]}/a.jsonl"
+    with pytest.raises(SourceError) as err:
+        validate({"datasets": [{"name": "web", "path": unreached}]}, base_dir=tmp_path)
+    assert str(err.value).startswith(f"'datasets[0].path': cannot list {unreached}: the store cannot be reached (")
+
+
+def test_a_file_larger_than_unit_mb_on_a_server_without_ranges_is_a_config_error(http_dir: tuple[Path, str],
+                                                                                tmp_path: Path) -> None:
+    """Regression: planning such a file's byte ranges stopped the job with fsspec's `ValueError: The HTTP server
+    doesn't appear to support range requests…`, exit 1, which a re-run met again every time. Now it is a config
+    error (exit 2) saying so and what to change; with unit_mb above its size the file is read whole."""
+    root, url = http_dir
+    path, size = f"{url}/sub/a.jsonl", (root / "sub" / "a.jsonl").stat().st_size
+    cfg = base_config([{"name": "web", "path": path}], None)
+    cfg["execution"]["unit_mb"] = 0.01
+    assert size > 0.01 * (1 << 20)
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    assert str(err.value) == (f"cannot plan the units of input file {path}: its server does not support range "
+                              f"requests, which reading a file larger than execution.unit_mb (0.01 MB) in ranges "
+                              f"needs: set unit_mb above its size ({size} bytes), or download it and read it from disk")
+    assert not (tmp_path / "run").exists()  # a config error met before any output: nothing written
+    assert _job(path, tmp_path / "whole") == _job(str(root / "sub" / "a.jsonl"), tmp_path / "local")
+
+
+@pytest.mark.parametrize("path", ["az://container/data/*.jsonl", "abfs://container/a.jsonl"])
+def test_an_azure_path_without_adlfs_is_a_config_error_naming_the_key(path: str, tmp_path: Path) -> None:
+    """Regression: az:// and abfs:// were not listed at validation; without adlfs the job made its run dir and
+    stopped with a bare ImportError, exit 1. They are listed as every fsspec URL is: a config error."""
+    import importlib.util
+
+    from streamprep.config import validate
+
+    if importlib.util.find_spec("adlfs") is not None:
+        pytest.skip("adlfs is installed: the listing would need an Azure account")
+    with pytest.raises(ConfigError) as err:
+        validate({"datasets": [{"name": "web", "path": path, "optional": True}]}, base_dir=tmp_path)
+    assert str(err.value) == (f"config: 'datasets[0].path': {path}: ImportError: Install adlfs to access Azure "
+                              f"Datalake Gen2 and Azure Blob Storage")
