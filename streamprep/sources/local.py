@@ -315,7 +315,26 @@ def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
     if not bucket or globmod.has_magic(bucket):
         raise ConfigError(f"config: '{key}.path': {path} names no bucket; expected {scheme}://<bucket>/<key, prefix "
                           f"or glob> (a glob cannot stand for the bucket)")
-    _check_listing(key, ds)
+    try:
+        _check_listing(key, ds)
+    except MissingInput:  # "no object matches s3://nobucket/d/" said nothing of the bucket being the one missing
+        if where := _missing_bucket(f"{scheme}://{bucket}", ds["storage_options"]):
+            raise MissingInput(f"config: '{key}.path': no bucket named {bucket} at {where}: {path}") from None
+        raise
+
+
+def _missing_bucket(root: str, storage_options: Mapping[str, Any] | None) -> str | None:
+    """Where the bucket `root` (`s3://b`) was looked for (the endpoint, else the scheme) when its own listing says it
+    does not exist; None when it does, or when the listing fails otherwise (no permission to list it: not known)."""
+    try:
+        fs, bucket = filesystem(root, storage_options)
+        fs.ls(bucket)
+    except FileNotFoundError:  # (raised by the listing: `filesystem` itself finds nothing to miss)
+        endpoint = getattr(getattr(getattr(fs, "s3", None), "meta", None), "endpoint_url", None)  # s3fs's client
+        return endpoint or root.split("://")[0]
+    except Exception:  # noqa: BLE001 - the listing's own error (an option it does not take...) is the one to show
+        pass
+    return None
 
 
 def _check_listing(key: str, ds: dict[str, Any]) -> None:

@@ -287,6 +287,21 @@ def test_missing_bucket_or_key_is_a_config_error_naming_it(s3: Proxy, tmp_path: 
     assert not run.exists()
 
 
+@pytest.mark.parametrize("path", ["s3://no-such-bucket/d/", "s3://no-such-bucket/a.jsonl", "s3://no-such-bucket",
+                                  "s3://no-such-bucket/*.jsonl"])
+def test_a_missing_bucket_is_named_as_the_one_missing(s3: Proxy, tmp_path: Path, path: str) -> None:
+    """Regression: `no object matches s3://no-such-bucket/d/`, as for a prefix missing in a bucket that is there,
+    which sent its writer looking for the objects rather than the bucket (or the endpoint)."""
+    from streamprep.config import MissingInput, validate
+
+    with pytest.raises(MissingInput) as err:
+        validate({"datasets": [{"name": "d", "path": path}]}, base_dir=tmp_path)
+    assert str(err.value) == f"config: 'datasets[0].path': no bucket named no-such-bucket at {s3.url}: {path}"
+    with pytest.raises(MissingInput) as err:  # the bucket is there: the objects are what is missing
+        validate({"datasets": [{"name": "d", "path": f"s3://{BUCKET}/no-such-prefix/"}]}, base_dir=tmp_path)
+    assert str(err.value) == f"config: 'datasets[0].path': no object matches s3://{BUCKET}/no-such-prefix/"
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
