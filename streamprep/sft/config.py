@@ -389,7 +389,8 @@ def _section_can_train(cfg: SftConfig, s: SectionConfig) -> bool:
         return False
     if action == "roles":
         return "train" in cfg.mask.values() or cfg.mask_default == "train"
-    return label_of_role(cfg, action) == "train"
+    # labelled as records._conversation labels the turn: by its role, else by the role it is rendered as
+    return label_of_role(cfg, action, s.role_map.get(action)) == "train"
 
 
 def label_of_role(cfg: SftConfig, role: str, rendered_role: str | None = None) -> str:

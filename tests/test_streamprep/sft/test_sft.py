@@ -504,6 +504,22 @@ def test_max_seq_len_truncates_or_drops(tmp_path: Path, glaive: dict[str, Any], 
     assert stats["dropped"] == {"overlong": len(long)} and stats["documents"] == 30 - len(long)
 
 
+def test_a_role_that_trains_through_role_map_drops_a_record_with_no_trained_token(tmp_path: Path, phi3) -> None:
+    """Regression: a section `action: bot, role_map: {bot: assistant}` trains its turns (the mask's `assistant`), but
+    the source was taken as one that can train nothing, so an answer cut off by max_seq_len was written with an
+    all-zero mask; it is dropped as `no_trained_tokens` now, as with `action: assistant`."""
+    cfg = load_sft_config({"input": {"sections": [
+        {"field": "q", "action": "user", "template": True},
+        {"field": "a", "action": "bot", "template": True, "role_map": {"bot": "assistant"}}]},
+        "preprocessing": {"max_seq_len": 30}})
+    assert layout(cfg, "text")["can_train"] is True
+    records = [{"q": "What is the capital of France?", "a": "Paris."},
+               {"q": "word " * 60, "a": "This answer lies past max_seq_len."}]
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", records, cfg), tmp_path / "o" / "p", phi3, cfg, FP)
+    assert stats["documents"] == 1 and stats["dropped"] == {"no_trained_tokens": 1}
+    assert stats["dropped_records"][0]["detail"] == "text: no trained token left after truncation"
+
+
 def test_a_long_conversation_costs_what_max_seq_len_keeps(phi3, monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: locating message k renders the k messages before it, so a 10,000-message record took ~30 min
     whatever `max_seq_len` kept. Messages past the kept tokens are no longer located: the renders are bounded by the
