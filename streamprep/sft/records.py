@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from streamprep.sft.config import SectionConfig, SftConfig, label_of_role, layout, section_mode
 
 HH_MARKER = re.compile(r"\n\n(Human|Assistant):")
@@ -96,14 +98,22 @@ def parse_hh(text: str) -> list[tuple[str, str, str]]:
     return turns
 
 
-def _numbers(value: Any, where: str) -> list[float]:
+def _numbers(value: Any, where: str, dtype: str) -> list[float]:
+    """The numbers of a value section; each must be finite in `dtype` (`output.value_dtype`) too, checked here,
+    before QC: one past its range (1e39 in float32), found only when the shard wrote it, took its valid twin's
+    exact-dedup digest and was then dropped, so neither was written."""
     vals = value if isinstance(value, list) else [value]
     out = []
-    for v in vals:
+    top = float(np.finfo(dtype).max)
+    for i, v in enumerate(vals):
+        at = f"{where}[{i}]" if isinstance(value, list) else where
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RecordError("schema", f"{where}: expected a number or a list of numbers, got {type(v).__name__}")
         if not math.isfinite(v):
             raise RecordError("bad_value", f"{where}: {v!r} is not finite")
+        with np.errstate(over="ignore"):  # a finite number past the dtype's range becomes inf there
+            if not np.isfinite(np.asarray(v, dtype=dtype)):
+                raise RecordError("bad_value", f"{at}: {v!r} is beyond {dtype}'s range (±{top:.3g})")
         out.append(float(v))
     if not out:
         raise RecordError("empty", f"{where}: empty list of values")
@@ -150,7 +160,7 @@ def build_item(cfg: SftConfig, sections: tuple[SectionConfig, ...], obj: Any, at
         value = obj if s.field is None else get_path(obj, s.field)
         mode = section_mode(s)
         if mode == "value":
-            item.values.extend(_numbers(value, where))
+            item.values.extend(_numbers(value, where, cfg.output.value_dtype))
             continue
         if mode == "text":
             if not isinstance(value, str):

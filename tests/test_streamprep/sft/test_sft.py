@@ -451,6 +451,22 @@ def test_one_blank_response_does_not_drop_its_group(tmp_path: Path, phi3) -> Non
     assert out[0].tolist() == phi3.backend.encode("   ", add_special_tokens=False).ids
 
 
+def test_a_value_past_its_dtypes_range_is_a_reject_before_qc() -> None:
+    """Regression: only finiteness was checked before QC, so a reward of 1e39 (inf in float32) passed it, took the
+    exact-dedup digest of its valid twin (same prompt and responses) and was then dropped by the shards as
+    `bad_value`: neither group was written. It is rejected before QC now, as a NaN is."""
+    cfg = load_sft_config(sft_section("grpo"))
+    good = grpo_records()[0]
+    assert qc_check({**good, "rewards": [1e39, *good["rewards"][1:]]}, cfg) == \
+        (None, "bad_value: rewards[0]: 1e+39 is beyond float32's range (±3.4e+38)")
+    assert qc_check({**good, "rewards": [3e38, *good["rewards"][1:]]}, cfg)[1] is None
+    wide = load_sft_config({**sft_section("grpo"), "output": {"value_dtype": "float64"}})
+    assert qc_check({**good, "rewards": [1e39, *good["rewards"][1:]]}, wide)[1] is None
+    listed = load_sft_config({"input": {"sections": [{"field": "q"}, {"field": "scores", "action": "value"}]}})
+    assert qc_check({"q": "hi", "scores": [1.0, -1e39]}, listed) == \
+        (None, "bad_value: scores[1]: -1e+39 is beyond float32's range (±3.4e+38)")
+
+
 @pytest.mark.slow
 def test_megatron_core_reads_grouped_documents(tmp_path: Path, phi3) -> None:
     indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
