@@ -69,8 +69,9 @@ class Item:
     trained: list[str] = field(default_factory=list)  # the contents meant to be trained (`no_trained_text`)
 
 
-def get_path(obj: Any, path: str) -> Any:
-    """`a.b.0` into nested mappings / lists; RecordError('schema') when something is missing."""
+def get_path(obj: Any, path: str, name: str | None = None) -> Any:
+    """`a.b.0` into nested mappings / lists; RecordError('schema') when something is missing, naming the field as
+    `name` (where `obj` is in the record: `responses[1].text` for a list_field element's `text`), else `path`."""
     cur = obj
     for part in path.split("."):
         if isinstance(cur, Mapping) and part in cur:
@@ -78,7 +79,7 @@ def get_path(obj: Any, path: str) -> Any:
         elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
             cur = cur[int(part)]
         else:
-            raise RecordError("schema", f"field {path!r} is missing")
+            raise RecordError("schema", f"field {name or path!r} is missing")
     return cur
 
 
@@ -157,7 +158,7 @@ def build_item(cfg: SftConfig, sections: tuple[SectionConfig, ...], obj: Any, at
     trained = item.trained
     for s in sections:
         where = ".".join(p for p in (at, s.field) if p)  # a section without `field` is in a list_field source
-        value = obj if s.field is None else get_path(obj, s.field)
+        value = obj if s.field is None else get_path(obj, s.field, where)
         mode = section_mode(s)
         if mode == "value":
             item.values.extend(_numbers(value, where, cfg.output.value_dtype))

@@ -467,6 +467,18 @@ def test_a_value_past_its_dtypes_range_is_a_reject_before_qc() -> None:
         (None, "bad_value: scores[1]: -1e+39 is beyond float32's range (±3.4e+38)")
 
 
+def test_a_missing_field_in_a_list_element_names_the_element() -> None:
+    """Regression: a list_field element without its section's field was rejected as `field 'text' is missing`, not
+    naming the element (`responses[1].text`), as a wrong type there was."""
+    cfg = load_sft_config({"input": {"sources": {"responses": {"list_field": "responses",
+                                                               "sections": [{"field": "text", "action": "train"}]}}}})
+    assert qc_check({"responses": [{"text": "a"}, {"txt": "b"}]}, cfg) == \
+        (None, "schema: field 'responses[1].text' is missing")
+    assert qc_check({"responses": [{"text": "a"}, {"text": 7}]}, cfg) == \
+        (None, "schema: responses[1].text: expected a string, got int")
+    assert qc_check({"response": [{"text": "a"}]}, cfg) == (None, "schema: field 'responses' is missing")
+
+
 @pytest.mark.slow
 def test_megatron_core_reads_grouped_documents(tmp_path: Path, phi3) -> None:
     indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
