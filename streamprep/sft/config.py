@@ -218,6 +218,14 @@ def check_output_dtype(cfg: Mapping[str, Any]) -> None:
                           f"in 'sft.output.dtype' (set {cfg['output']['dtype']} there)")
 
 
+def check_valid_fraction(cfg: Mapping[str, Any]) -> None:
+    """`output.valid_fraction` splits blend.json's data, and an `sft:` run writes no blend.json (nor any split): set
+    beside it, it would do nothing, so it is an error."""
+    if cfg.get("sft") is not None and cfg["output"]["valid_fraction"] > 0:
+        raise ConfigError(f"config: 'output.valid_fraction' ({cfg['output']['valid_fraction']}) splits blend.json's "
+                          f"data, and an sft: run writes no blend.json nor a validation split (leave it out)")
+
+
 def validate_sft_config(section: Mapping[str, Any] | None) -> dict[str, Any]:
     """Return the `sft:` section with every default filled, or raise SftConfigError naming the first bad key."""
     if section is None:

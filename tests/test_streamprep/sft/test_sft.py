@@ -758,6 +758,31 @@ def test_a_pretraining_dtype_beside_an_sft_section_is_a_config_error(tmp_path: P
     assert validate({**pretraining, "output": {"dtype": "uint16"}})["output"]["dtype"] == "uint16"
 
 
+def test_a_valid_fraction_beside_an_sft_section_is_a_config_error(tmp_path: Path, capsys) -> None:
+    """Regression: `output.valid_fraction: 0.2` was accepted with `sft:` and did nothing (an sft: run writes no
+    blend.json nor a validation split); it is a config error naming the key, exit 2, nothing written."""
+    from streamprep.cli import main
+    from streamprep.config import ConfigError, validate
+
+    data = tmp_path / "a.jsonl"
+    data.write_text('{"p": "hello there"}\n')
+    raw = {"datasets": [{"name": "a", "path": str(data)}], "tokenizer": {"if_missing": "train"},
+           "sft": {"input": {"sections": [{"field": "p", "action": "train"}]}}}
+    assert validate(raw)["output"]["valid_fraction"] == 0.0
+    pretraining = {k: v for k, v in raw.items() if k != "sft"}
+    assert validate({**pretraining, "output": {"valid_fraction": 0.2}})["output"]["valid_fraction"] == 0.2
+    with pytest.raises(ConfigError, match=r"^config: 'output.valid_fraction' \(0.2\) splits blend.json's data, "
+                                          r"and an sft: run writes no blend.json"):
+        validate({**raw, "output": {"valid_fraction": 0.2}})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({**raw, "execution": {"engine": "local"},
+                                                       "output": {"valid_fraction": 0.2}}))
+    assert main(["ingest", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "streamprep: error: config: 'output.valid_fraction' (0.2) splits blend.json's data, and an sft: run writes "
+        "no blend.json nor a validation split (leave it out)"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_output_keys_equal_ignoring_case_are_a_config_error(tmp_path: Path, capsys) -> None:
     """Regression: `chosen:` and `Chosen:` were both accepted and wrote `…_chosen_sequence.bin` and
     `…_Chosen_sequence.bin`, one file on a case-insensitive file system; dataset names were already refused so."""
