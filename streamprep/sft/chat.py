@@ -20,7 +20,9 @@ Masks are computed on characters and mapped to tokens through the encoder's offs
   the mask still comes from the single full encoding).
 
 A token is trained only when every character it covers is trained, so a token that straddles a
-train/mask boundary is masked. Zero-width tokens (special tokens added by the post-processor) take
+train/mask boundary is masked; except, in a template conversation, one whose masked characters are only the
+template's whitespace right before a trained content (Llama-2's `[/INST] ` + `Blue`: `▁Blue`), which the model has
+to produce. Zero-width tokens (special tokens added by the post-processor) take
 the label of the token before them (or after, at the start).
 """
 from __future__ import annotations
@@ -218,18 +220,20 @@ def _lcp(a: str, b: str) -> int:
     return lo
 
 
-def token_labels(offsets: np.ndarray, char_train: np.ndarray) -> tuple[np.ndarray, int]:
-    """Per-token 0/1 from per-character 0/1: trained iff every covered character is. Returns (labels,
-    number of tokens that straddle a train/mask boundary, which are masked)."""
+def token_labels(offsets: np.ndarray, char_train: np.ndarray, char_lead: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, int]:
+    """Per-token 0/1 from per-character 0/1: trained iff every covered character is, or is a `char_lead` one (the
+    template's whitespace just before a trained content) and at least one is trained. Returns (labels, number of
+    tokens that straddle a train/mask boundary otherwise, which are masked)."""
     n = len(offsets)
     if n == 0:
         return np.zeros(0, dtype=np.uint8), 0
-    cs = np.concatenate(([0], np.cumsum(char_train, dtype=np.int64)))
     s, e = offsets[:, 0], offsets[:, 1]
     width = e - s
-    covered = cs[e] - cs[s]
-    labels = ((width > 0) & (covered == width)).astype(np.uint8)
-    straddles = int(((covered > 0) & (covered < width)).sum())
+    covered = _covered(char_train, s, e)
+    allowed = covered if char_lead is None else covered + _covered(char_lead, s, e)
+    labels = ((width > 0) & (covered > 0) & (allowed == width)).astype(np.uint8)
+    straddles = int(((covered > 0) & (allowed < width)).sum())
     zero = np.flatnonzero(width <= 0)
     if len(zero):
         nz = np.flatnonzero(width > 0)
@@ -237,6 +241,12 @@ def token_labels(offsets: np.ndarray, char_train: np.ndarray) -> tuple[np.ndarra
             j = nz[np.searchsorted(nz, i) - 1] if len(nz) and nz[0] < i else (nz[0] if len(nz) else None)
             labels[i] = labels[j] if j is not None else 0
     return labels, straddles
+
+
+def _covered(chars: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """How many of the characters [s, e) of each token are set in `chars` (0/1)."""
+    cs = np.concatenate(([0], np.cumsum(chars, dtype=np.int64)))
+    return cs[e] - cs[s]
 
 
 @dataclass
@@ -376,10 +386,17 @@ def encode_template_unit(tok: ChatTokenizer, unit: TemplateUnit, limit: int | No
     """The unit's ids and mask; with `limit`, the mask is exact on its first `limit` tokens only (message_spans)."""
     text, ends, starts, ids, offsets, diag = message_spans(tok, unit, limit)
     char_train = np.zeros(len(text), dtype=np.uint8)
-    for m, start, end in zip(unit.messages, starts, ends):
+    char_lead = np.zeros(len(text), dtype=np.uint8)
+    for m, span, start, end in zip(unit.messages, [0] + ends, starts, ends):
         if m.train and start is not None:
             char_train[start:end] = 1
-    labels, straddles = token_labels(offsets, char_train)
+            # the header's whitespace right before the content (Llama-2's `[/INST] ` + content): a token it merges
+            # into with the content's first word (`▁Blue`) is one the model must produce, so it is trained
+            lead = start
+            while lead > span and text[lead - 1].isspace():
+                lead -= 1
+            char_lead[lead:start] = 1
+    labels, straddles = token_labels(offsets, char_train, char_lead)
     _bump(diag, "straddling_tokens_masked", straddles)
     _bump(diag, "conversations")
     _bump(diag, "messages", len(unit.messages))

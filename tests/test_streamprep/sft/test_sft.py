@@ -165,6 +165,16 @@ NO_SYSTEM = ("{% for m in messages %}{% if m['role'] != 'system' %}### {{ m['rol
              "{% endif %}{% endfor %}")
 
 
+def phi3_with_template(tmp_path: Path, shared_data: Path, template: str):
+    """phi-3-mini's tokenizer with another chat template."""
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    shutil.copy(shared_data / PHI3 / "tokenizer.json", tok_dir)
+    tcfg = json.loads((shared_data / PHI3 / "tokenizer_config.json").read_text())
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": template}))
+    return load_chat_tokenizer(tok_dir)
+
+
 @pytest.mark.parametrize("template, system_run", [(LLAMA2, "Always answer in French.\n<</SYS>>\n\n"),
                                                    (GEMMA, "Always answer in French.\n\n"), (NO_SYSTEM, None)],
                          ids=["llama2", "gemma", "no_system"])
@@ -174,12 +184,7 @@ def test_a_system_prompt_merged_into_the_first_user_turn_is_rendered(tmp_path: P
     together with the user turn after it: it was counted as `messages_not_rendered` (and summed in the audit) though
     the sequence holds it, and `mask: {system: train}` trained none of it. One the template leaves out is still
     counted and untrained; the sequence and the assistant's runs never change."""
-    tok_dir = tmp_path / "tok"
-    tok_dir.mkdir()
-    shutil.copy(shared_data / PHI3 / "tokenizer.json", tok_dir)
-    tcfg = json.loads((shared_data / PHI3 / "tokenizer_config.json").read_text())
-    (tok_dir / "tokenizer_config.json").write_text(json.dumps({**tcfg, "chat_template": template}))
-    tok = load_chat_tokenizer(tok_dir)
+    tok = phi3_with_template(tmp_path, shared_data, template)
     msgs = [{"role": "system", "content": "Always answer in French."},
             {"role": "user", "content": "What is the capital of France?"},
             {"role": "assistant", "content": "La capitale de la France est Paris."}]
@@ -199,6 +204,45 @@ def test_a_system_prompt_merged_into_the_first_user_turn_is_rendered(tmp_path: P
             assert len(answers) == 1 and "Paris" in answers[0]
         else:
             assert runs == ([] if system_run is None else [system_run]) + answers
+
+
+@pytest.mark.parametrize("template, runs", [
+    (LLAMA2, ["Blue is one. <|endoftext|>", "Red works too. <|endoftext|>"]),  # phi-3's eos_token
+    ("{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n\n{% endfor %}",
+     ["Blue is one.\n\n", "Red works too.\n\n"])], ids=["llama2", "newline_header"])
+def test_the_first_token_of_an_answer_the_templates_space_merges_into_is_trained(
+        tmp_path: Path, shared_data: Path, template: str, runs: list[str]) -> None:
+    """Regression: Llama-2's `[/INST]` + ' ' + content puts a space the first word merges with (`▁Blue`): the token
+    straddled the header and the content and was masked, so no answer's first token was trained. A token whose
+    masked characters are only the template's whitespace right before a trained content is trained now; a token of
+    that whitespace alone (a header's `\n`) stays masked."""
+    tok = phi3_with_template(tmp_path, shared_data, template)
+    msgs = [{"role": "user", "content": "Name a primary colour."}, {"role": "assistant", "content": "Blue is one."},
+            {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Red works too."}]
+    cfg = load_sft_config({"input": {"sections": [{"field": "messages", "template": True}]}})
+    stats = prepare_part(write_part(tmp_path / "p.jsonl", [{"messages": msgs}], cfg), tmp_path / "o" / "p", tok, cfg,
+                         FP)
+    assert "straddling_tokens_masked" not in stats["diagnostics"]
+    seq, lm = opened(tmp_path / "o", "p_s0000_text_sequence"), opened(tmp_path / "o", "p_s0000_text_loss_mask")
+    assert seq[0].tolist() == tok.backend.encode(tok.hf.apply_chat_template(msgs, tokenize=False),
+                                                 add_special_tokens=False).ids
+    assert [tok.decode(r) for r in trained_runs(seq[0], lm[0])] == runs
+
+
+def test_token_labels_train_a_token_of_leading_whitespace_only_with_trained_text() -> None:
+    """A token of trained characters and the template's whitespace before them is trained; one of that whitespace
+    alone, or of whitespace and other masked characters, is not (a straddle, counted)."""
+    from streamprep.sft.chat import token_labels
+
+    #         text:  "ab" " " " " "Blue"   (chars 0-1 header, 2-3 whitespace before the content, 4-7 content)
+    train = np.array([0, 0, 0, 0, 1, 1, 1, 1], dtype=np.uint8)
+    lead = np.array([0, 0, 1, 1, 0, 0, 0, 0], dtype=np.uint8)
+    offsets = np.array([[0, 2], [2, 3], [3, 6], [6, 8]])
+    assert token_labels(offsets, train, lead)[0].tolist() == [0, 0, 1, 1]
+    assert token_labels(offsets, train)[0].tolist() == [0, 0, 0, 1]
+    straddle = np.array([[0, 1], [1, 6], [6, 8]])
+    assert [a.tolist() if isinstance(a, np.ndarray) else a for a in token_labels(straddle, train, lead)] == \
+        [[0, 0, 1], 1]
 
 
 def test_qc_text_and_schema_rejects(glaive: dict[str, Any]) -> None:
