@@ -257,6 +257,15 @@ def test_qc_text_and_schema_rejects(glaive: dict[str, Any]) -> None:
     assert qc_text({"chosen": "no transcript", "rejected": "\n\nHuman: hi\n\nAssistant: yo"}, dpo) is None
 
 
+def test_chats_whose_text_is_split_into_other_messages_share_their_qc_text() -> None:
+    """As sft.md §4 says: the QC text, which exact dedup compares, joins the contents by blank lines with no role
+    or message boundary, so the same text split at a blank line into other messages is one text (a duplicate)."""
+    cfg = load_sft_config(sft_section("sft_chat"))
+    a = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "It is 4.\n\nAnything else?"}]
+    b = [{"role": "user", "content": "What is 2+2?\n\nIt is 4."}, {"role": "assistant", "content": "Anything else?"}]
+    assert qc_text({"messages": a}, cfg) == qc_text({"messages": b}, cfg) == "What is 2+2?\n\nIt is 4.\n\nAnything else?"
+
+
 def test_a_message_without_content_is_a_schema_reject(tmp_path: Path, phi3) -> None:
     """Regression: a message whose content key was missing (a typo, `text` for `value`) or null read as "", so the
     record was kept and its assistant answer trained after an empty user turn, the question gone, with no reject."""
