@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 from streamprep.config import ConfigError
 from streamprep.sources.base import BadRecord, SourceError, Unit, one_line
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _listed_folder,
-                                      _special, bounded_lines, broken_link, detect_format, filesystem, long_line,
+                                      _special, bounded_lines, broken_link, detect_format, input_filesystem, long_line,
                                       open_input, parquet_rows, refused)
 
 Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
@@ -83,7 +83,7 @@ def _plan_file(i: int, f: str, fmt: str | None, unit_bytes: int, options: Option
 
 
 def _size(path: str, options: Options) -> int:
-    fs, stripped = filesystem(path, options)
+    fs, stripped = input_filesystem(path, options)
     return fs.size(stripped)
 
 
@@ -92,7 +92,7 @@ def _cuts(path: str, size: int, unit_bytes: int, options: Options) -> list[tuple
     a file opening with a UTF-16/32 byte-order mark (its newlines are not b"\\n"). Each cut costs one small
     read (a ranged GET of PROBE_BYTES on an object store), or as many as the line it falls in needs: the planner
     reads to its newline PROBE_BYTES at a time and holds none of it (a file with no newline is read through once)."""
-    fs, stripped = filesystem(path, options)
+    fs, stripped = input_filesystem(path, options)
     with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:
         head = fh.read(4)  # once: read per mark, each mark met the next 4 bytes, so only UTF-32-LE's was found and a
         if any(head.startswith(bom) for bom, _ in WIDE_BOMS):  # UTF-16 file was cut in ranges read again as UTF-8
@@ -138,7 +138,7 @@ def _row_groups(path: str, options: Options) -> list[int]:
     when it cannot be read or is empty (read as a `file` unit, its reader reports it as a reject)."""
     import pyarrow.parquet as pq  # here and in `read_unit`: a plan without Parquet files never needs it
 
-    fs, stripped = filesystem(path, options)
+    fs, stripped = input_filesystem(path, options)
     try:
         with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:  # the footer only
             meta = pq.ParquetFile(fh).metadata

@@ -21,6 +21,7 @@ import fnmatch
 import glob as globmod
 import hashlib
 import io
+import itertools
 import lzma
 import os
 import reprlib
@@ -390,6 +391,7 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
         return sorted(_walk(str(p))) if p.is_dir() else [path]
     fs, stripped = filesystem(path, storage_options)
     folders: set[str] = set()
+    objects: list[str] = []  # folders a glob matched that are objects too
     if fs.isfile(stripped):  # first: on HTTP, isdir would GET the page to list its links; and as on disk, an object
         files = [stripped]   # named with glob characters as written (`br[1].jsonl`) is that object
     elif globmod.has_magic(path):  # as the glob lists on disk: hidden names skipped, no folder marker, and a
@@ -399,11 +401,14 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
         folders = {p for p, kind in matched.items() if kind == "directory"}
         files = list(_globbed([p for p, kind in matched.items() if kind in ("file", "directory")],
                               folders.__contains__, lambda folder: _holds_objects(fs, folder)))
+        root = "/".join(itertools.takewhile(lambda part: not globmod.has_magic(part), stripped.split("/")))
+        objects = [] if dirs_only else _objects_among(fs, {f for f in folders if f.startswith(root + "/")})
     else:
         top = stripped.rstrip("/") + "/"  # hidden (a name, or a folder's, below the prefix), or a folder marker
         files = [p for p in fs.find(stripped) if not any(n.startswith(".") for n in p.removeprefix(top).split("/"))
                  and not p.endswith("/")] if fs.isdir(stripped) else []  # (`sub/`: S3 consoles, Spark, Hadoop)
-    return [fs.unstrip_protocol(p) + ("/" if p in folders else "") for p in sorted(files)]
+    listed = sorted([(p, p in folders) for p in files] + [(p, False) for p in objects])  # an object before its folder
+    return [fs.unstrip_protocol(p) + "/" * folder for p, folder in listed]
 
 
 def _listed_folder(path: str) -> bool:
@@ -474,6 +479,21 @@ def _holds_anything(folder: str) -> bool:
         return True   # its reader's reject says why it cannot be listed
 
 
+def _objects_among(fs: fsspec.AbstractFileSystem, folders: set[str]) -> list[str]:
+    """The folders a glob matched that are also an object: a key that is the prefix of other keys (`x.jsonl` and
+    `x.jsonl/a.jsonl`) is both, and fsspec's glob keeps one entry per name, the folder, so the object's records
+    were never read. Told by its parent's listing, which the glob listed (cached: no request); so only the folders
+    below the glob's root (`x.jsonl/**` matches `x.jsonl` too, and means what is under it)."""
+    found: list[str] = []
+    for parent in sorted({f.rsplit("/", 1)[0] for f in folders}):
+        try:
+            entries = fs.ls(parent, detail=True)
+        except FileNotFoundError:
+            continue
+        found += [e["name"] for e in entries if e.get("type") == "file" and e["name"] in folders]
+    return sorted(set(found))
+
+
 def _holds_objects(fs: fsspec.AbstractFileSystem, folder: str) -> bool:
     """An object store's `_holds_anything`: a name under `folder` that is neither hidden nor a folder marker. A
     folder of nothing but its marker (`data/empty/`, an S3 console's "Create folder") is not found once a `**` glob's
@@ -531,13 +551,25 @@ def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> t
     return fsspec.core.url_to_fs(path, **options)
 
 
+def input_filesystem(path: str, storage_options: Mapping[str, Any] | None = None
+                     ) -> tuple[fsspec.AbstractFileSystem, str]:
+    """`filesystem` of an input file `expand` listed as an object, to size, identify or open it. Once a key that is
+    also the prefix of other keys (`x.jsonl` beside `x.jsonl/a.jsonl`) was listed as a folder, s3fs's listing cache
+    gives it as a size-0 folder: its size, identity and bytes were none (an `empty file` reject, recorded as 0
+    bytes). Its entry as a folder is dropped, so the object is what the next `info` or `open` finds."""
+    fs, p = filesystem(path, storage_options)
+    if "://" in path and fs.dircache.pop(p, None) is not None and fs.info(p).get("type") != "file":
+        fs.invalidate_cache(p)  # (its parent's listing named the folder first): asked of the store
+    return fs, p
+
+
 def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, start: int = 0,
                end: int | None = None, compression: str | None = None) -> BinaryIO:
     """The one place an input file is opened: local path or fsspec URL, bytes [start, end) of the stored file.
 
     On an object store a read from `start` is a ranged GET, so a resume fetches only what it needs. With
     `compression` the decompressed stream is returned and the range must be the whole file."""
-    fs, p = filesystem(path, storage_options)
+    fs, p = input_filesystem(path, storage_options)
     if compression is not None and (start or end is not None):
         raise ValueError(f"{path}: a byte range of a {compression} file cannot be decoded")
     if end is not None and end - start <= MAX_LINE_BYTES:  # a unit of the plan: exactly its bytes, in one ranged read
@@ -932,7 +964,7 @@ def identity(path: str, storage_options: Mapping[str, Any] | None = None, hashed
         if not hashed:
             return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     try:
-        fs, p = filesystem(path, storage_options)
+        fs, p = input_filesystem(path, storage_options)
         info = fs.info(p)
         size = info.get("size")
         etag = info.get("ETag") or info.get("etag")
@@ -968,7 +1000,7 @@ def _zero_bytes(path: str, storage_options: Mapping[str, Any] | None) -> bool:
     an hf:// one), not pyarrow's 'unreadable Parquet file …: Parquet file size is 0 bytes' or a .bz2/.xz's
     'unreadable rest of … after record 0 … EOFError'."""
     try:
-        fs, p = filesystem(path, storage_options)
+        fs, p = input_filesystem(path, storage_options)
         return fs.size(p) == 0
     except OSError:  # gone meanwhile: not known to be empty
         return False

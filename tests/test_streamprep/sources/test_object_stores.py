@@ -793,3 +793,38 @@ def test_an_azure_path_without_adlfs_is_a_config_error_naming_the_key(path: str,
         validate({"datasets": [{"name": "web", "path": path, "optional": True}]}, base_dir=tmp_path)
     assert str(err.value) == (f"config: 'datasets[0].path': {path}: ImportError: Install adlfs to access Azure "
                               f"Datalake Gen2 and Azure Blob Storage")
+
+
+def _ingested(path: str, run: Path) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """A job over `path`: its summary, its rejects' reasons and its inputs (path: size and etag)."""
+    result = run_from_dict(base_config([{"name": "web", "path": path}], None), run_dir=run, console_log=False)
+    assert result.status == "complete"
+    rejects = run / "rejects" / "web.jsonl"
+    reasons = [json.loads(x)["reason"] for x in rejects.read_text().splitlines()] if rejects.exists() else []
+    inputs = {f["path"]: (f.get("size"), f.get("etag"))
+              for f in json.loads((run / "checkpoints" / "web.inputs").read_text())["files"]}
+    return result.summary, reasons, inputs
+
+
+def test_a_key_that_is_also_a_prefix_is_read_as_the_object_it_is(s3: Proxy, tmp_path: Path) -> None:
+    """Regression: `x.jsonl` beside `x.jsonl/inner.jsonl` lost its records. Once the prefix was listed, s3fs's
+    cache called it a size-0 folder: `s3://…/both/` made it one reject, `empty file s3://…/x.jsonl`, recorded in
+    `<ds>.inputs` as 0 bytes; `s3://…/both/*.jsonl` listed only the folder, one reject naming `x.jsonl/`."""
+    fs, prefix = filesystem("s3://x")[0], f"s3://{BUCKET}/both/"
+    objects = {"a.jsonl": _jsonl(DOCS[:3]), "x.jsonl": _jsonl(DOCS[3:7]), "x.jsonl/inner.jsonl": _jsonl(DOCS[7:12])}
+    for name, data in objects.items():
+        fs.pipe(f"{BUCKET}/both/{name}", data)
+    fs.invalidate_cache()
+    want = {prefix + name: (len(data), hashlib.md5(data).hexdigest()) for name, data in objects.items()}
+    summary, reasons, inputs = _ingested(prefix, tmp_path / "prefix")
+    assert inputs == want and reasons == []
+    assert summary["kept"]["web"] + summary["rejected"]["web"] == 12
+    summary, reasons, inputs = _ingested(prefix + "*.jsonl", tmp_path / "glob")
+    assert inputs == {**{k: v for k, v in want.items() if "inner" not in k}, prefix + "x.jsonl/": (None, None)}
+    assert reasons == [f"{prefix}x.jsonl/ is a folder not read into when the dataset's files were listed, skipped (a "
+                       f"glob's `*` names the folder, not its files: `**` reads folders at any depth; or it could "
+                       f"not be listed then)"]
+    assert summary["kept"]["web"] + summary["rejected"]["web"] == 3 + 4 + 1
+    from streamprep.sources.local import expand
+
+    assert expand(prefix + "**") == sorted(want)  # the object, and its folder reached into
