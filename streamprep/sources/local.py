@@ -361,7 +361,7 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
         raise ConfigError(f"config: '{key}.path': {path} names a folder, which is not listed over {path.split(':')[0]} "
                           f"(its URL is a page, not a file): name a file, or a glob, `{path}*.jsonl` reads the files "
                           f"the page links to")
-    if all(_listed_folder(f) for f in found):
+    if not found or (globmod.has_magic(path) and all(_listed_folder(f) for f in found)):  # (a prefix's are objects)
         raise MissingInput(f"config: '{key}.path': no object matches {path}" + (only_folders(path) if found else ""))
     if found == [path]:  # a file there but not read is the config's fault, as on disk: not a missing input
         _check_format(f"{key}.path", path, ds["format"])
@@ -397,7 +397,7 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     elif globmod.has_magic(path):  # as the glob lists on disk: hidden names skipped, no folder marker, and a
         dirs_only = "/" * path.endswith("/")  # trailing '/' matches folders alone (the filesystem strips it)
         matched = {p: info.get("type") for p, info in fs.glob(stripped + dirs_only, detail=True).items()
-                   if not p.endswith("/") and glob_shows(stripped, p)}
+                   if _not_marker(p, info) and glob_shows(stripped, p.rstrip("/"))}
         folders = {p for p, kind in matched.items() if kind == "directory"}
         files = list(_globbed([p for p, kind in matched.items() if kind in ("file", "directory")],
                               folders.__contains__, lambda folder: _holds_objects(fs, folder)))
@@ -405,10 +405,18 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
         objects = [] if dirs_only else _objects_among(fs, {f for f in folders if f.startswith(root + "/")})
     else:
         top = stripped.rstrip("/") + "/"  # hidden (a name, or a folder's, below the prefix), or a folder marker
-        files = [p for p in fs.find(stripped) if not any(n.startswith(".") for n in p.removeprefix(top).split("/"))
-                 and not p.endswith("/")] if fs.isdir(stripped) else []  # (`sub/`: S3 consoles, Spark, Hadoop)
-    listed = sorted([(p, p in folders) for p in files] + [(p, False) for p in objects])  # an object before its folder
+        files = [p for p, info in fs.find(stripped, detail=True).items() if _not_marker(p, info) and not any(
+                 n.startswith(".") for n in p.rstrip("/").removeprefix(top).split("/"))] if fs.isdir(stripped) else []
+    # an object before its folder; a key ending in '/' (not a marker) is listed as its folder, once: its reader's reject
+    listed = sorted({(p.rstrip("/"), p in folders or p.endswith("/")) for p in files} | {(p, False) for p in objects})
     return [fs.unstrip_protocol(p) + "/" * folder for p, folder in listed]
+
+
+def _not_marker(key: str, info: Mapping[str, Any]) -> bool:
+    """Whether a listed key is other than a folder marker, a zero-byte key ending in '/' (`sub/`: S3 consoles, Spark,
+    Hadoop). A non-empty one holds data no fsspec store opens (it drops the trailing '/'): it was left out without a
+    word; it is listed, and its reader makes it one counted reject naming it (`_unread_folder`)."""
+    return not key.endswith("/") or bool(info.get("size"))
 
 
 def _listed_folder(path: str) -> bool:
@@ -498,12 +506,13 @@ def _holds_objects(fs: fsspec.AbstractFileSystem, folder: str) -> bool:
     """An object store's `_holds_anything`: a name under `folder` that is neither hidden nor a folder marker. A
     folder of nothing but its marker (`data/empty/`, an S3 console's "Create folder") is not found once a `**` glob's
     listing is cached (s3fs leaves the marker out of it): it holds nothing, as an empty folder on disk; the error
-    refused the whole dataset, naming the folder."""
+    refused the whole dataset, naming the folder. A non-empty key `folder/` is something (`_not_marker`)."""
     try:
-        names = fs.ls(folder, detail=False)
+        entries = fs.ls(folder, detail=True)
     except FileNotFoundError:
         return False
-    return any(not n.endswith("/") and not n.rsplit("/", 1)[-1].startswith(".") for n in names)
+    return any(_not_marker(e["name"], e) and not e["name"].rstrip("/").rsplit("/", 1)[-1].startswith(".")
+               for e in entries)
 
 
 def _walk(top: str) -> Iterator[str]:
@@ -523,10 +532,20 @@ def _walk(top: str) -> Iterator[str]:
         yield exc.filename
 
 
-def _unread_folder(path: str) -> str:
+def _unread_folder(path: str, storage_options: Mapping[str, Any] | None = None) -> str:
     """Why a folder among a dataset's files is skipped (`_globbed`, `_walk`). A unit's reader does not know its
-    dataset's path, so a folder that can be listed now says both ways it can have been left unread."""
-    if "://" in path:  # an object store's: only a glob lists one
+    dataset's path, so a folder that can be listed now says both ways it can have been left unread. An object
+    store's may be a non-empty key ending in '/' (`_not_marker`): one LIST tells, for a reject only."""
+    if "://" in path:  # an object store's: a glob's folder, or a key ending in '/'
+        fs, p = filesystem(path, storage_options)
+        fs.dircache.pop(p, None)  # (s3fs's listing of a prefix leaves the key out of its folder's)
+        try:
+            size = next((e.get("size") for e in fs.ls(p, detail=True) if e["name"] == p + "/"), None)
+        except OSError:  # not there (or not listed now): a folder, as it was listed
+            size = None
+        if size:
+            return (f"is an object of {size} bytes whose key ends in `/`, which names a folder on an object store "
+                    f"(its reader drops the `/`), not read, skipped (copy it to a key without the trailing `/`)")
         return _NOT_READ_INTO
     if os.path.islink(path):
         return "is a symlinked folder, not followed, skipped (name it, or its target, as a dataset path of its own)"
@@ -1068,7 +1087,7 @@ class LocalSource:
         module doc). Ingest reads a compressed or Parquet-less file this way, as one stream unit."""
         nxt = {"file": i + 1, "record": 0}
         if _listed_folder(path):  # a folder `expand` listed as not read
-            yield BadRecord(f"{path} {_unread_folder(path)}", ""), nxt
+            yield BadRecord(f"{path} {_unread_folder(path, self.storage_options)}", ""), nxt
             return
         if _special(path):
             yield BadRecord(f"{path} is not a regular file (FIFO, socket or device), skipped", ""), nxt

@@ -828,3 +828,25 @@ def test_a_key_that_is_also_a_prefix_is_read_as_the_object_it_is(s3: Proxy, tmp_
     from streamprep.sources.local import expand
 
     assert expand(prefix + "**") == sorted(want)  # the object, and its folder reached into
+
+
+def test_a_non_empty_key_ending_in_a_slash_is_a_counted_reject_naming_it(s3: Proxy, tmp_path: Path) -> None:
+    """Regression: `data.jsonl/` holding records was left out of a prefix and of a glob without a reject, as a folder
+    marker is; docs/operations.md leaves out only zero-byte keys ending in `/`. No fsspec store opens it (the
+    trailing `/` is dropped): it is one counted reject saying so. The marker `empty/` is still passed over."""
+    from streamprep.sources.local import expand
+
+    fs, prefix = filesystem("s3://x")[0], f"s3://{BUCKET}/slash/"
+    data = _jsonl(DOCS[3:8])
+    for key, body in (("a.jsonl", _jsonl(DOCS[:3])), ("data.jsonl/", data), ("empty/", b"")):
+        fs.pipe(f"{BUCKET}/slash/{key}", body)
+    for pattern in ("", "*.jsonl", "**", "*"):
+        fs.invalidate_cache()
+        assert expand(prefix + pattern) == [prefix + "a.jsonl", prefix + "data.jsonl/"], pattern
+    fs.invalidate_cache()
+    summary, reasons, inputs = _ingested(prefix, tmp_path / "run")
+    assert reasons == [f"{prefix}data.jsonl/ is an object of {len(data)} bytes whose key ends in `/`, which names a "
+                       f"folder on an object store (its reader drops the `/`), not read, skipped (copy it to a key "
+                       f"without the trailing `/`)"]
+    assert list(inputs) == [prefix + "a.jsonl", prefix + "data.jsonl/"]
+    assert summary["kept"]["web"] + summary["rejected"]["web"] == 3 + 1
