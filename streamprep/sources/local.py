@@ -392,9 +392,10 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     fs, stripped = filesystem(path, storage_options)
     folders: set[str] = set()
     objects: list[str] = []  # folders a glob matched that are objects too
-    if fs.isfile(stripped):  # first: on HTTP, isdir would GET the page to list its links; and as on disk, an object
-        files = [stripped]   # named with glob characters as written (`br[1].jsonl`) is that object
-    elif globmod.has_magic(path):  # as the glob lists on disk: hidden names skipped, no folder marker, and a
+    kind = _kind(fs, stripped)  # first: on HTTP, isdir would GET the page to list its links; and as on disk, an
+    if kind == "file":          # object named with glob characters as written (`br[1].jsonl`) is that object,
+        files = [stripped]      # and such a prefix (`w[1]/`) that prefix: its glob read `w1/` instead
+    elif globmod.has_magic(path) and kind != "directory":  # as the glob lists on disk: hidden names skipped, no folder marker, and a
         dirs_only = "/" * path.endswith("/")  # trailing '/' matches folders alone (the filesystem strips it)
         matched = {p: info.get("type") for p, info in fs.glob(stripped + dirs_only, detail=True).items()
                    if _not_marker(p, info) and glob_shows(stripped, p.rstrip("/"))}
@@ -410,6 +411,15 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     # an object before its folder; a key ending in '/' (not a marker) is listed as its folder, once: its reader's reject
     listed = sorted({(p.rstrip("/"), p in folders or p.endswith("/")) for p in files} | {(p, False) for p in objects})
     return [fs.unstrip_protocol(p) + "/" * folder for p, folder in listed]
+
+
+def _kind(fs: fsspec.AbstractFileSystem, path: str) -> str | None:
+    """The type `info` gives `path` ("file", "directory"), or None where `fs.isfile` would say False for an error
+    (none there, as a glob's path usually is): the one request `isfile` made, telling a prefix too."""
+    try:
+        return fs.info(path).get("type")
+    except Exception:  # as fs.isfile: the listing or glob that follows raises what is wrong
+        return None
 
 
 def _not_marker(key: str, info: Mapping[str, Any]) -> bool:

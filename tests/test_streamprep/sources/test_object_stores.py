@@ -850,3 +850,23 @@ def test_a_non_empty_key_ending_in_a_slash_is_a_counted_reject_naming_it(s3: Pro
                        f"without the trailing `/`)"]
     assert list(inputs) == [prefix + "a.jsonl", prefix + "data.jsonl/"]
     assert summary["kept"]["web"] + summary["rejected"]["web"] == 3 + 1
+
+
+def test_a_prefix_named_with_glob_characters_is_that_prefix_as_on_disk(s3: Proxy, tmp_path: Path) -> None:
+    """Regression: `s3://b/w[1]/` was read as a glob: exit 2, `no object matches s3://b/w[1]/ (only folders do: …;
+    `s3://b/w[1]/*` reads the files in them)`, and that path read `w1/other.jsonl`, another folder. On disk a name
+    with glob characters that exists as written is that name (docs/config.md); a prefix is too."""
+    from streamprep.sources.local import check_entry, expand
+
+    fs, local = filesystem("s3://x")[0], tmp_path / "br"
+    for key in ("w[1]/a.jsonl", "w1/other.jsonl"):
+        (local / key).parent.mkdir(parents=True, exist_ok=True)
+        (local / key).write_bytes(_jsonl(DOCS[:3]))
+        fs.pipe(f"{BUCKET}/br/{key}", _jsonl(DOCS[:3]))
+    prefix = f"s3://{BUCKET}/br/"
+    for name in ("w[1]/", "w[1]"):
+        on_disk = [Path(f).relative_to(local).as_posix() for f in expand(f"{local}/{name}")]
+        fs.invalidate_cache()
+        assert [f.removeprefix(prefix) for f in expand(prefix + name)] == on_disk == ["w[1]/a.jsonl"]
+        check_entry("datasets[0]", {"path": prefix + name, "storage_options": None, "format": None})
+    assert expand(prefix + "w[12]/") == [prefix + "w1/"]  # no such prefix: a glob, as on disk
