@@ -150,6 +150,17 @@ def datasets_status(run_dir: Path, record: dict[str, Any]) -> dict[str, dict[str
         raise damaged_record(run_dir, exc) from None
 
 
+def finished_audit(run_dir: Path, audit: Any, record: Any) -> bool:
+    """Whether `audit` (audit/audit.json as read) is the finished run's own report: gathered from run.json's last
+    complete attempt (its run_id and finished_at), with its audit.html. A report of a partial run (`streamprep audit`
+    mid-run) or of an earlier attempt, or one a stop or kill cut short, is not: it must not stand for the run's."""
+    run = audit.get("run") if isinstance(audit, dict) else None
+    return (isinstance(record, dict) and record.get("status") == "complete" and isinstance(run, dict)
+            and run.get("status") == "complete" and run.get("run_id") == record.get("run_id")
+            and run.get("finished_at") == record.get("finished_at")
+            and RunLayout(run_dir).audit_json.with_name("audit.html").is_file())
+
+
 def run_state(run_dir: Path, record: dict[str, Any]) -> tuple[str, str | None, dict[str, Any] | None]:
     """(state, resumable_reason, lock holder): run.json's status judged against the run lock, since a run killed
     (kill -9, power loss) leaves run.json saying `running` with nobody holding the lock: that is `crashed`."""
@@ -179,7 +190,7 @@ def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[s
     all_tokenized = all_ingested and all(d["stage"] == "tokenized" for d in datasets.values())
     layout = RunLayout(run_dir)
     exports = {"manifest": layout.manifest.is_file(), "blend": layout.blend.is_file(),
-               "mixtures": layout.mixtures.is_file(), "audit": layout.audit_json.is_file()}
+               "mixtures": layout.mixtures.is_file(), "audit": finished_audit(run_dir, read_json(layout.audit_json), record)}
     if not all_ingested:
         stage = "ingest"
     elif not all_tokenized:

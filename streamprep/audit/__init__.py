@@ -25,6 +25,7 @@ from streamprep import atomic, logs
 from streamprep.audit.gather import VERSION, build_audit, public_audit
 from streamprep.audit.render import render_html, summary_text
 from streamprep.layout import RunLayout, read_json
+from streamprep.status import finished_audit
 
 if TYPE_CHECKING:
     from streamprep.executor import Executor
@@ -36,10 +37,13 @@ WRITER_WAIT_S = 60.0  # how long a writer waits for another's audit before writi
 
 
 def summary_from_file(run_dir: str | Path) -> str | None:
-    """The summary of an existing audit/audit.json (None when there is none)."""
-    path = RunLayout(run_dir).audit_json
+    """The summary of the finished run's audit/audit.json; None when there is none, or it is not that run's
+    (status.finished_audit): a re-run of a complete run then writes the audit again rather than print a stale one."""
+    layout = RunLayout(run_dir)
+    path = layout.audit_json
     audit = read_json(path)
-    if not isinstance(audit, dict) or audit.get("version") != VERSION:
+    if not isinstance(audit, dict) or audit.get("version") != VERSION \
+            or not finished_audit(layout.run_dir, audit, read_json(layout.run_json)):
         return None
     return summary_text(audit, path.with_name("audit.html"))
 
@@ -55,8 +59,9 @@ def write_audit(run_dir: str | Path, executor: Executor | None = None) -> str:
         audit, examples = executor.submit(build_audit, run_dir).result() if executor is not None \
             else build_audit(run_dir)
         public = public_audit(audit)
-        atomic.write_bytes(out_dir / "audit.json", atomic.dumps_json(public))
+        # audit.json last: a stop between the two leaves the old one, which a re-run then writes again
         atomic.write_bytes(out_dir / "audit.html", render_html(audit, examples).encode("utf-8"))
+        atomic.write_bytes(out_dir / "audit.json", atomic.dumps_json(public))
     return summary_text(public, out_dir / "audit.html")
 
 

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _audit_summary(run_dir: Path) -> str | None:
-    """The audit summary the run wrote (audit/audit.json); written here if the run did not write one."""
+    """The audit summary the run wrote (audit/audit.json); written here if the run did not write one, or audit/ holds
+    another (a partial run's, an earlier attempt's, one a stop cut short: audit.summary_from_file)."""
     try:
         return audit.summary_from_file(run_dir) or audit.write_audit(run_dir)
     except Exception as exc:  # the run itself succeeded; a report problem must not turn it into a failure

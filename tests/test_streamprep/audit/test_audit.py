@@ -428,3 +428,69 @@ def test_audit_of_a_read_only_run_dir_is_exit_2_naming_the_folder(e2e_run, tmp_p
         f"streamprep: error: cannot write the audit in {refusing}: Permission denied; make that folder writable, or "
         f"audit a copy of the run dir"]
     assert (list(audit_dir.iterdir()) == []) if audit_dir_exists else not audit_dir.exists()  # nothing written
+
+
+def test_a_rerun_of_a_complete_run_rewrites_an_audit_that_is_not_the_finished_runs(tmp_path, capsys, monkeypatch):
+    """Regression (hunter R50 X1): a `streamprep audit` of a partial run, left as the job was stopped or killed
+    writing its own final audit, survived the completed run: re-running the command printed that "[partial run]"
+    summary (read 931 of 2,120) as the run's and `status` said `audit yes`; after a kill between audit.json and
+    audit.html no re-run wrote audit.html. Only the finished run's audit (its run_id and finished_at, with its
+    audit.html) counts now: the re-run writes any other again, and until then `status` says `audit no`."""
+    import yaml
+
+    from streamprep import atomic
+    from streamprep.cli import main
+    from streamprep.status import run_status
+
+    inputs = make_inputs(tmp_path / "data")
+    cfg_path, run_dir = tmp_path / "cfg.yaml", tmp_path / "run"
+    cfg_path.write_text(yaml.safe_dump(inputs["config"]))
+    command = ["ingest", "--config", str(cfg_path), "--run-dir", str(run_dir)]
+    assert main(command) == 0
+    final = capsys.readouterr().out
+    assert "counts add up" in final and "partial run" not in final
+    audit_json, audit_html = run_dir / "audit" / "audit.json", run_dir / "audit" / "audit.html"
+    good = json.loads(audit_json.read_text())
+
+    def partial(audit: dict) -> None:
+        audit.update(complete=False, run={**audit["run"], "status": "crashed"},
+                     totals={**audit["totals"], "read": 931})
+
+    def earlier_attempt(audit: dict) -> None:
+        audit.update(run={**audit["run"], "finished_at": audit["run"]["finished_at"] - 60},
+                     totals={**audit["totals"], "read": 931})
+
+    def another_run(audit: dict) -> None:
+        audit.update(run={**audit["run"], "run_id": "0123456789ab"}, totals={**audit["totals"], "read": 931})
+
+    for stale in (partial, earlier_attempt, another_run, None):
+        audit = json.loads(json.dumps(good))
+        if stale is not None:
+            stale(audit)
+        audit_json.write_text(json.dumps(audit))
+        if stale is None:  # the finished run's audit.json, its audit.html gone (a kill between the two writes)
+            audit_html.unlink()
+        assert run_status(run_dir)["outputs"]["audit"] is False, stale
+        assert main(command) == 0
+        assert capsys.readouterr().out == final, stale
+        assert audit_html.is_file() and json.loads(audit_json.read_text())["totals"] == good["totals"], stale
+        assert run_status(run_dir)["outputs"]["audit"] is True, stale
+
+    # a stop between the two writes leaves the old audit.json, never a final one beside an older audit.html
+    audit = json.loads(json.dumps(good))
+    partial(audit)
+    audit_json.write_text(json.dumps(audit))
+    written, real = [], atomic.write_bytes
+
+    def stopped_at_the_second(path: Path, data: bytes) -> None:
+        if written:
+            raise KeyboardInterrupt
+        written.append(path)
+        real(path, data)
+    monkeypatch.setattr(atomic, "write_bytes", stopped_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        write_audit(run_dir)
+    monkeypatch.undo()
+    assert run_status(run_dir)["outputs"]["audit"] is False
+    assert main(command) == 0 and capsys.readouterr().out == final
+    assert run_status(run_dir)["outputs"]["audit"] is True
