@@ -374,15 +374,18 @@ def _open_folders(c: _Checker, top: str, depth: int | None) -> bool:
     return True
 
 
-def _receipt_unread(c: _Checker, rel: str) -> bool:
-    """Whether `rel` is a part's file (an ingest part, a shard) whose receipt, the file that lists it, it may not read
-    (or is in a folder it may not enter or list): then it cannot be told stale, and it was, with the advice to delete
-    it (the part's data, which the receipt, once readable, lists)."""
+def _receipt_unread(c: _Checker, rel: str, listed: set[str]) -> bool:
+    """Whether `rel` is a part's file (an ingest part, a shard) whose receipt, the file that lists it, it could not go
+    by: one it may not read (or in a folder it may not enter or list), or one manifest.json lists that is missing or
+    named above as damaged. Then it cannot be told stale, and it was, with the advice to delete it: the part's data,
+    which the receipt lists once readable, or once the same `streamprep ingest` command has written it again."""
     parts = Path(rel).parts
     if len(parts) < 3 or parts[0] not in TOKENIZED or not parts[2].startswith("part-"):
         return False
     receipt = layout.RunLayout(c.run_dir).receipt(parts[1], parts[2][:len(layout.part_name(0))])
-    return c.closed(_rel(c.run_dir, receipt)) or (os.path.lexists(receipt) and not os.access(receipt, os.R_OK))
+    signed = _rel(c.run_dir, receipt)
+    return c.closed(signed) or (os.path.lexists(receipt) and not os.access(receipt, os.R_OK)) or (
+        signed in listed and any(p.startswith(f"{signed}: ") for p in c.problems))
 
 
 def _check_unlisted(c: _Checker, listed: set[str]) -> None:
@@ -394,7 +397,7 @@ def _check_unlisted(c: _Checker, listed: set[str]) -> None:
         for path in sorted(folder.glob(pattern)) if folder.is_dir() and _open_folders(c, top, depth) else []:
             rel = _rel(c.run_dir, path)
             if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts) \
-                    and path.suffix != summary.SUFFIX and rel not in listed and not _receipt_unread(c, rel):
+                    and path.suffix != summary.SUFFIX and rel not in listed and not _receipt_unread(c, rel, listed):
                 c.add(f"{rel}: not listed in manifest.json or any receipt (stale file?)")
 
 

@@ -429,6 +429,25 @@ def test_unlisted_files_are_reported(chain_run, rel):
     assert _named(verify_run(run), f"{rel}: not listed in manifest.json or any receipt"), rel
 
 
+@pytest.mark.parametrize("damage", ["missing", "not JSON"])
+def test_a_part_whose_receipt_is_missing_or_damaged_is_not_called_stale(chain_run, damage):
+    """Regression (hunter R50 X2): with a receipt removed (or not JSON), its intact ingest part was "not listed in
+    manifest.json or any receipt (stale file?)" under "to repair: delete each damaged file named above", and
+    deleting it made the re-run ingest the whole dataset again. manifest.json lists that receipt: the receipt is the
+    one problem, which re-running the same command redoes from the part."""
+    run, touch = chain_run
+    receipt, part = "receipts/c4/part-00001.json", "ingest/c4/part-00001.jsonl"
+    assert (run / part).is_file()
+    touch(receipt, Path.unlink if damage == "missing" else lambda p: p.write_bytes(b"garbage"))
+    problems = verify_run(run)
+    assert problems and all(p.startswith(f"{receipt}: ") for p in problems), problems
+    if damage == "missing":
+        assert problems == [f"{receipt}: missing (listed in manifest.json)"]
+    stray = "ingest/c4/part-00000.jsonl.bak"  # beside a part whose receipt is sound, a stray file is still one
+    touch(stray, data=b"{}")
+    assert verify_run(run)[len(problems):] == [f"{stray}: not listed in manifest.json or any receipt (stale file?)"]
+
+
 def test_incomplete_or_pre_chain_run_json(chain_run):
     """Regression: on a run not finished (crashed, failed, or running) every receipt, tokenizer file and part was
     reported "not listed ... (stale file?)" beside run.json, and the repair line said to delete each: done on a live
