@@ -401,7 +401,9 @@ def _check_unlisted(c: _Checker, listed: set[str]) -> None:
                 c.add(f"{rel}: not listed in manifest.json or any receipt (stale file?)")
 
 
-def _check_mixtures(c: _Checker, shard_ids: set[str]) -> None:
+def _check_mixtures(c: _Checker, shard_ids: set[str], listed: set[str]) -> None:
+    if layout.MIXTURES in listed and not (c.run_dir / layout.MIXTURES).is_file():
+        return  # manifest.json lists it: `_check_files` named it missing (a second line said it again)
     mix = _json_object(c, layout.MIXTURES, missing="")
     if mix is None:
         return
@@ -595,7 +597,7 @@ def verify_run(run_dir: str | Path) -> list[str]:
                 c.add(f"manifest.json: source {source!r} has {agg['parquet'][0]} records / {agg['parquet'][1]} tokens "
                       f"in Parquet but {agg['binidx'][0]} / {agg['binidx'][1]} in .bin/.idx")
         try:
-            _check_mixtures(c, shard_ids)
+            _check_mixtures(c, shard_ids, listed)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:  # an edit of the wrong shape: was a crash
             c.add(f"mixtures.json: is malformed ({type(exc).__name__}: {exc})")
         _check_unlisted(c, listed)  # (without a manifest every Parquet shard, receipt and tokenizer file was "stale")

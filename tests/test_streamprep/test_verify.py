@@ -559,6 +559,15 @@ def test_a_damaged_receipt_is_one_problem_and_a_damaged_checkpoint_keeps_the_man
                                   "`streamprep ingest` command to write it again)")
 
 
+@pytest.mark.parametrize("rel", ["mixtures.json", "blend.json"])
+def test_a_missing_mixtures_json_is_one_problem_as_blend_json(chain_run, rel):
+    """Regression (hunter R50 X3): a removed mixtures.json was two problems, `mixtures.json: missing (listed in
+    manifest.json)` and `mixtures.json: missing` (its own check's), where a removed blend.json is one."""
+    run, touch = chain_run
+    touch(rel, Path.unlink)
+    assert verify_run(run) == [f"{rel}: missing (listed in manifest.json)"]
+
+
 @pytest.mark.parametrize("edit", [{"phases": {"a": 1}}, {"phases": [{"weights": ["x"]}]},
                                   {"sources": {"c4": None}}, {"sources": {"c4": {"shards": 5}}}])
 def test_a_mixtures_json_of_the_wrong_shape_is_reported_not_raised(chain_run, edit):
