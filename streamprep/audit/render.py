@@ -38,9 +38,16 @@ def summary_text(audit: dict[str, Any], html_path: str | Path | None = None) -> 
             lines.append(f"  {' ' * width}  messages its chat template did not render (neither trained nor in the "
                          f"sequences; sft role_map?): {unrendered:,}")
     if audit["checks"]["ok"]:
-        sft = any(d["records"].get("sft_dropped") for d in audit["datasets"].values())
-        lines.append("  counts add up: read = kept + rejected; tokenized = kept - empty_tokens"
-                     + (" - dropped by the SFT shards" if sft else ""))
+        # only what was checked: the tokenized count once every part of a dataset is tokenized (a partial run's
+        # line said it of datasets that kept 200 records and had tokenized 150)
+        tokenized = [d for d in audit["datasets"].values()
+                     if d["checks"].get("tokenized_eq_kept_minus_empty") is not None]
+        sft = any(d["records"].get("sft_dropped") for d in tokenized)
+        some = f" (datasets fully tokenized: {len(tokenized)} of {len(audit['datasets'])})" \
+            if len(tokenized) < len(audit["datasets"]) else ""
+        lines.append("  counts add up: read = kept + rejected"
+                     + (f"; tokenized = kept - empty_tokens{' - dropped by the SFT shards' if sft else ''}{some}"
+                        if tokenized else ""))
     else:
         lines.append("  WARNING: counts do not add up: " + "; ".join(audit["checks"]["failed"]))
     if (tt := audit.get("tokenizer_training")) and tt.get("bytes_per_token"):

@@ -154,6 +154,24 @@ def test_audit_of_a_partial_run_marks_it_and_still_adds_up(e2e_run, tmp_path):
     assert "partial run" in render_html(audit, examples)
 
 
+def test_a_partial_runs_summary_says_only_the_checks_it_made(e2e_run, tmp_path):
+    """Regression (hunter R50 X4): a partial run's summary said "counts add up: read = kept + rejected; tokenized =
+    kept - empty_tokens" where 150 documents were tokenized of 276 kept: that check is made only once every part of a
+    dataset is tokenized. The line names it only for those datasets."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(e2e_run["run_dir"], run_dir, ignore=shutil.ignore_patterns(".lock", "audit"))
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec["status"], rec["checkpoint_dir"] = "interrupted", str(run_dir / "checkpoints")
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    (run_dir / "receipts" / "a" / "part-00001.json").unlink()
+    assert "\n  counts add up: read = kept + rejected; tokenized = kept - empty_tokens (datasets fully tokenized: 1 " \
+           "of 2)\n" in write_audit(run_dir)
+    for receipt in (run_dir / "receipts" / "b").glob("part-*.json"):
+        receipt.unlink()
+    text = write_audit(run_dir)
+    assert "[partial run]" in text and "\n  counts add up: read = kept + rejected\n" in text, text
+
+
 # ---- a real browser ---------------------------------------------------------------------------------------
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
