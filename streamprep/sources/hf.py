@@ -751,15 +751,15 @@ class HFSource:
         if SHA_RE.match(revision) and (snap := self._load_manifest(revision)) is not None:
             return snap  # a commit never changes: no need to ask the Hub
         import httpx2
-        from huggingface_hub import HfApi
+        from huggingface_hub import HfApi, constants
         from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
                                             RepositoryNotFoundError, RevisionNotFoundError)
 
         where = f"hf://{self.repo_id}@{revision}"
         _current.stats = self.stats
         try:
-            info = HfApi(endpoint=self.endpoint).dataset_info(
-                self.repo_id, revision=revision, files_metadata=True)
+            info = HfApi(endpoint=self.endpoint).dataset_info(  # a stall is retried only if it times out
+                self.repo_id, revision=revision, files_metadata=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
         except RevisionNotFoundError:
             raise HFSourceError(f"hf://{self.repo_id}: revision {revision!r} not found") from None
         except GatedRepoError:
@@ -911,13 +911,13 @@ def _commit_gone(exc: Exception, repo_id: str, sha: str, endpoint: str) -> bool:
     """Whether a download at commit `sha` failed because the commit is gone from the repo: the file's request was
     answered "revision not found" and so is a request for the commit itself. Asked again, so that one odd 404 (a
     Hub or mirror hiccup) stays a resumable failure; any other answer, or none, leaves it one."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import RevisionNotFoundError
 
     if not isinstance(exc, RevisionNotFoundError):
         return False
-    try:
-        HfApi(endpoint=endpoint).dataset_info(repo_id, revision=sha)
+    try:  # with the download's timeout: a stall is then retried, not waited on forever
+        HfApi(endpoint=endpoint).dataset_info(repo_id, revision=sha, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
     except RevisionNotFoundError:
         return True
     except Exception:  # unreachable, 5xx after the retries, a refused token: not an answer about the commit

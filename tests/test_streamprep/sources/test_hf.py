@@ -9,6 +9,7 @@ import stat
 import threading
 from pathlib import Path
 from contextlib import contextmanager
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -1079,6 +1080,46 @@ def test_a_hub_that_answers_only_429_is_not_called_unreachable(hub, tmp_path, qu
         ("the Hub answered an error; using the cached revision", "HTTP 503 after 1 retries")]
     assert [e["event"] for e in logged_down if "cached revision" in e["event"]] == [
         "Hub unreachable; using the cached revision"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("asked", ["the revision", "whether the commit is gone"])
+def test_a_hub_api_call_that_stalls_is_retried_not_waited_on_forever(many, tmp_path, quick_retries, monkeypatch,
+                                                                      asked):
+    """Regression: the revision lookup and the question whether a run's commit is gone (`dataset_info`) had no
+    timeout: a Hub that took the request and never answered hung the job for good, with no retry. They time out
+    after HF_HUB_DOWNLOAD_TIMEOUT as a file's GET does, so the stall is retried (and counted) like one."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 1)
+    quick_retries.max_s = 0.05
+    src = HFSource(_many_cfg(), tmp_path / "cache", prefetch_files=1)
+    if asked == "the revision":
+        many.api_faults = ["hang"]
+        call: Any = src.fingerprint
+    else:
+        sha = src.fingerprint()["revision"]
+        many.api_faults = ["404-revision", "hang"]  # the first file's HEAD, then the question about its commit
+        call = lambda: next(src.iter_records())  # noqa: E731
+    out: dict[str, Any] = {}
+
+    def ask() -> None:
+        try:
+            out["value"] = call()
+        except Exception as exc:
+            out["error"] = exc
+
+    asking = threading.Thread(target=ask, daemon=True)  # the hub fixture's stop() ends a hang the old code waited on
+    asking.start()
+    asking.join(15)
+    assert not asking.is_alive(), "a stalled Hub API call was still waited on after 15 s"
+    assert many.faults_served["hang"] == 1 and src.stats.snapshot()["retries"] == {"timeout": 1}
+    if asked == "the revision":
+        assert out["value"]["revision"] == many.sha_of(MANY_REPO)
+    else:  # answered on the retry: the commit is there, so a resumable failure, not "the commit is gone"
+        assert isinstance(out.get("error"), HFSourceUnavailable), out
+        assert str(out["error"]).startswith(f"hf://org/many@{sha}: download of data/train-00000.jsonl failed "
+                                            f"(RevisionNotFoundError: ")
 
 
 def test_a_download_ahead_that_runs_out_of_retries_is_not_given_up_when_its_reader_gets_the_file(many, tmp_path,
