@@ -5,7 +5,8 @@ the files of a dataset repo.
 - `GET  /api/datasets/{org}/{name}/tree/{rev}[/{path}]` tree listing (used by `snapshot_download`)
 - `HEAD /datasets/{org}/{name}/resolve/{rev}/{path}` metadata: `X-Repo-Commit`, `ETag`, `Content-Length`
   (no `X-Xet-*` headers, so the client takes the plain HTTP download path)
-- `GET  /datasets/{org}/{name}/resolve/{rev}/{path}` the bytes (honours a simple `Range: bytes=N-`)
+- `GET  /datasets/{org}/{name}/resolve/{rev}/{path}` the bytes (honours a simple `Range: bytes=N-`, and `If-Range`:
+  the whole file, 200, when it names another ETag than the file's)
 - `GET  /api/agent-harnesses` an empty registry (huggingface_hub fetches it for its user agent unless
   telemetry is disabled)
 
@@ -20,8 +21,9 @@ Faults, for a Hub that pushes back: `fault_cycle` is applied to the GETs of data
 excepted), the n-th such GET getting `fault_cycle[n % len]`; `api_faults` are consumed in order by the API calls and
 HEADs. A fault is None (served normally), `"429"` (with `Retry-After: retry_after`), `"503"`, `"401"`, `"403"`,
 `"404-revision"` (the Hub's "revision not found", as a hiccup when the commit is there), `"reset"`: the
-headers and half the body are sent, then the connection is reset (RST), or `"hang"`: no answer at all until `stop()`
-(a Hub that stalls). `faults_served` counts the faults served by
+headers and half the body are sent, then the connection is reset (RST), `"reset-edit"`: a `"reset"` after which the
+file's bytes in its commit become `edits[path]` (a mirror whose file changed between a cut and its resume), or
+`"hang"`: no answer at all until `stop()` (a Hub that stalls). `faults_served` counts the faults served by
 kind; `ranges` lists (path, start byte) of every `Range` GET; `authorizations` the `Authorization` headers seen.
 """
 from __future__ import annotations
@@ -77,6 +79,7 @@ class FakeHub:
         self.fault_cycle: list[str | None] = []
         self.api_faults: list[str] = []
         self.retry_after = "1"
+        self.edits: dict[str, bytes] = {}  # path -> new bytes, put in place by a "reset-edit" fault
         self.faults_served: Counter[str] = Counter()
         self.ranges: list[tuple[str, int]] = []
         self.authorizations: set[str] = set()
@@ -271,14 +274,18 @@ class _Handler(BaseHTTPRequestHandler):
                    "Content-Type": "application/octet-stream"}
         status, body = 200, data
         rng = self.headers.get("Range")
+        if self.headers.get("If-Range", headers["ETag"]) != headers["ETag"]:
+            rng = None  # the file changed since the client's first answer: sent whole
         if rng and (m := re.fullmatch(r"bytes=(\d+)-", rng.strip())) and not head:
             start = int(m[1])
             with self.server_hub._lock:
                 self.server_hub.ranges.append((path, start))
             status, body = 206, data[start:]
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        if self.fault == "reset-edit" and not head:  # before the cut: the resume always finds the new bytes
+            repo.commits[sha][path] = self.server_hub.edits[path]
         self._send(status, b"" if head else body, headers, length=len(data) if head else len(body), rate=True,
-                   reset=self.fault == "reset")
+                   reset=self.fault in ("reset", "reset-edit"))
 
     # ---- plumbing --------------------------------------------------------------------------------
     def _error(self, status: int, code: str, message: str, extra: dict | None = None) -> None:

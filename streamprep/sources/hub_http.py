@@ -41,6 +41,13 @@ class HubRetriesExhausted(OSError):
     status: int | None = None
 
 
+class HubFileChanged(OSError):
+    """A body cut mid-transfer whose rest could be of another version of the file: the resume was answered with
+    another ETag than the first answer's, or there was no (strong) ETag to ask for the same version with. The bytes
+    already handed over cannot be taken back, so the download fails (a re-run fetches the file whole) rather than
+    splice two versions; no retries ran out, so it is not counted as given up."""
+
+
 def _retry_after(value: str | None) -> float | None:
     """`Retry-After` as seconds: delay-seconds or an HTTP date (RFC 9110); None if absent or unreadable."""
     if not value:
@@ -168,8 +175,9 @@ def _range_start(response: httpx2.Response) -> int:
 
 class _ResumingStream(httpx2.SyncByteStream):
     """A GET body that survives connection resets and stalls: after a cut it asks for the rest (`Range: bytes=N-`,
-    with `If-Range` on the ETag so a changed file is sent whole) and goes on where it stopped; bytes a server resends
-    anyway (a 200 instead of a 206) are skipped. Up to `hf_retries` cuts in a row without a new byte."""
+    with `If-Range` on the ETag so a changed file is sent whole) and goes on where it stopped, if the answer has the
+    same ETag (the same file); bytes a server resends anyway (a 200 instead of a 206) are skipped. Up to
+    `hf_retries` cuts in a row without a new byte. A file that changed, or has no strong ETag, is `HubFileChanged`."""
 
     def __init__(self, transport: _RetryingTransport, request: httpx2.Request, response: httpx2.Response):
         self.transport, self.request, self.response = transport, request, response
@@ -179,6 +187,7 @@ class _ResumingStream(httpx2.SyncByteStream):
         at = first = _range_start(self.response)  # next byte of the file to hand over
         skip, attempt = 0, 0
         etag = self.response.headers.get("ETag")
+        etag = etag if etag and not etag.startswith("W/") else None  # a weak one never proves the same bytes
         while True:
             try:
                 for chunk in self.stream:
@@ -195,19 +204,25 @@ class _ResumingStream(httpx2.SyncByteStream):
                 return
             except CUT_ERRORS as exc:
                 self.stream.close()
+                if not etag:
+                    raise HubFileChanged(f"{_where(self.request)}: cut at byte {at}, and with no ETag the rest cannot "
+                                         f"be asked for as the same file; re-run to download it whole") from None
                 attempt += 1
                 if attempt > self.transport.policy.retries:
                     raise self.transport.give_up(self.request, f"{CUT_WORDS[_cut(exc)]} mid-body") from None
                 self.transport.backoff(self.request, _cut(exc), attempt, None)
             headers = {k: v for k, v in self.request.headers.items() if k.lower() not in ("range", "if-range")}
-            headers["Range"] = f"bytes={at}-"
-            if etag:
-                headers["If-Range"] = etag
+            headers["Range"], headers["If-Range"] = f"bytes={at}-", etag
             again = self.transport.send(httpx2.Request("GET", self.request.url, headers=headers,
                                                        extensions=self.request.extensions))
             if again.status_code not in (200, 206):
                 again.close()
                 raise self.transport.give_up(self.request, f"HTTP {again.status_code} when resuming at byte {at}")
+            # a 200 for If-Range: another version, sent whole (a 206 without an ETag: If-Range matched)
+            if (now := again.headers.get("ETag", etag if again.status_code == 206 else None)) != etag:
+                again.close()
+                raise HubFileChanged(f"{_where(self.request)}: the file changed between a cut at byte {at} and its "
+                                     f"resume (ETag {etag}, then {now or 'none'}); re-run to download it whole")
             start = _range_start(again)
             if start > at:
                 again.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import stat
 import threading
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hub_server import FakeHub
+from hub_server import FakeHub, git_blob_sha
 from streamprep.config import ConfigError, DatasetConfig, dataset
 from streamprep.sources import open_source
 from streamprep.sources.base import BadRecord
@@ -1003,6 +1004,31 @@ def test_429_503_and_resets_on_a_cycle_of_downloads(many, tmp_path, quick_retrie
     retried = [e["cause"] for e in logged if e["event"] == "hub request retried"]
     assert {c: retried.count(c) for c in set(retried)} == dict(served)
     assert json.loads((tmp_path / "cache/streamprep/hub_stats.json").read_text()) == stats
+
+
+def test_a_file_that_changed_between_a_cut_and_its_resume_is_never_spliced(hub, tmp_path, quick_retries):
+    """Regression: a body cut mid-transfer whose resume (`Range` + `If-Range`) was answered 200 with the whole new
+    version of the file (a mirror's file changed meanwhile) had its first bytes skipped and the rest appended to the
+    old ones: half old, half new, the same size, no error. The download fails, one resumable line naming the file
+    and both ETags, with nothing left in the cache; a re-run reads the new version whole."""
+    path = "data/train-00000.jsonl"
+    old = jsonl([{"id": i, "text": f"old {i:04d}"} for i in range(2000)])
+    sha = hub.add_dataset("org/edited", {path: old})
+    hub.edits = {path: old.replace(b"old", b"NEW")}  # the same size: only the ETag tells the versions apart
+    hub.fault_cycle = ["reset-edit", None]
+    quick_retries.max_s = 0.05
+    src = HFSource(cfg(path="hf://org/edited"), tmp_path / "cache")
+    etags = [f'"{git_blob_sha(old)}"', f'"{git_blob_sha(hub.edits[path])}"']
+    with pytest.raises(HFSourceUnavailable) as err:
+        records(src.iter_records())
+    assert re.fullmatch(rf"hf://org/edited@{sha}: download of {path} failed \(HubFileChanged: GET /datasets/org/"
+                        rf"edited/resolve/{sha}/{path}: the file changed between a cut at byte [1-9]\d* and its resume "
+                        rf"\(ETag {etags[0]}, then {etags[1]}\); re-run to download it whole\)", str(err.value)), err.value
+    assert hub.faults_served == {"reset-edit": 1} and hub.file_requests("GET")[path] == 2
+    assert [p.name for p in (tmp_path / "cache").glob("datasets--org--edited/**/*") if p.is_file()] == []
+    assert src.stats.snapshot()["gave_up"] == 0 and src.stats.snapshot()["files"] == 0
+    hub.fault_cycle = []
+    assert [rec["text"] for rec in records(src.iter_records())] == [f"NEW {i:04d}" for i in range(2000)]
 
 
 @pytest.mark.slow

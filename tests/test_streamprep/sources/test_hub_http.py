@@ -7,7 +7,8 @@ import threading
 import httpx2
 import pytest
 
-from streamprep.sources.hub_http import RESET_ERRORS, HubRetriesExhausted, _RetryingTransport, _retry_after
+from streamprep.sources.hub_http import (RESET_ERRORS, HubFileChanged, HubRetriesExhausted, _RetryingTransport,
+                                         _retry_after)
 
 
 class Policy:
@@ -118,3 +119,48 @@ def test_a_body_that_stalls_mid_transfer_is_resumed_where_it_stopped() -> None:
     with httpx2.Client(transport=_RetryingTransport(httpx2.MockTransport(handler), policy, current)) as client:
         assert client.get("https://hub.test/datasets/org/name/resolve/main/x.jsonl").content == data
     assert ranges == [None, "bytes=4-"] and stats.retries == ["timeout"]
+
+
+@pytest.mark.parametrize("first, resumed, handed_over", [
+    ('"e"', (200, '"e"'), b"0123456789"),  # a server that ignores Range, same file: its resent bytes are skipped
+    ('"e"', (206, None), b"0123456789"),   # a 206 without an ETag: If-Range matched
+    ('"e"', (200, '"f"'), "the file changed between a cut at byte 4 and its resume (ETag \"e\", then \"f\")"),
+    ('"e"', (200, None), "the file changed between a cut at byte 4 and its resume (ETag \"e\", then none)"),
+    ('"e"', (206, '"f"'), "the file changed between a cut at byte 4 and its resume (ETag \"e\", then \"f\")"),
+    (None, (200, None), "cut at byte 4, and with no ETag the rest cannot be asked for as the same file"),
+    ('W/"e"', (200, 'W/"e"'), "cut at byte 4, and with no ETag the rest cannot be asked for as the same file"),
+])
+def test_a_resume_goes_on_only_with_the_same_version_of_the_file(first, resumed, handed_over) -> None:
+    """Regression: any 200 to a resume was read as "the server ignored Range" and its first bytes skipped, so a file
+    that changed between the cut and the resume (If-Range answered with the whole new version) was spliced, half
+    old and half new. The rest is used only if its ETag is the first answer's (a strong one, or no resume is asked
+    for); else `HubFileChanged`, not counted as given up."""
+    data = b"0123456789"  # what a changed file's answer holds does not matter: its ETag says it changed
+    sent: list[dict] = []
+
+    class Cut(httpx2.SyncByteStream):
+        def __iter__(self):
+            yield data[:4]
+            raise RESET_ERRORS[0]("connection reset by peer")
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        sent.append({k: request.headers.get(k) for k in ("Range", "If-Range")})
+        if len(sent) == 1:
+            return httpx2.Response(200, headers={"ETag": first} if first else {}, stream=Cut())
+        status, etag = resumed
+        headers = {"ETag": etag} if etag else {}
+        if status == 206:
+            headers["Content-Range"] = "bytes 4-9/10"
+        return httpx2.Response(status, headers=headers, content=data[4 if status == 206 else 0:])
+
+    current, stats, policy = threading.local(), Stats(), Policy(4)
+    current.stats = stats
+    with httpx2.Client(transport=_RetryingTransport(httpx2.MockTransport(handler), policy, current)) as client:
+        if isinstance(handed_over, bytes):
+            assert client.get("https://hub.test/datasets/org/name/resolve/main/x.jsonl").content == handed_over
+        else:
+            with pytest.raises(HubFileChanged) as err:
+                client.get("https://hub.test/datasets/org/name/resolve/main/x.jsonl")
+            assert str(err.value) == f"GET /datasets/org/name/resolve/main/x.jsonl: {handed_over}; re-run to download it whole"
+    asked = [] if first in (None, 'W/"e"') else [{"Range": "bytes=4-", "If-Range": first}]
+    assert sent == [{"Range": None, "If-Range": None}, *asked] and stats.gave_up == 0
