@@ -22,9 +22,11 @@ excepted), the n-th such GET getting `fault_cycle[n % len]`; `api_faults` are co
 HEADs. A fault is None (served normally), `"429"` (with `Retry-After: retry_after`), `"503"`, `"401"`, `"403"`,
 `"404-revision"` (the Hub's "revision not found", as a hiccup when the commit is there), `"reset"`: the
 headers and half the body are sent, then the connection is reset (RST), `"reset-edit"`: a `"reset"` after which the
-file's bytes in its commit become `edits[path]` (a mirror whose file changed between a cut and its resume), or
-`"hang"`: no answer at all until `stop()` (a Hub that stalls). `faults_served` counts the faults served by
-kind; `ranges` lists (path, start byte) of every `Range` GET; `authorizations` the `Authorization` headers seen.
+file's bytes in its commit become `edits[path]` (a mirror whose file changed between a cut and its resume),
+`"short"`: a body 100 bytes short, with a Content-Length that says so (huggingface_hub's size check, against the
+HEAD's, fails), or `"hang"`: no answer at all until `stop()` (a Hub that stalls). `faults_served` counts the
+faults served by kind; `ranges` lists (path, start byte) of every `Range` GET; `authorizations` the
+`Authorization` headers seen.
 """
 from __future__ import annotations
 
@@ -282,6 +284,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server_hub.ranges.append((path, start))
             status, body = 206, data[start:]
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        if self.fault == "short" and not head:
+            body = body[:-100]
         if self.fault == "reset-edit" and not head:  # before the cut: the resume always finds the new bytes
             repo.commits[sha][path] = self.server_hub.edits[path]
         self._send(status, b"" if head else body, headers, length=len(data) if head else len(body), rate=True,

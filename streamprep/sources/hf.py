@@ -889,22 +889,27 @@ def download(dataset: str, repo_id: str, path: str, sha: str, cache_dir: Path, e
     hit = try_to_load_from_cache(repo_id, path, cache_dir=cache_dir, revision=sha, repo_type="dataset")
     if isinstance(hit, str):
         return Path(hit)
-    # the file is counted when its body arrives whole, not when another thread or process fetched it meanwhile
     _current.stats = stats
-    _current.downloading = stats if data_file else None
+    _current.bodies = [] if data_file else None  # filled by the transport with the bodies it received whole
     try:
         with _download_slots(slots):
-            return Path(hf_hub_download(repo_id, path, repo_type="dataset", revision=sha, cache_dir=cache_dir,
-                                        endpoint=endpoint))
+            got = Path(hf_hub_download(repo_id, path, repo_type="dataset", revision=sha, cache_dir=cache_dir,
+                                       endpoint=endpoint))
     except Exception as exc:
-        _current.downloading = None  # the question below downloads no file
         if _commit_gone(exc, repo_id, sha, endpoint):
             raise HFSourceError(f"dataset {dataset}: hf://{repo_id}: commit {sha}, which this run started on, is no "
                                 f"longer on the Hub (a force-push or squash removed it); resuming would mix two versions "
                                 f"of the data — restore the commit, or start over with a new --run-dir") from None
         raise HFSourceUnavailable(f"hf://{repo_id}@{sha}: download of {path} failed ({_one_line(exc)})") from None
+    else:
+        # counted once huggingface_hub has checked its size, and only if this call received it, not when another
+        # thread or process fetched it meanwhile. The file's GET is the call's last request: a body before it is not
+        # the file's (huggingface_hub's agent registry, fetched with the first request headers a process builds)
+        if _current.bodies:
+            stats.downloaded(_current.bodies[-1])
+        return got
     finally:
-        _current.downloading = None
+        _current.bodies = None
 
 
 def _commit_gone(exc: Exception, repo_id: str, sha: str, endpoint: str) -> bool:

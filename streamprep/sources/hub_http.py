@@ -110,7 +110,8 @@ class _RetryingTransport(httpx2.BaseTransport):
     answer) are retried per `policy`; a GET body cut or stalled mid-transfer is resumed with `Range: bytes=N-`
     (`_ResumingStream`).
     `current`: the thread-local naming the HubStats of the source whose request a thread makes (.stats, and
-    .downloading while a file's body is read; .ahead while it downloads a file ahead of its reader)."""
+    .bodies while it downloads a data file: the sizes of the bodies received whole; .ahead while it downloads a
+    file ahead of its reader)."""
 
     def __init__(self, inner: httpx2.BaseTransport, policy: Policy, current: threading.local):
         self.inner, self.policy, self.current = inner, policy, current
@@ -198,9 +199,9 @@ class _ResumingStream(httpx2.SyncByteStream):
                         at += len(chunk)
                         attempt = 0
                         yield chunk
-                # a file's body, all of it
-                if (stats := getattr(self.transport.current, "downloading", None)) is not None:
-                    stats.downloaded(at - first)
+                # a file's body, all of it: `hf.download` counts it once huggingface_hub has checked the file's size
+                if (bodies := getattr(self.transport.current, "bodies", None)) is not None:
+                    bodies.append(at - first)
                 return
             except CUT_ERRORS as exc:
                 self.stream.close()

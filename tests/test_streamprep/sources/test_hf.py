@@ -203,6 +203,33 @@ def test_hub_stats_count_the_data_files_downloaded_not_the_readme(hub, tmp_path)
 
 
 @pytest.mark.slow
+def test_hub_stats_count_only_the_files_that_arrived_whole(hub, tmp_path, monkeypatch):
+    """Regression: a data file was counted in hub_stats.json's files/bytes (so streamprep_hub_files_downloaded_total)
+    when its body ended, before huggingface_hub's size check: a body 100 bytes short failed the download, which was
+    deleted, and still counted. So did huggingface_hub's agent registry, fetched with a process's first download when
+    telemetry is on: one more "file". A file counts once it passed the check, with its own bytes."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _detect_agent
+
+    src = HFSource(cfg(), tmp_path / "cache")
+    src.fingerprint()
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "agent_harnesses.json"))
+    monkeypatch.setattr(_detect_agent, "_registry", None)  # not fetched yet in this process: the first download does
+    hub.fault_cycle = [None, "short"]  # the second data file's body is 100 bytes short
+    with pytest.raises(HFSourceUnavailable, match=r"download of data/train-00001.jsonl failed \(OSError: Consistency "
+                                                  r"check failed: file should be of size \d+ but has size"):
+        records(src.iter_records())
+    assert hub.faults_served == {"short": 1} and hub.requests[("GET", "/api/agent-harnesses")] == 1
+    stats = src.stats.snapshot()
+    assert (stats["files"], stats["bytes"]) == (1, len(CORPUS[TRAIN_FILES[0]]))
+    assert json.loads((tmp_path / "cache/streamprep/hub_stats.json").read_text()) == stats
+    hub.fault_cycle = []
+    assert records(src.iter_records()) == TRAIN
+    stats = src.stats.snapshot()
+    assert (stats["files"], stats["bytes"]) == (4, sum(len(CORPUS[f]) for f in TRAIN_FILES))
+
+
 def test_max_concurrent_downloads_is_a_limit(hub, tmp_path):
     hub.delay = 0.05
     assert records(HFSource(cfg(), tmp_path / "cache", max_concurrent_downloads=1).iter_records()) == TRAIN

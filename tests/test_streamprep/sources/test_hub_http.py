@@ -161,6 +161,7 @@ def test_a_resume_goes_on_only_with_the_same_version_of_the_file(first, resumed,
         else:
             with pytest.raises(HubFileChanged) as err:
                 client.get("https://hub.test/datasets/org/name/resolve/main/x.jsonl")
-            assert str(err.value) == f"GET /datasets/org/name/resolve/main/x.jsonl: {handed_over}; re-run to download it whole"
+            assert str(err.value) == (f"GET /datasets/org/name/resolve/main/x.jsonl: {handed_over}; re-run to "
+                                      f"download it whole")
     asked = [] if first in (None, 'W/"e"') else [{"Range": "bytes=4-", "If-Range": first}]
     assert sent == [{"Range": None, "If-Range": None}, *asked] and stats.gave_up == 0
