@@ -138,13 +138,19 @@ def test_records_without_a_language_are_not_called_undetected(e2e_run):
             "none detected)") in page
 
 
-def test_audit_of_a_partial_run_marks_it_and_still_adds_up(e2e_run, tmp_path):
+def _interrupted_copy(finished: Path, tmp_path: Path) -> Path:
+    """A copy of a finished run made to look interrupted before dataset a's second part was tokenized."""
     run_dir = tmp_path / "run"
-    shutil.copytree(e2e_run["run_dir"], run_dir, ignore=shutil.ignore_patterns(".lock", "audit"))
+    shutil.copytree(finished, run_dir, ignore=shutil.ignore_patterns(".lock", "audit"))
     rec = json.loads((run_dir / "run.json").read_text())
     rec["status"], rec["checkpoint_dir"] = "interrupted", str(run_dir / "checkpoints")
     (run_dir / "run.json").write_text(json.dumps(rec))
     (run_dir / "receipts" / "a" / "part-00001.json").unlink()
+    return run_dir
+
+
+def test_audit_of_a_partial_run_marks_it_and_still_adds_up(e2e_run, tmp_path):
+    run_dir = _interrupted_copy(e2e_run["run_dir"], tmp_path)
     audit, examples = build_audit(run_dir)
     a = audit["datasets"]["a"]
     assert audit["complete"] is False and a["tokenization_complete"] is False
@@ -158,12 +164,7 @@ def test_a_partial_runs_summary_says_only_the_checks_it_made(e2e_run, tmp_path):
     """Regression (hunter R50 X4): a partial run's summary said "counts add up: read = kept + rejected; tokenized =
     kept - empty_tokens" where 150 documents were tokenized of 276 kept: that check is made only once every part of a
     dataset is tokenized. The line names it only for those datasets."""
-    run_dir = tmp_path / "run"
-    shutil.copytree(e2e_run["run_dir"], run_dir, ignore=shutil.ignore_patterns(".lock", "audit"))
-    rec = json.loads((run_dir / "run.json").read_text())
-    rec["status"], rec["checkpoint_dir"] = "interrupted", str(run_dir / "checkpoints")
-    (run_dir / "run.json").write_text(json.dumps(rec))
-    (run_dir / "receipts" / "a" / "part-00001.json").unlink()
+    run_dir = _interrupted_copy(e2e_run["run_dir"], tmp_path)
     assert "\n  counts add up: read = kept + rejected; tokenized = kept - empty_tokens (datasets fully tokenized: 1 " \
            "of 2)\n" in write_audit(run_dir)
     for receipt in (run_dir / "receipts" / "b").glob("part-*.json"):
