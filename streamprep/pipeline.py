@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from streamprep import atomic, config as configmod, logs
+from streamprep import version
 from streamprep.version import __version__
 from streamprep import audit, backends, engines, metrics, registry, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, claimed_from, foreign_checkpoints, owner_of
@@ -625,10 +626,11 @@ class Job:
         self.mode = mode_of(config.sft)
         self.checkpoint_dir = _checkpoint_dir(config, run_dir)
         self.record = previous or {"run_id": uuid.uuid4().hex[:12], "created_at": time.time()}
+        self.earlier_code = self.record.get("code")  # the streamprep its last attempt ran (`_say_code_changed`)
         cfg = config.to_dict()
         self.sft_section = cfg.get("sft")  # plain form, as shard tasks carry it to the workers and hash it
         self.record.update({"config": configmod.public(cfg), "config_hash": configmod.config_hash(cfg), "versions": _versions(),
-                            "checkpoint_dir": str(self.checkpoint_dir), "plugins": plugin_modules(),
+                            "code": version.source()[0], "checkpoint_dir": str(self.checkpoint_dir), "plugins": plugin_modules(),
                             "optional_skipped": [name for name, _ in config.skipped]})  # (_refuse_optional_change)
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self._record_lock = threading.Lock()  # a stage ends in the feeder's thread too: one run.json writer at a time
@@ -653,6 +655,15 @@ class Job:
             self._save_record(status, **extra)
         except OSError as exc:
             log.warning("run.json not updated", status=status, error=one_line(exc))
+
+    def _say_code_changed(self) -> None:
+        """A warning when this attempt resumes a run its last attempt made with another streamprep (an upgrade, an
+        edit): outputs are byte-identical across stops only under the same code, and what the earlier code wrote
+        (parts, shards) stays as it wrote it, beside what this one writes."""
+        if self.earlier_code not in (None, self.record["code"]):
+            log.warning("resuming a run made with another streamprep: what it wrote stays, beside what this one "
+                        "writes; for outputs of this streamprep alone, start over with a new --run-dir",
+                        earlier=self.earlier_code, now=self.record["code"])
 
     def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
         """`fn()`, its seconds added to the stage's; a stage that finishes writes them to run.json at once, so a
@@ -685,6 +696,7 @@ class Job:
         for stale in ("error", "needs_change"):  # the last attempt's failure, not this one's (a complete run kept them)
             self.record.pop(stale, None)
         self._save_record("running", started_at=time.time())
+        self._say_code_changed()
         for name, why in self.config.skipped:
             log.warning("optional dataset skipped: its input is missing", dataset=name, reason=why)
         ex = self.config.execution

@@ -14,11 +14,13 @@ import pytest
 import yaml
 
 from helpers import base_config, english_docs, log_events, tree_hashes
-from streamprep import run_from_dict
+from streamprep import run_from_dict, version
 from streamprep.checkpoints import DatasetFiles, load_checkpoint, repair
 
 COMPARED = ("ingest", "rejects", "binidx", "receipts", "parquet", "tokenizer")
 TOP_FILES = ("manifest.json", "mixtures.json")
+RESUMED_BY_OTHER = ("resuming a run made with another streamprep: what it wrote stays, beside what this one writes; "
+                    "for outputs of this streamprep alone, start over with a new --run-dir")
 
 
 def _corpus(tmp: Path, n: int) -> list[dict]:
@@ -322,3 +324,20 @@ def test_config_drift_is_refused_naming_keys(reference: tuple[dict, Path], tmp_p
     fresh = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(cfg_path), "--run-dir", str(ref),
                             "--fresh"], capture_output=True, text=True, timeout=120)
     assert fresh.returncode == 2 and "not empty" in fresh.stderr
+
+
+def test_a_resume_by_another_streamprep_says_so(tmp_path: Path) -> None:
+    """A run resumed after an upgrade (round 50 changed the masks of Llama-2-style templates and the normalised text
+    of a few inputs) mixes what each code wrote: said, naming both, as run.json records the code of each attempt."""
+    cfg = base_config([{"name": "a", "path": _corpus(tmp_path, 200)[0]["path"]}], None)
+    run = tmp_path / "run"
+    run_from_dict(cfg, run_dir=run, console_log=False)
+    record = json.loads((run / "run.json").read_text())
+    assert record["code"] == version.source()[0] and not log_events(run, RESUMED_BY_OTHER)
+    (run / "manifest.json").unlink()  # something to redo
+    (run / "run.json").write_text(json.dumps({**record, "status": "interrupted", "code": "0.0.9+0123456789ab"}))
+    run_from_dict(cfg, run_dir=run, console_log=False)
+    said = log_events(run, RESUMED_BY_OTHER)
+    assert [(e["earlier"], e["now"]) for e in said] == [("0.0.9+0123456789ab", version.source()[0])]
+    run_from_dict(cfg, run_dir=run, console_log=False)  # complete, by this code: nothing to say
+    assert len(log_events(run, RESUMED_BY_OTHER)) == 1
