@@ -30,7 +30,7 @@ import numpy as np
 
 from quality import QualitySettings
 from quality.dedup import digest_words
-from streamprep import atomic, engines, holders, logs, stats, unit_worker, units
+from streamprep import atomic, engines, holders, logs, registry, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_checkpoint, repair, save, save_inputs
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
 from streamprep.executor import Executor
@@ -800,7 +800,8 @@ class Yield:
 def worker_executor(execution: ExecutionConfig, quality: QualitySettings, mode: Mode) -> Executor:
     """The job's executor (`engines.create_executor`), its workers set up to judge units
     (`unit_worker.init_worker`)."""
-    return engines.create_executor(execution, (unit_worker.init_worker, (quality, mode, unit_worker.late_plugins())))
+    return engines.create_executor(execution, (unit_worker.init_worker, (quality, mode, unit_worker.late_plugins(),
+                                                                         list(registry.PLUGIN_MODULES))))
 
 
 def start_holders(ctx: IngestContext) -> Holders:

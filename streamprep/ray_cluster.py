@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import json
 import os
 import selectors
 import shutil
@@ -28,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 import psutil
 
-from streamprep import logs, version
+from streamprep import logs, registry, version
 from streamprep.config import ConfigError
 
 log = logs.get("ray")
@@ -56,6 +57,8 @@ _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one pe
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
 # Every Ray worker process of the job (worker actors, Xenna's actors, tasks) on every node runs this at start-up.
 JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
+PLUGINS_ENV = "STREAMPREP_PLUGINS"
+SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # a `ray job submit` driver's job config (JSON), runtime env too
 ACTOR_PLACEMENT_WAIT_S = 120.0  # a replacement worker actor must be up within this
 ADDRESS_CHECK_S = 5.0  # the config check's TCP connect to `execution.ray_address`
 AUTH_REFUSED = ("UNAUTHENTICATED", "PERMISSION_DENIED")  # how a GCS answers a missing or wrong auth token
@@ -246,6 +249,18 @@ def _use_token(key: str, where: str) -> None:
         log.info("ray token auth on", address=where)
 
 
+def job_runtime_env() -> dict[str, Any]:
+    """The job's runtime env: JOB_RUNTIME_ENV, and STREAMPREP_PLUGINS set to the modules the driver imported
+    (`registry.PLUGIN_MODULES`; "" for none). A Ray worker process has the environment of its node's `ray start`,
+    not the driver's, so it judged with the plug-in gates that one named, or none, and without a word. Left out when
+    a `ray job submit` runtime env sets the variable already: Ray refuses the two as a conflict, and that one reaches
+    the workers too (`unit_worker.init_worker` refuses a worker whose modules differ from the driver's)."""
+    submitted = os.environ.get(SUBMITTED_JOB_ENV)
+    if submitted and PLUGINS_ENV in ((json.loads(submitted).get("runtime_env") or {}).get("env_vars") or {}):
+        return dict(JOB_RUNTIME_ENV)
+    return {**JOB_RUNTIME_ENV, "env_vars": {PLUGINS_ENV: ",".join(registry.PLUGIN_MODULES)}}
+
+
 def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:
     """Attach to `address`, or start the job's own cluster (in a `ray_head` process) and attach to it; once
     per process. Returns its GCS address, or None when `cancelled()` came true while a cluster of our own
@@ -270,7 +285,8 @@ def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = 
             try:
                 with job_signals_kept():
                     ctx = ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
-                                   namespace=f"streamprep-{uuid.uuid4().hex[:12]}", runtime_env=JOB_RUNTIME_ENV)
+                                   namespace=f"streamprep-{uuid.uuid4().hex[:12]}",
+                                   runtime_env=job_runtime_env())
             except BaseException:
                 if _started_here:
                     _stop_head()

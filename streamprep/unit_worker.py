@@ -184,6 +184,17 @@ def _adopt(plugins: list[tuple[str, str, str]]) -> str | None:
     return None
 
 
+def _other_modules(driver: list[str] | None) -> str | None:
+    """Why this worker's STREAMPREP_PLUGINS modules are not the driver's `driver` (in order: it decides the gates'),
+    or None. A Ray worker has its node's environment, not the driver's (the job's runtime env sends the driver's,
+    `ray_cluster.job_runtime_env`); one that differed judged with other gates, and run.json named the driver's."""
+    if driver is None or driver == registry.PLUGIN_MODULES:
+        return None
+    return (f"STREAMPREP_PLUGINS names {','.join(driver) or 'none'!r} in the process that started the job but "
+            f"{','.join(registry.PLUGIN_MODULES) or 'none'!r} in its worker processes: give every process of the job "
+            f"the same STREAMPREP_PLUGINS")
+
+
 def _in_script() -> str:
     """Why a plug-in of the script that starts the job is not in this worker: a local worker process runs the script
     again as `__mp_main__` (multiprocessing's spawn and forkserver), so it has what the script registers at its top
@@ -195,13 +206,16 @@ def _in_script() -> str:
 
 
 def init_worker(settings: QualitySettings | dict[str, Any], mode: Mode,
-                plugins: list[tuple[str, str, str]] | None = None) -> None:
+                plugins: list[tuple[str, str, str]] | None = None, modules: list[str] | None = None) -> None:
     """This process's settings (a validated `quality:` mapping is taken too, as QualityControl takes it), and the
-    plug-ins the job's process registered late (`late_plugins`). A STREAMPREP_PLUGINS module that failed to import
-    here (`registry.PLUGIN_IMPORT_ERRORS`; the job's process imported it, or config validation stopped the job) is
-    missing as a late one is: `workers: 2` judged without its gate, without a word."""
+    plug-ins the job's process registered late (`late_plugins`) and its STREAMPREP_PLUGINS modules
+    (`registry.PLUGIN_MODULES`, None: not checked). A STREAMPREP_PLUGINS module that failed to import here
+    (`registry.PLUGIN_IMPORT_ERRORS`; the job's process imported it, or config validation stopped the job) is
+    missing as a late one is: `workers: 2` judged without its gate, without a word; so were other modules than the
+    driver's (`_other_modules`)."""
     missing = f"{registry.PLUGIN_IMPORT_ERRORS[0]} in a worker process, though the process that started the job " \
-              f"imported it" if registry.PLUGIN_IMPORT_ERRORS else _adopt(plugins or [])
+              f"imported it" if registry.PLUGIN_IMPORT_ERRORS else \
+        _other_modules(modules) or _adopt(plugins or [])
     _worker.clear()
     _worker.update(quality=settings if isinstance(settings, QualitySettings) else load_quality_settings(settings),
                    mode=mode, qc={}, missing=missing)

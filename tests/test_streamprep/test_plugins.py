@@ -524,6 +524,61 @@ def test_a_plugin_module_that_fails_to_import_in_a_worker_stops_it_before_a_reco
     assert str(err.value) == f"{line} in a worker process, though the process that started the job imported it"
 
 
+@pytest.mark.parametrize(("driver", "worker"), [(["evengate"], []), ([], ["evengate"]), (["a", "b"], ["b", "a"])])
+def test_a_worker_with_other_streamprep_plugins_than_the_driver_stops_before_a_record(
+        driver: list[str], worker: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a Ray worker has its node's environment, not the driver's, and its STREAMPREP_PLUGINS modules
+    were not compared with the driver's: a gate the driver named judged nothing there (or one only the node named
+    judged), exit 0, run.json naming the driver's. A worker whose modules (in order: it decides the gates') are not
+    the driver's raises the config error naming both; the same modules judge."""
+    from streamprep import unit_worker
+    from streamprep.modes import PRETRAIN
+
+    settings = {"dedup": "none", "expected_language": None, "min_chars": 1}
+    monkeypatch.setattr(registry, "PLUGIN_MODULES", worker)
+    unit_worker.init_worker(settings, PRETRAIN, [], driver)
+    with pytest.raises(unit_worker.PluginMissing) as err:
+        unit_worker.judge_piece("d", "text", 4, str(tmp_path / "piece"), None, items=[{"text": "a record"}])
+    assert str(err.value) == (
+        f"STREAMPREP_PLUGINS names {','.join(driver) or 'none'!r} in the process that started the job but "
+        f"{','.join(worker) or 'none'!r} in its worker processes: give every process of the job the same "
+        f"STREAMPREP_PLUGINS")
+    unit_worker.init_worker(settings, PRETRAIN, [], list(worker))
+    summary = unit_worker.judge_piece("d", "text", 4, str(tmp_path / "piece2"), None, items=[{"text": "a record"}])
+    assert summary.kinds == bytes([unit_worker.KEPT])
+
+
+ENV_CHANGED_DRIVER = """
+import json, os, sys
+import streamprep  # imports the STREAMPREP_PLUGINS modules of this environment: `json`
+from streamprep.config import ConfigError
+
+os.environ["STREAMPREP_PLUGINS"] = ""  # the workers' forkserver starts with this environment
+try:
+    streamprep.run_from_dict(json.loads(sys.argv[1]), run_dir=sys.argv[2], console_log=False)
+except ConfigError as exc:
+    print("error:", exc)
+"""
+
+
+@pytest.mark.slow  # a whole job, in its own interpreter
+def test_local_workers_started_with_other_streamprep_plugins_stop_the_job_before_a_record(tmp_path: Path) -> None:
+    """The worker check in a job (`ingest.worker_executor` hands the driver's modules to every worker): local worker
+    processes get the environment of their forkserver, started at the job's first call, so a caller that changed
+    STREAMPREP_PLUGINS after `import streamprep` had them judge with other modules than the driver's, without a
+    word. The job stops before a record is judged, naming both."""
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
+    cfg = base_config([{"name": "a", "path": str(tmp_path / "corpus.jsonl")}], None,
+                      execution={"engine": "local", "workers": 2, "batch_records": 8})
+    env = {**os.environ, "STREAMPREP_PLUGINS": "json", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", ENV_CHANGED_DRIVER, json.dumps(cfg), str(tmp_path / "run")],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.stdout.splitlines()[-1:] == [
+        "error: STREAMPREP_PLUGINS names 'json' in the process that started the job but 'none' in its worker "
+        "processes: give every process of the job the same STREAMPREP_PLUGINS"], (proc.stdout + proc.stderr)[-3000:]
+    assert not list((tmp_path / "run").glob("ingest/a/part-*"))
+
+
 @pytest.mark.slow  # a whole job, in its own interpreter
 def test_a_plugin_module_only_the_driver_could_import_stops_a_two_worker_job_exit_2(tmp_path: Path) -> None:
     """Regression: a STREAMPREP_PLUGINS gate module that failed to import in the worker processes only (one binding

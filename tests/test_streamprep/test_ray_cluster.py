@@ -905,6 +905,53 @@ def test_a_worker_actor_with_another_streamprep_is_refused_naming_both(tmp_path:
         assert after[0] != before[0] and after[1:] == before[1:], edited
 
 
+def test_the_jobs_runtime_env_sends_the_drivers_streamprep_plugins(monkeypatch) -> None:
+    """Regression: the job's runtime env set no variable, so a Ray worker had the STREAMPREP_PLUGINS of its node's
+    `ray start`: a gate the driver named did not judge there, or one only the node named did, exit 0. It sends the
+    driver's modules, "" for none (a node's own is overridden), and leaves them out when a `ray job submit`
+    runtime env sets the variable (Ray refuses the two as a conflict; that one reaches the workers)."""
+    from streamprep import ray_cluster, registry
+
+    monkeypatch.delenv(ray_cluster.SUBMITTED_JOB_ENV, raising=False)
+    hook = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
+    for modules, value in ((["p_gate", "p_toy"], "p_gate,p_toy"), ([], "")):
+        monkeypatch.setattr(registry, "PLUGIN_MODULES", modules)
+        assert ray_cluster.job_runtime_env() == {**hook, "env_vars": {"STREAMPREP_PLUGINS": value}}
+    submitted = {"runtime_env": {"env_vars": {"STREAMPREP_PLUGINS": "p_gate"}}, "metadata": {}}
+    monkeypatch.setenv(ray_cluster.SUBMITTED_JOB_ENV, json.dumps(submitted))
+    assert ray_cluster.job_runtime_env() == hook
+    monkeypatch.setenv(ray_cluster.SUBMITTED_JOB_ENV, json.dumps({"runtime_env": None, "metadata": {}}))
+    assert ray_cluster.job_runtime_env() == {**hook, "env_vars": {"STREAMPREP_PLUGINS": ""}}
+
+
+PLUGINS_DRIVER = """
+import os, sys
+from streamprep.executor import RayExecutor
+
+def modules():
+    from streamprep import registry
+    return registry.PLUGIN_MODULES
+
+ex = RayExecutor(1, sys.argv[1])
+try:
+    print("workers:", ex.submit(os.getenv, "STREAMPREP_PLUGINS").result(), ex.submit(modules).result())
+finally:
+    ex.close()
+"""
+
+
+@pytest.mark.ray
+def test_worker_actors_import_the_drivers_streamprep_plugins_not_their_nodes(ray_cluster) -> None:
+    """The same on a cluster: the session cluster's node was started without STREAMPREP_PLUGINS, the driver has
+    it (`json`, a module every process can import); its worker actors have the driver's value and modules."""
+    env = {**os.environ, "STREAMPREP_PLUGINS": "json"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", PLUGINS_DRIVER, ray_cluster.address_info["gcs_address"]],
+                         capture_output=True, text=True, timeout=120, check=False, env=env)
+    got = [line for line in out.stdout.splitlines() if line.startswith("workers:")]
+    assert got == ["workers: json ['json']"], (out.stdout + out.stderr)[-2000:]
+
+
 OTHER_DRIVER = """
 import sys
 from streamprep import version
