@@ -186,12 +186,13 @@ def foreign_checkpoints(checkpoint_dir: Path, run_dir: Path, datasets: list[str]
 
 def _claim_lines(checkpoint_dir: Path) -> tuple[str, str] | None:
     """The owner file's run id (its first line) and the rest, less its final newline: the run dir (a path may hold a
-    newline); None: no owner file."""
+    newline); None: no owner file. Read as the bytes `claim` wrote: read as text, a '\r' in the run dir's name
+    became '\n', so its own claim never named it again."""
     path = CheckpointLayout(checkpoint_dir).owner
     if not path.is_file():
         return None
-    run_id, _, rest = path.read_text(encoding="utf-8", errors="replace").partition("\n")
-    return run_id.strip(), rest.removesuffix("\n")
+    run_id, _, rest = path.read_bytes().partition(b"\n")
+    return run_id.decode("utf-8", errors="replace").strip(), os.fsdecode(rest.removesuffix(b"\n"))
 
 
 def owner_of(checkpoint_dir: Path) -> str | None:
@@ -213,7 +214,8 @@ def claim(checkpoint_dir: Path, run_id: str, run_dir: Path) -> str | None:
     checkpoints)."""
     owner = owner_of(checkpoint_dir)
     if owner is None:
-        atomic.write_bytes(CheckpointLayout(checkpoint_dir).owner, f"{run_id}\n{run_dir}\n".encode())
+        atomic.write_bytes(CheckpointLayout(checkpoint_dir).owner,
+                           f"{run_id}\n".encode() + os.fsencode(run_dir) + b"\n")
     return owner if owner not in (None, run_id) else None
 
 

@@ -107,6 +107,23 @@ def test_only_a_claim_naming_this_run_dir_with_nothing_written_is_adopted_outsid
     assert (owner_of(ckpt), claimed_from(ckpt), pipeline._adopted(config, run_a)) == ("abc123", None, None)
 
 
+@pytest.mark.parametrize("name", ["run\ra", "run\r\na", "run\n\ra\n", "ü\x85\u2028b"])
+def test_a_claim_names_its_run_dir_whatever_line_ends_its_name_holds(tmp_path, name):
+    """Regression: the claim was read as text (universal newlines), so a run dir whose name holds '\\r' was read back
+    as another ('\\r' became '\\n'): its own job's claim was never taken back, every re-run refused (exit 2)."""
+    from streamprep import config as configmod, pipeline
+    from streamprep.checkpoints import claim, claimed_from, owner_of
+
+    ckpt, run_dir = tmp_path / "ck", tmp_path / name
+    cfg = _config(tmp_path)
+    cfg["run"]["checkpoint_dir"] = str(ckpt)
+    ckpt.mkdir()
+    assert claim(ckpt, "abc123", run_dir) is None
+    assert (ckpt / ".streamprep-run").read_bytes() == f"abc123\n{run_dir}\n".encode()
+    assert (owner_of(ckpt), claimed_from(ckpt)) == ("abc123", run_dir)
+    assert pipeline._adopted(configmod.load(cfg, tmp_path), run_dir)["run_id"] == "abc123"
+
+
 @pytest.mark.slow
 def test_a_claim_its_own_job_left_before_run_json_is_taken_back_by_the_same_command(tmp_path, monkeypatch, capsys):
     """Regression: with `run.checkpoint_dir` outside the run dir, a job killed after it claimed that folder
