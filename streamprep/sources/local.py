@@ -407,7 +407,8 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     else:
         top = stripped.rstrip("/") + "/"  # hidden (a name, or a folder's, below the prefix), or a folder marker
         files = [p for p, info in fs.find(stripped, detail=True).items() if _not_marker(p, info) and not any(
-                 n.startswith(".") for n in p.rstrip("/").removeprefix(top).split("/"))] if fs.isdir(stripped) else []
+                 n.startswith(".") for n in p.rstrip("/").removeprefix(top).split("/"))] if kind == "directory" or \
+            fs.isdir(stripped) else []
     # an object before its folder; a key ending in '/' (not a marker) is listed as its folder, once: its reader's reject
     listed = sorted({(p.rstrip("/"), p in folders or p.endswith("/")) for p in files} | {(p, False) for p in objects})
     return [fs.unstrip_protocol(p) + "/" * folder for p, folder in listed]
@@ -417,6 +418,7 @@ def _kind(fs: fsspec.AbstractFileSystem, path: str) -> str | None:
     """The type `info` gives `path` ("file", "directory"), or None where `fs.isfile` would say False for an error
     (none there, as a glob's path usually is): the one request `isfile` made, telling a prefix too."""
     try:
+        _drop_cached_folder(fs, path)  # an object named alone is read, though another dataset listed it as a folder
         return fs.info(path).get("type")
     except Exception:  # as fs.isfile: the listing or glob that follows raises what is wrong
         return None
@@ -582,14 +584,22 @@ def filesystem(path: str, storage_options: Mapping[str, Any] | None = None) -> t
 
 def input_filesystem(path: str, storage_options: Mapping[str, Any] | None = None
                      ) -> tuple[fsspec.AbstractFileSystem, str]:
-    """`filesystem` of an input file `expand` listed as an object, to size, identify or open it. Once a key that is
-    also the prefix of other keys (`x.jsonl` beside `x.jsonl/a.jsonl`) was listed as a folder, s3fs's listing cache
-    gives it as a size-0 folder: its size, identity and bytes were none (an `empty file` reject, recorded as 0
-    bytes). Its entry as a folder is dropped, so the object is what the next `info` or `open` finds."""
+    """`filesystem` of an input file `expand` listed as an object, to size, identify or open it: the object, not the
+    size-0 folder s3fs's listing cache may make of it (`_drop_cached_folder`), whose size, identity and bytes were
+    none (an `empty file` reject, recorded as 0 bytes)."""
     fs, p = filesystem(path, storage_options)
-    if "://" in path and fs.dircache.pop(p, None) is not None and fs.info(p).get("type") != "file":
-        fs.invalidate_cache(p)  # (its parent's listing named the folder first): asked of the store
+    if "://" in path:
+        _drop_cached_folder(fs, p)
     return fs, p
+
+
+def _drop_cached_folder(fs: fsspec.AbstractFileSystem, p: str) -> None:
+    """Have the next `info` or `open` of `p` find an object `p`, where there is one: once a key that is also the
+    prefix of other keys (`x.jsonl` beside `x.jsonl/a.jsonl`) was listed as a folder, s3fs's listing cache gives
+    it as a size-0 folder. Its listing as a folder is dropped, and its parent's too unless that names it a file, so
+    the store is asked. No request: the parent's listing is read from the cache only."""
+    if fs.dircache.pop(p, None) is not None and fs._parent(p) in fs.dircache and fs.info(p).get("type") != "file":
+        fs.invalidate_cache(p)
 
 
 def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, start: int = 0,

@@ -830,6 +830,34 @@ def test_a_key_that_is_also_a_prefix_is_read_as_the_object_it_is(s3: Proxy, tmp_
     assert expand(prefix + "**") == sorted(want)  # the object, and its folder reached into
 
 
+def test_a_key_that_is_also_a_prefix_is_read_as_the_object_after_another_dataset_s_glob_listed_it(
+        s3: Proxy, tmp_path: Path) -> None:
+    """Regression: a dataset naming `x.jsonl` (beside `x.jsonl/inner.jsonl`) was listed as that folder once another
+    dataset's `**` glob had listed it in the same process (s3fs's listing cache called it a folder): the job read
+    `x.jsonl/inner.jsonl` in its place and stopped on it as "gone during the run", every re-run. Its parent's listing
+    cached with it (`d/y.jsonl`) or not (`x.jsonl`, at the glob's root), the object is read."""
+    from streamprep.sources.local import expand
+
+    fs, prefix = filesystem("s3://x")[0], f"s3://{BUCKET}/stale/"
+    objects = {"x.jsonl": _jsonl(DOCS[:4]), "x.jsonl/inner.jsonl": _jsonl(DOCS[4:9]), "d/y.jsonl": _jsonl(DOCS[9:12]),
+               "d/y.jsonl/inner.jsonl": _jsonl(DOCS[12:20]), "w1/other.jsonl": _jsonl(DOCS[20:22])}
+    for name, data in objects.items():
+        fs.pipe(f"{BUCKET}/stale/{name}", data)
+    fs.invalidate_cache()
+    assert expand(prefix + "**/other.jsonl") == [prefix + "w1/other.jsonl"]
+    assert (expand(prefix + "x.jsonl"), expand(prefix + "d/y.jsonl")) == ([prefix + "x.jsonl"], [prefix + "d/y.jsonl"])
+    fs.invalidate_cache()
+    cfg = base_config([{"name": "other", "path": prefix + "**/other.jsonl"}, {"name": "x", "path": prefix + "x.jsonl"},
+                       {"name": "y", "path": prefix + "d/y.jsonl"}], None)
+    result = run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    assert result.status == "complete"
+    assert {ds: result.summary["kept"][ds] + result.summary["rejected"][ds] for ds in ("other", "x", "y")} == {
+        "other": 2, "x": 4, "y": 3}
+    for ds, name in (("x", "x.jsonl"), ("y", "d/y.jsonl")):
+        files = json.loads((tmp_path / "run" / "checkpoints" / f"{ds}.inputs").read_text())["files"]
+        assert [(f["path"], f["size"]) for f in files] == [(prefix + name, len(objects[name]))]
+
+
 def test_a_non_empty_key_ending_in_a_slash_is_a_counted_reject_naming_it(s3: Proxy, tmp_path: Path) -> None:
     """Regression: `data.jsonl/` holding records was left out of a prefix and of a glob without a reject, as a folder
     marker is; docs/operations.md leaves out only zero-byte keys ending in `/`. No fsspec store opens it (the
