@@ -305,6 +305,16 @@ def _unreachable() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
+def _status_error() -> tuple[type[BaseException], ...]:
+    """What fsspec's http(s) filesystem raises for an error status other than 404 (aiohttp's): it escaped the
+    check as a bare `ClientResponseError`, naming no key, and an optional dataset answering 403 was not skipped."""
+    try:
+        from aiohttp import ClientResponseError
+    except ImportError:
+        return ()
+    return (ClientResponseError,)
+
+
 def _check_object_store_path(key: str, ds: dict[str, Any]) -> None:
     """List the bucket now: a missing bucket, key or prefix (or refused credentials) is a config error before
     anything is written. A store that cannot be reached is a SourceError naming the key (exit 1: re-run once it is
@@ -354,6 +364,14 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
     except ValueError as exc:  # fsspec's glob: "Invalid pattern: '**' can only be an entire path component"
         raise ConfigError(f"config: '{key}.path': {path}: {exc} (on disk `a**` reads as `a*`: write "
                           f"that)") from None
+    except _status_error() as exc:  # http(s): refused or not there, as s3's, else the server's trouble
+        answer = f"HTTP {exc.status} {exc.message}"
+        if exc.status in (401, 403, 410):  # (a 404 is fsspec's FileNotFoundError: no file matches)
+            raise MissingInput(f"config: '{key}.path': {path}: {answer}") from None
+        if exc.status != 429 and exc.status < 500:
+            raise ConfigError(f"config: '{key}.path': {path}: {answer}") from None
+        raise SourceError(f"'{key}.path': cannot list {path}: the store cannot be reached ({answer}); re-run once "
+                          f"it is reachable") from exc
     except _unreachable() as exc:  # not the input's fault, nor the config's: exit 1, as a read that fails later
         raise SourceError(f"'{key}.path': cannot list {path}: the store cannot be reached ({one_line(exc)}); "
                           f"re-run once it is reachable") from exc

@@ -760,6 +760,79 @@ def test_an_http_path_is_listed_at_validation_as_an_s3_one(http_dir: tuple[Path,
     assert str(err.value).startswith(f"'datasets[0].path': cannot list {unreached}: the store cannot be reached (")
 
 
+@pytest.fixture
+def status_server() -> Iterator[str]:
+    """The URL of a server answering every request under `/e<status>/` with that error status."""
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_error(int(self.path.split("/")[1].removeprefix("e")))
+
+        do_HEAD = do_GET
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "*.jsonl", ""])
+def test_an_http_error_status_at_validation_names_the_key_as_s3_s_refusals_do(status_server: str, http_dir,
+                                                                              tmp_path: Path, capsys, name: str) -> None:
+    """Regression: a server answering 403, 500 or 503 when the config was checked stopped the job with aiohttp's bare
+    `ClientResponseError: 403, message='Forbidden', …`, exit 1, naming no key; an optional dataset was not skipped.
+    401/403/410 are a config error naming the key (exit 2; an optional dataset skipped), as s3's AccessDenied, and
+    404 the missing input it was;
+    429 and 5xx the store that cannot be reached (exit 1: re-run); another 4xx a config error not skipped."""
+    from streamprep.cli import main
+    from streamprep.config import MissingInput, validate
+
+    good = {"name": "ok", "path": f"{http_dir[1]}/sub/a.jsonl"}
+    for status in (401, 403, 404, 410, 400, 429, 500, 503):
+        path = f"{status_server}/e{status}/{name}"
+        try:
+            validate({"datasets": [{"name": "web", "path": path, "format": "jsonl"}]}, base_dir=tmp_path)
+        except (ConfigError, SourceError) as exc:
+            err = exc
+        else:
+            raise AssertionError(f"{status}: validated")
+        reason = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 410: "Gone", 400: "Bad Request",
+                  429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}[status]
+        optional = {"datasets": [{"name": "web", "path": path, "format": "jsonl", "optional": True}, good]}
+        if status in (429, 500, 503):
+            assert type(err) is SourceError and str(err) == (f"'datasets[0].path': cannot list {path}: the store "
+                                                             f"cannot be reached (HTTP {status} {reason}); re-run "
+                                                             f"once it is reachable")
+            with pytest.raises(SourceError):
+                validate(optional, base_dir=tmp_path)
+            continue
+        if status == 404:  # fsspec's own FileNotFoundError: no file there
+            assert str(err) == f"config: 'datasets[0].path': no object matches {path}"
+        else:
+            assert str(err) == f"config: 'datasets[0].path': {path}: HTTP {status} {reason}", status
+        if status == 400:
+            assert type(err) is ConfigError
+            with pytest.raises(ConfigError):
+                validate(optional, base_dir=tmp_path)
+        else:
+            assert isinstance(err, MissingInput)
+            assert [d["name"] for d in validate(optional, base_dir=tmp_path)["datasets"]] == ["ok"]
+    for status, code in ((403, 2), (503, 1)):
+        cfg_path = tmp_path / "c.yaml"
+        cfg_path.write_text(yaml.safe_dump(base_config([{"name": "web", "path": f"{status_server}/e{status}/{name}",
+                                                         "format": "jsonl"}], None)))
+        run = tmp_path / f"run{status}"
+        assert main(["ingest", "--config", str(cfg_path), "--run-dir", str(run)]) == code
+        assert f"'datasets[0].path'" in capsys.readouterr().err and not run.exists()
+
+
 def test_a_file_larger_than_unit_mb_on_a_server_without_ranges_is_a_config_error(http_dir: tuple[Path, str],
                                                                                 tmp_path: Path) -> None:
     """Regression: planning such a file's byte ranges stopped the job with fsspec's `ValueError: The HTTP server
