@@ -375,14 +375,28 @@ def _check_listing(key: str, ds: dict[str, Any]) -> None:
     except _unreachable() as exc:  # not the input's fault, nor the config's: exit 1, as a read that fails later
         raise SourceError(f"'{key}.path': cannot list {path}: the store cannot be reached ({one_line(exc)}); "
                           f"re-run once it is reachable") from exc
-    if found == [path] and _listed_folder(path):  # http(s): a folder's URL is a page (its index), which isfile finds
+    # http(s): a folder's URL is a page (its index), which isfile finds
+    if found == [path] and (_listed_folder(path) or _redirected_to_folder(path, ds["storage_options"])):
         raise ConfigError(f"config: '{key}.path': {path} names a folder, which is not listed over {path.split(':')[0]} "
-                          f"(its URL is a page, not a file): name a file, or a glob, `{path}*.jsonl` reads the files "
-                          f"the page links to")
+                          f"(its URL is a page, not a file): name a file, or a glob, `{path.rstrip('/')}/*.jsonl` "
+                          f"reads the files the page links to")
     if not found or (globmod.has_magic(path) and all(_listed_folder(f) for f in found)):  # (a prefix's are objects)
         raise MissingInput(f"config: '{key}.path': no object matches {path}" + (only_folders(path) if found else ""))
     if found == [path]:  # a file there but not read is the config's fault, as on disk: not a missing input
         _check_format(f"{key}.path", path, ds["format"])
+
+
+def _redirected_to_folder(path: str, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether an http(s) URL without its trailing '/' is answered at the same URL with it, as web servers send a
+    folder's URL (`…/sub` → `…/sub/`, its index page): that page was read as a file, each of its lines a parse
+    reject, and the run "complete". One HEAD, at validation only; not known (an error): False, read as before."""
+    if not path.startswith(("http://", "https://")) or path.endswith("/"):
+        return False
+    try:
+        fs, p = filesystem(path, storage_options)
+        return fs.info(p).get("url") == path + "/"
+    except Exception:  # noqa: BLE001 - the read that follows says what is wrong
+        return False
 
 
 def _check_format(key: str, path: str, fmt: str | None) -> None:

@@ -760,6 +760,25 @@ def test_an_http_path_is_listed_at_validation_as_an_s3_one(http_dir: tuple[Path,
     assert str(err.value).startswith(f"'datasets[0].path': cannot list {unreached}: the store cannot be reached (")
 
 
+def test_an_http_folder_url_without_its_trailing_slash_is_the_folder_s_config_error(http_dir: tuple[Path, str],
+                                                                                     tmp_path: Path) -> None:
+    """Regression: `…/sub` (`format: jsonl`), which the server redirects to `…/sub/` (its index page), was read as a
+    file: each line of the page a parse reject, and the run "complete" (exit 0). It is the config error `…/sub/` gets, nothing
+    written; a file's URL still validates."""
+    from streamprep.config import validate
+
+    root, url = http_dir
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(base_config([{"name": "web", "path": f"{url}/sub", "format": "jsonl", "optional": True}], None), run_dir=run,
+                      console_log=False)
+    assert str(err.value) == (f"config: 'datasets[0].path': {url}/sub names a folder, which is not listed over http "
+                              f"(its URL is a page, not a file): name a file, or a glob, `{url}/sub/*.jsonl` reads "
+                              f"the files the page links to")
+    assert not run.exists()
+    assert validate({"datasets": [{"name": "a", "path": f"{url}/sub/a.jsonl"}]}, base_dir=tmp_path)["datasets"]
+
+
 @pytest.fixture
 def status_server() -> Iterator[str]:
     """The URL of a server answering every request under `/e<status>/` with that error status."""
