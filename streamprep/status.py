@@ -61,11 +61,10 @@ def checkpoint_dir(run_dir: Path, record: dict[str, Any]) -> Path:
 
 def _bytes_in(ck: dict[str, Any], sizes: list[int] | None) -> int | None:
     """Source bytes the checkpoint's position has passed: the files before its file, plus its byte offset in it
-    (local files); every byte once the dataset is done. None when the file sizes are not known."""
+    (local files). A dataset read to its end has passed every file; one a cap (`max_records`, `size_mb`) ended
+    only the units before its position, not the files it never read. None when the file sizes are not known."""
     if not sizes:
         return None
-    if ck.get("done"):
-        return sum(sizes)
     pos = ck.get("position") or {}
     i = int(pos.get("file", 0))
     off = pos.get("offset")

@@ -206,6 +206,28 @@ def test_mid_ingest_checkpoint_counts_planned_shards_so_far(done_run, tmp_path):
     assert "2/2+" in format_status(st)
 
 
+@pytest.mark.parametrize("cap", [{"max_records": 10}, {"size_mb": 0.002}], ids=["max_records", "size_mb"])
+def test_bytes_in_of_a_capped_dataset_is_the_files_its_position_passed_not_every_file(tmp_path, shared_data, cap):
+    """Regression: once a dataset was done, `bytes_in` (and streamprep_source_bytes_read_total) was every input
+    byte, also for a dataset a cap ended in its first file of three: 3x the bytes read. Now the files its position
+    passed (its unit here is the whole first file); a dataset read to its end still counts every file."""
+    docs = english_docs(120)
+    for name, first, per_file in (("capped", 0, 30), ("whole", 90, 10)):
+        (tmp_path / name).mkdir()
+        for k in range(3):
+            part = docs[first + k * per_file:first + (k + 1) * per_file]
+            (tmp_path / name / f"{'abc'[k]}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part))
+    cfg = base_config([{"name": "capped", "path": str(tmp_path / "capped/*.jsonl"), **cap},
+                       {"name": "whole", "path": str(tmp_path / "whole/*.jsonl")}], str(shared_data / PHI2))
+    assert run_from_dict(cfg, tmp_path / "run", console_log=False).status == "complete"
+    st = run_status(tmp_path / "run")
+    capped, whole = st["datasets"]["capped"]["ingest"], st["datasets"]["whole"]["ingest"]
+    assert capped["done"] and 0 < capped["read"] < 30
+    assert capped["bytes_in"] == (tmp_path / "capped/a.jsonl").stat().st_size
+    assert whole["done"] and whole["bytes_in"] == sum(p.stat().st_size for p in (tmp_path / "whole").iterdir())
+    assert st["totals"]["bytes_in"] == capped["bytes_in"] + whole["bytes_in"]
+
+
 def test_a_damaged_checkpoint_neither_hangs_nor_crashes_status(done_run, tmp_path):
     """Regression: status counted parts and receipts over `range(part_index + 1)`, so a checkpoint saying a billion
     parts hung it, and a counter of the wrong type (`kept: "x"`) was a bare ValueError, exit 1. Now: the files on
