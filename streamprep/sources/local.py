@@ -1223,7 +1223,7 @@ class LocalSource:
             if type(line) is LongLine:
                 item: Any = long_line(line, path, n)
             else:
-                item = self._parse_json(line.encode(), path, n) if fmt == "jsonl" else {"text": line.rstrip("\r\n")}
+                item = (self._parse_json if fmt == "jsonl" else self._parse_text)(line.encode(), path, n)
             yield item, {"file": i, "record": n, "offset": None}
         if empty:
             yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}
@@ -1247,6 +1247,10 @@ class LocalSource:
 
     @staticmethod
     def _parse_text(line: bytes, path: str, n: int) -> dict[str, Any] | BadRecord:
+        """One `txt` line as a record. A blank line (ASCII whitespace only, as `_parse_json` tells one) is a parse
+        reject naming its file and line, as in a `.jsonl`, not a record whose empty text no reject could place."""
+        if not line.strip():
+            return BadRecord(f"blank line {n} in {path}", "")
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:

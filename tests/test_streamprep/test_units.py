@@ -334,6 +334,30 @@ async def test_many_units_write_what_one_unit_writes(tmp_path: Path, workers: in
         assert ck["done"] and ck["consumed"] == _lines(1200).count(b"\n")
 
 
+async def test_a_blank_txt_line_is_the_same_parse_reject_whatever_the_units_or_the_decider(tmp_path: Path) -> None:
+    """Regression: a blank .txt line was a `schema` reject naming no file or line. It is a `parse` reject,
+    `blank line N in FILE` (N file-global), from one unit or many, decided on arrays or record by record
+    (near-dedup on); the kept records are the same."""
+    docs = english_docs(60, seed=3)
+    src = tmp_path / "in.txt"
+    body = [b"\t\r\n" if i % 9 == 4 else b"   \n" if i % 9 == 0 else b"\n" if i % 13 == 0 else None
+            for i in range(len(docs))]
+    src.write_bytes(b"".join(blank or d.encode() + b"\n" for d, blank in zip(docs, body)))
+    blank_lines = [n for n, b in enumerate(body, 1) if b]
+    got = {}
+    for name, unit_mb, near in (("one", 4.0, False), ("many", 800 / 2**20, False), ("near", 4.0, True)):
+        raw = base_config([{"name": "d", "path": str(src)}], None, output={"shard_records": 300})
+        raw["execution"].update(batch_records=8, workers=1, unit_mb=unit_mb)
+        raw["quality"]["near_dedup"] = {"enabled": near}
+        await _ingest(load(raw), tmp_path / name)
+        rejects = [json.loads(r) for r in (tmp_path / name / "rejects" / "d.jsonl").read_text().splitlines()]
+        assert [(r["failed_check"], r["reason"]) for r in rejects] == \
+            [("parse", f"blank line {n} in {src}") for n in blank_lines], name
+        got[name] = tree_hashes(tmp_path / name, "ingest", "rejects")
+        assert len(json.loads((tmp_path / name / "checkpoints" / "d.plan.json").read_text())) > (name == "many") * 10
+    assert got["many"] == got["one"] == got["near"]
+
+
 @pytest.mark.slow
 async def test_a_parquet_file_writes_the_same_whatever_its_units_and_a_saved_one_group_plan_resumes(
         tmp_path: Path) -> None:

@@ -93,6 +93,32 @@ def test_undecodable_text_line_is_a_bad_record(tmp_path: Path) -> None:
     assert isinstance(items[1], BadRecord) and "undecodable bytes at line 2" in items[1].reason
 
 
+def test_a_blank_txt_line_is_a_parse_reject_naming_file_and_line_as_a_blank_jsonl_line(tmp_path: Path) -> None:
+    """Regression: a blank or whitespace-only .txt line was a record {"text": ""}, a `schema` reject ("text is empty
+    after normalisation") naming no file or line. It is now `blank line N in FILE` (failed_check parse), as in a
+    .jsonl, read whole, as range units or UTF-16; ASCII whitespace is blank (as .jsonl's rule: bytes.strip), a line
+    of other white space is text."""
+    import codecs
+
+    from streamprep import units
+
+    lines = ["\t\r", "first line", "", "   ", "second line", "\x0c \x0b", "\u3000", "last line"]
+    want = ["blank line 1", "first line", "blank line 3", "blank line 4", "second line", "blank line 6", "\u3000",
+            "last line"]
+    for name, data in (("a.txt", "\n".join(lines).encode()), ("crlf.txt", "\r\n".join(lines).encode() + b"\r\n"),
+                       ("bom.txt", codecs.BOM_UTF8 + "\n".join(lines).encode()),
+                       ("wide.txt", codecs.BOM_UTF16_LE + "\n".join(lines).encode("utf-16-le"))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        got = [(r.check, r.reason) if isinstance(r, BadRecord) else r["text"] for r, _ in _collect(local_source(path))]
+        assert got == [("parse", f"{w} in {path}") if w.startswith("blank") else w for w in want], name
+        plan = units.plan_dataset([str(path)], None, 8)  # a range a line or two (a wide file: one unit)
+        assert len(plan) > 1 or name == "wide.txt"
+        ranged = [units.global_reason(r.reason, k) if isinstance(r, BadRecord) else r["text"]
+                  for k, r in enumerate(i for u in plan for i in units.read_unit(u))]
+        assert ranged == [f"{w} in {path}" if w.startswith("blank") else w for w in want], name
+
+
 def test_document_format_reads_whole_files(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("# A\n\nfirst doc\n")
     (tmp_path / "b.md").write_text("second\ndoc\n")
