@@ -31,7 +31,9 @@ checkpoint is saved.
 A node lost under the stage (its raylet dies, a machine goes) costs no rerun: Xenna 0.3 has no fault
 tolerance of its own (its pipeline raises once an actor dies), so the engine starts the serving pipeline again
 on the nodes left and hands it every task the dead one held, each counted as a retry in the log and in
-`logs/retries.jsonl` (which `streamprep status` reads). A result that arrives twice is kept once. With no
+`logs/retries.jsonl` (which `streamprep status` reads). A result that arrives twice is kept once. A worker that
+dies on a node that stays up, twice with the same tasks in flight, was killed by one of them: the job fails
+(`WorkerDied`, naming them) rather than run them again after every wait. With no
 node left to run on for `ray_cluster.NO_NODE_WAIT_S`, the job fails, and the same command resumes it. On the
 job's own cluster, spare capacity on this machine, a failed stage is not restarted: its shards go back to the
 executor, counted as retries, and the job goes on without it.
@@ -57,7 +59,7 @@ from streamprep.layout import RunLayout, needs_change
 from streamprep.engines.base import PING, Engine, Result
 from streamprep.engines.local import run_local
 from streamprep.executor import Call, Executor, Setup, settle
-from streamprep.sources.base import in_worker, one_line
+from streamprep.sources.base import Unit, in_worker, one_line
 from streamprep.tokenize import ShardTask, drop_tmp_files
 
 log = logs.get("tokenize")
@@ -66,11 +68,20 @@ STOP_WAIT_S = 30.0  # a stop (end of job or Ctrl-C) waits this long for Xenna an
 LOST_STOP_WAIT_S = 2.0  # ... and this long once the cluster is gone
 MAX_STAGE_RESTARTS = 8  # lost nodes the stage recovers from in one job (a node Ray has not yet marked dead
 # can cost a second restart); beyond that the job fails and resumes on the next run
+HELD_AT_LIVE_LOSSES = 2  # a task in flight each time a stage worker died this many times on a node that stayed up
+# fails the job (`WorkerDied`): a task that kills the process running it would otherwise be run again after every
+# NODE_DEATH_WAIT_S, up to MAX_STAGE_RESTARTS times (~11 min, progress stuck)
 NODE_DEATH_WAIT_S = 60.0  # after a worker is lost, how long to wait for Ray to mark its node dead (Ray's health
 # checks took ~20 s here); restarting before that places the stage on the dead node again
 IN_FLIGHT_PER_WORKER = 4  # tasks handed to the stage per worker: Xenna takes all it is given into its own queue,
 # and the tasks a failed stage held are what a restart hands again (4 keep a worker busy between answers)
 RETRIES_FILE = "retries.jsonl"  # in the run's logs dir: one line per shard handed to a new stage
+
+
+class WorkerDied(RuntimeError):
+    """A stage worker died HELD_AT_LIVE_LOSSES times on a node that stayed up with the same tasks in flight: one of
+    them most likely kills the process running it (a plug-in's os._exit, a crash in native code, the OOM killer), and
+    no restart gets past it. The input's failure, not the cluster's (`ray_cluster.ClusterFailed`)."""
 
 
 class XennaEngine(Engine):
@@ -102,6 +113,7 @@ class XennaEngine(Engine):
         self._queued: deque = deque()  # tasks for the stage, waiting for room in flight (under _cv)
         self._room = IN_FLIGHT_PER_WORKER  # tasks in flight at most: per stage worker, set when the stage starts
         self._retried: set = set()  # shards handed to a restarted stage (each counted once)
+        self._held_at_live_loss: dict[Any, int] = {}  # task key -> stage workers lost on a live node with it in flight
         self._cluster_lost = False
         # with `ray_address` the pipeline also runs the job's calls (`StageExecutor`), in an ingest stage whose
         # workers run `setup`, and it ends with the executor (`close`), after the exports and the audit
@@ -233,13 +245,31 @@ class XennaEngine(Engine):
                 restarts += 1
                 if not lost:  # the worker is gone, but Ray may not have marked its node dead yet
                     lost = ray_cluster.wait_for_node_loss(nodes, NODE_DEATH_WAIT_S, lambda: self._stopping is not None)
+                if self._stopping is not None:  # a stop came while it waited: nothing starts again
+                    raise
+                if not lost and (held := self._held_again()):
+                    raise WorkerDied(
+                        f"a stage worker died {HELD_AT_LIVE_LOSSES} times on a node that stayed up, with "
+                        f"{_describe(held)} in flight each time: one of them kills the process running it (a plug-in's "
+                        f"os._exit, a crash in native code, the OOM killer) ({type(exc).__name__})") from exc
                 log.warning("xenna stage lost a worker; restarting it on the nodes left", restarts=restarts,
                             lost_nodes=sorted(lost), error=f"{type(exc).__name__}: {str(exc)[:300]}")
                 if not ray_cluster.wait_for_usable_node(lambda: self._stopping is not None):
+                    if self._stopping is not None:
+                        raise
                     raise ray_cluster.NoNodeLeft(
                         f"no Ray node able to run the stage for {ray_cluster.NO_NODE_WAIT_S:.0f} s after it lost a "
                         f"worker ({type(exc).__name__}); re-run the same command to resume") from exc
                 self._retry_in_flight(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+    def _held_again(self) -> list[Any]:
+        """After a stage worker died on a node that stayed up: count that death for every task in flight, and return
+        those in flight at HELD_AT_LIVE_LOSSES such deaths (a lost node counts for none: its tasks were not at fault)."""
+        with self._cv:
+            tasks = [t for t in self._in_flight.values() if t != PING]
+        for task in tasks:
+            self._held_at_live_loss[_key(task)] = self._held_at_live_loss.get(_key(task), 0) + 1
+        return [t for t in tasks if self._held_at_live_loss[_key(t)] >= HELD_AT_LIVE_LOSSES]
 
     def _retry_in_flight(self, reason: str) -> None:
         """Hand every task the failed pipeline held to a fresh source queue, in the order first given, and
@@ -322,7 +352,7 @@ class XennaEngine(Engine):
         """Every call not answered gets `exc`: the pipeline ended (failed, or no node left) without it. One that
         re-running as is cannot get past (a ConfigError) stays as it is; any other is the pipeline's, not the call's
         (`ray_cluster.ClusterFailed`)."""
-        if isinstance(exc, Exception) and _needing_change(exc) is None:
+        if isinstance(exc, Exception) and not isinstance(exc, WorkerDied) and _needing_change(exc) is None:
             failed = ray_cluster.ClusterFailed(f"the xenna pipeline on the Ray cluster failed: {one_line(exc)}")
             failed.__cause__, exc = exc, failed
         with self._cv:
@@ -500,6 +530,19 @@ def _key(item: Any) -> Any:
             return "call", item["call"]
         return PING if item.get("ping") else (item["task"]["dataset"], item["task"]["part"])
     return PING if item == PING else (item.dataset, item.part)
+
+
+def _describe(tasks: list[Any], most: int = 4) -> str:
+    """The tasks a log line or an error names: a call by its function, dataset and unit (file and range), a shard by
+    its dataset and part."""
+    def one(task: Any) -> str:
+        if not isinstance(task, Call):
+            return f"shard {task.dataset} part {task.part}"
+        named = [a for a in task.args if isinstance(a, str)][:1] + [
+            f"{u.path} [{u.start}, {u.end})" for u in task.args if isinstance(u, Unit)][:1]
+        return f"{task.fn.__name__}({', '.join(named)})"
+    more = f" and {len(tasks) - most} more" if len(tasks) > most else ""
+    return "; ".join(one(t) for t in tasks[:most]) + more
 
 
 def _is_shard(task: Any) -> bool:

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -1001,3 +1001,105 @@ def test_a_restarted_pipeline_gets_the_calls_the_failed_one_held_again(monkeypat
     engine._ended.set()  # as the engine's join does: the collector ends
     collector.join(2)
     assert not collector.is_alive()
+
+
+def _judge(dataset: str, unit: object) -> str:
+    return f"judged {dataset}"
+
+
+def _attached_stage(monkeypatch, nodes: list[set[str]], fails: Callable[[list], bool], stop_in_wait: bool = False):
+    """An engine attached to a cluster (`ray_address`) whose Ray and Xenna are stand-ins: each pipeline run takes the
+    tasks on its source, answers them, and raises a lost worker as `fails(held)` says; `nodes` gives the usable nodes
+    Ray lists before each run and after its failure (the last repeats). Returns (engine, runs, node-death waits)."""
+    from streamprep import ray_cluster
+    from streamprep.engines import xenna as xmod
+
+    runs: list[list[str]] = []
+    waits: list[set[str]] = []
+    listed = iter(nodes)
+    last: list[set[str]] = [nodes[0]]
+
+    def usable() -> set[str]:
+        last[0] = next(listed, last[0])
+        return last[0]
+
+    def fake_pipeline(spec):
+        source, sink, held = spec.serving_queues.source, spec.serving_queues.sink, []
+        runs.append(held)
+        while (task := source.get(timeout=10)) is not None:
+            held.append(task.args[0])
+            if fails(held):
+                raise RuntimeError("The actor died unexpectedly before finishing this task")
+            sink.put(task.answer())
+
+    def node_loss(before: set[str], timeout: float, cancelled) -> set[str]:
+        waits.append(before)
+        if stop_in_wait:
+            engine._stop()  # Ctrl-C while the engine waits for Ray to mark a node dead
+        return before - usable()
+
+    monkeypatch.setattr(ray_cluster, "connect", lambda address, workers, cancelled: address)
+    monkeypatch.setattr(ray_cluster, "release", lambda: None)
+    monkeypatch.setattr(ray_cluster, "cpus_per_worker", lambda workers: 0.5)
+    monkeypatch.setattr(ray_cluster, "usable_nodes", usable)
+    monkeypatch.setattr(ray_cluster, "is_lost_worker", lambda exc: "actor died" in str(exc))
+    monkeypatch.setattr(ray_cluster, "wait_for_node_loss", node_loss)
+    monkeypatch.setattr(ray_cluster, "wait_for_usable_node", lambda cancelled: True)
+    monkeypatch.setattr(ray_cluster, "no_node_left", lambda: None)
+    monkeypatch.setattr(xenna, "run_pipeline", fake_pipeline)
+    engine = xmod.XennaEngine(None, workers=1, ray_address="127.0.0.1:1")
+    return engine, runs, waits
+
+
+def test_a_call_that_kills_its_worker_on_a_live_node_twice_fails_the_job_naming_it(monkeypatch) -> None:
+    """Regression: a record that ends its stage worker's process (a plug-in's os._exit) while its node stays up was
+    run again after every ~60-85 s wait for a node death that never came, up to MAX_STAGE_RESTARTS (8) times: ~11
+    minutes, progress stuck at read 0, then a ClusterFailed that named no dataset. The same call in flight at a second
+    such death now fails the job, naming its function, dataset and unit; a call held at one death only runs again."""
+    from streamprep.engines import xenna as xmod
+    from streamprep.sources.base import Unit
+
+    unit = Unit("range", 0, "data/c4.jsonl", "jsonl", 0, 262144)
+    engine, runs, waits = _attached_stage(monkeypatch, [{"n1", "n2"}], lambda held: held[-1] == "c4")
+    engine.start()
+    try:
+        poison = engine.call(_judge, ("c4", unit))
+        with pytest.raises(Exception) as failed:
+            poison.result(timeout=30)
+    finally:
+        engine.close()
+    assert len(runs) == 2 and len(waits) == 2  # one restart after the first death, none after the second
+    assert isinstance(failed.value, xmod.WorkerDied)  # the input's failure, not the cluster's (ClusterFailed)
+    assert "died 2 times on a node that stayed up" in str(failed.value)
+    assert "_judge(c4, data/c4.jsonl [0, 262144))" in str(failed.value)
+
+
+def test_a_call_held_at_each_lost_node_still_runs_again(monkeypatch) -> None:
+    """A node lost under the stage is not the call's fault: the call it held runs on the nodes left, however often
+    (up to MAX_STAGE_RESTARTS), and the calls after it too."""
+    nodes = [{"n1", "n2", "n3"}, {"n1", "n2"}, {"n1", "n2"}, {"n1"}, {"n1"}]
+    engine, runs, waits = _attached_stage(monkeypatch, nodes, lambda held: held[-1] == "c4" and len(runs) < 3)
+    engine.start()
+    try:
+        answers = [engine.call(_judge, (name, None)) for name in ("c4", "dclm")]
+        assert [a.result(timeout=30) for a in answers] == ["judged c4", "judged dclm"]
+    finally:
+        engine.close()
+    assert [held[:1] for held in runs] == [["c4"]] * 3 and not waits  # each node's loss seen at once
+
+
+def test_nothing_restarts_once_a_stop_has_begun(monkeypatch) -> None:
+    """Regression: a Ctrl-C while the engine waited for Ray to mark the lost worker's node dead ended the wait, then
+    the engine logged 'restarting it on the nodes left' and started a new pipeline with new actors anyway."""
+    from structlog.testing import capture_logs
+
+    engine, runs, waits = _attached_stage(monkeypatch, [{"n1", "n2"}], lambda held: True, stop_in_wait=True)
+    with capture_logs() as logged:
+        engine.start()
+        try:
+            with pytest.raises(Exception, match="actor died"):
+                engine.call(_judge, ("c4", None)).result(timeout=30)
+        finally:
+            engine.close()
+    assert len(runs) == 1 and len(waits) == 1
+    assert not [x for x in logged if x["event"].startswith("xenna stage lost a worker; restarting")]
