@@ -207,6 +207,7 @@ class XennaEngine(Engine):
         """Run the serving pipeline until the job's stop; when it fails because a worker or node died, run it
         again on the nodes left (once one is usable) with the tasks the failed one held."""
         restarts = 0
+        since = self.started_at or time.monotonic()  # what a "stage started" line measures from: the job's start
         ingest_workers = self.workers if self._serves_calls else 0  # the job's calls: as many workers as a pool has
         while True:
             nodes = ray_cluster.usable_nodes()
@@ -229,11 +230,12 @@ class XennaEngine(Engine):
             log.info("xenna serving stage started", workers=stage_workers, cpus_per_worker=per_worker,
                      ingest_workers=ingest_workers,
                      ray=ray_cluster.address(), restarts=restarts,
-                     startup_seconds=round(time.monotonic() - (self.started_at or time.monotonic()), 2))
+                     startup_seconds=round(time.monotonic() - since, 2))
             try:
                 xenna.run_pipeline(spec)
                 return
             except Exception as exc:
+                since = time.monotonic()  # a restart's start-up: from the failure (its waits included)
                 if (refused := _refusal(exc)) is not None:  # the job's one line and exit 2, not Xenna's wrapper
                     raise refused from None
                 if self._early:  # this machine is the whole cluster: no node to restart on (the executor takes over)
@@ -486,6 +488,9 @@ class XennaEngine(Engine):
         self._thread.join(timeout=wait)
         if self._thread.is_alive():
             log.warning("xenna stage did not stop in time; leaving it to process exit", seconds=wait)
+        elif self.ray_address:  # attached: the cluster is not the job's, and keeps running
+            log.info("xenna stage stopped; the Ray cluster keeps running", ray=self.ray_address,
+                     seconds=round(time.monotonic() - (self._stopping or time.monotonic()), 2))
         else:
             log.info("xenna stage and its Ray cluster stopped",
                      seconds=round(time.monotonic() - (self._stopping or time.monotonic()), 2))

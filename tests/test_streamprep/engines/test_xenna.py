@@ -1103,3 +1103,23 @@ def test_nothing_restarts_once_a_stop_has_begun(monkeypatch) -> None:
             engine.close()
     assert len(runs) == 1 and len(waits) == 1
     assert not [x for x in logged if x["event"].startswith("xenna stage lost a worker; restarting")]
+
+
+def test_an_attached_stage_logs_a_restarts_own_start_up_and_leaves_the_cluster_running(monkeypatch) -> None:
+    """Regression: a restart's 'xenna serving stage started' line gave startup_seconds from the job's first start (86,
+    183, 239 s), and every job attached to a cluster logged 'xenna stage and its Ray cluster stopped', though the
+    cluster (not the job's) rightly kept running."""
+    from structlog.testing import capture_logs
+
+    engine, runs, waits = _attached_stage(monkeypatch, [{"n1"}], lambda held: len(runs) == 1 and not time.sleep(1.0))
+    with capture_logs() as logged:
+        engine.start()
+        try:
+            assert engine.call(_judge, ("c4", None)).result(timeout=30) == "judged c4"
+        finally:
+            engine.close()
+    started = [x for x in logged if x["event"] == "xenna serving stage started"]
+    assert [x["restarts"] for x in started] == [0, 1] and started[1]["startup_seconds"] < 0.5
+    events = [x["event"] for x in logged]
+    assert "xenna stage stopped; the Ray cluster keeps running" in events
+    assert "xenna stage and its Ray cluster stopped" not in events
