@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import itertools
 import os
 import pickle
 import signal
@@ -41,6 +42,7 @@ log = logs.get("executor")
 # checkpoints) comes first on a shared core, so it never waits behind the workers it feeds.
 WORKER_NICE = 10
 POOL_RESTARTS = 4  # process pools replaced after a worker process died, per job; then the job fails (and resumes)
+CALL_KILLS = 2  # a call whose worker process died running it this many times fails (`WorkerDied`), not run again
 FORKSERVER_GONE_S = 0.2  # before a new pool, after a worker could not start (a forkserver still dying)
 STOP_SEEN_S = 0.5  # how long a pool whose worker died by SIGTERM waits for the job's own stop before it is replaced
 Setup = tuple[Callable[..., None], tuple]  # run once in each worker before its first call: fn, args
@@ -50,6 +52,12 @@ Setup = tuple[Callable[..., None], tuple]  # run once in each worker before its 
 # short-document job's CPU (perf: gc_collect_main, visit_decref, visit_reachable). With what is loaded frozen
 # and a young generation of GC_YOUNG, most temporaries are freed before a pass sees them; cycles are still found.
 GC_YOUNG = 100_000
+
+
+class WorkerDied(BrokenProcessPool):
+    """A worker process died with the pool holding this call (running or queued) and no pool is left to run it on
+    (POOL_RESTARTS used): a call that kills the process running it (a plug-in's os._exit, a crash in native code, the
+    OOM killer) breaks every pool it runs on. The job names the dataset and unit of the call (`ingest`)."""
 
 
 def quiet_gc() -> None:
@@ -96,10 +104,19 @@ class Executor(ABC):
         self.close(wait=exc_type is None)
 
 
-def _start_worker(driver: int, setup: Setup | None) -> None:
+_running: Any = None  # in a pool worker: its pool's `running` slots (pid, call key), and the one it took
+_slot = 0
+
+
+def _start_worker(driver: int, setup: Setup | None, running: Any, slots: Any) -> None:
     """A pool worker's start: ignore SIGINT and end with the job's `driver` process (`children.serve_driver`),
-    yield the cores to the driver, then the job's own set-up."""
+    take a slot in `running` (a number read from the pipe `slots`: one read each) to say which call it runs
+    (`_tracked`), yield the cores to the driver, then the job's own set-up."""
+    global _running, _slot
     serve_driver(driver)
+    _slot = 2 * int.from_bytes(os.read(slots.fileno(), 4), "little")
+    running[_slot] = os.getpid()
+    _running = running
     os.nice(WORKER_NICE)
     for name in forkserver.PRELOAD:
         try:
@@ -134,6 +151,16 @@ def again(fn: Callable[..., Any]) -> Callable[..., Any]:
     """What an executor runs when it runs a call again (its worker died): `fn.again` when `fn` names one (a call
     that must first undo what a killed attempt left, e.g. `engines.local.run_local`), else `fn` itself."""
     return getattr(fn, "again", fn)
+
+
+def _tracked(key: int, fn: Callable[..., Any], *args: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """`with_events` in a pool worker, its call's `key` in the worker's slot while it runs: a worker that dies
+    leaves there the call it died on (`LocalExecutor._blame`)."""
+    _running[_slot + 1] = key
+    try:
+        return with_events(fn, *args)
+    finally:
+        _running[_slot + 1] = 0
 
 
 def with_events(fn: Callable[..., Any], *args: Any) -> tuple[Any, list[dict[str, Any]]]:
@@ -201,7 +228,7 @@ class LocalExecutor(Executor):
 
     A pool process that dies (kill -9, the OOM killer) breaks the whole pool: a new pool takes its place and
     every call the broken one held runs again there, up to POOL_RESTARTS times a job; the job goes on,
-    nothing duplicated."""
+    nothing duplicated. A call a worker died running CALL_KILLS times fails instead (`WorkerDied`)."""
 
     def __init__(self, workers: int, setup: Setup | None = None):
         self.workers = max(1, workers)
@@ -211,6 +238,9 @@ class LocalExecutor(Executor):
         self._closed = False
         self._threads: ThreadPoolExecutor | None = None
         self._pool: ProcessPoolExecutor | None = None
+        self._running: Any = None  # the pool's slots: (pid, key of the call it runs) per worker process
+        self._keys = itertools.count(1)
+        self._killed: dict[int, list[int]] = {}  # call key -> exit codes of the worker processes that died running it
         self.stoppable = self.workers > 1  # a thread runs on after close: a stop must wait for its call
         if self.workers == 1:
             init = setup or (int, ())
@@ -219,8 +249,15 @@ class LocalExecutor(Executor):
             self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self.workers, mp_context=forkserver.context(), initializer=_start_worker,
-                                   initargs=(os.getpid(), self._setup))
+        ctx = forkserver.context()
+        # no lock: its named semaphore lived as long as the pool object, past the job's end, where the resource
+        # tracker's stop unlinked it and its collection printed a 'sem_unlink FileNotFoundError' traceback
+        self._running = ctx.Array("q", 2 * self.workers, lock=False)
+        slots, numbers = ctx.Pipe(duplex=False)
+        with numbers:
+            os.write(numbers.fileno(), b"".join(i.to_bytes(4, "little") for i in range(self.workers)))
+        return ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_start_worker,
+                                   initargs=(os.getpid(), self._setup, self._running, slots))
 
     @property
     def processes(self) -> list[int]:
@@ -231,40 +268,40 @@ class LocalExecutor(Executor):
         if self._threads is not None:
             return self._threads.submit(fn, *args)
         outer: Future = Future()
-        self._send(outer, fn, args)
+        self._send(outer, next(self._keys), fn, args)
         return outer
 
-    def _send(self, outer: Future, fn: Callable[..., Any], args: tuple) -> None:
+    def _send(self, outer: Future, key: int, fn: Callable[..., Any], args: tuple) -> None:
         with self._lock:
             pool = self._pool
         assert pool is not None
         try:
-            inner = pool.submit(with_events, fn, *args)
+            inner = pool.submit(_tracked, key, fn, *args)
         except BrokenProcessPool as exc:  # broken before this call reached it
-            self._retry(outer, pool, exc, fn, args)
+            self._retry(outer, key, pool, exc, fn, args)
             return
         except (OSError, EOFError) as exc:  # no worker could start: a forkserver killed a moment ago still looked
             # alive to multiprocessing (refused, or it died before it answered the new worker's pid: EOFError); the
             # call was lost, raised in the broken pool's callback, and its caller waited for ever (or the job ended
             # on a bare 'EOFError: unexpected EOF')
-            self._retry(outer, pool, exc, fn, args, pause=FORKSERVER_GONE_S)
+            self._retry(outer, key, pool, exc, fn, args, pause=FORKSERVER_GONE_S)
             return
         except Exception as exc:  # shut down (RuntimeError: the job is ending), or anything else: never a lost call
             settle(outer, exc=exc)
             return
-        inner.add_done_callback(lambda f: self._answered(outer, f, pool, fn, args))
+        inner.add_done_callback(lambda f: self._answered(outer, key, f, pool, fn, args))
 
-    def _answered(self, outer: Future, inner: Future, pool: ProcessPoolExecutor, fn: Callable[..., Any],
+    def _answered(self, outer: Future, key: int, inner: Future, pool: ProcessPoolExecutor, fn: Callable[..., Any],
                   args: tuple) -> None:
         if inner.cancelled():  # cancelled by close(), or by the replacement of a broken pool
             if self._closed or pool is self._pool:
                 outer.cancel()
             else:
-                self._send(outer, fn, args)
+                self._send(outer, key, fn, args)
             return
         exc = inner.exception()
         if isinstance(exc, BrokenProcessPool) and not self._closed:
-            self._retry(outer, pool, exc, fn, args)
+            self._retry(outer, key, pool, exc, fn, args)
         elif exc is not None:
             replay_events_of(exc)
             settle(outer, exc=exc)
@@ -273,17 +310,28 @@ class LocalExecutor(Executor):
             logs.replay(events)
             settle(outer, result=result)
 
-    def _retry(self, outer: Future, pool: ProcessPoolExecutor, exc: BaseException, fn: Callable[..., Any],
+    def _retry(self, outer: Future, key: int, pool: ProcessPoolExecutor, exc: BaseException, fn: Callable[..., Any],
                args: tuple, pause: float = 0.0) -> None:
-        """Run the call again on a new pool; the first call to see `pool` broken replaces it (after `pause`)."""
+        """Run the call again on a new pool; the first call to see `pool` broken replaces it (after `pause`), once it
+        has blamed the calls its dead workers ran. A call whose worker died CALL_KILLS times fails (`WorkerDied`)."""
         with self._lock:
             if pool is self._pool:
                 exitcodes = [p.exitcode for p in list(pool._processes.values())]  # type: ignore[attr-defined]
+                self._blame(pool)
                 # a broken pool may hold live workers (the forkserver killed: each worker's sentinel fired): they
                 # blocked on its abandoned queues, held the resource tracker's pipe, and the job hung at exit
                 _signal_workers(pool, signal.SIGKILL)
-                if self.restarts >= POOL_RESTARTS or self._closed or stop_seen(self.stop_asked, exitcodes):
+                if self._closed or stop_seen(self.stop_asked, exitcodes):
                     settle(outer, exc=exc)
+                    return
+                if self.restarts >= POOL_RESTARTS:
+                    codes = sorted({c for c in exitcodes if c not in (None, 0)})
+                    died = WorkerDied(f"a worker process died (exit code {', '.join(map(str, codes)) or '?'}) "
+                                      f"with this call in its pool, {self.restarts + 1} pools in a row: a call that "
+                                      f"kills the process running it (a plug-in's os._exit, a crash in native code, "
+                                      f"the OOM killer) breaks every pool it runs on")
+                    died.__cause__ = exc
+                    settle(outer, exc=died)
                     return
                 time.sleep(pause)
                 self.restarts += 1
@@ -291,7 +339,26 @@ class LocalExecutor(Executor):
                             error=str(exc)[:200])
                 pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = self._new_pool()
-        self._send(outer, again(fn), args)
+            codes = self._killed.get(key, [])
+        if len(codes) >= CALL_KILLS:
+            died = WorkerDied(f"a worker process died running this call, {len(codes)} times (exit code "
+                              f"{', '.join(map(str, codes))}): it kills the process running it (a plug-in's "
+                              f"os._exit, a crash in native code, the OOM killer)")
+            died.__cause__ = exc
+            settle(outer, exc=died)
+            return
+        self._send(outer, key, again(fn), args)
+
+    def _blame(self, pool: ProcessPoolExecutor) -> None:
+        """Count, for each call a worker of the broken `pool` died running (its slot in `_running`), that death
+        with its exit code. 255 is not a death: once the forkserver is gone, a live worker's exit code reads 255."""
+        running = self._running
+        dead = {p.pid: p.exitcode for p in list(pool._processes.values())  # type: ignore[attr-defined]
+                if p.exitcode not in (None, 0, 255)}
+        for i in range(0, len(running), 2):
+            pid, key = running[i], running[i + 1]
+            if pid in dead and key:
+                self._killed.setdefault(key, []).append(dead[pid])
 
     def warm(self) -> None:
         if self._pool is not None:

@@ -33,7 +33,7 @@ from quality.dedup import digest_words
 from streamprep import atomic, engines, holders, logs, registry, stats, unit_worker, units
 from streamprep.checkpoints import DatasetFiles, IngestState, load_checkpoint, repair, save, save_inputs
 from streamprep.config import Config, ConfigError, DatasetConfig, ExecutionConfig, OutputConfig, thaw
-from streamprep.executor import Executor
+from streamprep.executor import Executor, WorkerDied
 from streamprep.ray_cluster import ClusterFailed
 from streamprep.holders import Dedup, HeldDedup, HolderLost, Holders
 from streamprep.layout import CheckpointLayout, RunLayout, read_json
@@ -404,6 +404,15 @@ class DatasetIngest:
     def _stage(self, u: int, k: int) -> str:
         return str(self.stage_dir / f"u{u:07d}-{k:07d}")
 
+    def _died_on(self, stage: str, what: str, exc: WorkerDied) -> SourceError:
+        """The job's error for a call whose worker process died (`executor.WorkerDied`): the bare BrokenProcessPool
+        named no dataset, unit or cause."""
+        unit = self.units[int(Path(stage).name[1:8])]  # `_stage`'s name: u<unit>-<piece>
+        where = ("a stream piece" if unit.kind == "stream"
+                 else f"unit {unit.path or unit.kind} [{unit.start}, {unit.end})")
+        return SourceError(f"dataset {self.ds.name}: {what} {where}: {one_line(exc)}; run without the record (or "
+                           f"the plug-in) that kills it, then re-run the same command to resume")
+
     # -- reading: units to the workers, in plan order ------------------------------------------------
     async def _read(self, pos: dict[str, Any], consumed: int, queue: asyncio.Queue) -> None:
         """Queue items `(unit, piece, source position after it, last piece of the unit, judge call)` in plan
@@ -495,8 +504,11 @@ class DatasetIngest:
                     await decided.put(got)
                     return
                 u, k, source, last, fut = got
-                summary: Summary = await fut
                 unit, stage = self.units[u], self._stage(u, k)
+                try:
+                    summary: Summary = await fut
+                except WorkerDied as exc:
+                    raise self._died_on(stage, "judging", exc) from exc
                 d, capped = None, False
                 if not (unit.kind in units.NUMBERED and unit.file == a.position["skip_file"]):
                     try:
@@ -711,7 +723,10 @@ class DatasetIngest:
                 return
             stage, d, after, fin = got
             # a stop waits a moment, not for ever: this piece's finalizing may queue behind calls stalled in a read
-            finalized = await self._or_stop(fin, COMMIT_GRACE_S) if fin is not None else (b"", {}, 0)
+            try:
+                finalized = await self._or_stop(fin, COMMIT_GRACE_S) if fin is not None else (b"", {}, 0)
+            except WorkerDied as exc:
+                raise self._died_on(stage, "finalizing", exc) from exc
             if finalized is STOP or self.ctx.stop.is_set():  # every piece committed so far is checkpointed
                 return
             rejects, st, kept_bytes = finalized

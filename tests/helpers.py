@@ -216,6 +216,11 @@ def log_in_worker(n: int, fail: bool = False) -> int:
     return os.getpid()
 
 
+def exit_in_worker(code: int) -> None:
+    """An executor call that ends the process running it at once, as a plug-in's os._exit or a crash would."""
+    os._exit(code)
+
+
 def nap(seconds: float) -> str:
     """An executor call with its own retry (`executor.again`): "first" from a first attempt."""
     import time

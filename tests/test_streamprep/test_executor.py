@@ -164,6 +164,24 @@ def test_a_pool_that_keeps_dying_fails_its_calls_after_the_restart_limit(monkeyp
                     call.result(60)
 
 
+def test_a_call_that_kills_its_worker_twice_fails_and_the_calls_beside_it_run_on() -> None:
+    """Regression: a call that ends the process running it (a plug-in gate's os._exit on one record) broke every
+    pool it ran on, POOL_RESTARTS + 1 times, and then it and every call beside it failed with only 'BrokenProcessPool:
+    A process in the process pool was terminated abruptly'. The worker's slot names the call it died running: that
+    call fails at its second death with WorkerDied (its exit codes), and the others run again on a new pool."""
+    from helpers import exit_in_worker
+
+    with LocalExecutor(2) as ex:
+        _processes(ex, 2)
+        poison = ex.submit(exit_in_worker, 3)
+        beside = ex.submit(time.sleep, 0.3)
+        with pytest.raises(BrokenProcessPool) as failed:
+            poison.result(60)
+        assert beside.result(60) is None
+    assert type(failed.value).__name__ == "WorkerDied" and ex.restarts == 2
+    assert "a worker process died running this call, 2 times (exit code 3, 3)" in str(failed.value)
+
+
 @pytest.mark.slow  # tokenizes a part twice
 def test_a_shard_task_whose_worker_dies_is_tokenized_again_to_the_same_bytes(tmp_path: Path,
                                                                               shared_data: Path) -> None:

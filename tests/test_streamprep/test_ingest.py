@@ -367,3 +367,59 @@ async def test_a_stop_retrieves_every_worker_call_it_leaves(tmp_path: Path) -> N
     gc.collect()
     loop.set_exception_handler(None)
     assert unretrieved == []
+
+
+POISON_GATE = """
+import os
+
+from quality.gates import Gate, register_gate
+
+
+class Poison(Gate):
+    name = failed_check = "poison"
+
+    def check(self, doc):
+        if "POISON" in doc.text:
+            os._exit(3)  # a plug-in that ends its worker process on one record
+        return None
+
+
+register_gate(lambda settings, text_field: Poison())
+"""
+
+
+@pytest.mark.slow  # a whole job, in its own interpreter
+def test_a_record_that_kills_its_worker_process_fails_the_job_naming_its_dataset_and_unit(tmp_path: Path) -> None:
+    """Regression: `engine: local` without Ray, a record whose plug-in gate ends the worker process (os._exit) broke
+    five pools in ~11 s, then the job ended on 'BrokenProcessPool: A process in the process pool was terminated
+    abruptly…': no dataset (or the other dataset's finalize call, held by the same pool), no unit, no cause. It
+    fails at the call's second death naming its dataset, unit (file and range) and what to do."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from helpers import REPO
+
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins/poison_gate.py").write_text(POISON_GATE)
+    docs = english_docs(60)
+    (tmp_path / "clean.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"text": f"{d} POISON" if i == 7 else d}) + "\n"
+                                                for i, d in enumerate(docs)))
+    cfg = base_config([{"name": "clean", "path": str(tmp_path / "clean.jsonl")},
+                       {"name": "bad", "path": str(tmp_path / "bad.jsonl")}], None,
+                      execution={"engine": "local", "workers": 2, "batch_records": 8})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "STREAMPREP_PLUGINS": "poison_gate",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
+    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
+                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("streamprep: error:")]
+    assert line.startswith(f"streamprep: error: SourceError: dataset bad: judging unit {tmp_path / 'bad.jsonl'} [0, ")
+    assert "WorkerDied: a worker process died running this call, 2 times (exit code 3, 3)" in line
+    assert line.endswith("run without the record (or the plug-in) that kills it, then re-run the same command to "
+                         "resume")
