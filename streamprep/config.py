@@ -457,6 +457,8 @@ def validate(raw: Any, base_dir: str | Path = ".", skipped: list[tuple[str, str]
     datasets left out for want of input are appended to `skipped` (name, why): the job logs them."""
     if registry.PLUGIN_IMPORT_ERRORS:
         raise ConfigError(f"config: {registry.PLUGIN_IMPORT_ERRORS[0]}")
+    if changed := registry.plugins_changed_since_import():
+        raise ConfigError(f"config: {changed}")
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
     base = Path(base_dir).resolve()

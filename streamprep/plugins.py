@@ -65,8 +65,7 @@ WRITERS.register("mixtures", "streamprep.exports.mixtures:export", builtin=True)
 # gates a caller's module registered before `import streamprep` (quality.gates needs no streamprep): late ones
 _gates = sys.modules.get("quality.gates")
 _early = list(_gates.EXTRA_GATES) if _gates is not None else []
-# each once, first mention first (a module is imported once): run.json recorded `a,a`, and a resume with `a` was refused
-for _module in dict.fromkeys(filter(None, (m.strip() for m in os.environ.get("STREAMPREP_PLUGINS", "").split(",")))):
+for _module in registry.named_plugin_modules(os.environ.get("STREAMPREP_PLUGINS")):
     PLUGIN_MODULES.append(_module)
     try:
         importlib.import_module(_module)

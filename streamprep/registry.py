@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -136,6 +137,24 @@ PLUGIN_IMPORT_ERRORS: list[str] = []
 # The modules STREAMPREP_PLUGINS names, in order: run.json records them, and a resume with others is refused (a
 # plug-in gate, format or writer decides verdicts and bytes, as config does).
 PLUGIN_MODULES: list[str] = []
+
+
+def named_plugin_modules(value: str | None) -> list[str]:
+    """The modules a STREAMPREP_PLUGINS value names, each once, first mention first (a module is imported once:
+    run.json recorded `a,a`, and a resume with `a` was refused)."""
+    return list(dict.fromkeys(filter(None, (m.strip() for m in (value or "").split(",")))))
+
+
+def plugins_changed_since_import() -> str | None:
+    """Why STREAMPREP_PLUGINS as it is now is not what `import streamprep` read (None: it is): a caller that set it
+    after the import had its workers (forked from what was imported) refuse the job as another process's, or with
+    one worker ran without the module, silently."""
+    now = named_plugin_modules(os.environ.get("STREAMPREP_PLUGINS"))
+    if now == PLUGIN_MODULES:
+        return None
+    return (f"STREAMPREP_PLUGINS names {','.join(now) or 'none'!r} now but named {','.join(PLUGIN_MODULES) or 'none'!r} "
+            f"when streamprep was imported, the moment it is read: set it before `import streamprep` (or import the "
+            f"plug-in's module yourself)")
 # How many gate factories (`quality.gates.EXTRA_GATES`) the STREAMPREP_PLUGINS modules registered, which
 # streamprep/plugins.py puts first: those after them were registered by code the caller ran (before or after
 # `import streamprep`), as `Registry.late` entries are

@@ -25,8 +25,10 @@ def source() -> tuple[str, str]:
     roots = [root, *(Path(p).resolve() for p in where[:1])]
     digest = hashlib.sha256()
     for top in roots:
-        data = [p for p in (top / "data").rglob("*")  # a hidden file (.DS_Store) no install ships left out
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(top).parts)]
-        for rel in sorted(p.relative_to(top).as_posix() for p in [*top.rglob("*.py"), *data]):
+        # a hidden name no install ships left out (.DS_Store, an editor's lock `.#x.py`: a symlink to nothing, an
+        # .ipynb_checkpoints/ copy), and anything that is no file to read
+        files = {p.relative_to(top).as_posix() for p in [*top.rglob("*.py"), *(top / "data").rglob("*")]
+                 if not any(part.startswith(".") for part in p.relative_to(top).parts) and p.is_file()}
+        for rel in sorted(files):
             digest.update(f"{top.name}/{rel}\0".encode() + (top / rel).read_bytes() + b"\0")
     return f"{__version__}+{digest.hexdigest()[:12]}", f"{root} on {socket.gethostname()}"

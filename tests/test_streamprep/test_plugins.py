@@ -562,21 +562,25 @@ except ConfigError as exc:
 
 
 @pytest.mark.slow  # a whole job, in its own interpreter
-def test_local_workers_started_with_other_streamprep_plugins_stop_the_job_before_a_record(tmp_path: Path) -> None:
-    """The worker check in a job (`ingest.worker_executor` hands the driver's modules to every worker): local worker
-    processes get the environment of their forkserver, started at the job's first call, so a caller that changed
-    STREAMPREP_PLUGINS after `import streamprep` had them judge with other modules than the driver's, without a
-    word. The job stops before a record is judged, naming both."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_streamprep_plugins_changed_after_import_is_a_config_error_naming_when_it_is_read(
+        workers: int, tmp_path: Path) -> None:
+    """Local worker processes get the environment of their forkserver, started at the job's first call, so a caller
+    that changed STREAMPREP_PLUGINS after `import streamprep` had them judge with other modules than the driver's
+    (workers 2, without a word; then refused by the worker check as another process's, advice it could not follow),
+    and with one worker the job ran without the module it names, exit 0 (hunter R50 W). STREAMPREP_PLUGINS is read
+    at the import: a config error says so, before anything is written."""
     (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in english_docs(20)))
     cfg = base_config([{"name": "a", "path": str(tmp_path / "corpus.jsonl")}], None,
-                      execution={"engine": "local", "workers": 2, "batch_records": 8})
+                      execution={"engine": "local", "workers": workers, "batch_records": 8})
     env = {**os.environ, "STREAMPREP_PLUGINS": "json", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", ENV_CHANGED_DRIVER, json.dumps(cfg), str(tmp_path / "run")],
                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.stdout.splitlines()[-1:] == [
-        "error: STREAMPREP_PLUGINS names 'json' in the process that started the job but 'none' in its worker "
-        "processes: give every process of the job the same STREAMPREP_PLUGINS"], (proc.stdout + proc.stderr)[-3000:]
-    assert not list((tmp_path / "run").glob("ingest/a/part-*"))
+        "error: config: STREAMPREP_PLUGINS names 'none' now but named 'json' when streamprep was imported, the moment "
+        "it is read: set it before `import streamprep` (or import the plug-in's module yourself)"], \
+        (proc.stdout + proc.stderr)[-3000:]
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow  # a whole job, in its own interpreter

@@ -894,6 +894,13 @@ def test_a_worker_actor_with_another_streamprep_is_refused_naming_both(tmp_path:
     assert same[:2] == [mine[0], str(copy / "streamprep")]
     (copy / "quality" / "data" / ".DS_Store").write_bytes(b"x")  # a hidden file no install ships: not hashed
     assert fingerprint() == same
+    # regressions (hunter R50 W): an editor's lock beside a file being edited (Emacs' `.#x.py`, a symlink to
+    # nothing) ended every job (run.json records the fingerprint) on a FileNotFoundError, and a Jupyter
+    # `.ipynb_checkpoints/` copy made a resume say it runs another streamprep
+    (copy / "streamprep" / ".#pipeline.py").symlink_to("user@host.12345:1700000000")
+    (copy / "streamprep" / ".ipynb_checkpoints").mkdir()
+    (copy / "streamprep" / ".ipynb_checkpoints" / "pipeline-checkpoint.py").write_text("x = 1\n")
+    assert fingerprint() == same
     # regressions: `quality` (the gates, dedup) was not hashed, nor the word lists the gates read (quality/data):
     # a node with other PII patterns or another profanity list passed the check and judged its units otherwise
     for edited in ("streamprep/audit/gather.py", "quality/gates/pii.py", "quality/data/profanity.txt",
