@@ -849,7 +849,7 @@ def test_an_http_error_status_at_validation_names_the_key_as_s3_s_refusals_do(st
                                                          "format": "jsonl"}], None)))
         run = tmp_path / f"run{status}"
         assert main(["ingest", "--config", str(cfg_path), "--run-dir", str(run)]) == code
-        assert f"'datasets[0].path'" in capsys.readouterr().err and not run.exists()
+        assert "'datasets[0].path'" in capsys.readouterr().err and not run.exists()
 
 
 def test_a_file_larger_than_unit_mb_on_a_server_without_ranges_is_a_config_error(http_dir: tuple[Path, str],
