@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,21 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout (tests/ live in subfolders mirroring the packages)
+
+
+def ingest_with_plugin(tmp_path: Path, module: str, code: str, cfg: dict[str, Any]) -> subprocess.CompletedProcess:
+    """`streamprep ingest` of `cfg` into tmp_path/run, in its own interpreter, with the plug-in module `module`
+    (source `code`, written to tmp_path/plugins) named in STREAMPREP_PLUGINS: every process of the job imports it."""
+    import yaml
+
+    (tmp_path / "plugins").mkdir(exist_ok=True)
+    (tmp_path / "plugins" / f"{module}.py").write_text(code)
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "STREAMPREP_PLUGINS": module,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
+    return subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
+                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
 PHI2 = "tokenizers/phi-2/tokenizer.json"
 
 

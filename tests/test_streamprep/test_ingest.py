@@ -394,16 +394,8 @@ def test_a_record_that_kills_its_worker_process_fails_the_job_naming_its_dataset
     five pools in ~11 s, then the job ended on 'BrokenProcessPool: A process in the process pool was terminated
     abruptly…': no dataset (or the other dataset's finalize call, held by the same pool), no unit, no cause. It
     fails at the call's second death naming its dataset, unit (file and range) and what to do."""
-    import os
-    import subprocess
-    import sys
+    from helpers import ingest_with_plugin
 
-    import yaml
-
-    from helpers import REPO
-
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins/poison_gate.py").write_text(POISON_GATE)
     docs = english_docs(60)
     (tmp_path / "clean.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"text": f"{d} POISON" if i == 7 else d}) + "\n"
@@ -411,12 +403,7 @@ def test_a_record_that_kills_its_worker_process_fails_the_job_naming_its_dataset
     cfg = base_config([{"name": "clean", "path": str(tmp_path / "clean.jsonl")},
                        {"name": "bad", "path": str(tmp_path / "bad.jsonl")}], None,
                       execution={"engine": "local", "workers": 2, "batch_records": 8})
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "STREAMPREP_PLUGINS": "poison_gate",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
-                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = ingest_with_plugin(tmp_path, "poison_gate", POISON_GATE, cfg)
     assert proc.returncode == 1, proc.stderr[-3000:]
     [line] = [x for x in proc.stderr.splitlines() if x.startswith("streamprep: error:")]
     assert line.startswith(f"streamprep: error: SourceError: dataset bad: judging unit {tmp_path / 'bad.jsonl'} [0, ")

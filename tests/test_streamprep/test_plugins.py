@@ -16,7 +16,7 @@ import pytest
 
 import yaml
 
-from helpers import REPO, base_config, english_docs, tree_hashes
+from helpers import REPO, base_config, english_docs, ingest_with_plugin, tree_hashes
 from quality.gates import Doc, Gate, register_gate
 from streamprep import atomic, config, registry, run_from_dict
 from streamprep.binidx import IndexedDataset
@@ -589,19 +589,12 @@ def test_a_plugin_module_only_the_driver_could_import_stops_a_two_worker_job_exi
     a fixed port at import: the second importer gets EADDRINUSE) was skipped there without a word: `workers: 2`
     completed, exit 0, keeping what its gate rejects with `workers: 1`. The job stops before a record is judged,
     one line naming the module and its import error, exit 2 as for a module that fails to import anywhere."""
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins/once_gate.py").write_text(ONCE_PLUGIN)
     docs = english_docs(40)
     (tmp_path / "corpus.jsonl").write_text("".join(
         json.dumps({"text": f"{d[:60]} FORBIDDEN {d[60:]}" if i % 5 == 2 else d}) + "\n" for i, d in enumerate(docs)))
     cfg = base_config([{"name": "a", "path": str(tmp_path / "corpus.jsonl")}], None,
                       execution={"engine": "local", "workers": 2, "batch_records": 8})
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "STREAMPREP_PLUGINS": "once_gate",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-m", "streamprep", "ingest", "--config", str(tmp_path / "cfg.yaml"),
-                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path, capture_output=True, text=True,
-                          env=env, timeout=300, check=False)
+    proc = ingest_with_plugin(tmp_path, "once_gate", ONCE_PLUGIN, cfg)
     assert (proc.returncode, proc.stderr.splitlines()[-1]) == (2, (
         "streamprep: error: STREAMPREP_PLUGINS: module 'once_gate' failed to import (FileExistsError: [Errno 17] "
         f"File exists: '{tmp_path / 'plugins/imported.once'}') in a worker process, though the process that started "
