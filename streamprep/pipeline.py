@@ -24,8 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from streamprep import atomic, config as configmod, logs
-from streamprep import version
+from streamprep import atomic, config as configmod, logs, version
 from streamprep.version import __version__
 from streamprep import audit, backends, engines, metrics, registry, tokenizer as tokmod
 from streamprep.checkpoints import DatasetFiles, IngestState, claim, claimed_from, foreign_checkpoints, owner_of
@@ -630,7 +629,8 @@ class Job:
         cfg = config.to_dict()
         self.sft_section = cfg.get("sft")  # plain form, as shard tasks carry it to the workers and hash it
         self.record.update({"config": configmod.public(cfg), "config_hash": configmod.config_hash(cfg), "versions": _versions(),
-                            "code": version.source()[0], "checkpoint_dir": str(self.checkpoint_dir), "plugins": plugin_modules(),
+                            "code": version.source()[0], "checkpoint_dir": str(self.checkpoint_dir),
+                            "plugins": plugin_modules(),
                             "optional_skipped": [name for name, _ in config.skipped]})  # (_refuse_optional_change)
         self.timings: dict[str, float] = dict(self.record.get("timings") or {})  # summed over resumed attempts
         self._record_lock = threading.Lock()  # a stage ends in the feeder's thread too: one run.json writer at a time

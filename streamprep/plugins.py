@@ -8,7 +8,6 @@ modules of your own to import as well, in every process: their one registration 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from streamprep.registry import (CHECKS, ENGINES, MODES, PLUGIN_IMPORT_ERRORS, PLUGIN_MODULES, SCHEMES, SECTIONS,
@@ -65,7 +64,7 @@ WRITERS.register("mixtures", "streamprep.exports.mixtures:export", builtin=True)
 # gates a caller's module registered before `import streamprep` (quality.gates needs no streamprep): late ones
 _gates = sys.modules.get("quality.gates")
 _early = list(_gates.EXTRA_GATES) if _gates is not None else []
-for _module in registry.named_plugin_modules(os.environ.get("STREAMPREP_PLUGINS")):
+for _module in registry.named_plugin_modules():
     PLUGIN_MODULES.append(_module)
     try:
         importlib.import_module(_module)

@@ -57,7 +57,6 @@ _AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # one pe
 _env_before: dict[str, str | None] = {}  # those variables as they were before the head started
 # Every Ray worker process of the job (worker actors, Xenna's actors, tasks) on every node runs this at start-up.
 JOB_RUNTIME_ENV = {"worker_process_setup_hook": "streamprep.ray_cluster.exit_at_interpreter_shutdown"}
-PLUGINS_ENV = "STREAMPREP_PLUGINS"
 SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # a `ray job submit` driver's job config (JSON), runtime env too
 ACTOR_PLACEMENT_WAIT_S = 120.0  # a replacement worker actor must be up within this
 ADDRESS_CHECK_S = 5.0  # the config check's TCP connect to `execution.ray_address`
@@ -256,9 +255,9 @@ def job_runtime_env() -> dict[str, Any]:
     a `ray job submit` runtime env sets the variable already: Ray refuses the two as a conflict, and that one reaches
     the workers too (`unit_worker.init_worker` refuses a worker whose modules differ from the driver's)."""
     submitted = os.environ.get(SUBMITTED_JOB_ENV)
-    if submitted and PLUGINS_ENV in ((json.loads(submitted).get("runtime_env") or {}).get("env_vars") or {}):
+    if submitted and registry.PLUGINS_ENV in ((json.loads(submitted).get("runtime_env") or {}).get("env_vars") or {}):
         return dict(JOB_RUNTIME_ENV)
-    return {**JOB_RUNTIME_ENV, "env_vars": {PLUGINS_ENV: ",".join(registry.PLUGIN_MODULES)}}
+    return {**JOB_RUNTIME_ENV, "env_vars": {registry.PLUGINS_ENV: ",".join(registry.PLUGIN_MODULES)}}
 
 
 def connect(address: str | None, num_cpus: int, cancelled: Callable[[], bool] = lambda: False) -> str | None:

@@ -139,22 +139,30 @@ PLUGIN_IMPORT_ERRORS: list[str] = []
 PLUGIN_MODULES: list[str] = []
 
 
-def named_plugin_modules(value: str | None) -> list[str]:
-    """The modules a STREAMPREP_PLUGINS value names, each once, first mention first (a module is imported once:
+PLUGINS_ENV = "STREAMPREP_PLUGINS"  # the modules every process of a job imports (streamprep/plugins.py)
+
+
+def named_plugin_modules() -> list[str]:
+    """The modules STREAMPREP_PLUGINS names now, each once, first mention first (a module is imported once:
     run.json recorded `a,a`, and a resume with `a` was refused)."""
-    return list(dict.fromkeys(filter(None, (m.strip() for m in (value or "").split(",")))))
+    return list(dict.fromkeys(filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",")))))
+
+
+def spelled(modules: list[str]) -> str:
+    """Plug-in modules as a message names them: comma-separated, or `none`."""
+    return ",".join(modules) or "none"
 
 
 def plugins_changed_since_import() -> str | None:
     """Why STREAMPREP_PLUGINS as it is now is not what `import streamprep` read (None: it is): a caller that set it
     after the import had its workers (forked from what was imported) refuse the job as another process's, or with
     one worker ran without the module, silently."""
-    now = named_plugin_modules(os.environ.get("STREAMPREP_PLUGINS"))
+    now = named_plugin_modules()
     if now == PLUGIN_MODULES:
         return None
-    return (f"STREAMPREP_PLUGINS names {','.join(now) or 'none'!r} now but named {','.join(PLUGIN_MODULES) or 'none'!r} "
-            f"when streamprep was imported, the moment it is read: set it before `import streamprep` (or import the "
-            f"plug-in's module yourself)")
+    return (f"STREAMPREP_PLUGINS names {spelled(now)!r} now but named {spelled(PLUGIN_MODULES)!r} when streamprep "
+            f"was imported, the moment it is read: set it before `import streamprep` (or import the plug-in's module "
+            f"yourself)")
 # How many gate factories (`quality.gates.EXTRA_GATES`) the STREAMPREP_PLUGINS modules registered, which
 # streamprep/plugins.py puts first: those after them were registered by code the caller ran (before or after
 # `import streamprep`), as `Registry.late` entries are

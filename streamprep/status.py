@@ -189,7 +189,8 @@ def run_status(run_dir: str | Path, hub: dict[str, Any] | None = None) -> dict[s
     all_tokenized = all_ingested and all(d["stage"] == "tokenized" for d in datasets.values())
     layout = RunLayout(run_dir)
     exports = {"manifest": layout.manifest.is_file(), "blend": layout.blend.is_file(),
-               "mixtures": layout.mixtures.is_file(), "audit": finished_audit(run_dir, read_json(layout.audit_json), record)}
+               "mixtures": layout.mixtures.is_file(),
+               "audit": finished_audit(run_dir, read_json(layout.audit_json), record)}
     if not all_ingested:
         stage = "ingest"
     elif not all_tokenized:

@@ -190,8 +190,8 @@ def _other_modules(driver: list[str] | None) -> str | None:
     `ray_cluster.job_runtime_env`); one that differed judged with other gates, and run.json named the driver's."""
     if driver is None or driver == registry.PLUGIN_MODULES:
         return None
-    return (f"STREAMPREP_PLUGINS names {','.join(driver) or 'none'!r} in the process that started the job but "
-            f"{','.join(registry.PLUGIN_MODULES) or 'none'!r} in its worker processes: give every process of the job "
+    return (f"STREAMPREP_PLUGINS names {registry.spelled(driver)!r} in the process that started the job but "
+            f"{registry.spelled(registry.PLUGIN_MODULES)!r} in its worker processes: give every process of the job "
             f"the same STREAMPREP_PLUGINS")
 
 

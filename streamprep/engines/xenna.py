@@ -266,7 +266,8 @@ class XennaEngine(Engine):
 
     def _held_again(self) -> list[Any]:
         """After a stage worker died on a node that stayed up: count that death for every task in flight, and return
-        those in flight at HELD_AT_LIVE_LOSSES such deaths (a lost node counts for none: its tasks were not at fault)."""
+        those in flight at HELD_AT_LIVE_LOSSES such deaths (a lost node counts for none: its tasks were not at
+        fault)."""
         with self._cv:
             tasks = [t for t in self._in_flight.values() if t != PING]
         for task in tasks:

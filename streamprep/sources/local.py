@@ -424,11 +424,14 @@ def expand(path: str, storage_options: Mapping[str, Any] | None = None) -> list[
     fs, stripped = filesystem(path, storage_options)
     folders: set[str] = set()
     objects: list[str] = []  # folders a glob matched that are objects too
-    kind = _kind(fs, stripped)  # first: on HTTP, isdir would GET the page to list its links; and as on disk, an
-    if kind == "file":          # object named with glob characters as written (`br[1].jsonl`) is that object,
-        files = [stripped]      # and such a prefix (`w[1]/`) that prefix: its glob read `w1/` instead
-    elif globmod.has_magic(path) and kind != "directory":  # as the glob lists on disk: hidden names skipped, no folder marker, and a
-        dirs_only = "/" * path.endswith("/")  # trailing '/' matches folders alone (the filesystem strips it)
+    # info first: on HTTP, isdir would GET the page to list its links; and as on disk, an object named with glob
+    # characters as written (`br[1].jsonl`) is that object, and such a prefix (`w[1]/`) that prefix (a glob read `w1/`)
+    kind = _kind(fs, stripped)
+    if kind == "file":
+        files = [stripped]
+    elif globmod.has_magic(path) and kind != "directory":  # as the glob lists on disk: hidden names skipped, no
+        # folder marker, and a trailing '/' matches folders alone (the filesystem strips it)
+        dirs_only = "/" * path.endswith("/")
         matched = {p: info.get("type") for p, info in fs.glob(stripped + dirs_only, detail=True).items()
                    if _not_marker(p, info) and glob_shows(stripped, p.rstrip("/"))}
         folders = {p for p, kind in matched.items() if kind == "directory"}
