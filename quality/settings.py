@@ -58,15 +58,24 @@ def _number(key: str, v: Any, lo: float, hi: float) -> float:
     return float(v)
 
 
-def _count(key: str, v: Any, lo: int) -> int:
-    if not _is_int(v) or v < lo:
-        raise QualityConfigError(key, f"must be an integer >= {lo}, got {v!r}")
+def _count(key: str, v: Any, lo: int, hi: int | None = None) -> int:
+    if not _is_int(v) or v < lo or hi is not None and v > hi:
+        bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise QualityConfigError(key, f"must be an integer {bounds}, got {v!r}")
     return v
+
+
+def _as_read(v: Any) -> str:
+    """`v` as an error shows it: a boolean where text is due (or in a list of names) was most likely an unquoted
+    YAML 1.1 word, `no` (Norwegian's code) or `off`, which "got False" alone did not say."""
+    if isinstance(v, bool) or isinstance(v, (list, tuple)) and any(isinstance(x, bool) for x in v):
+        return f"{v!r} (YAML reads an unquoted yes/no/on/off as a boolean: quote it)"
+    return repr(v)
 
 
 def _choice(key: str, v: Any, choices: tuple[str, ...]) -> str:
     if v not in choices:
-        raise QualityConfigError(key, f"must be one of {', '.join(choices)}, got {v!r}")
+        raise QualityConfigError(key, f"must be one of {', '.join(choices)}, got {_as_read(v)}")
     return v
 
 
@@ -81,7 +90,7 @@ def _names(key: str, v: Any, nullable: bool = False) -> list[str] | None:
         return None
     if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x.strip() for x in v):
         what = "a list of non-blank strings" + (" or null" if nullable else "")
-        raise QualityConfigError(key, f"must be {what}, got {v!r}")
+        raise QualityConfigError(key, f"must be {what}, got {_as_read(v)}")
     return list(v)
 
 
@@ -97,7 +106,7 @@ def _language(key: str, v: Any) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str) or not v.strip():
-        raise QualityConfigError(key, f"must be a language code such as 'en', or null, got {v!r}")
+        raise QualityConfigError(key, f"must be a language code such as 'en', or null, got {_as_read(v)}")
     return normalize_code(v)
 
 
@@ -112,10 +121,11 @@ def _near_dedup(key: str, v: Any) -> dict[str, Any]:
     given = {**defaults, **v}
     out = {"enabled": _flag(f"{key}.enabled", given["enabled"]),
            "threshold": given["threshold"],
-           "ngram": _count(f"{key}.ngram", given["ngram"], 1),
+           # past these the signer's int64 counts and rensa's u64 seed overflowed: evaluate_batch raised
+           "ngram": _count(f"{key}.ngram", given["ngram"], 1, 2**63 - 1),
            "bands": _count(f"{key}.bands", given["bands"], 1),
            "rows": _count(f"{key}.rows", given["rows"], 1),
-           "seed": _count(f"{key}.seed", given["seed"], 0)}
+           "seed": _count(f"{key}.seed", given["seed"], 0, 2**64 - 1)}
     t = out["threshold"]  # one message for both ends ("in [0, 1]" first, "> 0" next, read as two rules)
     if not (_is_int(t) or isinstance(t, float)) or not 0 < t <= 1:
         raise QualityConfigError(f"{key}.threshold", f"must be a number in (0, 1], got {t!r}")

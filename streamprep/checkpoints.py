@@ -31,8 +31,8 @@ from typing import Any
 import orjson
 
 from streamprep import atomic, logs
-from streamprep.layout import (SEALED_RECORD, CheckpointLayout, RunLayout, ingest_bytes, part_index_of, planned_parts,
-                               read_json, read_sealed, sealed_entry, sealed_records)
+from streamprep.layout import (SEALED_RECORD, Checkpoint, CheckpointLayout, RunLayout, ingest_bytes, part_index_of,
+                               planned_parts, read_json, read_sealed, sealed_entry, sealed_records)
 
 VERSION = 3  # 2: positions name a unit of the plan (streamprep.units); 3: parts written whole from staged pieces
 DIGEST = 32
@@ -395,6 +395,35 @@ def load_checkpoint(files: DatasetFiles) -> Loaded:
     if short:
         return Loaded(fresh, ("outputs shorter than checkpoint; restarting dataset from scratch", {"problems": short}))
     return Loaded(state, listed=listed)
+
+
+def read_checkpoint(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any]) -> Checkpoint:
+    """A dataset's checkpoint for a reader (`status`, `audit`). Missing from a complete run whose dataset ran (its
+    plan, parts or rejects are there) raises ValueError (damaged): its dataset showed as not started, all zeros,
+    and `audit` rewrote the report with them. (A running job writes a part before its first checkpoint; an optional
+    dataset skipped has none of them; one that rejected every record has no part.) So does one a resume starts over
+    as no job's (`load_checkpoint`: its version, a field's type, a count out of range, a position not in its plan):
+    `status` showed `{}` as a dataset not started and `kept: -5` as is, in a run it called complete, and `verify`
+    passed them. Its outputs are not judged here (`_missing`): a running job removes the staged pieces its previous
+    checkpoint named."""
+    layout = CheckpointLayout(ckpt_dir)
+    path = layout.checkpoint(name)
+    cp = Checkpoint.load(path)
+    raw = read_json(path)  # the file as it is (None: removed since by a running job's restart of the dataset)
+    if isinstance(raw, dict):
+        files = DatasetFiles(run_dir, ckpt_dir, name)
+        try:
+            state = IngestState.from_json(raw)
+            unfit = _read_inputs(files, state, raw) or _unfit(files, state, "sealed" in raw)
+        except (ValueError, TypeError) as exc:
+            unfit = str(exc)
+        if unfit is not None:
+            raise ValueError(f"{path.name} does not hold a state a job writes ({unfit})")
+    run = RunLayout(run_dir)
+    if not cp.started and record.get("status") == "complete" and (
+            layout.plan(name).exists() or run.rejects(name).exists() or any(run.ingest_dir(name).glob("part-*.jsonl"))):
+        raise ValueError(f"{path.name} is missing, and dataset {name!r} ran (its plan, parts or rejects are there)")
+    return cp
 
 
 def repair(files: DatasetFiles, loaded: Loaded) -> IngestState:

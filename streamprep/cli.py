@@ -68,23 +68,23 @@ def _parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="where a run stands: per dataset and stage; complete/resumable/running",
                         epilog=EPILOG_STATUS, formatter_class=fmt)
-    st.add_argument("run_dir", metavar="RUN_DIR")
+    st.add_argument("run_dir", metavar="RUN_DIR", type=_path)
     st.add_argument("--json", action="store_true", help="print the status as JSON")
 
     lg = sub.add_parser("logs", help="print the run log; --follow keeps tailing across rotation",
                         epilog=EPILOG_LOGS, formatter_class=fmt)
-    lg.add_argument("run_dir", metavar="RUN_DIR")
+    lg.add_argument("run_dir", metavar="RUN_DIR", type=_path)
     lg.add_argument("-n", "--lines", type=_count, default=20, metavar="N", help="how many last lines (default 20)")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
     lg.add_argument("--poll-interval", type=float, default=0.2, help=argparse.SUPPRESS)
 
     au = sub.add_parser("audit", help="(re)write audit/audit.json + audit.html and print the summary",
                         epilog=EPILOG_AUDIT, formatter_class=fmt)
-    au.add_argument("run_dir", metavar="RUN_DIR")
+    au.add_argument("run_dir", metavar="RUN_DIR", type=_path)
 
     ver = sub.add_parser("verify", help="re-check every file against manifest.json and receipts",
                          epilog=EPILOG_VERIFY, formatter_class=fmt)
-    ver.add_argument("run_dir", metavar="RUN_DIR")
+    ver.add_argument("run_dir", metavar="RUN_DIR", type=_path)
     for command in (ing, st, lg, au, ver):  # after the command too; unset there, so `--debug COMMAND` holds
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _path(text: str) -> str:
     """A path given on the command line: an empty one (`--run-dir "$RUN"` with RUN unset) was no option at all, the
-    job running in runs/<name> of the working directory, or for --config ". is a directory"."""
+    job running in runs/<name> of the working directory, or for --config ". is a directory"; a RUN_DIR was the working
+    directory (`status "$RUN"` showed the run there, `logs -f` waited for one to start in it)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path")
     return text
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         # its first line, control characters escaped: a file name in it may hold ESC, CR or BEL (terminal injection)
         cause, where = in_worker(exc)  # a Ray worker's error: what it raised, not Ray's header
         first = f"{type(cause).__name__}: {cause}".split("\n")[0] + where
-        print(said_to(args, f"streamprep: error: {printable(_write_fault(exc, first))}"), file=sys.stderr)
+        print(said_to(args, f"streamprep: error: {printable(_write_fault(exc, first, args.command))}"), file=sys.stderr)
         return 1
     except SystemExit as exc:  # nothing of ours calls sys.exit: a plug-in or library did, inside the job
         if args.debug:
@@ -225,20 +226,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _write_fault(exc: BaseException, first: str) -> str:
+def _write_fault(exc: BaseException, first: str, command: str) -> str:
     """The line for `first` (the error's), saying where and what to do when `exc` or what it wraps (a unit's
     SourceError) is a full disk or quota, or a file grown past the size a file may have: a bare "OSError: [Errno 28]
     No space left on device" (or "[Errno 27] File too large") named no file and, wrapped, blamed the input. The
-    write helpers name the file (`atomic.name_file`)."""
+    write helpers name the file (`atomic.name_file`). Only `ingest` resumes: a read-only command's one write that
+    names no file is its output (`status --json > FILE`), which "re-run the same command to resume" did not say."""
+    resume = " to resume" if command == "ingest" else ""
     for e in causes(exc):
         if not isinstance(e, OSError):
             continue
-        where = f" writing {e.filename}" if e.filename else ""
+        where = f" writing {e.filename}" if e.filename else "" if command == "ingest" else " writing its output"
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"no space left on the disk{where}: free some and re-run the same command to resume ({first})"
+            return f"no space left on the disk{where}: free some and re-run the same command{resume} ({first})"
         if e.errno == errno.EFBIG:
             return (f"file too large{where}: raise the limit on a file's size (`ulimit -f`, or the file system's own) "
-                    f"and re-run the same command to resume ({first})")
+                    f"and re-run the same command{resume} ({first})")
     return first
 
 

@@ -30,6 +30,9 @@ MAX_CONFIG_DEPTH = 64           # YAML nesting
 MAX_NAME_CHARS = 64             # run and dataset names become path components
 URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, hf://, https://, file://: any scheme, ours or not
 NAME_RE = re.compile(r"^\w[\w.-]*\Z")  # starts with a letter, digit or _; no '/', never '.' or '..'
+# A number YAML 1.2 reads but PyYAML's YAML 1.1 takes for text: an exponent without a decimal point or a sign (1e-3,
+# 1e6, 1.0e3)
+TEXT_NUMBER_RE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+\Z")
 MARKS = ("Mn", "Mc", "Me")  # combining marks: in a composed name after its first letter (Devanagari's vowel signs: हिन्दी)
 # The checkpoint dir keeps each dataset's `<name>.json` beside these (streamprep.layout): a dataset so named would
 # overwrite one, as would one named `<other>.plan`, whose checkpoint is `<other>.plan.json`, the other's plan.
@@ -40,6 +43,14 @@ def printable(text: str) -> str:
     """`text` with each control character escaped (a newline as `\\n`): a YAML key or name may hold one, and an
     error naming it must stay one line."""
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value that is no object is, in JSON's words (a record's reject, a run file's or a
+    tokenizer file's error): Python's type names read `is a JSON NoneType` for `null`, `list` for an array."""
+    if value is None or isinstance(value, bool):
+        return f"JSON {orjson.dumps(value).decode()}"
+    return "a JSON " + ("array" if isinstance(value, list) else "string" if isinstance(value, str) else "number")
 
 
 class ConfigError(ValueError):
@@ -397,6 +408,10 @@ def _datasets(raw: Any, base: Path, skipped: list[tuple[str, str]]) -> list[dict
         for key in raw:
             if key not in SPLITS:
                 raise ConfigError(f"config: unknown key 'datasets.{key}' (per-split form takes train, valid, test)")
+        for split in SPLITS:  # `train: 5` was a TypeError, exit 1; a mapping was read as its keys ("[0] ... got str")
+            if raw.get(split) is not None and not isinstance(raw[split], list):
+                raise ConfigError(f"config: 'datasets.{split}' must be a list of dataset entries or null, got "
+                                  f"{type(raw[split]).__name__} {raw[split]!r:.60}")
         entries = [(split, i, e) for split in SPLITS for i, e in enumerate(raw.get(split) or [])]
         where = lambda split, i: f"datasets.{split}[{i}]"  # noqa: E731
     elif isinstance(raw, list):
@@ -575,6 +590,7 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._nodes, self._depth = 0, 0
         self._sizes: dict[int, int] = {}  # id(node) -> expanded node count, once the node is complete
+        self.text_numbers: set[str] = set()  # plain scalars read as text that YAML 1.2 reads as numbers (`1e-3`)
 
     def _count(self, n: int) -> None:
         self._nodes += n
@@ -598,6 +614,9 @@ class _BoundedLoader(yaml.SafeLoader):
         if isinstance(node, yaml.MappingNode):
             self._plain_keys(node)  # first: `on:` beside `"on":` is a key given twice
             self._keys_once(node)
+        elif isinstance(node, yaml.ScalarNode) and node.style is None and node.tag == "tag:yaml.org,2002:str" \
+                and TEXT_NUMBER_RE.match(node.value):
+            self.text_numbers.add(node.value)
         self._sizes[id(node)] = self._nodes - before
         self._depth -= 1
         return node
@@ -681,6 +700,7 @@ def load_file(path: str | Path) -> "Config":
             raw = loader.get_single_data()
         finally:
             loader.dispose()
+        text_numbers = loader.text_numbers
     except ConfigError as exc:
         raise ConfigError(f"config: {p}: {exc}") from None
     except yaml.MarkedYAMLError as exc:  # its problem and where: the first line was only the context ("while
@@ -693,7 +713,26 @@ def load_file(path: str | Path) -> "Config":
         raise ConfigError(f"config: {p}: empty (no YAML mapping in it)")
     if not isinstance(raw, Mapping):  # `load` says so too, naming no file
         raise ConfigError(f"config: {p}: top level must be a mapping, got {type(raw).__name__}")
-    return load(raw, p.parent)
+    try:
+        return load(raw, p.parent)
+    except ConfigError as exc:
+        if (text := next((t for t in sorted(text_numbers) if re.search(f"got (str )?'{re.escape(t)}'$", str(exc))),
+                         None)) is None:
+            raise
+        raise ConfigError(f"{exc} ({_as_yaml_number(text)})") from None
+
+
+def _as_yaml_number(text: str) -> str:
+    """Why `text` (`1e-3`) is no number in the config, and how to write it: PyYAML reads YAML 1.1, whose numbers with
+    an exponent need a decimal point and a signed exponent, so `must be a number, got str '1e-3'` read as nonsense."""
+    mantissa, _, exponent = text.lower().partition("e")
+    mantissa += "" if "." in mantissa else ".0"
+    spelled = f"{mantissa}e{exponent if exponent[0] in '+-' else '+' + exponent}"
+    value = float(text)
+    plain = str(int(value)) if value.is_integer() and abs(value) < 1e16 else repr(value)
+    plainly = f"{plain}, or " if _finite(value) and "e" not in plain else ""
+    return f"YAML 1.1, as the config is read, takes {text} for text: write {plainly}{spelled}, with a decimal point " \
+           f"and a signed exponent"
 
 
 def output_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -735,8 +774,19 @@ def drift_keys(old: Mapping[str, Any], new: Mapping[str, Any], exports_redone: b
 
     walk(output_view(old), output_view(new), "")
     if exports_redone:
-        diffs = [k for k in diffs if not re.sub(r"\[\d+\]", "[]", k).startswith(EXPORT_ONLY)]
+        export_only = tuple(k for k in EXPORT_ONLY if k != "datasets[].weight" or not _samples_by_weight(new))
+        diffs = [k for k in diffs if not re.sub(r"\[\d+\]", "[]", k).startswith(export_only)]
     return diffs
+
+
+def _samples_by_weight(cfg: Mapping[str, Any]) -> bool:
+    """The run trains its tokenizer on a sample (`tokenizer.train.sample_mb`), which the dataset weights share out
+    (`tokenizer.sample_shares`): a weight changed at a resume kept the tokenizer trained on the old shares while
+    run.json recorded the new, a config whose own run trains another tokenizer."""
+    tok = cfg.get("tokenizer")
+    if not isinstance(tok, Mapping) or tok.get("path") is not None:
+        return False
+    return (tok.get("train") or {}).get("sample_mb") is not None
 
 
 # ---- typed, frozen view of a validated config --------------------------------------------------------------

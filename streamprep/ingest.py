@@ -259,6 +259,9 @@ class DatasetIngest:
                         item[-1].cancel()
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.sealed_parts())
+        if state.done and self.ds.filter and not state.consumed:  # a field no record has, or a value of another type
+            log.warning("the filter matched no record: the dataset is empty; check its field names and value types",
+                        dataset=name, filter=dict(self.ds.filter))
         if state.done and self.run_scope:
             self.ctx.publish(name)
         return state
@@ -417,8 +420,13 @@ class DatasetIngest:
     async def _read(self, pos: dict[str, Any], consumed: int, queue: asyncio.Queue) -> None:
         """Queue items `(unit, piece, source position after it, last piece of the unit, judge call)` in plan
         order, then None; a failure ends the queue with its exception. An hf:// unit is handed out once the
-        download window has room for its file, and none once a cap has ended the dataset."""
+        download window has room for its file, and none once a cap has ended the dataset: also none when the
+        checkpoint is at a cap already (a job stopped after saving the piece a cap ended the dataset in, before marking
+        it done), where the next unit was judged whole, for nothing, and its position went past the cap's."""
         try:
+            if self._cap_reached(self.ctx.progress[self.ds.name]):
+                await queue.put(None)
+                return
             for u in range(pos["unit"], len(self.units)):
                 unit = self.units[u]
                 if self.window is not None:
@@ -441,6 +449,12 @@ class DatasetIngest:
             await queue.put(None)
         except Exception as exc:
             await queue.put(exc)
+
+    def _cap_reached(self, state: IngestState) -> bool:
+        """Whether `max_records` or `size_mb` ends the dataset at `state`'s counters (as the decider ends it)."""
+        cap = self.ds.max_records
+        return (cap is not None and state.consumed >= cap) or \
+            (self.size_cap is not None and state.kept_text_bytes >= self.size_cap)
 
     def _batches_per_call(self) -> int:
         """How many batches the next QC call carries: about QC_CALL_BYTES of text at the mean kept so far. One under

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from streamprep.atomic import is_tmp_name
-from streamprep.config import ConfigError
+from streamprep.config import ConfigError, json_kind
 from streamprep.lock import is_lock_file
 
 # Names relative to the run dir; receipts, the manifest and verify's messages store/print them as-is.
@@ -110,21 +110,6 @@ def needs_change(exc: BaseException) -> bool:
     `status` does not call the run resumable as it stands."""
     return (isinstance(exc, (ConfigError, NotARunDir, IsADirectoryError)) or file_in_the_way(exc) is not None
             or denied(exc) is not None)
-
-
-def read_checkpoint(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, Any]) -> Checkpoint:
-    """A dataset's checkpoint for a reader (`status`, `audit`). Missing from a complete run whose dataset ran (its
-    plan, parts or rejects are there) raises ValueError (damaged): its dataset showed as not started, all zeros,
-    and `audit` rewrote the report with them. (A running job writes a part before its first checkpoint; an optional
-    dataset skipped has none of them; one that rejected every record has no part.)"""
-    layout = CheckpointLayout(ckpt_dir)
-    path = layout.checkpoint(name)
-    cp = Checkpoint.load(path)
-    run = RunLayout(run_dir)
-    if not cp.started and record.get("status") == "complete" and (
-            layout.plan(name).exists() or run.rejects(name).exists() or any(run.ingest_dir(name).glob("part-*.jsonl"))):
-        raise ValueError(f"{path.name} is missing, and dataset {name!r} ran (its plan, parts or rejects are there)")
-    return cp
 
 
 def damaged_record(run_dir: Path, exc: Exception) -> NotARunDir:
@@ -333,7 +318,7 @@ def _strict_json(path: Path) -> dict[str, Any] | None:
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"{path.name} is not JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path.name} is a JSON {type(data).__name__}, not an object")
+        raise ValueError(f"{path.name} is {json_kind(data)}, not an object")
     return data
 
 

@@ -42,18 +42,20 @@ if TYPE_CHECKING:
 log = logs.get("metrics")
 Snapshot = Callable[[], dict[str, Any]]
 
-# (series, help, key in datasets[name]["ingest"|"tokenize"]); all counters, labelled by dataset
+# (series, help, key in datasets[name]["ingest"|"tokenize"], unit); all counters, labelled by dataset. A series with
+# a unit ends with it, before `_total` (Prometheus' naming rules; OpenMetrics' `# UNIT` requires it)
 _PER_DATASET = (
-    ("streamprep_records_read", "Items taken from the source (records and unreadable items).", "ingest", "read"),
-    ("streamprep_records_kept", "Records that passed every quality gate.", "ingest", "kept"),
-    ("streamprep_records_rejected", "Records rejected (any gate).", "ingest", "rejected"),
-    ("streamprep_source_bytes_read", "Source bytes the ingest position has passed.", "ingest", "bytes_in"),
-    ("streamprep_ingest_bytes_written", ("Bytes of kept records: sealed ingest parts and the open part's "
-                                         "staged lines."), "ingest", "bytes"),
-    ("streamprep_parts_sealed", "Ingest parts sealed (complete, handed to tokenization).", "ingest", "parts_sealed"),
-    ("streamprep_parts_tokenized", "Sealed parts tokenized into .bin/.idx shards.", "tokenize", "shards_done"),
-    ("streamprep_tokens_written", "Tokens written to .bin shards (EOD included).", "tokenize", "tokens"),
-    ("streamprep_documents_tokenized", "Documents written to .bin shards.", "tokenize", "documents"),
+    ("streamprep_records_read", "Items taken from the source (records and unreadable items).", "ingest", "read", ""),
+    ("streamprep_records_kept", "Records that passed every quality gate.", "ingest", "kept", ""),
+    ("streamprep_records_rejected", "Records rejected (any gate).", "ingest", "rejected", ""),
+    ("streamprep_source_read_bytes", "Source bytes the ingest position has passed.", "ingest", "bytes_in", "bytes"),
+    ("streamprep_ingest_written_bytes", ("Bytes of kept records: sealed ingest parts and the open part's "
+                                         "staged lines."), "ingest", "bytes", "bytes"),
+    ("streamprep_parts_sealed", "Ingest parts sealed (complete, handed to tokenization).", "ingest", "parts_sealed",
+     ""),
+    ("streamprep_parts_tokenized", "Sealed parts tokenized into .bin/.idx shards.", "tokenize", "shards_done", ""),
+    ("streamprep_tokens_written", "Tokens written to .bin shards (EOD included).", "tokenize", "tokens", ""),
+    ("streamprep_documents_tokenized", "Documents written to .bin shards.", "tokenize", "documents", ""),
 )
 
 
@@ -69,8 +71,8 @@ class JobCollector:
 
         st = self.snapshot()
         datasets: Mapping[str, Any] = st.get("datasets") or {}
-        for name, doc, section, key in _PER_DATASET:
-            fam = CounterMetricFamily(name, doc, labels=["dataset"])
+        for name, doc, section, key, unit in _PER_DATASET:
+            fam = CounterMetricFamily(name, doc, labels=["dataset"], unit=unit)
             for ds, d in datasets.items():
                 value = d[section].get(key)
                 if value is not None:
@@ -109,8 +111,8 @@ class JobCollector:
                                   value=hub.get("gave_up", 0))
         yield CounterMetricFamily("streamprep_hub_files_downloaded", "Data files downloaded from the Hub.",
                                   value=hub.get("files", 0))
-        yield CounterMetricFamily("streamprep_hub_bytes_downloaded", "Bytes of data files downloaded from the Hub.",
-                                  value=hub.get("bytes", 0))
+        yield CounterMetricFamily("streamprep_hub_downloaded_bytes", "Bytes of data files downloaded from the Hub.",
+                                  value=hub.get("bytes", 0), unit="bytes")
 
 
 def job_snapshot(run_dir: Path, hub: Callable[[], dict[str, Any]] | None) -> Snapshot:

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import ast
 import asyncio
 import functools
 import multiprocessing
@@ -147,8 +148,8 @@ def resolve_run_dir(config: Config, run_dir: str | Path | None) -> Path:
     path = Path(run_dir) if run_dir else Path("runs") / config.run.name
     try:
         resolved = path.expanduser().resolve()  # as the config's paths are: no shell expands `--run-dir=~/x`'s `~`
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11), `~nosuchuser/…`
-        raise ConfigError(f"run dir {path}: {exc}") from None
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop (Python 3.11), `~nosuchuser/…`;
+        raise ConfigError(f"run dir {configmod.printable(str(path))}: {exc}") from None  # ValueError: a NUL
     configmod.check_utf8_name("run dir", resolved, "run.json names it")  # the working directory's name too
     return resolved
 
@@ -497,6 +498,31 @@ def _main_file_workers_run(config: Config) -> None:
         raise ConfigError(f"config: 'execution.{key}' {value} starts processes, which run the job's script again "
                           f"from its file, and {main_path} is not one (a script read from stdin?): save the script "
                           f"and run the file, or use {key}: {instead}")
+    if main_path is not None and (line := _unguarded_call(main_path)) is not None:
+        raise ConfigError(f"config: 'execution.{key}' {value} starts processes, which run the job's script again as "
+                          f"they start, and {main_path} starts the job at its top level (line {line}): put the call "
+                          f'under `if __name__ == "__main__":`, or use {key}: {instead}')
+
+
+def _unguarded_call(main_path: str) -> int | None:
+    """The line of the script's top-level statement running now, when that is a plain statement of the script's own
+    (no `if`, `try`, `with` or loop around it): each worker runs it again as it imports the script, and the job
+    failed in them ("a dedup holder process ended; re-run the same command to resume"), its run dir left failed.
+    None when a compound statement holds the call (it may be the `__name__` guard: the workers say so if not)."""
+    frame, line = sys._getframe(), None
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__" \
+                and os.path.realpath(frame.f_code.co_filename) == os.path.realpath(main_path):
+            line = frame.f_lineno
+        frame = frame.f_back
+    if line is None:
+        return None
+    try:
+        module = ast.parse(Path(main_path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    held = next((s for s in module.body if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+    return line if held is not None and not hasattr(held, "body") and not hasattr(held, "cases") else None
 
 
 def run_from_dict(raw: dict[str, Any], run_dir: str | Path | None = None, fresh: bool = False,
@@ -863,9 +889,12 @@ class Job:
                      parts_mb=round(sum(p.stat().st_size for p in parts) / 2**20, 2))
             return self.executor.submit(tokmod.train_on_parts, tok, self.run_dir, parts)
         sealed = {n: [self._files(n).part(i) for i in range(s.sealed_parts())] for n, s in states.items()}
+        shares = tokmod.sample_shares(self.config.datasets, sample_mb)
+        if not any(sealed[n] for n, share in shares.items() if share > 0):  # trained on no text, it had 256 ids
+            raise ConfigError("no records were kept, so there is no text to train a tokenizer on "
+                              "(check the quality settings or the sources)")
         log.info("training the tokenizer on a sample while ingest goes on", sample_mb=sample_mb)
-        return self.executor.submit(tokmod.train_on_sample, tok, self.run_dir, sealed,
-                                    tokmod.sample_shares(self.config.datasets, sample_mb))
+        return self.executor.submit(tokmod.train_on_sample, tok, self.run_dir, sealed, shares)
 
     def _select(self, wait: Wait, requested: str, path: Path, texts: Sequence[str]) -> dict[str, Any]:
         """`backends.select` on a worker: the driver loads no gigatoken, and the worker that built it for the

@@ -46,6 +46,7 @@ CHECKS.register("output.parquet", "streamprep.exports.parquet:check_options")
 CHECKS.register("output.mixtures", "streamprep.exports.mixtures:check_options", skipped=True)
 CHECKS.register("output.dtype", "streamprep.sft.config:check_output_dtype")  # an sft: run's dtype is its own
 CHECKS.register("output.valid_fraction", "streamprep.sft.config:check_valid_fraction")  # an sft: run has no blend
+CHECKS.register("output.parquet.sft", "streamprep.sft.config:check_parquet")  # nor Parquet/TSV
 CHECKS.register("datasets.memory", "streamprep.sources.local:check_in_memory")  # where workers can read it
 CHECKS.register("execution.ray_address", "streamprep.ray_cluster:check_address")
 CHECKS.register("execution.engine", "streamprep.engines:check_engine")  # it loads, before anything is written

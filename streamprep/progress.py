@@ -203,11 +203,12 @@ class ProgressReporter(ProgressFigures):
                       title=f"streamprep {snap['phase']} · {_dur(snap['elapsed_s'])}")
         for col, just in (("dataset", "left"), ("read", "right"), ("kept", "right"), ("rejected", "right"),
                           ("MB out", "right"), ("rec/s", "right"), ("progress", "left"), ("ETA", "right")):
-            table.add_column(col, justify=just, no_wrap=True)
+            # the bar's column alone may narrow (rich narrows the columns that wrap first): `_Bar` draws it shorter
+            table.add_column(col, justify=just, no_wrap=col != "progress")
         rows = list(snap["datasets"].items())
         for name, r in rows:
             table.add_row(name, f"{r['read']:,}", f"{r['kept']:,}", f"{r['rejected']:,}", f"{r['mb']:.1f}",
-                          _num(r["rec_s"]), _bar(r["fraction"], r["done"], r.get("waiting", False)), _dur(r["eta_s"]))
+                          _num(r["rec_s"]), _Bar(r["fraction"], r["done"], r.get("waiting", False)), _dur(r["eta_s"]))
         if len(rows) > 1:
             t = snap["totals"]
             table.add_row(Text("total", style="bold"), f"{t['read']:,}", f"{t['kept']:,}", f"{t['rejected']:,}",
@@ -328,7 +329,31 @@ def _dur(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _bar(frac: float | None, done: bool, waiting: bool = False, width: int = 20) -> str:
+class _Bar:
+    """A dataset's progress bar, drawn as wide as its column is, at most `BAR_WIDTH`: at 80 columns, with figures in
+    millions, the table kept the bar whole and cut every figure to an ellipsis (`12,345,…`, `2500…`, `E…`)."""
+
+    def __init__(self, frac: float | None, done: bool, waiting: bool):
+        self.frac, self.done, self.waiting = frac, done, waiting
+
+    def __rich_measure__(self, console: Any, options: Any) -> Any:
+        from rich.measure import Measurement
+
+        return Measurement(len(_bar(self.frac, self.done, self.waiting, 0)),
+                           len(_bar(self.frac, self.done, self.waiting)))
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        tail = len(_bar(self.frac, self.done, self.waiting, 0))  # " 50%" / " done" after the bar
+        yield Text(_bar(self.frac, self.done, self.waiting, max(min(BAR_WIDTH, options.max_width - tail), 0)).strip(),
+                   no_wrap=True, overflow="crop")
+
+
+BAR_WIDTH = 20
+
+
+def _bar(frac: float | None, done: bool, waiting: bool = False, width: int = BAR_WIDTH) -> str:
     if waiting:
         return "waiting"
     if done:

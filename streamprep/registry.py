@@ -161,8 +161,8 @@ def plugins_changed_since_import() -> str | None:
     if now == PLUGIN_MODULES:
         return None
     return (f"STREAMPREP_PLUGINS names {spelled(now)!r} now but named {spelled(PLUGIN_MODULES)!r} when streamprep "
-            f"was imported, the moment it is read: set it before `import streamprep` (or import the plug-in's module "
-            f"yourself)")
+            f"was imported, the moment it is read: set it before `import streamprep`, or set it back (a plug-in's "
+            f"module you import yourself reaches the workers too; the variable set after the import still differs)")
 # How many gate factories (`quality.gates.EXTRA_GATES`) the STREAMPREP_PLUGINS modules registered, which
 # streamprep/plugins.py puts first: those after them were registered by code the caller ran (before or after
 # `import streamprep`), as `Registry.late` entries are

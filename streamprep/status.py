@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamprep.checkpoints import read_checkpoint
 from streamprep.config import printable, resolved_workers
-from streamprep.layout import (RunLayout, completed_receipt, damaged_record,
-                               read_checkpoint, read_json, run_record)
+from streamprep.layout import RunLayout, completed_receipt, damaged_record, read_json, run_record
 from streamprep.lock import holder_if_running, read_holder
 from streamprep.sources.hf import manifest_sizes
 

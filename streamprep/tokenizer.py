@@ -18,7 +18,7 @@ import orjson
 from tokenizers import Tokenizer
 
 from streamprep import atomic, backends, logs
-from streamprep.config import ConfigError, DatasetConfig, TokenizerConfig
+from streamprep.config import ConfigError, DatasetConfig, TokenizerConfig, json_kind
 from streamprep.layout import TOKENIZER_SIDE_FILES, RunLayout, completed_receipt, read_json
 from streamprep.sources.local import check_path
 
@@ -83,7 +83,7 @@ def tokenizer_config(folder: Path) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         raise ConfigError(f"config: 'tokenizer.path': {cfg_file} is not JSON ({exc})") from None
     if not isinstance(tcfg, dict):
-        raise ConfigError(f"config: 'tokenizer.path': {cfg_file} is a JSON {type(tcfg).__name__}, not an object")
+        raise ConfigError(f"config: 'tokenizer.path': {cfg_file} is {json_kind(tcfg)}, not an object")
     return tcfg
 
 
@@ -297,6 +297,12 @@ def check_section(cfg: dict[str, Any]) -> None:
     if tok["path"] is not None and not Path(tok["path"]).is_dir():  # a folder: `source_file` names what it lacks
         check_path("tokenizer.path", tok["path"])
     bound = check_config(TokenizerConfig.from_dict(tok), select_backend=cfg.get("sft") is None)  # SFT: always hf
+    sample_mb = tok["train"]["sample_mb"]
+    if tok["path"] is None and sample_mb is not None \
+            and not any(sample_shares([DatasetConfig.from_dict(d) for d in cfg["datasets"]], sample_mb).values()):
+        # the sample would be empty whatever the datasets keep: a tokenizer of the 256 bytes alone, exit 0
+        raise ConfigError(f"config: 'tokenizer.train.sample_mb': {sample_mb:g} MB shared out by the dataset weights "
+                          f"gives no dataset a whole byte of training text; make it larger")
     key = "sft.output.dtype" if cfg.get("sft") is not None else "output.dtype"
     dtype = ((cfg.get("sft") or {}).get("output") or {}).get("dtype", "int32") if cfg.get("sft") is not None \
         else cfg["output"]["dtype"]
@@ -328,6 +334,8 @@ def check_config(tok_cfg: TokenizerConfig, *, select_backend: bool = True) -> in
     if dropout := getattr(tok.model, "dropout", None):  # each call samples its own merges: no two runs would agree
         raise ConfigError(f"config: 'tokenizer.path': {src} sets BPE dropout {dropout:g}, which gives other ids at "
                           f"each call; set its model.dropout to null")
+    if (fault := _encode_fault(tok)) is not None:
+        raise ConfigError(f"config: 'tokenizer.path': {src} loads but cannot encode text ({fault})")
     name, tid = _eod(tok, src.parent, wanted)
     _check_eod(TokenizerInfo(src, "", tok.get_vocab_size(with_added_tokens=True), tid, name), tok_cfg)
     # forced gigatoken: a tokenizer it cannot encode exactly fails here
@@ -339,6 +347,24 @@ def check_config(tok_cfg: TokenizerConfig, *, select_backend: bool = True) -> in
         _validated.clear()
         _validated["gigatoken", fingerprint] = record
     return _id_bound(tok, fingerprint)
+
+
+def _encode_fault(tok: Tokenizer) -> str | None:
+    """Why HF cannot encode the identity check's probe texts (`backends.PROBES`: words, scripts, emoji, control
+    characters) with `tok`, its error's first line, else None. A model whose `unk_token` is not in its vocabulary
+    (WordLevel, WordPiece, a BPE without byte fallback) raises on every unknown word: the run failed after the
+    whole ingest, exit 1, at every re-run. A panic is not its fault: it comes from some texts with some added
+    tokens, whose documents are dropped (textshard)."""
+    for text in backends.PROBES:
+        try:
+            tok.encode(text, add_special_tokens=False)
+        except BaseException as exc:  # noqa: BLE001 - a panic is a BaseException only
+            if backends.is_panic(exc):
+                continue
+            if not isinstance(exc, Exception):
+                raise
+            return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+    return None
 
 
 def _check_eod(info: TokenizerInfo, tok_cfg: TokenizerConfig) -> TokenizerInfo:
@@ -369,24 +395,28 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Toke
 # The longest word (pre-token) BPE training sees whole. tokenizers' trainer applies a merge to a word at
 # O(word length) per occurrence, so one long word made training quadratic: a 320 000-char ACGT record
 # took 74 s with vocab_size 1 000 (160 KB: 13 s; 1.5 MB: not done in 300 s); in 8 192-char pieces 2 s (1.5 MB:
-# 10 s). A word lies within a run of non-whitespace (but for a leading space), and the shared corpora's and
-# docs/*.md's longest run is 5 650 chars (a JSON tool call).
+# 10 s); a run of 200 000 newlines in one record, a word of the pre-tokenizer too, 88 s. A word lies within a run of
+# non-whitespace (but for a leading space) or of whitespace, and the shared corpora's and docs/*.md's longest run
+# is 5 650 chars (a JSON tool call).
 TRAIN_RUN_CHARS = 8192
-_RUN = re.compile(r"\S+")
+# whitespace as the pre-tokenizer's regex has it (Python's \s also takes \x1c-\x1f, punctuation to it)
+_SPACE, _NOT_SPACE = r"[^\S\x1c-\x1f]", r"[\S\x1c-\x1f]"
+_LONG_RUN = re.compile(rf"(?<!{_NOT_SPACE}){_NOT_SPACE}{{{TRAIN_RUN_CHARS + 1},}}"
+                       rf"|(?<!{_SPACE}){_SPACE}{{{TRAIN_RUN_CHARS + 1},}}")  # each whole run longer than that
 
 
 def _cut_long_words(texts: Iterable[str], pre_tokenize: Callable[[str], list[tuple[str, tuple[int, int]]]],
                     cut: list[int]) -> Iterator[str]:
     """`texts`, each word longer than TRAIN_RUN_CHARS cut every TRAIN_RUN_CHARS chars (its text yielded as the
     pieces between the cuts; `cut[0]` counts the words). Words are `pre_tokenize`'s (the trainer's own
-    pre-tokenizer), asked only about runs of non-whitespace longer than TRAIN_RUN_CHARS: a word lies within one
-    but for a leading space (" word", not counted; a run alone splits as in its text). So a text the pre-tokenizer
-    splits into words no longer than that (minified JSON, a path) is yielded as it is, the same bytes trained."""
+    pre-tokenizer), asked only about runs of non-whitespace or of whitespace longer than TRAIN_RUN_CHARS: a word
+    lies within one but for a leading space (" word", not counted; a run alone splits as in its text, but that a
+    whitespace run's last character may start the next word there, where a cut changes no word). So a text the
+    pre-tokenizer splits into words no longer than that (minified JSON, a path) is yielded as it is, the same
+    bytes trained."""
     for text in texts:
         cuts: list[int] = []
-        for run in _RUN.finditer(text) if len(text) > TRAIN_RUN_CHARS else ():
-            if run.end() - run.start() <= TRAIN_RUN_CHARS:
-                continue
+        for run in _LONG_RUN.finditer(text) if len(text) > TRAIN_RUN_CHARS else ():
             for _, (start, end) in pre_tokenize(run.group()):
                 if end - start > TRAIN_RUN_CHARS:
                     cut[0] += 1
@@ -473,9 +503,11 @@ def train_on_sample(tok_cfg: TokenizerConfig, run_dir: Path, sealed: dict[str, l
 
 
 def training_report(run_dir: Path) -> dict[str, Any] | None:
-    """The held-out measurement of a sample-trained tokenizer, if this run trained one that way."""
-    p = RunLayout(run_dir).tokenizer_training
-    return atomic.read_json(p) if p.is_file() else None
+    """The held-out measurement of a sample-trained tokenizer, if this run trained one that way. One that is not a
+    JSON object (a damaged file) is none: the resume writes it again (`prepare_from_sample`), where its
+    JSONDecodeError, naming no file, failed every `ingest` and `audit` of the run."""
+    report = read_json(RunLayout(run_dir).tokenizer_training)
+    return report if isinstance(report, dict) else None
 
 
 def iter_part_texts(parts: Iterable[Path]) -> Iterator[str]:

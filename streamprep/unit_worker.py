@@ -324,8 +324,8 @@ def _read(unit: Unit, options: Any) -> list[Any]:
     items: list[Any] = []
     try:
         items.extend(units.read_unit(unit, options))
-    except (ReaderError, SourceError):  # names its file already (a whole-file unit's reader raises a SourceError
-        raise                              # saying where it stopped): the ingest names the dataset and item
+    except (ReaderError, SourceError, ConfigError):  # names its file already (a whole-file unit's reader raises a
+        raise  # SourceError saying where it stopped, a ConfigError what re-running meets again: `local.no_ranges`)
     except Exception as exc:
         if not _content_fault(exc):
             groups = units.row_group_range(unit)

@@ -21,7 +21,7 @@ from streamprep.config import ConfigError
 from streamprep.sources.base import BadRecord, SourceError, Unit, one_line
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _listed_folder,
                                       _special, bounded_lines, broken_link, detect_format, input_filesystem, long_line,
-                                      open_input, parquet_rows, refused)
+                                      open_input, opens_json_array, parquet_rows, refused)
 
 Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
 
@@ -76,7 +76,7 @@ def _plan_file(i: int, f: str, fmt: str | None, unit_bytes: int, options: Option
     if size <= unit_bytes:  # one unit, planned without reading the file
         return [Unit("range", i, f, kind, 0, size) if kind in CHUNKED else Unit("file", i, f, fmt or "")]
     if kind in CHUNKED:
-        cuts = _cuts(f, size, unit_bytes, options)
+        cuts = _cuts(f, kind, size, unit_bytes, options)
         return [Unit("range", i, f, kind, a, b) for a, b in cuts] if cuts else [Unit("file", i, f, fmt or "")]
     groups = _group_runs(_row_groups(f, options), unit_bytes)
     return [Unit("row_group", i, f, kind, a, b) for a, b in groups] if groups else [Unit("file", i, f, fmt or "")]
@@ -87,32 +87,39 @@ def _size(path: str, options: Options) -> int:
     return fs.size(stripped)
 
 
-def _cuts(path: str, size: int, unit_bytes: int, options: Options) -> list[tuple[int, int]]:
+def _cuts(path: str, kind: str, size: int, unit_bytes: int, options: Options) -> list[tuple[int, int]]:
     """Byte ranges of about `unit_bytes`, each ending just after a newline (or at the end of the file); none for
-    a file opening with a UTF-16/32 byte-order mark (its newlines are not b"\\n"). Each cut costs one small
+    a file opening with a UTF-16/32 byte-order mark (its newlines are not b"\\n") or, `jsonl`, with a JSON array
+    written across lines (`opens_json_array`; or a first line of PROBE_BYTES or more opening with `[`: its reader
+    tells). Each cut costs one small
     read (a ranged GET of PROBE_BYTES on an object store), or as many as the line it falls in needs: the planner
-    reads to its newline PROBE_BYTES at a time and holds none of it (a file with no newline is read through once)."""
+    reads to its newline PROBE_BYTES at a time and holds none of it (a file with no newline is read through once).
+    An http(s) file costs one more GET, of 1 byte, which tells whether its server serves ranges."""
     fs, stripped = input_filesystem(path, options)
     with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:
-        head = fh.read(4)  # once: read per mark, each mark met the next 4 bytes, so only UTF-32-LE's was found and a
-        if any(head.startswith(bom) for bom, _ in WIDE_BOMS):  # UTF-16 file was cut in ranges read again as UTF-8
+        head = fh.read(PROBE_BYTES)  # once: read per mark, each mark met the next 4 bytes, so only UTF-32-LE's was
+        if any(head.startswith(bom) for bom, _ in WIDE_BOMS):  # found and a UTF-16 file was cut in ranges read again
+            return []  # as UTF-8
+        first, newline, _ = head.removeprefix(codecs.BOM_UTF8).partition(b"\n")
+        if kind == "jsonl" and first.lstrip().startswith(b"[") and (not newline or opens_json_array(first)):
             return []
+        if path.startswith(("http://", "https://")) and len(fs.cat_file(stripped, start=1, end=2)) != 1:
+            # its whole file, not 1 byte: fsspec takes a whole file shorter than a range's block for that range, so
+            # each range's reader would read the file's start as its own (seeking past the head read, once, failed)
+            raise ConfigError(f"cannot plan the units of input file {path}: its server does not support range "
+                              f"requests, which reading a file larger than execution.unit_mb "
+                              f"({unit_bytes / (1 << 20):.3g} MB) in ranges needs: set unit_mb above its size "
+                              f"({size} bytes), or download it and read it from disk")
         cuts, start = [], 0
         while start + unit_bytes < size:
             end = start + unit_bytes
             fh.seek(end)
-            try:
-                while piece := fh.read(PROBE_BYTES):  # to the end of the line the cut falls in
-                    newline = piece.find(b"\n")
-                    if newline >= 0:
-                        end += newline + 1
-                        break
-                    end += len(piece)
-            except ValueError as exc:  # fsspec's HTTP file, from a server that answers a Range with the whole file
-                raise ConfigError(f"cannot plan the units of input file {path}: its server does not support range "
-                                  f"requests, which reading a file larger than execution.unit_mb "
-                                  f"({unit_bytes / (1 << 20):.3g} MB) in ranges needs: set unit_mb above its size "
-                                  f"({size} bytes), or download it and read it from disk") from exc
+            while piece := fh.read(PROBE_BYTES):  # to the end of the line the cut falls in
+                newline = piece.find(b"\n")
+                if newline >= 0:
+                    end += newline + 1
+                    break
+                end += len(piece)
             if end >= size:
                 break
             cuts.append((start, end))
@@ -187,6 +194,8 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
                     break  # a small UTF-16/32 file, planned whole without reading: its reader decodes it
                 if first and line.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
                     line = line[len(codecs.BOM_UTF8):]
+                if first and unit.fmt == "jsonl" and opens_json_array(line):
+                    break  # a small JSON array, planned whole without reading: its reader parses it
                 item = parse(line, unit.path, mark)
             first = False
             yield item

@@ -4,7 +4,8 @@ the files of a dataset repo.
 - `GET  /api/datasets/{org}/{name}/revision/{rev}` repo info: `id`, `sha`, `siblings` (with sizes when `?blobs=true`)
 - `GET  /api/datasets/{org}/{name}/tree/{rev}[/{path}]` tree listing (used by `snapshot_download`)
 - `HEAD /datasets/{org}/{name}/resolve/{rev}/{path}` metadata: `X-Repo-Commit`, `ETag`, `Content-Length`
-  (no `X-Xet-*` headers, so the client takes the plain HTTP download path)
+  (no `X-Xet-*` headers, so the client takes the plain HTTP download path, unless `xet` is set: then each file
+  names a Xet hash and a token route this server does not serve, as the Hub names a file stored in Xet)
 - `GET  /datasets/{org}/{name}/resolve/{rev}/{path}` the bytes (honours a simple `Range: bytes=N-`, and `If-Range`:
   the whole file, 200, when it names another ETag than the file's)
 - `GET  /api/agent-harnesses` an empty registry (huggingface_hub fetches it for its user agent unless
@@ -26,7 +27,9 @@ file's bytes in its commit become `edits[path]` (a mirror whose file changed bet
 `"short"`: a body 100 bytes short, with a Content-Length that says so (huggingface_hub's size check, against the
 HEAD's, fails), or `"hang"`: no answer at all until `stop()` (a Hub that stalls). `faults_served` counts the
 faults served by kind; `ranges` lists (path, start byte) of every `Range` GET; `authorizations` the
-`Authorization` headers seen.
+`Authorization` headers seen. A repo in `gated` is served as the Hub serves a gated repo to who has not accepted its
+terms: its listing and README.md to anyone, each other file refused (HEAD and GET), 401 without a token, 403 with one,
+`X-Error-Code: GatedRepo`.
 """
 from __future__ import annotations
 
@@ -85,6 +88,8 @@ class FakeHub:
         self.faults_served: Counter[str] = Counter()
         self.ranges: list[tuple[str, int]] = []
         self.authorizations: set[str] = set()
+        self.gated: set[str] = set()  # repo ids whose files but README.md are refused
+        self.xet = False  # name each file's Xet hash and token route, as the Hub does for a file stored in Xet
         self._data_gets = 0
         self._stopped = threading.Event()  # ends the requests a `"hang"` fault holds
 
@@ -268,12 +273,19 @@ class _Handler(BaseHTTPRequestHandler):
         if sha is None:
             self._error(404, "RevisionNotFound", f"Invalid rev id: {unquote(rev)}")
             return
+        if repo_id in self.server_hub.gated and path != "README.md":
+            self._error(403 if self.headers.get("Authorization") else 401, "GatedRepo",
+                        f"Access to dataset {repo_id} is restricted. You must have access to it and be authenticated.")
+            return
         data = repo.commits[sha].get(path)
         if data is None:
             self._error(404, "EntryNotFound", f"{path} does not exist at {sha}", {"X-Repo-Commit": sha})
             return
         headers = {"X-Repo-Commit": sha, "ETag": f'"{git_blob_sha(data)}"', "Accept-Ranges": "bytes",
                    "Content-Type": "application/octet-stream"}
+        if self.server_hub.xet:  # a route this server does not serve: a client that takes it fails
+            headers["X-Xet-Hash"] = hashlib.sha256(data).hexdigest()
+            headers["X-Xet-Refresh-Route"] = f"/api/datasets/{repo_id}/xet-read-token/{sha}"
         status, body = 200, data
         rng = self.headers.get("Range")
         if self.headers.get("If-Range", headers["ETag"]) != headers["ETag"]:

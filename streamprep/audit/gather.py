@@ -12,8 +12,9 @@ import orjson
 
 from streamprep import stats
 from streamprep import backends
-from streamprep.layout import (RunLayout, completed_receipt, damaged_record,
-                               part_name, read_checkpoint, read_json as _read_json, run_record)
+from streamprep.checkpoints import read_checkpoint
+from streamprep.layout import (RunLayout, completed_receipt, damaged_record, part_name, read_json as _read_json,
+                               run_record)
 from streamprep.status import run_state
 from streamprep.tokenizer import training_report
 
@@ -187,11 +188,12 @@ def _length_or_none(encoder: backends.Backend, text: str) -> int | None:
 
 
 def _duplicates(run_dir: Path, name: str, ck: dict[str, Any], st: dict[str, Any], qc_rejects: dict[str, int],
-                sample: list[dict[str, Any]], read: int) -> dict[str, Any]:
+                sample: list[dict[str, Any]], read: int, exact: bool) -> dict[str, Any]:
+    """`exact`: the run deduplicated exactly; without it no digest is kept, and the count is null, not 0."""
     dup = int(qc_rejects.get("duplicate", 0))
     near = int(qc_rejects.get("near_duplicate", 0))
     return {"rejected_as_duplicate": dup, "rate_of_read": round(dup / read, 4) if read else None,
-            "unique_kept_digests": int(ck.get("dedup_count", 0)),
+            "unique_kept_digests": int(ck.get("dedup_count", 0)) if exact else None,
             # which dataset kept the copy: this one, or (dedup_scope: run) one listed earlier
             "kept_by": dict(sorted((st.get("duplicates_kept_by") or {}).items())),
             "exact_duplicate_examples": _exact_pairs(sample, EXAMPLES_PER_REASON),
@@ -304,7 +306,8 @@ def _dataset_audit(run_dir: Path, ckpt_dir: Path, name: str, record: dict[str, A
         "gates": stats.gate_table(st),  # what each gate did and cost on this run's data, in run order
         "rejects_after_qc": [EMPTY_TOKENS] if empty else [],
         "rejects_sampled": dict(ck.get("rejects_sampled") or {}),
-        "duplicates": _duplicates(run_dir, name, ck, st, qc_rejects, sample, read),
+        "duplicates": _duplicates(run_dir, name, ck, st, qc_rejects, sample, read,
+                                  record["config"]["quality"]["dedup"] != "none"),
         "languages": {"kept": langs_kept, "rejected": langs_rej,
                       "undetected": read - sum(langs_kept.values()) - sum(langs_rej.values())},
         "lengths": _lengths(chars_kept, chars_rej, tokens_hist_kept, tokens_hist_rejected, tokenized_sample, eod),

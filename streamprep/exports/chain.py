@@ -43,8 +43,9 @@ def moved_from(run_dir: Path, rel: str, sha: str | None) -> str | None:
     differs (its digest with that directory's path removed is `sha`): the run dir was copied or moved since its
     exports were written. None for any other change."""
     data = (run_dir / rel).read_bytes()
-    # a shard prefix as written in JSON: "<dir>/binidx/<dataset>/<part>_text_document"
-    found = re.search(rb'"(/[^"]*)/' + layout.BINIDX.encode() + rb'/[^"/]+/[^"/]+"', data)
+    # a shard prefix as written in JSON: "<dir>/binidx/<dataset>/<part>_text_document"; <dir> as JSON escapes it
+    # (a `"` or `\` in it is `\"`, `\\`: a run dir so named was called changed, not moved)
+    found = re.search(rb'"(/(?:[^"\\]|\\.)*)/' + layout.BINIDX.encode() + rb'/[^"/]+/[^"/]+"', data)
     if found is None or found.group(1) + b"/" == _run_dir_bytes(run_dir):
         return None
     if hashlib.sha256(data.replace(found.group(1) + b"/", b"")).hexdigest() != sha:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from streamprep.config import ConfigError, FrozenSection, printable
+from streamprep.config import SPEC, ConfigError, FrozenSection, printable
 
 ACTIONS = ("train", "mask", "value")
 LABELS = ("train", "mask")
@@ -224,6 +224,20 @@ def check_valid_fraction(cfg: Mapping[str, Any]) -> None:
     if cfg.get("sft") is not None and cfg["output"]["valid_fraction"] > 0:
         raise ConfigError(f"config: 'output.valid_fraction' ({cfg['output']['valid_fraction']}) splits blend.json's "
                           f"data, and an sft: run writes no blend.json nor a validation split (leave it out)")
+
+
+def check_parquet(cfg: Mapping[str, Any]) -> None:
+    """An `sft:` run writes no Parquet/TSV export, so an `output.parquet` key, or `output.num_shards_multiple_of`
+    (its shard count), set to other than its default would do nothing: an error naming it, as for `output.dtype`."""
+    if cfg.get("sft") is None:
+        return
+    out = cfg["output"]
+    keys = [(f"parquet.{key}", out["parquet"][key], spec[1]) for key, spec in SPEC["output"]["parquet"].items()]
+    keys.append(("num_shards_multiple_of", out["num_shards_multiple_of"], SPEC["output"]["num_shards_multiple_of"][1]))
+    for key, value, default in keys:
+        if value != default:
+            raise ConfigError(f"config: 'output.{key}' sets the pretraining Parquet/TSV export, and an sft: run "
+                              f"writes none (leave it out)")
 
 
 def validate_sft_config(section: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -26,12 +26,14 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 def domain_dir(value: Any) -> str:
     """A directory name for a domain value; values that need changing get a short hash to stay distinct, and so do
-    values that are not strings (7 is not "7", True is not "True") and the string "_none" (not a missing value)."""
+    values that are not strings (7 is not "7", True is not "True"), the string "_none" (not a missing value) and
+    names with capitals: "Math" and "math" are one folder on a case-insensitive file system, where the second's
+    shard files replaced the first's (dataset names and output keys are distinct ignoring case for that reason)."""
     if value is None:
         return MISSING_DOMAIN
     text = value if isinstance(value, str) else str(value)
     safe = _SAFE.sub("_", text)[:80].lstrip(".") or "_"
-    if safe != text or not isinstance(value, str) or text == MISSING_DOMAIN:
+    if safe != text or not isinstance(value, str) or text == MISSING_DOMAIN or safe != safe.lower():
         named = text if isinstance(value, str) else f"{type(value).__name__}:{text}"
         safe += "-" + hashlib.sha256(named.encode("utf-8")).hexdigest()[:8]
     return safe

@@ -102,22 +102,25 @@ def parse_hh(text: str) -> list[tuple[str, str, str]]:
 def _numbers(value: Any, where: str, dtype: str) -> list[float]:
     """The numbers of a value section; each must be finite in `dtype` (`output.value_dtype`) too, checked here,
     before QC: one past its range (1e39 in float32), found only when the shard wrote it, took its valid twin's
-    exact-dedup digest and was then dropped, so neither was written."""
+    exact-dedup digest and was then dropped, so neither was written. The range is checked on the whole list at once:
+    value by value, a list of 2,048 rewards cost 4 ms a record, 6x the rest of the checks."""
     vals = value if isinstance(value, list) else [value]
     out = []
-    top = float(np.finfo(dtype).max)
-    for i, v in enumerate(vals):
-        at = f"{where}[{i}]" if isinstance(value, list) else where
+    for v in vals:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RecordError("schema", f"{where}: expected a number or a list of numbers, got {type(v).__name__}")
         if not math.isfinite(v):
             raise RecordError("bad_value", f"{where}: {v!r} is not finite")
-        with np.errstate(over="ignore"):  # a finite number past the dtype's range becomes inf there
-            if not np.isfinite(np.asarray(v, dtype=dtype)):
-                raise RecordError("bad_value", f"{at}: {v!r} is beyond {dtype}'s range (±{top:.3g})")
         out.append(float(v))
     if not out:
         raise RecordError("empty", f"{where}: empty list of values")
+    with np.errstate(over="ignore"):  # a finite number past the dtype's range becomes inf there
+        held = np.isfinite(np.asarray(out, dtype=dtype))
+    if not held.all():
+        i = int(np.argmin(held))
+        at = f"{where}[{i}]" if isinstance(value, list) else where
+        raise RecordError("bad_value", f"{at}: {vals[i]!r} is beyond {dtype}'s range "
+                                       f"(±{float(np.finfo(dtype).max):.3g})")
     return out
 
 

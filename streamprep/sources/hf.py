@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import quote
 
 from streamprep import atomic, logs
-from streamprep.config import ConfigError, DatasetConfig
+from streamprep.config import ConfigError, DatasetConfig, thaw
 from streamprep.sources.base import BadRecord, SourceError, Unit
 
 log = logs.get("sources.hf")
@@ -470,7 +470,21 @@ def _too_long(exc: BaseException) -> LineTooLong | None:
 
 def _matches(flt: Mapping[str, Any]) -> Callable[[dict], bool]:
     items = list(flt.items())
-    return lambda ex: all(ex.get(k) == v for k, v in items)
+    return lambda ex: all(_same(ex.get(k), v) for k, v in items)
+
+
+def _same(value: Any, wanted: Any) -> bool:
+    """Whether a record's `value` equals a filter's `wanted` as JSON compares them: true and false are no numbers
+    (Python's `True == 1` had `filter: {flag: true}` keep the records whose flag is 1, and `{label: 0}` those whose
+    label is false), in a list or a mapping too; 1 and 1.0 stay one number."""
+    if isinstance(value, bool) or isinstance(wanted, bool):
+        return value is wanted
+    if isinstance(wanted, list):
+        return isinstance(value, list) and len(value) == len(wanted) and all(map(_same, value, wanted))
+    if isinstance(wanted, dict):
+        return isinstance(value, dict) and value.keys() == wanted.keys() and all(_same(value[k], w)
+                                                                                for k, w in wanted.items())
+    return value == wanted
 
 
 def _stream(files: Sequence[str | Path], builder: str, builder_kwargs: Mapping[str, Any], *, split: str,
@@ -702,7 +716,9 @@ class HFSource:
             raise HFSourceError(f"hf://{self.repo_id}: 'split' is required for hf:// sources")
         self.subset = dataset.subset
         self.format = dataset.format
-        self.filter = dataset.filter or None
+        # plain lists and dicts, as a record's values are: the config's frozen tuple never equalled a list field
+        # (`filter: {tags: [a, b]}` matched nothing), and its MappingProxyType failed to pickle for a worker
+        self.filter = thaw(dataset.filter) if dataset.filter else None
         self.max_records = dataset.max_records
         self.cache_dir = Path(cache_dir)
         self.workers = max(1, int(max_concurrent_downloads))
@@ -840,7 +856,7 @@ class HFSource:
         if self._snap is None or self._snap.sha != sha:
             self._snap = self._resolve(sha)
         return FileReader(self.name, self.repo_id, str(self.cache_dir), self.endpoint, self.workers,
-                          self._snap.builder_kwargs, _split_name(self.split), dict(self.filter) if self.filter else None,
+                          self._snap.builder_kwargs, _split_name(self.split), self.filter,
                           _POLICY.retries, _POLICY.max_s, self.max_records)
 
     # -- the Source protocol --
@@ -882,8 +898,8 @@ def download(dataset: str, repo_id: str, path: str, sha: str, cache_dir: Path, e
              stats: HubStats, data_file: bool = True) -> Path:
     """Download one repo file at commit `sha` into the HF cache, holding one of this process's `slots` download
     slots; a cached file costs no request. A failure is `HFSourceUnavailable` (exit 1: a re-run resumes), unless
-    the Hub says the commit itself is gone (`_commit_gone`), which no re-run brings back. Only a `data_file` is
-    counted in `stats`' files and bytes (README.md, read for its `configs:`, was one more file in hub_stats)."""
+    the Hub refuses the file (`_hub_refusal`) or says the commit itself is gone (`_commit_gone`), which no re-run
+    fixes. Only a `data_file` is counted in `stats`' files and bytes (README.md, read for its `configs:`, was one more file in hub_stats)."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     hit = try_to_load_from_cache(repo_id, path, cache_dir=cache_dir, revision=sha, repo_type="dataset")
@@ -896,6 +912,8 @@ def download(dataset: str, repo_id: str, path: str, sha: str, cache_dir: Path, e
             got = Path(hf_hub_download(repo_id, path, repo_type="dataset", revision=sha, cache_dir=cache_dir,
                                        endpoint=endpoint))
     except Exception as exc:
+        if (refusal := _hub_refusal(exc, path)) is not None:
+            raise HFSourceError(f"dataset {dataset}: hf://{repo_id}: {refusal}") from None
         if _commit_gone(exc, repo_id, sha, endpoint):
             raise HFSourceError(f"dataset {dataset}: hf://{repo_id}: commit {sha}, which this run started on, is no "
                                 f"longer on the Hub (a force-push or squash removed it); resuming would mix two versions "
@@ -910,6 +928,22 @@ def download(dataset: str, repo_id: str, path: str, sha: str, cache_dir: Path, e
         return got
     finally:
         _current.bodies = None
+
+
+def _hub_refusal(exc: Exception, path: str) -> str | None:
+    """What to do about the download of `path` the Hub refused (401/403: a gated repo, whose listing it shows anyone
+    but whose files it refuses, or a token it does not accept or without access), which no re-run fixes; None for any
+    other failure. huggingface_hub raises a refused HEAD as is when gated or 401, and a plain 403 as the `__cause__`
+    of a LocalEntryNotFoundError that says to check the connection: the refusal is named instead."""
+    from huggingface_hub.errors import GatedRepoError
+
+    for err in (exc, exc.__cause__):
+        if isinstance(err, GatedRepoError):
+            return f"gated dataset; accept its terms on the Hub and set HF_TOKEN (download of {path}: {_one_line(err)})"
+        if getattr(getattr(err, "response", None), "status_code", None) in (401, 403):
+            return (f"the Hub refused the download of {path} ({_one_line(err)}); check HF_TOKEN: a token it does not "
+                    f"accept, or one without access to this repo")
+    return None
 
 
 def _commit_gone(exc: Exception, repo_id: str, sha: str, endpoint: str) -> bool:
@@ -1078,16 +1112,22 @@ class DownloadWindow:
 
     def _delete(self, links: list[Path], readers: list[Path], before: int) -> None:
         """Delete `links` but those a window still holds (this one from `before` on), deciding and deleting under
-        the lock `take` waits for: a file another dataset hands out meanwhile is either kept or handed out after."""
+        the lock `take` waits for: a file another dataset hands out meanwhile is either kept or handed out after.
+        This window lets go of the units before `before` under the same lock: two datasets whose checkpoints passed
+        one file at once each kept it for the other, which had not let go yet, and it outlived the job."""
         with _WINDOWS_LOCK:
             held = {w._local(x) for w in _WINDOWS if w.cache_dir == self.cache_dir
                     for u, x in w.held.items() if w is not self or u >= before}
             _evict([p for p in links if p not in held], list(held), readers)
+            self._release(before)
 
     def release(self, before: int) -> None:
         with _WINDOWS_LOCK:
-            for u in [u for u in self.held if u < before]:
-                del self.held[u]
+            self._release(before)
+
+    def _release(self, before: int) -> None:
+        for u in [u for u in self.held if u < before]:
+            del self.held[u]
 
     def close(self) -> None:
         """The job is over: this window holds nothing for the others any more."""

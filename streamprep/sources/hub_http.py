@@ -69,12 +69,16 @@ def install_retrying_client(policy: Policy, current: threading.local) -> None:
     counting in `current.stats`. Its own backoff stays in place but does not trigger for what this transport
     retries: 429/5xx are retried (or given up) underneath it, and a body cut or stalled mid-transfer is resumed
     underneath it, so `hf_hub_download` sees one whole response. A download whose connection is refused is left to
-    its loop (5 more tries, 1 s apart)."""
+    its loop (5 more tries, 1 s apart).
+
+    Xet is turned off: with hf_xet installed, a file the Hub stores in Xet (most uploaded since 2025) was fetched by
+    hf_xet's own client, outside this transport, so its retries were not bounded by `hf_retries` nor counted, and
+    hub_stats and the Hub metrics missed its bytes. Such files are then served over plain HTTP, as before Xet."""
     global _CLIENT_INSTALLED
     with _INSTALL_LOCK:
         if _CLIENT_INSTALLED:
             return
-        from huggingface_hub import set_client_factory
+        from huggingface_hub import constants, set_client_factory
         from huggingface_hub.utils._http import hf_request_event_hook
 
         def factory() -> httpx2.Client:  # huggingface_hub's default client, on the retrying transport
@@ -82,6 +86,7 @@ def install_retrying_client(policy: Policy, current: threading.local) -> None:
                                  timeout=None, transport=_RetryingTransport(httpx2.HTTPTransport(), policy, current))
 
         set_client_factory(factory)
+        constants.HF_HUB_DISABLE_XET = True  # read at each download (file_download, utils._runtime.is_xet_available)
         _CLIENT_INSTALLED = True
 
 

@@ -5,7 +5,8 @@ Positions are `{"file": i, "record": n, "offset": bytes | None, "row_group": g |
 the next item to read is record `n` of file `i`. Uncompressed text seeks to `offset` (a ranged read on an
 object store); compressed files re-read and skip `n` lines; Parquet seeks to row group `g` and skips `r` rows
 inside it. A text file opening with a UTF-16/32 byte-order mark is decoded as such (re-read and skipped on
-resume, as compressed files are).
+resume, as compressed files are), and a `jsonl` file that is a JSON array written across lines is parsed whole, its
+elements the records (`opens_json_array`; re-read and skipped too).
 
 A file whose bytes cannot be decoded (truncated or corrupt compression, corrupt Parquet page, unsupported
 type, not a regular file) ends with one `BadRecord` naming it and the record reached; the next file goes on,
@@ -38,7 +39,8 @@ import zstandard
 
 from quality.lines import built_in_name, pipeline_name
 from streamprep import registry
-from streamprep.config import ConfigError, MissingInput, check_utf8_name, load_plugin, resolved_workers, thaw
+from streamprep.config import (ConfigError, MissingInput, check_utf8_name, json_kind, load_plugin, resolved_workers,
+                               thaw)
 from streamprep.sources.base import BadRecord, ReaderError, SourceError, one_line, read_failure
 
 if TYPE_CHECKING:
@@ -553,7 +555,11 @@ def _holds_objects(fs: fsspec.AbstractFileSystem, folder: str) -> bool:
     """An object store's `_holds_anything`: a name under `folder` that is neither hidden nor a folder marker. A
     folder of nothing but its marker (`data/empty/`, an S3 console's "Create folder") is not found once a `**` glob's
     listing is cached (s3fs leaves the marker out of it): it holds nothing, as an empty folder on disk; the error
-    refused the whole dataset, naming the folder. A non-empty key `folder/` is something (`_not_marker`)."""
+    refused the whole dataset, naming the folder. A non-empty key `folder/` is something (`_not_marker`), which that
+    cached listing leaves out too: one found empty there is listed again (a `**` glob's match with nothing matched in
+    it, as `x.jsonl/` under `**/*.jsonl`, was left out without the reject a `*` glob gave it)."""
+    if not fs.dircache.get(folder, True):  # (a request only for such a folder: one listed fresh is not cached)
+        fs.dircache.pop(folder, None)
     try:
         entries = fs.ls(folder, detail=True)
     except FileNotFoundError:
@@ -865,6 +871,17 @@ def _content_fault(exc: Exception) -> bool:
     return isinstance(exc, CONTENT_FAULTS)
 
 
+def no_ranges(path: str, exc: BaseException) -> ConfigError | None:
+    """The error for `path` when `exc` is fsspec's HTTP file finding that the server answers a Range request with the
+    whole file (a bare ValueError): a read past the first block of a file over 5 MB (a compressed or Parquet one, a
+    line file's resume) was a reject of the file's rest, exit 0. Re-running meets it again, so it is no reject nor a
+    resumable error: exit 2, naming the file. None for any other exception."""
+    if type(exc) is not ValueError or "support range requests" not in str(exc):
+        return None
+    return ConfigError(f"cannot read input file {path}: its server does not support range requests, which reading "
+                       f"it over {path.split(':')[0]} needs: download it and read it from disk")
+
+
 class LongLine:
     """A line over MAX_LINE_BYTES, as `bounded_lines` gives it: its first bytes, and its length as `len()` (so the
     readers count it as they count any line)."""
@@ -985,6 +1002,20 @@ def long_line(line: LongLine, path: str, n: Any) -> BadRecord:
                      "skipped", line.head.decode("utf-8", "replace"))
 
 
+def opens_json_array(line: bytes) -> bool:
+    """Whether a `jsonl` file whose first line (its UTF-8 BOM stripped) is `line` is a JSON array written across
+    lines instead, as `json.dump(records, f, indent=2)` writes a `.json` file (`[` alone, or `[{...},`): a line no
+    JSON Lines file opens with, which does not parse alone. An array on one line is a JSON Lines line (a reject:
+    `a JSON list, not an object`)."""
+    if not line.lstrip().startswith(b"["):
+        return False
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return True
+    return False
+
+
 def _special(path: str) -> bool:
     """A local FIFO, socket or device: opening one may block forever, and it cannot be resumed."""
     try:
@@ -1063,10 +1094,27 @@ def _hashed_identity(fs: Any, p: str, path: str, size: int | None, mtime: Any) -
                 h.update(block)
             return {"path": path, "size": size, "sha256": h.hexdigest()[:32]}
         h.update(fh.read(HEAD_TAIL_BYTES))
-        fh.seek(size - HEAD_TAIL_BYTES)
-        h.update(fh.read(HEAD_TAIL_BYTES))
+        try:
+            fh.seek(size - HEAD_TAIL_BYTES)
+            tail = fh.read(HEAD_TAIL_BYTES)
+        except ValueError as exc:  # a server without range requests: read through to the tail (as the reader will)
+            if not no_ranges(path, exc):
+                raise
+            tail = _tail(fs, p)
+        h.update(tail)
     return {"path": path, "size": size, "mtime": str(mtime) if mtime is not None else None,
             "sha256_head_tail": h.hexdigest()[:32]}
+
+
+def _tail(fs: Any, p: str) -> bytes:
+    """The last HEAD_TAIL_BYTES of `p`, read from its start as a stream: its server does not support range requests,
+    and a file over fsspec's 5 MB block ended the job on a bare ValueError naming no file (whose advice, unit_mb
+    above the file's size, could not help)."""
+    tail = b""
+    with fs.open(p, "rb", block_size=0) as fh:
+        while block := fh.read(1 << 20):
+            tail = (tail + block)[-HEAD_TAIL_BYTES:]
+    return tail
 
 
 def _zero_bytes(path: str, storage_options: Mapping[str, Any] | None) -> bool:
@@ -1166,6 +1214,8 @@ class LocalSource:
         except ReaderError:
             raise
         except Exception as exc:
+            if refused_ranges := no_ranges(path, exc):
+                raise refused_ranges from exc
             where = f"{path} after record {record}"
             if not _content_fault(exc):
                 raise read_failure(f"cannot read input file {where}: {one_line(exc)}", exc) from exc
@@ -1185,6 +1235,12 @@ class LocalSource:
                     yield from self._wide_lines(i, path, fmt, n, fh, wide)
                     return
             lines = bounded_lines(fh)
+            if not offset and fmt == "jsonl":
+                first = next(lines, b"")
+                if type(first) is bytes and opens_json_array(first.removeprefix(codecs.BOM_UTF8)):
+                    yield from self._json_array(i, path, n, first.removeprefix(codecs.BOM_UTF8), fh)
+                    return
+                lines = itertools.chain([first] if first else [], lines)
             if not offset:
                 offset = None if comp else 0
                 for _ in range(n):  # compressed (or a position without offset): skip what was consumed
@@ -1208,6 +1264,35 @@ class LocalSource:
                 yield (self._parse_json(line, path, n) if fmt == "jsonl" else self._parse_text(line, path, n)), nxt
             if empty:
                 yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}
+
+    @staticmethod
+    def _json_array(i: int, path: str, n: int, head: bytes, fh: BinaryIO) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """A `jsonl` file that is a JSON array written across lines (`opens_json_array`; `head`, its first line):
+        its elements are its records, parsed whole (as the Hub's `datasets` reads a `.json` array), up to
+        MAX_LINE_BYTES of it; a resume parses it again and skips `n`. Each of its lines was a `malformed JSON` reject
+        and nothing was kept: 9 158 rejects for a 300-record ShareGPT file, the run "complete"."""
+        nxt = {"file": i + 1, "record": 0}
+        data = head + fh.read(MAX_LINE_BYTES + 1 - len(head))
+        if len(data) > MAX_LINE_BYTES:
+            yield BadRecord(f"{path} is a JSON array (its first line opens with `[`) of over {MAX_LINE_BYTES} "
+                            "bytes, the limit of one read whole, skipped: write it as JSON Lines, one object a line "
+                            "(`jq -c '.[]'`)", head[:EXCERPT].decode("utf-8", "replace")), nxt
+            return
+        try:
+            records = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            yield BadRecord(f"{path} opens as a JSON array (its first line opens with `[`) but is not valid JSON, "
+                            f"skipped: {exc}", head[:EXCERPT].decode("utf-8", "replace")), nxt
+            return
+        del data
+        if not records:
+            yield BadRecord(f"empty file {path}", ""), nxt
+        for k in range(n, len(records)):
+            rec = records[k]
+            item = rec if isinstance(rec, dict) else BadRecord(
+                f"element {k + 1} of the JSON array {path} is {json_kind(rec)}, not an object",
+                orjson.dumps(rec)[:EXCERPT].decode("utf-8", "replace"))
+            yield item, {"file": i, "record": k + 1, "offset": None}
 
     def _wide_lines(self, i: int, path: str, fmt: str, n: int, fh: BinaryIO,
                     encoding: str) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -1244,7 +1329,7 @@ class LocalSource:
                 return _undecodable(bad, line, path, n)
             return BadRecord(f"malformed JSON at line {n} of {path}: {exc}", line[:EXCERPT].decode("utf-8", "replace"))
         if not isinstance(obj, dict):
-            return BadRecord(f"line {n} of {path} is a JSON {type(obj).__name__}, not an object",
+            return BadRecord(f"line {n} of {path} is {json_kind(obj)}, not an object",
                              line[:EXCERPT].decode("utf-8", "replace"))
         return obj
 
@@ -1311,6 +1396,8 @@ class LocalSource:
             try:
                 pf = pq.ParquetFile(fh)
             except Exception as exc:  # pyarrow raises ArrowInvalid/OSError subclasses for bad files
+                if no_ranges(path, exc):  # its footer, at the end of a file over 5 MB: `read_file` says so
+                    raise
                 why = f"empty file {path}" if _zero_bytes(path, self.storage_options) else \
                     f"unreadable Parquet file {path}: {exc}"
                 yield BadRecord(why, ""), {"file": i + 1, "record": 0}

@@ -912,6 +912,20 @@ def test_config_errors_name_the_key(section, key: str) -> None:
 
 
 
+def test_a_boolean_where_text_is_due_says_to_quote_it() -> None:
+    """Regression: `expected_language: no` (Norwegian) said "got False", a value the config never wrote: YAML 1.1 reads
+    an unquoted no/off/yes/on as a boolean. The error says so and to quote it; quoted, it is Norwegian."""
+    hint = "(YAML reads an unquoted yes/no/on/off as a boolean: quote it)"
+    for section, key in [({"expected_language": False}, "expected_language"), ({"dedup": False}, "dedup"),
+                         ({"allowed_licenses": ["MIT", True]}, "allowed_licenses")]:
+        with pytest.raises(QualityConfigError) as info:
+            validate_quality_config(section)
+        assert info.value.key == key and str(info.value).endswith(f", got {section[key]!r} {hint}"), str(info.value)
+    assert validate_quality_config({"expected_language": "no"})["expected_language"] == "no"
+    with pytest.raises(QualityConfigError, match=r"got 5$"):  # no hint where no boolean was read
+        validate_quality_config({"expected_language": 5})
+
+
 def test_an_empty_allowed_licenses_is_refused() -> None:
     """Regression: `allowed_licenses: []` rejected every record ("license 'X' not in allowed_licenses"), exit 0."""
     with pytest.raises(QualityConfigError) as info:

@@ -95,6 +95,27 @@ def test_estimated_jaccard_follows_edit_rate(shared_data: Path) -> None:
         assert abs(est - keep / (2 - keep)) < 0.06, (rate, est)
 
 
+def test_a_near_copy_in_a_script_written_without_spaces_is_found(shared_data: Path) -> None:
+    """Regression: words were split at white space only, so a page of Chinese, Japanese or Thai sentences was a few
+    "words" (a Japanese one, one), and a copy with 1 % of its characters changed shared no n-gram with it: estimated
+    Jaccard 0, kept. Each letter of those scripts is a word now; spaced text is split as before."""
+    rows = [orjson.loads(x) for x in (shared_data / "multilingual" / "lingua_sentences_75langs.jsonl").read_bytes()
+            .splitlines()]
+    signer, rng = Signer(NEAR), random.Random(1)
+    for lang in ("zh", "ja", "th"):
+        page = "".join([r["text"] for r in rows if r["lang"] == lang][:40])
+        chars = list(page)
+        for i in rng.sample(range(len(chars)), len(chars) // 100):
+            chars[i] = "X"
+        a, b = signer.signatures([page, "".join(chars)])
+        assert _jaccard(a, b) >= NEAR.threshold, lang
+    assert near_dedup.words("東京は首都。Tokyo's 2 cafés, 한국어") == \
+        [c.encode() for c in "東京は首都"] + [b"\xe3\x80\x82tokyo", b"s", b"2", "cafés".encode(), "한국어".encode()]
+    spaced = [t for t in _c4(shared_data, 300) if not near_dedup._UNSPACED.search(t)]  # split as before
+    assert [near_dedup.words(t) for t in spaced] == [t.lower().encode().translate(near_dedup._PUNCT).split()
+                                                     for t in spaced]
+
+
 def _decide(index: NearDupIndex, sigs: list[bytes | None], batch: int) -> list[tuple[int, float] | None]:
     """Run the writer's protocol over `sigs` in batches; every document is kept unless it has a twin."""
     out: list = []
@@ -216,6 +237,20 @@ def test_band_hashes_spread_bands_apart() -> None:
 
 
 # ---- config ------------------------------------------------------------------------------------
+def test_a_seed_or_ngram_past_64_bits_is_a_config_error_not_a_crash_of_the_signer() -> None:
+    """Regression: `near_dedup.seed: 2**64` and `ngram: 2**63` were taken, and every `evaluate_batch` then raised
+    OverflowError (rensa's u64 seed, the signer's int64 counts), where evaluate never raises; the largest that work
+    are taken."""
+    for sub, key, hi in [({"seed": 2**64}, "near_dedup.seed", 2**64 - 1), ({"ngram": 2**63}, "near_dedup.ngram",
+                                                                          2**63 - 1)]:
+        with pytest.raises(QualityConfigError, match=rf"^{key}: must be an integer in \[\d, {hi}\], got "):
+            QualityControl({"near_dedup": {"enabled": True, **sub}})
+    text = {"text": "a few words of a text to sign, more than five of them"}
+    for sub in ({"seed": 2**64 - 1}, {"ngram": 2**63 - 1}):
+        qc = QualityControl({"expected_language": None, "min_chars": 0, "near_dedup": {"enabled": True, **sub}})
+        assert qc.evaluate_batch([text])[0].signature is not None
+
+
 def test_default_is_off_and_validation_names_the_key() -> None:
     cfg = validate_quality_config({})
     assert cfg["near_dedup"]["enabled"] is False and cfg["near_dedup"]["num_perm"] == 112

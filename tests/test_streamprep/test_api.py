@@ -142,6 +142,16 @@ def test_what_the_api_raises_is_importable_from_the_package() -> None:
         run_from_dict({"nope": 1})
 
 
+def test_a_run_dir_holding_a_nul_is_a_config_error_with_nothing_written(tmp_path: Path) -> None:
+    """Regression: `run_dir="runs/a\\0b"` raised ValueError: embedded null byte, not the ConfigError the API promises
+    for a bad path (a config's own paths said so already)."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(streamprep.ConfigError, match=r"^run dir .*/a\\x00b: embedded null byte$"):
+        run_from_dict(base_config([{"name": "gen", "path": str(src)}], None), tmp_path / "a\0b", console_log=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
+
+
 SCRIPT = """
 import json, sys
 import streamprep
@@ -194,12 +204,23 @@ print(streamprep.run_from_dict(cfg, sys.argv[2], console_log=False).status)
 def test_a_job_at_a_scripts_top_level_says_to_guard_it(corpus: Path, tmp_path: Path) -> None:
     """Regression: a script calling run_from_dict at its top level, without `if __name__ == "__main__":`, started
     the job again in every worker as it imported the script; each failed on the run dir's lock ("in use by pid"),
-    and the job said a dedup holder process had ended. The workers now say what to change; guarded, it runs. (And
+    and the job said a dedup holder process had ended. The workers now say what to change; guarded, it runs. Such a
+    call, a plain statement of the script's, is a ConfigError up front, nothing written (the job said "a dedup
+    holder process ended …; re-run the same command to resume", a failed run left behind). (And
     the guarded run's "starting afresh" line went to stdout before the run's logging was set up, console_log or
     not: the output is now the script's own.)"""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     script = tmp_path / "job.py"
     script.write_text(UNGUARDED)
+    proc = subprocess.run([sys.executable, str(script), str(corpus), str(tmp_path / "run")], env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode != 0 and "in use by pid" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"streamprep.config.ConfigError: config: 'execution.workers' 2 starts processes, which run the job's script "
+        f"again as they start, and {script} starts the job at its top level (line 7): put the call under "
+        f'`if __name__ == "__main__":`, or use workers: 1'), proc.stderr[-3000:]
+    assert not (tmp_path / "run").exists()  # it was a failed run, "re-run the same command to resume"
+    script.write_text(UNGUARDED.replace("print(", "try:\n    print(") + "finally:\n    pass\n")  # not judged up front
     proc = subprocess.run([sys.executable, str(script), str(corpus), str(tmp_path / "run")], env=env, text=True,
                           capture_output=True, timeout=300)
     assert proc.returncode != 0 and "in use by pid" not in proc.stderr

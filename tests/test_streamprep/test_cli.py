@@ -1,6 +1,8 @@
 """CLI surface: every command's --help shows an example; a non-run dir is exit 2 with one line."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import multiprocessing.forkserver
 import os
@@ -69,6 +71,27 @@ def test_missing_dir_and_bad_arguments(tmp_path, capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err  # one line, as every exit 2 (argparse printed its usage block first)
         assert err.startswith(said) and err.count("\n") == 1 and err.endswith(" --help)\n"), err
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["logs"], ["logs", "-f"], ["audit"], ["verify"]])
+def test_an_empty_run_dir_is_exit_2_not_the_working_directory(command, tmp_path, capsys, monkeypatch):
+    """Regression: `streamprep status "$RUN"` with RUN unset read the working directory as the run dir: inside one it
+    showed (verify checked, audit rewrote) that run, exit 0, and `logs -f ""` waited for a run to start in "." for
+    ever. Now the one line `--run-dir ""` gets."""
+    import streamprep.logtail
+
+    def followed(*_, **__):
+        raise AssertionError("followed the working directory's log")
+
+    (tmp_path / "run.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(streamprep.logtail.Follower, "lines", followed)  # it waited for ever: fail instead
+    with pytest.raises(SystemExit) as exc:
+        main([*command, ""])
+    assert exc.value.code == 2
+    name = command[0]
+    said = f"streamprep {name}: error: argument RUN_DIR: an empty path (see streamprep {name} --help)\n"
+    assert capsys.readouterr().err == said
 
 
 @pytest.mark.parametrize("argv", (["--debug", "status", "RUN"], ["status", "RUN", "--debug"], ["status", "RUN"]))
@@ -878,6 +901,32 @@ def test_a_full_disk_or_a_file_too_large_names_the_file_being_written(tmp_path: 
                      f"or the file system's own) and re-run the same command to resume (OSError: "}[code]
     line = capsys.readouterr().err
     assert line.startswith(f"streamprep: error: {said}") and line.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    from helpers import make_inputs
+    from streamprep import run_from_dict
+
+    root = tmp_path_factory.mktemp("finished")
+    assert run_from_dict(make_inputs(root / "data")["config"], root / "run", console_log=False).status == "complete"
+    return root / "run"
+
+
+@pytest.mark.parametrize("argv", [["status", "RUN", "--json"], ["logs", "RUN"], ["verify", "RUN"], ["audit", "RUN"]])
+def test_a_read_only_commands_output_on_a_full_disk_is_not_told_to_resume(finished_run: Path, capsys, argv) -> None:
+    """Regression: `streamprep status RUN --json > FILE` on a full disk said "no space left on the disk: free some and
+    re-run the same command to resume": there is nothing to resume, and the file it could not write is its output."""
+    import errno
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with contextlib.redirect_stdout(Full()):
+        assert main([str(finished_run) if a == "RUN" else a for a in argv]) == 1
+    assert capsys.readouterr().err == ("streamprep: error: no space left on the disk writing its output: free some and "
+                                       "re-run the same command (OSError: [Errno 28] No space left on device)\n")
 
 
 def test_an_error_naming_a_temporary_file_names_the_file_it_becomes(tmp_path: Path,

@@ -77,6 +77,9 @@ def test_per_split_form_and_relative_paths(tmp_path: Path, data: Path) -> None:
     ({"datasets": [{"name": "a", "path": "A"}, {"name": "a", "path": "A"}]}, "duplicate dataset name"),
     ({"datasets": [{"name": "a", "path": "hf://org/x"}]}, "'datasets[0].split' is required for hf://"),
     ({"datasets": {"train": [], "dev": []}}, "unknown key 'datasets.dev'"),
+    # regression: `train: 5` was a TypeError (exit 1), a mapping read as its keys ("'datasets.train[0]' ... got str")
+    ({"datasets": {"train": 5}}, "'datasets.train' must be a list of dataset entries or null, got int 5"),
+    ({"datasets": {"train": {"name": "a", "path": "A"}}}, "'datasets.train' must be a list of dataset entries"),
     ({"datasets": [{"name": "a", "path": "A"}], "execution": {"engine": "spark"}}, "'execution.engine'"),
     ({"datasets": [{"name": "a", "path": "A"}], "tokenizer": {"path": "nope.json"}}, "'tokenizer.path'"),
     ({"datasets": [{"name": "a", "path": "A"}], "output": {"append_eod": True}}, "unknown key 'output.append_eod'"),
@@ -556,6 +559,36 @@ def test_an_unquoted_yes_no_on_off_key_is_its_text_and_such_a_value_is_named(tmp
                               "yes/no/on/off as a boolean: quote it)")
 
 
+@pytest.mark.parametrize("value, where, message", [
+    ("weight: 1e-3", "datasets[0]", "'datasets[0].weight' must be a number, got str '1e-3' (YAML 1.1, as the config "
+     "is read, takes 1e-3 for text: write 0.001, or 1.0e-3, with a decimal point and a signed exponent)"),
+    ("max_records: 1E6", "datasets[0]", "'datasets[0].max_records' must be an integer or null, got str '1E6' (YAML 1.1, "
+     "as the config is read, takes 1E6 for text: write 1000000, or 1.0e+6, with a decimal point and a signed exponent)"),
+    ("min_language_prob: 9e-1", "quality", "'quality.min_language_prob': must be a number in [0, 1], got '9e-1' "
+     "(YAML 1.1, as the config is read, takes 9e-1 for text: write 0.9, or 9.0e-1, with a decimal point and a "
+     "signed exponent)"),
+    ("phases: {p: {a: 1e-20}}", "output.mixtures", "'output.mixtures.phases.p.a': weight must be a number in [1e-15, "
+     "1e+15], got str '1e-20' (YAML 1.1, as the config is read, takes 1e-20 for text: write 1.0e-20, with a decimal "
+     "point and a signed exponent)"),
+])
+def test_a_number_yaml_1_1_reads_as_text_is_named_so(tmp_path: Path, data: Path, value: str, where: str,
+                                                    message: str) -> None:
+    """Regression: PyYAML reads YAML 1.1, where `1e-3` (no decimal point, no exponent sign) is a string, and the
+    error said "must be a number, got str '1e-3'", which read as nonsense; it says why now, and how to write it. A
+    quoted "1e-3" is text as written, and the error says no more."""
+    cfg = tmp_path / "c.yaml"
+    entry = f"name: a, path: {data}" + (f", {value}" if where == "datasets[0]" else "")
+    section = {"quality": f"quality: {{{value}}}\n", "output.mixtures": f"output: {{mixtures: {{{value}}}}}\n"}
+    cfg.write_text(f"datasets: [{{{entry}}}]\n" + section.get(where, ""))
+    with pytest.raises(ConfigError) as err:
+        load_file(cfg)
+    assert str(err.value) == f"config: {message}"
+    cfg.write_text(f"datasets: [{{name: a, path: {data}, weight: '1e-3'}}]\n")
+    with pytest.raises(ConfigError) as err:
+        load_file(cfg)
+    assert str(err.value) == "config: 'datasets[0].weight' must be a number, got str '1e-3'"
+
+
 def test_an_unquoted_key_yaml_reads_as_a_number_null_or_date_is_its_text(tmp_path: Path, data: Path) -> None:
     """Regression: only boolean keys kept their text, so a dataset '2024' in a mixture's phase was "unknown dataset
     2024 (known: 2024, other)" (the int 2024), and so for `null:` (None), `1_000:`, `0x1F:`, `1.5:`, `2001-01-01:`."""
@@ -656,6 +689,26 @@ def test_export_only_keys_may_change_until_the_run_completes(tmp_path: Path, dat
             _preflight(Config.from_dict(new), run_dir, fresh=False)
     else:
         assert _preflight(Config.from_dict(new), run_dir, fresh=False)["run_id"] == "r1"
+
+
+def test_a_weight_is_no_export_only_key_when_it_shares_out_the_tokenizer_sample(tmp_path: Path, data: Path) -> None:
+    """Regression: with `tokenizer.train.sample_mb` the dataset weights decide the tokenizer's training sample, yet a
+    resume of an unfinished run took a changed weight as an export-only key: the run kept the tokenizer trained on
+    the old shares and run.json recorded the new weights, whose own run trains another tokenizer."""
+    from streamprep.pipeline import _preflight
+
+    raw = {"datasets": [{"name": "a", "path": str(data)}], "tokenizer": {"train": {"sample_mb": 0.5}}}
+    old, new = validate(raw), validate(raw)
+    new["datasets"][0]["weight"] = 3.0
+    assert drift_keys(old, new, exports_redone=True) == ["datasets[0].weight"]
+    run_dir = tmp_path / "run"
+    _failed_run(run_dir, old, "interrupted")
+    (run_dir / "receipts").mkdir()
+    (run_dir / "receipts" / "a.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"config changed since this run started \(datasets\[0\]\.weight\)"):
+        _preflight(Config.from_dict(new), run_dir, fresh=False)
+    del raw["tokenizer"]  # trained on all kept text: the weights are the exports' only
+    assert drift_keys(validate(raw), {**validate(raw), "datasets": new["datasets"]}, exports_redone=True) == []
 
 
 @pytest.mark.slow

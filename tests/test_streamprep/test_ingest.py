@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from helpers import base_config, english_docs, ingest_stopped_after, tree_hashes
-from streamprep.checkpoints import DatasetFiles
+from streamprep.checkpoints import DatasetFiles, IngestState
 from streamprep.config import Config, load
 from streamprep.ingest import IngestContext, ingest_all
 
@@ -179,6 +179,32 @@ async def test_gates_count_the_records_up_to_max_records_whatever_the_units(tmp_
     assert state.consumed == 37 and len(seen) >= 3 and seen == {name: 37 for name in seen}
 
 
+@pytest.mark.parametrize("cap", [{"max_records": 37}, {"size_mb": 30_000 / 2**20}])
+async def test_a_stop_after_the_capped_piece_reads_no_unit_past_the_cap_on_resume(tmp_path: Path, cap: dict) -> None:
+    """Regression: a job stopped after saving the checkpoint of the piece a cap ended the dataset in, before marking
+    it done, resumed by judging the next unit whole (for hf:// one more file downloaded), kept nothing of it and
+    checkpointed a position past it: `status` counted that file in `bytes_in`, an uninterrupted run did not. The
+    resume now ends the dataset at the position the cap left."""
+    docs = english_docs(400, seed=4)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    raw = base_config([{"name": "d", "path": str(tmp_path / "d.jsonl"), **cap}], None)
+    raw["execution"].update(unit_mb=12_000 / 2**20, batch_records=16, workers=1)
+    cfg = load(raw)
+    ref = (await ingest_all(IngestContext.of(cfg, tmp_path / "ref", tmp_path / "ref/checkpoints", asyncio.Event())))
+    assert ref["d"].done and 0 < ref["d"].position["unit"] < 4
+
+    run, stop = tmp_path / "run", asyncio.Event()
+
+    def stop_at_cap(state: IngestState) -> None:
+        if state.consumed == ref["d"].consumed and not state.done:
+            stop.set()
+    first = await ingest_all(IngestContext.of(cfg, run, run / "checkpoints", stop, on_checkpoint=stop_at_cap))
+    assert not first["d"].done and first["d"].consumed == ref["d"].consumed
+    resumed = (await ingest_all(IngestContext.of(cfg, run, run / "checkpoints", asyncio.Event())))["d"]
+    assert resumed.done and resumed.position == ref["d"].position
+    assert tree_hashes(run, "ingest", "rejects") == tree_hashes(tmp_path / "ref", "ingest", "rejects")
+
+
 async def test_the_finished_line_counts_the_parts_written(tmp_path: Path) -> None:
     """Regression: `dataset ingest finished` logged `parts=part_index + 1`, one more than the dataset has (a dataset
     that kept nothing said parts=1); it now says how many part files there are."""
@@ -215,7 +241,7 @@ async def test_a_full_disk_while_appending_names_the_file(tmp_path: Path, monkey
     with pytest.raises(OSError) as caught:
         await ingest._append(target, b"x")
     assert (caught.value.errno, caught.value.filename) == (errno.ENOSPC, str(target))
-    assert cli._write_fault(caught.value, "x").startswith(f"no space left on the disk writing {target}: ")
+    assert cli._write_fault(caught.value, "x", "ingest").startswith(f"no space left on the disk writing {target}: ")
 
 
 async def test_a_failure_deciding_records_is_not_said_to_be_the_inputs(tmp_path: Path,

@@ -73,7 +73,7 @@ def test_planned_parts_and_strict_readers(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^c4.json is not JSON"):
         Checkpoint.load(bad)
     bad.write_bytes(b"[]")
-    with pytest.raises(ValueError, match=r"^c4.json is a JSON list, not an object$"):
+    with pytest.raises(ValueError, match=r"^c4.json is a JSON array, not an object$"):
         Checkpoint.load(bad)
     rec = tmp_path / "r.json"
     assert completed_receipt(rec) is None

@@ -92,8 +92,8 @@ def test_scraped_while_running_and_equal_to_status_at_the_end(tmp_path, slow_sou
         for check, n in ing["rejects_by_check"].items():
             assert got[("streamprep_records_rejected_by_check_total", (("check", check), ("dataset", name)))] == n
         assert set(ing["rejects_by_check"]) == {"duplicate", "schema"}, ing["rejects_by_check"]
-        assert got[("streamprep_source_bytes_read_total", lab)] == ing["bytes_in"] == (tmp_path / f"{name}.jsonl").stat().st_size
-        assert got[("streamprep_ingest_bytes_written_total", lab)] == ing["bytes"] > 0
+        assert got[("streamprep_source_read_bytes_total", lab)] == ing["bytes_in"] == (tmp_path / f"{name}.jsonl").stat().st_size
+        assert got[("streamprep_ingest_written_bytes_total", lab)] == ing["bytes"] > 0
         assert got[("streamprep_parts_sealed_total", lab)] == ing["parts_sealed"] == tok["shards_done"]
         assert got[("streamprep_parts_tokenized_total", lab)] == tok["shards_done"] > 1
         assert got[("streamprep_tokens_written_total", lab)] == tok["tokens"] > 0
@@ -159,3 +159,31 @@ def test_metrics_off_by_default_and_a_taken_port_is_exit_2(tmp_path):
     finally:
         taken.close()
     assert not (tmp_path / "run").exists()
+
+
+def test_series_with_a_unit_end_with_it_and_declare_it():
+    """Regression: the byte counters were `streamprep_source_bytes_read_total`, `..._ingest_bytes_written_total` and
+    `..._hub_bytes_downloaded_total`: Prometheus' naming rules put the unit last, before `_total`, and OpenMetrics
+    requires it of a series whose `# UNIT` it declares (which none did). Every series counting bytes now ends in
+    `_bytes` and declares it."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    from streamprep.metrics import JobCollector
+
+    ingest = {"read": 3, "kept": 2, "rejected": 1, "rejects_by_check": {"pii": 1}, "bytes": 5, "bytes_in": 7,
+              "parts_sealed": 1, "done": True}
+    tokenize = {"shards_done": 1, "shards_pending": 0, "tokens": 4, "documents": 2}
+    collector = JobCollector(lambda: {"datasets": {"a": {"ingest": ingest, "tokenize": tokenize}}, "workers": 1,
+                                      "hub": {"retries": {"429": 2}, "gave_up": 0, "files": 1, "bytes": 9},
+                                      "run_id": "r", "name": "n", "stage": "done"})
+    families = {fam.name: fam for fam in collector.collect()}
+    counting_bytes = {name for name, fam in families.items() if "bytes" in fam.documentation.lower()}
+    assert counting_bytes == {"streamprep_source_read_bytes", "streamprep_ingest_written_bytes",
+                              "streamprep_hub_downloaded_bytes"}
+    assert all(families[name].unit == "bytes" for name in counting_bytes)
+    assert all(fam.unit == "" for name, fam in families.items() if name not in counting_bytes)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    assert "# UNIT streamprep_hub_downloaded_bytes bytes\nstreamprep_hub_downloaded_bytes_total 9.0\n" in text

@@ -548,6 +548,21 @@ def test_a_worker_with_other_streamprep_plugins_than_the_driver_stops_before_a_r
     assert summary.kinds == bytes([unit_worker.KEPT])
 
 
+def test_the_plugins_changed_error_advises_what_clears_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the error's other way, "(or import the plug-in's module yourself)", left the variable as set after
+    the import, which the same error then refused again: the way is to set it back (and import the module)."""
+    monkeypatch.setattr(registry, "PLUGIN_MODULES", [])
+    monkeypatch.setenv("STREAMPREP_PLUGINS", "json")
+    import json as plugin  # noqa: F401 - what the old advice said to do: the variable still differs
+
+    assert registry.plugins_changed_since_import() == (
+        "STREAMPREP_PLUGINS names 'json' now but named 'none' when streamprep was imported, the moment it is read: "
+        "set it before `import streamprep`, or set it back (a plug-in's module you import yourself reaches the "
+        "workers too; the variable set after the import still differs)")
+    monkeypatch.setenv("STREAMPREP_PLUGINS", "")  # set back, as it says
+    assert registry.plugins_changed_since_import() is None
+
+
 ENV_CHANGED_DRIVER = """
 import json, os, sys
 import streamprep  # imports the STREAMPREP_PLUGINS modules of this environment: `json`
@@ -578,7 +593,8 @@ def test_streamprep_plugins_changed_after_import_is_a_config_error_naming_when_i
                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.stdout.splitlines()[-1:] == [
         "error: config: STREAMPREP_PLUGINS names 'none' now but named 'json' when streamprep was imported, the moment "
-        "it is read: set it before `import streamprep` (or import the plug-in's module yourself)"], \
+        "it is read: set it before `import streamprep`, or set it back (a plug-in's module you import yourself "
+        "reaches the workers too; the variable set after the import still differs)"], \
         (proc.stdout + proc.stderr)[-3000:]
     assert not (tmp_path / "run").exists()
 

@@ -208,7 +208,7 @@ def test_mid_ingest_checkpoint_counts_planned_shards_so_far(done_run, tmp_path):
 
 @pytest.mark.parametrize("cap", [{"max_records": 10}, {"size_mb": 0.002}], ids=["max_records", "size_mb"])
 def test_bytes_in_of_a_capped_dataset_is_the_files_its_position_passed_not_every_file(tmp_path, shared_data, cap):
-    """Regression: once a dataset was done, `bytes_in` (and streamprep_source_bytes_read_total) was every input
+    """Regression: once a dataset was done, `bytes_in` (and streamprep_source_read_bytes_total) was every input
     byte, also for a dataset a cap ended in its first file of three: 3x the bytes read. Now the files its position
     passed (its unit here is the whole first file); a dataset read to its end still counts every file."""
     docs = english_docs(120)
@@ -301,7 +301,7 @@ def test_status_ingest_bytes_after_a_crash_are_the_checkpoints_kept_lines(done_r
 def test_the_ingest_bytes_counter_never_goes_down_across_a_resumes_repair(done_run, tmp_path):
     """Regression: a resumed process's metrics endpoint first read the crashed run's part files (a part sealed after
     the checkpoint included), then, once the resume removed that part, less: the counter
-    `streamprep_ingest_bytes_written_total` went down within one process. Now it is the checkpoint's figure, before
+    `streamprep_ingest_written_bytes_total` went down within one process. Now it is the checkpoint's figure, before
     the repair and after it."""
     from streamprep.checkpoints import DatasetFiles, load_checkpoint, repair
     from streamprep.metrics import JobCollector, job_snapshot
@@ -310,7 +310,7 @@ def test_the_ingest_bytes_counter_never_goes_down_across_a_resumes_repair(done_r
     collector = JobCollector(job_snapshot(run_dir, None))
 
     def written() -> float:
-        fam = next(f for f in collector.collect() if f.name == "streamprep_ingest_bytes_written")
+        fam = next(f for f in collector.collect() if f.name == "streamprep_ingest_written_bytes")
         return next(s.value for s in fam.samples if s.labels == {"dataset": "a"})
 
     before = written()  # the resumed process, before dataset a's ingest starts: its checkpoint
@@ -382,6 +382,29 @@ def test_a_checkpoint_or_receipt_that_is_not_a_json_object_is_damaged_for_status
         assert main([command, str(run_dir)]) == 2, command
         err = capsys.readouterr().err
         assert f"{run_dir}: a checkpoint or receipt is damaged (ValueError: {target.name} " in err, (command, err)
+    assert (run_dir / "audit" / "audit.json").read_bytes() == audit
+
+
+@pytest.mark.parametrize("edit", [{"kept": -5}, {"version": 99}, {"done": "yes"}, {"part_index": 1.5}, "{}",
+                                  {"position": {"unit": 10**6}}])
+def test_a_checkpoint_a_resume_starts_over_is_damaged_for_status_audit_and_verify(done_run, tmp_path, capsys, edit):
+    """Regression: a checkpoint of the right JSON shape holding a state no job writes (a negative count, another
+    version, a field of the wrong type, no field at all, a position past its plan), which the resume starts over,
+    was shown as is: `status` called the run complete with `kept -5` (or `{}` as a dataset not started), `audit`
+    rewrote its report with it and `verify` said every file matched. Now the documented line, exit 2 (verify: 1)."""
+    from streamprep.cli import main
+
+    run_dir = _copy_run(done_run, tmp_path / "run")
+    ck_path = run_dir / "checkpoints" / "a.json"
+    good = json.loads(ck_path.read_text())
+    ck_path.write_text(edit if isinstance(edit, str) else json.dumps({**good, **edit}))
+    audit = (run_dir / "audit" / "audit.json").read_bytes()
+    for command, code in (("status", 2), ("audit", 2), ("verify", 1)):
+        capsys.readouterr()
+        assert main([command, str(run_dir)]) == code, command
+        said = capsys.readouterr()
+        assert "a checkpoint or receipt is damaged (ValueError: a.json does not hold a state a job writes (" in (
+            said.err + said.out), (command, said)
     assert (run_dir / "audit" / "audit.json").read_bytes() == audit
 
 
@@ -736,3 +759,28 @@ async def test_progress_tty_display_and_shards(tmp_path):
     counts[:] = [5, 2]
     assert "tokenize: 2/5 shards" in rep.final_line()
     assert rep.snapshot()["shards"]["pending"] == 3
+
+
+def test_the_tty_display_narrows_the_bar_not_the_figures_on_an_80_column_terminal():
+    """Regression: the table kept each dataset's 20-character bar whole, so at 80 columns, with figures in millions,
+    it cut every figure to an ellipsis (`12,345,…`, `2500…`, the ETA header `E…`). Now the bar is drawn shorter."""
+    from rich.console import Console
+
+    prog = {"project_docs": IngestState(dataset="project_docs", consumed=12_345_678, kept=11_234_567,
+                                        rejected=1_111_111, part_bytes=25_000_000_000, done=True),
+            "c4": IngestState(dataset="c4", consumed=2_345_678, kept=2_234_567, rejected=111_111,
+                              part_bytes=5_000_000_000, position={"file": 0, "offset": 500})}
+    datasets = [dataset({"name": "project_docs", "path": "x.jsonl"}),
+                dataset({"name": "c4", "path": "y.jsonl", "max_records": 4_691_356})]
+    for width in (80, 120):
+        buf = io.StringIO()
+        console = Console(file=buf, width=width, color_system=None)
+        console.print(ProgressReporter(prog, 10, tty=True, datasets=datasets, console=console).render())
+        table = buf.getvalue().splitlines()[1:5]
+        assert "…" not in "".join(table), (width, table)
+        assert table[0].split() == ["dataset", "read", "kept", "rejected", "MB", "out", "rec/s", "progress", "ETA"]
+        for name, figures in (("project_docs", "12,345,678 11,234,567 1,111,111 25000.0"),
+                              ("c4", "2,345,678 2,234,567 111,111 5000.0"),
+                              ("total", "14,691,356 13,469,134 1,222,222 30000.0")):
+            assert next(line for line in table if line.startswith(name)).split()[1:5] == figures.split()
+        assert (" done " in table[1] and " 50% " in table[2]) and ("█" * 20 in table[1]) is (width == 120)

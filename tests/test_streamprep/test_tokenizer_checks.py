@@ -57,7 +57,7 @@ def test_a_damaged_tokenizer_config_beside_it_is_a_config_error_naming_it(tmp_pa
     """Regression: a truncated or non-object tokenizer_config.json was a bare JSONDecodeError / AttributeError, exit 1."""
     raw = _config(tmp_path, *trained)
     cfg_file = tmp_path / "tok" / "tokenizer_config.json"
-    for text, why in (('{"eos_token": "</s', "is not JSON"), ("[]", "is a JSON list, not an object")):
+    for text, why in (('{"eos_token": "</s', "is not JSON"), ("[]", "is a JSON array, not an object")):
         cfg_file.write_text(text)
         with pytest.raises(ConfigError, match=rf"^config: 'tokenizer.path': {cfg_file} {why}"):
             validate(raw)
@@ -69,6 +69,23 @@ def test_bpe_dropout_is_refused(tmp_path: Path, trained) -> None:
     tok["model"]["dropout"] = 0.3
     with pytest.raises(ConfigError, match=r"^config: 'tokenizer.path': .* sets BPE dropout 0.3, which gives other ids"):
         validate(_config(tmp_path, tok, corpus))
+
+
+def test_a_tokenizer_that_loads_but_cannot_encode_text_is_a_config_error(tmp_path: Path, trained) -> None:
+    """Regression: a WordLevel (or WordPiece, or BPE without byte fallback) tokenizer.json whose unk_token is not in
+    its vocabulary loads, but HF raises on every word it does not know: the run failed after the whole ingest,
+    `error: Exception: WordLevel error: Missing [UNK] token from the vocabulary`, exit 1, at every re-run."""
+    _, corpus = trained
+    words = {w: i for i, w in enumerate(sorted({w for t in DOCS for w in t.split()}))}
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+           "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+           "model": {"type": "WordLevel", "vocab": {**words, "</s>": len(words)}, "unk_token": "<unk>"}}
+    raw = _config(tmp_path, tok, corpus)
+    with pytest.raises(ConfigError, match=r"^config: 'tokenizer.path': .*tokenizer.json loads but cannot encode text "
+                                          r"\(WordLevel error: Missing \[UNK\] token from the vocabulary\)$"):
+        validate(raw)
+    tok["model"]["vocab"]["<unk>"] = len(words) + 1  # the same file with its unk_token: every word has an id
+    assert validate(_config(tmp_path, tok, corpus))["tokenizer"]["path"] is not None
 
 
 def test_a_tokenizer_file_changed_under_a_run_is_named_in_a_warning(tmp_path: Path, trained) -> None:
@@ -178,6 +195,45 @@ def test_a_tokenizer_trained_on_a_worker_process_is_in_the_run_log(tmp_path: Pat
     assert events.index(start) < events.index("tokenizer trained")  # the minutes it may take are not silent
 
 
+def test_a_training_sample_with_no_text_is_refused_not_trained_on(tmp_path: Path) -> None:
+    """Regression: with `train.sample_mb`, a run that kept no record (or a sample_mb too small to give a dataset a
+    byte) trained a tokenizer on no text, the 256 bytes and special tokens alone, and completed with exit 0, where
+    the same run without sample_mb stops with exit 2 ("no records were kept")."""
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    raw = base_config([{"name": "a", "path": str(corpus)}], None, quality={"min_chars": 1_000_000})
+    raw["tokenizer"]["train"]["sample_mb"] = 0.01
+    with pytest.raises(ConfigError, match=r"^no records were kept, so there is no text to train a tokenizer on"):
+        run_from_dict(raw, run_dir=tmp_path / "run", console_log=False)
+    assert not (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
+    raw = base_config([{"name": "a", "path": str(corpus)}], None)
+    raw["tokenizer"]["train"]["sample_mb"] = 1e-7  # 0.1 byte
+    with pytest.raises(ConfigError, match=r"^config: 'tokenizer.train.sample_mb': 1e-07 MB shared out by the dataset "
+                                          r"weights gives no dataset a whole byte of training text; make it larger$"):
+        validate(raw)
+
+
+def test_a_damaged_training_report_is_written_again_by_the_resume(tmp_path: Path) -> None:
+    """Regression: a damaged tokenizer/training.json (the held-out report of a sample-trained tokenizer) failed every
+    re-run of `ingest` and every `audit` with `error: JSONDecodeError: unexpected character ...`, exit 1, naming no
+    file. It is taken as missing: the resume writes it again, the same bytes."""
+    from streamprep.audit import gather
+
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    raw = base_config([{"name": "a", "path": str(corpus)}], None, output={"shard_records": 50})
+    raw["tokenizer"]["train"]["sample_mb"] = 0.01
+    run = tmp_path / "run"
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+    report = run / "tokenizer" / "training.json"
+    good = report.read_bytes()
+    for damaged in (b'{"held_out', b"[]"):
+        report.write_bytes(damaged)
+        assert gather.build_audit(run)[0]["tokenizer_training"] is None
+        assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+        assert report.read_bytes() == good
+
+
 def test_the_trained_vocab_size_is_logged_beside_the_requested_one(tmp_path: Path) -> None:
     """Regression: 'tokenizer trained vocab_size=5000' gave train.vocab_size, though the trainer stopped short of it
     on a small text: the log gives the size trained (the tokenizer's own) and the one requested."""
@@ -219,6 +275,27 @@ def test_one_long_space_free_record_trains_in_linear_time_and_ordinary_text_as_b
     bpe.train_from_iterator(ordinary, vocab_size=600, min_frequency=2, special_tokens=SPECIAL_TOKENS,
                             show_progress=False)
     assert train_bpe(ordinary, 600, 2).to_str() == bpe._tokenizer.to_str()
+
+
+def test_one_long_whitespace_run_trains_in_linear_time_in_pieces() -> None:
+    """Regression: the byte-level pre-tokenizer makes a run of whitespace one word too, but only runs of
+    non-whitespace were cut, so a record holding 200 000 newlines (a page padded with blank lines) took 88 s to
+    train on 0.8 MB, 400 000 spaces minutes. Such a run is trained on in TRAIN_RUN_CHARS pieces as a long word is."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    from streamprep.tokenizer import TRAIN_RUN_CHARS, _cut_long_words
+
+    pre_tokenize = ByteLevelBPETokenizer().pre_tokenizer.pre_tokenize_str
+    for blank in ("\n", " ", "\t"):
+        record = f"start{blank * 400_000}end"
+        cuts = range(5 + TRAIN_RUN_CHARS, 400_004, TRAIN_RUN_CHARS)  # the word: the run but for its last character
+        pieces = [record[a:b] for a, b in zip([0, *cuts], [*cuts, len(record)])]
+        cut = [0]
+        assert list(_cut_long_words([record], pre_tokenize, cut)) == pieces and cut == [1]
+        t0 = time.monotonic()
+        trained = train_bpe([*DOCS[:50], record], 1000, 2).to_str()
+        assert time.monotonic() - t0 < 20  # ~0.5 s here; minutes before
+        assert trained == _trained_whole([*DOCS[:50], *pieces], 1000)
 
 
 def _trained_whole(texts: list[str], vocab_size: int) -> str:

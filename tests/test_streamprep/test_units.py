@@ -299,6 +299,39 @@ def test_a_wide_text_file_larger_than_a_unit_is_one_unit_read_once(tmp_path: Pat
     assert [item["text"] for u in plan for item in units.read_unit(u)] == lines
 
 
+@pytest.mark.parametrize("layout", ["indent", "one-a-line", "bom", "gz"])
+def test_a_json_array_written_across_lines_is_read_as_its_elements(tmp_path: Path, layout: str) -> None:
+    """Regression: a `.json` file holding a JSON array (`json.dump(records, f, indent=2)`, the ShareGPT demo file)
+    was read as JSON Lines: each of its lines a `malformed JSON` reject, nothing kept (9 158 rejects for 300
+    records), the run "complete". Its elements are its records now, in one unit however small `unit_mb` is
+    (a range would cut the array), a non-object element one reject naming it; a resume skips the records read;
+    an array on one line is still a JSON Lines line."""
+    import gzip
+
+    from streamprep.sources.local import LocalSource
+
+    recs = [{"text": f"record {i} \u00e9", "id": i} for i in range(200)]
+    recs[7] = [1, 2]
+    body = json.dumps(recs, indent=2) if layout != "one-a-line" else \
+        "[" + ",\n".join(json.dumps(r) for r in recs) + "]\n"
+    path = tmp_path / ("a.json.gz" if layout == "gz" else "a.json")
+    data = (codecs.BOM_UTF8 if layout == "bom" else b"") + body.encode()
+    path.write_bytes(gzip.compress(data) if layout == "gz" else data)
+    for unit_bytes in (1000, len(data) + 1):
+        plan = units.plan_dataset([str(path)], None, unit_bytes)
+        assert len(plan) == 1, plan
+        items = [item for u in plan for item in units.read_unit(u)]
+        assert [i for i in items if isinstance(i, dict)] == [r for r in recs if isinstance(r, dict)]
+        assert items[7].reason == f"element 8 of the JSON array {path} is a JSON array, not an object"
+    resumed = LocalSource.reader(None, None).read_file(0, str(path), {"file": 0, "record": 150})
+    assert [(item["id"], pos["record"]) for item, pos in resumed] == [(i, i + 1) for i in range(150, 200)]
+    line = tmp_path / "b.jsonl"  # an array on one line, then a record: JSON Lines
+    line.write_text(json.dumps(recs[:2]) + "\n" + json.dumps(recs[2]) + "\n")
+    items = [item for u in units.plan_dataset([str(line)], None, 10) for item in units.read_unit(u)]
+    assert isinstance(items[0], BadRecord) and "is a JSON array, not an object" in items[0].reason
+    assert items[1] == recs[2]
+
+
 def _cfg(tmp_path: Path, workers: int, unit_mb: float = 4.0):
     src = tmp_path / "in.jsonl"
     if not src.exists():

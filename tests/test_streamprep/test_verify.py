@@ -595,6 +595,23 @@ def test_moved_run_has_its_blend_reported(pipeline_run, tmp_path):
     assert len(problems) == 1 and problems[0].startswith("blend.json: content differs from manifest.json"), problems
 
 
+def test_moved_run_with_a_quote_in_its_old_path_has_its_blend_reported(pipeline_run, tmp_path):
+    """Regression: a run dir whose path holds a `"` or a `\\` (JSON writes `\\"`, `\\\\` in blend.json), copied
+    elsewhere, was reported as "blend.json: content differs from manifest.json", not as moved."""
+    from streamprep.exports.chain import _run_dir_bytes
+
+    old = tmp_path / 'run "q\\'
+    shutil.copytree(pipeline_run, old)  # its blend.json as a run in `old` writes it
+    blend = old / "blend.json"
+    blend.write_bytes(blend.read_bytes().replace(_run_dir_bytes(pipeline_run), _run_dir_bytes(old)))
+    assert verify_run(old) == []
+    moved = tmp_path / "moved"
+    shutil.copytree(old, moved)
+    assert verify_run(moved) == [(f"blend.json: names its shards under {old.resolve()}, not this run dir "
+                                  f"(copied or moved since): re-running the same `streamprep ingest` command here "
+                                  f"rewrites it")]
+
+
 @pytest.mark.slow
 def test_sft_run_chain(shared_data, tmp_path):
     """SFT: sequence/mask/meta.json files are covered through the receipts the manifest lists."""

@@ -149,6 +149,22 @@ def _interrupted_copy(finished: Path, tmp_path: Path) -> Path:
     return run_dir
 
 
+def test_unique_kept_digests_is_null_without_exact_dedup(e2e_run, tmp_path):
+    """Regression: with `dedup: none` audit.json said `unique_kept_digests: 0` beside thousands of kept records, as
+    if every one were a duplicate; no digest is kept then, so the figure is null. With exact dedup it counts the
+    kept records' digests."""
+    audit, _ = build_audit(e2e_run["run_dir"])
+    a = audit["datasets"]["a"]
+    assert a["duplicates"]["unique_kept_digests"] == a["records"]["kept"] > 0
+    run_dir = tmp_path / "run"
+    shutil.copytree(e2e_run["run_dir"], run_dir, ignore=shutil.ignore_patterns(".lock", "audit"))
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec["config"]["quality"]["dedup"], rec["checkpoint_dir"] = "none", str(run_dir / "checkpoints")
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    audit, _ = build_audit(run_dir)
+    assert [d["duplicates"]["unique_kept_digests"] for d in audit["datasets"].values()] == [None, None]
+
+
 def test_audit_of_a_partial_run_marks_it_and_still_adds_up(e2e_run, tmp_path):
     run_dir = _interrupted_copy(e2e_run["run_dir"], tmp_path)
     audit, examples = build_audit(run_dir)

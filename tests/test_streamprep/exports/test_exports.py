@@ -966,6 +966,41 @@ def test_blend_split_is_exact_and_read_by_megatrons_pattern(fraction: float, spl
         {"data_paths": None, "split": split}
 
 
+def test_a_shard_megatrons_split_leaves_without_train_or_valid_is_said_in_the_log(tmp_path: Path) -> None:
+    """Regression: with `valid_fraction` 0.05, a dataset's last part of 10 records was listed in data_paths without
+    a word; Megatron cuts it at round(0.95 × 10) = 10, and megatron-core's GPTDataset then looped forever over a
+    valid piece of 0 tokens (the trainer hung building its datasets). The shards named are Megatron's own."""
+    from types import SimpleNamespace
+
+    from structlog.testing import capture_logs
+
+    from streamprep.exports import blend
+
+    def ref(part: int, docs: int) -> SimpleNamespace:
+        return SimpleNamespace(dataset="c4", split="train", part=f"part-{part:05d}", prefix=tmp_path / f"p{part}",
+                               receipt={"stats": {"num_documents": docs, "num_tokens": docs + 1}})
+
+    ctx = SimpleNamespace(blend=True, run_dir=tmp_path, shards=[ref(0, 100), ref(1, 10)], weights={"c4": 1.0},
+                          split_of={"c4": "train"}, output=SimpleNamespace(valid_fraction=0.05))
+    with capture_logs() as logged:
+        assert blend.export(ctx) == ["blend.json"]
+    assert [(e["event"][:40], e["shards"], e["count"]) for e in logged] == [
+        ("blend.json: Megatron's split gives these", ["binidx/c4/part-00001"], 1)]
+    ctx.output.valid_fraction = 0.1  # round(0.9 × 10) = 9: a valid sequence
+    with capture_logs() as logged:
+        blend.export(ctx)
+    assert logged == []
+    config = pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_config")
+    refs = [ref(n, n) for n in range(1, 60)]
+    for fraction in (0.05, 0.5, 0.3, 0.999):
+        split = blend.split_percents(fraction)
+        named = set(blend.unsplit_shards(refs, split))
+        matrix = config.convert_split_vector_to_split_matrix(config.parse_and_normalize_split(split))
+        empty = {f"binidx/c4/part-{n:05d}" for n in range(1, 60)
+                 if any(round(hi * n) <= round(lo * n) for lo, hi in matrix[:2])}
+        assert named == empty and empty, (fraction, sorted(empty))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["order", "parquet", "parquet_open", "tsv"])
 def test_a_full_disk_in_the_exports_names_the_file(run, monkeypatch, where):

@@ -324,6 +324,43 @@ def test_filter_and_max_records(hub, tmp_path):
     assert records(capped.iter_records(roundtrip(first[-1][1]))) == []
 
 
+def test_a_filter_on_a_list_or_a_mapping_field_matches_and_its_reader_pickles(hub, tmp_path):
+    """Regression: a filter value that is a list or a mapping (`filter: {tags: [a, b]}`, `{meta: {lang: en}}`) stayed
+    the config's frozen tuple or MappingProxyType: a tuple never equals a record's list, so the dataset read nothing
+    and the run was "complete"; a MappingProxyType cannot be pickled, so `workers: 2` stopped the job on a
+    TypeError. The reader a worker gets now holds plain lists and dicts, as the records do."""
+    import pickle
+
+    rows = [{"text": f"doc {i}", "tags": ["a", "b"] if i % 2 else ["c"], "meta": {"lang": "en" if i % 3 else "fr"}}
+            for i in range(12)]
+    hub.add_dataset("org/tagged", {"data/train-00000.jsonl": jsonl(rows)})
+    for flt, want in [({"tags": ["a", "b"]}, [r for r in rows if r["tags"] == ["a", "b"]]),
+                      ({"meta": {"lang": "fr"}}, [r for r in rows if r["meta"]["lang"] == "fr"])]:
+        src = HFSource(cfg(path="hf://org/tagged", filter=flt), tmp_path / "cache")
+        assert records(src.iter_records()) == want
+        units = src.units()
+        reader = pickle.loads(pickle.dumps(src.reader(units)))  # as a worker process gets it
+        assert [rec for unit in units for rec in reader.read(unit)] == want
+
+
+def test_a_filter_tells_true_from_1(hub, tmp_path):
+    """Regression: the filter compared with Python's `==`, where True == 1 and False == 0: `filter: {n: true}` kept
+    the records whose number n is 1, and `{flag: 0}` those whose flag is false. A boolean equals only a boolean
+    now (in a list or a mapping too); 1 and 1.0 are still one number."""
+    rows = [{"text": f"doc {i}", "flag": i % 2 == 1, "n": i % 2, "x": float(i % 2), "bits": [i % 2 == 1],
+             "ints": [i % 2]} for i in range(6)]
+    hub.add_dataset("org/flags", {"data/train-00000.jsonl": jsonl(rows)})
+
+    def kept(**flt: Any) -> list:
+        return [r["text"] for r in records(HFSource(cfg(path="hf://org/flags", filter=flt), tmp_path / "cache")
+                                           .iter_records())]
+
+    odd = ["doc 1", "doc 3", "doc 5"]
+    assert kept(flag=True) == kept(n=1) == kept(x=1) == kept(bits=[True]) == kept(ints=[1]) == odd
+    assert kept(flag=1) == kept(flag=0) == kept(n=True) == kept(n=False) == kept(x=True) == []
+    assert kept(bits=[1]) == kept(ints=[True]) == []
+
+
 @pytest.mark.parametrize("how", ["state_dict", "count"])
 @pytest.mark.parametrize("flt", [None, {"lang": "en"}])
 def test_resume_from_middle_yields_exactly_the_rest(hub, tmp_path, how, flt):
@@ -695,6 +732,64 @@ def test_a_token_the_hub_refuses_is_a_config_error_saying_so(hub, tmp_path, stat
     assert str(err.value).startswith("hf://org/corpus: the Hub refused the request (") and str(err.value).endswith(
         "); check HF_TOKEN: a token it does not accept, or one without access to this repo")
     assert f"{status} " in str(err.value)
+
+
+@pytest.mark.parametrize("token, workers", [(None, 1), ("hf_not_accepted", 2)], ids=["anonymous", "token"])
+def test_a_gated_repo_whose_files_the_hub_refuses_is_a_config_error_naming_the_dataset(many, tmp_path, monkeypatch,
+                                                                                       token, workers):
+    """Regression: the Hub shows a gated repo's listing and README.md to anyone but refuses its files (401 without a
+    token, 403 with one that has not accepted the terms); the worker's download failed as `HFSourceUnavailable`,
+    exit 1, whose "re-run the same command to resume" no re-run fulfils. Now one line naming the dataset, the repo,
+    the file and HF_TOKEN, exit 2; once the Hub lets the files through, the same call finishes the run."""
+    from streamprep import atomic, run_from_dict
+
+    if token:
+        monkeypatch.setenv("HF_TOKEN", token)
+    many.gated.add(MANY_REPO)
+    raw = _ingest_config(MANY_REPO, workers=workers)
+    raw["datasets"][0].pop("filter")
+    run = tmp_path / "run"
+    with pytest.raises(HFSourceError) as err:
+        run_from_dict(raw, run_dir=run, console_log=False)
+    assert re.fullmatch(r"dataset web: hf://org/many: gated dataset; accept its terms on the Hub and set HF_TOKEN "
+                        rf"\(download of data/train-0000\d\.jsonl: GatedRepoError: {403 if token else 401} Client "
+                        r"Error\.\)", str(err.value)), str(err.value)
+    assert atomic.read_json(run / "run.json")["needs_change"] is True
+    many.gated.clear()
+    assert run_from_dict(raw, run_dir=run, console_log=False).status == "complete"
+
+
+def test_a_file_the_hub_stores_in_xet_is_downloaded_through_the_retrying_transport(hub, tmp_path):
+    """Regression: with hf_xet installed, a file whose HEAD names a Xet hash (most Hub files uploaded since 2025) was
+    fetched by hf_xet's own client, outside the retrying transport: not counted in hub_stats nor bounded by
+    hf_retries. Here the Xet route is not served, so taking it fails; through the transport the file arrives, its
+    bytes are the file's and it is counted, a 429 on it retried and counted."""
+    from streamprep.sources.hf import download, hub_stats
+
+    hub.xet, hub.fault_cycle = True, ["429", None]
+    cache = tmp_path / "cache"
+    HFSource(cfg(), cache)  # as a job's worker does first: the source puts the Hub's HTTP on its transport
+    stats = hub_stats(cache)
+    got = download("web", REPO, TRAIN_FILES[0], hub.sha, cache, hub.url, 1, stats)
+    assert got.read_bytes() == CORPUS[TRAIN_FILES[0]]
+    assert not hub.unknown  # the Xet token route was never asked for
+    assert stats.snapshot()["files"] == 1 and stats.snapshot()["retries"] == {"429": 1}
+
+
+@pytest.mark.parametrize("status", ["401", "403"])
+def test_a_download_the_hub_refuses_is_a_config_error_saying_so(hub, tmp_path, status):
+    """Regression: a file's HEAD answered 401 or 403 was `HFSourceUnavailable` (exit 1, "re-run to resume"); for 403,
+    huggingface_hub's "check your connection" LocalEntryNotFoundError. It names the refusal and HF_TOKEN now, exit 2."""
+    from streamprep.sources.hf import download, hub_stats
+
+    cache = tmp_path / "cache"
+    hub.api_faults = [status]  # the HEAD of the file
+    with pytest.raises(HFSourceError) as err:
+        download("web", REPO, TRAIN_FILES[0], hub.sha, cache, hub.url, 1, hub_stats(cache))
+    assert str(err.value).startswith(f"dataset web: hf://org/corpus: the Hub refused the download of {TRAIN_FILES[0]} "
+                                     f"(HfHubHTTPError: ")
+    assert f"{status} " in str(err.value) and "connection" not in str(err.value)
+    assert str(err.value).endswith("); check HF_TOKEN: a token it does not accept, or one without access to this repo")
 
 
 @pytest.mark.parametrize("card", [{"configs": [5]}, {"configs": [{"config_name": "default", "data_dir": 5}]},
@@ -1244,7 +1339,7 @@ def test_job_on_a_hub_that_pushes_back_gives_identical_tokens_and_never_writes_t
     assert st["hub"]["retries"] == {k: v for k, v in sorted(hub.faults_served.items())}
     assert {dict(lab)["cause"]: v for (n, lab), v in scraped.items() if n == "streamprep_hub_retries_total"} == \
         st["hub"]["retries"]  # the metrics endpoint serves the same counts, by cause
-    assert scraped[("streamprep_hub_bytes_downloaded_total", ())] == st["hub"]["bytes"] > 0
+    assert scraped[("streamprep_hub_downloaded_bytes_total", ())] == st["hub"]["bytes"] > 0
     # ...and never written: not in any file of the run dir, the captured output or the log records
     out, err = capfd.readouterr()
     secret = TOKEN.encode()
@@ -1532,6 +1627,32 @@ def test_a_window_keeps_the_files_another_dataset_holds(many, tmp_path):
         wb.close()
 
 
+def test_two_windows_passing_one_file_at_once_delete_it(many, tmp_path):
+    """Regression: two datasets reading one file (the same split, other filters) whose checkpoints passed it at about
+    the same time each ran its deleting before the other let go of it (`release` follows the deleting, on the event
+    loop): each saw the other hold the file, and it stayed in the cache after the job, in some runs and not in others.
+    A window's deleting lets go of its files under the lock the other's deciding takes."""
+    from streamprep.sources.hf import DownloadWindow
+
+    cache = tmp_path / "cache"
+    a, b = (HFSource(_many_cfg(name=n), cache) for n in ("a", "b"))
+    plan = a.units()
+    a._download_one((_unit_file(plan[0]), many.sha_of(MANY_REPO)))
+    wa, wb = DownloadWindow(a, plan), DownloadWindow(b, plan)
+    try:
+        wa.take(0)
+        wb.take(0)
+        evict_a, evict_b = wa.evictor(1), wb.evictor(1)
+        evict_a()
+        evict_b()
+        wa.release(1)
+        wb.release(1)
+        assert not wa._local(plan[0]).is_symlink() and _blobs(cache) == set()
+    finally:
+        wa.close()
+        wb.close()
+
+
 def _unit_file(unit) -> str:
     return unit.path.rsplit("@", 1)[1].split("/", 1)[1]
 
@@ -1646,6 +1767,23 @@ def test_max_records_stops_handing_out_units(many, tmp_path):
     assert st["consumed"] == 50 and st["kept"] == 50
     assert set(MANY_FILES[:2]) <= _data_gets(many) <= set(MANY_FILES[:4]), sorted(_data_gets(many))
     assert _blobs(run / "cache/hf") == set(), sorted(str(p.relative_to(run)) for p in (run / "cache/hf").rglob("*") if p.is_file() or p.is_symlink())
+
+
+@pytest.mark.parametrize("flt", [{"lnag": "en"}, {"lang": 1}], ids=["field-no-record-has", "value-of-another-type"])
+def test_a_filter_that_matches_no_record_says_so(hub, tmp_path, flt):
+    """Regression: a filter naming a field no record has (a typo), or a value of another type than the field's, left
+    the dataset empty without a word (read 0, exit 0): the filter drops records before they are counted. The job
+    now logs a warning naming the dataset and its filter; a filter that matches records says nothing."""
+    from structlog.testing import capture_logs
+
+    raw = _ingest_config(REPO, workers=1)
+    for given, read in ((flt, 0), ({"lang": "en"}, 13)):
+        raw["datasets"][0]["filter"] = given
+        with capture_logs() as logged:
+            assert _ingest(raw, tmp_path / f"run-{read}")["consumed"] == read
+        warned = [(e["event"], e["dataset"], e["filter"]) for e in logged if e["log_level"] == "warning"]
+        assert warned == ([("the filter matched no record: the dataset is empty; check its field names and value "
+                            "types", "web", given)] if read == 0 else [])
 
 
 def test_a_plan_from_the_stream_version_is_refused(hub, tmp_path):

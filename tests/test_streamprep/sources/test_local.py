@@ -93,6 +93,18 @@ def test_undecodable_text_line_is_a_bad_record(tmp_path: Path) -> None:
     assert isinstance(items[1], BadRecord) and "undecodable bytes at line 2" in items[1].reason
 
 
+def test_a_json_line_that_is_no_object_is_named_in_json_words(tmp_path: Path) -> None:
+    """Regression: the reject of a line `null` said `is a JSON NoneType, not an object` (Python's type names: `str`,
+    `int`, `list` for the others). It names what JSON calls it."""
+    path = tmp_path / "a.jsonl"
+    path.write_text('null\n[1]\n"s"\n4.5\ntrue\n{"text": "ok"}\n')
+    items = [r for r, _ in _collect(local_source(path))]
+    assert [i.reason for i in items[:5]] == [f"line {n} of {path} is {what}, not an object" for n, what in
+                                            enumerate(["JSON null", "a JSON array", "a JSON string", "a JSON number",
+                                                       "JSON true"], 1)]
+    assert items[5] == {"text": "ok"}
+
+
 def test_a_blank_txt_line_is_a_parse_reject_naming_file_and_line_as_a_blank_jsonl_line(tmp_path: Path) -> None:
     """Regression: a blank or whitespace-only .txt line was a record {"text": ""}, a `schema` reject ("text is empty
     after normalisation") naming no file or line. It is now `blank line N in FILE` (failed_check parse), as in a
