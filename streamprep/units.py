@@ -96,7 +96,8 @@ def _cuts(path: str, kind: str, size: int, unit_bytes: int, options: Options) ->
     reads to its newline PROBE_BYTES at a time and holds none of it (a file with no newline is read through once).
     An http(s) file costs one more GET, of 1 byte, which tells whether its server serves ranges."""
     fs, stripped = input_filesystem(path, options)
-    with fs.open(stripped, "rb", block_size=PROBE_BYTES) as fh:
+    # no read-ahead: fsspec's default cache fetched each read's bytes and a block past them, 2 x PROBE_BYTES a cut
+    with fs.open(stripped, "rb", block_size=PROBE_BYTES, cache_type="none") as fh:
         head = fh.read(PROBE_BYTES)  # once: read per mark, each mark met the next 4 bytes, so only UTF-32-LE's was
         if any(head.startswith(bom) for bom, _ in WIDE_BOMS):  # found and a UTF-16 file was cut in ranges read again
             return []  # as UTF-8

@@ -362,6 +362,23 @@ def test_store_gone_mid_object_exits_1_then_resumes_to_the_same_bytes(s3: Proxy,
     assert _tokens(run) == _job(str(tmp_path / "in" / "big.jsonl"), tmp_path / "local")
 
 
+def test_planning_an_object_reads_one_probe_a_cut(s3: Proxy, tmp_path: Path) -> None:
+    """Regression: the planner's reads went through fsspec's read-ahead cache, which fetched a block past each, so
+    planning a file cost twice the bytes its docstring gave (2 x PROBE_BYTES a cut) and, in a store going away
+    mid-job, spent the bytes the units needed (the store-gone test above then failed before any checkpoint)."""
+    from streamprep import units
+
+    (tmp_path / "in").mkdir()
+    data = _jsonl(english_docs(3000, seed=35))  # lines far shorter than a probe: each cut is one read
+    (tmp_path / "in" / "cut.jsonl").write_bytes(data)
+    _upload(tmp_path / "in", "plan")
+    s3.reset()
+    planned = units.plan_dataset([f"s3://{BUCKET}/plan/cut.jsonl"], None, 256 * 1024, None)
+    assert len(planned) >= 5 and b"".join(data[u.start:u.end] for u in planned) == data
+    # the head, then one probe at each of the len - 1 cuts (the last may meet the end of the file)
+    assert (len(planned) - 1) * units.PROBE_BYTES < s3.total() <= len(planned) * units.PROBE_BYTES
+
+
 def test_identity_is_the_etag_without_reading_the_object(s3: Proxy, tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "x.jsonl").write_bytes(_jsonl(DOCS[:20]))
