@@ -132,6 +132,14 @@ async def _put(queue: asyncio.Queue, item: tuple) -> None:
         raise
 
 
+def _drop_calls(queue: asyncio.Queue) -> None:
+    """Empty `queue`, cancelling the worker calls of its items that have not started."""
+    while not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, tuple) and isinstance(item[-1], asyncio.Future):
+            item[-1].cancel()
+
+
 def _take(it: Iterator, n: int) -> list:
     return list(islice(it, n))
 
@@ -181,6 +189,7 @@ class DatasetIngest:
         self.files = DatasetFiles(ctx.run_dir, ctx.checkpoint_dir, ds.name)
         self.stage_dir = self.files.stage
         self.source: Any = None  # opened in run()
+        self._reader: asyncio.Task | None = None  # run()'s reader of the units
         self.units: list[Unit] = []
         self.shard_records = ctx.output.part_lines
         self.max_rejects = ctx.output.max_rejects_per_check
@@ -237,7 +246,7 @@ class DatasetIngest:
         self._handed = self._decided = (state.position or START)["unit"]
         judged: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
         decided: asyncio.Queue = asyncio.Queue(maxsize=self.depth)
-        reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, judged))
+        reader = self._reader = asyncio.create_task(self._read(dict(state.position or START), state.consumed, judged))
         decider: asyncio.Task | None = None
         try:
             earlier = await self._earlier_datasets()
@@ -253,10 +262,7 @@ class DatasetIngest:
                     task.cancel()
             await asyncio.gather(*(t for t in (reader, decider) if t is not None), return_exceptions=True)
             for q in (judged, decided):  # drop work done ahead; the checkpoint does not include it
-                while not q.empty():
-                    item = q.get_nowait()
-                    if isinstance(item, tuple) and isinstance(item[-1], asyncio.Future):
-                        item[-1].cancel()
+                _drop_calls(q)
         log.info("dataset ingest finished" if state.done else "dataset ingest stopped", dataset=name,
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.sealed_parts())
         if state.done and self.ds.filter and not state.consumed:  # a field no record has, or a value of another type
@@ -556,6 +562,11 @@ class DatasetIngest:
                     await decided.put(None)
                     return
         except Exception as exc:
+            # the job ends here: the reads queued behind this one would only hold up the commit of what came before
+            # it (the calls finalizing it queue after them), each for as long as a store gone away takes to fail it
+            if self._reader is not None:
+                self._reader.cancel()
+            _drop_calls(judged)
             await decided.put(exc)
 
     def _ahead_of(self, u: int) -> tuple[Unit, ...]:

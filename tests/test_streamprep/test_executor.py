@@ -40,6 +40,23 @@ def test_map_gives_results_in_job_order_and_a_calls_error_is_its_own(workers: in
         assert ex.restarts == 0
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_call_cancelled_before_it_started_never_runs(workers: int, tmp_path: Path) -> None:
+    """Regression: a process pool's call its caller cancelled still ran (only the job's future was cancelled, not
+    the pool's), so a job failing on one unit waited for every unit read queued behind it."""
+    marker = tmp_path / "ran"
+    with LocalExecutor(workers) as ex:
+        if workers > 1:
+            _processes(ex, workers)
+        busy = [ex.submit(time.sleep, 0.2) for _ in range(3 * workers + 2)]  # past what the pool hands out ahead
+        late = ex.submit(Path.touch, marker)
+        assert late.cancel()
+        for call in busy:
+            call.result(60)
+        assert ex.submit(os.getpid).result(60)  # every call queued before it has run
+    assert late.cancelled() and not marker.exists()
+
+
 def test_worker_processes_freeze_their_imports_and_collect_young_objects_rarely() -> None:
     """Regression (perf: CPython's collector was ~6 % of a short-document job's CPU): a pool worker starts with
     what it loaded frozen out of the collector's walks and a young generation of GC_YOUNG objects."""
