@@ -760,7 +760,10 @@ class HFSource:
     # -- resolution --
     def _snapshot(self) -> Snapshot:
         if self._snap is None:
-            self._snap = self._resolve(self.revision)
+            try:
+                self._snap = self._resolve(self.revision)
+            except HFSourceError as exc:  # two entries may read one repo (its splits, its subsets): name which
+                raise HFSourceError(f"dataset {self.name}: {exc}") from None
         return self._snap
 
     def _resolve(self, revision: str) -> Snapshot:

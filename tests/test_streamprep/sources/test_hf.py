@@ -668,14 +668,16 @@ def test_a_file_that_vanishes_stops_the_stream_instead_of_becoming_a_reject(tmp_
 
 
 @pytest.mark.parametrize("entry, message", [
-    (dict(path="hf://org/missing"), r"hf://org/missing: dataset repo not found"),
-    (dict(revision="v9"), r"hf://org/corpus: revision 'v9' not found"),
-    (dict(split="dev"), r"hf://org/corpus: unknown split 'dev' \(available: train, validation\)"),
-    (dict(subset="de"), r"hf://org/corpus: unknown subset 'de' \(available: default, fr\)"),
+    (dict(path="hf://org/missing"), r"^dataset corpus: hf://org/missing: dataset repo not found"),
+    (dict(revision="v9"), r"^dataset corpus: hf://org/corpus: revision 'v9' not found"),
+    (dict(split="dev"), r"^dataset corpus: hf://org/corpus: unknown split 'dev' \(available: train, validation\)"),
+    (dict(subset="de"), r"^dataset corpus: hf://org/corpus: unknown subset 'de' \(available: default, fr\)"),
     (dict(split=None), r"hf://org/corpus: 'split' is required"),
     (dict(path="hf://a/b/c"), r"hf://a/b/c: expected hf://<org>/<name>"),
 ])
 def test_errors_are_one_line_and_name_the_repo(hub, tmp_path, entry, message):
+    """Regression: what the Hub's answer shows wrong named the repo, not the entry, so of two entries reading one
+    repo (its splits, its subsets) the message did not say which was wrong; it names the dataset first."""
     with pytest.raises(HFSourceError, match=message) as err:
         next(HFSource(cfg(**entry), tmp_path / "cache").iter_records())
     assert isinstance(err.value, ConfigError)  # the CLI's exit 2
@@ -729,7 +731,7 @@ def test_a_token_the_hub_refuses_is_a_config_error_saying_so(hub, tmp_path, stat
     with pytest.raises(HFSourceError) as err:
         next(HFSource(cfg(), tmp_path / "cache").iter_records())
     assert isinstance(err.value, ConfigError) and "\n" not in str(err.value)
-    assert str(err.value).startswith("hf://org/corpus: the Hub refused the request (") and str(err.value).endswith(
+    assert str(err.value).startswith("dataset corpus: hf://org/corpus: the Hub refused the request (") and str(err.value).endswith(
         "); check HF_TOKEN: a token it does not accept, or one without access to this repo")
     assert f"{status} " in str(err.value)
 
@@ -2013,10 +2015,11 @@ def test_a_split_that_does_not_exist_then_the_right_one_in_the_same_run_dir(many
 
 
 @pytest.mark.parametrize("entry, message", [
-    (dict(path="hf://org/nope"), "hf://org/nope: dataset repo not found (or private without a token)"),
-    (dict(revision="v9"), "hf://org/many: revision 'v9' not found"),
-    (dict(split="dev"), "hf://org/many: unknown split 'dev' (available: train)"),
-    (dict(subset="fr"), "hf://org/many: unknown subset 'fr' (README.md declares no 'configs'; leave 'subset' empty)"),
+    (dict(path="hf://org/nope"), "dataset web: hf://org/nope: dataset repo not found (or private without a token)"),
+    (dict(revision="v9"), "dataset web: hf://org/many: revision 'v9' not found"),
+    (dict(split="dev"), "dataset web: hf://org/many: unknown split 'dev' (available: train)"),
+    (dict(subset="fr"), "dataset web: hf://org/many: unknown subset 'fr' (README.md declares no 'configs'; leave "
+                        "'subset' empty)"),
 ])
 @pytest.mark.parametrize("before", ["absent", "empty", "checkpoint_dir"])
 def test_a_config_error_found_at_the_hub_leaves_nothing_behind(many, tmp_path, entry, message, before):
