@@ -25,5 +25,9 @@ def require_run_dir(path: str) -> Path:
                                   "in a moment")
             raise ConfigError(f"{run_dir}: its job stopped before it wrote run.json; re-run the same streamprep "
                               "ingest command to start it")
+        if not run_dir.exists():  # "no run.json" sent one looking for a run.json in a folder mistyped
+            raise ConfigError(f"{run_dir}: no such run directory")
+        if not run_dir.is_dir():
+            raise ConfigError(f"{run_dir}: not a directory (a streamprep run directory holds run.json)")
         raise ConfigError(f"{run_dir}: not a streamprep run directory (no run.json)")
     return run_dir

@@ -51,6 +51,13 @@ def test_not_a_run_dir_is_exit_2_one_line(command, tmp_path, capsys):
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("streamprep: error:") and "not a streamprep run directory" in lines[0]
     assert not any(tmp_path.iterdir())  # nothing written
+    # regression: a mistyped path, or a file, was "not a streamprep run directory (no run.json)" too
+    (tmp_path / "notes.txt").write_text("x")
+    for path, why in ((tmp_path / "typo", "no such run directory"),
+                      (tmp_path / "notes.txt", "not a directory (a streamprep run directory holds run.json)")):
+        assert main([command, str(path)]) == 2
+        assert capsys.readouterr() == ("", f"streamprep: error: {path}: {why}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_missing_dir_and_bad_arguments(tmp_path, capsys):
@@ -489,7 +496,7 @@ def test_a_run_dir_given_with_a_tilde_is_in_the_home_folder(tmp_path, capsys, mo
     (home / "notes.txt").write_text("x")  # `logs -f` waited for a run in `./~/notes.txt`, forever
     follow = subprocess.run([sys.executable, "-m", "streamprep", "logs", "~/notes.txt", "--follow"], cwd=work,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=30)
-    said = f"streamprep: error: {home / 'notes.txt'}: not a streamprep run directory (no run.json)\n"
+    said = f"streamprep: error: {home / 'notes.txt'}: not a directory (a streamprep run directory holds run.json)\n"
     assert (follow.returncode, follow.stderr) == (2, said)
     _assert_exit_2_nothing_written(["ingest", "--config", str(cfg_path), "--run-dir=~no_such_user_x/run"], capsys,
                                    "run dir ~no_such_user_x/run: ", work / "~no_such_user_x")

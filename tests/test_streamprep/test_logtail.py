@@ -364,8 +364,10 @@ def test_logs_follow_on_what_never_becomes_a_run_dir_is_an_error(tmp_path, capsy
     (tmp_path / "d" / "run.json").mkdir(parents=True)
     path = {"file": tmp_path / "notes.txt", "under_a_file": tmp_path / "notes.txt" / "run",
             "run_json_a_folder": tmp_path / "d"}[where]
+    why = {"file": "not a directory (a streamprep run directory holds run.json)",
+           "under_a_file": "no such run directory", "run_json_a_folder": "not a streamprep run directory (no run.json)"}
     for args in (["logs", str(path), "--follow"], ["logs", str(path)]):
         assert main(args) == 2
-        assert capsys.readouterr().err == f"streamprep: error: {path}: not a streamprep run directory (no run.json)\n"
+        assert capsys.readouterr().err == f"streamprep: error: {path}: {why[where]}\n"
     assert main(["logs", str(tmp_path / "absent")]) == 2  # without --follow, not yet a run dir is an error as before
-    assert "not a streamprep run directory (no run.json)" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"streamprep: error: {tmp_path / 'absent'}: no such run directory\n"
