@@ -763,7 +763,9 @@ class HFSource:
             try:
                 self._snap = self._resolve(self.revision)
             except HFSourceError as exc:  # two entries may read one repo (its splits, its subsets): name which
-                raise HFSourceError(f"dataset {self.name}: {exc}") from None
+                if str(exc).startswith(named := f"dataset {self.name}: "):  # README.md's download names it already
+                    raise
+                raise HFSourceError(f"{named}{exc}") from None
         return self._snap
 
     def _resolve(self, revision: str) -> Snapshot:

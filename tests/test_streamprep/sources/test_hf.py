@@ -734,6 +734,10 @@ def test_a_token_the_hub_refuses_is_a_config_error_saying_so(hub, tmp_path, stat
     assert str(err.value).startswith("dataset corpus: hf://org/corpus: the Hub refused the request (") and str(err.value).endswith(
         "); check HF_TOKEN: a token it does not accept, or one without access to this repo")
     assert f"{status} " in str(err.value)
+    hub.api_faults = [None, status]  # the revision answered, README.md's download refused: named once (regression)
+    with pytest.raises(HFSourceError) as err:
+        next(HFSource(cfg(), tmp_path / "cache2").iter_records())
+    assert str(err.value).startswith("dataset corpus: hf://org/corpus: the Hub refused the download of README.md (")
 
 
 @pytest.mark.parametrize("token, workers", [(None, 1), ("hf_not_accepted", 2)], ids=["anonymous", "token"])
