@@ -1075,7 +1075,8 @@ class DownloadWindow:
     at most `hf_cache_max_gb` of their files (the oldest one is always handed out). After a checkpoint at unit
     `n`, `evictor(n)` deletes the files of the units before it from the cache (unless `hf_keep_cache`), then
     `release(n)` lets go of them: the files on disk never exceed the window. Only the event loop calls it; the
-    deleting runs in a thread, one call at a time.
+    deleting runs in a thread, one call at a time, and lets go of them itself: `held` changes under
+    _WINDOWS_LOCK, which `fits` and `fits_ahead` take to read it.
 
     Datasets of one job reading the same repo share its cache, so a file is deleted only when no other open window
     holds it (nor, with equal content, its blob); a dataset that reaches a file another one has already deleted
@@ -1090,17 +1091,19 @@ class DownloadWindow:
             _WINDOWS.append(self)
 
     def fits(self, u: int) -> bool:
-        if not self.held or u in self.held:
-            return True
-        return u - min(self.held) < self.files and \
-            sum(x.end for x in self.held.values()) + self.plan[u].end <= self.max_bytes
+        with _WINDOWS_LOCK:  # the deleting thread lets go of units meanwhile ("dictionary changed size")
+            if not self.held or u in self.held:
+                return True
+            return u - min(self.held) < self.files and \
+                sum(x.end for x in self.held.values()) + self.plan[u].end <= self.max_bytes
 
     def fits_ahead(self, u: int, v: int) -> bool:
         """Whether unit `v` can be handed out before the units between `u` (handed out) and it, with room kept for
         them all: they will fit when their turn comes, so an early hand-out never blocks the window."""
-        between = sum(self.plan[w].end for w in range(u + 1, v + 1) if w not in self.held)
-        return v - min(self.held, default=u) < self.files and \
-            sum(x.end for x in self.held.values()) + between <= self.max_bytes
+        with _WINDOWS_LOCK:
+            between = sum(self.plan[w].end for w in range(u + 1, v + 1) if w not in self.held)
+            return v - min(self.held, default=u) < self.files and \
+                sum(x.end for x in self.held.values()) + between <= self.max_bytes
 
     def take(self, u: int) -> None:
         with _WINDOWS_LOCK:  # not while another window decides what to delete

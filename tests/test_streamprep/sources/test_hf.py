@@ -1659,6 +1659,50 @@ def test_two_windows_passing_one_file_at_once_delete_it(many, tmp_path):
         wb.close()
 
 
+def test_a_window_read_while_its_deleting_lets_go_of_units_in_a_thread(tmp_path):
+    """Regression: since the deleting (a thread: `ingest.release_files`) let go of the units itself, the event loop's
+    `fits`/`fits_ahead` iterated `held` unlocked while it shrank: `RuntimeError: dictionary changed size during
+    iteration` ended the job with a traceback (here within ~130 rounds, with a tiny switch interval)."""
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from streamprep.sources.base import Unit
+    from streamprep.sources.hf import DownloadWindow, unit_path
+
+    n = 64
+    plan = [Unit("hf", i, unit_path("org/x", "a" * 40, f"f{i}.jsonl"), "json", 0, 10) for i in range(n)]
+    src = SimpleNamespace(repo_id="org/x", cache_dir=tmp_path, name="web", prefetch_files=n, cache_max_bytes=10 ** 9,
+                          keep_cache=False)
+    window, errors, stop = DownloadWindow(src, plan), [], threading.Event()
+
+    def event_loop_side() -> None:
+        while not stop.is_set():
+            try:
+                window.fits(n - 1)
+                window.fits_ahead(0, n - 1)
+            except RuntimeError as exc:
+                errors.append(repr(exc))
+                stop.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the interleaving, likely within a short run
+    reader = threading.Thread(target=event_loop_side)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and not stop.is_set():
+            for u in range(n):
+                window.take(u)
+            window._delete([], [], n)  # what evictor()'s call runs in the thread (nothing on disk here)
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(interval)
+        window.close()
+    assert errors == []
+
+
 def _unit_file(unit) -> str:
     return unit.path.rsplit("@", 1)[1].split("/", 1)[1]
 
