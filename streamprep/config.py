@@ -9,6 +9,7 @@ import os
 import re
 import unicodedata
 from dataclasses import dataclass, fields, is_dataclass, replace
+from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, get_type_hints
@@ -716,15 +717,24 @@ def load_file(path: str | Path) -> "Config":
     try:
         return load(raw, p.parent)
     except ConfigError as exc:
-        if (text := next((t for t in sorted(text_numbers) if re.search(f"got (str )?'{re.escape(t)}'$", str(exc))),
-                         None)) is None:
+        text = next((t for t in sorted(text_numbers) if re.search(f"got (str )?'{re.escape(t)}'$", str(exc))), None)
+        if text is None or (hint := _as_yaml_number(text, str(exc))) is None:
             raise
-        raise ConfigError(f"{exc} ({_as_yaml_number(text)})") from None
+        raise ConfigError(f"{exc} ({hint})") from None
 
 
-def _as_yaml_number(text: str) -> str:
+def _as_yaml_number(text: str, error: str) -> str | None:
     """Why `text` (`1e-3`) is no number in the config, and how to write it: PyYAML reads YAML 1.1, whose numbers with
-    an exponent need a decimal point and a signed exponent, so `must be a number, got str '1e-3'` read as nonsense."""
+    an exponent need a decimal point and a signed exponent, so `must be a number, got str '1e-3'` read as nonsense.
+    For an integer key only the integer (a float such as 1.0e+6 is refused there too); none for a key that wants
+    no number (`error` says what it wants), or an integer key given a fraction or past 20 digits (none takes one)."""
+    if "must be an integer" in error:
+        exact = Decimal(text)
+        if exact != exact.to_integral_value() or exact.adjusted() >= 20:
+            return None
+        return f"YAML 1.1, as the config is read, takes {text} for text: write {int(exact)}"
+    if "must be a number" not in error:
+        return None
     mantissa, _, exponent = text.lower().partition("e")
     mantissa += "" if "." in mantissa else ".0"
     spelled = f"{mantissa}e{exponent if exponent[0] in '+-' else '+' + exponent}"

@@ -562,8 +562,17 @@ def test_an_unquoted_yes_no_on_off_key_is_its_text_and_such_a_value_is_named(tmp
 @pytest.mark.parametrize("value, where, message", [
     ("weight: 1e-3", "datasets[0]", "'datasets[0].weight' must be a number, got str '1e-3' (YAML 1.1, as the config "
      "is read, takes 1e-3 for text: write 0.001, or 1.0e-3, with a decimal point and a signed exponent)"),
+    # an integer key: the integer only (its 1.0e+6 was refused in turn, "got float"), also past a float's precision
     ("max_records: 1E6", "datasets[0]", "'datasets[0].max_records' must be an integer or null, got str '1E6' (YAML 1.1, "
-     "as the config is read, takes 1E6 for text: write 1000000, or 1.0e+6, with a decimal point and a signed exponent)"),
+     "as the config is read, takes 1E6 for text: write 1000000)"),
+    ("near_dedup: {seed: 1e19}", "quality", "'quality.near_dedup.seed': must be an integer in [0, 18446744073709551615], "
+     "got '1e19' (YAML 1.1, as the config is read, takes 1e19 for text: write 10000000000000000000)"),
+    # a key that wants no number, or an integer key given a fraction: no hint (its advice could only fail again)
+    ("language_detector: 1e3", "quality", "'quality.language_detector': must be one of cld2, langdetect, cascade, got "
+     "'1e3'"),
+    ("max_records: 15e-1", "datasets[0]", "'datasets[0].max_records' must be an integer or null, got str '15e-1'"),
+    ("max_records: 1e999999", "datasets[0]", "'datasets[0].max_records' must be an integer or null, got str "
+     "'1e999999'"),
     ("min_language_prob: 9e-1", "quality", "'quality.min_language_prob': must be a number in [0, 1], got '9e-1' "
      "(YAML 1.1, as the config is read, takes 9e-1 for text: write 0.9, or 9.0e-1, with a decimal point and a "
      "signed exponent)"),
@@ -575,7 +584,8 @@ def test_a_number_yaml_1_1_reads_as_text_is_named_so(tmp_path: Path, data: Path,
                                                     message: str) -> None:
     """Regression: PyYAML reads YAML 1.1, where `1e-3` (no decimal point, no exponent sign) is a string, and the
     error said "must be a number, got str '1e-3'", which read as nonsense; it says why now, and how to write it. A
-    quoted "1e-3" is text as written, and the error says no more."""
+    quoted "1e-3" is text as written, and the error says no more. Regression (round 52): an integer key was told to
+    write a float it then refused, and a key of words was told to write a number."""
     cfg = tmp_path / "c.yaml"
     entry = f"name: a, path: {data}" + (f", {value}" if where == "datasets[0]" else "")
     section = {"quality": f"quality: {{{value}}}\n", "output.mixtures": f"output: {{mixtures: {{{value}}}}}\n"}
