@@ -267,7 +267,7 @@ class DatasetIngest:
                  consumed=state.consumed, kept=state.kept, rejected=state.rejected, parts=state.sealed_parts())
         if state.done and self.ds.filter and not state.consumed:  # a field no record has, or a value of another type
             log.warning("the filter matched no record: the dataset is empty; check its field names and value types",
-                        dataset=name, filter=dict(self.ds.filter))
+                        dataset=name, filter=thaw(self.ds.filter))  # as JSON: a nested one was "mappingproxy(…)"
         if state.done and self.run_scope:
             self.ctx.publish(name)
         return state

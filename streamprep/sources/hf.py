@@ -476,14 +476,16 @@ def _matches(flt: Mapping[str, Any]) -> Callable[[dict], bool]:
 def _same(value: Any, wanted: Any) -> bool:
     """Whether a record's `value` equals a filter's `wanted` as JSON compares them: true and false are no numbers
     (Python's `True == 1` had `filter: {flag: true}` keep the records whose flag is 1, and `{label: 0}` those whose
-    label is false), in a list or a mapping too; 1 and 1.0 stay one number."""
+    label is false), in a list or a mapping too; 1 and 1.0 stay one number. In a mapping a null field is a missing
+    one, as at the top level (`ex.get`): a Parquet struct column (or JSON lines read as one table) gives each record
+    every field of its file's schema, null where it had none, so one record was kept in a file and not in another."""
     if isinstance(value, bool) or isinstance(wanted, bool):
         return value is wanted
     if isinstance(wanted, list):
         return isinstance(value, list) and len(value) == len(wanted) and all(map(_same, value, wanted))
     if isinstance(wanted, dict):
-        return isinstance(value, dict) and value.keys() == wanted.keys() and all(_same(value[k], w)
-                                                                                for k, w in wanted.items())
+        return isinstance(value, dict) and {k for k, v in value.items() if v is not None} <= wanted.keys() and \
+            all(_same(value.get(k), w) for k, w in wanted.items())
     return value == wanted
 
 

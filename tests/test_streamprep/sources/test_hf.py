@@ -343,6 +343,25 @@ def test_a_filter_on_a_list_or_a_mapping_field_matches_and_its_reader_pickles(hu
         assert [rec for unit in units for rec in reader.read(unit)] == want
 
 
+def test_a_mapping_filter_takes_a_null_field_for_a_missing_one_whatever_the_file(tmp_path):
+    """Regression: inside a mapping the filter wanted the record's keys exactly, while at the top level a missing
+    field is null: a Parquet struct column gives each record every field of its file's schema (null where it had
+    none), so of two records written alike, {"lang": "en"}, one was kept and the one whose file also had records with
+    a `src` dropped. Other fields with values still make a mapping differ."""
+    for name, rows in (("a", [{"meta": {"lang": "en"}}]),
+                       ("b", [{"meta": {"lang": "en"}}, {"meta": {"lang": "en", "src": "x"}}])):
+        pq.write_table(pa.Table.from_pylist([{"text": f"{name}{i}", **r} for i, r in enumerate(rows)]),
+                       tmp_path / f"{name}.parquet")
+    files = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
+
+    def kept(flt: dict) -> list[str]:
+        return [r["text"] for r, _ in stream_local_with_datasets(files, "parquet", filter=flt)]
+
+    assert kept({"meta": {"lang": "en"}}) == ["a0", "b0"]
+    assert kept({"meta": {"lang": "en", "src": None}}) == ["a0", "b0"]
+    assert kept({"meta": {"lang": "en", "src": "x"}}) == ["b1"]
+
+
 def test_a_filter_tells_true_from_1(hub, tmp_path):
     """Regression: the filter compared with Python's `==`, where True == 1 and False == 0: `filter: {n: true}` kept
     the records whose number n is 1, and `{flag: 0}` those whose flag is false. A boolean equals only a boolean
@@ -1819,11 +1838,13 @@ def test_max_records_stops_handing_out_units(many, tmp_path):
     assert _blobs(run / "cache/hf") == set(), sorted(str(p.relative_to(run)) for p in (run / "cache/hf").rglob("*") if p.is_file() or p.is_symlink())
 
 
-@pytest.mark.parametrize("flt", [{"lnag": "en"}, {"lang": 1}], ids=["field-no-record-has", "value-of-another-type"])
+@pytest.mark.parametrize("flt", [{"lnag": "en"}, {"lang": 1}, {"meta": {"lang": "en"}}],
+                         ids=["field-no-record-has", "value-of-another-type", "nested"])
 def test_a_filter_that_matches_no_record_says_so(hub, tmp_path, flt):
     """Regression: a filter naming a field no record has (a typo), or a value of another type than the field's, left
     the dataset empty without a word (read 0, exit 0): the filter drops records before they are counted. The job
-    now logs a warning naming the dataset and its filter; a filter that matches records says nothing."""
+    now logs a warning naming the dataset and its filter; a filter that matches records says nothing. Regression:
+    a nested filter was logged as the config's "mappingproxy({...})", not JSON."""
     from structlog.testing import capture_logs
 
     raw = _ingest_config(REPO, workers=1)
@@ -1831,9 +1852,9 @@ def test_a_filter_that_matches_no_record_says_so(hub, tmp_path, flt):
         raw["datasets"][0]["filter"] = given
         with capture_logs() as logged:
             assert _ingest(raw, tmp_path / f"run-{read}")["consumed"] == read
-        warned = [(e["event"], e["dataset"], e["filter"]) for e in logged if e["log_level"] == "warning"]
+        warned = [(e["event"], e["dataset"], json.dumps(e["filter"])) for e in logged if e["log_level"] == "warning"]
         assert warned == ([("the filter matched no record: the dataset is empty; check its field names and value "
-                            "types", "web", given)] if read == 0 else [])
+                            "types", "web", json.dumps(given))] if read == 0 else [])
 
 
 def test_a_plan_from_the_stream_version_is_refused(hub, tmp_path):
