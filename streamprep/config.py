@@ -46,6 +46,17 @@ def printable(text: str) -> str:
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _not_json(value: Any, key: str) -> tuple[str, Any] | None:
+    """The first value under `key` that no JSON record holds, and its key: YAML's `!!set`, `!!binary` and dates
+    (a filter's never matched a record, and a set or bytes stopped the job on a traceback when the config was
+    hashed)."""
+    if isinstance(value, Mapping):
+        return next((odd for k, v in value.items() if (odd := _not_json(v, f"{key}.{k}")) is not None), None)
+    if isinstance(value, (list, tuple)):
+        return next((odd for i, v in enumerate(value) if (odd := _not_json(v, f"{key}[{i}]")) is not None), None)
+    return None if value is None or isinstance(value, (str, int, float)) else (key, value)
+
+
 def json_kind(value: Any) -> str:
     """What a parsed JSON value that is no object is, in JSON's words (a record's reject, a run file's or a
     tokenizer file's error): Python's type names read `is a JSON NoneType` for `null`, `list` for an array."""
@@ -440,6 +451,9 @@ def _datasets(raw: Any, base: Path, skipped: list[tuple[str, str]]) -> list[dict
             rng.check(f"{key}.{k}", ds[k])
         if ds["filter"] is not None and not all(isinstance(k, str) and k for k in ds["filter"]):
             raise ConfigError(f"config: '{key}.filter' must map field names to values, got {ds['filter']!r:.80}")
+        if ds["filter"] is not None and (odd := _not_json(ds["filter"], f"{key}.filter")) is not None:
+            raise ConfigError(f"config: '{odd[0]}' must be what a JSON record holds (text, a number, true/false, "
+                              f"null, a list or a mapping), got {type(odd[1]).__name__} {odd[1]!s:.60} (quote it)")
         scheme = registry.SCHEMES.entry(registry.scheme_of(ds["path"]))
         _scheme_keys(key, ds, scheme, split)
         formats = scheme.meta.get("formats") or registry.SOURCE_FORMATS.names()

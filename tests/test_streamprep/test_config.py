@@ -565,8 +565,9 @@ def test_an_unquoted_yes_no_on_off_key_is_its_text_and_such_a_value_is_named(tmp
     # an integer key: the integer only (its 1.0e+6 was refused in turn, "got float"), also past a float's precision
     ("max_records: 1E6", "datasets[0]", "'datasets[0].max_records' must be an integer or null, got str '1E6' (YAML 1.1, "
      "as the config is read, takes 1E6 for text: write 1000000)"),
-    ("near_dedup: {seed: 1e19}", "quality", "'quality.near_dedup.seed': must be an integer in [0, 18446744073709551615], "
-     "got '1e19' (YAML 1.1, as the config is read, takes 1e19 for text: write 10000000000000000000)"),
+    ("near_dedup: {seed: 1e19}", "quality", "'quality.near_dedup.seed': must be an integer in "
+     "[0, 18446744073709551615], got '1e19' (YAML 1.1, as the config is read, takes 1e19 for text: write "
+     "10000000000000000000)"),
     # a key that wants no number, or an integer key given a fraction: no hint (its advice could only fail again)
     ("language_detector: 1e3", "quality", "'quality.language_detector': must be one of cld2, langdetect, cascade, got "
      "'1e3'"),
@@ -597,6 +598,24 @@ def test_a_number_yaml_1_1_reads_as_text_is_named_so(tmp_path: Path, data: Path,
     with pytest.raises(ConfigError) as err:
         load_file(cfg)
     assert str(err.value) == "config: 'datasets[0].weight' must be a number, got str '1e-3'"
+
+
+@pytest.mark.parametrize("value, key, got", [
+    ("!!set {a}", "f", "set {'a'}"), ("!!binary aGVsbG8=", "f", "bytes b'hello'"),
+    ("2024-01-01", "f", "date 2024-01-01"), ("{d: [1, 2024-01-01]}", "f.d[1]", "date 2024-01-01")])
+def test_a_filter_value_no_json_record_holds_is_a_config_error_naming_it(tmp_path: Path, value: str, key: str,
+                                                                         got: str) -> None:
+    """Regression: a filter value YAML reads as a set or bytes passed validation and the job stopped on a traceback
+    when the config was hashed (`Type is not JSON serializable`); a date never matched a record's text (0 read,
+    exit 0). Each is exit 2 naming the key; JSON values pass."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"datasets:\n  - {{name: w, path: hf://org/x, split: train, filter: {{f: {value}}}}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_file(cfg)
+    assert str(err.value) == (f"config: 'datasets[0].filter.{key}' must be what a JSON record holds (text, a number, "
+                              f"true/false, null, a list or a mapping), got {got} (quote it)")
+    cfg.write_text("datasets:\n  - {name: w, path: hf://org/x, split: train,\n     filter: {f: [a, 1, 2.5, null, {x: true}]}}\n")
+    assert load_file(cfg).datasets[0].filter["f"][4]["x"] is True
 
 
 def test_an_unquoted_key_yaml_reads_as_a_number_null_or_date_is_its_text(tmp_path: Path, data: Path) -> None:
