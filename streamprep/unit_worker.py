@@ -40,7 +40,7 @@ from streamprep.config import ConfigError
 from streamprep.modes import Mode
 from streamprep.sources.base import (REJECT_EXCERPT, BadRecord, ReaderError, SourceError, excerpt_of, one_line,
                                      read_failure)
-from streamprep.sources.local import REST_OF, _content_fault
+from streamprep.sources.local import REST_OF, _content_fault, no_ranges
 from streamprep.units import Unit
 
 SOURCE_KEYS = ("id", "url", "license", "licence")
@@ -327,6 +327,8 @@ def _read(unit: Unit, options: Any) -> list[Any]:
     except (ReaderError, SourceError, ConfigError):  # names its file already (a whole-file unit's reader raises a
         raise  # SourceError saying where it stopped, a ConfigError what re-running meets again: `local.no_ranges`)
     except Exception as exc:
+        if refused_ranges := no_ranges(unit.path, exc):  # a range past fsspec's first block (a range unit over 5 MB
+            raise refused_ranges from exc  # a server without ranges answers whole): not the rest's reject, exit 0
         if not _content_fault(exc):
             groups = units.row_group_range(unit)
             where = f" (bytes {unit.start}-{unit.end})" if unit.kind == "range" else \

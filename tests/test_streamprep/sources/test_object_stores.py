@@ -929,6 +929,29 @@ def test_a_file_over_5_mb_on_a_server_without_ranges_is_read_or_named(http_dir: 
                                   f"which reading it over http needs: download it and read it from disk")
 
 
+def test_a_range_unit_streamed_from_a_server_without_ranges_is_a_config_error_not_a_reject(
+        http_dir: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a unit too long to fetch in one read (over MAX_LINE_BYTES, 256 MiB: a file taken whole on the
+    planner's advice, unit_mb above its size) is streamed through fsspec's file, which on a server without ranges
+    fails past its first block (5 MB); the unit's worker took that for a fault of the bytes: one reject of the rest,
+    the run "complete", exit 0, most of the file unread. It is the config error naming the file, as for a whole file.
+    (MAX_LINE_BYTES lowered to 1 MiB here, so a 13 MB file is such a unit; workers: 1 reads in this process.)"""
+    from streamprep.sources import local
+
+    root, url = http_dir
+    (root / "stream").mkdir()
+    (root / "stream" / "a.jsonl").write_bytes(_jsonl([DOCS[0]] * 30_000))  # past the first block and its read-ahead
+    assert (root / "stream" / "a.jsonl").stat().st_size > 10 << 20
+    monkeypatch.setattr(local, "MAX_LINE_BYTES", 1 << 20)
+    path = f"{url}/stream/a.jsonl"
+    cfg = base_config([{"name": "web", "path": path}], None)
+    cfg["execution"]["unit_mb"] = 16
+    with pytest.raises(ConfigError) as err:
+        run_from_dict(cfg, run_dir=tmp_path / "run", console_log=False)
+    assert str(err.value) == (f"cannot read input file {path}: its server does not support range requests, which "
+                              f"reading it over http needs: download it and read it from disk")
+
+
 @pytest.mark.parametrize("path", ["az://container/data/*.jsonl", "abfs://container/a.jsonl"])
 def test_an_azure_path_without_adlfs_is_a_config_error_naming_the_key(path: str, tmp_path: Path) -> None:
     """Regression: az:// and abfs:// were not listed at validation; without adlfs the job made its run dir and
