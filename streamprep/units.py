@@ -15,13 +15,14 @@ written once to the checkpoint dir (`<dataset>.plan.json`) and a resume uses the
 from __future__ import annotations
 
 import codecs
+import itertools
 from typing import Any, Iterator, Mapping
 
 from streamprep.config import ConfigError
 from streamprep.sources.base import BadRecord, SourceError, Unit, one_line
 from streamprep.sources.local import (PARQUET_BATCH, WIDE_BOMS, LocalSource, LongLine, _compression, _listed_folder,
                                       _special, bounded_lines, broken_link, detect_format, input_filesystem, long_line,
-                                      open_input, opens_json_array, parquet_rows, refused)
+                                      open_input, opening, opens_json_array, parquet_rows, refused)
 
 Options = Mapping[str, Any] | None  # a dataset's `storage_options` (object stores)
 
@@ -90,8 +91,8 @@ def _size(path: str, options: Options) -> int:
 def _cuts(path: str, kind: str, size: int, unit_bytes: int, options: Options) -> list[tuple[int, int]]:
     """Byte ranges of about `unit_bytes`, each ending just after a newline (or at the end of the file); none for
     a file opening with a UTF-16/32 byte-order mark (its newlines are not b"\\n") or, `jsonl`, with a JSON array
-    written across lines (`opens_json_array`; or a first line of PROBE_BYTES or more opening with `[`: its reader
-    tells). Each cut costs one small
+    written across lines (`opens_json_array`, past blank lines; or a first line of PROBE_BYTES or more opening with
+    `[`: its reader tells, and reads a JSON Lines file opening so whole). Each cut costs one small
     read (a ranged GET of PROBE_BYTES on an object store), or as many as the line it falls in needs: the planner
     reads to its newline PROBE_BYTES at a time and holds none of it (a file with no newline is read through once).
     An http(s) file costs one more GET, of 1 byte, which tells whether its server serves ranges."""
@@ -101,8 +102,8 @@ def _cuts(path: str, kind: str, size: int, unit_bytes: int, options: Options) ->
         head = fh.read(PROBE_BYTES)  # once: read per mark, each mark met the next 4 bytes, so only UTF-32-LE's was
         if any(head.startswith(bom) for bom, _ in WIDE_BOMS):  # found and a UTF-16 file was cut in ranges read again
             return []  # as UTF-8
-        first, newline, _ = head.removeprefix(codecs.BOM_UTF8).partition(b"\n")
-        if kind == "jsonl" and first.lstrip().startswith(b"[") and (not newline or opens_json_array(first)):
+        first, newline, _ = head.removeprefix(codecs.BOM_UTF8).lstrip().partition(b"\n")  # past blank lines too
+        if kind == "jsonl" and first.startswith(b"[") and (not newline or opens_json_array(first)):
             return []
         if path.startswith(("http://", "https://")) and len(fs.cat_file(stripped, start=1, end=2)) != 1:
             # its whole file, not 1 byte: fsspec takes a whole file shorter than a range's block for that range, so
@@ -185,23 +186,22 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
         return
     with open_input(unit.path, options, start=unit.start, end=unit.end) as fh:
         remaining = unit.end - unit.start  # the range ends after a newline, or at the end of the file
-        first = unit.start == 0
-        for line in bounded_lines(fh):
-            remaining -= len(line)
-            if type(line) is LongLine:
-                item = long_line(line, unit.path, mark)
-            else:
-                if first and any(line.startswith(bom) for bom, _ in WIDE_BOMS):
-                    break  # a small UTF-16/32 file, planned whole without reading: its reader decodes it
-                if first and line.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
-                    line = line[len(codecs.BOM_UTF8):]
-                if first and unit.fmt == "jsonl" and opens_json_array(line):
-                    break  # a small JSON array, planned whole without reading: its reader parses it
-                item = parse(line, unit.path, mark)
-            first = False
-            yield item
-            if remaining <= 0:
-                return
-        else:
+        lines, whole = bounded_lines(fh), False
+        if unit.start == 0:
+            lead = opening(lines)  # to its first line that is not blank
+            first = lead[0] if lead and type(lead[0]) is bytes else b""
+            # a small UTF-16/32 file, or JSON array, planned whole without reading: its reader decodes it, parses it
+            whole = any(first.startswith(bom) for bom, _ in WIDE_BOMS)
+            if first.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
+                lead[0], remaining = first[len(codecs.BOM_UTF8):], remaining - len(codecs.BOM_UTF8)
+            head = b"".join(lead) if all(type(x) is bytes for x in lead) else b""
+            whole = whole or (unit.fmt == "jsonl" and bool(head) and opens_json_array(head))
+            lines = itertools.chain(lead, lines)
+        if not whole:
+            for line in lines:
+                remaining -= len(line)
+                yield long_line(line, unit.path, mark) if type(line) is LongLine else parse(line, unit.path, mark)
+                if remaining <= 0:
+                    return
             return
     yield from read_unit(Unit("file", unit.file, unit.path, unit.fmt), options)

@@ -25,6 +25,7 @@ import io
 import itertools
 import lzma
 import os
+import re
 import reprlib
 import stat
 import threading
@@ -1003,16 +1004,46 @@ def long_line(line: LongLine, path: str, n: Any) -> BadRecord:
 
 
 def opens_json_array(line: bytes) -> bool:
-    """Whether a `jsonl` file whose first line (its UTF-8 BOM stripped) is `line` is a JSON array written across
-    lines instead, as `json.dump(records, f, indent=2)` writes a `.json` file (`[` alone, or `[{...},`): a line no
-    JSON Lines file opens with, which does not parse alone. An array on one line is a JSON Lines line (a reject:
-    `a JSON list, not an object`)."""
+    """Whether a `jsonl` file whose first line (its UTF-8 BOM stripped; with the blank lines before it, `opening`)
+    is `line` may be a JSON array written across lines instead, as `json.dump(records, f, indent=2)` writes a
+    `.json` file (`[` alone, or `[{...},`): a line no JSON Lines file opens with, which does not parse alone. An
+    array on one line is a JSON Lines line (a reject: `a JSON list, not an object`); its reader tells the rest
+    (`LocalSource._json_array`: a log line such as `[INFO] …` opening JSON Lines)."""
     if not line.lstrip().startswith(b"["):
         return False
     try:
         orjson.loads(line)
     except orjson.JSONDecodeError:
         return True
+    return False
+
+
+def opening(lines: Iterator[bytes | LongLine]) -> list[bytes | LongLine]:
+    """The lines opening a file up to its first that is not blank (`opens_json_array` looks past the blank ones:
+    `\n[` is an array too), taken from `lines`."""
+    taken: list[bytes | LongLine] = []
+    for line in lines:
+        taken.append(line)
+        if type(line) is not bytes or line.removeprefix(codecs.BOM_UTF8).strip():  # a BOM opening a blank line
+            break
+    return taken
+
+
+def reads_as_json_lines(data: bytes) -> bool:
+    """Whether a file that opens like a JSON array (`opens_json_array`) but is none is JSON Lines after all: the
+    first line after its opening one that is not blank parses alone (a log line, `[INFO] …`, then records), where
+    a broken array's does not (`  {`, `{...},`)."""
+    start = data.find(b"\n", re.match(rb"\s*", data).end()) + 1  # past the opening line
+    while 0 < start < len(data):
+        end = data.find(b"\n", start)
+        line = data[start:] if end < 0 else data[start:end]
+        if line.strip():
+            try:
+                orjson.loads(line)
+            except orjson.JSONDecodeError:
+                return False
+            return True
+        start = 0 if end < 0 else end + 1
     return False
 
 
@@ -1236,11 +1267,18 @@ class LocalSource:
                     return
             lines = bounded_lines(fh)
             if not offset and fmt == "jsonl":
-                first = next(lines, b"")
-                if type(first) is bytes and opens_json_array(first.removeprefix(codecs.BOM_UTF8)):
-                    yield from self._json_array(i, path, n, first.removeprefix(codecs.BOM_UTF8), fh)
-                    return
-                lines = itertools.chain([first] if first else [], lines)
+                lead = opening(lines)
+                head = b"".join(lead).removeprefix(codecs.BOM_UTF8) if all(type(x) is bytes for x in lead) else b""
+                if head and opens_json_array(head):
+                    data = head + fh.read(MAX_LINE_BYTES + 1 - len(head))
+                    if (array := self._json_array(i, path, n, data)) is not None:
+                        del data  # up to MAX_LINE_BYTES, parsed: not held while its records are judged
+                        yield from array
+                        return
+                    raw_head = b"".join(lead)  # JSON Lines after all: its lines, as the file holds them
+                    lines = bounded_lines(io.BytesIO(raw_head + data[len(head):]))
+                else:
+                    lines = itertools.chain(lead, lines)
             if not offset:
                 offset = None if comp else 0
                 for _ in range(n):  # compressed (or a position without offset): skip what was consumed
@@ -1266,25 +1304,32 @@ class LocalSource:
                 yield BadRecord(f"empty file {path}", ""), {"file": i + 1, "record": 0}
 
     @staticmethod
-    def _json_array(i: int, path: str, n: int, head: bytes, fh: BinaryIO) -> Iterator[tuple[Any, dict[str, Any]]]:
-        """A `jsonl` file that is a JSON array written across lines (`opens_json_array`; `head`, its first line):
-        its elements are its records, parsed whole (as the Hub's `datasets` reads a `.json` array), up to
-        MAX_LINE_BYTES of it; a resume parses it again and skips `n`. Each of its lines was a `malformed JSON` reject
-        and nothing was kept: 9 158 rejects for a 300-record ShareGPT file, the run "complete"."""
+    def _json_array(i: int, path: str, n: int, data: bytes) -> Iterator[tuple[Any, dict[str, Any]]] | None:
+        """A `jsonl` file that is a JSON array written across lines (`opens_json_array`; `data`, the file from its
+        first line that is not blank, up to MAX_LINE_BYTES + 1 bytes): its elements are its records, parsed whole
+        (as the Hub's `datasets` reads a `.json` array); a resume parses it again and skips `n`. Each of its lines was
+        a `malformed JSON` reject and nothing was kept: 9 158 rejects for a 300-record ShareGPT file, the run
+        "complete". None: no array but JSON Lines after all (`reads_as_json_lines`), read as such."""
         nxt = {"file": i + 1, "record": 0}
-        data = head + fh.read(MAX_LINE_BYTES + 1 - len(head))
+        first = data[(k := re.match(rb"\s*", data).end()):k + EXCERPT]
+        excerpt = first[:first.find(b"\n") + 1 or None].decode("utf-8", "replace")  # of its first line
         if len(data) > MAX_LINE_BYTES:
-            yield BadRecord(f"{path} is a JSON array (its first line opens with `[`) of over {MAX_LINE_BYTES} "
-                            "bytes, the limit of one read whole, skipped: write it as JSON Lines, one object a line "
-                            "(`jq -c '.[]'`)", head[:EXCERPT].decode("utf-8", "replace")), nxt
-            return
+            return iter([(BadRecord(f"{path} is a JSON array (its first line opens with `[`) of over {MAX_LINE_BYTES} "
+                                    "bytes, the limit of one read whole, skipped: write it as JSON Lines, one object "
+                                    "a line (`jq -c '.[]'`)", excerpt), nxt)])
         try:
             records = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
-            yield BadRecord(f"{path} opens as a JSON array (its first line opens with `[`) but is not valid JSON, "
-                            f"skipped: {exc}", head[:EXCERPT].decode("utf-8", "replace")), nxt
-            return
-        del data
+            if reads_as_json_lines(data):
+                return None
+            return iter([(BadRecord(f"{path} opens as a JSON array (its first line opens with `[`) but is not valid "
+                                    f"JSON, skipped: {exc}", excerpt), nxt)])
+        return LocalSource._elements(i, path, n, records)
+
+    @staticmethod
+    def _elements(i: int, path: str, n: int, records: Any) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """A parsed JSON array's elements from the `n`-th on, each a record, or a reject naming it."""
+        nxt = {"file": i + 1, "record": 0}
         if not records:
             yield BadRecord(f"empty file {path}", ""), nxt
         for k in range(n, len(records)):

@@ -332,6 +332,47 @@ def test_a_json_array_written_across_lines_is_read_as_its_elements(tmp_path: Pat
     assert items[1] == recs[2]
 
 
+@pytest.mark.parametrize("opening", [b"\n", b"\r\n", b"  \n\n", codecs.BOM_UTF8 + b"\n"])
+def test_a_json_array_after_blank_lines_is_read_as_its_elements(tmp_path: Path, opening: bytes) -> None:
+    """Regression: a JSON array opening with a blank line (`\n[`, as an editor or a script's print may leave it) was
+    read as JSON Lines: each line a reject, nothing kept, the run "complete". The blank lines before its first
+    line are passed over, by the planner, a range's reader and the file's reader alike."""
+    from streamprep.sources.local import LocalSource
+
+    recs = [{"text": f"record {i}", "id": i} for i in range(120)]
+    path = tmp_path / "a.json"
+    path.write_bytes(opening + json.dumps(recs, indent=2).encode())
+    for unit_bytes in (1000, path.stat().st_size + 1):
+        plan = units.plan_dataset([str(path)], None, unit_bytes)
+        assert len(plan) == 1 and [item for u in plan for item in units.read_unit(u)] == recs
+    assert [r for r, _ in LocalSource.reader(None, None).read_file(0, str(path), {"file": 0, "record": 0})] == recs
+
+
+def test_json_lines_opening_with_a_line_like_an_array_keep_their_records(tmp_path: Path) -> None:
+    """Regression: a JSON Lines file whose first line opens with `[` and does not parse (a log line a script printed
+    before its records, `[INFO] …`) was taken for a JSON array: one reject, "not valid JSON", and none of its records
+    kept. An array that does not parse is JSON Lines after all when the line after its first parses alone; then that
+    first line is one reject and the records are kept, also on a resume; a broken array (`  {`) is still one."""
+    from streamprep.sources.local import LocalSource
+
+    recs = [{"text": f"record {i}", "id": i} for i in range(60)]
+    path = tmp_path / "logged.jsonl"
+    path.write_bytes(b"[INFO] writing 60 records\n" + b"".join(json.dumps(r).encode() + b"\n" for r in recs))
+    for unit_bytes in (500, path.stat().st_size + 1):
+        items = [item for u in units.plan_dataset([str(path)], None, unit_bytes) for item in units.read_unit(u)]
+        assert isinstance(items[0], BadRecord) and items[0].reason.startswith("malformed JSON")
+        assert items[1:] == recs
+    read = list(LocalSource.reader(None, None).read_file(0, str(path), {"file": 0, "record": 0}))
+    assert [r for r, _ in read[1:]] == recs and isinstance(read[0][0], BadRecord)
+    resumed = LocalSource.reader(None, None).read_file(0, str(path), read[40][1])
+    assert [r for r, _ in resumed] == recs[40:]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(recs, indent=2)[:-40])
+    items = [item for u in units.plan_dataset([str(broken)], None, 500) for item in units.read_unit(u)]
+    assert len(items) == 1 and "opens as a JSON array (its first line opens with `[`) but is not valid JSON" in \
+        items[0].reason
+
+
 def _cfg(tmp_path: Path, workers: int, unit_mb: float = 4.0):
     src = tmp_path / "in.jsonl"
     if not src.exists():
