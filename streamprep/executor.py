@@ -108,11 +108,14 @@ _running: Any = None  # in a pool worker: its pool's `running` slots (pid, call 
 _slot = 0
 
 
-def _start_worker(driver: int, setup: Setup | None, running: Any, slots: Any) -> None:
-    """A pool worker's start: ignore SIGINT and end with the job's `driver` process (`children.serve_driver`),
-    take a slot in `running` (a number read from the pipe `slots`: one read each) to say which call it runs
-    (`_tracked`), yield the cores to the driver, then the job's own set-up."""
+def _start_worker(driver: int, env: dict[str, str], setup: Setup | None, running: Any, slots: Any) -> None:
+    """A pool worker's start: take the job's environment `env`, ignore SIGINT and end with the job's `driver`
+    process (`children.serve_driver`), take a slot in `running` (a number read from the pipe `slots`: one read
+    each) to say which call it runs (`_tracked`), yield the cores to the driver, then the job's own set-up."""
     global _running, _slot
+    if os.environ != env:  # forked from a forkserver that a library caller's earlier job started: its environment
+        os.environ.clear()  # was that moment's, so an HF_TOKEN (or AWS_*) set since never reached the workers
+        os.environ.update(env)
     serve_driver(driver)
     _slot = 2 * int.from_bytes(os.read(slots.fileno(), 4), "little")
     running[_slot] = os.getpid()
@@ -257,7 +260,7 @@ class LocalExecutor(Executor):
         with numbers:
             os.write(numbers.fileno(), b"".join(i.to_bytes(4, "little") for i in range(self.workers)))
         return ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_start_worker,
-                                   initargs=(os.getpid(), self._setup, self._running, slots))
+                                   initargs=(os.getpid(), dict(os.environ), self._setup, self._running, slots))
 
     @property
     def processes(self) -> list[int]:

@@ -57,6 +57,19 @@ def test_a_call_cancelled_before_it_started_never_runs(workers: int, tmp_path: P
     assert late.cancelled() and not marker.exists()
 
 
+def test_workers_have_the_environment_of_the_job_not_of_the_forkserver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a pool's workers are forked from the forkserver, which keeps the environment of the moment it
+    started (a library caller's first job): a variable set since (HF_TOKEN for a gated repo) never reached them, so a
+    later job downloaded anonymously (in the suite, a gated-repo test saw 401 where its token gets 403)."""
+    with LocalExecutor(2) as ex:  # the forkserver is up from here on, if it was not before
+        assert ex.submit(os.getenv, "STREAMPREP_TEST_LATE").result(60) is None
+    monkeypatch.setenv("STREAMPREP_TEST_LATE", "set after the forkserver started")
+    monkeypatch.delenv("HOME")
+    with LocalExecutor(2) as ex:
+        assert ex.submit(os.getenv, "STREAMPREP_TEST_LATE").result(60) == "set after the forkserver started"
+        assert ex.submit(os.getenv, "HOME").result(60) is None
+
+
 def test_worker_processes_freeze_their_imports_and_collect_young_objects_rarely() -> None:
     """Regression (perf: CPython's collector was ~6 % of a short-document job's CPU): a pool worker starts with
     what it loaded frozen out of the collector's walks and a young generation of GC_YOUNG objects."""
