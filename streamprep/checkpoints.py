@@ -302,6 +302,12 @@ COUNTERS = ("consumed", "kept", "rejected", "kept_text_bytes", "part_index", "pa
             "rejects_bytes", "dedup_count", "near_dedup_bytes")
 
 
+def _piece(entry: Any) -> bool:
+    """An `open_pieces` entry as a job writes it: [staged piece name, first kept line, lines]."""
+    return isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and \
+        all(type(n) is int and n >= 0 for n in entry[1:])
+
+
 def _unfit(files: DatasetFiles, state: IngestState, listed: bool) -> str | None:
     """What makes a checkpoint of the right types one no job wrote (a damaged or edited file), which a resume would
     follow into skipping records without a word: a negative or 64-bit-overflowing count, a part index its sealed
@@ -317,6 +323,10 @@ def _unfit(files: DatasetFiles, state: IngestState, listed: bool) -> str | None:
         return f"sealed {str(state.sealed)[:80]}"
     if listed and len(state.sealed) != state.part_index:  # a sealed log short of it is a missing output (_missing)
         return f"part_index {state.part_index} with {len(state.sealed)} sealed parts"
+    if not all(_piece(p) for p in state.open_pieces):  # the resume unpacked one, exit 1 on every re-run
+        return f"open_pieces {str(state.open_pieces)[:80]}"
+    if not all(type(c) is int and c >= 0 for c in state.dedup_counts):  # the dedup holders compared them
+        return f"dedup_counts {str(state.dedup_counts)[:80]}"
     pos = state.position
     plan_path = CheckpointLayout(files.checkpoint_dir).plan(files.dataset)
     plan = read_json(plan_path) if state.consumed else None

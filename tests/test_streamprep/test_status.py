@@ -386,11 +386,13 @@ def test_a_checkpoint_or_receipt_that_is_not_a_json_object_is_damaged_for_status
 
 
 @pytest.mark.parametrize("edit", [{"kept": -5}, {"version": 99}, {"done": "yes"}, {"part_index": 1.5}, "{}",
-                                  {"position": {"unit": 10**6}}])
+                                  {"position": {"unit": 10**6}}, {"open_pieces": [["u0000001-0000000", 0]]},
+                                  {"dedup_counts": ["x"]}])
 def test_a_checkpoint_a_resume_starts_over_is_damaged_for_status_audit_and_verify(done_run, tmp_path, capsys, edit):
     """Regression: a checkpoint of the right JSON shape holding a state no job writes (a negative count, another
-    version, a field of the wrong type, no field at all, a position past its plan), which the resume starts over,
-    was shown as is: `status` called the run complete with `kept -5` (or `{}` as a dataset not started), `audit`
+    version, a field of the wrong type, no field at all, a position past its plan; regression: an `open_pieces`
+    entry not [piece, line, lines] or a `dedup_counts` entry no count, whose resume ended on a bare ValueError or
+    TypeError, exit 1, on every re-run), which the resume starts over, was shown as is: `status` called the run complete with `kept -5` (or `{}` as a dataset not started), `audit`
     rewrote its report with it and `verify` said every file matched. Now the documented line, exit 2 (verify: 1)."""
     from streamprep.cli import main
 
