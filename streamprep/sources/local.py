@@ -654,7 +654,10 @@ def open_input(path: str, storage_options: Mapping[str, Any] | None = None, *, s
     if compression is not None and (start or end is not None):
         raise ValueError(f"{path}: a byte range of a {compression} file cannot be decoded")
     if end is not None and end - start <= MAX_LINE_BYTES:  # a unit of the plan: exactly its bytes, in one ranged read
-        return io.BytesIO(fs.cat_file(p, start=start, end=end))
+        data = fs.cat_file(p, start=start, end=end)
+        if len(data) > end - start:  # the whole file (fsspec's answer from a server without ranges): read as the range,
+            raise _refused_ranges(path)  # it gave the file's start for every unit's (a plan saved before such a server)
+        return io.BytesIO(data)
     fh = fs.open(p, "rb")
     if end is not None:  # a range the plan stretched to a newline far away: streamed, never held whole
         fh.seek(start)
@@ -879,6 +882,10 @@ def no_ranges(path: str, exc: BaseException) -> ConfigError | None:
     resumable error: exit 2, naming the file. None for any other exception."""
     if type(exc) is not ValueError or "support range requests" not in str(exc):
         return None
+    return _refused_ranges(path)
+
+
+def _refused_ranges(path: str) -> ConfigError:
     return ConfigError(f"cannot read input file {path}: its server does not support range requests, which reading "
                        f"it over {path.split(':')[0]} needs: download it and read it from disk")
 

@@ -929,6 +929,26 @@ def test_a_file_over_5_mb_on_a_server_without_ranges_is_read_or_named(http_dir: 
                                   f"which reading it over http needs: download it and read it from disk")
 
 
+def test_a_planned_range_read_from_a_server_without_ranges_is_a_config_error_not_the_files_start(
+        http_dir: tuple[Path, str]) -> None:
+    """Regression: a unit's range was taken as fsspec's `cat_file` gave it, and from a server that answers a Range with
+    the whole file that is the whole file: a plan saved while the file was served with ranges (another mirror or
+    proxy on a resume) read the file's start for every unit, records read again and the rest never, exit 0. The
+    planner's probe catches such a server only when it plans."""
+    from streamprep import units
+    from streamprep.sources.base import Unit
+
+    root, url = http_dir
+    path = f"{url}/sub/a.jsonl"
+    size = (root / "sub" / "a.jsonl").stat().st_size
+    cut = _jsonl(DOCS[:150]).index(b"\n", size // 2) + 1
+    with pytest.raises(ConfigError) as err:
+        list(units.read_unit(Unit("range", 0, path, "jsonl", cut, size)))
+    assert str(err.value) == (f"cannot read input file {path}: its server does not support range requests, which "
+                              f"reading it over http needs: download it and read it from disk")
+    assert len(list(units.read_unit(Unit("range", 0, path, "jsonl", 0, size)))) == 150  # the whole file is fine
+
+
 def test_a_range_unit_streamed_from_a_server_without_ranges_is_a_config_error_not_a_reject(
         http_dir: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: a unit too long to fetch in one read (over MAX_LINE_BYTES, 256 MiB: a file taken whole on the
