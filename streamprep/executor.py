@@ -293,7 +293,6 @@ class LocalExecutor(Executor):
             settle(outer, exc=exc)
             return
         inner.add_done_callback(lambda f: self._answered(outer, key, f, pool, fn, args))
-        outer.add_done_callback(lambda f: f.cancelled() and inner.cancel())  # one its caller dropped, not started
 
     def _answered(self, outer: Future, key: int, inner: Future, pool: ProcessPoolExecutor, fn: Callable[..., Any],
                   args: tuple) -> None:
