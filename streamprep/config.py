@@ -9,7 +9,7 @@ import os
 import re
 import unicodedata
 from dataclasses import dataclass, fields, is_dataclass, replace
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, get_type_hints
@@ -743,8 +743,11 @@ def _as_yaml_number(text: str, error: str) -> str | None:
     For an integer key only the integer (a float such as 1.0e+6 is refused there too); none for a key that wants
     no number (`error` says what it wants), or an integer key given a fraction or past 20 digits (none takes one)."""
     if "must be an integer" in error:
-        exact = Decimal(text)
-        if exact != exact.to_integral_value() or exact.adjusted() >= 20:
+        try:
+            exact = Decimal(text)
+            if exact != exact.to_integral_value() or exact.adjusted() >= 20:
+                return None
+        except InvalidOperation:  # an exponent past Decimal's own bounds (1e99999999999999999999)
             return None
         return f"YAML 1.1, as the config is read, takes {text} for text: write {int(exact)}"
     if "must be a number" not in error:

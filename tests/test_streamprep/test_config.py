@@ -574,6 +574,8 @@ def test_an_unquoted_yes_no_on_off_key_is_its_text_and_such_a_value_is_named(tmp
     ("max_records: 15e-1", "datasets[0]", "'datasets[0].max_records' must be an integer or null, got str '15e-1'"),
     ("max_records: 1e999999", "datasets[0]", "'datasets[0].max_records' must be an integer or null, got str "
      "'1e999999'"),
+    ("max_records: 1e99999999999999999999", "datasets[0]", "'datasets[0].max_records' must be an integer or null, "
+     "got str '1e99999999999999999999'"),  # regression: Decimal's InvalidOperation, exit 1
     ("min_language_prob: 9e-1", "quality", "'quality.min_language_prob': must be a number in [0, 1], got '9e-1' "
      "(YAML 1.1, as the config is read, takes 9e-1 for text: write 0.9, or 9.0e-1, with a decimal point and a "
      "signed exponent)"),
