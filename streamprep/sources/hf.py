@@ -762,13 +762,18 @@ class HFSource:
     # -- resolution --
     def _snapshot(self) -> Snapshot:
         if self._snap is None:
-            try:
-                self._snap = self._resolve(self.revision)
-            except HFSourceError as exc:  # two entries may read one repo (its splits, its subsets): name which
-                if str(exc).startswith(named := f"dataset {self.name}: "):  # README.md's download names it already
-                    raise
-                raise HFSourceError(f"{named}{exc}") from None
+            self._snap = self._named(self.revision)
         return self._snap
+
+    def _named(self, revision: str) -> Snapshot:
+        """`_resolve(revision)`, its errors naming the dataset: two entries may read one repo (its splits, its
+        subsets)."""
+        try:
+            return self._resolve(revision)
+        except HFSourceError as exc:
+            if str(exc).startswith(named := f"dataset {self.name}: "):  # README.md's download names it already
+                raise
+            raise HFSourceError(f"{named}{exc}") from None
 
     def _resolve(self, revision: str) -> Snapshot:
         if SHA_RE.match(revision) and (snap := self._load_manifest(revision)) is not None:
@@ -861,7 +866,7 @@ class HFSource:
         started with, wherever the branch has moved since: the commit's saved manifest, no Hub request)."""
         sha = _unit_file(self.repo_id, plan[0])[0] if plan else self._snapshot().sha
         if self._snap is None or self._snap.sha != sha:
-            self._snap = self._resolve(sha)
+            self._snap = self._named(sha)
         return FileReader(self.name, self.repo_id, str(self.cache_dir), self.endpoint, self.workers,
                           self._snap.builder_kwargs, _split_name(self.split), self.filter,
                           _POLICY.retries, _POLICY.max_s, self.max_records)
@@ -881,7 +886,7 @@ class HFSource:
         if pinned and pinned != snap.sha:
             log.warning("resuming on the checkpoint's commit, not the branch's current one", repo=self.repo_id,
                         checkpoint_sha=pinned, current_sha=snap.sha)
-            snap = self._snap = self._resolve(pinned)
+            snap = self._snap = self._named(pinned)
         files = _OnDemand(self, snap)
         yield from _stream(files, snap.builder, snap.builder_kwargs, split=_split_name(self.split), flt=self.filter,
                            max_records=self.max_records, start=start, cache_dir=self.cache_dir / "datasets",

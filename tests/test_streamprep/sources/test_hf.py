@@ -1083,6 +1083,17 @@ async def test_a_resume_whose_pinned_commit_is_gone_is_a_config_error_saying_wha
     assert json.loads((run / "checkpoints" / "many.json").read_text())["consumed"] >= stopped.consumed
 
 
+def test_a_plan_whose_commit_the_hub_no_longer_has_is_an_error_naming_the_dataset(many, tmp_path):
+    """Regression: 86f3081 named the dataset in what the Hub's answer shows wrong only when the branch was resolved;
+    the reader of a saved plan (a resume) and a stream pinned to a commit resolved that commit without it, so of two
+    entries reading one repo the line did not say which."""
+    plan = HFSource(_many_cfg(), tmp_path / "cache").units()
+    old = _squash(many, MANY_REPO)
+    with pytest.raises(HFSourceError) as err:
+        HFSource(_many_cfg(), tmp_path / "other-cache").reader(plan)  # no saved manifest: the Hub is asked
+    assert str(err.value) == f"dataset corpus: hf://{MANY_REPO}: revision '{old}' not found"
+
+
 def test_a_stream_whose_commit_goes_stops_with_the_same_line_but_a_lone_404_stays_resumable(many, tmp_path):
     """The single-stream reader says the same; a "revision not found" for a file while the Hub still has the commit
     (a hiccup: asked again, the commit is there) stays the resumable `HFSourceUnavailable`."""
