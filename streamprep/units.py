@@ -91,8 +91,8 @@ def _size(path: str, options: Options) -> int:
 def _cuts(path: str, kind: str, size: int, unit_bytes: int, options: Options) -> list[tuple[int, int]]:
     """Byte ranges of about `unit_bytes`, each ending just after a newline (or at the end of the file); none for
     a file opening with a UTF-16/32 byte-order mark (its newlines are not b"\\n") or, `jsonl`, with a JSON array
-    written across lines (`opens_json_array`, past blank lines; or a first line of PROBE_BYTES or more opening with
-    `[`: its reader tells, and reads a JSON Lines file opening so whole). Each cut costs one small
+    written across lines (`opens_json_array` on its first PROBE_BYTES, as a first range's reader judges it: its
+    reader tells the rest, and reads a JSON Lines file opening so whole). Each cut costs one small
     read (a ranged GET of PROBE_BYTES on an object store), or as many as the line it falls in needs: the planner
     reads to its newline PROBE_BYTES at a time and holds none of it (a file with no newline is read through once).
     An http(s) file costs one more GET, of 1 byte, which tells whether its server serves ranges."""
@@ -102,8 +102,7 @@ def _cuts(path: str, kind: str, size: int, unit_bytes: int, options: Options) ->
         head = fh.read(PROBE_BYTES)  # once: read per mark, each mark met the next 4 bytes, so only UTF-32-LE's was
         if any(head.startswith(bom) for bom, _ in WIDE_BOMS):  # found and a UTF-16 file was cut in ranges read again
             return []  # as UTF-8
-        first, newline, _ = head.removeprefix(codecs.BOM_UTF8).lstrip().partition(b"\n")  # past blank lines too
-        if kind == "jsonl" and first.startswith(b"[") and (not newline or opens_json_array(first)):
+        if kind == "jsonl" and opens_json_array(head, PROBE_BYTES):
             return []
         if path.startswith(("http://", "https://")) and len(fs.cat_file(stripped, start=1, end=2)) != 1:
             # its whole file, not 1 byte: fsspec takes a whole file shorter than a range's block for that range, so
@@ -190,12 +189,12 @@ def read_unit(unit: Unit, options: Options = None) -> Iterator[Any]:
         if unit.start == 0:
             lead = opening(lines)  # to its first line that is not blank
             first = lead[0] if lead and type(lead[0]) is bytes else b""
-            # a small UTF-16/32 file, or JSON array, planned whole without reading: its reader decodes it, parses it
-            whole = any(first.startswith(bom) for bom, _ in WIDE_BOMS)
+            # a small UTF-16/32 file, or JSON array, planned whole without reading: its reader decodes it, parses it;
+            # judged as the planner judged the file's first PROBE_BYTES (a file it cut has no range read whole)
+            whole = any(first.startswith(bom) for bom, _ in WIDE_BOMS) or \
+                (unit.fmt == "jsonl" and opens_json_array(b"".join(x for x in lead if type(x) is bytes), PROBE_BYTES))
             if first.startswith(codecs.BOM_UTF8):  # a UTF-8 BOM opens the file, not the record
                 lead[0], remaining = first[len(codecs.BOM_UTF8):], remaining - len(codecs.BOM_UTF8)
-            head = b"".join(lead) if all(type(x) is bytes for x in lead) else b""
-            whole = whole or (unit.fmt == "jsonl" and bool(head) and opens_json_array(head))
             lines = itertools.chain(lead, lines)
         if not whole:
             for line in lines:

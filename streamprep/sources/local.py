@@ -1010,16 +1010,23 @@ def long_line(line: LongLine, path: str, n: Any) -> BadRecord:
                      "skipped", line.head.decode("utf-8", "replace"))
 
 
-def opens_json_array(line: bytes) -> bool:
-    """Whether a `jsonl` file whose first line (its UTF-8 BOM stripped; with the blank lines before it, `opening`)
-    is `line` may be a JSON array written across lines instead, as `json.dump(records, f, indent=2)` writes a
-    `.json` file (`[` alone, or `[{...},`): a line no JSON Lines file opens with, which does not parse alone. An
-    array on one line is a JSON Lines line (a reject: `a JSON list, not an object`); its reader tells the rest
-    (`LocalSource._json_array`: a log line such as `[INFO] …` opening JSON Lines)."""
-    if not line.lstrip().startswith(b"["):
+def opens_json_array(head: bytes, probe: int | None = None) -> bool:
+    """Whether a `jsonl` file whose first bytes are `head` (through its first line that is not blank, or more) may be
+    a JSON array written across lines instead, as `json.dump(records, f, indent=2)` writes a `.json` file: that
+    line, past a UTF-8 BOM and the blank lines, opens with `[` and does not parse alone (`[` alone, `[{...},`), a
+    line no JSON Lines file opens with. An array on one line is a JSON Lines line (a reject: `a JSON list, not an
+    object`); its reader tells the rest (`LocalSource._json_array`: a log line such as `[INFO] …` opening JSON
+    Lines). `probe`: judge only the file's first `probe` bytes, as the planner reads them (a line not ending in them
+    opens an array if it opens with `[`), so that a range's reader decides as the planner did: a first range read
+    whole beside the others the planner cut read their records twice."""
+    body = head[:probe] if probe is not None else head
+    first, newline, _ = body.removeprefix(codecs.BOM_UTF8).lstrip().partition(b"\n")
+    if not first.startswith(b"["):
         return False
+    if not newline and probe is not None and len(body) >= probe:
+        return True
     try:
-        orjson.loads(line)
+        orjson.loads(first)
     except orjson.JSONDecodeError:
         return True
     return False

@@ -373,6 +373,22 @@ def test_json_lines_opening_with_a_line_like_an_array_keep_their_records(tmp_pat
         items[0].reason
 
 
+@pytest.mark.parametrize("opening", [b"\n" * 70_000 + b"[INFO] starting\n", b"\x0c\n[\"header\"]\n"],
+                         ids=["blank-lines-past-the-probe", "form-feed"])
+def test_a_file_the_planner_cut_has_no_range_read_whole(tmp_path: Path, opening: bytes) -> None:
+    """Regression (a review of round 52's array fix): the planner judged a file's first PROBE_BYTES, a first range's
+    reader the lines it read past every blank one (and a form feed as JSON does): where they disagreed, the planner
+    cut the file and the first range was read whole beside the others, its records read twice (35 639 items of
+    20 000 records). Both judge the same bytes the same way now: every record once, in order."""
+    recs = [{"text": f"record {i}", "id": i} for i in range(2000)]
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(opening + b"".join(json.dumps(r).encode() + b"\n" for r in recs))
+    plan = units.plan_dataset([str(path)], None, 20_000)
+    assert len(plan) > 2
+    items = [item for u in plan for item in units.read_unit(u)]
+    assert [i for i in items if isinstance(i, dict)] == recs
+
+
 def _cfg(tmp_path: Path, workers: int, unit_mb: float = 4.0):
     src = tmp_path / "in.jsonl"
     if not src.exists():
