@@ -563,7 +563,8 @@ class DatasetIngest:
                     return
         except Exception as exc:
             # the job ends here: the reads queued behind this one would only hold up the commit of what came before
-            # it (the calls finalizing it queue after them), each for as long as a store gone away takes to fail it
+            # it (the calls finalizing it queue after them), each for as long as a store gone away takes to fail it;
+            # those a process pool has taken (workers + 1) run on, their results unused (executor.py)
             if self._reader is not None:
                 self._reader.cancel()
             _drop_calls(judged)
