@@ -1043,20 +1043,21 @@ def opening(lines: Iterator[bytes | LongLine]) -> list[bytes | LongLine]:
     return taken
 
 
-def reads_as_json_lines(data: bytes) -> bool:
-    """Whether a file that opens like a JSON array (`opens_json_array`) but is none is JSON Lines after all: the
-    first line after its opening one that is not blank parses alone (a log line, `[INFO] …`, then records), where
-    a broken array's does not (`  {`, `{...},`)."""
+def reads_as_json_lines(data: bytes, lines: int = 100) -> bool:
+    """Whether a file that opens like a JSON array (`opens_json_array`) but is none is JSON Lines after all: one of
+    the next `lines` lines after its opening one parses alone as a JSON object (log lines, `[INFO] …`, then
+    records), where none of a broken array's does (`  {`, `"text": …,`, `{...},`)."""
     start = data.find(b"\n", re.match(rb"\s*", data).end()) + 1  # past the opening line
-    while 0 < start < len(data):
+    while 0 < start < len(data) and lines > 0:
         end = data.find(b"\n", start)
         line = data[start:] if end < 0 else data[start:end]
         if line.strip():
+            lines -= 1
             try:
-                orjson.loads(line)
+                if isinstance(orjson.loads(line), dict):
+                    return True
             except orjson.JSONDecodeError:
-                return False
-            return True
+                pass
         start = 0 if end < 0 else end + 1
     return False
 

@@ -351,8 +351,9 @@ def test_a_json_array_after_blank_lines_is_read_as_its_elements(tmp_path: Path, 
 def test_json_lines_opening_with_a_line_like_an_array_keep_their_records(tmp_path: Path) -> None:
     """Regression: a JSON Lines file whose first line opens with `[` and does not parse (a log line a script printed
     before its records, `[INFO] …`) was taken for a JSON array: one reject, "not valid JSON", and none of its records
-    kept. An array that does not parse is JSON Lines after all when the line after its first parses alone; then that
-    first line is one reject and the records are kept, also on a resume; a broken array (`  {`) is still one."""
+    kept. An array that does not parse is JSON Lines after all when one of the next lines parses alone as an object;
+    then each line before it is one reject and the records are kept, also on a resume; a broken array (`  {`) is
+    still one. Regression: two log lines lost every record too."""
     from streamprep.sources.local import LocalSource
 
     recs = [{"text": f"record {i}", "id": i} for i in range(60)]
@@ -366,6 +367,9 @@ def test_json_lines_opening_with_a_line_like_an_array_keep_their_records(tmp_pat
     assert [r for r, _ in read[1:]] == recs and isinstance(read[0][0], BadRecord)
     resumed = LocalSource.reader(None, None).read_file(0, str(path), read[40][1])
     assert [r for r, _ in resumed] == recs[40:]
+    path.write_bytes(b"[INFO] writing\n[INFO] 60 records\n" + b"".join(json.dumps(r).encode() + b"\n" for r in recs))
+    items = [item for u in units.plan_dataset([str(path)], None, 500) for item in units.read_unit(u)]
+    assert [i for i in items if isinstance(i, dict)] == recs and len(items) == 62  # regression: two log lines
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps(recs, indent=2)[:-40])
     items = [item for u in units.plan_dataset([str(broken)], None, 500) for item in units.read_unit(u)]
