@@ -1283,15 +1283,15 @@ class LocalSource:
             lines = bounded_lines(fh)
             if not offset and fmt == "jsonl":
                 lead = opening(lines)
-                head = b"".join(lead).removeprefix(codecs.BOM_UTF8) if all(type(x) is bytes for x in lead) else b""
-                if head and opens_json_array(head):
+                raw = b"".join(lead) if all(type(x) is bytes for x in lead) else b""  # as the file holds them
+                if raw and opens_json_array(raw):
+                    head = raw.removeprefix(codecs.BOM_UTF8)
                     data = head + fh.read(MAX_LINE_BYTES + 1 - len(head))
                     if (array := self._json_array(i, path, n, data)) is not None:
                         del data  # up to MAX_LINE_BYTES, parsed: not held while its records are judged
                         yield from array
                         return
-                    raw_head = b"".join(lead)  # JSON Lines after all: its lines, as the file holds them
-                    lines = bounded_lines(io.BytesIO(raw_head + data[len(head):]))
+                    lines = bounded_lines(io.BytesIO(raw + data[len(head):]))  # JSON Lines after all
                 else:
                     lines = itertools.chain(lead, lines)
             if not offset:
